@@ -1,0 +1,196 @@
+//! One TCP connection to one memcached, and the r2d2 manager that makes them. A connection that
+//! saw an I/O or protocol error is marked broken and r2d2 drops it instead of reusing it.
+
+use std::collections::HashMap;
+use std::io::{BufReader, Write};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::time::Duration;
+
+use super::wire;
+use crate::backend::{Item, StoreMode, StoreOutcome};
+use crate::error::{Error, ErrorKind, Result};
+
+/// Commands written before their replies are read, in a pipelined batch. Bounds what both sides
+/// must buffer (memcached stops reading while it cannot write its replies).
+pub(crate) const PIPELINE_CHUNK: usize = 512;
+
+/// A connection to one server.
+#[derive(Debug)]
+pub(crate) struct Conn {
+    stream: BufReader<TcpStream>,
+    out: Vec<u8>,
+    broken: bool,
+}
+
+impl Conn {
+    fn connect(addrs: &[SocketAddr], connect_timeout: Duration, io_timeout: Duration) -> Result<Conn> {
+        let mut last = None;
+        for addr in addrs {
+            match TcpStream::connect_timeout(addr, connect_timeout) {
+                Ok(s) => {
+                    s.set_nodelay(true)?;
+                    s.set_read_timeout(Some(io_timeout))?;
+                    s.set_write_timeout(Some(io_timeout))?;
+                    return Ok(Conn {
+                        stream: BufReader::with_capacity(16 * 1024, s),
+                        out: Vec::with_capacity(4096),
+                        broken: false,
+                    });
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.map_or_else(|| Error::backend("the address resolved to nothing"), Error::from))
+    }
+
+    /// Runs one exchange: `encode` fills the outgoing buffer, which is sent in one write, then
+    /// `decode` reads the replies. Any error that may leave unread reply bytes breaks the connection.
+    fn exchange<T>(
+        &mut self,
+        encode: impl FnOnce(&mut Vec<u8>),
+        decode: impl FnOnce(&mut BufReader<TcpStream>) -> Result<T>,
+    ) -> Result<T> {
+        self.out.clear();
+        encode(&mut self.out);
+        let result = self
+            .stream
+            .get_mut()
+            .write_all(&self.out)
+            .map_err(Error::from)
+            .and_then(|()| decode(&mut self.stream));
+        if let Err(e) = &result {
+            if !wire::leaves_connection_usable(e) {
+                self.broken = true;
+            }
+        }
+        // Do not keep a multi-megabyte buffer around after a large write.
+        if self.out.capacity() > 1 << 20 {
+            self.out = Vec::with_capacity(4096);
+        }
+        result
+    }
+
+    pub(crate) fn gets(&mut self, keys: &[&str], max_value: usize) -> Result<HashMap<String, Item>> {
+        let mut out = HashMap::with_capacity(keys.len());
+        for chunk in keys.chunks(PIPELINE_CHUNK * 4) {
+            // Several `gets` lines pipelined in one write: one round trip, bounded lines.
+            let lines: Vec<&[&str]> = chunk.chunks(100).collect();
+            self.exchange(
+                |b| lines.iter().for_each(|l| wire::encode_gets(b, l)),
+                |r| {
+                    for _ in &lines {
+                        wire::read_values(r, max_value, &mut out)?;
+                    }
+                    Ok(())
+                },
+            )?;
+        }
+        Ok(out)
+    }
+
+    pub(crate) fn store(
+        &mut self,
+        mode: StoreMode,
+        key: &str,
+        value: &[u8],
+        flags: u32,
+        exptime: u32,
+    ) -> Result<StoreOutcome> {
+        self.exchange(
+            |b| wire::encode_store(b, mode, key, value, flags, exptime),
+            wire::read_store,
+        )
+    }
+
+    /// Pipelined sets; fails on the first error reply (after reading every reply).
+    pub(crate) fn set_many(&mut self, items: &[(&str, &[u8])], flags: u32, exptime: u32) -> Result<()> {
+        for chunk in items.chunks(PIPELINE_CHUNK) {
+            self.exchange(
+                |b| {
+                    for (k, v) in chunk {
+                        wire::encode_store(b, StoreMode::Set, k, v, flags, exptime);
+                    }
+                },
+                |r| {
+                    let mut first_err = None;
+                    for _ in chunk {
+                        match wire::read_store(r) {
+                            Ok(_) => {}
+                            Err(e) if wire::leaves_connection_usable(&e) => {
+                                first_err.get_or_insert(e);
+                            }
+                            Err(e) => return Err(e),
+                        }
+                    }
+                    first_err.map_or(Ok(()), Err)
+                },
+            )?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn delete(&mut self, key: &str) -> Result<bool> {
+        self.exchange(|b| wire::encode_delete(b, key), wire::read_delete)
+    }
+
+    /// Pipelined deletes; returns how many keys existed.
+    pub(crate) fn delete_many(&mut self, keys: &[&str]) -> Result<usize> {
+        let mut n = 0;
+        for chunk in keys.chunks(PIPELINE_CHUNK) {
+            n += self.exchange(
+                |b| chunk.iter().for_each(|k| wire::encode_delete(b, k)),
+                |r| {
+                    let mut n = 0;
+                    for _ in chunk {
+                        n += usize::from(wire::read_delete(r)?);
+                    }
+                    Ok(n)
+                },
+            )?;
+        }
+        Ok(n)
+    }
+
+    pub(crate) fn arith(&mut self, incr: bool, key: &str, delta: u64) -> Result<Option<u64>> {
+        self.exchange(|b| wire::encode_arith(b, incr, key, delta), wire::read_arith)
+    }
+
+    pub(crate) fn flush_all(&mut self) -> Result<()> {
+        self.exchange(|b| b.extend_from_slice(b"flush_all\r\n"), wire::read_ok)
+    }
+
+    pub(crate) fn version(&mut self) -> Result<String> {
+        self.exchange(|b| b.extend_from_slice(b"version\r\n"), wire::read_version)
+    }
+}
+
+/// Makes connections to one server for its r2d2 pool.
+#[derive(Debug)]
+pub(crate) struct Manager {
+    pub(crate) addr: String,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) io_timeout: Duration,
+}
+
+impl r2d2::ManageConnection for Manager {
+    type Connection = Conn;
+    type Error = Error;
+
+    fn connect(&self) -> Result<Conn> {
+        // Resolved on every connect, so a server that moved (DNS) is found again.
+        let addrs: Vec<SocketAddr> = self
+            .addr
+            .to_socket_addrs()
+            .map_err(|e| Error::with_source(ErrorKind::Backend, format!("cannot resolve {}", self.addr), e))?
+            .collect();
+        Conn::connect(&addrs, self.connect_timeout, self.io_timeout)
+    }
+
+    fn is_valid(&self, conn: &mut Conn) -> Result<()> {
+        conn.version().map(|_| ())
+    }
+
+    fn has_broken(&self, conn: &mut Conn) -> bool {
+        conn.broken
+    }
+}

@@ -1,0 +1,126 @@
+//! The storage interface: bytes, flags and CAS tokens, memcached's semantics. Backends never see a
+//! typed value, a user key or a `Ttl`: keys arrive derived and validated, expiries as memcached's
+//! `exptime`.
+
+use std::collections::HashMap;
+use std::fmt::Debug;
+
+use crate::error::Result;
+
+pub mod memcached;
+pub mod memory;
+
+/// An item as a backend returns it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Item {
+    /// The stored bytes.
+    pub value: Vec<u8>,
+    /// memcached's client flags.
+    pub flags: u32,
+    /// The CAS token of this version of the item (memcached's `gets`).
+    pub cas: u64,
+}
+
+/// How [`Backend::store`] writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StoreMode {
+    /// Unconditional write.
+    Set,
+    /// Only if the key holds nothing.
+    Add,
+    /// Only if the key still holds the version with this CAS token.
+    Cas(u64),
+}
+
+/// What a conditional write did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StoreOutcome {
+    /// Written.
+    Stored,
+    /// `Add` found the key present.
+    NotStored,
+    /// `Cas` found another version.
+    Exists,
+    /// `Cas` found no item.
+    NotFound,
+}
+
+/// A cache store speaking memcached's semantics on bytes.
+///
+/// Object-safe; `newcache` holds it as `Arc<dyn Backend>`. The batch methods have default
+/// implementations that loop over the single-key ones; real backends override them with one round
+/// trip per server. `exptime` is memcached's field: 0 = never, up to 30 days relative seconds,
+/// above that an absolute unix time; never negative (a zero TTL is a delete in the layer above).
+pub trait Backend: Debug + Send + Sync {
+    /// Reads one item with its CAS token.
+    fn get(&self, key: &str) -> Result<Option<Item>>;
+
+    /// Reads several items; missing keys are absent from the map.
+    fn get_many(&self, keys: &[&str]) -> Result<HashMap<String, Item>> {
+        let mut out = HashMap::with_capacity(keys.len());
+        for k in keys {
+            if let Some(item) = self.get(k)? {
+                out.insert((*k).to_string(), item);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Writes one item according to `mode`.
+    fn store(
+        &self,
+        mode: StoreMode,
+        key: &str,
+        value: &[u8],
+        flags: u32,
+        exptime: u32,
+    ) -> Result<StoreOutcome>;
+
+    /// Writes several items unconditionally, all with the same flags and `exptime`.
+    fn set_many(&self, items: &[(&str, &[u8])], flags: u32, exptime: u32) -> Result<()> {
+        for (k, v) in items {
+            self.store(StoreMode::Set, k, v, flags, exptime)?;
+        }
+        Ok(())
+    }
+
+    /// Deletes one item; `true` if it existed.
+    fn delete(&self, key: &str) -> Result<bool>;
+
+    /// Deletes several items; returns how many existed.
+    fn delete_many(&self, keys: &[&str]) -> Result<usize> {
+        let mut n = 0;
+        for k in keys {
+            n += usize::from(self.delete(k)?);
+        }
+        Ok(n)
+    }
+
+    /// Adds `delta` to a decimal counter (wrapping at 2^64 as memcached does); `None` if missing.
+    fn incr(&self, key: &str, delta: u64) -> Result<Option<u64>>;
+
+    /// Subtracts `delta` from a decimal counter, clamping at 0; `None` if missing.
+    fn decr(&self, key: &str, delta: u64) -> Result<Option<u64>>;
+
+    /// Removes everything (memcached's `flush_all` on every server).
+    fn flush_all(&self) -> Result<()>;
+
+    /// The largest value, in bytes, that can be stored under `key`; larger values are refused with
+    /// a `TooLarge` error before anything is sent.
+    fn max_value_size(&self, key: &str) -> usize;
+}
+
+/// memcached's default item size limit (`-I 1m`).
+pub const DEFAULT_ITEM_SIZE: usize = 1024 * 1024;
+
+/// What memcached 1.6 needs beside the value inside one item: its item header, CAS, the key and
+/// the "\r\n" terminator, rounded up (measured: the largest storable value under a 42-byte key
+/// with `-I 1m` is `DEFAULT_ITEM_SIZE - 42 - ITEM_OVERHEAD` or a little more).
+pub(crate) const ITEM_OVERHEAD: usize = 64;
+
+/// The value limit both backends apply, so that what fits in one fits in the other.
+pub(crate) fn max_value_size(item_size: usize, key: &str) -> usize {
+    item_size.saturating_sub(key.len() + ITEM_OVERHEAD)
+}

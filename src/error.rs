@@ -1,0 +1,210 @@
+//! The crate's one error type and its `Result` alias.
+
+use std::error::Error as StdError;
+use std::fmt;
+
+/// `Result` with newcache's [`Error`] as the default error type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Boxed source error carried by [`Error`] (an I/O error, a loader's error, ...).
+type Source = Box<dyn StdError + Send + Sync + 'static>;
+
+/// Everything that can go wrong in newcache.
+///
+/// Match on [`Error::kind`] or, simpler, ask with the `is_*` predicates. Client-library types never
+/// appear in the payload, so the backend can change without breaking callers.
+#[derive(Debug, thiserror::Error)]
+#[error("{kind}: {message}")]
+pub struct Error {
+    kind: ErrorKind,
+    message: String,
+    #[source]
+    source: Option<Source>,
+}
+
+/// What class of failure an [`Error`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// The key does not exist (`incr`/`decr` on a missing counter).
+    NotFound,
+    /// Bytes under a key are not a newcache value of the requested type (foreign, corrupt, or
+    /// another type), or a counter holds something that is not a number.
+    Decode,
+    /// A value could not be serialized.
+    Encode,
+    /// `incr`/`decr`/`get_counter` found a value that is not a decimal counter.
+    NotACounter,
+    /// The encoded value is larger than the backend's item limit; nothing was sent.
+    TooLarge,
+    /// A key (or what a custom key function made of it) breaks memcached's key rules.
+    InvalidKey,
+    /// The builder was given an invalid configuration.
+    Config,
+    /// The backend failed: connection refused, I/O error, protocol error, server error.
+    Backend,
+    /// The backend did not answer within the configured timeout.
+    Timeout,
+    /// The backend refused a command it does not support (e.g. `flush_all` behind twemproxy).
+    Unsupported,
+    /// The loader passed to a `get_or_set_with` call failed; the source is its error.
+    Loader,
+}
+
+impl fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ErrorKind::NotFound => "not found",
+            ErrorKind::Decode => "decode error",
+            ErrorKind::Encode => "encode error",
+            ErrorKind::NotACounter => "not a counter",
+            ErrorKind::TooLarge => "value too large",
+            ErrorKind::InvalidKey => "invalid key",
+            ErrorKind::Config => "invalid configuration",
+            ErrorKind::Backend => "backend error",
+            ErrorKind::Timeout => "timed out",
+            ErrorKind::Unsupported => "unsupported by the backend",
+            ErrorKind::Loader => "loader failed",
+        })
+    }
+}
+
+impl Error {
+    pub(crate) fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Error {
+            kind,
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    pub(crate) fn with_source(
+        kind: ErrorKind,
+        message: impl Into<String>,
+        source: impl Into<Source>,
+    ) -> Self {
+        Error {
+            kind,
+            message: message.into(),
+            source: Some(source.into()),
+        }
+    }
+
+    pub(crate) fn decode(message: impl Into<String>) -> Self {
+        Error::new(ErrorKind::Decode, message)
+    }
+
+    pub(crate) fn backend(message: impl Into<String>) -> Self {
+        Error::new(ErrorKind::Backend, message)
+    }
+
+    pub(crate) fn config(message: impl Into<String>) -> Self {
+        Error::new(ErrorKind::Config, message)
+    }
+
+    /// Wraps a loader's error; `source()` returns it unchanged.
+    pub(crate) fn loader(source: Source) -> Self {
+        let message = source.to_string();
+        Error::with_source(ErrorKind::Loader, message, source)
+    }
+
+    /// The class of this error.
+    pub fn kind(&self) -> ErrorKind {
+        self.kind
+    }
+
+    /// The key (or counter) does not exist.
+    pub fn is_not_found(&self) -> bool {
+        self.kind == ErrorKind::NotFound
+    }
+
+    /// Stored bytes could not be decoded: foreign, corrupt, another type, or not a counter.
+    pub fn is_decode(&self) -> bool {
+        self.kind == ErrorKind::Decode
+    }
+
+    /// The value could not be serialized.
+    pub fn is_encode(&self) -> bool {
+        self.kind == ErrorKind::Encode
+    }
+
+    /// The key holds something that is not a decimal counter.
+    pub fn is_not_a_counter(&self) -> bool {
+        self.kind == ErrorKind::NotACounter
+    }
+
+    /// The encoded value exceeds the backend's item limit.
+    pub fn is_too_large(&self) -> bool {
+        self.kind == ErrorKind::TooLarge
+    }
+
+    /// A key breaks memcached's key rules.
+    pub fn is_invalid_key(&self) -> bool {
+        self.kind == ErrorKind::InvalidKey
+    }
+
+    /// The builder's configuration is invalid.
+    pub fn is_config(&self) -> bool {
+        self.kind == ErrorKind::Config
+    }
+
+    /// The backend failed or timed out (a timeout is also a backend error).
+    pub fn is_backend(&self) -> bool {
+        matches!(self.kind, ErrorKind::Backend | ErrorKind::Timeout)
+    }
+
+    /// The backend did not answer in time.
+    pub fn is_timeout(&self) -> bool {
+        self.kind == ErrorKind::Timeout
+    }
+
+    /// The backend does not support the operation.
+    pub fn is_unsupported(&self) -> bool {
+        self.kind == ErrorKind::Unsupported
+    }
+
+    /// The loader failed; [`std::error::Error::source`] is the loader's own error.
+    pub fn is_loader(&self) -> bool {
+        self.kind == ErrorKind::Loader
+    }
+}
+
+impl From<std::io::Error> for Error {
+    fn from(e: std::io::Error) -> Self {
+        use std::io::ErrorKind as Io;
+        let kind = match e.kind() {
+            Io::TimedOut | Io::WouldBlock => ErrorKind::Timeout,
+            _ => ErrorKind::Backend,
+        };
+        Error::with_source(kind, "i/o error talking to the server", e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn predicates_follow_kind() {
+        let e = Error::new(ErrorKind::Timeout, "x");
+        assert!(e.is_timeout() && e.is_backend() && !e.is_decode());
+        let e = Error::new(ErrorKind::NotFound, "no counter `hits`");
+        assert!(e.is_not_found());
+        assert_eq!(e.to_string(), "not found: no counter `hits`");
+    }
+
+    #[test]
+    fn loader_error_keeps_source() {
+        let io = std::io::Error::other("db down");
+        let e = Error::loader(Box::new(io));
+        assert!(e.is_loader());
+        let src = StdError::source(&e).expect("source");
+        assert_eq!(src.to_string(), "db down");
+    }
+
+    #[test]
+    fn error_is_send_sync_static() {
+        fn check<T: Send + Sync + 'static>() {}
+        check::<Error>();
+    }
+}

@@ -1,0 +1,112 @@
+//! The herd decision: given an item's header and the time, is it fresh, stale (to be claimed by one
+//! reader), or due for an early (XFetch) refresh? Pure: no I/O, no clock, no randomness of its own.
+
+use crate::envelope::{Header, State};
+
+/// What a reader should do with an item it just read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// Serve it.
+    Fresh,
+    /// Past its soft expiry: try to claim it (CAS); the winner recomputes, the others serve it.
+    Stale,
+    /// Still fresh, but XFetch drew this reader to recompute early: try to claim it like a stale
+    /// item; losers (and this reader if the claim fails) serve it.
+    EarlyRefresh,
+}
+
+/// XFetch (Vattani, Chierichetti, Lowenstein, VLDB 2015) parameters for one read.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Xfetch {
+    /// The β of the paper; 1.0 is its recommended default, larger refreshes earlier.
+    pub(crate) beta: f64,
+    /// A uniform draw from (0, 1].
+    pub(crate) draw: f64,
+}
+
+/// Judges an item at `now_ms`.
+///
+/// Stale means `now_ms >= soft_expiry_ms`, at millisecond precision (django-newcache compared whole
+/// seconds with a strict `<` against a truncated clock). A claimed item is never refreshed early: one
+/// refresh is already under way.
+pub(crate) fn judge(header: &Header, now_ms: u64, xfetch: Option<Xfetch>) -> Verdict {
+    let Header::Herd {
+        state,
+        soft_expiry_ms,
+        load_ms,
+        ..
+    } = *header
+    else {
+        return Verdict::Fresh;
+    };
+    if soft_expiry_ms == 0 {
+        return Verdict::Fresh;
+    }
+    if now_ms >= soft_expiry_ms {
+        return Verdict::Stale;
+    }
+    match (state, xfetch) {
+        (State::Written, Some(x)) if load_ms > 0 => {
+            // now - delta * beta * ln(draw) >= expiry, with ln(draw) <= 0.
+            let draw = x.draw.clamp(f64::MIN_POSITIVE, 1.0);
+            let ahead = f64::from(load_ms) * x.beta * -draw.ln();
+            if now_ms as f64 + ahead >= soft_expiry_ms as f64 {
+                Verdict::EarlyRefresh
+            } else {
+                Verdict::Fresh
+            }
+        }
+        _ => Verdict::Fresh,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn herd(state: State, soft: u64, load_ms: u32) -> Header {
+        Header::Herd {
+            state,
+            soft_expiry_ms: soft,
+            written_ms: 0,
+            load_ms,
+        }
+    }
+
+    #[track_caller]
+    fn check(h: Header, now: u64, x: Option<Xfetch>, expected: Verdict) {
+        assert_eq!(judge(&h, now, x), expected);
+    }
+
+    #[test]
+    fn soft_expiry_at_millisecond_precision() {
+        let h = herd(State::Written, 10_500, 0);
+        check(h, 10_499, None, Verdict::Fresh);
+        check(h, 10_500, None, Verdict::Stale);
+        check(h, 10_501, None, Verdict::Stale);
+        check(herd(State::Written, 0, 0), u64::MAX, None, Verdict::Fresh);
+        check(Header::Plain, u64::MAX, None, Verdict::Fresh);
+        // a claim past its own deadline (the claimant died) is stale again
+        check(herd(State::Claimed, 1_000, 0), 1_000, None, Verdict::Stale);
+    }
+
+    #[test]
+    fn xfetch_draws() {
+        let h = herd(State::Written, 10_000, 100);
+        let x = |draw| Some(Xfetch { beta: 1.0, draw });
+        // draw = 1: ln(1) = 0, never early
+        check(h, 9_999, x(1.0), Verdict::Fresh);
+        // draw = e^-1: 100 ms ahead
+        let d = (-1.0f64).exp();
+        check(h, 9_899, x(d), Verdict::Fresh);
+        check(h, 9_901, x(d), Verdict::EarlyRefresh);
+        // beta scales the window
+        check(h, 9_801, Some(Xfetch { beta: 2.0, draw: d }), Verdict::EarlyRefresh);
+        // a claimed item or an unknown load time is never refreshed early
+        check(herd(State::Claimed, 10_000, 100), 9_999, x(1e-9), Verdict::Fresh);
+        check(herd(State::Written, 10_000, 0), 9_999, x(1e-9), Verdict::Fresh);
+        // a draw of 0 is clamped (a finite ~70 s window here), not -inf
+        check(herd(State::Written, 100_000, 100), 0, x(0.0), Verdict::Fresh);
+        check(h, 9_000, x(0.0), Verdict::EarlyRefresh);
+    }
+}

@@ -1,0 +1,165 @@
+//! Key derivation: `{flavor}-{version}-{sha1 hex}` as django-newcache makes it, and memcached's key
+//! rules. Pure: no I/O.
+
+use std::fmt;
+use std::sync::Arc;
+
+use sha1::{Digest, Sha1};
+
+use crate::error::{Error, ErrorKind, Result};
+
+/// memcached's longest key, in bytes.
+pub const MAX_KEY_LEN: usize = 250;
+
+/// A replacement for the key derivation (django-newcache's `CACHE_KEY_MODULE`).
+///
+/// Called as `f(flavor, version, user_key)`; its output is checked against memcached's key rules
+/// ([`validate_key`]) before it reaches the wire.
+pub type KeyFunction = Arc<dyn Fn(&str, u64, &str) -> String + Send + Sync>;
+
+/// The default derivation: `{flavor}-{version}-{sha1 hex of the key's UTF-8 bytes}`.
+///
+/// Byte for byte the key django-newcache writes, so both can share a memcached.
+///
+/// ```
+/// assert_eq!(
+///     newcache::default_key("prod", 1, "foo"),
+///     "prod-1-0beec7b5ea3f0fdbc95d0dd47f3c5bc275da8a33"
+/// );
+/// ```
+pub fn default_key(flavor: &str, version: u64, key: &str) -> String {
+    let digest = Sha1::digest(key.as_bytes());
+    let mut out = String::with_capacity(flavor.len() + 24 + 40);
+    out.push_str(flavor);
+    out.push('-');
+    out.push_str(&version.to_string());
+    out.push('-');
+    out.push_str(&hex::encode(digest));
+    out
+}
+
+/// Checks a derived key against memcached's rules: 1 to 250 bytes, no whitespace, no control bytes.
+///
+/// ```
+/// assert!(newcache::validate_key("prod-1-abc").is_ok());
+/// assert!(newcache::validate_key("has space").unwrap_err().is_invalid_key());
+/// ```
+pub fn validate_key(key: &str) -> Result<()> {
+    if key.is_empty() {
+        return Err(Error::new(ErrorKind::InvalidKey, "the key is empty"));
+    }
+    if key.len() > MAX_KEY_LEN {
+        return Err(Error::new(
+            ErrorKind::InvalidKey,
+            format!("the key is {} bytes, memcached allows {MAX_KEY_LEN}", key.len()),
+        ));
+    }
+    if let Some(b) = key.bytes().find(|b| b.is_ascii_whitespace() || b.is_ascii_control()) {
+        return Err(Error::new(
+            ErrorKind::InvalidKey,
+            format!("the key contains the byte {b:#04x} (whitespace or control)"),
+        ));
+    }
+    if key.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(Error::new(
+            ErrorKind::InvalidKey,
+            "the key contains a unicode whitespace or control character",
+        ));
+    }
+    Ok(())
+}
+
+/// How user keys become memcached keys: flavor, version and the derivation function.
+#[derive(Clone)]
+pub(crate) struct KeyMaker {
+    pub(crate) flavor: Arc<str>,
+    pub(crate) version: u64,
+    pub(crate) function: Option<KeyFunction>,
+}
+
+impl KeyMaker {
+    /// The derived key, validated.
+    pub(crate) fn make(&self, key: &str) -> Result<String> {
+        match &self.function {
+            None => Ok(default_key(&self.flavor, self.version, key)),
+            Some(f) => {
+                let k = f(&self.flavor, self.version, key);
+                validate_key(&k)?;
+                Ok(k)
+            }
+        }
+    }
+
+    /// The derived key without validation (for display through `Cache::make_key`).
+    pub(crate) fn make_unchecked(&self, key: &str) -> String {
+        match &self.function {
+            None => default_key(&self.flavor, self.version, key),
+            Some(f) => f(&self.flavor, self.version, key),
+        }
+    }
+}
+
+impl fmt::Debug for KeyMaker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyMaker")
+            .field("flavor", &self.flavor)
+            .field("version", &self.version)
+            .field("custom_function", &self.function.is_some())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[track_caller]
+    fn check(flavor: &str, version: u64, key: &str, expected: &str) {
+        assert_eq!(default_key(flavor, version, key), expected);
+        validate_key(expected).expect("derived keys are always valid");
+    }
+
+    #[test]
+    fn matches_django_newcache() {
+        // sha1("foo") = 0beec7b5ea3f0fdbc95d0dd47f3c5bc275da8a33
+        check("prod", 1, "foo", "prod-1-0beec7b5ea3f0fdbc95d0dd47f3c5bc275da8a33");
+        check("", 1, "foo", "-1-0beec7b5ea3f0fdbc95d0dd47f3c5bc275da8a33");
+        check("", 2, "foo", "-2-0beec7b5ea3f0fdbc95d0dd47f3c5bc275da8a33");
+        // sha1("abc"), the value the peers' setup script checks django-newcache against
+        check("", 1, "abc", "-1-a9993e364706816aba3e25717850c26c9cd0d89d");
+        // UTF-8 bytes are hashed: sha1("é") = sha1(b"\xc3\xa9")
+        check("", 1, "é", "-1-bf15be717ac1b080b4f1c456692825891ff5073d");
+    }
+
+    #[test]
+    fn hostile_keys_hash_to_safe_keys() {
+        for k in ["a b", "x\r\nflush_all\r\n", "nul\0byte", &"z".repeat(100_000)] {
+            let d = default_key("f", 1, k);
+            assert_eq!(d.len(), 2 + 1 + 1 + 40);
+            validate_key(&d).unwrap();
+        }
+    }
+
+    #[test]
+    fn validation_rules() {
+        assert!(validate_key(&"a".repeat(250)).is_ok());
+        assert!(validate_key(&"a".repeat(251)).unwrap_err().is_invalid_key());
+        assert!(validate_key("").unwrap_err().is_invalid_key());
+        for bad in ["a b", "a\tb", "a\r\nb", "a\0b", "a\x7fb", "a\u{a0}b", "a\u{2028}b"] {
+            assert!(validate_key(bad).unwrap_err().is_invalid_key(), "{bad:?}");
+        }
+        assert!(validate_key("clé-ünïcode").is_ok());
+    }
+
+    #[test]
+    fn custom_function_is_validated() {
+        let maker = KeyMaker {
+            flavor: "".into(),
+            version: 1,
+            function: Some(Arc::new(|_, _, k: &str| k.to_string())),
+        };
+        assert_eq!(maker.make("plain").unwrap(), "plain");
+        assert!(maker.make("with space").unwrap_err().is_invalid_key());
+        assert!(maker.make(&"x".repeat(300)).unwrap_err().is_invalid_key());
+    }
+}

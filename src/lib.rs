@@ -1,0 +1,115 @@
+//! A typed cache over memcached that keeps a hot key from being recomputed by every request at
+//! once when it expires: the Rust port of django-newcache.
+//!
+//! # Quickstart
+//!
+//! ```
+//! use std::time::Duration;
+//! use newcache::{Cache, Ttl};
+//!
+//! #[derive(serde::Serialize, serde::Deserialize, Debug, PartialEq)]
+//! struct User { id: u64, name: String }
+//!
+//! // `.memcached(["127.0.0.1:11211"])` instead of `.in_memory()` for a real server.
+//! let cache = Cache::builder().in_memory().flavor("prod").build()?;
+//!
+//! let ann = User { id: 42, name: "ann".into() };
+//! cache.set("user:42", &ann, Duration::from_secs(300))?;
+//! assert_eq!(cache.get::<User>("user:42")?, Some(ann));
+//!
+//! cache.set_counter("hits", 41, Ttl::Never)?;
+//! assert_eq!(cache.incr("hits", 1)?, 42);
+//! # Ok::<(), newcache::Error>(())
+//! ```
+//!
+//! # How the herd protection works
+//!
+//! Every value is stored in an envelope that carries a *soft* expiry (now + ttl). memcached's own
+//! (hard) expiry is later: ttl + the herd timeout (60 s by default). When the soft expiry has
+//! passed, the first reader *claims* the entry: it re-stores the same value with a new soft expiry
+//! (now + herd timeout) through memcached's `cas`, using the token from its own `gets`. Exactly one
+//! reader's `cas` can succeed; that reader is told "miss" and recomputes, every other reader gets
+//! the stale value at once.
+//!
+//! ```text
+//! t=0      set(k, v, 300 s)      soft expiry 300 s, memcached expiry 360 s
+//! t=301    reader A: gets -> stale, cas(claim) OK   -> None: A recomputes
+//! t=301    reader B: gets -> stale, cas(claim) EXISTS -> v (stale, served at once)
+//! t=301.2  A: set(k, v2, 300 s)  everyone reads v2
+//! (if A died: at t=361 the claim itself is stale, and exactly one new reader claims it)
+//! ```
+//!
+//! # Keys and versions
+//!
+//! A user key becomes `{flavor}-{version}-{sha1 hex of its UTF-8 bytes}`, byte for byte as
+//! django-newcache makes it, so any key (spaces, newlines, 100 KB of text) is safe on the wire.
+//! [`Cache::with_version`] (or a new `version` in the builder) makes every old key unreachable. A
+//! custom derivation can be set with [`CacheBuilder::key_function`]; its output is validated.
+//!
+//! # Backends
+//!
+//! - memcached ([`CacheBuilder::memcached`]): the text protocol (which twemproxy and mcrouter also
+//!   speak), one pool per server, ketama placement compatible with libmemcached, batches in one
+//!   pipelined round trip per server. `build()` never connects; every wait is bounded.
+//! - memory ([`CacheBuilder::in_memory`], the default): the same semantics in process, bounded.
+//! - your own: implement [`Backend`] on bytes, flags and CAS tokens.
+//!
+//! # Wire format
+//!
+//! Items written by [`Cache::set`] carry memcached flags `0x4E43` and this layout (integers
+//! little-endian):
+//!
+//! | offset | size | field |
+//! |---|---|---|
+//! | 0 | 2 | magic `b"NC"` |
+//! | 2 | 1 | format version, `1` |
+//! | 3 | 1 | kind: `1` herd envelope, `2` plain (`Herd::Off`) |
+//! | 4 | 1 | state (herd only): `0` written, `1` claimed by a recomputing reader |
+//! | 5 | 8 | soft expiry, unix milliseconds, `0` = never (herd only) |
+//! | 13 | 8 | when the value was written, unix milliseconds (herd only) |
+//! | 21 | 4 | how long the value took to compute, milliseconds, `0` = unknown (herd only) |
+//! | 25 (herd) or 4 (plain) | rest | the value, bincode 2 standard configuration |
+//!
+//! Counters ([`Cache::set_counter`]) are memcached's plain decimal digits with flags `0`. Bytes
+//! that do not match (another client's pickle, a PHP value, compressed data, an empty value)
+//! give an error whose [`Error::is_decode`] is true, or a miss with [`DecodePolicy::Miss`];
+//! decoding never allocates more than the item size limit.
+//!
+//! # Cargo features
+//!
+//! None yet: the memcached and memory backends are always built.
+//!
+//! # Minimum supported Rust version
+//!
+//! 1.85 (edition 2024), as `rust-version` in Cargo.toml says.
+
+#![deny(missing_docs)]
+#![warn(missing_debug_implementations)]
+
+mod backend;
+mod builder;
+mod cache;
+mod clock;
+mod codec;
+mod envelope;
+mod error;
+mod herd;
+mod key;
+mod ring;
+mod stats;
+mod ttl;
+
+pub use backend::memcached::{MemcachedBackend, MemcachedConfig, ServerSpec};
+pub use backend::memory::MemoryBackend;
+pub use backend::{Backend, Item, StoreMode, StoreOutcome};
+pub use builder::{CacheBuilder, DEFAULT_HERD_TIMEOUT, DEFAULT_TTL};
+pub use cache::{Cache, DecodePolicy, FailurePolicy, Herd};
+pub use clock::{Clock, MockClock, SystemClock};
+pub use error::{Error, ErrorKind, Result};
+pub use key::{KeyFunction, MAX_KEY_LEN, default_key, validate_key};
+pub use stats::Stats;
+pub use ttl::Ttl;
+
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

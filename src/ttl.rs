@@ -1,0 +1,173 @@
+//! Time-to-live: the public [`Ttl`] and the pure arithmetic that turns it into a soft expiry and
+//! memcached's `exptime` (herd padding first, then the 30-day rule). No I/O, no clock reads.
+
+use std::time::Duration;
+
+/// memcached reads an `exptime` above this many seconds (30 days) as an absolute unix time.
+pub const RELATIVE_EXPTIME_MAX: u64 = 2_592_000;
+
+/// How long a value lives.
+///
+/// `Duration`s convert into `Ttl::After`, so every `ttl` parameter takes either form:
+///
+/// ```
+/// # use std::time::Duration;
+/// # use newcache::Ttl;
+/// let a: Ttl = Duration::from_secs(60).into();
+/// assert_eq!(a, Ttl::After(Duration::from_secs(60)));
+/// ```
+///
+/// A zero duration means "expires now", as in Django: the write removes the key, so nothing is
+/// readable afterwards. Sub-second durations are exact for the soft expiry (milliseconds) and round
+/// up to a whole second for memcached's hard expiry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum Ttl {
+    /// The cache's default (`CacheBuilder::default_ttl`, 300 s unless set).
+    #[default]
+    Default,
+    /// Never expires (memcached may still evict it under memory pressure).
+    Never,
+    /// Expires after this long.
+    After(Duration),
+}
+
+impl From<Duration> for Ttl {
+    fn from(d: Duration) -> Self {
+        Ttl::After(d)
+    }
+}
+
+/// A [`Ttl`] with the default applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Lifetime {
+    /// Zero: the write deletes instead.
+    Expired,
+    /// No expiry at all.
+    Forever,
+    /// Expires after this long (non-zero).
+    For(Duration),
+}
+
+impl Ttl {
+    pub(crate) fn resolve(self, default: Duration) -> Lifetime {
+        let d = match self {
+            Ttl::Never => return Lifetime::Forever,
+            Ttl::Default => default,
+            Ttl::After(d) => d,
+        };
+        if d.is_zero() {
+            Lifetime::Expired
+        } else {
+            Lifetime::For(d)
+        }
+    }
+}
+
+/// Whole seconds, rounded up.
+pub(crate) fn ceil_secs(d: Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
+
+/// memcached's `exptime` for a value that must live `life` plus `padding` (the herd timeout).
+///
+/// The padding is added *before* the 30-day rule (django-newcache applied the rule first, so a ttl
+/// within 60 s of 30 days became a 1970 timestamp). Never returns a negative or past time: `0`
+/// means "no expiry" and is only returned for `Lifetime::Forever`.
+pub(crate) fn exptime(life: Lifetime, padding: Duration, now_unix_secs: u64) -> u32 {
+    let total = match life {
+        Lifetime::Forever => return 0,
+        Lifetime::Expired => 1,
+        Lifetime::For(d) => ceil_secs(d.saturating_add(padding)).max(1),
+    };
+    if total <= RELATIVE_EXPTIME_MAX {
+        total as u32
+    } else {
+        // Absolute unix time; memcached's field is 32 bits (good until 2106).
+        now_unix_secs.saturating_add(total).min(u64::from(u32::MAX)) as u32
+    }
+}
+
+/// The soft expiry, in unix milliseconds, of a value written at `now_ms` (0 = never stale).
+pub(crate) fn soft_expiry_ms(life: Lifetime, now_ms: u64) -> u64 {
+    match life {
+        Lifetime::Forever => 0,
+        Lifetime::Expired => now_ms,
+        Lifetime::For(d) => now_ms.saturating_add(d.as_millis().min(u128::from(u64::MAX)) as u64),
+    }
+}
+
+/// When an item written at `now_ms` with memcached `exptime` is gone, in unix milliseconds
+/// (`None` = never). This is memcached's own reading of the field; the memory backend uses it.
+pub(crate) fn hard_deadline_ms(exptime: u32, now_ms: u64) -> Option<u64> {
+    let e = u64::from(exptime);
+    match e {
+        0 => None,
+        e if e <= RELATIVE_EXPTIME_MAX => Some(now_ms.saturating_add(e * 1000)),
+        // An absolute time in the past expires the item at once, as in memcached.
+        e => Some(e * 1000),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NOW: u64 = 1_790_000_000; // a unix time in 2026
+
+    #[track_caller]
+    fn check(life: Lifetime, padding_s: u64, expected: u32) {
+        assert_eq!(exptime(life, Duration::from_secs(padding_s), NOW), expected);
+    }
+
+    fn secs(s: u64) -> Lifetime {
+        Lifetime::For(Duration::from_secs(s))
+    }
+
+    #[test]
+    fn padding_then_thirty_day_rule() {
+        check(secs(300), 60, 360);
+        check(Lifetime::Forever, 60, 0);
+        check(secs(RELATIVE_EXPTIME_MAX - 60), 60, RELATIVE_EXPTIME_MAX as u32);
+        // newcache bug 2: 30 days - 30 s + 60 s padding crosses the rule; it must become absolute
+        // now + total, never a tiny relative number or a 1970 timestamp.
+        check(secs(RELATIVE_EXPTIME_MAX - 30), 60, (NOW + RELATIVE_EXPTIME_MAX + 30) as u32);
+        check(secs(RELATIVE_EXPTIME_MAX + 1), 0, (NOW + RELATIVE_EXPTIME_MAX + 1) as u32);
+        check(secs(RELATIVE_EXPTIME_MAX), 0, RELATIVE_EXPTIME_MAX as u32);
+    }
+
+    #[test]
+    fn sub_second_rounds_up() {
+        check(Lifetime::For(Duration::from_millis(1)), 0, 1);
+        check(Lifetime::For(Duration::from_millis(1500)), 0, 2);
+        check(Lifetime::For(Duration::from_millis(500)), 60, 61);
+        assert_eq!(ceil_secs(Duration::from_secs(2)), 2);
+    }
+
+    #[test]
+    fn resolve_default_and_zero() {
+        let d = Duration::from_secs(300);
+        assert_eq!(Ttl::Default.resolve(d), secs(300));
+        assert_eq!(Ttl::Never.resolve(d), Lifetime::Forever);
+        assert_eq!(Ttl::After(Duration::ZERO).resolve(d), Lifetime::Expired);
+        assert_eq!(Ttl::Default.resolve(Duration::ZERO), Lifetime::Expired);
+    }
+
+    #[test]
+    fn soft_expiry_has_millisecond_precision() {
+        let life = Lifetime::For(Duration::from_millis(1234));
+        assert_eq!(soft_expiry_ms(life, 1_000_000), 1_001_234);
+        assert_eq!(soft_expiry_ms(Lifetime::Forever, 5), 0);
+    }
+
+    #[test]
+    fn memcached_reading_of_exptime() {
+        let now_ms = NOW * 1000;
+        assert_eq!(hard_deadline_ms(0, now_ms), None);
+        assert_eq!(hard_deadline_ms(10, now_ms), Some(now_ms + 10_000));
+        let abs = (NOW + 3_000_000) as u32;
+        assert_eq!(hard_deadline_ms(abs, now_ms), Some(u64::from(abs) * 1000));
+        // absolute and in the past: already gone
+        assert!(hard_deadline_ms(RELATIVE_EXPTIME_MAX as u32 + 5, now_ms).unwrap() < now_ms);
+    }
+}
