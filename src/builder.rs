@@ -20,8 +20,13 @@ pub const DEFAULT_HERD_TIMEOUT: Duration = Duration::from_secs(60);
 
 #[derive(Clone)]
 enum BackendChoice {
-    Memory { capacity: usize },
-    Memcached { servers: Vec<String>, weighted: Vec<ServerSpec> },
+    Memory {
+        capacity: usize,
+    },
+    Memcached {
+        servers: Vec<String>,
+        weighted: Vec<ServerSpec>,
+    },
     Custom(Arc<dyn Backend>),
 }
 
@@ -101,7 +106,10 @@ impl CacheBuilder {
         S: AsRef<str>,
     {
         self.backend = BackendChoice::Memcached {
-            servers: servers.into_iter().map(|s| s.as_ref().to_string()).collect(),
+            servers: servers
+                .into_iter()
+                .map(|s| s.as_ref().to_string())
+                .collect(),
             weighted: Vec::new(),
         };
         self
@@ -257,7 +265,9 @@ impl CacheBuilder {
         }
         let backend: Arc<dyn Backend> = match self.backend {
             BackendChoice::Custom(b) => b,
-            BackendChoice::Memory { capacity } => Arc::new(MemoryBackend::new(capacity, self.clock.clone())),
+            BackendChoice::Memory { capacity } => {
+                Arc::new(MemoryBackend::new(capacity, self.clock.clone()))
+            }
             BackendChoice::Memcached { servers, weighted } => {
                 let mut specs = weighted;
                 for s in &servers {
@@ -299,11 +309,29 @@ mod tests {
     fn rejects_bad_configuration() {
         let e = Cache::builder().flavor("has space").build().unwrap_err();
         assert!(e.is_config() && e.to_string().contains("flavor"), "{e}");
-        assert!(Cache::builder().flavor("x".repeat(240)).build().unwrap_err().is_config());
+        assert!(
+            Cache::builder()
+                .flavor("x".repeat(240))
+                .build()
+                .unwrap_err()
+                .is_config()
+        );
         let none: [&str; 0] = [];
         let e = Cache::builder().memcached(none).build().unwrap_err();
         assert!(e.is_config() && e.to_string().contains("empty"), "{e}");
-        assert!(Cache::builder().memcached(["nope"]).build().unwrap_err().is_config());
-        assert!(Cache::builder().herd_timeout(Duration::ZERO).build().unwrap_err().is_config());
+        assert!(
+            Cache::builder()
+                .memcached(["nope"])
+                .build()
+                .unwrap_err()
+                .is_config()
+        );
+        assert!(
+            Cache::builder()
+                .herd_timeout(Duration::ZERO)
+                .build()
+                .unwrap_err()
+                .is_config()
+        );
     }
 }

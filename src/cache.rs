@@ -165,7 +165,11 @@ impl Cache {
     }
 
     /// Reads one item and applies the herd decision; `xfetch` enables early refresh.
-    pub(crate) fn read<T: DeserializeOwned>(&self, key: &str, xfetch: Option<Xfetch>) -> Result<Read<T>> {
+    pub(crate) fn read<T: DeserializeOwned>(
+        &self,
+        key: &str,
+        xfetch: Option<Xfetch>,
+    ) -> Result<Read<T>> {
         let k = self.keys.make(key)?;
         let item = self.absorb_read(self.inner.backend.get(&k))?.flatten();
         match item {
@@ -178,7 +182,12 @@ impl Cache {
     }
 
     /// The herd decision for one item read under derived key `k`.
-    fn judge_item<T: DeserializeOwned>(&self, k: &str, item: Item, xfetch: Option<Xfetch>) -> Result<Read<T>> {
+    fn judge_item<T: DeserializeOwned>(
+        &self,
+        k: &str,
+        item: Item,
+        xfetch: Option<Xfetch>,
+    ) -> Result<Read<T>> {
         let s = &self.inner.stats;
         let (header, payload) = match envelope::decode(item.flags, &item.value) {
             Ok(x) => x,
@@ -193,6 +202,14 @@ impl Cache {
                 };
                 Counters::bump(&s.hits);
                 Ok(Read::Fresh(v))
+            }
+            Verdict::Recomputing => {
+                let v = match codec::decode::<T>(payload) {
+                    Ok(v) => v,
+                    Err(e) => return self.decode_failed(e),
+                };
+                Counters::bump(&s.stale_served);
+                Ok(Read::Stale(v))
             }
             verdict @ (Verdict::Stale | Verdict::EarlyRefresh) => {
                 let early = verdict == Verdict::EarlyRefresh;
@@ -235,7 +252,10 @@ impl Cache {
             return Ok(false);
         };
         let exptime = ttl::exptime(Lifetime::For(herd), herd, now / 1000);
-        let outcome = self.inner.backend.store(StoreMode::Cas(item.cas), k, &bytes, item.flags, exptime);
+        let outcome =
+            self.inner
+                .backend
+                .store(StoreMode::Cas(item.cas), k, &bytes, item.flags, exptime);
         // A claim that failed to reach the backend is not a claim: serve the stale value.
         Ok(self.absorb_read(outcome)? == Some(StoreOutcome::Stored))
     }
@@ -281,7 +301,10 @@ impl Cache {
     /// The map is keyed by the caller's keys. Missing keys are left out, and so are stale keys
     /// that this caller claimed (exactly as [`get`](Cache::get) reports them as `None`): the
     /// caller recomputes what is absent.
-    pub fn get_many<T: DeserializeOwned, K: AsRef<str>>(&self, keys: &[K]) -> Result<HashMap<String, T>> {
+    pub fn get_many<T: DeserializeOwned, K: AsRef<str>>(
+        &self,
+        keys: &[K],
+    ) -> Result<HashMap<String, T>> {
         let mut out = HashMap::with_capacity(keys.len());
         for (user_key, read) in self.read_many::<T, K>(keys, None)? {
             if let Read::Fresh(v) | Read::Stale(v) = read {
@@ -337,7 +360,13 @@ impl Cache {
         let mut buf = Vec::with_capacity(64);
         let padding = match herd {
             Herd::Protected => {
-                envelope::herd_header(&mut buf, State::Written, ttl::soft_expiry_ms(life, now), now, load_ms);
+                envelope::herd_header(
+                    &mut buf,
+                    State::Written,
+                    ttl::soft_expiry_ms(life, now),
+                    now,
+                    load_ms,
+                );
                 self.inner.herd_timeout
             }
             Herd::Off => {
@@ -354,7 +383,12 @@ impl Cache {
     /// The value is fresh for `ttl`, then stale: the first reader to see it stale recomputes while
     /// the others get the stale value, for up to the herd timeout (which memcached's own expiry
     /// includes). A zero `ttl` deletes the key (nothing is readable afterwards).
-    pub fn set<T: Serialize + ?Sized>(&self, key: &str, value: &T, ttl: impl Into<Ttl>) -> Result<()> {
+    pub fn set<T: Serialize + ?Sized>(
+        &self,
+        key: &str,
+        value: &T,
+        ttl: impl Into<Ttl>,
+    ) -> Result<()> {
         self.set_with(key, value, ttl, Herd::Protected)
     }
 
@@ -384,15 +418,26 @@ impl Cache {
             return self.absorb_write(self.inner.backend.delete(&k)).map(|_| ());
         }
         let (bytes, exptime) = self.encode(value, life, herd, load_ms)?;
-        self.absorb_write(self.inner.backend.store(StoreMode::Set, &k, &bytes, envelope::FLAGS, exptime))
-            .map(|_| ())
+        self.absorb_write(self.inner.backend.store(
+            StoreMode::Set,
+            &k,
+            &bytes,
+            envelope::FLAGS,
+            exptime,
+        ))
+        .map(|_| ())
     }
 
     /// Stores a value only if the key holds no live value; `true` if it was stored.
     ///
     /// A stale value (past its soft expiry) does not count as live: it is replaced, through CAS,
     /// so two concurrent `add`s still store at most once.
-    pub fn add<T: Serialize + ?Sized>(&self, key: &str, value: &T, ttl: impl Into<Ttl>) -> Result<bool> {
+    pub fn add<T: Serialize + ?Sized>(
+        &self,
+        key: &str,
+        value: &T,
+        ttl: impl Into<Ttl>,
+    ) -> Result<bool> {
         let k = self.keys.make(key)?;
         let life = ttl.into().resolve(self.inner.default_ttl);
         let b = &self.inner.backend;
@@ -406,7 +451,9 @@ impl Cache {
         }
         let (bytes, exptime) = self.encode(value, life, Herd::Protected, 0)?;
         for _ in 0..3 {
-            if b.store(StoreMode::Add, &k, &bytes, envelope::FLAGS, exptime)? == StoreOutcome::Stored {
+            if b.store(StoreMode::Add, &k, &bytes, envelope::FLAGS, exptime)?
+                == StoreOutcome::Stored
+            {
                 return Ok(true);
             }
             let Some(item) = b.get(&k)? else {
@@ -415,15 +462,22 @@ impl Cache {
             if self.is_live(&item) {
                 return Ok(false);
             }
-            return Ok(b.store(StoreMode::Cas(item.cas), &k, &bytes, envelope::FLAGS, exptime)?
-                == StoreOutcome::Stored);
+            return Ok(b.store(
+                StoreMode::Cas(item.cas),
+                &k,
+                &bytes,
+                envelope::FLAGS,
+                exptime,
+            )? == StoreOutcome::Stored);
         }
         Ok(false)
     }
 
     fn is_live(&self, item: &Item) -> bool {
         match envelope::decode(item.flags, &item.value) {
-            Ok((h @ Header::Herd { .. }, _)) => herd::judge(&h, self.now_ms(), None) == Verdict::Fresh,
+            Ok((h @ Header::Herd { .. }, _)) => {
+                herd::judge(&h, self.now_ms(), None) == Verdict::Fresh
+            }
             // Plain values and foreign bytes are live until memcached expires them.
             _ => true,
         }
@@ -436,7 +490,9 @@ impl Cache {
     /// Deletes a key; `true` if something was there.
     pub fn delete(&self, key: &str) -> Result<bool> {
         let k = self.keys.make(key)?;
-        Ok(self.absorb_write(self.inner.backend.delete(&k))?.unwrap_or(false))
+        Ok(self
+            .absorb_write(self.inner.backend.delete(&k))?
+            .unwrap_or(false))
     }
 
     /// Stores several values with the herd protection, one round trip per server.
@@ -464,11 +520,20 @@ impl Cache {
         }
         if life == Lifetime::Expired {
             let keys: Vec<&str> = encoded.iter().map(|(k, _)| k.as_str()).collect();
-            return self.absorb_write(self.inner.backend.delete_many(&keys)).map(|_| ());
+            return self
+                .absorb_write(self.inner.backend.delete_many(&keys))
+                .map(|_| ());
         }
-        let batch: Vec<(&str, &[u8])> = encoded.iter().map(|(k, v)| (k.as_str(), v.as_slice())).collect();
-        self.absorb_write(self.inner.backend.set_many(&batch, envelope::FLAGS, exptime))
-            .map(|_| ())
+        let batch: Vec<(&str, &[u8])> = encoded
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_slice()))
+            .collect();
+        self.absorb_write(
+            self.inner
+                .backend
+                .set_many(&batch, envelope::FLAGS, exptime),
+        )
+        .map(|_| ())
     }
 
     /// Deletes several keys, one round trip per server; returns how many existed.
@@ -478,7 +543,9 @@ impl Cache {
             .map(|k| self.keys.make(k.as_ref()))
             .collect::<Result<Vec<_>>>()?;
         let refs: Vec<&str> = derived.iter().map(String::as_str).collect();
-        Ok(self.absorb_write(self.inner.backend.delete_many(&refs))?.unwrap_or(0))
+        Ok(self
+            .absorb_write(self.inner.backend.delete_many(&refs))?
+            .unwrap_or(0))
     }
 
     /// Removes everything from the backend (memcached's `flush_all` on every server), as
@@ -500,7 +567,13 @@ impl Cache {
         let exptime = ttl::exptime(life, Duration::ZERO, self.now_ms() / 1000);
         self.inner
             .backend
-            .store(StoreMode::Set, &k, value.to_string().as_bytes(), envelope::COUNTER_FLAGS, exptime)
+            .store(
+                StoreMode::Set,
+                &k,
+                value.to_string().as_bytes(),
+                envelope::COUNTER_FLAGS,
+                exptime,
+            )
             .map(|_| ())
     }
 
@@ -511,7 +584,10 @@ impl Cache {
     /// `is_not_a_counter()` if the key holds something else.
     pub fn incr(&self, key: &str, delta: u64) -> Result<u64> {
         let k = self.keys.make(key)?;
-        self.inner.backend.incr(&k, delta)?.ok_or_else(|| not_found(key))
+        self.inner
+            .backend
+            .incr(&k, delta)?
+            .ok_or_else(|| not_found(key))
     }
 
     /// Subtracts `delta` from a counter and returns the new value; memcached clamps at zero.
@@ -520,7 +596,10 @@ impl Cache {
     /// As [`incr`](Cache::incr).
     pub fn decr(&self, key: &str, delta: u64) -> Result<u64> {
         let k = self.keys.make(key)?;
-        self.inner.backend.decr(&k, delta)?.ok_or_else(|| not_found(key))
+        self.inner
+            .backend
+            .decr(&k, delta)?
+            .ok_or_else(|| not_found(key))
     }
 
     /// Reads a counter; `None` if it does not exist.

@@ -22,8 +22,8 @@ pub(crate) fn encode_into<T: Serialize + ?Sized>(value: &T, out: &mut Vec<u8>) -
 
 /// Decodes a whole payload; trailing bytes are an error (they mean another type or corruption).
 pub(crate) fn decode<T: DeserializeOwned>(payload: &[u8]) -> Result<T> {
-    let (value, used) = bincode::serde::decode_from_slice::<T, _>(payload, config())
-        .map_err(|e| {
+    let (value, used) =
+        bincode::serde::decode_from_slice::<T, _>(payload, config()).map_err(|e| {
             Error::with_source(
                 ErrorKind::Decode,
                 format!(

@@ -206,6 +206,11 @@ mod tests {
         rejects(FLAGS, b"NC\x02\x01"); // future format version
         rejects(FLAGS, b"NC\x01\x09"); // unknown kind
         rejects(FLAGS, b"NC\x01\x01\x00\x00"); // truncated herd header
-        rejects(FLAGS, &[b'N', b'C', 1, 1, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+        rejects(
+            FLAGS,
+            &[
+                b'N', b'C', 1, 1, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+            ],
+        );
     }
 }

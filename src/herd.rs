@@ -8,6 +8,9 @@ use crate::envelope::{Header, State};
 pub(crate) enum Verdict {
     /// Serve it.
     Fresh,
+    /// Claimed by a reader who is recomputing it (and whose claim has not run out): serve it,
+    /// counted as stale.
+    Recomputing,
     /// Past its soft expiry: try to claim it (CAS); the winner recomputes, the others serve it.
     Stale,
     /// Still fresh, but XFetch drew this reader to recompute early: try to claim it like a stale
@@ -28,7 +31,7 @@ pub(crate) struct Xfetch {
 ///
 /// Stale means `now_ms >= soft_expiry_ms`, at millisecond precision (django-newcache compared whole
 /// seconds with a strict `<` against a truncated clock). A claimed item is never refreshed early: one
-/// refresh is already under way.
+/// refresh is already under way, so it is `Recomputing` until its claim runs out.
 pub(crate) fn judge(header: &Header, now_ms: u64, xfetch: Option<Xfetch>) -> Verdict {
     let Header::Herd {
         state,
@@ -45,8 +48,11 @@ pub(crate) fn judge(header: &Header, now_ms: u64, xfetch: Option<Xfetch>) -> Ver
     if now_ms >= soft_expiry_ms {
         return Verdict::Stale;
     }
-    match (state, xfetch) {
-        (State::Written, Some(x)) if load_ms > 0 => {
+    if state == State::Claimed {
+        return Verdict::Recomputing;
+    }
+    match xfetch {
+        Some(x) if load_ms > 0 => {
             // now - delta * beta * ln(draw) >= expiry, with ln(draw) <= 0.
             let draw = x.draw.clamp(f64::MIN_POSITIVE, 1.0);
             let ahead = f64::from(load_ms) * x.beta * -draw.ln();
@@ -86,7 +92,13 @@ mod tests {
         check(h, 10_501, None, Verdict::Stale);
         check(herd(State::Written, 0, 0), u64::MAX, None, Verdict::Fresh);
         check(Header::Plain, u64::MAX, None, Verdict::Fresh);
-        // a claim past its own deadline (the claimant died) is stale again
+        // a claim within its deadline is being recomputed; past it (the claimant died), stale again
+        check(
+            herd(State::Claimed, 1_000, 0),
+            999,
+            None,
+            Verdict::Recomputing,
+        );
         check(herd(State::Claimed, 1_000, 0), 1_000, None, Verdict::Stale);
     }
 
@@ -101,12 +113,32 @@ mod tests {
         check(h, 9_899, x(d), Verdict::Fresh);
         check(h, 9_901, x(d), Verdict::EarlyRefresh);
         // beta scales the window
-        check(h, 9_801, Some(Xfetch { beta: 2.0, draw: d }), Verdict::EarlyRefresh);
+        check(
+            h,
+            9_801,
+            Some(Xfetch { beta: 2.0, draw: d }),
+            Verdict::EarlyRefresh,
+        );
         // a claimed item or an unknown load time is never refreshed early
-        check(herd(State::Claimed, 10_000, 100), 9_999, x(1e-9), Verdict::Fresh);
-        check(herd(State::Written, 10_000, 0), 9_999, x(1e-9), Verdict::Fresh);
+        check(
+            herd(State::Claimed, 10_000, 100),
+            9_999,
+            x(1e-9),
+            Verdict::Recomputing,
+        );
+        check(
+            herd(State::Written, 10_000, 0),
+            9_999,
+            x(1e-9),
+            Verdict::Fresh,
+        );
         // a draw of 0 is clamped (a finite ~70 s window here), not -inf
-        check(herd(State::Written, 100_000, 100), 0, x(0.0), Verdict::Fresh);
+        check(
+            herd(State::Written, 100_000, 100),
+            0,
+            x(0.0),
+            Verdict::Fresh,
+        );
         check(h, 9_000, x(0.0), Verdict::EarlyRefresh);
     }
 }

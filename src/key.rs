@@ -51,10 +51,16 @@ pub fn validate_key(key: &str) -> Result<()> {
     if key.len() > MAX_KEY_LEN {
         return Err(Error::new(
             ErrorKind::InvalidKey,
-            format!("the key is {} bytes, memcached allows {MAX_KEY_LEN}", key.len()),
+            format!(
+                "the key is {} bytes, memcached allows {MAX_KEY_LEN}",
+                key.len()
+            ),
         ));
     }
-    if let Some(b) = key.bytes().find(|b| b.is_ascii_whitespace() || b.is_ascii_control()) {
+    if let Some(b) = key
+        .bytes()
+        .find(|b| b.is_ascii_whitespace() || b.is_ascii_control())
+    {
         return Err(Error::new(
             ErrorKind::InvalidKey,
             format!("the key contains the byte {b:#04x} (whitespace or control)"),
@@ -122,7 +128,12 @@ mod tests {
     #[test]
     fn matches_django_newcache() {
         // sha1("foo") = 0beec7b5ea3f0fdbc95d0dd47f3c5bc275da8a33
-        check("prod", 1, "foo", "prod-1-0beec7b5ea3f0fdbc95d0dd47f3c5bc275da8a33");
+        check(
+            "prod",
+            1,
+            "foo",
+            "prod-1-0beec7b5ea3f0fdbc95d0dd47f3c5bc275da8a33",
+        );
         check("", 1, "foo", "-1-0beec7b5ea3f0fdbc95d0dd47f3c5bc275da8a33");
         check("", 2, "foo", "-2-0beec7b5ea3f0fdbc95d0dd47f3c5bc275da8a33");
         // sha1("abc"), the value the peers' setup script checks django-newcache against
@@ -133,7 +144,12 @@ mod tests {
 
     #[test]
     fn hostile_keys_hash_to_safe_keys() {
-        for k in ["a b", "x\r\nflush_all\r\n", "nul\0byte", &"z".repeat(100_000)] {
+        for k in [
+            "a b",
+            "x\r\nflush_all\r\n",
+            "nul\0byte",
+            &"z".repeat(100_000),
+        ] {
             let d = default_key("f", 1, k);
             assert_eq!(d.len(), 2 + 1 + 1 + 40);
             validate_key(&d).unwrap();
@@ -145,7 +161,15 @@ mod tests {
         assert!(validate_key(&"a".repeat(250)).is_ok());
         assert!(validate_key(&"a".repeat(251)).unwrap_err().is_invalid_key());
         assert!(validate_key("").unwrap_err().is_invalid_key());
-        for bad in ["a b", "a\tb", "a\r\nb", "a\0b", "a\x7fb", "a\u{a0}b", "a\u{2028}b"] {
+        for bad in [
+            "a b",
+            "a\tb",
+            "a\r\nb",
+            "a\0b",
+            "a\x7fb",
+            "a\u{a0}b",
+            "a\u{2028}b",
+        ] {
             assert!(validate_key(bad).unwrap_err().is_invalid_key(), "{bad:?}");
         }
         assert!(validate_key("clé-ünïcode").is_ok());

@@ -57,7 +57,8 @@ impl Ring {
                 };
                 let d = Md5::digest(name.as_bytes());
                 for a in 0..POINTS_PER_HASH {
-                    let p = u32::from_le_bytes([d[4 * a], d[4 * a + 1], d[4 * a + 2], d[4 * a + 3]]);
+                    let p =
+                        u32::from_le_bytes([d[4 * a], d[4 * a + 1], d[4 * a + 2], d[4 * a + 3]]);
                     points.push((p, index));
                 }
             }
@@ -120,7 +121,12 @@ mod tests {
 
     #[test]
     fn removing_a_server_moves_only_its_keys() {
-        let n = nodes(&[("10.0.0.1", 11211, 1), ("10.0.0.2", 11211, 1), ("10.0.0.3", 11211, 1), ("10.0.0.4", 11211, 1)]);
+        let n = nodes(&[
+            ("10.0.0.1", 11211, 1),
+            ("10.0.0.2", 11211, 1),
+            ("10.0.0.3", 11211, 1),
+            ("10.0.0.4", 11211, 1),
+        ]);
         let all = Ring::new(&n, &[true; 4]);
         let three = Ring::new(&n, &[true, true, true, false]);
         let keys: Vec<String> = (0..20_000).map(|i| format!("key:{i}")).collect();

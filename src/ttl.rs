@@ -128,11 +128,23 @@ mod tests {
     fn padding_then_thirty_day_rule() {
         check(secs(300), 60, 360);
         check(Lifetime::Forever, 60, 0);
-        check(secs(RELATIVE_EXPTIME_MAX - 60), 60, RELATIVE_EXPTIME_MAX as u32);
+        check(
+            secs(RELATIVE_EXPTIME_MAX - 60),
+            60,
+            RELATIVE_EXPTIME_MAX as u32,
+        );
         // newcache bug 2: 30 days - 30 s + 60 s padding crosses the rule; it must become absolute
         // now + total, never a tiny relative number or a 1970 timestamp.
-        check(secs(RELATIVE_EXPTIME_MAX - 30), 60, (NOW + RELATIVE_EXPTIME_MAX + 30) as u32);
-        check(secs(RELATIVE_EXPTIME_MAX + 1), 0, (NOW + RELATIVE_EXPTIME_MAX + 1) as u32);
+        check(
+            secs(RELATIVE_EXPTIME_MAX - 30),
+            60,
+            (NOW + RELATIVE_EXPTIME_MAX + 30) as u32,
+        );
+        check(
+            secs(RELATIVE_EXPTIME_MAX + 1),
+            0,
+            (NOW + RELATIVE_EXPTIME_MAX + 1) as u32,
+        );
         check(secs(RELATIVE_EXPTIME_MAX), 0, RELATIVE_EXPTIME_MAX as u32);
     }
 

@@ -256,7 +256,9 @@ impl Backend for MemoryBackend {
 pub(crate) fn too_large(len: usize, max: usize) -> Error {
     Error::new(
         ErrorKind::TooLarge,
-        format!("the encoded value is {len} bytes, the backend stores at most {max} under this key"),
+        format!(
+            "the encoded value is {len} bytes, the backend stores at most {max} under this key"
+        ),
     )
 }
 
@@ -287,12 +289,27 @@ mod tests {
     #[test]
     fn add_and_cas() {
         let (b, _) = backend();
-        assert_eq!(b.store(StoreMode::Add, "k", b"1", 0, 0).unwrap(), StoreOutcome::Stored);
-        assert_eq!(b.store(StoreMode::Add, "k", b"2", 0, 0).unwrap(), StoreOutcome::NotStored);
+        assert_eq!(
+            b.store(StoreMode::Add, "k", b"1", 0, 0).unwrap(),
+            StoreOutcome::Stored
+        );
+        assert_eq!(
+            b.store(StoreMode::Add, "k", b"2", 0, 0).unwrap(),
+            StoreOutcome::NotStored
+        );
         let cas = b.get("k").unwrap().unwrap().cas;
-        assert_eq!(b.store(StoreMode::Cas(cas), "k", b"3", 0, 0).unwrap(), StoreOutcome::Stored);
-        assert_eq!(b.store(StoreMode::Cas(cas), "k", b"4", 0, 0).unwrap(), StoreOutcome::Exists);
-        assert_eq!(b.store(StoreMode::Cas(cas), "x", b"4", 0, 0).unwrap(), StoreOutcome::NotFound);
+        assert_eq!(
+            b.store(StoreMode::Cas(cas), "k", b"3", 0, 0).unwrap(),
+            StoreOutcome::Stored
+        );
+        assert_eq!(
+            b.store(StoreMode::Cas(cas), "k", b"4", 0, 0).unwrap(),
+            StoreOutcome::Exists
+        );
+        assert_eq!(
+            b.store(StoreMode::Cas(cas), "x", b"4", 0, 0).unwrap(),
+            StoreOutcome::NotFound
+        );
         assert_eq!(b.get("k").unwrap().unwrap().value, b"3");
     }
 
@@ -304,7 +321,8 @@ mod tests {
         assert_eq!(b.get("c").unwrap().unwrap().value, b"99 ");
         assert_eq!(b.incr("c", 901).unwrap(), Some(1000));
         assert_eq!(b.decr("c", 5000).unwrap(), Some(0));
-        b.store(StoreMode::Set, "c", u64::MAX.to_string().as_bytes(), 0, 0).unwrap();
+        b.store(StoreMode::Set, "c", u64::MAX.to_string().as_bytes(), 0, 0)
+            .unwrap();
         assert_eq!(b.incr("c", 2).unwrap(), Some(1));
         assert_eq!(b.incr("missing", 1).unwrap(), None);
         b.store(StoreMode::Set, "t", b"abc", 0, 0).unwrap();
@@ -321,7 +339,10 @@ mod tests {
         }
         let held: usize = b.shards.iter().map(|s| s.lock().bytes).sum();
         assert!(held <= SHARDS * (DEFAULT_ITEM_SIZE + 1024), "{held}");
-        assert!(b.get("k999").unwrap().is_some(), "the newest entry survives");
+        assert!(
+            b.get("k999").unwrap().is_some(),
+            "the newest entry survives"
+        );
     }
 
     #[test]
@@ -329,7 +350,9 @@ mod tests {
         let (b, _) = backend();
         let max = b.max_value_size("k");
         assert!(b.store(StoreMode::Set, "k", &vec![0; max], 0, 0).is_ok());
-        let e = b.store(StoreMode::Set, "k", &vec![0; max + 1], 0, 0).unwrap_err();
+        let e = b
+            .store(StoreMode::Set, "k", &vec![0; max + 1], 0, 0)
+            .unwrap_err();
         assert!(e.is_too_large());
     }
 }

@@ -23,7 +23,11 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
-    fn connect(addrs: &[SocketAddr], connect_timeout: Duration, io_timeout: Duration) -> Result<Conn> {
+    fn connect(
+        addrs: &[SocketAddr],
+        connect_timeout: Duration,
+        io_timeout: Duration,
+    ) -> Result<Conn> {
         let mut last = None;
         for addr in addrs {
             match TcpStream::connect_timeout(addr, connect_timeout) {
@@ -40,7 +44,10 @@ impl Conn {
                 Err(e) => last = Some(e),
             }
         }
-        Err(last.map_or_else(|| Error::backend("the address resolved to nothing"), Error::from))
+        Err(last.map_or_else(
+            || Error::backend("the address resolved to nothing"),
+            Error::from,
+        ))
     }
 
     /// Runs one exchange: `encode` fills the outgoing buffer, which is sent in one write, then
@@ -70,7 +77,11 @@ impl Conn {
         result
     }
 
-    pub(crate) fn gets(&mut self, keys: &[&str], max_value: usize) -> Result<HashMap<String, Item>> {
+    pub(crate) fn gets(
+        &mut self,
+        keys: &[&str],
+        max_value: usize,
+    ) -> Result<HashMap<String, Item>> {
         let mut out = HashMap::with_capacity(keys.len());
         for chunk in keys.chunks(PIPELINE_CHUNK * 4) {
             // Several `gets` lines pipelined in one write: one round trip, bounded lines.
@@ -103,7 +114,12 @@ impl Conn {
     }
 
     /// Pipelined sets; fails on the first error reply (after reading every reply).
-    pub(crate) fn set_many(&mut self, items: &[(&str, &[u8])], flags: u32, exptime: u32) -> Result<()> {
+    pub(crate) fn set_many(
+        &mut self,
+        items: &[(&str, &[u8])],
+        flags: u32,
+        exptime: u32,
+    ) -> Result<()> {
         for chunk in items.chunks(PIPELINE_CHUNK) {
             self.exchange(
                 |b| {
@@ -152,7 +168,10 @@ impl Conn {
     }
 
     pub(crate) fn arith(&mut self, incr: bool, key: &str, delta: u64) -> Result<Option<u64>> {
-        self.exchange(|b| wire::encode_arith(b, incr, key, delta), wire::read_arith)
+        self.exchange(
+            |b| wire::encode_arith(b, incr, key, delta),
+            wire::read_arith,
+        )
     }
 
     pub(crate) fn flush_all(&mut self) -> Result<()> {
@@ -181,7 +200,13 @@ impl r2d2::ManageConnection for Manager {
         let addrs: Vec<SocketAddr> = self
             .addr
             .to_socket_addrs()
-            .map_err(|e| Error::with_source(ErrorKind::Backend, format!("cannot resolve {}", self.addr), e))?
+            .map_err(|e| {
+                Error::with_source(
+                    ErrorKind::Backend,
+                    format!("cannot resolve {}", self.addr),
+                    e,
+                )
+            })?
             .collect();
         Conn::connect(&addrs, self.connect_timeout, self.io_timeout)
     }

@@ -39,10 +39,13 @@ impl ServerSpec {
         let rest = rest.trim_end_matches('/');
         let bad = |why: &str| Error::config(format!("bad memcached server {s:?}: {why}"));
         let (host, port) = if let Some(v6) = rest.strip_prefix('[') {
-            let (h, p) = v6.split_once("]:").ok_or_else(|| bad("expected [addr]:port"))?;
+            let (h, p) = v6
+                .split_once("]:")
+                .ok_or_else(|| bad("expected [addr]:port"))?;
             (h, p)
         } else {
-            rest.rsplit_once(':').ok_or_else(|| bad("expected host:port"))?
+            rest.rsplit_once(':')
+                .ok_or_else(|| bad("expected host:port"))?
         };
         if host.is_empty() || host.contains(char::is_whitespace) {
             return Err(bad("empty or malformed host"));
@@ -108,7 +111,9 @@ struct Server {
 
 impl fmt::Debug for Server {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Server").field("addr", &self.addr).finish_non_exhaustive()
+        f.debug_struct("Server")
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
     }
 }
 
@@ -289,7 +294,9 @@ impl Backend for MemcachedBackend {
         }
         // A server (or a proxy) must not answer for keys we did not ask for.
         if out.len() > keys.len() || out.keys().any(|k| !keys.contains(&k.as_str())) {
-            return Err(Error::backend("the server returned a key that was not requested"));
+            return Err(Error::backend(
+                "the server returned a key that was not requested",
+            ));
         }
         Ok(out)
     }
@@ -352,7 +359,8 @@ impl Backend for MemcachedBackend {
     }
 
     fn flush_all(&self) -> Result<()> {
-        let groups: Vec<(usize, Vec<usize>)> = (0..self.servers.len()).map(|i| (i, vec![])).collect();
+        let groups: Vec<(usize, Vec<usize>)> =
+            (0..self.servers.len()).map(|i| (i, vec![])).collect();
         for r in self.fan_out(&groups, |server, _| server.with_conn(|c| c.flush_all())) {
             r?;
         }
@@ -372,9 +380,25 @@ mod tests {
     fn server_specs() {
         let s = ServerSpec::parse("127.0.0.1:11211").unwrap();
         assert_eq!((s.host.as_str(), s.port, s.weight), ("127.0.0.1", 11211, 1));
-        assert_eq!(ServerSpec::parse("memcache://cache-1:22122").unwrap().addr(), "cache-1:22122");
-        assert_eq!(ServerSpec::parse("[::1]:11211").unwrap().addr(), "[::1]:11211");
-        for bad in ["", "host", "host:", "host:x", ":11211", "host:0", "host:70000"] {
+        assert_eq!(
+            ServerSpec::parse("memcache://cache-1:22122")
+                .unwrap()
+                .addr(),
+            "cache-1:22122"
+        );
+        assert_eq!(
+            ServerSpec::parse("[::1]:11211").unwrap().addr(),
+            "[::1]:11211"
+        );
+        for bad in [
+            "",
+            "host",
+            "host:",
+            "host:x",
+            ":11211",
+            "host:0",
+            "host:70000",
+        ] {
             assert!(ServerSpec::parse(bad).unwrap_err().is_config(), "{bad}");
         }
     }

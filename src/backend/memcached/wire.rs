@@ -91,13 +91,19 @@ fn check_error(line: &str) -> Result<&str> {
         if msg.contains("too large") {
             Err(Error::new(ErrorKind::TooLarge, format!("server: {msg}")))
         } else {
-            Err(Error::new(ErrorKind::Backend, format!("server error: {msg}")))
+            Err(Error::new(
+                ErrorKind::Backend,
+                format!("server error: {msg}"),
+            ))
         }
     } else if let Some(msg) = line.strip_prefix("CLIENT_ERROR ") {
         if msg.contains("non-numeric") {
             Err(Error::new(ErrorKind::NotACounter, format!("server: {msg}")))
         } else {
-            Err(Error::new(ErrorKind::Backend, format!("server refused the command: {msg}")))
+            Err(Error::new(
+                ErrorKind::Backend,
+                format!("server refused the command: {msg}"),
+            ))
         }
     } else {
         Ok(line)
@@ -166,7 +172,9 @@ pub(crate) fn read_store<R: BufRead>(r: &mut R) -> Result<StoreOutcome> {
         "NOT_STORED" => Ok(StoreOutcome::NotStored),
         "EXISTS" => Ok(StoreOutcome::Exists),
         "NOT_FOUND" => Ok(StoreOutcome::NotFound),
-        other => Err(protocol_error(format!("unexpected reply to a store: {other:?}"))),
+        other => Err(protocol_error(format!(
+            "unexpected reply to a store: {other:?}"
+        ))),
     }
 }
 
@@ -176,7 +184,9 @@ pub(crate) fn read_delete<R: BufRead>(r: &mut R) -> Result<bool> {
     match check_error(read_line(r, &mut line)?)? {
         "DELETED" => Ok(true),
         "NOT_FOUND" => Ok(false),
-        other => Err(protocol_error(format!("unexpected reply to delete: {other:?}"))),
+        other => Err(protocol_error(format!(
+            "unexpected reply to delete: {other:?}"
+        ))),
     }
 }
 
@@ -215,7 +225,11 @@ pub(crate) fn read_version<R: BufRead>(r: &mut R) -> Result<String> {
 impl Error {
     /// Marks an error as one after which the connection is out of step, whatever its kind.
     fn into_protocol(self) -> Error {
-        Error::with_source(ErrorKind::Backend, "connection dropped after a bad reply", self)
+        Error::with_source(
+            ErrorKind::Backend,
+            "connection dropped after a bad reply",
+            self,
+        )
     }
 }
 
@@ -242,7 +256,14 @@ mod tests {
         let mut r = &b"VALUE b 1 2 7\r\nhi\r\nVALUE a 0 0 8\r\n\r\nEND\r\n"[..];
         let mut m = HashMap::new();
         read_values(&mut r, 100, &mut m).unwrap();
-        assert_eq!(m["b"], Item { value: b"hi".to_vec(), flags: 1, cas: 7 });
+        assert_eq!(
+            m["b"],
+            Item {
+                value: b"hi".to_vec(),
+                flags: 1,
+                cas: 7
+            }
+        );
         assert_eq!(m["a"].value, b"");
         assert!(r.is_empty());
     }
@@ -250,13 +271,13 @@ mod tests {
     #[test]
     fn hostile_replies_are_errors() {
         let cases: &[&[u8]] = &[
-            b"",                                  // closed
-            b"VALUE a 0 5 1\r\nhi\r\nEND\r\n",    // short value
-            b"VALUE a 0 999999999999 1\r\n",      // huge length
-            b"VALUE a x 1 1\r\nh\r\nEND\r\n",     // bad flags
-            b"VALUE a 0 1\r\nh\r\nEND\r\n",       // no cas
+            b"",                               // closed
+            b"VALUE a 0 5 1\r\nhi\r\nEND\r\n", // short value
+            b"VALUE a 0 999999999999 1\r\n",   // huge length
+            b"VALUE a x 1 1\r\nh\r\nEND\r\n",  // bad flags
+            b"VALUE a 0 1\r\nh\r\nEND\r\n",    // no cas
             b"garbage\r\n",
-            b"END",                               // no CRLF
+            b"END", // no CRLF
         ];
         for c in cases {
             let mut m = HashMap::new();
@@ -270,8 +291,14 @@ mod tests {
 
     #[test]
     fn replies() {
-        assert_eq!(read_store(&mut &b"NOT_STORED\r\n"[..]).unwrap(), StoreOutcome::NotStored);
-        assert_eq!(read_store(&mut &b"EXISTS\r\n"[..]).unwrap(), StoreOutcome::Exists);
+        assert_eq!(
+            read_store(&mut &b"NOT_STORED\r\n"[..]).unwrap(),
+            StoreOutcome::NotStored
+        );
+        assert_eq!(
+            read_store(&mut &b"EXISTS\r\n"[..]).unwrap(),
+            StoreOutcome::Exists
+        );
         assert!(read_delete(&mut &b"DELETED\r\n"[..]).unwrap());
         assert_eq!(read_arith(&mut &b"99\r\n"[..]).unwrap(), Some(99));
         assert_eq!(read_arith(&mut &b"NOT_FOUND\r\n"[..]).unwrap(), None);
@@ -282,7 +309,14 @@ mod tests {
         assert!(e.is_not_a_counter() && leaves_connection_usable(&e));
         let e = read_store(&mut &b"SERVER_ERROR object too large for cache\r\n"[..]).unwrap_err();
         assert!(e.is_too_large() && leaves_connection_usable(&e));
-        assert!(read_ok(&mut &b"ERROR\r\n"[..]).unwrap_err().is_unsupported());
-        assert_eq!(read_version(&mut &b"VERSION 1.6.18\r\n"[..]).unwrap(), "1.6.18");
+        assert!(
+            read_ok(&mut &b"ERROR\r\n"[..])
+                .unwrap_err()
+                .is_unsupported()
+        );
+        assert_eq!(
+            read_version(&mut &b"VERSION 1.6.18\r\n"[..]).unwrap(),
+            "1.6.18"
+        );
     }
 }

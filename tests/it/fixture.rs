@@ -1,0 +1,257 @@
+//! Test fixtures: a real memcached on a free loopback port (killed on drop), and the two-backend
+//! environment the behaviour suite runs on.
+
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use newcache::{Backend, Cache, CacheBuilder, MemoryBackend, MockClock, StoreMode};
+
+/// A memcached process on 127.0.0.1:port, killed when dropped.
+pub struct Memcached {
+    pub port: u16,
+    child: Option<Child>,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+impl Memcached {
+    /// Starts memcached on a free port and waits until it accepts connections.
+    pub fn start() -> Memcached {
+        Memcached::start_on(free_port())
+    }
+
+    /// Starts memcached on this port (used to restart a server where it was).
+    pub fn start_on(port: u16) -> Memcached {
+        let mut cmd = Command::new("memcached");
+        cmd.args([
+            "-l",
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+            "-U",
+            "0",
+            "-m",
+            "64",
+            "-t",
+            "2",
+        ]);
+        // memcached refuses to run as root without -u.
+        if is_root() {
+            cmd.args(["-u", "root"]);
+        }
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("memcached is installed (see .ci/run) and starts");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "memcached did not come up on port {port}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Memcached {
+            port,
+            child: Some(child),
+        }
+    }
+
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(|c| c.id()).unwrap_or(0)
+    }
+
+    /// Sends a signal (SIGSTOP/SIGCONT) to the server.
+    pub fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .args([&format!("-{sig}"), &self.pid().to_string()])
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        assert!(ok, "kill -{sig}");
+    }
+
+    /// Kills the server now and waits for it to exit.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| o.stdout.starts_with(b"0"))
+        .unwrap_or(false)
+}
+
+impl Drop for Memcached {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// One memcached shared by the tests of this binary that do not flush or kill it. Tests isolate
+/// themselves with a unique flavor. It is stopped when the test process exits: its stdin is a pipe
+/// held by this process, and a watchdog shell kills it when the pipe closes.
+pub fn shared_server() -> &'static str {
+    static ADDR: OnceLock<(String, Box<Child>)> = OnceLock::new();
+    &ADDR
+        .get_or_init(|| {
+            let port = free_port();
+            let root = if is_root() { "-u root" } else { "" };
+            let script = format!(
+                "memcached -l 127.0.0.1 -p {port} -U 0 -m 256 -t 4 {root} & pid=$!; \
+                 cat >/dev/null; kill $pid"
+            );
+            let child = Command::new("sh")
+                .args(["-c", &script])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("sh and memcached");
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while TcpStream::connect(("127.0.0.1", port)).is_err() {
+                assert!(Instant::now() < deadline, "shared memcached did not start");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            (format!("127.0.0.1:{port}"), Box::new(child))
+        })
+        .0
+}
+
+/// A flavor no other test uses.
+pub fn unique_flavor(tag: &str) -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "t{}-{}-{tag}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Which backend a behaviour test runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Memory,
+    Memcached,
+}
+
+/// What a behaviour test gets: a builder for its backend, the clock it controls, and a way to write
+/// raw bytes under a derived key as another client would.
+pub struct Env {
+    pub kind: Kind,
+    pub clock: Arc<MockClock>,
+    flavor: String,
+    memory: Option<Arc<MemoryBackend>>,
+    addr: Option<String>,
+}
+
+impl Env {
+    pub fn new(kind: Kind, tag: &str) -> Env {
+        let clock = MockClock::new();
+        let (memory, addr) = match kind {
+            Kind::Memory => (
+                Some(Arc::new(MemoryBackend::new(64 << 20, clock.clone()))),
+                None,
+            ),
+            Kind::Memcached => (None, Some(shared_server().to_string())),
+        };
+        Env {
+            kind,
+            clock,
+            flavor: unique_flavor(tag),
+            memory,
+            addr,
+        }
+    }
+
+    /// A builder on this backend with the test's flavor and mock clock.
+    pub fn builder(&self) -> CacheBuilder {
+        let b = Cache::builder()
+            .flavor(self.flavor.clone())
+            .clock(self.clock.clone());
+        match (&self.memory, &self.addr) {
+            (Some(m), _) => b.backend(m.clone()),
+            (None, Some(a)) => b.memcached([a.as_str()]),
+            _ => unreachable!("an env has one backend"),
+        }
+    }
+
+    pub fn cache(&self) -> Cache {
+        self.builder().build().expect("test cache builds")
+    }
+
+    /// Writes raw bytes and flags under a derived key, bypassing newcache: the memory backend
+    /// directly, memcached through the independent `memcache` crate client.
+    pub fn raw_set(&self, derived_key: &str, bytes: &[u8], flags: u32) {
+        match (&self.memory, &self.addr) {
+            (Some(m), _) => {
+                m.store(StoreMode::Set, derived_key, bytes, flags, 0)
+                    .expect("raw set");
+            }
+            (None, Some(a)) => {
+                let client = memcache::connect(format!("memcache://{a}?protocol=ascii"))
+                    .expect("memcache client connects");
+                client
+                    .set(derived_key, Raw { bytes, flags }, 0)
+                    .expect("raw set through the memcache crate");
+            }
+            _ => unreachable!(),
+        }
+    }
+
+    pub fn advance(&self, d: Duration) {
+        self.clock.advance(d);
+    }
+}
+
+/// Bytes with chosen memcached flags, for the `memcache` crate.
+struct Raw<'a> {
+    bytes: &'a [u8],
+    flags: u32,
+}
+
+impl<W: std::io::Write> memcache::ToMemcacheValue<W> for Raw<'_> {
+    fn get_flags(&self) -> u32 {
+        self.flags
+    }
+    fn get_length(&self) -> usize {
+        self.bytes.len()
+    }
+    fn write_to(&self, stream: &mut W) -> std::io::Result<()> {
+        stream.write_all(self.bytes)
+    }
+}
+
+/// Generates each listed behaviour test once per backend:
+/// `memory::name` and `memcached::name`, each calling `name(&Env)`.
+#[macro_export]
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod memory {
+            $(#[test] fn $name() { super::$name(&$crate::fixture::Env::new($crate::fixture::Kind::Memory, stringify!($name))) })*
+        }
+        mod memcached {
+            $(#[test] fn $name() { super::$name(&$crate::fixture::Env::new($crate::fixture::Kind::Memcached, stringify!($name))) })*
+        }
+    };
+}

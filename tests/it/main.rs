@@ -1,0 +1,8 @@
+//! newcache's integration tests: one binary, public API only.
+//!
+//! `behaviour` runs every test on the memory backend and on a real memcached (spawned on a free
+//! loopback port); `memcached` covers what needs servers of its own.
+
+mod behaviour;
+mod fixture;
+mod memcached;

@@ -1,0 +1,292 @@
+//! Behaviour that needs real memcached processes of its own: flushing, dead, hung and restarted
+//! servers, several servers, and the few tests that must sleep through memcached's own expiry.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use newcache::{
+    Backend, Cache, FailurePolicy, Item, MemcachedBackend, MemcachedConfig, ServerSpec, StoreMode,
+    StoreOutcome,
+};
+
+use crate::fixture::{Memcached, shared_server, unique_flavor};
+
+const S: fn(u64) -> Duration = Duration::from_secs;
+
+fn cache_on(addrs: &[String]) -> Cache {
+    Cache::builder()
+        .memcached(addrs)
+        .flavor(unique_flavor("mc"))
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn clear_flushes_the_server() {
+    let server = Memcached::start();
+    let cache = cache_on(&[server.addr()]);
+    cache.set("a", &1u8, S(60)).unwrap();
+    cache.with_version(9).set("b", &2u8, S(60)).unwrap();
+    cache.clear().unwrap();
+    assert_eq!(cache.get::<u8>("a").unwrap(), None);
+    assert_eq!(cache.with_version(9).get::<u8>("b").unwrap(), None);
+}
+
+/// memcached's own expiry, in real time: set_many's values must outlive their soft expiry by the
+/// herd timeout (django-newcache's set_many let memcached drop them at the soft expiry).
+#[test]
+fn set_many_hard_expiry_is_padded_in_real_time() {
+    let cache = Cache::builder()
+        .memcached([shared_server()])
+        .flavor(unique_flavor("pad"))
+        .herd_timeout(S(5))
+        .build()
+        .unwrap();
+    cache.set_many([("a", &1u8), ("b", &2u8)], S(1)).unwrap();
+    cache
+        .set_with("plain", &3u8, S(1), newcache::Herd::Off)
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(2100));
+    assert_eq!(
+        cache.get::<u8>("a").unwrap(),
+        None,
+        "claimed by this reader"
+    );
+    assert_eq!(
+        cache.get::<u8>("a").unwrap(),
+        Some(1),
+        "still in memcached, served stale"
+    );
+    assert_eq!(cache.get::<u8>("b").unwrap(), None);
+    assert_eq!(cache.get::<u8>("b").unwrap(), Some(2));
+    assert_eq!(
+        cache.get::<u8>("plain").unwrap(),
+        None,
+        "herd off: memcached dropped it at 1 s"
+    );
+}
+
+#[test]
+fn build_never_blocks_and_a_dead_server_fails_fast() {
+    let port = {
+        let s = Memcached::start();
+        s.port
+    }; // killed: nothing listens there now
+    let t = Instant::now();
+    let strict = Cache::builder()
+        .memcached([format!("127.0.0.1:{port}")])
+        .read_failures(FailurePolicy::Propagate)
+        .connect_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    assert!(
+        t.elapsed() < Duration::from_millis(50),
+        "build() connected?"
+    );
+    let t = Instant::now();
+    let e = strict.get::<u8>("k").unwrap_err();
+    assert!(e.is_backend(), "{e}");
+    assert!(
+        t.elapsed() < Duration::from_millis(800),
+        "{:?}",
+        t.elapsed()
+    );
+    assert!(strict.set("k", &1u8, S(1)).unwrap_err().is_backend());
+    assert!(strict.incr("k", 1).unwrap_err().is_backend());
+
+    // the default read policy serves a miss and counts it
+    let lenient = Cache::builder()
+        .memcached([format!("127.0.0.1:{port}")])
+        .connect_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    assert_eq!(lenient.get::<u8>("k").unwrap(), None);
+    let st = lenient.stats();
+    assert_eq!((st.backend_errors, st.backend_errors_absorbed), (1, 1));
+}
+
+#[test]
+fn a_restarted_server_is_used_again() {
+    let mut server = Memcached::start();
+    let port = server.port;
+    let cache = Cache::builder()
+        .memcached([server.addr()])
+        .read_failures(FailurePolicy::Propagate)
+        .connect_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    // several pooled connections, all of which the restart breaks
+    std::thread::scope(|s| {
+        for i in 0..8u8 {
+            let cache = &cache;
+            s.spawn(move || cache.set(&format!("k{i}"), &i, S(60)).unwrap());
+        }
+    });
+    server.kill();
+    assert!(cache.get::<u8>("k1").is_err());
+    let _server = Memcached::start_on(port);
+    let deadline = Instant::now() + S(2);
+    loop {
+        match cache.set("k1", &9u8, S(60)) {
+            Ok(()) => break,
+            Err(e) => assert!(Instant::now() < deadline, "not used again within 2 s: {e}"),
+        }
+    }
+    // every pooled connection works again (the broken ones were dropped, not reused)
+    for i in 0..32u8 {
+        assert_eq!(
+            cache.get::<u8>(&format!("k{}", i % 8)).unwrap(),
+            if i % 8 == 1 { Some(9) } else { None }
+        );
+    }
+}
+
+#[test]
+fn a_hung_server_cannot_hold_a_caller_past_the_timeout() {
+    let server = Memcached::start();
+    let cache = Cache::builder()
+        .memcached([server.addr()])
+        .read_failures(FailurePolicy::Propagate)
+        .io_timeout(Duration::from_millis(300))
+        .connect_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    cache.set("k", &1u8, S(60)).unwrap();
+    server.signal("STOP");
+    let t = Instant::now();
+    let e = cache.get::<u8>("k").unwrap_err();
+    let waited = t.elapsed();
+    server.signal("CONT");
+    assert!(e.is_timeout(), "{e}");
+    assert!(waited < Duration::from_millis(700), "{waited:?}");
+    // the timed-out connection was dropped; its late reply cannot be read as another answer
+    assert_eq!(cache.get::<u8>("k").unwrap(), Some(1));
+    cache.set("k", &2u8, S(60)).unwrap();
+    assert_eq!(cache.get::<u8>("k").unwrap(), Some(2));
+}
+
+#[test]
+fn keys_spread_over_several_servers_and_batches_find_them() {
+    let servers: Vec<Memcached> = (0..3).map(|_| Memcached::start()).collect();
+    let addrs: Vec<String> = servers.iter().map(Memcached::addr).collect();
+    let cache = cache_on(&addrs);
+    let keys: Vec<String> = (0..300).map(|i| format!("key:{i}")).collect();
+    let values: Vec<u32> = (0..300).collect();
+    cache
+        .set_many(
+            keys.iter().zip(values.iter()).map(|(k, v)| (k.as_str(), v)),
+            S(60),
+        )
+        .unwrap();
+    let got: HashMap<String, u32> = cache.get_many(&keys).unwrap();
+    assert_eq!(got.len(), 300);
+    assert!(keys.iter().zip(&values).all(|(k, v)| got[k] == *v));
+    // every server holds a fair share (ketama, 160 points each)
+    let derived: Vec<String> = keys.iter().map(|k| cache.make_key(k)).collect();
+    let refs: Vec<&str> = derived.iter().map(String::as_str).collect();
+    for s in &servers {
+        let raw = MemcachedBackend::new(MemcachedConfig::new(vec![
+            ServerSpec::parse(&s.addr()).unwrap(),
+        ]))
+        .unwrap();
+        let held = raw.get_many(&refs).unwrap().len();
+        assert!(
+            (50..=150).contains(&held),
+            "server {} holds {held} of 300",
+            s.addr()
+        );
+    }
+    assert_eq!(cache.delete_many(&keys).unwrap(), 300);
+}
+
+/// A backend that lets a test act between a reader's `gets` and its claim (`cas`).
+struct Interleave {
+    inner: MemcachedBackend,
+    after_get: Box<dyn Fn(&MemcachedBackend, &str) + Send + Sync>,
+}
+
+impl Backend for Interleave {
+    fn get(&self, key: &str) -> newcache::Result<Option<Item>> {
+        let r = self.inner.get(key);
+        (self.after_get)(&self.inner, key);
+        r
+    }
+    fn store(
+        &self,
+        mode: StoreMode,
+        key: &str,
+        value: &[u8],
+        flags: u32,
+        exptime: u32,
+    ) -> newcache::Result<StoreOutcome> {
+        self.inner.store(mode, key, value, flags, exptime)
+    }
+    fn delete(&self, key: &str) -> newcache::Result<bool> {
+        self.inner.delete(key)
+    }
+    fn incr(&self, key: &str, delta: u64) -> newcache::Result<Option<u64>> {
+        self.inner.incr(key, delta)
+    }
+    fn decr(&self, key: &str, delta: u64) -> newcache::Result<Option<u64>> {
+        self.inner.decr(key, delta)
+    }
+    fn flush_all(&self) -> newcache::Result<()> {
+        self.inner.flush_all()
+    }
+    fn max_value_size(&self, key: &str) -> usize {
+        self.inner.max_value_size(key)
+    }
+}
+
+impl std::fmt::Debug for Interleave {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Interleave")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+/// newcache bug 4: a late claim must never overwrite a fresh value written after the stale read.
+#[test]
+fn a_claim_never_overwrites_a_newer_value() {
+    let clock = newcache::MockClock::new();
+    let flavor = unique_flavor("cas");
+    let writer = Cache::builder()
+        .memcached([shared_server()])
+        .flavor(flavor.clone())
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    writer.set("k", &1u32, S(10)).unwrap();
+    clock.advance(S(11));
+    // Between the reader's gets and its cas, another process stores a fresh value.
+    let fresh = writer.clone();
+    let hooked = Interleave {
+        inner: MemcachedBackend::new(MemcachedConfig::new(vec![
+            ServerSpec::parse(shared_server()).unwrap(),
+        ]))
+        .unwrap(),
+        after_get: Box::new(move |_, _| {
+            fresh.set("k", &2u32, S(1000)).unwrap();
+        }),
+    };
+    let reader = Cache::builder()
+        .backend(Arc::new(hooked))
+        .flavor(flavor)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    assert_eq!(
+        reader.get::<u32>("k").unwrap(),
+        Some(1),
+        "lost the claim: serves what it read"
+    );
+    assert_eq!(reader.stats().claims_won, 0);
+    assert_eq!(
+        writer.get::<u32>("k").unwrap(),
+        Some(2),
+        "the fresh value survived"
+    );
+    assert_eq!(writer.get::<u32>("k").unwrap(), Some(2));
+}
