@@ -9,14 +9,21 @@ use crate::backend::memory::{DEFAULT_CAPACITY, MemoryBackend};
 use crate::backend::{Backend, DEFAULT_ITEM_SIZE};
 use crate::cache::{Cache, DecodePolicy, FailurePolicy, Inner};
 use crate::clock::{Clock, SystemClock};
+use crate::coalesce::Coalescer;
 use crate::error::{Error, Result};
+use crate::herd::Rng;
 use crate::key::{KeyFunction, KeyMaker, default_key, validate_key};
+use crate::loader::Tokens;
 use crate::stats::Counters;
 
 /// Default fresh lifetime of a value: 300 s (Django's default `TIMEOUT`).
 pub const DEFAULT_TTL: Duration = Duration::from_secs(300);
 /// Default herd timeout: 60 s (django-newcache's `CACHE_HERD_TIMEOUT`).
 pub const DEFAULT_HERD_TIMEOUT: Duration = Duration::from_secs(60);
+/// Default lifetime of a cold-miss lease: 5 s.
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(5);
+/// Default bound on waiting for another caller's load: 5 s.
+pub const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(5);
 
 #[derive(Clone)]
 enum BackendChoice {
@@ -61,6 +68,11 @@ pub struct CacheBuilder {
     read_failures: FailurePolicy,
     write_failures: FailurePolicy,
     decode_policy: DecodePolicy,
+    lease_ttl: Duration,
+    max_wait: Duration,
+    early_beta: Option<f64>,
+    stale_on_error: Option<Duration>,
+    seed: Option<u64>,
 }
 
 impl Default for CacheBuilder {
@@ -82,6 +94,11 @@ impl Default for CacheBuilder {
             read_failures: FailurePolicy::Absorb,
             write_failures: FailurePolicy::Propagate,
             decode_policy: DecodePolicy::Error,
+            lease_ttl: DEFAULT_LEASE_TTL,
+            max_wait: DEFAULT_MAX_WAIT,
+            early_beta: None,
+            stale_on_error: None,
+            seed: None,
         }
     }
 }
@@ -246,6 +263,42 @@ impl CacheBuilder {
         self
     }
 
+    /// How long a cold-miss lease lasts (see
+    /// [`Cache::get_or_set_with`]); default 5 s. Set it above the loader's slowest run: a lease
+    /// that expires while its holder still loads lets one waiter load again.
+    pub fn lease_ttl(mut self, ttl: Duration) -> Self {
+        self.lease_ttl = ttl;
+        self
+    }
+
+    /// The longest a `get_or_set_with` caller waits for another caller's load before running its
+    /// own loader; default 5 s.
+    pub fn max_wait(mut self, wait: Duration) -> Self {
+        self.max_wait = wait;
+        self
+    }
+
+    /// Turns on XFetch early refresh for the `get_or_set_with` family with this β (1.0 is the
+    /// paper's recommendation; larger refreshes earlier). Off by default.
+    pub fn early_refresh(mut self, beta: f64) -> Self {
+        self.early_beta = Some(beta);
+        self
+    }
+
+    /// Lets a claimant whose loader fails return the stale value instead of the error, if the
+    /// value was computed at most `max_age` ago. Off by default.
+    pub fn serve_stale_on_error(mut self, max_age: Duration) -> Self {
+        self.stale_on_error = Some(max_age);
+        self
+    }
+
+    /// Seeds the random source of XFetch draws and wait jitter (for reproducible tests);
+    /// default: seeded from the clock and the process id.
+    pub fn random_seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+
     /// Validates the settings and builds the cache. Never connects to memcached (connections are
     /// made on first use), so it does not block on an unreachable server.
     ///
@@ -262,6 +315,16 @@ impl CacheBuilder {
         })?;
         if self.herd_timeout.is_zero() {
             return Err(Error::config("herd_timeout must be more than zero"));
+        }
+        if self.lease_ttl.is_zero() {
+            return Err(Error::config("lease_ttl must be more than zero"));
+        }
+        if let Some(beta) = self.early_beta {
+            if !(beta.is_finite() && beta > 0.0) {
+                return Err(Error::config(format!(
+                    "early_refresh beta must be positive, got {beta}"
+                )));
+            }
         }
         let backend: Arc<dyn Backend> = match self.backend {
             BackendChoice::Custom(b) => b,
@@ -281,6 +344,11 @@ impl CacheBuilder {
                 Arc::new(MemcachedBackend::new(config)?)
             }
         };
+        let seed = self.seed.unwrap_or_else(|| {
+            SystemClock.now_ms() ^ (u64::from(std::process::id()) << 32) ^ 0x6E63_6163_6865
+        });
+        let rng = Rng::new(seed);
+        let tokens = Tokens::new(rng.next_u64());
         Ok(Cache {
             inner: Arc::new(Inner {
                 backend,
@@ -291,6 +359,13 @@ impl CacheBuilder {
                 write_failures: self.write_failures,
                 decode_policy: self.decode_policy,
                 stats: Counters::default(),
+                coalescer: Coalescer::default(),
+                lease_ttl: self.lease_ttl,
+                max_wait: self.max_wait,
+                early_beta: self.early_beta,
+                stale_on_error: self.stale_on_error,
+                rng,
+                tokens,
             }),
             keys: KeyMaker {
                 flavor: self.flavor.into(),

@@ -13,11 +13,13 @@ use crate::backend::memory::parse_counter;
 use crate::backend::{Backend, Item, StoreMode, StoreOutcome};
 use crate::builder::CacheBuilder;
 use crate::clock::Clock;
+use crate::coalesce::Coalescer;
 use crate::codec;
 use crate::envelope::{self, Header, State};
 use crate::error::{Error, ErrorKind, Result};
-use crate::herd::{self, Verdict, Xfetch};
+use crate::herd::{self, Rng, Verdict, Xfetch};
 use crate::key::KeyMaker;
+use crate::loader::Tokens;
 use crate::stats::{Counters, Stats};
 use crate::ttl::{self, Lifetime, Ttl};
 
@@ -67,6 +69,13 @@ pub(crate) struct Inner {
     pub(crate) write_failures: FailurePolicy,
     pub(crate) decode_policy: DecodePolicy,
     pub(crate) stats: Counters,
+    pub(crate) coalescer: Coalescer,
+    pub(crate) lease_ttl: Duration,
+    pub(crate) max_wait: Duration,
+    pub(crate) early_beta: Option<f64>,
+    pub(crate) stale_on_error: Option<Duration>,
+    pub(crate) rng: Rng,
+    pub(crate) tokens: Tokens,
 }
 
 /// A typed, herd-safe cache.
@@ -108,8 +117,14 @@ pub(crate) enum Read<T> {
     Fresh(T),
     /// A stale value (someone else is recomputing it).
     Stale(T),
-    /// This reader claimed the entry; the stale value is handed over in case the caller wants it.
-    Claimed { stale: Option<T>, early: bool },
+    /// This reader claimed the entry and should recompute it. `stale` is the value it held (if it
+    /// decoded), `written_ms` when that value was computed, `early` whether the claim was an
+    /// XFetch early refresh of a still-fresh value.
+    Claimed {
+        stale: Option<T>,
+        written_ms: u64,
+        early: bool,
+    },
     /// Nothing usable.
     Miss,
 }
@@ -194,52 +209,36 @@ impl Cache {
             Err(e) => return self.decode_failed(e),
         };
         let now = self.now_ms();
-        match herd::judge(&header, now, xfetch) {
-            Verdict::Fresh => {
-                let v = match codec::decode::<T>(payload) {
-                    Ok(v) => v,
-                    Err(e) => return self.decode_failed(e),
-                };
-                Counters::bump(&s.hits);
-                Ok(Read::Fresh(v))
-            }
-            Verdict::Recomputing => {
-                let v = match codec::decode::<T>(payload) {
-                    Ok(v) => v,
-                    Err(e) => return self.decode_failed(e),
-                };
-                Counters::bump(&s.stale_served);
-                Ok(Read::Stale(v))
-            }
-            verdict @ (Verdict::Stale | Verdict::EarlyRefresh) => {
-                let early = verdict == Verdict::EarlyRefresh;
-                let decoded = codec::decode::<T>(payload);
-                if self.claim(k, &item, now)? {
-                    Counters::bump(&s.claims_won);
-                    if early {
-                        Counters::bump(&s.early_refreshes);
-                        Counters::bump(&s.hits);
-                    } else {
-                        Counters::bump(&s.misses);
-                    }
-                    return Ok(Read::Claimed {
-                        stale: decoded.ok(),
-                        early,
-                    });
-                }
-                let v = match decoded {
-                    Ok(v) => v,
-                    Err(e) => return self.decode_failed(e),
-                };
-                if early {
-                    Counters::bump(&s.hits);
-                    Ok(Read::Fresh(v))
-                } else {
-                    Counters::bump(&s.stale_served);
-                    Ok(Read::Stale(v))
-                }
-            }
+        let verdict = herd::judge(&header, now, xfetch);
+        let decoded = codec::decode::<T>(payload);
+        if matches!(verdict, Verdict::Stale | Verdict::EarlyRefresh) && self.claim(k, &item, now)? {
+            let early = verdict == Verdict::EarlyRefresh;
+            Counters::bump(&s.claims_won);
+            Counters::bump(if early { &s.early_refreshes } else { &s.misses });
+            let written_ms = match header {
+                Header::Herd { written_ms, .. } => written_ms,
+                Header::Plain => 0,
+            };
+            return Ok(Read::Claimed {
+                stale: decoded.ok(),
+                written_ms,
+                early,
+            });
         }
+        let v = match decoded {
+            Ok(v) => v,
+            Err(e) => return self.decode_failed(e),
+        };
+        Ok(match verdict {
+            Verdict::Fresh | Verdict::EarlyRefresh => {
+                Counters::bump(&s.hits);
+                Read::Fresh(v)
+            }
+            Verdict::Stale | Verdict::Recomputing => {
+                Counters::bump(&s.stale_served);
+                Read::Stale(v)
+            }
+        })
     }
 
     /// Claims a stale entry: re-stores it (still enveloped, soft expiry now + herd timeout) with

@@ -1,7 +1,34 @@
 //! The herd decision: given an item's header and the time, is it fresh, stale (to be claimed by one
 //! reader), or due for an early (XFetch) refresh? Pure: no I/O, no clock, no randomness of its own.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use crate::envelope::{Header, State};
+
+/// A lock-free SplitMix64 stream: XFetch draws and wait jitter. Seedable, so tests are exact.
+#[derive(Debug)]
+pub(crate) struct Rng(AtomicU64);
+
+impl Rng {
+    pub(crate) fn new(seed: u64) -> Rng {
+        Rng(AtomicU64::new(seed))
+    }
+
+    pub(crate) fn next_u64(&self) -> u64 {
+        let mut z = self
+            .0
+            .fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed)
+            .wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in (0, 1].
+    pub(crate) fn draw(&self) -> f64 {
+        ((self.next_u64() >> 11) as f64 + 1.0) / (1u64 << 53) as f64
+    }
+}
 
 /// What a reader should do with an item it just read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,6 +127,18 @@ mod tests {
             Verdict::Recomputing,
         );
         check(herd(State::Claimed, 1_000, 0), 1_000, None, Verdict::Stale);
+    }
+
+    #[test]
+    fn rng_draws_are_in_range_and_seeded() {
+        let (a, b) = (Rng::new(7), Rng::new(7));
+        for _ in 0..10_000 {
+            let d = a.draw();
+            assert!(d > 0.0 && d <= 1.0);
+            assert_eq!(d, b.draw());
+        }
+        let mean: f64 = (0..10_000).map(|_| a.draw()).sum::<f64>() / 10_000.0;
+        assert!((0.48..0.52).contains(&mean), "{mean}");
     }
 
     #[test]

@@ -90,11 +90,13 @@ mod backend;
 mod builder;
 mod cache;
 mod clock;
+mod coalesce;
 mod codec;
 mod envelope;
 mod error;
 mod herd;
 mod key;
+mod loader;
 mod ring;
 mod stats;
 mod ttl;
@@ -102,7 +104,9 @@ mod ttl;
 pub use backend::memcached::{MemcachedBackend, MemcachedConfig, ServerSpec};
 pub use backend::memory::MemoryBackend;
 pub use backend::{Backend, Item, StoreMode, StoreOutcome};
-pub use builder::{CacheBuilder, DEFAULT_HERD_TIMEOUT, DEFAULT_TTL};
+pub use builder::{
+    CacheBuilder, DEFAULT_HERD_TIMEOUT, DEFAULT_LEASE_TTL, DEFAULT_MAX_WAIT, DEFAULT_TTL,
+};
 pub use cache::{Cache, DecodePolicy, FailurePolicy, Herd};
 pub use clock::{Clock, MockClock, SystemClock};
 pub use error::{Error, ErrorKind, Result};

@@ -203,16 +203,21 @@ impl Env {
     /// Writes raw bytes and flags under a derived key, bypassing newcache: the memory backend
     /// directly, memcached through the independent `memcache` crate client.
     pub fn raw_set(&self, derived_key: &str, bytes: &[u8], flags: u32) {
+        self.raw_set_ttl(derived_key, bytes, flags, 0)
+    }
+
+    /// As `raw_set`, with memcached's `exptime`.
+    pub fn raw_set_ttl(&self, derived_key: &str, bytes: &[u8], flags: u32, exptime: u32) {
         match (&self.memory, &self.addr) {
             (Some(m), _) => {
-                m.store(StoreMode::Set, derived_key, bytes, flags, 0)
+                m.store(StoreMode::Set, derived_key, bytes, flags, exptime)
                     .expect("raw set");
             }
             (None, Some(a)) => {
                 let client = memcache::connect(format!("memcache://{a}?protocol=ascii"))
                     .expect("memcache client connects");
                 client
-                    .set(derived_key, Raw { bytes, flags }, 0)
+                    .set(derived_key, Raw { bytes, flags }, exptime)
                     .expect("raw set through the memcache crate");
             }
             _ => unreachable!(),

@@ -5,4 +5,5 @@
 
 mod behaviour;
 mod fixture;
+mod loader;
 mod memcached;

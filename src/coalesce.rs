@@ -1,0 +1,196 @@
+//! In-process coalescing: concurrent callers for one key share one leader's work. The leader holds
+//! a guard whose `Drop` wakes the waiters even if the leader errors or panics, and every wait is
+//! bounded.
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::error::ErrorKind;
+
+/// A shared, type-erased value (the cache hands out clones of the `T` inside).
+pub(crate) type Shared = Arc<dyn Any + Send + Sync>;
+
+/// What a leader hands to the callers that waited for it.
+#[derive(Clone)]
+pub(crate) enum Outcome {
+    /// Still being worked on.
+    Pending,
+    /// A value (fresh, or stale while the leader refreshes it).
+    Value(Shared),
+    /// The leader's load failed; waiters get an error of this kind with this message.
+    Failed(ErrorKind, String),
+    /// The leader went away without an answer (it panicked, or gave up): retry.
+    Abandoned,
+}
+
+#[derive(Default)]
+pub(crate) struct Slot {
+    outcome: Mutex<Option<Outcome>>,
+    ready: Condvar,
+}
+
+impl Slot {
+    /// Waits for the leader's outcome until `deadline`; `Pending` if the wait timed out.
+    pub(crate) fn wait(&self, deadline: Instant) -> Outcome {
+        let mut o = self.outcome.lock();
+        while o.is_none() {
+            if self.ready.wait_until(&mut o, deadline).timed_out() {
+                break;
+            }
+        }
+        o.clone().unwrap_or(Outcome::Pending)
+    }
+}
+
+/// The table of keys with a leader at work.
+#[derive(Default)]
+pub(crate) struct Coalescer {
+    slots: Mutex<HashMap<String, Arc<Slot>>>,
+}
+
+impl std::fmt::Debug for Coalescer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Coalescer")
+            .field("in_flight", &self.slots.lock().len())
+            .finish()
+    }
+}
+
+/// A caller's part in a coalesced call.
+pub(crate) enum Role<'a> {
+    /// Do the work, then [`Leader::publish`].
+    Leader(Leader<'a>),
+    /// Wait on the slot.
+    Follower(Arc<Slot>),
+}
+
+impl Coalescer {
+    /// Joins the call for `key`: the first caller leads, the rest follow.
+    pub(crate) fn join(&self, key: &str) -> Role<'_> {
+        let mut slots = self.slots.lock();
+        if let Some(slot) = slots.get(key) {
+            return Role::Follower(slot.clone());
+        }
+        let slot = Arc::new(Slot::default());
+        slots.insert(key.to_string(), slot.clone());
+        Role::Leader(Leader {
+            coalescer: self,
+            key: key.to_string(),
+            slot,
+            published: false,
+        })
+    }
+}
+
+/// The leader's guard: publishing (or dropping) it removes the key from the table and wakes every
+/// follower. Callers arriving after that start a new call.
+pub(crate) struct Leader<'a> {
+    coalescer: &'a Coalescer,
+    key: String,
+    slot: Arc<Slot>,
+    published: bool,
+}
+
+impl Leader<'_> {
+    /// Hands `outcome` to the followers. May be called early (a stale value before a refresh);
+    /// later calls are ignored.
+    pub(crate) fn publish(&mut self, outcome: Outcome) {
+        if self.published {
+            return;
+        }
+        self.published = true;
+        {
+            let mut slots = self.coalescer.slots.lock();
+            if slots
+                .get(&self.key)
+                .is_some_and(|s| Arc::ptr_eq(s, &self.slot))
+            {
+                slots.remove(&self.key);
+            }
+        }
+        *self.slot.outcome.lock() = Some(outcome);
+        self.slot.ready.notify_all();
+    }
+}
+
+impl Drop for Leader<'_> {
+    fn drop(&mut self) {
+        // An error path that forgot to publish, or a panicking loader: never leave anyone waiting.
+        self.publish(Outcome::Abandoned);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn one_leader_many_followers() {
+        let c = Coalescer::default();
+        let Role::Leader(mut leader) = c.join("k") else {
+            panic!("first caller leads")
+        };
+        let followers: Vec<_> = (0..4)
+            .map(|_| match c.join("k") {
+                Role::Follower(s) => s,
+                Role::Leader(_) => panic!("second caller must follow"),
+            })
+            .collect();
+        leader.publish(Outcome::Value(Arc::new(7u32)));
+        for f in followers {
+            let Outcome::Value(v) = f.wait(Instant::now() + Duration::from_secs(1)) else {
+                panic!("value expected")
+            };
+            assert_eq!(v.downcast_ref::<u32>(), Some(&7));
+        }
+        assert!(
+            matches!(c.join("k"), Role::Leader(_)),
+            "a new call after publishing"
+        );
+    }
+
+    #[test]
+    fn a_panicking_leader_wakes_its_followers() {
+        let c = Coalescer::default();
+        let follower = std::thread::scope(|s| {
+            let Role::Leader(leader) = c.join("k") else {
+                panic!()
+            };
+            let Role::Follower(slot) = c.join("k") else {
+                panic!()
+            };
+            let r = s.spawn(move || {
+                let _guard = leader;
+                panic!("loader panicked");
+            });
+            assert!(r.join().is_err());
+            slot
+        });
+        let t = Instant::now();
+        assert!(matches!(
+            follower.wait(Instant::now() + Duration::from_secs(5)),
+            Outcome::Abandoned
+        ));
+        assert!(t.elapsed() < Duration::from_secs(1));
+    }
+
+    #[test]
+    fn waits_are_bounded() {
+        let c = Coalescer::default();
+        let _leader = c.join("k");
+        let Role::Follower(slot) = c.join("k") else {
+            panic!()
+        };
+        let t = Instant::now();
+        assert!(matches!(
+            slot.wait(Instant::now() + Duration::from_millis(50)),
+            Outcome::Pending
+        ));
+        assert!(t.elapsed() >= Duration::from_millis(50));
+    }
+}

@@ -1,0 +1,428 @@
+//! The loader API on both backends: exactly one load for cold and stale keys, errors and panics
+//! leave no one waiting, lease takeover, early refresh, serve-stale-on-error, background refresh,
+//! batches.
+
+use std::collections::HashMap;
+use std::io;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use newcache::{Cache, Ttl};
+
+use crate::fixture::{Env, Kind};
+
+const S: fn(u64) -> Duration = Duration::from_secs;
+const MS: fn(u64) -> Duration = Duration::from_millis;
+
+crate::on_both_backends!(
+    one_load_among_32_threads_for_a_cold_key,
+    one_load_across_four_caches_sharing_a_backend,
+    one_load_among_32_threads_for_a_stale_key,
+    loader_error_is_typed_and_nothing_is_cached,
+    waiters_of_a_failed_load_get_the_error,
+    a_panicking_loader_leaves_no_one_waiting,
+    lease_takeover_after_a_dead_holder,
+    wait_bound_then_load_yourself,
+    early_refresh_keeps_a_hot_key_from_going_stale,
+    early_refresh_draws_are_seeded,
+    serve_stale_on_error_is_bounded,
+    background_refresh_returns_the_stale_value_at_once,
+    get_many_or_set_with_loads_once_for_missing_and_claimed,
+);
+
+/// Runs `n` threads released together; returns their results.
+fn herd<T: Send>(n: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
+    let barrier = Barrier::new(n);
+    thread::scope(|s| {
+        let hs: Vec<_> = (0..n)
+            .map(|i| {
+                let (f, barrier) = (&f, &barrier);
+                s.spawn(move || {
+                    barrier.wait();
+                    f(i)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+fn slow_loader<'a>(
+    calls: &'a AtomicUsize,
+    value: &'a str,
+) -> impl FnOnce() -> io::Result<String> + 'a {
+    move || {
+        calls.fetch_add(1, Ordering::SeqCst);
+        thread::sleep(MS(50));
+        Ok(value.to_string())
+    }
+}
+
+fn one_load_among_32_threads_for_a_cold_key(env: &Env) {
+    let cache = env.cache();
+    let calls = AtomicUsize::new(0);
+    let got = herd(32, |_| {
+        cache
+            .get_or_set_with("cold", S(60), slow_loader(&calls, "v"))
+            .unwrap()
+    });
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert!(got.iter().all(|v| v == "v"));
+    assert_eq!(cache.get::<String>("cold").unwrap().as_deref(), Some("v"));
+}
+
+/// Four caches with their own coalescers share one backend, as four processes would: the lease
+/// makes it one load across all of them.
+fn one_load_across_four_caches_sharing_a_backend(env: &Env) {
+    let caches: Vec<Cache> = (0..4).map(|_| env.cache()).collect();
+    let calls = AtomicUsize::new(0);
+    for round in 0..3 {
+        let key = format!("cold-{round}");
+        let got = herd(32, |i| {
+            caches[i % 4]
+                .get_or_set_with(&key, S(60), slow_loader(&calls, "v"))
+                .unwrap()
+        });
+        assert_eq!(calls.load(Ordering::SeqCst), round + 1, "round {round}");
+        assert!(got.iter().all(|v| v == "v"));
+    }
+}
+
+fn one_load_among_32_threads_for_a_stale_key(env: &Env) {
+    let caches: Vec<Cache> = (0..4).map(|_| env.cache()).collect();
+    caches[0].set("hot", "old", S(10)).unwrap();
+    env.advance(S(11));
+    let calls = AtomicUsize::new(0);
+    let t0 = Instant::now();
+    let got = herd(32, |i| {
+        let t = Instant::now();
+        let v = caches[i % 4]
+            .get_or_set_with("hot", S(10), slow_loader(&calls, "new"))
+            .unwrap();
+        (v, t.elapsed())
+    });
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    let fresh: Vec<_> = got.iter().filter(|(v, _)| v == "new").collect();
+    assert_eq!(fresh.len(), 1, "only the claimant waits for the load");
+    let quick = got
+        .iter()
+        .filter(|(v, d)| v == "old" && *d < MS(40))
+        .count();
+    assert_eq!(
+        quick, 31,
+        "everyone else gets the stale value at once: {got:?}"
+    );
+    assert!(t0.elapsed() < S(2));
+    assert_eq!(
+        caches[1].get::<String>("hot").unwrap().as_deref(),
+        Some("new")
+    );
+}
+
+fn loader_error_is_typed_and_nothing_is_cached(env: &Env) {
+    let cache = env.cache();
+    let e = cache
+        .get_or_set_with::<String, _, _>("k", S(60), || Err(io::Error::other("db down")))
+        .unwrap_err();
+    assert!(e.is_loader(), "{e}");
+    let source = std::error::Error::source(&e).expect("the loader's error");
+    assert_eq!(source.to_string(), "db down");
+    assert!(source.downcast_ref::<io::Error>().is_some());
+    assert_eq!(cache.get::<String>("k").unwrap(), None, "nothing cached");
+    // the next call loads again
+    let v = cache
+        .get_or_set_with("k", S(60), || Ok::<_, io::Error>("ok".to_string()))
+        .unwrap();
+    assert_eq!(v, "ok");
+    assert_eq!(cache.stats().loader_errors, 1);
+}
+
+fn waiters_of_a_failed_load_get_the_error(env: &Env) {
+    let cache = env.cache();
+    let calls = AtomicUsize::new(0);
+    let results = herd(16, |_| {
+        cache.get_or_set_with::<String, _, _>("k", S(60), || {
+            calls.fetch_add(1, Ordering::SeqCst);
+            thread::sleep(MS(50));
+            Err(io::Error::other("db down"))
+        })
+    });
+    assert!(results.iter().all(|r| {
+        r.as_ref()
+            .is_err_and(|e| e.is_loader() && e.to_string().contains("db down"))
+    }));
+    // In-process waiters share the failure; a caller that arrived after the lease was released
+    // may load once more (serially, never as a herd).
+    let n = calls.load(Ordering::SeqCst);
+    assert!((1..=2).contains(&n), "{n} loads for 16 callers");
+}
+
+fn a_panicking_loader_leaves_no_one_waiting(env: &Env) {
+    let cache = env.cache();
+    let calls = AtomicUsize::new(0);
+    let t0 = Instant::now();
+    let results = herd(8, |i| {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            cache
+                .get_or_set_with("k", S(60), || {
+                    let n = calls.fetch_add(1, Ordering::SeqCst);
+                    thread::sleep(MS(30));
+                    if n == 0 {
+                        panic!("loader {i} panicked");
+                    }
+                    Ok::<_, io::Error>(format!("from {i}"))
+                })
+                .unwrap()
+        }))
+    });
+    assert_eq!(
+        results.iter().filter(|r| r.is_err()).count(),
+        1,
+        "only the panicking caller"
+    );
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        2,
+        "one waiter retried and loaded"
+    );
+    assert!(
+        t0.elapsed() < S(2),
+        "nobody waited for a lease to expire: {:?}",
+        t0.elapsed()
+    );
+    let values: Vec<&String> = results.iter().flatten().collect();
+    assert!(
+        values.windows(2).all(|w| w[0] == w[1]),
+        "everyone got the retry's value"
+    );
+}
+
+/// A lease holder that died without releasing its lease: waiters poll until the lease expires,
+/// then one of them takes over.
+fn lease_takeover_after_a_dead_holder(env: &Env) {
+    let cache = env.builder().lease_ttl(S(1)).build().unwrap();
+    let lease = format!("{}:lease", cache.make_key("k"));
+    env.raw_set_ttl(&lease, b"dead-holder", 0x4E4C, 1);
+    let calls = AtomicUsize::new(0);
+    let clock_mover = || {
+        if env.kind == Kind::Memory {
+            thread::sleep(MS(100));
+            env.advance(S(2));
+        }
+    };
+    let t0 = Instant::now();
+    let got = thread::scope(|s| {
+        s.spawn(clock_mover);
+        herd(8, |_| {
+            cache
+                .get_or_set_with("k", S(60), slow_loader(&calls, "v"))
+                .unwrap()
+        })
+    });
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "one waiter took over");
+    assert!(got.iter().all(|v| v == "v"));
+    assert!(t0.elapsed() < S(3), "{:?}", t0.elapsed());
+    assert!(cache.stats().lease_waits >= 1);
+}
+
+fn wait_bound_then_load_yourself(env: &Env) {
+    let cache = env
+        .builder()
+        .lease_ttl(S(30))
+        .max_wait(MS(150))
+        .build()
+        .unwrap();
+    let lease = format!("{}:lease", cache.make_key("k"));
+    env.raw_set_ttl(&lease, b"stuck-holder", 0x4E4C, 30);
+    let t0 = Instant::now();
+    let v = cache
+        .get_or_set_with("k", S(60), || Ok::<_, io::Error>(1u8))
+        .unwrap();
+    assert_eq!(v, 1);
+    let waited = t0.elapsed();
+    assert!(waited >= MS(150) && waited < MS(600), "{waited:?}");
+}
+
+/// A steady hot key: a read every 2 ms of (mock) time for 10 s, a 1 s ttl, a 20 ms loader. With
+/// XFetch on, the key is refreshed before it goes stale; without it, every expiry is a miss.
+fn early_refresh_keeps_a_hot_key_from_going_stale(env: &Env) {
+    let run = |early: bool| {
+        let b = env.builder().random_seed(42);
+        let cache = if early { b.early_refresh(1.0) } else { b }
+            .build()
+            .unwrap();
+        let loads = AtomicUsize::new(0);
+        for _ in 0..5000 {
+            cache
+                .get_or_set_with(if early { "hot-early" } else { "hot" }, S(1), || {
+                    loads.fetch_add(1, Ordering::SeqCst);
+                    thread::sleep(MS(20));
+                    Ok::<_, io::Error>(0u8)
+                })
+                .unwrap();
+            env.advance(MS(2));
+        }
+        (cache.stats(), loads.load(Ordering::SeqCst))
+    };
+    let (plain, plain_loads) = run(false);
+    assert!(plain.claims_won >= 9, "{plain:?}");
+    assert_eq!(plain.early_refreshes, 0);
+    let (early, early_loads) = run(true);
+    assert!(early.early_refreshes >= 9, "{early:?}");
+    assert_eq!(
+        early.claims_won, early.early_refreshes,
+        "every claim was early: never stale"
+    );
+    assert_eq!(early.stale_served, 0);
+    assert!((9..=12).contains(&early_loads) && (9..=12).contains(&plain_loads));
+}
+
+fn early_refresh_draws_are_seeded(env: &Env) {
+    // A seeded random source and a stepped clock: the refresh comes before the expiry, near it.
+    let cache = env
+        .builder()
+        .early_refresh(2.0)
+        .random_seed(7)
+        .build()
+        .unwrap();
+    cache
+        .get_or_set_with("k", S(1), || {
+            thread::sleep(MS(30)); // recorded as the load time, XFetch's delta
+            Ok::<_, io::Error>(0u8)
+        })
+        .unwrap();
+    let mut refreshed_at = None;
+    for step in 1..=100u64 {
+        env.advance(MS(10));
+        let v = cache
+            .get_or_set_with("k", S(60), || Ok::<_, io::Error>(1u8))
+            .unwrap();
+        if v == 1 {
+            refreshed_at = Some(step);
+            break;
+        }
+    }
+    let st = cache.stats();
+    let step = refreshed_at.expect("refreshed at some step");
+    assert!(
+        (50..100).contains(&step),
+        "early, but near the 1 s expiry: {step} x 10 ms"
+    );
+    assert_eq!(
+        (st.early_refreshes, st.claims_won, st.stale_served),
+        (1, 1, 0)
+    );
+}
+
+fn serve_stale_on_error_is_bounded(env: &Env) {
+    let cache = env
+        .builder()
+        .serve_stale_on_error(S(30))
+        .herd_timeout(S(5))
+        .build()
+        .unwrap();
+    cache.set("k", "old", S(10)).unwrap();
+    let failing = || Err::<String, _>(io::Error::other("db down"));
+    env.advance(S(11));
+    assert_eq!(
+        cache.get_or_set_with("k", S(10), failing).unwrap(),
+        "old",
+        "age 11 s <= 30 s"
+    );
+    assert_eq!(cache.stats().stale_on_error, 1);
+    // the claim lasts the herd timeout; then the next reader claims and fails again
+    env.advance(S(5));
+    assert_eq!(
+        cache.get_or_set_with("k", S(10), failing).unwrap(),
+        "old",
+        "age 16 s"
+    );
+    env.advance(S(20));
+    let e = cache.get_or_set_with("k", S(10), failing).unwrap_err();
+    assert!(e.is_loader(), "age 36 s > 30 s: {e}");
+    // without the option the error comes back at once
+    let strict = env.cache();
+    strict.set("j", "old", S(10)).unwrap();
+    env.advance(S(11));
+    assert!(
+        strict
+            .get_or_set_with("j", S(10), failing)
+            .unwrap_err()
+            .is_loader()
+    );
+}
+
+fn background_refresh_returns_the_stale_value_at_once(env: &Env) {
+    let cache = env.cache();
+    cache.set("k", "old", S(10)).unwrap();
+    env.advance(S(11));
+    let calls = Arc::new(AtomicUsize::new(0));
+    let t0 = Instant::now();
+    let got = herd(16, |_| {
+        let calls = calls.clone();
+        let t = Instant::now();
+        let v = cache
+            .get_or_set_with_background("k", S(10), move || {
+                calls.fetch_add(1, Ordering::SeqCst);
+                thread::sleep(MS(100));
+                Ok::<_, io::Error>("new".to_string())
+            })
+            .unwrap();
+        (v, t.elapsed())
+    });
+    assert!(
+        got.iter().all(|(v, d)| v == "old" && *d < MS(50)),
+        "{got:?}"
+    );
+    assert!(t0.elapsed() < MS(90));
+    let deadline = Instant::now() + S(2);
+    while cache.get::<String>("k").unwrap().as_deref() != Some("new") {
+        assert!(
+            Instant::now() < deadline,
+            "the background refresh never landed"
+        );
+        thread::sleep(MS(10));
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+fn get_many_or_set_with_loads_once_for_missing_and_claimed(env: &Env) {
+    let cache = env.cache();
+    cache.set("fresh", &1u32, S(100)).unwrap();
+    cache.set("stale", &2u32, S(10)).unwrap();
+    env.advance(S(11));
+    let mut asked: Vec<String> = Vec::new();
+    let got = cache
+        .get_many_or_set_with(&["fresh", "stale", "missing"], S(60), |keys| {
+            asked = keys.to_vec();
+            Ok::<_, io::Error>(keys.iter().map(|k| (k.clone(), 10u32)).collect())
+        })
+        .unwrap();
+    asked.sort();
+    assert_eq!(asked, ["missing", "stale"]);
+    assert_eq!(
+        got,
+        HashMap::from([
+            ("fresh".into(), 1),
+            ("stale".into(), 10),
+            ("missing".into(), 10)
+        ])
+    );
+    assert_eq!(
+        cache.get::<u32>("missing").unwrap(),
+        Some(10),
+        "written back"
+    );
+    assert_eq!(cache.get::<u32>("stale").unwrap(), Some(10));
+    // all present: the loader is not called
+    let got = cache
+        .get_many_or_set_with(
+            &["fresh", "missing"],
+            Ttl::Default,
+            |_| -> io::Result<HashMap<String, u32>> { panic!("nothing to load") },
+        )
+        .unwrap();
+    assert_eq!(got.len(), 2);
+}
