@@ -4,7 +4,10 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::backend::memcached::{MemcachedBackend, MemcachedConfig, ServerSpec};
+use crate::backend::memcached::{
+    DEFAULT_FAILURE_LIMIT, DEFAULT_RETRY_INTERVAL, DeadServerPolicy, MemcachedBackend,
+    MemcachedConfig, ServerSpec,
+};
 use crate::backend::memory::{DEFAULT_CAPACITY, MemoryBackend};
 use crate::backend::{Backend, DEFAULT_ITEM_SIZE};
 use crate::cache::{Cache, DecodePolicy, FailurePolicy, Inner};
@@ -68,6 +71,9 @@ pub struct CacheBuilder {
     read_failures: FailurePolicy,
     write_failures: FailurePolicy,
     decode_policy: DecodePolicy,
+    failure_limit: u32,
+    retry_interval: Duration,
+    dead_servers: DeadServerPolicy,
     lease_ttl: Duration,
     max_wait: Duration,
     early_beta: Option<f64>,
@@ -94,6 +100,9 @@ impl Default for CacheBuilder {
             read_failures: FailurePolicy::Absorb,
             write_failures: FailurePolicy::Propagate,
             decode_policy: DecodePolicy::Error,
+            failure_limit: DEFAULT_FAILURE_LIMIT,
+            retry_interval: DEFAULT_RETRY_INTERVAL,
+            dead_servers: DeadServerPolicy::FailFast,
             lease_ttl: DEFAULT_LEASE_TTL,
             max_wait: DEFAULT_MAX_WAIT,
             early_beta: None,
@@ -243,6 +252,25 @@ impl CacheBuilder {
         self
     }
 
+    /// memcached: consecutive failures (connect errors, timeouts, I/O errors) after which a
+    /// server is marked dead; default 2.
+    pub fn failure_limit(mut self, failures: u32) -> Self {
+        self.failure_limit = failures;
+        self
+    }
+
+    /// memcached: how long a dead server is left alone before one caller probes it; default 1 s.
+    pub fn retry_interval(mut self, interval: Duration) -> Self {
+        self.retry_interval = interval;
+        self
+    }
+
+    /// memcached: whether the keys of a dead server fail fast (default) or move to the others.
+    pub fn dead_servers(mut self, policy: DeadServerPolicy) -> Self {
+        self.dead_servers = policy;
+        self
+    }
+
     /// What reads do when the backend fails; default [`FailurePolicy::Absorb`] (a miss, counted).
     pub fn read_failures(mut self, policy: FailurePolicy) -> Self {
         self.read_failures = policy;
@@ -341,6 +369,9 @@ impl CacheBuilder {
                 config.io_timeout = self.io_timeout;
                 config.pool_size = self.pool_size;
                 config.item_size = self.item_size;
+                config.failure_limit = self.failure_limit;
+                config.retry_interval = self.retry_interval;
+                config.dead_servers = self.dead_servers;
                 Arc::new(MemcachedBackend::new(config)?)
             }
         };

@@ -101,7 +101,7 @@ mod ring;
 mod stats;
 mod ttl;
 
-pub use backend::memcached::{MemcachedBackend, MemcachedConfig, ServerSpec};
+pub use backend::memcached::{DeadServerPolicy, MemcachedBackend, MemcachedConfig, ServerSpec};
 pub use backend::memory::MemoryBackend;
 pub use backend::{Backend, Item, StoreMode, StoreOutcome};
 pub use builder::{
@@ -117,3 +117,38 @@ pub use ttl::Ttl;
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
+
+/// Entry points for the benches and the fuzz target. Not part of the API: no stability promise.
+#[doc(hidden)]
+pub mod __private {
+    use crate::{codec, envelope};
+
+    /// The bytes `Cache::set` stores for `value` (herd envelope with the given soft expiry).
+    pub fn encode_envelope<T: serde::Serialize + ?Sized>(
+        value: &T,
+        soft_expiry_ms: u64,
+    ) -> crate::Result<Vec<u8>> {
+        let mut out = Vec::new();
+        envelope::herd_header(
+            &mut out,
+            envelope::State::Written,
+            soft_expiry_ms,
+            soft_expiry_ms,
+            0,
+        );
+        codec::encode_into(value, &mut out)?;
+        Ok(out)
+    }
+
+    /// Decodes an item as `Cache::get` does (envelope, then bincode), ignoring expiry.
+    pub fn decode_envelope<T: serde::de::DeserializeOwned>(
+        flags: u32,
+        bytes: &[u8],
+    ) -> crate::Result<T> {
+        let (_, payload) = envelope::decode(flags, bytes)?;
+        codec::decode(payload)
+    }
+
+    /// memcached flags on enveloped items.
+    pub const FLAGS: u32 = envelope::FLAGS;
+}

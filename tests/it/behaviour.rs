@@ -27,7 +27,7 @@ fn user(id: u64) -> User {
 
 const S: fn(u64) -> Duration = Duration::from_secs;
 
-crate::on_both_backends!(
+crate::on_every_backend!(
     round_trip_and_miss,
     keys_are_django_newcache_keys,
     version_bump_invalidates,

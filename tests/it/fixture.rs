@@ -138,6 +138,56 @@ pub fn shared_server() -> &'static str {
         .0
 }
 
+/// twemproxy (Debian's nutcracker) in front of two memcached, shared by this binary's tests and
+/// stopped with the process (same watchdog as [`shared_server`]). ketama, auto-eject on, as large
+/// deployments run it.
+pub fn shared_twemproxy() -> &'static str {
+    static ADDR: OnceLock<(String, Box<Child>)> = OnceLock::new();
+    &ADDR
+        .get_or_init(|| {
+            let (p1, p2, proxy, stats) = (free_port(), free_port(), free_port(), free_port());
+            let dir = std::env::temp_dir().join(format!("newcache-twem-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).expect("temp dir");
+            let conf = dir.join("nutcracker.yml");
+            std::fs::write(
+                &conf,
+                format!(
+                    "newcache:\n  listen: 127.0.0.1:{proxy}\n  hash: fnv1a_64\n  \
+                     distribution: ketama\n  auto_eject_hosts: true\n  \
+                     server_retry_timeout: 2000\n  server_failure_limit: 2\n  timeout: 2000\n  \
+                     servers:\n   - 127.0.0.1:{p1}:1\n   - 127.0.0.1:{p2}:1\n"
+                ),
+            )
+            .expect("nutcracker conf");
+            let root = if is_root() { "-u root" } else { "" };
+            let script = format!(
+                "memcached -l 127.0.0.1 -p {p1} -U 0 -m 128 {root} & a=$!; \
+                 memcached -l 127.0.0.1 -p {p2} -U 0 -m 128 {root} & b=$!; \
+                 nutcracker -c {conf} -s {stats} -a 127.0.0.1 -o {log} -p {pid} & c=$!; \
+                 cat >/dev/null; kill $a $b $c",
+                conf = conf.display(),
+                log = dir.join("nutcracker.log").display(),
+                pid = dir.join("nutcracker.pid").display(),
+            );
+            let child = Command::new("sh")
+                .args(["-c", &script])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("sh, memcached and nutcracker (see .ci/run)");
+            let deadline = Instant::now() + Duration::from_secs(5);
+            for p in [p1, p2, proxy] {
+                while TcpStream::connect(("127.0.0.1", p)).is_err() {
+                    assert!(Instant::now() < deadline, "twemproxy setup did not start");
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+            (format!("127.0.0.1:{proxy}"), Box::new(child))
+        })
+        .0
+}
+
 /// A flavor no other test uses.
 pub fn unique_flavor(tag: &str) -> String {
     static N: AtomicU64 = AtomicU64::new(0);
@@ -153,6 +203,7 @@ pub fn unique_flavor(tag: &str) -> String {
 pub enum Kind {
     Memory,
     Memcached,
+    Twemproxy,
 }
 
 /// What a behaviour test gets: a builder for its backend, the clock it controls, and a way to write
@@ -174,6 +225,7 @@ impl Env {
                 None,
             ),
             Kind::Memcached => (None, Some(shared_server().to_string())),
+            Kind::Twemproxy => (None, Some(shared_twemproxy().to_string())),
         };
         Env {
             kind,
@@ -247,16 +299,29 @@ impl<W: std::io::Write> memcache::ToMemcacheValue<W> for Raw<'_> {
     }
 }
 
-/// Generates each listed behaviour test once per backend:
-/// `memory::name` and `memcached::name`, each calling `name(&Env)`.
+/// Generates each listed behaviour test once per backend: `memory::name`, `memcached::name` and
+/// `twemproxy::name`, each calling `name(&Env)`.
 #[macro_export]
-macro_rules! on_both_backends {
+macro_rules! on_every_backend {
     ($($name:ident),* $(,)?) => {
-        mod memory {
-            $(#[test] fn $name() { super::$name(&$crate::fixture::Env::new($crate::fixture::Kind::Memory, stringify!($name))) })*
-        }
-        mod memcached {
-            $(#[test] fn $name() { super::$name(&$crate::fixture::Env::new($crate::fixture::Kind::Memcached, stringify!($name))) })*
+        $crate::on_backend!(memory, Memory, $($name),*);
+        $crate::on_backend!(memcached, Memcached, $($name),*);
+        $crate::on_backend!(twemproxy, Twemproxy, $($name),*);
+    };
+}
+
+/// One module of [`on_every_backend`].
+#[macro_export]
+macro_rules! on_backend {
+    ($module:ident, $kind:ident, $($name:ident),*) => {
+        mod $module {
+            $(
+                #[test]
+                fn $name() {
+                    let env = $crate::fixture::Env::new($crate::fixture::Kind::$kind, stringify!($name));
+                    super::$name(&env)
+                }
+            )*
         }
     };
 }

@@ -16,7 +16,7 @@ use crate::fixture::{Env, Kind};
 const S: fn(u64) -> Duration = Duration::from_secs;
 const MS: fn(u64) -> Duration = Duration::from_millis;
 
-crate::on_both_backends!(
+crate::on_every_backend!(
     one_load_among_32_threads_for_a_cold_key,
     one_load_across_four_caches_sharing_a_backend,
     one_load_among_32_threads_for_a_stale_key,

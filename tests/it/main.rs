@@ -4,6 +4,7 @@
 //! loopback port); `memcached` covers what needs servers of its own.
 
 mod behaviour;
+mod faults;
 mod fixture;
 mod loader;
 mod memcached;

@@ -290,3 +290,24 @@ fn a_claim_never_overwrites_a_newer_value() {
     );
     assert_eq!(writer.get::<u32>("k").unwrap(), Some(2));
 }
+
+/// twemproxy refuses `flush_all` (it closes the connection): `clear()` says so, and the cache
+/// stays usable.
+#[test]
+fn clear_behind_twemproxy_is_a_clear_error() {
+    let cache = Cache::builder()
+        .memcached([crate::fixture::shared_twemproxy()])
+        .flavor(unique_flavor("twem"))
+        .build()
+        .unwrap();
+    cache.set("k", &1u8, S(60)).unwrap();
+    let e = cache.clear().unwrap_err();
+    assert!(e.is_unsupported(), "{e}");
+    assert!(e.to_string().contains("flush_all"), "{e}");
+    assert_eq!(cache.get::<u8>("k").unwrap(), Some(1));
+    assert_eq!(
+        cache.stats().backend_errors,
+        0,
+        "not counted as a server failure"
+    );
+}

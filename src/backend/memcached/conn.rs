@@ -176,6 +176,19 @@ impl Conn {
 
     pub(crate) fn flush_all(&mut self) -> Result<()> {
         self.exchange(|b| b.extend_from_slice(b"flush_all\r\n"), wire::read_ok)
+            .map_err(|e| {
+                if wire::is_closed(&e) {
+                    // twemproxy answers flush_all by closing the connection.
+                    Error::with_source(
+                        ErrorKind::Unsupported,
+                        "the server closed the connection on flush_all \
+                         (a proxy such as twemproxy does not support it)",
+                        e,
+                    )
+                } else {
+                    e
+                }
+            })
     }
 
     pub(crate) fn version(&mut self) -> Result<String> {

@@ -2,16 +2,20 @@
 //! and sent to the servers concurrently, one pipelined round trip each.
 
 mod conn;
+mod health;
 pub(crate) mod wire;
 
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use parking_lot::RwLock;
 
 use scheduled_thread_pool::ScheduledThreadPool;
 
 use self::conn::{Conn, Manager};
+use self::health::{Gate, Health};
 use super::{Backend, DEFAULT_ITEM_SIZE, Item, StoreMode, StoreOutcome, max_value_size};
 use crate::error::{Error, ErrorKind, Result};
 use crate::ring::{Node, Ring};
@@ -22,6 +26,26 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 pub const DEFAULT_IO_TIMEOUT: Duration = Duration::from_millis(500);
 /// Default connections per server.
 pub const DEFAULT_POOL_SIZE: u32 = 16;
+/// Default consecutive failures after which a server is marked dead.
+pub const DEFAULT_FAILURE_LIMIT: u32 = 2;
+/// Default time a dead server is left alone before one caller probes it.
+pub const DEFAULT_RETRY_INTERVAL: Duration = Duration::from_secs(1);
+
+/// What happens to the keys of a server that is marked dead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum DeadServerPolicy {
+    /// Its keys fail fast (a backend error, a miss under the default read policy) until it answers
+    /// again: no waiting on a dead server, and no stale copies on other servers when it returns
+    /// (the default, and libmemcached's default of not ejecting hosts from the key space).
+    #[default]
+    FailFast,
+    /// Its keys are remapped to the remaining servers (ketama moves only its share) until it
+    /// answers again, like libmemcached's `auto_eject_hosts`. Reads of those keys miss at first;
+    /// when the server returns, its keys map back to it, and values written elsewhere meanwhile are
+    /// no longer seen.
+    Remap,
+}
 
 /// One memcached server: where it is and its share of the keys.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -89,6 +113,12 @@ pub struct MemcachedConfig {
     pub pool_size: u32,
     /// The servers' item size limit (`memcached -I`), 1 MiB by default.
     pub item_size: usize,
+    /// Consecutive failures (connect errors, timeouts, I/O errors) that mark a server dead.
+    pub failure_limit: u32,
+    /// How long a dead server is left alone before one caller probes it again.
+    pub retry_interval: Duration,
+    /// Fail fast or remap the keys of a dead server.
+    pub dead_servers: DeadServerPolicy,
 }
 
 impl MemcachedConfig {
@@ -100,13 +130,20 @@ impl MemcachedConfig {
             io_timeout: DEFAULT_IO_TIMEOUT,
             pool_size: DEFAULT_POOL_SIZE,
             item_size: DEFAULT_ITEM_SIZE,
+            failure_limit: DEFAULT_FAILURE_LIMIT,
+            retry_interval: DEFAULT_RETRY_INTERVAL,
+            dead_servers: DeadServerPolicy::FailFast,
         }
     }
 }
 
 struct Server {
     addr: String,
-    pool: r2d2::Pool<Manager>,
+    /// Replaced when the server is marked dead, so that its idle connections (all broken if it
+    /// was restarted) are dropped at once rather than found out one failed probe at a time.
+    pool: RwLock<r2d2::Pool<Manager>>,
+    make_pool: Box<dyn Fn() -> r2d2::Pool<Manager> + Send + Sync>,
+    health: Health,
 }
 
 impl fmt::Debug for Server {
@@ -120,7 +157,8 @@ impl fmt::Debug for Server {
 impl Server {
     /// Runs `op` on a pooled connection; the connection is dropped if `op` left it out of step.
     fn with_conn<T>(&self, op: impl FnOnce(&mut Conn) -> Result<T>) -> Result<T> {
-        let mut conn = self.pool.get().map_err(|e| {
+        let pool = self.pool.read().clone();
+        let mut conn = pool.get().map_err(|e| {
             Error::with_source(
                 ErrorKind::Timeout,
                 format!("no connection to memcached at {} in time", self.addr),
@@ -146,8 +184,15 @@ impl Server {
 /// wait and an error, never a hang. A restarted server is used again as soon as it answers.
 pub struct MemcachedBackend {
     servers: Vec<Server>,
+    nodes: Vec<Node>,
     ring: Ring,
+    /// The ring over the servers not marked dead, with the liveness it was built for (Remap).
+    live_ring: RwLock<(Vec<bool>, Arc<Ring>)>,
     item_size: usize,
+    failure_limit: u32,
+    retry_interval: Duration,
+    dead_servers: DeadServerPolicy,
+    started: Instant,
 }
 
 impl fmt::Debug for MemcachedBackend {
@@ -179,20 +224,33 @@ impl MemcachedBackend {
             .iter()
             .map(|spec| {
                 let addr = spec.addr();
-                let manager = Manager {
-                    addr: addr.clone(),
-                    connect_timeout: config.connect_timeout,
-                    io_timeout: config.io_timeout,
+                let (connect_timeout, io_timeout) = (config.connect_timeout, config.io_timeout);
+                let (pool_size, connector) = (config.pool_size, connector.clone());
+                let pool_addr = addr.clone();
+                let make_pool = move || {
+                    let manager = Manager {
+                        addr: pool_addr.clone(),
+                        connect_timeout,
+                        io_timeout,
+                    };
+                    r2d2::Pool::builder()
+                        .max_size(pool_size)
+                        .min_idle(Some(0))
+                        // r2d2 defaults to a `version` round trip on every checkout, which doubles
+                        // the cost of a get. Broken connections are caught by `has_broken` instead.
+                        .test_on_check_out(false)
+                        .connection_timeout(connect_timeout)
+                        .idle_timeout(Some(Duration::from_secs(300)))
+                        .error_handler(Box::new(r2d2::NopErrorHandler))
+                        .thread_pool(connector.clone())
+                        .build_unchecked(manager)
                 };
-                let pool = r2d2::Pool::builder()
-                    .max_size(config.pool_size)
-                    .min_idle(Some(0))
-                    .connection_timeout(config.connect_timeout)
-                    .idle_timeout(Some(Duration::from_secs(300)))
-                    .error_handler(Box::new(r2d2::NopErrorHandler))
-                    .thread_pool(connector.clone())
-                    .build_unchecked(manager);
-                Server { addr, pool }
+                Server {
+                    addr,
+                    pool: RwLock::new(make_pool()),
+                    make_pool: Box::new(make_pool),
+                    health: Health::default(),
+                }
             })
             .collect();
         let nodes: Vec<Node> = config
@@ -204,24 +262,105 @@ impl MemcachedBackend {
                 weight: s.weight,
             })
             .collect();
-        let ring = Ring::new(&nodes, &vec![true; nodes.len()]);
+        let all = vec![true; nodes.len()];
+        let ring = Ring::new(&nodes, &all);
         Ok(MemcachedBackend {
             servers,
+            live_ring: RwLock::new((all, Arc::new(ring.clone()))),
+            nodes,
             ring,
             item_size: config.item_size,
+            failure_limit: config.failure_limit.max(1),
+            retry_interval: config.retry_interval,
+            dead_servers: config.dead_servers,
+            started: Instant::now(),
         })
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
     }
 
     fn server_index(&self, key: &str) -> usize {
         if self.servers.len() == 1 {
-            0
-        } else {
-            self.ring.locate(key.as_bytes()).unwrap_or(0)
+            return 0;
         }
+        if self.dead_servers == DeadServerPolicy::Remap {
+            let now = self.now_ms();
+            if !self.servers.iter().all(|s| s.health.routable(now)) {
+                return self.remapped_index(key, now);
+            }
+        }
+        self.ring.locate(key.as_bytes()).unwrap_or(0)
     }
 
-    fn server(&self, key: &str) -> &Server {
-        &self.servers[self.server_index(key)]
+    /// Placement over the servers not marked dead; the ring is rebuilt only when that set changes.
+    fn remapped_index(&self, key: &str, now: u64) -> usize {
+        let live: Vec<bool> = self
+            .servers
+            .iter()
+            .map(|s| s.health.routable(now))
+            .collect();
+        let ring = {
+            let cached = self.live_ring.read();
+            if cached.0 == live {
+                Some(cached.1.clone())
+            } else {
+                None
+            }
+        };
+        let ring = ring.unwrap_or_else(|| {
+            let fresh = Arc::new(Ring::new(&self.nodes, &live));
+            *self.live_ring.write() = (live, fresh.clone());
+            fresh
+        });
+        // Every server dead: fall back to the full ring (the call fails fast there).
+        ring.locate(key.as_bytes())
+            .unwrap_or_else(|| self.ring.locate(key.as_bytes()).unwrap_or(0))
+    }
+
+    /// Runs `op` on server `i`, through its health gate, recording the outcome.
+    fn run<T>(&self, i: usize, op: impl FnOnce(&mut Conn) -> Result<T>) -> Result<T> {
+        let server = &self.servers[i];
+        if server.health.gate(self.now_ms(), self.retry_interval) == Gate::FailFast {
+            return Err(Error::new(
+                ErrorKind::Backend,
+                format!(
+                    "memcached at {} is marked dead (probed again every {:?})",
+                    server.addr, self.retry_interval
+                ),
+            ));
+        }
+        let r = server.with_conn(op);
+        match &r {
+            Err(e) if e.is_backend() => {
+                if server
+                    .health
+                    .failure(self.now_ms(), self.failure_limit, self.retry_interval)
+                {
+                    *server.pool.write() = (server.make_pool)();
+                    tracing::warn!(
+                        server = %server.addr,
+                        error = %e,
+                        "newcache: memcached server marked dead after {} consecutive failures; \
+                         probing it every {:?}",
+                        self.failure_limit,
+                        self.retry_interval
+                    );
+                }
+            }
+            _ => {
+                if server.health.success() {
+                    tracing::warn!(server = %server.addr, "newcache: memcached server is back");
+                }
+            }
+        }
+        r
+    }
+
+    /// Runs `op` on the server that holds `key`.
+    fn on_key<T>(&self, key: &str, op: impl FnOnce(&mut Conn) -> Result<T>) -> Result<T> {
+        self.run(self.server_index(key), op)
     }
 
     /// Groups positions of `keys` by server, preserving order within a server.
@@ -241,20 +380,20 @@ impl MemcachedBackend {
     fn fan_out<T: Send>(
         &self,
         groups: &[(usize, Vec<usize>)],
-        op: impl Fn(&Server, &[usize]) -> Result<T> + Sync,
+        op: impl Fn(usize, &[usize]) -> Result<T> + Sync,
     ) -> Vec<Result<T>> {
         match groups {
             [] => Vec::new(),
-            [(s, positions)] => vec![op(&self.servers[*s], positions)],
+            [(s, positions)] => vec![op(*s, positions)],
             [(s0, p0), rest @ ..] => std::thread::scope(|scope| {
                 let handles: Vec<_> = rest
                     .iter()
                     .map(|(s, p)| {
                         let op = &op;
-                        scope.spawn(move || op(&self.servers[*s], p))
+                        scope.spawn(move || op(*s, p))
                     })
                     .collect();
-                let mut out = vec![op(&self.servers[*s0], p0)];
+                let mut out = vec![op(*s0, p0)];
                 out.extend(handles.into_iter().map(|h| {
                     h.join()
                         .unwrap_or_else(|_| Err(Error::backend("a batch worker thread panicked")))
@@ -266,17 +405,17 @@ impl MemcachedBackend {
 
     /// The server's version string (a cheap liveness probe).
     pub fn version(&self, server: usize) -> Result<String> {
-        self.servers
-            .get(server)
-            .ok_or_else(|| Error::config(format!("no server #{server}")))?
-            .with_conn(|c| c.version())
+        if server >= self.servers.len() {
+            return Err(Error::config(format!("no server #{server}")));
+        }
+        self.run(server, |c| c.version())
     }
 }
 
 impl Backend for MemcachedBackend {
     fn get(&self, key: &str) -> Result<Option<Item>> {
         let max = self.item_size;
-        let mut m = self.server(key).with_conn(|c| c.gets(&[key], max))?;
+        let mut m = self.on_key(key, |c| c.gets(&[key], max))?;
         Ok(m.remove(key))
     }
 
@@ -286,7 +425,7 @@ impl Backend for MemcachedBackend {
         let mut out = HashMap::with_capacity(keys.len());
         for r in self.fan_out(&groups, |server, positions| {
             let ks: Vec<&str> = positions.iter().map(|&i| keys[i]).collect();
-            server.with_conn(|c| c.gets(&ks, max))
+            self.run(server, |c| c.gets(&ks, max))
         }) {
             for (k, v) in r? {
                 out.insert(k, v);
@@ -313,8 +452,7 @@ impl Backend for MemcachedBackend {
         if value.len() > max {
             return Err(super::memory::too_large(value.len(), max));
         }
-        self.server(key)
-            .with_conn(|c| c.store(mode, key, value, flags, exptime))
+        self.on_key(key, |c| c.store(mode, key, value, flags, exptime))
     }
 
     fn set_many(&self, items: &[(&str, &[u8])], flags: u32, exptime: u32) -> Result<()> {
@@ -327,7 +465,7 @@ impl Backend for MemcachedBackend {
         let groups = self.by_server(items.iter().map(|(k, _)| *k));
         for r in self.fan_out(&groups, |server, positions| {
             let batch: Vec<(&str, &[u8])> = positions.iter().map(|&i| items[i]).collect();
-            server.with_conn(|c| c.set_many(&batch, flags, exptime))
+            self.run(server, |c| c.set_many(&batch, flags, exptime))
         }) {
             r?;
         }
@@ -335,7 +473,7 @@ impl Backend for MemcachedBackend {
     }
 
     fn delete(&self, key: &str) -> Result<bool> {
-        self.server(key).with_conn(|c| c.delete(key))
+        self.on_key(key, |c| c.delete(key))
     }
 
     fn delete_many(&self, keys: &[&str]) -> Result<usize> {
@@ -343,7 +481,7 @@ impl Backend for MemcachedBackend {
         let mut n = 0;
         for r in self.fan_out(&groups, |server, positions| {
             let ks: Vec<&str> = positions.iter().map(|&i| keys[i]).collect();
-            server.with_conn(|c| c.delete_many(&ks))
+            self.run(server, |c| c.delete_many(&ks))
         }) {
             n += r?;
         }
@@ -351,17 +489,17 @@ impl Backend for MemcachedBackend {
     }
 
     fn incr(&self, key: &str, delta: u64) -> Result<Option<u64>> {
-        self.server(key).with_conn(|c| c.arith(true, key, delta))
+        self.on_key(key, |c| c.arith(true, key, delta))
     }
 
     fn decr(&self, key: &str, delta: u64) -> Result<Option<u64>> {
-        self.server(key).with_conn(|c| c.arith(false, key, delta))
+        self.on_key(key, |c| c.arith(false, key, delta))
     }
 
     fn flush_all(&self) -> Result<()> {
         let groups: Vec<(usize, Vec<usize>)> =
             (0..self.servers.len()).map(|i| (i, vec![])).collect();
-        for r in self.fan_out(&groups, |server, _| server.with_conn(|c| c.flush_all())) {
+        for r in self.fan_out(&groups, |server, _| self.run(server, |c| c.flush_all())) {
             r?;
         }
         Ok(())

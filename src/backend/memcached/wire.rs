@@ -11,6 +11,13 @@ use crate::error::{Error, ErrorKind, Result};
 /// Longest reply line accepted (a `VALUE` header with a 250-byte key is under 300 bytes).
 const MAX_LINE: usize = 1024;
 
+const CLOSED: &str = "the server closed the connection";
+
+/// Whether the server closed the connection instead of replying.
+pub(crate) fn is_closed(e: &Error) -> bool {
+    e.kind() == ErrorKind::Backend && e.to_string().ends_with(CLOSED)
+}
+
 /// Why a reply could not be used.
 pub(crate) fn protocol_error(what: impl Into<String>) -> Error {
     Error::new(ErrorKind::Backend, what.into())
@@ -71,7 +78,7 @@ fn read_line<'a, R: BufRead>(r: &mut R, buf: &'a mut Vec<u8>) -> Result<&'a str>
     buf.clear();
     let n = std::io::Read::take(&mut *r, MAX_LINE as u64).read_until(b'\n', buf)?;
     if n == 0 {
-        return Err(protocol_error("the server closed the connection"));
+        return Err(protocol_error(CLOSED));
     }
     if !buf.ends_with(b"\r\n") {
         return Err(protocol_error("reply line too long or not CRLF-terminated"));

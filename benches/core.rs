@@ -1,0 +1,71 @@
+//! Pure-core costs: key derivation, envelope + bincode encode and decode alone (100-byte and 10 KB
+//! values), and the whole facade on the memory backend next to the backend's raw byte get.
+//!
+//! `cargo bench --bench core`
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use newcache::{Backend, Cache, MemoryBackend, StoreMode, Ttl, default_key};
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize, Deserialize, Clone)]
+struct Value {
+    id: u64,
+    name: String,
+}
+
+fn value(bytes: usize) -> Value {
+    Value {
+        id: 1,
+        name: "x".repeat(bytes.saturating_sub(10)),
+    }
+}
+
+fn bench(c: &mut Criterion) {
+    let mut g = c.benchmark_group("core");
+    g.measurement_time(Duration::from_secs(2))
+        .warm_up_time(Duration::from_millis(500));
+    g.bench_function("key/default_key", |b| {
+        b.iter(|| default_key(black_box("prod"), 1, black_box("user:42:profile")))
+    });
+    for size in [100usize, 10 * 1024] {
+        let v = value(size);
+        let bytes = newcache::__private::encode_envelope(&v, 1).expect("encode");
+        g.bench_with_input(BenchmarkId::new("envelope/encode", size), &size, |b, _| {
+            b.iter(|| newcache::__private::encode_envelope(black_box(&v), 1).expect("encode"))
+        });
+        g.bench_with_input(BenchmarkId::new("envelope/decode", size), &size, |b, _| {
+            b.iter(|| {
+                newcache::__private::decode_envelope::<Value>(
+                    newcache::__private::FLAGS,
+                    black_box(&bytes),
+                )
+                .expect("decode")
+            })
+        });
+        // encode+decode through the cache's envelope on the memory backend (no I/O): set + get
+        let cache = Cache::builder().in_memory().build().expect("cache");
+        cache.set("k", &v, Ttl::Default).expect("set");
+        g.bench_with_input(BenchmarkId::new("memory/get", size), &size, |b, _| {
+            b.iter(|| cache.get::<Value>(black_box("k")).expect("get"))
+        });
+        g.bench_with_input(BenchmarkId::new("memory/set", size), &size, |b, _| {
+            b.iter(|| cache.set(black_box("k"), &v, Ttl::Default).expect("set"))
+        });
+        // the raw backend alone, to show what the envelope and codec add on top
+        let raw = MemoryBackend::default();
+        let bytes = vec![7u8; size];
+        raw.store(StoreMode::Set, "k", &bytes, 0, 0).expect("store");
+        g.bench_with_input(
+            BenchmarkId::new("memory-backend/get-bytes", size),
+            &size,
+            |b, _| b.iter(|| raw.get(black_box("k")).expect("get")),
+        );
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

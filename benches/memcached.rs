@@ -1,0 +1,273 @@
+//! newcache against a real memcached, side by side in one run with the raw `memcache` crate client
+//! (text protocol, its own pool: the fastest way to use it) and a bare socket speaking the protocol
+//! by hand (the physical floor). 100-byte values; `*_many` are 100 keys per call.
+//!
+//! `cargo bench --bench memcached` starts its own memcached on a free loopback port (set
+//! `MEMCACHED_SERVERS=host:port` to use a running one).
+
+use std::hint::black_box;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use newcache::{Cache, Ttl};
+use serde::{Deserialize, Serialize};
+
+/// The cached value: serializes to ~100 bytes, like the Python peers' `{"id": 1, "name": "x"*80}`.
+#[derive(Serialize, Deserialize, Clone)]
+struct Value {
+    id: u64,
+    name: String,
+}
+
+struct Server {
+    addr: String,
+    child: Option<Child>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(c) = &mut self.child {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn server() -> Server {
+    if let Ok(addr) = std::env::var("MEMCACHED_SERVERS") {
+        return Server { addr, child: None };
+    }
+    let port = TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port");
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.starts_with(b"0"));
+    let child = Command::new("memcached")
+        .args([
+            "-l",
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+            "-U",
+            "0",
+            "-t",
+            "4",
+        ])
+        .args(if root { &["-u", "root"][..] } else { &[][..] })
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("memcached installed");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "memcached did not start");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Server {
+        addr: format!("127.0.0.1:{port}"),
+        child: Some(child),
+    }
+}
+
+/// The floor: one socket, the text protocol written by hand, replies read just enough to be whole.
+struct Bare {
+    r: BufReader<TcpStream>,
+    line: String,
+}
+
+impl Bare {
+    fn new(addr: &str) -> Bare {
+        let s = TcpStream::connect(addr).expect("connect");
+        s.set_nodelay(true).expect("nodelay");
+        Bare {
+            r: BufReader::new(s),
+            line: String::new(),
+        }
+    }
+    fn send(&mut self, cmd: &[u8]) {
+        self.r.get_mut().write_all(cmd).expect("write");
+    }
+    fn read_line(&mut self) -> &str {
+        self.line.clear();
+        self.r.read_line(&mut self.line).expect("read");
+        &self.line
+    }
+    /// Reads a get reply; returns how many values it held.
+    fn read_values(&mut self) -> usize {
+        let mut n = 0;
+        loop {
+            let line = self.read_line().to_string();
+            if line.starts_with("END") {
+                return n;
+            }
+            let len: usize = line
+                .split_whitespace()
+                .nth(3)
+                .and_then(|l| l.parse().ok())
+                .expect("VALUE line");
+            let mut buf = vec![0; len + 2];
+            self.r.read_exact(&mut buf).expect("value");
+            n += 1;
+        }
+    }
+    fn get(&mut self, keys: &str) -> usize {
+        self.send(format!("get {keys}\r\n").as_bytes());
+        self.read_values()
+    }
+    fn set_pipelined(&mut self, keys: &[String], value: &[u8]) {
+        let mut out = Vec::with_capacity(keys.len() * (value.len() + 40));
+        for k in keys {
+            out.extend_from_slice(format!("set {k} 0 300 {}\r\n", value.len()).as_bytes());
+            out.extend_from_slice(value);
+            out.extend_from_slice(b"\r\n");
+        }
+        self.send(&out);
+        for _ in keys {
+            assert!(self.read_line().starts_with("STORED"));
+        }
+    }
+}
+
+fn bench(c: &mut Criterion) {
+    let srv = server();
+    let v = Value {
+        id: 1,
+        name: "x".repeat(80),
+    };
+    let raw_value = vec![b'x'; 100];
+    let cache = Cache::builder()
+        .memcached([srv.addr.as_str()])
+        .flavor("bench")
+        .build()
+        .expect("cache");
+    // The memcache crate at its fastest: text protocol, and our own r2d2 pool without r2d2's
+    // default `version` round trip on every checkout.
+    let url = memcache::Url::parse(&format!(
+        "memcache://{}?protocol=ascii&tcp_nodelay=true",
+        srv.addr
+    ))
+    .expect("url");
+    let pool = r2d2::Pool::builder()
+        .max_size(1)
+        .test_on_check_out(false)
+        .build(memcache::ConnectionManager::new(url))
+        .expect("pool");
+    let client = memcache::Client::with_pool(pool).expect("memcache crate client");
+    let mut bare = Bare::new(&srv.addr);
+
+    // 1000 keys per client, preloaded, as bench_ops.py does.
+    let keys: Vec<String> = (0..1000).map(|i| format!("key:{i}")).collect();
+    let raw_keys: Vec<String> = keys
+        .iter()
+        .map(|k| format!("raw-{}", k.replace(':', "_")))
+        .collect();
+    for (k, rk) in keys.iter().zip(&raw_keys) {
+        cache.set(k, &v, Ttl::Default).expect("set");
+        client.set(rk, raw_value.as_slice(), 300).expect("raw set");
+    }
+    let batch: Vec<&str> = keys[..100].iter().map(String::as_str).collect();
+    let raw_batch: Vec<&str> = raw_keys[..100].iter().map(String::as_str).collect();
+    let raw_batch_line = raw_batch.join(" ");
+    let pairs: Vec<(&str, &Value)> = batch.iter().map(|k| (*k, &v)).collect();
+
+    let mut g = c.benchmark_group("memcached");
+    g.measurement_time(Duration::from_secs(3))
+        .warm_up_time(Duration::from_millis(500))
+        .sample_size(50);
+    let mut i = 0usize;
+    let mut next = || {
+        i = (i + 1) % 1000;
+        i
+    };
+
+    g.bench_function("get_hit/newcache", |b| {
+        b.iter(|| {
+            cache
+                .get::<Value>(&keys[next()])
+                .expect("get")
+                .expect("hit")
+        })
+    });
+    g.bench_function("get_hit/memcache-crate", |b| {
+        b.iter(|| {
+            let r: Option<Vec<u8>> = client.get(&raw_keys[next()]).expect("get");
+            r.expect("hit")
+        })
+    });
+    g.bench_function("get_hit/bare-socket", |b| {
+        b.iter(|| assert_eq!(bare.get(&raw_keys[next()]), 1))
+    });
+
+    g.bench_function("get_miss/newcache", |b| {
+        b.iter(|| cache.get::<Value>(black_box("never-set")).expect("get"))
+    });
+    g.bench_function("get_miss/memcache-crate", |b| {
+        b.iter(|| {
+            let r: Option<Vec<u8>> = client.get("never-set").expect("get");
+            r
+        })
+    });
+    g.bench_function("get_miss/bare-socket", |b| b.iter(|| bare.get("never-set")));
+
+    g.bench_function("set/newcache", |b| {
+        b.iter(|| cache.set(&keys[next()], &v, Ttl::Default).expect("set"))
+    });
+    g.bench_function("set/memcache-crate", |b| {
+        b.iter(|| {
+            client
+                .set(&raw_keys[next()], raw_value.as_slice(), 300)
+                .expect("set")
+        })
+    });
+    g.bench_function("set/bare-socket", |b| {
+        b.iter(|| bare.set_pipelined(&raw_keys[next()..][..1], &raw_value))
+    });
+
+    g.bench_function("get_many_100/newcache", |b| {
+        b.iter(|| {
+            assert_eq!(
+                cache.get_many::<Value, _>(&batch).expect("get_many").len(),
+                100
+            )
+        })
+    });
+    g.bench_function("get_many_100/memcache-crate", |b| {
+        b.iter(|| {
+            let m: std::collections::HashMap<String, Vec<u8>> =
+                client.gets(&raw_batch).expect("gets");
+            assert_eq!(m.len(), 100);
+        })
+    });
+    g.bench_function("get_many_100/bare-socket", |b| {
+        b.iter(|| assert_eq!(bare.get(&raw_batch_line), 100))
+    });
+
+    g.bench_function("set_many_100/newcache", |b| {
+        b.iter(|| {
+            cache
+                .set_many(pairs.iter().copied(), Ttl::Default)
+                .expect("set_many")
+        })
+    });
+    g.bench_function("set_many_100/memcache-crate", |b| {
+        // the crate has no multi-set: 100 round trips
+        b.iter(|| {
+            for k in &raw_batch {
+                client.set(k, raw_value.as_slice(), 300).expect("set");
+            }
+        })
+    });
+    g.bench_function("set_many_100/bare-socket", |b| {
+        b.iter(|| bare.set_pipelined(&raw_keys[..100], &raw_value))
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

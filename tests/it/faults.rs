@@ -1,0 +1,345 @@
+//! Fault tests against real memcached processes: a server killed and restarted under load, a hung
+//! server in a cluster, a server restarted empty under a hot key. Each prints what it counted.
+
+use std::collections::HashMap;
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use newcache::{Backend, Cache, FailurePolicy, MemcachedBackend, MemcachedConfig, ServerSpec, Ttl};
+
+use crate::fixture::{Memcached, unique_flavor};
+
+const MS: fn(u64) -> Duration = Duration::from_millis;
+
+/// Which of `keys` the server at `addr` holds (read through a client of that server alone).
+fn held_by(cache: &Cache, addr: &str, keys: &[String]) -> Vec<String> {
+    let raw = MemcachedBackend::new(MemcachedConfig::new(vec![ServerSpec::parse(addr).unwrap()]))
+        .unwrap();
+    let derived: Vec<String> = keys.iter().map(|k| cache.make_key(k)).collect();
+    let refs: Vec<&str> = derived.iter().map(String::as_str).collect();
+    let found = raw.get_many(&refs).unwrap();
+    keys.iter()
+        .zip(&derived)
+        .filter(|(_, d)| found.contains_key(*d))
+        .map(|(k, _)| k.clone())
+        .collect()
+}
+
+#[derive(Default, Debug, Clone)]
+struct Phase {
+    ops: u64,
+    errors: u64,
+    misses: u64,
+    first_error: Option<String>,
+}
+
+impl Phase {
+    fn error(&mut self, e: newcache::Error) {
+        self.errors += 1;
+        self.first_error.get_or_insert_with(|| {
+            format!(
+                "{e} ({:?})",
+                std::error::Error::source(&e).map(ToString::to_string)
+            )
+        });
+    }
+}
+
+/// Three servers, 16 threads of mixed get/set/get_many/incr for 9 s; one server is killed at 3 s
+/// and restarted (empty) at 6 s. No panic, no wrong value, no counter going backwards, and the
+/// restarted server serves again within 2 s.
+#[test]
+fn a_cluster_keeps_serving_through_a_killed_and_restarted_server() {
+    let mut servers: Vec<Memcached> = (0..3).map(|_| Memcached::start()).collect();
+    let addrs: Vec<String> = servers.iter().map(Memcached::addr).collect();
+    let cache = Cache::builder()
+        .memcached(&addrs)
+        .flavor(unique_flavor("fault"))
+        .connect_timeout(MS(200))
+        .io_timeout(MS(200))
+        .retry_interval(MS(500))
+        .build()
+        .unwrap();
+
+    // Keys the victim holds, to time its return.
+    let probe_keys: Vec<String> = (0..60).map(|i| format!("probe:{i}")).collect();
+    for k in &probe_keys {
+        cache.set(k, k, Ttl::Never).unwrap();
+    }
+    let victim_keys = held_by(&cache, &addrs[1], &probe_keys);
+    assert!(victim_keys.len() >= 5, "the victim holds some keys");
+
+    let phase = Arc::new(AtomicUsize::new(0)); // 0 before the kill, 1 dead, 2 restarted
+    let stop = Arc::new(AtomicBool::new(false));
+    let stats: Arc<Mutex<[Phase; 3]>> = Arc::default();
+    let wrong = Arc::new(AtomicU64::new(0));
+    let t0 = Instant::now();
+    let mut back_after = None;
+    thread::scope(|s| {
+        for t in 0..16u64 {
+            let (cache, phase, stop, stats, wrong) = (&cache, &phase, &stop, &stats, &wrong);
+            s.spawn(move || {
+                let keys: Vec<String> = (0..20).map(|i| format!("t{t}:k{i}")).collect();
+                let counter = format!("t{t}:hits");
+                let mut last_count = 0u64;
+                let mut seq = 0u64;
+                let mut mine: [Phase; 3] = Default::default();
+                while !stop.load(Ordering::Relaxed) {
+                    // An op is counted in the phase seen when it ends: one that ends before the
+                    // kill was announced ran entirely with every server up.
+                    let mut st = Phase::default();
+                    // four operations per key in turn: set, get, get_many, incr
+                    let k = &keys[((seq / 4) % 20) as usize];
+                    seq += 1;
+                    st.ops += 1;
+                    match seq % 4 {
+                        0 => match cache.set(k, &format!("{k}={seq}"), Duration::from_secs(60)) {
+                            Ok(()) => {}
+                            Err(e) => st.error(e),
+                        },
+                        1 => match cache.get::<String>(k) {
+                            Ok(Some(v)) if !v.starts_with(&format!("{k}=")) => {
+                                wrong.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Ok(Some(_)) => {}
+                            Ok(None) => st.misses += 1,
+                            Err(e) => st.error(e),
+                        },
+                        2 => match cache.get_many::<String, _>(&keys[..5]) {
+                            Ok(m) => {
+                                for (k, v) in &m {
+                                    if !v.starts_with(&format!("{k}=")) {
+                                        wrong.fetch_add(1, Ordering::Relaxed);
+                                    }
+                                }
+                                st.misses += 5 - m.len() as u64;
+                            }
+                            Err(e) => st.error(e),
+                        },
+                        _ => match cache.incr(&counter, 1) {
+                            Ok(n) if n <= last_count => {
+                                wrong.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Ok(n) => last_count = n,
+                            Err(e) if e.is_not_found() => {
+                                // lost with its server: start again from what we had seen
+                                st.misses += 1;
+                                let _ = cache.set_counter(&counter, last_count, Ttl::Never);
+                            }
+                            Err(e) => st.error(e),
+                        },
+                    }
+                    let p = phase.load(Ordering::Relaxed);
+                    let m = &mut mine[p];
+                    m.ops += st.ops;
+                    m.errors += st.errors;
+                    m.misses += st.misses;
+                    if m.first_error.is_none() {
+                        m.first_error = st.first_error;
+                    }
+                }
+                let mut all = stats.lock().unwrap();
+                for (a, m) in all.iter_mut().zip(mine) {
+                    a.ops += m.ops;
+                    a.errors += m.errors;
+                    a.misses += m.misses;
+                    if a.first_error.is_none() {
+                        a.first_error = m.first_error;
+                    }
+                }
+            });
+        }
+        thread::sleep(MS(3000));
+        phase.store(1, Ordering::Relaxed);
+        servers[1].kill();
+        thread::sleep(MS(3000));
+        let port = servers[1].port;
+        servers[1] = Memcached::start_on(port);
+        let restarted = Instant::now();
+        phase.store(2, Ordering::Relaxed);
+        // Time until a key of the restarted server can be written and read again.
+        let k = &victim_keys[0];
+        while back_after.is_none() && restarted.elapsed() < Duration::from_secs(3) {
+            if cache.set(k, k, Ttl::Never).is_ok()
+                && cache.get::<String>(k).ok().flatten().as_ref() == Some(k)
+            {
+                back_after = Some(restarted.elapsed());
+            } else {
+                thread::sleep(MS(20));
+            }
+        }
+        thread::sleep(MS(3000).saturating_sub(restarted.elapsed()));
+        stop.store(true, Ordering::Relaxed);
+    });
+    let stats = stats.lock().unwrap().clone();
+    for (name, p) in ["before the kill", "one server dead", "after the restart"]
+        .iter()
+        .zip(&stats)
+    {
+        println!(
+            "fault test, {name}: {} ops, {} errors, {} misses; first error: {:?}",
+            p.ops, p.errors, p.misses, p.first_error
+        );
+    }
+    println!(
+        "restarted server serving again after {back_after:?}; total {:?}",
+        t0.elapsed()
+    );
+    assert_eq!(
+        wrong.load(Ordering::Relaxed),
+        0,
+        "a wrong value or a counter going backwards"
+    );
+    assert_eq!(
+        stats[0].errors, 0,
+        "no errors while all servers are up: {:?}",
+        stats[0].first_error
+    );
+    assert!(
+        stats[1].errors + stats[1].misses > 0,
+        "the dead server's keys did fail"
+    );
+    assert!(
+        stats.iter().all(|p| p.ops > 100),
+        "every phase made progress: {stats:?}"
+    );
+    let back = back_after.expect("the restarted server serves again");
+    assert!(back < Duration::from_secs(2), "{back:?}");
+}
+
+/// A hung server (SIGSTOP) in a cluster: calls on its keys return within the timeout, the other
+/// servers are unaffected, and after SIGCONT it is used again.
+#[test]
+fn a_hung_server_in_a_cluster() {
+    let servers: Vec<Memcached> = (0..3).map(|_| Memcached::start()).collect();
+    let addrs: Vec<String> = servers.iter().map(Memcached::addr).collect();
+    let cache = Cache::builder()
+        .memcached(&addrs)
+        .flavor(unique_flavor("hung"))
+        .read_failures(FailurePolicy::Propagate)
+        .io_timeout(MS(300))
+        .connect_timeout(MS(300))
+        .retry_interval(MS(300))
+        .build()
+        .unwrap();
+    let keys: Vec<String> = (0..60).map(|i| format!("k{i}")).collect();
+    for k in &keys {
+        cache.set(k, k, Ttl::Never).unwrap();
+    }
+    let hung = held_by(&cache, &addrs[2], &keys);
+    let fine: Vec<&String> = keys.iter().filter(|k| !hung.contains(k)).collect();
+    servers[2].signal("STOP");
+    let mut slowest = Duration::ZERO;
+    for k in hung.iter().take(5) {
+        let t = Instant::now();
+        assert!(cache.get::<String>(k).unwrap_err().is_backend());
+        slowest = slowest.max(t.elapsed());
+    }
+    for k in fine.iter().take(10) {
+        assert_eq!(cache.get::<String>(k).unwrap().as_ref(), Some(*k));
+    }
+    servers[2].signal("CONT");
+    println!("hung server: slowest call {slowest:?}");
+    assert!(slowest < MS(700), "{slowest:?}");
+    let t = Instant::now();
+    let k = &hung[0];
+    loop {
+        match cache.get::<String>(k) {
+            Ok(Some(v)) => {
+                assert_eq!(&v, k, "no stale reply read as an answer");
+                break;
+            }
+            _ => {
+                assert!(
+                    t.elapsed() < Duration::from_secs(2),
+                    "not used again after SIGCONT"
+                );
+                thread::sleep(MS(20));
+            }
+        }
+    }
+}
+
+/// A hot key under `get_or_set_with` while its memcached is killed and restarted empty: leases and
+/// claims recover by themselves, and no more than one load of the key ever runs at a time.
+#[test]
+fn herd_protection_and_leases_recover_after_a_restart_empty() {
+    let mut server = Memcached::start();
+    let cache = Cache::builder()
+        .memcached([server.addr()])
+        .flavor(unique_flavor("restart"))
+        .connect_timeout(MS(200))
+        .io_timeout(MS(200))
+        .retry_interval(MS(300))
+        .lease_ttl(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let loads = AtomicU64::new(0);
+    let running = AtomicU64::new(0);
+    let max_running = AtomicU64::new(0);
+    let load = || {
+        let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+        max_running.fetch_max(now, Ordering::SeqCst);
+        loads.fetch_add(1, Ordering::SeqCst);
+        thread::sleep(MS(30));
+        running.fetch_sub(1, Ordering::SeqCst);
+        Ok::<_, io::Error>("v".to_string())
+    };
+    let stop = AtomicBool::new(false);
+    let errors = AtomicU64::new(0);
+    let mut loads_at: HashMap<&str, u64> = HashMap::new();
+    thread::scope(|s| {
+        for _ in 0..16 {
+            s.spawn(|| {
+                while !stop.load(Ordering::Relaxed) {
+                    match cache.get_or_set_with("hot", Duration::from_secs(30), load) {
+                        Ok(v) => assert_eq!(v, "v"),
+                        Err(_) => {
+                            errors.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    thread::sleep(MS(5));
+                }
+            });
+        }
+        thread::sleep(MS(1000));
+        loads_at.insert("before", loads.load(Ordering::SeqCst));
+        server.kill();
+        let port = server.port;
+        thread::sleep(MS(1000));
+        server = Memcached::start_on(port);
+        let restarted = loads.load(Ordering::SeqCst);
+        loads_at.insert("at restart", restarted);
+        thread::sleep(MS(1500));
+        loads_at.insert("1.5 s after", loads.load(Ordering::SeqCst));
+        stop.store(true, Ordering::Relaxed);
+    });
+    println!(
+        "restart-empty test: loads {loads_at:?}, max concurrent loads {}, errors {}",
+        max_running.load(Ordering::SeqCst),
+        errors.load(Ordering::SeqCst)
+    );
+    assert_eq!(loads_at["before"], 1, "warm: one load");
+    assert_eq!(
+        max_running.load(Ordering::SeqCst),
+        1,
+        "never two loads of the key at once"
+    );
+    let after = loads_at["1.5 s after"] - loads_at["at restart"];
+    assert!(
+        after <= 2,
+        "the restarted, empty server is refilled once: {after} loads"
+    );
+    // and the key is cached again: no lease left stuck
+    let t = Instant::now();
+    let v: String = cache
+        .get_or_set_with("hot", Duration::from_secs(30), || -> io::Result<String> {
+            panic!("cached")
+        })
+        .unwrap();
+    assert_eq!(v, "v");
+    assert!(t.elapsed() < MS(100));
+}
