@@ -192,7 +192,7 @@ impl Cache {
                 Counters::bump(&self.inner.stats.misses);
                 Ok(Read::Miss)
             }
-            Some(item) => self.judge_item(&k, item, xfetch),
+            Some(item) => self.judge_item(&k, item, xfetch, self.now_ms()),
         }
     }
 
@@ -202,13 +202,13 @@ impl Cache {
         k: &str,
         item: Item,
         xfetch: Option<Xfetch>,
+        now: u64,
     ) -> Result<Read<T>> {
         let s = &self.inner.stats;
         let (header, payload) = match envelope::decode(item.flags, &item.value) {
             Ok(x) => x,
             Err(e) => return self.decode_failed(e),
         };
-        let now = self.now_ms();
         let verdict = herd::judge(&header, now, xfetch);
         let decoded = codec::decode::<T>(payload);
         if matches!(verdict, Verdict::Stale | Verdict::EarlyRefresh) && self.claim(k, &item, now)? {
@@ -314,33 +314,56 @@ impl Cache {
     }
 
     /// Reads several items and applies the herd decision to each; missing keys come back as
-    /// `Read::Miss`, in the caller's order (duplicates once).
+    /// `Read::Miss`, in the caller's order (a key asked for twice comes back twice).
     pub(crate) fn read_many<T: DeserializeOwned, K: AsRef<str>>(
         &self,
         keys: &[K],
         xfetch: Option<&dyn Fn() -> Xfetch>,
     ) -> Result<Vec<(String, Read<T>)>> {
-        let mut derived: Vec<(String, &str)> = Vec::with_capacity(keys.len());
+        // Every derived key in one buffer: one allocation per batch, not one per key.
+        let mut buf = String::with_capacity(keys.len() * (self.keys.flavor.len() + 48));
+        let mut ends = Vec::with_capacity(keys.len());
         for k in keys {
-            let k = k.as_ref();
-            if !derived.iter().any(|(_, u)| *u == k) {
-                derived.push((self.keys.make(k)?, k));
-            }
+            self.keys.make_into(k.as_ref(), &mut buf)?;
+            ends.push(buf.len());
         }
-        let dkeys: Vec<&str> = derived.iter().map(|(d, _)| d.as_str()).collect();
-        let mut items = self
-            .absorb_read(self.inner.backend.get_many(&dkeys))?
-            .unwrap_or_default();
-        let mut out = Vec::with_capacity(derived.len());
-        for (d, user_key) in &derived {
-            let read = match items.remove(d) {
+        let dkeys: Vec<&str> = ends
+            .iter()
+            .scan(0, |start, &end| {
+                let k = &buf[*start..end];
+                *start = end;
+                Some(k)
+            })
+            .collect();
+        let items = match self.absorb_read(self.inner.backend.get_many(&dkeys))? {
+            Some(items) => items,
+            None => vec![None; dkeys.len()],
+        };
+        // One clock read for the batch; keys claimed so far, so that a key asked for twice is
+        // claimed once and reported claimed both times (rare: a short linear list).
+        let now = self.now_ms();
+        let mut claimed: Vec<&str> = Vec::new();
+        let mut out = Vec::with_capacity(items.len());
+        for ((d, user_key), item) in dkeys.iter().zip(keys).zip(items) {
+            let read = match item {
                 None => {
                     Counters::bump(&self.inner.stats.misses);
                     Read::Miss
                 }
-                Some(item) => self.judge_item(d, item, xfetch.map(|f| f()))?,
+                Some(_) if claimed.contains(d) => Read::Claimed {
+                    stale: None,
+                    written_ms: 0,
+                    early: false,
+                },
+                Some(item) => {
+                    let read = self.judge_item(d, item, xfetch.map(|f| f()), now)?;
+                    if matches!(read, Read::Claimed { .. }) {
+                        claimed.push(d);
+                    }
+                    read
+                }
             };
-            out.push(((*user_key).to_string(), read));
+            out.push((user_key.as_ref().to_string(), read));
         }
         Ok(out)
     }

@@ -28,14 +28,38 @@ pub type KeyFunction = Arc<dyn Fn(&str, u64, &str) -> String + Send + Sync>;
 /// );
 /// ```
 pub fn default_key(flavor: &str, version: u64, key: &str) -> String {
-    let digest = Sha1::digest(key.as_bytes());
-    let mut out = String::with_capacity(flavor.len() + 24 + 40);
-    out.push_str(flavor);
-    out.push('-');
-    out.push_str(&version.to_string());
-    out.push('-');
-    out.push_str(&hex::encode(digest));
+    let mut out = String::with_capacity(flavor.len() + 62);
+    default_key_into(flavor, version, key, &mut out);
     out
+}
+
+/// [`default_key`], appended to `out` (batches derive every key into one buffer).
+fn default_key_into(flavor: &str, version: u64, key: &str, out: &mut String) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let digest = Sha1::digest(key.as_bytes());
+    // `-{version}-{40 hex}` in a stack buffer, then one copy: this runs once per key per call.
+    let mut buf = [0u8; 1 + 20 + 1 + 40];
+    let mut n = buf.len() - 40;
+    for (i, b) in digest.iter().enumerate() {
+        buf[n + 2 * i] = HEX[usize::from(b >> 4)];
+        buf[n + 2 * i + 1] = HEX[usize::from(b & 0xf)];
+    }
+    n -= 1;
+    buf[n] = b'-';
+    let mut v = version;
+    loop {
+        n -= 1;
+        buf[n] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    n -= 1;
+    buf[n] = b'-';
+    out.push_str(flavor);
+    // Only ASCII digits, '-' and hex went into buf.
+    out.push_str(std::str::from_utf8(&buf[n..]).unwrap_or_default());
 }
 
 /// Checks a derived key against memcached's rules: 1 to 250 bytes, no whitespace, no control bytes.
@@ -107,6 +131,19 @@ impl KeyMaker {
         }
     }
 
+    /// Appends the derived key, validated, to `out`.
+    pub(crate) fn make_into(&self, key: &str, out: &mut String) -> Result<()> {
+        match &self.function {
+            None => default_key_into(&self.flavor, self.version, key, out),
+            Some(f) => {
+                let k = f(&self.flavor, self.version, key);
+                validate_key(&k)?;
+                out.push_str(&k);
+            }
+        }
+        Ok(())
+    }
+
     /// The derived key without validation (for display through `Cache::make_key`).
     pub(crate) fn make_unchecked(&self, key: &str) -> String {
         match &self.function {
@@ -147,6 +184,18 @@ mod tests {
         );
         check("", 1, "foo", "-1-0beec7b5ea3f0fdbc95d0dd47f3c5bc275da8a33");
         check("", 2, "foo", "-2-0beec7b5ea3f0fdbc95d0dd47f3c5bc275da8a33");
+        check(
+            "v",
+            0,
+            "foo",
+            "v-0-0beec7b5ea3f0fdbc95d0dd47f3c5bc275da8a33",
+        );
+        check(
+            "v",
+            u64::MAX,
+            "foo",
+            "v-18446744073709551615-0beec7b5ea3f0fdbc95d0dd47f3c5bc275da8a33",
+        );
         // sha1("abc"), the value the peers' setup script checks django-newcache against
         check("", 1, "abc", "-1-a9993e364706816aba3e25717850c26c9cd0d89d");
         // UTF-8 bytes are hashed: sha1("é") = sha1(b"\xc3\xa9")

@@ -1,7 +1,7 @@
 //! The loader API: `get_or_set_with` and friends. One recompute per expiry: in-process coalescing,
 //! the CAS claim for stale entries, and a lease (memcached `add`) for missing ones.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::error::Error as StdError;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -443,7 +443,9 @@ impl Cache {
         let reads =
             self.read_many::<T, K>(keys, xfetch.as_ref().map(|f| f as &dyn Fn() -> Xfetch))?;
         let mut out = HashMap::with_capacity(reads.len());
+        // The keys to load, each once and in the caller's order.
         let mut wanted = Vec::new();
+        let mut wanted_set = HashSet::new();
         let mut held = HashMap::new();
         for (k, read) in reads {
             match read {
@@ -456,9 +458,15 @@ impl Cache {
                     if let Some(v) = stale {
                         held.insert(k.clone(), (v, written_ms));
                     }
-                    wanted.push(k);
+                    if wanted_set.insert(k.clone()) {
+                        wanted.push(k);
+                    }
                 }
-                Read::Miss => wanted.push(k),
+                Read::Miss => {
+                    if wanted_set.insert(k.clone()) {
+                        wanted.push(k);
+                    }
+                }
             }
         }
         if wanted.is_empty() {
@@ -492,7 +500,7 @@ impl Cache {
         let mut batch = Vec::with_capacity(loaded.len());
         let mut exptime = 0;
         for (k, v) in &loaded {
-            if !wanted.contains(k) {
+            if !wanted_set.contains(k) {
                 continue;
             }
             let (bytes, e) = self.encode(v, life, Herd::Protected, load_ms)?;
@@ -516,7 +524,7 @@ impl Cache {
             }
         }
         for (k, v) in loaded {
-            if wanted.contains(&k) {
+            if wanted_set.contains(&k) {
                 out.insert(k, v);
             }
         }

@@ -2,7 +2,6 @@
 //! typed value, a user key or a `Ttl`: keys arrive derived and validated, expiries as memcached's
 //! `exptime`.
 
-use std::collections::HashMap;
 use std::fmt::Debug;
 
 use crate::error::Result;
@@ -57,15 +56,9 @@ pub trait Backend: Debug + Send + Sync {
     /// Reads one item with its CAS token.
     fn get(&self, key: &str) -> Result<Option<Item>>;
 
-    /// Reads several items; missing keys are absent from the map.
-    fn get_many(&self, keys: &[&str]) -> Result<HashMap<String, Item>> {
-        let mut out = HashMap::with_capacity(keys.len());
-        for k in keys {
-            if let Some(item) = self.get(k)? {
-                out.insert((*k).to_string(), item);
-            }
-        }
-        Ok(out)
+    /// Reads several items: one entry per requested key, in the same order (`None` = missing).
+    fn get_many(&self, keys: &[&str]) -> Result<Vec<Option<Item>>> {
+        keys.iter().map(|k| self.get(k)).collect()
     }
 
     /// Writes one item according to `mode`.

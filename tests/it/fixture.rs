@@ -83,6 +83,26 @@ impl Memcached {
             .map(|s| s.success())
             .unwrap_or(false);
         assert!(ok, "kill -{sig}");
+        // The signal is queued when kill returns; wait until every thread is (or is no longer)
+        // stopped, so that the test does not race the server.
+        let want_stopped = sig == "STOP";
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while self.all_threads_stopped() != want_stopped {
+            assert!(Instant::now() < deadline, "memcached did not take SIG{sig}");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    fn all_threads_stopped(&self) -> bool {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{}/task", self.pid())) else {
+            return false;
+        };
+        tasks.flatten().all(|t| {
+            std::fs::read_to_string(t.path().join("stat"))
+                .ok()
+                .and_then(|st| st.rsplit_once(") ").map(|(_, rest)| rest.starts_with('T')))
+                .unwrap_or(false)
+        })
     }
 
     /// Kills the server now and waits for it to exit.

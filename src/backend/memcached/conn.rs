@@ -1,7 +1,6 @@
 //! One TCP connection to one memcached, and the r2d2 manager that makes them. A connection that
 //! saw an I/O or protocol error is marked broken and r2d2 drops it instead of reusing it.
 
-use std::collections::HashMap;
 use std::io::{BufReader, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::Duration;
@@ -13,6 +12,10 @@ use crate::error::{Error, ErrorKind, Result};
 /// Commands written before their replies are read, in a pipelined batch. Bounds what both sides
 /// must buffer (memcached stops reading while it cannot write its replies).
 pub(crate) const PIPELINE_CHUNK: usize = 512;
+/// Keys per `gets` line (bounds the line memcached and proxies must buffer).
+const KEYS_PER_LINE: usize = 100;
+/// Keys per pipelined write of `gets` lines.
+const GETS_PER_WRITE: usize = 2048;
 
 /// A connection to one server.
 #[derive(Debug)]
@@ -77,20 +80,26 @@ impl Conn {
         result
     }
 
-    pub(crate) fn gets(
-        &mut self,
-        keys: &[&str],
-        max_value: usize,
-    ) -> Result<HashMap<String, Item>> {
-        let mut out = HashMap::with_capacity(keys.len());
-        for chunk in keys.chunks(PIPELINE_CHUNK * 4) {
+    /// Reads `keys` (one entry per key, by position).
+    pub(crate) fn gets(&mut self, keys: &[&str], max_value: usize) -> Result<Vec<Option<Item>>> {
+        let mut out = vec![None; keys.len()];
+        for (chunk, out) in keys
+            .chunks(GETS_PER_WRITE)
+            .zip(out.chunks_mut(GETS_PER_WRITE))
+        {
             // Several `gets` lines pipelined in one write: one round trip, bounded lines.
-            let lines: Vec<&[&str]> = chunk.chunks(100).collect();
             self.exchange(
-                |b| lines.iter().for_each(|l| wire::encode_gets(b, l)),
+                |b| {
+                    chunk
+                        .chunks(KEYS_PER_LINE)
+                        .for_each(|l| wire::encode_gets(b, l))
+                },
                 |r| {
-                    for _ in &lines {
-                        wire::read_values(r, max_value, &mut out)?;
+                    for (keys, out) in chunk
+                        .chunks(KEYS_PER_LINE)
+                        .zip(out.chunks_mut(KEYS_PER_LINE))
+                    {
+                        wire::read_values(r, max_value, keys, out)?;
                     }
                     Ok(())
                 },

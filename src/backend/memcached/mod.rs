@@ -5,7 +5,6 @@ mod conn;
 mod health;
 pub(crate) mod wire;
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -415,27 +414,24 @@ impl MemcachedBackend {
 impl Backend for MemcachedBackend {
     fn get(&self, key: &str) -> Result<Option<Item>> {
         let max = self.item_size;
-        let mut m = self.on_key(key, |c| c.gets(&[key], max))?;
-        Ok(m.remove(key))
+        Ok(self.on_key(key, |c| c.gets(&[key], max))?.pop().flatten())
     }
 
-    fn get_many(&self, keys: &[&str]) -> Result<HashMap<String, Item>> {
-        let groups = self.by_server(keys.iter().copied());
+    fn get_many(&self, keys: &[&str]) -> Result<Vec<Option<Item>>> {
         let max = self.item_size;
-        let mut out = HashMap::with_capacity(keys.len());
-        for r in self.fan_out(&groups, |server, positions| {
+        if self.servers.len() == 1 {
+            return self.run(0, |c| c.gets(keys, max));
+        }
+        let groups = self.by_server(keys.iter().copied());
+        let mut out = vec![None; keys.len()];
+        let results = self.fan_out(&groups, |server, positions| {
             let ks: Vec<&str> = positions.iter().map(|&i| keys[i]).collect();
             self.run(server, |c| c.gets(&ks, max))
-        }) {
-            for (k, v) in r? {
-                out.insert(k, v);
+        });
+        for ((_, positions), r) in groups.iter().zip(results) {
+            for (&i, item) in positions.iter().zip(r?) {
+                out[i] = item;
             }
-        }
-        // A server (or a proxy) must not answer for keys we did not ask for.
-        if out.len() > keys.len() || out.keys().any(|k| !keys.contains(&k.as_str())) {
-            return Err(Error::backend(
-                "the server returned a key that was not requested",
-            ));
         }
         Ok(out)
     }

@@ -2,7 +2,6 @@
 //! `BufRead`. No sockets here; every reply is bounded (line length, value size), and anything
 //! unexpected is an error that tells the caller the connection is out of step.
 
-use std::collections::HashMap;
 use std::io::BufRead;
 
 use crate::backend::{Item, StoreMode, StoreOutcome};
@@ -74,7 +73,7 @@ pub(crate) fn encode_arith(out: &mut Vec<u8>, incr: bool, key: &str, delta: u64)
 }
 
 /// Reads one CRLF-terminated line (without the CRLF), at most [`MAX_LINE`] bytes.
-fn read_line<'a, R: BufRead>(r: &mut R, buf: &'a mut Vec<u8>) -> Result<&'a str> {
+fn read_line<'a, R: BufRead>(r: &mut R, buf: &'a mut Vec<u8>) -> Result<&'a [u8]> {
     buf.clear();
     let n = std::io::Read::take(&mut *r, MAX_LINE as u64).read_until(b'\n', buf)?;
     if n == 0 {
@@ -84,17 +83,23 @@ fn read_line<'a, R: BufRead>(r: &mut R, buf: &'a mut Vec<u8>) -> Result<&'a str>
         return Err(protocol_error("reply line too long or not CRLF-terminated"));
     }
     buf.truncate(buf.len() - 2);
-    std::str::from_utf8(buf).map_err(|_| protocol_error("reply line is not UTF-8"))
+    Ok(buf)
+}
+
+/// A reply line for an error message.
+fn shown(line: &[u8]) -> String {
+    String::from_utf8_lossy(line).into_owned()
 }
 
 /// Turns the generic error replies into errors; returns other lines unchanged.
-fn check_error(line: &str) -> Result<&str> {
-    if line == "ERROR" {
+fn check_error(line: &[u8]) -> Result<&[u8]> {
+    if line == b"ERROR" {
         Err(Error::new(
             ErrorKind::Unsupported,
             "the server does not know this command (ERROR)",
         ))
-    } else if let Some(msg) = line.strip_prefix("SERVER_ERROR ") {
+    } else if let Some(msg) = line.strip_prefix(b"SERVER_ERROR ") {
+        let msg = shown(msg);
         if msg.contains("too large") {
             Err(Error::new(ErrorKind::TooLarge, format!("server: {msg}")))
         } else {
@@ -103,7 +108,8 @@ fn check_error(line: &str) -> Result<&str> {
                 format!("server error: {msg}"),
             ))
         }
-    } else if let Some(msg) = line.strip_prefix("CLIENT_ERROR ") {
+    } else if let Some(msg) = line.strip_prefix(b"CLIENT_ERROR ") {
+        let msg = shown(msg);
         if msg.contains("non-numeric") {
             Err(Error::new(ErrorKind::NotACounter, format!("server: {msg}")))
         } else {
@@ -125,62 +131,92 @@ pub(crate) fn leaves_connection_usable(e: &Error) -> bool {
     )
 }
 
-/// Reads a `gets` reply into `out`, keyed by the key each `VALUE` line names (a proxy may reorder
-/// them); values above `max_value` are refused without allocating them.
+/// Reads a `gets` reply for `keys` into `out` (same length, by position). Values are matched by
+/// the key each `VALUE` line names, in one forward pass when the server answers in request order
+/// (memcached does) and by search when it does not (twemproxy may reorder). A key that was not
+/// requested, or a value above `max_value`, is an error (nothing that large is allocated).
 pub(crate) fn read_values<R: BufRead>(
     r: &mut R,
     max_value: usize,
-    out: &mut HashMap<String, Item>,
+    keys: &[&str],
+    out: &mut [Option<Item>],
 ) -> Result<()> {
     let mut line = Vec::with_capacity(128);
+    let mut cursor = 0;
     loop {
         let l = check_error(read_line(r, &mut line)?)?;
-        if l == "END" {
+        if l == b"END" {
             return Ok(());
         }
-        let mut parts = l.split(' ');
-        let (Some("VALUE"), Some(key), Some(flags), Some(len), Some(cas), None) = (
-            parts.next(),
-            parts.next(),
-            parts.next(),
-            parts.next(),
-            parts.next(),
-            parts.next(),
-        ) else {
-            return Err(protocol_error(format!("unexpected reply to gets: {l:?}")));
-        };
-        let bad = |what: &str| protocol_error(format!("bad {what} in VALUE line {l:?}"));
-        let flags: u32 = flags.parse().map_err(|_| bad("flags"))?;
-        let len: usize = len.parse().map_err(|_| bad("length"))?;
-        let cas: u64 = cas.parse().map_err(|_| bad("cas"))?;
+        let (key, flags, len, cas) = parse_value_line(l)
+            .ok_or_else(|| protocol_error(format!("unexpected reply to gets: {:?}", shown(l))))?;
         if len > max_value {
-            return Err(Error::new(
-                ErrorKind::TooLarge,
-                format!("the server sent a {len}-byte value; the item limit is {max_value}"),
-            )
-            .into_protocol());
+            return Err(Error::with_source(
+                ErrorKind::Backend,
+                "connection dropped after a bad reply",
+                Error::new(
+                    ErrorKind::TooLarge,
+                    format!("the server sent a {len}-byte value; the item limit is {max_value}"),
+                ),
+            ));
         }
-        let key = key.to_string();
-        let mut value = vec![0u8; len + 2];
-        r.read_exact(&mut value)?;
-        if !value.ends_with(b"\r\n") {
-            return Err(protocol_error("value not followed by CRLF"));
+        let slot = (cursor..keys.len())
+            .chain(0..cursor)
+            .find(|&i| keys[i].as_bytes() == key && out[i].is_none())
+            .ok_or_else(|| {
+                protocol_error(format!(
+                    "the server returned {:?}, which was not requested",
+                    shown(key)
+                ))
+            })?;
+        cursor = slot + 1;
+        let mut value = Vec::with_capacity(len + 2);
+        std::io::Read::read_to_end(
+            &mut std::io::Read::take(&mut *r, len as u64 + 2),
+            &mut value,
+        )?;
+        if value.len() != len + 2 || !value.ends_with(b"\r\n") {
+            return Err(protocol_error("value cut short or not followed by CRLF"));
         }
         value.truncate(len);
-        out.insert(key, Item { value, flags, cas });
+        out[slot] = Some(Item { value, flags, cas });
     }
+}
+
+/// `VALUE <key> <flags> <bytes> <cas>`, parsed as bytes (this runs once per value).
+fn parse_value_line(l: &[u8]) -> Option<(&[u8], u32, usize, u64)> {
+    let rest = l.strip_prefix(b"VALUE ")?;
+    let mut parts = rest.split(|&b| b == b' ');
+    let key = parts.next().filter(|k| !k.is_empty())?;
+    let flags = u32::try_from(decimal(parts.next()?)?).ok()?;
+    let len = usize::try_from(decimal(parts.next()?)?).ok()?;
+    let cas = decimal(parts.next()?)?;
+    parts.next().is_none().then_some((key, flags, len, cas))
+}
+
+/// A non-empty run of ASCII digits as a `u64` (None on overflow or anything else).
+fn decimal(digits: &[u8]) -> Option<u64> {
+    if digits.is_empty() {
+        return None;
+    }
+    digits.iter().try_fold(0u64, |n, &d| {
+        d.is_ascii_digit()
+            .then(|| n.checked_mul(10)?.checked_add(u64::from(d - b'0')))
+            .flatten()
+    })
 }
 
 /// Reads the reply to `set`/`add`/`cas`.
 pub(crate) fn read_store<R: BufRead>(r: &mut R) -> Result<StoreOutcome> {
     let mut line = Vec::with_capacity(32);
     match check_error(read_line(r, &mut line)?)? {
-        "STORED" => Ok(StoreOutcome::Stored),
-        "NOT_STORED" => Ok(StoreOutcome::NotStored),
-        "EXISTS" => Ok(StoreOutcome::Exists),
-        "NOT_FOUND" => Ok(StoreOutcome::NotFound),
+        b"STORED" => Ok(StoreOutcome::Stored),
+        b"NOT_STORED" => Ok(StoreOutcome::NotStored),
+        b"EXISTS" => Ok(StoreOutcome::Exists),
+        b"NOT_FOUND" => Ok(StoreOutcome::NotFound),
         other => Err(protocol_error(format!(
-            "unexpected reply to a store: {other:?}"
+            "unexpected reply to a store: {:?}",
+            shown(other)
         ))),
     }
 }
@@ -189,10 +225,11 @@ pub(crate) fn read_store<R: BufRead>(r: &mut R) -> Result<StoreOutcome> {
 pub(crate) fn read_delete<R: BufRead>(r: &mut R) -> Result<bool> {
     let mut line = Vec::with_capacity(32);
     match check_error(read_line(r, &mut line)?)? {
-        "DELETED" => Ok(true),
-        "NOT_FOUND" => Ok(false),
+        b"DELETED" => Ok(true),
+        b"NOT_FOUND" => Ok(false),
         other => Err(protocol_error(format!(
-            "unexpected reply to delete: {other:?}"
+            "unexpected reply to delete: {:?}",
+            shown(other)
         ))),
     }
 }
@@ -201,13 +238,11 @@ pub(crate) fn read_delete<R: BufRead>(r: &mut R) -> Result<bool> {
 pub(crate) fn read_arith<R: BufRead>(r: &mut R) -> Result<Option<u64>> {
     let mut line = Vec::with_capacity(32);
     match check_error(read_line(r, &mut line)?)? {
-        "NOT_FOUND" => Ok(None),
+        b"NOT_FOUND" => Ok(None),
         // memcached pads a shrunk counter with spaces in storage; trim in case a server echoes it.
-        n => n
-            .trim_end()
-            .parse()
-            .map(Some)
-            .map_err(|_| protocol_error(format!("unexpected reply to incr/decr: {n:?}"))),
+        n => decimal(n.trim_ascii_end()).map(Some).ok_or_else(|| {
+            protocol_error(format!("unexpected reply to incr/decr: {:?}", shown(n)))
+        }),
     }
 }
 
@@ -215,8 +250,11 @@ pub(crate) fn read_arith<R: BufRead>(r: &mut R) -> Result<Option<u64>> {
 pub(crate) fn read_ok<R: BufRead>(r: &mut R) -> Result<()> {
     let mut line = Vec::with_capacity(32);
     match check_error(read_line(r, &mut line)?)? {
-        "OK" => Ok(()),
-        other => Err(protocol_error(format!("expected OK, got {other:?}"))),
+        b"OK" => Ok(()),
+        other => Err(protocol_error(format!(
+            "expected OK, got {:?}",
+            shown(other)
+        ))),
     }
 }
 
@@ -224,20 +262,9 @@ pub(crate) fn read_ok<R: BufRead>(r: &mut R) -> Result<()> {
 pub(crate) fn read_version<R: BufRead>(r: &mut R) -> Result<String> {
     let mut line = Vec::with_capacity(32);
     let l = check_error(read_line(r, &mut line)?)?;
-    l.strip_prefix("VERSION ")
-        .map(str::to_string)
-        .ok_or_else(|| protocol_error(format!("expected VERSION, got {l:?}")))
-}
-
-impl Error {
-    /// Marks an error as one after which the connection is out of step, whatever its kind.
-    fn into_protocol(self) -> Error {
-        Error::with_source(
-            ErrorKind::Backend,
-            "connection dropped after a bad reply",
-            self,
-        )
-    }
+    l.strip_prefix(b"VERSION ")
+        .map(shown)
+        .ok_or_else(|| protocol_error(format!("expected VERSION, got {:?}", shown(l))))
 }
 
 #[cfg(test)]
@@ -259,20 +286,26 @@ mod tests {
     }
 
     #[test]
-    fn values_keyed_by_name_in_any_order() {
+    fn values_matched_by_name_in_any_order() {
         let mut r = &b"VALUE b 1 2 7\r\nhi\r\nVALUE a 0 0 8\r\n\r\nEND\r\n"[..];
-        let mut m = HashMap::new();
-        read_values(&mut r, 100, &mut m).unwrap();
-        assert_eq!(
-            m["b"],
-            Item {
-                value: b"hi".to_vec(),
-                flags: 1,
-                cas: 7
-            }
-        );
-        assert_eq!(m["a"].value, b"");
+        let mut out = vec![None; 3];
+        read_values(&mut r, 100, &["a", "x", "b"], &mut out).unwrap();
+        let hi = Item {
+            value: b"hi".to_vec(),
+            flags: 1,
+            cas: 7,
+        };
+        assert_eq!(out[2], Some(hi));
+        assert_eq!(out[0].as_ref().map(|i| i.value.len()), Some(0));
+        assert_eq!(out[1], None);
         assert!(r.is_empty());
+    }
+
+    #[test]
+    fn a_key_that_was_not_requested_is_an_error() {
+        let mut r = &b"VALUE z 0 1 1\r\nq\r\nEND\r\n"[..];
+        let mut out = vec![None; 1];
+        assert!(read_values(&mut r, 100, &["a"], &mut out).is_err());
     }
 
     #[test]
@@ -287,13 +320,22 @@ mod tests {
             b"END", // no CRLF
         ];
         for c in cases {
-            let mut m = HashMap::new();
+            let mut out = vec![None; 1];
             let mut r = *c;
-            let e = read_values(&mut r, 100, &mut m).unwrap_err();
+            let e = read_values(&mut r, 100, &["a"], &mut out).unwrap_err();
             assert!(!leaves_connection_usable(&e), "{c:?}: {e}");
         }
         let long = vec![b'x'; 5000];
         assert!(read_store(&mut &long[..]).is_err());
+    }
+
+    #[test]
+    fn decimals() {
+        assert_eq!(decimal(b"0"), Some(0));
+        assert_eq!(decimal(b"18446744073709551615"), Some(u64::MAX));
+        for bad in [&b""[..], b"18446744073709551616", b"1 ", b"-1", b"x"] {
+            assert_eq!(decimal(bad), None, "{bad:?}");
+        }
     }
 
     #[test]
