@@ -36,6 +36,10 @@ pub enum Herd {
 }
 
 /// What to do when the backend fails (I/O error, timeout, dead server).
+///
+/// The read policy covers `get`, `get_many` and the reads of the loader family; the write policy
+/// covers `set`, `set_with`, `set_many`, `delete` and `delete_many`. `add`, the counters and
+/// `clear` always return backend errors: their answers mean something, and a guess would not.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum FailurePolicy {

@@ -151,4 +151,17 @@ pub mod __private {
 
     /// memcached flags on enveloped items.
     pub const FLAGS: u32 = envelope::FLAGS;
+
+    /// Parses `bytes` as a server's reply to `gets keys...`; for the fuzz target.
+    pub fn parse_gets_reply(bytes: &[u8], keys: &[&str]) -> crate::Result<usize> {
+        let mut out = vec![None; keys.len()];
+        let mut r = bytes;
+        crate::backend::memcached::wire::read_values(
+            &mut r,
+            crate::backend::DEFAULT_ITEM_SIZE,
+            keys,
+            &mut out,
+        )?;
+        Ok(out.iter().flatten().count())
+    }
 }

@@ -63,13 +63,9 @@ def main():
     for name, servers in CONFIGS:
         procs = [start(h, p) for h, p, _ in servers]
         try:
-            specs = [(f"{h}:{p}", w) for h, p, w in servers]
-            mc = pylibmc.Client([s for s, _ in specs], behaviors={"ketama": True, "ketama_weighted": True})
-            # weights: pylibmc takes them as part of a (host:port, weight) list via the
-            # behaviours API; set them through the server list form "host:port:weight" when given.
-            if any(w != 1 for _, w in specs):
-                mc = pylibmc.Client([f"{s}:{w}" for s, w in specs],
-                                    behaviors={"ketama": True, "ketama_weighted": True})
+            # pylibmc reads "host:port:weight"
+            mc = pylibmc.Client([f"{h}:{p}:{w}" for h, p, w in servers],
+                                behaviors={"ketama": True, "ketama_weighted": True})
             for k in KEYS:
                 assert mc.set(k.encode(), b"1"), k
             placement = {}

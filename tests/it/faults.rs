@@ -345,3 +345,57 @@ fn herd_protection_and_leases_recover_after_a_restart_empty() {
     assert_eq!(v, "v");
     assert!(t.elapsed() < MS(100));
 }
+
+/// With `DeadServerPolicy::Remap`, a dead server's keys move to the others (like libmemcached's
+/// auto-eject) and come back to it when it answers again.
+#[test]
+fn remap_moves_a_dead_servers_keys_and_brings_them_back() {
+    let mut servers: Vec<Memcached> = (0..3).map(|_| Memcached::start()).collect();
+    let addrs: Vec<String> = servers.iter().map(Memcached::addr).collect();
+    let cache = Cache::builder()
+        .memcached(&addrs)
+        .flavor(unique_flavor("remap"))
+        .dead_servers(newcache::DeadServerPolicy::Remap)
+        .read_failures(FailurePolicy::Propagate)
+        .failure_limit(1)
+        .retry_interval(MS(300))
+        .connect_timeout(MS(200))
+        .build()
+        .unwrap();
+    let keys: Vec<String> = (0..60).map(|i| format!("k{i}")).collect();
+    for k in &keys {
+        cache.set(k, k, Ttl::Never).unwrap();
+    }
+    let moved = held_by(&cache, &addrs[0], &keys);
+    let k = &moved[0];
+    servers[0].kill();
+    assert!(
+        cache.get::<String>(k).is_err(),
+        "the failure that ejects the server"
+    );
+    // now remapped: a miss on another server, then writable there
+    assert_eq!(cache.get::<String>(k).unwrap(), None);
+    cache.set(k, &"moved".to_string(), Ttl::Never).unwrap();
+    assert_eq!(cache.get::<String>(k).unwrap().as_deref(), Some("moved"));
+    let others: Vec<String> = keys
+        .iter()
+        .filter(|k| !moved.contains(k))
+        .cloned()
+        .collect();
+    assert_eq!(
+        cache.get::<String>(&others[0]).unwrap().as_ref(),
+        Some(&others[0]),
+        "unaffected"
+    );
+    // back: after the retry interval the key maps to the restarted (empty) server again
+    servers[0] = Memcached::start_on(servers[0].port);
+    thread::sleep(MS(400));
+    let t = Instant::now();
+    loop {
+        match cache.get::<String>(k) {
+            Ok(None) => break, // on its own, empty, server again
+            _ if t.elapsed() < Duration::from_secs(2) => thread::sleep(MS(20)),
+            other => panic!("the key did not map back: {other:?}"),
+        }
+    }
+}

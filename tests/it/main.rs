@@ -4,7 +4,9 @@
 //! loopback port); `memcached` covers what needs servers of its own.
 
 mod behaviour;
+mod cluster;
 mod faults;
 mod fixture;
 mod loader;
 mod memcached;
+mod props;

@@ -402,6 +402,13 @@ impl MemcachedBackend {
         }
     }
 
+    /// Which configured server (index into the server list) holds a derived key when every
+    /// server is up: libmemcached's weighted ketama placement. For diagnostics and for checking
+    /// that other clients (pylibmc, PHP's memcached) agree.
+    pub fn server_of(&self, derived_key: &str) -> usize {
+        self.ring.locate(derived_key.as_bytes()).unwrap_or(0)
+    }
+
     /// The server's version string (a cheap liveness probe).
     pub fn version(&self, server: usize) -> Result<String> {
         if server >= self.servers.len() {
