@@ -128,41 +128,49 @@ impl Drop for Memcached {
     }
 }
 
+/// Runs `script` under `sh` with its stdin a pipe this process holds until it exits; the script
+/// reads stdin to its end (`cat >/dev/null`) and then kills what it started, so shared servers
+/// stop with the test binary. Waits until every port in `ports` accepts connections.
+fn spawn_watched(script: &str, ports: &[u16]) -> Child {
+    let child = Command::new("sh")
+        .args(["-c", script])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("sh, memcached and nutcracker are installed (see .ci/run)");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    for &p in ports {
+        while TcpStream::connect(("127.0.0.1", p)).is_err() {
+            assert!(Instant::now() < deadline, "shared server on port {p} did not start");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    child
+}
+
+fn memcached_cmd(port: u16) -> String {
+    let root = if is_root() { "-u root" } else { "" };
+    format!("memcached -l 127.0.0.1 -p {port} -U 0 -m 128 -t 4 {root}")
+}
+
 /// One memcached shared by the tests of this binary that do not flush or kill it. Tests isolate
-/// themselves with a unique flavor. It is stopped when the test process exits: its stdin is a pipe
-/// held by this process, and a watchdog shell kills it when the pipe closes.
+/// themselves with a unique flavor.
 pub fn shared_server() -> &'static str {
-    static ADDR: OnceLock<(String, Box<Child>)> = OnceLock::new();
+    static ADDR: OnceLock<(String, Child)> = OnceLock::new();
     &ADDR
         .get_or_init(|| {
             let port = free_port();
-            let root = if is_root() { "-u root" } else { "" };
-            let script = format!(
-                "memcached -l 127.0.0.1 -p {port} -U 0 -m 256 -t 4 {root} & pid=$!; \
-                 cat >/dev/null; kill $pid"
-            );
-            let child = Command::new("sh")
-                .args(["-c", &script])
-                .stdin(Stdio::piped())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("sh and memcached");
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while TcpStream::connect(("127.0.0.1", port)).is_err() {
-                assert!(Instant::now() < deadline, "shared memcached did not start");
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            (format!("127.0.0.1:{port}"), Box::new(child))
+            let script = format!("{} & a=$!; cat >/dev/null; kill $a", memcached_cmd(port));
+            (format!("127.0.0.1:{port}"), spawn_watched(&script, &[port]))
         })
         .0
 }
 
-/// twemproxy (Debian's nutcracker) in front of two memcached, shared by this binary's tests and
-/// stopped with the process (same watchdog as [`shared_server`]). ketama, auto-eject on, as large
-/// deployments run it.
+/// twemproxy (Debian's nutcracker) in front of two memcached, shared by this binary's tests. ketama,
+/// auto-eject on, as large deployments run it.
 pub fn shared_twemproxy() -> &'static str {
-    static ADDR: OnceLock<(String, Box<Child>)> = OnceLock::new();
+    static ADDR: OnceLock<(String, Child)> = OnceLock::new();
     &ADDR
         .get_or_init(|| {
             let (p1, p2, proxy, stats) = (free_port(), free_port(), free_port(), free_port());
@@ -179,31 +187,17 @@ pub fn shared_twemproxy() -> &'static str {
                 ),
             )
             .expect("nutcracker conf");
-            let root = if is_root() { "-u root" } else { "" };
             let script = format!(
-                "memcached -l 127.0.0.1 -p {p1} -U 0 -m 128 {root} & a=$!; \
-                 memcached -l 127.0.0.1 -p {p2} -U 0 -m 128 {root} & b=$!; \
+                "{m1} & a=$!; {m2} & b=$!; \
                  nutcracker -c {conf} -s {stats} -a 127.0.0.1 -o {log} -p {pid} & c=$!; \
                  cat >/dev/null; kill $a $b $c",
+                m1 = memcached_cmd(p1),
+                m2 = memcached_cmd(p2),
                 conf = conf.display(),
                 log = dir.join("nutcracker.log").display(),
                 pid = dir.join("nutcracker.pid").display(),
             );
-            let child = Command::new("sh")
-                .args(["-c", &script])
-                .stdin(Stdio::piped())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("sh, memcached and nutcracker (see .ci/run)");
-            let deadline = Instant::now() + Duration::from_secs(5);
-            for p in [p1, p2, proxy] {
-                while TcpStream::connect(("127.0.0.1", p)).is_err() {
-                    assert!(Instant::now() < deadline, "twemproxy setup did not start");
-                    std::thread::sleep(Duration::from_millis(10));
-                }
-            }
-            (format!("127.0.0.1:{proxy}"), Box::new(child))
+            (format!("127.0.0.1:{proxy}"), spawn_watched(&script, &[p1, p2, proxy]))
         })
         .0
 }
