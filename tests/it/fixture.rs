@@ -142,7 +142,10 @@ fn spawn_watched(script: &str, ports: &[u16]) -> Child {
     let deadline = Instant::now() + Duration::from_secs(5);
     for &p in ports {
         while TcpStream::connect(("127.0.0.1", p)).is_err() {
-            assert!(Instant::now() < deadline, "shared server on port {p} did not start");
+            assert!(
+                Instant::now() < deadline,
+                "shared server on port {p} did not start"
+            );
             std::thread::sleep(Duration::from_millis(10));
         }
     }
@@ -197,7 +200,10 @@ pub fn shared_twemproxy() -> &'static str {
                 log = dir.join("nutcracker.log").display(),
                 pid = dir.join("nutcracker.pid").display(),
             );
-            (format!("127.0.0.1:{proxy}"), spawn_watched(&script, &[p1, p2, proxy]))
+            (
+                format!("127.0.0.1:{proxy}"),
+                spawn_watched(&script, &[p1, p2, proxy]),
+            )
         })
         .0
 }
