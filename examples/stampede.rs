@@ -21,7 +21,8 @@
 //! - `background`: `get_or_set_with_background` (the claimant serves stale and refreshes in a
 //!   background thread).
 //!
-//! One JSON line per mode (fields as the Python script's; `peer` is `newcache-rs:<mode>`).
+//! One JSON line per mode (fields as the Python script's; `peer` is `newcache-rs:<mode>`), plus
+//! `stale_served`, `early_refreshes` and `claims_won` from the cache's own stats.
 
 use std::error::Error;
 use std::io::{BufRead, BufReader, Write};
@@ -335,6 +336,10 @@ struct WorkerReport {
     lat: Vec<(f32, f32)>,
     /// unix seconds at which this process's loads started.
     starts: Vec<f64>,
+    /// the cache's own counters in this process (zero for naive/newcache).
+    stale_served: u64,
+    early_refreshes: u64,
+    claims_won: u64,
 }
 
 fn worker(args: &Args) -> Result<(), Box<dyn Error>> {
@@ -401,6 +406,12 @@ fn worker(args: &Args) -> Result<(), Box<dyn Error>> {
     std::thread::sleep(Duration::from_secs_f64(args.loader_ms / 1000.0 + 0.05));
     let mut report = report.into_inner().unwrap_or_else(|e| e.into_inner());
     report.starts = loader.starts.lock().map(|s| s.clone()).unwrap_or_default();
+    let st = cache.stats();
+    if mode != "naive" && mode != "newcache" {
+        report.stale_served = st.stale_served;
+        report.early_refreshes = st.early_refreshes;
+        report.claims_won = st.claims_won;
+    }
     let line = bincode::serde::encode_to_vec(&report, bincode::config::standard())?;
     let mut out = std::io::stdout().lock();
     writeln!(out, "REPORT {}", hex_encode(&line))?;
@@ -553,7 +564,11 @@ fn run_mode(args: &Args, mode: &str) -> Result<ModeResult, Box<dyn Error>> {
     let mut lat: Vec<(f32, f32)> = Vec::new();
     let mut starts = Vec::new();
     let (mut reads, mut caller_loads, mut stalled, mut bad, mut errors) = (0, 0, 0, 0, 0);
+    let (mut stale_served, mut early_refreshes, mut claims_won) = (0, 0, 0);
     for r in reports {
+        stale_served += r.stale_served;
+        early_refreshes += r.early_refreshes;
+        claims_won += r.claims_won;
         reads += r.reads;
         caller_loads += r.caller_loads;
         stalled += r.stalled;
@@ -623,6 +638,9 @@ fn run_mode(args: &Args, mode: &str) -> Result<ModeResult, Box<dyn Error>> {
         ("p99_ms", J::N(ms(pct(&sorted, 0.99)))),
         ("max_ms", J::N(ms(sorted.last().copied()))),
         ("mean_ms", J::N(ms(mean))),
+        ("stale_served", J::I(stale_served)),
+        ("early_refreshes", J::I(early_refreshes)),
+        ("claims_won", J::I(claims_won)),
     ]);
     Ok(ModeResult {
         mode: mode.to_string(),
