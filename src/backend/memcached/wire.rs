@@ -170,13 +170,11 @@ pub(crate) fn read_values<R: BufRead>(
                 ))
             })?;
         cursor = slot + 1;
-        let mut value = Vec::with_capacity(len + 2);
-        std::io::Read::read_to_end(
-            &mut std::io::Read::take(&mut *r, len as u64 + 2),
-            &mut value,
-        )?;
-        if value.len() != len + 2 || !value.ends_with(b"\r\n") {
-            return Err(protocol_error("value cut short or not followed by CRLF"));
+        // len is at most max_value (checked above), so this allocation is bounded.
+        let mut value = vec![0u8; len + 2];
+        r.read_exact(&mut value)?;
+        if !value.ends_with(b"\r\n") {
+            return Err(protocol_error("value not followed by CRLF"));
         }
         value.truncate(len);
         out[slot] = Some(Item { value, flags, cas });
@@ -186,12 +184,22 @@ pub(crate) fn read_values<R: BufRead>(
 /// `VALUE <key> <flags> <bytes> <cas>`, parsed as bytes (this runs once per value).
 fn parse_value_line(l: &[u8]) -> Option<(&[u8], u32, usize, u64)> {
     let rest = l.strip_prefix(b"VALUE ")?;
-    let mut parts = rest.split(|&b| b == b' ');
-    let key = parts.next().filter(|k| !k.is_empty())?;
-    let flags = u32::try_from(decimal(parts.next()?)?).ok()?;
-    let len = usize::try_from(decimal(parts.next()?)?).ok()?;
-    let cas = decimal(parts.next()?)?;
-    parts.next().is_none().then_some((key, flags, len, cas))
+    let mut fields: [&[u8]; 4] = [&[]; 4];
+    let (mut n, mut start) = (0, 0);
+    for (i, &b) in rest.iter().enumerate() {
+        if b == b' ' {
+            *fields.get_mut(n)? = &rest[start..i];
+            n += 1;
+            start = i + 1;
+        }
+    }
+    *fields.get_mut(n)? = &rest[start..];
+    if n != 3 || fields[0].is_empty() {
+        return None;
+    }
+    let flags = u32::try_from(decimal(fields[1])?).ok()?;
+    let len = usize::try_from(decimal(fields[2])?).ok()?;
+    Some((fields[0], flags, len, decimal(fields[3])?))
 }
 
 /// A non-empty run of ASCII digits as a `u64` (None on overflow or anything else).
@@ -199,11 +207,14 @@ fn decimal(digits: &[u8]) -> Option<u64> {
     if digits.is_empty() {
         return None;
     }
-    digits.iter().try_fold(0u64, |n, &d| {
-        d.is_ascii_digit()
-            .then(|| n.checked_mul(10)?.checked_add(u64::from(d - b'0')))
-            .flatten()
-    })
+    let mut n: u64 = 0;
+    for &d in digits {
+        if !d.is_ascii_digit() {
+            return None;
+        }
+        n = n.checked_mul(10)?.checked_add(u64::from(d - b'0'))?;
+    }
+    Some(n)
 }
 
 /// Reads the reply to `set`/`add`/`cas`.
