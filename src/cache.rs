@@ -15,7 +15,7 @@ use crate::builder::CacheBuilder;
 use crate::clock::Clock;
 use crate::coalesce::Coalescer;
 use crate::codec;
-use crate::envelope::{self, Header, State};
+use crate::envelope::{self, Header};
 use crate::error::{Error, ErrorKind, Result};
 use crate::herd::{self, Rng, Verdict, Xfetch};
 use crate::key::KeyMaker;
@@ -215,14 +215,20 @@ impl Cache {
         };
         let verdict = herd::judge(&header, now, xfetch);
         let decoded = codec::decode::<T>(payload);
-        if matches!(verdict, Verdict::Stale | Verdict::EarlyRefresh) && self.claim(k, &item, now)? {
+        let (soft_expiry_ms, written_ms) = match header {
+            Header::Herd {
+                soft_expiry_ms,
+                written_ms,
+                ..
+            } => (soft_expiry_ms, written_ms),
+            Header::Plain => (0, 0),
+        };
+        if matches!(verdict, Verdict::Stale | Verdict::EarlyRefresh)
+            && self.claim(k, &item, soft_expiry_ms, now)?
+        {
             let early = verdict == Verdict::EarlyRefresh;
             Counters::bump(&s.claims_won);
             Counters::bump(if early { &s.early_refreshes } else { &s.misses });
-            let written_ms = match header {
-                Header::Herd { written_ms, .. } => written_ms,
-                Header::Plain => 0,
-            };
             return Ok(Read::Claimed {
                 stale: decoded.ok(),
                 written_ms,
@@ -245,16 +251,21 @@ impl Cache {
         })
     }
 
-    /// Claims a stale entry: re-stores it (still enveloped, soft expiry now + herd timeout) with
-    /// CAS against the version just read. Exactly one reader of that version wins; if the entry
-    /// changed meanwhile (another claim, a fresh `set`), the claim fails and nothing is written.
-    fn claim(&self, k: &str, item: &Item, now: u64) -> Result<bool> {
+    /// Claims a stale (or early-refresh) entry: re-stores it, still enveloped and marked claimed
+    /// until now + herd timeout, with CAS against the version just read. Exactly one reader of that
+    /// version wins; if the entry changed meanwhile (another claim, a fresh `set`), the claim fails
+    /// and nothing is written.
+    fn claim(&self, k: &str, item: &Item, soft_expiry_ms: u64, now: u64) -> Result<bool> {
         let herd = self.inner.herd_timeout;
         let deadline = now.saturating_add(herd.as_millis() as u64);
-        let Some(bytes) = envelope::restamp(&item.value, State::Claimed, deadline) else {
+        let Some(bytes) = envelope::restamp(&item.value, deadline) else {
             return Ok(false);
         };
-        let exptime = ttl::exptime(Lifetime::For(herd), herd, now / 1000);
+        // memcached keeps it a herd timeout past whichever comes last, the claim's deadline or the
+        // soft expiry (an early claim must not cut a fresh value's life short).
+        let until = deadline.max(soft_expiry_ms);
+        let life = Lifetime::For(Duration::from_millis(until.saturating_sub(now)));
+        let exptime = ttl::exptime(life, herd, now / 1000);
         let outcome =
             self.inner
                 .backend
@@ -386,13 +397,7 @@ impl Cache {
         let mut buf = Vec::with_capacity(64);
         let padding = match herd {
             Herd::Protected => {
-                envelope::herd_header(
-                    &mut buf,
-                    State::Written,
-                    ttl::soft_expiry_ms(life, now),
-                    now,
-                    load_ms,
-                );
+                envelope::herd_header(&mut buf, ttl::soft_expiry_ms(life, now), now, load_ms);
                 self.inner.herd_timeout
             }
             Herd::Off => {

@@ -13,54 +13,37 @@ const FORMAT_VERSION: u8 = 1;
 const KIND_HERD: u8 = 1;
 const KIND_PLAIN: u8 = 2;
 /// Byte length of a herd envelope's header.
-pub(crate) const HERD_HEADER_LEN: usize = 25;
+pub(crate) const HERD_HEADER_LEN: usize = 32;
 /// Byte length of a plain (herd opted out) envelope's header.
 pub(crate) const PLAIN_HEADER_LEN: usize = 4;
-
-/// Whether an entry was written by a loader or re-stored by the caller that claimed it stale.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum State {
-    /// Written by a `set` (or a loader).
-    Written,
-    /// Re-stored by a claimant: its soft expiry is the claim's deadline (now + herd timeout).
-    Claimed,
-}
 
 /// The decoded header of an item.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Header {
     /// A herd-protected value.
     Herd {
-        state: State,
         /// Unix ms after which the value is stale; 0 = never.
         soft_expiry_ms: u64,
         /// Unix ms at which the value was written by its producer (kept across claims).
         written_ms: u64,
         /// How long the producer's load took, in ms (XFetch's delta); 0 = unknown.
         load_ms: u32,
+        /// 0, or until when (unix ms) a reader that claimed the entry is recomputing it.
+        claimed_until_ms: u64,
     },
     /// A value written with the herd protection turned off: never stale, only hard-expires.
     Plain,
 }
 
-/// Starts an item buffer with a herd header; the payload is appended by the caller.
-pub(crate) fn herd_header(
-    out: &mut Vec<u8>,
-    state: State,
-    soft_expiry_ms: u64,
-    written_ms: u64,
-    load_ms: u32,
-) {
+/// Starts an item buffer with a herd header (not claimed); the payload is appended by the caller.
+pub(crate) fn herd_header(out: &mut Vec<u8>, soft_expiry_ms: u64, written_ms: u64, load_ms: u32) {
     out.extend_from_slice(&MAGIC);
     out.push(FORMAT_VERSION);
     out.push(KIND_HERD);
-    out.push(match state {
-        State::Written => 0,
-        State::Claimed => 1,
-    });
     out.extend_from_slice(&soft_expiry_ms.to_le_bytes());
     out.extend_from_slice(&written_ms.to_le_bytes());
     out.extend_from_slice(&load_ms.to_le_bytes());
+    out.extend_from_slice(&0u64.to_le_bytes());
 }
 
 /// Starts an item buffer with a plain header.
@@ -96,23 +79,18 @@ pub(crate) fn decode(flags: u32, bytes: &[u8]) -> Result<(Header, &[u8])> {
             if bytes.len() < HERD_HEADER_LEN {
                 return Err(Error::decode("truncated envelope header"));
             }
-            let state = match bytes[4] {
-                0 => State::Written,
-                1 => State::Claimed,
-                s => return Err(Error::decode(format!("unknown envelope state {s}"))),
-            };
             let u64_at = |i: usize| {
                 let mut b = [0u8; 8];
                 b.copy_from_slice(&bytes[i..i + 8]);
                 u64::from_le_bytes(b)
             };
             let mut l = [0u8; 4];
-            l.copy_from_slice(&bytes[21..25]);
+            l.copy_from_slice(&bytes[20..24]);
             let header = Header::Herd {
-                state,
-                soft_expiry_ms: u64_at(5),
-                written_ms: u64_at(13),
+                soft_expiry_ms: u64_at(4),
+                written_ms: u64_at(12),
                 load_ms: u32::from_le_bytes(l),
+                claimed_until_ms: u64_at(24),
             };
             Ok((header, &bytes[HERD_HEADER_LEN..]))
         }
@@ -120,18 +98,14 @@ pub(crate) fn decode(flags: u32, bytes: &[u8]) -> Result<(Header, &[u8])> {
     }
 }
 
-/// A copy of a herd item with a new state and soft expiry; the payload bytes are untouched (the
-/// claim path never decodes `T`). Returns `None` for a plain item.
-pub(crate) fn restamp(bytes: &[u8], state: State, soft_expiry_ms: u64) -> Option<Vec<u8>> {
+/// A copy of a herd item marked as claimed until `claimed_until_ms`; the soft expiry and the
+/// payload bytes are untouched (the claim path never decodes `T`). `None` for a plain item.
+pub(crate) fn restamp(bytes: &[u8], claimed_until_ms: u64) -> Option<Vec<u8>> {
     if bytes.len() < HERD_HEADER_LEN || bytes[3] != KIND_HERD {
         return None;
     }
     let mut out = bytes.to_vec();
-    out[4] = match state {
-        State::Written => 0,
-        State::Claimed => 1,
-    };
-    out[5..13].copy_from_slice(&soft_expiry_ms.to_le_bytes());
+    out[24..32].copy_from_slice(&claimed_until_ms.to_le_bytes());
     Some(out)
 }
 
@@ -142,44 +116,44 @@ mod tests {
     #[test]
     fn herd_round_trip_and_layout() {
         let mut b = Vec::new();
-        herd_header(&mut b, State::Written, 0x0102_0304_0506_0708, 77, 50);
+        herd_header(&mut b, 0x0102_0304_0506_0708, 77, 50);
         b.extend_from_slice(b"payload");
-        assert_eq!(&b[..5], b"NC\x01\x01\x00");
-        assert_eq!(b[5], 0x08, "little-endian soft expiry");
+        assert_eq!(&b[..4], b"NC\x01\x01");
+        assert_eq!(b[4], 0x08, "little-endian soft expiry");
         assert_eq!(b.len(), HERD_HEADER_LEN + 7);
         let (h, p) = decode(FLAGS, &b).unwrap();
         assert_eq!(
             h,
             Header::Herd {
-                state: State::Written,
                 soft_expiry_ms: 0x0102_0304_0506_0708,
                 written_ms: 77,
-                load_ms: 50
+                load_ms: 50,
+                claimed_until_ms: 0,
             }
         );
         assert_eq!(p, b"payload");
     }
 
     #[test]
-    fn restamp_keeps_payload() {
+    fn restamp_keeps_expiry_and_payload() {
         let mut b = Vec::new();
-        herd_header(&mut b, State::Written, 10, 5, 3);
+        herd_header(&mut b, 10, 5, 3);
         b.extend_from_slice(b"xyz");
-        let c = restamp(&b, State::Claimed, 99).unwrap();
+        let c = restamp(&b, 99).unwrap();
         let (h, p) = decode(FLAGS, &c).unwrap();
         assert_eq!(
             h,
             Header::Herd {
-                state: State::Claimed,
-                soft_expiry_ms: 99,
+                soft_expiry_ms: 10,
                 written_ms: 5,
-                load_ms: 3
+                load_ms: 3,
+                claimed_until_ms: 99,
             }
         );
         assert_eq!(p, b"xyz");
         let mut plain = Vec::new();
         plain_header(&mut plain);
-        assert!(restamp(&plain, State::Claimed, 1).is_none());
+        assert!(restamp(&plain, 1).is_none());
     }
 
     #[test]
@@ -209,7 +183,7 @@ mod tests {
         rejects(
             FLAGS,
             &[
-                b'N', b'C', 1, 1, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                b'N', b'C', 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
             ],
         );
     }

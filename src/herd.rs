@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::envelope::{Header, State};
+use crate::envelope::Header;
 
 /// A lock-free SplitMix64 stream: XFetch draws and wait jitter. Seedable, so tests are exact.
 #[derive(Debug)]
@@ -35,8 +35,8 @@ impl Rng {
 pub(crate) enum Verdict {
     /// Serve it.
     Fresh,
-    /// Claimed by a reader who is recomputing it (and whose claim has not run out): serve it,
-    /// counted as stale.
+    /// Past its soft expiry, but claimed by a reader who is recomputing it (and whose claim has not
+    /// run out): serve it, counted as stale.
     Recomputing,
     /// Past its soft expiry: try to claim it (CAS); the winner recomputes, the others serve it.
     Stale,
@@ -57,29 +57,32 @@ pub(crate) struct Xfetch {
 /// Judges an item at `now_ms`.
 ///
 /// Stale means `now_ms >= soft_expiry_ms`, at millisecond precision (django-newcache compared whole
-/// seconds with a strict `<` against a truncated clock). A claimed item is never refreshed early: one
-/// refresh is already under way, so it is `Recomputing` until its claim runs out.
+/// seconds with a strict `<` against a truncated clock). An item whose claim is still running is
+/// being recomputed: served as it is (fresh until its soft expiry, then counted as stale) and never
+/// claimed or refreshed early again. A claim that ran out (its claimant died) no longer counts.
 pub(crate) fn judge(header: &Header, now_ms: u64, xfetch: Option<Xfetch>) -> Verdict {
     let Header::Herd {
-        state,
         soft_expiry_ms,
         load_ms,
+        claimed_until_ms,
         ..
     } = *header
     else {
         return Verdict::Fresh;
     };
-    if soft_expiry_ms == 0 {
-        return Verdict::Fresh;
+    let expired = soft_expiry_ms != 0 && now_ms >= soft_expiry_ms;
+    if now_ms < claimed_until_ms {
+        return if expired {
+            Verdict::Recomputing
+        } else {
+            Verdict::Fresh
+        };
     }
-    if now_ms >= soft_expiry_ms {
+    if expired {
         return Verdict::Stale;
     }
-    if state == State::Claimed {
-        return Verdict::Recomputing;
-    }
     match xfetch {
-        Some(x) if load_ms > 0 => {
+        Some(x) if load_ms > 0 && soft_expiry_ms != 0 => {
             // now - delta * beta * ln(draw) >= expiry, with ln(draw) <= 0.
             let draw = x.draw.clamp(f64::MIN_POSITIVE, 1.0);
             let ahead = f64::from(load_ms) * x.beta * -draw.ln();
@@ -97,12 +100,12 @@ pub(crate) fn judge(header: &Header, now_ms: u64, xfetch: Option<Xfetch>) -> Ver
 mod tests {
     use super::*;
 
-    fn herd(state: State, soft: u64, load_ms: u32) -> Header {
+    fn herd(claimed_until_ms: u64, soft: u64, load_ms: u32) -> Header {
         Header::Herd {
-            state,
             soft_expiry_ms: soft,
             written_ms: 0,
             load_ms,
+            claimed_until_ms,
         }
     }
 
@@ -113,20 +116,22 @@ mod tests {
 
     #[test]
     fn soft_expiry_at_millisecond_precision() {
-        let h = herd(State::Written, 10_500, 0);
+        let h = herd(0, 10_500, 0);
         check(h, 10_499, None, Verdict::Fresh);
         check(h, 10_500, None, Verdict::Stale);
         check(h, 10_501, None, Verdict::Stale);
-        check(herd(State::Written, 0, 0), u64::MAX, None, Verdict::Fresh);
+        check(herd(0, 0, 0), u64::MAX, None, Verdict::Fresh);
         check(Header::Plain, u64::MAX, None, Verdict::Fresh);
-        // a claim within its deadline is being recomputed; past it (the claimant died), stale again
-        check(
-            herd(State::Claimed, 1_000, 0),
-            999,
-            None,
-            Verdict::Recomputing,
-        );
-        check(herd(State::Claimed, 1_000, 0), 1_000, None, Verdict::Stale);
+    }
+
+    #[test]
+    fn claims() {
+        // claimed stale: recomputing until the claim's deadline; past it (the claimant died), stale
+        check(herd(2_000, 1_000, 0), 1_999, None, Verdict::Recomputing);
+        check(herd(2_000, 1_000, 0), 2_000, None, Verdict::Stale);
+        // claimed early (before the soft expiry): still fresh for everyone else
+        check(herd(2_000, 1_500, 0), 1_000, None, Verdict::Fresh);
+        check(herd(2_000, 1_500, 0), 1_500, None, Verdict::Recomputing);
     }
 
     #[test]
@@ -143,7 +148,7 @@ mod tests {
 
     #[test]
     fn xfetch_draws() {
-        let h = herd(State::Written, 10_000, 100);
+        let h = herd(0, 10_000, 100);
         let x = |draw| Some(Xfetch { beta: 1.0, draw });
         // draw = 1: ln(1) = 0, never early
         check(h, 9_999, x(1.0), Verdict::Fresh);
@@ -158,26 +163,18 @@ mod tests {
             Some(Xfetch { beta: 2.0, draw: d }),
             Verdict::EarlyRefresh,
         );
-        // a claimed item or an unknown load time is never refreshed early
+        // an item being refreshed, or with an unknown load time, is never refreshed early
+        check(herd(20_000, 10_000, 100), 9_999, x(1e-9), Verdict::Fresh);
+        check(herd(0, 10_000, 0), 9_999, x(1e-9), Verdict::Fresh);
+        // once the claim ran out, early refresh is possible again
         check(
-            herd(State::Claimed, 10_000, 100),
+            herd(9_000, 10_000, 100),
             9_999,
             x(1e-9),
-            Verdict::Recomputing,
-        );
-        check(
-            herd(State::Written, 10_000, 0),
-            9_999,
-            x(1e-9),
-            Verdict::Fresh,
+            Verdict::EarlyRefresh,
         );
         // a draw of 0 is clamped (a finite ~70 s window here), not -inf
-        check(
-            herd(State::Written, 100_000, 100),
-            0,
-            x(0.0),
-            Verdict::Fresh,
-        );
+        check(herd(0, 100_000, 100), 0, x(0.0), Verdict::Fresh);
         check(h, 9_000, x(0.0), Verdict::EarlyRefresh);
     }
 }

@@ -26,17 +26,18 @@
 //!
 //! Every value is stored in an envelope that carries a *soft* expiry (now + ttl). memcached's own
 //! (hard) expiry is later: ttl + the herd timeout (60 s by default). When the soft expiry has
-//! passed, the first reader *claims* the entry: it re-stores the same value with a new soft expiry
-//! (now + herd timeout) through memcached's `cas`, using the token from its own `gets`. Exactly one
+//! passed, the first reader *claims* the entry: it re-stores the same value marked "claimed until
+//! now + herd timeout" through memcached's `cas`, using the token from its own `gets`. Exactly one
 //! reader's `cas` can succeed; that reader is told "miss" and recomputes, every other reader gets
 //! the stale value at once.
 //!
 //! ```text
 //! t=0      set(k, v, 300 s)      soft expiry 300 s, memcached expiry 360 s
-//! t=301    reader A: gets -> stale, cas(claim) OK   -> None: A recomputes
-//! t=301    reader B: gets -> stale, cas(claim) EXISTS -> v (stale, served at once)
+//! t=301    reader A: gets -> stale, cas(claimed until 361) OK     -> None: A recomputes
+//! t=301    reader B: gets -> stale, cas(claimed until 361) EXISTS -> v (stale, served at once)
+//! t=301.1  reader C: gets -> stale but claimed                    -> v (stale, served at once)
 //! t=301.2  A: set(k, v2, 300 s)  everyone reads v2
-//! (if A died: at t=361 the claim itself is stale, and exactly one new reader claims it)
+//! (if A died: at t=361 the claim has run out, and exactly one new reader claims it)
 //! ```
 //!
 //! # Keys and versions
@@ -64,11 +65,11 @@
 //! | 0 | 2 | magic `b"NC"` |
 //! | 2 | 1 | format version, `1` |
 //! | 3 | 1 | kind: `1` herd envelope, `2` plain (`Herd::Off`) |
-//! | 4 | 1 | state (herd only): `0` written, `1` claimed by a recomputing reader |
-//! | 5 | 8 | soft expiry, unix milliseconds, `0` = never (herd only) |
-//! | 13 | 8 | when the value was written, unix milliseconds (herd only) |
-//! | 21 | 4 | how long the value took to compute, milliseconds, `0` = unknown (herd only) |
-//! | 25 (herd) or 4 (plain) | rest | the value, bincode 2 standard configuration |
+//! | 4 | 8 | soft expiry, unix milliseconds, `0` = never (herd only) |
+//! | 12 | 8 | when the value was written, unix milliseconds (herd only) |
+//! | 20 | 4 | how long the value took to compute, milliseconds, `0` = unknown (herd only) |
+//! | 24 | 8 | `0`, or until when (unix ms) a reader that claimed the entry recomputes it (herd only) |
+//! | 32 (herd) or 4 (plain) | rest | the value, bincode 2 standard configuration |
 //!
 //! Counters ([`Cache::set_counter`]) are memcached's plain decimal digits with flags `0`. Bytes
 //! that do not match (another client's pickle, a PHP value, compressed data, an empty value)
@@ -129,13 +130,7 @@ pub mod __private {
         soft_expiry_ms: u64,
     ) -> crate::Result<Vec<u8>> {
         let mut out = Vec::new();
-        envelope::herd_header(
-            &mut out,
-            envelope::State::Written,
-            soft_expiry_ms,
-            soft_expiry_ms,
-            0,
-        );
+        envelope::herd_header(&mut out, soft_expiry_ms, soft_expiry_ms, 0);
         codec::encode_into(value, &mut out)?;
         Ok(out)
     }
