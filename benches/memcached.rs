@@ -12,9 +12,8 @@
 
 use std::hint::black_box;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::net::TcpStream;
+use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use newcache::{Cache, Ttl};
@@ -27,56 +26,19 @@ struct Value {
     name: String,
 }
 
-struct Server {
-    addr: String,
-    child: Option<Child>,
-}
+/// The test suite's fixture: a memcached on a free loopback port, killed on drop.
+#[allow(dead_code)]
+#[path = "../tests/it/fixture.rs"]
+mod fixture;
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        if let Some(c) = &mut self.child {
-            let _ = c.kill();
-            let _ = c.wait();
+/// Where to measure: `MEMCACHED_SERVERS`, or a memcached of our own.
+fn server() -> (String, Option<fixture::Memcached>) {
+    match std::env::var("MEMCACHED_SERVERS") {
+        Ok(addr) => (addr, None),
+        Err(_) => {
+            let m = fixture::Memcached::start();
+            (m.addr(), Some(m))
         }
-    }
-}
-
-fn server() -> Server {
-    if let Ok(addr) = std::env::var("MEMCACHED_SERVERS") {
-        return Server { addr, child: None };
-    }
-    let port = TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port");
-    let root = Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|o| o.stdout.starts_with(b"0"));
-    let child = Command::new("memcached")
-        .args([
-            "-l",
-            "127.0.0.1",
-            "-p",
-            &port.to_string(),
-            "-U",
-            "0",
-            "-t",
-            "4",
-        ])
-        .args(if root { &["-u", "root"][..] } else { &[][..] })
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("memcached installed");
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "memcached did not start");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    Server {
-        addr: format!("127.0.0.1:{port}"),
-        child: Some(child),
     }
 }
 
@@ -140,14 +102,14 @@ impl Bare {
 }
 
 fn bench(c: &mut Criterion) {
-    let srv = server();
+    let (addr, _server) = server();
     let v = Value {
         id: 1,
         name: "x".repeat(80),
     };
     let raw_value = vec![b'x'; 100];
     let cache = Cache::builder()
-        .memcached([srv.addr.as_str()])
+        .memcached([addr.as_str()])
         .flavor("bench")
         .build()
         .expect("cache");
@@ -155,7 +117,7 @@ fn bench(c: &mut Criterion) {
     // default `version` round trip on every checkout.
     let url = memcache::Url::parse(&format!(
         "memcache://{}?protocol=ascii&tcp_nodelay=true",
-        srv.addr
+        addr
     ))
     .expect("url");
     let pool = r2d2::Pool::builder()
@@ -164,7 +126,7 @@ fn bench(c: &mut Criterion) {
         .build(memcache::ConnectionManager::new(url))
         .expect("pool");
     let client = memcache::Client::with_pool(pool).expect("memcache crate client");
-    let mut bare = Bare::new(&srv.addr);
+    let mut bare = Bare::new(&addr);
 
     // 1000 keys per client, preloaded, as bench_ops.py does.
     let keys: Vec<String> = (0..1000).map(|i| format!("key:{i}")).collect();
