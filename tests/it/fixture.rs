@@ -164,7 +164,10 @@ pub fn shared_server() -> &'static str {
     &ADDR
         .get_or_init(|| {
             let port = free_port();
-            let script = format!("{} & a=$!; cat >/dev/null; kill $a", memcached_cmd(port));
+            let script = format!(
+                "{} & a=$!; cat >/dev/null; kill $a; wait",
+                memcached_cmd(port)
+            );
             (format!("127.0.0.1:{port}"), spawn_watched(&script, &[port]))
         })
         .0
@@ -193,7 +196,7 @@ pub fn shared_twemproxy() -> &'static str {
             let script = format!(
                 "{m1} & a=$!; {m2} & b=$!; \
                  nutcracker -c {conf} -s {stats} -a 127.0.0.1 -o {log} -p {pid} & c=$!; \
-                 cat >/dev/null; kill $a $b $c",
+                 cat >/dev/null; kill $a $b $c; wait",
                 m1 = memcached_cmd(p1),
                 m2 = memcached_cmd(p2),
                 conf = conf.display(),
