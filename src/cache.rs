@@ -536,7 +536,22 @@ impl Cache {
         T: Serialize + ?Sized + 'v,
         I: IntoIterator<Item = (K, &'v T)>,
     {
-        let life = ttl.into().resolve(self.inner.default_ttl);
+        self.set_many_loaded(items, ttl.into(), 0)
+    }
+
+    /// `set_many` that records how long the values took to compute (XFetch's delta).
+    pub(crate) fn set_many_loaded<'v, K, T, I>(
+        &self,
+        items: I,
+        ttl: Ttl,
+        load_ms: u32,
+    ) -> Result<()>
+    where
+        K: AsRef<str>,
+        T: Serialize + ?Sized + 'v,
+        I: IntoIterator<Item = (K, &'v T)>,
+    {
+        let life = ttl.resolve(self.inner.default_ttl);
         let mut encoded: Vec<(String, Vec<u8>)> = Vec::new();
         let mut exptime = 0;
         for (k, v) in items {
@@ -545,9 +560,12 @@ impl Cache {
                 encoded.push((k, Vec::new()));
                 continue;
             }
-            let (bytes, e) = self.encode(v, life, Herd::Protected, 0)?;
+            let (bytes, e) = self.encode(v, life, Herd::Protected, load_ms)?;
             exptime = e;
             encoded.push((k, bytes));
+        }
+        if encoded.is_empty() {
+            return Ok(());
         }
         if life == Lifetime::Expired {
             let keys: Vec<&str> = encoded.iter().map(|(k, _)| k.as_str()).collect();

@@ -74,6 +74,11 @@ where
     }
 }
 
+/// How long a load took, in ms for the envelope (at least 1: 0 means "unknown").
+fn load_ms(started: Instant) -> u32 {
+    started.elapsed().as_millis().clamp(1, u128::from(u32::MAX)) as u32
+}
+
 /// Process-unique lease tokens.
 #[derive(Debug)]
 pub(crate) struct Tokens {
@@ -251,7 +256,29 @@ impl Cache {
             beta,
             draw: self.inner.rng.draw(),
         });
-        match self.read::<T>(key, xfetch)? {
+        let read = self.read::<T>(key, xfetch)?;
+        let mut leader = leader;
+        match self.settle(read, key, ttl, loader, leader.as_deref_mut()) {
+            Ok(done) => done,
+            Err(loader) => self.load_missing(key, derived, ttl, loader, leader),
+        }
+    }
+
+    /// Finishes a call from what a read found: the value, a refresh of what this caller claimed,
+    /// or a load when the claimed bytes did not decode. A miss gives the loader back.
+    fn settle<T, L>(
+        &self,
+        read: Read<T>,
+        key: &str,
+        ttl: Ttl,
+        loader: L,
+        leader: Option<&mut Leader<'_>>,
+    ) -> std::result::Result<Result<T>, L>
+    where
+        T: Serialize + Clone + Send + Sync + 'static,
+        L: Load<T>,
+    {
+        Ok(match read {
             Read::Fresh(v) | Read::Stale(v) => Ok(v),
             Read::Claimed {
                 stale: Some(v),
@@ -265,8 +292,8 @@ impl Cache {
                 self.refresh_claimed(key, ttl, loader, v, written_ms, early)
             }
             Read::Claimed { stale: None, .. } => self.run_loader(key, ttl, loader),
-            Read::Miss => self.load_missing(key, derived, ttl, loader),
-        }
+            Read::Miss => return Err(loader),
+        })
     }
 
     /// Refreshes an entry this caller claimed, holding its current (stale or early) value.
@@ -303,7 +330,14 @@ impl Cache {
     }
 
     /// A missing key: take the lease and load, or wait for the holder's value.
-    fn load_missing<T, L>(&self, key: &str, derived: &str, ttl: Ttl, loader: L) -> Result<T>
+    fn load_missing<T, L>(
+        &self,
+        key: &str,
+        derived: &str,
+        ttl: Ttl,
+        mut loader: L,
+        mut leader: Option<&mut Leader<'_>>,
+    ) -> Result<T>
     where
         T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
         L: Load<T>,
@@ -334,17 +368,10 @@ impl Cache {
                         token,
                     };
                     // The previous holder may have stored the value just before we got the lease.
-                    return match self.read::<T>(key, None)? {
-                        Read::Fresh(v) | Read::Stale(v) => Ok(v),
-                        Read::Claimed {
-                            stale: Some(v),
-                            written_ms,
-                            early,
-                        } => self.refresh_claimed(key, ttl, loader, v, written_ms, early),
-                        Read::Claimed { stale: None, .. } | Read::Miss => {
-                            self.run_loader(key, ttl, loader)
-                        }
-                    };
+                    let read = self.read::<T>(key, None)?;
+                    return self
+                        .settle(read, key, ttl, loader, leader)
+                        .unwrap_or_else(|loader| self.run_loader(key, ttl, loader));
                 }
                 Ok(_) => {}
                 // No lease to be had (backend down): load without one.
@@ -370,16 +397,12 @@ impl Cache {
                     .min(deadline.saturating_duration_since(Instant::now())),
             );
             pause = (pause * 3 / 2).min(MAX_POLL);
-            match self.read::<T>(key, None)? {
-                Read::Fresh(v) | Read::Stale(v) => return Ok(v),
-                Read::Claimed {
-                    stale: Some(v),
-                    written_ms,
-                    early,
-                } => return self.refresh_claimed(key, ttl, loader, v, written_ms, early),
-                Read::Claimed { stale: None, .. } => return self.run_loader(key, ttl, loader),
-                Read::Miss => {} // still loading, or the holder is gone: try the lease again
-            }
+            let read = self.read::<T>(key, None)?;
+            loader = match self.settle(read, key, ttl, loader, leader.as_deref_mut()) {
+                Ok(done) => return done,
+                // Still loading, or the holder is gone: try the lease again.
+                Err(loader) => loader,
+            };
         }
     }
 
@@ -395,8 +418,7 @@ impl Cache {
         let started = Instant::now();
         match loader.call() {
             Ok(v) => {
-                let load_ms = started.elapsed().as_millis().clamp(1, u128::from(u32::MAX)) as u32;
-                if let Err(e) = self.set_loaded(key, &v, ttl, Herd::Protected, load_ms) {
+                if let Err(e) = self.set_loaded(key, &v, ttl, Herd::Protected, load_ms(started)) {
                     if !e.is_backend() {
                         return Err(e);
                     }
@@ -495,32 +517,11 @@ impl Cache {
                 return Err(Error::loader(e.into()));
             }
         };
-        let load_ms = started.elapsed().as_millis().clamp(1, u128::from(u32::MAX)) as u32;
-        let life = ttl.resolve(self.inner.default_ttl);
-        let mut batch = Vec::with_capacity(loaded.len());
-        let mut exptime = 0;
-        for (k, v) in &loaded {
-            if !wanted_set.contains(k) {
-                continue;
-            }
-            let (bytes, e) = self.encode(v, life, Herd::Protected, load_ms)?;
-            exptime = e;
-            batch.push((self.keys.make(k)?, bytes));
-        }
-        if life != Lifetime::Expired && !batch.is_empty() {
-            let refs: Vec<(&str, &[u8])> = batch
-                .iter()
-                .map(|(k, v)| (k.as_str(), v.as_slice()))
-                .collect();
-            let r = self
-                .inner
-                .backend
-                .set_many(&refs, crate::envelope::FLAGS, exptime);
-            if let Err(e) = r {
-                if !e.is_backend() {
-                    return Err(e);
-                }
-                Counters::bump(&s.backend_errors);
+        // A failed store is counted but does not fail the call, as in `run_loader`.
+        let fresh = loaded.iter().filter(|(k, _)| wanted_set.contains(*k));
+        if let Err(e) = self.set_many_loaded(fresh, ttl, load_ms(started)) {
+            if !e.is_backend() {
+                return Err(e);
             }
         }
         for (k, v) in loaded {
