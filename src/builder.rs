@@ -1,4 +1,5 @@
-//! `CacheBuilder`: every setting with its default, validated by `build()`.
+//! `CacheBuilder`: every setting with its default. `build()` validates them into a plain
+//! [`Config`], from which the `Cache` is made.
 
 use std::fmt;
 use std::sync::Arc;
@@ -10,23 +11,33 @@ use crate::backend::memcached::{
 };
 use crate::backend::memory::{DEFAULT_CAPACITY, MemoryBackend};
 use crate::backend::{Backend, DEFAULT_ITEM_SIZE};
-use crate::cache::{Cache, DecodePolicy, FailurePolicy, Inner};
+use crate::cache::Cache;
+use crate::cache::policy::{DecodePolicy, FailurePolicy};
 use crate::clock::{Clock, SystemClock};
-use crate::coalesce::Coalescer;
+use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::herd::Rng;
 use crate::key::{KeyFunction, KeyMaker, default_key, validate_key};
-use crate::loader::Tokens;
-use crate::stats::Counters;
 
 /// Default fresh lifetime of a value: 300 s (Django's default `TIMEOUT`).
 pub const DEFAULT_TTL: Duration = Duration::from_secs(300);
 /// Default herd timeout: 60 s (django-newcache's `CACHE_HERD_TIMEOUT`).
 pub const DEFAULT_HERD_TIMEOUT: Duration = Duration::from_secs(60);
-/// Default lifetime of a cold-miss lease: 5 s.
+/// Default lifetime of a load's claim (or placeholder) between renewals: 5 s.
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(5);
+/// The shortest `lease_ttl`: memcached's expiry has one-second granularity, so a shorter lease
+/// cannot be renewed reliably.
+pub const MIN_LEASE_TTL: Duration = Duration::from_secs(2);
 /// Default bound on waiting for another caller's load: 5 s.
 pub const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(5);
+/// Default longest time a load keeps its claim alive: 60 s (the default herd timeout).
+pub const DEFAULT_MAX_LOAD_TIME: Duration = Duration::from_secs(60);
+
+impl Cache {
+    /// Starts configuring a cache; see [`CacheBuilder`] for the settings and their defaults.
+    pub fn builder() -> CacheBuilder {
+        CacheBuilder::default()
+    }
+}
 
 #[derive(Clone)]
 enum BackendChoice {
@@ -76,6 +87,7 @@ pub struct CacheBuilder {
     dead_servers: DeadServerPolicy,
     lease_ttl: Duration,
     max_wait: Duration,
+    max_load_time: Duration,
     early_beta: Option<f64>,
     stale_on_error: Option<Duration>,
     seed: Option<u64>,
@@ -105,6 +117,7 @@ impl Default for CacheBuilder {
             dead_servers: DeadServerPolicy::FailFast,
             lease_ttl: DEFAULT_LEASE_TTL,
             max_wait: DEFAULT_MAX_WAIT,
+            max_load_time: DEFAULT_MAX_LOAD_TIME,
             early_beta: None,
             stale_on_error: None,
             seed: None,
@@ -221,7 +234,7 @@ impl CacheBuilder {
     }
 
     /// The clock for soft expiry (and the memory backend's hard expiry); default the system
-    /// clock. Tests pass a [`MockClock`](crate::MockClock).
+    /// clock. Tests pass a [`MockClock`](crate::testing::MockClock).
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
         self
@@ -291,18 +304,30 @@ impl CacheBuilder {
         self
     }
 
-    /// How long a cold-miss lease lasts (see
-    /// [`Cache::get_or_set_with`]); default 5 s. Set it above the loader's slowest run: a lease
-    /// that expires while its holder still loads lets one waiter load again.
+    /// How long a load's claim on a key (or its placeholder, for a missing key) lasts without
+    /// renewal; default 5 s, at least [`MIN_LEASE_TTL`] (2 s). A running load renews it every
+    /// third of this, up to [`max_load_time`](Self::max_load_time); a holder that dies stops
+    /// renewing, and one waiter takes over once the claim has lapsed. See
+    /// [`Cache::get_or_set_with`].
     pub fn lease_ttl(mut self, ttl: Duration) -> Self {
         self.lease_ttl = ttl;
         self
     }
 
-    /// The longest a `get_or_set_with` caller waits for another caller's load before running its
-    /// own loader; default 5 s.
+    /// The longest a `get_or_set_with` caller waits for another caller's load, end to end (in
+    /// this process and across processes); default 5 s. A caller that reaches it gets an error
+    /// with [`is_wait_timeout`](crate::Error::is_wait_timeout): it never runs the loader while
+    /// the holder is alive. A stale value, where there is one, is served without waiting.
     pub fn max_wait(mut self, wait: Duration) -> Self {
         self.max_wait = wait;
+        self
+    }
+
+    /// The longest a running load keeps its claim alive by renewing it; default 60 s. A load
+    /// still running after that lets its claim lapse (within [`lease_ttl`](Self::lease_ttl)), and
+    /// one waiter takes over; the first load's result is then not stored.
+    pub fn max_load_time(mut self, limit: Duration) -> Self {
+        self.max_load_time = limit;
         self
     }
 
@@ -332,8 +357,13 @@ impl CacheBuilder {
     ///
     /// # Errors
     /// `is_config()` for an empty or malformed server list, a flavor that breaks memcached's key
-    /// rules, or a zero herd timeout.
+    /// rules, a zero herd timeout, a `lease_ttl` under [`MIN_LEASE_TTL`], or a non-positive
+    /// early-refresh β.
     pub fn build(self) -> Result<Cache> {
+        self.into_config().map(Cache::from_config)
+    }
+
+    fn into_config(self) -> Result<Config> {
         let probe = default_key(&self.flavor, self.version, "");
         validate_key(&probe).map_err(|e| {
             Error::config(format!(
@@ -344,8 +374,15 @@ impl CacheBuilder {
         if self.herd_timeout.is_zero() {
             return Err(Error::config("herd_timeout must be more than zero"));
         }
-        if self.lease_ttl.is_zero() {
-            return Err(Error::config("lease_ttl must be more than zero"));
+        if self.herd_timeout.as_millis() > u128::from(u32::MAX) {
+            return Err(Error::config("herd_timeout must be under 49 days"));
+        }
+        if self.lease_ttl < MIN_LEASE_TTL {
+            return Err(Error::config(format!(
+                "lease_ttl must be at least {MIN_LEASE_TTL:?} (memcached's expiry ticks in whole \
+                 seconds, so a shorter lease cannot be renewed reliably), got {:?}",
+                self.lease_ttl
+            )));
         }
         if let Some(beta) = self.early_beta {
             if !(beta.is_finite() && beta > 0.0) {
@@ -378,31 +415,25 @@ impl CacheBuilder {
         let seed = self.seed.unwrap_or_else(|| {
             SystemClock.now_ms() ^ (u64::from(std::process::id()) << 32) ^ 0x6E63_6163_6865
         });
-        let rng = Rng::new(seed);
-        let tokens = Tokens::new(rng.next_u64());
-        Ok(Cache {
-            inner: Arc::new(Inner {
-                backend,
-                clock: self.clock,
-                default_ttl: self.default_ttl,
-                herd_timeout: self.herd_timeout,
-                read_failures: self.read_failures,
-                write_failures: self.write_failures,
-                decode_policy: self.decode_policy,
-                stats: Counters::default(),
-                coalescer: Coalescer::default(),
-                lease_ttl: self.lease_ttl,
-                max_wait: self.max_wait,
-                early_beta: self.early_beta,
-                stale_on_error: self.stale_on_error,
-                rng,
-                tokens,
-            }),
+        Ok(Config {
+            backend,
+            clock: self.clock,
             keys: KeyMaker {
                 flavor: self.flavor.into(),
                 version: self.version,
                 function: self.key_function,
             },
+            default_ttl: self.default_ttl,
+            herd_timeout: self.herd_timeout,
+            read_failures: self.read_failures,
+            write_failures: self.write_failures,
+            decode_policy: self.decode_policy,
+            lease_ttl: self.lease_ttl,
+            max_wait: self.max_wait,
+            max_load_time: self.max_load_time,
+            early_beta: self.early_beta,
+            stale_on_error: self.stale_on_error,
+            seed,
         })
     }
 }
@@ -439,5 +470,12 @@ mod tests {
                 .unwrap_err()
                 .is_config()
         );
+        // memcached's one-second expiry cannot carry a renewable lease shorter than 2 s
+        let e = Cache::builder()
+            .lease_ttl(Duration::from_millis(1999))
+            .build()
+            .unwrap_err();
+        assert!(e.is_config() && e.to_string().contains("lease_ttl"), "{e}");
+        assert!(Cache::builder().lease_ttl(MIN_LEASE_TTL).build().is_ok());
     }
 }

@@ -2,24 +2,45 @@
 
 use std::error::Error as StdError;
 use std::fmt;
+use std::sync::Arc;
 
 /// `Result` with newcache's [`Error`] as the default error type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// Boxed source error carried by [`Error`] (an I/O error, a loader's error, ...).
-type Source = Box<dyn StdError + Send + Sync + 'static>;
+/// What a loader may fail with.
+pub(crate) type BoxError = Box<dyn StdError + Send + Sync + 'static>;
+
+/// The source of an [`Error`], shared: the callers of one coalesced load all get the same one.
+type Source = Arc<dyn StdError + Send + Sync + 'static>;
 
 /// Everything that can go wrong in newcache.
 ///
 /// Match on [`Error::kind`] or, simpler, ask with the `is_*` predicates. Client-library types never
 /// appear in the payload, so the backend can change without breaking callers.
-#[derive(Debug, thiserror::Error)]
-#[error("{kind}: {message}")]
+///
+/// `Display` gives the kind and what happened; the cause, when there is one, is
+/// [`source()`](std::error::Error::source) and is not repeated in the message. `Error` is `Clone`:
+/// the callers that waited for one failed load each get it, with the same source.
+#[derive(Debug, Clone)]
 pub struct Error {
     kind: ErrorKind,
     message: String,
-    #[source]
     source: Option<Source>,
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.kind, self.message)
+    }
+}
+
+impl StdError for Error {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        // The inner error itself (not the `Arc`), so that callers can downcast it.
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn StdError + 'static))
+    }
 }
 
 /// What class of failure an [`Error`] is.
@@ -49,6 +70,9 @@ pub enum ErrorKind {
     Unsupported,
     /// The loader passed to a `get_or_set_with` call failed; the source is its error.
     Loader,
+    /// A `get_or_set_with` call waited `max_wait` for another caller's load, which is still
+    /// running. Not a backend error: no failure policy turns it into a miss.
+    WaitTimeout,
 }
 
 impl fmt::Display for ErrorKind {
@@ -65,6 +89,7 @@ impl fmt::Display for ErrorKind {
             ErrorKind::Timeout => "timed out",
             ErrorKind::Unsupported => "unsupported by the backend",
             ErrorKind::Loader => "loader failed",
+            ErrorKind::WaitTimeout => "gave up waiting for another caller's load",
         })
     }
 }
@@ -81,12 +106,12 @@ impl Error {
     pub(crate) fn with_source(
         kind: ErrorKind,
         message: impl Into<String>,
-        source: impl Into<Source>,
+        source: impl Into<BoxError>,
     ) -> Self {
         Error {
             kind,
             message: message.into(),
-            source: Some(source.into()),
+            source: Some(Arc::from(source.into())),
         }
     }
 
@@ -102,10 +127,17 @@ impl Error {
         Error::new(ErrorKind::Config, message)
     }
 
-    /// Wraps a loader's error; `source()` returns it unchanged.
-    pub(crate) fn loader(source: Source) -> Self {
-        let message = source.to_string();
-        Error::with_source(ErrorKind::Loader, message, source)
+    /// Wraps a loader's error; `source()` returns it unchanged, and the message does not repeat it.
+    pub(crate) fn loader(source: BoxError) -> Self {
+        Error::with_source(ErrorKind::Loader, "the loader returned an error", source)
+    }
+
+    /// A wait for another caller's load that ran out.
+    pub(crate) fn wait_timeout(waited: std::time::Duration) -> Self {
+        Error::new(
+            ErrorKind::WaitTimeout,
+            format!("waited {waited:?} (max_wait); the load is still running"),
+        )
     }
 
     /// The class of this error.
@@ -167,6 +199,12 @@ impl Error {
     pub fn is_loader(&self) -> bool {
         self.kind == ErrorKind::Loader
     }
+
+    /// A `get_or_set_with` call waited [`max_wait`](crate::CacheBuilder::max_wait) for another
+    /// caller's load and gave up; it did not run the loader itself.
+    pub fn is_wait_timeout(&self) -> bool {
+        self.kind == ErrorKind::WaitTimeout
+    }
 }
 
 impl From<std::io::Error> for Error {
@@ -191,15 +229,23 @@ mod tests {
         let e = Error::new(ErrorKind::NotFound, "no counter `hits`");
         assert!(e.is_not_found());
         assert_eq!(e.to_string(), "not found: no counter `hits`");
+        let e = Error::wait_timeout(std::time::Duration::from_millis(500));
+        assert!(e.is_wait_timeout() && !e.is_backend() && !e.is_timeout());
     }
 
     #[test]
-    fn loader_error_keeps_source() {
+    fn loader_error_keeps_source_and_names_it_once() {
         let io = std::io::Error::other("db down");
         let e = Error::loader(Box::new(io));
         assert!(e.is_loader());
+        assert!(!e.to_string().contains("db down"), "{e}");
         let src = StdError::source(&e).expect("source");
         assert_eq!(src.to_string(), "db down");
+        assert!(src.downcast_ref::<std::io::Error>().is_some());
+        // a clone (what a coalesced follower gets) shares the same source
+        let f = e.clone();
+        let fsrc = StdError::source(&f).expect("source");
+        assert!(std::ptr::addr_eq(src, fsrc));
     }
 
     #[test]

@@ -1,48 +1,26 @@
-//! The herd decision: given an item's header and the time, is it fresh, stale (to be claimed by one
-//! reader), or due for an early (XFetch) refresh? Pure: no I/O, no clock, no randomness of its own.
+//! The herd verdict: given an item's header and the time, may it be served, and should this reader
+//! try to claim it? Pure: no I/O, no clock, no randomness of its own.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
-use crate::envelope::Header;
-
-/// A lock-free SplitMix64 stream: XFetch draws and wait jitter. Seedable, so tests are exact.
-#[derive(Debug)]
-pub(crate) struct Rng(AtomicU64);
-
-impl Rng {
-    pub(crate) fn new(seed: u64) -> Rng {
-        Rng(AtomicU64::new(seed))
-    }
-
-    pub(crate) fn next_u64(&self) -> u64 {
-        let mut z = self
-            .0
-            .fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed)
-            .wrapping_add(0x9E37_79B9_7F4A_7C15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in (0, 1].
-    pub(crate) fn draw(&self) -> f64 {
-        ((self.next_u64() >> 11) as f64 + 1.0) / (1u64 << 53) as f64
-    }
-}
+use crate::envelope::{Header, Kind};
 
 /// What a reader should do with an item it just read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Verdict {
     /// Serve it.
     Fresh,
-    /// Past its soft expiry, but claimed by a reader who is recomputing it (and whose claim has not
-    /// run out): serve it, counted as stale.
-    Recomputing,
-    /// Past its soft expiry: try to claim it (CAS); the winner recomputes, the others serve it.
-    Stale,
-    /// Still fresh, but XFetch drew this reader to recompute early: try to claim it like a stale
-    /// item; losers (and this reader if the claim fails) serve it.
+    /// Still fresh, but XFetch drew this reader to recompute early: try to claim it; losers (and
+    /// this reader if the claim fails) serve it.
     EarlyRefresh,
+    /// Past its soft expiry and unclaimed (or its claim lapsed): try to claim it; the winner
+    /// recomputes, the others serve it stale.
+    Stale,
+    /// Past its soft expiry and being recomputed under a live claim: serve it stale.
+    Recomputing,
+    /// Nothing servable (a placeholder, or a value past its staleness bound), and a live claim:
+    /// someone is loading it. Wait, or report a miss.
+    Loading,
+    /// Nothing servable and no live claim (a dead holder, a value past its bound): claim it to load.
+    Expired,
 }
 
 /// XFetch (Vattani, Chierichetti, Lowenstein, VLDB 2015) parameters for one read.
@@ -56,37 +34,50 @@ pub(crate) struct Xfetch {
 
 /// Judges an item at `now_ms`.
 ///
-/// Stale means `now_ms >= soft_expiry_ms`, at millisecond precision (django-newcache compared whole
-/// seconds with a strict `<` against a truncated clock). An item whose claim is still running is
-/// being recomputed: served as it is (fresh until its soft expiry, then counted as stale) and never
-/// claimed or refreshed early again. A claim that ran out (its claimant died) no longer counts.
-pub(crate) fn judge(header: &Header, now_ms: u64, xfetch: Option<Xfetch>) -> Verdict {
-    let Header::Herd {
-        soft_expiry_ms,
-        load_ms,
-        claimed_until_ms,
-        ..
-    } = *header
-    else {
-        return Verdict::Fresh;
+/// - Stale means `now_ms >= soft_expiry_ms`, at millisecond precision (django-newcache compared
+///   whole seconds against a truncated clock).
+/// - **The staleness bound**: a value is never served at or after `soft_expiry_ms + herd_ms`,
+///   the herd timeout its writer used. memcached may keep the item longer (as a claim marker);
+///   readers just never serve it.
+/// - A claim is live while `now_ms < claim_until_ms`. Claims compare the claimant's wall clock
+///   (which wrote the deadline) with the reader's: processes sharing a cache are assumed to have
+///   clocks within a fraction of the lease of each other.
+pub(crate) fn judge(h: &Header, now_ms: u64, xfetch: Option<Xfetch>) -> Verdict {
+    let claimed = now_ms < h.claim_until_ms;
+    let loading = if claimed {
+        Verdict::Loading
+    } else {
+        Verdict::Expired
     };
-    let expired = soft_expiry_ms != 0 && now_ms >= soft_expiry_ms;
-    if now_ms < claimed_until_ms {
-        return if expired {
+    match h.kind {
+        Kind::Plain => return Verdict::Fresh,
+        Kind::Placeholder => return loading,
+        Kind::Value => {}
+    }
+    if h.soft_expiry_ms == 0 {
+        return Verdict::Fresh;
+    }
+    let bound = h.soft_expiry_ms.saturating_add(u64::from(h.herd_ms));
+    if now_ms >= bound {
+        return loading;
+    }
+    if now_ms >= h.soft_expiry_ms {
+        return if claimed {
             Verdict::Recomputing
         } else {
-            Verdict::Fresh
+            Verdict::Stale
         };
     }
-    if expired {
-        return Verdict::Stale;
+    if claimed {
+        // Claimed early (XFetch): fresh for everyone else, and not refreshed twice.
+        return Verdict::Fresh;
     }
     match xfetch {
-        Some(x) if load_ms > 0 && soft_expiry_ms != 0 => {
+        Some(x) if h.load_ms > 0 => {
             // now - delta * beta * ln(draw) >= expiry, with ln(draw) <= 0.
             let draw = x.draw.clamp(f64::MIN_POSITIVE, 1.0);
-            let ahead = f64::from(load_ms) * x.beta * -draw.ln();
-            if now_ms as f64 + ahead >= soft_expiry_ms as f64 {
+            let ahead = f64::from(h.load_ms) * x.beta * -draw.ln();
+            if now_ms as f64 + ahead >= h.soft_expiry_ms as f64 {
                 Verdict::EarlyRefresh
             } else {
                 Verdict::Fresh
@@ -96,16 +87,23 @@ pub(crate) fn judge(header: &Header, now_ms: u64, xfetch: Option<Xfetch>) -> Ver
     }
 }
 
+/// Whether a value may be served at all (fresh, or stale within its bound).
+pub(crate) fn servable(v: Verdict) -> bool {
+    matches!(
+        v,
+        Verdict::Fresh | Verdict::EarlyRefresh | Verdict::Stale | Verdict::Recomputing
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn herd(claimed_until_ms: u64, soft: u64, load_ms: u32) -> Header {
-        Header::Herd {
-            soft_expiry_ms: soft,
-            written_ms: 0,
-            load_ms,
-            claimed_until_ms,
+    fn value(claim_until_ms: u64, soft: u64, herd: u32, load_ms: u32) -> Header {
+        Header {
+            claim_until_ms,
+            token: u64::from(claim_until_ms != 0),
+            ..Header::value(soft, 0, load_ms, herd)
         }
     }
 
@@ -116,39 +114,41 @@ mod tests {
 
     #[test]
     fn soft_expiry_at_millisecond_precision() {
-        let h = herd(0, 10_500, 0);
+        let h = value(0, 10_500, 1_000, 0);
         check(h, 10_499, None, Verdict::Fresh);
         check(h, 10_500, None, Verdict::Stale);
         check(h, 10_501, None, Verdict::Stale);
-        check(herd(0, 0, 0), u64::MAX, None, Verdict::Fresh);
-        check(Header::Plain, u64::MAX, None, Verdict::Fresh);
+        check(value(0, 0, 0, 0), u64::MAX, None, Verdict::Fresh);
+        check(Header::plain(0), u64::MAX, None, Verdict::Fresh);
+    }
+
+    #[test]
+    fn staleness_is_bounded_by_the_writers_herd_timeout() {
+        let h = value(0, 10_000, 1_000, 0);
+        check(h, 10_999, None, Verdict::Stale);
+        check(h, 11_000, None, Verdict::Expired);
+        // a live claim does not make an over-age value servable: it is being loaded
+        check(value(20_000, 10_000, 1_000, 0), 11_000, None, Verdict::Loading);
+        check(value(20_000, 10_000, 1_000, 0), 10_999, None, Verdict::Recomputing);
+        assert!(!servable(Verdict::Loading) && !servable(Verdict::Expired));
     }
 
     #[test]
     fn claims() {
         // claimed stale: recomputing until the claim's deadline; past it (the claimant died), stale
-        check(herd(2_000, 1_000, 0), 1_999, None, Verdict::Recomputing);
-        check(herd(2_000, 1_000, 0), 2_000, None, Verdict::Stale);
+        check(value(2_000, 1_000, 60_000, 0), 1_999, None, Verdict::Recomputing);
+        check(value(2_000, 1_000, 60_000, 0), 2_000, None, Verdict::Stale);
         // claimed early (before the soft expiry): still fresh for everyone else
-        check(herd(2_000, 1_500, 0), 1_000, None, Verdict::Fresh);
-        check(herd(2_000, 1_500, 0), 1_500, None, Verdict::Recomputing);
-    }
-
-    #[test]
-    fn rng_draws_are_in_range_and_seeded() {
-        let (a, b) = (Rng::new(7), Rng::new(7));
-        for _ in 0..10_000 {
-            let d = a.draw();
-            assert!(d > 0.0 && d <= 1.0);
-            assert_eq!(d, b.draw());
-        }
-        let mean: f64 = (0..10_000).map(|_| a.draw()).sum::<f64>() / 10_000.0;
-        assert!((0.48..0.52).contains(&mean), "{mean}");
+        check(value(2_000, 1_500, 60_000, 0), 1_000, None, Verdict::Fresh);
+        check(value(2_000, 1_500, 60_000, 0), 1_500, None, Verdict::Recomputing);
+        // placeholders
+        check(Header::placeholder(0, 500, 9), 499, None, Verdict::Loading);
+        check(Header::placeholder(0, 500, 9), 500, None, Verdict::Expired);
     }
 
     #[test]
     fn xfetch_draws() {
-        let h = herd(0, 10_000, 100);
+        let h = value(0, 10_000, 60_000, 100);
         let x = |draw| Some(Xfetch { beta: 1.0, draw });
         // draw = 1: ln(1) = 0, never early
         check(h, 9_999, x(1.0), Verdict::Fresh);
@@ -157,24 +157,14 @@ mod tests {
         check(h, 9_899, x(d), Verdict::Fresh);
         check(h, 9_901, x(d), Verdict::EarlyRefresh);
         // beta scales the window
-        check(
-            h,
-            9_801,
-            Some(Xfetch { beta: 2.0, draw: d }),
-            Verdict::EarlyRefresh,
-        );
+        check(h, 9_801, Some(Xfetch { beta: 2.0, draw: d }), Verdict::EarlyRefresh);
         // an item being refreshed, or with an unknown load time, is never refreshed early
-        check(herd(20_000, 10_000, 100), 9_999, x(1e-9), Verdict::Fresh);
-        check(herd(0, 10_000, 0), 9_999, x(1e-9), Verdict::Fresh);
+        check(value(20_000, 10_000, 60_000, 100), 9_999, x(1e-9), Verdict::Fresh);
+        check(value(0, 10_000, 60_000, 0), 9_999, x(1e-9), Verdict::Fresh);
         // once the claim ran out, early refresh is possible again
-        check(
-            herd(9_000, 10_000, 100),
-            9_999,
-            x(1e-9),
-            Verdict::EarlyRefresh,
-        );
+        check(value(9_000, 10_000, 60_000, 100), 9_999, x(1e-9), Verdict::EarlyRefresh);
         // a draw of 0 is clamped (a finite ~70 s window here), not -inf
-        check(herd(0, 100_000, 100), 0, x(0.0), Verdict::Fresh);
+        check(value(0, 100_000, 60_000, 100), 0, x(0.0), Verdict::Fresh);
         check(h, 9_000, x(0.0), Verdict::EarlyRefresh);
     }
 }

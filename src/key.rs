@@ -99,17 +99,6 @@ pub fn validate_key(key: &str) -> Result<()> {
     Ok(())
 }
 
-/// The key of the cold-miss lease for a derived key: `{derived}:lease`, or a hash of it when
-/// that would break the 250-byte limit (only a custom key function makes such long keys).
-pub(crate) fn lease_key(derived: &str) -> String {
-    const SUFFIX: &str = ":lease";
-    if derived.len() + SUFFIX.len() <= MAX_KEY_LEN {
-        format!("{derived}{SUFFIX}")
-    } else {
-        format!("lease-{}", hex::encode(Sha1::digest(derived.as_bytes())))
-    }
-}
-
 /// How user keys become memcached keys: flavor, version and the derivation function.
 #[derive(Clone)]
 pub(crate) struct KeyMaker {
@@ -129,19 +118,6 @@ impl KeyMaker {
                 Ok(k)
             }
         }
-    }
-
-    /// Appends the derived key, validated, to `out`.
-    pub(crate) fn make_into(&self, key: &str, out: &mut String) -> Result<()> {
-        match &self.function {
-            None => default_key_into(&self.flavor, self.version, key, out),
-            Some(f) => {
-                let k = f(&self.flavor, self.version, key);
-                validate_key(&k)?;
-                out.push_str(&k);
-            }
-        }
-        Ok(())
     }
 
     /// The derived key without validation (for display through `Cache::make_key`).
@@ -233,15 +209,6 @@ mod tests {
             assert!(validate_key(bad).unwrap_err().is_invalid_key(), "{bad:?}");
         }
         assert!(validate_key("clé-ünïcode").is_ok());
-    }
-
-    #[test]
-    fn lease_keys_stay_valid() {
-        assert_eq!(lease_key("p-1-abc"), "p-1-abc:lease");
-        let long = "k".repeat(248);
-        let l = lease_key(&long);
-        assert!(l.starts_with("lease-") && l.len() == 46);
-        validate_key(&l).unwrap();
     }
 
     #[test]

@@ -36,7 +36,8 @@ stats! {
     stale_served,
     /// Stale (or early-refresh) entries this process claimed: each is one recompute.
     claims_won,
-    /// Callers that waited for another caller's load (a lease holder or the same process).
+    /// Callers that waited for another caller's load (in this process, or a placeholder or
+    /// claim of another process).
     lease_waits,
     /// Loader calls made by `get_or_set_with` and friends.
     loader_calls,
@@ -52,6 +53,15 @@ stats! {
     backend_errors_absorbed,
     /// Items whose bytes could not be decoded.
     decode_errors,
+    /// Items of a newer envelope format (written by a newer newcache), read as misses.
+    newer_format,
+    /// `get_or_set_with` calls that gave up after `max_wait` waiting for another caller's load.
+    wait_timeouts,
+    /// Loads whose result was not stored because the key was written, deleted or taken over
+    /// while they ran (the newer state was kept).
+    loads_superseded,
+    /// Loaded values too large to cache: returned to their callers, not stored.
+    too_large,
 }
 
 impl Counters {

@@ -6,6 +6,11 @@ use std::time::Duration;
 /// memcached reads an `exptime` above this many seconds (30 days) as an absolute unix time.
 pub const RELATIVE_EXPTIME_MAX: u64 = 2_592_000;
 
+/// An `exptime` that memcached (and the memory backend) reads as an absolute time in 1970: the
+/// item is stored already expired. A `cas` with it is a delete conditional on the CAS token,
+/// which the text protocol has no command for.
+pub(crate) const EXPIRED: u32 = RELATIVE_EXPTIME_MAX as u32 + 1;
+
 /// How long a value lives.
 ///
 /// `Duration`s convert into `Ttl::After`, so every `ttl` parameter takes either form:
@@ -94,6 +99,20 @@ pub(crate) fn soft_expiry_ms(life: Lifetime, now_ms: u64) -> u64 {
         Lifetime::Forever => 0,
         Lifetime::Expired => now_ms,
         Lifetime::For(d) => now_ms.saturating_add(d.as_millis().min(u128::from(u64::MAX)) as u64),
+    }
+}
+
+/// When memcached should drop a value written at `now_ms` for `life` plus `padding`, in unix
+/// milliseconds (0 = never): what the envelope records, so that claims never shorten it.
+pub(crate) fn hard_expiry_ms(life: Lifetime, padding: Duration, now_ms: u64) -> u64 {
+    match life {
+        Lifetime::Forever => 0,
+        Lifetime::Expired => now_ms,
+        Lifetime::For(d) => now_ms.saturating_add(
+            d.saturating_add(padding)
+                .as_millis()
+                .min(u128::from(u64::MAX)) as u64,
+        ),
     }
 }
 

@@ -9,7 +9,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
-use super::{Backend, DEFAULT_ITEM_SIZE, Item, StoreMode, StoreOutcome, max_value_size};
+use super::{
+    Backend, DEFAULT_ITEM_SIZE, Item, StoreMode, StoreOutcome, max_value_size, parse_counter,
+};
 use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, ErrorKind, Result};
 use crate::ttl::hard_deadline_ms;
@@ -164,15 +166,6 @@ impl MemoryBackend {
     }
 }
 
-/// memcached's reading of a counter: decimal digits, optionally followed by spaces.
-pub(crate) fn parse_counter(bytes: &[u8]) -> Option<u64> {
-    let s = std::str::from_utf8(bytes).ok()?.trim_end_matches(' ');
-    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    s.parse().ok()
-}
-
 impl Backend for MemoryBackend {
     fn get(&self, key: &str) -> Result<Option<Item>> {
         let now = self.clock.now_ms();
@@ -265,7 +258,7 @@ pub(crate) fn too_large(len: usize, max: usize) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clock::MockClock;
+    use crate::testing::MockClock;
     use std::time::Duration;
 
     fn backend() -> (MemoryBackend, Arc<MockClock>) {

@@ -46,6 +46,21 @@ pub enum StoreOutcome {
     NotFound,
 }
 
+/// One write of a batch ([`Backend::store_many`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Write<'a> {
+    /// How to write.
+    pub mode: StoreMode,
+    /// The derived key.
+    pub key: &'a str,
+    /// The bytes.
+    pub value: &'a [u8],
+    /// memcached's client flags.
+    pub flags: u32,
+    /// memcached's `exptime`.
+    pub exptime: u32,
+}
+
 /// A cache store speaking memcached's semantics on bytes.
 ///
 /// Object-safe; `newcache` holds it as `Arc<dyn Backend>`. The batch methods have default
@@ -70,6 +85,23 @@ pub trait Backend: Debug + Send + Sync {
         flags: u32,
         exptime: u32,
     ) -> Result<StoreOutcome>;
+
+    /// Writes one item, then reads the key back, on the same connection (one round trip on
+    /// memcached): what the herd protocol uses to learn the CAS token of what it just wrote.
+    /// Another client's write may land between the two; the caller checks the token it wrote.
+    fn store_then_get(&self, w: Write<'_>) -> Result<(StoreOutcome, Option<Item>)> {
+        let outcome = self.store(w.mode, w.key, w.value, w.flags, w.exptime)?;
+        Ok((outcome, self.get(w.key)?))
+    }
+
+    /// Writes several items, each with its own mode, in one round trip per server; one outcome
+    /// per write, in order. Values must fit [`max_value_size`](Backend::max_value_size).
+    fn store_many(&self, writes: &[Write<'_>]) -> Result<Vec<StoreOutcome>> {
+        writes
+            .iter()
+            .map(|w| self.store(w.mode, w.key, w.value, w.flags, w.exptime))
+            .collect()
+    }
 
     /// Writes several items unconditionally, all with the same flags and `exptime`.
     fn set_many(&self, items: &[(&str, &[u8])], flags: u32, exptime: u32) -> Result<()> {
@@ -116,4 +148,14 @@ pub(crate) const ITEM_OVERHEAD: usize = 64;
 /// The value limit both backends apply, so that what fits in one fits in the other.
 pub(crate) fn max_value_size(item_size: usize, key: &str) -> usize {
     item_size.saturating_sub(key.len() + ITEM_OVERHEAD)
+}
+
+/// memcached's reading of a counter: decimal digits, optionally followed by the spaces memcached
+/// pads a shrunk counter with.
+pub(crate) fn parse_counter(bytes: &[u8]) -> Option<u64> {
+    let s = std::str::from_utf8(bytes).ok()?.trim_end_matches(' ');
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok()
 }

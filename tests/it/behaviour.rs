@@ -33,7 +33,7 @@ crate::on_every_backend!(
     version_bump_invalidates,
     stale_value_is_claimed_by_one_reader_and_served_to_the_rest,
     exactly_one_claim_among_16_threads,
-    dead_claimant_is_replaced_by_exactly_one_new_claimant,
+    a_dead_claimants_value_is_served_only_up_to_its_bound,
     soft_expiry_has_millisecond_precision,
     set_many_values_get_herd_protection,
     get_many_claims_stale_keys_and_leaves_them_out,
@@ -147,7 +147,10 @@ fn exactly_one_claim_among_16_threads(env: &Env) {
     }
 }
 
-fn dead_claimant_is_replaced_by_exactly_one_new_claimant(env: &Env) {
+/// A `get` claimant that never `set`s: its claim lasts the herd timeout, and so does the value.
+/// Past the soft expiry plus the herd timeout nobody is served it (the staleness bound), however
+/// many readers claimed it on the way.
+fn a_dead_claimants_value_is_served_only_up_to_its_bound(env: &Env) {
     let cache = env.builder().herd_timeout(S(30)).build().unwrap();
     cache.set("k", &1u32, S(10)).unwrap();
     env.advance(S(10));
@@ -165,12 +168,7 @@ fn dead_claimant_is_replaced_by_exactly_one_new_claimant(env: &Env) {
             .collect();
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
-    assert_eq!(
-        results.iter().filter(|r| r.is_none()).count(),
-        1,
-        "{results:?}"
-    );
-    assert_eq!(results.iter().filter(|r| **r == Some(1)).count(), 15);
+    assert!(results.iter().all(Option::is_none), "{results:?}");
 }
 
 fn soft_expiry_has_millisecond_precision(env: &Env) {

@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use newcache::{Backend, Cache, CacheBuilder, MemoryBackend, MockClock, StoreMode};
+use newcache::testing::MockClock;
+use newcache::{Backend, Cache, CacheBuilder, MemoryBackend, StoreMode};
 
 /// A memcached process on 127.0.0.1:port, killed when dropped.
 pub struct Memcached {

@@ -1,12 +1,12 @@
 //! One TCP connection to one memcached, and the r2d2 manager that makes them. A connection that
 //! saw an I/O or protocol error is marked broken and r2d2 drops it instead of reusing it.
 
-use std::io::{BufReader, Write};
+use std::io::{BufReader, Write as _};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
 use super::wire;
-use crate::backend::{Item, StoreMode, StoreOutcome};
+use crate::backend::{Item, StoreMode, StoreOutcome, Write};
 use crate::error::{Error, ErrorKind, Result};
 
 /// Commands written before their replies are read, in a pipelined batch. Bounds what both sides
@@ -122,25 +122,49 @@ impl Conn {
         )
     }
 
-    /// Pipelined sets; fails on the first error reply (after reading every reply).
-    pub(crate) fn set_many(
+    /// A write followed by a read of the same key, pipelined in one round trip.
+    pub(crate) fn store_then_get(
         &mut self,
-        items: &[(&str, &[u8])],
-        flags: u32,
-        exptime: u32,
-    ) -> Result<()> {
-        for chunk in items.chunks(PIPELINE_CHUNK) {
+        w: &Write<'_>,
+        max_value: usize,
+    ) -> Result<(StoreOutcome, Option<Item>)> {
+        let mut out = [None];
+        let outcome = self.exchange(
+            |b| {
+                wire::encode_store(b, w.mode, w.key, w.value, w.flags, w.exptime);
+                wire::encode_gets(b, &[w.key]);
+            },
+            |r| {
+                // An error reply that leaves the connection in step still has the read's reply
+                // behind it: read both before giving up.
+                let stored = match wire::read_store(r) {
+                    Err(e) if !wire::leaves_connection_usable(&e) => return Err(e),
+                    other => other,
+                };
+                wire::read_values(r, max_value, &[w.key], &mut out)?;
+                stored
+            },
+        )?;
+        let [item] = out;
+        Ok((outcome, item))
+    }
+
+    /// Pipelined writes, one outcome each; fails on the first error reply (after reading every
+    /// reply, so the connection stays in step).
+    pub(crate) fn store_many(&mut self, writes: &[Write<'_>]) -> Result<Vec<StoreOutcome>> {
+        let mut outcomes = Vec::with_capacity(writes.len());
+        for chunk in writes.chunks(PIPELINE_CHUNK) {
             self.exchange(
                 |b| {
-                    for (k, v) in chunk {
-                        wire::encode_store(b, StoreMode::Set, k, v, flags, exptime);
+                    for w in chunk {
+                        wire::encode_store(b, w.mode, w.key, w.value, w.flags, w.exptime);
                     }
                 },
                 |r| {
                     let mut first_err = None;
                     for _ in chunk {
                         match wire::read_store(r) {
-                            Ok(_) => {}
+                            Ok(o) => outcomes.push(o),
                             Err(e) if wire::leaves_connection_usable(&e) => {
                                 first_err.get_or_insert(e);
                             }
@@ -151,7 +175,7 @@ impl Conn {
                 },
             )?;
         }
-        Ok(())
+        Ok(outcomes)
     }
 
     pub(crate) fn delete(&mut self, key: &str) -> Result<bool> {

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::error::ErrorKind;
+use crate::error::Error;
 
 /// A shared, type-erased value (the cache hands out clones of the `T` inside).
 pub(crate) type Shared = Arc<dyn Any + Send + Sync>;
@@ -21,8 +21,8 @@ pub(crate) enum Outcome {
     Pending,
     /// A value (fresh, or stale while the leader refreshes it).
     Value(Shared),
-    /// The leader's load failed; waiters get an error of this kind with this message.
-    Failed(ErrorKind, String),
+    /// The leader's call failed; waiters get the same error (sharing its source).
+    Failed(Error),
     /// The leader went away without an answer (it panicked, or gave up): retry.
     Abandoned,
 }

@@ -1,0 +1,157 @@
+//! The memcached backend's settings: servers (with weights), timeouts, pool size, health limits,
+//! and what happens to a dead server's keys.
+
+use std::time::Duration;
+
+use crate::backend::DEFAULT_ITEM_SIZE;
+use crate::error::{Error, Result};
+
+/// Default limit on waiting for a pooled connection, including connecting.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+/// Default limit on one socket read or write.
+pub const DEFAULT_IO_TIMEOUT: Duration = Duration::from_millis(500);
+/// Default connections per server.
+pub const DEFAULT_POOL_SIZE: u32 = 16;
+/// Default consecutive failures after which a server is marked dead.
+pub const DEFAULT_FAILURE_LIMIT: u32 = 2;
+/// Default time a dead server is left alone before one caller probes it.
+pub const DEFAULT_RETRY_INTERVAL: Duration = Duration::from_secs(1);
+
+/// What happens to the keys of a server that is marked dead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum DeadServerPolicy {
+    /// Its keys fail fast (a backend error, a miss under the default read policy) until it answers
+    /// again: no waiting on a dead server, and no stale copies on other servers when it returns
+    /// (the default, and libmemcached's default of not ejecting hosts from the key space).
+    #[default]
+    FailFast,
+    /// Its keys are remapped to the remaining servers (ketama moves only its share) until it
+    /// answers again, like libmemcached's `auto_eject_hosts`. Reads of those keys miss at first;
+    /// when the server returns, its keys map back to it, and values written elsewhere meanwhile are
+    /// no longer seen.
+    Remap,
+}
+
+/// One memcached server: where it is and its share of the keys.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerSpec {
+    pub(crate) host: String,
+    pub(crate) port: u16,
+    pub(crate) weight: u32,
+}
+
+impl ServerSpec {
+    /// Parses `host:port`, `memcache://host:port` or `[v6addr]:port` (weight 1).
+    pub fn parse(s: &str) -> Result<ServerSpec> {
+        let rest = s.trim();
+        let rest = rest.strip_prefix("memcache://").unwrap_or(rest);
+        let rest = rest.trim_end_matches('/');
+        let bad = |why: &str| Error::config(format!("bad memcached server {s:?}: {why}"));
+        let (host, port) = if let Some(v6) = rest.strip_prefix('[') {
+            let (h, p) = v6
+                .split_once("]:")
+                .ok_or_else(|| bad("expected [addr]:port"))?;
+            (h, p)
+        } else {
+            rest.rsplit_once(':')
+                .ok_or_else(|| bad("expected host:port"))?
+        };
+        if host.is_empty() || host.contains(char::is_whitespace) {
+            return Err(bad("empty or malformed host"));
+        }
+        let port: u16 = port.parse().map_err(|_| bad("the port is not a number"))?;
+        if port == 0 {
+            return Err(bad("port 0"));
+        }
+        Ok(ServerSpec {
+            host: host.to_string(),
+            port,
+            weight: 1,
+        })
+    }
+
+    /// The same server with another weight (its share of keys is weight / total weight).
+    pub fn with_weight(mut self, weight: u32) -> ServerSpec {
+        self.weight = weight.max(1);
+        self
+    }
+
+    pub(crate) fn addr(&self) -> String {
+        if self.host.contains(':') {
+            format!("[{}]:{}", self.host, self.port)
+        } else {
+            format!("{}:{}", self.host, self.port)
+        }
+    }
+}
+
+/// Connection settings of a [`MemcachedBackend`].
+#[derive(Debug, Clone)]
+pub struct MemcachedConfig {
+    /// The servers; at least one.
+    pub servers: Vec<ServerSpec>,
+    /// How long an operation may wait for a connection (checkout and connect).
+    pub connect_timeout: Duration,
+    /// How long one socket read or write may take.
+    pub io_timeout: Duration,
+    /// Connections per server.
+    pub pool_size: u32,
+    /// The servers' item size limit (`memcached -I`), 1 MiB by default.
+    pub item_size: usize,
+    /// Consecutive failures (connect errors, timeouts, I/O errors) that mark a server dead.
+    pub failure_limit: u32,
+    /// How long a dead server is left alone before one caller probes it again.
+    pub retry_interval: Duration,
+    /// Fail fast or remap the keys of a dead server.
+    pub dead_servers: DeadServerPolicy,
+}
+
+impl MemcachedConfig {
+    /// Defaults for these servers.
+    pub fn new(servers: Vec<ServerSpec>) -> MemcachedConfig {
+        MemcachedConfig {
+            servers,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            io_timeout: DEFAULT_IO_TIMEOUT,
+            pool_size: DEFAULT_POOL_SIZE,
+            item_size: DEFAULT_ITEM_SIZE,
+            failure_limit: DEFAULT_FAILURE_LIMIT,
+            retry_interval: DEFAULT_RETRY_INTERVAL,
+            dead_servers: DeadServerPolicy::FailFast,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_specs() {
+        let s = ServerSpec::parse("127.0.0.1:11211").unwrap();
+        assert_eq!((s.host.as_str(), s.port, s.weight), ("127.0.0.1", 11211, 1));
+        assert_eq!(
+            ServerSpec::parse("memcache://cache-1:22122")
+                .unwrap()
+                .addr(),
+            "cache-1:22122"
+        );
+        assert_eq!(
+            ServerSpec::parse("[::1]:11211").unwrap().addr(),
+            "[::1]:11211"
+        );
+        for bad in [
+            "",
+            "host",
+            "host:",
+            "host:x",
+            ":11211",
+            "host:0",
+            "host:70000",
+        ] {
+            assert!(ServerSpec::parse(bad).unwrap_err().is_config(), "{bad}");
+        }
+    }
+
+}

@@ -1,0 +1,91 @@
+//! Which server holds a key: libmemcached's weighted ketama ring over every server, or (under
+//! `DeadServerPolicy::Remap`) over the servers not marked dead, rebuilt only when that set changes.
+
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+
+use super::config::{DeadServerPolicy, ServerSpec};
+use super::ring::{Node, Ring};
+
+/// Key placement over a fixed server list.
+#[derive(Debug)]
+pub(crate) struct Routing {
+    nodes: Vec<Node>,
+    ring: Ring,
+    policy: DeadServerPolicy,
+    /// The ring over the servers not marked dead, with the liveness it was built for (Remap).
+    live_ring: RwLock<(Vec<bool>, Arc<Ring>)>,
+}
+
+impl Routing {
+    pub(crate) fn new(servers: &[ServerSpec], policy: DeadServerPolicy) -> Routing {
+        let nodes: Vec<Node> = servers
+            .iter()
+            .map(|s| Node {
+                host: s.host.clone(),
+                port: s.port,
+                weight: s.weight,
+            })
+            .collect();
+        let all = vec![true; nodes.len()];
+        let ring = Ring::new(&nodes, &all);
+        Routing {
+            live_ring: RwLock::new((all, Arc::new(ring.clone()))),
+            nodes,
+            ring,
+            policy,
+        }
+    }
+
+    /// The server of `key` when every server is up.
+    pub(crate) fn home(&self, key: &str) -> usize {
+        if self.nodes.len() == 1 {
+            return 0;
+        }
+        self.ring.locate(key.as_bytes()).unwrap_or(0)
+    }
+
+    /// The server to send `key` to now; `routable(i)` says whether server `i` is not marked dead.
+    pub(crate) fn route(&self, key: &str, routable: impl Fn(usize) -> bool) -> usize {
+        if self.nodes.len() == 1 {
+            return 0;
+        }
+        if self.policy == DeadServerPolicy::Remap && !(0..self.nodes.len()).all(&routable) {
+            return self.remapped(key, (0..self.nodes.len()).map(routable).collect());
+        }
+        self.home(key)
+    }
+
+    fn remapped(&self, key: &str, live: Vec<bool>) -> usize {
+        let cached = {
+            let c = self.live_ring.read();
+            (c.0 == live).then(|| c.1.clone())
+        };
+        let ring = cached.unwrap_or_else(|| {
+            let fresh = Arc::new(Ring::new(&self.nodes, &live));
+            *self.live_ring.write() = (live, fresh.clone());
+            fresh
+        });
+        // Every server dead: fall back to the full ring (the call fails fast there).
+        ring.locate(key.as_bytes())
+            .unwrap_or_else(|| self.home(key))
+    }
+
+    /// Groups positions of `keys` by server, preserving order within a server.
+    pub(crate) fn by_server<'k>(
+        &self,
+        keys: impl Iterator<Item = &'k str>,
+        routable: impl Fn(usize) -> bool,
+    ) -> Vec<(usize, Vec<usize>)> {
+        let mut groups: Vec<(usize, Vec<usize>)> = Vec::new();
+        for (pos, k) in keys.enumerate() {
+            let s = self.route(k, &routable);
+            match groups.iter_mut().find(|(i, _)| *i == s) {
+                Some((_, v)) => v.push(pos),
+                None => groups.push((s, vec![pos])),
+            }
+        }
+        groups
+    }
+}

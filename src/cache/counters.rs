@@ -1,0 +1,79 @@
+//! Counters: memcached's own decimal items (no envelope, no herd padding), so that `incr` and
+//! `decr` run on the server.
+
+use std::time::Duration;
+
+use super::Cache;
+use crate::backend::{StoreMode, parse_counter};
+use crate::envelope;
+use crate::error::{Error, ErrorKind, Result};
+use crate::ttl::{self, Lifetime, Ttl};
+
+impl Cache {
+    /// Stores a counter in memcached's plain decimal form (no envelope, no herd padding), so that
+    /// [`incr`](Cache::incr) and [`decr`](Cache::decr) work on it.
+    pub fn set_counter(&self, key: &str, value: u64, ttl: impl Into<Ttl>) -> Result<()> {
+        let k = self.keys.make(key)?;
+        let life = ttl.into().resolve(self.inner.default_ttl);
+        if life == Lifetime::Expired {
+            return self.inner.backend.delete(&k).map(|_| ());
+        }
+        let exptime = ttl::exptime(life, Duration::ZERO, self.now_ms() / 1000);
+        self.inner
+            .backend
+            .store(
+                StoreMode::Set,
+                &k,
+                value.to_string().as_bytes(),
+                envelope::COUNTER_FLAGS,
+                exptime,
+            )
+            .map(|_| ())
+    }
+
+    /// Adds `delta` to a counter and returns the new value (wrapping at 2^64, as memcached does).
+    ///
+    /// # Errors
+    /// `is_not_found()` if the counter does not exist (it is never created implicitly);
+    /// `is_not_a_counter()` if the key holds something else.
+    pub fn incr(&self, key: &str, delta: u64) -> Result<u64> {
+        let k = self.keys.make(key)?;
+        self.inner
+            .backend
+            .incr(&k, delta)?
+            .ok_or_else(|| not_found(key))
+    }
+
+    /// Subtracts `delta` from a counter and returns the new value; memcached clamps at zero.
+    ///
+    /// # Errors
+    /// As [`incr`](Cache::incr).
+    pub fn decr(&self, key: &str, delta: u64) -> Result<u64> {
+        let k = self.keys.make(key)?;
+        self.inner
+            .backend
+            .decr(&k, delta)?
+            .ok_or_else(|| not_found(key))
+    }
+
+    /// Reads a counter; `None` if it does not exist.
+    ///
+    /// # Errors
+    /// `is_not_a_counter()` if the key holds something that is not a decimal counter.
+    pub fn get_counter(&self, key: &str) -> Result<Option<u64>> {
+        let k = self.keys.make(key)?;
+        match self.inner.backend.get(&k)? {
+            None => Ok(None),
+            Some(item) => parse_counter(&item.value).map(Some).ok_or_else(|| {
+                Error::new(
+                    ErrorKind::NotACounter,
+                    format!("the value under {key:?} is not a decimal counter"),
+                )
+            }),
+        }
+    }
+}
+
+fn not_found(key: &str) -> Error {
+    Error::new(ErrorKind::NotFound, format!("no counter under {key:?}"))
+}

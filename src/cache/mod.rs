@@ -1,0 +1,208 @@
+//! The typed facade: `Cache` turns user keys and serde values into derived keys and envelopes,
+//! and drives the herd protocol ([`protocol`](crate::protocol)) on the backend's bytes.
+
+mod counters;
+pub(crate) mod policy;
+pub(crate) mod read;
+mod write;
+
+use std::cell::Cell;
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::backend::Backend;
+use crate::clock::Clock;
+use crate::config::Config;
+use crate::error::Result;
+use crate::key::KeyMaker;
+use crate::loader::coalesce::Coalescer;
+use crate::loader::lease::Renewer;
+use crate::protocol::{Now, Settings};
+use crate::rng::Rng;
+use crate::stats::{Counters, Stats};
+
+pub use self::policy::{DecodePolicy, FailurePolicy, Herd};
+
+/// What every clone and version view of a cache shares.
+pub(crate) struct Inner {
+    pub(crate) backend: Arc<dyn Backend>,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) default_ttl: Duration,
+    pub(crate) herd_timeout: Duration,
+    pub(crate) read_failures: FailurePolicy,
+    pub(crate) write_failures: FailurePolicy,
+    pub(crate) decode_policy: DecodePolicy,
+    pub(crate) lease_ttl: Duration,
+    pub(crate) max_wait: Duration,
+    pub(crate) max_load_time: Duration,
+    pub(crate) early_beta: Option<f64>,
+    pub(crate) stale_on_error: Option<Duration>,
+    pub(crate) stats: Counters,
+    pub(crate) coalescer: Coalescer,
+    pub(crate) renewer: Renewer,
+    pub(crate) rng: Rng,
+    /// The origin of the monotonic times handed to the protocol.
+    started: Instant,
+}
+
+/// A typed, herd-safe cache.
+///
+/// A cheap handle: cloning it clones an `Arc`, and every clone shares the backend, its connection
+/// pools and the stats. Build one per application with [`Cache::builder`] and hand clones to every
+/// thread. `Cache` is `Send + Sync`. It never needs an async runtime, and may be called from
+/// inside one through `tokio::task::spawn_blocking` (its calls block).
+///
+/// ```
+/// use std::time::Duration;
+/// use newcache::{Cache, Ttl};
+///
+/// let cache = Cache::builder().in_memory().flavor("prod").build()?;
+/// cache.set("greeting", "hello", Ttl::Default)?;
+/// assert_eq!(cache.get::<String>("greeting")?.as_deref(), Some("hello"));
+/// assert_eq!(cache.make_key("foo"), "prod-1-0beec7b5ea3f0fdbc95d0dd47f3c5bc275da8a33");
+/// # Ok::<(), newcache::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct Cache {
+    pub(crate) inner: Arc<Inner>,
+    pub(crate) keys: KeyMaker,
+}
+
+impl fmt::Debug for Cache {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Cache")
+            .field("keys", &self.keys)
+            .field("backend", &self.inner.backend)
+            .field("default_ttl", &self.inner.default_ttl)
+            .field("herd_timeout", &self.inner.herd_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Cache {
+    /// A cache from validated settings (what [`CacheBuilder::build`](crate::CacheBuilder::build)
+    /// makes).
+    pub(crate) fn from_config(c: Config) -> Cache {
+        let renewer = Renewer::new(c.backend.clone(), c.clock.clone());
+        Cache {
+            inner: Arc::new(Inner {
+                backend: c.backend,
+                clock: c.clock,
+                default_ttl: c.default_ttl,
+                herd_timeout: c.herd_timeout,
+                read_failures: c.read_failures,
+                write_failures: c.write_failures,
+                decode_policy: c.decode_policy,
+                lease_ttl: c.lease_ttl,
+                max_wait: c.max_wait,
+                max_load_time: c.max_load_time,
+                early_beta: c.early_beta,
+                stale_on_error: c.stale_on_error,
+                stats: Counters::default(),
+                coalescer: Coalescer::default(),
+                renewer,
+                rng: Rng::new(c.seed),
+                started: Instant::now(),
+            }),
+            keys: c.keys,
+        }
+    }
+
+    /// The memcached key a user key maps to: `{flavor}-{version}-{sha1 hex}` by default.
+    pub fn make_key(&self, key: &str) -> String {
+        self.keys.make_unchecked(key)
+    }
+
+    /// A cache on the same backend (and stats) whose keys use another version. Bumping the
+    /// version makes every key written under the old one unreachable.
+    pub fn with_version(&self, version: u64) -> Cache {
+        let mut keys = self.keys.clone();
+        keys.version = version;
+        Cache {
+            inner: self.inner.clone(),
+            keys,
+        }
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> Stats {
+        self.inner.stats.snapshot()
+    }
+
+    pub(crate) fn now_ms(&self) -> u64 {
+        self.inner.clock.now_ms()
+    }
+
+    /// The times the protocol is told.
+    pub(crate) fn now(&self) -> Now {
+        Now {
+            wall_ms: self.now_ms(),
+            mono_ms: self.inner.started.elapsed().as_millis() as u64,
+        }
+    }
+
+    /// The protocol's settings for one call.
+    pub(crate) fn settings(&self, xfetch: bool) -> Settings {
+        let i = &self.inner;
+        Settings {
+            herd_ms: i.herd_timeout.as_millis() as u64,
+            lease_ms: i.lease_ttl.as_millis() as u64,
+            max_wait_ms: i.max_wait.as_millis() as u64,
+            max_load_ms: i.max_load_time.as_millis() as u64,
+            xfetch: match (xfetch, i.early_beta) {
+                (true, Some(beta)) => Some(crate::herd::Xfetch {
+                    beta,
+                    draw: i.rng.draw(),
+                }),
+                _ => None,
+            },
+        }
+    }
+
+    /// A claim token, unique among concurrent claimants of every process with overwhelming
+    /// probability. Drawn from a per-thread stream (seeded once from the cache's), so the read
+    /// path touches no shared state for it.
+    pub(crate) fn token(&self) -> u64 {
+        thread_local! {
+            static STATE: Cell<u64> = const { Cell::new(0) };
+        }
+        STATE.with(|s| {
+            let mut x = s.get();
+            if x == 0 {
+                x = self.inner.rng.next_u64() | 1;
+            }
+            // xorshift64: never reaches 0 from a non-zero state.
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            s.set(x);
+            x
+        })
+    }
+
+    /// Applies the read failure policy: `Ok(None)` for an absorbed backend error.
+    pub(crate) fn absorb_read<T>(&self, r: Result<T>) -> Result<Option<T>> {
+        self.absorb(r, self.inner.read_failures)
+    }
+
+    pub(crate) fn absorb_write<T>(&self, r: Result<T>) -> Result<Option<T>> {
+        self.absorb(r, self.inner.write_failures)
+    }
+
+    fn absorb<T>(&self, r: Result<T>, policy: FailurePolicy) -> Result<Option<T>> {
+        match r {
+            Ok(v) => Ok(Some(v)),
+            Err(e) if e.is_backend() => {
+                Counters::bump(&self.inner.stats.backend_errors);
+                if policy == FailurePolicy::Absorb {
+                    Counters::bump(&self.inner.stats.backend_errors_absorbed);
+                    Ok(None)
+                } else {
+                    Err(e)
+                }
+            }
+            Err(e) => Err(e),
+        }
+    }
+}

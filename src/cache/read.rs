@@ -1,0 +1,212 @@
+//! The read path: `get` and `get_many` drive the herd protocol in `Lookup` mode (serve fresh or
+//! stale values, claim a stale entry for this caller to recompute, never wait), and the one sync
+//! driver of the protocol, which the loader family shares.
+
+use std::collections::{HashMap, HashSet};
+use std::thread;
+
+use serde::de::DeserializeOwned;
+
+use super::{Cache, DecodePolicy};
+use crate::backend::{Item, Write};
+use crate::codec;
+use crate::envelope;
+use crate::error::{Error, Result};
+use crate::protocol::{Action, Found, Grant, Held, Machine, Mode};
+use crate::stats::Counters;
+
+/// Where a sync run of the protocol stopped.
+#[derive(Debug)]
+pub(crate) enum Step {
+    /// This caller holds the key: run the loader.
+    Load(Grant),
+    /// Finished.
+    Done(Found),
+}
+
+impl Cache {
+    /// Runs the protocol for derived key `k` from `action` until it finishes or grants a load.
+    /// Backend failures follow the read policy: an absorbed one ends the run with what the
+    /// machine can still serve (or [`Found::Unavailable`]).
+    pub(crate) fn drive(&self, k: &str, m: &mut Machine, mut action: Action) -> Result<Step> {
+        let b = &self.inner.backend;
+        let mut waited = false;
+        loop {
+            action = match action {
+                Action::Read => match self.absorb_read(b.get(k))? {
+                    Some(item) => m.on_read(self.now(), item),
+                    None => m.on_failed(self.now()),
+                },
+                Action::StoreThenRead {
+                    mode,
+                    value,
+                    exptime,
+                } => {
+                    let w = Write {
+                        mode,
+                        key: k,
+                        value: &value,
+                        flags: envelope::FLAGS,
+                        exptime,
+                    };
+                    match self.absorb_read(b.store_then_get(w))? {
+                        Some((outcome, after)) => m.on_stored(self.now(), outcome, after),
+                        None => m.on_failed(self.now()),
+                    }
+                }
+                Action::Sleep(pause) => {
+                    if !waited {
+                        waited = true;
+                        Counters::bump(&self.inner.stats.lease_waits);
+                    }
+                    thread::sleep(pause);
+                    m.on_wake(self.now())
+                }
+                Action::Load(grant) => return Ok(Step::Load(grant)),
+                Action::Done(found) => return Ok(Step::Done(found)),
+            }
+        }
+    }
+
+    /// A machine for one call on this cache.
+    pub(crate) fn machine(&self, mode: Mode) -> Machine {
+        Machine::new(
+            mode,
+            self.settings(mode != Mode::Lookup),
+            self.token(),
+            self.now(),
+        )
+    }
+
+    /// Reads a value.
+    ///
+    /// `None` when the key is missing, when another caller is loading it, or when this caller is
+    /// the one reader that claimed a stale entry: it should recompute the value and
+    /// [`set`](Cache::set) it, while every other reader keeps getting the stale value until then
+    /// (at most until the soft expiry plus the herd timeout: no value is served past that).
+    ///
+    /// The plain `get` → `None` → `set` pattern cannot protect an invalidation: a `delete` that
+    /// lands between this caller's read of the database and its `set` is overwritten. The loader
+    /// API ([`get_or_set_with`](Cache::get_or_set_with)) stores with `cas` against its claim and
+    /// never does.
+    ///
+    /// # Errors
+    /// A decode error if the bytes under the key are not a `T` written by newcache (unless the
+    /// decode policy is `Miss`); a backend error if the backend failed and the read failure
+    /// policy is `Propagate`. An item of a newer envelope format (a newer newcache wrote it) is
+    /// a counted miss, never an error.
+    pub fn get<T: DeserializeOwned>(&self, key: &str) -> Result<Option<T>> {
+        let k = self.keys.make(key)?;
+        let mut m = self.machine(Mode::Lookup);
+        match self.drive(&k, &mut m, Action::Read)? {
+            Step::Done(found) => self.looked_up(found),
+            // Lookup never loads; a grant would be a protocol bug. Report a miss.
+            Step::Load(_) => Ok(None),
+        }
+    }
+
+    /// What a `Lookup` found, decoded and counted.
+    fn looked_up<T: DeserializeOwned>(&self, found: Found) -> Result<Option<T>> {
+        let s = &self.inner.stats;
+        match found {
+            Found::Value { held, stale } => match self.decode_held::<T>(&held) {
+                Ok(v) => {
+                    Counters::bump(if stale { &s.stale_served } else { &s.hits });
+                    Ok(Some(v))
+                }
+                Err(e) => self.decode_failed(e),
+            },
+            Found::Miss { claimed } => {
+                if claimed {
+                    Counters::bump(&s.claims_won);
+                }
+                Counters::bump(&s.misses);
+                Ok(None)
+            }
+            Found::Newer => {
+                Counters::bump(&s.newer_format);
+                Counters::bump(&s.misses);
+                Ok(None)
+            }
+            Found::Foreign(e) => self.decode_failed(e),
+            Found::Busy | Found::TimedOut | Found::Unavailable => {
+                Counters::bump(&s.misses);
+                Ok(None)
+            }
+        }
+    }
+
+    pub(crate) fn decode_held<T: DeserializeOwned>(&self, held: &Held) -> Result<T> {
+        codec::decode(&held.item.value[held.offset..])
+    }
+
+    /// Applies the decode policy: the error, or a counted miss.
+    pub(crate) fn decode_failed<T>(&self, e: Error) -> Result<Option<T>> {
+        Counters::bump(&self.inner.stats.decode_errors);
+        match self.inner.decode_policy {
+            DecodePolicy::Error => Err(e),
+            DecodePolicy::Miss => {
+                Counters::bump(&self.inner.stats.misses);
+                Ok(None)
+            }
+        }
+    }
+
+    /// Reads several values in one round trip per server.
+    ///
+    /// The map is keyed by the caller's keys. Missing keys are left out, and so are keys being
+    /// loaded by another caller and stale keys that this caller claimed (exactly as
+    /// [`get`](Cache::get) reports them as `None`): the caller recomputes what is absent.
+    pub fn get_many<T: DeserializeOwned, K: AsRef<str>>(
+        &self,
+        keys: &[K],
+    ) -> Result<HashMap<String, T>> {
+        let mut out = HashMap::with_capacity(keys.len());
+        let (derived, items) = self.read_many(keys)?;
+        // One clock read for the batch.
+        let now = self.now();
+        for ((user_key, k), item) in keys.iter().zip(derived).zip(items) {
+            let Some(item) = item else { continue };
+            let mut m = Machine::new(Mode::Lookup, self.settings(false), self.token(), now);
+            let first = m.on_read(now, Some(item));
+            let found = match first {
+                Action::Done(found) => found,
+                action => match self.drive(&k, &mut m, action)? {
+                    Step::Done(found) => found,
+                    Step::Load(_) => continue,
+                },
+            };
+            if let Some(v) = self.looked_up(found)? {
+                out.insert(user_key.as_ref().to_string(), v);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Derives every key and reads them in one round trip per server. A key asked for twice is
+    /// read (and judged) once: its later positions come back `None` and are skipped by callers,
+    /// so that one caller never claims a key twice. Missing keys are counted as misses here.
+    pub(crate) fn read_many<K: AsRef<str>>(
+        &self,
+        keys: &[K],
+    ) -> Result<(Vec<String>, Vec<Option<Item>>)> {
+        let derived = keys
+            .iter()
+            .map(|k| self.keys.make(k.as_ref()))
+            .collect::<Result<Vec<_>>>()?;
+        let refs: Vec<&str> = derived.iter().map(String::as_str).collect();
+        let mut items = match self.absorb_read(self.inner.backend.get_many(&refs))? {
+            Some(items) => items,
+            None => vec![None; refs.len()],
+        };
+        let mut seen = HashSet::with_capacity(refs.len());
+        for (k, item) in refs.iter().zip(items.iter_mut()) {
+            if !seen.insert(*k) {
+                *item = None;
+            } else if item.is_none() {
+                Counters::bump(&self.inner.stats.misses);
+            }
+        }
+        Ok((derived, items))
+    }
+}

@@ -1,0 +1,225 @@
+//! The write path: `set`, `add`, `delete` and their batch forms. Every herd-protected write
+//! records its soft expiry and the herd timeout it was written with, and pads memcached's expiry
+//! by that timeout before the 30-day rule.
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::{Cache, Herd};
+use crate::backend::{Item, StoreMode, StoreOutcome};
+use crate::codec;
+use crate::envelope::{self, Header, Parsed};
+use crate::error::Result;
+use crate::herd::{self, Verdict};
+use crate::ttl::{self, Lifetime, Ttl};
+
+impl Cache {
+    /// The envelope bytes for a value, and the exptime to store them with.
+    pub(crate) fn encode<T: Serialize + ?Sized>(
+        &self,
+        value: &T,
+        life: Lifetime,
+        herd: Herd,
+        load_ms: u32,
+    ) -> Result<(Vec<u8>, u32)> {
+        let now = self.now_ms();
+        let mut buf = Vec::with_capacity(64);
+        let (mut header, padding) = match herd {
+            Herd::Protected => {
+                let herd_ms = self.inner.herd_timeout.as_millis() as u32;
+                let h = Header::value(ttl::soft_expiry_ms(life, now), now, load_ms, herd_ms);
+                (h, self.hard_padding(life))
+            }
+            Herd::Off => (Header::plain(now), Duration::ZERO),
+        };
+        header.expires_ms = ttl::hard_expiry_ms(life, padding, now);
+        header.write(&mut buf);
+        codec::encode_into(value, &mut buf)?;
+        Ok((buf, ttl::exptime(life, padding, now / 1000)))
+    }
+
+    /// How long memcached keeps a herd-protected value past its ttl: the herd timeout, or longer
+    /// when `serve_stale_on_error(max_age)` needs the value to exist until it is `max_age` old.
+    fn hard_padding(&self, life: Lifetime) -> Duration {
+        let herd = self.inner.herd_timeout;
+        match (life, self.inner.stale_on_error) {
+            (Lifetime::For(d), Some(max_age)) => herd.max(max_age.saturating_sub(d)),
+            _ => herd,
+        }
+    }
+
+    /// Stores a value with the herd protection.
+    ///
+    /// The value is fresh for `ttl`, then stale: the first reader to see it stale recomputes while
+    /// the others get the stale value, for up to the herd timeout (which memcached's own expiry
+    /// includes); after that nobody is served it. A zero `ttl` deletes the key (nothing is
+    /// readable afterwards). A `set` that lands while a loader of this key runs wins: the load's
+    /// result is not stored over it.
+    pub fn set<T: Serialize + ?Sized>(
+        &self,
+        key: &str,
+        value: &T,
+        ttl: impl Into<Ttl>,
+    ) -> Result<()> {
+        self.set_with(key, value, ttl, Herd::Protected)
+    }
+
+    /// Stores a value, choosing whether it gets the herd protection.
+    pub fn set_with<T: Serialize + ?Sized>(
+        &self,
+        key: &str,
+        value: &T,
+        ttl: impl Into<Ttl>,
+        herd: Herd,
+    ) -> Result<()> {
+        let k = self.keys.make(key)?;
+        let life = ttl.into().resolve(self.inner.default_ttl);
+        if life == Lifetime::Expired {
+            return self.absorb_write(self.inner.backend.delete(&k)).map(|_| ());
+        }
+        let (bytes, exptime) = self.encode(value, life, herd, 0)?;
+        self.absorb_write(self.inner.backend.store(
+            StoreMode::Set,
+            &k,
+            &bytes,
+            envelope::FLAGS,
+            exptime,
+        ))
+        .map(|_| ())
+    }
+
+    /// Stores a value only if the key holds no live value; `true` if it was stored.
+    ///
+    /// A stale value (past its soft expiry), or a placeholder of a load in progress, does not
+    /// count as live: it is replaced through CAS, so two concurrent `add`s still store at most
+    /// once, and the load's result is not stored over the added value.
+    pub fn add<T: Serialize + ?Sized>(
+        &self,
+        key: &str,
+        value: &T,
+        ttl: impl Into<Ttl>,
+    ) -> Result<bool> {
+        let k = self.keys.make(key)?;
+        let life = ttl.into().resolve(self.inner.default_ttl);
+        let b = &self.inner.backend;
+        if life == Lifetime::Expired {
+            // Like Django: stored and expired at once, if the key was free.
+            let Some(item) = b.get(&k)? else {
+                return Ok(true);
+            };
+            if self.is_live(&item) {
+                return Ok(false);
+            }
+            let outcome = b.store(StoreMode::Cas(item.cas), &k, b"", 0, ttl::EXPIRED)?;
+            return Ok(outcome == StoreOutcome::Stored);
+        }
+        let (bytes, exptime) = self.encode(value, life, Herd::Protected, 0)?;
+        for _ in 0..3 {
+            if b.store(StoreMode::Add, &k, &bytes, envelope::FLAGS, exptime)?
+                == StoreOutcome::Stored
+            {
+                return Ok(true);
+            }
+            let Some(item) = b.get(&k)? else {
+                continue; // expired or deleted in between: try the add again
+            };
+            if self.is_live(&item) {
+                return Ok(false);
+            }
+            return Ok(b.store(
+                StoreMode::Cas(item.cas),
+                &k,
+                &bytes,
+                envelope::FLAGS,
+                exptime,
+            )? == StoreOutcome::Stored);
+        }
+        Ok(false)
+    }
+
+    /// Whether an item counts as a live value for `add`: a fresh newcache value, or bytes newcache
+    /// does not judge (a plain value, another client's, a newer format's).
+    fn is_live(&self, item: &Item) -> bool {
+        match envelope::decode(item.flags, &item.value) {
+            Ok(Parsed::Item(h, _)) => matches!(
+                herd::judge(&h, self.now_ms(), None),
+                Verdict::Fresh | Verdict::EarlyRefresh
+            ),
+            _ => true,
+        }
+    }
+
+    /// Deletes a key; `true` if something was there.
+    ///
+    /// "Something" includes the placeholder of a load in progress: the delete removes it, and
+    /// that load's result is then not stored (its `cas` finds the key gone).
+    pub fn delete(&self, key: &str) -> Result<bool> {
+        let k = self.keys.make(key)?;
+        Ok(self
+            .absorb_write(self.inner.backend.delete(&k))?
+            .unwrap_or(false))
+    }
+
+    /// Stores several values with the herd protection, one round trip per server.
+    ///
+    /// Every value gets the same soft and hard expiry as [`set`](Cache::set) would give it
+    /// (django-newcache's `set_many` forgot the herd padding).
+    pub fn set_many<'v, K, T, I>(&self, items: I, ttl: impl Into<Ttl>) -> Result<()>
+    where
+        K: AsRef<str>,
+        T: Serialize + ?Sized + 'v,
+        I: IntoIterator<Item = (K, &'v T)>,
+    {
+        let life = ttl.into().resolve(self.inner.default_ttl);
+        let mut encoded: Vec<(String, Vec<u8>)> = Vec::new();
+        let mut exptime = 0;
+        for (k, v) in items {
+            let k = self.keys.make(k.as_ref())?;
+            if life == Lifetime::Expired {
+                encoded.push((k, Vec::new()));
+                continue;
+            }
+            let (bytes, e) = self.encode(v, life, Herd::Protected, 0)?;
+            exptime = e;
+            encoded.push((k, bytes));
+        }
+        if encoded.is_empty() {
+            return Ok(());
+        }
+        if life == Lifetime::Expired {
+            let keys: Vec<&str> = encoded.iter().map(|(k, _)| k.as_str()).collect();
+            return self
+                .absorb_write(self.inner.backend.delete_many(&keys))
+                .map(|_| ());
+        }
+        let batch: Vec<(&str, &[u8])> = encoded
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_slice()))
+            .collect();
+        self.absorb_write(
+            self.inner
+                .backend
+                .set_many(&batch, envelope::FLAGS, exptime),
+        )
+        .map(|_| ())
+    }
+
+    /// Deletes several keys, one round trip per server; returns how many existed.
+    pub fn delete_many<K: AsRef<str>>(&self, keys: &[K]) -> Result<usize> {
+        let derived = keys
+            .iter()
+            .map(|k| self.keys.make(k.as_ref()))
+            .collect::<Result<Vec<_>>>()?;
+        let refs: Vec<&str> = derived.iter().map(String::as_str).collect();
+        Ok(self
+            .absorb_write(self.inner.backend.delete_many(&refs))?
+            .unwrap_or(0))
+    }
+
+    /// Removes everything from the backend (memcached's `flush_all` on every server), as
+    /// Django's and django-newcache's `clear` do; every version and flavor is affected.
+    pub fn clear(&self) -> Result<()> {
+        self.inner.backend.flush_all()
+    }
+}

@@ -1,0 +1,29 @@
+//! The validated settings a [`Cache`](crate::Cache) is built from. [`CacheBuilder`]
+//! (crate::CacheBuilder) produces one; `Cache` consumes it. Plain data, no behaviour.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::backend::Backend;
+use crate::cache::policy::{DecodePolicy, FailurePolicy};
+use crate::clock::Clock;
+use crate::key::KeyMaker;
+
+/// Everything a cache needs, validated.
+#[derive(Debug)]
+pub(crate) struct Config {
+    pub(crate) backend: Arc<dyn Backend>,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) keys: KeyMaker,
+    pub(crate) default_ttl: Duration,
+    pub(crate) herd_timeout: Duration,
+    pub(crate) read_failures: FailurePolicy,
+    pub(crate) write_failures: FailurePolicy,
+    pub(crate) decode_policy: DecodePolicy,
+    pub(crate) lease_ttl: Duration,
+    pub(crate) max_wait: Duration,
+    pub(crate) max_load_time: Duration,
+    pub(crate) early_beta: Option<f64>,
+    pub(crate) stale_on_error: Option<Duration>,
+    pub(crate) seed: u64,
+}

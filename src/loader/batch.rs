@@ -1,0 +1,259 @@
+//! `get_many_or_set_with`: the herd protocol for many keys at once, in `Batch` mode. Every round
+//! of claims and placeholders is one pipelined write and one multi-key read per server; the
+//! loader runs once, for every key this caller must compute; what it returns is stored with `cas`
+//! against this caller's claims in one more round trip.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Instant;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::lease::{Completed, HeldLease};
+use super::load_ms;
+use crate::backend::Write;
+use crate::cache::{Cache, DecodePolicy, Herd};
+use crate::envelope;
+use crate::error::{BoxError, Error, Result};
+use crate::protocol::{Action, Found, Machine, Mode};
+use crate::stats::Counters;
+use crate::ttl::{Lifetime, Ttl};
+
+/// Rounds of claims before a batch gives up on the keys still contended (they are then loaded
+/// without a claim, and not stored).
+const MAX_ROUNDS: usize = 8;
+
+/// One key of a batch, while its machine runs.
+struct Pending {
+    /// The caller's key.
+    key: String,
+    derived: String,
+    machine: Machine,
+    action: Action,
+}
+
+impl Cache {
+    /// The batch form of [`get_or_set_with`](Cache::get_or_set_with): one backend round trip (per
+    /// server) for the reads, one round of claims for the keys that are missing or stale, one
+    /// loader call with every key this caller must compute, and one batched `cas` of what the
+    /// loader returned.
+    ///
+    /// The loader receives the caller's keys it must compute and returns a map from those keys to
+    /// values; keys it leaves out are absent from the result (and not cached).
+    ///
+    /// Keys are claimed as in `get_or_set_with` (a stale key by `cas`, a missing one by a
+    /// placeholder), so a `delete` or `set` that lands while the loader runs is never overwritten.
+    /// A batch never waits: a key that another caller is loading is loaded by this batch too, and
+    /// returned, but not stored. Batches are not coalesced in-process.
+    ///
+    /// # Errors
+    /// As [`get_or_set_with`](Cache::get_or_set_with). If the loader fails, a batch that held
+    /// stale values for every key it had to compute returns them when
+    /// [`serve_stale_on_error`](crate::CacheBuilder::serve_stale_on_error) allows.
+    pub fn get_many_or_set_with<T, K, F, E>(
+        &self,
+        keys: &[K],
+        ttl: impl Into<Ttl>,
+        loader: F,
+    ) -> Result<HashMap<String, T>>
+    where
+        T: Serialize + DeserializeOwned,
+        K: AsRef<str>,
+        F: FnOnce(&[String]) -> std::result::Result<HashMap<String, T>, E>,
+        E: Into<BoxError>,
+    {
+        let ttl = ttl.into();
+        let s = &self.inner.stats;
+        let (derived, items) = self.read_many(keys)?;
+        let mut out = HashMap::with_capacity(keys.len());
+        // The keys to load, each once and in the caller's order, and the claims held on them.
+        let mut wanted: Vec<String> = Vec::new();
+        let mut leases: HashMap<String, HeldLease> = HashMap::new();
+        let mut held: HashMap<String, (T, u64)> = HashMap::new();
+        let now = self.now();
+        let mut pending = Vec::new();
+        let mut seen = HashSet::with_capacity(keys.len());
+        for ((user_key, d), item) in keys.iter().zip(derived).zip(items) {
+            if !seen.insert(d.clone()) {
+                continue;
+            }
+            let mut machine = Machine::new(Mode::Batch, self.settings(true), self.token(), now);
+            let action = machine.on_read(now, item);
+            pending.push(Pending {
+                key: user_key.as_ref().to_string(),
+                derived: d,
+                machine,
+                action,
+            });
+        }
+        for _ in 0..MAX_ROUNDS {
+            if pending.is_empty() {
+                break;
+            }
+            let mut writing = Vec::new();
+            for mut p in pending.drain(..) {
+                let action = std::mem::replace(&mut p.action, Action::Read);
+                match action {
+                    Action::StoreThenRead { .. } => {
+                        p.action = action;
+                        writing.push(p);
+                    }
+                    Action::Load(grant) => {
+                        if let Some(h) = &grant.held {
+                            Counters::bump(&s.claims_won);
+                            if let Ok(v) = self.decode_held::<T>(h) {
+                                held.insert(p.key.clone(), (v, h.header.written_ms));
+                            }
+                        }
+                        leases.insert(p.key.clone(), self.inner.renewer.hold(&p.derived, grant.lease));
+                        Counters::bump(&s.misses);
+                        wanted.push(p.key);
+                    }
+                    Action::Done(found) => {
+                        match found {
+                            Found::Value { held, stale } => match self.decode_held::<T>(&held) {
+                                Ok(v) => {
+                                    Counters::bump(if stale { &s.stale_served } else { &s.hits });
+                                    out.insert(p.key, v);
+                                }
+                                Err(e) => self.undecodable(e, p, &mut writing)?,
+                            },
+                            Found::Foreign(e) => self.undecodable(e, p, &mut writing)?,
+                            // Someone else is loading it, or the backend failed: load, don't store.
+                            Found::Busy | Found::Unavailable | Found::Miss { .. } | Found::Newer
+                            | Found::TimedOut => {
+                                Counters::bump(&s.misses);
+                                wanted.push(p.key);
+                            }
+                        }
+                    }
+                    // Batches never sleep or read on their own.
+                    Action::Read | Action::Sleep(_) => wanted.push(p.key),
+                }
+            }
+            pending = self.write_round(writing)?;
+        }
+        // Keys still contended after every round: load them, don't store them.
+        wanted.extend(pending.into_iter().map(|p| p.key));
+        if wanted.is_empty() {
+            return Ok(out);
+        }
+        Counters::bump(&s.loader_calls);
+        let started = Instant::now();
+        let mut loaded = match loader(&wanted) {
+            Ok(m) => m,
+            Err(e) => {
+                Counters::bump(&s.loader_errors);
+                // Dropping the leases gives the keys back.
+                drop(leases);
+                let all_held = wanted.iter().all(|k| {
+                    held.get(k).is_some_and(|(_, w)| self.young_enough(*w))
+                });
+                if all_held {
+                    for (k, (v, _)) in held {
+                        Counters::bump(&s.stale_on_error);
+                        out.insert(k, v);
+                    }
+                    return Ok(out);
+                }
+                return Err(Error::loader(e.into()));
+            }
+        };
+        let life = ttl.resolve(self.inner.default_ttl);
+        let mut batch = Vec::new();
+        for k in &wanted {
+            let (Some(v), Some(lease)) = (loaded.get(k), leases.remove(k)) else {
+                continue;
+            };
+            if life == Lifetime::Expired {
+                continue; // dropping the lease removes the placeholder
+            }
+            let (bytes, exptime) = self.encode(v, life, Herd::Protected, load_ms(started))?;
+            if bytes.len() > self.inner.backend.max_value_size(lease.key()) {
+                Counters::bump(&s.too_large);
+                continue;
+            }
+            batch.push((lease, bytes, exptime));
+        }
+        // Leases of keys the loader left out are dropped here (their placeholders go).
+        drop(leases);
+        if !batch.is_empty() {
+            let done = self.absorb_write(HeldLease::complete_many(&*self.inner.backend, batch))?;
+            for c in done.into_iter().flatten() {
+                if c == Completed::Superseded {
+                    Counters::bump(&s.loads_superseded);
+                }
+            }
+        }
+        let wanted: HashSet<String> = wanted.into_iter().collect();
+        out.extend(loaded.drain().filter(|(k, _)| wanted.contains(k)));
+        Ok(out)
+    }
+
+    /// A key whose bytes do not decode: the decode policy's error, or take it over.
+    fn undecodable(&self, e: Error, mut p: Pending, writing: &mut Vec<Pending>) -> Result<()> {
+        Counters::bump(&self.inner.stats.decode_errors);
+        match self.inner.decode_policy {
+            DecodePolicy::Error => Err(e),
+            DecodePolicy::Miss => {
+                p.action = p.machine.take_over(self.now());
+                writing.push(p);
+                Ok(())
+            }
+        }
+    }
+
+    /// One round: every pending write in one pipelined batch, then every key read back in one
+    /// multi-key read; each machine is told what happened.
+    fn write_round(&self, mut writing: Vec<Pending>) -> Result<Vec<Pending>> {
+        // Take-overs hand back non-write actions; those go around again as they are.
+        let (writes_at, others): (Vec<_>, Vec<_>) = writing
+            .drain(..)
+            .partition(|p| matches!(p.action, Action::StoreThenRead { .. }));
+        let mut next = others;
+        if writes_at.is_empty() {
+            return Ok(next);
+        }
+        let writes: Vec<Write<'_>> = writes_at
+            .iter()
+            .filter_map(|p| match &p.action {
+                Action::StoreThenRead {
+                    mode,
+                    value,
+                    exptime,
+                } => Some(Write {
+                    mode: *mode,
+                    key: &p.derived,
+                    value,
+                    flags: envelope::FLAGS,
+                    exptime: *exptime,
+                }),
+                _ => None,
+            })
+            .collect();
+        let b = &self.inner.backend;
+        let stored = self.absorb_read(b.store_many(&writes))?;
+        let keys: Vec<&str> = writes_at.iter().map(|p| p.derived.as_str()).collect();
+        let after = match stored {
+            Some(_) => self.absorb_read(b.get_many(&keys))?,
+            None => None,
+        };
+        drop(writes);
+        let now = self.now();
+        match (stored, after) {
+            (Some(outcomes), Some(items)) => {
+                for ((mut p, o), item) in writes_at.into_iter().zip(outcomes).zip(items) {
+                    p.action = p.machine.on_stored(now, o, item);
+                    next.push(p);
+                }
+            }
+            _ => {
+                for mut p in writes_at {
+                    p.action = p.machine.on_failed(now);
+                    next.push(p);
+                }
+            }
+        }
+        Ok(next)
+    }
+}

@@ -1,0 +1,329 @@
+//! Claims held by running loads, kept alive while the loader runs: one renewal thread per cache
+//! (started on the first load that needs it, gone after a few idle seconds) renews each claim
+//! every third of `lease_ttl`, up to `max_load_time`, and finds out when a claim is lost (the
+//! key was written or deleted meanwhile). A [`HeldLease`] completes the claim with `cas`, or
+//! releases it; dropped unfinished (a panicking loader), it releases.
+
+use std::fmt;
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::backend::{Backend, StoreOutcome, Write};
+use crate::clock::Clock;
+use crate::envelope;
+use crate::error::Result;
+use crate::protocol::{Action, Lease, Now};
+
+/// How long the renewal thread lingers with nothing to renew before it exits.
+const IDLE_EXIT: Duration = Duration::from_secs(5);
+
+/// The renewal service of one cache.
+pub(crate) struct Renewer {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    backend: Arc<dyn Backend>,
+    clock: Arc<dyn Clock>,
+    started: Instant,
+    state: Mutex<State>,
+    wake: Condvar,
+}
+
+#[derive(Default)]
+struct State {
+    held: Vec<Arc<Slot>>,
+    thread_running: bool,
+}
+
+struct Slot {
+    key: String,
+    // Lock order: `State` may be held while taking a `Slot`'s lock, never the reverse.
+    lease: Mutex<SlotState>,
+}
+
+struct SlotState {
+    lease: Lease,
+    next: Instant,
+    /// No more renewals: finished, lost, or past `max_load_time`.
+    idle: bool,
+    /// The claim was lost: the key was written, deleted or taken over meanwhile.
+    lost: bool,
+    done: bool,
+}
+
+impl fmt::Debug for Renewer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Renewer")
+            .field("held", &self.shared.state.lock().held.len())
+            .finish()
+    }
+}
+
+impl Shared {
+    fn now(&self) -> Now {
+        Now {
+            wall_ms: self.clock.now_ms(),
+            mono_ms: self.started.elapsed().as_millis() as u64,
+        }
+    }
+}
+
+impl Renewer {
+    pub(crate) fn new(backend: Arc<dyn Backend>, clock: Arc<dyn Clock>) -> Renewer {
+        Renewer {
+            shared: Arc::new(Shared {
+                backend,
+                clock,
+                started: Instant::now(),
+                state: Mutex::new(State::default()),
+                wake: Condvar::new(),
+            }),
+        }
+    }
+
+    /// Starts keeping `lease` on derived key `key` alive until the returned guard completes or
+    /// releases it. `started_mono_ms` must be on the same clock as the protocol's `Now`.
+    pub(crate) fn hold(&self, key: &str, lease: Lease) -> HeldLease {
+        let slot = Arc::new(Slot {
+            key: key.to_string(),
+            lease: Mutex::new(SlotState {
+                next: Instant::now() + lease.renew_every(),
+                lease,
+                idle: false,
+                lost: false,
+                done: false,
+            }),
+        });
+        let mut st = self.shared.state.lock();
+        st.held.push(slot.clone());
+        if !st.thread_running {
+            let shared = self.shared.clone();
+            let spawned = thread::Builder::new()
+                .name("newcache-renew".into())
+                .spawn(move || renew_loop(&shared));
+            // Without the thread, claims are not renewed: a load longer than lease_ttl may then
+            // be taken over, and its result is not stored. Nothing else breaks.
+            st.thread_running = spawned.is_ok();
+        }
+        drop(st);
+        self.shared.wake.notify_one();
+        HeldLease {
+            slot,
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+fn renew_loop(shared: &Shared) {
+    let mut st = shared.state.lock();
+    let mut idle_since = Instant::now();
+    loop {
+        st.held.retain(|s| !s.lease.lock().done);
+        let now = Instant::now();
+        let mut due = Vec::new();
+        let mut next: Option<Instant> = None;
+        for s in &st.held {
+            let l = s.lease.lock();
+            if l.idle {
+                continue;
+            }
+            if l.next <= now {
+                due.push(s.clone());
+            } else {
+                next = Some(next.map_or(l.next, |n| n.min(l.next)));
+            }
+        }
+        if !due.is_empty() {
+            // No I/O under the table lock: new holds must not wait on a renewal.
+            drop(st);
+            for s in due {
+                renew(shared, &s);
+            }
+            st = shared.state.lock();
+            idle_since = Instant::now();
+            continue;
+        }
+        match next {
+            Some(at) => {
+                idle_since = Instant::now();
+                shared.wake.wait_until(&mut st, at);
+            }
+            None => {
+                if idle_since.elapsed() >= IDLE_EXIT {
+                    st.thread_running = false;
+                    return;
+                }
+                shared.wake.wait_for(&mut st, IDLE_EXIT);
+            }
+        }
+    }
+}
+
+fn renew(shared: &Shared, slot: &Slot) {
+    let mut l = slot.lease.lock();
+    if l.done || l.idle {
+        return;
+    }
+    let Some(Action::StoreThenRead {
+        mode,
+        value,
+        exptime,
+    }) = l.lease.renewal(shared.now())
+    else {
+        // Past max_load_time: let the claim lapse.
+        l.idle = true;
+        return;
+    };
+    let w = Write {
+        mode,
+        key: &slot.key,
+        value: &value,
+        flags: envelope::FLAGS,
+        exptime,
+    };
+    match shared.backend.store_then_get(w) {
+        Ok((outcome, after)) => {
+            if !l.lease.on_renewed(outcome, after) {
+                l.lost = true;
+                l.idle = true;
+            }
+        }
+        // Try again next time; two failures in a row still leave a third of the lease.
+        Err(_) => {}
+    }
+    l.next = Instant::now() + l.lease.renew_every();
+}
+
+/// A claim held by a running load. Complete it with the loaded value, or release it.
+pub(crate) struct HeldLease {
+    slot: Arc<Slot>,
+    shared: Arc<Shared>,
+}
+
+impl fmt::Debug for HeldLease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HeldLease")
+            .field("key", &self.slot.key)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How a completion went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Completed {
+    /// The value is stored.
+    Stored,
+    /// The key was written, deleted or taken over while the load ran: the value is not stored,
+    /// so the newer state stays.
+    Superseded,
+}
+
+impl HeldLease {
+    /// Stores the loaded `value` with `cas` against the claim.
+    pub(crate) fn complete(self, value: &[u8], exptime: u32) -> Result<Completed> {
+        let mut l = self.slot.lease.lock();
+        l.done = true;
+        l.idle = true;
+        if l.lost {
+            return Ok(Completed::Superseded);
+        }
+        let outcome = self.shared.backend.store(
+            l.lease.store_mode(),
+            &self.slot.key,
+            value,
+            envelope::FLAGS,
+            exptime,
+        )?;
+        Ok(completed(outcome))
+    }
+
+    /// Stores several loads' values, one round trip per server; one result per lease, in order.
+    pub(crate) fn complete_many(
+        backend: &dyn Backend,
+        batch: Vec<(HeldLease, Vec<u8>, u32)>,
+    ) -> Result<Vec<Completed>> {
+        let mut guards = Vec::with_capacity(batch.len());
+        let mut writes = Vec::with_capacity(batch.len());
+        let mut at = Vec::with_capacity(batch.len());
+        for (i, (held, _, _)) in batch.iter().enumerate() {
+            let mut l = held.slot.lease.lock();
+            l.done = true;
+            l.idle = true;
+            if !l.lost {
+                at.push(i);
+            }
+            guards.push(l.lease.store_mode());
+        }
+        for &i in &at {
+            let (held, value, exptime) = &batch[i];
+            writes.push(Write {
+                mode: guards[i],
+                key: &held.slot.key,
+                value,
+                flags: envelope::FLAGS,
+                exptime: *exptime,
+            });
+        }
+        let outcomes = backend.store_many(&writes)?;
+        let mut out = vec![Completed::Superseded; batch.len()];
+        for (&i, o) in at.iter().zip(outcomes) {
+            out[i] = completed(o);
+        }
+        Ok(out)
+    }
+
+    /// The derived key held.
+    pub(crate) fn key(&self) -> &str {
+        &self.slot.key
+    }
+
+    /// Gives the key back after a failed load (what dropping an unfinished lease does): a
+    /// placeholder is removed, a value unclaimed, so the next caller retries at once.
+    fn release_now(&self) {
+        let mut l = self.slot.lease.lock();
+        if l.done {
+            return;
+        }
+        l.done = true;
+        l.idle = true;
+        if l.lost {
+            return;
+        }
+        if let Action::StoreThenRead {
+            mode,
+            value,
+            exptime,
+        } = l.lease.release(self.shared.now())
+        {
+            // Best effort: if it fails, the claim lapses at its deadline.
+            let _ = self.shared.backend.store(
+                mode,
+                &self.slot.key,
+                &value,
+                envelope::FLAGS,
+                exptime,
+            );
+        }
+    }
+}
+
+fn completed(outcome: StoreOutcome) -> Completed {
+    match outcome {
+        StoreOutcome::Stored => Completed::Stored,
+        _ => Completed::Superseded,
+    }
+}
+
+impl Drop for HeldLease {
+    fn drop(&mut self) {
+        // A failed load, a panicking loader, or an error on the way: never leave a placeholder
+        // for waiters to sit out.
+        self.release_now();
+        let mut st = self.shared.state.lock();
+        st.held.retain(|s| !Arc::ptr_eq(s, &self.slot));
+    }
+}

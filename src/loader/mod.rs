@@ -1,0 +1,400 @@
+//! The loader API: `get_or_set_with` and friends. One recompute per expiry: in-process
+//! coalescing ([`coalesce`]), then the herd protocol in `Load` mode (claims and placeholders on
+//! the value key itself), claims kept alive while the loader runs ([`lease`]), and the result
+//! stored with `cas` against the claim, so that a load never undoes an invalidation.
+
+mod batch;
+pub(crate) mod coalesce;
+pub(crate) mod lease;
+
+use std::sync::Arc;
+use std::thread;
+use std::time::Instant;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use self::coalesce::{Leader, Outcome, Role};
+use self::lease::{Completed, HeldLease};
+use crate::cache::read::Step;
+use crate::cache::{Cache, DecodePolicy, Herd};
+use crate::error::{BoxError, Error, Result};
+use crate::protocol::{Action, Found, Machine, Mode};
+use crate::stats::Counters;
+use crate::ttl::{Lifetime, Ttl};
+
+/// A loader, run inline or (for a stale entry, when allowed) on a background thread.
+trait Load<T>: Sized {
+    fn call(self) -> std::result::Result<T, BoxError>;
+    /// Hands the refresh of a claimed stale entry to a background thread; gives the loader and
+    /// the claim back if this kind of loader runs inline.
+    fn refresh_in_background(
+        self,
+        cache: &Cache,
+        lease: HeldLease,
+        ttl: Ttl,
+    ) -> Option<(Self, HeldLease)>;
+}
+
+struct Inline<F>(F);
+
+impl<T, E, F> Load<T> for Inline<F>
+where
+    F: FnOnce() -> std::result::Result<T, E>,
+    E: Into<BoxError>,
+{
+    fn call(self) -> std::result::Result<T, BoxError> {
+        (self.0)().map_err(Into::into)
+    }
+    fn refresh_in_background(
+        self,
+        _: &Cache,
+        lease: HeldLease,
+        _: Ttl,
+    ) -> Option<(Self, HeldLease)> {
+        Some((self, lease))
+    }
+}
+
+struct Background<F>(F);
+
+impl<T, E, F> Load<T> for Background<F>
+where
+    T: Serialize + Send + 'static,
+    F: FnOnce() -> std::result::Result<T, E> + Send + 'static,
+    E: Into<BoxError>,
+{
+    fn call(self) -> std::result::Result<T, BoxError> {
+        (self.0)().map_err(Into::into)
+    }
+    fn refresh_in_background(
+        self,
+        cache: &Cache,
+        lease: HeldLease,
+        ttl: Ttl,
+    ) -> Option<(Self, HeldLease)> {
+        let cache = cache.clone();
+        // A failed refresh (counted in stats) lets the claim lapse, and the entry is claimed again
+        // after lease_ttl; so does a thread that could not be spawned (the lease is dropped).
+        let _ = thread::Builder::new()
+            .name("newcache-refresh".into())
+            .spawn(move || cache.run_loader(lease, ttl, Inline(self.0)));
+        None
+    }
+}
+
+/// How long a load took, in ms for the envelope (at least 1: 0 means "unknown").
+fn load_ms(started: Instant) -> u32 {
+    started.elapsed().as_millis().clamp(1, u128::from(u32::MAX)) as u32
+}
+
+impl Cache {
+    /// Returns the cached value, or computes it with `loader`, stores it for `ttl` and returns it.
+    ///
+    /// ```
+    /// use std::sync::atomic::{AtomicUsize, Ordering};
+    /// use std::time::Duration;
+    ///
+    /// let cache = newcache::Cache::builder().build()?;
+    /// let calls = AtomicUsize::new(0);
+    /// std::thread::scope(|s| {
+    ///     for _ in 0..8 {
+    ///         s.spawn(|| {
+    ///             let v: String = cache
+    ///                 .get_or_set_with("report", Duration::from_secs(60), || {
+    ///                     calls.fetch_add(1, Ordering::SeqCst);
+    ///                     std::thread::sleep(Duration::from_millis(50)); // the slow query
+    ///                     Ok::<_, std::io::Error>("done".to_string())
+    ///                 })
+    ///                 .unwrap();
+    ///             assert_eq!(v, "done");
+    ///         });
+    ///     }
+    /// });
+    /// assert_eq!(calls.load(Ordering::SeqCst), 1, "eight callers, one load");
+    /// # Ok::<(), newcache::Error>(())
+    /// ```
+    ///
+    /// # Concurrent calls on the same key
+    ///
+    /// - **Fresh**: returned.
+    /// - **Stale**: the one caller (across all processes sharing the backend) whose `cas` claim
+    ///   wins runs the loader and stores the result; everyone else gets the stale value at once,
+    ///   including the callers of this process that were waiting on the claimant. No value is
+    ///   served past its soft expiry plus the herd timeout it was written with; past that, callers
+    ///   wait for the load like for a missing key.
+    /// - **Missing**: callers in this process share one backend read and one loader call; across
+    ///   processes, one caller stores a *placeholder* under the key (memcached `add`) and runs the
+    ///   loader, the others poll for the value every 2 to 10 ms (jittered).
+    /// - **Waiting is bounded** by [`max_wait`](crate::CacheBuilder::max_wait), end to end: a
+    ///   caller that waited that long for someone else's load gets an error with
+    ///   [`is_wait_timeout`](Error::is_wait_timeout). It never runs the loader while the holder is
+    ///   alive, so a slow database sees one query, not one per waiter.
+    /// - **A slow load keeps its claim**: the holder renews it every third of
+    ///   [`lease_ttl`](crate::CacheBuilder::lease_ttl) for up to
+    ///   [`max_load_time`](crate::CacheBuilder::max_load_time). A holder that dies (or outlives
+    ///   that) stops renewing; once the claim lapses, exactly one waiter takes over.
+    /// - **Invalidations win**: a `delete`, `set`, `add` or `set_many` of the key (by this cache or
+    ///   any other memcached client) that lands while the loader runs is never overwritten by its
+    ///   result: the result is stored with `cas` against the claim, and any write or delete
+    ///   changed the key's CAS token. The callers still get the value they loaded.
+    /// - **Early refresh** (off by default, [`early_refresh`](crate::CacheBuilder::early_refresh)):
+    ///   a reader may claim a still-fresh entry shortly before its soft expiry (XFetch), so a
+    ///   steady hot key is almost never seen stale.
+    /// - **The backend down**: nothing can be claimed. Each call (coalesced in this process) runs
+    ///   the loader and stores nothing, with the default read policy; with
+    ///   `read_failures(Propagate)` it returns the backend error.
+    ///
+    /// # Errors
+    ///
+    /// A loader error comes back as an error whose [`is_loader`](Error::is_loader) is true and
+    /// whose `source()` is the loader's own error; nothing is cached. Callers of this process
+    /// that were waiting for that load get the same error (sharing its source). With
+    /// [`serve_stale_on_error`](crate::CacheBuilder::serve_stale_on_error), a claimant whose
+    /// loader fails returns the stale value instead, if it is young enough. A wait that ran out is
+    /// [`is_wait_timeout`](Error::is_wait_timeout). Decode and invalid-key errors are returned as
+    /// by [`get`](Cache::get).
+    ///
+    /// # Panics
+    ///
+    /// A panic in the loader propagates to this caller. Nobody is left waiting: the placeholder
+    /// is removed and the callers waiting in this process retry (one of them loads).
+    pub fn get_or_set_with<T, F, E>(&self, key: &str, ttl: impl Into<Ttl>, loader: F) -> Result<T>
+    where
+        T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
+        F: FnOnce() -> std::result::Result<T, E>,
+        E: Into<BoxError>,
+    {
+        self.coalesced(key, ttl.into(), Inline(loader))
+    }
+
+    /// As [`get_or_set_with`](Cache::get_or_set_with), but the claimant of a stale entry returns
+    /// the stale value at once and runs the loader on a background thread, so no reader of a warm
+    /// key waits for a load. A missing key is still loaded in the foreground (there is nothing to
+    /// serve meanwhile). The background load keeps its claim alive and stores with `cas`, as in
+    /// the foreground.
+    pub fn get_or_set_with_background<T, F, E>(
+        &self,
+        key: &str,
+        ttl: impl Into<Ttl>,
+        loader: F,
+    ) -> Result<T>
+    where
+        T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
+        F: FnOnce() -> std::result::Result<T, E> + Send + 'static,
+        E: Into<BoxError>,
+    {
+        self.coalesced(key, ttl.into(), Background(loader))
+    }
+
+    fn coalesced<T, L>(&self, key: &str, ttl: Ttl, loader: L) -> Result<T>
+    where
+        T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
+        L: Load<T>,
+    {
+        // One key derivation per call.
+        let derived = self.keys.make(key)?;
+        let deadline = Instant::now() + self.inner.max_wait;
+        loop {
+            match self.inner.coalescer.join(&derived) {
+                Role::Leader(mut leader) => {
+                    let r = self.lead(&derived, ttl, loader, Some(&mut leader), deadline);
+                    leader.publish(match &r {
+                        Ok(v) => Outcome::Value(Arc::new(v.clone())),
+                        Err(e) => Outcome::Failed(e.clone()),
+                    });
+                    return r;
+                }
+                Role::Follower(slot) => {
+                    Counters::bump(&self.inner.stats.lease_waits);
+                    match slot.wait(deadline) {
+                        Outcome::Value(v) => match v.downcast_ref::<T>() {
+                            Some(v) => return Ok(v.clone()),
+                            // Another type under the same key: do our own call.
+                            None => return self.lead(&derived, ttl, loader, None, deadline),
+                        },
+                        Outcome::Failed(e) => {
+                            if e.is_wait_timeout() {
+                                Counters::bump(&self.inner.stats.wait_timeouts);
+                            }
+                            return Err(e);
+                        }
+                        // The leader panicked: retry, one of us leads.
+                        Outcome::Abandoned => continue,
+                        Outcome::Pending => return Err(self.waited_out()),
+                    }
+                }
+            }
+        }
+    }
+
+    fn waited_out(&self) -> Error {
+        Counters::bump(&self.inner.stats.wait_timeouts);
+        Error::wait_timeout(self.inner.max_wait)
+    }
+
+    /// The work of one caller: run the protocol, then serve, load, or give up waiting.
+    fn lead<T, L>(
+        &self,
+        derived: &str,
+        ttl: Ttl,
+        loader: L,
+        leader: Option<&mut Leader<'_>>,
+        deadline: Instant,
+    ) -> Result<T>
+    where
+        T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
+        L: Load<T>,
+    {
+        let s = &self.inner.stats;
+        let now = self.now();
+        let mut settings = self.settings(true);
+        // What is left of this call's max_wait (a follower that became leader used some).
+        settings.max_wait_ms = deadline.saturating_duration_since(Instant::now()).as_millis() as u64;
+        let mut m = Machine::new(Mode::Load, settings, self.token(), now);
+        let mut action = Action::Read;
+        loop {
+            let found = match self.drive(derived, &mut m, action)? {
+                Step::Load(grant) => {
+                    return self.load_granted(derived, ttl, loader, grant, leader);
+                }
+                Step::Done(found) => found,
+            };
+            let failed = match found {
+                Found::Value { held, stale } => match self.decode_held::<T>(&held) {
+                    Ok(v) => {
+                        Counters::bump(if stale { &s.stale_served } else { &s.hits });
+                        return Ok(v);
+                    }
+                    Err(e) => e,
+                },
+                Found::Foreign(e) => e,
+                Found::TimedOut => return Err(self.waited_out()),
+                // The backend is down (and the read policy absorbed it): nothing can be claimed.
+                Found::Unavailable | Found::Miss { .. } | Found::Busy | Found::Newer => {
+                    Counters::bump(&s.misses);
+                    return self.load_unclaimed(loader);
+                }
+            };
+            Counters::bump(&s.decode_errors);
+            match self.inner.decode_policy {
+                DecodePolicy::Error => return Err(failed),
+                // Overwrite what cannot be read: take the key over, as for a dead claim.
+                DecodePolicy::Miss => action = m.take_over(self.now()),
+            }
+        }
+    }
+
+    /// This caller holds the key: load (or hand the load to a background thread).
+    fn load_granted<T, L>(
+        &self,
+        derived: &str,
+        ttl: Ttl,
+        loader: L,
+        grant: crate::protocol::Grant,
+        leader: Option<&mut Leader<'_>>,
+    ) -> Result<T>
+    where
+        T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
+        L: Load<T>,
+    {
+        let s = &self.inner.stats;
+        if grant.held.is_some() {
+            Counters::bump(&s.claims_won);
+        }
+        let held = grant.held.and_then(|h| {
+            let v = self.decode_held::<T>(&h).ok()?;
+            Some((v, h.header.written_ms, h.early, h.expired))
+        });
+        let lease = self.inner.renewer.hold(derived, grant.lease);
+        let (v, written_ms, early) = match held {
+            // Past its bound: kept only for this caller's serve-stale-on-error.
+            Some((v, written_ms, _, true)) => {
+                Counters::bump(&s.misses);
+                return match self.run_loader(lease, ttl, loader) {
+                    Err(e) if e.is_loader() && self.young_enough(written_ms) => {
+                        Counters::bump(&s.stale_on_error);
+                        Ok(v)
+                    }
+                    r => r,
+                };
+            }
+            Some((v, written_ms, early, false)) => (v, written_ms, early),
+            None => {
+                Counters::bump(&s.misses);
+                return self.run_loader(lease, ttl, loader);
+            }
+        };
+        Counters::bump(if early { &s.early_refreshes } else { &s.misses });
+        // Followers get the value we hold at once; only this caller waits for the load.
+        if let Some(l) = leader {
+            l.publish(Outcome::Value(Arc::new(v.clone())));
+        }
+        let Some((loader, lease)) = loader.refresh_in_background(self, lease, ttl) else {
+            return Ok(v);
+        };
+        match self.run_loader(lease, ttl, loader) {
+            Ok(fresh) => Ok(fresh),
+            // An early refresh failed: the value we hold is still fresh.
+            Err(e) if e.is_loader() && early => Ok(v),
+            Err(e) if e.is_loader() && self.young_enough(written_ms) => {
+                Counters::bump(&s.stale_on_error);
+                Ok(v)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Whether a value computed at `written_ms` may be served when its refresh failed.
+    pub(crate) fn young_enough(&self, written_ms: u64) -> bool {
+        self.inner.stale_on_error.is_some_and(|max_age| {
+            self.now_ms().saturating_sub(written_ms) <= max_age.as_millis() as u64
+        })
+    }
+
+    /// Runs the loader under a held claim and stores its value with `cas` against the claim.
+    /// A result that cannot be stored (the key changed meanwhile, too large, the backend failed)
+    /// is still returned: the caller has its value.
+    fn run_loader<T, L>(&self, lease: HeldLease, ttl: Ttl, loader: L) -> Result<T>
+    where
+        T: Serialize,
+        L: Load<T>,
+    {
+        let s = &self.inner.stats;
+        Counters::bump(&s.loader_calls);
+        let started = Instant::now();
+        let v = match loader.call() {
+            Ok(v) => v,
+            Err(e) => {
+                Counters::bump(&s.loader_errors);
+                // Dropping the lease gives the key back.
+                return Err(Error::loader(e));
+            }
+        };
+        let life = ttl.resolve(self.inner.default_ttl);
+        if life == Lifetime::Expired {
+            // A zero ttl stores nothing; the placeholder goes.
+            return Ok(v);
+        }
+        let (bytes, exptime) = self.encode(&v, life, Herd::Protected, load_ms(started))?;
+        if bytes.len() > self.inner.backend.max_value_size(lease.key()) {
+            Counters::bump(&s.too_large);
+            return Ok(v);
+        }
+        match self.absorb_write(lease.complete(&bytes, exptime))? {
+            Some(Completed::Superseded) => Counters::bump(&s.loads_superseded),
+            Some(Completed::Stored) | None => {}
+        }
+        Ok(v)
+    }
+
+    /// A load with no claim (the backend is down): nothing is stored.
+    fn load_unclaimed<T, L: Load<T>>(&self, loader: L) -> Result<T> {
+        let s = &self.inner.stats;
+        Counters::bump(&s.loader_calls);
+        loader.call().map_err(|e| {
+            Counters::bump(&s.loader_errors);
+            Error::loader(e)
+        })
+    }
+}

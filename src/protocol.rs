@@ -1,0 +1,733 @@
+//! The herd protocol for one key, as a sans-I/O state machine (as quinn-proto and h2 write their
+//! protocol cores): it says what to do next (read, write-then-read, sleep, run the loader, done)
+//! and is told what happened. It never touches a socket, a clock or a thread; the sync front end
+//! (`loader/`, `cache/read.rs`) drives it, and an async front end drives the same machine.
+//!
+//! # The protocol
+//!
+//! - **Read** the key (`gets`). Judge what is there ([`herd::judge`]).
+//! - **Fresh**, or **stale under a live claim**: serve it.
+//! - **Stale, unclaimed** (or early, by XFetch): *claim* it: `cas` the same item back with this
+//!   caller's token and a claim deadline, then read it back on the same connection (one round
+//!   trip). The read-back shows the token: this caller holds the key, with the item's current CAS
+//!   token. Losers judge the read-back item instead (usually: serve it stale).
+//! - **Missing**: `add` a *placeholder* (an envelope with no value, this caller's token and a
+//!   deadline), read back on the same connection. The winner loads; everyone else waits.
+//! - **Placeholder or over-age value under a live claim**: wait (bounded by `max_wait`), then
+//!   read again. **Under a dead claim**: take it over with `cas` (exactly one caller wins).
+//! - **Holding the key**: run the loader, renew the claim while it runs (up to `max_load_time`),
+//!   then store the result with `cas` against the claim. Anyone who wrote or deleted the key
+//!   meanwhile changed its CAS token, so a load never overwrites a newer state.
+
+use std::time::Duration;
+
+use crate::backend::{Item, StoreMode, StoreOutcome};
+use crate::envelope::{self, Header, Kind, Parsed};
+use crate::error::Error;
+use crate::herd::{self, Verdict, Xfetch};
+use crate::ttl::{self, Lifetime};
+
+/// Lost races in a row before a caller waits instead of retrying at once.
+const MAX_RACES: u32 = 4;
+/// First pause between reads while waiting for another caller's load; pauses grow to
+/// [`MAX_POLL_MS`].
+const FIRST_POLL_MS: u64 = 2;
+const MAX_POLL_MS: u64 = 10;
+
+/// What the caller wants from the key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// `get`: never waits or adds; a claimed stale entry is reported as a miss to recompute.
+    Lookup,
+    /// `get_or_set_with`: claims or adds a placeholder, waits for other callers' loads.
+    Load,
+    /// `get_many_or_set_with`: as `Load`, but never waits (a key someone else is loading is
+    /// reported [`Found::Busy`]).
+    Batch,
+}
+
+/// The times the machine is told: the wall clock (for envelope deadlines, shared across
+/// processes) and a monotonic one (for this caller's own waits).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Now {
+    pub(crate) wall_ms: u64,
+    pub(crate) mono_ms: u64,
+}
+
+/// The settings a machine runs with.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Settings {
+    /// How long a `Lookup` claim lasts (the herd timeout, as in django-newcache).
+    pub(crate) herd_ms: u64,
+    /// How long a `Load` claim or placeholder lasts without renewal.
+    pub(crate) lease_ms: u64,
+    /// The longest this caller waits for someone else's load, from its start.
+    pub(crate) max_wait_ms: u64,
+    /// The longest a holder renews its claim.
+    pub(crate) max_load_ms: u64,
+    /// XFetch parameters, in `Load` and `Batch` modes.
+    pub(crate) xfetch: Option<Xfetch>,
+}
+
+/// What to do next.
+#[derive(Debug)]
+pub(crate) enum Action {
+    /// Read the key (`gets`), then [`Machine::on_read`].
+    Read,
+    /// Write `value` under the key with `mode` and `exptime` (flags: the envelope's), then read
+    /// the key back on the same connection, then [`Machine::on_stored`].
+    StoreThenRead {
+        mode: StoreMode,
+        value: Vec<u8>,
+        exptime: u32,
+    },
+    /// Pause this long, then [`Machine::on_wake`].
+    Sleep(Duration),
+    /// This caller holds the key: run the loader.
+    Load(Grant),
+    /// Finished.
+    Done(Found),
+}
+
+/// The key, held by this caller for a load.
+#[derive(Debug)]
+pub(crate) struct Grant {
+    /// The claim to renew while loading and to store the result against.
+    pub(crate) lease: Lease,
+    /// The value the claimed item holds, when it may be served (a stale value, or a fresh one
+    /// claimed early by XFetch).
+    pub(crate) held: Option<Held>,
+}
+
+/// A servable value the machine found; the front end decodes `item.value[offset..]`.
+#[derive(Debug)]
+pub(crate) struct Held {
+    pub(crate) item: Item,
+    pub(crate) offset: usize,
+    pub(crate) header: Header,
+    /// Claimed while still fresh (an XFetch early refresh).
+    pub(crate) early: bool,
+    /// Past its staleness bound: never served, except by the holder's own
+    /// `serve_stale_on_error` when its load fails.
+    pub(crate) expired: bool,
+}
+
+/// How a machine finished.
+#[derive(Debug)]
+pub(crate) enum Found {
+    /// A value to serve; `stale` when past its soft expiry.
+    Value { held: Held, stale: bool },
+    /// Nothing to serve. `claimed`: this reader (in `Lookup` mode) claimed the stale entry and
+    /// should recompute it.
+    Miss { claimed: bool },
+    /// Someone else is loading the key (`Lookup` and `Batch` modes).
+    Busy,
+    /// Waited `max_wait` for someone else's load.
+    TimedOut,
+    /// The bytes are not a newcache item of this format.
+    Foreign(Error),
+    /// An item of a newer format (`Lookup` mode): a counted miss.
+    Newer,
+    /// The backend failed mid-protocol and there is nothing to serve.
+    Unavailable,
+}
+
+/// The herd protocol for one key and one caller.
+#[derive(Debug)]
+pub(crate) struct Machine {
+    mode: Mode,
+    s: Settings,
+    token: u64,
+    start_mono_ms: u64,
+    /// The last item read (what a claim or takeover would replace).
+    last: Option<Item>,
+    /// What the pending write was for.
+    pending: Pending,
+    races: u32,
+    poll_ms: u64,
+    jitter: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pending {
+    None,
+    /// A claim keeping the value (stale, early, or past its bound).
+    Claim { early: bool, expired: bool },
+    /// A placeholder (`add`, or `cas` over a dead claim, an over-age value or foreign bytes).
+    Placeholder,
+}
+
+impl Machine {
+    /// A machine for one call; `token` is this caller's (non-zero, unique) claim token.
+    pub(crate) fn new(mode: Mode, settings: Settings, token: u64, now: Now) -> Machine {
+        Machine {
+            mode,
+            s: settings,
+            token,
+            start_mono_ms: now.mono_ms,
+            last: None,
+            pending: Pending::None,
+            races: 0,
+            poll_ms: FIRST_POLL_MS,
+            jitter: token | 1,
+        }
+    }
+
+    /// The key was read.
+    pub(crate) fn on_read(&mut self, now: Now, item: Option<Item>) -> Action {
+        match item {
+            None => self.missing(now),
+            Some(item) => self.judge(now, item),
+        }
+    }
+
+    /// The write of [`Action::StoreThenRead`] answered `outcome`, and the key then held `after`.
+    pub(crate) fn on_stored(
+        &mut self,
+        now: Now,
+        outcome: StoreOutcome,
+        after: Option<Item>,
+    ) -> Action {
+        let pending = std::mem::replace(&mut self.pending, Pending::None);
+        let mine = match (outcome, &after) {
+            (StoreOutcome::Stored, Some(item)) => match envelope::decode(item.flags, &item.value) {
+                Ok(Parsed::Item(h, _)) if h.token == self.token => Some(h),
+                _ => None,
+            },
+            _ => None,
+        };
+        if let (Some(h), Some(item)) = (mine, &after) {
+            return self.holding(now, pending, item.clone(), h);
+        }
+        // Someone else wrote first (or right after us): judge what is there now.
+        self.races += 1;
+        if self.races > MAX_RACES {
+            return match self.mode {
+                Mode::Lookup => Action::Done(Found::Miss { claimed: false }),
+                Mode::Batch => Action::Done(Found::Busy),
+                Mode::Load => self.wait(now),
+            };
+        }
+        self.on_read(now, after)
+    }
+
+    /// A pause ended.
+    pub(crate) fn on_wake(&mut self, now: Now) -> Action {
+        if self.waited_out(now) {
+            return Action::Done(Found::TimedOut);
+        }
+        Action::Read
+    }
+
+    /// The backend failed during the last action. Serves the last item read if it may be served,
+    /// else reports the backend unavailable.
+    pub(crate) fn on_failed(&mut self, now: Now) -> Action {
+        self.pending = Pending::None;
+        if let Some(item) = self.last.take() {
+            if let Ok(Parsed::Item(h, payload)) = envelope::decode(item.flags, &item.value) {
+                let v = herd::judge(&h, now.wall_ms, None);
+                if herd::servable(v) {
+                    let offset = item.value.len() - payload.len();
+                    let stale = matches!(v, Verdict::Stale | Verdict::Recomputing);
+                    let held = Held {
+                        item,
+                        offset,
+                        header: h,
+                        early: false,
+                        expired: false,
+                    };
+                    return Action::Done(Found::Value { held, stale });
+                }
+            }
+        }
+        Action::Done(Found::Unavailable)
+    }
+
+    /// The front end could not use the value it was given (its payload does not decode as the
+    /// requested type, or the bytes are foreign) and its policy is to overwrite it: take the key
+    /// over with a placeholder, as for a dead claim. In `Lookup` mode: a miss.
+    pub(crate) fn take_over(&mut self, now: Now) -> Action {
+        match (self.mode, self.last.take()) {
+            (Mode::Lookup, _) => Action::Done(Found::Miss { claimed: false }),
+            (_, None) => self.missing(now),
+            (_, Some(item)) => self.placeholder(now, StoreMode::Cas(item.cas)),
+        }
+    }
+
+    fn missing(&mut self, now: Now) -> Action {
+        match self.mode {
+            Mode::Lookup => Action::Done(Found::Miss { claimed: false }),
+            Mode::Load | Mode::Batch => self.placeholder(now, StoreMode::Add),
+        }
+    }
+
+    fn judge(&mut self, now: Now, item: Item) -> Action {
+        let (h, offset) = match envelope::decode(item.flags, &item.value) {
+            Ok(Parsed::Item(h, payload)) => (h, item.value.len() - payload.len()),
+            Ok(Parsed::Newer(_)) => {
+                self.last = Some(item);
+                return match self.mode {
+                    Mode::Lookup => Action::Done(Found::Newer),
+                    _ => self.take_over(now),
+                };
+            }
+            Err(e) => {
+                self.last = Some(item);
+                return Action::Done(Found::Foreign(e));
+            }
+        };
+        let xfetch = match self.mode {
+            Mode::Lookup => None,
+            Mode::Load | Mode::Batch => self.s.xfetch,
+        };
+        let verdict = herd::judge(&h, now.wall_ms, xfetch);
+        let held = |early, expired| Held {
+            item,
+            offset,
+            header: h,
+            early,
+            expired,
+        };
+        match verdict {
+            Verdict::Fresh => Action::Done(Found::Value {
+                held: held(false, false),
+                stale: false,
+            }),
+            Verdict::Recomputing => Action::Done(Found::Value {
+                held: held(false, false),
+                stale: true,
+            }),
+            Verdict::Stale | Verdict::EarlyRefresh => {
+                let early = verdict == Verdict::EarlyRefresh;
+                self.claim(now, held(early, false))
+            }
+            Verdict::Loading => match self.mode {
+                Mode::Lookup | Mode::Batch => Action::Done(Found::Busy),
+                Mode::Load => self.wait(now),
+            },
+            Verdict::Expired => match (self.mode, h.kind) {
+                (Mode::Lookup, _) => Action::Done(Found::Miss { claimed: false }),
+                // An over-age value is claimed with its bytes kept, for the holder's
+                // serve-stale-on-error; nobody else is served it.
+                (_, Kind::Value) => self.claim(now, held(false, true)),
+                _ => {
+                    self.last = Some(held(false, false).item);
+                    self.take_over(now)
+                }
+            },
+        }
+    }
+
+    /// Claims a value: the same bytes, with this caller's token and deadline.
+    fn claim(&mut self, now: Now, held: Held) -> Action {
+        let life = match self.mode {
+            Mode::Lookup => self.s.herd_ms,
+            Mode::Load | Mode::Batch => self.s.lease_ms,
+        };
+        let until = now.wall_ms.saturating_add(life);
+        let Some(value) = envelope::restamp(&held.item.value, until, self.token) else {
+            self.last = Some(held.item);
+            return self.take_over(now);
+        };
+        let exptime = hold_exptime(&held.header, until, now.wall_ms);
+        let mode = StoreMode::Cas(held.item.cas);
+        self.pending = Pending::Claim {
+            early: held.early,
+            expired: held.expired,
+        };
+        self.last = Some(held.item);
+        Action::StoreThenRead {
+            mode,
+            value,
+            exptime,
+        }
+    }
+
+    /// Writes a placeholder with `mode` (`Add` on a missing key, `Cas` over a dead one).
+    fn placeholder(&mut self, now: Now, mode: StoreMode) -> Action {
+        let until = now.wall_ms.saturating_add(self.s.lease_ms);
+        let header = Header::placeholder(now.wall_ms, until, self.token);
+        self.pending = Pending::Placeholder;
+        Action::StoreThenRead {
+            mode,
+            exptime: hold_exptime(&header, until, now.wall_ms),
+            value: header.to_bytes(),
+        }
+    }
+
+    /// This caller's write stuck: it holds the key.
+    fn holding(&mut self, now: Now, pending: Pending, item: Item, h: Header) -> Action {
+        let offset = envelope::decode(item.flags, &item.value)
+            .ok()
+            .and_then(|p| match p {
+                Parsed::Item(_, payload) => Some(item.value.len() - payload.len()),
+                Parsed::Newer(_) => None,
+            })
+            .unwrap_or(item.value.len());
+        if self.mode == Mode::Lookup {
+            return Action::Done(Found::Miss { claimed: true });
+        }
+        let lease = Lease {
+            token: self.token,
+            cas: item.cas,
+            bytes: item.value.clone(),
+            header: h,
+            lease_ms: self.s.lease_ms,
+            renew_until_ms: now.mono_ms.saturating_add(self.s.max_load_ms),
+        };
+        let held = match pending {
+            Pending::Claim { early, expired } => Some(Held {
+                item,
+                offset,
+                header: h,
+                early,
+                expired,
+            }),
+            Pending::Placeholder | Pending::None => None,
+        };
+        Action::Load(Grant { lease, held })
+    }
+
+    fn waited_out(&self, now: Now) -> bool {
+        now.mono_ms.saturating_sub(self.start_mono_ms) >= self.s.max_wait_ms
+    }
+
+    /// Waits for someone else's load: a jittered pause, bounded by what is left of `max_wait`.
+    fn wait(&mut self, now: Now) -> Action {
+        if self.waited_out(now) {
+            return Action::Done(Found::TimedOut);
+        }
+        // xorshift: 50-100 % of the current step, steps 2 ms -> 10 ms.
+        self.jitter ^= self.jitter << 13;
+        self.jitter ^= self.jitter >> 7;
+        self.jitter ^= self.jitter << 17;
+        let frac = 0.5 + (self.jitter >> 11) as f64 / (1u64 << 54) as f64;
+        let left = self.s.max_wait_ms - now.mono_ms.saturating_sub(self.start_mono_ms);
+        let pause = ((self.poll_ms as f64 * frac) as u64).clamp(1, left.max(1));
+        self.poll_ms = (self.poll_ms * 3 / 2).min(MAX_POLL_MS);
+        Action::Sleep(Duration::from_millis(pause))
+    }
+}
+
+/// memcached's `exptime` for an item re-stored by a claim: it must stay until `until_ms` (the
+/// claim's deadline: a claim must not vanish mid-load, or a second caller would load at once),
+/// and a value at least as long as its writer meant it to (a claim never shortens an item's life:
+/// readers may still serve it, or a holder's serve-stale-on-error may need it). One second of
+/// slack covers memcached's one-second clock.
+fn hold_exptime(h: &Header, until_ms: u64, now_ms: u64) -> u32 {
+    let keep = match h.kind {
+        Kind::Value | Kind::Plain if h.expires_ms == 0 => return 0,
+        Kind::Value | Kind::Plain => until_ms.max(h.expires_ms),
+        Kind::Placeholder => until_ms,
+    };
+    ttl::exptime(
+        Lifetime::For(Duration::from_millis(keep.saturating_sub(now_ms).max(1))),
+        Duration::from_secs(1),
+        now_ms / 1000,
+    )
+}
+
+/// A claim this caller holds: renewed while the loader runs, completed with `cas`.
+#[derive(Debug, Clone)]
+pub(crate) struct Lease {
+    token: u64,
+    /// The CAS token of the claimed item as this caller last wrote it.
+    cas: u64,
+    /// The claimed item's bytes as this caller last wrote them.
+    bytes: Vec<u8>,
+    header: Header,
+    lease_ms: u64,
+    /// Monotonic ms after which the claim is no longer renewed.
+    renew_until_ms: u64,
+}
+
+impl Lease {
+    /// How often a running load renews its claim: a third of the lease, so that two renewals
+    /// can fail before it lapses.
+    pub(crate) fn renew_every(&self) -> Duration {
+        Duration::from_millis((self.lease_ms / 3).max(1))
+    }
+
+    /// The write that renews the claim now (`cas` with a later deadline, then read back), or
+    /// `None` once the load has run `max_load_time`: the claim then lapses and one waiter takes
+    /// over.
+    pub(crate) fn renewal(&self, now: Now) -> Option<Action> {
+        if now.mono_ms >= self.renew_until_ms {
+            return None;
+        }
+        let until = now.wall_ms.saturating_add(self.lease_ms);
+        let value = envelope::restamp(&self.bytes, until, self.token)?;
+        Some(Action::StoreThenRead {
+            mode: StoreMode::Cas(self.cas),
+            exptime: hold_exptime(&self.header, until, now.wall_ms),
+            value,
+        })
+    }
+
+    /// The renewal answered; `false` if the claim is lost (the key was written or deleted, or
+    /// taken over): the load's result will then not be stored, and renewing stops.
+    pub(crate) fn on_renewed(&mut self, outcome: StoreOutcome, after: Option<Item>) -> bool {
+        let Some(item) = after else { return false };
+        let ours = outcome == StoreOutcome::Stored
+            && matches!(envelope::decode(item.flags, &item.value),
+                        Ok(Parsed::Item(h, _)) if h.token == self.token);
+        if ours {
+            self.cas = item.cas;
+            self.bytes = item.value;
+        }
+        ours
+    }
+
+    /// How to store the loaded value: `cas` against the claim.
+    pub(crate) fn store_mode(&self) -> StoreMode {
+        StoreMode::Cas(self.cas)
+    }
+
+    /// The write that gives the key back after a failed load: a placeholder is removed (a
+    /// `cas` with an exptime in the past), a value is unclaimed (its bytes kept). Waiters need not
+    /// sit out the deadline: the next caller retries the load at once, one at a time.
+    pub(crate) fn release(&self, now: Now) -> Action {
+        let mode = StoreMode::Cas(self.cas);
+        match self.header.kind {
+            Kind::Placeholder => Action::StoreThenRead {
+                mode,
+                value: Vec::new(),
+                exptime: ttl::EXPIRED,
+            },
+            Kind::Value | Kind::Plain => Action::StoreThenRead {
+                mode,
+                exptime: hold_exptime(&self.header, now.wall_ms, now.wall_ms),
+                value: envelope::restamp(&self.bytes, 0, 0).unwrap_or_default(),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TOKEN: u64 = 0xAB;
+    const SETTINGS: Settings = Settings {
+        herd_ms: 60_000,
+        lease_ms: 5_000,
+        max_wait_ms: 1_000,
+        max_load_ms: 60_000,
+        xfetch: None,
+    };
+
+    fn at(ms: u64) -> Now {
+        Now {
+            wall_ms: 1_000_000 + ms,
+            mono_ms: ms,
+        }
+    }
+
+    fn value(soft_in_ms: u64, cas: u64) -> Item {
+        let mut b = Vec::new();
+        Header {
+            expires_ms: 1_000_000 + soft_in_ms + 60_000,
+            ..Header::value(1_000_000 + soft_in_ms, 1_000_000, 10, 60_000)
+        }
+        .write(&mut b);
+        b.extend_from_slice(b"v");
+        Item {
+            value: b,
+            flags: envelope::FLAGS,
+            cas,
+        }
+    }
+
+    /// What the server holds after `action` succeeds with this CAS.
+    fn stored(action: &Action, cas: u64) -> Item {
+        let Action::StoreThenRead { value, .. } = action else {
+            panic!("expected a write, got {action:?}")
+        };
+        Item {
+            value: value.clone(),
+            flags: envelope::FLAGS,
+            cas,
+        }
+    }
+
+    #[test]
+    fn fresh_is_served_without_a_write() {
+        let mut m = Machine::new(Mode::Load, SETTINGS, TOKEN, at(0));
+        let a = m.on_read(at(0), Some(value(10, 1)));
+        assert!(matches!(a, Action::Done(Found::Value { stale: false, .. })), "{a:?}");
+    }
+
+    #[test]
+    fn cold_load_adds_a_placeholder_and_holds_it() {
+        let mut m = Machine::new(Mode::Load, SETTINGS, TOKEN, at(0));
+        let a = m.on_read(at(0), None);
+        assert!(matches!(
+            a,
+            Action::StoreThenRead {
+                mode: StoreMode::Add,
+                ..
+            }
+        ));
+        let back = stored(&a, 7);
+        let Action::Load(g) = m.on_stored(at(0), StoreOutcome::Stored, Some(back)) else {
+            panic!()
+        };
+        assert!(g.held.is_none());
+        assert_eq!(g.lease.store_mode(), StoreMode::Cas(7));
+        // a failed load removes the placeholder at once
+        assert!(matches!(
+            g.lease.release(at(1)),
+            Action::StoreThenRead { mode: StoreMode::Cas(7), exptime: ttl::EXPIRED, .. }
+        ));
+    }
+
+    #[test]
+    fn a_lost_add_waits_for_the_holder_then_times_out() {
+        let mut m = Machine::new(Mode::Load, SETTINGS, TOKEN, at(0));
+        let _ = m.on_read(at(0), None);
+        let theirs = Item {
+            value: Header::placeholder(1_000_000, 1_005_000, 99).to_bytes(),
+            flags: envelope::FLAGS,
+            cas: 3,
+        };
+        let a = m.on_stored(at(0), StoreOutcome::NotStored, Some(theirs.clone()));
+        assert!(matches!(a, Action::Sleep(_)), "{a:?}");
+        assert!(matches!(m.on_wake(at(500)), Action::Read));
+        assert!(matches!(m.on_read(at(500), Some(theirs)), Action::Sleep(_)));
+        assert!(matches!(m.on_wake(at(1_000)), Action::Done(Found::TimedOut)));
+    }
+
+    #[test]
+    fn a_dead_placeholder_is_taken_over_with_cas() {
+        let mut m = Machine::new(Mode::Load, SETTINGS, TOKEN, at(0));
+        let dead = Item {
+            value: Header::placeholder(999_000, 999_500, 99).to_bytes(),
+            flags: envelope::FLAGS,
+            cas: 3,
+        };
+        let a = m.on_read(at(0), Some(dead));
+        assert!(matches!(
+            a,
+            Action::StoreThenRead {
+                mode: StoreMode::Cas(3),
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn stale_claim_keeps_the_value_and_renews() {
+        let mut m = Machine::new(Mode::Load, SETTINGS, TOKEN, at(0));
+        let a = m.on_read(at(20), Some(value(10, 1)));
+        assert!(matches!(
+            a,
+            Action::StoreThenRead {
+                mode: StoreMode::Cas(1),
+                ..
+            }
+        ));
+        let back = stored(&a, 2);
+        let Action::Load(mut g) = m.on_stored(at(20), StoreOutcome::Stored, Some(back)) else {
+            panic!()
+        };
+        let held = g.held.as_ref().expect("the stale value");
+        assert_eq!(&held.item.value[held.offset..], b"v");
+        // a failed load unclaims the stale value, keeping it
+        let r = g.lease.release(at(21));
+        let back = stored(&r, 3);
+        let Ok(Parsed::Item(h, payload)) = envelope::decode(back.flags, &back.value) else {
+            panic!()
+        };
+        assert_eq!((h.claim_until_ms, h.token, payload), (0, 0, &b"v"[..]));
+        let r = g.lease.renewal(at(2_000)).expect("renews within max_load");
+        let back = stored(&r, 5);
+        assert!(g.lease.on_renewed(StoreOutcome::Stored, Some(back)));
+        assert_eq!(g.lease.store_mode(), StoreMode::Cas(5));
+        // someone deleted the key: the claim is lost
+        assert!(!g.lease.on_renewed(StoreOutcome::NotFound, None));
+        assert!(g.lease.renewal(at(60_020)).is_none(), "not past max_load");
+    }
+
+    #[test]
+    fn a_lost_claim_serves_what_won() {
+        let mut m = Machine::new(Mode::Load, SETTINGS, TOKEN, at(0));
+        let _ = m.on_read(at(20), Some(value(10, 1)));
+        let mut theirs = value(10, 2);
+        theirs.value = envelope::restamp(&theirs.value, 1_005_000, 99).unwrap();
+        let a = m.on_stored(at(20), StoreOutcome::Exists, Some(theirs));
+        assert!(matches!(a, Action::Done(Found::Value { stale: true, .. })), "{a:?}");
+    }
+
+    #[test]
+    fn lookup_claims_report_a_miss_and_never_wait() {
+        let mut m = Machine::new(Mode::Lookup, SETTINGS, TOKEN, at(0));
+        let a = m.on_read(at(20), Some(value(10, 1)));
+        let back = stored(&a, 2);
+        assert!(matches!(
+            m.on_stored(at(20), StoreOutcome::Stored, Some(back)),
+            Action::Done(Found::Miss { claimed: true })
+        ));
+        let mut m = Machine::new(Mode::Lookup, SETTINGS, TOKEN, at(0));
+        assert!(matches!(m.on_read(at(0), None), Action::Done(Found::Miss { claimed: false })));
+        let ph = Item {
+            value: Header::placeholder(1_000_000, 1_005_000, 99).to_bytes(),
+            flags: envelope::FLAGS,
+            cas: 3,
+        };
+        assert!(matches!(m.on_read(at(0), Some(ph)), Action::Done(Found::Busy)));
+    }
+
+    #[test]
+    fn over_age_values_are_never_served() {
+        // soft expiry at +10 ms, herd 60 s: at +60_010 it is past its bound
+        let mut m = Machine::new(Mode::Lookup, SETTINGS, TOKEN, at(0));
+        assert!(matches!(
+            m.on_read(at(60_010), Some(value(10, 1))),
+            Action::Done(Found::Miss { claimed: false })
+        ));
+        let mut m = Machine::new(Mode::Load, SETTINGS, TOKEN, at(0));
+        let a = m.on_read(at(60_010), Some(value(10, 1)));
+        let back = stored(&a, 2);
+        let Action::Load(g) = m.on_stored(at(60_010), StoreOutcome::Stored, Some(back)) else {
+            panic!()
+        };
+        assert!(g.held.unwrap().expired, "kept only for serve-stale-on-error");
+    }
+
+    #[test]
+    fn newer_formats_are_a_miss_in_lookup_and_replaced_by_loads() {
+        let newer = Item {
+            value: b"NC\x09future".to_vec(),
+            flags: envelope::FLAGS,
+            cas: 4,
+        };
+        let mut m = Machine::new(Mode::Lookup, SETTINGS, TOKEN, at(0));
+        assert!(matches!(m.on_read(at(0), Some(newer.clone())), Action::Done(Found::Newer)));
+        let mut m = Machine::new(Mode::Load, SETTINGS, TOKEN, at(0));
+        assert!(matches!(
+            m.on_read(at(0), Some(newer)),
+            Action::StoreThenRead {
+                mode: StoreMode::Cas(4),
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn claims_outlive_their_deadline_in_memcached() {
+        // a placeholder of a 5 s lease lives 5 s + 1 s of slack
+        let h = Header::placeholder(1_000_000, 1_005_000, 1);
+        assert_eq!(hold_exptime(&h, 1_005_000, 1_000_000), 6);
+        // a value stays as long as its writer meant, even when the claim is shorter
+        let v = Header {
+            expires_ms: 1_061_000,
+            ..Header::value(1_000_010, 1_000_000, 0, 60_000)
+        };
+        assert_eq!(hold_exptime(&v, 1_005_000, 1_000_000), 62);
+        // a claim that outlasts it keeps it for the claim
+        assert_eq!(hold_exptime(&v, 1_100_000, 1_000_000), 101);
+        // a value that never expires is never given an expiry by a claim
+        let forever = Header::value(1_000_010, 1_000_000, 0, 60_000);
+        assert_eq!(hold_exptime(&forever, 1_005_000, 1_000_000), 0);
+    }
+}
