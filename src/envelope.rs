@@ -255,7 +255,10 @@ mod tests {
         let Parsed::Item(h, rest) = decode(FLAGS, &p).unwrap() else {
             panic!()
         };
-        assert_eq!((h.kind, h.claim_until_ms, h.token), (Kind::Placeholder, 10, 42));
+        assert_eq!(
+            (h.kind, h.claim_until_ms, h.token),
+            (Kind::Placeholder, 10, 42)
+        );
         assert!(rest.is_empty());
         let Parsed::Item(h, _) = decode(FLAGS, &item(Header::plain(1), b"v")).unwrap() else {
             panic!()

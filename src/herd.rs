@@ -128,19 +128,39 @@ mod tests {
         check(h, 10_999, None, Verdict::Stale);
         check(h, 11_000, None, Verdict::Expired);
         // a live claim does not make an over-age value servable: it is being loaded
-        check(value(20_000, 10_000, 1_000, 0), 11_000, None, Verdict::Loading);
-        check(value(20_000, 10_000, 1_000, 0), 10_999, None, Verdict::Recomputing);
+        check(
+            value(20_000, 10_000, 1_000, 0),
+            11_000,
+            None,
+            Verdict::Loading,
+        );
+        check(
+            value(20_000, 10_000, 1_000, 0),
+            10_999,
+            None,
+            Verdict::Recomputing,
+        );
         assert!(!servable(Verdict::Loading) && !servable(Verdict::Expired));
     }
 
     #[test]
     fn claims() {
         // claimed stale: recomputing until the claim's deadline; past it (the claimant died), stale
-        check(value(2_000, 1_000, 60_000, 0), 1_999, None, Verdict::Recomputing);
+        check(
+            value(2_000, 1_000, 60_000, 0),
+            1_999,
+            None,
+            Verdict::Recomputing,
+        );
         check(value(2_000, 1_000, 60_000, 0), 2_000, None, Verdict::Stale);
         // claimed early (before the soft expiry): still fresh for everyone else
         check(value(2_000, 1_500, 60_000, 0), 1_000, None, Verdict::Fresh);
-        check(value(2_000, 1_500, 60_000, 0), 1_500, None, Verdict::Recomputing);
+        check(
+            value(2_000, 1_500, 60_000, 0),
+            1_500,
+            None,
+            Verdict::Recomputing,
+        );
         // placeholders
         check(Header::placeholder(0, 500, 9), 499, None, Verdict::Loading);
         check(Header::placeholder(0, 500, 9), 500, None, Verdict::Expired);
@@ -157,12 +177,27 @@ mod tests {
         check(h, 9_899, x(d), Verdict::Fresh);
         check(h, 9_901, x(d), Verdict::EarlyRefresh);
         // beta scales the window
-        check(h, 9_801, Some(Xfetch { beta: 2.0, draw: d }), Verdict::EarlyRefresh);
+        check(
+            h,
+            9_801,
+            Some(Xfetch { beta: 2.0, draw: d }),
+            Verdict::EarlyRefresh,
+        );
         // an item being refreshed, or with an unknown load time, is never refreshed early
-        check(value(20_000, 10_000, 60_000, 100), 9_999, x(1e-9), Verdict::Fresh);
+        check(
+            value(20_000, 10_000, 60_000, 100),
+            9_999,
+            x(1e-9),
+            Verdict::Fresh,
+        );
         check(value(0, 10_000, 60_000, 0), 9_999, x(1e-9), Verdict::Fresh);
         // once the claim ran out, early refresh is possible again
-        check(value(9_000, 10_000, 60_000, 100), 9_999, x(1e-9), Verdict::EarlyRefresh);
+        check(
+            value(9_000, 10_000, 60_000, 100),
+            9_999,
+            x(1e-9),
+            Verdict::EarlyRefresh,
+        );
         // a draw of 0 is clamped (a finite ~70 s window here), not -inf
         check(value(0, 100_000, 60_000, 100), 0, x(0.0), Verdict::Fresh);
         check(h, 9_000, x(0.0), Verdict::EarlyRefresh);

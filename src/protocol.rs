@@ -152,7 +152,10 @@ pub(crate) struct Machine {
 enum Pending {
     None,
     /// A claim keeping the value (stale, early, or past its bound).
-    Claim { early: bool, expired: bool },
+    Claim {
+        early: bool,
+        expired: bool,
+    },
     /// A placeholder (`add`, or `cas` over a dead claim, an over-age value or foreign bytes).
     Placeholder,
 }
@@ -554,7 +557,10 @@ mod tests {
     fn fresh_is_served_without_a_write() {
         let mut m = Machine::new(Mode::Load, SETTINGS, TOKEN, at(0));
         let a = m.on_read(at(0), Some(value(10, 1)));
-        assert!(matches!(a, Action::Done(Found::Value { stale: false, .. })), "{a:?}");
+        assert!(
+            matches!(a, Action::Done(Found::Value { stale: false, .. })),
+            "{a:?}"
+        );
     }
 
     #[test]
@@ -577,7 +583,11 @@ mod tests {
         // a failed load removes the placeholder at once
         assert!(matches!(
             g.lease.release(at(1)),
-            Action::StoreThenRead { mode: StoreMode::Cas(7), exptime: ttl::EXPIRED, .. }
+            Action::StoreThenRead {
+                mode: StoreMode::Cas(7),
+                exptime: ttl::EXPIRED,
+                ..
+            }
         ));
     }
 
@@ -594,7 +604,10 @@ mod tests {
         assert!(matches!(a, Action::Sleep(_)), "{a:?}");
         assert!(matches!(m.on_wake(at(500)), Action::Read));
         assert!(matches!(m.on_read(at(500), Some(theirs)), Action::Sleep(_)));
-        assert!(matches!(m.on_wake(at(1_000)), Action::Done(Found::TimedOut)));
+        assert!(matches!(
+            m.on_wake(at(1_000)),
+            Action::Done(Found::TimedOut)
+        ));
     }
 
     #[test]
@@ -655,7 +668,10 @@ mod tests {
         let mut theirs = value(10, 2);
         theirs.value = envelope::restamp(&theirs.value, 1_005_000, 99).unwrap();
         let a = m.on_stored(at(20), StoreOutcome::Exists, Some(theirs));
-        assert!(matches!(a, Action::Done(Found::Value { stale: true, .. })), "{a:?}");
+        assert!(
+            matches!(a, Action::Done(Found::Value { stale: true, .. })),
+            "{a:?}"
+        );
     }
 
     #[test]
@@ -668,13 +684,19 @@ mod tests {
             Action::Done(Found::Miss { claimed: true })
         ));
         let mut m = Machine::new(Mode::Lookup, SETTINGS, TOKEN, at(0));
-        assert!(matches!(m.on_read(at(0), None), Action::Done(Found::Miss { claimed: false })));
+        assert!(matches!(
+            m.on_read(at(0), None),
+            Action::Done(Found::Miss { claimed: false })
+        ));
         let ph = Item {
             value: Header::placeholder(1_000_000, 1_005_000, 99).to_bytes(),
             flags: envelope::FLAGS,
             cas: 3,
         };
-        assert!(matches!(m.on_read(at(0), Some(ph)), Action::Done(Found::Busy)));
+        assert!(matches!(
+            m.on_read(at(0), Some(ph)),
+            Action::Done(Found::Busy)
+        ));
     }
 
     #[test]
@@ -691,7 +713,10 @@ mod tests {
         let Action::Load(g) = m.on_stored(at(60_010), StoreOutcome::Stored, Some(back)) else {
             panic!()
         };
-        assert!(g.held.unwrap().expired, "kept only for serve-stale-on-error");
+        assert!(
+            g.held.unwrap().expired,
+            "kept only for serve-stale-on-error"
+        );
     }
 
     #[test]
@@ -702,7 +727,10 @@ mod tests {
             cas: 4,
         };
         let mut m = Machine::new(Mode::Lookup, SETTINGS, TOKEN, at(0));
-        assert!(matches!(m.on_read(at(0), Some(newer.clone())), Action::Done(Found::Newer)));
+        assert!(matches!(
+            m.on_read(at(0), Some(newer.clone())),
+            Action::Done(Found::Newer)
+        ));
         let mut m = Machine::new(Mode::Load, SETTINGS, TOKEN, at(0));
         assert!(matches!(
             m.on_read(at(0), Some(newer)),

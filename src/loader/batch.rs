@@ -105,7 +105,10 @@ impl Cache {
                                 held.insert(p.key.clone(), (v, h.header.written_ms));
                             }
                         }
-                        leases.insert(p.key.clone(), self.inner.renewer.hold(&p.derived, grant.lease));
+                        leases.insert(
+                            p.key.clone(),
+                            self.inner.renewer.hold(&p.derived, grant.lease),
+                        );
                         Counters::bump(&s.misses);
                         wanted.push(p.key);
                     }
@@ -120,7 +123,10 @@ impl Cache {
                             },
                             Found::Foreign(e) => self.undecodable(e, p, &mut writing)?,
                             // Someone else is loading it, or the backend failed: load, don't store.
-                            Found::Busy | Found::Unavailable | Found::Miss { .. } | Found::Newer
+                            Found::Busy
+                            | Found::Unavailable
+                            | Found::Miss { .. }
+                            | Found::Newer
                             | Found::TimedOut => {
                                 Counters::bump(&s.misses);
                                 wanted.push(p.key);
@@ -146,9 +152,9 @@ impl Cache {
                 Counters::bump(&s.loader_errors);
                 // Dropping the leases gives the keys back.
                 drop(leases);
-                let all_held = wanted.iter().all(|k| {
-                    held.get(k).is_some_and(|(_, w)| self.young_enough(*w))
-                });
+                let all_held = wanted
+                    .iter()
+                    .all(|k| held.get(k).is_some_and(|(_, w)| self.young_enough(*w)));
                 if all_held {
                     for (k, (v, _)) in held {
                         Counters::bump(&s.stale_on_error);

@@ -185,15 +185,13 @@ fn renew(shared: &Shared, slot: &Slot) {
         flags: envelope::FLAGS,
         exptime,
     };
-    match shared.backend.store_then_get(w) {
-        Ok((outcome, after)) => {
-            if !l.lease.on_renewed(outcome, after) {
-                l.lost = true;
-                l.idle = true;
-            }
+    // A failed renewal is tried again next time; two failures in a row still leave a third of
+    // the lease.
+    if let Ok((outcome, after)) = shared.backend.store_then_get(w) {
+        if !l.lease.on_renewed(outcome, after) {
+            l.lost = true;
+            l.idle = true;
         }
-        // Try again next time; two failures in a row still leave a third of the lease.
-        Err(_) => {}
     }
     l.next = Instant::now() + l.lease.renew_every();
 }
@@ -300,13 +298,10 @@ impl HeldLease {
         } = l.lease.release(self.shared.now())
         {
             // Best effort: if it fails, the claim lapses at its deadline.
-            let _ = self.shared.backend.store(
-                mode,
-                &self.slot.key,
-                &value,
-                envelope::FLAGS,
-                exptime,
-            );
+            let _ =
+                self.shared
+                    .backend
+                    .store(mode, &self.slot.key, &value, envelope::FLAGS, exptime);
         }
     }
 }

@@ -195,10 +195,29 @@ impl Cache {
         // One key derivation per call.
         let derived = self.keys.make(key)?;
         let deadline = Instant::now() + self.inner.max_wait;
+        // The fast path: a value that may be served is served without joining the coalescer (no
+        // lock shared by every caller); only a caller with work to do (a claim, a placeholder,
+        // a wait) coordinates with the others of this process.
+        let mut m = self.load_machine(deadline);
+        let first = match self.absorb_read(self.inner.backend.get(&derived))? {
+            Some(item) => m.on_read(self.now(), item),
+            None => m.on_failed(self.now()),
+        };
+        if let Action::Done(Found::Value { held, stale }) = &first {
+            if let Ok(v) = self.decode_held::<T>(held) {
+                let s = &self.inner.stats;
+                Counters::bump(if *stale { &s.stale_served } else { &s.hits });
+                return Ok(v);
+            }
+        }
+        let mut first = Some((m, first));
         loop {
             match self.inner.coalescer.join(&derived) {
                 Role::Leader(mut leader) => {
-                    let r = self.lead(&derived, ttl, loader, Some(&mut leader), deadline);
+                    let (m, action) = first
+                        .take()
+                        .unwrap_or_else(|| (self.load_machine(deadline), Action::Read));
+                    let r = self.lead(&derived, ttl, loader, Some(&mut leader), m, action);
                     leader.publish(match &r {
                         Ok(v) => Outcome::Value(Arc::new(v.clone())),
                         Err(e) => Outcome::Failed(e.clone()),
@@ -206,12 +225,16 @@ impl Cache {
                     return r;
                 }
                 Role::Follower(slot) => {
+                    first = None;
                     Counters::bump(&self.inner.stats.lease_waits);
                     match slot.wait(deadline) {
                         Outcome::Value(v) => match v.downcast_ref::<T>() {
                             Some(v) => return Ok(v.clone()),
                             // Another type under the same key: do our own call.
-                            None => return self.lead(&derived, ttl, loader, None, deadline),
+                            None => {
+                                let m = self.load_machine(deadline);
+                                return self.lead(&derived, ttl, loader, None, m, Action::Read);
+                            }
                         },
                         Outcome::Failed(e) => {
                             if e.is_wait_timeout() {
@@ -228,31 +251,36 @@ impl Cache {
         }
     }
 
+    /// A `Load` machine whose waits end at `deadline` (what is left of this call's max_wait).
+    fn load_machine(&self, deadline: Instant) -> Machine {
+        let mut settings = self.settings(true);
+        settings.max_wait_ms = deadline
+            .saturating_duration_since(Instant::now())
+            .as_millis() as u64;
+        Machine::new(Mode::Load, settings, self.token(), self.now())
+    }
+
     fn waited_out(&self) -> Error {
         Counters::bump(&self.inner.stats.wait_timeouts);
         Error::wait_timeout(self.inner.max_wait)
     }
 
-    /// The work of one caller: run the protocol, then serve, load, or give up waiting.
+    /// The work of one caller: run the protocol from `action`, then serve, load, or give up
+    /// waiting.
     fn lead<T, L>(
         &self,
         derived: &str,
         ttl: Ttl,
         loader: L,
         leader: Option<&mut Leader<'_>>,
-        deadline: Instant,
+        mut m: Machine,
+        mut action: Action,
     ) -> Result<T>
     where
         T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
         L: Load<T>,
     {
         let s = &self.inner.stats;
-        let now = self.now();
-        let mut settings = self.settings(true);
-        // What is left of this call's max_wait (a follower that became leader used some).
-        settings.max_wait_ms = deadline.saturating_duration_since(Instant::now()).as_millis() as u64;
-        let mut m = Machine::new(Mode::Load, settings, self.token(), now);
-        let mut action = Action::Read;
         loop {
             let found = match self.drive(derived, &mut m, action)? {
                 Step::Load(grant) => {

@@ -300,8 +300,59 @@ impl Env {
         }
     }
 
+    /// The env's backend itself (to wrap it in a test backend).
+    pub fn backend(&self) -> Arc<dyn Backend> {
+        match (&self.memory, &self.addr) {
+            (Some(m), _) => m.clone(),
+            (None, Some(a)) => Arc::new(
+                newcache::MemcachedBackend::new(newcache::MemcachedConfig::new(vec![
+                    newcache::ServerSpec::parse(a).expect("address"),
+                ]))
+                .expect("backend"),
+            ),
+            _ => unreachable!(),
+        }
+    }
+
+    /// Deletes a derived key bypassing newcache, as another client would.
+    pub fn raw_delete(&self, derived_key: &str) {
+        match (&self.memory, &self.addr) {
+            (Some(m), _) => {
+                m.delete(derived_key).expect("raw delete");
+            }
+            (None, Some(a)) => {
+                let client = memcache::connect(format!("memcache://{a}?protocol=ascii"))
+                    .expect("memcache client connects");
+                client
+                    .delete(derived_key)
+                    .expect("raw delete through the memcache crate");
+            }
+            _ => unreachable!(),
+        }
+    }
+
     pub fn advance(&self, d: Duration) {
         self.clock.advance(d);
+    }
+
+    /// A builder whose clock moves with [`Env::pass`]: the mock clock on the memory backend
+    /// (whose expiry follows it), the system clock on memcached (whose expiry follows real time).
+    pub fn timed_builder(&self) -> CacheBuilder {
+        match self.kind {
+            Kind::Memory => self.builder(),
+            Kind::Memcached | Kind::Twemproxy => {
+                self.builder().clock(Arc::new(newcache::SystemClock))
+            }
+        }
+    }
+
+    /// Lets `d` pass for caches from [`Env::timed_builder`]: moves the mock clock on the memory
+    /// backend, sleeps on memcached.
+    pub fn pass(&self, d: Duration) {
+        match self.kind {
+            Kind::Memory => self.clock.advance(d),
+            Kind::Memcached | Kind::Twemproxy => std::thread::sleep(d),
+        }
     }
 }
 

@@ -243,7 +243,11 @@ fn wait_bound_is_an_error_not_a_second_load(env: &Env) {
             Ok::<_, io::Error>(1u8)
         })
     });
-    assert_eq!(calls.load(Ordering::SeqCst), 0, "no loader runs under a live holder");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        0,
+        "no loader runs under a live holder"
+    );
     for r in &got {
         let e = r.as_ref().unwrap_err();
         assert!(e.is_wait_timeout() && !e.is_backend(), "{e}");

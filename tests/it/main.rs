@@ -7,6 +7,7 @@ mod behaviour;
 mod cluster;
 mod faults;
 mod fixture;
+mod herd;
 mod loader;
 mod memcached;
 mod props;

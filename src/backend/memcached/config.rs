@@ -153,5 +153,4 @@ mod tests {
             assert!(ServerSpec::parse(bad).unwrap_err().is_config(), "{bad}");
         }
     }
-
 }

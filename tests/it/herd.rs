@@ -1,0 +1,608 @@
+//! The herd protocol at its edges, on every backend: a load never undoes an invalidation that
+//! landed while it ran, one load behind a slow database, claims renewed and taken over, the
+//! staleness bound, newer envelope formats, and what a call costs in round trips.
+
+use std::io;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use newcache::{Backend, Cache, Item, StoreMode, StoreOutcome, Write};
+
+use crate::fixture::{Env, Kind, unique_flavor};
+
+const S: fn(u64) -> Duration = Duration::from_secs;
+const MS: fn(u64) -> Duration = Duration::from_millis;
+
+crate::on_every_backend!(
+    invalidations_during_a_stale_refresh_win,
+    invalidations_during_a_cold_load_win,
+    invalidations_during_an_early_refresh_win,
+    invalidations_during_a_background_refresh_win,
+    invalidations_during_a_batch_load_win,
+    a_slow_database_sees_one_load_and_waiters_time_out,
+    a_holder_renews_its_claim_past_the_lease,
+    a_holder_past_max_load_time_is_replaced_by_one_waiter,
+    a_value_is_never_served_past_its_bound,
+    a_failing_loader_keeps_nothing_alive,
+    a_claim_outlives_the_items_own_expiry,
+    a_newer_format_is_a_counted_miss,
+    round_trips_per_call,
+);
+
+/// A loader the test holds mid-load: it says when it started, then waits for the go.
+struct Gate {
+    started: Barrier,
+    go: Barrier,
+    calls: AtomicUsize,
+}
+
+impl Gate {
+    fn new() -> Gate {
+        Gate {
+            started: Barrier::new(2),
+            go: Barrier::new(2),
+            calls: AtomicUsize::new(0),
+        }
+    }
+
+    fn load(&self, v: &str) -> io::Result<String> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.started.wait();
+        self.go.wait();
+        Ok(v.to_string())
+    }
+}
+
+/// What lands while a load runs, and what the key must hold afterwards.
+struct Invalidation {
+    name: &'static str,
+    act: fn(&Env, &Cache),
+    /// What `get::<String>` returns afterwards: `Ok(v)`, or `Err(())` for a decode error (a
+    /// foreign value written by another client stood).
+    after: Result<Option<&'static str>, ()>,
+}
+
+const INVALIDATIONS: &[Invalidation] = &[
+    Invalidation {
+        name: "delete",
+        act: |_, c| {
+            c.delete("row").unwrap();
+        },
+        after: Ok(None),
+    },
+    Invalidation {
+        name: "set",
+        act: |_, c| c.set("row", "newer", S(60)).unwrap(),
+        after: Ok(Some("newer")),
+    },
+    Invalidation {
+        name: "add",
+        act: |_, c| {
+            assert!(
+                c.add("row", "added", S(60)).unwrap(),
+                "a load is not a value"
+            )
+        },
+        after: Ok(Some("added")),
+    },
+    Invalidation {
+        name: "set_many",
+        act: |_, c| {
+            c.set_many([("row", "batched"), ("other", "x")], S(60))
+                .unwrap()
+        },
+        after: Ok(Some("batched")),
+    },
+    Invalidation {
+        name: "another client's delete",
+        act: |env, c| env.raw_delete(&c.make_key("row")),
+        after: Ok(None),
+    },
+    Invalidation {
+        name: "another client's set",
+        act: |env, c| env.raw_set(&c.make_key("row"), b"(dp0\n.", 1),
+        after: Err(()),
+    },
+];
+
+#[track_caller]
+fn check_after(cache: &Cache, inv: &Invalidation) {
+    let got = cache.get::<String>("row");
+    match inv.after {
+        Ok(want) => assert_eq!(
+            got.unwrap().as_deref(),
+            want,
+            "{}: the invalidation stands",
+            inv.name
+        ),
+        Err(()) => assert!(
+            got.unwrap_err().is_decode(),
+            "{}: foreign value stands",
+            inv.name
+        ),
+    }
+}
+
+/// Runs `call` on a thread, holds its loader mid-load while `inv` lands, then lets it finish;
+/// returns what the call returned.
+fn race<T: Send>(
+    env: &Env,
+    cache: &Cache,
+    gate: &Gate,
+    inv: &Invalidation,
+    call: impl FnOnce() -> T + Send,
+) -> T {
+    thread::scope(|s| {
+        let h = s.spawn(call);
+        gate.started.wait();
+        // Let the loader finish even if the invalidation panics, so the test fails, not hangs.
+        let acted =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (inv.act)(env, cache)));
+        gate.go.wait();
+        let r = h.join().unwrap();
+        if let Err(p) = acted {
+            std::panic::resume_unwind(p);
+        }
+        r
+    })
+}
+
+fn invalidations_during_a_stale_refresh_win(env: &Env) {
+    for inv in INVALIDATIONS {
+        let cache = env.builder().flavor(unique_flavor("inv")).build().unwrap();
+        cache.set("row", "v1", S(10)).unwrap();
+        env.advance(S(11));
+        let gate = Gate::new();
+        let got = race(env, &cache, &gate, inv, || {
+            cache.get_or_set_with("row", S(60), || gate.load("read before the update"))
+        });
+        assert_eq!(
+            got.unwrap(),
+            "read before the update",
+            "{}: the caller gets its load",
+            inv.name
+        );
+        check_after(&cache, inv);
+        assert_eq!(cache.stats().loads_superseded, 1, "{}", inv.name);
+    }
+}
+
+fn invalidations_during_a_cold_load_win(env: &Env) {
+    for inv in INVALIDATIONS {
+        let cache = env.builder().flavor(unique_flavor("inv")).build().unwrap();
+        let gate = Gate::new();
+        let got = race(env, &cache, &gate, inv, || {
+            cache.get_or_set_with("row", S(60), || gate.load("read before the update"))
+        });
+        assert_eq!(got.unwrap(), "read before the update", "{}", inv.name);
+        check_after(&cache, inv);
+        assert_eq!(cache.stats().loads_superseded, 1, "{}", inv.name);
+    }
+}
+
+fn invalidations_during_an_early_refresh_win(env: &Env) {
+    // An `add` finds the value still fresh and is refused: nothing to invalidate.
+    for inv in INVALIDATIONS.iter().filter(|i| i.name != "add") {
+        let cache = env
+            .builder()
+            .flavor(unique_flavor("inv"))
+            .early_refresh(1e9)
+            .random_seed(3)
+            .build()
+            .unwrap();
+        // A value with a known load time, one second from its soft expiry: XFetch claims it.
+        cache
+            .get_or_set_with("row", S(10), || {
+                thread::sleep(MS(2));
+                Ok::<_, io::Error>("v1".to_string())
+            })
+            .unwrap();
+        env.advance(S(9));
+        let gate = Gate::new();
+        let got = race(env, &cache, &gate, inv, || {
+            cache.get_or_set_with("row", S(60), || gate.load("read before the update"))
+        });
+        assert_eq!(got.unwrap(), "read before the update", "{}", inv.name);
+        assert_eq!(cache.stats().early_refreshes, 1, "{}", inv.name);
+        check_after(&cache, inv);
+        assert_eq!(cache.stats().loads_superseded, 1, "{}", inv.name);
+    }
+}
+
+fn invalidations_during_a_background_refresh_win(env: &Env) {
+    for inv in INVALIDATIONS {
+        let cache = env.builder().flavor(unique_flavor("inv")).build().unwrap();
+        cache.set("row", "v1", S(10)).unwrap();
+        env.advance(S(11));
+        let gate = Arc::new(Gate::new());
+        let g = gate.clone();
+        let stale = cache
+            .get_or_set_with_background("row", S(60), move || g.load("read before the update"))
+            .unwrap();
+        assert_eq!(stale, "v1", "served at once");
+        gate.started.wait();
+        (inv.act)(env, &cache);
+        gate.go.wait();
+        let deadline = Instant::now() + S(10);
+        while cache.stats().loads_superseded == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "{}: the refresh never finished",
+                inv.name
+            );
+            thread::sleep(MS(2));
+        }
+        check_after(&cache, inv);
+    }
+}
+
+fn invalidations_during_a_batch_load_win(env: &Env) {
+    for inv in INVALIDATIONS {
+        let cache = env.builder().flavor(unique_flavor("inv")).build().unwrap();
+        cache.set("stale", "v1", S(10)).unwrap();
+        env.advance(S(11));
+        let gate = Gate::new();
+        let got = race(env, &cache, &gate, inv, || {
+            cache.get_many_or_set_with(&["row", "stale"], S(60), |keys| {
+                let v = gate.load("loaded")?;
+                Ok::<_, io::Error>(keys.iter().map(|k| (k.clone(), v.clone())).collect())
+            })
+        });
+        let got = got.unwrap();
+        assert_eq!(
+            got.get("row").map(String::as_str),
+            Some("loaded"),
+            "{}",
+            inv.name
+        );
+        check_after(&cache, inv);
+        if inv.name != "set_many" {
+            assert_eq!(
+                cache.get::<String>("stale").unwrap().as_deref(),
+                Some("loaded"),
+                "{}: an untouched key is stored",
+                inv.name
+            );
+        }
+    }
+}
+
+/// max_wait 0.5 s, a 1.5 s loader, 16 threads in two caches (two processes): one load. Every
+/// other caller gives up at max_wait with a wait-timeout error instead of loading too.
+fn a_slow_database_sees_one_load_and_waiters_time_out(env: &Env) {
+    let caches: Vec<Cache> = (0..2)
+        .map(|_| env.builder().max_wait(MS(500)).build().unwrap())
+        .collect();
+    let calls = AtomicUsize::new(0);
+    let barrier = Barrier::new(16);
+    let results: Vec<_> = thread::scope(|s| {
+        let hs: Vec<_> = (0..16)
+            .map(|i| {
+                let (c, calls, barrier) = (&caches[i % 2], &calls, &barrier);
+                s.spawn(move || {
+                    barrier.wait();
+                    c.get_or_set_with("report", S(60), || {
+                        calls.fetch_add(1, Ordering::SeqCst);
+                        thread::sleep(MS(1500));
+                        Ok::<_, io::Error>("slow".to_string())
+                    })
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "one load behind a slow database"
+    );
+    let ok = results
+        .iter()
+        .filter(|r| r.as_ref().is_ok_and(|v| v == "slow"))
+        .count();
+    let timed_out = results
+        .iter()
+        .filter(|r| r.as_ref().is_err_and(|e| e.is_wait_timeout()))
+        .count();
+    assert_eq!((ok, timed_out), (1, 15), "{results:?}");
+    assert_eq!(
+        caches[1].get::<String>("report").unwrap().as_deref(),
+        Some("slow")
+    );
+}
+
+/// Keeps a timed cache's clock moving with real time on the memory backend (memcached's caches
+/// use the system clock) while `f` runs.
+fn with_moving_clock<T>(env: &Env, f: impl FnOnce() -> T) -> T {
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    thread::scope(|s| {
+        s.spawn(|| {
+            while !stop.load(Ordering::SeqCst) {
+                thread::sleep(MS(50));
+                if env.kind == Kind::Memory {
+                    env.advance(MS(50));
+                }
+            }
+        });
+        let r = f();
+        stop.store(true, Ordering::SeqCst);
+        r
+    })
+}
+
+/// A 3 s load under a 2 s lease: the holder renews its claim, so the waiter (max_wait 10 s) gets
+/// the holder's value and never loads.
+fn a_holder_renews_its_claim_past_the_lease(env: &Env) {
+    let build = || {
+        env.timed_builder()
+            .lease_ttl(S(2))
+            .max_wait(S(10))
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (build(), build());
+    let calls = AtomicUsize::new(0);
+    let load = |v: &'static str| {
+        let calls = &calls;
+        move || {
+            calls.fetch_add(1, Ordering::SeqCst);
+            thread::sleep(MS(3000));
+            Ok::<_, io::Error>(v.to_string())
+        }
+    };
+    let (ra, rb) = with_moving_clock(env, || {
+        thread::scope(|s| {
+            let ha = s.spawn(|| a.get_or_set_with("k", S(60), load("a")));
+            thread::sleep(MS(200));
+            let hb = s.spawn(|| b.get_or_set_with("k", S(60), load("b")));
+            (ha.join().unwrap(), hb.join().unwrap())
+        })
+    });
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "the claim was kept alive");
+    assert_eq!((ra.unwrap().as_str(), rb.unwrap().as_str()), ("a", "a"));
+}
+
+/// A holder still loading after max_load_time stops renewing; once its claim lapses exactly one
+/// waiter takes over, and the first load's late result is not stored over the second's.
+fn a_holder_past_max_load_time_is_replaced_by_one_waiter(env: &Env) {
+    let build = || {
+        env.timed_builder()
+            .lease_ttl(S(2))
+            .max_load_time(S(2))
+            .max_wait(S(10))
+            .build()
+            .unwrap()
+    };
+    let (a, b, c) = (build(), build(), build());
+    let calls = AtomicUsize::new(0);
+    let load = |v: &'static str, ms: u64| {
+        let calls = &calls;
+        move || {
+            calls.fetch_add(1, Ordering::SeqCst);
+            thread::sleep(MS(ms));
+            Ok::<_, io::Error>(v.to_string())
+        }
+    };
+    let (ra, rb, rc) = with_moving_clock(env, || {
+        thread::scope(|s| {
+            let ha = s.spawn(|| a.get_or_set_with("k", S(60), load("a", 6000)));
+            thread::sleep(MS(200));
+            let hb = s.spawn(|| b.get_or_set_with("k", S(60), load("b", 100)));
+            let hc = s.spawn(|| c.get_or_set_with("k", S(60), load("c", 100)));
+            (ha.join().unwrap(), hb.join().unwrap(), hc.join().unwrap())
+        })
+    });
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        2,
+        "the stuck holder and one taker"
+    );
+    let (rb, rc) = (rb.unwrap(), rc.unwrap());
+    assert_eq!(ra.unwrap(), "a", "the first holder still gets its value");
+    assert_eq!(rb, rc, "the other waiter got the taker's value");
+    assert_eq!(
+        a.get::<String>("k").unwrap(),
+        Some(rb),
+        "the late result was not stored"
+    );
+    assert_eq!(a.stats().loads_superseded, 1);
+}
+
+/// ttl 1 s, herd timeout 1 s: plain readers claim it over and over, nobody sets it. It is served
+/// (fresh, then stale) up to 2 s after it was written, and never after.
+fn a_value_is_never_served_past_its_bound(env: &Env) {
+    let cache = env.builder().herd_timeout(S(1)).build().unwrap();
+    cache.set("k", "v", S(1)).unwrap();
+    let mut last_served = None;
+    for step in 1..=16u64 {
+        env.advance(MS(250));
+        for _ in 0..4 {
+            if cache.get::<String>("k").unwrap().is_some() {
+                last_served = Some(step * 250);
+            }
+        }
+    }
+    assert_eq!(last_served, Some(1750), "served until 2 s, never after");
+}
+
+/// A loader that keeps failing: the stale value is served to others while it is within its bound,
+/// then nobody gets it; with serve_stale_on_error, the failing caller gets it up to max_age.
+fn a_failing_loader_keeps_nothing_alive(env: &Env) {
+    let failing = || Err::<String, _>(io::Error::other("db is down"));
+    let strict = env.builder().herd_timeout(S(1)).build().unwrap();
+    strict.set("k", "v", S(1)).unwrap();
+    env.advance(MS(2000));
+    for _ in 0..3 {
+        assert!(
+            strict
+                .get_or_set_with("k", S(1), failing)
+                .unwrap_err()
+                .is_loader()
+        );
+        assert_eq!(strict.get::<String>("k").unwrap(), None);
+        env.advance(MS(500));
+    }
+    let lenient = env
+        .builder()
+        .herd_timeout(S(1))
+        .serve_stale_on_error(S(4))
+        .build()
+        .unwrap();
+    lenient.set("j", "v", S(1)).unwrap();
+    let mut served = Vec::new();
+    for _ in 0..12 {
+        env.advance(MS(500));
+        served.push(lenient.get_or_set_with("j", S(1), failing).is_ok());
+    }
+    // ages 0.5..=4 s: the value (fresh, then stale on error); 4.5 s on: the error
+    assert_eq!(served, [[true; 8], [false; 8]].concat()[..12]);
+}
+
+/// A stale entry claimed just before memcached would drop it: the claim keeps the item for the
+/// claim's life, so a second caller after the item's own expiry waits instead of loading too.
+fn a_claim_outlives_the_items_own_expiry(env: &Env) {
+    let build = || {
+        env.timed_builder()
+            .herd_timeout(S(1))
+            .max_wait(MS(300))
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (build(), build());
+    a.set("k", "v1", S(1)).unwrap(); // memcached drops it after 2 s
+    env.pass(MS(1500));
+    let gate = Gate::new();
+    let calls = AtomicUsize::new(0);
+    thread::scope(|s| {
+        let h = s.spawn(|| a.get_or_set_with("k", S(60), || gate.load("v2")));
+        gate.started.wait();
+        env.pass(MS(1500)); // 3 s: past the item's own expiry, within the claim
+        let e = b
+            .get_or_set_with("k", S(60), || {
+                calls.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, io::Error>("second load".to_string())
+            })
+            .unwrap_err();
+        assert!(e.is_wait_timeout(), "{e}");
+        gate.go.wait();
+        assert_eq!(h.join().unwrap().unwrap(), "v2");
+    });
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+    assert_eq!(b.get::<String>("k").unwrap().as_deref(), Some("v2"));
+}
+
+/// An item of a newer envelope format (a newer build wrote it): a counted miss for readers,
+/// never an error, and replaced by a load.
+fn a_newer_format_is_a_counted_miss(env: &Env) {
+    let cache = env.cache();
+    let k = cache.make_key("k");
+    env.raw_set(&k, b"NC\x09a future layout", newcache::__private::FLAGS);
+    assert_eq!(cache.get::<String>("k").unwrap(), None);
+    assert_eq!(cache.get_many::<String, _>(&["k"]).unwrap().len(), 0);
+    assert_eq!(cache.stats().newer_format, 2);
+    let v = cache
+        .get_or_set_with("k", S(60), || Ok::<_, io::Error>("ours".to_string()))
+        .unwrap();
+    assert_eq!(v, "ours");
+    assert_eq!(cache.get::<String>("k").unwrap().as_deref(), Some("ours"));
+}
+
+/// Counts the backend calls a cache makes (each is one round trip on memcached).
+#[derive(Debug)]
+struct Counting {
+    inner: Arc<dyn Backend>,
+    calls: AtomicUsize,
+}
+
+impl Counting {
+    fn bump(&self) {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+    }
+    fn take(&self) -> usize {
+        self.calls.swap(0, Ordering::SeqCst)
+    }
+}
+
+impl Backend for Counting {
+    fn get(&self, key: &str) -> newcache::Result<Option<Item>> {
+        self.bump();
+        self.inner.get(key)
+    }
+    fn get_many(&self, keys: &[&str]) -> newcache::Result<Vec<Option<Item>>> {
+        self.bump();
+        self.inner.get_many(keys)
+    }
+    fn store(
+        &self,
+        mode: StoreMode,
+        key: &str,
+        value: &[u8],
+        flags: u32,
+        exptime: u32,
+    ) -> newcache::Result<StoreOutcome> {
+        self.bump();
+        self.inner.store(mode, key, value, flags, exptime)
+    }
+    fn store_then_get(&self, w: Write<'_>) -> newcache::Result<(StoreOutcome, Option<Item>)> {
+        self.bump();
+        self.inner.store_then_get(w)
+    }
+    fn store_many(&self, writes: &[Write<'_>]) -> newcache::Result<Vec<StoreOutcome>> {
+        self.bump();
+        self.inner.store_many(writes)
+    }
+    fn delete(&self, key: &str) -> newcache::Result<bool> {
+        self.bump();
+        self.inner.delete(key)
+    }
+    fn incr(&self, key: &str, delta: u64) -> newcache::Result<Option<u64>> {
+        self.inner.incr(key, delta)
+    }
+    fn decr(&self, key: &str, delta: u64) -> newcache::Result<Option<u64>> {
+        self.inner.decr(key, delta)
+    }
+    fn flush_all(&self) -> newcache::Result<()> {
+        self.inner.flush_all()
+    }
+    fn max_value_size(&self, key: &str) -> usize {
+        self.inner.max_value_size(key)
+    }
+}
+
+/// A cold miss costs 3 round trips (read; placeholder add + read-back, pipelined; cas), a fresh
+/// hit 1, a stale refresh 3 once per expiry (stale readers 1 each); one key derivation per call.
+fn round_trips_per_call(env: &Env) {
+    let counting = Arc::new(Counting {
+        inner: env.backend(),
+        calls: AtomicUsize::new(0),
+    });
+    let derivations = Arc::new(AtomicUsize::new(0));
+    let d = derivations.clone();
+    let cache = env
+        .builder()
+        .backend(counting.clone())
+        .key_function(move |flavor, version, key| {
+            d.fetch_add(1, Ordering::SeqCst);
+            newcache::default_key(flavor, version, key)
+        })
+        .build()
+        .unwrap();
+    let load = || Ok::<_, io::Error>(1u32);
+    cache.get_or_set_with("k", S(10), load).unwrap();
+    assert_eq!(
+        (counting.take(), derivations.swap(0, Ordering::SeqCst)),
+        (3, 1),
+        "cold miss"
+    );
+    cache.get_or_set_with("k", S(10), load).unwrap();
+    assert_eq!(
+        (counting.take(), derivations.swap(0, Ordering::SeqCst)),
+        (1, 1),
+        "fresh hit"
+    );
+    env.advance(S(11));
+    cache.get_or_set_with("k", S(10), load).unwrap();
+    assert_eq!(counting.take(), 3, "the refresh of a stale key");
+}
