@@ -24,21 +24,28 @@
 //!
 //! # How the herd protection works
 //!
-//! Every value is stored in an envelope that carries a *soft* expiry (now + ttl). memcached's own
-//! (hard) expiry is later: ttl + the herd timeout (60 s by default). When the soft expiry has
-//! passed, the first reader *claims* the entry: it re-stores the same value marked "claimed until
-//! now + herd timeout" through memcached's `cas`, using the token from its own `gets`. Exactly one
-//! reader's `cas` can succeed; that reader is told "miss" and recomputes, every other reader gets
-//! the stale value at once.
+//! Every value is stored in an envelope that carries a *soft* expiry (now + ttl) and the *herd
+//! timeout* its writer used (60 s by default). memcached's own (hard) expiry is later: ttl + the
+//! herd timeout. When the soft expiry has passed, the first reader *claims* the entry: it
+//! re-stores the same value with its own token and a deadline through memcached's `cas`, and reads
+//! it back on the same connection. Exactly one reader's `cas` can succeed; that reader recomputes,
+//! every other reader gets the stale value at once. Nobody is served a value past its soft expiry
+//! plus its herd timeout.
 //!
 //! ```text
-//! t=0      set(k, v, 300 s)      soft expiry 300 s, memcached expiry 360 s
-//! t=301    reader A: gets -> stale, cas(claimed until 361) OK     -> None: A recomputes
-//! t=301    reader B: gets -> stale, cas(claimed until 361) EXISTS -> v (stale, served at once)
-//! t=301.1  reader C: gets -> stale but claimed                    -> v (stale, served at once)
-//! t=301.2  A: set(k, v2, 300 s)  everyone reads v2
-//! (if A died: at t=361 the claim has run out, and exactly one new reader claims it)
+//! t=0      set(k, v, 300 s)        soft expiry 300 s, servable until 360 s, memcached expiry 360 s
+//! t=301    A: gets -> stale; cas(claimed by A) + gets -> A's token   -> A recomputes
+//! t=301    B: gets -> stale; cas EXISTS + gets -> claimed by A       -> v (stale, at once)
+//! t=301.1  C: gets -> stale, claimed                                  -> v (stale, at once)
+//! t=301.2  A: cas(v2) against its claim -> STORED                     everyone reads v2
+//! (if someone deleted or set k meanwhile, A's cas fails: the newer state stays)
 //! ```
+//!
+//! With [`Cache::get_or_set_with`], a missing key gets a *placeholder* envelope (`add`) that
+//! other callers wait on (at most [`CacheBuilder::max_wait`]); the holder keeps its claim alive
+//! while its loader runs and stores the result with `cas`, so a load never undoes an
+//! invalidation. Claims compare wall clocks across processes: processes sharing a cache are
+//! assumed to have clocks within a fraction of [`CacheBuilder::lease_ttl`] of each other.
 //!
 //! # Keys and versions
 //!
@@ -57,24 +64,30 @@
 //!
 //! # Wire format
 //!
-//! Items written by [`Cache::set`] carry memcached flags `0x4E43` and this layout (integers
-//! little-endian):
+//! Items written by [`Cache::set`] carry memcached flags `0x4E43` and this layout (format 2,
+//! integers little-endian):
 //!
 //! | offset | size | field |
 //! |---|---|---|
 //! | 0 | 2 | magic `b"NC"` |
-//! | 2 | 1 | format version, `1` |
-//! | 3 | 1 | kind: `1` herd envelope, `2` plain (`Herd::Off`) |
-//! | 4 | 8 | soft expiry, unix milliseconds, `0` = never (herd only) |
-//! | 12 | 8 | when the value was written, unix milliseconds (herd only) |
-//! | 20 | 4 | how long the value took to compute, milliseconds, `0` = unknown (herd only) |
-//! | 24 | 8 | `0`, or until when (unix ms) a reader that claimed the entry recomputes it (herd only) |
-//! | 32 (herd) or 4 (plain) | rest | the value, bincode 2 standard configuration |
+//! | 2 | 1 | format version, `2`; a reader treats a newer one as a (counted) miss |
+//! | 3 | 1 | kind: `1` value, `2` plain value (`Herd::Off`), `3` placeholder (being loaded) |
+//! | 4 | 1 | codec of the payload: `0` bincode 2, standard configuration |
+//! | 5 | 1 | flags: bit 0 compressed (reserved; other bits must be 0) |
+//! | 6 | 2 | header length (56); readers skip to it, so fields can be appended |
+//! | 8 | 8 | soft expiry, unix ms, `0` = never |
+//! | 16 | 8 | when the value was computed, unix ms |
+//! | 24 | 4 | how long computing it took, ms (XFetch's delta), `0` = unknown |
+//! | 28 | 4 | the writer's herd timeout, ms: never served at or after soft expiry + this |
+//! | 32 | 8 | `0`, or until when (unix ms) the claim (or placeholder) holds |
+//! | 40 | 8 | the claim's token, `0` = unclaimed |
+//! | 48 | 8 | when the writer meant memcached to drop it, unix ms, `0` = never |
+//! | 56 | rest | the payload |
 //!
 //! Counters ([`Cache::set_counter`]) are memcached's plain decimal digits with flags `0`. Bytes
-//! that do not match (another client's pickle, a PHP value, compressed data, an empty value)
-//! give an error whose [`Error::is_decode`] is true, or a miss with [`DecodePolicy::Miss`];
-//! decoding never allocates more than the item size limit.
+//! that do not match (another client's pickle, a PHP value, compressed data, an empty value, the
+//! never-released format 1) give an error whose [`Error::is_decode`] is true, or a miss with
+//! [`DecodePolicy::Miss`]; decoding never allocates more than the item size limit.
 //!
 //! # Cargo features
 //!
