@@ -14,12 +14,13 @@ impl Cache {
     /// [`incr`](Cache::incr) and [`decr`](Cache::decr) work on it.
     pub fn set_counter(&self, key: &str, value: u64, ttl: impl Into<Ttl>) -> Result<()> {
         let k = self.keys.make(key)?;
-        let life = ttl.into().resolve(self.inner.default_ttl);
+        let life = ttl.into().resolve(self.inner.config.default_ttl);
         if life == Lifetime::Expired {
-            return self.inner.backend.delete(&k).map(|_| ());
+            return self.inner.config.backend.delete(&k).map(|_| ());
         }
         let exptime = ttl::exptime(life, Duration::ZERO, self.now_ms() / 1000);
         self.inner
+            .config
             .backend
             .store(
                 StoreMode::Set,
@@ -39,6 +40,7 @@ impl Cache {
     pub fn incr(&self, key: &str, delta: u64) -> Result<u64> {
         let k = self.keys.make(key)?;
         self.inner
+            .config
             .backend
             .incr(&k, delta)?
             .ok_or_else(|| not_found(key))
@@ -51,6 +53,7 @@ impl Cache {
     pub fn decr(&self, key: &str, delta: u64) -> Result<u64> {
         let k = self.keys.make(key)?;
         self.inner
+            .config
             .backend
             .decr(&k, delta)?
             .ok_or_else(|| not_found(key))
@@ -62,7 +65,7 @@ impl Cache {
     /// `is_not_a_counter()` if the key holds something that is not a decimal counter.
     pub fn get_counter(&self, key: &str) -> Result<Option<u64>> {
         let k = self.keys.make(key)?;
-        match self.inner.backend.get(&k)? {
+        match self.inner.config.backend.get(&k)? {
             None => Ok(None),
             Some(item) => parse_counter(&item.value).map(Some).ok_or_else(|| {
                 Error::new(

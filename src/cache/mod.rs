@@ -9,10 +9,8 @@ mod write;
 use std::cell::Cell;
 use std::fmt;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use crate::backend::Backend;
-use crate::clock::Clock;
 use crate::config::Config;
 use crate::error::Result;
 use crate::key::KeyMaker;
@@ -26,18 +24,8 @@ pub use self::policy::{DecodePolicy, FailurePolicy, Herd};
 
 /// What every clone and version view of a cache shares.
 pub(crate) struct Inner {
-    pub(crate) backend: Arc<dyn Backend>,
-    pub(crate) clock: Arc<dyn Clock>,
-    pub(crate) default_ttl: Duration,
-    pub(crate) herd_timeout: Duration,
-    pub(crate) read_failures: FailurePolicy,
-    pub(crate) write_failures: FailurePolicy,
-    pub(crate) decode_policy: DecodePolicy,
-    pub(crate) lease_ttl: Duration,
-    pub(crate) max_wait: Duration,
-    pub(crate) max_load_time: Duration,
-    pub(crate) early_beta: Option<f64>,
-    pub(crate) stale_on_error: Option<Duration>,
+    /// The settings it was built with (`keys` there is the builder's; views carry their own).
+    pub(crate) config: Config,
     pub(crate) stats: Counters,
     pub(crate) coalescer: Coalescer,
     pub(crate) renewer: Renewer,
@@ -73,9 +61,9 @@ impl fmt::Debug for Cache {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Cache")
             .field("keys", &self.keys)
-            .field("backend", &self.inner.backend)
-            .field("default_ttl", &self.inner.default_ttl)
-            .field("herd_timeout", &self.inner.herd_timeout)
+            .field("backend", &self.inner.config.backend)
+            .field("default_ttl", &self.inner.config.default_ttl)
+            .field("herd_timeout", &self.inner.config.herd_timeout)
             .finish_non_exhaustive()
     }
 }
@@ -83,29 +71,20 @@ impl fmt::Debug for Cache {
 impl Cache {
     /// A cache from validated settings (what [`CacheBuilder::build`](crate::CacheBuilder::build)
     /// makes).
-    pub(crate) fn from_config(c: Config) -> Cache {
-        let renewer = Renewer::new(c.backend.clone(), c.clock.clone());
+    pub(crate) fn from_config(config: Config) -> Cache {
+        let renewer = Renewer::new(config.backend.clone(), config.clock.clone());
+        let rng = Rng::new(config.seed);
+        let keys = config.keys.clone();
         Cache {
             inner: Arc::new(Inner {
-                backend: c.backend,
-                clock: c.clock,
-                default_ttl: c.default_ttl,
-                herd_timeout: c.herd_timeout,
-                read_failures: c.read_failures,
-                write_failures: c.write_failures,
-                decode_policy: c.decode_policy,
-                lease_ttl: c.lease_ttl,
-                max_wait: c.max_wait,
-                max_load_time: c.max_load_time,
-                early_beta: c.early_beta,
-                stale_on_error: c.stale_on_error,
+                config,
                 stats: Counters::default(),
                 coalescer: Coalescer::default(),
                 renewer,
-                rng: Rng::new(c.seed),
+                rng,
                 started: Instant::now(),
             }),
-            keys: c.keys,
+            keys,
         }
     }
 
@@ -131,7 +110,7 @@ impl Cache {
     }
 
     pub(crate) fn now_ms(&self) -> u64 {
-        self.inner.clock.now_ms()
+        self.inner.config.clock.now_ms()
     }
 
     /// The times the protocol is told.
@@ -146,11 +125,11 @@ impl Cache {
     pub(crate) fn settings(&self, xfetch: bool) -> Settings {
         let i = &self.inner;
         Settings {
-            herd_ms: i.herd_timeout.as_millis() as u64,
-            lease_ms: i.lease_ttl.as_millis() as u64,
-            max_wait_ms: i.max_wait.as_millis() as u64,
-            max_load_ms: i.max_load_time.as_millis() as u64,
-            xfetch: match (xfetch, i.early_beta) {
+            herd_ms: i.config.herd_timeout.as_millis() as u64,
+            lease_ms: i.config.lease_ttl.as_millis() as u64,
+            max_wait_ms: i.config.max_wait.as_millis() as u64,
+            max_load_ms: i.config.max_load_time.as_millis() as u64,
+            xfetch: match (xfetch, i.config.early_beta) {
                 (true, Some(beta)) => Some(crate::herd::Xfetch {
                     beta,
                     draw: i.rng.draw(),
@@ -183,11 +162,11 @@ impl Cache {
 
     /// Applies the read failure policy: `Ok(None)` for an absorbed backend error.
     pub(crate) fn absorb_read<T>(&self, r: Result<T>) -> Result<Option<T>> {
-        self.absorb(r, self.inner.read_failures)
+        self.absorb(r, self.inner.config.read_failures)
     }
 
     pub(crate) fn absorb_write<T>(&self, r: Result<T>) -> Result<Option<T>> {
-        self.absorb(r, self.inner.write_failures)
+        self.absorb(r, self.inner.config.write_failures)
     }
 
     fn absorb<T>(&self, r: Result<T>, policy: FailurePolicy) -> Result<Option<T>> {

@@ -29,7 +29,7 @@ impl Cache {
     /// Backend failures follow the read policy: an absorbed one ends the run with what the
     /// machine can still serve (or [`Found::Unavailable`]).
     pub(crate) fn drive(&self, k: &str, m: &mut Machine, mut action: Action) -> Result<Step> {
-        let b = &self.inner.backend;
+        let b = &self.inner.config.backend;
         let mut waited = false;
         loop {
             action = match action {
@@ -143,7 +143,7 @@ impl Cache {
     /// Applies the decode policy: the error, or a counted miss.
     pub(crate) fn decode_failed<T>(&self, e: Error) -> Result<Option<T>> {
         Counters::bump(&self.inner.stats.decode_errors);
-        match self.inner.decode_policy {
+        match self.inner.config.decode_policy {
             DecodePolicy::Error => Err(e),
             DecodePolicy::Miss => {
                 Counters::bump(&self.inner.stats.misses);
@@ -195,7 +195,7 @@ impl Cache {
             .map(|k| self.keys.make(k.as_ref()))
             .collect::<Result<Vec<_>>>()?;
         let refs: Vec<&str> = derived.iter().map(String::as_str).collect();
-        let mut items = match self.absorb_read(self.inner.backend.get_many(&refs))? {
+        let mut items = match self.absorb_read(self.inner.config.backend.get_many(&refs))? {
             Some(items) => items,
             None => vec![None; refs.len()],
         };

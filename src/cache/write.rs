@@ -27,7 +27,7 @@ impl Cache {
         let mut buf = Vec::with_capacity(64);
         let (mut header, padding) = match herd {
             Herd::Protected => {
-                let herd_ms = self.inner.herd_timeout.as_millis() as u32;
+                let herd_ms = self.inner.config.herd_timeout.as_millis() as u32;
                 let h = Header::value(ttl::soft_expiry_ms(life, now), now, load_ms, herd_ms);
                 (h, self.hard_padding(life))
             }
@@ -42,8 +42,8 @@ impl Cache {
     /// How long memcached keeps a herd-protected value past its ttl: the herd timeout, or longer
     /// when `serve_stale_on_error(max_age)` needs the value to exist until it is `max_age` old.
     fn hard_padding(&self, life: Lifetime) -> Duration {
-        let herd = self.inner.herd_timeout;
-        match (life, self.inner.stale_on_error) {
+        let herd = self.inner.config.herd_timeout;
+        match (life, self.inner.config.stale_on_error) {
             (Lifetime::For(d), Some(max_age)) => herd.max(max_age.saturating_sub(d)),
             _ => herd,
         }
@@ -74,12 +74,14 @@ impl Cache {
         herd: Herd,
     ) -> Result<()> {
         let k = self.keys.make(key)?;
-        let life = ttl.into().resolve(self.inner.default_ttl);
+        let life = ttl.into().resolve(self.inner.config.default_ttl);
         if life == Lifetime::Expired {
-            return self.absorb_write(self.inner.backend.delete(&k)).map(|_| ());
+            return self
+                .absorb_write(self.inner.config.backend.delete(&k))
+                .map(|_| ());
         }
         let (bytes, exptime) = self.encode(value, life, herd, 0)?;
-        self.absorb_write(self.inner.backend.store(
+        self.absorb_write(self.inner.config.backend.store(
             StoreMode::Set,
             &k,
             &bytes,
@@ -101,8 +103,8 @@ impl Cache {
         ttl: impl Into<Ttl>,
     ) -> Result<bool> {
         let k = self.keys.make(key)?;
-        let life = ttl.into().resolve(self.inner.default_ttl);
-        let b = &self.inner.backend;
+        let life = ttl.into().resolve(self.inner.config.default_ttl);
+        let b = &self.inner.config.backend;
         if life == Lifetime::Expired {
             // Like Django: stored and expired at once, if the key was free.
             let Some(item) = b.get(&k)? else {
@@ -157,7 +159,7 @@ impl Cache {
     pub fn delete(&self, key: &str) -> Result<bool> {
         let k = self.keys.make(key)?;
         Ok(self
-            .absorb_write(self.inner.backend.delete(&k))?
+            .absorb_write(self.inner.config.backend.delete(&k))?
             .unwrap_or(false))
     }
 
@@ -171,7 +173,7 @@ impl Cache {
         T: Serialize + ?Sized + 'v,
         I: IntoIterator<Item = (K, &'v T)>,
     {
-        let life = ttl.into().resolve(self.inner.default_ttl);
+        let life = ttl.into().resolve(self.inner.config.default_ttl);
         let mut encoded: Vec<(String, Vec<u8>)> = Vec::new();
         let mut exptime = 0;
         for (k, v) in items {
@@ -190,7 +192,7 @@ impl Cache {
         if life == Lifetime::Expired {
             let keys: Vec<&str> = encoded.iter().map(|(k, _)| k.as_str()).collect();
             return self
-                .absorb_write(self.inner.backend.delete_many(&keys))
+                .absorb_write(self.inner.config.backend.delete_many(&keys))
                 .map(|_| ());
         }
         let batch: Vec<(&str, &[u8])> = encoded
@@ -199,6 +201,7 @@ impl Cache {
             .collect();
         self.absorb_write(
             self.inner
+                .config
                 .backend
                 .set_many(&batch, envelope::FLAGS, exptime),
         )
@@ -213,13 +216,13 @@ impl Cache {
             .collect::<Result<Vec<_>>>()?;
         let refs: Vec<&str> = derived.iter().map(String::as_str).collect();
         Ok(self
-            .absorb_write(self.inner.backend.delete_many(&refs))?
+            .absorb_write(self.inner.config.backend.delete_many(&refs))?
             .unwrap_or(0))
     }
 
     /// Removes everything from the backend (memcached's `flush_all` on every server), as
     /// Django's and django-newcache's `clear` do; every version and flavor is affected.
     pub fn clear(&self) -> Result<()> {
-        self.inner.backend.flush_all()
+        self.inner.config.backend.flush_all()
     }
 }

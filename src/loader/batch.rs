@@ -165,7 +165,7 @@ impl Cache {
                 return Err(Error::loader(e.into()));
             }
         };
-        let life = ttl.resolve(self.inner.default_ttl);
+        let life = ttl.resolve(self.inner.config.default_ttl);
         let mut batch = Vec::new();
         for k in &wanted {
             let (Some(v), Some(lease)) = (loaded.get(k), leases.remove(k)) else {
@@ -175,7 +175,7 @@ impl Cache {
                 continue; // dropping the lease removes the placeholder
             }
             let (bytes, exptime) = self.encode(v, life, Herd::Protected, load_ms(started))?;
-            if bytes.len() > self.inner.backend.max_value_size(lease.key()) {
+            if bytes.len() > self.inner.config.backend.max_value_size(lease.key()) {
                 Counters::bump(&s.too_large);
                 continue;
             }
@@ -184,7 +184,8 @@ impl Cache {
         // Leases of keys the loader left out are dropped here (their placeholders go).
         drop(leases);
         if !batch.is_empty() {
-            let done = self.absorb_write(HeldLease::complete_many(&*self.inner.backend, batch))?;
+            let done =
+                self.absorb_write(HeldLease::complete_many(&*self.inner.config.backend, batch))?;
             for c in done.into_iter().flatten() {
                 if c == Completed::Superseded {
                     Counters::bump(&s.loads_superseded);
@@ -199,7 +200,7 @@ impl Cache {
     /// A key whose bytes do not decode: the decode policy's error, or take it over.
     fn undecodable(&self, e: Error, mut p: Pending, writing: &mut Vec<Pending>) -> Result<()> {
         Counters::bump(&self.inner.stats.decode_errors);
-        match self.inner.decode_policy {
+        match self.inner.config.decode_policy {
             DecodePolicy::Error => Err(e),
             DecodePolicy::Miss => {
                 p.action = p.machine.take_over(self.now());
@@ -237,7 +238,7 @@ impl Cache {
                 _ => None,
             })
             .collect();
-        let b = &self.inner.backend;
+        let b = &self.inner.config.backend;
         let stored = self.absorb_read(b.store_many(&writes))?;
         let keys: Vec<&str> = writes_at.iter().map(|p| p.derived.as_str()).collect();
         let after = match stored {

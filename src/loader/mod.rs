@@ -194,12 +194,12 @@ impl Cache {
     {
         // One key derivation per call.
         let derived = self.keys.make(key)?;
-        let deadline = Instant::now() + self.inner.max_wait;
+        let deadline = Instant::now() + self.inner.config.max_wait;
         // The fast path: a value that may be served is served without joining the coalescer (no
         // lock shared by every caller); only a caller with work to do (a claim, a placeholder,
         // a wait) coordinates with the others of this process.
         let mut m = self.load_machine(deadline);
-        let first = match self.absorb_read(self.inner.backend.get(&derived))? {
+        let first = match self.absorb_read(self.inner.config.backend.get(&derived))? {
             Some(item) => m.on_read(self.now(), item),
             None => m.on_failed(self.now()),
         };
@@ -262,7 +262,7 @@ impl Cache {
 
     fn waited_out(&self) -> Error {
         Counters::bump(&self.inner.stats.wait_timeouts);
-        Error::wait_timeout(self.inner.max_wait)
+        Error::wait_timeout(self.inner.config.max_wait)
     }
 
     /// The work of one caller: run the protocol from `action`, then serve, load, or give up
@@ -305,7 +305,7 @@ impl Cache {
                 }
             };
             Counters::bump(&s.decode_errors);
-            match self.inner.decode_policy {
+            match self.inner.config.decode_policy {
                 DecodePolicy::Error => return Err(failed),
                 // Overwrite what cannot be read: take the key over, as for a dead claim.
                 DecodePolicy::Miss => action = m.take_over(self.now()),
@@ -375,7 +375,7 @@ impl Cache {
 
     /// Whether a value computed at `written_ms` may be served when its refresh failed.
     pub(crate) fn young_enough(&self, written_ms: u64) -> bool {
-        self.inner.stale_on_error.is_some_and(|max_age| {
+        self.inner.config.stale_on_error.is_some_and(|max_age| {
             self.now_ms().saturating_sub(written_ms) <= max_age.as_millis() as u64
         })
     }
@@ -399,13 +399,13 @@ impl Cache {
                 return Err(Error::loader(e));
             }
         };
-        let life = ttl.resolve(self.inner.default_ttl);
+        let life = ttl.resolve(self.inner.config.default_ttl);
         if life == Lifetime::Expired {
             // A zero ttl stores nothing; the placeholder goes.
             return Ok(v);
         }
         let (bytes, exptime) = self.encode(&v, life, Herd::Protected, load_ms(started))?;
-        if bytes.len() > self.inner.backend.max_value_size(lease.key()) {
+        if bytes.len() > self.inner.config.backend.max_value_size(lease.key()) {
             Counters::bump(&s.too_large);
             return Ok(v);
         }
