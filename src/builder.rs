@@ -413,7 +413,12 @@ impl CacheBuilder {
             }
         };
         let seed = self.seed.unwrap_or_else(|| {
-            SystemClock.now_ms() ^ (u64::from(std::process::id()) << 32) ^ 0x6E63_6163_6865
+            // Nanoseconds and the process id: caches built in the same millisecond (or in
+            // processes started together) draw different claim tokens.
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64);
+            nanos ^ (u64::from(std::process::id()) << 32) ^ 0x6E63_6163_6865
         });
         Ok(Config {
             backend,

@@ -29,6 +29,8 @@ use crate::ttl::{self, Lifetime};
 
 /// Lost races in a row before a caller waits instead of retrying at once.
 const MAX_RACES: u32 = 4;
+/// Extra reads to settle whether a write landed (a lost read-back, a proxy that reordered).
+const MAX_REREADS: u32 = 2;
 /// First pause between reads while waiting for another caller's load; pauses grow to
 /// [`MAX_POLL_MS`].
 const FIRST_POLL_MS: u64 = 2;
@@ -144,6 +146,10 @@ pub(crate) struct Machine {
     /// What the pending write was for.
     pending: Pending,
     races: u32,
+    /// Reads after a write whose read-back did not settle ownership.
+    rereads: u32,
+    /// A live holder was seen: this caller waits, and never loads while it may be alive.
+    saw_holder: bool,
     poll_ms: u64,
     jitter: u64,
 }
@@ -171,6 +177,8 @@ impl Machine {
             last: None,
             pending: Pending::None,
             races: 0,
+            rereads: 0,
+            saw_holder: false,
             poll_ms: FIRST_POLL_MS,
             jitter: token | 1,
         }
@@ -192,17 +200,22 @@ impl Machine {
         after: Option<Item>,
     ) -> Action {
         let pending = std::mem::replace(&mut self.pending, Pending::None);
-        let mine = match (outcome, &after) {
-            (StoreOutcome::Stored, Some(item)) => match envelope::decode(item.flags, &item.value) {
-                Ok(Parsed::Item(h, _)) if h.token == self.token => Some(h),
-                _ => None,
-            },
-            _ => None,
-        };
-        if let (Some(h), Some(item)) = (mine, &after) {
+        // Only this caller writes its token: an item that carries it is this caller's write
+        // (even when the write's own reply was lost or came late), and its CAS is the claim's.
+        if let Some(item) = after.as_ref().filter(|i| self.carries_token(i)) {
+            let h = self.header_of(item);
             return self.holding(now, pending, item.clone(), h);
         }
+        if outcome == StoreOutcome::Stored && self.rereads < MAX_REREADS {
+            // Stored, yet the read-back does not show it: a proxy with several connections to
+            // the server (twemproxy's `server_connections`) may run the pipelined read first.
+            // Read again, now that the write has answered.
+            self.rereads += 1;
+            self.pending = pending;
+            return Action::Read;
+        }
         // Someone else wrote first (or right after us): judge what is there now.
+        self.last = None;
         self.races += 1;
         if self.races > MAX_RACES {
             return match self.mode {
@@ -212,6 +225,18 @@ impl Machine {
             };
         }
         self.on_read(now, after)
+    }
+
+    fn carries_token(&self, item: &Item) -> bool {
+        matches!(envelope::decode(item.flags, &item.value),
+                 Ok(Parsed::Item(h, _)) if h.token == self.token)
+    }
+
+    fn header_of(&self, item: &Item) -> Header {
+        match envelope::decode(item.flags, &item.value) {
+            Ok(Parsed::Item(h, _)) => h,
+            _ => Header::placeholder(0, 0, 0),
+        }
     }
 
     /// A pause ended.
@@ -225,7 +250,16 @@ impl Machine {
     /// The backend failed during the last action. Serves the last item read if it may be served,
     /// else reports the backend unavailable.
     pub(crate) fn on_failed(&mut self, now: Now) -> Action {
+        if self.pending != Pending::None && self.rereads < MAX_REREADS {
+            // The write may have landed: read again, and hold the key if it carries our token.
+            self.rereads += 1;
+            return Action::Read;
+        }
         self.pending = Pending::None;
+        if self.saw_holder && self.mode == Mode::Load {
+            // Someone is loading it: a failed poll is no reason to load too. Keep waiting.
+            return self.wait(now);
+        }
         if let Some(item) = self.last.take() {
             if let Ok(Parsed::Item(h, payload)) = envelope::decode(item.flags, &item.value) {
                 let v = herd::judge(&h, now.wall_ms, None);
@@ -265,15 +299,17 @@ impl Machine {
     }
 
     fn judge(&mut self, now: Now, item: Item) -> Action {
+        if self.pending != Pending::None && self.carries_token(&item) {
+            let pending = std::mem::replace(&mut self.pending, Pending::None);
+            let h = self.header_of(&item);
+            return self.holding(now, pending, item, h);
+        }
+        self.pending = Pending::None;
         let (h, offset) = match envelope::decode(item.flags, &item.value) {
             Ok(Parsed::Item(h, payload)) => (h, item.value.len() - payload.len()),
-            Ok(Parsed::Newer(_)) => {
-                self.last = Some(item);
-                return match self.mode {
-                    Mode::Lookup => Action::Done(Found::Newer),
-                    _ => self.take_over(now),
-                };
-            }
+            // A newer build's item: a counted miss in every mode. A load runs unclaimed and stores
+            // nothing, so that two builds in a rolling deploy do not overwrite each other.
+            Ok(Parsed::Newer(_)) => return Action::Done(Found::Newer),
             Err(e) => {
                 self.last = Some(item);
                 return Action::Done(Found::Foreign(e));
@@ -306,7 +342,10 @@ impl Machine {
             }
             Verdict::Loading => match self.mode {
                 Mode::Lookup | Mode::Batch => Action::Done(Found::Busy),
-                Mode::Load => self.wait(now),
+                Mode::Load => {
+                    self.saw_holder = true;
+                    self.wait(now)
+                }
             },
             Verdict::Expired => match (self.mode, h.kind) {
                 (Mode::Lookup, _) => Action::Done(Found::Miss { claimed: false }),
@@ -323,11 +362,17 @@ impl Machine {
 
     /// Claims a value: the same bytes, with this caller's token and deadline.
     fn claim(&mut self, now: Now, held: Held) -> Action {
-        let life = match self.mode {
-            Mode::Lookup => self.s.herd_ms,
-            Mode::Load | Mode::Batch => self.s.lease_ms,
+        let until = match self.mode {
+            // A `get` claimant is not renewed: its claim lasts the herd timeout, as in
+            // django-newcache, but never past the value's staleness bound, after which it would
+            // protect nothing servable and only hold up loaders.
+            Mode::Lookup => {
+                let h = &held.header;
+                let bound = h.soft_expiry_ms.saturating_add(u64::from(h.herd_ms));
+                now.wall_ms.saturating_add(self.s.herd_ms).min(bound)
+            }
+            Mode::Load | Mode::Batch => now.wall_ms.saturating_add(self.s.lease_ms),
         };
-        let until = now.wall_ms.saturating_add(life);
         let Some(value) = envelope::restamp(&held.item.value, until, self.token) else {
             self.last = Some(held.item);
             return self.take_over(now);
@@ -469,11 +514,12 @@ impl Lease {
 
     /// The renewal answered; `false` if the claim is lost (the key was written or deleted, or
     /// taken over): the load's result will then not be stored, and renewing stops.
-    pub(crate) fn on_renewed(&mut self, outcome: StoreOutcome, after: Option<Item>) -> bool {
+    pub(crate) fn on_renewed(&mut self, after: Option<Item>) -> bool {
         let Some(item) = after else { return false };
-        let ours = outcome == StoreOutcome::Stored
-            && matches!(envelope::decode(item.flags, &item.value),
-                        Ok(Parsed::Item(h, _)) if h.token == self.token);
+        // Only this holder writes its token: an item carrying it is this holder's (a renewal
+        // whose reply was lost included), and its CAS is the claim's.
+        let ours = matches!(envelope::decode(item.flags, &item.value),
+                            Ok(Parsed::Item(h, _)) if h.token == self.token);
         if ours {
             self.cas = item.cas;
             self.bytes = item.value;
@@ -654,10 +700,10 @@ mod tests {
         assert_eq!((h.claim_until_ms, h.token, payload), (0, 0, &b"v"[..]));
         let r = g.lease.renewal(at(2_000)).expect("renews within max_load");
         let back = stored(&r, 5);
-        assert!(g.lease.on_renewed(StoreOutcome::Stored, Some(back)));
+        assert!(g.lease.on_renewed(Some(back)));
         assert_eq!(g.lease.store_mode(), StoreMode::Cas(5));
         // someone deleted the key: the claim is lost
-        assert!(!g.lease.on_renewed(StoreOutcome::NotFound, None));
+        assert!(!g.lease.on_renewed(None));
         assert!(g.lease.renewal(at(60_020)).is_none(), "not past max_load");
     }
 
@@ -720,25 +766,32 @@ mod tests {
     }
 
     #[test]
-    fn newer_formats_are_a_miss_in_lookup_and_replaced_by_loads() {
+    fn newer_formats_are_a_miss_in_every_mode() {
         let newer = Item {
             value: b"NC\x09future".to_vec(),
             flags: envelope::FLAGS,
             cas: 4,
         };
-        let mut m = Machine::new(Mode::Lookup, SETTINGS, TOKEN, at(0));
-        assert!(matches!(
-            m.on_read(at(0), Some(newer.clone())),
-            Action::Done(Found::Newer)
-        ));
+        for mode in [Mode::Lookup, Mode::Load, Mode::Batch] {
+            let mut m = Machine::new(mode, SETTINGS, TOKEN, at(0));
+            assert!(matches!(
+                m.on_read(at(0), Some(newer.clone())),
+                Action::Done(Found::Newer)
+            ));
+        }
+    }
+
+    #[test]
+    fn a_stored_write_not_yet_visible_is_read_again_and_adopted() {
+        // a proxy ran the pipelined read before the add: the read-back shows nothing
         let mut m = Machine::new(Mode::Load, SETTINGS, TOKEN, at(0));
+        let add = m.on_read(at(0), None);
+        let ours = stored(&add, 9);
         assert!(matches!(
-            m.on_read(at(0), Some(newer)),
-            Action::StoreThenRead {
-                mode: StoreMode::Cas(4),
-                ..
-            }
+            m.on_stored(at(0), StoreOutcome::Stored, None),
+            Action::Read
         ));
+        assert!(matches!(m.on_read(at(1), Some(ours)), Action::Load(_)));
     }
 
     #[test]

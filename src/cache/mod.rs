@@ -9,6 +9,7 @@ mod write;
 use std::cell::Cell;
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use crate::config::Config;
@@ -143,13 +144,20 @@ impl Cache {
     /// probability. Drawn from a per-thread stream (seeded once from the cache's), so the read
     /// path touches no shared state for it.
     pub(crate) fn token(&self) -> u64 {
+        // Each thread's stream starts from a distinct point: a process-wide sequence number
+        // (threads of one process never share a start, even when caches share a seed) mixed with
+        // the cache's random source (processes differ).
+        static THREADS: AtomicU64 = AtomicU64::new(0);
         thread_local! {
             static STATE: Cell<u64> = const { Cell::new(0) };
         }
         STATE.with(|s| {
             let mut x = s.get();
             if x == 0 {
-                x = self.inner.rng.next_u64() | 1;
+                let n = THREADS.fetch_add(1, Ordering::Relaxed);
+                x = Rng::new(self.inner.rng.next_u64() ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+                    .next_u64()
+                    | 1;
             }
             // xorshift64: never reaches 0 from a non-zero state.
             x ^= x << 13;

@@ -109,7 +109,6 @@ impl Cache {
                             p.key.clone(),
                             self.inner.renewer.hold(&p.derived, grant.lease),
                         );
-                        Counters::bump(&s.misses);
                         wanted.push(p.key);
                     }
                     Action::Done(found) => {
@@ -133,8 +132,13 @@ impl Cache {
                             }
                         }
                     }
-                    // Batches never sleep or read on their own.
-                    Action::Read | Action::Sleep(_) => wanted.push(p.key),
+                    // A read to settle whether a write landed: done with this round's writes.
+                    Action::Read => {
+                        p.action = Action::Read;
+                        writing.push(p);
+                    }
+                    // Batches never sleep.
+                    Action::Sleep(_) => wanted.push(p.key),
                 }
             }
             pending = self.write_round(writing)?;
@@ -210,17 +214,15 @@ impl Cache {
         }
     }
 
-    /// One round: every pending write in one pipelined batch, then every key read back in one
-    /// multi-key read; each machine is told what happened.
+    /// One round: every pending write in one pipelined batch, then every written key read back
+    /// (with the keys that only need a read) in one multi-key read; each machine is told what
+    /// happened.
     fn write_round(&self, mut writing: Vec<Pending>) -> Result<Vec<Pending>> {
-        // Take-overs hand back non-write actions; those go around again as they are.
-        let (writes_at, others): (Vec<_>, Vec<_>) = writing
+        let (writes_at, reads_at): (Vec<_>, Vec<_>) = writing
             .drain(..)
             .partition(|p| matches!(p.action, Action::StoreThenRead { .. }));
-        let mut next = others;
-        if writes_at.is_empty() {
-            return Ok(next);
-        }
+        let mut next = Vec::new();
+        let b = &self.inner.config.backend;
         let writes: Vec<Write<'_>> = writes_at
             .iter()
             .filter_map(|p| match &p.action {
@@ -238,28 +240,40 @@ impl Cache {
                 _ => None,
             })
             .collect();
-        let b = &self.inner.config.backend;
-        let stored = self.absorb_read(b.store_many(&writes))?;
-        let keys: Vec<&str> = writes_at.iter().map(|p| p.derived.as_str()).collect();
-        let after = match stored {
-            Some(_) => self.absorb_read(b.get_many(&keys))?,
-            None => None,
+        let stored = if writes.is_empty() {
+            Some(Vec::new())
+        } else {
+            self.absorb_read(b.store_many(&writes))?
         };
         drop(writes);
+        // Read back even when the writes failed: some may have landed, and a machine that finds
+        // its token holds the key (and releases it).
+        let keys: Vec<&str> = writes_at
+            .iter()
+            .chain(&reads_at)
+            .map(|p| p.derived.as_str())
+            .collect();
+        let after = self.absorb_read(b.get_many(&keys))?;
         let now = self.now();
-        match (stored, after) {
-            (Some(outcomes), Some(items)) => {
-                for ((mut p, o), item) in writes_at.into_iter().zip(outcomes).zip(items) {
-                    p.action = p.machine.on_stored(now, o, item);
-                    next.push(p);
-                }
-            }
-            _ => {
-                for mut p in writes_at {
-                    p.action = p.machine.on_failed(now);
-                    next.push(p);
-                }
-            }
+        let mut items = after.map(Vec::into_iter);
+        let outcomes = stored.map(Vec::into_iter);
+        let mut outcomes = outcomes.into_iter().flatten();
+        for mut p in writes_at {
+            let item = items.as_mut().map(|i| i.next().flatten());
+            p.action = match (outcomes.next(), item) {
+                (Some(o), Some(item)) => p.machine.on_stored(now, o, item),
+                (None, Some(item)) => p.machine.on_read(now, item),
+                (_, None) => p.machine.on_failed(now),
+            };
+            next.push(p);
+        }
+        for mut p in reads_at {
+            let item = items.as_mut().map(|i| i.next().flatten());
+            p.action = match item {
+                Some(item) => p.machine.on_read(now, item),
+                None => p.machine.on_failed(now),
+            };
+            next.push(p);
         }
         Ok(next)
     }

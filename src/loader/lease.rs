@@ -122,12 +122,20 @@ fn renew_loop(shared: &Shared) {
     let mut st = shared.state.lock();
     let mut idle_since = Instant::now();
     loop {
-        st.held.retain(|s| !s.lease.lock().done);
+        st.held
+            .retain(|s| s.lease.try_lock().is_none_or(|l| !l.done));
         let now = Instant::now();
         let mut due = Vec::new();
         let mut next: Option<Instant> = None;
         for s in &st.held {
-            let l = s.lease.lock();
+            // A slot busy with I/O (a completion, a release) is skipped, not waited for: the
+            // table lock is held here, and new holds must not wait on another key's round trip.
+            let Some(l) = s.lease.try_lock() else {
+                next = Some(next.map_or(now + Duration::from_millis(5), |n| {
+                    n.min(now + Duration::from_millis(5))
+                }));
+                continue;
+            };
             if l.idle {
                 continue;
             }
@@ -187,8 +195,8 @@ fn renew(shared: &Shared, slot: &Slot) {
     };
     // A failed renewal is tried again next time; two failures in a row still leave a third of
     // the lease.
-    if let Ok((outcome, after)) = shared.backend.store_then_get(w) {
-        if !l.lease.on_renewed(outcome, after) {
+    if let Ok((_, after)) = shared.backend.store_then_get(w) {
+        if !l.lease.on_renewed(after) {
             l.lost = true;
             l.idle = true;
         }
@@ -222,11 +230,12 @@ pub(crate) enum Completed {
 
 impl HeldLease {
     /// Stores the loaded `value` with `cas` against the claim.
+    /// On an error the claim is still held, and dropping the guard releases it.
     pub(crate) fn complete(self, value: &[u8], exptime: u32) -> Result<Completed> {
         let mut l = self.slot.lease.lock();
-        l.done = true;
         l.idle = true;
         if l.lost {
+            l.done = true;
             return Ok(Completed::Superseded);
         }
         let outcome = self.shared.backend.store(
@@ -236,6 +245,7 @@ impl HeldLease {
             envelope::FLAGS,
             exptime,
         )?;
+        l.done = true;
         Ok(completed(outcome))
     }
 

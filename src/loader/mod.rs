@@ -123,7 +123,7 @@ impl Cache {
     ///   including the callers of this process that were waiting on the claimant. No value is
     ///   served past its soft expiry plus the herd timeout it was written with; past that, callers
     ///   wait for the load like for a missing key.
-    /// - **Missing**: callers in this process share one backend read and one loader call; across
+    /// - **Missing**: callers in this process share one loader call; across
     ///   processes, one caller stores a *placeholder* under the key (memcached `add`) and runs the
     ///   loader, the others poll for the value every 2 to 10 ms (jittered).
     /// - **Waiting is bounded** by [`max_wait`](crate::CacheBuilder::max_wait), end to end: a
@@ -298,8 +298,13 @@ impl Cache {
                 },
                 Found::Foreign(e) => e,
                 Found::TimedOut => return Err(self.waited_out()),
+                Found::Newer => {
+                    Counters::bump(&s.newer_format);
+                    Counters::bump(&s.misses);
+                    return self.load_unclaimed(loader);
+                }
                 // The backend is down (and the read policy absorbed it): nothing can be claimed.
-                Found::Unavailable | Found::Miss { .. } | Found::Busy | Found::Newer => {
+                Found::Unavailable | Found::Miss { .. } | Found::Busy => {
                     Counters::bump(&s.misses);
                     return self.load_unclaimed(loader);
                 }
@@ -332,12 +337,13 @@ impl Cache {
         }
         let held = grant.held.and_then(|h| {
             let v = self.decode_held::<T>(&h).ok()?;
-            Some((v, h.header.written_ms, h.early, h.expired))
+            Some((v, h.header, h.early, h.expired))
         });
         let lease = self.inner.renewer.hold(derived, grant.lease);
-        let (v, written_ms, early) = match held {
+        let (v, held_header, early) = match held {
             // Past its bound: kept only for this caller's serve-stale-on-error.
-            Some((v, written_ms, _, true)) => {
+            Some((v, header, _, true)) => {
+                let written_ms = header.written_ms;
                 Counters::bump(&s.misses);
                 return match self.run_loader(lease, ttl, loader) {
                     Err(e) if e.is_loader() && self.young_enough(written_ms) => {
@@ -347,7 +353,7 @@ impl Cache {
                     r => r,
                 };
             }
-            Some((v, written_ms, early, false)) => (v, written_ms, early),
+            Some((v, header, early, false)) => (v, header, early),
             None => {
                 Counters::bump(&s.misses);
                 return self.run_loader(lease, ttl, loader);
@@ -363,14 +369,23 @@ impl Cache {
         };
         match self.run_loader(lease, ttl, loader) {
             Ok(fresh) => Ok(fresh),
-            // An early refresh failed: the value we hold is still fresh.
-            Err(e) if e.is_loader() && early => Ok(v),
-            Err(e) if e.is_loader() && self.young_enough(written_ms) => {
+            // An early refresh failed: the value we hold is served while it may be.
+            Err(e) if e.is_loader() && early && self.still_servable(&held_header) => Ok(v),
+            Err(e) if e.is_loader() && self.young_enough(held_header.written_ms) => {
                 Counters::bump(&s.stale_on_error);
                 Ok(v)
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// Whether a value with this header may still be served to anyone (within its bound).
+    fn still_servable(&self, h: &crate::envelope::Header) -> bool {
+        let unclaimed = crate::envelope::Header {
+            claim_until_ms: 0,
+            ..*h
+        };
+        crate::herd::servable(crate::herd::judge(&unclaimed, self.now_ms(), None))
     }
 
     /// Whether a value computed at `written_ms` may be served when its refresh failed.
@@ -382,7 +397,7 @@ impl Cache {
 
     /// Runs the loader under a held claim and stores its value with `cas` against the claim.
     /// A result that cannot be stored (the key changed meanwhile, too large, the backend failed)
-    /// is still returned: the caller has its value.
+    /// is still returned, and counted: the caller has its value.
     fn run_loader<T, L>(&self, lease: HeldLease, ttl: Ttl, loader: L) -> Result<T>
     where
         T: Serialize,
@@ -409,9 +424,18 @@ impl Cache {
             Counters::bump(&s.too_large);
             return Ok(v);
         }
-        match self.absorb_write(lease.complete(&bytes, exptime))? {
-            Some(Completed::Superseded) => Counters::bump(&s.loads_superseded),
-            Some(Completed::Stored) | None => {}
+        match lease.complete(&bytes, exptime) {
+            Ok(Completed::Stored) => {}
+            Ok(Completed::Superseded) => Counters::bump(&s.loads_superseded),
+            // The caller has its value: a store that failed (the guard, dropped, released the
+            // claim) is counted, not returned.
+            Err(e) if e.is_too_large() => Counters::bump(&s.too_large),
+            Err(e) => {
+                Counters::bump(&s.backend_errors);
+                if e.is_backend() {
+                    Counters::bump(&s.backend_errors_absorbed);
+                }
+            }
         }
         Ok(v)
     }

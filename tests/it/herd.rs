@@ -28,6 +28,7 @@ crate::on_every_backend!(
     a_failing_loader_keeps_nothing_alive,
     a_claim_outlives_the_items_own_expiry,
     a_newer_format_is_a_counted_miss,
+    a_get_claim_ends_at_the_bound,
     round_trips_per_call,
 );
 
@@ -493,19 +494,47 @@ fn a_claim_outlives_the_items_own_expiry(env: &Env) {
 }
 
 /// An item of a newer envelope format (a newer build wrote it): a counted miss for readers,
-/// never an error, and replaced by a load.
+/// never an error; a load runs but does not overwrite it (two builds in a rolling deploy would
+/// otherwise keep replacing each other's items).
 fn a_newer_format_is_a_counted_miss(env: &Env) {
     let cache = env.cache();
     let k = cache.make_key("k");
     env.raw_set(&k, b"NC\x09a future layout", newcache::__private::FLAGS);
     assert_eq!(cache.get::<String>("k").unwrap(), None);
     assert_eq!(cache.get_many::<String, _>(&["k"]).unwrap().len(), 0);
-    assert_eq!(cache.stats().newer_format, 2);
     let v = cache
         .get_or_set_with("k", S(60), || Ok::<_, io::Error>("ours".to_string()))
         .unwrap();
     assert_eq!(v, "ours");
-    assert_eq!(cache.get::<String>("k").unwrap().as_deref(), Some("ours"));
+    assert_eq!(
+        cache.get::<String>("k").unwrap(),
+        None,
+        "the newer item stays"
+    );
+    assert_eq!(cache.stats().newer_format, 4);
+}
+
+/// A `get` that claims a stale entry late in its herd window does not hold up loaders past the
+/// value's bound: its claim ends there.
+fn a_get_claim_ends_at_the_bound(env: &Env) {
+    let cache = env
+        .builder()
+        .herd_timeout(S(10))
+        .max_wait(MS(300))
+        .build()
+        .unwrap();
+    cache.set("k", "v1", S(1)).unwrap();
+    env.advance(S(9));
+    assert_eq!(
+        cache.get::<String>("k").unwrap(),
+        None,
+        "claimed by a plain get"
+    );
+    env.advance(S(3)); // past soft expiry + herd timeout
+    let v = cache
+        .get_or_set_with("k", S(60), || Ok::<_, io::Error>("v2".to_string()))
+        .unwrap();
+    assert_eq!(v, "v2", "the loader ran: nobody was loading");
 }
 
 /// Counts the backend calls a cache makes (each is one round trip on memcached).
