@@ -224,6 +224,19 @@ impl Backend for MemoryBackend {
         Ok(live)
     }
 
+    fn touch(&self, key: &str, exptime: u32) -> Result<bool> {
+        let now = self.clock.now_ms();
+        let tick = self.touch_tick();
+        let mut shard = self.shard(key).lock();
+        Ok(shard
+            .live_mut(key, now)
+            .map(|e| {
+                e.deadline_ms = hard_deadline_ms(exptime, now);
+                e.last_used = tick;
+            })
+            .is_some())
+    }
+
     fn incr(&self, key: &str, delta: u64) -> Result<Option<u64>> {
         self.arith(key, |v| v.wrapping_add(delta))
     }

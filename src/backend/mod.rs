@@ -71,8 +71,10 @@ pub trait Backend: Debug + Send + Sync {
     /// Reads one item with its CAS token.
     fn get(&self, key: &str) -> Result<Option<Item>>;
 
-    /// Reads several items: one entry per requested key, in the same order (`None` = missing).
-    fn get_many(&self, keys: &[&str]) -> Result<Vec<Option<Item>>> {
+    /// Reads several items: one result per requested key, in the same order (`Ok(None)` =
+    /// missing). A key whose server failed gets that server's error; the other keys are
+    /// unaffected (one dead server costs only its own keys).
+    fn get_many(&self, keys: &[&str]) -> Vec<Result<Option<Item>>> {
         keys.iter().map(|k| self.get(k)).collect()
     }
 
@@ -94,34 +96,26 @@ pub trait Backend: Debug + Send + Sync {
         Ok((outcome, self.get(w.key)?))
     }
 
-    /// Writes several items, each with its own mode, in one round trip per server; one outcome
-    /// per write, in order. Values must fit [`max_value_size`](Backend::max_value_size).
-    fn store_many(&self, writes: &[Write<'_>]) -> Result<Vec<StoreOutcome>> {
+    /// Writes several items, each with its own mode, in one round trip per server; one result
+    /// per write, in order. A value over [`max_value_size`](Backend::max_value_size) fails alone
+    /// (`TooLarge`, nothing sent for it); a failed server fails only its own writes.
+    fn store_many(&self, writes: &[Write<'_>]) -> Vec<Result<StoreOutcome>> {
         writes
             .iter()
             .map(|w| self.store(w.mode, w.key, w.value, w.flags, w.exptime))
             .collect()
     }
 
-    /// Writes several items unconditionally, all with the same flags and `exptime`.
-    fn set_many(&self, items: &[(&str, &[u8])], flags: u32, exptime: u32) -> Result<()> {
-        for (k, v) in items {
-            self.store(StoreMode::Set, k, v, flags, exptime)?;
-        }
-        Ok(())
-    }
-
     /// Deletes one item; `true` if it existed.
     fn delete(&self, key: &str) -> Result<bool>;
 
-    /// Deletes several items; returns how many existed.
-    fn delete_many(&self, keys: &[&str]) -> Result<usize> {
-        let mut n = 0;
-        for k in keys {
-            n += usize::from(self.delete(k)?);
-        }
-        Ok(n)
+    /// Deletes several items; one result per key, in order (`Ok(true)` = it existed).
+    fn delete_many(&self, keys: &[&str]) -> Vec<Result<bool>> {
+        keys.iter().map(|k| self.delete(k)).collect()
     }
+
+    /// Gives an existing item a new `exptime` without rewriting it; `true` if the key existed.
+    fn touch(&self, key: &str, exptime: u32) -> Result<bool>;
 
     /// Adds `delta` to a decimal counter (wrapping at 2^64 as memcached does); `None` if missing.
     fn incr(&self, key: &str, delta: u64) -> Result<Option<u64>>;

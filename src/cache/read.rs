@@ -195,7 +195,14 @@ impl Cache {
             .map(|k| self.keys.make(k.as_ref()))
             .collect::<Result<Vec<_>>>()?;
         let refs: Vec<&str> = derived.iter().map(String::as_str).collect();
-        let mut items = match self.absorb_read(self.inner.config.backend.get_many(&refs))? {
+        let mut items = match self.absorb_read(
+            self.inner
+                .config
+                .backend
+                .get_many(&refs)
+                .into_iter()
+                .collect(),
+        )? {
             Some(items) => items,
             None => vec![None; refs.len()],
         };

@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::{Cache, Herd};
-use crate::backend::{Item, StoreMode, StoreOutcome};
+use crate::backend::{Item, StoreMode, StoreOutcome, Write};
 use crate::codec;
 use crate::envelope::{self, Header, Parsed};
 use crate::error::Result;
@@ -192,18 +192,33 @@ impl Cache {
         if life == Lifetime::Expired {
             let keys: Vec<&str> = encoded.iter().map(|(k, _)| k.as_str()).collect();
             return self
-                .absorb_write(self.inner.config.backend.delete_many(&keys))
+                .absorb_write(
+                    self.inner
+                        .config
+                        .backend
+                        .delete_many(&keys)
+                        .into_iter()
+                        .collect::<Result<Vec<_>>>(),
+                )
                 .map(|_| ());
         }
-        let batch: Vec<(&str, &[u8])> = encoded
+        let batch: Vec<Write<'_>> = encoded
             .iter()
-            .map(|(k, v)| (k.as_str(), v.as_slice()))
+            .map(|(k, v)| Write {
+                mode: StoreMode::Set,
+                key: k,
+                value: v,
+                flags: envelope::FLAGS,
+                exptime,
+            })
             .collect();
         self.absorb_write(
             self.inner
                 .config
                 .backend
-                .set_many(&batch, envelope::FLAGS, exptime),
+                .store_many(&batch)
+                .into_iter()
+                .collect::<Result<Vec<_>>>(),
         )
         .map(|_| ())
     }
@@ -216,8 +231,15 @@ impl Cache {
             .collect::<Result<Vec<_>>>()?;
         let refs: Vec<&str> = derived.iter().map(String::as_str).collect();
         Ok(self
-            .absorb_write(self.inner.config.backend.delete_many(&refs))?
-            .unwrap_or(0))
+            .absorb_write(
+                self.inner
+                    .config
+                    .backend
+                    .delete_many(&refs)
+                    .into_iter()
+                    .collect::<Result<Vec<_>>>(),
+            )?
+            .map_or(0, |found| found.into_iter().filter(|&f| f).count()))
     }
 
     /// Removes everything from the backend (memcached's `flush_all` on every server), as

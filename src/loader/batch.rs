@@ -243,7 +243,7 @@ impl Cache {
         let stored = if writes.is_empty() {
             Some(Vec::new())
         } else {
-            self.absorb_read(b.store_many(&writes))?
+            self.absorb_read(b.store_many(&writes).into_iter().collect())?
         };
         drop(writes);
         // Read back even when the writes failed: some may have landed, and a machine that finds
@@ -253,7 +253,7 @@ impl Cache {
             .chain(&reads_at)
             .map(|p| p.derived.as_str())
             .collect();
-        let after = self.absorb_read(b.get_many(&keys))?;
+        let after = self.absorb_read(b.get_many(&keys).into_iter().collect())?;
         let now = self.now();
         let mut items = after.map(Vec::into_iter);
         let outcomes = stored.map(Vec::into_iter);

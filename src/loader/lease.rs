@@ -276,7 +276,10 @@ impl HeldLease {
                 exptime: *exptime,
             });
         }
-        let outcomes = backend.store_many(&writes)?;
+        let outcomes = backend
+            .store_many(&writes)
+            .into_iter()
+            .collect::<Result<Vec<_>>>()?;
         let mut out = vec![Completed::Superseded; batch.len()];
         for (&i, o) in at.iter().zip(outcomes) {
             out[i] = completed(o);

@@ -20,10 +20,10 @@ fn held_by(cache: &Cache, addr: &str, keys: &[String]) -> Vec<String> {
         .unwrap();
     let derived: Vec<String> = keys.iter().map(|k| cache.make_key(k)).collect();
     let refs: Vec<&str> = derived.iter().map(String::as_str).collect();
-    let found = raw.get_many(&refs).unwrap();
+    let found = raw.get_many(&refs);
     keys.iter()
         .zip(found)
-        .filter(|(_, item)| item.is_some())
+        .filter(|(_, item)| item.as_ref().unwrap().is_some())
         .map(|(k, _)| k.clone())
         .collect()
 }

@@ -558,7 +558,7 @@ impl Backend for Counting {
         self.bump();
         self.inner.get(key)
     }
-    fn get_many(&self, keys: &[&str]) -> newcache::Result<Vec<Option<Item>>> {
+    fn get_many(&self, keys: &[&str]) -> Vec<newcache::Result<Option<Item>>> {
         self.bump();
         self.inner.get_many(keys)
     }
@@ -577,13 +577,17 @@ impl Backend for Counting {
         self.bump();
         self.inner.store_then_get(w)
     }
-    fn store_many(&self, writes: &[Write<'_>]) -> newcache::Result<Vec<StoreOutcome>> {
+    fn store_many(&self, writes: &[Write<'_>]) -> Vec<newcache::Result<StoreOutcome>> {
         self.bump();
         self.inner.store_many(writes)
     }
     fn delete(&self, key: &str) -> newcache::Result<bool> {
         self.bump();
         self.inner.delete(key)
+    }
+    fn touch(&self, key: &str, exptime: u32) -> newcache::Result<bool> {
+        self.bump();
+        self.inner.touch(key, exptime)
     }
     fn incr(&self, key: &str, delta: u64) -> newcache::Result<Option<u64>> {
         self.inner.incr(key, delta)

@@ -190,7 +190,11 @@ fn keys_spread_over_several_servers_and_batches_find_them() {
             ServerSpec::parse(&s.addr()).unwrap(),
         ]))
         .unwrap();
-        let held = raw.get_many(&refs).unwrap().iter().flatten().count();
+        let held = raw
+            .get_many(&refs)
+            .into_iter()
+            .filter(|r| r.as_ref().unwrap().is_some())
+            .count();
         assert!(
             (50..=150).contains(&held),
             "server {} holds {held} of 300",
@@ -224,6 +228,9 @@ impl Backend for Interleave {
     }
     fn delete(&self, key: &str) -> newcache::Result<bool> {
         self.inner.delete(key)
+    }
+    fn touch(&self, key: &str, exptime: u32) -> newcache::Result<bool> {
+        self.inner.touch(key, exptime)
     }
     fn incr(&self, key: &str, delta: u64) -> newcache::Result<Option<u64>> {
         self.inner.incr(key, delta)

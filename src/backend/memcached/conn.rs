@@ -149,9 +149,10 @@ impl Conn {
         Ok((outcome, item))
     }
 
-    /// Pipelined writes, one outcome each; fails on the first error reply (after reading every
-    /// reply, so the connection stays in step).
-    pub(crate) fn store_many(&mut self, writes: &[Write<'_>]) -> Result<Vec<StoreOutcome>> {
+    /// Pipelined writes, one result each: an error reply that leaves the connection in step
+    /// (`SERVER_ERROR object too large`, ...) fails only its own write. A transport error fails
+    /// the whole call (the connection is out of step).
+    pub(crate) fn store_many(&mut self, writes: &[Write<'_>]) -> Result<Vec<Result<StoreOutcome>>> {
         let mut outcomes = Vec::with_capacity(writes.len());
         for chunk in writes.chunks(PIPELINE_CHUNK) {
             self.exchange(
@@ -161,17 +162,13 @@ impl Conn {
                     }
                 },
                 |r| {
-                    let mut first_err = None;
                     for _ in chunk {
                         match wire::read_store(r) {
-                            Ok(o) => outcomes.push(o),
-                            Err(e) if wire::leaves_connection_usable(&e) => {
-                                first_err.get_or_insert(e);
-                            }
-                            Err(e) => return Err(e),
+                            Err(e) if !wire::leaves_connection_usable(&e) => return Err(e),
+                            other => outcomes.push(other),
                         }
                     }
-                    first_err.map_or(Ok(()), Err)
+                    Ok(())
                 },
             )?;
         }
@@ -182,22 +179,26 @@ impl Conn {
         self.exchange(|b| wire::encode_delete(b, key), wire::read_delete)
     }
 
-    /// Pipelined deletes; returns how many keys existed.
-    pub(crate) fn delete_many(&mut self, keys: &[&str]) -> Result<usize> {
-        let mut n = 0;
+    /// Pipelined deletes; one answer per key (`true` = it existed).
+    pub(crate) fn delete_many(&mut self, keys: &[&str]) -> Result<Vec<bool>> {
+        let mut out = Vec::with_capacity(keys.len());
         for chunk in keys.chunks(PIPELINE_CHUNK) {
-            n += self.exchange(
+            self.exchange(
                 |b| chunk.iter().for_each(|k| wire::encode_delete(b, k)),
                 |r| {
-                    let mut n = 0;
                     for _ in chunk {
-                        n += usize::from(wire::read_delete(r)?);
+                        out.push(wire::read_delete(r)?);
                     }
-                    Ok(n)
+                    Ok(())
                 },
             )?;
         }
-        Ok(n)
+        Ok(out)
+    }
+
+    /// `touch key exptime`: `true` if the key existed.
+    pub(crate) fn touch(&mut self, key: &str, exptime: u32) -> Result<bool> {
+        self.exchange(|b| wire::encode_touch(b, key, exptime), wire::read_touch)
     }
 
     pub(crate) fn arith(&mut self, incr: bool, key: &str, delta: u64) -> Result<Option<u64>> {

@@ -221,23 +221,31 @@ impl Backend for MemcachedBackend {
         Ok(self.on_key(key, |c| c.gets(&[key], max))?.pop().flatten())
     }
 
-    fn get_many(&self, keys: &[&str]) -> Result<Vec<Option<Item>>> {
+    fn get_many(&self, keys: &[&str]) -> Vec<Result<Option<Item>>> {
         let max = self.item_size;
         if self.servers.len() == 1 {
-            return self.run(0, |c| c.gets(keys, max));
+            return match self.run(0, |c| c.gets(keys, max)) {
+                Ok(items) => items.into_iter().map(Ok).collect(),
+                Err(e) => vec![Err(e); keys.len()],
+            };
         }
         let groups = self.by_server(keys.iter().copied());
-        let mut out = vec![None; keys.len()];
+        let mut out: Vec<Result<Option<Item>>> = (0..keys.len()).map(|_| Ok(None)).collect();
         let results = self.fan_out(&groups, |server, positions| {
             let ks: Vec<&str> = positions.iter().map(|&i| keys[i]).collect();
             self.run(server, |c| c.gets(&ks, max))
         });
         for ((_, positions), r) in groups.iter().zip(results) {
-            for (&i, item) in positions.iter().zip(r?) {
-                out[i] = item;
+            match r {
+                Ok(items) => {
+                    for (&i, item) in positions.iter().zip(items) {
+                        out[i] = Ok(item);
+                    }
+                }
+                Err(e) => positions.iter().for_each(|&i| out[i] = Err(e.clone())),
             }
         }
-        Ok(out)
+        out
     }
 
     fn store(
@@ -264,55 +272,65 @@ impl Backend for MemcachedBackend {
         self.on_key(w.key, |c| c.store_then_get(&w, item_max))
     }
 
-    fn store_many(&self, writes: &[Write<'_>]) -> Result<Vec<StoreOutcome>> {
-        for w in writes {
-            let max = self.max_value_size(w.key);
-            if w.value.len() > max {
-                return Err(super::memory::too_large(w.value.len(), max));
-            }
-        }
-        let groups = self.by_server(writes.iter().map(|w| w.key));
-        let mut out = vec![StoreOutcome::NotStored; writes.len()];
+    fn store_many(&self, writes: &[Write<'_>]) -> Vec<Result<StoreOutcome>> {
+        let mut out: Vec<Result<StoreOutcome>> = writes
+            .iter()
+            .map(|w| {
+                let max = self.max_value_size(w.key);
+                if w.value.len() > max {
+                    Err(super::memory::too_large(w.value.len(), max))
+                } else {
+                    Ok(StoreOutcome::NotStored)
+                }
+            })
+            .collect();
+        let sendable: Vec<usize> = (0..writes.len()).filter(|&i| out[i].is_ok()).collect();
+        let groups = self.by_server(sendable.iter().map(|&i| writes[i].key));
         let results = self.fan_out(&groups, |server, positions| {
-            let batch: Vec<Write<'_>> = positions.iter().map(|&i| writes[i]).collect();
+            let batch: Vec<Write<'_>> = positions.iter().map(|&p| writes[sendable[p]]).collect();
             self.run(server, |c| c.store_many(&batch))
         });
         for ((_, positions), r) in groups.iter().zip(results) {
-            for (&i, o) in positions.iter().zip(r?) {
-                out[i] = o;
+            match r {
+                Ok(outcomes) => {
+                    for (&p, o) in positions.iter().zip(outcomes) {
+                        out[sendable[p]] = o;
+                    }
+                }
+                Err(e) => positions
+                    .iter()
+                    .for_each(|&p| out[sendable[p]] = Err(e.clone())),
             }
         }
-        Ok(out)
-    }
-
-    fn set_many(&self, items: &[(&str, &[u8])], flags: u32, exptime: u32) -> Result<()> {
-        let writes: Vec<Write<'_>> = items
-            .iter()
-            .map(|&(key, value)| Write {
-                mode: StoreMode::Set,
-                key,
-                value,
-                flags,
-                exptime,
-            })
-            .collect();
-        self.store_many(&writes).map(|_| ())
+        out
     }
 
     fn delete(&self, key: &str) -> Result<bool> {
         self.on_key(key, |c| c.delete(key))
     }
 
-    fn delete_many(&self, keys: &[&str]) -> Result<usize> {
+    fn delete_many(&self, keys: &[&str]) -> Vec<Result<bool>> {
         let groups = self.by_server(keys.iter().copied());
-        let mut n = 0;
-        for r in self.fan_out(&groups, |server, positions| {
+        let mut out: Vec<Result<bool>> = (0..keys.len()).map(|_| Ok(false)).collect();
+        let results = self.fan_out(&groups, |server, positions| {
             let ks: Vec<&str> = positions.iter().map(|&i| keys[i]).collect();
             self.run(server, |c| c.delete_many(&ks))
-        }) {
-            n += r?;
+        });
+        for ((_, positions), r) in groups.iter().zip(results) {
+            match r {
+                Ok(found) => {
+                    for (&i, f) in positions.iter().zip(found) {
+                        out[i] = Ok(f);
+                    }
+                }
+                Err(e) => positions.iter().for_each(|&i| out[i] = Err(e.clone())),
+            }
         }
-        Ok(n)
+        out
+    }
+
+    fn touch(&self, key: &str, exptime: u32) -> Result<bool> {
+        self.on_key(key, |c| c.touch(key, exptime))
     }
 
     fn incr(&self, key: &str, delta: u64) -> Result<Option<u64>> {

@@ -65,6 +65,13 @@ pub(crate) fn encode_delete(out: &mut Vec<u8>, key: &str) {
     out.extend_from_slice(b"\r\n");
 }
 
+/// `touch key exptime\r\n`
+pub(crate) fn encode_touch(out: &mut Vec<u8>, key: &str, exptime: u32) {
+    out.extend_from_slice(b"touch ");
+    out.extend_from_slice(key.as_bytes());
+    out.extend_from_slice(format!(" {exptime}\r\n").as_bytes());
+}
+
 /// `incr|decr key delta\r\n`
 pub(crate) fn encode_arith(out: &mut Vec<u8>, incr: bool, key: &str, delta: u64) {
     out.extend_from_slice(if incr { b"incr " } else { b"decr " });
@@ -240,6 +247,19 @@ pub(crate) fn read_delete<R: BufRead>(r: &mut R) -> Result<bool> {
         b"NOT_FOUND" => Ok(false),
         other => Err(protocol_error(format!(
             "unexpected reply to delete: {:?}",
+            shown(other)
+        ))),
+    }
+}
+
+/// Reads the reply to `touch`: `true` if the key existed.
+pub(crate) fn read_touch<R: BufRead>(r: &mut R) -> Result<bool> {
+    let mut line = Vec::with_capacity(32);
+    match check_error(read_line(r, &mut line)?)? {
+        b"TOUCHED" => Ok(true),
+        b"NOT_FOUND" => Ok(false),
+        other => Err(protocol_error(format!(
+            "unexpected reply to touch: {:?}",
             shown(other)
         ))),
     }
