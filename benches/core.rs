@@ -1,4 +1,4 @@
-//! Pure-core costs: key derivation, envelope + bincode encode and decode alone (100-byte and 10 KB
+//! Pure-core costs: key derivation, envelope encode and decode alone with each codec (100-byte and 10 KB
 //! values), and the whole facade on the memory backend next to the backend's raw byte get.
 //!
 //! `cargo bench --bench core`
@@ -7,7 +7,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use newcache::{Backend, Cache, MemoryBackend, StoreMode, Ttl, default_key};
+use newcache::{Backend, Cache, Codec, MemoryBackend, StoreMode, Ttl, default_key};
 use serde::{Deserialize, Serialize};
 
 #[derive(Serialize, Deserialize, Clone)]
@@ -32,28 +32,49 @@ fn bench(c: &mut Criterion) {
     });
     for size in [100usize, 10 * 1024] {
         let v = value(size);
-        let bytes = newcache::__private::encode_envelope(&v, 1).expect("encode");
-        g.bench_with_input(BenchmarkId::new("envelope/encode", size), &size, |b, _| {
-            b.iter(|| newcache::__private::encode_envelope(black_box(&v), 1).expect("encode"))
-        });
-        g.bench_with_input(BenchmarkId::new("envelope/decode", size), &size, |b, _| {
-            b.iter(|| {
-                newcache::__private::decode_envelope::<Value>(
-                    newcache::__private::FLAGS,
-                    black_box(&bytes),
-                )
-                .expect("decode")
-            })
-        });
-        // encode+decode through the cache's envelope on the memory backend (no I/O): set + get
-        let cache = Cache::builder().in_memory().build().expect("cache");
-        cache.set("k", &v, Ttl::Default).expect("set");
-        g.bench_with_input(BenchmarkId::new("memory/get", size), &size, |b, _| {
-            b.iter(|| cache.get::<Value>(black_box("k")).expect("get"))
-        });
-        g.bench_with_input(BenchmarkId::new("memory/set", size), &size, |b, _| {
-            b.iter(|| cache.set(black_box("k"), &v, Ttl::Default).expect("set"))
-        });
+        for (name, codec) in [("msgpack", Codec::MessagePack), ("bincode", Codec::Bincode)] {
+            let bytes = newcache::__private::encode_envelope(codec, &v, 1).expect("encode");
+            g.bench_with_input(
+                BenchmarkId::new(format!("envelope/encode/{name}"), size),
+                &size,
+                |b, _| {
+                    b.iter(|| {
+                        newcache::__private::encode_envelope(codec, black_box(&v), 1)
+                            .expect("encode")
+                    })
+                },
+            );
+            g.bench_with_input(
+                BenchmarkId::new(format!("envelope/decode/{name}"), size),
+                &size,
+                |b, _| {
+                    b.iter(|| {
+                        newcache::__private::decode_envelope::<Value>(
+                            newcache::__private::FLAGS,
+                            black_box(&bytes),
+                        )
+                        .expect("decode")
+                    })
+                },
+            );
+            // encode+decode through the cache's envelope on the memory backend (no I/O)
+            let cache = Cache::builder()
+                .in_memory()
+                .codec(codec)
+                .build()
+                .expect("cache");
+            cache.set("k", &v, Ttl::Default).expect("set");
+            g.bench_with_input(
+                BenchmarkId::new(format!("memory/get/{name}"), size),
+                &size,
+                |b, _| b.iter(|| cache.get::<Value>(black_box("k")).expect("get")),
+            );
+            g.bench_with_input(
+                BenchmarkId::new(format!("memory/set/{name}"), size),
+                &size,
+                |b, _| b.iter(|| cache.set(black_box("k"), &v, Ttl::Default).expect("set")),
+            );
+        }
         // the raw backend alone, to show what the envelope and codec add on top
         let raw = MemoryBackend::default();
         let bytes = vec![7u8; size];

@@ -14,6 +14,7 @@ use crate::backend::{Backend, DEFAULT_ITEM_SIZE};
 use crate::cache::Cache;
 use crate::cache::policy::{DecodePolicy, FailurePolicy};
 use crate::clock::{Clock, SystemClock};
+use crate::codec::{Codec, Compression, Format};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::key::{KeyFunction, KeyMaker, default_key, validate_key};
@@ -91,6 +92,7 @@ pub struct CacheBuilder {
     early_beta: Option<f64>,
     stale_on_error: Option<Duration>,
     seed: Option<u64>,
+    format: Format,
 }
 
 impl Default for CacheBuilder {
@@ -121,6 +123,7 @@ impl Default for CacheBuilder {
             early_beta: None,
             stale_on_error: None,
             seed: None,
+            format: Format::default(),
         }
     }
 }
@@ -345,6 +348,43 @@ impl CacheBuilder {
         self
     }
 
+    /// How values are serialized; default [`Codec::MessagePack`], which tolerates fields added
+    /// (with `#[serde(default)]`) or removed between builds. [`Codec::Bincode`] is more compact
+    /// and positional: bump the [`version`](Self::version) whenever a cached struct changes.
+    /// Readers decode by the codec recorded in each value, so caches with different codecs read
+    /// each other's values.
+    pub fn codec(mut self, codec: Codec) -> Self {
+        self.format.codec = codec;
+        self
+    }
+
+    /// Compresses large payloads; default [`Compression::Off`]. Compressed values are marked in
+    /// the envelope, and every build reads them whatever its own setting.
+    ///
+    /// ```
+    /// use newcache::Compression;
+    /// let cache = newcache::Cache::builder()
+    ///     .compression(Compression::Lz4 { min_size: 4096 })
+    ///     .build()?;
+    /// # Ok::<(), newcache::Error>(())
+    /// ```
+    pub fn compression(mut self, compression: Compression) -> Self {
+        self.format.compression = compression;
+        self
+    }
+
+    /// The most one decode may allocate, in bytes; default [`DEFAULT_MAX_DECODE_SIZE`] (64 MiB),
+    /// well above the item size: a value's in-memory form is larger than its bytes (a
+    /// `Vec<u64>` of 140,000 numbers is 1.1 MB in memory from about 0.7 MB stored). Every
+    /// element, string and byte string a decode builds is counted against it, so hostile or
+    /// corrupt bytes get a decode error instead of exhausting memory.
+    ///
+    /// [`DEFAULT_MAX_DECODE_SIZE`]: crate::DEFAULT_MAX_DECODE_SIZE
+    pub fn max_decode_size(mut self, bytes: usize) -> Self {
+        self.format.max_decode = bytes;
+        self
+    }
+
     /// Seeds the random source of XFetch draws and wait jitter (for reproducible tests);
     /// default: seeded from the clock and the process id.
     pub fn random_seed(mut self, seed: u64) -> Self {
@@ -428,6 +468,7 @@ impl CacheBuilder {
                 version: self.version,
                 function: self.key_function,
             },
+            format: self.format,
             default_ttl: self.default_ttl,
             herd_timeout: self.herd_timeout,
             read_failures: self.read_failures,

@@ -7,6 +7,7 @@ use std::time::Duration;
 use crate::backend::Backend;
 use crate::cache::policy::{DecodePolicy, FailurePolicy};
 use crate::clock::Clock;
+use crate::codec::Format;
 use crate::key::KeyMaker;
 
 /// Everything a cache needs, validated.
@@ -15,6 +16,7 @@ pub(crate) struct Config {
     pub(crate) backend: Arc<dyn Backend>,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) keys: KeyMaker,
+    pub(crate) format: Format,
     pub(crate) default_ttl: Duration,
     pub(crate) herd_timeout: Duration,
     pub(crate) read_failures: FailurePolicy,

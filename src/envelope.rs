@@ -1,6 +1,7 @@
 //! The envelope: newcache's versioned binary item format (layout in the crate docs, "Wire
 //! format"). Pure: bytes in, bytes out, no I/O and no clock.
 
+use crate::codec::Codec;
 use crate::error::{Error, Result};
 
 /// memcached flags on every item newcache writes with an envelope ("NC").
@@ -14,9 +15,6 @@ pub(crate) const FORMAT_VERSION: u8 = 2;
 /// Byte length of the header this build writes. Readers of format 2 honour a longer
 /// `header_len`, so fields can be appended without a version bump.
 pub(crate) const HEADER_LEN: usize = 56;
-
-/// The codec that wrote the payload.
-pub(crate) const CODEC_BINCODE: u8 = 0;
 
 /// What an item is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,9 +42,9 @@ impl Kind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Header {
     pub(crate) kind: Kind,
-    /// Which codec wrote the payload ([`CODEC_BINCODE`]).
-    pub(crate) codec: u8,
-    /// Whether the payload is compressed (reserved: nothing compresses yet).
+    /// Which codec wrote the payload.
+    pub(crate) codec: Codec,
+    /// Whether the payload is LZ4-compressed (flags bit 0).
     pub(crate) compressed: bool,
     /// Unix ms after which the value is stale; 0 = never.
     pub(crate) soft_expiry_ms: u64,
@@ -72,7 +70,7 @@ impl Header {
         Header {
             expires_ms: 0,
             kind: Kind::Value,
-            codec: CODEC_BINCODE,
+            codec: Codec::Bincode,
             compressed: false,
             soft_expiry_ms,
             written_ms,
@@ -107,7 +105,7 @@ impl Header {
         out.extend_from_slice(&MAGIC);
         out.push(FORMAT_VERSION);
         out.push(self.kind.byte());
-        out.push(self.codec);
+        out.push(self.codec.id());
         out.push(u8::from(self.compressed));
         out.extend_from_slice(&(HEADER_LEN as u16).to_le_bytes());
         out.extend_from_slice(&self.soft_expiry_ms.to_le_bytes());
@@ -180,15 +178,17 @@ pub(crate) fn decode(flags: u32, bytes: &[u8]) -> Result<Parsed<'_>> {
         3 => Kind::Placeholder,
         k => return Err(Error::decode(format!("unknown envelope kind {k}"))),
     };
+    // A codec or a flag this build does not know was written by a newer build: a miss, as a
+    // newer format is (never an error, never overwritten).
+    let Some(codec) = Codec::from_id(bytes[4]) else {
+        return Ok(Parsed::Newer(version));
+    };
     if bytes[5] & !1 != 0 {
-        return Err(Error::decode(format!(
-            "unknown envelope flags {:#04x}",
-            bytes[5]
-        )));
+        return Ok(Parsed::Newer(version));
     }
     let header = Header {
         kind,
-        codec: bytes[4],
+        codec,
         compressed: bytes[5] & 1 != 0,
         soft_expiry_ms: u64_at(8),
         written_ms: u64_at(16),
@@ -199,6 +199,11 @@ pub(crate) fn decode(flags: u32, bytes: &[u8]) -> Result<Parsed<'_>> {
         expires_ms: u64_at(48),
     };
     Ok(Parsed::Item(header, &bytes[header_len..]))
+}
+
+/// Marks an item's payload as compressed (flags bit 0), after the payload was written.
+pub(crate) fn mark_compressed(item: &mut [u8]) {
+    item[5] |= 1;
 }
 
 /// A copy of an item with a new claim (`claim_until_ms`, `token`); everything else, the payload
@@ -309,8 +314,12 @@ mod tests {
         let mut bad = good.clone();
         bad[6] = 8; // header shorter than format 2's
         rejects(FLAGS, &bad);
-        let mut bad = good;
-        bad[5] = 0x80; // unknown flag bits
-        rejects(FLAGS, &bad);
+        // A codec or flag bit this build does not know: written by a newer build, a miss.
+        let mut newer = good.clone();
+        newer[5] = 0x80;
+        assert_eq!(decode(FLAGS, &newer).unwrap(), Parsed::Newer(FORMAT_VERSION));
+        let mut newer = good;
+        newer[4] = 7;
+        assert_eq!(decode(FLAGS, &newer).unwrap(), Parsed::Newer(FORMAT_VERSION));
     }
 }

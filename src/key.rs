@@ -33,6 +33,12 @@ pub fn default_key(flavor: &str, version: u64, key: &str) -> String {
     out
 }
 
+/// The length of every key [`default_key`] derives for this flavor and version.
+fn default_key_len(flavor: &str, version: u64) -> usize {
+    let digits = version.checked_ilog10().unwrap_or(0) as usize + 1;
+    flavor.len() + 1 + digits + 1 + 40
+}
+
 /// [`default_key`], appended to `out` (batches derive every key into one buffer).
 fn default_key_into(flavor: &str, version: u64, key: &str, out: &mut String) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
@@ -108,10 +114,26 @@ pub(crate) struct KeyMaker {
 }
 
 impl KeyMaker {
-    /// The derived key, validated.
+    /// The derived key, validated: no key that breaks memcached's rules ever reaches a backend
+    /// (`with_version(u64::MAX)` on a long flavor would otherwise derive a 262-byte key).
     pub(crate) fn make(&self, key: &str) -> Result<String> {
         match &self.function {
-            None => Ok(default_key(&self.flavor, self.version, key)),
+            None => {
+                // The flavor's bytes were checked at build; digits, '-' and hex are safe. Only
+                // the length can break the rules.
+                let len = default_key_len(&self.flavor, self.version);
+                if len > MAX_KEY_LEN {
+                    return Err(Error::new(
+                        ErrorKind::InvalidKey,
+                        format!(
+                            "flavor {:?} and version {} derive {len}-byte keys; memcached allows \
+                             {MAX_KEY_LEN}",
+                            self.flavor, self.version
+                        ),
+                    ));
+                }
+                Ok(default_key(&self.flavor, self.version, key))
+            }
             Some(f) => {
                 let k = f(&self.flavor, self.version, key);
                 validate_key(&k)?;
@@ -209,6 +231,25 @@ mod tests {
             assert!(validate_key(bad).unwrap_err().is_invalid_key(), "{bad:?}");
         }
         assert!(validate_key("clé-ünïcode").is_ok());
+    }
+
+    #[test]
+    fn default_keys_too_long_for_memcached_are_refused() {
+        let maker = KeyMaker {
+            flavor: "f".repeat(200).into(),
+            version: 1,
+            function: None,
+        };
+        assert_eq!(maker.make("k").unwrap().len(), 200 + 1 + 1 + 1 + 40);
+        let maker = KeyMaker {
+            version: u64::MAX,
+            ..maker
+        };
+        assert_eq!(maker.make_unchecked("k").len(), 262);
+        assert!(maker.make("k").unwrap_err().is_invalid_key());
+        for v in [0, 9, 10, 99, 100, u64::MAX] {
+            assert_eq!(default_key_len("ab", v), default_key("ab", v, "x").len());
+        }
     }
 
     #[test]

@@ -126,6 +126,7 @@ pub use builder::{
 };
 pub use cache::{Cache, DecodePolicy, FailurePolicy, Herd};
 pub use clock::{Clock, SystemClock};
+pub use codec::{Codec, Compression, DEFAULT_MAX_DECODE_SIZE};
 pub use error::{Error, ErrorKind, Result};
 pub use key::{KeyFunction, MAX_KEY_LEN, default_key, validate_key};
 pub use stats::Stats;
@@ -138,27 +139,38 @@ struct ReadmeDoctests;
 /// Entry points for the benches and the fuzz target. Not part of the API: no stability promise.
 #[doc(hidden)]
 pub mod __private {
-    use crate::{codec, envelope};
+    use crate::codec::{Codec, Format};
+    use crate::envelope;
 
-    /// The bytes `Cache::set` stores for `value` (herd envelope with the given soft expiry).
+    /// The bytes `Cache::set` stores for `value` with `codec` (herd envelope with the given soft
+    /// expiry).
     pub fn encode_envelope<T: serde::Serialize + ?Sized>(
+        codec: Codec,
         value: &T,
         soft_expiry_ms: u64,
     ) -> crate::Result<Vec<u8>> {
         let mut out = Vec::new();
-        envelope::Header::value(soft_expiry_ms, soft_expiry_ms, 0, 60_000).write(&mut out);
-        codec::encode_into(value, &mut out)?;
+        let mut header = envelope::Header::value(soft_expiry_ms, soft_expiry_ms, 0, 60_000);
+        header.codec = codec;
+        header.write(&mut out);
+        let format = Format {
+            codec,
+            ..Format::default()
+        };
+        format.encode_into(value, &mut out)?;
         Ok(out)
     }
 
-    /// Decodes an item as `Cache::get` does (envelope, then bincode), ignoring expiry. An item of
-    /// a newer format is a decode error here.
+    /// Decodes an item as `Cache::get` does (envelope, then the codec that wrote it, with the
+    /// default decode limit), ignoring expiry. An item of a newer format is a decode error here.
     pub fn decode_envelope<T: serde::de::DeserializeOwned>(
         flags: u32,
         bytes: &[u8],
     ) -> crate::Result<T> {
         match envelope::decode(flags, bytes)? {
-            envelope::Parsed::Item(_, payload) => codec::decode(payload),
+            envelope::Parsed::Item(h, payload) => {
+                Format::default().decode(h.codec, h.compressed, payload)
+            }
             envelope::Parsed::Newer(v) => Err(crate::Error::decode(format!("format {v}"))),
         }
     }

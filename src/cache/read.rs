@@ -9,7 +9,6 @@ use serde::de::DeserializeOwned;
 
 use super::{Cache, DecodePolicy};
 use crate::backend::{Item, Write};
-use crate::codec;
 use crate::envelope;
 use crate::error::{Error, Result};
 use crate::protocol::{Action, Found, Grant, Held, Machine, Mode};
@@ -137,7 +136,11 @@ impl Cache {
     }
 
     pub(crate) fn decode_held<T: DeserializeOwned>(&self, held: &Held) -> Result<T> {
-        codec::decode(&held.item.value[held.offset..])
+        self.inner.config.format.decode(
+            held.header.codec,
+            held.header.compressed,
+            &held.item.value[held.offset..],
+        )
     }
 
     /// Applies the decode policy: the error, or a counted miss.

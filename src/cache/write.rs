@@ -8,7 +8,6 @@ use serde::Serialize;
 
 use super::{Cache, Herd};
 use crate::backend::{Item, StoreMode, StoreOutcome, Write};
-use crate::codec;
 use crate::envelope::{self, Header, Parsed};
 use crate::error::Result;
 use crate::herd::{self, Verdict};
@@ -25,6 +24,7 @@ impl Cache {
     ) -> Result<(Vec<u8>, u32)> {
         let now = self.now_ms();
         let mut buf = Vec::with_capacity(64);
+        let format = &self.inner.config.format;
         let (mut header, padding) = match herd {
             Herd::Protected => {
                 let herd_ms = self.inner.config.herd_timeout.as_millis() as u32;
@@ -34,8 +34,11 @@ impl Cache {
             Herd::Off => (Header::plain(now), Duration::ZERO),
         };
         header.expires_ms = ttl::hard_expiry_ms(life, padding, now);
+        header.codec = format.codec;
         header.write(&mut buf);
-        codec::encode_into(value, &mut buf)?;
+        if format.encode_into(value, &mut buf)? {
+            envelope::mark_compressed(&mut buf);
+        }
         Ok((buf, ttl::exptime(life, padding, now / 1000)))
     }
 

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use newcache::__private::{FLAGS, decode_envelope, encode_envelope};
-use newcache::{Cache, Ttl, default_key, validate_key};
+use newcache::{Cache, Codec, Ttl, default_key, validate_key};
 use proptest::prelude::*;
 use serde::{Deserialize, Serialize};
 use sha1::{Digest, Sha1};
@@ -38,14 +38,16 @@ fn record() -> impl Strategy<Value = Record> {
 
 proptest! {
     #[test]
-    fn envelope_round_trip(r in record(), soft in any::<u64>()) {
-        let bytes = encode_envelope(&r, soft).unwrap();
+    fn envelope_round_trip(r in record(), soft in any::<u64>(), bincode in any::<bool>()) {
+        let codec = if bincode { Codec::Bincode } else { Codec::MessagePack };
+        let bytes = encode_envelope(codec, &r, soft).unwrap();
         prop_assert_eq!(decode_envelope::<Record>(FLAGS, &bytes).unwrap(), r);
     }
 
     #[test]
-    fn truncated_envelopes_are_decode_errors(r in record(), cut in 0usize..200) {
-        let bytes = encode_envelope(&r, 1).unwrap();
+    fn truncated_envelopes_are_decode_errors(r in record(), cut in 0usize..200, bincode in any::<bool>()) {
+        let codec = if bincode { Codec::Bincode } else { Codec::MessagePack };
+        let bytes = encode_envelope(codec, &r, 1).unwrap();
         let cut = cut.min(bytes.len().saturating_sub(1));
         let e = decode_envelope::<Record>(FLAGS, &bytes[..cut]).unwrap_err();
         prop_assert!(e.is_decode());
