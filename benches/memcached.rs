@@ -199,7 +199,7 @@ fn bench(c: &mut Criterion) {
     g.bench_function("get_many_100/newcache", |b| {
         b.iter(|| {
             assert_eq!(
-                cache.get_many::<Value, _>(&batch).expect("get_many").len(),
+                cache.get_many::<Value>(&batch).expect("get_many").len(),
                 100
             )
         })

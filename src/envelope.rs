@@ -201,6 +201,18 @@ pub(crate) fn decode(flags: u32, bytes: &[u8]) -> Result<Parsed<'_>> {
     Ok(Parsed::Item(header, &bytes[header_len..]))
 }
 
+/// A copy of a value's item with a new soft expiry and hard expiry (`touch`); the claim, the
+/// payload and everything else untouched. `None` if `bytes` is not an item of this format.
+pub(crate) fn retime(bytes: &[u8], soft_expiry_ms: u64, expires_ms: u64) -> Option<Vec<u8>> {
+    if bytes.len() < HEADER_LEN || bytes[..2] != MAGIC || bytes[2] != FORMAT_VERSION {
+        return None;
+    }
+    let mut out = bytes.to_vec();
+    out[8..16].copy_from_slice(&soft_expiry_ms.to_le_bytes());
+    out[48..56].copy_from_slice(&expires_ms.to_le_bytes());
+    Some(out)
+}
+
 /// Marks an item's payload as compressed (flags bit 0), after the payload was written.
 pub(crate) fn mark_compressed(item: &mut [u8]) {
     item[5] |= 1;
@@ -317,9 +329,15 @@ mod tests {
         // A codec or flag bit this build does not know: written by a newer build, a miss.
         let mut newer = good.clone();
         newer[5] = 0x80;
-        assert_eq!(decode(FLAGS, &newer).unwrap(), Parsed::Newer(FORMAT_VERSION));
+        assert_eq!(
+            decode(FLAGS, &newer).unwrap(),
+            Parsed::Newer(FORMAT_VERSION)
+        );
         let mut newer = good;
         newer[4] = 7;
-        assert_eq!(decode(FLAGS, &newer).unwrap(), Parsed::Newer(FORMAT_VERSION));
+        assert_eq!(
+            decode(FLAGS, &newer).unwrap(),
+            Parsed::Newer(FORMAT_VERSION)
+        );
     }
 }

@@ -26,6 +26,7 @@ pub struct Error {
     kind: ErrorKind,
     message: String,
     source: Option<Source>,
+    failed_keys: Option<Arc<[String]>>,
 }
 
 impl fmt::Display for Error {
@@ -100,6 +101,7 @@ impl Error {
             kind,
             message: message.into(),
             source: None,
+            failed_keys: None,
         }
     }
 
@@ -112,7 +114,31 @@ impl Error {
             kind,
             message: message.into(),
             source: Some(Arc::from(source.into())),
+            failed_keys: None,
         }
+    }
+
+    /// A batch in which some keys failed: names them (the first few in the message, all in
+    /// [`failed_keys`](Error::failed_keys)); kind and source are the first failure's.
+    pub(crate) fn partial(failed: Vec<String>, total: usize, first: Error) -> Self {
+        let shown: Vec<&str> = failed.iter().take(3).map(String::as_str).collect();
+        let more = if failed.len() > 3 { ", ..." } else { "" };
+        Error {
+            kind: first.kind,
+            message: format!(
+                "{} of {total} keys failed ({}{more})",
+                failed.len(),
+                shown.join(", ")
+            ),
+            source: Some(Arc::new(first)),
+            failed_keys: Some(failed.into()),
+        }
+    }
+
+    /// The caller's keys that failed, for an error from a batch operation (`get_many`,
+    /// `set_many`, `delete_many`, `get_many_or_set_with`); empty otherwise.
+    pub fn failed_keys(&self) -> &[String] {
+        self.failed_keys.as_deref().unwrap_or_default()
     }
 
     pub(crate) fn decode(message: impl Into<String>) -> Self {

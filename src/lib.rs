@@ -130,7 +130,7 @@ pub use codec::{Codec, Compression, DEFAULT_MAX_DECODE_SIZE};
 pub use error::{Error, ErrorKind, Result};
 pub use key::{KeyFunction, MAX_KEY_LEN, default_key, validate_key};
 pub use stats::Stats;
-pub use ttl::Ttl;
+pub use ttl::{MAX_ABSOLUTE_EXPTIME, Ttl};
 
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]

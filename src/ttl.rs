@@ -6,6 +6,10 @@ use std::time::Duration;
 /// memcached reads an `exptime` above this many seconds (30 days) as an absolute unix time.
 pub const RELATIVE_EXPTIME_MAX: u64 = 2_592_000;
 
+/// The latest absolute `exptime` memcached accepts: it reads the field as a signed 32-bit
+/// number, so this is 2038-01-19T03:14:07Z. Anything larger reads as negative: already expired.
+pub const MAX_ABSOLUTE_EXPTIME: u32 = i32::MAX as u32;
+
 /// An `exptime` that memcached (and the memory backend) reads as an absolute time in 1970: the
 /// item is stored already expired. A `cas` with it is a delete conditional on the CAS token,
 /// which the text protocol has no command for.
@@ -69,16 +73,18 @@ impl Ttl {
     }
 }
 
-/// Whole seconds, rounded up.
+/// Whole seconds, rounded up (saturating: `Duration::MAX` is `u64::MAX` seconds).
 pub(crate) fn ceil_secs(d: Duration) -> u64 {
-    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+    d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
 }
 
 /// memcached's `exptime` for a value that must live `life` plus `padding` (the herd timeout).
 ///
 /// The padding is added *before* the 30-day rule (django-newcache applied the rule first, so a ttl
 /// within 60 s of 30 days became a 1970 timestamp). Never returns a negative or past time: `0`
-/// means "no expiry" and is only returned for `Lifetime::Forever`.
+/// means "no expiry" and is only returned for `Lifetime::Forever`. A time past
+/// [`MAX_ABSOLUTE_EXPTIME`] (2038-01-19) is clamped to it: memcached would read it as negative and
+/// drop the item at once.
 pub(crate) fn exptime(life: Lifetime, padding: Duration, now_unix_secs: u64) -> u32 {
     let total = match life {
         Lifetime::Forever => return 0,
@@ -88,8 +94,10 @@ pub(crate) fn exptime(life: Lifetime, padding: Duration, now_unix_secs: u64) -> 
     if total <= RELATIVE_EXPTIME_MAX {
         total as u32
     } else {
-        // Absolute unix time; memcached's field is 32 bits (good until 2106).
-        now_unix_secs.saturating_add(total).min(u64::from(u32::MAX)) as u32
+        // Absolute unix time; memcached reads the field as a signed 32-bit number.
+        now_unix_secs
+            .saturating_add(total)
+            .min(u64::from(MAX_ABSOLUTE_EXPTIME)) as u32
     }
 }
 
@@ -119,8 +127,12 @@ pub(crate) fn hard_expiry_ms(life: Lifetime, padding: Duration, now_ms: u64) -> 
 /// When an item written at `now_ms` with memcached `exptime` is gone, in unix milliseconds
 /// (`None` = never). This is memcached's own reading of the field; the memory backend uses it.
 pub(crate) fn hard_deadline_ms(exptime: u32, now_ms: u64) -> Option<u64> {
-    let e = u64::from(exptime);
-    match e {
+    // memcached parses the field as a signed 32-bit number: above i32::MAX it is negative, and a
+    // negative exptime is "expired at once".
+    let Ok(e) = i32::try_from(exptime) else {
+        return Some(0);
+    };
+    match u64::from(e.unsigned_abs()) {
         0 => None,
         e if e <= RELATIVE_EXPTIME_MAX => Some(now_ms.saturating_add(e * 1000)),
         // An absolute time in the past expires the item at once, as in memcached.
@@ -165,6 +177,31 @@ mod tests {
             (NOW + RELATIVE_EXPTIME_MAX + 1) as u32,
         );
         check(secs(RELATIVE_EXPTIME_MAX), 0, RELATIVE_EXPTIME_MAX as u32);
+    }
+
+    #[test]
+    fn far_ttls_clamp_to_2038_and_never_overflow() {
+        // 0.1.0: a 12-year TTL became an exptime past i32::MAX, which memcached reads as negative
+        // (gone at once); Duration::MAX overflowed on the way.
+        let twelve_years = secs(12 * 365 * 86_400);
+        check(twelve_years, 60, MAX_ABSOLUTE_EXPTIME);
+        check(Lifetime::For(Duration::MAX), 60, MAX_ABSOLUTE_EXPTIME);
+        check(Lifetime::For(Duration::MAX), 0, MAX_ABSOLUTE_EXPTIME);
+        assert_eq!(ceil_secs(Duration::MAX), u64::MAX);
+        assert_eq!(
+            soft_expiry_ms(Lifetime::For(Duration::MAX), NOW * 1000),
+            u64::MAX
+        );
+        let hard = hard_expiry_ms(Lifetime::For(Duration::MAX), Duration::from_secs(60), 5);
+        assert_eq!(hard, u64::MAX);
+        // a clamped exptime is read back as alive until 2038
+        let at = hard_deadline_ms(MAX_ABSOLUTE_EXPTIME, NOW * 1000).unwrap();
+        assert_eq!(at, u64::from(MAX_ABSOLUTE_EXPTIME) * 1000);
+        // and memcached's reading of a larger one: negative, gone
+        assert_eq!(
+            hard_deadline_ms(MAX_ABSOLUTE_EXPTIME + 1, NOW * 1000),
+            Some(0)
+        );
     }
 
     #[test]

@@ -9,11 +9,11 @@ mod write;
 use std::cell::Cell;
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
 use crate::config::Config;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::key::KeyMaker;
 use crate::loader::coalesce::Coalescer;
 use crate::loader::lease::Renewer;
@@ -33,6 +33,8 @@ pub(crate) struct Inner {
     pub(crate) rng: Rng,
     /// The origin of the monotonic times handed to the protocol.
     started: Instant,
+    /// Whether a loaded value too large to cache was logged yet (it is logged once).
+    warned_too_large: AtomicBool,
 }
 
 /// A typed, herd-safe cache.
@@ -84,6 +86,7 @@ impl Cache {
                 renewer,
                 rng,
                 started: Instant::now(),
+                warned_too_large: AtomicBool::new(false),
             }),
             keys,
         }
@@ -175,6 +178,62 @@ impl Cache {
 
     pub(crate) fn absorb_write<T>(&self, r: Result<T>) -> Result<Option<T>> {
         self.absorb(r, self.inner.config.write_failures)
+    }
+
+    /// A loaded value too large for the backend: returned to the callers, not cached; counted
+    /// every time, logged once per cache.
+    pub(crate) fn loaded_too_large(&self, key: &str, len: usize) {
+        Counters::bump(&self.inner.stats.too_large);
+        if !self.inner.warned_too_large.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                key,
+                bytes = len,
+                limit = self.inner.config.backend.max_value_size(key),
+                "newcache: a loaded value is too large to cache; it is returned but not stored \
+                 (counted in Stats::too_large; logged once)"
+            );
+        }
+    }
+
+    /// Per-key results of a batch under `policy`. Under `Absorb` a key whose server failed is
+    /// `None` (and counted), and the other keys keep their results: one dead server costs only
+    /// its own keys. Under `Propagate`, or for a failure no policy absorbs, the batch is an error
+    /// that names every failed key ([`Error::failed_keys`]), `name(i)` being the caller's i-th key.
+    pub(crate) fn absorb_each<T>(
+        &self,
+        results: Vec<Result<T>>,
+        policy: FailurePolicy,
+        name: impl Fn(usize) -> String,
+    ) -> Result<Vec<Option<T>>> {
+        let total = results.len();
+        let mut out = Vec::with_capacity(total);
+        let mut failed = Vec::new();
+        let mut first: Option<Error> = None;
+        let mut fatal = false;
+        for (i, r) in results.into_iter().enumerate() {
+            match r {
+                Ok(v) => out.push(Some(v)),
+                Err(e) => {
+                    if e.is_backend() {
+                        Counters::bump(&self.inner.stats.backend_errors);
+                        if policy == FailurePolicy::Absorb {
+                            Counters::bump(&self.inner.stats.backend_errors_absorbed);
+                        } else {
+                            fatal = true;
+                        }
+                    } else {
+                        fatal = true;
+                    }
+                    failed.push(name(i));
+                    first.get_or_insert(e);
+                    out.push(None);
+                }
+            }
+        }
+        match first {
+            Some(e) if fatal => Err(Error::partial(failed, total, e)),
+            _ => Ok(out),
+        }
     }
 
     fn absorb<T>(&self, r: Result<T>, policy: FailurePolicy) -> Result<Option<T>> {

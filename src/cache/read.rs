@@ -160,16 +160,33 @@ impl Cache {
     /// The map is keyed by the caller's keys. Missing keys are left out, and so are keys being
     /// loaded by another caller and stale keys that this caller claimed (exactly as
     /// [`get`](Cache::get) reports them as `None`): the caller recomputes what is absent.
-    pub fn get_many<T: DeserializeOwned, K: AsRef<str>>(
+    ///
+    /// ```
+    /// # let cache = newcache::Cache::builder().build()?;
+    /// cache.set("a", &1u32, std::time::Duration::from_secs(60))?;
+    /// let found = cache.get_many::<u32>(&["a", "b"])?;
+    /// assert_eq!(found.get("a"), Some(&1));
+    /// assert!(!found.contains_key("b"));
+    /// # Ok::<(), newcache::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// With the default read policy ([`FailurePolicy::Absorb`](crate::FailurePolicy)), a key
+    /// whose server failed is left out like a miss, and the keys of the live servers are
+    /// returned: one dead server costs only its own keys. With `Propagate`, such a partial batch
+    /// is an error naming the failed keys ([`Error::failed_keys`]).
+    pub fn get_many<T: DeserializeOwned>(
         &self,
-        keys: &[K],
+        keys: &[impl AsRef<str>],
     ) -> Result<HashMap<String, T>> {
         let mut out = HashMap::with_capacity(keys.len());
-        let (derived, items) = self.read_many(keys)?;
+        let (derived, fetched) = self.read_many(keys)?;
         // One clock read for the batch.
         let now = self.now();
-        for ((user_key, k), item) in keys.iter().zip(derived).zip(items) {
-            let Some(item) = item else { continue };
+        for ((user_key, k), fetched) in keys.iter().zip(derived).zip(fetched) {
+            let Fetched::Item(item) = fetched else {
+                continue;
+            };
             let mut m = Machine::new(Mode::Lookup, self.settings(false), self.token(), now);
             let first = m.on_read(now, Some(item));
             let found = match first {
@@ -186,37 +203,57 @@ impl Cache {
         Ok(out)
     }
 
-    /// Derives every key and reads them in one round trip per server. A key asked for twice is
-    /// read (and judged) once: its later positions come back `None` and are skipped by callers,
-    /// so that one caller never claims a key twice. Missing keys are counted as misses here.
-    pub(crate) fn read_many<K: AsRef<str>>(
+    /// Derives every key and reads them in one round trip per server, under the read failure
+    /// policy. A key asked for twice is read (and judged) once: its later positions are
+    /// [`Fetched::Duplicate`], so that one caller never claims a key twice. Missing and failed
+    /// keys are counted as misses here.
+    pub(crate) fn read_many(
         &self,
-        keys: &[K],
-    ) -> Result<(Vec<String>, Vec<Option<Item>>)> {
+        keys: &[impl AsRef<str>],
+    ) -> Result<(Vec<String>, Vec<Fetched>)> {
         let derived = keys
             .iter()
             .map(|k| self.keys.make(k.as_ref()))
             .collect::<Result<Vec<_>>>()?;
         let refs: Vec<&str> = derived.iter().map(String::as_str).collect();
-        let mut items = match self.absorb_read(
-            self.inner
-                .config
-                .backend
-                .get_many(&refs)
-                .into_iter()
-                .collect(),
-        )? {
-            Some(items) => items,
-            None => vec![None; refs.len()],
-        };
+        let results = self.inner.config.backend.get_many(&refs);
+        let read = self.absorb_each(results, self.inner.config.read_failures, |i| {
+            keys[i].as_ref().to_string()
+        })?;
         let mut seen = HashSet::with_capacity(refs.len());
-        for (k, item) in refs.iter().zip(items.iter_mut()) {
-            if !seen.insert(*k) {
-                *item = None;
-            } else if item.is_none() {
-                Counters::bump(&self.inner.stats.misses);
-            }
-        }
-        Ok((derived, items))
+        let fetched = refs
+            .iter()
+            .zip(read)
+            .map(|(k, r)| {
+                if !seen.insert(*k) {
+                    return Fetched::Duplicate;
+                }
+                match r {
+                    Some(Some(item)) => Fetched::Item(item),
+                    Some(None) => {
+                        Counters::bump(&self.inner.stats.misses);
+                        Fetched::Missing
+                    }
+                    None => {
+                        Counters::bump(&self.inner.stats.misses);
+                        Fetched::Failed
+                    }
+                }
+            })
+            .collect();
+        Ok((derived, fetched))
     }
+}
+
+/// What a batch read found under one key.
+#[derive(Debug)]
+pub(crate) enum Fetched {
+    /// The key's item.
+    Item(Item),
+    /// Nothing under the key.
+    Missing,
+    /// The key's server failed (and the read policy absorbed it).
+    Failed,
+    /// The key was asked for earlier in the same batch.
+    Duplicate,
 }

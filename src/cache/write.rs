@@ -8,9 +8,10 @@ use serde::Serialize;
 
 use super::{Cache, Herd};
 use crate::backend::{Item, StoreMode, StoreOutcome, Write};
-use crate::envelope::{self, Header, Parsed};
+use crate::envelope::{self, Header, Kind, Parsed};
 use crate::error::Result;
 use crate::herd::{self, Verdict};
+use crate::stats::Counters;
 use crate::ttl::{self, Lifetime, Ttl};
 
 impl Cache {
@@ -166,21 +167,42 @@ impl Cache {
             .unwrap_or(false))
     }
 
-    /// Stores several values with the herd protection, one round trip per server.
+    /// Stores several values with the herd protection, one round trip per server; returns the
+    /// keys that could not be stored, as Django's `set_many` does.
     ///
     /// Every value gets the same soft and hard expiry as [`set`](Cache::set) would give it
     /// (django-newcache's `set_many` forgot the herd padding).
-    pub fn set_many<'v, K, T, I>(&self, items: I, ttl: impl Into<Ttl>) -> Result<()>
+    ///
+    /// ```
+    /// # let cache = newcache::Cache::builder().build()?;
+    /// let failed = cache.set_many([("a", &1u32), ("b", &2u32)], std::time::Duration::from_secs(60))?;
+    /// assert!(failed.is_empty());
+    /// # Ok::<(), newcache::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// Nothing is written if a key is invalid or a value cannot be serialized: that is an error.
+    /// A value too large for the backend is not stored, and its key is returned. A key whose
+    /// server failed is returned too when the write policy is
+    /// [`FailurePolicy::Absorb`](crate::FailurePolicy); with the default write policy
+    /// (`Propagate`) the batch is an error that names the failed keys
+    /// ([`Error::failed_keys`](crate::Error::failed_keys)), the other keys being stored.
+    #[must_use = "set_many returns the keys it could not store"]
+    pub fn set_many<'v, K, T, I>(&self, items: I, ttl: impl Into<Ttl>) -> Result<Vec<String>>
     where
         K: AsRef<str>,
         T: Serialize + ?Sized + 'v,
         I: IntoIterator<Item = (K, &'v T)>,
     {
         let life = ttl.into().resolve(self.inner.config.default_ttl);
+        // Every key derived and every value encoded before anything is sent.
+        let mut names = Vec::new();
         let mut encoded: Vec<(String, Vec<u8>)> = Vec::new();
         let mut exptime = 0;
         for (k, v) in items {
-            let k = self.keys.make(k.as_ref())?;
+            let user_key = k.as_ref();
+            let k = self.keys.make(user_key)?;
+            names.push(user_key.to_string());
             if life == Lifetime::Expired {
                 encoded.push((k, Vec::new()));
                 continue;
@@ -190,59 +212,126 @@ impl Cache {
             encoded.push((k, bytes));
         }
         if encoded.is_empty() {
-            return Ok(());
+            return Ok(Vec::new());
         }
+        let backend = &self.inner.config.backend;
         if life == Lifetime::Expired {
             let keys: Vec<&str> = encoded.iter().map(|(k, _)| k.as_str()).collect();
-            return self
-                .absorb_write(
-                    self.inner
-                        .config
-                        .backend
-                        .delete_many(&keys)
-                        .into_iter()
-                        .collect::<Result<Vec<_>>>(),
-                )
-                .map(|_| ());
+            let done = self.absorb_each(
+                backend.delete_many(&keys),
+                self.inner.config.write_failures,
+                |i| names[i].clone(),
+            )?;
+            return Ok(failed_names(&names, &done));
         }
-        let batch: Vec<Write<'_>> = encoded
-            .iter()
-            .map(|(k, v)| Write {
+        let mut failed = Vec::new();
+        let mut writes = Vec::with_capacity(encoded.len());
+        let mut at = Vec::with_capacity(encoded.len());
+        for (i, (k, v)) in encoded.iter().enumerate() {
+            if v.len() > backend.max_value_size(k) {
+                Counters::bump(&self.inner.stats.too_large);
+                failed.push(names[i].clone());
+                continue;
+            }
+            at.push(i);
+            writes.push(Write {
                 mode: StoreMode::Set,
                 key: k,
                 value: v,
                 flags: envelope::FLAGS,
                 exptime,
-            })
-            .collect();
-        self.absorb_write(
-            self.inner
-                .config
-                .backend
-                .store_many(&batch)
-                .into_iter()
-                .collect::<Result<Vec<_>>>(),
-        )
-        .map(|_| ())
+            });
+        }
+        let results = backend.store_many(&writes);
+        let done = self.absorb_each(results, self.inner.config.write_failures, |j| {
+            names[at[j]].clone()
+        })?;
+        failed.extend(
+            at.iter()
+                .zip(&done)
+                .filter(|(_, d)| d.is_none())
+                .map(|(&i, _)| names[i].clone()),
+        );
+        Ok(failed)
     }
 
     /// Deletes several keys, one round trip per server; returns how many existed.
-    pub fn delete_many<K: AsRef<str>>(&self, keys: &[K]) -> Result<usize> {
+    ///
+    /// # Errors
+    /// As [`set_many`](Cache::set_many): under the default write policy a key whose server failed
+    /// makes the batch an error naming the failed keys (the other keys were deleted).
+    pub fn delete_many(&self, keys: &[impl AsRef<str>]) -> Result<usize> {
         let derived = keys
             .iter()
             .map(|k| self.keys.make(k.as_ref()))
             .collect::<Result<Vec<_>>>()?;
         let refs: Vec<&str> = derived.iter().map(String::as_str).collect();
-        Ok(self
-            .absorb_write(
-                self.inner
-                    .config
-                    .backend
-                    .delete_many(&refs)
-                    .into_iter()
-                    .collect::<Result<Vec<_>>>(),
-            )?
-            .map_or(0, |found| found.into_iter().filter(|&f| f).count()))
+        let done = self.absorb_each(
+            self.inner.config.backend.delete_many(&refs),
+            self.inner.config.write_failures,
+            |i| keys[i].as_ref().to_string(),
+        )?;
+        Ok(done.into_iter().filter(|d| *d == Some(true)).count())
+    }
+
+    /// Gives an existing value a new lifetime without recomputing it (Django's `touch`): it is
+    /// fresh for `ttl` from now, then stale for the herd timeout, exactly as if `set` had just
+    /// stored it. Returns `true` if the key held a value. A zero `ttl` deletes the key, as in
+    /// Django. A key being loaded (no value yet) is left alone (`false`); a value being
+    /// recomputed is touched, and the running load's result is then not stored over it.
+    /// Counters and values of other clients get memcached's plain `touch`.
+    pub fn touch(&self, key: &str, ttl: impl Into<Ttl>) -> Result<bool> {
+        let k = self.keys.make(key)?;
+        let life = ttl.into().resolve(self.inner.config.default_ttl);
+        let backend = &self.inner.config.backend;
+        if life == Lifetime::Expired {
+            return Ok(self.absorb_write(backend.delete(&k))?.unwrap_or(false));
+        }
+        // A read, then a `cas` of the re-timed envelope; another writer in between wins, and
+        // the touch is retried on what it wrote.
+        for _ in 0..3 {
+            let Some(item) = self.absorb_write(backend.get(&k))?.flatten() else {
+                return Ok(false);
+            };
+            let now = self.now_ms();
+            let header = match envelope::decode(item.flags, &item.value) {
+                Ok(Parsed::Item(h, _)) => h,
+                // Not an envelope this build writes: memcached's own touch.
+                _ => {
+                    let exptime = ttl::exptime(life, Duration::ZERO, now / 1000);
+                    return Ok(self
+                        .absorb_write(backend.touch(&k, exptime))?
+                        .unwrap_or(false));
+                }
+            };
+            let padding = match header.kind {
+                Kind::Placeholder => return Ok(false),
+                Kind::Plain => Duration::ZERO,
+                Kind::Value => self.hard_padding(life),
+            };
+            let soft = match header.kind {
+                Kind::Value => ttl::soft_expiry_ms(life, now),
+                _ => 0,
+            };
+            let expires = ttl::hard_expiry_ms(life, padding, now);
+            let Some(bytes) = envelope::retime(&item.value, soft, expires) else {
+                return Ok(false);
+            };
+            let exptime = ttl::exptime(life, padding, now / 1000);
+            let stored = backend.store(
+                StoreMode::Cas(item.cas),
+                &k,
+                &bytes,
+                envelope::FLAGS,
+                exptime,
+            );
+            match self.absorb_write(stored)? {
+                Some(StoreOutcome::Stored) => return Ok(true),
+                Some(StoreOutcome::NotFound) | None => return Ok(false),
+                Some(_) => continue,
+            }
+        }
+        Ok(true)
     }
 
     /// Removes everything from the backend (memcached's `flush_all` on every server), as
@@ -250,4 +339,14 @@ impl Cache {
     pub fn clear(&self) -> Result<()> {
         self.inner.config.backend.flush_all()
     }
+}
+
+/// The names of the keys whose per-key result is absent (failed and absorbed).
+fn failed_names<T>(names: &[String], done: &[Option<T>]) -> Vec<String> {
+    names
+        .iter()
+        .zip(done)
+        .filter(|(_, d)| d.is_none())
+        .map(|(n, _)| n.clone())
+        .collect()
 }

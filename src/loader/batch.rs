@@ -12,6 +12,7 @@ use serde::de::DeserializeOwned;
 use super::lease::{Completed, HeldLease};
 use super::load_ms;
 use crate::backend::Write;
+use crate::cache::read::Fetched;
 use crate::cache::{Cache, DecodePolicy, Herd};
 use crate::envelope;
 use crate::error::{BoxError, Error, Result};
@@ -64,7 +65,7 @@ impl Cache {
     {
         let ttl = ttl.into();
         let s = &self.inner.stats;
-        let (derived, items) = self.read_many(keys)?;
+        let (derived, fetched) = self.read_many(keys)?;
         let mut out = HashMap::with_capacity(keys.len());
         // The keys to load, each once and in the caller's order, and the claims held on them.
         let mut wanted: Vec<String> = Vec::new();
@@ -72,11 +73,17 @@ impl Cache {
         let mut held: HashMap<String, (T, u64)> = HashMap::new();
         let now = self.now();
         let mut pending = Vec::new();
-        let mut seen = HashSet::with_capacity(keys.len());
-        for ((user_key, d), item) in keys.iter().zip(derived).zip(items) {
-            if !seen.insert(d.clone()) {
-                continue;
-            }
+        for ((user_key, d), fetched) in keys.iter().zip(derived).zip(fetched) {
+            let item = match fetched {
+                Fetched::Duplicate => continue,
+                // Its server failed: load it without a claim (the result cannot be stored).
+                Fetched::Failed => {
+                    wanted.push(user_key.as_ref().to_string());
+                    continue;
+                }
+                Fetched::Missing => None,
+                Fetched::Item(item) => Some(item),
+            };
             let mut machine = Machine::new(Mode::Batch, self.settings(true), self.token(), now);
             let action = machine.on_read(now, item);
             pending.push(Pending {
@@ -171,6 +178,7 @@ impl Cache {
         };
         let life = ttl.resolve(self.inner.config.default_ttl);
         let mut batch = Vec::new();
+        let mut names = Vec::new();
         for k in &wanted {
             let (Some(v), Some(lease)) = (loaded.get(k), leases.remove(k)) else {
                 continue;
@@ -180,16 +188,19 @@ impl Cache {
             }
             let (bytes, exptime) = self.encode(v, life, Herd::Protected, load_ms(started))?;
             if bytes.len() > self.inner.config.backend.max_value_size(lease.key()) {
-                Counters::bump(&s.too_large);
+                self.loaded_too_large(lease.key(), bytes.len());
                 continue;
             }
             batch.push((lease, bytes, exptime));
+            names.push(k.clone());
         }
         // Leases of keys the loader left out are dropped here (their placeholders go).
         drop(leases);
         if !batch.is_empty() {
+            let done = HeldLease::complete_many(&*self.inner.config.backend, batch);
+            // A value whose write failed is still returned; its claim is released (or lapses).
             let done =
-                self.absorb_write(HeldLease::complete_many(&*self.inner.config.backend, batch))?;
+                self.absorb_each(done, self.inner.config.write_failures, |i| names[i].clone())?;
             for c in done.into_iter().flatten() {
                 if c == Completed::Superseded {
                     Counters::bump(&s.loads_superseded);
@@ -240,27 +251,26 @@ impl Cache {
                 _ => None,
             })
             .collect();
+        let policy = self.inner.config.read_failures;
         let stored = if writes.is_empty() {
-            Some(Vec::new())
+            Vec::new()
         } else {
-            self.absorb_read(b.store_many(&writes).into_iter().collect())?
+            let results = b.store_many(&writes);
+            self.absorb_each(results, policy, |i| writes_at[i].key.clone())?
         };
         drop(writes);
         // Read back even when the writes failed: some may have landed, and a machine that finds
         // its token holds the key (and releases it).
-        let keys: Vec<&str> = writes_at
-            .iter()
-            .chain(&reads_at)
-            .map(|p| p.derived.as_str())
-            .collect();
-        let after = self.absorb_read(b.get_many(&keys).into_iter().collect())?;
+        let all: Vec<&Pending> = writes_at.iter().chain(&reads_at).collect();
+        let keys: Vec<&str> = all.iter().map(|p| p.derived.as_str()).collect();
+        let after = self.absorb_each(b.get_many(&keys), policy, |i| all[i].key.clone())?;
+        drop(all);
         let now = self.now();
-        let mut items = after.map(Vec::into_iter);
-        let outcomes = stored.map(Vec::into_iter);
-        let mut outcomes = outcomes.into_iter().flatten();
+        let mut items = after.into_iter();
+        let mut outcomes = stored.into_iter();
         for mut p in writes_at {
-            let item = items.as_mut().map(|i| i.next().flatten());
-            p.action = match (outcomes.next(), item) {
+            let item = items.next().flatten();
+            p.action = match (outcomes.next().flatten(), item) {
                 (Some(o), Some(item)) => p.machine.on_stored(now, o, item),
                 (None, Some(item)) => p.machine.on_read(now, item),
                 (_, None) => p.machine.on_failed(now),
@@ -268,7 +278,7 @@ impl Cache {
             next.push(p);
         }
         for mut p in reads_at {
-            let item = items.as_mut().map(|i| i.next().flatten());
+            let item = items.next().flatten();
             p.action = match item {
                 Some(item) => p.machine.on_read(now, item),
                 None => p.machine.on_failed(now),

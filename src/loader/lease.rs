@@ -250,18 +250,20 @@ impl HeldLease {
     }
 
     /// Stores several loads' values, one round trip per server; one result per lease, in order.
+    /// A lease whose write failed is still held, and released when the batch is dropped.
     pub(crate) fn complete_many(
         backend: &dyn Backend,
         batch: Vec<(HeldLease, Vec<u8>, u32)>,
-    ) -> Result<Vec<Completed>> {
+    ) -> Vec<Result<Completed>> {
         let mut guards = Vec::with_capacity(batch.len());
         let mut writes = Vec::with_capacity(batch.len());
         let mut at = Vec::with_capacity(batch.len());
         for (i, (held, _, _)) in batch.iter().enumerate() {
             let mut l = held.slot.lease.lock();
-            l.done = true;
             l.idle = true;
-            if !l.lost {
+            if l.lost {
+                l.done = true;
+            } else {
                 at.push(i);
             }
             guards.push(l.lease.store_mode());
@@ -276,15 +278,17 @@ impl HeldLease {
                 exptime: *exptime,
             });
         }
-        let outcomes = backend
-            .store_many(&writes)
-            .into_iter()
-            .collect::<Result<Vec<_>>>()?;
-        let mut out = vec![Completed::Superseded; batch.len()];
+        let outcomes = backend.store_many(&writes);
+        let mut out: Vec<Result<Completed>> = (0..batch.len())
+            .map(|_| Ok(Completed::Superseded))
+            .collect();
         for (&i, o) in at.iter().zip(outcomes) {
-            out[i] = completed(o);
+            if o.is_ok() {
+                batch[i].0.slot.lease.lock().done = true;
+            }
+            out[i] = o.map(completed);
         }
-        Ok(out)
+        out
     }
 
     /// The derived key held.

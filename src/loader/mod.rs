@@ -421,15 +421,16 @@ impl Cache {
         }
         let (bytes, exptime) = self.encode(&v, life, Herd::Protected, load_ms(started))?;
         if bytes.len() > self.inner.config.backend.max_value_size(lease.key()) {
-            Counters::bump(&s.too_large);
+            self.loaded_too_large(lease.key(), bytes.len());
             return Ok(v);
         }
+        let key_of_lease = lease.key().to_string();
         match lease.complete(&bytes, exptime) {
             Ok(Completed::Stored) => {}
             Ok(Completed::Superseded) => Counters::bump(&s.loads_superseded),
             // The caller has its value: a store that failed (the guard, dropped, released the
             // claim) is counted, not returned.
-            Err(e) if e.is_too_large() => Counters::bump(&s.too_large),
+            Err(e) if e.is_too_large() => self.loaded_too_large(&key_of_lease, bytes.len()),
             Err(e) => {
                 Counters::bump(&s.backend_errors);
                 if e.is_backend() {

@@ -108,7 +108,7 @@ fn a_cluster_keeps_serving_through_a_killed_and_restarted_server() {
                             Ok(None) => st.misses += 1,
                             Err(e) => st.error(e),
                         },
-                        2 => match cache.get_many::<String, _>(&keys[..5]) {
+                        2 => match cache.get_many::<String>(&keys[..5]) {
                             Ok(m) => {
                                 for (k, v) in &m {
                                     if !v.starts_with(&format!("{k}=")) {

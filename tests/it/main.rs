@@ -11,3 +11,4 @@ mod herd;
 mod loader;
 mod memcached;
 mod props;
+mod values;

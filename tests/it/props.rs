@@ -59,7 +59,7 @@ proptest! {
         cache.set(&key, &r, Duration::from_secs(60)).unwrap();
         prop_assert_eq!(cache.get::<Record>(&key).unwrap(), Some(r.clone()));
         cache.set_many([(key.as_str(), &r)], Ttl::Default).unwrap();
-        let got = cache.get_many::<Record, _>(&[key.as_str()]).unwrap();
+        let got = cache.get_many::<Record>(&[key.as_str()]).unwrap();
         prop_assert_eq!(got.get(&key), Some(&r));
     }
 

@@ -1,0 +1,247 @@
+//! Values and bytes (issue 8): what `set` accepts `get` reads, rolling deploys across struct and
+//! codec changes, no invalid byte on the wire, far TTLs, Django's `touch` and `set_many`. Every
+//! test runs on memory, a real memcached and twemproxy.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use newcache::{Codec, Compression, Ttl};
+use serde::{Deserialize, Serialize};
+
+use crate::fixture::Env;
+
+const S: fn(u64) -> Duration = Duration::from_secs;
+
+crate::on_every_backend!(
+    values_larger_in_memory_than_the_item_size_round_trip,
+    a_struct_gaining_a_field_reads_both_ways,
+    bincode_and_message_pack_builds_read_each_other,
+    compressed_values_are_read_by_every_build,
+    a_loaded_value_too_large_to_cache_is_returned,
+    an_over_long_derived_key_never_reaches_the_server,
+    far_ttls_are_kept,
+    touch_gives_a_value_a_new_lifetime,
+    set_many_returns_the_keys_it_could_not_store
+);
+
+fn values_larger_in_memory_than_the_item_size_round_trip(env: &Env) {
+    // 0.1.0 stored these (about 0.7 MB on the wire) and then failed every read: its decode limit
+    // counted the 1.1 MB in-memory size against the 1 MiB item size.
+    let numbers: Vec<u64> = (0..140_000u64).map(|i| i * 7919).collect();
+    let strings: Vec<String> = (0..70_000).map(|i| format!("s{i}")).collect();
+    for codec in [Codec::MessagePack, Codec::Bincode] {
+        let cache = env.builder().codec(codec).build().unwrap();
+        cache.set("numbers", &numbers, S(60)).unwrap();
+        assert_eq!(
+            cache.get::<Vec<u64>>("numbers").unwrap().as_ref(),
+            Some(&numbers)
+        );
+        cache.set("strings", &strings, S(60)).unwrap();
+        assert_eq!(
+            cache.get::<Vec<String>>("strings").unwrap().as_ref(),
+            Some(&strings)
+        );
+    }
+    // The bound still holds, and is configurable.
+    let tight = env.builder().max_decode_size(100_000).build().unwrap();
+    let e = tight.get::<Vec<u64>>("numbers").unwrap_err();
+    assert!(
+        e.is_decode() && e.to_string().contains("decode limit"),
+        "{e}"
+    );
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct UserV1 {
+    id: u64,
+    name: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct UserV2 {
+    id: u64,
+    name: String,
+    #[serde(default)]
+    email: Option<String>,
+}
+
+fn a_struct_gaining_a_field_reads_both_ways(env: &Env) {
+    // A rolling deploy: the old build and the new one share the cache (same flavor, version).
+    let old = env.cache();
+    let new = env.cache();
+    old.set(
+        "u1",
+        &UserV1 {
+            id: 1,
+            name: "ann".into(),
+        },
+        S(60),
+    )
+    .unwrap();
+    let read = new.get::<UserV2>("u1").unwrap().unwrap();
+    assert_eq!((read.id, read.email), (1, None));
+    let v2 = UserV2 {
+        id: 2,
+        name: "bob".into(),
+        email: Some("bob@example.com".into()),
+    };
+    new.set("u2", &v2, S(60)).unwrap();
+    assert_eq!(old.get::<UserV1>("u2").unwrap().unwrap().name, "bob");
+    // through the loader too: a hit, no recompute, no error
+    let calls = AtomicUsize::new(0);
+    let got: UserV2 = new
+        .get_or_set_with("u1", S(60), || {
+            calls.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, std::io::Error>(v2.clone())
+        })
+        .unwrap();
+    assert_eq!((got.id, calls.load(Ordering::SeqCst)), (1, 0));
+    assert_eq!(new.stats().decode_errors, 0);
+}
+
+fn bincode_and_message_pack_builds_read_each_other(env: &Env) {
+    let compact = env.builder().codec(Codec::Bincode).build().unwrap();
+    let default = env.cache();
+    compact
+        .set(
+            "a",
+            &UserV1 {
+                id: 1,
+                name: "a".into(),
+            },
+            S(60),
+        )
+        .unwrap();
+    default
+        .set(
+            "b",
+            &UserV1 {
+                id: 2,
+                name: "b".into(),
+            },
+            S(60),
+        )
+        .unwrap();
+    assert_eq!(default.get::<UserV1>("a").unwrap().unwrap().id, 1);
+    assert_eq!(compact.get::<UserV1>("b").unwrap().unwrap().id, 2);
+}
+
+fn compressed_values_are_read_by_every_build(env: &Env) {
+    let page = "<tr><td class=\"name\">row</td><td>42</td></tr>\n".repeat(450);
+    let writer = env
+        .builder()
+        .compression(Compression::Lz4 { min_size: 1024 })
+        .build()
+        .unwrap();
+    writer.set("page", &page, S(60)).unwrap();
+    let reader = env.builder().codec(Codec::Bincode).build().unwrap();
+    assert_eq!(reader.get::<String>("page").unwrap(), Some(page.clone()));
+    // compressed on the wire: the raw item is much smaller than the page
+    let raw = env
+        .backend()
+        .get(&writer.make_key("page"))
+        .unwrap()
+        .unwrap();
+    assert!(
+        raw.value.len() * 5 < page.len(),
+        "{} bytes",
+        raw.value.len()
+    );
+}
+
+fn a_loaded_value_too_large_to_cache_is_returned(env: &Env) {
+    let cache = env.cache();
+    let big = vec![7u8; 2 << 20];
+    for round in 1..=2u64 {
+        let calls = AtomicUsize::new(0);
+        let v: Vec<u8> = cache
+            .get_or_set_with("big", S(60), || {
+                calls.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, std::io::Error>(big.clone())
+            })
+            .unwrap();
+        assert_eq!((v.len(), calls.load(Ordering::SeqCst)), (big.len(), 1));
+        assert_eq!(cache.stats().too_large, round);
+    }
+    // the batch form too
+    let got = cache
+        .get_many_or_set_with(&["big", "small"], S(60), |keys| {
+            Ok::<_, std::io::Error>(
+                keys.iter()
+                    .map(|k| (k.clone(), if k == "big" { big.clone() } else { vec![1] }))
+                    .collect(),
+            )
+        })
+        .unwrap();
+    assert_eq!(got["big"].len(), big.len());
+    assert_eq!(cache.get::<Vec<u8>>("small").unwrap(), Some(vec![1]));
+    assert_eq!(cache.get::<Vec<u8>>("big").unwrap(), None);
+}
+
+fn an_over_long_derived_key_never_reaches_the_server(env: &Env) {
+    // 0.1.0: a 200-character flavor at version u64::MAX derived a 262-byte key; memcached
+    // answered CLIENT_ERROR without reading the data block, whose bytes then ran as commands.
+    let flavor = format!("{}-{}", "f".repeat(191), &env.cache().make_key("")[..8]);
+    let cache = env.builder().flavor(flavor).build().unwrap();
+    let witness = env.cache();
+    witness.set("witness", &1u8, S(60)).unwrap();
+    let hostile = cache.with_version(u64::MAX);
+    assert_eq!(hostile.make_key("k").len(), 262);
+    let e = hostile.set("k", "x\r\nflush_all\r\n", S(60)).unwrap_err();
+    assert!(e.is_invalid_key(), "{e}");
+    assert!(hostile.get::<String>("k").unwrap_err().is_invalid_key());
+    let e = hostile
+        .set_many([("k", "x\r\nflush_all\r\n")], S(60))
+        .unwrap_err();
+    assert!(e.is_invalid_key(), "{e}");
+    assert!(hostile.touch("k", S(1)).unwrap_err().is_invalid_key());
+    // nothing was flushed
+    assert_eq!(witness.get::<u8>("witness").unwrap(), Some(1));
+}
+
+fn far_ttls_are_kept(env: &Env) {
+    // 0.1.0: 12 years became an exptime past 2038, which memcached reads as negative (gone at
+    // once); Duration::MAX overflowed on the way. Both are clamped to 2038-01-19.
+    let cache = env.cache();
+    let twelve_years = S(12 * 365 * 86_400);
+    cache.set("far", &1u8, twelve_years).unwrap();
+    cache.set("max", &2u8, Duration::MAX).unwrap();
+    cache.set("never", &3u8, Ttl::Never).unwrap();
+    env.advance(S(5));
+    assert_eq!(cache.get::<u8>("far").unwrap(), Some(1));
+    assert_eq!(cache.get::<u8>("max").unwrap(), Some(2));
+    assert_eq!(cache.get::<u8>("never").unwrap(), Some(3));
+    assert_eq!(cache.stats().stale_served, 0);
+}
+
+fn touch_gives_a_value_a_new_lifetime(env: &Env) {
+    let cache = env.cache();
+    cache.set("k", &1u8, S(10)).unwrap();
+    env.advance(S(8));
+    assert!(cache.touch("k", S(600)).unwrap());
+    // fresh long past the original ttl (and its herd timeout): a hit, not a stale claim
+    env.advance(S(100));
+    assert_eq!(cache.get::<u8>("k").unwrap(), Some(1));
+    let s = cache.stats();
+    assert_eq!((s.hits, s.stale_served, s.claims_won), (1, 0, 0));
+    assert!(!cache.touch("missing", S(60)).unwrap());
+    // zero deletes, as in Django
+    assert!(cache.touch("k", Duration::ZERO).unwrap());
+    assert_eq!(cache.get::<u8>("k").unwrap(), None);
+    // a counter (not an envelope) is touched too
+    cache.set_counter("n", 5, S(60)).unwrap();
+    assert!(cache.touch("n", S(600)).unwrap());
+    assert_eq!(cache.get_counter("n").unwrap(), Some(5));
+}
+
+fn set_many_returns_the_keys_it_could_not_store(env: &Env) {
+    let cache = env.cache();
+    let big = vec![7u8; 2 << 20];
+    let small = vec![1u8];
+    let failed = cache
+        .set_many([("a", &small), ("big", &big), ("b", &small)], S(60))
+        .unwrap();
+    assert_eq!(failed, vec!["big".to_string()]);
+    let got = cache.get_many::<Vec<u8>>(&["a", "b", "big"]).unwrap();
+    assert_eq!((got.len(), got.get("a")), (2, Some(&small)));
+}
