@@ -8,6 +8,7 @@ mod cluster;
 mod faults;
 mod fixture;
 mod herd;
+mod in_tokio;
 mod loader;
 mod memcached;
 mod props;

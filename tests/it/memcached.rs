@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::thread;
 use std::time::{Duration, Instant};
 
 use newcache::{
@@ -69,29 +70,35 @@ fn set_many_hard_expiry_is_padded_in_real_time() {
 
 #[test]
 fn build_never_blocks_and_a_dead_server_fails_fast() {
+    // build() never connects: a listener that never accepts sees no connection attempt.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let cache = Cache::builder()
+        .memcached([listener.local_addr().unwrap().to_string()])
+        .build()
+        .unwrap();
+    thread::sleep(Duration::from_millis(50));
+    let accepted = listener.accept();
+    assert!(
+        matches!(&accepted, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "build() connected: {accepted:?}"
+    );
+    drop(cache);
     let port = {
         let s = Memcached::start();
         s.port
     }; // killed: nothing listens there now
-    let t = Instant::now();
     let strict = Cache::builder()
         .memcached([format!("127.0.0.1:{port}")])
         .read_failures(FailurePolicy::Propagate)
         .connect_timeout(Duration::from_millis(300))
         .build()
         .unwrap();
-    assert!(
-        t.elapsed() < Duration::from_millis(50),
-        "build() connected?"
-    );
     let t = Instant::now();
     let e = strict.get::<u8>("k").unwrap_err();
     assert!(e.is_backend(), "{e}");
-    assert!(
-        t.elapsed() < Duration::from_millis(800),
-        "{:?}",
-        t.elapsed()
-    );
+    // refused at once; bounded by connect_timeout in any case (generous slack for a busy host)
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
     assert!(strict.set("k", &1u8, S(1)).unwrap_err().is_backend());
     assert!(strict.incr("k", 1).unwrap_err().is_backend());
 
@@ -159,7 +166,8 @@ fn a_hung_server_cannot_hold_a_caller_past_the_timeout() {
     let waited = t.elapsed();
     server.signal("CONT");
     assert!(e.is_timeout(), "{e}");
-    assert!(waited < Duration::from_millis(700), "{waited:?}");
+    // io_timeout (300 ms) plus generous slack for a loaded machine
+    assert!(waited < Duration::from_secs(3), "{waited:?}");
     // the timed-out connection was dropped; its late reply cannot be read as another answer
     assert_eq!(cache.get::<u8>("k").unwrap(), Some(1));
     cache.set("k", &2u8, S(60)).unwrap();
