@@ -72,8 +72,8 @@
 //! | 0 | 2 | magic `b"NC"` |
 //! | 2 | 1 | format version, `2`; a reader treats a newer one as a (counted) miss |
 //! | 3 | 1 | kind: `1` value, `2` plain value (`Herd::Off`), `3` placeholder (being loaded) |
-//! | 4 | 1 | codec of the payload: `0` bincode 2, standard configuration |
-//! | 5 | 1 | flags: bit 0 compressed (reserved; other bits must be 0) |
+//! | 4 | 1 | codec of the payload: `0` bincode 2 (standard configuration), `1` MessagePack (`rmp-serde`, structs as maps with named fields, byte sequences as `bin`) |
+//! | 5 | 1 | flags: bit 0 compressed: the payload is the uncompressed length (`u32`) then an LZ4 block |
 //! | 6 | 2 | header length (56); readers skip to it, so fields can be appended |
 //! | 8 | 8 | soft expiry, unix ms, `0` = never |
 //! | 16 | 8 | when the value was computed, unix ms |
@@ -84,10 +84,14 @@
 //! | 48 | 8 | when the writer meant memcached to drop it, unix ms, `0` = never |
 //! | 56 | rest | the payload |
 //!
+//! A codec id or a flag bit this build does not know, like a newer format version, was written by
+//! a newer build: a counted miss, never an error, and never overwritten by a load.
+//!
 //! Counters ([`Cache::set_counter`]) are memcached's plain decimal digits with flags `0`. Bytes
-//! that do not match (another client's pickle, a PHP value, compressed data, an empty value, the
-//! never-released format 1) give an error whose [`Error::is_decode`] is true, or a miss with
-//! [`DecodePolicy::Miss`]; decoding never allocates more than the item size limit.
+//! that do not match (another client's pickle, a PHP value, an empty value, the never-released
+//! format 1) give an error whose [`Error::is_decode`] is true, or a miss with
+//! [`DecodePolicy::Miss`]; decoding never allocates more than
+//! [`CacheBuilder::max_decode_size`] (64 MiB by default).
 //!
 //! # Cargo features
 //!
