@@ -204,10 +204,7 @@ pub(crate) fn decode(flags: u32, bytes: &[u8]) -> Result<Parsed<'_>> {
 /// A copy of a value's item with a new soft expiry and hard expiry (`touch`); the claim, the
 /// payload and everything else untouched. `None` if `bytes` is not an item of this format.
 pub(crate) fn retime(bytes: &[u8], soft_expiry_ms: u64, expires_ms: u64) -> Option<Vec<u8>> {
-    if bytes.len() < HEADER_LEN || bytes[..2] != MAGIC || bytes[2] != FORMAT_VERSION {
-        return None;
-    }
-    let mut out = bytes.to_vec();
+    let mut out = copy_of_current(bytes)?;
     out[8..16].copy_from_slice(&soft_expiry_ms.to_le_bytes());
     out[48..56].copy_from_slice(&expires_ms.to_le_bytes());
     Some(out)
@@ -218,14 +215,17 @@ pub(crate) fn mark_compressed(item: &mut [u8]) {
     item[5] |= 1;
 }
 
+/// A copy of `bytes` if they are an item of this build's format (header fields can be patched).
+fn copy_of_current(bytes: &[u8]) -> Option<Vec<u8>> {
+    (bytes.len() >= HEADER_LEN && bytes[..2] == MAGIC && bytes[2] == FORMAT_VERSION)
+        .then(|| bytes.to_vec())
+}
+
 /// A copy of an item with a new claim (`claim_until_ms`, `token`); everything else, the payload
 /// included, is untouched (a claim never decodes the value). `None` if `bytes` is not an item of
 /// this format.
 pub(crate) fn restamp(bytes: &[u8], claim_until_ms: u64, token: u64) -> Option<Vec<u8>> {
-    if bytes.len() < HEADER_LEN || bytes[..2] != MAGIC || bytes[2] != FORMAT_VERSION {
-        return None;
-    }
-    let mut out = bytes.to_vec();
+    let mut out = copy_of_current(bytes)?;
     out[32..40].copy_from_slice(&claim_until_ms.to_le_bytes());
     out[40..48].copy_from_slice(&token.to_le_bytes());
     Some(out)

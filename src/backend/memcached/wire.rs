@@ -241,25 +241,22 @@ pub(crate) fn read_store<R: BufRead>(r: &mut R) -> Result<StoreOutcome> {
 
 /// Reads the reply to `delete`: whether the key existed.
 pub(crate) fn read_delete<R: BufRead>(r: &mut R) -> Result<bool> {
-    let mut line = Vec::with_capacity(32);
-    match check_error(read_line(r, &mut line)?)? {
-        b"DELETED" => Ok(true),
-        b"NOT_FOUND" => Ok(false),
-        other => Err(protocol_error(format!(
-            "unexpected reply to delete: {:?}",
-            shown(other)
-        ))),
-    }
+    read_found(r, b"DELETED", "delete")
 }
 
 /// Reads the reply to `touch`: `true` if the key existed.
 pub(crate) fn read_touch<R: BufRead>(r: &mut R) -> Result<bool> {
+    read_found(r, b"TOUCHED", "touch")
+}
+
+/// A reply that is `done` (the key existed) or `NOT_FOUND`.
+fn read_found<R: BufRead>(r: &mut R, done: &[u8], command: &str) -> Result<bool> {
     let mut line = Vec::with_capacity(32);
     match check_error(read_line(r, &mut line)?)? {
-        b"TOUCHED" => Ok(true),
+        l if l == done => Ok(true),
         b"NOT_FOUND" => Ok(false),
         other => Err(protocol_error(format!(
-            "unexpected reply to touch: {:?}",
+            "unexpected reply to {command}: {:?}",
             shown(other)
         ))),
     }
