@@ -11,7 +11,7 @@ use super::{Cache, DecodePolicy};
 use crate::backend::{Item, Write};
 use crate::envelope;
 use crate::error::{Error, Result};
-use crate::protocol::{Action, Found, Grant, Held, Machine, Mode};
+use crate::protocol::{Action, Found, Grant, Held, Machine, Mode, Settings};
 use crate::stats::Counters;
 
 /// Where a sync run of the protocol stopped.
@@ -67,16 +67,6 @@ impl Cache {
         }
     }
 
-    /// A machine for one call on this cache.
-    pub(crate) fn machine(&self, mode: Mode) -> Machine {
-        Machine::new(
-            mode,
-            self.settings(mode != Mode::Lookup),
-            self.token(),
-            self.now(),
-        )
-    }
-
     /// Reads a value.
     ///
     /// `None` when the key is missing, when another caller is loading it, or when this caller is
@@ -96,12 +86,34 @@ impl Cache {
     /// a counted miss, never an error.
     pub fn get<T: DeserializeOwned>(&self, key: &str) -> Result<Option<T>> {
         let k = self.keys.make(key)?;
-        let mut m = self.machine(Mode::Lookup);
-        match self.drive(&k, &mut m, Action::Read)? {
-            Step::Done(found) => self.looked_up(found),
-            // Lookup never loads; a grant would be a protocol bug. Report a miss.
-            Step::Load(_) => Ok(None),
-        }
+        let (mut m, first) = self.first_read(&k, Mode::Lookup, self.settings(false))?;
+        let found = match first {
+            Action::Done(found) => found,
+            action => match self.drive(&k, &mut m, action)? {
+                Step::Done(found) => found,
+                // Lookup never loads; a grant would be a protocol bug. Report a miss.
+                Step::Load(_) => return Ok(None),
+            },
+        };
+        self.looked_up(found)
+    }
+
+    /// Reads `k`, then starts a machine on what it found: the machine's clock and the verdict
+    /// share one clock read (the hot path of every hit).
+    pub(crate) fn first_read(
+        &self,
+        k: &str,
+        mode: Mode,
+        settings: Settings,
+    ) -> Result<(Machine, Action)> {
+        let read = self.absorb_read(self.inner.config.backend.get(k))?;
+        let now = self.now();
+        let mut m = Machine::new(mode, settings, self.token(), now);
+        let first = match read {
+            Some(item) => m.on_read(now, item),
+            None => m.on_failed(now),
+        };
+        Ok((m, first))
     }
 
     /// What a `Lookup` found, decoded and counted.

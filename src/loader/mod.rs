@@ -198,11 +198,7 @@ impl Cache {
         // The fast path: a value that may be served is served without joining the coalescer (no
         // lock shared by every caller); only a caller with work to do (a claim, a placeholder,
         // a wait) coordinates with the others of this process.
-        let mut m = self.load_machine(deadline);
-        let first = match self.absorb_read(self.inner.config.backend.get(&derived))? {
-            Some(item) => m.on_read(self.now(), item),
-            None => m.on_failed(self.now()),
-        };
+        let (m, first) = self.first_read(&derived, Mode::Load, self.settings(true))?;
         if let Action::Done(Found::Value { held, stale }) = &first {
             if let Ok(v) = self.decode_held::<T>(held) {
                 let s = &self.inner.stats;
