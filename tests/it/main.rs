@@ -11,5 +11,6 @@ mod herd;
 mod in_tokio;
 mod loader;
 mod memcached;
+mod partial;
 mod props;
 mod values;
