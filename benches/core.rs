@@ -7,7 +7,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use newcache::{Backend, Cache, Codec, MemoryBackend, StoreMode, Ttl, default_key};
+use newcache::{Backend, Cache, Codec, Compression, MemoryBackend, StoreMode, Ttl, default_key};
 use serde::{Deserialize, Serialize};
 
 #[derive(Serialize, Deserialize, Clone)]
@@ -85,7 +85,55 @@ fn bench(c: &mut Criterion) {
             |b, _| b.iter(|| raw.get(black_box("k")).expect("get")),
         );
     }
+    // Opt-in compression on a 20 KB HTML page (a rendered table): set + get on the memory
+    // backend with and without LZ4; the stored size is printed.
+    let page = html_page();
+    for (name, compression) in [
+        ("plain", Compression::Off),
+        ("lz4", Compression::Lz4 { min_size: 4096 }),
+    ] {
+        let backend = std::sync::Arc::new(MemoryBackend::default());
+        let cache = Cache::builder()
+            .backend(backend.clone())
+            .compression(compression)
+            .build()
+            .expect("cache");
+        cache.set("page", &page, Ttl::Default).expect("set");
+        let stored = backend
+            .get(&cache.make_key("page"))
+            .expect("get")
+            .map_or(0, |i| i.value.len());
+        println!(
+            "html page {} bytes, stored {name}: {stored} bytes",
+            page.len()
+        );
+        g.bench_function(format!("html20k/set/{name}"), |b| {
+            b.iter(|| {
+                cache
+                    .set("page", black_box(&page), Ttl::Default)
+                    .expect("set")
+            })
+        });
+        g.bench_function(format!("html20k/get/{name}"), |b| {
+            b.iter(|| cache.get::<String>(black_box("page")).expect("get"))
+        });
+    }
     g.finish();
+}
+
+/// About 20 KB of HTML: a table of 280 rows.
+fn html_page() -> String {
+    let mut page = String::from("<html><head><title>Orders</title></head><body><table>\n");
+    for i in 0..280 {
+        page.push_str(&format!(
+            "<tr class=\"row\"><td>{i}</td><td>customer {}</td><td>{}.{:02} EUR</td></tr>\n",
+            i * 7 % 97,
+            i * 13 % 500,
+            i % 100
+        ));
+    }
+    page.push_str("</table></body></html>\n");
+    page
 }
 
 criterion_group!(benches, bench);

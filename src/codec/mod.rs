@@ -399,6 +399,10 @@ mod tests {
         struct Blob {
             data: Vec<u8>,
         }
+        let bytes = encode(&m, &bytes::Bytes::from_static(&[9; 40]));
+        assert_eq!(&bytes[..2], &[0xc4, 40], "bytes::Bytes is bin8 too");
+        let back: bytes::Bytes = m.decode(Codec::MessagePack, false, &bytes).unwrap();
+        assert_eq!(&back[..], &[9; 40]);
         let blob = Blob {
             data: vec![1, 2, 3],
         };
