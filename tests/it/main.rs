@@ -10,4 +10,5 @@ mod fixture;
 mod herd;
 mod loader;
 mod memcached;
+mod memory;
 mod props;
