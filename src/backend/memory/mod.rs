@@ -40,7 +40,6 @@ pub const DEFAULT_CAPACITY: usize = 64 * 1024 * 1024;
 /// items of the item size (1 MiB unless set): a capacity under 8 MiB has one shard. A value whose
 /// entry does not fit in one shard is refused with a `TooLarge` error, like a value over the item
 /// size.
-#[derive(Debug)]
 pub struct MemoryBackend {
     shards: Box<[Mutex<Shard>]>,
     hasher: RandomState,
@@ -48,6 +47,17 @@ pub struct MemoryBackend {
     item_size: usize,
     next_cas: AtomicU64,
     clock: Arc<dyn Clock>,
+}
+
+impl std::fmt::Debug for MemoryBackend {
+    // Not the entries: a cache of a million would print them all.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryBackend")
+            .field("shards", &self.shards.len())
+            .field("shard_capacity", &self.shard_capacity)
+            .field("item_size", &self.item_size)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Default for MemoryBackend {
@@ -115,6 +125,10 @@ impl MemoryBackend {
         if digits.len() < e.value().len() {
             digits.resize(e.value().len(), b' ');
         }
+        if key.len() + digits.len() + ENTRY_OVERHEAD > self.shard_capacity {
+            // Only a shard of a few dozen bytes; memcached answers "out of memory" there.
+            return Err(too_large(digits.len(), self.max_value_size(key)));
+        }
         shard.rewrite(hash, key, &digits, self.cas(), now);
         Ok(Some(next))
     }
@@ -164,7 +178,8 @@ impl Backend for MemoryBackend {
             ));
         }
         let max = self.max_value_size(key);
-        if value.len() > max {
+        // The second test catches a key that alone (with its overhead) overflows a tiny shard.
+        if value.len() > max || key.len() + value.len() + ENTRY_OVERHEAD > self.shard_capacity {
             return Err(too_large(value.len(), max));
         }
         let now = self.clock.now_ms();
@@ -347,6 +362,15 @@ mod tests {
         // a capacity under the item size bounds the value
         check(64 * 1024, mib, 1, 64 * 1024 - 1 - 64);
         check(0, mib, 1, 0);
+        // nothing fits in a shard smaller than one entry's overhead, not even an empty value
+        let b = MemoryBackend::new(64, MockClock::new());
+        let e = b.store(StoreMode::Set, "k", b"", 0, 0).unwrap_err();
+        assert!(e.is_too_large());
+        // nor a counter that outgrows it
+        let b = MemoryBackend::new(1 + 2 + ENTRY_OVERHEAD, MockClock::new());
+        b.store(StoreMode::Set, "c", b"99", 0, 0).unwrap();
+        assert!(b.incr("c", 1).unwrap_err().is_too_large());
+        assert_eq!(b.get("c").unwrap().unwrap().value, b"99", "unchanged");
     }
 
     #[test]
