@@ -42,9 +42,7 @@ impl Cache {
 
 #[derive(Clone)]
 enum BackendChoice {
-    Memory {
-        capacity: usize,
-    },
+    Memory,
     Memcached {
         servers: Vec<String>,
         weighted: Vec<ServerSpec>,
@@ -70,6 +68,7 @@ enum BackendChoice {
 #[derive(Clone)]
 pub struct CacheBuilder {
     backend: BackendChoice,
+    memory_capacity: usize,
     flavor: String,
     version: u64,
     default_ttl: Duration,
@@ -98,9 +97,8 @@ pub struct CacheBuilder {
 impl Default for CacheBuilder {
     fn default() -> Self {
         CacheBuilder {
-            backend: BackendChoice::Memory {
-                capacity: DEFAULT_CAPACITY,
-            },
+            backend: BackendChoice::Memory,
+            memory_capacity: DEFAULT_CAPACITY,
             flavor: String::new(),
             version: 1,
             default_ttl: DEFAULT_TTL,
@@ -180,17 +178,19 @@ impl CacheBuilder {
         self
     }
 
-    /// Uses the in-process memory backend (the default): memcached's semantics, no server.
+    /// Uses the in-process memory backend (the default): memcached's semantics, no server. Keeps
+    /// a [`memory_capacity`](Self::memory_capacity) set before.
     pub fn in_memory(mut self) -> Self {
-        self.backend = BackendChoice::Memory {
-            capacity: DEFAULT_CAPACITY,
-        };
+        self.backend = BackendChoice::Memory;
         self
     }
 
-    /// Bounds the memory backend's size in bytes (default 64 MiB); implies [`in_memory`](Self::in_memory).
+    /// Bounds the memory backend's size in bytes (default 64 MiB): keys, values and 64 bytes per
+    /// entry never add up to more; a value that cannot fit is refused as too large. Implies
+    /// [`in_memory`](Self::in_memory). See [`MemoryBackend`] for how it is shared out.
     pub fn memory_capacity(mut self, bytes: usize) -> Self {
-        self.backend = BackendChoice::Memory { capacity: bytes };
+        self.backend = BackendChoice::Memory;
+        self.memory_capacity = bytes;
         self
     }
 
@@ -262,7 +262,8 @@ impl CacheBuilder {
         self
     }
 
-    /// memcached: the servers' item size limit (`memcached -I`); default 1 MiB.
+    /// The item size limit (`memcached -I`); default 1 MiB. memcached refuses larger items, and the
+    /// memory backend refuses the same values, so that what fits in one fits in the other.
     pub fn item_size(mut self, bytes: usize) -> Self {
         self.item_size = bytes;
         self
@@ -433,9 +434,11 @@ impl CacheBuilder {
         }
         let backend: Arc<dyn Backend> = match self.backend {
             BackendChoice::Custom(b) => b,
-            BackendChoice::Memory { capacity } => {
-                Arc::new(MemoryBackend::new(capacity, self.clock.clone()))
-            }
+            BackendChoice::Memory => Arc::new(MemoryBackend::with_item_size(
+                self.memory_capacity,
+                self.item_size,
+                self.clock.clone(),
+            )),
             BackendChoice::Memcached { servers, weighted } => {
                 let mut specs = weighted;
                 for s in &servers {

@@ -11,6 +11,7 @@ mod herd;
 mod in_tokio;
 mod loader;
 mod memcached;
+mod memory;
 mod partial;
 mod props;
 mod values;
