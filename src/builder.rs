@@ -374,11 +374,14 @@ impl CacheBuilder {
         self
     }
 
-    /// The most one decode may allocate, in bytes; default [`DEFAULT_MAX_DECODE_SIZE`] (64 MiB),
+    /// The most one decode may build, in bytes; default [`DEFAULT_MAX_DECODE_SIZE`] (64 MiB),
     /// well above the item size: a value's in-memory form is larger than its bytes (a
     /// `Vec<u64>` of 140,000 numbers is 1.1 MB in memory from about 0.7 MB stored). Every
-    /// element, string and byte string a decode builds is counted against it, so hostile or
-    /// corrupt bytes get a decode error instead of exhausting memory.
+    /// element (its `size_of`), string and byte string a decode builds is counted against it,
+    /// and nesting is capped, so hostile or corrupt bytes get a decode error instead of
+    /// exhausting memory or the stack. The count is of the values themselves: a collection's
+    /// spare capacity and a hash table's overhead come on top. A value whose encoded form alone
+    /// exceeds the bound is refused by `set` (`is_too_large`), since no read could decode it.
     ///
     /// [`DEFAULT_MAX_DECODE_SIZE`]: crate::DEFAULT_MAX_DECODE_SIZE
     pub fn max_decode_size(mut self, bytes: usize) -> Self {

@@ -47,7 +47,8 @@ stats! {
     early_refreshes,
     /// Stale values served because the loader failed.
     stale_on_error,
-    /// Backend operations that failed (I/O, timeout, protocol, server error).
+    /// Backend operations that failed (I/O, timeout, protocol, server error). A batch counts
+    /// once, however many of its keys failed.
     backend_errors,
     /// Backend errors absorbed as misses or skipped writes by the failure policy.
     backend_errors_absorbed,

@@ -214,25 +214,25 @@ impl Cache {
             match r {
                 Ok(v) => out.push(Some(v)),
                 Err(e) => {
-                    if e.is_backend() {
-                        Counters::bump(&self.inner.stats.backend_errors);
-                        if policy == FailurePolicy::Absorb {
-                            Counters::bump(&self.inner.stats.backend_errors_absorbed);
-                        } else {
-                            fatal = true;
-                        }
-                    } else {
-                        fatal = true;
-                    }
+                    fatal |= !e.is_backend() || policy == FailurePolicy::Propagate;
                     failed.push(name(i));
                     first.get_or_insert(e);
                     out.push(None);
                 }
             }
         }
-        match first {
-            Some(e) if fatal => Err(Error::partial(failed, total, e)),
-            _ => Ok(out),
+        let Some(e) = first else { return Ok(out) };
+        // One failed batch counts once, however many keys its failed servers held.
+        if e.is_backend() {
+            Counters::bump(&self.inner.stats.backend_errors);
+            if !fatal {
+                Counters::bump(&self.inner.stats.backend_errors_absorbed);
+            }
+        }
+        if fatal {
+            Err(Error::partial(failed, total, e))
+        } else {
+            Ok(out)
         }
     }
 

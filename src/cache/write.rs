@@ -276,10 +276,12 @@ impl Cache {
 
     /// Gives an existing value a new lifetime without recomputing it (Django's `touch`): it is
     /// fresh for `ttl` from now, then stale for the herd timeout, exactly as if `set` had just
-    /// stored it. Returns `true` if the key held a value. A zero `ttl` deletes the key, as in
-    /// Django. A key being loaded (no value yet) is left alone (`false`); a value being
-    /// recomputed is touched, and the running load's result is then not stored over it.
-    /// Counters and values of other clients get memcached's plain `touch`.
+    /// stored it. Returns `true` if it re-timed a value. A zero `ttl` deletes the key, as in
+    /// Django. `false` when there is nothing a reader would be served: no key, a value past its
+    /// staleness bound, a key being loaded (no value yet); and when other writers replaced the
+    /// value three times while `touch` tried (theirs stands). A value being recomputed is
+    /// touched, and the running load's result is then not stored over it. Counters and values
+    /// of other clients get memcached's plain `touch`.
     pub fn touch(&self, key: &str, ttl: impl Into<Ttl>) -> Result<bool> {
         let k = self.keys.make(key)?;
         let life = ttl.into().resolve(self.inner.config.default_ttl);
@@ -304,6 +306,12 @@ impl Cache {
                         .unwrap_or(false));
                 }
             };
+            // Only what a reader would serve is touched: a value past its staleness bound is
+            // gone for readers (Django's touch of an expired key is false), and a key being
+            // loaded has no value yet.
+            if !herd::servable(herd::judge(&header, now, None)) {
+                return Ok(false);
+            }
             let padding = match header.kind {
                 Kind::Placeholder => return Ok(false),
                 Kind::Plain => Duration::ZERO,
@@ -331,7 +339,9 @@ impl Cache {
                 Some(_) => continue,
             }
         }
-        Ok(true)
+        // Other writers replaced the value three times in a row: theirs stands, with the
+        // lifetime they gave it.
+        Ok(false)
     }
 
     /// Removes everything from the backend (memcached's `flush_all` on every server), as

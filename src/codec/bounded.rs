@@ -30,6 +30,12 @@ impl Budget {
         }
     }
 
+    /// Charges one value of type `T` (at least a byte, so that a sequence of zero-sized values
+    /// cannot spin without end).
+    fn charge_value<T, E: de::Error>(&self) -> Result<(), E> {
+        self.charge(size_of::<T>().max(1))
+    }
+
     fn charge<E: de::Error>(&self, n: usize) -> Result<(), E> {
         match self.left.get().checked_sub(n) {
             Some(left) => {
@@ -70,18 +76,40 @@ impl<'de, S: DeserializeSeed<'de>> DeserializeSeed<'de> for Seed<'_, S> {
     type Value = S::Value;
 
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<S::Value, D::Error> {
-        if self.depth >= MAX_DEPTH {
-            return Err(de::Error::custom(format_args!(
-                "the value nests deeper than {MAX_DEPTH} levels"
-            )));
-        }
-        self.budget.charge(size_of::<S::Value>())?;
+        let depth = deeper(self.depth)?;
+        self.budget.charge_value::<S::Value, _>()?;
         self.inner.deserialize(Bounded {
             inner: d,
             budget: self.budget,
-            depth: self.depth + 1,
+            depth,
         })
     }
+}
+
+/// One level deeper, or an error past [`MAX_DEPTH`]. Every path that can recurse (a seed, an
+/// `Option`, a newtype) goes through it, so no input can exhaust the stack, including a format
+/// that recurses without consuming input (rmp-serde on `struct L(Option<Box<L>>)`).
+fn deeper<E: de::Error>(depth: usize) -> Result<usize, E> {
+    if depth >= MAX_DEPTH {
+        return Err(E::custom(format_args!(
+            "the value nests deeper than {MAX_DEPTH} levels"
+        )));
+    }
+    Ok(depth + 1)
+}
+
+/// What a visitor was asked for, where it changes how bytes and strings are handed on.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Asked {
+    /// A specific type: hand values on as they come.
+    Exact,
+    /// `deserialize_any` (serde's buffering for untagged and internally tagged enums and
+    /// `flatten`): a byte string becomes a sequence of `u8`, so that the buffered value replays
+    /// into a `Vec<u8>` as well as into a byte buffer (MessagePack stores `Vec<u8>` as binary).
+    Any,
+    /// An owned string or byte buffer, read as a borrowed one (see the module docs): hand it on
+    /// owned, as the visitor asked.
+    Owned,
 }
 
 struct Bounded<'b, D> {
@@ -92,10 +120,15 @@ struct Bounded<'b, D> {
 
 impl<'b, D> Bounded<'b, D> {
     fn wrap<V>(&self, inner: V) -> Checked<'b, V> {
+        self.wrap_as(inner, Asked::Exact)
+    }
+
+    fn wrap_as<V>(&self, inner: V, asked: Asked) -> Checked<'b, V> {
         Checked {
             inner,
             budget: self.budget,
             depth: self.depth,
+            asked,
         }
     }
 }
@@ -112,8 +145,12 @@ macro_rules! forward {
 impl<'de, D: Deserializer<'de>> Deserializer<'de> for Bounded<'_, D> {
     type Error = D::Error;
 
+    fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, D::Error> {
+        let v = self.wrap_as(visitor, Asked::Any);
+        self.inner.deserialize_any(v)
+    }
+
     forward! {
-        deserialize_any();
         deserialize_bool();
         deserialize_i8();
         deserialize_i16();
@@ -147,12 +184,12 @@ impl<'de, D: Deserializer<'de>> Deserializer<'de> for Bounded<'_, D> {
     // Borrowed, so that the format reads the bytes before anything is allocated for them; the
     // visitor copies what it keeps (and is charged for it).
     fn deserialize_string<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, D::Error> {
-        let v = self.wrap(visitor);
+        let v = self.wrap_as(visitor, Asked::Owned);
         self.inner.deserialize_str(v)
     }
 
     fn deserialize_byte_buf<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, D::Error> {
-        let v = self.wrap(visitor);
+        let v = self.wrap_as(visitor, Asked::Owned);
         self.inner.deserialize_bytes(v)
     }
 
@@ -165,6 +202,15 @@ struct Checked<'b, V> {
     inner: V,
     budget: &'b Budget,
     depth: usize,
+    asked: Asked,
+}
+
+impl<'de, V: Visitor<'de>> Checked<'_, V> {
+    /// A byte string handed on as the sequence of its bytes (already charged).
+    fn bytes_as_seq<E: de::Error>(self, v: &[u8]) -> Result<V::Value, E> {
+        let seq = de::value::SeqDeserializer::<_, E>::new(v.iter().copied());
+        self.inner.visit_seq(seq)
+    }
 }
 
 impl<'b, V> Checked<'b, V> {
@@ -211,12 +257,18 @@ impl<'de, V: Visitor<'de>> Visitor<'de> for Checked<'_, V> {
 
     fn visit_str<E: de::Error>(self, v: &str) -> Result<V::Value, E> {
         self.budget.charge(v.len())?;
-        self.inner.visit_str(v)
+        match self.asked {
+            Asked::Owned => self.inner.visit_string(v.to_owned()),
+            _ => self.inner.visit_str(v),
+        }
     }
 
     fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<V::Value, E> {
         self.budget.charge(v.len())?;
-        self.inner.visit_borrowed_str(v)
+        match self.asked {
+            Asked::Owned => self.inner.visit_string(v.to_owned()),
+            _ => self.inner.visit_borrowed_str(v),
+        }
     }
 
     fn visit_string<E: de::Error>(self, v: String) -> Result<V::Value, E> {
@@ -226,17 +278,28 @@ impl<'de, V: Visitor<'de>> Visitor<'de> for Checked<'_, V> {
 
     fn visit_bytes<E: de::Error>(self, v: &[u8]) -> Result<V::Value, E> {
         self.budget.charge(v.len())?;
-        self.inner.visit_bytes(v)
+        match self.asked {
+            Asked::Any => self.bytes_as_seq(v),
+            Asked::Owned => self.inner.visit_byte_buf(v.to_vec()),
+            Asked::Exact => self.inner.visit_bytes(v),
+        }
     }
 
     fn visit_borrowed_bytes<E: de::Error>(self, v: &'de [u8]) -> Result<V::Value, E> {
         self.budget.charge(v.len())?;
-        self.inner.visit_borrowed_bytes(v)
+        match self.asked {
+            Asked::Any => self.bytes_as_seq(v),
+            Asked::Owned => self.inner.visit_byte_buf(v.to_vec()),
+            Asked::Exact => self.inner.visit_borrowed_bytes(v),
+        }
     }
 
     fn visit_byte_buf<E: de::Error>(self, v: Vec<u8>) -> Result<V::Value, E> {
         self.budget.charge(v.len())?;
-        self.inner.visit_byte_buf(v)
+        match self.asked {
+            Asked::Any => self.bytes_as_seq(&v),
+            _ => self.inner.visit_byte_buf(v),
+        }
     }
 
     fn visit_none<E: de::Error>(self) -> Result<V::Value, E> {
@@ -244,7 +307,7 @@ impl<'de, V: Visitor<'de>> Visitor<'de> for Checked<'_, V> {
     }
 
     fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<V::Value, D::Error> {
-        let (budget, depth) = (self.budget, self.depth);
+        let (budget, depth) = (self.budget, deeper(self.depth)?);
         self.inner.visit_some(Bounded {
             inner: d,
             budget,
@@ -257,7 +320,7 @@ impl<'de, V: Visitor<'de>> Visitor<'de> for Checked<'_, V> {
     }
 
     fn visit_newtype_struct<D: Deserializer<'de>>(self, d: D) -> Result<V::Value, D::Error> {
-        let (budget, depth) = (self.budget, self.depth);
+        let (budget, depth) = (self.budget, deeper(self.depth)?);
         self.inner.visit_newtype_struct(Bounded {
             inner: d,
             budget,
@@ -374,6 +437,7 @@ impl<'de, A: VariantAccess<'de>> VariantAccess<'de> for Access<'_, A> {
             inner: visitor,
             budget: self.budget,
             depth: self.depth,
+            asked: Asked::Exact,
         };
         self.inner.tuple_variant(len, v)
     }
@@ -387,6 +451,7 @@ impl<'de, A: VariantAccess<'de>> VariantAccess<'de> for Access<'_, A> {
             inner: visitor,
             budget: self.budget,
             depth: self.depth,
+            asked: Asked::Exact,
         };
         self.inner.struct_variant(fields, v)
     }

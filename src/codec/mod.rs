@@ -25,13 +25,16 @@ use crate::error::{Error, ErrorKind, Result};
 /// | add a field with `#[serde(default)]` | old values read, field defaulted | decode error\* |
 /// | remove a field | old values read, field ignored | decode error\* |
 /// | reorder fields | compatible | wrong values or decode error\* |
-/// | add a field without a default | decode error\* | decode error\* |
+/// | add an `Option` field (no attribute needed) | old values read, field `None` | decode error\* |
+/// | add a field without a default (not an `Option`) | decode error\* | decode error\* |
 /// | add an enum variant | new values are a decode error\* for old builds | same |
 /// | rename a field or variant | decode error\* | compatible only if the order is kept |
 ///
 /// \* a decode error is returned (or a miss, with [`DecodePolicy::Miss`](crate::DecodePolicy)).
 /// With `Bincode`, bump the cache version ([`CacheBuilder::version`](crate::CacheBuilder::version))
-/// whenever a cached struct changes.
+/// whenever a cached struct changes. `Bincode` cannot carry serde's self-describing shapes at all
+/// (`#[serde(flatten)]`, untagged and internally tagged enums, `skip_serializing_if`);
+/// `MessagePack` carries them, `Vec<u8>` fields included.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
 pub enum Codec {
@@ -130,10 +133,22 @@ impl Format {
                 value.serialize(&mut ser).map_err(encode_error)?;
             }
         }
+        let plain = &out[start..];
+        if plain.len() > self.max_decode {
+            // Compressed, it might fit an item, and then no read could decode it.
+            return Err(Error::new(
+                ErrorKind::TooLarge,
+                format!(
+                    "the encoded value is {} bytes, above the decode limit of {} \
+                     (CacheBuilder::max_decode_size): it could never be read back",
+                    plain.len(),
+                    self.max_decode
+                ),
+            ));
+        }
         let Compression::Lz4 { min_size } = self.compression else {
             return Ok(false);
         };
-        let plain = &out[start..];
         if plain.len() < min_size.max(1) || plain.len() > u32::MAX as usize {
             return Ok(false);
         }
@@ -442,12 +457,158 @@ mod tests {
     }
 
     #[test]
+    fn what_could_never_be_read_back_is_not_stored() {
+        // 1 MB of text compresses into a few KB; with a 100 KB decode limit no read could
+        // inflate it, so the write is refused instead.
+        let f = Format {
+            compression: Compression::Lz4 { min_size: 1024 },
+            max_decode: 100_000,
+            ..Format::default()
+        };
+        let e = f
+            .encode_into(&"x".repeat(1 << 20), &mut Vec::new())
+            .unwrap_err();
+        assert!(
+            e.is_too_large() && e.to_string().contains("decode limit"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn wrong_type_or_trailing_bytes() {
         for c in BOTH {
             let f = format(c);
             let buf = encode(&f, &(1u8, 2u8));
             assert!(f.decode::<u8>(c, false, &buf).unwrap_err().is_decode());
             assert!(f.decode::<String>(c, false, &[]).unwrap_err().is_decode());
+        }
+    }
+
+    #[test]
+    fn buffered_serde_shapes_with_byte_fields_round_trip() {
+        // serde buffers these through deserialize_any, where MessagePack's `bin` arrives as
+        // bytes; the adapter replays it as a sequence so that `Vec<u8>` fields still read.
+        #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+        #[serde(tag = "type")]
+        enum Tagged {
+            Blob { data: Vec<u8> },
+            Text { text: String },
+        }
+        #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+        #[serde(untagged)]
+        enum Untagged {
+            Blob { data: Vec<u8>, id: u32 },
+            Name(String),
+        }
+        #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+        struct Inner {
+            data: Vec<u8>,
+            #[serde(with = "serde_bytes_like")]
+            raw: Vec<u8>,
+        }
+        #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+        struct Outer {
+            id: u64,
+            #[serde(flatten)]
+            inner: Inner,
+        }
+        mod serde_bytes_like {
+            pub fn serialize<S: serde::Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_bytes(v)
+            }
+            pub fn deserialize<'de, D: serde::Deserializer<'de>>(
+                d: D,
+            ) -> Result<Vec<u8>, D::Error> {
+                bytes::Bytes::deserialize(d).map(|b| b.to_vec())
+            }
+            use serde::Deserialize;
+        }
+        let m = format(Codec::MessagePack);
+        let c = Codec::MessagePack;
+        for v in [
+            Tagged::Blob {
+                data: vec![1, 2, 3],
+            },
+            Tagged::Text { text: "t".into() },
+        ] {
+            assert_eq!(m.decode::<Tagged>(c, false, &encode(&m, &v)).unwrap(), v);
+        }
+        for v in [
+            Untagged::Blob {
+                data: vec![9; 40],
+                id: 7,
+            },
+            Untagged::Name("n".into()),
+        ] {
+            assert_eq!(m.decode::<Untagged>(c, false, &encode(&m, &v)).unwrap(), v);
+        }
+        let v = Outer {
+            id: 1,
+            inner: Inner {
+                data: vec![4, 5],
+                raw: vec![6; 10],
+            },
+        };
+        assert_eq!(m.decode::<Outer>(c, false, &encode(&m, &v)).unwrap(), v);
+    }
+
+    #[test]
+    fn recursion_without_input_is_bounded() {
+        #[derive(Debug, serde::Deserialize)]
+        #[allow(dead_code)]
+        struct Link(Option<Box<Link>>);
+        // MessagePack: rmp-serde keeps a non-nil marker peeked and recurses without consuming.
+        let e = format(Codec::MessagePack)
+            .decode::<Link>(Codec::MessagePack, false, &[0x01])
+            .unwrap_err();
+        assert!(e.to_string().contains("nests deeper"), "{e}");
+        // bincode: a million `Some`s.
+        let mut bytes = vec![1u8; 1_000_000];
+        bytes.push(0);
+        let e = format(Codec::Bincode)
+            .decode::<Link>(Codec::Bincode, false, &bytes)
+            .unwrap_err();
+        assert!(e.to_string().contains("nests deeper"), "{e}");
+    }
+
+    #[test]
+    fn zero_sized_elements_cannot_spin() {
+        // A Vec<()> claiming 2^40 elements in 9 bytes: each element is charged a byte.
+        let mut bytes = vec![0xfd];
+        bytes.extend_from_slice(&(1u64 << 40).to_le_bytes());
+        let e = format(Codec::Bincode)
+            .decode::<Vec<()>>(Codec::Bincode, false, &bytes)
+            .unwrap_err();
+        assert!(e.to_string().contains("decode limit"), "{e}");
+    }
+
+    #[test]
+    fn owned_string_visitors_still_get_owned_strings() {
+        // A visitor that implements only visit_string (not visit_str).
+        #[derive(Debug, PartialEq)]
+        struct OnlyOwned(String);
+        impl<'de> serde::Deserialize<'de> for OnlyOwned {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                struct V;
+                #[allow(clippy::serde_api_misuse)] // such visitors exist: the point of the test
+                impl serde::de::Visitor<'_> for V {
+                    type Value = OnlyOwned;
+                    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                        f.write_str("a string")
+                    }
+                    fn visit_string<E>(self, v: String) -> Result<OnlyOwned, E> {
+                        Ok(OnlyOwned(v))
+                    }
+                }
+                d.deserialize_string(V)
+            }
+        }
+        for c in BOTH {
+            let f = format(c);
+            let got = f
+                .decode::<OnlyOwned>(c, false, &encode(&f, &"owned"))
+                .unwrap();
+            assert_eq!(got, OnlyOwned("owned".into()));
         }
     }
 }

@@ -186,7 +186,14 @@ impl Cache {
             if life == Lifetime::Expired {
                 continue; // dropping the lease removes the placeholder
             }
-            let (bytes, exptime) = self.encode(v, life, Herd::Protected, load_ms(started))?;
+            let (bytes, exptime) = match self.encode(v, life, Herd::Protected, load_ms(started)) {
+                Ok(encoded) => encoded,
+                Err(e) if e.is_too_large() => {
+                    self.loaded_too_large(lease.key(), 0);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             if bytes.len() > self.inner.config.backend.max_value_size(lease.key()) {
                 self.loaded_too_large(lease.key(), bytes.len());
                 continue;
@@ -197,13 +204,20 @@ impl Cache {
         // Leases of keys the loader left out are dropped here (their placeholders go).
         drop(leases);
         if !batch.is_empty() {
+            // A value whose write failed is still returned, as `get_or_set_with` returns it: the
+            // failure is counted (and its claim released, or left to lapse), never the result.
             let done = HeldLease::complete_many(&*self.inner.config.backend, batch);
-            // A value whose write failed is still returned; its claim is released (or lapses).
-            let done =
-                self.absorb_each(done, self.inner.config.write_failures, |i| names[i].clone())?;
-            for c in done.into_iter().flatten() {
-                if c == Completed::Superseded {
-                    Counters::bump(&s.loads_superseded);
+            for (c, name) in done.into_iter().zip(&names) {
+                match c {
+                    Ok(Completed::Stored) => {}
+                    Ok(Completed::Superseded) => Counters::bump(&s.loads_superseded),
+                    Err(e) if e.is_too_large() => self.loaded_too_large(name, 0),
+                    Err(e) => {
+                        Counters::bump(&s.backend_errors);
+                        if e.is_backend() {
+                            Counters::bump(&s.backend_errors_absorbed);
+                        }
+                    }
                 }
             }
         }

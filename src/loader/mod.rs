@@ -415,7 +415,14 @@ impl Cache {
             // A zero ttl stores nothing; the placeholder goes.
             return Ok(v);
         }
-        let (bytes, exptime) = self.encode(&v, life, Herd::Protected, load_ms(started))?;
+        let (bytes, exptime) = match self.encode(&v, life, Herd::Protected, load_ms(started)) {
+            Ok(encoded) => encoded,
+            Err(e) if e.is_too_large() => {
+                self.loaded_too_large(lease.key(), 0);
+                return Ok(v);
+            }
+            Err(e) => return Err(e),
+        };
         if bytes.len() > self.inner.config.backend.max_value_size(lease.key()) {
             self.loaded_too_large(lease.key(), bytes.len());
             return Ok(v);

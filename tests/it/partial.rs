@@ -168,3 +168,37 @@ fn set_many_and_delete_many_name_the_failed_keys() {
     );
     assert_eq!(lenient.delete_many(&c.keys).unwrap(), 0);
 }
+
+#[test]
+fn a_server_dying_mid_load_costs_no_loaded_value() {
+    let servers: Vec<Memcached> = (0..3).map(|_| Memcached::start()).collect();
+    let addrs: Vec<String> = servers.iter().map(Memcached::addr).collect();
+    let servers = Mutex::new(servers);
+    // The default write policy (Propagate): a failed store of a loaded value is counted, and the
+    // value still returned, as get_or_set_with does.
+    let cache = Cache::builder()
+        .memcached(&addrs)
+        .flavor(unique_flavor("partial-midload"))
+        .connect_timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let keys: Vec<String> = (0..30).map(|i| format!("m{i}")).collect();
+    let got = cache
+        .get_many_or_set_with(&keys, S(600), |missing| {
+            assert_eq!(missing.len(), 30);
+            servers.lock().unwrap()[2].kill();
+            Ok::<_, io::Error>(
+                missing
+                    .iter()
+                    .map(|k| (k.clone(), k.clone()))
+                    .collect::<HashMap<_, _>>(),
+            )
+        })
+        .unwrap();
+    assert_eq!(got.len(), 30);
+    assert!(keys.iter().all(|k| got[k] == *k));
+    assert!(
+        cache.stats().backend_errors > 0,
+        "the failed stores are counted"
+    );
+}

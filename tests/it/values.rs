@@ -228,6 +228,13 @@ fn touch_gives_a_value_a_new_lifetime(env: &Env) {
     // zero deletes, as in Django
     assert!(cache.touch("k", Duration::ZERO).unwrap());
     assert_eq!(cache.get::<u8>("k").unwrap(), None);
+    // a value past its staleness bound is not revived (the item still exists: stale-on-error
+    // pads its hard expiry to an hour)
+    let padded = env.builder().serve_stale_on_error(S(3600)).build().unwrap();
+    padded.set("old", &2u8, S(10)).unwrap();
+    env.advance(S(30 * 60));
+    assert!(!padded.touch("old", S(600)).unwrap());
+    assert_eq!(padded.get::<u8>("old").unwrap(), None);
     // a counter (not an envelope) is touched too
     cache.set_counter("n", 5, S(60)).unwrap();
     assert!(cache.touch("n", S(600)).unwrap());
