@@ -40,6 +40,16 @@ impl Cache {
     }
 }
 
+impl BackendChoice {
+    fn name(&self) -> &'static str {
+        match self {
+            BackendChoice::Memory => "memory (in-process: one cache per process)",
+            BackendChoice::Memcached { .. } => "memcached",
+            BackendChoice::Custom(_) => "custom",
+        }
+    }
+}
+
 #[derive(Clone)]
 enum BackendChoice {
     Memory,
@@ -69,6 +79,10 @@ enum BackendChoice {
 pub struct CacheBuilder {
     backend: BackendChoice,
     memory_capacity: usize,
+    /// Settings given explicitly that only one kind of backend uses (warned about at build when
+    /// another is in use).
+    memcached_only: Vec<&'static str>,
+    memory_only: Vec<&'static str>,
     flavor: String,
     version: u64,
     default_ttl: Duration,
@@ -99,6 +113,8 @@ impl Default for CacheBuilder {
         CacheBuilder {
             backend: BackendChoice::Memory,
             memory_capacity: DEFAULT_CAPACITY,
+            memcached_only: Vec::new(),
+            memory_only: Vec::new(),
             flavor: String::new(),
             version: 1,
             default_ttl: DEFAULT_TTL,
@@ -140,6 +156,10 @@ impl fmt::Debug for CacheBuilder {
 impl CacheBuilder {
     /// Uses memcached: one or more servers as `"host:port"` or `"memcache://host:port"`.
     /// Several servers share the keys by ketama (libmemcached's weighted ketama placement).
+    ///
+    /// Without it (or [`backend`](Self::backend)), a cache is **in-process**: each process gets
+    /// a cache of its own, and the herd protection stops at the process. `build()` logs which
+    /// backend is in use (`tracing`, info level) so that a missing `.memcached(..)` shows.
     pub fn memcached<I, S>(mut self, servers: I) -> Self
     where
         I: IntoIterator<Item = S>,
@@ -178,8 +198,8 @@ impl CacheBuilder {
         self
     }
 
-    /// Uses the in-process memory backend (the default): memcached's semantics, no server. Keeps
-    /// a [`memory_capacity`](Self::memory_capacity) set before.
+    /// Uses the in-process memory backend (the default): memcached's semantics, no server, one
+    /// cache per process. Keeps a [`memory_capacity`](Self::memory_capacity) set before.
     pub fn in_memory(mut self) -> Self {
         self.backend = BackendChoice::Memory;
         self
@@ -189,6 +209,7 @@ impl CacheBuilder {
     /// entry never add up to more; a value that cannot fit is refused as too large. Implies
     /// [`in_memory`](Self::in_memory). See [`MemoryBackend`] for how it is shared out.
     pub fn memory_capacity(mut self, bytes: usize) -> Self {
+        self.memory_only.push("memory_capacity");
         self.backend = BackendChoice::Memory;
         self.memory_capacity = bytes;
         self
@@ -246,18 +267,21 @@ impl CacheBuilder {
     /// memcached: the longest an operation waits for a connection, connecting included;
     /// default 500 ms.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.memcached_only.push("connect_timeout");
         self.connect_timeout = timeout;
         self
     }
 
     /// memcached: the longest one socket read or write may block; default 500 ms.
     pub fn io_timeout(mut self, timeout: Duration) -> Self {
+        self.memcached_only.push("io_timeout");
         self.io_timeout = timeout;
         self
     }
 
     /// memcached: connections per server; default 16.
     pub fn pool_size(mut self, size: u32) -> Self {
+        self.memcached_only.push("pool_size");
         self.pool_size = size;
         self
     }
@@ -272,18 +296,21 @@ impl CacheBuilder {
     /// memcached: consecutive failures (connect errors, timeouts, I/O errors) after which a
     /// server is marked dead; default 2.
     pub fn failure_limit(mut self, failures: u32) -> Self {
+        self.memcached_only.push("failure_limit");
         self.failure_limit = failures;
         self
     }
 
     /// memcached: how long a dead server is left alone before one caller probes it; default 1 s.
     pub fn retry_interval(mut self, interval: Duration) -> Self {
+        self.memcached_only.push("retry_interval");
         self.retry_interval = interval;
         self
     }
 
     /// memcached: whether the keys of a dead server fail fast (default) or move to the others.
     pub fn dead_servers(mut self, policy: DeadServerPolicy) -> Self {
+        self.memcached_only.push("dead_servers");
         self.dead_servers = policy;
         self
     }
@@ -403,8 +430,40 @@ impl CacheBuilder {
     /// `is_config()` for an empty or malformed server list, a flavor that breaks memcached's key
     /// rules, a zero herd timeout, a `lease_ttl` under [`MIN_LEASE_TTL`], or a non-positive
     /// early-refresh β.
+    ///
+    /// A setting only another kind of backend uses (say `pool_size` with the memory backend, or
+    /// `memory_capacity` with memcached) is not an error: one configuration often serves a
+    /// development setup in process and a production one on memcached. `build()` warns once
+    /// (`tracing`, warn level), naming the settings it ignores.
     pub fn build(self) -> Result<Cache> {
-        self.into_config().map(Cache::from_config)
+        self.warn_unused();
+        let (backend, flavor, version) = (self.backend.name(), self.flavor.clone(), self.version);
+        let cache = self.into_config().map(Cache::from_config)?;
+        tracing::info!(backend, flavor, version, "newcache: cache built");
+        Ok(cache)
+    }
+
+    /// The settings given explicitly that the chosen backend does not use.
+    fn unused(&self) -> Vec<&'static str> {
+        let mut unused: Vec<&'static str> = match self.backend {
+            BackendChoice::Memory => self.memcached_only.clone(),
+            BackendChoice::Memcached { .. } => self.memory_only.clone(),
+            BackendChoice::Custom(_) => [&self.memcached_only[..], &self.memory_only[..]].concat(),
+        };
+        unused.sort_unstable();
+        unused.dedup();
+        unused
+    }
+
+    fn warn_unused(&self) {
+        let unused = self.unused();
+        if !unused.is_empty() {
+            tracing::warn!(
+                backend = self.backend.name(),
+                ignored = ?unused,
+                "newcache: settings for another kind of backend are ignored"
+            );
+        }
     }
 
     fn into_config(self) -> Result<Config> {
@@ -529,5 +588,72 @@ mod tests {
             .unwrap_err();
         assert!(e.is_config() && e.to_string().contains("lease_ttl"), "{e}");
         assert!(Cache::builder().lease_ttl(MIN_LEASE_TTL).build().is_ok());
+    }
+
+    /// What `build()` logs, captured.
+    fn logs_of(build: impl FnOnce()) -> String {
+        #[derive(Clone, Default)]
+        struct Buf(Arc<parking_lot::Mutex<Vec<u8>>>);
+        impl std::io::Write for Buf {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let buf = Buf::default();
+        let out = buf.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || out.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::INFO)
+            .finish();
+        tracing::subscriber::with_default(subscriber, build);
+        String::from_utf8_lossy(&buf.0.lock()).into_owned()
+    }
+
+    #[test]
+    fn build_logs_the_backend_and_warns_about_ignored_settings() {
+        let logs = logs_of(|| {
+            Cache::builder()
+                .pool_size(4)
+                .io_timeout(Duration::from_secs(1))
+                .flavor("f")
+                .build()
+                .unwrap();
+        });
+        assert!(
+            logs.contains("memory (in-process: one cache per process)"),
+            "{logs}"
+        );
+        assert!(logs.contains("WARN") && logs.contains("ignored"), "{logs}");
+        assert!(
+            logs.contains("pool_size") && logs.contains("io_timeout"),
+            "{logs}"
+        );
+        // memcached with memcached settings: built (never connects), nothing ignored
+        let logs = logs_of(|| {
+            Cache::builder()
+                .memcached(["127.0.0.1:9"])
+                .pool_size(4)
+                .build()
+                .unwrap();
+        });
+        assert!(logs.contains("backend=\"memcached\""), "{logs}");
+        assert!(!logs.contains("WARN"), "{logs}");
+        // a memory setting with memcached
+        let logs = logs_of(|| {
+            Cache::builder()
+                .memory_capacity(1 << 20)
+                .memcached(["127.0.0.1:9"])
+                .build()
+                .unwrap();
+        });
+        assert!(
+            logs.contains("WARN") && logs.contains("memory_capacity"),
+            "{logs}"
+        );
     }
 }
