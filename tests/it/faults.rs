@@ -714,7 +714,16 @@ fn a_blackholed_server_never_delays_the_others() {
     assert!(!holed.is_empty() && fine.len() >= 8);
     let stop = AtomicBool::new(false);
     let hung = AtomicU64::new(0);
+    /// Stops the hammering threads however the test ends (a failed assertion included), so that
+    /// the scope can join them.
+    struct StopOnDrop<'a>(&'a AtomicBool);
+    impl Drop for StopOnDrop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
     thread::scope(|s| {
+        let _stop = StopOnDrop(&stop);
         for t in 0..4 {
             let (b, stop, hung, holed) = (&b, &stop, &hung, &holed);
             s.spawn(move || {
