@@ -219,6 +219,10 @@ impl MemcachedBackend {
         let groups = self
             .routing
             .by_server(sendable.iter().map(|&i| key(i)), self.routable());
+        let mut groups = groups;
+        // Connections are checked out in server order: two batches waiting on each other's full
+        // pools cannot form a cycle.
+        groups.sort_unstable_by_key(|(server, _)| *server);
         let mut legs: Vec<Leg<'_>> = groups
             .into_iter()
             .map(|(server, ps)| Leg {
