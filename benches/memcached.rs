@@ -279,7 +279,7 @@ fn multiserver(c: &mut Criterion) {
                 })
             })
             .collect();
-        let mut floor = |bare: &mut [Bare]| {
+        let floor = |bare: &mut [Bare]| {
             for (s, line, _) in &lines {
                 bare[*s].send(line);
             }
