@@ -50,6 +50,16 @@ impl fmt::Debug for MemcachedBackend {
     }
 }
 
+/// Why [`MemcachedBackend::open`] gave no connection.
+struct Refused {
+    /// The caller had passed the health gate as the probe of a dead server.
+    probe: bool,
+    /// Connecting failed (a transport fault); otherwise the server was skipped as dead or the
+    /// pool stayed busy, which say nothing new about it.
+    connect_fault: bool,
+    error: Error,
+}
+
 /// One server's part of a batch: its positions in the caller's list, its connection, and the
 /// error that ended it (its remaining positions get that error).
 struct Leg<'a> {
@@ -118,22 +128,23 @@ impl MemcachedBackend {
         self.routing.route(key, self.routable())
     }
 
-    /// Passes server `i`'s health gate and checks out a connection. `Ok((probe, conn))`.
-    fn open(&self, i: usize) -> std::result::Result<(bool, Pooled<'_>), (bool, bool, Error)> {
+    /// Passes server `i`'s health gate and checks out a connection: `Ok((probe, conn))`, where
+    /// `probe` says this caller is probing a dead server.
+    fn open(&self, i: usize) -> std::result::Result<(bool, Pooled<'_>), Refused> {
         let server = &self.servers[i];
         let probe = match server.health.gate(self.now_ms(), self.retry_interval) {
             Gate::FailFast => {
-                return Err((
-                    false,
-                    false,
-                    Error::new(
+                return Err(Refused {
+                    probe: false,
+                    connect_fault: false,
+                    error: Error::new(
                         ErrorKind::Backend,
                         format!(
                             "memcached at {} is marked dead (probed again later)",
                             server.addr
                         ),
                     ),
-                ));
+                });
             }
             Gate::Probe => true,
             Gate::Go => false,
@@ -141,8 +152,16 @@ impl MemcachedBackend {
         match server.checkout() {
             Ok(conn) => Ok((probe, conn)),
             // A local wait: says nothing about the server.
-            Err(CheckoutError::PoolBusy(e)) => Err((probe, false, e)),
-            Err(CheckoutError::Connect(e)) => Err((probe, true, e)),
+            Err(CheckoutError::PoolBusy(error)) => Err(Refused {
+                probe,
+                connect_fault: false,
+                error,
+            }),
+            Err(CheckoutError::Connect(error)) => Err(Refused {
+                probe,
+                connect_fault: true,
+                error,
+            }),
         }
     }
 
@@ -177,9 +196,9 @@ impl MemcachedBackend {
         let server = &self.servers[i];
         let (probe, mut conn) = match self.open(i) {
             Ok(x) => x,
-            Err((probe, connect_fault, e)) => {
-                self.record(i, probe, connect_fault.then_some(&e), false);
-                return Err(e);
+            Err(r) => {
+                self.record(i, r.probe, r.connect_fault.then_some(&r.error), false);
+                return Err(r.error);
             }
         };
         conn.answered = false;
@@ -241,10 +260,10 @@ impl MemcachedBackend {
                     leg.probe = probe;
                     leg.conn = Some(conn);
                 }
-                Err((probe, connect_fault, e)) => {
-                    leg.probe = probe;
-                    leg.connect_fault = connect_fault;
-                    leg.error = Some(e);
+                Err(r) => {
+                    leg.probe = r.probe;
+                    leg.connect_fault = r.connect_fault;
+                    leg.error = Some(r.error);
                 }
             }
         }
