@@ -16,7 +16,7 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use newcache::{Cache, Ttl};
+use newcache::{Backend, Cache, Ttl};
 use serde::{Deserialize, Serialize};
 
 /// The cached value: serializes to ~100 bytes, like the Python peers' `{"id": 1, "name": "x"*80}`.
@@ -236,6 +236,89 @@ fn bench(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench);
+/// Multi-server batches (issue 9 §3): `MemcachedBackend::get_many` over 3 servers against the
+/// physical floor, the same per-server `gets` on plain sockets, every request written first, then
+/// every reply read. Each measured iteration of one client is followed by an unmeasured one of the
+/// other, so both are measured in the same latency regime (loopback round trips here are bimodal).
+fn multiserver(c: &mut Criterion) {
+    let servers: Vec<fixture::Memcached> = (0..3).map(|_| fixture::Memcached::start()).collect();
+    let addrs: Vec<String> = servers.iter().map(fixture::Memcached::addr).collect();
+    let backend = newcache::MemcachedBackend::new(newcache::MemcachedConfig::new(
+        addrs
+            .iter()
+            .map(|a| newcache::ServerSpec::parse(a).expect("address"))
+            .collect(),
+    ))
+    .expect("backend");
+    let value = vec![b'x'; 100];
+    let keys: Vec<String> = (0..100).map(|i| format!("multi:{i}")).collect();
+    for k in &keys {
+        backend
+            .store(newcache::StoreMode::Set, k, &value, 0, 0)
+            .expect("set");
+    }
+    let mut bare: Vec<Bare> = addrs.iter().map(|a| Bare::new(a)).collect();
+
+    let mut g = c.benchmark_group("multiserver");
+    for n in [10, 100] {
+        let batch: Vec<&str> = keys[..n].iter().map(String::as_str).collect();
+        // The floor's requests: one `gets` line per server holding any of the keys.
+        let lines: Vec<(usize, Vec<u8>, usize)> = (0..3)
+            .filter_map(|s| {
+                let mine: Vec<&str> = batch
+                    .iter()
+                    .copied()
+                    .filter(|k| backend.server_of(k) == s)
+                    .collect();
+                (!mine.is_empty()).then(|| {
+                    (
+                        s,
+                        format!("gets {}\r\n", mine.join(" ")).into_bytes(),
+                        mine.len(),
+                    )
+                })
+            })
+            .collect();
+        let floor = |bare: &mut [Bare]| {
+            for (s, line, _) in &lines {
+                bare[*s].send(line);
+            }
+            for (s, _, want) in &lines {
+                assert_eq!(bare[*s].read_values(), *want);
+            }
+        };
+        let ours = |backend: &newcache::MemcachedBackend| {
+            let got = backend.get_many(&batch);
+            assert!(got.iter().all(|r| matches!(r, Ok(Some(_)))));
+        };
+        g.bench_function(format!("get_many_{n}/bare-sockets-floor"), |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    let t = std::time::Instant::now();
+                    floor(&mut bare);
+                    total += t.elapsed();
+                    ours(&backend);
+                }
+                total
+            })
+        });
+        g.bench_function(format!("get_many_{n}/newcache-backend"), |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    floor(&mut bare);
+                    let t = std::time::Instant::now();
+                    ours(&backend);
+                    total += t.elapsed();
+                }
+                total
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench, multiserver);
 
 criterion_main!(benches);

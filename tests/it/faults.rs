@@ -76,13 +76,33 @@ fn a_cluster_keeps_serving_through_a_killed_and_restarted_server() {
     let stop = Arc::new(AtomicBool::new(false));
     let stats: Arc<Mutex<[Phase; 3]>> = Arc::default();
     let wrong = Arc::new(AtomicU64::new(0));
+    let first_wrong: Arc<Mutex<Option<String>>> = Arc::default();
+    // A second client on the same servers, for per-key answers (the facade folds a batch).
+    let raw = MemcachedBackend::new(MemcachedConfig::new(
+        addrs
+            .iter()
+            .map(|a| ServerSpec::parse(a).unwrap())
+            .collect(),
+    ))
+    .unwrap();
     let t0 = Instant::now();
     let mut back_after = None;
     thread::scope(|s| {
         for t in 0..16u64 {
-            let (cache, phase, stop, stats, wrong) = (&cache, &phase, &stop, &stats, &wrong);
+            let (cache, phase, stop, stats, wrong, raw) =
+                (&cache, &phase, &stop, &stats, &wrong, &raw);
+            let first_wrong = &first_wrong;
             s.spawn(move || {
                 let keys: Vec<String> = (0..20).map(|i| format!("t{t}:k{i}")).collect();
+                let derived: Vec<String> = keys.iter().map(|k| cache.make_key(k)).collect();
+                let on_victim: Vec<bool> = derived.iter().map(|d| raw.server_of(d) == 1).collect();
+                // What each key holds: `Some(v)` after a successful set of v; `None` before any,
+                // or after a failed set (which may or may not have been applied).
+                let mut expected: Vec<Option<String>> = vec![None; keys.len()];
+                let bad = |what: String| {
+                    wrong.fetch_add(1, Ordering::Relaxed);
+                    first_wrong.lock().unwrap().get_or_insert(what);
+                };
                 let counter = format!("t{t}:hits");
                 let mut last_count = 0u64;
                 let mut seq = 0u64;
@@ -92,36 +112,75 @@ fn a_cluster_keeps_serving_through_a_killed_and_restarted_server() {
                     // kill was announced ran entirely with every server up.
                     let mut st = Phase::default();
                     // four operations per key in turn: set, get, get_many, incr
-                    let k = &keys[((seq / 4) % 20) as usize];
+                    let ki = ((seq / 4) % 20) as usize;
+                    let k = &keys[ki];
                     seq += 1;
                     st.ops += 1;
+                    // A key may be missing only if its value is unknown, or its server was killed.
+                    let miss_ok = |i: usize, expected: &[Option<String>]| {
+                        expected[i].is_none() || (on_victim[i] && phase.load(Ordering::Relaxed) > 0)
+                    };
                     match seq % 4 {
-                        0 => match cache.set(k, &format!("{k}={seq}"), Duration::from_secs(60)) {
-                            Ok(()) => {}
-                            Err(e) => st.error(e),
-                        },
+                        0 => {
+                            let v = format!("{k}={seq}");
+                            match cache.set(k, &v, Duration::from_secs(60)) {
+                                Ok(()) => expected[ki] = Some(v),
+                                Err(e) => {
+                                    expected[ki] = None;
+                                    st.error(e)
+                                }
+                            }
+                        }
                         1 => match cache.get::<String>(k) {
-                            Ok(Some(v)) if !v.starts_with(&format!("{k}=")) => {
-                                wrong.fetch_add(1, Ordering::Relaxed);
+                            Ok(Some(v)) if expected[ki].as_ref().is_some_and(|e| *e != v) => {
+                                bad(format!("get {k}: {v:?}, expected {:?}", expected[ki]));
                             }
                             Ok(Some(_)) => {}
-                            Ok(None) => st.misses += 1,
-                            Err(e) => st.error(e),
-                        },
-                        2 => match cache.get_many::<String>(&keys[..5]) {
-                            Ok(m) => {
-                                for (k, v) in &m {
-                                    if !v.starts_with(&format!("{k}=")) {
-                                        wrong.fetch_add(1, Ordering::Relaxed);
-                                    }
+                            Ok(None) => {
+                                st.misses += 1;
+                                if !miss_ok(ki, &expected) {
+                                    bad(format!("get {k}: a miss, expected {:?}", expected[ki]));
                                 }
-                                st.misses += 5 - m.len() as u64;
                             }
                             Err(e) => st.error(e),
                         },
+                        2 => {
+                            let refs: Vec<&str> = derived[..5].iter().map(String::as_str).collect();
+                            for (i, r) in raw.get_many(&refs).into_iter().enumerate() {
+                                match r {
+                                    Ok(Some(item)) => {
+                                        let v: String = newcache::__private::decode_envelope(
+                                            item.flags,
+                                            &item.value,
+                                        )
+                                        .unwrap();
+                                        if expected[i].as_ref().is_some_and(|e| *e != v) {
+                                            bad(format!(
+                                                "get_many {}: {v:?}, expected {:?}",
+                                                keys[i], expected[i]
+                                            ));
+                                        }
+                                    }
+                                    Ok(None) => {
+                                        st.misses += 1;
+                                        if !miss_ok(i, &expected) {
+                                            bad(format!(
+                                                "get_many {}: a miss, expected {:?}",
+                                                keys[i], expected[i]
+                                            ));
+                                        }
+                                    }
+                                    Err(e) if on_victim[i] => st.error(e),
+                                    Err(e) => bad(format!(
+                                        "get_many {}: {e}: a live server's key failed",
+                                        keys[i]
+                                    )),
+                                }
+                            }
+                        }
                         _ => match cache.incr(&counter, 1) {
                             Ok(n) if n <= last_count => {
-                                wrong.fetch_add(1, Ordering::Relaxed);
+                                bad(format!("{counter}: {n} after {last_count}"));
                             }
                             Ok(n) => last_count = n,
                             Err(e) if e.is_not_found() => {
@@ -156,8 +215,7 @@ fn a_cluster_keeps_serving_through_a_killed_and_restarted_server() {
         phase.store(1, Ordering::Relaxed);
         servers[1].kill();
         thread::sleep(MS(3000));
-        let port = servers[1].port;
-        servers[1] = Memcached::start_on(port);
+        servers[1].restart();
         let restarted = Instant::now();
         phase.store(2, Ordering::Relaxed);
         // Time until a key of the restarted server can be written and read again.
@@ -191,7 +249,9 @@ fn a_cluster_keeps_serving_through_a_killed_and_restarted_server() {
     assert_eq!(
         wrong.load(Ordering::Relaxed),
         0,
-        "a wrong value or a counter going backwards"
+        "a wrong value, a lost value, a live server's key failing, or a counter going \
+         backwards; first: {:?}",
+        first_wrong.lock().unwrap()
     );
     assert_eq!(
         stats[0].errors, 0,
@@ -308,9 +368,8 @@ fn herd_protection_and_leases_recover_after_a_restart_empty() {
         thread::sleep(MS(1000));
         loads_at.insert("before", loads.load(Ordering::SeqCst));
         server.kill();
-        let port = server.port;
         thread::sleep(MS(1000));
-        server = Memcached::start_on(port);
+        server.restart();
         loads_at.insert("at restart", loads.load(Ordering::SeqCst));
         // Until a probe finds it back (retry interval 300 ms), misses still load, one at a time.
         thread::sleep(MS(600));
@@ -388,7 +447,7 @@ fn remap_moves_a_dead_servers_keys_and_brings_them_back() {
         "unaffected"
     );
     // back: after the retry interval the key maps to the restarted (empty) server again
-    servers[0] = Memcached::start_on(servers[0].port);
+    servers[0].restart();
     thread::sleep(MS(400));
     let t = Instant::now();
     loop {
@@ -453,7 +512,7 @@ fn a_dead_server_logs_once_and_once_more_when_back() {
         let st = cache.stats();
         assert_eq!(st.backend_errors, 200);
         assert_eq!(st.backend_errors_absorbed, 200);
-        server = Memcached::start_on(server.port);
+        server.restart();
         let t = Instant::now();
         while cache.set("k", "v", Ttl::Never).is_err() {
             assert!(t.elapsed() < Duration::from_secs(2), "not back");
@@ -468,4 +527,248 @@ fn a_dead_server_logs_once_and_once_more_when_back() {
         2,
         "and one when it is back"
     );
+}
+
+fn raw_backend(addrs: &[String], tune: impl FnOnce(&mut MemcachedConfig)) -> MemcachedBackend {
+    let mut config = MemcachedConfig::new(
+        addrs
+            .iter()
+            .map(|a| ServerSpec::parse(a).unwrap())
+            .collect(),
+    );
+    tune(&mut config);
+    MemcachedBackend::new(config).unwrap()
+}
+
+/// What a batch read of `keys` returned, per key: the value found, `None` for a miss, `Err` for
+/// a failed key.
+type Answers = Vec<Result<Option<Vec<u8>>, newcache::Error>>;
+
+fn read_all(b: &MemcachedBackend, keys: &[&str]) -> Answers {
+    b.get_many(keys)
+        .into_iter()
+        .map(|r| r.map(|o| o.map(|i| i.value)))
+        .collect()
+}
+
+/// Issue 9 §1: with one of three servers dead, a batch answers every live server's key exactly
+/// and fails only the dead server's keys: when the dead server is first found (connect refused),
+/// once it is marked dead (fail fast), and for writes and deletes too.
+#[test]
+fn one_dead_server_costs_only_its_own_keys() {
+    let mut servers: Vec<Memcached> = (0..3).map(|_| Memcached::start()).collect();
+    let addrs: Vec<String> = servers.iter().map(Memcached::addr).collect();
+    let b = raw_backend(&addrs, |c| {
+        c.connect_timeout = MS(300);
+        c.retry_interval = Duration::from_secs(30);
+    });
+    let keys: Vec<String> = (0..60).map(|i| format!("k{i}")).collect();
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let writes: Vec<newcache::Write<'_>> = refs
+        .iter()
+        .map(|k| newcache::Write {
+            mode: newcache::StoreMode::Set,
+            key: k,
+            value: k.as_bytes(),
+            flags: 0,
+            exptime: 0,
+        })
+        .collect();
+    assert!(b.store_many(&writes).iter().all(Result::is_ok));
+    let dead: Vec<bool> = refs.iter().map(|k| b.server_of(k) == 1).collect();
+    let on_dead = dead.iter().filter(|d| **d).count();
+    assert!((5..=40).contains(&on_dead), "{on_dead} keys on the victim");
+    servers[1].kill();
+    // first discovery (refused connect), then past the failure limit (marked dead, fail fast)
+    for round in 0..4 {
+        let got = read_all(&b, &refs);
+        let singles: Answers = refs
+            .iter()
+            .map(|k| b.get(k).map(|o| o.map(|i| i.value)))
+            .collect();
+        for (i, (batch, single)) in got.iter().zip(&singles).enumerate() {
+            if dead[i] {
+                assert!(
+                    batch.as_ref().unwrap_err().is_backend(),
+                    "round {round}: {i}"
+                );
+                assert!(single.is_err());
+            } else {
+                assert_eq!(
+                    batch.as_ref().unwrap().as_deref(),
+                    Some(keys[i].as_bytes()),
+                    "round {round}: key {i} of a live server"
+                );
+                assert_eq!(batch.as_ref().unwrap(), single.as_ref().unwrap());
+            }
+        }
+        let found = got.iter().filter(|r| matches!(r, Ok(Some(_)))).count();
+        assert_eq!(found, 60 - on_dead, "round {round}");
+    }
+    for (i, r) in b.store_many(&writes).iter().enumerate() {
+        assert_eq!(r.is_err(), dead[i], "store_many {i}: {r:?}");
+    }
+    for (i, r) in b.delete_many(&refs).iter().enumerate() {
+        match r {
+            Ok(found) => assert!(!dead[i] && *found, "delete_many {i}"),
+            Err(e) => assert!(dead[i] && e.is_backend(), "delete_many {i}: {e}"),
+        }
+    }
+}
+
+/// Under `DeadServerPolicy::Remap`, once the dead server is ejected its keys move to the live
+/// servers: a batch then has no errors at all, and the live servers' keys are unaffected.
+#[test]
+fn remap_batches_move_an_ejected_servers_keys() {
+    let mut servers: Vec<Memcached> = (0..3).map(|_| Memcached::start()).collect();
+    let addrs: Vec<String> = servers.iter().map(Memcached::addr).collect();
+    let b = raw_backend(&addrs, |c| {
+        c.dead_servers = newcache::DeadServerPolicy::Remap;
+        c.failure_limit = 1;
+        c.connect_timeout = MS(300);
+        c.retry_interval = Duration::from_secs(30);
+    });
+    let keys: Vec<String> = (0..60).map(|i| format!("k{i}")).collect();
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    for k in &refs {
+        b.store(newcache::StoreMode::Set, k, k.as_bytes(), 0, 0)
+            .unwrap();
+    }
+    let dead: Vec<bool> = refs.iter().map(|k| b.server_of(k) == 0).collect();
+    servers[0].kill();
+    // the batch that finds the server dead: only its keys fail
+    for (i, r) in read_all(&b, &refs).iter().enumerate() {
+        assert_eq!(r.is_err(), dead[i], "{i}: {r:?}");
+    }
+    // ejected: its keys are now misses on the other servers, the rest unchanged
+    for (i, r) in read_all(&b, &refs).iter().enumerate() {
+        let want = (!dead[i]).then(|| keys[i].as_bytes().to_vec());
+        assert_eq!(r.as_ref().unwrap(), &want, "{i}");
+    }
+}
+
+/// Issue 9 §2: a value over our item limit, written by another client to a server started with a
+/// larger `-I`, is an error for its key only. It used to be read as a protocol error, counted as a
+/// server failure, and eject a healthy server after two reads.
+#[test]
+fn a_foreign_over_limit_value_never_ejects_a_healthy_server() {
+    let server = Memcached::start_with(&["-I", "2m"]);
+    let foreign = memcache::connect(format!("memcache://{}?protocol=ascii", server.addr()))
+        .expect("memcache client connects");
+    let big = vec![b'z'; 1536 * 1024];
+    foreign.set("big", big.as_slice(), 0).unwrap();
+    foreign.set("small", b"s".as_slice(), 0).unwrap();
+    let b = raw_backend(&[server.addr()], |c| {
+        c.failure_limit = 2;
+        c.retry_interval = Duration::from_secs(30);
+        c.pool_size = 1; // every call reuses the one connection: it must stay in step
+    });
+    for _ in 0..5 {
+        let e = b.get("big").unwrap_err();
+        assert!(e.is_too_large(), "{e}");
+        let got = read_all(&b, &["small", "big", "small2"]);
+        assert_eq!(got[0].as_ref().unwrap().as_deref(), Some(&b"s"[..]));
+        assert!(got[1].as_ref().unwrap_err().is_too_large());
+        assert_eq!(got[2].as_ref().unwrap(), &None);
+        assert_eq!(
+            b.get("small").unwrap().map(|i| i.value).as_deref(),
+            Some(&b"s"[..]),
+            "the server is still in use"
+        );
+    }
+    // a complete error reply (CLIENT_ERROR ... non-numeric value) is an answer: never a failure
+    for _ in 0..3 {
+        assert!(b.incr("small", 1).unwrap_err().is_not_a_counter());
+    }
+    assert!(b.version(0).is_ok());
+}
+
+/// A server that swallows SYNs (its accept queue full) holds only the callers of its own keys:
+/// with it blackholed, a healthy server's keys are served from threads that need new connections
+/// (0.1.0 made every connection on a 2-thread connector shared by all servers, which the
+/// blackholed connects filled). A healthy server restarted meanwhile serves again within 1 s.
+#[test]
+fn a_blackholed_server_never_delays_the_others() {
+    // Fill the accept queue of a listener that never accepts: further connects hang.
+    let hole = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let hole_addr = hole.local_addr().unwrap();
+    let mut queued = Vec::new();
+    loop {
+        match std::net::TcpStream::connect_timeout(&hole_addr, MS(100)) {
+            Ok(s) => queued.push(s),
+            Err(_) => break,
+        }
+        assert!(queued.len() < 5000, "the accept queue never filled");
+    }
+    let mut healthy = Memcached::start();
+    let addrs = vec![hole_addr.to_string(), healthy.addr()];
+    let b = raw_backend(&addrs, |c| {
+        c.connect_timeout = MS(300);
+        c.io_timeout = MS(300);
+        c.retry_interval = MS(100);
+        c.failure_limit = u32::MAX; // keep trying the blackholed server
+    });
+    let keys: Vec<String> = (0..200).map(|i| format!("k{i}")).collect();
+    let (holed, fine): (Vec<&String>, Vec<&String>) =
+        keys.iter().partition(|k| b.server_of(k) == 0);
+    assert!(!holed.is_empty() && fine.len() >= 8);
+    let stop = AtomicBool::new(false);
+    let hung = AtomicU64::new(0);
+    /// Stops the hammering threads however the test ends (a failed assertion included), so that
+    /// the scope can join them.
+    struct StopOnDrop<'a>(&'a AtomicBool);
+    impl Drop for StopOnDrop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
+    thread::scope(|s| {
+        let _stop = StopOnDrop(&stop);
+        for t in 0..4 {
+            let (b, stop, hung, holed) = (&b, &stop, &hung, &holed);
+            s.spawn(move || {
+                let mut i = t;
+                while !stop.load(Ordering::Relaxed) {
+                    assert!(b.get(holed[i % holed.len()]).is_err());
+                    hung.fetch_add(1, Ordering::Relaxed);
+                    i += 1;
+                }
+            });
+        }
+        // 8 threads, each needing a new connection to the healthy server, while the blackholed
+        // server's connects are in flight
+        thread::sleep(MS(50));
+        thread::scope(|s2| {
+            for t in 0..8 {
+                let (b, fine) = (&b, &fine);
+                s2.spawn(move || {
+                    for k in fine.iter().skip(t).step_by(8).take(10) {
+                        let w = b.store(newcache::StoreMode::Set, k, k.as_bytes(), 0, 0);
+                        assert!(w.is_ok(), "set {k}: {w:?}");
+                        let r = b.get(k).unwrap().map(|i| i.value);
+                        assert_eq!(r.as_deref(), Some(k.as_bytes()));
+                    }
+                });
+            }
+        });
+        // restart the healthy server under load; it serves again within 1 s
+        healthy.restart();
+        let restarted = Instant::now();
+        let k = fine[0];
+        loop {
+            let ok = b.store(newcache::StoreMode::Set, k, b"again", 0, 0).is_ok()
+                && b.get(k).ok().flatten().map(|i| i.value).as_deref() == Some(&b"again"[..]);
+            if ok {
+                break;
+            }
+            assert!(
+                restarted.elapsed() < Duration::from_secs(1),
+                "the restarted server is not used again"
+            );
+            thread::sleep(MS(10));
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    assert!(hung.load(Ordering::Relaxed) > 0);
+    drop(queued);
 }

@@ -13,6 +13,7 @@ use newcache::{Backend, Cache, CacheBuilder, MemoryBackend, StoreMode};
 /// A memcached process on 127.0.0.1:port, killed when dropped.
 pub struct Memcached {
     pub port: u16,
+    args: Vec<String>,
     child: Option<Child>,
 }
 
@@ -26,11 +27,49 @@ fn free_port() -> u16 {
 impl Memcached {
     /// Starts memcached on a free port and waits until it accepts connections.
     pub fn start() -> Memcached {
-        Memcached::start_on(free_port())
+        Memcached::start_with(&[])
     }
 
-    /// Starts memcached on this port (used to restart a server where it was).
-    pub fn start_on(port: u16) -> Memcached {
+    /// As [`Memcached::start`], with extra memcached arguments (e.g. `["-I", "2m"]`). Another
+    /// test may take the free port between our probe and memcached's bind: then another port is
+    /// tried.
+    pub fn start_with(args: &[&str]) -> Memcached {
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        for _ in 0..5 {
+            if let Some(m) = Memcached::try_start(free_port(), args.clone()) {
+                return m;
+            }
+        }
+        panic!("memcached did not start on any of 5 free ports");
+    }
+
+    /// Kills the server and starts it again, empty, on the same port with the same arguments; the
+    /// process answering on the port afterwards is checked to be the new one (`stats` pid), so a
+    /// port taken meanwhile by another test cannot pass for the restarted server.
+    pub fn restart(&mut self) {
+        self.kill();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            // The old socket may linger a moment; memcached sets SO_REUSEADDR.
+            if let Some(m) = Memcached::try_start(self.port, self.args.clone()) {
+                self.child = m.into_child();
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "memcached could not take port {} again",
+                self.port
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn into_child(mut self) -> Option<Child> {
+        self.child.take()
+    }
+
+    /// Starts memcached on `port`; `None` if it exited (port taken) or someone else answers there.
+    fn try_start(port: u16, args: Vec<String>) -> Option<Memcached> {
         let mut cmd = Command::new("memcached");
         cmd.args([
             "-l",
@@ -44,6 +83,7 @@ impl Memcached {
             "-t",
             "2",
         ]);
+        cmd.args(&args);
         // memcached refuses to run as root without -u.
         if is_root() {
             cmd.args(["-u", "root"]);
@@ -54,17 +94,25 @@ impl Memcached {
             .stderr(Stdio::null())
             .spawn()
             .expect("memcached is installed (see .ci/run) and starts");
+        let mut m = Memcached {
+            port,
+            args,
+            child: Some(child),
+        };
         let deadline = Instant::now() + Duration::from_secs(5);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        loop {
+            if let Some(Ok(Some(_))) = m.child.as_mut().map(Child::try_wait) {
+                m.child = None;
+                return None; // exited: could not bind
+            }
+            if let Some(pid) = server_pid(port) {
+                return (pid == m.pid()).then_some(m);
+            }
             assert!(
                 Instant::now() < deadline,
                 "memcached did not come up on port {port}"
             );
             std::thread::sleep(Duration::from_millis(10));
-        }
-        Memcached {
-            port,
-            child: Some(child),
         }
     }
 
@@ -111,6 +159,25 @@ impl Memcached {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
+        }
+    }
+}
+
+/// The pid the memcached on `port` reports (`stats`), if one answers.
+fn server_pid(port: u16) -> Option<u32> {
+    use std::io::{BufRead, BufReader, Write};
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    s.write_all(b"stats\r\n").ok()?;
+    let mut r = BufReader::new(s);
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if r.read_line(&mut line).ok()? == 0 || line.starts_with("END") {
+            return None;
+        }
+        if let Some(pid) = line.strip_prefix("STAT pid ") {
+            return pid.trim().parse().ok();
         }
     }
 }

@@ -116,7 +116,6 @@ fn build_never_blocks_and_a_dead_server_fails_fast() {
 #[test]
 fn a_restarted_server_is_used_again() {
     let mut server = Memcached::start();
-    let port = server.port;
     let cache = Cache::builder()
         .memcached([server.addr()])
         .read_failures(FailurePolicy::Propagate)
@@ -132,7 +131,7 @@ fn a_restarted_server_is_used_again() {
     });
     server.kill();
     assert!(cache.get::<u8>("k1").is_err());
-    let _server = Memcached::start_on(port);
+    server.restart();
     let deadline = Instant::now() + S(2);
     loop {
         match cache.set("k1", &9u8, S(60)) {
@@ -325,4 +324,100 @@ fn clear_behind_twemproxy_is_a_clear_error() {
         0,
         "not counted as a server failure"
     );
+}
+
+fn backend_on(addrs: &[String], tune: impl FnOnce(&mut MemcachedConfig)) -> MemcachedBackend {
+    let mut config = MemcachedConfig::new(
+        addrs
+            .iter()
+            .map(|a| ServerSpec::parse(a).unwrap())
+            .collect(),
+    );
+    tune(&mut config);
+    MemcachedBackend::new(config).unwrap()
+}
+
+/// Issue 8 §3: memcached answers a too-long key with CLIENT_ERROR without reading the data block,
+/// so the value's bytes ran as commands: this value flushed the server. Bad input is refused with
+/// a typed error and nothing reaches the wire; in a batch, the bad entry fails alone.
+#[test]
+fn a_too_long_key_never_reaches_the_wire() {
+    let server = Memcached::start();
+    let backend = backend_on(&[server.addr()], |_| {});
+    backend
+        .store(StoreMode::Set, "before", b"kept", 0, 0)
+        .unwrap();
+    let long = "k".repeat(262);
+    let evil = b"x\r\nflush_all\r\n";
+    let e = backend
+        .store(StoreMode::Set, &long, evil, 0, 0)
+        .unwrap_err();
+    assert!(e.is_invalid_key(), "{e}");
+    let w = |key: &'static str| newcache::Write {
+        mode: StoreMode::Set,
+        key,
+        value: evil,
+        flags: 0,
+        exptime: 0,
+    };
+    let long: &'static str = Box::leak(long.into_boxed_str());
+    let results = backend.store_many(&[w("a"), w(long), w("b")]);
+    assert_eq!(results[0].as_ref().unwrap(), &StoreOutcome::Stored);
+    assert!(results[1].as_ref().unwrap_err().is_invalid_key());
+    assert_eq!(results[2].as_ref().unwrap(), &StoreOutcome::Stored);
+    assert!(backend.get(long).unwrap_err().is_invalid_key());
+    assert!(backend.delete("a b").unwrap_err().is_invalid_key());
+    let many = backend.get_many(&["a", long, "b"]);
+    assert!(many[1].as_ref().unwrap_err().is_invalid_key());
+    // an exptime memcached would read as negative (signed 32-bit) is refused, not sent
+    let e = backend
+        .store(StoreMode::Set, "c", b"v", 0, i32::MAX as u32 + 1)
+        .unwrap_err();
+    assert!(e.is_config(), "{e}");
+    assert!(backend.touch("before", u32::MAX).unwrap_err().is_config());
+    // nothing was flushed, and the values are exactly what was written
+    let value = |k: &str| backend.get(k).unwrap().map(|i| i.value);
+    assert_eq!(value("before").as_deref(), Some(&b"kept"[..]));
+    assert_eq!(value("a").as_deref(), Some(&evil[..]));
+    assert_eq!(value("b").as_deref(), Some(&evil[..]));
+    assert_eq!(value("c"), None);
+    assert_eq!(
+        many[0].as_ref().unwrap().as_ref().map(|i| &i.value[..]),
+        Some(&evil[..])
+    );
+}
+
+/// A server that trickles its reply (one byte every 100 ms) cannot hold a caller past
+/// `io_timeout`: the timeout bounds the whole operation, not each read.
+#[test]
+fn a_trickling_server_cannot_hold_a_caller_past_io_timeout() {
+    use std::io::{BufRead, BufReader, Write as _};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            std::thread::spawn(move || {
+                let mut line = String::new();
+                let _ = BufReader::new(stream.try_clone().unwrap()).read_line(&mut line);
+                let reply = format!("VALUE k 0 40 1\r\n{}\r\nEND\r\n", "v".repeat(40));
+                for b in reply.bytes() {
+                    if stream.write_all(&[b]).is_err() {
+                        return; // the client gave up
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            });
+        }
+    });
+    let backend = backend_on(&[addr], |c| {
+        c.io_timeout = Duration::from_millis(300);
+        c.connect_timeout = Duration::from_millis(300);
+    });
+    let t = Instant::now();
+    let e = backend.get("k").unwrap_err();
+    let waited = t.elapsed();
+    assert!(e.is_timeout(), "{e}");
+    // the whole reply takes 6.5 s to arrive; the operation ends near 300 ms
+    assert!(waited < Duration::from_millis(1500), "{waited:?}");
 }

@@ -6,13 +6,13 @@ use std::time::Duration;
 use crate::backend::DEFAULT_ITEM_SIZE;
 use crate::error::{Error, Result};
 
-/// Default limit on waiting for a pooled connection, including connecting.
+/// Default limit on getting a connection: waiting for a free pool slot, then connecting.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
-/// Default limit on one socket read or write.
+/// Default limit on one operation's I/O: sending its request and reading its replies.
 pub const DEFAULT_IO_TIMEOUT: Duration = Duration::from_millis(500);
 /// Default connections per server.
 pub const DEFAULT_POOL_SIZE: u32 = 16;
-/// Default consecutive failures after which a server is marked dead.
+/// Default consecutive transport faults after which a server is marked dead.
 pub const DEFAULT_FAILURE_LIMIT: u32 = 2;
 /// Default time a dead server is left alone before one caller probes it.
 pub const DEFAULT_RETRY_INTERVAL: Duration = Duration::from_secs(1);
@@ -91,17 +91,25 @@ impl ServerSpec {
 pub struct MemcachedConfig {
     /// The servers; at least one.
     pub servers: Vec<ServerSpec>,
-    /// How long an operation may wait for a connection (checkout and connect).
+    /// How long an operation may wait for a connection: a free pool slot, then connecting (in the
+    /// calling thread). Above zero.
     pub connect_timeout: Duration,
-    /// How long one socket read or write may take.
+    /// How long an operation may take to send its request and read its replies: one deadline for
+    /// the whole operation, however slowly the server sends (a batch: one deadline for all its
+    /// servers, per round of up to 512 writes or 2048 keys per server). Above zero.
     pub io_timeout: Duration,
     /// Connections per server.
     pub pool_size: u32,
     /// The servers' item size limit (`memcached -I`), 1 MiB by default.
     pub item_size: usize,
-    /// Consecutive failures (connect errors, timeouts, I/O errors) that mark a server dead.
+    /// Consecutive transport faults (refused or timed-out connects, I/O errors, timeouts,
+    /// unparseable replies) that mark a server dead. Error replies (`CLIENT_ERROR`,
+    /// `SERVER_ERROR`), values over `item_size` and waits for a free pooled connection never
+    /// count.
     pub failure_limit: u32,
-    /// How long a dead server is left alone before one caller probes it again.
+    /// How long a dead server is left alone before one caller probes it again; it is used again
+    /// only after a probe succeeds. A server that fails again soon after coming back (flapping)
+    /// waits twice as long each time, up to 32 intervals.
     pub retry_interval: Duration,
     /// Fail fast or remap the keys of a dead server.
     pub dead_servers: DeadServerPolicy,

@@ -1,125 +1,259 @@
-//! One TCP connection to one memcached, and the r2d2 manager that makes them. A connection that
-//! saw an I/O or protocol error is marked broken and r2d2 drops it instead of reusing it.
+//! One TCP connection to one memcached: pipelined exchanges under a per-operation deadline. A
+//! connection that saw an I/O error, a timeout or a reply it could not follow is marked broken
+//! (its pool drops it); a transport fault is also recorded so that only those count toward
+//! marking the server dead.
 
-use std::io::{BufReader, Write as _};
+use std::io::{self, BufReader, Read, Write as _};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::wire;
-use crate::backend::{Item, StoreMode, StoreOutcome, Write};
+use crate::backend::{Item, StoreOutcome, Write};
 use crate::error::{Error, ErrorKind, Result};
 
 /// Commands written before their replies are read, in a pipelined batch. Bounds what both sides
 /// must buffer (memcached stops reading while it cannot write its replies).
 pub(crate) const PIPELINE_CHUNK: usize = 512;
 /// Keys per `gets` line (bounds the line memcached and proxies must buffer).
-const KEYS_PER_LINE: usize = 100;
+pub(crate) const KEYS_PER_LINE: usize = 100;
 /// Keys per pipelined write of `gets` lines.
-const GETS_PER_WRITE: usize = 2048;
+pub(crate) const GETS_PER_WRITE: usize = 2048;
+
+/// A socket whose every read and write ends by one deadline: before each syscall the socket
+/// timeout is set to the time left, so a server that trickles bytes cannot stretch an operation
+/// past `io_timeout` one syscall at a time.
+#[derive(Debug)]
+pub(crate) struct DeadlineStream {
+    stream: TcpStream,
+    deadline: Instant,
+    /// The socket's current read and write timeouts (a `setsockopt` only when they must change).
+    armed: [Duration; 2],
+}
+
+/// How far a syscall may end past the deadline before its timeout is set again (saves a
+/// `setsockopt` on nearly every call; far below any timeout a caller would configure).
+const SLACK: Duration = Duration::from_millis(2);
+
+impl DeadlineStream {
+    fn new(stream: TcpStream, io_timeout: Duration) -> io::Result<DeadlineStream> {
+        stream.set_read_timeout(Some(io_timeout))?;
+        stream.set_write_timeout(Some(io_timeout))?;
+        Ok(DeadlineStream {
+            stream,
+            deadline: Instant::now() + io_timeout,
+            armed: [io_timeout; 2],
+        })
+    }
+
+    /// Runs one syscall (`write` = index 1) with the socket timeout at most the time left;
+    /// retries a timeout that fired early (a timeout set for an earlier, shorter remainder).
+    fn call<T>(
+        &mut self,
+        dir: usize,
+        mut op: impl FnMut(&mut TcpStream) -> io::Result<T>,
+    ) -> io::Result<T> {
+        loop {
+            let left = self.deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "io_timeout reached",
+                ));
+            }
+            if self.armed[dir] > left + SLACK || self.armed[dir] + SLACK < left {
+                if dir == 0 {
+                    self.stream.set_read_timeout(Some(left))?;
+                } else {
+                    self.stream.set_write_timeout(Some(left))?;
+                }
+                self.armed[dir] = left;
+            }
+            match op(&mut self.stream) {
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    if Instant::now() >= self.deadline {
+                        return Err(io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            "io_timeout reached",
+                        ));
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                other => return other,
+            }
+        }
+    }
+}
+
+impl Read for DeadlineStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.call(0, |s| s.read(buf))
+    }
+}
+
+impl io::Write for DeadlineStream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.call(1, |s| s.write(buf))
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The reader a reply decoder gets.
+pub(crate) type Reader = BufReader<DeadlineStream>;
 
 /// A connection to one server.
 #[derive(Debug)]
 pub(crate) struct Conn {
-    stream: BufReader<TcpStream>,
+    stream: Reader,
     out: Vec<u8>,
-    broken: bool,
+    io_timeout: Duration,
+    /// Out of step with the server: never reused.
+    pub(crate) broken: bool,
+    /// Saw a transport fault (I/O error, timeout, closed, unparseable reply): counts toward
+    /// marking the server dead. A complete error reply (`CLIENT_ERROR`, ...) does not.
+    pub(crate) fault: bool,
+    /// Read a complete reply (a value or an error reply) since this was last reset: the server
+    /// answered.
+    pub(crate) answered: bool,
+    /// When it was last returned to its pool (idle connections expire).
+    pub(crate) idle_since: Instant,
 }
 
 impl Conn {
-    fn connect(
-        addrs: &[SocketAddr],
+    /// Resolves `addr` (on every connect, so a server that moved is found again) and connects
+    /// within `connect_timeout`.
+    pub(crate) fn connect(
+        addr: &str,
         connect_timeout: Duration,
         io_timeout: Duration,
     ) -> Result<Conn> {
+        let addrs: Vec<SocketAddr> = addr
+            .to_socket_addrs()
+            .map_err(|e| {
+                Error::with_source(ErrorKind::Backend, format!("cannot resolve {addr}"), e)
+            })?
+            .collect();
+        let started = Instant::now();
         let mut last = None;
-        for addr in addrs {
-            match TcpStream::connect_timeout(addr, connect_timeout) {
+        for a in &addrs {
+            let left = connect_timeout.saturating_sub(started.elapsed());
+            if left.is_zero() {
+                break;
+            }
+            match TcpStream::connect_timeout(a, left) {
                 Ok(s) => {
                     s.set_nodelay(true)?;
-                    s.set_read_timeout(Some(io_timeout))?;
-                    s.set_write_timeout(Some(io_timeout))?;
                     return Ok(Conn {
-                        stream: BufReader::with_capacity(16 * 1024, s),
+                        stream: BufReader::with_capacity(
+                            16 * 1024,
+                            DeadlineStream::new(s, io_timeout)?,
+                        ),
                         out: Vec::with_capacity(4096),
+                        io_timeout,
                         broken: false,
+                        fault: false,
+                        answered: false,
+                        idle_since: Instant::now(),
                     });
                 }
                 Err(e) => last = Some(e),
             }
         }
         Err(last.map_or_else(
-            || Error::backend("the address resolved to nothing"),
+            || {
+                Error::new(
+                    ErrorKind::Timeout,
+                    format!("could not connect to {addr} in time"),
+                )
+            },
             Error::from,
         ))
     }
 
-    /// Runs one exchange: `encode` fills the outgoing buffer, which is sent in one write, then
-    /// `decode` reads the replies. Any error that may leave unread reply bytes breaks the connection.
-    fn exchange<T>(
-        &mut self,
-        encode: impl FnOnce(&mut Vec<u8>),
-        decode: impl FnOnce(&mut BufReader<TcpStream>) -> Result<T>,
-    ) -> Result<T> {
+    /// Sets the deadline of the next reads and writes.
+    pub(crate) fn set_deadline(&mut self, deadline: Instant) {
+        self.stream.get_mut().deadline = deadline;
+    }
+
+    /// Records an error of an exchange: anything that may leave unread reply bytes breaks the
+    /// connection; anything but a complete error reply is a transport fault.
+    pub(crate) fn note(&mut self, e: &Error) {
+        if !wire::leaves_connection_usable(e) {
+            self.broken = true;
+        }
+        if !wire::is_server_reply(e) {
+            self.fault = true;
+        }
+    }
+
+    /// Encodes with `encode` and writes the request in one write. An encoder error (bad input)
+    /// is returned before anything is sent and leaves the connection as it was.
+    pub(crate) fn send(&mut self, encode: impl FnOnce(&mut Vec<u8>) -> Result<()>) -> Result<()> {
         self.out.clear();
-        encode(&mut self.out);
-        let result = self
+        encode(&mut self.out)?;
+        let r = self
             .stream
             .get_mut()
             .write_all(&self.out)
-            .map_err(Error::from)
-            .and_then(|()| decode(&mut self.stream));
-        if let Err(e) = &result {
-            if !wire::leaves_connection_usable(e) {
-                self.broken = true;
-            }
+            .map_err(Error::from);
+        if let Err(e) = &r {
+            self.note(e);
         }
         // Do not keep a multi-megabyte buffer around after a large write.
         if self.out.capacity() > 1 << 20 {
             self.out = Vec::with_capacity(4096);
         }
-        result
+        r
     }
 
-    /// Reads `keys` (one entry per key, by position).
-    pub(crate) fn gets(&mut self, keys: &[&str], max_value: usize) -> Result<Vec<Option<Item>>> {
-        let mut out = vec![None; keys.len()];
-        for (chunk, out) in keys
-            .chunks(GETS_PER_WRITE)
-            .zip(out.chunks_mut(GETS_PER_WRITE))
-        {
-            // Several `gets` lines pipelined in one write: one round trip, bounded lines.
-            self.exchange(
-                |b| {
-                    chunk
-                        .chunks(KEYS_PER_LINE)
-                        .for_each(|l| wire::encode_gets(b, l))
-                },
-                |r| {
-                    for (keys, out) in chunk
-                        .chunks(KEYS_PER_LINE)
-                        .zip(out.chunks_mut(KEYS_PER_LINE))
-                    {
-                        wire::read_values(r, max_value, keys, out)?;
-                    }
-                    Ok(())
-                },
-            )?;
+    /// Reads replies with `decode`.
+    pub(crate) fn recv<T>(&mut self, decode: impl FnOnce(&mut Reader) -> Result<T>) -> Result<T> {
+        let r = decode(&mut self.stream);
+        match &r {
+            Ok(_) => self.answered = true,
+            Err(e) => {
+                self.note(e);
+                self.answered |= !self.fault;
+            }
         }
-        Ok(out)
+        r
     }
 
-    pub(crate) fn store(
+    /// One exchange under a fresh `io_timeout` deadline: send, then read the replies.
+    fn exchange<T>(
         &mut self,
-        mode: StoreMode,
-        key: &str,
-        value: &[u8],
-        flags: u32,
-        exptime: u32,
-    ) -> Result<StoreOutcome> {
+        encode: impl FnOnce(&mut Vec<u8>) -> Result<()>,
+        decode: impl FnOnce(&mut Reader) -> Result<T>,
+    ) -> Result<T> {
+        self.set_deadline(Instant::now() + self.io_timeout);
+        self.send(encode)?;
+        self.recv(decode)
+    }
+
+    /// Reads one key.
+    pub(crate) fn get(&mut self, key: &str, item_size: usize) -> Result<Option<Item>> {
+        let mut out = [Ok(None)];
         self.exchange(
-            |b| wire::encode_store(b, mode, key, value, flags, exptime),
-            wire::read_store,
-        )
+            |b| wire::encode_gets(b, &[key]),
+            |r| wire::read_slots(r, item_size, &[key], &mut out),
+        )?;
+        let [item] = out;
+        item
+    }
+
+    /// Deletes one key: `true` if it existed.
+    pub(crate) fn delete(&mut self, key: &str) -> Result<bool> {
+        self.exchange(|b| wire::encode_delete(b, key), wire::read_delete)
+    }
+
+    pub(crate) fn store(&mut self, w: &Write<'_>, max_value: usize) -> Result<StoreOutcome> {
+        self.exchange(|b| wire::encode_store(b, w, max_value), wire::read_store)
     }
 
     /// A write followed by a read of the same key, pipelined in one round trip.
@@ -127,12 +261,13 @@ impl Conn {
         &mut self,
         w: &Write<'_>,
         max_value: usize,
+        item_size: usize,
     ) -> Result<(StoreOutcome, Option<Item>)> {
-        let mut out = [None];
+        let mut out = [Ok(None)];
         let outcome = self.exchange(
             |b| {
-                wire::encode_store(b, w.mode, w.key, w.value, w.flags, w.exptime);
-                wire::encode_gets(b, &[w.key]);
+                wire::encode_store(b, w, max_value)?;
+                wire::encode_gets(b, &[w.key])
             },
             |r| {
                 // An error reply that leaves the connection in step still has the read's reply
@@ -141,59 +276,12 @@ impl Conn {
                     Err(e) if !wire::leaves_connection_usable(&e) => return Err(e),
                     other => other,
                 };
-                wire::read_values(r, max_value, &[w.key], &mut out)?;
+                wire::read_slots(r, item_size, &[w.key], &mut out)?;
                 stored
             },
         )?;
         let [item] = out;
-        Ok((outcome, item))
-    }
-
-    /// Pipelined writes, one result each: an error reply that leaves the connection in step
-    /// (`SERVER_ERROR object too large`, ...) fails only its own write. A transport error fails
-    /// the whole call (the connection is out of step).
-    pub(crate) fn store_many(&mut self, writes: &[Write<'_>]) -> Result<Vec<Result<StoreOutcome>>> {
-        let mut outcomes = Vec::with_capacity(writes.len());
-        for chunk in writes.chunks(PIPELINE_CHUNK) {
-            self.exchange(
-                |b| {
-                    for w in chunk {
-                        wire::encode_store(b, w.mode, w.key, w.value, w.flags, w.exptime);
-                    }
-                },
-                |r| {
-                    for _ in chunk {
-                        match wire::read_store(r) {
-                            Err(e) if !wire::leaves_connection_usable(&e) => return Err(e),
-                            other => outcomes.push(other),
-                        }
-                    }
-                    Ok(())
-                },
-            )?;
-        }
-        Ok(outcomes)
-    }
-
-    pub(crate) fn delete(&mut self, key: &str) -> Result<bool> {
-        self.exchange(|b| wire::encode_delete(b, key), wire::read_delete)
-    }
-
-    /// Pipelined deletes; one answer per key (`true` = it existed).
-    pub(crate) fn delete_many(&mut self, keys: &[&str]) -> Result<Vec<bool>> {
-        let mut out = Vec::with_capacity(keys.len());
-        for chunk in keys.chunks(PIPELINE_CHUNK) {
-            self.exchange(
-                |b| chunk.iter().for_each(|k| wire::encode_delete(b, k)),
-                |r| {
-                    for _ in chunk {
-                        out.push(wire::read_delete(r)?);
-                    }
-                    Ok(())
-                },
-            )?;
-        }
-        Ok(out)
+        Ok((outcome, item?))
     }
 
     /// `touch key exptime`: `true` if the key existed.
@@ -209,60 +297,37 @@ impl Conn {
     }
 
     pub(crate) fn flush_all(&mut self) -> Result<()> {
-        self.exchange(|b| b.extend_from_slice(b"flush_all\r\n"), wire::read_ok)
-            .map_err(|e| {
-                if wire::is_closed(&e) {
-                    // twemproxy answers flush_all by closing the connection.
-                    Error::with_source(
-                        ErrorKind::Unsupported,
-                        "the server closed the connection on flush_all \
-                         (a proxy such as twemproxy does not support it)",
-                        e,
-                    )
-                } else {
-                    e
-                }
-            })
+        self.exchange(
+            |b| {
+                b.extend_from_slice(b"flush_all\r\n");
+                Ok(())
+            },
+            wire::read_ok,
+        )
+        .map_err(|e| {
+            if wire::is_closed(&e) {
+                // An answer of sorts: the proxy is alive, and not at fault.
+                self.fault = false;
+                // twemproxy answers flush_all by closing the connection.
+                Error::with_source(
+                    ErrorKind::Unsupported,
+                    "the server closed the connection on flush_all \
+                     (a proxy such as twemproxy does not support it)",
+                    e,
+                )
+            } else {
+                e
+            }
+        })
     }
 
     pub(crate) fn version(&mut self) -> Result<String> {
-        self.exchange(|b| b.extend_from_slice(b"version\r\n"), wire::read_version)
-    }
-}
-
-/// Makes connections to one server for its r2d2 pool.
-#[derive(Debug)]
-pub(crate) struct Manager {
-    pub(crate) addr: String,
-    pub(crate) connect_timeout: Duration,
-    pub(crate) io_timeout: Duration,
-}
-
-impl r2d2::ManageConnection for Manager {
-    type Connection = Conn;
-    type Error = Error;
-
-    fn connect(&self) -> Result<Conn> {
-        // Resolved on every connect, so a server that moved (DNS) is found again.
-        let addrs: Vec<SocketAddr> = self
-            .addr
-            .to_socket_addrs()
-            .map_err(|e| {
-                Error::with_source(
-                    ErrorKind::Backend,
-                    format!("cannot resolve {}", self.addr),
-                    e,
-                )
-            })?
-            .collect();
-        Conn::connect(&addrs, self.connect_timeout, self.io_timeout)
-    }
-
-    fn is_valid(&self, conn: &mut Conn) -> Result<()> {
-        conn.version().map(|_| ())
-    }
-
-    fn has_broken(&self, conn: &mut Conn) -> bool {
-        conn.broken
+        self.exchange(
+            |b| {
+                b.extend_from_slice(b"version\r\n");
+                Ok(())
+            },
+            wire::read_version,
+        )
     }
 }

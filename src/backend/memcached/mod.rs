@@ -1,5 +1,5 @@
-//! The memcached backend: one r2d2 pool per server, keys placed by ketama, batches split by server
-//! and sent to the servers concurrently, one pipelined round trip each.
+//! The memcached backend: one connection pool per server, keys placed by ketama, batches split by
+//! server: every server's request is written, then every reply read, in the calling thread.
 
 mod config;
 mod conn;
@@ -15,29 +15,27 @@ pub use self::config::{
 };
 
 use std::fmt;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::RwLock;
-
-use scheduled_thread_pool::ScheduledThreadPool;
-
-use self::conn::{Conn, Manager};
-use self::health::{Gate, Health};
+use self::conn::{Conn, GETS_PER_WRITE, KEYS_PER_LINE, PIPELINE_CHUNK, Reader};
+use self::health::Gate;
 use self::routing::Routing;
-use self::server::Server;
+use self::server::{CheckoutError, Pooled, Server};
 use super::{Backend, Item, StoreMode, StoreOutcome, Write, max_value_size};
 use crate::error::{Error, ErrorKind, Result};
 
 /// memcached over its text protocol (which proxies such as twemproxy and mcrouter also speak).
 ///
-/// `build()` never connects: connections are made on first use, in the background, and an
-/// operation waits at most `connect_timeout` for one, so an unreachable server costs a bounded
-/// wait and an error, never a hang. A restarted server is used again as soon as it answers.
+/// `build()` never connects: connections are made on first use, in the calling thread, and an
+/// operation waits at most `connect_timeout` for one and at most `io_timeout` for its replies
+/// (one deadline for the whole operation, however slowly the server sends), so an unreachable or
+/// hung server costs a bounded wait and an error, never a hang, and never delays the callers of
+/// other servers. A restarted server is used again as soon as a probe finds it answering.
 pub struct MemcachedBackend {
     servers: Vec<Server>,
     routing: Routing,
     item_size: usize,
+    io_timeout: Duration,
     failure_limit: u32,
     retry_interval: Duration,
     started: Instant,
@@ -52,8 +50,35 @@ impl fmt::Debug for MemcachedBackend {
     }
 }
 
+/// Why [`MemcachedBackend::open`] gave no connection.
+struct Refused {
+    /// The caller had passed the health gate as the probe of a dead server.
+    probe: bool,
+    /// Connecting failed (a transport fault); otherwise the server was skipped as dead or the
+    /// pool stayed busy, which say nothing new about it.
+    connect_fault: bool,
+    error: Error,
+}
+
+/// One server's part of a batch: its positions in the caller's list, its connection, and the
+/// error that ended it (its remaining positions get that error).
+struct Leg<'a> {
+    server: usize,
+    positions: Vec<usize>,
+    probe: bool,
+    conn: Option<Pooled<'a>>,
+    connect_fault: bool,
+    error: Option<Error>,
+}
+
 impl MemcachedBackend {
     /// Sets up the pools (without connecting).
+    ///
+    /// # Errors
+    ///
+    /// A configuration error (`is_config()`) for an empty server list, a zero `pool_size`, a zero
+    /// `connect_timeout` (no connection could ever be made) or a zero `io_timeout` (no reply could
+    /// ever be read).
     pub fn new(config: MemcachedConfig) -> Result<MemcachedBackend> {
         if config.servers.is_empty() {
             return Err(Error::config("the memcached server list is empty"));
@@ -61,50 +86,29 @@ impl MemcachedBackend {
         if config.pool_size == 0 {
             return Err(Error::config("pool_size must be at least 1"));
         }
-        let connector = Arc::new(
-            ScheduledThreadPool::builder()
-                .num_threads(2)
-                .thread_name_pattern("newcache-connect-{}")
-                .build(),
-        );
+        if config.connect_timeout.is_zero() {
+            return Err(Error::config("connect_timeout must be above zero"));
+        }
+        if config.io_timeout.is_zero() {
+            return Err(Error::config("io_timeout must be above zero"));
+        }
         let servers = config
             .servers
             .iter()
             .map(|spec| {
-                let addr = spec.addr();
-                let (connect_timeout, io_timeout) = (config.connect_timeout, config.io_timeout);
-                let (pool_size, connector) = (config.pool_size, connector.clone());
-                let pool_addr = addr.clone();
-                let make_pool = move || {
-                    let manager = Manager {
-                        addr: pool_addr.clone(),
-                        connect_timeout,
-                        io_timeout,
-                    };
-                    r2d2::Pool::builder()
-                        .max_size(pool_size)
-                        .min_idle(Some(0))
-                        // r2d2 defaults to a `version` round trip on every checkout, which doubles
-                        // the cost of a get. Broken connections are caught by `has_broken` instead.
-                        .test_on_check_out(false)
-                        .connection_timeout(connect_timeout)
-                        .idle_timeout(Some(Duration::from_secs(300)))
-                        .error_handler(Box::new(r2d2::NopErrorHandler))
-                        .thread_pool(connector.clone())
-                        .build_unchecked(manager)
-                };
-                Server {
-                    addr,
-                    pool: RwLock::new(make_pool()),
-                    make_pool: Box::new(make_pool),
-                    health: Health::default(),
-                }
+                Server::new(
+                    spec.addr(),
+                    config.connect_timeout,
+                    config.io_timeout,
+                    config.pool_size as usize,
+                )
             })
             .collect();
         Ok(MemcachedBackend {
             servers,
             routing: Routing::new(&config.servers, config.dead_servers),
             item_size: config.item_size,
+            io_timeout: config.io_timeout,
             failure_limit: config.failure_limit.max(1),
             retry_interval: config.retry_interval,
             started: Instant::now(),
@@ -124,47 +128,88 @@ impl MemcachedBackend {
         self.routing.route(key, self.routable())
     }
 
-    fn by_server<'k>(&self, keys: impl Iterator<Item = &'k str>) -> Vec<(usize, Vec<usize>)> {
-        self.routing.by_server(keys, self.routable())
+    /// Passes server `i`'s health gate and checks out a connection: `Ok((probe, conn))`, where
+    /// `probe` says this caller is probing a dead server.
+    fn open(&self, i: usize) -> std::result::Result<(bool, Pooled<'_>), Refused> {
+        let server = &self.servers[i];
+        let probe = match server.health.gate(self.now_ms(), self.retry_interval) {
+            Gate::FailFast => {
+                return Err(Refused {
+                    probe: false,
+                    connect_fault: false,
+                    error: Error::new(
+                        ErrorKind::Backend,
+                        format!(
+                            "memcached at {} is marked dead (probed again later)",
+                            server.addr
+                        ),
+                    ),
+                });
+            }
+            Gate::Probe => true,
+            Gate::Go => false,
+        };
+        match server.checkout() {
+            Ok(conn) => Ok((probe, conn)),
+            // A local wait: says nothing about the server.
+            Err(CheckoutError::PoolBusy(error)) => Err(Refused {
+                probe,
+                connect_fault: false,
+                error,
+            }),
+            Err(CheckoutError::Connect(error)) => Err(Refused {
+                probe,
+                connect_fault: true,
+                error,
+            }),
+        }
+    }
+
+    /// Records what an operation on server `i` learned: a transport fault counts toward marking
+    /// it dead; an answer resets the count (and, from a probe, brings it back); anything else
+    /// (bad input refused before sending, a busy pool) says nothing.
+    fn record(&self, i: usize, probe: bool, fault: Option<&Error>, answered: bool) {
+        let server = &self.servers[i];
+        let now = self.now_ms();
+        if let Some(e) = fault {
+            if server
+                .health
+                .failure(now, self.failure_limit, self.retry_interval, probe)
+            {
+                server.reset();
+                tracing::warn!(
+                    server = %server.addr,
+                    error = %e,
+                    "newcache: memcached server marked dead after {} consecutive failures; \
+                     probing it again after {:?} (doubling while probes fail)",
+                    self.failure_limit,
+                    self.retry_interval
+                );
+            }
+        } else if answered && server.health.success(now, probe) {
+            tracing::warn!(server = %server.addr, "newcache: memcached server is back");
+        }
     }
 
     /// Runs `op` on server `i`, through its health gate, recording the outcome.
     fn run<T>(&self, i: usize, op: impl FnOnce(&mut Conn) -> Result<T>) -> Result<T> {
         let server = &self.servers[i];
-        if server.health.gate(self.now_ms(), self.retry_interval) == Gate::FailFast {
-            return Err(Error::new(
-                ErrorKind::Backend,
-                format!(
-                    "memcached at {} is marked dead (probed again every {:?})",
-                    server.addr, self.retry_interval
-                ),
-            ));
-        }
-        let r = server.with_conn(op);
+        let (probe, mut conn) = match self.open(i) {
+            Ok(x) => x,
+            Err(r) => {
+                self.record(i, r.probe, r.connect_fault.then_some(&r.error), false);
+                return Err(r.error);
+            }
+        };
+        conn.answered = false;
+        let r = op(&mut conn);
+        let (fault, answered) = (conn.fault, conn.answered);
+        drop(conn);
         match &r {
-            Err(e) if e.is_backend() => {
-                if server
-                    .health
-                    .failure(self.now_ms(), self.failure_limit, self.retry_interval)
-                {
-                    *server.pool.write() = (server.make_pool)();
-                    tracing::warn!(
-                        server = %server.addr,
-                        error = %e,
-                        "newcache: memcached server marked dead after {} consecutive failures; \
-                         probing it every {:?}",
-                        self.failure_limit,
-                        self.retry_interval
-                    );
-                }
-            }
-            _ => {
-                if server.health.success() {
-                    tracing::warn!(server = %server.addr, "newcache: memcached server is back");
-                }
-            }
+            Err(e) if fault => self.record(i, probe, Some(e), false),
+            _ => self.record(i, probe, None, answered),
         }
-        r
+        r.map_err(|e| server.annotate(e))
     }
 
     /// Runs `op` on the server that holds `key`.
@@ -172,31 +217,106 @@ impl MemcachedBackend {
         self.run(self.server_index(key), op)
     }
 
-    /// Runs `op` once per server group, concurrently when there are several; results in group order.
-    fn fan_out<T: Send>(
+    /// A batch over `n` entries: entries that fail `check` are answered with that error and never
+    /// sent; the others are grouped by the server of `key(i)`. One connection per server is
+    /// checked out, then each server's request is written (in chunks of `chunk` entries), then
+    /// each server's replies read, under one `io_timeout` deadline per round of chunks (a batch of
+    /// up to `chunk` entries per server is one round). `decode` fills `out` for the positions it
+    /// is given; an error it returns ends that server's part: its remaining entries get the error,
+    /// the other servers' entries are unaffected.
+    fn batch<'k, T>(
         &self,
-        groups: &[(usize, Vec<usize>)],
-        op: impl Fn(usize, &[usize]) -> Result<T> + Sync,
+        n: usize,
+        check: impl Fn(usize) -> Result<()>,
+        key: impl Fn(usize) -> &'k str,
+        chunk: usize,
+        encode: impl Fn(&[usize], &mut Vec<u8>) -> Result<()>,
+        decode: impl Fn(&mut Reader, &[usize], &mut [Option<Result<T>>]) -> Result<()>,
     ) -> Vec<Result<T>> {
-        match groups {
-            [] => Vec::new(),
-            [(s, positions)] => vec![op(*s, positions)],
-            [(s0, p0), rest @ ..] => std::thread::scope(|scope| {
-                let handles: Vec<_> = rest
-                    .iter()
-                    .map(|(s, p)| {
-                        let op = &op;
-                        scope.spawn(move || op(*s, p))
-                    })
-                    .collect();
-                let mut out = vec![op(*s0, p0)];
-                out.extend(handles.into_iter().map(|h| {
-                    h.join()
-                        .unwrap_or_else(|_| Err(Error::backend("a batch worker thread panicked")))
-                }));
-                out
-            }),
+        let mut out: Vec<Option<Result<T>>> = (0..n).map(|i| check(i).err().map(Err)).collect();
+        let sendable: Vec<usize> = (0..n).filter(|&i| out[i].is_none()).collect();
+        let groups = self
+            .routing
+            .by_server(sendable.iter().map(|&i| key(i)), self.routable());
+        let mut groups = groups;
+        // Connections are checked out in server order: two batches waiting on each other's full
+        // pools cannot form a cycle.
+        groups.sort_unstable_by_key(|(server, _)| *server);
+        let mut legs: Vec<Leg<'_>> = groups
+            .into_iter()
+            .map(|(server, ps)| Leg {
+                server,
+                positions: ps.into_iter().map(|p| sendable[p]).collect(),
+                probe: false,
+                conn: None,
+                connect_fault: false,
+                error: None,
+            })
+            .collect();
+        for leg in &mut legs {
+            match self.open(leg.server) {
+                Ok((probe, mut conn)) => {
+                    conn.answered = false;
+                    leg.probe = probe;
+                    leg.conn = Some(conn);
+                }
+                Err(r) => {
+                    leg.probe = r.probe;
+                    leg.connect_fault = r.connect_fault;
+                    leg.error = Some(r.error);
+                }
+            }
         }
+        let rounds = legs
+            .iter()
+            .map(|l| l.positions.len().div_ceil(chunk))
+            .max()
+            .unwrap_or(0);
+        for round in 0..rounds {
+            let deadline = Instant::now() + self.io_timeout;
+            let mut sent = vec![false; legs.len()];
+            for (leg, sent) in legs.iter_mut().zip(&mut sent) {
+                let Some(part) = leg.positions.chunks(chunk).nth(round) else {
+                    continue;
+                };
+                if let (Some(conn), None) = (&mut leg.conn, &leg.error) {
+                    conn.set_deadline(deadline);
+                    match conn.send(|b| encode(part, b)) {
+                        Ok(()) => *sent = true,
+                        Err(e) => leg.error = Some(e),
+                    }
+                }
+            }
+            for (leg, _) in legs.iter_mut().zip(&sent).filter(|(_, s)| **s) {
+                let part = leg.positions.chunks(chunk).nth(round).unwrap_or(&[]);
+                let conn = leg.conn.as_mut().expect("a leg that sent has a connection");
+                if let Err(e) = conn.recv(|r| decode(r, part, &mut out)) {
+                    leg.error = Some(e);
+                }
+            }
+        }
+        for leg in legs {
+            let (fault, answered) = match &leg.conn {
+                Some(c) => (c.fault, c.answered),
+                None => (leg.connect_fault, false),
+            };
+            drop(leg.conn);
+            self.record(
+                leg.server,
+                leg.probe,
+                leg.error.as_ref().filter(|_| fault),
+                answered,
+            );
+            if let Some(e) = leg.error {
+                let e = self.servers[leg.server].annotate(e);
+                for &p in &leg.positions {
+                    out[p].get_or_insert_with(|| Err(e.clone()));
+                }
+            }
+        }
+        out.into_iter()
+            .map(|o| o.unwrap_or_else(|| Err(Error::backend("no reply for this entry"))))
+            .collect()
     }
 
     /// Which configured server (index into the server list) holds a derived key when every
@@ -217,35 +337,37 @@ impl MemcachedBackend {
 
 impl Backend for MemcachedBackend {
     fn get(&self, key: &str) -> Result<Option<Item>> {
+        wire::check_key(key)?;
         let max = self.item_size;
-        Ok(self.on_key(key, |c| c.gets(&[key], max))?.pop().flatten())
+        self.on_key(key, |c| c.get(key, max))
     }
 
     fn get_many(&self, keys: &[&str]) -> Vec<Result<Option<Item>>> {
         let max = self.item_size;
-        if self.servers.len() == 1 {
-            return match self.run(0, |c| c.gets(keys, max)) {
-                Ok(items) => items.into_iter().map(Ok).collect(),
-                Err(e) => vec![Err(e); keys.len()],
-            };
-        }
-        let groups = self.by_server(keys.iter().copied());
-        let mut out: Vec<Result<Option<Item>>> = (0..keys.len()).map(|_| Ok(None)).collect();
-        let results = self.fan_out(&groups, |server, positions| {
-            let ks: Vec<&str> = positions.iter().map(|&i| keys[i]).collect();
-            self.run(server, |c| c.gets(&ks, max))
-        });
-        for ((_, positions), r) in groups.iter().zip(results) {
-            match r {
-                Ok(items) => {
-                    for (&i, item) in positions.iter().zip(items) {
-                        out[i] = Ok(item);
+        self.batch(
+            keys.len(),
+            |i| wire::check_key(keys[i]),
+            |i| keys[i],
+            GETS_PER_WRITE,
+            |part, b| {
+                // Several `gets` lines pipelined in one write: one round trip, bounded lines.
+                part.chunks(KEYS_PER_LINE).try_for_each(|line| {
+                    let ks: Vec<&str> = line.iter().map(|&i| keys[i]).collect();
+                    wire::encode_gets(b, &ks)
+                })
+            },
+            |r, part, out| {
+                for line in part.chunks(KEYS_PER_LINE) {
+                    let ks: Vec<&str> = line.iter().map(|&i| keys[i]).collect();
+                    let mut slots: Vec<wire::Slot> = line.iter().map(|_| Ok(None)).collect();
+                    wire::read_slots(r, max, &ks, &mut slots)?;
+                    for (&i, s) in line.iter().zip(slots) {
+                        out[i] = Some(s);
                     }
                 }
-                Err(e) => positions.iter().for_each(|&i| out[i] = Err(e.clone())),
-            }
-        }
-        out
+                Ok(())
+            },
+        )
     }
 
     fn store(
@@ -256,98 +378,93 @@ impl Backend for MemcachedBackend {
         flags: u32,
         exptime: u32,
     ) -> Result<StoreOutcome> {
+        let w = Write {
+            mode,
+            key,
+            value,
+            flags,
+            exptime,
+        };
+        self.check_write(&w)?;
         let max = self.max_value_size(key);
-        if value.len() > max {
-            return Err(super::memory::too_large(value.len(), max));
-        }
-        self.on_key(key, |c| c.store(mode, key, value, flags, exptime))
+        self.on_key(key, |c| c.store(&w, max))
     }
 
     fn store_then_get(&self, w: Write<'_>) -> Result<(StoreOutcome, Option<Item>)> {
-        let max = self.max_value_size(w.key);
-        if w.value.len() > max {
-            return Err(super::memory::too_large(w.value.len(), max));
-        }
-        let item_max = self.item_size;
-        self.on_key(w.key, |c| c.store_then_get(&w, item_max))
+        self.check_write(&w)?;
+        let (max, item_size) = (self.max_value_size(w.key), self.item_size);
+        self.on_key(w.key, |c| c.store_then_get(&w, max, item_size))
     }
 
+    /// Pipelined writes, one result each: an invalid write (key, exptime, size) fails alone and
+    /// nothing of it is sent; an error reply that leaves the connection in step (`SERVER_ERROR
+    /// object too large`, ...) fails only its own write; a transport error fails the rest of its
+    /// server's writes.
     fn store_many(&self, writes: &[Write<'_>]) -> Vec<Result<StoreOutcome>> {
-        let mut out: Vec<Result<StoreOutcome>> = writes
-            .iter()
-            .map(|w| {
-                let max = self.max_value_size(w.key);
-                if w.value.len() > max {
-                    Err(super::memory::too_large(w.value.len(), max))
-                } else {
-                    Ok(StoreOutcome::NotStored)
-                }
-            })
-            .collect();
-        let sendable: Vec<usize> = (0..writes.len()).filter(|&i| out[i].is_ok()).collect();
-        let groups = self.by_server(sendable.iter().map(|&i| writes[i].key));
-        let results = self.fan_out(&groups, |server, positions| {
-            let batch: Vec<Write<'_>> = positions.iter().map(|&p| writes[sendable[p]]).collect();
-            self.run(server, |c| c.store_many(&batch))
-        });
-        for ((_, positions), r) in groups.iter().zip(results) {
-            match r {
-                Ok(outcomes) => {
-                    for (&p, o) in positions.iter().zip(outcomes) {
-                        out[sendable[p]] = o;
+        self.batch(
+            writes.len(),
+            |i| self.check_write(&writes[i]),
+            |i| writes[i].key,
+            PIPELINE_CHUNK,
+            |part, b| {
+                part.iter().try_for_each(|&i| {
+                    wire::encode_store(b, &writes[i], self.max_value_size(writes[i].key))
+                })
+            },
+            |r, part, out| {
+                for &i in part {
+                    match wire::read_store(r) {
+                        Err(e) if !wire::leaves_connection_usable(&e) => return Err(e),
+                        other => out[i] = Some(other),
                     }
                 }
-                Err(e) => positions
-                    .iter()
-                    .for_each(|&p| out[sendable[p]] = Err(e.clone())),
-            }
-        }
-        out
+                Ok(())
+            },
+        )
     }
 
     fn delete(&self, key: &str) -> Result<bool> {
+        wire::check_key(key)?;
         self.on_key(key, |c| c.delete(key))
     }
 
     fn delete_many(&self, keys: &[&str]) -> Vec<Result<bool>> {
-        let groups = self.by_server(keys.iter().copied());
-        let mut out: Vec<Result<bool>> = (0..keys.len()).map(|_| Ok(false)).collect();
-        let results = self.fan_out(&groups, |server, positions| {
-            let ks: Vec<&str> = positions.iter().map(|&i| keys[i]).collect();
-            self.run(server, |c| c.delete_many(&ks))
-        });
-        for ((_, positions), r) in groups.iter().zip(results) {
-            match r {
-                Ok(found) => {
-                    for (&i, f) in positions.iter().zip(found) {
-                        out[i] = Ok(f);
-                    }
+        self.batch(
+            keys.len(),
+            |i| wire::check_key(keys[i]),
+            |i| keys[i],
+            PIPELINE_CHUNK,
+            |part, b| {
+                part.iter()
+                    .try_for_each(|&i| wire::encode_delete(b, keys[i]))
+            },
+            |r, part, out| {
+                for &i in part {
+                    out[i] = Some(Ok(wire::read_delete(r)?));
                 }
-                Err(e) => positions.iter().for_each(|&i| out[i] = Err(e.clone())),
-            }
-        }
-        out
+                Ok(())
+            },
+        )
     }
 
     fn touch(&self, key: &str, exptime: u32) -> Result<bool> {
+        wire::check_key(key)?;
+        wire::check_exptime(exptime)?;
         self.on_key(key, |c| c.touch(key, exptime))
     }
 
     fn incr(&self, key: &str, delta: u64) -> Result<Option<u64>> {
+        wire::check_key(key)?;
         self.on_key(key, |c| c.arith(true, key, delta))
     }
 
     fn decr(&self, key: &str, delta: u64) -> Result<Option<u64>> {
+        wire::check_key(key)?;
         self.on_key(key, |c| c.arith(false, key, delta))
     }
 
     fn flush_all(&self) -> Result<()> {
-        let groups: Vec<(usize, Vec<usize>)> =
-            (0..self.servers.len()).map(|i| (i, vec![])).collect();
-        for r in self.fan_out(&groups, |server, _| self.run(server, |c| c.flush_all())) {
-            r?;
-        }
-        Ok(())
+        (0..self.servers.len()).try_for_each(|i| self.run(i, |c| c.flush_all()))
     }
 
     fn max_value_size(&self, key: &str) -> usize {
@@ -355,9 +472,44 @@ impl Backend for MemcachedBackend {
     }
 }
 
+impl MemcachedBackend {
+    /// What `encode_store` would refuse, checked before a server is chosen: the key, the
+    /// exptime, and the value's size (`TooLarge`, nothing sent).
+    fn check_write(&self, w: &Write<'_>) -> Result<()> {
+        wire::check_key(w.key)?;
+        wire::check_exptime(w.exptime)?;
+        wire::check_value(w.value.len(), self.max_value_size(w.key))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A zero `connect_timeout` used to panic inside r2d2 and a zero `io_timeout` made every
+    /// connect fail: both are configuration errors now.
+    #[test]
+    fn zero_timeouts_are_config_errors() {
+        let base = || MemcachedConfig::new(vec![ServerSpec::parse("127.0.0.1:9").unwrap()]);
+        let mut c = base();
+        c.connect_timeout = Duration::ZERO;
+        let e = MemcachedBackend::new(c).unwrap_err();
+        assert!(
+            e.is_config() && e.to_string().contains("connect_timeout"),
+            "{e}"
+        );
+        let mut c = base();
+        c.io_timeout = Duration::ZERO;
+        let e = MemcachedBackend::new(c).unwrap_err();
+        assert!(e.is_config() && e.to_string().contains("io_timeout"), "{e}");
+        let mut c = base();
+        c.io_timeout = Duration::from_nanos(1);
+        c.connect_timeout = Duration::from_nanos(1);
+        assert!(
+            MemcachedBackend::new(c).is_ok(),
+            "tiny but not zero is allowed"
+        );
+    }
     #[test]
     fn build_never_connects() {
         // Port 9 on loopback: nothing listens. Building must not block or fail.

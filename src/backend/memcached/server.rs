@@ -1,21 +1,42 @@
-//! One memcached server as the backend sees it: its address, its r2d2 pool (replaced when the
-//! server is marked dead) and its health.
+//! One memcached server as the backend sees it: its address, its connection pool and its health.
+//!
+//! The pool is written here rather than taken from r2d2: connections are made inline, in the
+//! calling thread, within `connect_timeout`, so a server that swallows SYNs holds only the callers
+//! that wait for it, never a connector shared with the other servers.
 
 use std::fmt;
+use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
-use parking_lot::RwLock;
+use parking_lot::{Condvar, Mutex};
 
-use super::conn::{Conn, Manager};
+use super::conn::Conn;
 use super::health::Health;
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, ErrorKind};
+
+/// Idle connections older than this are closed rather than reused (servers and proxies close
+/// idle connections on their own schedule).
+const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 
 pub(crate) struct Server {
     pub(crate) addr: String,
-    /// Replaced when the server is marked dead, so that its idle connections (all broken if it
-    /// was restarted) are dropped at once rather than found out one failed probe at a time.
-    pub(crate) pool: RwLock<r2d2::Pool<Manager>>,
-    pub(crate) make_pool: Box<dyn Fn() -> r2d2::Pool<Manager> + Send + Sync>,
     pub(crate) health: Health,
+    connect_timeout: Duration,
+    io_timeout: Duration,
+    size: usize,
+    pool: Mutex<Pool>,
+    freed: Condvar,
+    /// Bumped when the server is marked dead: connections of an older generation (all broken if
+    /// it was restarted) are closed instead of returned, rather than found out one by one.
+    generation: AtomicU64,
+}
+
+#[derive(Default)]
+struct Pool {
+    idle: Vec<Conn>,
+    /// Connections checked out or being made.
+    busy: usize,
 }
 
 impl fmt::Debug for Server {
@@ -26,21 +47,121 @@ impl fmt::Debug for Server {
     }
 }
 
+/// Why no connection could be had.
+pub(crate) enum CheckoutError {
+    /// Every connection stayed busy for `connect_timeout`: a local wait, not the server's fault.
+    PoolBusy(Error),
+    /// Connecting failed (refused, timed out, unresolvable): a transport fault.
+    Connect(Error),
+}
+
+/// A checked-out connection; back to the pool on drop unless broken or of an older generation.
+pub(crate) struct Pooled<'a> {
+    server: &'a Server,
+    conn: Option<Conn>,
+    generation: u64,
+}
+
+impl Deref for Pooled<'_> {
+    type Target = Conn;
+    fn deref(&self) -> &Conn {
+        self.conn.as_ref().expect("present until drop")
+    }
+}
+
+impl DerefMut for Pooled<'_> {
+    fn deref_mut(&mut self) -> &mut Conn {
+        self.conn.as_mut().expect("present until drop")
+    }
+}
+
+impl Drop for Pooled<'_> {
+    fn drop(&mut self) {
+        let conn = self.conn.take();
+        let current = self.server.generation.load(Ordering::Acquire) == self.generation;
+        let mut pool = self.server.pool.lock();
+        pool.busy -= 1;
+        if let Some(mut c) = conn.filter(|c| !c.broken && current) {
+            c.idle_since = Instant::now();
+            pool.idle.push(c);
+        }
+        drop(pool);
+        self.server.freed.notify_one();
+    }
+}
+
 impl Server {
-    /// Runs `op` on a pooled connection; the connection is dropped if `op` left it out of step.
-    pub(crate) fn with_conn<T>(&self, op: impl FnOnce(&mut Conn) -> Result<T>) -> Result<T> {
-        let pool = self.pool.read().clone();
-        let mut conn = pool.get().map_err(|e| {
-            Error::with_source(
-                ErrorKind::Timeout,
-                format!("no connection to memcached at {} in time", self.addr),
-                e,
-            )
-        })?;
-        op(&mut conn).map_err(|e| self.annotate(e))
+    pub(crate) fn new(
+        addr: String,
+        connect_timeout: Duration,
+        io_timeout: Duration,
+        size: usize,
+    ) -> Server {
+        Server {
+            addr,
+            health: Health::default(),
+            connect_timeout,
+            io_timeout,
+            size,
+            pool: Mutex::new(Pool::default()),
+            freed: Condvar::new(),
+            generation: AtomicU64::new(0),
+        }
     }
 
-    fn annotate(&self, e: Error) -> Error {
+    /// A connection: an idle one (most recently used first), or a new one made in this thread.
+    /// Waits at most `connect_timeout` in all (for a free slot, then to connect).
+    pub(crate) fn checkout(&self) -> std::result::Result<Pooled<'_>, CheckoutError> {
+        let deadline = Instant::now() + self.connect_timeout;
+        let generation = self.generation.load(Ordering::Acquire);
+        let mut pool = self.pool.lock();
+        while pool.busy >= self.size {
+            if self.freed.wait_until(&mut pool, deadline).timed_out() && pool.busy >= self.size {
+                return Err(CheckoutError::PoolBusy(Error::new(
+                    ErrorKind::Timeout,
+                    format!(
+                        "all {} connections to memcached at {} stayed busy for {:?}",
+                        self.size, self.addr, self.connect_timeout
+                    ),
+                )));
+            }
+        }
+        pool.busy += 1;
+        let idle =
+            std::iter::from_fn(|| pool.idle.pop()).find(|c| c.idle_since.elapsed() < IDLE_TIMEOUT);
+        drop(pool);
+        let mut pooled = Pooled {
+            server: self,
+            conn: idle,
+            generation,
+        };
+        if pooled.conn.is_none() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match Conn::connect(
+                &self.addr,
+                left.max(Duration::from_millis(1)),
+                self.io_timeout,
+            ) {
+                Ok(c) => pooled.conn = Some(c),
+                Err(e) => {
+                    // `pooled` drops without a connection: the slot is freed.
+                    return Err(CheckoutError::Connect(self.annotate(e)));
+                }
+            }
+        }
+        Ok(pooled)
+    }
+
+    /// Forgets every idle connection and every one checked out now (they are closed when
+    /// returned): called when the server is marked dead.
+    pub(crate) fn reset(&self) {
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        let idle = std::mem::take(&mut self.pool.lock().idle);
+        drop(idle);
+    }
+
+    /// Names the server in a backend error.
+    pub(crate) fn annotate(&self, e: Error) -> Error {
         if e.is_backend() {
             Error::with_source(e.kind(), format!("memcached at {}", self.addr), e)
         } else {

@@ -4,7 +4,7 @@
 
 use std::io::BufRead;
 
-use crate::backend::{Item, StoreMode, StoreOutcome};
+use crate::backend::{Item, StoreMode, StoreOutcome, Write};
 use crate::error::{Error, ErrorKind, Result};
 
 /// Longest reply line accepted (a `VALUE` header with a 250-byte key is under 300 bytes).
@@ -22,61 +22,142 @@ pub(crate) fn protocol_error(what: impl Into<String>) -> Error {
     Error::new(ErrorKind::Backend, what.into())
 }
 
-/// `gets k1 k2 ...\r\n`
-pub(crate) fn encode_gets(out: &mut Vec<u8>, keys: &[&str]) {
-    out.extend_from_slice(b"gets");
-    for k in keys {
-        out.push(b' ');
-        out.extend_from_slice(k.as_bytes());
-    }
-    out.extend_from_slice(b"\r\n");
+/// Refuses a key memcached would not parse as one token: empty, over 250 bytes, or holding
+/// whitespace or control bytes. memcached answers `CLIENT_ERROR` to a too-long key *without*
+/// reading the data block of a store, so the value's bytes would run as commands.
+pub(crate) fn check_key(key: &str) -> Result<()> {
+    crate::key::validate_key(key)
 }
 
-/// `set|add|cas key flags exptime bytes [cas]\r\n<data>\r\n`
-pub(crate) fn encode_store(
-    out: &mut Vec<u8>,
-    mode: StoreMode,
-    key: &str,
-    value: &[u8],
-    flags: u32,
-    exptime: u32,
-) {
-    let verb: &[u8] = match mode {
-        StoreMode::Set => b"set ",
-        StoreMode::Add => b"add ",
-        StoreMode::Cas(_) => b"cas ",
-    };
-    out.extend_from_slice(verb);
-    out.extend_from_slice(key.as_bytes());
-    let mut tail = format!(" {flags} {exptime} {}", value.len());
-    if let StoreMode::Cas(token) = mode {
-        tail.push_str(&format!(" {token}"));
+/// Refuses an `exptime` memcached would misread: it parses the field as a signed 32-bit number,
+/// so anything above `i32::MAX` would become negative (an immediate expiry) or a parse error.
+/// The kind is [`ErrorKind::Config`]: a caller-supplied setting out of range (there is no
+/// TTL-specific kind).
+pub(crate) fn check_exptime(exptime: u32) -> Result<()> {
+    if exptime > i32::MAX as u32 {
+        return Err(Error::new(
+            ErrorKind::Config,
+            format!(
+                "exptime {exptime} is above memcached's limit of {} (a signed 32-bit number)",
+                i32::MAX
+            ),
+        ));
     }
-    tail.push_str("\r\n");
-    out.extend_from_slice(tail.as_bytes());
-    out.extend_from_slice(value);
-    out.extend_from_slice(b"\r\n");
+    Ok(())
+}
+
+/// Refuses a value above the item limit (`max_value` bytes for this key).
+pub(crate) fn check_value(len: usize, max_value: usize) -> Result<()> {
+    if len > max_value {
+        return Err(crate::backend::memory::too_large(len, max_value));
+    }
+    Ok(())
+}
+
+/// Appends what `encode` writes once `check` has passed; on an error `out` is left as it was, so
+/// a command is written whole and valid or not at all.
+fn append(
+    out: &mut Vec<u8>,
+    check: impl FnOnce() -> Result<()>,
+    encode: impl FnOnce(&mut Vec<u8>),
+) -> Result<()> {
+    check()?;
+    encode(out);
+    Ok(())
+}
+
+/// `gets k1 k2 ...\r\n`; every key is checked before anything is written.
+pub(crate) fn encode_gets(out: &mut Vec<u8>, keys: &[&str]) -> Result<()> {
+    append(
+        out,
+        || {
+            if keys.is_empty() {
+                return Err(Error::new(ErrorKind::InvalidKey, "gets without a key"));
+            }
+            keys.iter().try_for_each(|k| check_key(k))
+        },
+        |out| {
+            out.extend_from_slice(b"gets");
+            for k in keys {
+                out.push(b' ');
+                out.extend_from_slice(k.as_bytes());
+            }
+            out.extend_from_slice(b"\r\n");
+        },
+    )
+}
+
+/// `set|add|cas key flags exptime bytes [cas]\r\n<data>\r\n`, or nothing and an error if the key,
+/// the exptime or the value's size (over `max_value`) is invalid.
+pub(crate) fn encode_store(out: &mut Vec<u8>, w: &Write<'_>, max_value: usize) -> Result<()> {
+    append(
+        out,
+        || {
+            check_key(w.key)?;
+            check_exptime(w.exptime)?;
+            check_value(w.value.len(), max_value)
+        },
+        |out| {
+            let verb: &[u8] = match w.mode {
+                StoreMode::Set => b"set ",
+                StoreMode::Add => b"add ",
+                StoreMode::Cas(_) => b"cas ",
+            };
+            out.extend_from_slice(verb);
+            out.extend_from_slice(w.key.as_bytes());
+            let (flags, exptime, len) = (w.flags, w.exptime, w.value.len());
+            let mut tail = format!(" {flags} {exptime} {len}");
+            if let StoreMode::Cas(token) = w.mode {
+                tail.push_str(&format!(" {token}"));
+            }
+            tail.push_str("\r\n");
+            out.extend_from_slice(tail.as_bytes());
+            out.extend_from_slice(w.value);
+            out.extend_from_slice(b"\r\n");
+        },
+    )
 }
 
 /// `delete key\r\n`
-pub(crate) fn encode_delete(out: &mut Vec<u8>, key: &str) {
-    out.extend_from_slice(b"delete ");
-    out.extend_from_slice(key.as_bytes());
-    out.extend_from_slice(b"\r\n");
+pub(crate) fn encode_delete(out: &mut Vec<u8>, key: &str) -> Result<()> {
+    append(
+        out,
+        || check_key(key),
+        |out| {
+            out.extend_from_slice(b"delete ");
+            out.extend_from_slice(key.as_bytes());
+            out.extend_from_slice(b"\r\n");
+        },
+    )
 }
 
 /// `touch key exptime\r\n`
-pub(crate) fn encode_touch(out: &mut Vec<u8>, key: &str, exptime: u32) {
-    out.extend_from_slice(b"touch ");
-    out.extend_from_slice(key.as_bytes());
-    out.extend_from_slice(format!(" {exptime}\r\n").as_bytes());
+pub(crate) fn encode_touch(out: &mut Vec<u8>, key: &str, exptime: u32) -> Result<()> {
+    append(
+        out,
+        || {
+            check_key(key)?;
+            check_exptime(exptime)
+        },
+        |out| {
+            out.extend_from_slice(b"touch ");
+            out.extend_from_slice(key.as_bytes());
+            out.extend_from_slice(format!(" {exptime}\r\n").as_bytes());
+        },
+    )
 }
 
 /// `incr|decr key delta\r\n`
-pub(crate) fn encode_arith(out: &mut Vec<u8>, incr: bool, key: &str, delta: u64) {
-    out.extend_from_slice(if incr { b"incr " } else { b"decr " });
-    out.extend_from_slice(key.as_bytes());
-    out.extend_from_slice(format!(" {delta}\r\n").as_bytes());
+pub(crate) fn encode_arith(out: &mut Vec<u8>, incr: bool, key: &str, delta: u64) -> Result<()> {
+    append(
+        out,
+        || check_key(key),
+        |out| {
+            out.extend_from_slice(if incr { b"incr " } else { b"decr " });
+            out.extend_from_slice(key.as_bytes());
+            out.extend_from_slice(format!(" {delta}\r\n").as_bytes());
+        },
+    )
 }
 
 /// Reads one CRLF-terminated line (without the CRLF), at most [`MAX_LINE`] bytes.
@@ -98,6 +179,27 @@ fn shown(line: &[u8]) -> String {
     String::from_utf8_lossy(line).into_owned()
 }
 
+/// The text of a `CLIENT_ERROR` or `SERVER_ERROR` reply: the server answered, so this is not a
+/// transport fault (it never counts toward marking the server dead).
+#[derive(Debug)]
+struct ServerReply(String);
+
+impl std::fmt::Display for ServerReply {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ServerReply {}
+
+/// Whether `e` is a complete error reply from the server (`CLIENT_ERROR`, `SERVER_ERROR`, `ERROR`
+/// or a refused value), as opposed to a transport fault: an I/O error, a timeout, a closed
+/// connection or a reply that could not be parsed.
+pub(crate) fn is_server_reply(e: &Error) -> bool {
+    leaves_connection_usable(e)
+        || std::error::Error::source(e).is_some_and(|s| s.downcast_ref::<ServerReply>().is_some())
+}
+
 /// Turns the generic error replies into errors; returns other lines unchanged.
 fn check_error(line: &[u8]) -> Result<&[u8]> {
     if line == b"ERROR" {
@@ -110,9 +212,10 @@ fn check_error(line: &[u8]) -> Result<&[u8]> {
         if msg.contains("too large") {
             Err(Error::new(ErrorKind::TooLarge, format!("server: {msg}")))
         } else {
-            Err(Error::new(
+            Err(Error::with_source(
                 ErrorKind::Backend,
-                format!("server error: {msg}"),
+                "the server answered SERVER_ERROR",
+                ServerReply(msg),
             ))
         }
     } else if let Some(msg) = line.strip_prefix(b"CLIENT_ERROR ") {
@@ -120,9 +223,12 @@ fn check_error(line: &[u8]) -> Result<&[u8]> {
         if msg.contains("non-numeric") {
             Err(Error::new(ErrorKind::NotACounter, format!("server: {msg}")))
         } else {
-            Err(Error::new(
+            // After some CLIENT_ERRORs memcached swallows what follows: the connection is dropped
+            // (see `leaves_connection_usable`), but the server is not at fault.
+            Err(Error::with_source(
                 ErrorKind::Backend,
-                format!("server refused the command: {msg}"),
+                "the server refused the command (CLIENT_ERROR)",
+                ServerReply(msg),
             ))
         }
     } else {
@@ -138,15 +244,21 @@ pub(crate) fn leaves_connection_usable(e: &Error) -> bool {
     )
 }
 
-/// Reads a `gets` reply for `keys` into `out` (same length, by position). Values are matched by
-/// the key each `VALUE` line names, in one forward pass when the server answers in request order
-/// (memcached does) and by search when it does not (twemproxy may reorder). A key that was not
-/// requested, or a value above `max_value`, is an error (nothing that large is allocated).
-pub(crate) fn read_values<R: BufRead>(
+/// One key's answer in a `gets` reply: `Ok(None)` = missing, `Err` = a value over the limit
+/// (skipped on the wire; the connection stays in step).
+pub(crate) type Slot = Result<Option<Item>>;
+
+/// Reads a `gets` reply for `keys` into `out` (same length, by position, each `Ok(None)` on
+/// entry). Values are matched by the key each `VALUE` line names, in one forward pass when the
+/// server answers in request order (memcached does) and by search when it does not (twemproxy may
+/// reorder). A key that was not requested is an error. A value above `max_value` (another client
+/// wrote it to a server with a larger `-I`) is read and discarded, never allocated: its key gets a
+/// `TooLarge` error and the connection stays usable.
+pub(crate) fn read_slots<R: BufRead>(
     r: &mut R,
     max_value: usize,
     keys: &[&str],
-    out: &mut [Option<Item>],
+    out: &mut [Slot],
 ) -> Result<()> {
     let mut line = Vec::with_capacity(128);
     let mut cursor = 0;
@@ -157,19 +269,9 @@ pub(crate) fn read_values<R: BufRead>(
         }
         let (key, flags, len, cas) = parse_value_line(l)
             .ok_or_else(|| protocol_error(format!("unexpected reply to gets: {:?}", shown(l))))?;
-        if len > max_value {
-            return Err(Error::with_source(
-                ErrorKind::Backend,
-                "connection dropped after a bad reply",
-                Error::new(
-                    ErrorKind::TooLarge,
-                    format!("the server sent a {len}-byte value; the item limit is {max_value}"),
-                ),
-            ));
-        }
         let slot = (cursor..keys.len())
             .chain(0..cursor)
-            .find(|&i| keys[i].as_bytes() == key && out[i].is_none())
+            .find(|&i| keys[i].as_bytes() == key && matches!(out[i], Ok(None)))
             .ok_or_else(|| {
                 protocol_error(format!(
                     "the server returned {:?}, which was not requested",
@@ -177,6 +279,17 @@ pub(crate) fn read_values<R: BufRead>(
                 ))
             })?;
         cursor = slot + 1;
+        if len > max_value {
+            skip_value(r, len)?;
+            out[slot] = Err(Error::new(
+                ErrorKind::TooLarge,
+                format!(
+                    "the server holds a {len}-byte value under this key; the item limit is \
+                     {max_value} (skipped)"
+                ),
+            ));
+            continue;
+        }
         // len is at most max_value (checked above), so this allocation is bounded.
         let mut value = vec![0u8; len + 2];
         r.read_exact(&mut value)?;
@@ -184,8 +297,49 @@ pub(crate) fn read_values<R: BufRead>(
             return Err(protocol_error("value not followed by CRLF"));
         }
         value.truncate(len);
-        out[slot] = Some(Item { value, flags, cas });
+        out[slot] = Ok(Some(Item { value, flags, cas }));
     }
+}
+
+/// Reads past a `len`-byte data block and its CRLF without keeping it.
+fn skip_value<R: BufRead>(r: &mut R, len: usize) -> Result<()> {
+    let skipped = std::io::copy(
+        &mut std::io::Read::take(&mut *r, len as u64),
+        &mut std::io::sink(),
+    )?;
+    if skipped != len as u64 {
+        return Err(protocol_error(CLOSED));
+    }
+    let mut crlf = [0u8; 2];
+    r.read_exact(&mut crlf)?;
+    if &crlf != b"\r\n" {
+        return Err(protocol_error("value not followed by CRLF"));
+    }
+    Ok(())
+}
+
+/// [`read_slots`] into plain options; the first per-key error (an over-limit value) is returned
+/// after the whole reply was read. For the fuzz target.
+pub(crate) fn read_values<R: BufRead>(
+    r: &mut R,
+    max_value: usize,
+    keys: &[&str],
+    out: &mut [Option<Item>],
+) -> Result<()> {
+    let mut slots: Vec<Slot> = (0..keys.len()).map(|_| Ok(None)).collect();
+    read_slots(r, max_value, keys, &mut slots)?;
+    let mut first = Ok(());
+    for (o, s) in out.iter_mut().zip(slots) {
+        match s {
+            Ok(item) => *o = item,
+            Err(e) => {
+                if first.is_ok() {
+                    first = Err(e);
+                }
+            }
+        }
+    }
+    first
 }
 
 /// `VALUE <key> <flags> <bytes> <cas>`, parsed as bytes (this runs once per value).
@@ -299,18 +453,132 @@ pub(crate) fn read_version<R: BufRead>(r: &mut R) -> Result<String> {
 mod tests {
     use super::*;
 
+    fn w<'a>(
+        mode: StoreMode,
+        key: &'a str,
+        value: &'a [u8],
+        flags: u32,
+        exptime: u32,
+    ) -> Write<'a> {
+        Write {
+            mode,
+            key,
+            value,
+            flags,
+            exptime,
+        }
+    }
+
     #[test]
     fn encoders() {
         let mut b = Vec::new();
-        encode_gets(&mut b, &["a", "b"]);
-        encode_store(&mut b, StoreMode::Cas(9), "k", b"xy", 0x4E43, 60);
-        encode_store(&mut b, StoreMode::Add, "k", b"", 0, 0);
-        encode_delete(&mut b, "k");
-        encode_arith(&mut b, false, "c", 5);
+        encode_gets(&mut b, &["a", "b"]).unwrap();
+        encode_store(&mut b, &w(StoreMode::Cas(9), "k", b"xy", 0x4E43, 60), 100).unwrap();
+        encode_store(&mut b, &w(StoreMode::Add, "k", b"", 0, 0), 100).unwrap();
+        encode_delete(&mut b, "k").unwrap();
+        encode_arith(&mut b, false, "c", 5).unwrap();
+        encode_touch(&mut b, "k", i32::MAX as u32).unwrap();
         assert_eq!(
             String::from_utf8(b).unwrap(),
-            "gets a b\r\ncas k 20035 60 2 9\r\nxy\r\nadd k 0 0 0\r\n\r\ndelete k\r\ndecr c 5\r\n"
+            "gets a b\r\ncas k 20035 60 2 9\r\nxy\r\nadd k 0 0 0\r\n\r\ndelete k\r\ndecr c 5\r\n\
+             touch k 2147483647\r\n"
         );
+    }
+
+    /// Every encoder refuses bad input with a typed error and leaves the buffer as it was: a
+    /// command is written whole and valid or not at all (memcached answers a too-long key with
+    /// CLIENT_ERROR without reading the data block, which then runs as commands).
+    #[test]
+    fn bad_input_writes_nothing() {
+        #[track_caller]
+        fn check(encode: impl FnOnce(&mut Vec<u8>) -> Result<()>, kind: ErrorKind) {
+            let mut b = b"get before\r\n".to_vec();
+            let e = encode(&mut b).unwrap_err();
+            assert_eq!(e.kind(), kind, "{e}");
+            assert_eq!(b, b"get before\r\n", "the buffer is untouched");
+        }
+        let long = "k".repeat(251);
+        let evil = b"x\r\nflush_all\r\n";
+        for key in [
+            long.as_str(),
+            "",
+            "a b",
+            "a\nb",
+            "a\rb",
+            "a\x00b",
+            "a\tb",
+            "a\x7fb",
+        ] {
+            check(
+                |b| encode_store(b, &w(StoreMode::Set, key, evil, 0, 0), 100),
+                ErrorKind::InvalidKey,
+            );
+            check(|b| encode_gets(b, &["ok", key]), ErrorKind::InvalidKey);
+            check(|b| encode_delete(b, key), ErrorKind::InvalidKey);
+            check(|b| encode_arith(b, true, key, 1), ErrorKind::InvalidKey);
+            check(|b| encode_touch(b, key, 0), ErrorKind::InvalidKey);
+        }
+        check(|b| encode_gets(b, &[]), ErrorKind::InvalidKey);
+        let over = i32::MAX as u32 + 1;
+        for exptime in [over, u32::MAX] {
+            check(
+                |b| encode_store(b, &w(StoreMode::Set, "k", b"v", 0, exptime), 100),
+                ErrorKind::Config,
+            );
+            check(|b| encode_touch(b, "k", exptime), ErrorKind::Config);
+        }
+        check(
+            |b| encode_store(b, &w(StoreMode::Add, "k", &[0; 101], 0, 0), 100),
+            ErrorKind::TooLarge,
+        );
+        // the limits themselves are fine
+        let max_key = "k".repeat(250);
+        let mut b = Vec::new();
+        encode_store(
+            &mut b,
+            &w(StoreMode::Set, &max_key, &[0; 100], 0, i32::MAX as u32),
+            100,
+        )
+        .unwrap();
+        assert!(b.starts_with(format!("set {max_key} 0 2147483647 100\r\n").as_bytes()));
+    }
+
+    #[test]
+    fn an_over_limit_value_is_skipped_and_the_reply_read_to_its_end() {
+        let mut reply = b"VALUE big 0 300 1\r\n".to_vec();
+        reply.extend_from_slice(&[b'z'; 300]);
+        reply.extend_from_slice(b"\r\nVALUE small 3 2 2\r\nhi\r\nEND\r\nSTORED\r\n");
+        let mut r = &reply[..];
+        let mut out: Vec<Slot> = vec![Ok(None), Ok(None), Ok(None)];
+        read_slots(&mut r, 100, &["big", "small", "gone"], &mut out).unwrap();
+        let e = out[0].as_ref().unwrap_err();
+        assert!(e.is_too_large() && leaves_connection_usable(e), "{e}");
+        assert_eq!(out[1].as_ref().unwrap().as_ref().unwrap().value, b"hi");
+        assert!(matches!(out[2], Ok(None)));
+        // in step: the next reply is read as the next reply
+        assert_eq!(read_store(&mut r).unwrap(), StoreOutcome::Stored);
+        // a value cut short is a transport fault, not a skip
+        let mut cut = &reply[..100];
+        let mut out: Vec<Slot> = vec![Ok(None)];
+        let e = read_slots(&mut cut, 100, &["big"], &mut out).unwrap_err();
+        assert!(!is_server_reply(&e), "{e}");
+    }
+
+    #[test]
+    fn error_replies_are_answers_not_faults() {
+        for reply in [
+            &b"CLIENT_ERROR line too long\r\n"[..],
+            b"SERVER_ERROR out of memory storing object\r\n",
+            b"SERVER_ERROR object too large for cache\r\n",
+            b"ERROR\r\n",
+        ] {
+            let e = read_store(&mut &reply[..]).unwrap_err();
+            assert!(is_server_reply(&e), "{e}");
+        }
+        for reply in [&b""[..], b"STORED", b"WHAT\r\n"] {
+            let e = read_store(&mut &reply[..]).unwrap_err();
+            assert!(!is_server_reply(&e), "{reply:?}: {e}");
+        }
     }
 
     #[test]
@@ -352,6 +620,7 @@ mod tests {
             let mut r = *c;
             let e = read_values(&mut r, 100, &["a"], &mut out).unwrap_err();
             assert!(!leaves_connection_usable(&e), "{c:?}: {e}");
+            assert!(!is_server_reply(&e), "{c:?}: {e}");
         }
         let long = vec![b'x'; 5000];
         assert!(read_store(&mut &long[..]).is_err());
