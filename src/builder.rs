@@ -265,14 +265,15 @@ impl CacheBuilder {
     }
 
     /// memcached: the longest an operation waits for a connection, connecting included;
-    /// default 500 ms.
+    /// default 500 ms. Must not be zero.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.memcached_only.push("connect_timeout");
         self.connect_timeout = timeout;
         self
     }
 
-    /// memcached: the longest one socket read or write may block; default 500 ms.
+    /// memcached: the longest one operation's I/O may take, however slowly the server sends
+    /// (one deadline for all of it, a batch included); default 500 ms. Must not be zero.
     pub fn io_timeout(mut self, timeout: Duration) -> Self {
         self.memcached_only.push("io_timeout");
         self.io_timeout = timeout;

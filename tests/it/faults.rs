@@ -394,15 +394,13 @@ fn herd_protection_and_leases_recover_after_a_restart_empty() {
         settled, 0,
         "once the server is back the key is refilled and served: {loads_at:?}"
     );
-    // and the key is cached again: no lease left stuck
-    let t = Instant::now();
+    // and the key is cached again, no lease left stuck: the loader would panic
     let v: String = cache
         .get_or_set_with("hot", Duration::from_secs(30), || -> io::Result<String> {
             panic!("cached")
         })
         .unwrap();
     assert_eq!(v, "v");
-    assert!(t.elapsed() < MS(100));
 }
 
 /// With `DeadServerPolicy::Remap`, a dead server's keys move to the others (like libmemcached's

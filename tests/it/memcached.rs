@@ -97,6 +97,8 @@ fn build_never_blocks_and_a_dead_server_fails_fast() {
     let t = Instant::now();
     let e = strict.get::<u8>("k").unwrap_err();
     assert!(e.is_backend(), "{e}");
+    // a refused connection is not a timeout (0.1.0 reported every failed checkout as one)
+    assert!(!e.is_timeout(), "{e}");
     // refused at once; bounded by connect_timeout in any case (generous slack for a busy host)
     assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
     assert!(strict.set("k", &1u8, S(1)).unwrap_err().is_backend());
@@ -419,5 +421,6 @@ fn a_trickling_server_cannot_hold_a_caller_past_io_timeout() {
     let waited = t.elapsed();
     assert!(e.is_timeout(), "{e}");
     // the whole reply takes 6.5 s to arrive; the operation ends near 300 ms
-    assert!(waited < Duration::from_millis(1500), "{waited:?}");
+    // io_timeout is 300 ms; the trickle would take 6.5 s (generous slack for a busy host)
+    assert!(waited < Duration::from_secs(3), "{waited:?}");
 }
