@@ -589,6 +589,15 @@ mod tests {
             .unwrap_err();
         assert!(e.is_config() && e.to_string().contains("lease_ttl"), "{e}");
         assert!(Cache::builder().lease_ttl(MIN_LEASE_TTL).build().is_ok());
+        // zero memcached timeouts: 0.1.0 panicked inside r2d2 (connect) or failed every
+        // connect (io); both are configuration errors, named
+        for (b, name) in [
+            (Cache::builder().connect_timeout(Duration::ZERO), "connect_timeout"),
+            (Cache::builder().io_timeout(Duration::ZERO), "io_timeout"),
+        ] {
+            let e = b.memcached(["127.0.0.1:9"]).build().unwrap_err();
+            assert!(e.is_config() && e.to_string().contains(name), "{e}");
+        }
     }
 
     /// What `build()` logs, captured.
