@@ -592,12 +592,25 @@ mod tests {
         // zero memcached timeouts: 0.1.0 panicked inside r2d2 (connect) or failed every
         // connect (io); both are configuration errors, named
         for (b, name) in [
-            (Cache::builder().connect_timeout(Duration::ZERO), "connect_timeout"),
+            (
+                Cache::builder().connect_timeout(Duration::ZERO),
+                "connect_timeout",
+            ),
             (Cache::builder().io_timeout(Duration::ZERO), "io_timeout"),
         ] {
             let e = b.memcached(["127.0.0.1:9"]).build().unwrap_err();
             assert!(e.is_config() && e.to_string().contains(name), "{e}");
         }
+        // a retry interval too long to add to a clock (Duration::MAX panicked in a get)
+        let e = Cache::builder()
+            .memcached(["127.0.0.1:9"])
+            .retry_interval(Duration::MAX)
+            .build()
+            .unwrap_err();
+        assert!(
+            e.is_config() && e.to_string().contains("retry_interval"),
+            "{e}"
+        );
     }
 
     /// What `build()` logs, captured.

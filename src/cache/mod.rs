@@ -213,6 +213,14 @@ impl Cache {
         for (i, r) in results.into_iter().enumerate() {
             match r {
                 Ok(v) => out.push(Some(v)),
+                // A value over the item size (another client wrote it, or a server's limit is
+                // lower than ours) is that key's problem alone: a counted miss for reads, a
+                // failed key for writes, under either policy.
+                Err(e) if e.is_too_large() => {
+                    Counters::bump(&self.inner.stats.too_large);
+                    failed.push(name(i));
+                    out.push(None);
+                }
                 Err(e) => {
                     fatal |= !e.is_backend() || policy == FailurePolicy::Propagate;
                     failed.push(name(i));
@@ -221,7 +229,9 @@ impl Cache {
                 }
             }
         }
-        let Some(e) = first else { return Ok(out) };
+        let Some(e) = first else {
+            return Ok(out);
+        };
         // One failed batch counts once, however many keys its failed servers held.
         if e.is_backend() {
             Counters::bump(&self.inner.stats.backend_errors);

@@ -207,17 +207,20 @@ impl Cache {
             // A value whose write failed is still returned, as `get_or_set_with` returns it: the
             // failure is counted (and its claim released, or left to lapse), never the result.
             let done = HeldLease::complete_many(&*self.inner.config.backend, batch);
+            let mut failed = None;
             for (c, name) in done.into_iter().zip(&names) {
                 match c {
                     Ok(Completed::Stored) => {}
                     Ok(Completed::Superseded) => Counters::bump(&s.loads_superseded),
                     Err(e) if e.is_too_large() => self.loaded_too_large(name, 0),
-                    Err(e) => {
-                        Counters::bump(&s.backend_errors);
-                        if e.is_backend() {
-                            Counters::bump(&s.backend_errors_absorbed);
-                        }
-                    }
+                    Err(e) => failed = Some(e),
+                }
+            }
+            // A failed batch counts once, as everywhere.
+            if let Some(e) = failed {
+                Counters::bump(&s.backend_errors);
+                if e.is_backend() {
+                    Counters::bump(&s.backend_errors_absorbed);
                 }
             }
         }

@@ -420,7 +420,47 @@ fn a_trickling_server_cannot_hold_a_caller_past_io_timeout() {
     let e = backend.get("k").unwrap_err();
     let waited = t.elapsed();
     assert!(e.is_timeout(), "{e}");
-    // the whole reply takes 6.5 s to arrive; the operation ends near 300 ms
     // io_timeout is 300 ms; the trickle would take 6.5 s (generous slack for a busy host)
     assert!(waited < Duration::from_secs(3), "{waited:?}");
+}
+
+/// An error reply that leaves a connection usable for one command (`ERROR`, a proxy's refusal)
+/// arriving in the middle of a pipelined batch: the decoder stops there, so the rest of the
+/// batch's replies are unread and the connection is never reused; the next command gets its own
+/// reply, not a stale one.
+#[test]
+fn an_error_reply_mid_batch_never_leaves_a_connection_out_of_step() {
+    use std::io::{BufRead, BufReader, Write as _};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    // commands counted across connections
+    let seen = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let seen = seen.clone();
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(stream.try_clone().unwrap());
+                let mut line = String::new();
+                while reader.read_line(&mut line).unwrap_or(0) > 0 {
+                    let n = seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                    // the first three deletes are one pipelined batch
+                    let reply: &[u8] = match n {
+                        1 => b"ERROR\r\n",
+                        2 | 3 => b"DELETED\r\n",
+                        _ => b"NOT_FOUND\r\n",
+                    };
+                    if stream.write_all(reply).is_err() {
+                        return;
+                    }
+                    line.clear();
+                }
+            });
+        }
+    });
+    let backend = backend_on(&[addr], |c| c.pool_size = 1);
+    let got = backend.delete_many(&["a", "b", "c"]);
+    assert!(got.iter().all(|r| r.is_err()), "{got:?}");
+    // a fresh connection: the server's reply to this delete, not the batch's leftover DELETED
+    assert!(!backend.delete("z").unwrap());
 }

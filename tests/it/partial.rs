@@ -202,3 +202,89 @@ fn a_server_dying_mid_load_costs_no_loaded_value() {
         "the failed stores are counted"
     );
 }
+
+/// A 1.5 MB value another client wrote (the server runs with `-I 2m`) is its key's problem
+/// alone: `get_many` returns the other keys, and `get_many_or_set_with` loads only that key.
+#[test]
+fn a_foreign_over_limit_value_costs_only_its_key() {
+    let server = Memcached::start_with(&["-I", "2m"]);
+    let cache = Cache::builder()
+        .memcached([server.addr()])
+        .flavor(unique_flavor("partial-big"))
+        .build()
+        .unwrap();
+    cache.set("small", "s", S(600)).unwrap();
+    let foreign = memcache::connect(format!("memcache://{}?protocol=ascii", server.addr()))
+        .expect("memcache client connects");
+    foreign
+        .set(
+            &cache.make_key("big"),
+            vec![b'z'; 1536 * 1024].as_slice(),
+            0,
+        )
+        .unwrap();
+    let got = cache.get_many::<String>(&["small", "big"]).unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got["small"], "s");
+    let asked = Mutex::new(Vec::new());
+    let got = cache
+        .get_many_or_set_with(&["small", "big"], S(600), |missing| {
+            asked.lock().unwrap().extend(missing.iter().cloned());
+            Ok::<_, io::Error>(
+                missing
+                    .iter()
+                    .map(|k| (k.clone(), "loaded".to_string()))
+                    .collect::<HashMap<_, _>>(),
+            )
+        })
+        .unwrap();
+    assert_eq!(asked.into_inner().unwrap(), vec!["big".to_string()]);
+    assert_eq!(
+        (got["small"].as_str(), got["big"].as_str()),
+        ("s", "loaded")
+    );
+    assert!(cache.stats().too_large >= 2);
+}
+
+/// A hung server read first in a batch does not take the other servers' keys down with it,
+/// nor get them ejected: their replies are already waiting when its timeout ends.
+#[test]
+fn a_hung_server_in_a_batch_costs_only_its_keys() {
+    let servers: Vec<Memcached> = (0..3).map(|_| Memcached::start()).collect();
+    let addrs: Vec<String> = servers.iter().map(Memcached::addr).collect();
+    let cache = Cache::builder()
+        .memcached(&addrs)
+        .flavor(unique_flavor("partial-hung"))
+        .io_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let keys: Vec<String> = (0..60).map(|i| format!("h{i}")).collect();
+    assert!(
+        cache
+            .set_many(keys.iter().map(|k| (k.as_str(), k)), S(600))
+            .unwrap()
+            .is_empty()
+    );
+    let ring = MemcachedBackend::new(MemcachedConfig::new(
+        addrs
+            .iter()
+            .map(|a| ServerSpec::parse(a).unwrap())
+            .collect(),
+    ))
+    .unwrap();
+    // Server 0 is read first in every batch.
+    let on_hung: Vec<&String> = keys
+        .iter()
+        .filter(|k| ring.server_of(&cache.make_key(k)) == 0)
+        .collect();
+    servers[0].signal("STOP");
+    for round in 0..3 {
+        let got = cache.get_many::<String>(&keys).unwrap();
+        assert_eq!(got.len(), 60 - on_hung.len(), "round {round}");
+    }
+    // the healthy servers were not ejected: single gets of their keys still work
+    for k in keys.iter().filter(|k| !on_hung.contains(k)) {
+        assert_eq!(cache.get::<String>(k).unwrap().as_ref(), Some(k));
+    }
+    servers[0].signal("CONT");
+}

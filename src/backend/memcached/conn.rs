@@ -28,7 +28,19 @@ pub(crate) struct DeadlineStream {
     deadline: Instant,
     /// The socket's current read and write timeouts (a `setsockopt` only when they must change).
     armed: [Duration; 2],
+    /// What this exchange may still wait past its deadline, in all ([`GRACE`]).
+    grace: Duration,
+    /// Per direction (read, write): whether the deadline had passed before this exchange's
+    /// first syscall in it (`None`: none yet).
+    started_late: [Option<bool>; 2],
 }
+
+/// How long, in all, an exchange that reaches its socket (to read, or to write) only after the
+/// deadline may still wait. A batch reads its servers one after another under one deadline: a
+/// hung server read first must not starve the others, whose replies are already waiting in their
+/// sockets (reading them takes no waiting at all), and a server whose turn came too late is not
+/// blamed. An exchange that started in time gets no grace: `io_timeout` bounds it.
+const GRACE: Duration = Duration::from_millis(10);
 
 /// How far a syscall may end past the deadline before its timeout is set again (saves a
 /// `setsockopt` on nearly every call; far below any timeout a caller would configure).
@@ -42,7 +54,15 @@ impl DeadlineStream {
             stream,
             deadline: Instant::now() + io_timeout,
             armed: [io_timeout; 2],
+            grace: GRACE,
+            started_late: [None; 2],
         })
+    }
+
+    /// Whether this exchange reached its socket (in either direction) only after its deadline:
+    /// its time was spent on other servers of the batch.
+    pub(crate) fn started_late(&self) -> bool {
+        self.started_late.contains(&Some(true))
     }
 
     /// Runs one syscall (`write` = index 1) with the socket timeout at most the time left;
@@ -53,12 +73,18 @@ impl DeadlineStream {
         mut op: impl FnMut(&mut TcpStream) -> io::Result<T>,
     ) -> io::Result<T> {
         loop {
-            let left = self.deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    "io_timeout reached",
-                ));
+            let now = Instant::now();
+            let mut left = self.deadline.saturating_duration_since(now);
+            let on_grace = left.is_zero();
+            let late = *self.started_late[dir].get_or_insert(on_grace);
+            if on_grace {
+                if !late || self.grace.is_zero() {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "io_timeout reached",
+                    ));
+                }
+                left = self.grace;
             }
             if self.armed[dir] > left + SLACK || self.armed[dir] + SLACK < left {
                 if dir == 0 {
@@ -68,21 +94,20 @@ impl DeadlineStream {
                 }
                 self.armed[dir] = left;
             }
-            match op(&mut self.stream) {
+            let r = op(&mut self.stream);
+            if on_grace {
+                self.grace = self.grace.saturating_sub(now.elapsed());
+            }
+            match r {
+                // Early (armed for a longer remainder), at the deadline, or out of grace: the
+                // top of the loop decides.
                 Err(e)
                     if matches!(
                         e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                    ) =>
-                {
-                    if Instant::now() >= self.deadline {
-                        return Err(io::Error::new(
-                            io::ErrorKind::TimedOut,
-                            "io_timeout reached",
-                        ));
-                    }
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        io::ErrorKind::WouldBlock
+                            | io::ErrorKind::TimedOut
+                            | io::ErrorKind::Interrupted
+                    ) => {}
                 other => return other,
             }
         }
@@ -123,6 +148,9 @@ pub(crate) struct Conn {
     pub(crate) answered: bool,
     /// When it was last returned to its pool (idle connections expire).
     pub(crate) idle_since: Instant,
+    /// Taken from the pool's idle connections (not made for this checkout): if it fails before
+    /// any answer, it may simply be stale (the server restarted since).
+    pub(crate) reused: bool,
 }
 
 impl Conn {
@@ -160,6 +188,7 @@ impl Conn {
                         fault: false,
                         answered: false,
                         idle_since: Instant::now(),
+                        reused: false,
                     });
                 }
                 Err(e) => last = Some(e),
@@ -178,7 +207,15 @@ impl Conn {
 
     /// Sets the deadline of the next reads and writes.
     pub(crate) fn set_deadline(&mut self, deadline: Instant) {
-        self.stream.get_mut().deadline = deadline;
+        let s = self.stream.get_mut();
+        s.deadline = deadline;
+        s.grace = GRACE;
+        s.started_late = [None; 2];
+    }
+
+    /// Whether the current exchange reached its socket only after its deadline.
+    pub(crate) fn started_late(&self) -> bool {
+        self.stream.get_ref().started_late()
     }
 
     /// Records an error of an exchange: anything that may leave unread reply bytes breaks the

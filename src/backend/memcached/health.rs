@@ -20,6 +20,11 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
+/// A duration in whole milliseconds, at least 1, saturating.
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
 /// The longest wait between probes, in retry intervals.
 pub(crate) const MAX_BACKOFF: u32 = 32;
 
@@ -52,7 +57,7 @@ impl Health {
             .level
             .load(Ordering::Acquire)
             .min(MAX_BACKOFF.trailing_zeros());
-        (retry.as_millis() as u64).max(1) << level
+        millis(retry).saturating_mul(1 << level)
     }
 
     pub(crate) fn gate(&self, now_ms: u64, retry: Duration) -> Gate {
@@ -64,7 +69,7 @@ impl Health {
             return Gate::FailFast;
         }
         // One prober per interval: whoever moves the deadline on probes.
-        let next = now_ms + self.interval(retry);
+        let next = now_ms.saturating_add(self.interval(retry));
         match self
             .dead_until_ms
             .compare_exchange(until, next, Ordering::AcqRel, Ordering::Acquire)
@@ -104,8 +109,10 @@ impl Health {
         if self.dead_until_ms.load(Ordering::Acquire) != 0 {
             if probe {
                 // A failed probe: the next one after the current interval.
-                self.dead_until_ms
-                    .store(now_ms + self.interval(retry), Ordering::Release);
+                self.dead_until_ms.store(
+                    now_ms.saturating_add(self.interval(retry)),
+                    Ordering::Release,
+                );
             }
             return false;
         }
@@ -115,7 +122,7 @@ impl Health {
         }
         // Dead again soon after coming back: flapping, so back off further; otherwise start over.
         let revived = self.revived_ms.load(Ordering::Acquire);
-        let settled = (retry.as_millis() as u64).max(1) * u64::from(MAX_BACKOFF);
+        let settled = millis(retry).saturating_mul(u64::from(MAX_BACKOFF));
         if revived != 0 && now_ms.saturating_sub(revived) < settled {
             let _ = self
                 .level
@@ -125,7 +132,7 @@ impl Health {
         } else {
             self.level.store(0, Ordering::Release);
         }
-        let next = (now_ms + self.interval(retry)).max(1);
+        let next = now_ms.saturating_add(self.interval(retry)).max(1);
         // Only the alive -> dead transition reports.
         self.dead_until_ms
             .compare_exchange(0, next, Ordering::AcqRel, Ordering::Acquire)

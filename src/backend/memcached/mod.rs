@@ -71,6 +71,9 @@ struct Leg<'a> {
     error: Option<Error>,
 }
 
+/// The longest `retry_interval`: a day. A dead server is always probed again eventually.
+pub const MAX_RETRY_INTERVAL: Duration = Duration::from_secs(86_400);
+
 impl MemcachedBackend {
     /// Sets up the pools (without connecting).
     ///
@@ -91,6 +94,13 @@ impl MemcachedBackend {
         }
         if config.io_timeout.is_zero() {
             return Err(Error::config("io_timeout must be above zero"));
+        }
+        if config.retry_interval > MAX_RETRY_INTERVAL {
+            return Err(Error::config(format!(
+                "retry_interval must be at most {MAX_RETRY_INTERVAL:?} (a dead server is probed \
+                 again after it, doubling while it flaps), got {:?}",
+                config.retry_interval
+            )));
         }
         let servers = config
             .servers
@@ -191,6 +201,22 @@ impl MemcachedBackend {
         }
     }
 
+    /// Whether a connection's fault counts against server `i`. Not when its exchange reached the
+    /// socket only after the batch's deadline (other servers of the batch used the time), and
+    /// not when a connection reused from the pool failed before any answer: it may just be
+    /// stale (the server restarted since it was opened). The server's other pooled connections
+    /// are dropped then, so the next call connects afresh, and a fault there counts.
+    fn counts(&self, i: usize, c: &Conn) -> bool {
+        if !c.fault || c.started_late() {
+            return false;
+        }
+        if c.reused && !c.answered {
+            self.servers[i].reset();
+            return false;
+        }
+        true
+    }
+
     /// Runs `op` on server `i`, through its health gate, recording the outcome.
     fn run<T>(&self, i: usize, op: impl FnOnce(&mut Conn) -> Result<T>) -> Result<T> {
         let server = &self.servers[i];
@@ -203,7 +229,7 @@ impl MemcachedBackend {
         };
         conn.answered = false;
         let r = op(&mut conn);
-        let (fault, answered) = (conn.fault, conn.answered);
+        let (fault, answered) = (self.counts(i, &conn), conn.answered);
         drop(conn);
         match &r {
             Err(e) if fault => self.record(i, probe, Some(e), false),
@@ -291,13 +317,16 @@ impl MemcachedBackend {
                 let part = leg.positions.chunks(chunk).nth(round).unwrap_or(&[]);
                 let conn = leg.conn.as_mut().expect("a leg that sent has a connection");
                 if let Err(e) = conn.recv(|r| decode(r, part, &mut out)) {
+                    // The decoder stopped early: whatever the error, replies to the rest of
+                    // this server's part may be unread. Never reuse the connection.
+                    conn.broken = true;
                     leg.error = Some(e);
                 }
             }
         }
         for leg in legs {
             let (fault, answered) = match &leg.conn {
-                Some(c) => (c.fault, c.answered),
+                Some(c) => (self.counts(leg.server, c), c.answered),
                 None => (leg.connect_fault, false),
             };
             drop(leg.conn);

@@ -127,8 +127,12 @@ impl Server {
             }
         }
         pool.busy += 1;
-        let idle =
-            std::iter::from_fn(|| pool.idle.pop()).find(|c| c.idle_since.elapsed() < IDLE_TIMEOUT);
+        let idle = std::iter::from_fn(|| pool.idle.pop())
+            .find(|c| c.idle_since.elapsed() < IDLE_TIMEOUT)
+            .map(|mut c| {
+                c.reused = true;
+                c
+            });
         drop(pool);
         let mut pooled = Pooled {
             server: self,
