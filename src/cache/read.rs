@@ -11,6 +11,7 @@ use super::{Cache, DecodePolicy};
 use crate::backend::{Item, Write};
 use crate::envelope;
 use crate::error::{Error, Result};
+use crate::key::{Derived, KeyHash};
 use crate::protocol::{Action, Found, Grant, Held, Machine, Mode, Settings};
 use crate::stats::Counters;
 
@@ -195,15 +196,16 @@ impl Cache {
         let (derived, fetched) = self.read_many(keys)?;
         // One clock read for the batch.
         let now = self.now();
-        for ((user_key, k), fetched) in keys.iter().zip(derived).zip(fetched) {
+        for (i, (user_key, fetched)) in keys.iter().zip(fetched).enumerate() {
             let Fetched::Item(item) = fetched else {
                 continue;
             };
+            let k = derived.get(i);
             let mut m = Machine::new(Mode::Lookup, self.settings(false), self.token(), now);
             let first = m.on_read(now, Some(item));
             let found = match first {
                 Action::Done(found) => found,
-                action => match self.drive(&k, &mut m, action)? {
+                action => match self.drive(k, &mut m, action)? {
                     Step::Done(found) => found,
                     Step::Load(_) => continue,
                 },
@@ -219,20 +221,14 @@ impl Cache {
     /// policy. A key asked for twice is read (and judged) once: its later positions are
     /// [`Fetched::Duplicate`], so that one caller never claims a key twice. Missing and failed
     /// keys are counted as misses here.
-    pub(crate) fn read_many(
-        &self,
-        keys: &[impl AsRef<str>],
-    ) -> Result<(Vec<String>, Vec<Fetched>)> {
-        let derived = keys
-            .iter()
-            .map(|k| self.keys.make(k.as_ref()))
-            .collect::<Result<Vec<_>>>()?;
-        let refs: Vec<&str> = derived.iter().map(String::as_str).collect();
+    pub(crate) fn read_many(&self, keys: &[impl AsRef<str>]) -> Result<(Derived, Vec<Fetched>)> {
+        let derived = self.keys.make_all(keys)?;
+        let refs = derived.refs();
         let results = self.inner.config.backend.get_many(&refs);
         let read = self.absorb_each(results, self.inner.config.read_failures, |i| {
             keys[i].as_ref().to_string()
         })?;
-        let mut seen = HashSet::with_capacity(refs.len());
+        let mut seen = HashSet::with_capacity_and_hasher(refs.len(), KeyHash);
         let fetched = refs
             .iter()
             .zip(read)
@@ -253,6 +249,7 @@ impl Cache {
                 }
             })
             .collect();
+        drop(refs);
         Ok((derived, fetched))
     }
 }

@@ -73,7 +73,8 @@ impl Cache {
         let mut held: HashMap<String, (T, u64)> = HashMap::new();
         let now = self.now();
         let mut pending = Vec::new();
-        for ((user_key, d), fetched) in keys.iter().zip(derived).zip(fetched) {
+        for (i, (user_key, fetched)) in keys.iter().zip(fetched).enumerate() {
+            let d = derived.get(i);
             let item = match fetched {
                 Fetched::Duplicate => continue,
                 // Its server failed: load it without a claim (the result cannot be stored).
@@ -88,7 +89,7 @@ impl Cache {
             let action = machine.on_read(now, item);
             pending.push(Pending {
                 key: user_key.as_ref().to_string(),
-                derived: d,
+                derived: d.to_string(),
                 machine,
                 action,
             });
