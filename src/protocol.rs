@@ -422,6 +422,7 @@ impl Machine {
             header: h,
             lease_ms: self.s.lease_ms,
             renew_until_ms: now.mono_ms.saturating_add(self.s.max_load_ms),
+            renewing_until: 0,
         };
         let held = match pending {
             Pending::Claim { early, expired } => Some(Held {
@@ -475,6 +476,17 @@ fn hold_exptime(h: &Header, until_ms: u64, now_ms: u64) -> u32 {
     )
 }
 
+/// What a renewal's read-back says about the claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Renewal {
+    /// Still this holder's, with the CAS token read back.
+    Kept,
+    /// Written, deleted or taken over by someone else.
+    Lost,
+    /// This holder's, but read before the renewal's write ran: read again.
+    Unsure,
+}
+
 /// A claim this caller holds: renewed while the loader runs, completed with `cas`.
 #[derive(Debug, Clone)]
 pub(crate) struct Lease {
@@ -487,6 +499,8 @@ pub(crate) struct Lease {
     lease_ms: u64,
     /// Monotonic ms after which the claim is no longer renewed.
     renew_until_ms: u64,
+    /// The claim deadline the last renewal wrote (0 before the first).
+    renewing_until: u64,
 }
 
 impl Lease {
@@ -499,12 +513,13 @@ impl Lease {
     /// The write that renews the claim now (`cas` with a later deadline, then read back), or
     /// `None` once the load has run `max_load_time`: the claim then lapses and one waiter takes
     /// over.
-    pub(crate) fn renewal(&self, now: Now) -> Option<Action> {
+    pub(crate) fn renewal(&mut self, now: Now) -> Option<Action> {
         if now.mono_ms >= self.renew_until_ms {
             return None;
         }
         let until = now.wall_ms.saturating_add(self.lease_ms);
         let value = envelope::restamp(&self.bytes, until, self.token)?;
+        self.renewing_until = until;
         Some(Action::StoreThenRead {
             mode: StoreMode::Cas(self.cas),
             exptime: hold_exptime(&self.header, until, now.wall_ms),
@@ -512,19 +527,28 @@ impl Lease {
         })
     }
 
-    /// The renewal answered; `false` if the claim is lost (the key was written or deleted, or
-    /// taken over): the load's result will then not be stored, and renewing stops.
-    pub(crate) fn on_renewed(&mut self, after: Option<Item>) -> bool {
-        let Some(item) = after else { return false };
+    /// The renewal's read-back (or, after [`Renewal::Unsure`], a second read with `last` set)
+    /// found `after`. Lost if the key no longer carries this holder's token (it was written or
+    /// deleted, or taken over): the load's result will then not be stored, and renewing stops.
+    pub(crate) fn on_renewed(&mut self, after: Option<Item>, last: bool) -> Renewal {
+        let Some(item) = after else {
+            return Renewal::Lost;
+        };
         // Only this holder writes its token: an item carrying it is this holder's (a renewal
         // whose reply was lost included), and its CAS is the claim's.
-        let ours = matches!(envelope::decode(item.flags, &item.value),
-                            Ok(Parsed::Item(h, _)) if h.token == self.token);
-        if ours {
-            self.cas = item.cas;
-            self.bytes = item.value;
+        let claim_until = match envelope::decode(item.flags, &item.value) {
+            Ok(Parsed::Item(h, _)) if h.token == self.token => h.claim_until_ms,
+            _ => return Renewal::Lost,
+        };
+        // Ours, but from before this renewal: a proxy with several connections per server may
+        // run the pipelined read before the `cas`. Adopting its CAS token would lose the claim
+        // at the next `cas`; read again.
+        if claim_until < self.renewing_until && !last {
+            return Renewal::Unsure;
         }
-        ours
+        self.cas = item.cas;
+        self.bytes = item.value;
+        Renewal::Kept
     }
 
     /// How to store the loaded value: `cas` against the claim.
@@ -698,12 +722,20 @@ mod tests {
             panic!()
         };
         assert_eq!((h.claim_until_ms, h.token, payload), (0, 0, &b"v"[..]));
+        let before = stored(&g.lease.renewal(at(1_000)).unwrap(), 4);
+        assert_eq!(
+            g.lease.on_renewed(Some(before.clone()), false),
+            Renewal::Kept
+        );
         let r = g.lease.renewal(at(2_000)).expect("renews within max_load");
+        // a proxy ran the read-back before the cas: the older version is not adopted
+        assert_eq!(g.lease.on_renewed(Some(before), false), Renewal::Unsure);
+        assert_eq!(g.lease.store_mode(), StoreMode::Cas(4));
         let back = stored(&r, 5);
-        assert!(g.lease.on_renewed(Some(back)));
+        assert_eq!(g.lease.on_renewed(Some(back), true), Renewal::Kept);
         assert_eq!(g.lease.store_mode(), StoreMode::Cas(5));
         // someone deleted the key: the claim is lost
-        assert!(!g.lease.on_renewed(None));
+        assert_eq!(g.lease.on_renewed(None, false), Renewal::Lost);
         assert!(g.lease.renewal(at(60_020)).is_none(), "not past max_load");
     }
 

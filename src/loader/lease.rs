@@ -15,7 +15,7 @@ use crate::backend::{Backend, StoreOutcome, Write};
 use crate::clock::Clock;
 use crate::envelope;
 use crate::error::Result;
-use crate::protocol::{Action, Lease, Now};
+use crate::protocol::{Action, Lease, Now, Renewal};
 
 /// How long the renewal thread lingers with nothing to renew before it exits.
 const IDLE_EXIT: Duration = Duration::from_secs(5);
@@ -196,7 +196,15 @@ fn renew(shared: &Shared, slot: &Slot) {
     // A failed renewal is tried again next time; two failures in a row still leave a third of
     // the lease.
     if let Ok((_, after)) = shared.backend.store_then_get(w) {
-        if !l.lease.on_renewed(after) {
+        let mut renewal = l.lease.on_renewed(after, false);
+        if renewal == Renewal::Unsure {
+            // The read ran before the write (a proxy reordered them): read again. A failed
+            // read leaves the claim as it was; the next renewal finds out.
+            if let Ok(item) = shared.backend.get(&slot.key) {
+                renewal = l.lease.on_renewed(item, true);
+            }
+        }
+        if renewal == Renewal::Lost {
             l.lost = true;
             l.idle = true;
         }

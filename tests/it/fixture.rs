@@ -257,6 +257,7 @@ pub fn shared_twemproxy() -> &'static str {
                     "newcache:\n  listen: 127.0.0.1:{proxy}\n  hash: fnv1a_64\n  \
                      distribution: ketama\n  auto_eject_hosts: true\n  \
                      server_retry_timeout: 2000\n  server_failure_limit: 2\n  timeout: 2000\n  \
+                     server_connections: 2\n  \
                      servers:\n   - 127.0.0.1:{p1}:1\n   - 127.0.0.1:{p2}:1\n"
                 ),
             )

@@ -622,12 +622,13 @@ fn round_trips_per_call(env: &Env) {
         .build()
         .unwrap();
     let load = || Ok::<_, io::Error>(1u32);
+    // Through twemproxy with two connections per server, the proxy may run a pipelined
+    // read-back before its write: the protocol then reads once more (never fewer than 3).
+    let reread = usize::from(env.kind == Kind::Twemproxy);
     cache.get_or_set_with("k", S(10), load).unwrap();
-    assert_eq!(
-        (counting.take(), derivations.swap(0, Ordering::SeqCst)),
-        (3, 1),
-        "cold miss"
-    );
+    let trips = counting.take();
+    assert!((3..=3 + reread).contains(&trips), "cold miss: {trips}");
+    assert_eq!(derivations.swap(0, Ordering::SeqCst), 1, "cold miss");
     cache.get_or_set_with("k", S(10), load).unwrap();
     assert_eq!(
         (counting.take(), derivations.swap(0, Ordering::SeqCst)),
@@ -636,5 +637,9 @@ fn round_trips_per_call(env: &Env) {
     );
     env.advance(S(11));
     cache.get_or_set_with("k", S(10), load).unwrap();
-    assert_eq!(counting.take(), 3, "the refresh of a stale key");
+    let trips = counting.take();
+    assert!(
+        (3..=3 + reread).contains(&trips),
+        "the refresh of a stale key: {trips}"
+    );
 }
