@@ -194,14 +194,15 @@ impl Cache {
     ) -> Result<HashMap<String, T>> {
         let mut out = HashMap::with_capacity(keys.len());
         let (derived, fetched) = self.read_many(keys)?;
-        // One clock read for the batch.
+        // One clock read, and one set of settings, for the batch.
         let now = self.now();
+        let settings = self.settings(false);
         for (i, (user_key, fetched)) in keys.iter().zip(fetched).enumerate() {
             let Fetched::Item(item) = fetched else {
                 continue;
             };
             let k = derived.get(i);
-            let mut m = Machine::new(Mode::Lookup, self.settings(false), self.token(), now);
+            let mut m = Machine::new(Mode::Lookup, settings, self.token(), now);
             let first = m.on_read(now, Some(item));
             let found = match first {
                 Action::Done(found) => found,
