@@ -78,15 +78,7 @@ pub fn validate_key(key: &str) -> Result<()> {
     if key.is_empty() {
         return Err(Error::new(ErrorKind::InvalidKey, "the key is empty"));
     }
-    if key.len() > MAX_KEY_LEN {
-        return Err(Error::new(
-            ErrorKind::InvalidKey,
-            format!(
-                "the key is {} bytes, memcached allows {MAX_KEY_LEN}",
-                key.len()
-            ),
-        ));
-    }
+    check_len(key)?;
     // The common case, every derived key: printable ASCII. A fold without early exit, so that
     // the compiler can check many bytes at a time (this runs twice per key of every batch).
     if key
@@ -108,6 +100,20 @@ pub fn validate_key(key: &str) -> Result<()> {
         return Err(Error::new(
             ErrorKind::InvalidKey,
             "the key contains a unicode whitespace or control character",
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses a key longer than memcached's [`MAX_KEY_LEN`].
+pub(crate) fn check_len(key: &str) -> Result<()> {
+    if key.len() > MAX_KEY_LEN {
+        return Err(Error::new(
+            ErrorKind::InvalidKey,
+            format!(
+                "the key is {} bytes, memcached allows {MAX_KEY_LEN}",
+                key.len()
+            ),
         ));
     }
     Ok(())

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use newcache::{Backend, Cache, FailurePolicy, MemcachedBackend, MemcachedConfig, ServerSpec, Ttl};
 
-use crate::fixture::{Memcached, unique_flavor};
+use crate::fixture::{Memcached, memcached_backend, unique_flavor};
 
 const MS: fn(u64) -> Duration = Duration::from_millis;
 
@@ -532,17 +532,6 @@ fn a_dead_server_logs_once_and_once_more_when_back() {
     );
 }
 
-fn raw_backend(addrs: &[String], tune: impl FnOnce(&mut MemcachedConfig)) -> MemcachedBackend {
-    let mut config = MemcachedConfig::new(
-        addrs
-            .iter()
-            .map(|a| ServerSpec::parse(a).unwrap())
-            .collect(),
-    );
-    tune(&mut config);
-    MemcachedBackend::new(config).unwrap()
-}
-
 /// What a batch read of `keys` returned, per key: the value found, `None` for a miss, `Err` for
 /// a failed key.
 type Answers = Vec<Result<Option<Vec<u8>>, newcache::Error>>;
@@ -561,7 +550,7 @@ fn read_all(b: &MemcachedBackend, keys: &[&str]) -> Answers {
 fn one_dead_server_costs_only_its_own_keys() {
     let mut servers: Vec<Memcached> = (0..3).map(|_| Memcached::start()).collect();
     let addrs: Vec<String> = servers.iter().map(Memcached::addr).collect();
-    let b = raw_backend(&addrs, |c| {
+    let b = memcached_backend(&addrs, |c| {
         c.connect_timeout = MS(300);
         c.retry_interval = Duration::from_secs(30);
     });
@@ -625,7 +614,7 @@ fn one_dead_server_costs_only_its_own_keys() {
 fn remap_batches_move_an_ejected_servers_keys() {
     let mut servers: Vec<Memcached> = (0..3).map(|_| Memcached::start()).collect();
     let addrs: Vec<String> = servers.iter().map(Memcached::addr).collect();
-    let b = raw_backend(&addrs, |c| {
+    let b = memcached_backend(&addrs, |c| {
         c.dead_servers = newcache::DeadServerPolicy::Remap;
         c.failure_limit = 1;
         c.connect_timeout = MS(300);
@@ -664,7 +653,7 @@ fn a_foreign_over_limit_value_never_ejects_a_healthy_server() {
     let big = vec![b'z'; 1536 * 1024];
     foreign.set("big", big.as_slice(), 0).unwrap();
     foreign.set("small", b"s".as_slice(), 0).unwrap();
-    let b = raw_backend(&[server.addr()], |c| {
+    let b = memcached_backend(&[server.addr()], |c| {
         c.failure_limit = 2;
         c.retry_interval = Duration::from_secs(30);
         c.pool_size = 1; // every call reuses the one connection: it must stay in step
@@ -708,7 +697,7 @@ fn a_blackholed_server_never_delays_the_others() {
     }
     let mut healthy = Memcached::start();
     let addrs = vec![hole_addr.to_string(), healthy.addr()];
-    let b = raw_backend(&addrs, |c| {
+    let b = memcached_backend(&addrs, |c| {
         c.connect_timeout = MS(300);
         c.io_timeout = MS(300);
         c.retry_interval = MS(100);

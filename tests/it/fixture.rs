@@ -10,6 +10,22 @@ use std::time::{Duration, Instant};
 use newcache::testing::MockClock;
 use newcache::{Backend, Cache, CacheBuilder, MemoryBackend, StoreMode};
 
+/// A `MemcachedBackend` on `addrs`, its config adjusted by `tune` (for tests that drive the
+/// backend directly).
+pub fn memcached_backend(
+    addrs: &[String],
+    tune: impl FnOnce(&mut newcache::MemcachedConfig),
+) -> newcache::MemcachedBackend {
+    let mut config = newcache::MemcachedConfig::new(
+        addrs
+            .iter()
+            .map(|a| newcache::ServerSpec::parse(a).unwrap())
+            .collect(),
+    );
+    tune(&mut config);
+    newcache::MemcachedBackend::new(config).unwrap()
+}
+
 /// A memcached process on 127.0.0.1:port, killed when dropped.
 pub struct Memcached {
     pub port: u16,

@@ -11,7 +11,7 @@ use newcache::{
     StoreOutcome,
 };
 
-use crate::fixture::{Memcached, shared_server, unique_flavor};
+use crate::fixture::{Memcached, memcached_backend, shared_server, unique_flavor};
 
 const S: fn(u64) -> Duration = Duration::from_secs;
 
@@ -328,24 +328,13 @@ fn clear_behind_twemproxy_is_a_clear_error() {
     );
 }
 
-fn backend_on(addrs: &[String], tune: impl FnOnce(&mut MemcachedConfig)) -> MemcachedBackend {
-    let mut config = MemcachedConfig::new(
-        addrs
-            .iter()
-            .map(|a| ServerSpec::parse(a).unwrap())
-            .collect(),
-    );
-    tune(&mut config);
-    MemcachedBackend::new(config).unwrap()
-}
-
 /// Issue 8 §3: memcached answers a too-long key with CLIENT_ERROR without reading the data block,
 /// so the value's bytes ran as commands: this value flushed the server. Bad input is refused with
 /// a typed error and nothing reaches the wire; in a batch, the bad entry fails alone.
 #[test]
 fn a_too_long_key_never_reaches_the_wire() {
     let server = Memcached::start();
-    let backend = backend_on(&[server.addr()], |_| {});
+    let backend = memcached_backend(&[server.addr()], |_| {});
     backend
         .store(StoreMode::Set, "before", b"kept", 0, 0)
         .unwrap();
@@ -412,7 +401,7 @@ fn a_trickling_server_cannot_hold_a_caller_past_io_timeout() {
             });
         }
     });
-    let backend = backend_on(&[addr], |c| {
+    let backend = memcached_backend(&[addr], |c| {
         c.io_timeout = Duration::from_millis(300);
         c.connect_timeout = Duration::from_millis(300);
     });
@@ -458,7 +447,7 @@ fn an_error_reply_mid_batch_never_leaves_a_connection_out_of_step() {
             });
         }
     });
-    let backend = backend_on(&[addr], |c| c.pool_size = 1);
+    let backend = memcached_backend(&[addr], |c| c.pool_size = 1);
     let got = backend.delete_many(&["a", "b", "c"]);
     assert!(got.iter().all(|r| r.is_err()), "{got:?}");
     // a fresh connection: the server's reply to this delete, not the batch's leftover DELETED

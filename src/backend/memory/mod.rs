@@ -15,7 +15,6 @@ use super::{
 };
 use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, ErrorKind, Result};
-use crate::key::MAX_KEY_LEN;
 use crate::ttl::hard_deadline_ms;
 use shard::{ENTRY_OVERHEAD, Shard, Slot};
 
@@ -168,15 +167,7 @@ impl Backend for MemoryBackend {
         flags: u32,
         exptime: u32,
     ) -> Result<StoreOutcome> {
-        if key.len() > MAX_KEY_LEN {
-            return Err(Error::new(
-                ErrorKind::InvalidKey,
-                format!(
-                    "the key is {} bytes, memcached allows {MAX_KEY_LEN}",
-                    key.len()
-                ),
-            ));
-        }
+        crate::key::check_len(key)?;
         let max = self.max_value_size(key);
         // The second test catches a key that alone (with its overhead) overflows a tiny shard.
         if value.len() > max || key.len() + value.len() + ENTRY_OVERHEAD > self.shard_capacity {
