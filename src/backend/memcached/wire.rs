@@ -290,9 +290,16 @@ pub(crate) fn read_slots<R: BufRead>(
             ));
             continue;
         }
-        // len is at most max_value (checked above), so this allocation is bounded.
-        let mut value = vec![0u8; len + 2];
-        r.read_exact(&mut value)?;
+        // len is at most max_value (checked above), so this allocation is bounded; read into
+        // spare capacity (no zeroing first).
+        let mut value = Vec::with_capacity(len + 2);
+        if std::io::Read::read_to_end(
+            &mut std::io::Read::take(&mut *r, len as u64 + 2),
+            &mut value,
+        )? != len + 2
+        {
+            return Err(protocol_error(CLOSED));
+        }
         if !value.ends_with(b"\r\n") {
             return Err(protocol_error("value not followed by CRLF"));
         }
@@ -345,22 +352,22 @@ pub(crate) fn read_values<R: BufRead>(
 /// `VALUE <key> <flags> <bytes> <cas>`, parsed as bytes (this runs once per value).
 fn parse_value_line(l: &[u8]) -> Option<(&[u8], u32, usize, u64)> {
     let rest = l.strip_prefix(b"VALUE ")?;
-    let mut fields: [&[u8]; 4] = [&[]; 4];
-    let (mut n, mut start) = (0, 0);
-    for (i, &b) in rest.iter().enumerate() {
-        if b == b' ' {
-            *fields.get_mut(n)? = &rest[start..i];
-            n += 1;
-            start = i + 1;
-        }
-    }
-    *fields.get_mut(n)? = &rest[start..];
-    if n != 3 || fields[0].is_empty() {
+    // The three numbers are short and last: split them off from the end, so that the key (up to
+    // 250 bytes) is not scanned byte by byte. A key with a space in it fails to parse as digits.
+    let split = |s: &mut &[u8]| -> Option<u64> {
+        let at = s.iter().rposition(|&b| b == b' ')?;
+        let field = &s[at + 1..];
+        *s = &s[..at];
+        decimal(field)
+    };
+    let mut head = rest;
+    let cas = split(&mut head)?;
+    let len = usize::try_from(split(&mut head)?).ok()?;
+    let flags = u32::try_from(split(&mut head)?).ok()?;
+    if head.is_empty() || head.contains(&b' ') {
         return None;
     }
-    let flags = u32::try_from(decimal(fields[1])?).ok()?;
-    let len = usize::try_from(decimal(fields[2])?).ok()?;
-    Some((fields[0], flags, len, decimal(fields[3])?))
+    Some((head, flags, len, cas))
 }
 
 /// A non-empty run of ASCII digits as a `u64` (None on overflow or anything else).
