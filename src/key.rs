@@ -193,38 +193,65 @@ impl KeyMaker {
     }
 }
 
-/// Hashes a derived key by its last eight bytes: a default key ends in forty hex digits of
-/// SHA-1, so they are as good as any hash, for a fraction of SipHash's cost (batches dedupe a
-/// hundred keys per call). Custom keys that share endings only collide more; lookups stay exact.
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct KeyHash;
+/// How a batch hashes its derived keys to find duplicates. A default key ends in forty hex
+/// digits of SHA-1, so its last eight bytes are as good as any hash, for a fraction of SipHash's
+/// cost (batches dedupe a hundred keys per call). A custom key function may pass user input
+/// through (keys sharing a suffix would all collide): those keys get std's seeded SipHash.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct KeyHash(Option<std::collections::hash_map::RandomState>);
+
+impl KeyHash {
+    /// The hash for keys made by `maker`.
+    pub(crate) fn for_keys(maker: &KeyMaker) -> KeyHash {
+        KeyHash(maker.function.as_ref().map(|_| Default::default()))
+    }
+}
 
 impl std::hash::BuildHasher for KeyHash {
-    type Hasher = TailHasher;
-    fn build_hasher(&self) -> TailHasher {
-        TailHasher(0)
+    type Hasher = KeyHasher;
+    fn build_hasher(&self) -> KeyHasher {
+        match &self.0 {
+            None => KeyHasher::Tail(0),
+            Some(seeded) => KeyHasher::Seeded(seeded.build_hasher()),
+        }
     }
 }
 
 /// The hasher of [`KeyHash`].
 #[derive(Debug)]
-pub(crate) struct TailHasher(u64);
+pub(crate) enum KeyHasher {
+    /// The last eight bytes of a default key (SHA-1 hex).
+    Tail(u64),
+    /// Custom keys: the whole key, seeded.
+    Seeded(std::collections::hash_map::DefaultHasher),
+}
 
-impl std::hash::Hasher for TailHasher {
+impl std::hash::Hasher for KeyHasher {
     fn write(&mut self, bytes: &[u8]) {
-        let tail = &bytes[bytes.len().saturating_sub(8)..];
-        let mut word = [0u8; 8];
-        word[..tail.len()].copy_from_slice(tail);
-        // Mixed with the length, and spread (a multiplicative hash) so that hex digits fill
-        // every bit hashbrown looks at.
-        self.0 = (self.0 ^ u64::from_le_bytes(word) ^ bytes.len() as u64)
-            .wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        match self {
+            KeyHasher::Tail(h) => {
+                let tail = &bytes[bytes.len().saturating_sub(8)..];
+                let mut word = [0u8; 8];
+                word[..tail.len()].copy_from_slice(tail);
+                // Mixed with the length, and spread (a multiplicative hash) so that hex digits
+                // fill every bit hashbrown looks at.
+                *h = (*h ^ u64::from_le_bytes(word) ^ bytes.len() as u64)
+                    .wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            }
+            KeyHasher::Seeded(s) => s.write(bytes),
+        }
     }
-    fn write_u8(&mut self, _: u8) {
-        // `str`'s terminator byte: carries nothing.
+    fn write_u8(&mut self, b: u8) {
+        // `str`'s terminator byte: nothing for the tail hash.
+        if let KeyHasher::Seeded(s) = self {
+            s.write_u8(b);
+        }
     }
     fn finish(&self) -> u64 {
-        self.0 ^ (self.0 >> 29)
+        match self {
+            KeyHasher::Tail(h) => h ^ (h >> 29),
+            KeyHasher::Seeded(s) => s.finish(),
+        }
     }
 }
 
@@ -376,7 +403,7 @@ mod tests {
         };
         assert!(long.make_all(&["k"]).unwrap_err().is_invalid_key());
         // the tail hasher finds duplicates like any other
-        let mut seen = std::collections::HashSet::with_capacity_and_hasher(4, KeyHash);
+        let mut seen = std::collections::HashSet::with_capacity_and_hasher(4, KeyHash(None));
         assert!(seen.insert("prod-1-0beec7b5ea3f0fdbc95d0dd47f3c5bc275da8a33"));
         assert!(seen.insert("prod-2-0beec7b5ea3f0fdbc95d0dd47f3c5bc275da8a33"));
         assert!(seen.insert("k"));

@@ -422,7 +422,6 @@ impl Machine {
             header: h,
             lease_ms: self.s.lease_ms,
             renew_until_ms: now.mono_ms.saturating_add(self.s.max_load_ms),
-            renewing_until: 0,
         };
         let held = match pending {
             Pending::Claim { early, expired } => Some(Held {
@@ -499,8 +498,6 @@ pub(crate) struct Lease {
     lease_ms: u64,
     /// Monotonic ms after which the claim is no longer renewed.
     renew_until_ms: u64,
-    /// The claim deadline the last renewal wrote (0 before the first).
-    renewing_until: u64,
 }
 
 impl Lease {
@@ -513,13 +510,12 @@ impl Lease {
     /// The write that renews the claim now (`cas` with a later deadline, then read back), or
     /// `None` once the load has run `max_load_time`: the claim then lapses and one waiter takes
     /// over.
-    pub(crate) fn renewal(&mut self, now: Now) -> Option<Action> {
+    pub(crate) fn renewal(&self, now: Now) -> Option<Action> {
         if now.mono_ms >= self.renew_until_ms {
             return None;
         }
         let until = now.wall_ms.saturating_add(self.lease_ms);
         let value = envelope::restamp(&self.bytes, until, self.token)?;
-        self.renewing_until = until;
         Some(Action::StoreThenRead {
             mode: StoreMode::Cas(self.cas),
             exptime: hold_exptime(&self.header, until, now.wall_ms),
@@ -536,14 +532,16 @@ impl Lease {
         };
         // Only this holder writes its token: an item carrying it is this holder's (a renewal
         // whose reply was lost included), and its CAS is the claim's.
-        let claim_until = match envelope::decode(item.flags, &item.value) {
-            Ok(Parsed::Item(h, _)) if h.token == self.token => h.claim_until_ms,
-            _ => return Renewal::Lost,
-        };
-        // Ours, but from before this renewal: a proxy with several connections per server may
-        // run the pipelined read before the `cas`. Adopting its CAS token would lose the claim
-        // at the next `cas`; read again.
-        if claim_until < self.renewing_until && !last {
+        if !matches!(envelope::decode(item.flags, &item.value),
+                     Ok(Parsed::Item(h, _)) if h.token == self.token)
+        {
+            return Renewal::Lost;
+        }
+        // Ours, but the version the renewal's `cas` replaces (memcached gives every store a new
+        // CAS): a proxy with several connections per server may run the pipelined read before
+        // the `cas`. Adopting it would lose the claim at the next `cas`; read again. Decided by
+        // CAS, not by claim deadlines, so a clock that stands still or steps back cannot fool it.
+        if item.cas == self.cas && !last {
             return Renewal::Unsure;
         }
         self.cas = item.cas;

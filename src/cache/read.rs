@@ -4,6 +4,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::thread;
+use std::time::Instant;
 
 use serde::de::DeserializeOwned;
 
@@ -87,7 +88,7 @@ impl Cache {
     /// a counted miss, never an error.
     pub fn get<T: DeserializeOwned>(&self, key: &str) -> Result<Option<T>> {
         let k = self.keys.make(key)?;
-        let (mut m, first) = self.first_read(&k, Mode::Lookup, self.settings(false))?;
+        let (mut m, first) = self.first_read(&k, Mode::Lookup, self.settings(false), None)?;
         let found = match first {
             Action::Done(found) => found,
             action => match self.drive(&k, &mut m, action)? {
@@ -101,14 +102,23 @@ impl Cache {
 
     /// Reads `k`, then starts a machine on what it found: the machine's clock and the verdict
     /// share one clock read (the hot path of every hit).
+    ///
+    /// With a `deadline` (the call's `max_wait`, counted from its start), the machine waits
+    /// only for what is left of it after the read.
     pub(crate) fn first_read(
         &self,
         k: &str,
         mode: Mode,
-        settings: Settings,
+        mut settings: Settings,
+        deadline: Option<Instant>,
     ) -> Result<(Machine, Action)> {
         let read = self.absorb_read(self.inner.config.backend.get(k))?;
         let now = self.now();
+        if let Some(deadline) = deadline {
+            settings.max_wait_ms = deadline
+                .saturating_duration_since(Instant::now())
+                .as_millis() as u64;
+        }
         let mut m = Machine::new(mode, settings, self.token(), now);
         let first = match read {
             Some(item) => m.on_read(now, item),
@@ -229,7 +239,7 @@ impl Cache {
         let read = self.absorb_each(results, self.inner.config.read_failures, |i| {
             keys[i].as_ref().to_string()
         })?;
-        let mut seen = HashSet::with_capacity_and_hasher(refs.len(), KeyHash);
+        let mut seen = HashSet::with_capacity_and_hasher(refs.len(), KeyHash::for_keys(&self.keys));
         let fetched = refs
             .iter()
             .zip(read)

@@ -198,7 +198,8 @@ impl Cache {
         // The fast path: a value that may be served is served without joining the coalescer (no
         // lock shared by every caller); only a caller with work to do (a claim, a placeholder,
         // a wait) coordinates with the others of this process.
-        let (m, first) = self.first_read(&derived, Mode::Load, self.settings(true))?;
+        let (m, first) =
+            self.first_read(&derived, Mode::Load, self.settings(true), Some(deadline))?;
         if let Action::Done(Found::Value { held, stale }) = &first {
             if let Ok(v) = self.decode_held::<T>(held) {
                 let s = &self.inner.stats;

@@ -812,3 +812,43 @@ fn stale_pooled_connections_do_not_eject_a_restarted_server() {
     );
     assert_eq!(cache.get::<String>("k").unwrap().as_deref(), Some("again"));
 }
+
+/// A timeout is the server's fault even on a connection reused from the pool (only a closed or
+/// reset connection may just be stale): a hung server is marked dead after `failure_limit`
+/// timeouts, and then fails fast, whatever the pool held.
+#[test]
+fn timeouts_on_pooled_connections_count_toward_ejection() {
+    let server = Memcached::start();
+    let cache = Cache::builder()
+        .memcached([server.addr()])
+        .flavor(unique_flavor("hung-pooled"))
+        .read_failures(FailurePolicy::Propagate)
+        .io_timeout(MS(200))
+        .failure_limit(2)
+        .retry_interval(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    cache.set("k", "v", Duration::from_secs(60)).unwrap();
+    // warm connections in the pool
+    let barrier = std::sync::Barrier::new(4);
+    thread::scope(|s| {
+        for _ in 0..4 {
+            s.spawn(|| {
+                barrier.wait();
+                for _ in 0..20 {
+                    cache.get::<String>("k").unwrap();
+                }
+            });
+        }
+    });
+    server.signal("STOP");
+    for _ in 0..2 {
+        assert!(cache.get::<String>("k").unwrap_err().is_timeout());
+    }
+    let e = cache.get::<String>("k").unwrap_err();
+    server.signal("CONT");
+    assert!(
+        format!("{e:?}").contains("marked dead"),
+        "two timeouts mark it dead: {e}"
+    );
+}

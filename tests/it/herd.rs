@@ -8,7 +8,7 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use newcache::{Backend, Cache, Item, StoreMode, StoreOutcome, Write};
+use newcache::{Backend, Cache, Clock, Item, StoreMode, StoreOutcome, Write};
 
 use crate::fixture::{Env, Kind, unique_flavor};
 
@@ -30,6 +30,7 @@ crate::on_every_backend!(
     a_newer_format_is_a_counted_miss,
     a_get_claim_ends_at_the_bound,
     round_trips_per_call,
+    max_wait_counts_from_the_start_of_the_call,
 );
 
 /// A loader the test holds mid-load: it says when it started, then waits for the go.
@@ -542,6 +543,8 @@ fn a_get_claim_ends_at_the_bound(env: &Env) {
 struct Counting {
     inner: Arc<dyn Backend>,
     calls: AtomicUsize,
+    /// Slows the next `get` down by this much (a slow first read).
+    slow_get: std::sync::Mutex<Option<Duration>>,
 }
 
 impl Counting {
@@ -556,6 +559,9 @@ impl Counting {
 impl Backend for Counting {
     fn get(&self, key: &str) -> newcache::Result<Option<Item>> {
         self.bump();
+        if let Some(d) = self.slow_get.lock().unwrap().take() {
+            thread::sleep(d);
+        }
         self.inner.get(key)
     }
     fn get_many(&self, keys: &[&str]) -> Vec<newcache::Result<Option<Item>>> {
@@ -609,6 +615,7 @@ fn round_trips_per_call(env: &Env) {
     let counting = Arc::new(Counting {
         inner: env.backend(),
         calls: AtomicUsize::new(0),
+        slow_get: Default::default(),
     });
     let derivations = Arc::new(AtomicUsize::new(0));
     let d = derivations.clone();
@@ -642,4 +649,33 @@ fn round_trips_per_call(env: &Env) {
         (3..=3 + reread).contains(&trips),
         "the refresh of a stale key: {trips}"
     );
+}
+
+/// `max_wait` bounds a call's wait end to end, from the call's start: a slow first read (here
+/// 1.5 s) is part of it, not added to it (a caller waited 3 s for a 1.5 s `max_wait`).
+fn max_wait_counts_from_the_start_of_the_call(env: &Env) {
+    let counting = Arc::new(Counting {
+        inner: env.backend(),
+        calls: AtomicUsize::new(0),
+        slow_get: Default::default(),
+    });
+    let cache = env
+        .builder()
+        .backend(counting.clone())
+        .max_wait(MS(1500))
+        .build()
+        .unwrap();
+    // a live holder that will not finish in time
+    let now = env.clock.now_ms();
+    let stuck = newcache::__private::placeholder(now, now + 60_000, 7);
+    env.raw_set_ttl(&cache.make_key("k"), &stuck, newcache::__private::FLAGS, 60);
+    *counting.slow_get.lock().unwrap() = Some(MS(1500));
+    let t = Instant::now();
+    let e = cache
+        .get_or_set_with("k", S(60), || Ok::<_, io::Error>(1u8))
+        .unwrap_err();
+    let waited = t.elapsed();
+    assert!(e.is_wait_timeout(), "{e}");
+    // 1.5 s of read already used the whole max_wait; the old code then waited 1.5 s more
+    assert!(waited < MS(2600), "{waited:?}");
 }

@@ -28,19 +28,21 @@ pub(crate) struct DeadlineStream {
     deadline: Instant,
     /// The socket's current read and write timeouts (a `setsockopt` only when they must change).
     armed: [Duration; 2],
-    /// What this exchange may still wait past its deadline, in all ([`GRACE`]).
-    grace: Duration,
+    /// Until when an exchange that reached its socket late may still wait: the deadline plus
+    /// [`GRACE`], one window for the whole batch however many servers are late.
+    grace_until: Instant,
     /// Per direction (read, write): whether the deadline had passed before this exchange's
     /// first syscall in it (`None`: none yet).
     started_late: [Option<bool>; 2],
 }
 
-/// How long, in all, an exchange that reaches its socket (to read, or to write) only after the
-/// deadline may still wait. A batch reads its servers one after another under one deadline: a
+/// How long an exchange that reaches its socket (to read, or to write) only after the deadline
+/// may still wait: one window, opened when a batch's first late server gets its turn and shared
+/// by every later one (a single call's window ends this long after its deadline). A batch reads its servers one after another under one deadline: a
 /// hung server read first must not starve the others, whose replies are already waiting in their
 /// sockets (reading them takes no waiting at all), and a server whose turn came too late is not
 /// blamed. An exchange that started in time gets no grace: `io_timeout` bounds it.
-const GRACE: Duration = Duration::from_millis(10);
+pub(crate) const GRACE: Duration = Duration::from_millis(10);
 
 /// How far a syscall may end past the deadline before its timeout is set again (saves a
 /// `setsockopt` on nearly every call; far below any timeout a caller would configure).
@@ -54,7 +56,7 @@ impl DeadlineStream {
             stream,
             deadline: Instant::now() + io_timeout,
             armed: [io_timeout; 2],
-            grace: GRACE,
+            grace_until: Instant::now() + io_timeout + GRACE,
             started_late: [None; 2],
         })
     }
@@ -78,13 +80,13 @@ impl DeadlineStream {
             let on_grace = left.is_zero();
             let late = *self.started_late[dir].get_or_insert(on_grace);
             if on_grace {
-                if !late || self.grace.is_zero() {
+                left = self.grace_until.saturating_duration_since(now);
+                if !late || left.is_zero() {
                     return Err(io::Error::new(
                         io::ErrorKind::TimedOut,
                         "io_timeout reached",
                     ));
                 }
-                left = self.grace;
             }
             if self.armed[dir] > left + SLACK || self.armed[dir] + SLACK < left {
                 if dir == 0 {
@@ -94,11 +96,7 @@ impl DeadlineStream {
                 }
                 self.armed[dir] = left;
             }
-            let r = op(&mut self.stream);
-            if on_grace {
-                self.grace = self.grace.saturating_sub(now.elapsed());
-            }
-            match r {
+            match op(&mut self.stream) {
                 // Early (armed for a longer remainder), at the deadline, or out of grace: the
                 // top of the loop decides.
                 Err(e)
@@ -209,8 +207,13 @@ impl Conn {
     pub(crate) fn set_deadline(&mut self, deadline: Instant) {
         let s = self.stream.get_mut();
         s.deadline = deadline;
-        s.grace = GRACE;
+        s.grace_until = deadline + GRACE;
         s.started_late = [None; 2];
+    }
+
+    /// Moves the end of the grace window (a batch shares one among its late servers).
+    pub(crate) fn set_grace_until(&mut self, until: Instant) {
+        self.stream.get_mut().grace_until = until;
     }
 
     /// Whether the current exchange reached its socket only after its deadline.

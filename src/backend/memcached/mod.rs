@@ -71,6 +71,30 @@ struct Leg<'a> {
     error: Option<Error>,
 }
 
+/// Whether an error (or one in its source chain) says the peer closed or reset the connection:
+/// what a connection opened before a server restarted gets on first use.
+fn closed_by_peer(e: &Error) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cause {
+        if let Some(e) = c.downcast_ref::<Error>() {
+            if wire::is_closed(e) {
+                return true;
+            }
+        }
+        if let Some(io) = c.downcast_ref::<std::io::Error>() {
+            use std::io::ErrorKind as K;
+            if matches!(
+                io.kind(),
+                K::ConnectionReset | K::ConnectionAborted | K::BrokenPipe | K::UnexpectedEof
+            ) {
+                return true;
+            }
+        }
+        cause = c.source();
+    }
+    false
+}
+
 /// The longest `retry_interval`: a day. A dead server is always probed again eventually.
 pub const MAX_RETRY_INTERVAL: Duration = Duration::from_secs(86_400);
 
@@ -206,12 +230,14 @@ impl MemcachedBackend {
     /// not when a connection reused from the pool failed before any answer: it may just be
     /// stale (the server restarted since it was opened). The server's other pooled connections
     /// are dropped then, so the next call connects afresh, and a fault there counts.
-    fn counts(&self, i: usize, c: &Conn) -> bool {
+    fn counts(&self, i: usize, c: &Conn, error: Option<&Error>) -> bool {
         if !c.fault || c.started_late() {
             return false;
         }
-        if c.reused && !c.answered {
-            self.servers[i].reset();
+        // Only the signature of a restart (the peer closed or reset the connection) makes a
+        // reused connection suspect; a timeout is the server's, and counts.
+        if c.reused && !c.answered && error.is_some_and(closed_by_peer) {
+            self.servers[i].drop_idle();
             return false;
         }
         true
@@ -229,7 +255,7 @@ impl MemcachedBackend {
         };
         conn.answered = false;
         let r = op(&mut conn);
-        let (fault, answered) = (self.counts(i, &conn), conn.answered);
+        let (fault, answered) = (self.counts(i, &conn, r.as_ref().err()), conn.answered);
         drop(conn);
         match &r {
             Err(e) if fault => self.record(i, probe, Some(e), false),
@@ -300,6 +326,16 @@ impl MemcachedBackend {
             .unwrap_or(0);
         for round in 0..rounds {
             let deadline = Instant::now() + self.io_timeout;
+            // The one grace window of this round: it opens when the first server's turn comes
+            // after the deadline (a hung server before it used the time), and every later late
+            // server shares it, however many there are.
+            let mut grace: Option<Instant> = None;
+            let mut late = |conn: &mut Conn| {
+                let now = Instant::now();
+                if now >= deadline {
+                    conn.set_grace_until(*grace.get_or_insert(now + conn::GRACE));
+                }
+            };
             let mut sent = vec![false; legs.len()];
             for (leg, sent) in legs.iter_mut().zip(&mut sent) {
                 let Some(part) = leg.positions.chunks(chunk).nth(round) else {
@@ -307,6 +343,7 @@ impl MemcachedBackend {
                 };
                 if let (Some(conn), None) = (&mut leg.conn, &leg.error) {
                     conn.set_deadline(deadline);
+                    late(conn);
                     match conn.send(|b| encode(part, b)) {
                         Ok(()) => *sent = true,
                         Err(e) => leg.error = Some(e),
@@ -316,6 +353,7 @@ impl MemcachedBackend {
             for (leg, _) in legs.iter_mut().zip(&sent).filter(|(_, s)| **s) {
                 let part = leg.positions.chunks(chunk).nth(round).unwrap_or(&[]);
                 let conn = leg.conn.as_mut().expect("a leg that sent has a connection");
+                late(conn);
                 if let Err(e) = conn.recv(|r| decode(r, part, &mut out)) {
                     // The decoder stopped early: whatever the error, replies to the rest of
                     // this server's part may be unread. Never reuse the connection.
@@ -326,7 +364,7 @@ impl MemcachedBackend {
         }
         for leg in legs {
             let (fault, answered) = match &leg.conn {
-                Some(c) => (self.counts(leg.server, c), c.answered),
+                Some(c) => (self.counts(leg.server, c, leg.error.as_ref()), c.answered),
                 None => (leg.connect_fault, false),
             };
             drop(leg.conn);

@@ -164,6 +164,13 @@ impl Server {
         drop(idle);
     }
 
+    /// Drops the idle connections (they may all be stale: the server restarted since they were
+    /// opened); connections in use are left to their callers.
+    pub(crate) fn drop_idle(&self) {
+        let idle = std::mem::take(&mut self.pool.lock().idle);
+        drop(idle);
+    }
+
     /// Names the server in a backend error.
     pub(crate) fn annotate(&self, e: Error) -> Error {
         if e.is_backend() {
