@@ -86,7 +86,7 @@ impl ServerSpec {
     }
 }
 
-/// Connection settings of a [`MemcachedBackend`].
+/// Connection settings of a [`MemcachedBackend`](super::MemcachedBackend).
 #[derive(Debug, Clone)]
 pub struct MemcachedConfig {
     /// The servers; at least one.
