@@ -484,3 +484,102 @@ macro_rules! on_backend {
         }
     };
 }
+
+/// A backend that forwards to another and lets a test observe and steer it: counts the calls
+/// that make a round trip (`calls`), slows the next `get` down (`slow_get`), and runs
+/// `after_get` after every `get` (to act between a reader's read and its claim).
+pub struct Hooked {
+    pub inner: Arc<dyn Backend>,
+    pub calls: AtomicU64,
+    pub slow_get: std::sync::Mutex<Option<Duration>>,
+    pub after_get: Box<dyn Fn() + Send + Sync>,
+}
+
+impl Hooked {
+    pub fn new(inner: Arc<dyn Backend>) -> Hooked {
+        Hooked {
+            inner,
+            calls: AtomicU64::new(0),
+            slow_get: std::sync::Mutex::new(None),
+            after_get: Box::new(|| {}),
+        }
+    }
+
+    fn bump(&self) {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// The round trips counted since the last call.
+    pub fn take(&self) -> usize {
+        self.calls.swap(0, Ordering::SeqCst) as usize
+    }
+}
+
+impl std::fmt::Debug for Hooked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hooked")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Backend for Hooked {
+    fn get(&self, key: &str) -> newcache::Result<Option<newcache::Item>> {
+        self.bump();
+        if let Some(d) = self.slow_get.lock().unwrap().take() {
+            std::thread::sleep(d);
+        }
+        let r = self.inner.get(key);
+        (self.after_get)();
+        r
+    }
+    fn get_many(&self, keys: &[&str]) -> Vec<newcache::Result<Option<newcache::Item>>> {
+        self.bump();
+        self.inner.get_many(keys)
+    }
+    fn store(
+        &self,
+        mode: StoreMode,
+        key: &str,
+        value: &[u8],
+        flags: u32,
+        exptime: u32,
+    ) -> newcache::Result<newcache::StoreOutcome> {
+        self.bump();
+        self.inner.store(mode, key, value, flags, exptime)
+    }
+    fn store_then_get(
+        &self,
+        w: newcache::Write<'_>,
+    ) -> newcache::Result<(newcache::StoreOutcome, Option<newcache::Item>)> {
+        self.bump();
+        self.inner.store_then_get(w)
+    }
+    fn store_many(
+        &self,
+        writes: &[newcache::Write<'_>],
+    ) -> Vec<newcache::Result<newcache::StoreOutcome>> {
+        self.bump();
+        self.inner.store_many(writes)
+    }
+    fn delete(&self, key: &str) -> newcache::Result<bool> {
+        self.bump();
+        self.inner.delete(key)
+    }
+    fn touch(&self, key: &str, exptime: u32) -> newcache::Result<bool> {
+        self.bump();
+        self.inner.touch(key, exptime)
+    }
+    fn incr(&self, key: &str, delta: u64) -> newcache::Result<Option<u64>> {
+        self.inner.incr(key, delta)
+    }
+    fn decr(&self, key: &str, delta: u64) -> newcache::Result<Option<u64>> {
+        self.inner.decr(key, delta)
+    }
+    fn flush_all(&self) -> newcache::Result<()> {
+        self.inner.flush_all()
+    }
+    fn max_value_size(&self, key: &str) -> usize {
+        self.inner.max_value_size(key)
+    }
+}

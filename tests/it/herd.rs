@@ -8,9 +8,9 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use newcache::{Backend, Cache, Clock, Item, StoreMode, StoreOutcome, Write};
+use newcache::{Cache, Clock};
 
-use crate::fixture::{Env, Kind, unique_flavor};
+use crate::fixture::{Env, Hooked, Kind, unique_flavor};
 
 const S: fn(u64) -> Duration = Duration::from_secs;
 const MS: fn(u64) -> Duration = Duration::from_millis;
@@ -538,85 +538,10 @@ fn a_get_claim_ends_at_the_bound(env: &Env) {
     assert_eq!(v, "v2", "the loader ran: nobody was loading");
 }
 
-/// Counts the backend calls a cache makes (each is one round trip on memcached).
-#[derive(Debug)]
-struct Counting {
-    inner: Arc<dyn Backend>,
-    calls: AtomicUsize,
-    /// Slows the next `get` down by this much (a slow first read).
-    slow_get: std::sync::Mutex<Option<Duration>>,
-}
-
-impl Counting {
-    fn bump(&self) {
-        self.calls.fetch_add(1, Ordering::SeqCst);
-    }
-    fn take(&self) -> usize {
-        self.calls.swap(0, Ordering::SeqCst)
-    }
-}
-
-impl Backend for Counting {
-    fn get(&self, key: &str) -> newcache::Result<Option<Item>> {
-        self.bump();
-        if let Some(d) = self.slow_get.lock().unwrap().take() {
-            thread::sleep(d);
-        }
-        self.inner.get(key)
-    }
-    fn get_many(&self, keys: &[&str]) -> Vec<newcache::Result<Option<Item>>> {
-        self.bump();
-        self.inner.get_many(keys)
-    }
-    fn store(
-        &self,
-        mode: StoreMode,
-        key: &str,
-        value: &[u8],
-        flags: u32,
-        exptime: u32,
-    ) -> newcache::Result<StoreOutcome> {
-        self.bump();
-        self.inner.store(mode, key, value, flags, exptime)
-    }
-    fn store_then_get(&self, w: Write<'_>) -> newcache::Result<(StoreOutcome, Option<Item>)> {
-        self.bump();
-        self.inner.store_then_get(w)
-    }
-    fn store_many(&self, writes: &[Write<'_>]) -> Vec<newcache::Result<StoreOutcome>> {
-        self.bump();
-        self.inner.store_many(writes)
-    }
-    fn delete(&self, key: &str) -> newcache::Result<bool> {
-        self.bump();
-        self.inner.delete(key)
-    }
-    fn touch(&self, key: &str, exptime: u32) -> newcache::Result<bool> {
-        self.bump();
-        self.inner.touch(key, exptime)
-    }
-    fn incr(&self, key: &str, delta: u64) -> newcache::Result<Option<u64>> {
-        self.inner.incr(key, delta)
-    }
-    fn decr(&self, key: &str, delta: u64) -> newcache::Result<Option<u64>> {
-        self.inner.decr(key, delta)
-    }
-    fn flush_all(&self) -> newcache::Result<()> {
-        self.inner.flush_all()
-    }
-    fn max_value_size(&self, key: &str) -> usize {
-        self.inner.max_value_size(key)
-    }
-}
-
 /// A cold miss costs 3 round trips (read; placeholder add + read-back, pipelined; cas), a fresh
 /// hit 1, a stale refresh 3 once per expiry (stale readers 1 each); one key derivation per call.
 fn round_trips_per_call(env: &Env) {
-    let counting = Arc::new(Counting {
-        inner: env.backend(),
-        calls: AtomicUsize::new(0),
-        slow_get: Default::default(),
-    });
+    let counting = Arc::new(Hooked::new(env.backend()));
     let derivations = Arc::new(AtomicUsize::new(0));
     let d = derivations.clone();
     let cache = env
@@ -654,11 +579,7 @@ fn round_trips_per_call(env: &Env) {
 /// `max_wait` bounds a call's wait end to end, from the call's start: a slow first read (here
 /// 1.5 s) is part of it, not added to it (a caller waited 3 s for a 1.5 s `max_wait`).
 fn max_wait_counts_from_the_start_of_the_call(env: &Env) {
-    let counting = Arc::new(Counting {
-        inner: env.backend(),
-        calls: AtomicUsize::new(0),
-        slow_get: Default::default(),
-    });
+    let counting = Arc::new(Hooked::new(env.backend()));
     let cache = env
         .builder()
         .backend(counting.clone())

@@ -7,11 +7,11 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use newcache::{
-    Backend, Cache, FailurePolicy, Item, MemcachedBackend, MemcachedConfig, ServerSpec, StoreMode,
+    Backend, Cache, FailurePolicy, MemcachedBackend, MemcachedConfig, ServerSpec, StoreMode,
     StoreOutcome,
 };
 
-use crate::fixture::{Memcached, memcached_backend, shared_server, unique_flavor};
+use crate::fixture::{Hooked, Memcached, memcached_backend, shared_server, unique_flavor};
 
 const S: fn(u64) -> Duration = Duration::from_secs;
 
@@ -213,56 +213,6 @@ fn keys_spread_over_several_servers_and_batches_find_them() {
     assert_eq!(cache.delete_many(&keys).unwrap(), 300);
 }
 
-/// A backend that lets a test act between a reader's `gets` and its claim (`cas`).
-struct Interleave {
-    inner: MemcachedBackend,
-    after_get: Box<dyn Fn() + Send + Sync>,
-}
-
-impl Backend for Interleave {
-    fn get(&self, key: &str) -> newcache::Result<Option<Item>> {
-        let r = self.inner.get(key);
-        (self.after_get)();
-        r
-    }
-    fn store(
-        &self,
-        mode: StoreMode,
-        key: &str,
-        value: &[u8],
-        flags: u32,
-        exptime: u32,
-    ) -> newcache::Result<StoreOutcome> {
-        self.inner.store(mode, key, value, flags, exptime)
-    }
-    fn delete(&self, key: &str) -> newcache::Result<bool> {
-        self.inner.delete(key)
-    }
-    fn touch(&self, key: &str, exptime: u32) -> newcache::Result<bool> {
-        self.inner.touch(key, exptime)
-    }
-    fn incr(&self, key: &str, delta: u64) -> newcache::Result<Option<u64>> {
-        self.inner.incr(key, delta)
-    }
-    fn decr(&self, key: &str, delta: u64) -> newcache::Result<Option<u64>> {
-        self.inner.decr(key, delta)
-    }
-    fn flush_all(&self) -> newcache::Result<()> {
-        self.inner.flush_all()
-    }
-    fn max_value_size(&self, key: &str) -> usize {
-        self.inner.max_value_size(key)
-    }
-}
-
-impl std::fmt::Debug for Interleave {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Interleave")
-            .field("inner", &self.inner)
-            .finish_non_exhaustive()
-    }
-}
-
 /// newcache bug 4: a late claim must never overwrite a fresh value written after the stale read.
 #[test]
 fn a_claim_never_overwrites_a_newer_value() {
@@ -278,15 +228,15 @@ fn a_claim_never_overwrites_a_newer_value() {
     clock.advance(S(11));
     // Between the reader's gets and its cas, another process stores a fresh value.
     let fresh = writer.clone();
-    let hooked = Interleave {
-        inner: MemcachedBackend::new(MemcachedConfig::new(vec![
+    let mut hooked = Hooked::new(Arc::new(
+        MemcachedBackend::new(MemcachedConfig::new(vec![
             ServerSpec::parse(shared_server()).unwrap(),
         ]))
         .unwrap(),
-        after_get: Box::new(move || {
-            fresh.set("k", &2u32, S(1000)).unwrap();
-        }),
-    };
+    ));
+    hooked.after_get = Box::new(move || {
+        fresh.set("k", &2u32, S(1000)).unwrap();
+    });
     let reader = Cache::builder()
         .backend(Arc::new(hooked))
         .flavor(flavor)
