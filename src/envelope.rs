@@ -12,9 +12,26 @@ pub(crate) const COUNTER_FLAGS: u32 = 0;
 const MAGIC: [u8; 2] = *b"NC";
 /// The format this build writes. Readers accept it, and treat any newer one as a miss.
 pub(crate) const FORMAT_VERSION: u8 = 2;
-/// Byte length of the header this build writes. Readers of format 2 honour a longer
-/// `header_len`, so fields can be appended without a version bump.
-pub(crate) const HEADER_LEN: usize = 56;
+/// Byte length of the fixed part of the header: magic, version, kind, codec, flags, header
+/// length, and the byte saying which fields follow.
+const FIXED_LEN: usize = 8;
+/// The longest header this build writes (every field present).
+const MAX_HEADER_LEN: usize = FIXED_LEN + 6 + 6 + 4 + 4 + 6 + 8 + 6;
+/// The largest timestamp a 6-byte field holds (unix ms in the year 10889): later ones saturate.
+const U48_MAX: u64 = (1 << 48) - 1;
+
+/// Which fields follow the fixed part (byte 7), in this order. A field not present is 0.
+mod field {
+    pub(super) const SOFT_EXPIRY: u8 = 1 << 0;
+    pub(super) const WRITTEN: u8 = 1 << 1;
+    pub(super) const LOAD: u8 = 1 << 2;
+    pub(super) const HERD: u8 = 1 << 3;
+    /// The claim deadline (6 bytes) and its token (8 bytes).
+    pub(super) const CLAIM: u8 = 1 << 4;
+    pub(super) const EXPIRES: u8 = 1 << 5;
+    /// Every bit this build knows; any other was set by a newer build.
+    pub(super) const KNOWN: u8 = (1 << 6) - 1;
+}
 
 /// What an item is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,26 +117,55 @@ impl Header {
         }
     }
 
-    /// Appends the header's bytes to `out` (the payload follows).
+    /// Appends the header's bytes to `out` (the payload follows). Only non-zero fields are
+    /// written; timestamps take 6 bytes and saturate in the year 10889.
     pub(crate) fn write(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&MAGIC);
-        out.push(FORMAT_VERSION);
-        out.push(self.kind.byte());
-        out.push(self.codec.id());
-        out.push(u8::from(self.compressed));
-        out.extend_from_slice(&(HEADER_LEN as u16).to_le_bytes());
-        out.extend_from_slice(&self.soft_expiry_ms.to_le_bytes());
-        out.extend_from_slice(&self.written_ms.to_le_bytes());
-        out.extend_from_slice(&self.load_ms.to_le_bytes());
-        out.extend_from_slice(&self.herd_ms.to_le_bytes());
-        out.extend_from_slice(&self.claim_until_ms.to_le_bytes());
-        out.extend_from_slice(&self.token.to_le_bytes());
-        out.extend_from_slice(&self.expires_ms.to_le_bytes());
+        let mut buf = [0u8; MAX_HEADER_LEN];
+        buf[..2].copy_from_slice(&MAGIC);
+        buf[2] = FORMAT_VERSION;
+        buf[3] = self.kind.byte();
+        buf[4] = self.codec.id();
+        buf[5] = u8::from(self.compressed);
+        let mut at = FIXED_LEN;
+        let mut fields = 0;
+        let mut put = |bit: u8, bytes: &[u8]| {
+            fields |= bit;
+            buf[at..at + bytes.len()].copy_from_slice(bytes);
+            at += bytes.len();
+        };
+        let u48 = |v: u64| {
+            let b = v.min(U48_MAX).to_le_bytes();
+            [b[0], b[1], b[2], b[3], b[4], b[5]]
+        };
+        if self.soft_expiry_ms != 0 {
+            put(field::SOFT_EXPIRY, &u48(self.soft_expiry_ms));
+        }
+        if self.written_ms != 0 {
+            put(field::WRITTEN, &u48(self.written_ms));
+        }
+        if self.load_ms != 0 {
+            put(field::LOAD, &self.load_ms.to_le_bytes());
+        }
+        if self.herd_ms != 0 {
+            put(field::HERD, &self.herd_ms.to_le_bytes());
+        }
+        if self.claim_until_ms != 0 || self.token != 0 {
+            let mut claim = [0u8; 14];
+            claim[..6].copy_from_slice(&u48(self.claim_until_ms));
+            claim[6..].copy_from_slice(&self.token.to_le_bytes());
+            put(field::CLAIM, &claim);
+        }
+        if self.expires_ms != 0 {
+            put(field::EXPIRES, &u48(self.expires_ms));
+        }
+        buf[6] = at as u8; // at most MAX_HEADER_LEN (48)
+        buf[7] = fields;
+        out.extend_from_slice(&buf[..at]);
     }
 
     /// The header's bytes alone (a placeholder's whole item).
     pub(crate) fn to_bytes(self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(HEADER_LEN);
+        let mut out = Vec::with_capacity(MAX_HEADER_LEN);
         self.write(&mut out);
         out
     }
@@ -160,17 +206,8 @@ pub(crate) fn decode(flags: u32, bytes: &[u8]) -> Result<Parsed<'_>> {
             "envelope format {version} is older than this newcache reads ({FORMAT_VERSION})"
         )));
     }
-    if bytes.len() < HEADER_LEN {
+    if bytes.len() < FIXED_LEN {
         return Err(Error::decode("truncated envelope header"));
-    }
-    let u64_at = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().unwrap_or_default());
-    let u32_at = |i: usize| u32::from_le_bytes(bytes[i..i + 4].try_into().unwrap_or_default());
-    let header_len = usize::from(u16::from_le_bytes([bytes[6], bytes[7]]));
-    if header_len < HEADER_LEN || header_len > bytes.len() {
-        return Err(Error::decode(format!(
-            "envelope header length {header_len} does not fit a {}-byte item",
-            bytes.len()
-        )));
     }
     let kind = match bytes[3] {
         1 => Kind::Value,
@@ -178,36 +215,84 @@ pub(crate) fn decode(flags: u32, bytes: &[u8]) -> Result<Parsed<'_>> {
         3 => Kind::Placeholder,
         k => return Err(Error::decode(format!("unknown envelope kind {k}"))),
     };
-    // A codec or a flag this build does not know was written by a newer build: a miss, as a
-    // newer format is (never an error, never overwritten).
+    // A codec, a flag or a field this build does not know was written by a newer build: a
+    // miss, as a newer format is (never an error, never overwritten).
     let Some(codec) = Codec::from_id(bytes[4]) else {
         return Ok(Parsed::Newer(version));
     };
-    if bytes[5] & !1 != 0 {
+    let fields = bytes[7];
+    if bytes[5] & !1 != 0 || fields & !field::KNOWN != 0 {
         return Ok(Parsed::Newer(version));
     }
+    let header_len = usize::from(bytes[6]);
+    let known_len = fields_len(fields);
+    if header_len < known_len || header_len > bytes.len() {
+        return Err(Error::decode(format!(
+            "envelope header length {header_len} does not fit its fields or a {}-byte item",
+            bytes.len()
+        )));
+    }
+    // Every read below is within known_len <= header_len <= bytes.len().
+    let mut at = FIXED_LEN;
+    let mut take = |bit: u8, n: usize| -> u64 {
+        if fields & bit == 0 {
+            return 0;
+        }
+        let mut le = [0u8; 8];
+        le[..n].copy_from_slice(&bytes[at..at + n]);
+        at += n;
+        u64::from_le_bytes(le)
+    };
+    let soft_expiry_ms = take(field::SOFT_EXPIRY, 6);
+    let written_ms = take(field::WRITTEN, 6);
+    let load_ms = take(field::LOAD, 4) as u32;
+    let herd_ms = take(field::HERD, 4) as u32;
+    let claim_until_ms = take(field::CLAIM, 6);
+    let token = if fields & field::CLAIM != 0 {
+        take(field::CLAIM, 8)
+    } else {
+        0
+    };
+    let expires_ms = take(field::EXPIRES, 6);
     let header = Header {
         kind,
         codec,
         compressed: bytes[5] & 1 != 0,
-        soft_expiry_ms: u64_at(8),
-        written_ms: u64_at(16),
-        load_ms: u32_at(24),
-        herd_ms: u32_at(28),
-        claim_until_ms: u64_at(32),
-        token: u64_at(40),
-        expires_ms: u64_at(48),
+        soft_expiry_ms,
+        written_ms,
+        load_ms,
+        herd_ms,
+        claim_until_ms,
+        token,
+        expires_ms,
     };
     Ok(Parsed::Item(header, &bytes[header_len..]))
+}
+
+/// The length of a header with `fields` (byte 7) and nothing appended.
+fn fields_len(fields: u8) -> usize {
+    [
+        (field::SOFT_EXPIRY, 6),
+        (field::WRITTEN, 6),
+        (field::LOAD, 4),
+        (field::HERD, 4),
+        (field::CLAIM, 14),
+        (field::EXPIRES, 6),
+    ]
+    .iter()
+    .filter(|(bit, _)| fields & bit != 0)
+    .map(|(_, n)| n)
+    .sum::<usize>()
+        + FIXED_LEN
 }
 
 /// A copy of a value's item with a new soft expiry and hard expiry (`touch`); the claim, the
 /// payload and everything else untouched. `None` if `bytes` is not an item of this format.
 pub(crate) fn retime(bytes: &[u8], soft_expiry_ms: u64, expires_ms: u64) -> Option<Vec<u8>> {
-    let mut out = copy_of_current(bytes)?;
-    out[8..16].copy_from_slice(&soft_expiry_ms.to_le_bytes());
-    out[48..56].copy_from_slice(&expires_ms.to_le_bytes());
-    Some(out)
+    rewrite(bytes, |h| {
+        h.soft_expiry_ms = soft_expiry_ms;
+        h.expires_ms = expires_ms;
+    })
 }
 
 /// Marks an item's payload as compressed (flags bit 0), after the payload was written.
@@ -215,20 +300,35 @@ pub(crate) fn mark_compressed(item: &mut [u8]) {
     item[5] |= 1;
 }
 
-/// A copy of `bytes` if they are an item of this build's format (header fields can be patched).
-fn copy_of_current(bytes: &[u8]) -> Option<Vec<u8>> {
-    (bytes.len() >= HEADER_LEN && bytes[..2] == MAGIC && bytes[2] == FORMAT_VERSION)
-        .then(|| bytes.to_vec())
+/// A copy of an item of this build's format with its header changed by `f`: the header is
+/// written anew (its length may change); bytes a newer build appended to the header, and the
+/// payload, are copied untouched. `None` if `bytes` is not such an item.
+fn rewrite(bytes: &[u8], f: impl FnOnce(&mut Header)) -> Option<Vec<u8>> {
+    if bytes.get(2) != Some(&FORMAT_VERSION) {
+        return None;
+    }
+    let Ok(Parsed::Item(mut h, payload)) = decode(FLAGS, bytes) else {
+        return None;
+    };
+    let appended = &bytes[fields_len(bytes[7])..bytes.len() - payload.len()];
+    f(&mut h);
+    let mut out = Vec::with_capacity(bytes.len() + 14);
+    h.write(&mut out);
+    let header_len = u8::try_from(out.len() + appended.len()).ok()?;
+    out[6] = header_len;
+    out.extend_from_slice(appended);
+    out.extend_from_slice(payload);
+    Some(out)
 }
 
 /// A copy of an item with a new claim (`claim_until_ms`, `token`); everything else, the payload
 /// included, is untouched (a claim never decodes the value). `None` if `bytes` is not an item of
 /// this format.
 pub(crate) fn restamp(bytes: &[u8], claim_until_ms: u64, token: u64) -> Option<Vec<u8>> {
-    let mut out = copy_of_current(bytes)?;
-    out[32..40].copy_from_slice(&claim_until_ms.to_le_bytes());
-    out[40..48].copy_from_slice(&token.to_le_bytes());
-    Some(out)
+    rewrite(bytes, |h| {
+        h.claim_until_ms = claim_until_ms;
+        h.token = token;
+    })
 }
 
 #[cfg(test)]
@@ -244,12 +344,29 @@ mod tests {
 
     #[test]
     fn layout_and_round_trip() {
-        let h = Header::value(0x0102_0304_0506_0708, 77, 50, 60_000);
+        let h = Header::value(0x0102_0304_0506, 77, 50, 60_000);
         let b = item(h, b"payload");
-        assert_eq!(&b[..8], b"NC\x02\x01\x00\x00\x38\x00");
-        assert_eq!(b[8], 0x08, "little-endian soft expiry");
-        assert_eq!(b.len(), HEADER_LEN + 7);
+        // Soft expiry, written, load and herd present (0x0f): 8 + 6 + 6 + 4 + 4 bytes.
+        assert_eq!(&b[..8], b"NC\x02\x01\x00\x00\x1c\x0f");
+        assert_eq!(
+            &b[8..14],
+            b"\x06\x05\x04\x03\x02\x01",
+            "6-byte little-endian"
+        );
+        assert_eq!(b.len(), 28 + 7);
         assert_eq!(decode(FLAGS, &b).unwrap(), Parsed::Item(h, &b"payload"[..]));
+        // Every field present, the longest header.
+        let full = Header {
+            claim_until_ms: 9,
+            token: u64::MAX,
+            expires_ms: 11,
+            ..h
+        };
+        let b = item(full, b"p");
+        assert_eq!(b.len(), MAX_HEADER_LEN + 1);
+        assert_eq!(decode(FLAGS, &b).unwrap(), Parsed::Item(full, &b"p"[..]));
+        // Zero fields take no bytes: a placeholder is small.
+        assert_eq!(Header::placeholder(5, 10, 42).to_bytes().len(), 8 + 6 + 14);
     }
 
     #[test]
@@ -285,14 +402,27 @@ mod tests {
 
     #[test]
     fn a_longer_header_is_skipped() {
-        let mut b = item(Header::value(1, 2, 3, 4), b"");
-        b[6] = 64; // header_len 64: 8 bytes of fields this build does not know
+        let h = Header::value(1, 2, 3, 4);
+        let mut b = item(h, b"");
+        b[6] += 8; // 8 bytes of fields this build does not know, appended by a newer build
         b.extend_from_slice(&[0xAA; 8]);
         b.extend_from_slice(b"pl");
         let Parsed::Item(_, payload) = decode(FLAGS, &b).unwrap() else {
             panic!()
         };
         assert_eq!(payload, b"pl");
+        // A claim rewrites the header (it grows by the claim) and keeps the appended bytes.
+        let c = restamp(&b, 99, 7).unwrap();
+        assert_eq!(c.len(), b.len() + 14);
+        assert_eq!(&c[c.len() - 10..], b"\xAA\xAA\xAA\xAA\xAA\xAA\xAA\xAApl");
+        let want = Header {
+            claim_until_ms: 99,
+            token: 7,
+            ..h
+        };
+        assert_eq!(decode(FLAGS, &c).unwrap(), Parsed::Item(want, &b"pl"[..]));
+        let back = restamp(&c, 0, 0).unwrap();
+        assert_eq!(back, b, "clearing the claim gives the original bytes back");
     }
 
     #[test]
@@ -316,7 +446,7 @@ mod tests {
         rejects(FLAGS, b"a:1:{s:1:\"x\";i:1;}"); // PHP serialize
         rejects(1, &good); // right bytes, foreign flags
         rejects(FLAGS, b"NC\x01\x01\x00\x00"); // the 0.1.0 format
-        rejects(FLAGS, &good[..HEADER_LEN - 1]); // truncated
+        rejects(FLAGS, &good[..good.len() - 2]); // truncated
         let mut bad = good.clone();
         bad[3] = 9; // unknown kind
         rejects(FLAGS, &bad);
@@ -329,6 +459,12 @@ mod tests {
         // A codec or flag bit this build does not know: written by a newer build, a miss.
         let mut newer = good.clone();
         newer[5] = 0x80;
+        assert_eq!(
+            decode(FLAGS, &newer).unwrap(),
+            Parsed::Newer(FORMAT_VERSION)
+        );
+        let mut newer = good.clone();
+        newer[7] |= 0x40; // a field this build does not know
         assert_eq!(
             decode(FLAGS, &newer).unwrap(),
             Parsed::Newer(FORMAT_VERSION)

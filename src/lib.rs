@@ -74,18 +74,24 @@
 //! | 3 | 1 | kind: `1` value, `2` plain value (`Herd::Off`), `3` placeholder (being loaded) |
 //! | 4 | 1 | codec of the payload: `0` bincode 2 (standard configuration), `1` MessagePack (`rmp-serde`, structs as maps with named fields, byte sequences as `bin`) |
 //! | 5 | 1 | flags: bit 0 compressed: the payload is the uncompressed length (`u32`) then an LZ4 block |
-//! | 6 | 2 | header length (56); readers skip to it, so fields can be appended |
-//! | 8 | 8 | soft expiry, unix ms, `0` = never |
-//! | 16 | 8 | when the value was computed, unix ms |
-//! | 24 | 4 | how long computing it took, ms (XFetch's delta), `0` = unknown |
-//! | 28 | 4 | the writer's herd timeout, ms: never served at or after soft expiry + this |
-//! | 32 | 8 | `0`, or until when (unix ms) the claim (or placeholder) holds |
-//! | 40 | 8 | the claim's token, `0` = unclaimed |
-//! | 48 | 8 | when the writer meant memcached to drop it, unix ms, `0` = never |
-//! | 56 | rest | the payload |
+//! | 6 | 1 | header length; readers skip to it, so fields can be appended |
+//! | 7 | 1 | which fields follow, one bit each, in the order below; a field left out is `0` |
+//! | 8 | … | the fields present, then the payload |
 //!
-//! A codec id or a flag bit this build does not know, like a newer format version, was written by
-//! a newer build: a counted miss, never an error, and never overwritten by a load.
+//! | bit | size | field |
+//! |---|---|---|
+//! | 0 | 6 | soft expiry, unix ms (`0` = never) |
+//! | 1 | 6 | when the value was computed, unix ms |
+//! | 2 | 4 | how long computing it took, ms (XFetch's delta), `0` = unknown |
+//! | 3 | 4 | the writer's herd timeout, ms: never served at or after soft expiry + this |
+//! | 4 | 6 + 8 | until when (unix ms) the claim (or placeholder) holds, and the claim's token |
+//! | 5 | 6 | when the writer meant memcached to drop it, unix ms (`0` = never) |
+//!
+//! Timestamps take 6 bytes (they saturate in the year 10889). A fresh value's header is 28 to
+//! 38 bytes; the longest (every field) is 48.
+//!
+//! A codec id, a flag bit or a field bit this build does not know, like a newer format version,
+//! was written by a newer build: a counted miss, never an error, and never overwritten by a load.
 //!
 //! Counters ([`Cache::set_counter`]) are memcached's plain decimal digits with flags `0`. Bytes
 //! that do not match (another client's pickle, a PHP value, an empty value, the never-released

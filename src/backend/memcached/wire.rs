@@ -293,12 +293,18 @@ pub(crate) fn read_slots<R: BufRead>(
         // len is at most max_value (checked above), so this allocation is bounded; read into
         // spare capacity (no zeroing first).
         let mut value = Vec::with_capacity(len + 2);
-        if std::io::Read::read_to_end(
-            &mut std::io::Read::take(&mut *r, len as u64 + 2),
-            &mut value,
-        )? != len + 2
-        {
-            return Err(protocol_error(CLOSED));
+        while value.len() < len + 2 {
+            let buf = match r.fill_buf() {
+                Ok(buf) => buf,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e.into()),
+            };
+            if buf.is_empty() {
+                return Err(protocol_error(CLOSED));
+            }
+            let n = buf.len().min(len + 2 - value.len());
+            value.extend_from_slice(&buf[..n]);
+            r.consume(n);
         }
         if !value.ends_with(b"\r\n") {
             return Err(protocol_error("value not followed by CRLF"));
