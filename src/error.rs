@@ -27,6 +27,7 @@ pub struct Error {
     message: String,
     source: Option<Source>,
     failed_keys: Option<Arc<[String]>>,
+    outcome_unknown: bool,
 }
 
 impl fmt::Display for Error {
@@ -102,6 +103,7 @@ impl Error {
             message: message.into(),
             source: None,
             failed_keys: None,
+            outcome_unknown: false,
         }
     }
 
@@ -115,6 +117,7 @@ impl Error {
             message: message.into(),
             source: Some(Arc::from(source.into())),
             failed_keys: None,
+            outcome_unknown: false,
         }
     }
 
@@ -130,6 +133,7 @@ impl Error {
                 failed.len(),
                 shown.join(", ")
             ),
+            outcome_unknown: first.outcome_unknown,
             source: Some(Arc::new(first)),
             failed_keys: Some(failed.into()),
         }
@@ -164,6 +168,20 @@ impl Error {
             ErrorKind::WaitTimeout,
             format!("waited {waited:?} (max_wait); the load is still running"),
         )
+    }
+
+    /// Marks a failure that struck after a write was sent: the server may or may not have
+    /// applied it.
+    pub(crate) fn with_outcome_unknown(mut self) -> Self {
+        self.outcome_unknown = true;
+        self
+    }
+
+    /// Whether a write failed after it was sent (the connection broke or timed out with the
+    /// command in flight): the server may have applied it or not. newcache never retries such
+    /// a write by itself; the caller decides (a `set` can be repeated, an `incr` cannot).
+    pub fn is_outcome_unknown(&self) -> bool {
+        self.outcome_unknown
     }
 
     /// The class of this error.

@@ -6,8 +6,123 @@ use std::fmt::Debug;
 
 use crate::error::Result;
 
+#[cfg(feature = "tokio")]
+pub(crate) mod engine;
 pub mod memcached;
 pub mod memory;
+
+#[cfg(feature = "tokio")]
+pub(crate) use self::nonblocking::{AsyncBackend, BoxFuture};
+
+#[cfg(feature = "tokio")]
+mod nonblocking {
+    use std::future::Future;
+    use std::pin::Pin;
+
+    use super::{Item, StoreOutcome, Write};
+    use crate::error::Result;
+
+    /// A boxed, `Send` future: what [`AsyncBackend`]'s methods return (object-safe).
+    pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+    /// [`Backend`](super::Backend)'s semantics, asynchronously: what `AsyncCache` runs on. The
+    /// memory backend answers at once; the memcached engine (`backend/engine/`) pipelines.
+    /// Every future is cancellation-safe: dropping one never desynchronises a connection or
+    /// loses another caller's reply (a write already queued may still be applied).
+    pub(crate) trait AsyncBackend: std::fmt::Debug + Send + Sync {
+        fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Item>>>;
+        /// One result per key, in order; a failed server fails only its own keys.
+        fn get_many<'a>(&'a self, keys: &'a [&'a str]) -> BoxFuture<'a, Vec<Result<Option<Item>>>>;
+        fn store<'a>(&'a self, w: Write<'a>) -> BoxFuture<'a, Result<StoreOutcome>>;
+        /// The write, then a read of the key, on one connection, in order.
+        fn store_then_get<'a>(
+            &'a self,
+            w: Write<'a>,
+        ) -> BoxFuture<'a, Result<(StoreOutcome, Option<Item>)>>;
+        /// One result per write, in order; a value over the limit fails alone (nothing sent).
+        fn store_many<'a>(
+            &'a self,
+            writes: &'a [Write<'a>],
+        ) -> BoxFuture<'a, Vec<Result<StoreOutcome>>>;
+        fn delete<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool>>;
+        fn delete_many<'a>(&'a self, keys: &'a [&'a str]) -> BoxFuture<'a, Vec<Result<bool>>>;
+        fn touch<'a>(&'a self, key: &'a str, exptime: u32) -> BoxFuture<'a, Result<bool>>;
+        fn incr<'a>(&'a self, key: &'a str, delta: u64) -> BoxFuture<'a, Result<Option<u64>>>;
+        fn decr<'a>(&'a self, key: &'a str, delta: u64) -> BoxFuture<'a, Result<Option<u64>>>;
+        fn flush_all(&self) -> BoxFuture<'_, Result<()>>;
+        fn max_value_size(&self, key: &str) -> usize;
+        /// Waits for background work (connection tasks) to wind down; after it, the backend
+        /// still works (it reconnects on demand).
+        fn shutdown(&self) -> BoxFuture<'_, ()> {
+            Box::pin(async {})
+        }
+    }
+
+    /// Any sync backend that never blocks (the memory backend) is an async one that answers
+    /// at once.
+    impl<B: super::Backend + ?Sized> AsyncBackend for Immediate<B> {
+        fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Item>>> {
+            let r = self.0.get(key);
+            Box::pin(async move { r })
+        }
+        fn get_many<'a>(&'a self, keys: &'a [&'a str]) -> BoxFuture<'a, Vec<Result<Option<Item>>>> {
+            let r = self.0.get_many(keys);
+            Box::pin(async move { r })
+        }
+        fn store<'a>(&'a self, w: Write<'a>) -> BoxFuture<'a, Result<StoreOutcome>> {
+            let r = self.0.store(w.mode, w.key, w.value, w.flags, w.exptime);
+            Box::pin(async move { r })
+        }
+        fn store_then_get<'a>(
+            &'a self,
+            w: Write<'a>,
+        ) -> BoxFuture<'a, Result<(StoreOutcome, Option<Item>)>> {
+            let r = self.0.store_then_get(w);
+            Box::pin(async move { r })
+        }
+        fn store_many<'a>(
+            &'a self,
+            writes: &'a [Write<'a>],
+        ) -> BoxFuture<'a, Vec<Result<StoreOutcome>>> {
+            let r = self.0.store_many(writes);
+            Box::pin(async move { r })
+        }
+        fn delete<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool>> {
+            let r = self.0.delete(key);
+            Box::pin(async move { r })
+        }
+        fn delete_many<'a>(&'a self, keys: &'a [&'a str]) -> BoxFuture<'a, Vec<Result<bool>>> {
+            let r = self.0.delete_many(keys);
+            Box::pin(async move { r })
+        }
+        fn touch<'a>(&'a self, key: &'a str, exptime: u32) -> BoxFuture<'a, Result<bool>> {
+            let r = self.0.touch(key, exptime);
+            Box::pin(async move { r })
+        }
+        fn incr<'a>(&'a self, key: &'a str, delta: u64) -> BoxFuture<'a, Result<Option<u64>>> {
+            let r = self.0.incr(key, delta);
+            Box::pin(async move { r })
+        }
+        fn decr<'a>(&'a self, key: &'a str, delta: u64) -> BoxFuture<'a, Result<Option<u64>>> {
+            let r = self.0.decr(key, delta);
+            Box::pin(async move { r })
+        }
+        fn flush_all(&self) -> BoxFuture<'_, Result<()>> {
+            let r = self.0.flush_all();
+            Box::pin(async move { r })
+        }
+        fn max_value_size(&self, key: &str) -> usize {
+            self.0.max_value_size(key)
+        }
+    }
+
+    /// A sync backend whose calls never block (the memory backend), as an [`AsyncBackend`].
+    #[derive(Debug)]
+    pub(crate) struct Immediate<B: ?Sized>(pub(crate) B);
+}
+
+#[cfg(feature = "tokio")]
+pub(crate) use self::nonblocking::Immediate;
 
 /// An item as a backend returns it.
 #[derive(Debug, Clone, PartialEq, Eq)]

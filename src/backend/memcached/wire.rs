@@ -391,6 +391,52 @@ fn decimal(digits: &[u8]) -> Option<u64> {
     Some(n)
 }
 
+/// The shape of a reply, for [`reply_len`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Shape {
+    /// One line (`STORED`, `DELETED`, a number, `OK`, `VERSION ..`, an error).
+    Line,
+    /// `VALUE` blocks up to `END` (the reply to `gets`).
+    Values,
+    /// A line, then `VALUE` blocks up to `END` (a store pipelined with its read-back).
+    LineThenValues,
+}
+
+/// How many bytes at the start of `buf` make one whole reply of this shape, or `None` if more
+/// must be read first. Sans-I/O: an async reader buffers bytes until this says a reply is
+/// whole, then parses it with the strict parsers above (which then never wait for input).
+/// Anything malformed is "whole" as far as it goes, so that the parser reports it; a line
+/// without CRLF is whole once it is longer than any valid line.
+pub(crate) fn reply_len(shape: Shape, buf: &[u8]) -> Option<usize> {
+    let line_end = |from: usize| -> Option<usize> {
+        let rest = &buf[from..];
+        match rest.windows(2).position(|w| w == b"\r\n") {
+            Some(at) => Some(from + at + 2),
+            None if rest.len() > MAX_LINE => Some(buf.len()),
+            None => None,
+        }
+    };
+    let values = |mut at: usize| -> Option<usize> {
+        loop {
+            let end = line_end(at)?;
+            let line = buf[at..end].strip_suffix(b"\r\n").unwrap_or(&buf[at..end]);
+            let Some((_, _, len, _)) = parse_value_line(line) else {
+                // END, an error line, or garbage: the line ends the reply.
+                return Some(end);
+            };
+            at = end.checked_add(len)?.checked_add(2)?;
+            if at > buf.len() {
+                return None;
+            }
+        }
+    };
+    match shape {
+        Shape::Line => line_end(0),
+        Shape::Values => values(0),
+        Shape::LineThenValues => values(line_end(0)?),
+    }
+}
+
 /// Reads the reply to `set`/`add`/`cas`.
 pub(crate) fn read_store<R: BufRead>(r: &mut R) -> Result<StoreOutcome> {
     let mut line = Vec::with_capacity(32);
@@ -677,5 +723,34 @@ mod tests {
             read_version(&mut &b"VERSION 1.6.18\r\n"[..]).unwrap(),
             "1.6.18"
         );
+    }
+
+    #[test]
+    fn reply_len_waits_for_whole_replies() {
+        let v = b"VALUE k 0 3 9\r\nabc\r\nEND\r\nSTORED\r\n";
+        assert_eq!(reply_len(Shape::Values, v), Some(25));
+        for cut in 0..25 {
+            assert_eq!(reply_len(Shape::Values, &v[..cut]), None, "cut at {cut}");
+        }
+        // A data block containing CRLF and "END" is skipped by length, not scanned.
+        let tricky = b"VALUE k 0 5 1\r\nEND\r\n\r\nEND\r\n";
+        assert_eq!(reply_len(Shape::Values, tricky), Some(tricky.len()));
+        assert_eq!(reply_len(Shape::Line, b"STORED\r\nEND"), Some(8));
+        assert_eq!(reply_len(Shape::Line, b"STOR"), None);
+        let both = b"STORED\r\nVALUE k 0 1 2\r\nx\r\nEND\r\n";
+        assert_eq!(reply_len(Shape::LineThenValues, both), Some(both.len()));
+        assert_eq!(
+            reply_len(Shape::LineThenValues, &both[..both.len() - 1]),
+            None
+        );
+        // An error line ends a values reply; an endless line is whole once over the limit.
+        assert_eq!(reply_len(Shape::Values, b"SERVER_ERROR x\r\n"), Some(16));
+        let long = vec![b'x'; MAX_LINE + 1];
+        assert_eq!(reply_len(Shape::Line, &long), Some(long.len()));
+        // Whatever reply_len calls whole parses without waiting for input.
+        let mut r = &v[..25];
+        let mut out = vec![Ok(None)];
+        read_slots(&mut r, 1 << 20, &["k"], &mut out).unwrap();
+        assert_eq!(out[0].as_ref().unwrap().as_ref().unwrap().value, b"abc");
     }
 }

@@ -1,0 +1,1 @@
+//! The pipelined, auto-batching memcached engine (tokio).
