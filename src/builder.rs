@@ -11,6 +11,9 @@ use crate::backend::memcached::{
 };
 use crate::backend::memory::{DEFAULT_CAPACITY, MemoryBackend};
 use crate::backend::{Backend, DEFAULT_ITEM_SIZE};
+
+/// How many pipelined connections an `AsyncCache` keeps per memcached server by default.
+pub const DEFAULT_ASYNC_CONNECTIONS: u32 = 2;
 use crate::cache::Cache;
 use crate::cache::policy::{DecodePolicy, FailurePolicy};
 use crate::clock::{Clock, SystemClock};
@@ -92,6 +95,7 @@ pub struct CacheBuilder {
     connect_timeout: Duration,
     io_timeout: Duration,
     pool_size: u32,
+    async_connections: u32,
     item_size: usize,
     read_failures: FailurePolicy,
     write_failures: FailurePolicy,
@@ -124,6 +128,7 @@ impl Default for CacheBuilder {
             connect_timeout: crate::backend::memcached::DEFAULT_CONNECT_TIMEOUT,
             io_timeout: crate::backend::memcached::DEFAULT_IO_TIMEOUT,
             pool_size: crate::backend::memcached::DEFAULT_POOL_SIZE,
+            async_connections: DEFAULT_ASYNC_CONNECTIONS,
             item_size: DEFAULT_ITEM_SIZE,
             read_failures: FailurePolicy::Absorb,
             write_failures: FailurePolicy::Propagate,
@@ -287,6 +292,15 @@ impl CacheBuilder {
         self
     }
 
+    /// How many pipelined connections an [`AsyncCache`](crate::AsyncCache) keeps per memcached
+    /// server (default 2). Every task's requests share them; concurrent gets are merged into
+    /// multi-key lines, so a few connections serve thousands of tasks. memcached only.
+    pub fn async_connections(mut self, connections: u32) -> Self {
+        self.memcached_only.push("async_connections");
+        self.async_connections = connections;
+        self
+    }
+
     /// The item size limit (`memcached -I`); default 1 MiB. memcached refuses larger items, and the
     /// memory backend refuses the same values, so that what fits in one fits in the other.
     pub fn item_size(mut self, bytes: usize) -> Self {
@@ -444,6 +458,71 @@ impl CacheBuilder {
         Ok(cache)
     }
 
+    /// Builds an [`AsyncCache`](crate::AsyncCache): the same cache for tokio tasks, on the
+    /// memory backend or on pipelined memcached connections (see
+    /// [`async_connections`](CacheBuilder::async_connections)). Never connects.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), newcache::Error> {
+    /// let cache: newcache::AsyncCache = newcache::Cache::builder().in_memory().build_async()?;
+    /// cache.set("k", &1u32, std::time::Duration::from_secs(60)).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// A custom [`backend`](CacheBuilder::backend) is called on the task's own thread, so it
+    /// must not block (an in-process store is fine; for a blocking one, use
+    /// [`build`](CacheBuilder::build) and `spawn_blocking`).
+    ///
+    /// # Errors
+    /// As [`build`](CacheBuilder::build); and a configuration error for zero
+    /// `async_connections`.
+    #[cfg(feature = "tokio")]
+    pub fn build_async(self) -> Result<crate::AsyncCache> {
+        use crate::backend::{AsyncBackend, Immediate};
+        self.warn_unused();
+        let engine = match &self.backend {
+            BackendChoice::Custom(_) | BackendChoice::Memory => None,
+            BackendChoice::Memcached { .. } => {
+                if self.async_connections == 0 {
+                    return Err(Error::config("async_connections must be at least 1"));
+                }
+                Some((self.memcached_config()?, self.async_connections as usize))
+            }
+        };
+        let (backend_name, flavor, version) =
+            (self.backend.name(), self.flavor.clone(), self.version);
+        let config = self.into_config()?;
+        let backend: Arc<dyn AsyncBackend> = match engine {
+            Some((mc, connections)) => Arc::new(crate::backend::engine::Engine::new(&mc, connections)?),
+            None => Arc::new(Immediate(config.backend.clone())),
+        };
+        let cache = crate::AsyncCache::new(Cache::from_config(config), backend);
+        tracing::info!(backend = backend_name, flavor, version, "newcache: async cache built");
+        Ok(cache)
+    }
+
+    /// The memcached backend's settings (servers parsed).
+    fn memcached_config(&self) -> Result<MemcachedConfig> {
+        let BackendChoice::Memcached { servers, weighted } = &self.backend else {
+            return Err(Error::config("not a memcached backend"));
+        };
+        let mut specs = weighted.clone();
+        for s in servers {
+            specs.push(ServerSpec::parse(s)?);
+        }
+        let mut config = MemcachedConfig::new(specs);
+        config.connect_timeout = self.connect_timeout;
+        config.io_timeout = self.io_timeout;
+        config.pool_size = self.pool_size;
+        config.item_size = self.item_size;
+        config.failure_limit = self.failure_limit;
+        config.retry_interval = self.retry_interval;
+        config.dead_servers = self.dead_servers;
+        Ok(config)
+    }
+
     /// The settings given explicitly that the chosen backend does not use.
     fn unused(&self) -> Vec<&'static str> {
         let mut unused: Vec<&'static str> = match self.backend {
@@ -502,21 +581,7 @@ impl CacheBuilder {
                 self.item_size,
                 self.clock.clone(),
             )),
-            BackendChoice::Memcached { servers, weighted } => {
-                let mut specs = weighted;
-                for s in &servers {
-                    specs.push(ServerSpec::parse(s)?);
-                }
-                let mut config = MemcachedConfig::new(specs);
-                config.connect_timeout = self.connect_timeout;
-                config.io_timeout = self.io_timeout;
-                config.pool_size = self.pool_size;
-                config.item_size = self.item_size;
-                config.failure_limit = self.failure_limit;
-                config.retry_interval = self.retry_interval;
-                config.dead_servers = self.dead_servers;
-                Arc::new(MemcachedBackend::new(config)?)
-            }
+            BackendChoice::Memcached { .. } => Arc::new(MemcachedBackend::new(self.memcached_config()?)?),
         };
         let seed = self.seed.unwrap_or_else(|| {
             // Nanoseconds and the process id: caches built in the same millisecond (or in

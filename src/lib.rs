@@ -110,6 +110,8 @@
 #![deny(missing_docs)]
 #![warn(missing_debug_implementations)]
 
+#[cfg(feature = "tokio")]
+mod async_cache;
 pub mod backend;
 mod builder;
 mod cache;
@@ -134,6 +136,8 @@ pub use builder::{
     CacheBuilder, DEFAULT_HERD_TIMEOUT, DEFAULT_LEASE_TTL, DEFAULT_MAX_LOAD_TIME, DEFAULT_MAX_WAIT,
     DEFAULT_TTL, MIN_LEASE_TTL,
 };
+#[cfg(feature = "tokio")]
+pub use async_cache::AsyncCache;
 pub use cache::{Cache, DecodePolicy, FailurePolicy, Herd};
 pub use clock::{Clock, SystemClock};
 pub use codec::{Codec, Compression, DEFAULT_MAX_DECODE_SIZE};

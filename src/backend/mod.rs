@@ -60,7 +60,7 @@ mod nonblocking {
 
     /// Any sync backend that never blocks (the memory backend) is an async one that answers
     /// at once.
-    impl<B: super::Backend + ?Sized> AsyncBackend for Immediate<B> {
+    impl AsyncBackend for Immediate {
         fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Item>>> {
             let r = self.0.get(key);
             Box::pin(async move { r })
@@ -118,7 +118,7 @@ mod nonblocking {
 
     /// A sync backend whose calls never block (the memory backend), as an [`AsyncBackend`].
     #[derive(Debug)]
-    pub(crate) struct Immediate<B: ?Sized>(pub(crate) B);
+    pub(crate) struct Immediate(pub(crate) std::sync::Arc<dyn super::Backend>);
 }
 
 #[cfg(feature = "tokio")]

@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use super::Cache;
-use crate::backend::{StoreMode, parse_counter};
+use super::io::{Io, ready};
+use crate::backend::{StoreMode, Write, parse_counter};
 use crate::envelope;
 use crate::error::{Error, ErrorKind, Result};
 use crate::ttl::{self, Lifetime, Ttl};
@@ -13,23 +14,32 @@ impl Cache {
     /// Stores a counter in memcached's plain decimal form (no envelope, no herd padding), so that
     /// [`incr`](Cache::incr) and [`decr`](Cache::decr) work on it.
     pub fn set_counter(&self, key: &str, value: u64, ttl: impl Into<Ttl>) -> Result<()> {
+        ready(self.set_counter_on(&self.blocking(), key, value, ttl.into()))
+    }
+
+    pub(crate) async fn set_counter_on<I: Io>(
+        &self,
+        io: &I,
+        key: &str,
+        value: u64,
+        ttl: Ttl,
+    ) -> Result<()> {
         let k = self.keys.make(key)?;
-        let life = ttl.into().resolve(self.inner.config.default_ttl);
+        let life = ttl.resolve(self.inner.config.default_ttl);
         if life == Lifetime::Expired {
-            return self.inner.config.backend.delete(&k).map(|_| ());
+            return io.delete(&k).await.map(|_| ());
         }
         let exptime = ttl::exptime(life, Duration::ZERO, self.now_ms() / 1000);
-        self.inner
-            .config
-            .backend
-            .store(
-                StoreMode::Set,
-                &k,
-                value.to_string().as_bytes(),
-                envelope::COUNTER_FLAGS,
-                exptime,
-            )
-            .map(|_| ())
+        let digits = value.to_string();
+        io.store(Write {
+            mode: StoreMode::Set,
+            key: &k,
+            value: digits.as_bytes(),
+            flags: envelope::COUNTER_FLAGS,
+            exptime,
+        })
+        .await
+        .map(|_| ())
     }
 
     /// Adds `delta` to a counter and returns the new value (wrapping at 2^64, as memcached does).
@@ -38,12 +48,24 @@ impl Cache {
     /// `is_not_found()` if the counter does not exist (it is never created implicitly);
     /// `is_not_a_counter()` if the key holds something else.
     pub fn incr(&self, key: &str, delta: u64) -> Result<u64> {
+        ready(self.arith_on(&self.blocking(), key, delta, true))
+    }
+
+    /// `incr` (or `decr`) on any [`Io`].
+    pub(crate) async fn arith_on<I: Io>(
+        &self,
+        io: &I,
+        key: &str,
+        delta: u64,
+        incr: bool,
+    ) -> Result<u64> {
         let k = self.keys.make(key)?;
-        self.inner
-            .config
-            .backend
-            .incr(&k, delta)?
-            .ok_or_else(|| not_found(key))
+        let r = if incr {
+            io.incr(&k, delta).await
+        } else {
+            io.decr(&k, delta).await
+        };
+        r?.ok_or_else(|| not_found(key))
     }
 
     /// Subtracts `delta` from a counter and returns the new value; memcached clamps at zero.
@@ -51,12 +73,7 @@ impl Cache {
     /// # Errors
     /// As [`incr`](Cache::incr).
     pub fn decr(&self, key: &str, delta: u64) -> Result<u64> {
-        let k = self.keys.make(key)?;
-        self.inner
-            .config
-            .backend
-            .decr(&k, delta)?
-            .ok_or_else(|| not_found(key))
+        ready(self.arith_on(&self.blocking(), key, delta, false))
     }
 
     /// Reads a counter; `None` if it does not exist.
@@ -64,8 +81,12 @@ impl Cache {
     /// # Errors
     /// `is_not_a_counter()` if the key holds something that is not a decimal counter.
     pub fn get_counter(&self, key: &str) -> Result<Option<u64>> {
+        ready(self.get_counter_on(&self.blocking(), key))
+    }
+
+    pub(crate) async fn get_counter_on<I: Io>(&self, io: &I, key: &str) -> Result<Option<u64>> {
         let k = self.keys.make(key)?;
-        match self.inner.config.backend.get(&k)? {
+        match io.get(&k).await? {
             None => Ok(None),
             Some(item) => parse_counter(&item.value).map(Some).ok_or_else(|| {
                 Error::new(

@@ -2,6 +2,7 @@
 //! and drives the herd protocol ([`protocol`](crate::protocol)) on the backend's bytes.
 
 mod counters;
+pub(crate) mod io;
 pub(crate) mod policy;
 pub(crate) mod read;
 mod write;
@@ -111,6 +112,11 @@ impl Cache {
     /// A snapshot of the counters.
     pub fn stats(&self) -> Stats {
         self.inner.stats.snapshot()
+    }
+
+    /// The sync backend as the facade's [`io::Io`].
+    pub(crate) fn blocking(&self) -> io::Blocking<'_> {
+        io::Blocking(&*self.inner.config.backend)
     }
 
     pub(crate) fn now_ms(&self) -> u64 {

@@ -3,11 +3,11 @@
 //! driver of the protocol, which the loader family shares.
 
 use std::collections::{HashMap, HashSet};
-use std::thread;
 use std::time::Instant;
 
 use serde::de::DeserializeOwned;
 
+use super::io::{Io, ready};
 use super::{Cache, DecodePolicy};
 use crate::backend::{Item, Write};
 use crate::envelope;
@@ -29,12 +29,23 @@ impl Cache {
     /// Runs the protocol for derived key `k` from `action` until it finishes or grants a load.
     /// Backend failures follow the read policy: an absorbed one ends the run with what the
     /// machine can still serve (or [`Found::Unavailable`]).
-    pub(crate) fn drive(&self, k: &str, m: &mut Machine, mut action: Action) -> Result<Step> {
-        let b = &self.inner.config.backend;
+    pub(crate) fn drive(&self, k: &str, m: &mut Machine, action: Action) -> Result<Step> {
+        ready(self.drive_on(&self.blocking(), k, m, action))
+    }
+
+    /// [`drive`](Cache::drive) on any [`Io`]: the one driver of the protocol, for both front
+    /// ends.
+    pub(crate) async fn drive_on<I: Io>(
+        &self,
+        io: &I,
+        k: &str,
+        m: &mut Machine,
+        mut action: Action,
+    ) -> Result<Step> {
         let mut waited = false;
         loop {
             action = match action {
-                Action::Read => match self.absorb_read(b.get(k))? {
+                Action::Read => match self.absorb_read(io.get(k).await)? {
                     Some(item) => m.on_read(self.now(), item),
                     None => m.on_failed(self.now()),
                 },
@@ -50,7 +61,7 @@ impl Cache {
                         flags: envelope::FLAGS,
                         exptime,
                     };
-                    match self.absorb_read(b.store_then_get(w))? {
+                    match self.absorb_read(io.store_then_get(w).await)? {
                         Some((outcome, after)) => m.on_stored(self.now(), outcome, after),
                         None => m.on_failed(self.now()),
                     }
@@ -60,7 +71,7 @@ impl Cache {
                         waited = true;
                         Counters::bump(&self.inner.stats.lease_waits);
                     }
-                    thread::sleep(pause);
+                    io.sleep(pause).await;
                     m.on_wake(self.now())
                 }
                 Action::Load(grant) => return Ok(Step::Load(grant)),
@@ -87,11 +98,21 @@ impl Cache {
     /// policy is `Propagate`. An item of a newer envelope format (a newer newcache wrote it) is
     /// a counted miss, never an error.
     pub fn get<T: DeserializeOwned>(&self, key: &str) -> Result<Option<T>> {
+        ready(self.get_on(&self.blocking(), key))
+    }
+
+    pub(crate) async fn get_on<T: DeserializeOwned, I: Io>(
+        &self,
+        io: &I,
+        key: &str,
+    ) -> Result<Option<T>> {
         let k = self.keys.make(key)?;
-        let (mut m, first) = self.first_read(&k, Mode::Lookup, self.settings(false), None)?;
+        let (mut m, first) = self
+            .first_read(io, &k, Mode::Lookup, self.settings(false), None)
+            .await?;
         let found = match first {
             Action::Done(found) => found,
-            action => match self.drive(&k, &mut m, action)? {
+            action => match self.drive_on(io, &k, &mut m, action).await? {
                 Step::Done(found) => found,
                 // Lookup never loads; a grant would be a protocol bug. Report a miss.
                 Step::Load(_) => return Ok(None),
@@ -105,14 +126,15 @@ impl Cache {
     ///
     /// With a `deadline` (the call's `max_wait`, counted from its start), the machine waits
     /// only for what is left of it after the read.
-    pub(crate) fn first_read(
+    pub(crate) async fn first_read<I: Io>(
         &self,
+        io: &I,
         k: &str,
         mode: Mode,
         mut settings: Settings,
         deadline: Option<Instant>,
     ) -> Result<(Machine, Action)> {
-        let read = self.absorb_read(self.inner.config.backend.get(k))?;
+        let read = self.absorb_read(io.get(k).await)?;
         let now = self.now();
         if let Some(deadline) = deadline {
             settings.max_wait_ms = deadline
@@ -202,8 +224,16 @@ impl Cache {
         &self,
         keys: &[impl AsRef<str>],
     ) -> Result<HashMap<String, T>> {
+        ready(self.get_many_on(&self.blocking(), keys))
+    }
+
+    pub(crate) async fn get_many_on<T: DeserializeOwned, I: Io>(
+        &self,
+        io: &I,
+        keys: &[impl AsRef<str>],
+    ) -> Result<HashMap<String, T>> {
         let mut out = HashMap::with_capacity(keys.len());
-        let (derived, fetched) = self.read_many(keys)?;
+        let (derived, fetched) = self.read_many(io, keys).await?;
         // One clock read, and one set of settings, for the batch.
         let now = self.now();
         let settings = self.settings(false);
@@ -216,7 +246,7 @@ impl Cache {
             let first = m.on_read(now, Some(item));
             let found = match first {
                 Action::Done(found) => found,
-                action => match self.drive(k, &mut m, action)? {
+                action => match self.drive_on(io, k, &mut m, action).await? {
                     Step::Done(found) => found,
                     Step::Load(_) => continue,
                 },
@@ -232,10 +262,14 @@ impl Cache {
     /// policy. A key asked for twice is read (and judged) once: its later positions are
     /// [`Fetched::Duplicate`], so that one caller never claims a key twice. Missing and failed
     /// keys are counted as misses here.
-    pub(crate) fn read_many(&self, keys: &[impl AsRef<str>]) -> Result<(Derived, Vec<Fetched>)> {
+    pub(crate) async fn read_many<I: Io>(
+        &self,
+        io: &I,
+        keys: &[impl AsRef<str>],
+    ) -> Result<(Derived, Vec<Fetched>)> {
         let derived = self.keys.make_all(keys)?;
         let refs = derived.refs();
-        let results = self.inner.config.backend.get_many(&refs);
+        let results = io.get_many(&refs).await;
         let read = self.absorb_each(results, self.inner.config.read_failures, |i| {
             keys[i].as_ref().to_string()
         })?;

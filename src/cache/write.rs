@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use super::io::{Io, ready};
 use super::{Cache, Herd};
 use crate::backend::{Item, StoreMode, StoreOutcome, Write};
 use crate::envelope::{self, Header, Kind, Parsed};
@@ -77,22 +78,31 @@ impl Cache {
         ttl: impl Into<Ttl>,
         herd: Herd,
     ) -> Result<()> {
+        ready(self.set_on(&self.blocking(), key, value, ttl.into(), herd))
+    }
+
+    pub(crate) async fn set_on<T: Serialize + ?Sized, I: Io>(
+        &self,
+        io: &I,
+        key: &str,
+        value: &T,
+        ttl: Ttl,
+        herd: Herd,
+    ) -> Result<()> {
         let k = self.keys.make(key)?;
-        let life = ttl.into().resolve(self.inner.config.default_ttl);
+        let life = ttl.resolve(self.inner.config.default_ttl);
         if life == Lifetime::Expired {
-            return self
-                .absorb_write(self.inner.config.backend.delete(&k))
-                .map(|_| ());
+            return self.absorb_write(io.delete(&k).await).map(|_| ());
         }
         let (bytes, exptime) = self.encode(value, life, herd, 0)?;
-        self.absorb_write(self.inner.config.backend.store(
-            StoreMode::Set,
-            &k,
-            &bytes,
-            envelope::FLAGS,
+        let w = Write {
+            mode: StoreMode::Set,
+            key: &k,
+            value: &bytes,
+            flags: envelope::FLAGS,
             exptime,
-        ))
-        .map(|_| ())
+        };
+        self.absorb_write(io.store(w).await).map(|_| ())
     }
 
     /// Stores a value only if the key holds no live value; `true` if it was stored.
@@ -106,40 +116,45 @@ impl Cache {
         value: &T,
         ttl: impl Into<Ttl>,
     ) -> Result<bool> {
+        ready(self.add_on(&self.blocking(), key, value, ttl.into()))
+    }
+
+    pub(crate) async fn add_on<T: Serialize + ?Sized, I: Io>(
+        &self,
+        io: &I,
+        key: &str,
+        value: &T,
+        ttl: Ttl,
+    ) -> Result<bool> {
         let k = self.keys.make(key)?;
-        let life = ttl.into().resolve(self.inner.config.default_ttl);
-        let b = &self.inner.config.backend;
+        let life = ttl.resolve(self.inner.config.default_ttl);
+        let k = k.as_str();
         if life == Lifetime::Expired {
             // Like Django: stored and expired at once, if the key was free.
-            let Some(item) = b.get(&k)? else {
+            let Some(item) = io.get(k).await? else {
                 return Ok(true);
             };
             if self.is_live(&item) {
                 return Ok(false);
             }
-            let outcome = b.store(StoreMode::Cas(item.cas), &k, b"", 0, ttl::EXPIRED)?;
+            let w = write(StoreMode::Cas(item.cas), k, b"", 0, ttl::EXPIRED);
+            let outcome = io.store(w).await?;
             return Ok(outcome == StoreOutcome::Stored);
         }
         let (bytes, exptime) = self.encode(value, life, Herd::Protected, 0)?;
         for _ in 0..3 {
-            if b.store(StoreMode::Add, &k, &bytes, envelope::FLAGS, exptime)?
-                == StoreOutcome::Stored
-            {
+            let w = write(StoreMode::Add, k, &bytes, envelope::FLAGS, exptime);
+            if io.store(w).await? == StoreOutcome::Stored {
                 return Ok(true);
             }
-            let Some(item) = b.get(&k)? else {
+            let Some(item) = io.get(k).await? else {
                 continue; // expired or deleted in between: try the add again
             };
             if self.is_live(&item) {
                 return Ok(false);
             }
-            return Ok(b.store(
-                StoreMode::Cas(item.cas),
-                &k,
-                &bytes,
-                envelope::FLAGS,
-                exptime,
-            )? == StoreOutcome::Stored);
+            let w = write(StoreMode::Cas(item.cas), k, &bytes, envelope::FLAGS, exptime);
+            return Ok(io.store(w).await? == StoreOutcome::Stored);
         }
         Ok(false)
     }
@@ -161,10 +176,12 @@ impl Cache {
     /// "Something" includes the placeholder of a load in progress: the delete removes it, and
     /// that load's result is then not stored (its `cas` finds the key gone).
     pub fn delete(&self, key: &str) -> Result<bool> {
+        ready(self.delete_on(&self.blocking(), key))
+    }
+
+    pub(crate) async fn delete_on<I: Io>(&self, io: &I, key: &str) -> Result<bool> {
         let k = self.keys.make(key)?;
-        Ok(self
-            .absorb_write(self.inner.config.backend.delete(&k))?
-            .unwrap_or(false))
+        Ok(self.absorb_write(io.delete(&k).await)?.unwrap_or(false))
     }
 
     /// Stores several values with the herd protection, one round trip per server; returns the
@@ -195,6 +212,18 @@ impl Cache {
         I: IntoIterator<Item = (K, &'v T)>,
     {
         let life = ttl.into().resolve(self.inner.config.default_ttl);
+        let encoded = self.encode_many(items, life)?;
+        ready(self.set_many_on(&self.blocking(), encoded, life))
+    }
+
+    /// Every key derived and every value encoded before anything is sent: the caller's key
+    /// names, and the derived keys with their bytes and exptime.
+    pub(crate) fn encode_many<'v, K, T, I>(&self, items: I, life: Lifetime) -> Result<Encoded>
+    where
+        K: AsRef<str>,
+        T: Serialize + ?Sized + 'v,
+        I: IntoIterator<Item = (K, &'v T)>,
+    {
         // Every key derived and every value encoded before anything is sent.
         let mut names = Vec::new();
         let mut encoded: Vec<(String, Vec<u8>)> = Vec::new();
@@ -211,14 +240,31 @@ impl Cache {
             exptime = e;
             encoded.push((k, bytes));
         }
+        Ok(Encoded {
+            names,
+            encoded,
+            exptime,
+        })
+    }
+
+    pub(crate) async fn set_many_on<I: Io>(
+        &self,
+        io: &I,
+        batch: Encoded,
+        life: Lifetime,
+    ) -> Result<Vec<String>> {
+        let Encoded {
+            names,
+            encoded,
+            exptime,
+        } = batch;
         if encoded.is_empty() {
             return Ok(Vec::new());
         }
-        let backend = &self.inner.config.backend;
         if life == Lifetime::Expired {
             let keys: Vec<&str> = encoded.iter().map(|(k, _)| k.as_str()).collect();
             let done = self.absorb_each(
-                backend.delete_many(&keys),
+                io.delete_many(&keys).await,
                 self.inner.config.write_failures,
                 |i| names[i].clone(),
             )?;
@@ -228,7 +274,7 @@ impl Cache {
         let mut writes = Vec::with_capacity(encoded.len());
         let mut at = Vec::with_capacity(encoded.len());
         for (i, (k, v)) in encoded.iter().enumerate() {
-            if v.len() > backend.max_value_size(k) {
+            if v.len() > io.max_value_size(k) {
                 Counters::bump(&self.inner.stats.too_large);
                 failed.push(names[i].clone());
                 continue;
@@ -242,7 +288,7 @@ impl Cache {
                 exptime,
             });
         }
-        let results = backend.store_many(&writes);
+        let results = io.store_many(&writes).await;
         let done = self.absorb_each(results, self.inner.config.write_failures, |j| {
             names[at[j]].clone()
         })?;
@@ -261,13 +307,21 @@ impl Cache {
     /// As [`set_many`](Cache::set_many): under the default write policy a key whose server failed
     /// makes the batch an error naming the failed keys (the other keys were deleted).
     pub fn delete_many(&self, keys: &[impl AsRef<str>]) -> Result<usize> {
+        ready(self.delete_many_on(&self.blocking(), keys))
+    }
+
+    pub(crate) async fn delete_many_on<I: Io>(
+        &self,
+        io: &I,
+        keys: &[impl AsRef<str>],
+    ) -> Result<usize> {
         let derived = keys
             .iter()
             .map(|k| self.keys.make(k.as_ref()))
             .collect::<Result<Vec<_>>>()?;
         let refs: Vec<&str> = derived.iter().map(String::as_str).collect();
         let done = self.absorb_each(
-            self.inner.config.backend.delete_many(&refs),
+            io.delete_many(&refs).await,
             self.inner.config.write_failures,
             |i| keys[i].as_ref().to_string(),
         )?;
@@ -283,16 +337,19 @@ impl Cache {
     /// touched, and the running load's result is then not stored over it. Counters and values
     /// of other clients get memcached's plain `touch`.
     pub fn touch(&self, key: &str, ttl: impl Into<Ttl>) -> Result<bool> {
+        ready(self.touch_on(&self.blocking(), key, ttl.into()))
+    }
+
+    pub(crate) async fn touch_on<I: Io>(&self, io: &I, key: &str, ttl: Ttl) -> Result<bool> {
         let k = self.keys.make(key)?;
-        let life = ttl.into().resolve(self.inner.config.default_ttl);
-        let backend = &self.inner.config.backend;
+        let life = ttl.resolve(self.inner.config.default_ttl);
         if life == Lifetime::Expired {
-            return Ok(self.absorb_write(backend.delete(&k))?.unwrap_or(false));
+            return Ok(self.absorb_write(io.delete(&k).await)?.unwrap_or(false));
         }
         // A read, then a `cas` of the re-timed envelope; another writer in between wins, and
         // the touch is retried on what it wrote.
         for _ in 0..3 {
-            let Some(item) = self.absorb_write(backend.get(&k))?.flatten() else {
+            let Some(item) = self.absorb_write(io.get(&k).await)?.flatten() else {
                 return Ok(false);
             };
             let now = self.now_ms();
@@ -302,7 +359,7 @@ impl Cache {
                 _ => {
                     let exptime = ttl::exptime(life, Duration::ZERO, now / 1000);
                     return Ok(self
-                        .absorb_write(backend.touch(&k, exptime))?
+                        .absorb_write(io.touch(&k, exptime).await)?
                         .unwrap_or(false));
                 }
             };
@@ -326,13 +383,15 @@ impl Cache {
                 return Ok(false);
             };
             let exptime = ttl::exptime(life, padding, now / 1000);
-            let stored = backend.store(
-                StoreMode::Cas(item.cas),
-                &k,
-                &bytes,
-                envelope::FLAGS,
-                exptime,
-            );
+            let stored = io
+                .store(Write {
+                    mode: StoreMode::Cas(item.cas),
+                    key: &k,
+                    value: &bytes,
+                    flags: envelope::FLAGS,
+                    exptime,
+                })
+                .await;
             match self.absorb_write(stored)? {
                 Some(StoreOutcome::Stored) => return Ok(true),
                 Some(StoreOutcome::NotFound) | None => return Ok(false),
@@ -349,6 +408,30 @@ impl Cache {
     pub fn clear(&self) -> Result<()> {
         self.inner.config.backend.flush_all()
     }
+
+    pub(crate) async fn clear_on<I: Io>(&self, io: &I) -> Result<()> {
+        io.flush_all().await
+    }
+}
+
+/// One write (a [`Write`] from its fields).
+fn write<'a>(mode: StoreMode, key: &'a str, value: &'a [u8], flags: u32, exptime: u32) -> Write<'a> {
+    Write {
+        mode,
+        key,
+        value,
+        flags,
+        exptime,
+    }
+}
+
+/// A `set_many` batch, encoded whole before anything is sent.
+pub(crate) struct Encoded {
+    /// The caller's keys, in order.
+    names: Vec<String>,
+    /// Derived keys and their bytes (empty for a batch of deletes).
+    encoded: Vec<(String, Vec<u8>)>,
+    exptime: u32,
 }
 
 /// The names of the keys whose per-key result is absent (failed and absorbed).

@@ -65,7 +65,8 @@ impl Cache {
     {
         let ttl = ttl.into();
         let s = &self.inner.stats;
-        let (derived, fetched) = self.read_many(keys)?;
+        let (derived, fetched) =
+            crate::cache::io::ready(self.read_many(&self.blocking(), keys))?;
         let mut out = HashMap::with_capacity(keys.len());
         // The keys to load, each once and in the caller's order, and the claims held on them.
         let mut wanted: Vec<String> = Vec::new();

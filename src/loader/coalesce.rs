@@ -31,6 +31,9 @@ pub(crate) enum Outcome {
 pub(crate) struct Slot {
     outcome: Mutex<Option<Outcome>>,
     ready: Condvar,
+    /// Wakes the followers of `AsyncCache` (the sync ones wait on `ready`).
+    #[cfg(feature = "tokio")]
+    notify: tokio::sync::Notify,
 }
 
 impl Slot {
@@ -43,6 +46,24 @@ impl Slot {
             }
         }
         o.clone().unwrap_or(Outcome::Pending)
+    }
+
+    /// [`wait`](Slot::wait) for a task: the outcome, or `Pending` at `deadline`.
+    #[cfg(feature = "tokio")]
+    pub(crate) async fn wait_async(&self, deadline: Instant) -> Outcome {
+        loop {
+            // Registered before the check, so that a publish in between is not missed.
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if let Some(o) = self.outcome.lock().clone() {
+                return o;
+            }
+            let deadline = tokio::time::Instant::from_std(deadline);
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return self.outcome.lock().clone().unwrap_or(Outcome::Pending);
+            }
+        }
     }
 }
 
@@ -114,6 +135,8 @@ impl Leader<'_> {
         }
         *self.slot.outcome.lock() = Some(outcome);
         self.slot.ready.notify_all();
+        #[cfg(feature = "tokio")]
+        self.slot.notify.notify_waiters();
     }
 }
 

@@ -331,7 +331,7 @@ impl HeldLease {
     }
 }
 
-fn completed(outcome: StoreOutcome) -> Completed {
+pub(crate) fn completed(outcome: StoreOutcome) -> Completed {
     match outcome {
         StoreOutcome::Stored => Completed::Stored,
         _ => Completed::Superseded,

@@ -84,7 +84,7 @@ where
 }
 
 /// How long a load took, in ms for the envelope (at least 1: 0 means "unknown").
-fn load_ms(started: Instant) -> u32 {
+pub(crate) fn load_ms(started: Instant) -> u32 {
     started.elapsed().as_millis().clamp(1, u128::from(u32::MAX)) as u32
 }
 
@@ -199,7 +199,13 @@ impl Cache {
         // lock shared by every caller); only a caller with work to do (a claim, a placeholder,
         // a wait) coordinates with the others of this process.
         let (m, first) =
-            self.first_read(&derived, Mode::Load, self.settings(true), Some(deadline))?;
+            crate::cache::io::ready(self.first_read(
+                &self.blocking(),
+                &derived,
+                Mode::Load,
+                self.settings(true),
+                Some(deadline),
+            ))?;
         if let Action::Done(Found::Value { held, stale }) = &first {
             if let Ok(v) = self.decode_held::<T>(held) {
                 let s = &self.inner.stats;
@@ -377,7 +383,7 @@ impl Cache {
     }
 
     /// Whether a value with this header may still be served to anyone (within its bound).
-    fn still_servable(&self, h: &crate::envelope::Header) -> bool {
+    pub(crate) fn still_servable(&self, h: &crate::envelope::Header) -> bool {
         let unclaimed = crate::envelope::Header {
             claim_until_ms: 0,
             ..*h

@@ -1,0 +1,150 @@
+//! A claim held by an async load: renewed every third of `lease_ttl` while the loader runs
+//! (inside the caller's future, so a loader need not be `'static`), completed with `cas`, or
+//! released. Dropped unfinished (the load failed, or its future was cancelled), it releases the
+//! key from a spawned task, so the next caller retries at once. The claim logic itself is
+//! `protocol::Lease`, shared with the sync front end.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::backend::{AsyncBackend, Write};
+use crate::cache::Cache;
+use crate::envelope;
+use crate::error::Result;
+use crate::loader::lease::{Completed, completed};
+use crate::protocol::{Action, Lease, Renewal};
+
+pub(crate) struct AsyncLease {
+    key: String,
+    lease: Lease,
+    backend: Arc<dyn AsyncBackend>,
+    cache: Cache,
+    /// Renewals stopped (past max_load_time, or the claim was lost).
+    idle: bool,
+    lost: bool,
+    done: bool,
+}
+
+impl AsyncLease {
+    pub(crate) fn new(
+        cache: &Cache,
+        backend: Arc<dyn AsyncBackend>,
+        key: &str,
+        lease: Lease,
+    ) -> AsyncLease {
+        AsyncLease {
+            key: key.to_string(),
+            lease,
+            backend,
+            cache: cache.clone(),
+            idle: false,
+            lost: false,
+            done: false,
+        }
+    }
+
+    pub(crate) fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// Runs `work` (the loader) to its end, renewing the claim on schedule meanwhile.
+    pub(crate) async fn renewing<F: Future>(&mut self, work: F) -> F::Output {
+        tokio::pin!(work);
+        loop {
+            let next = tokio::time::Instant::from_std(Instant::now() + self.lease.renew_every());
+            if self.idle {
+                return work.await;
+            }
+            tokio::select! {
+                out = &mut work => return out,
+                () = tokio::time::sleep_until(next) => self.renew().await,
+            }
+        }
+    }
+
+    async fn renew(&mut self) {
+        let Some(Action::StoreThenRead {
+            mode,
+            value,
+            exptime,
+        }) = self.lease.renewal(self.cache.now())
+        else {
+            // Past max_load_time: let the claim lapse.
+            self.idle = true;
+            return;
+        };
+        let w = Write {
+            mode,
+            key: &self.key,
+            value: &value,
+            flags: envelope::FLAGS,
+            exptime,
+        };
+        // A failed renewal is tried again next time.
+        if let Ok((_, after)) = self.backend.store_then_get(w).await {
+            let mut renewal = self.lease.on_renewed(after, false);
+            if renewal == Renewal::Unsure {
+                // The read ran before the write (a proxy reordered them): read again.
+                if let Ok(item) = self.backend.get(&self.key).await {
+                    renewal = self.lease.on_renewed(item, true);
+                }
+            }
+            if renewal == Renewal::Lost {
+                self.lost = true;
+                self.idle = true;
+            }
+        }
+    }
+
+    /// Stores the loaded value with `cas` against the claim (nothing if the claim was lost).
+    pub(crate) async fn complete(mut self, value: &[u8], exptime: u32) -> Result<Completed> {
+        if self.lost {
+            self.done = true;
+            return Ok(Completed::Superseded);
+        }
+        let w = Write {
+            mode: self.lease.store_mode(),
+            key: &self.key,
+            value,
+            flags: envelope::FLAGS,
+            exptime,
+        };
+        let outcome = self.backend.store(w).await?;
+        self.done = true;
+        Ok(completed(outcome))
+    }
+}
+
+impl Drop for AsyncLease {
+    fn drop(&mut self) {
+        if self.done || self.lost {
+            return;
+        }
+        let Action::StoreThenRead {
+            mode,
+            value,
+            exptime,
+        } = self.lease.release(self.cache.now())
+        else {
+            return;
+        };
+        // Best effort, off the dropped future: if it cannot run (no runtime) or fails, the
+        // claim lapses at its deadline.
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let backend = self.backend.clone();
+        let key = std::mem::take(&mut self.key);
+        rt.spawn(async move {
+            let w = Write {
+                mode,
+                key: &key,
+                value: &value,
+                flags: envelope::FLAGS,
+                exptime,
+            };
+            let _ = backend.store(w).await;
+        });
+    }
+}

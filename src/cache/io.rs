@@ -1,0 +1,211 @@
+//! The one seam between the facade's logic and I/O. Every operation of the facade (`get`,
+//! `set`, `add`, `touch`, the batches, the herd protocol's driver) is written once, as an
+//! `async fn` generic over [`Io`]; the sync `Cache` runs it on [`Blocking`] (a sync backend whose
+//! futures are ready the moment they are made) with [`ready`], and `AsyncCache` awaits it on
+//! [`Nonblocking`]. So the two front ends cannot drift apart, and the sync API never needs a
+//! runtime.
+
+use std::future::Future;
+use std::pin::pin;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use crate::backend::{Backend, Item, StoreOutcome, Write};
+use crate::error::Result;
+
+/// What the facade's logic asks of the world: the backend's operations, and a pause.
+pub(crate) trait Io: Sync {
+    fn get<'a>(&'a self, key: &'a str) -> impl Future<Output = Result<Option<Item>>> + Send + 'a;
+    fn get_many<'a>(
+        &'a self,
+        keys: &'a [&'a str],
+    ) -> impl Future<Output = Vec<Result<Option<Item>>>> + Send + 'a;
+    fn store<'a>(&'a self, w: Write<'a>) -> impl Future<Output = Result<StoreOutcome>> + Send + 'a;
+    fn store_then_get<'a>(
+        &'a self,
+        w: Write<'a>,
+    ) -> impl Future<Output = Result<(StoreOutcome, Option<Item>)>> + Send + 'a;
+    fn store_many<'a>(
+        &'a self,
+        writes: &'a [Write<'a>],
+    ) -> impl Future<Output = Vec<Result<StoreOutcome>>> + Send + 'a;
+    fn delete<'a>(&'a self, key: &'a str) -> impl Future<Output = Result<bool>> + Send + 'a;
+    fn delete_many<'a>(
+        &'a self,
+        keys: &'a [&'a str],
+    ) -> impl Future<Output = Vec<Result<bool>>> + Send + 'a;
+    fn touch<'a>(
+        &'a self,
+        key: &'a str,
+        exptime: u32,
+    ) -> impl Future<Output = Result<bool>> + Send + 'a;
+    fn incr<'a>(
+        &'a self,
+        key: &'a str,
+        delta: u64,
+    ) -> impl Future<Output = Result<Option<u64>>> + Send + 'a;
+    fn decr<'a>(
+        &'a self,
+        key: &'a str,
+        delta: u64,
+    ) -> impl Future<Output = Result<Option<u64>>> + Send + 'a;
+    fn flush_all<'a>(&'a self) -> impl Future<Output = Result<()>> + Send + 'a;
+    fn max_value_size(&self, key: &str) -> usize;
+    /// A pause between polls of another caller's load.
+    fn sleep<'a>(&'a self, d: Duration) -> impl Future<Output = ()> + Send + 'a;
+}
+
+/// A sync backend: each call does its (blocking) work when the future is made, which is then
+/// ready. Only [`ready`] polls these.
+#[derive(Clone, Copy)]
+pub(crate) struct Blocking<'a>(pub(crate) &'a dyn Backend);
+
+impl Io for Blocking<'_> {
+    fn get<'a>(&'a self, key: &'a str) -> impl Future<Output = Result<Option<Item>>> + Send + 'a {
+        std::future::ready(self.0.get(key))
+    }
+    fn get_many<'a>(
+        &'a self,
+        keys: &'a [&'a str],
+    ) -> impl Future<Output = Vec<Result<Option<Item>>>> + Send + 'a {
+        std::future::ready(self.0.get_many(keys))
+    }
+    fn store<'a>(&'a self, w: Write<'a>) -> impl Future<Output = Result<StoreOutcome>> + Send + 'a {
+        std::future::ready(self.0.store(w.mode, w.key, w.value, w.flags, w.exptime))
+    }
+    fn store_then_get<'a>(
+        &'a self,
+        w: Write<'a>,
+    ) -> impl Future<Output = Result<(StoreOutcome, Option<Item>)>> + Send + 'a {
+        std::future::ready(self.0.store_then_get(w))
+    }
+    fn store_many<'a>(
+        &'a self,
+        writes: &'a [Write<'a>],
+    ) -> impl Future<Output = Vec<Result<StoreOutcome>>> + Send + 'a {
+        std::future::ready(self.0.store_many(writes))
+    }
+    fn delete<'a>(&'a self, key: &'a str) -> impl Future<Output = Result<bool>> + Send + 'a {
+        std::future::ready(self.0.delete(key))
+    }
+    fn delete_many<'a>(
+        &'a self,
+        keys: &'a [&'a str],
+    ) -> impl Future<Output = Vec<Result<bool>>> + Send + 'a {
+        std::future::ready(self.0.delete_many(keys))
+    }
+    fn touch<'a>(
+        &'a self,
+        key: &'a str,
+        exptime: u32,
+    ) -> impl Future<Output = Result<bool>> + Send + 'a {
+        std::future::ready(self.0.touch(key, exptime))
+    }
+    fn incr<'a>(
+        &'a self,
+        key: &'a str,
+        delta: u64,
+    ) -> impl Future<Output = Result<Option<u64>>> + Send + 'a {
+        std::future::ready(self.0.incr(key, delta))
+    }
+    fn decr<'a>(
+        &'a self,
+        key: &'a str,
+        delta: u64,
+    ) -> impl Future<Output = Result<Option<u64>>> + Send + 'a {
+        std::future::ready(self.0.decr(key, delta))
+    }
+    fn flush_all<'a>(&'a self) -> impl Future<Output = Result<()>> + Send + 'a {
+        std::future::ready(self.0.flush_all())
+    }
+    fn max_value_size(&self, key: &str) -> usize {
+        self.0.max_value_size(key)
+    }
+    fn sleep<'a>(&'a self, d: Duration) -> impl Future<Output = ()> + Send + 'a {
+        std::thread::sleep(d);
+        std::future::ready(())
+    }
+}
+
+/// Runs a future built on [`Blocking`] to its end on the calling thread: every backend call in
+/// it completed when it was made, so it finishes in one poll, without a runtime.
+pub(crate) fn ready<F: Future>(f: F) -> F::Output {
+    let mut f = pin!(f);
+    match f.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(v) => v,
+        // Only Blocking's futures are run here, and each is ready when made.
+        Poll::Pending => unreachable!("a sync Cache operation awaited something not ready"),
+    }
+}
+
+/// An async backend, awaited for real on the caller's runtime.
+#[cfg(feature = "tokio")]
+#[derive(Clone, Copy)]
+pub(crate) struct Nonblocking<'a>(pub(crate) &'a dyn crate::backend::AsyncBackend);
+
+#[cfg(feature = "tokio")]
+impl<'x> Io for Nonblocking<'x> {
+    fn get<'a>(&'a self, key: &'a str) -> impl Future<Output = Result<Option<Item>>> + Send + 'a {
+        self.0.get(key)
+    }
+    fn get_many<'a>(
+        &'a self,
+        keys: &'a [&'a str],
+    ) -> impl Future<Output = Vec<Result<Option<Item>>>> + Send + 'a {
+        self.0.get_many(keys)
+    }
+    fn store<'a>(&'a self, w: Write<'a>) -> impl Future<Output = Result<StoreOutcome>> + Send + 'a {
+        self.0.store(w)
+    }
+    fn store_then_get<'a>(
+        &'a self,
+        w: Write<'a>,
+    ) -> impl Future<Output = Result<(StoreOutcome, Option<Item>)>> + Send + 'a {
+        self.0.store_then_get(w)
+    }
+    fn store_many<'a>(
+        &'a self,
+        writes: &'a [Write<'a>],
+    ) -> impl Future<Output = Vec<Result<StoreOutcome>>> + Send + 'a {
+        self.0.store_many(writes)
+    }
+    fn delete<'a>(&'a self, key: &'a str) -> impl Future<Output = Result<bool>> + Send + 'a {
+        self.0.delete(key)
+    }
+    fn delete_many<'a>(
+        &'a self,
+        keys: &'a [&'a str],
+    ) -> impl Future<Output = Vec<Result<bool>>> + Send + 'a {
+        self.0.delete_many(keys)
+    }
+    fn touch<'a>(
+        &'a self,
+        key: &'a str,
+        exptime: u32,
+    ) -> impl Future<Output = Result<bool>> + Send + 'a {
+        self.0.touch(key, exptime)
+    }
+    fn incr<'a>(
+        &'a self,
+        key: &'a str,
+        delta: u64,
+    ) -> impl Future<Output = Result<Option<u64>>> + Send + 'a {
+        self.0.incr(key, delta)
+    }
+    fn decr<'a>(
+        &'a self,
+        key: &'a str,
+        delta: u64,
+    ) -> impl Future<Output = Result<Option<u64>>> + Send + 'a {
+        self.0.decr(key, delta)
+    }
+    fn flush_all<'a>(&'a self) -> impl Future<Output = Result<()>> + Send + 'a {
+        self.0.flush_all()
+    }
+    fn max_value_size(&self, key: &str) -> usize {
+        self.0.max_value_size(key)
+    }
+    fn sleep<'a>(&'a self, d: Duration) -> impl Future<Output = ()> + Send + 'a {
+        tokio::time::sleep(d)
+    }
+}
