@@ -495,11 +495,18 @@ impl CacheBuilder {
             (self.backend.name(), self.flavor.clone(), self.version);
         let config = self.into_config()?;
         let backend: Arc<dyn AsyncBackend> = match engine {
-            Some((mc, connections)) => Arc::new(crate::backend::engine::Engine::new(&mc, connections)?),
+            Some((mc, connections)) => {
+                Arc::new(crate::backend::engine::Engine::new(&mc, connections)?)
+            }
             None => Arc::new(Immediate(config.backend.clone())),
         };
         let cache = crate::AsyncCache::new(Cache::from_config(config), backend);
-        tracing::info!(backend = backend_name, flavor, version, "newcache: async cache built");
+        tracing::info!(
+            backend = backend_name,
+            flavor,
+            version,
+            "newcache: async cache built"
+        );
         Ok(cache)
     }
 
@@ -581,7 +588,9 @@ impl CacheBuilder {
                 self.item_size,
                 self.clock.clone(),
             )),
-            BackendChoice::Memcached { .. } => Arc::new(MemcachedBackend::new(self.memcached_config()?)?),
+            BackendChoice::Memcached { .. } => {
+                Arc::new(MemcachedBackend::new(self.memcached_config()?)?)
+            }
         };
         let seed = self.seed.unwrap_or_else(|| {
             // Nanoseconds and the process id: caches built in the same millisecond (or in

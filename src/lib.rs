@@ -129,6 +129,8 @@ mod stats;
 pub mod testing;
 mod ttl;
 
+#[cfg(feature = "tokio")]
+pub use async_cache::AsyncCache;
 pub use backend::memcached::{DeadServerPolicy, MemcachedBackend, MemcachedConfig, ServerSpec};
 pub use backend::memory::MemoryBackend;
 pub use backend::{Backend, Item, StoreMode, StoreOutcome, Write};
@@ -136,8 +138,6 @@ pub use builder::{
     CacheBuilder, DEFAULT_HERD_TIMEOUT, DEFAULT_LEASE_TTL, DEFAULT_MAX_LOAD_TIME, DEFAULT_MAX_WAIT,
     DEFAULT_TTL, MIN_LEASE_TTL,
 };
-#[cfg(feature = "tokio")]
-pub use async_cache::AsyncCache;
 pub use cache::{Cache, DecodePolicy, FailurePolicy, Herd};
 pub use clock::{Clock, SystemClock};
 pub use codec::{Codec, Compression, DEFAULT_MAX_DECODE_SIZE};

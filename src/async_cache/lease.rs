@@ -20,6 +20,8 @@ pub(crate) struct AsyncLease {
     lease: Lease,
     backend: Arc<dyn AsyncBackend>,
     cache: Cache,
+    /// When the next renewal is due.
+    next: Instant,
     /// Renewals stopped (past max_load_time, or the claim was lost).
     idle: bool,
     lost: bool,
@@ -35,6 +37,7 @@ impl AsyncLease {
     ) -> AsyncLease {
         AsyncLease {
             key: key.to_string(),
+            next: Instant::now() + lease.renew_every(),
             lease,
             backend,
             cache: cache.clone(),
@@ -48,22 +51,16 @@ impl AsyncLease {
         &self.key
     }
 
-    /// Runs `work` (the loader) to its end, renewing the claim on schedule meanwhile.
-    pub(crate) async fn renewing<F: Future>(&mut self, work: F) -> F::Output {
-        tokio::pin!(work);
-        loop {
-            let next = tokio::time::Instant::from_std(Instant::now() + self.lease.renew_every());
-            if self.idle {
-                return work.await;
-            }
-            tokio::select! {
-                out = &mut work => return out,
-                () = tokio::time::sleep_until(next) => self.renew().await,
-            }
+    /// Renews the claim if a renewal is due.
+    async fn renew(&mut self) {
+        if self.idle || self.next > Instant::now() {
+            return;
         }
+        self.renew_now().await;
+        self.next = Instant::now() + self.lease.renew_every();
     }
 
-    async fn renew(&mut self) {
+    async fn renew_now(&mut self) {
         let Some(Action::StoreThenRead {
             mode,
             value,
@@ -95,6 +92,69 @@ impl AsyncLease {
                 self.idle = true;
             }
         }
+    }
+
+    /// Runs `work` to its end while every claim in `held` is renewed on schedule.
+    pub(crate) async fn renewing_all<F: Future>(
+        mut held: Vec<&mut AsyncLease>,
+        work: F,
+    ) -> F::Output {
+        tokio::pin!(work);
+        loop {
+            let Some(next) = held.iter().filter(|h| !h.idle).map(|h| h.next).min() else {
+                return work.await;
+            };
+            tokio::select! {
+                out = &mut work => return out,
+                () = tokio::time::sleep_until(tokio::time::Instant::from_std(next)) => {
+                    for h in held.iter_mut() {
+                        h.renew().await;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Stores several loads' values against their claims (one round trip per server); one
+    /// result per claim, in order.
+    pub(crate) async fn complete_many(
+        backend: &dyn AsyncBackend,
+        mut batch: Vec<(AsyncLease, Vec<u8>, u32)>,
+    ) -> Vec<Result<Completed>> {
+        let mut at = Vec::with_capacity(batch.len());
+        for (i, (held, _, _)) in batch.iter_mut().enumerate() {
+            held.idle = true;
+            if held.lost {
+                held.done = true;
+            } else {
+                at.push(i);
+            }
+        }
+        let writes: Vec<Write<'_>> = at
+            .iter()
+            .map(|&i| {
+                let (held, value, exptime) = &batch[i];
+                Write {
+                    mode: held.lease.store_mode(),
+                    key: &held.key,
+                    value,
+                    flags: envelope::FLAGS,
+                    exptime: *exptime,
+                }
+            })
+            .collect();
+        let outcomes = backend.store_many(&writes).await;
+        drop(writes);
+        let mut out: Vec<Result<Completed>> = (0..batch.len())
+            .map(|_| Ok(Completed::Superseded))
+            .collect();
+        for (&i, o) in at.iter().zip(outcomes) {
+            if o.is_ok() {
+                batch[i].0.done = true;
+            }
+            out[i] = o.map(completed);
+        }
+        out
     }
 
     /// Stores the loaded value with `cas` against the claim (nothing if the claim was lost).

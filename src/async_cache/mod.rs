@@ -16,7 +16,6 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::backend::AsyncBackend;
-use crate::cache::io::Nonblocking;
 use crate::cache::{Cache, Herd};
 use crate::error::Result;
 use crate::stats::Stats;
@@ -93,8 +92,8 @@ impl AsyncCache {
         }
     }
 
-    pub(crate) fn io(&self) -> Nonblocking<'_> {
-        Nonblocking(&*self.shared.backend)
+    pub(crate) fn io(&self) -> loader::AsyncDriver<'_> {
+        loader::AsyncDriver(self)
     }
 
     /// Reads a value: [`Cache::get`], awaited.

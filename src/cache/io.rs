@@ -1,8 +1,8 @@
 //! The one seam between the facade's logic and I/O. Every operation of the facade (`get`,
 //! `set`, `add`, `touch`, the batches, the herd protocol's driver) is written once, as an
 //! `async fn` generic over [`Io`]; the sync `Cache` runs it on [`Blocking`] (a sync backend whose
-//! futures are ready the moment they are made) with [`ready`], and `AsyncCache` awaits it on
-//! [`Nonblocking`]. So the two front ends cannot drift apart, and the sync API never needs a
+//! futures are ready the moment they are made) with [`ready`], and `AsyncCache` awaits it on its
+//! async backend (`async_cache::loader::AsyncDriver`). So the two front ends cannot drift apart, and the sync API never needs a
 //! runtime.
 
 use std::future::Future;
@@ -135,77 +135,5 @@ pub(crate) fn ready<F: Future>(f: F) -> F::Output {
         Poll::Ready(v) => v,
         // Only Blocking's futures are run here, and each is ready when made.
         Poll::Pending => unreachable!("a sync Cache operation awaited something not ready"),
-    }
-}
-
-/// An async backend, awaited for real on the caller's runtime.
-#[cfg(feature = "tokio")]
-#[derive(Clone, Copy)]
-pub(crate) struct Nonblocking<'a>(pub(crate) &'a dyn crate::backend::AsyncBackend);
-
-#[cfg(feature = "tokio")]
-impl<'x> Io for Nonblocking<'x> {
-    fn get<'a>(&'a self, key: &'a str) -> impl Future<Output = Result<Option<Item>>> + Send + 'a {
-        self.0.get(key)
-    }
-    fn get_many<'a>(
-        &'a self,
-        keys: &'a [&'a str],
-    ) -> impl Future<Output = Vec<Result<Option<Item>>>> + Send + 'a {
-        self.0.get_many(keys)
-    }
-    fn store<'a>(&'a self, w: Write<'a>) -> impl Future<Output = Result<StoreOutcome>> + Send + 'a {
-        self.0.store(w)
-    }
-    fn store_then_get<'a>(
-        &'a self,
-        w: Write<'a>,
-    ) -> impl Future<Output = Result<(StoreOutcome, Option<Item>)>> + Send + 'a {
-        self.0.store_then_get(w)
-    }
-    fn store_many<'a>(
-        &'a self,
-        writes: &'a [Write<'a>],
-    ) -> impl Future<Output = Vec<Result<StoreOutcome>>> + Send + 'a {
-        self.0.store_many(writes)
-    }
-    fn delete<'a>(&'a self, key: &'a str) -> impl Future<Output = Result<bool>> + Send + 'a {
-        self.0.delete(key)
-    }
-    fn delete_many<'a>(
-        &'a self,
-        keys: &'a [&'a str],
-    ) -> impl Future<Output = Vec<Result<bool>>> + Send + 'a {
-        self.0.delete_many(keys)
-    }
-    fn touch<'a>(
-        &'a self,
-        key: &'a str,
-        exptime: u32,
-    ) -> impl Future<Output = Result<bool>> + Send + 'a {
-        self.0.touch(key, exptime)
-    }
-    fn incr<'a>(
-        &'a self,
-        key: &'a str,
-        delta: u64,
-    ) -> impl Future<Output = Result<Option<u64>>> + Send + 'a {
-        self.0.incr(key, delta)
-    }
-    fn decr<'a>(
-        &'a self,
-        key: &'a str,
-        delta: u64,
-    ) -> impl Future<Output = Result<Option<u64>>> + Send + 'a {
-        self.0.decr(key, delta)
-    }
-    fn flush_all<'a>(&'a self) -> impl Future<Output = Result<()>> + Send + 'a {
-        self.0.flush_all()
-    }
-    fn max_value_size(&self, key: &str) -> usize {
-        self.0.max_value_size(key)
-    }
-    fn sleep<'a>(&'a self, d: Duration) -> impl Future<Output = ()> + Send + 'a {
-        tokio::time::sleep(d)
     }
 }

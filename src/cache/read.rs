@@ -26,15 +26,10 @@ pub(crate) enum Step {
 }
 
 impl Cache {
-    /// Runs the protocol for derived key `k` from `action` until it finishes or grants a load.
-    /// Backend failures follow the read policy: an absorbed one ends the run with what the
-    /// machine can still serve (or [`Found::Unavailable`]).
-    pub(crate) fn drive(&self, k: &str, m: &mut Machine, action: Action) -> Result<Step> {
-        ready(self.drive_on(&self.blocking(), k, m, action))
-    }
-
-    /// [`drive`](Cache::drive) on any [`Io`]: the one driver of the protocol, for both front
-    /// ends.
+    /// Runs the protocol for derived key `k` from `action` until it finishes or grants a load,
+    /// on any [`Io`]: the one driver of the protocol, for both front ends. Backend failures
+    /// follow the read policy: an absorbed one ends the run with what the machine can still
+    /// serve (or [`Found::Unavailable`]).
     pub(crate) async fn drive_on<I: Io>(
         &self,
         io: &I,

@@ -153,7 +153,13 @@ impl Cache {
             if self.is_live(&item) {
                 return Ok(false);
             }
-            let w = write(StoreMode::Cas(item.cas), k, &bytes, envelope::FLAGS, exptime);
+            let w = write(
+                StoreMode::Cas(item.cas),
+                k,
+                &bytes,
+                envelope::FLAGS,
+                exptime,
+            );
             return Ok(io.store(w).await? == StoreOutcome::Stored);
         }
         Ok(false)
@@ -415,7 +421,13 @@ impl Cache {
 }
 
 /// One write (a [`Write`] from its fields).
-fn write<'a>(mode: StoreMode, key: &'a str, value: &'a [u8], flags: u32, exptime: u32) -> Write<'a> {
+fn write<'a>(
+    mode: StoreMode,
+    key: &'a str,
+    value: &'a [u8],
+    flags: u32,
+    exptime: u32,
+) -> Write<'a> {
     Write {
         mode,
         key,

@@ -4,14 +4,17 @@
 //! against this caller's claims in one more round trip.
 
 use std::collections::{HashMap, HashSet};
+use std::future::Future;
 use std::time::Instant;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::lease::{Completed, HeldLease};
+use super::driver::{Claim, Driver};
+use super::lease::Completed;
 use super::load_ms;
 use crate::backend::Write;
+use crate::cache::io::ready;
 use crate::cache::read::Fetched;
 use crate::cache::{Cache, DecodePolicy, Herd};
 use crate::envelope;
@@ -63,14 +66,32 @@ impl Cache {
         F: FnOnce(&[String]) -> std::result::Result<HashMap<String, T>, E>,
         E: Into<BoxError>,
     {
-        let ttl = ttl.into();
+        let loader = |keys: &[String]| std::future::ready(loader(keys).map_err(Into::into));
+        ready(self.many_or_set_on(&self.blocking(), keys, ttl.into(), loader))
+    }
+
+    /// `get_many_or_set_with` on any front end. `loader` is called once, with the keys to
+    /// compute, while every claim is kept alive.
+    pub(crate) async fn many_or_set_on<T, K, D, L, Fut>(
+        &self,
+        d: &D,
+        keys: &[K],
+        ttl: Ttl,
+        loader: L,
+    ) -> Result<HashMap<String, T>>
+    where
+        T: Serialize + DeserializeOwned,
+        K: AsRef<str>,
+        D: Driver,
+        L: FnOnce(&[String]) -> Fut,
+        Fut: Future<Output = std::result::Result<HashMap<String, T>, BoxError>>,
+    {
         let s = &self.inner.stats;
-        let (derived, fetched) =
-            crate::cache::io::ready(self.read_many(&self.blocking(), keys))?;
+        let (derived, fetched) = self.read_many(d, keys).await?;
         let mut out = HashMap::with_capacity(keys.len());
         // The keys to load, each once and in the caller's order, and the claims held on them.
         let mut wanted: Vec<String> = Vec::new();
-        let mut leases: HashMap<String, HeldLease> = HashMap::new();
+        let mut leases: HashMap<String, D::Held> = HashMap::new();
         let mut held: HashMap<String, (T, u64)> = HashMap::new();
         let now = self.now();
         let mut pending = Vec::new();
@@ -114,10 +135,7 @@ impl Cache {
                                 held.insert(p.key.clone(), (v, h.header.written_ms));
                             }
                         }
-                        leases.insert(
-                            p.key.clone(),
-                            self.inner.renewer.hold(&p.derived, grant.lease),
-                        );
+                        leases.insert(p.key.clone(), d.hold(self, &p.derived, grant.lease));
                         wanted.push(p.key);
                     }
                     Action::Done(found) => {
@@ -150,7 +168,7 @@ impl Cache {
                     Action::Sleep(_) => wanted.push(p.key),
                 }
             }
-            pending = self.write_round(writing)?;
+            pending = self.write_round(d, writing).await?;
         }
         // Keys still contended after every round: load them, don't store them.
         wanted.extend(pending.into_iter().map(|p| p.key));
@@ -159,7 +177,8 @@ impl Cache {
         }
         Counters::bump(&s.loader_calls);
         let started = Instant::now();
-        let mut loaded = match loader(&wanted) {
+        let call = loader(&wanted);
+        let mut loaded = match d.renewing_all(leases.values_mut(), call).await {
             Ok(m) => m,
             Err(e) => {
                 Counters::bump(&s.loader_errors);
@@ -175,7 +194,7 @@ impl Cache {
                     }
                     return Ok(out);
                 }
-                return Err(Error::loader(e.into()));
+                return Err(Error::loader(e));
             }
         };
         let life = ttl.resolve(self.inner.config.default_ttl);
@@ -196,7 +215,7 @@ impl Cache {
                 }
                 Err(e) => return Err(e),
             };
-            if bytes.len() > self.inner.config.backend.max_value_size(lease.key()) {
+            if bytes.len() > d.max_value_size(lease.key()) {
                 self.loaded_too_large(lease.key(), bytes.len());
                 continue;
             }
@@ -208,7 +227,7 @@ impl Cache {
         if !batch.is_empty() {
             // A value whose write failed is still returned, as `get_or_set_with` returns it: the
             // failure is counted (and its claim released, or left to lapse), never the result.
-            let done = HeldLease::complete_many(&*self.inner.config.backend, batch);
+            let done = d.complete_many(batch).await;
             let mut failed = None;
             for (c, name) in done.into_iter().zip(&names) {
                 match c {
@@ -247,12 +266,15 @@ impl Cache {
     /// One round: every pending write in one pipelined batch, then every written key read back
     /// (with the keys that only need a read) in one multi-key read; each machine is told what
     /// happened.
-    fn write_round(&self, mut writing: Vec<Pending>) -> Result<Vec<Pending>> {
+    async fn write_round<D: Driver>(
+        &self,
+        d: &D,
+        mut writing: Vec<Pending>,
+    ) -> Result<Vec<Pending>> {
         let (writes_at, reads_at): (Vec<_>, Vec<_>) = writing
             .drain(..)
             .partition(|p| matches!(p.action, Action::StoreThenRead { .. }));
         let mut next = Vec::new();
-        let b = &self.inner.config.backend;
         let writes: Vec<Write<'_>> = writes_at
             .iter()
             .filter_map(|p| match &p.action {
@@ -274,7 +296,7 @@ impl Cache {
         let stored = if writes.is_empty() {
             Vec::new()
         } else {
-            let results = b.store_many(&writes);
+            let results = d.store_many(&writes).await;
             self.absorb_each(results, policy, |i| writes_at[i].key.clone())?
         };
         drop(writes);
@@ -282,7 +304,7 @@ impl Cache {
         // its token holds the key (and releases it).
         let all: Vec<&Pending> = writes_at.iter().chain(&reads_at).collect();
         let keys: Vec<&str> = all.iter().map(|p| p.derived.as_str()).collect();
-        let after = self.absorb_each(b.get_many(&keys), policy, |i| all[i].key.clone())?;
+        let after = self.absorb_each(d.get_many(&keys).await, policy, |i| all[i].key.clone())?;
         drop(all);
         let now = self.now();
         let mut items = after.into_iter();

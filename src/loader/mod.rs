@@ -5,8 +5,10 @@
 
 mod batch;
 pub(crate) mod coalesce;
+pub(crate) mod driver;
 pub(crate) mod lease;
 
+use std::future::Future;
 use std::sync::Arc;
 use std::thread;
 use std::time::Instant;
@@ -15,70 +17,82 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use self::coalesce::{Leader, Outcome, Role};
-use self::lease::{Completed, HeldLease};
+use self::driver::{Claim, Driver};
+use self::lease::Completed;
+use crate::cache::io::{Blocking, ready};
 use crate::cache::read::Step;
 use crate::cache::{Cache, DecodePolicy, Herd};
 use crate::error::{BoxError, Error, Result};
-use crate::protocol::{Action, Found, Machine, Mode};
+use crate::protocol::{Action, Found, Grant, Machine, Mode};
 use crate::stats::Counters;
 use crate::ttl::{Lifetime, Ttl};
 
-/// A loader, run inline or (for a stale entry, when allowed) on a background thread.
-trait Load<T>: Sized {
-    fn call(self) -> std::result::Result<T, BoxError>;
-    /// Hands the refresh of a claimed stale entry to a background thread; gives the loader and
-    /// the claim back if this kind of loader runs inline.
+/// A loader as the shared logic sees it: called (inline, or awaited), or handed with its claim
+/// to the background when the front end allows it.
+pub(crate) trait Load<T, D: Driver>: Sized {
+    /// Runs the loader.
+    fn call(self) -> impl Future<Output = std::result::Result<T, BoxError>>;
+    /// Hands the refresh of a claimed stale entry to the background (a thread, or a task);
+    /// gives the loader and the claim back if this kind of loader runs inline.
     fn refresh_in_background(
         self,
         cache: &Cache,
-        lease: HeldLease,
+        driver: &D,
+        held: D::Held,
         ttl: Ttl,
-    ) -> Option<(Self, HeldLease)>;
+    ) -> Option<(Self, D::Held)>;
 }
 
-struct Inline<F>(F);
+/// A sync loader, run inline.
+pub(crate) struct Inline<F>(pub(crate) F);
 
-impl<T, E, F> Load<T> for Inline<F>
+impl<'d, T, E, F> Load<T, Blocking<'d>> for Inline<F>
 where
     F: FnOnce() -> std::result::Result<T, E>,
     E: Into<BoxError>,
 {
-    fn call(self) -> std::result::Result<T, BoxError> {
-        (self.0)().map_err(Into::into)
+    fn call(self) -> impl Future<Output = std::result::Result<T, BoxError>> {
+        std::future::ready((self.0)().map_err(Into::into))
     }
     fn refresh_in_background(
         self,
         _: &Cache,
-        lease: HeldLease,
+        _: &Blocking<'d>,
+        held: <Blocking<'d> as Driver>::Held,
         _: Ttl,
-    ) -> Option<(Self, HeldLease)> {
-        Some((self, lease))
+    ) -> Option<(Self, <Blocking<'d> as Driver>::Held)> {
+        Some((self, held))
     }
 }
 
+/// A sync loader that refreshes a stale entry on a thread of its own.
 struct Background<F>(F);
 
-impl<T, E, F> Load<T> for Background<F>
+impl<'d, T, E, F> Load<T, Blocking<'d>> for Background<F>
 where
     T: Serialize + Send + 'static,
     F: FnOnce() -> std::result::Result<T, E> + Send + 'static,
     E: Into<BoxError>,
 {
-    fn call(self) -> std::result::Result<T, BoxError> {
-        (self.0)().map_err(Into::into)
+    fn call(self) -> impl Future<Output = std::result::Result<T, BoxError>> {
+        Inline(self.0).call()
     }
     fn refresh_in_background(
         self,
         cache: &Cache,
-        lease: HeldLease,
+        _: &Blocking<'d>,
+        held: <Blocking<'d> as Driver>::Held,
         ttl: Ttl,
-    ) -> Option<(Self, HeldLease)> {
+    ) -> Option<(Self, <Blocking<'d> as Driver>::Held)> {
         let cache = cache.clone();
         // A failed refresh (counted in stats) lets the claim lapse, and the entry is claimed again
         // after lease_ttl; so does a thread that could not be spawned (the lease is dropped).
         let _ = thread::Builder::new()
             .name("newcache-refresh".into())
-            .spawn(move || cache.run_loader(lease, ttl, Inline(self.0)));
+            .spawn(move || {
+                let io = cache.blocking();
+                ready(cache.run_loader(&io, held, ttl, Inline(self.0)))
+            });
         None
     }
 }
@@ -165,7 +179,7 @@ impl Cache {
         F: FnOnce() -> std::result::Result<T, E>,
         E: Into<BoxError>,
     {
-        self.coalesced(key, ttl.into(), Inline(loader))
+        ready(self.coalesced(&self.blocking(), key, ttl.into(), Inline(loader)))
     }
 
     /// As [`get_or_set_with`](Cache::get_or_set_with), but the claimant of a stale entry returns
@@ -184,13 +198,22 @@ impl Cache {
         F: FnOnce() -> std::result::Result<T, E> + Send + 'static,
         E: Into<BoxError>,
     {
-        self.coalesced(key, ttl.into(), Background(loader))
+        ready(self.coalesced(&self.blocking(), key, ttl.into(), Background(loader)))
     }
 
-    fn coalesced<T, L>(&self, key: &str, ttl: Ttl, loader: L) -> Result<T>
+    /// `get_or_set_with` on any front end: the fast path, then the in-process coalescer, then
+    /// the protocol.
+    pub(crate) async fn coalesced<T, D, L>(
+        &self,
+        d: &D,
+        key: &str,
+        ttl: Ttl,
+        loader: L,
+    ) -> Result<T>
     where
         T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
-        L: Load<T>,
+        D: Driver,
+        L: Load<T, D>,
     {
         // One key derivation per call.
         let derived = self.keys.make(key)?;
@@ -198,14 +221,9 @@ impl Cache {
         // The fast path: a value that may be served is served without joining the coalescer (no
         // lock shared by every caller); only a caller with work to do (a claim, a placeholder,
         // a wait) coordinates with the others of this process.
-        let (m, first) =
-            crate::cache::io::ready(self.first_read(
-                &self.blocking(),
-                &derived,
-                Mode::Load,
-                self.settings(true),
-                Some(deadline),
-            ))?;
+        let (m, first) = self
+            .first_read(d, &derived, Mode::Load, self.settings(true), Some(deadline))
+            .await?;
         if let Action::Done(Found::Value { held, stale }) = &first {
             if let Ok(v) = self.decode_held::<T>(held) {
                 let s = &self.inner.stats;
@@ -214,13 +232,19 @@ impl Cache {
             }
         }
         let mut first = Some((m, first));
+        let mut loader = Some(loader);
         loop {
             match self.inner.coalescer.join(&derived) {
                 Role::Leader(mut leader) => {
                     let (m, action) = first
                         .take()
                         .unwrap_or_else(|| (self.load_machine(deadline), Action::Read));
-                    let r = self.lead(&derived, ttl, loader, Some(&mut leader), m, action);
+                    let Some(loader) = loader.take() else {
+                        return Err(self.waited_out());
+                    };
+                    let r = self
+                        .lead(d, &derived, ttl, loader, Some(&mut leader), m, action)
+                        .await;
                     leader.publish(match &r {
                         Ok(v) => Outcome::Value(Arc::new(v.clone())),
                         Err(e) => Outcome::Failed(e.clone()),
@@ -230,13 +254,18 @@ impl Cache {
                 Role::Follower(slot) => {
                     first = None;
                     Counters::bump(&self.inner.stats.lease_waits);
-                    match slot.wait(deadline) {
+                    match d.wait_for(&slot, deadline).await {
                         Outcome::Value(v) => match v.downcast_ref::<T>() {
                             Some(v) => return Ok(v.clone()),
                             // Another type under the same key: do our own call.
                             None => {
                                 let m = self.load_machine(deadline);
-                                return self.lead(&derived, ttl, loader, None, m, Action::Read);
+                                let Some(loader) = loader.take() else {
+                                    return Err(self.waited_out());
+                                };
+                                return self
+                                    .lead(d, &derived, ttl, loader, None, m, Action::Read)
+                                    .await;
                             }
                         },
                         Outcome::Failed(e) => {
@@ -245,7 +274,8 @@ impl Cache {
                             }
                             return Err(e);
                         }
-                        // The leader panicked: retry, one of us leads.
+                        // The leader panicked (or, in a task, was dropped): retry, one of us
+                        // leads.
                         Outcome::Abandoned => continue,
                         Outcome::Pending => return Err(self.waited_out()),
                     }
@@ -270,8 +300,12 @@ impl Cache {
 
     /// The work of one caller: run the protocol from `action`, then serve, load, or give up
     /// waiting.
-    fn lead<T, L>(
+    // The driver, the call's key and ttl, its loader, its coalescer role and its machine: each
+    // is needed, and bundling them would only rename them.
+    #[allow(clippy::too_many_arguments)]
+    async fn lead<T, D, L>(
         &self,
+        d: &D,
         derived: &str,
         ttl: Ttl,
         loader: L,
@@ -281,13 +315,16 @@ impl Cache {
     ) -> Result<T>
     where
         T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
-        L: Load<T>,
+        D: Driver,
+        L: Load<T, D>,
     {
         let s = &self.inner.stats;
         loop {
-            let found = match self.drive(derived, &mut m, action)? {
+            let found = match self.drive_on(d, derived, &mut m, action).await? {
                 Step::Load(grant) => {
-                    return self.load_granted(derived, ttl, loader, grant, leader);
+                    return self
+                        .load_granted(d, derived, ttl, loader, grant, leader)
+                        .await;
                 }
                 Step::Done(found) => found,
             };
@@ -304,12 +341,12 @@ impl Cache {
                 Found::Newer => {
                     Counters::bump(&s.newer_format);
                     Counters::bump(&s.misses);
-                    return self.load_unclaimed(loader);
+                    return self.load_unclaimed(loader).await;
                 }
                 // The backend is down (and the read policy absorbed it): nothing can be claimed.
                 Found::Unavailable | Found::Miss { .. } | Found::Busy => {
                     Counters::bump(&s.misses);
-                    return self.load_unclaimed(loader);
+                    return self.load_unclaimed(loader).await;
                 }
             };
             Counters::bump(&s.decode_errors);
@@ -322,17 +359,19 @@ impl Cache {
     }
 
     /// This caller holds the key: load (or hand the load to a background thread).
-    fn load_granted<T, L>(
+    async fn load_granted<T, D, L>(
         &self,
+        d: &D,
         derived: &str,
         ttl: Ttl,
         loader: L,
-        grant: crate::protocol::Grant,
+        grant: Grant,
         leader: Option<&mut Leader<'_>>,
     ) -> Result<T>
     where
         T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
-        L: Load<T>,
+        D: Driver,
+        L: Load<T, D>,
     {
         let s = &self.inner.stats;
         if grant.held.is_some() {
@@ -342,13 +381,13 @@ impl Cache {
             let v = self.decode_held::<T>(&h).ok()?;
             Some((v, h.header, h.early, h.expired))
         });
-        let lease = self.inner.renewer.hold(derived, grant.lease);
+        let lease = d.hold(self, derived, grant.lease);
         let (v, held_header, early) = match held {
             // Past its bound: kept only for this caller's serve-stale-on-error.
             Some((v, header, _, true)) => {
                 let written_ms = header.written_ms;
                 Counters::bump(&s.misses);
-                return match self.run_loader(lease, ttl, loader) {
+                return match self.run_loader(d, lease, ttl, loader).await {
                     Err(e) if e.is_loader() && self.young_enough(written_ms) => {
                         Counters::bump(&s.stale_on_error);
                         Ok(v)
@@ -359,7 +398,7 @@ impl Cache {
             Some((v, header, early, false)) => (v, header, early),
             None => {
                 Counters::bump(&s.misses);
-                return self.run_loader(lease, ttl, loader);
+                return self.run_loader(d, lease, ttl, loader).await;
             }
         };
         Counters::bump(if early { &s.early_refreshes } else { &s.misses });
@@ -367,10 +406,10 @@ impl Cache {
         if let Some(l) = leader {
             l.publish(Outcome::Value(Arc::new(v.clone())));
         }
-        let Some((loader, lease)) = loader.refresh_in_background(self, lease, ttl) else {
+        let Some((loader, lease)) = loader.refresh_in_background(self, d, lease, ttl) else {
             return Ok(v);
         };
-        match self.run_loader(lease, ttl, loader) {
+        match self.run_loader(d, lease, ttl, loader).await {
             Ok(fresh) => Ok(fresh),
             // An early refresh failed: the value we hold is served while it may be.
             Err(e) if e.is_loader() && early && self.still_servable(&held_header) => Ok(v),
@@ -401,15 +440,22 @@ impl Cache {
     /// Runs the loader under a held claim and stores its value with `cas` against the claim.
     /// A result that cannot be stored (the key changed meanwhile, too large, the backend failed)
     /// is still returned, and counted: the caller has its value.
-    fn run_loader<T, L>(&self, lease: HeldLease, ttl: Ttl, loader: L) -> Result<T>
+    pub(crate) async fn run_loader<T, D, L>(
+        &self,
+        d: &D,
+        mut lease: D::Held,
+        ttl: Ttl,
+        loader: L,
+    ) -> Result<T>
     where
         T: Serialize,
-        L: Load<T>,
+        D: Driver,
+        L: Load<T, D>,
     {
         let s = &self.inner.stats;
         Counters::bump(&s.loader_calls);
         let started = Instant::now();
-        let v = match loader.call() {
+        let v = match lease.renewing(loader.call()).await {
             Ok(v) => v,
             Err(e) => {
                 Counters::bump(&s.loader_errors);
@@ -430,12 +476,12 @@ impl Cache {
             }
             Err(e) => return Err(e),
         };
-        if bytes.len() > self.inner.config.backend.max_value_size(lease.key()) {
+        if bytes.len() > d.max_value_size(lease.key()) {
             self.loaded_too_large(lease.key(), bytes.len());
             return Ok(v);
         }
         let key_of_lease = lease.key().to_string();
-        match lease.complete(&bytes, exptime) {
+        match lease.complete(&bytes, exptime).await {
             Ok(Completed::Stored) => {}
             Ok(Completed::Superseded) => Counters::bump(&s.loads_superseded),
             // The caller has its value: a store that failed (the guard, dropped, released the
@@ -452,10 +498,10 @@ impl Cache {
     }
 
     /// A load with no claim (the backend is down): nothing is stored.
-    fn load_unclaimed<T, L: Load<T>>(&self, loader: L) -> Result<T> {
+    async fn load_unclaimed<T, D: Driver, L: Load<T, D>>(&self, loader: L) -> Result<T> {
         let s = &self.inner.stats;
         Counters::bump(&s.loader_calls);
-        loader.call().map_err(|e| {
+        loader.call().await.map_err(|e| {
             Counters::bump(&s.loader_errors);
             Error::loader(e)
         })

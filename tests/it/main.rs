@@ -3,6 +3,7 @@
 //! `behaviour` runs every test on the memory backend and on a real memcached (spawned on a free
 //! loopback port); `memcached` covers what needs servers of its own.
 
+mod async_cache;
 mod behaviour;
 mod cluster;
 mod faults;

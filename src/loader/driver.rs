@@ -1,0 +1,98 @@
+//! What the loader needs beyond the backend's operations, for each front end: holding a claim
+//! while a loader runs (renewed by the sync renewal thread, or inside an async caller's future),
+//! waiting for an in-process leader, and storing loaded values against claims. The loader's
+//! logic (`loader/mod.rs`, `loader/batch.rs`) is written once, generic over a [`Driver`].
+
+use std::future::Future;
+use std::time::Instant;
+
+use super::coalesce::{Outcome, Slot};
+use super::lease::{Completed, HeldLease};
+use crate::cache::Cache;
+use crate::cache::io::{Blocking, Io};
+use crate::error::Result;
+use crate::protocol::Lease;
+
+/// A front end's way of running loads: the backend's operations ([`Io`]) plus claims and
+/// waits.
+pub(crate) trait Driver: Io {
+    /// A claim held while a loader runs.
+    type Held: Claim;
+    /// Holds `lease` on `derived` until it is completed or dropped (dropped: released).
+    fn hold(&self, cache: &Cache, derived: &str, lease: Lease) -> Self::Held;
+    /// Waits for an in-process leader's outcome, up to `deadline`.
+    fn wait_for(&self, slot: &Slot, deadline: Instant) -> impl Future<Output = Outcome> + Send;
+    /// Runs `work` (a batch's loader) while every claim in `held` is kept alive.
+    fn renewing_all<'h, F: Future>(
+        &self,
+        held: impl Iterator<Item = &'h mut Self::Held>,
+        work: F,
+    ) -> impl Future<Output = F::Output>
+    where
+        Self::Held: 'h;
+    /// Stores several loads' values against their claims, one round trip per server.
+    fn complete_many(
+        &self,
+        batch: Vec<(Self::Held, Vec<u8>, u32)>,
+    ) -> impl Future<Output = Vec<Result<Completed>>> + Send;
+}
+
+/// A claim held by a running load.
+pub(crate) trait Claim: Send + Sized {
+    /// The derived key claimed.
+    fn key(&self) -> &str;
+    /// Runs `work` (the loader) while the claim is kept alive.
+    fn renewing<F: Future>(&mut self, work: F) -> impl Future<Output = F::Output>;
+    /// Stores the loaded value with `cas` against the claim.
+    fn complete(self, value: &[u8], exptime: u32)
+    -> impl Future<Output = Result<Completed>> + Send;
+}
+
+/// The sync front end: claims are renewed by the cache's renewal thread, waits block the
+/// calling thread.
+impl Driver for Blocking<'_> {
+    type Held = HeldLease;
+
+    fn hold(&self, cache: &Cache, derived: &str, lease: Lease) -> HeldLease {
+        cache.inner.renewer.hold(derived, lease)
+    }
+
+    fn wait_for(&self, slot: &Slot, deadline: Instant) -> impl Future<Output = Outcome> + Send {
+        std::future::ready(slot.wait(deadline))
+    }
+
+    fn renewing_all<'h, F: Future>(
+        &self,
+        _: impl Iterator<Item = &'h mut HeldLease>,
+        work: F,
+    ) -> impl Future<Output = F::Output> {
+        // The renewal thread keeps the claims alive meanwhile.
+        work
+    }
+
+    fn complete_many(
+        &self,
+        batch: Vec<(HeldLease, Vec<u8>, u32)>,
+    ) -> impl Future<Output = Vec<Result<Completed>>> + Send {
+        std::future::ready(HeldLease::complete_many(self.0, batch))
+    }
+}
+
+impl Claim for HeldLease {
+    fn key(&self) -> &str {
+        HeldLease::key(self)
+    }
+
+    fn renewing<F: Future>(&mut self, work: F) -> impl Future<Output = F::Output> {
+        // The renewal thread keeps the claim alive meanwhile.
+        work
+    }
+
+    fn complete(
+        self,
+        value: &[u8],
+        exptime: u32,
+    ) -> impl Future<Output = Result<Completed>> + Send {
+        std::future::ready(HeldLease::complete(self, value, exptime))
+    }
+}
