@@ -355,7 +355,7 @@ async fn background_refresh_serves_stale_and_shutdown_drains_it(env: Env) {
 
 async fn sync_and_async_caches_interoperate(env: Env) {
     let a = cache(&env);
-    let s: Cache = env.cache();
+    let s: Cache = env.sync_cache();
     assert_eq!(a.make_key("k"), s.make_key("k"));
     s.set("k", &Row { id: 1, version: 1 }, S(60)).unwrap();
     assert_eq!(a.get::<Row>("k").await.unwrap().unwrap().version, 1);

@@ -9,6 +9,7 @@ use newcache::{Cache, DecodePolicy, Herd, Ttl};
 use serde::{Deserialize, Serialize};
 
 use crate::fixture::{Env, Kind};
+use crate::front::BuildFor;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 struct User {
@@ -65,12 +66,12 @@ fn round_trip_and_miss(env: &Env) {
 }
 
 fn keys_are_django_newcache_keys(env: &Env) {
-    let cache = env.builder().flavor("prod").build().unwrap();
+    let cache = env.builder().flavor("prod").build_front(env.front);
     assert_eq!(
         cache.make_key("foo"),
         "prod-1-0beec7b5ea3f0fdbc95d0dd47f3c5bc275da8a33"
     );
-    let cache = env.builder().flavor("").build().unwrap();
+    let cache = env.builder().flavor("").build_front(env.front);
     assert_eq!(
         cache.make_key("foo"),
         "-1-0beec7b5ea3f0fdbc95d0dd47f3c5bc275da8a33"
@@ -89,7 +90,7 @@ fn version_bump_invalidates(env: &Env) {
     v2.set("k", &2u32, S(60)).unwrap();
     assert_eq!(v1.get::<u32>("k").unwrap(), Some(1));
     assert_eq!(v2.get::<u32>("k").unwrap(), Some(2));
-    let bumped = env.builder().version(2).build().unwrap();
+    let bumped = env.builder().version(2).build_front(env.front);
     assert_eq!(bumped.get::<u32>("k").unwrap(), Some(2));
 }
 
@@ -151,7 +152,7 @@ fn exactly_one_claim_among_16_threads(env: &Env) {
 /// Past the soft expiry plus the herd timeout nobody is served it (the staleness bound), however
 /// many readers claimed it on the way.
 fn a_dead_claimants_value_is_served_only_up_to_its_bound(env: &Env) {
-    let cache = env.builder().herd_timeout(S(30)).build().unwrap();
+    let cache = env.builder().herd_timeout(S(30)).build_front(env.front);
     cache.set("k", &1u32, S(10)).unwrap();
     env.advance(S(10));
     assert_eq!(
@@ -244,7 +245,10 @@ fn ttl_never_and_zero(env: &Env) {
     );
     cache.set_many([("z", &1u8)], Duration::ZERO).unwrap();
     assert_eq!(cache.get::<u8>("z").unwrap(), None);
-    let zero_default = env.builder().default_ttl(Duration::ZERO).build().unwrap();
+    let zero_default = env
+        .builder()
+        .default_ttl(Duration::ZERO)
+        .build_front(env.front);
     zero_default.set("d", &1u8, Ttl::Default).unwrap();
     assert_eq!(zero_default.get::<u8>("d").unwrap(), None);
 }
@@ -382,8 +386,7 @@ fn foreign_and_corrupt_bytes(env: &Env) {
     let tolerant = env
         .builder()
         .decode_policy(DecodePolicy::Miss)
-        .build()
-        .unwrap();
+        .build_front(env.front);
     for (what, bytes, flags) in cases {
         env.raw_set(&k, &bytes, flags);
         let e = cache.get::<Vec<String>>("x").unwrap_err();
@@ -455,8 +458,7 @@ fn custom_key_function_is_validated(env: &Env) {
     let cache = env
         .builder()
         .key_function(|flavor, version, key| format!("{flavor}:{version}:{key}"))
-        .build()
-        .unwrap();
+        .build_front(env.front);
     cache.set("plain", &1u8, S(60)).unwrap();
     assert_eq!(cache.get::<u8>("plain").unwrap(), Some(1));
     assert!(cache.make_key("plain").ends_with(":1:plain"));

@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 use newcache::testing::MockClock;
 use newcache::{Backend, Cache, CacheBuilder, MemoryBackend, StoreMode};
 
+pub use crate::front::{BuildFor, Front, TestCache};
+
 /// A `MemcachedBackend` on `addrs`, its config adjusted by `tune` (for tests that drive the
 /// backend directly).
 pub fn memcached_backend(
@@ -318,6 +320,8 @@ pub enum Kind {
 /// raw bytes under a derived key as another client would.
 pub struct Env {
     pub kind: Kind,
+    /// The front end the test drives (the sync `Cache` or the `AsyncCache`).
+    pub front: Front,
     pub clock: Arc<MockClock>,
     flavor: String,
     memory: Option<Arc<MemoryBackend>>,
@@ -326,6 +330,10 @@ pub struct Env {
 
 impl Env {
     pub fn new(kind: Kind, tag: &str) -> Env {
+        Env::with_front(kind, Front::Sync, tag)
+    }
+
+    pub fn with_front(kind: Kind, front: Front, tag: &str) -> Env {
         let clock = MockClock::new();
         let (memory, addr) = match kind {
             Kind::Memory => (
@@ -337,6 +345,7 @@ impl Env {
         };
         Env {
             kind,
+            front,
             clock,
             flavor: unique_flavor(tag),
             memory,
@@ -356,7 +365,13 @@ impl Env {
         }
     }
 
-    pub fn cache(&self) -> Cache {
+    /// A cache of the test's front end on this backend.
+    pub fn cache(&self) -> TestCache {
+        self.builder().build_front(self.front)
+    }
+
+    /// A sync `Cache` on this backend, whatever the test's front end (another process).
+    pub fn sync_cache(&self) -> Cache {
         self.builder().build().expect("test cache builds")
     }
 
@@ -458,26 +473,35 @@ impl<W: std::io::Write> memcache::ToMemcacheValue<W> for Raw<'_> {
     }
 }
 
-/// Generates each listed behaviour test once per backend: `memory::name`, `memcached::name` and
-/// `twemproxy::name`, each calling `name(&Env)`.
+/// Generates each listed behaviour test once per backend and front end: `memory::name`,
+/// `memcached::name`, `twemproxy::name` on the sync `Cache`, and `async_memory::name`,
+/// `async_memcached::name`, `async_twemproxy::name` on the `AsyncCache`, each calling
+/// `name(&Env)`.
 #[macro_export]
 macro_rules! on_every_backend {
     ($($name:ident),* $(,)?) => {
-        $crate::on_backend!(memory, Memory, $($name),*);
-        $crate::on_backend!(memcached, Memcached, $($name),*);
-        $crate::on_backend!(twemproxy, Twemproxy, $($name),*);
+        $crate::on_backend!(memory, Memory, Sync, $($name),*);
+        $crate::on_backend!(memcached, Memcached, Sync, $($name),*);
+        $crate::on_backend!(twemproxy, Twemproxy, Sync, $($name),*);
+        $crate::on_backend!(async_memory, Memory, Async, $($name),*);
+        $crate::on_backend!(async_memcached, Memcached, Async, $($name),*);
+        $crate::on_backend!(async_twemproxy, Twemproxy, Async, $($name),*);
     };
 }
 
 /// One module of [`on_every_backend`].
 #[macro_export]
 macro_rules! on_backend {
-    ($module:ident, $kind:ident, $($name:ident),*) => {
+    ($module:ident, $kind:ident, $front:ident, $($name:ident),*) => {
         mod $module {
             $(
                 #[test]
                 fn $name() {
-                    let env = $crate::fixture::Env::new($crate::fixture::Kind::$kind, stringify!($name));
+                    let env = $crate::fixture::Env::with_front(
+                        $crate::fixture::Kind::$kind,
+                        $crate::front::Front::$front,
+                        stringify!($name),
+                    );
                     super::$name(&env)
                 }
             )*

@@ -8,9 +8,10 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use newcache::{Cache, Clock};
+use newcache::Clock;
 
 use crate::fixture::{Env, Hooked, Kind, unique_flavor};
+use crate::front::{BuildFor, TestCache};
 
 const S: fn(u64) -> Duration = Duration::from_secs;
 const MS: fn(u64) -> Duration = Duration::from_millis;
@@ -60,7 +61,7 @@ impl Gate {
 /// What lands while a load runs, and what the key must hold afterwards.
 struct Invalidation {
     name: &'static str,
-    act: fn(&Env, &Cache),
+    act: fn(&Env, &TestCache),
     /// What `get::<String>` returns afterwards: `Ok(v)`, or `Err(())` for a decode error (a
     /// foreign value written by another client stood).
     after: Result<Option<&'static str>, ()>,
@@ -110,7 +111,7 @@ const INVALIDATIONS: &[Invalidation] = &[
 ];
 
 #[track_caller]
-fn check_after(cache: &Cache, inv: &Invalidation) {
+fn check_after(cache: &TestCache, inv: &Invalidation) {
     let got = cache.get::<String>("row");
     match inv.after {
         Ok(want) => assert_eq!(
@@ -131,7 +132,7 @@ fn check_after(cache: &Cache, inv: &Invalidation) {
 /// returns what the call returned.
 fn race<T: Send>(
     env: &Env,
-    cache: &Cache,
+    cache: &TestCache,
     gate: &Gate,
     inv: &Invalidation,
     call: impl FnOnce() -> T + Send,
@@ -153,7 +154,10 @@ fn race<T: Send>(
 
 fn invalidations_during_a_stale_refresh_win(env: &Env) {
     for inv in INVALIDATIONS {
-        let cache = env.builder().flavor(unique_flavor("inv")).build().unwrap();
+        let cache = env
+            .builder()
+            .flavor(unique_flavor("inv"))
+            .build_front(env.front);
         cache.set("row", "v1", S(10)).unwrap();
         env.advance(S(11));
         let gate = Gate::new();
@@ -173,7 +177,10 @@ fn invalidations_during_a_stale_refresh_win(env: &Env) {
 
 fn invalidations_during_a_cold_load_win(env: &Env) {
     for inv in INVALIDATIONS {
-        let cache = env.builder().flavor(unique_flavor("inv")).build().unwrap();
+        let cache = env
+            .builder()
+            .flavor(unique_flavor("inv"))
+            .build_front(env.front);
         let gate = Gate::new();
         let got = race(env, &cache, &gate, inv, || {
             cache.get_or_set_with("row", S(60), || gate.load("read before the update"))
@@ -192,8 +199,7 @@ fn invalidations_during_an_early_refresh_win(env: &Env) {
             .flavor(unique_flavor("inv"))
             .early_refresh(1e9)
             .random_seed(3)
-            .build()
-            .unwrap();
+            .build_front(env.front);
         // A value with a known load time, one second from its soft expiry: XFetch claims it.
         cache
             .get_or_set_with("row", S(10), || {
@@ -215,7 +221,10 @@ fn invalidations_during_an_early_refresh_win(env: &Env) {
 
 fn invalidations_during_a_background_refresh_win(env: &Env) {
     for inv in INVALIDATIONS {
-        let cache = env.builder().flavor(unique_flavor("inv")).build().unwrap();
+        let cache = env
+            .builder()
+            .flavor(unique_flavor("inv"))
+            .build_front(env.front);
         cache.set("row", "v1", S(10)).unwrap();
         env.advance(S(11));
         let gate = Arc::new(Gate::new());
@@ -242,7 +251,10 @@ fn invalidations_during_a_background_refresh_win(env: &Env) {
 
 fn invalidations_during_a_batch_load_win(env: &Env) {
     for inv in INVALIDATIONS {
-        let cache = env.builder().flavor(unique_flavor("inv")).build().unwrap();
+        let cache = env
+            .builder()
+            .flavor(unique_flavor("inv"))
+            .build_front(env.front);
         cache.set("stale", "v1", S(10)).unwrap();
         env.advance(S(11));
         let gate = Gate::new();
@@ -274,8 +286,8 @@ fn invalidations_during_a_batch_load_win(env: &Env) {
 /// max_wait 0.5 s, a 1.5 s loader, 16 threads in two caches (two processes): one load. Every
 /// other caller gives up at max_wait with a wait-timeout error instead of loading too.
 fn a_slow_database_sees_one_load_and_waiters_time_out(env: &Env) {
-    let caches: Vec<Cache> = (0..2)
-        .map(|_| env.builder().max_wait(MS(500)).build().unwrap())
+    let caches: Vec<TestCache> = (0..2)
+        .map(|_| env.builder().max_wait(MS(500)).build_front(env.front))
         .collect();
     let calls = AtomicUsize::new(0);
     let barrier = Barrier::new(16);
@@ -341,8 +353,7 @@ fn a_holder_renews_its_claim_past_the_lease(env: &Env) {
         env.timed_builder()
             .lease_ttl(S(2))
             .max_wait(S(10))
-            .build()
-            .unwrap()
+            .build_front(env.front)
     };
     let (a, b) = (build(), build());
     let calls = AtomicUsize::new(0);
@@ -374,8 +385,7 @@ fn a_holder_past_max_load_time_is_replaced_by_one_waiter(env: &Env) {
             .lease_ttl(S(2))
             .max_load_time(S(2))
             .max_wait(S(10))
-            .build()
-            .unwrap()
+            .build_front(env.front)
     };
     let (a, b, c) = (build(), build(), build());
     let calls = AtomicUsize::new(0);
@@ -415,7 +425,7 @@ fn a_holder_past_max_load_time_is_replaced_by_one_waiter(env: &Env) {
 /// ttl 1 s, herd timeout 1 s: plain readers claim it over and over, nobody sets it. It is served
 /// (fresh, then stale) up to 2 s after it was written, and never after.
 fn a_value_is_never_served_past_its_bound(env: &Env) {
-    let cache = env.builder().herd_timeout(S(1)).build().unwrap();
+    let cache = env.builder().herd_timeout(S(1)).build_front(env.front);
     cache.set("k", "v", S(1)).unwrap();
     let mut last_served = None;
     for step in 1..=16u64 {
@@ -433,7 +443,7 @@ fn a_value_is_never_served_past_its_bound(env: &Env) {
 /// then nobody gets it; with serve_stale_on_error, the failing caller gets it up to max_age.
 fn a_failing_loader_keeps_nothing_alive(env: &Env) {
     let failing = || Err::<String, _>(io::Error::other("db is down"));
-    let strict = env.builder().herd_timeout(S(1)).build().unwrap();
+    let strict = env.builder().herd_timeout(S(1)).build_front(env.front);
     strict.set("k", "v", S(1)).unwrap();
     env.advance(MS(2000));
     for _ in 0..3 {
@@ -450,8 +460,7 @@ fn a_failing_loader_keeps_nothing_alive(env: &Env) {
         .builder()
         .herd_timeout(S(1))
         .serve_stale_on_error(S(4))
-        .build()
-        .unwrap();
+        .build_front(env.front);
     lenient.set("j", "v", S(1)).unwrap();
     let mut served = Vec::new();
     for _ in 0..12 {
@@ -469,8 +478,7 @@ fn a_claim_outlives_the_items_own_expiry(env: &Env) {
         env.timed_builder()
             .herd_timeout(S(1))
             .max_wait(MS(300))
-            .build()
-            .unwrap()
+            .build_front(env.front)
     };
     let (a, b) = (build(), build());
     a.set("k", "v1", S(1)).unwrap(); // memcached drops it after 2 s
@@ -522,8 +530,7 @@ fn a_get_claim_ends_at_the_bound(env: &Env) {
         .builder()
         .herd_timeout(S(10))
         .max_wait(MS(300))
-        .build()
-        .unwrap();
+        .build_front(env.front);
     cache.set("k", "v1", S(1)).unwrap();
     env.advance(S(9));
     assert_eq!(
@@ -551,8 +558,7 @@ fn round_trips_per_call(env: &Env) {
             d.fetch_add(1, Ordering::SeqCst);
             newcache::default_key(flavor, version, key)
         })
-        .build()
-        .unwrap();
+        .build_front(env.front);
     let load = || Ok::<_, io::Error>(1u32);
     // Through twemproxy with two connections per server, the proxy may run a pipelined
     // read-back before its write: the protocol then reads once more (never fewer than 3).
@@ -584,8 +590,7 @@ fn max_wait_counts_from_the_start_of_the_call(env: &Env) {
         .builder()
         .backend(counting.clone())
         .max_wait(MS(1500))
-        .build()
-        .unwrap();
+        .build_front(env.front);
     // a live holder that will not finish in time
     let now = env.clock.now_ms();
     let stuck = newcache::__private::placeholder(now, now + 60_000, 7);

@@ -9,11 +9,12 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use newcache::{Cache, Ttl};
+use newcache::Ttl;
 
 use newcache::Clock;
 
 use crate::fixture::Env;
+use crate::front::{BuildFor, TestCache};
 
 const S: fn(u64) -> Duration = Duration::from_secs;
 const MS: fn(u64) -> Duration = Duration::from_millis;
@@ -90,7 +91,7 @@ fn one_load_among_32_threads_for_a_cold_key(env: &Env) {
 /// Four caches with their own coalescers share one backend, as four processes would: the lease
 /// makes it one load across all of them.
 fn one_load_across_four_caches_sharing_a_backend(env: &Env) {
-    let caches: Vec<Cache> = (0..4).map(|_| env.cache()).collect();
+    let caches: Vec<TestCache> = (0..4).map(|_| env.cache()).collect();
     let calls = AtomicUsize::new(0);
     for round in 0..3 {
         let key = format!("cold-{round}");
@@ -105,7 +106,7 @@ fn one_load_across_four_caches_sharing_a_backend(env: &Env) {
 }
 
 fn one_load_among_32_threads_for_a_stale_key(env: &Env) {
-    let caches: Vec<Cache> = (0..4).map(|_| env.cache()).collect();
+    let caches: Vec<TestCache> = (0..4).map(|_| env.cache()).collect();
     caches[0].set("hot", "old", S(10)).unwrap();
     env.advance(S(11));
     let calls = AtomicUsize::new(0);
@@ -252,7 +253,7 @@ fn lease_takeover_after_a_dead_holder(env: &Env) {
 /// A live holder that is slow: every caller gives up after max_wait with a wait-timeout error,
 /// and none of them runs the loader.
 fn wait_bound_is_an_error_not_a_second_load(env: &Env) {
-    let cache = env.builder().max_wait(MS(150)).build().unwrap();
+    let cache = env.builder().max_wait(MS(150)).build_front(env.front);
     let now = env.clock.now_ms();
     let stuck = newcache::__private::placeholder(now, now + 30_000, 7);
     env.raw_set_ttl(&cache.make_key("k"), &stuck, newcache::__private::FLAGS, 30);
@@ -284,9 +285,7 @@ fn wait_bound_is_an_error_not_a_second_load(env: &Env) {
 fn early_refresh_keeps_a_hot_key_from_going_stale(env: &Env) {
     let run = |early: bool| {
         let b = env.builder().random_seed(42);
-        let cache = if early { b.early_refresh(1.0) } else { b }
-            .build()
-            .unwrap();
+        let cache = if early { b.early_refresh(1.0) } else { b }.build_front(env.front);
         let loads = AtomicUsize::new(0);
         for _ in 0..5000 {
             cache
@@ -319,8 +318,7 @@ fn early_refresh_draws_are_seeded(env: &Env) {
         .builder()
         .early_refresh(2.0)
         .random_seed(7)
-        .build()
-        .unwrap();
+        .build_front(env.front);
     cache
         .get_or_set_with("k", S(1), || {
             thread::sleep(MS(30)); // recorded as the load time, XFetch's delta
@@ -355,8 +353,7 @@ fn serve_stale_on_error_is_bounded(env: &Env) {
         .builder()
         .serve_stale_on_error(S(30))
         .herd_timeout(S(5))
-        .build()
-        .unwrap();
+        .build_front(env.front);
     cache.set("k", "old", S(10)).unwrap();
     let failing = || Err::<String, _>(io::Error::other("db down"));
     env.advance(S(11));

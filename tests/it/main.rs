@@ -8,6 +8,7 @@ mod behaviour;
 mod cluster;
 mod faults;
 mod fixture;
+mod front;
 mod herd;
 mod in_tokio;
 mod loader;

@@ -9,6 +9,7 @@ use newcache::{Codec, Compression, Ttl};
 use serde::{Deserialize, Serialize};
 
 use crate::fixture::Env;
+use crate::front::BuildFor;
 
 const S: fn(u64) -> Duration = Duration::from_secs;
 
@@ -30,7 +31,7 @@ fn values_larger_in_memory_than_the_item_size_round_trip(env: &Env) {
     let numbers: Vec<u64> = (0..140_000u64).map(|i| i * 7919).collect();
     let strings: Vec<String> = (0..70_000).map(|i| format!("s{i}")).collect();
     for codec in [Codec::MessagePack, Codec::Bincode] {
-        let cache = env.builder().codec(codec).build().unwrap();
+        let cache = env.builder().codec(codec).build_front(env.front);
         cache.set("numbers", &numbers, S(60)).unwrap();
         assert_eq!(
             cache.get::<Vec<u64>>("numbers").unwrap().as_ref(),
@@ -43,7 +44,10 @@ fn values_larger_in_memory_than_the_item_size_round_trip(env: &Env) {
         );
     }
     // The bound still holds, and is configurable.
-    let tight = env.builder().max_decode_size(100_000).build().unwrap();
+    let tight = env
+        .builder()
+        .max_decode_size(100_000)
+        .build_front(env.front);
     let e = tight.get::<Vec<u64>>("numbers").unwrap_err();
     assert!(
         e.is_decode() && e.to_string().contains("decode limit"),
@@ -100,7 +104,7 @@ fn a_struct_gaining_a_field_reads_both_ways(env: &Env) {
 }
 
 fn bincode_and_message_pack_builds_read_each_other(env: &Env) {
-    let compact = env.builder().codec(Codec::Bincode).build().unwrap();
+    let compact = env.builder().codec(Codec::Bincode).build_front(env.front);
     let default = env.cache();
     compact
         .set(
@@ -131,10 +135,9 @@ fn compressed_values_are_read_by_every_build(env: &Env) {
     let writer = env
         .builder()
         .compression(Compression::Lz4 { min_size: 1024 })
-        .build()
-        .unwrap();
+        .build_front(env.front);
     writer.set("page", &page, S(60)).unwrap();
-    let reader = env.builder().codec(Codec::Bincode).build().unwrap();
+    let reader = env.builder().codec(Codec::Bincode).build_front(env.front);
     assert_eq!(reader.get::<String>("page").unwrap(), Some(page.clone()));
     // compressed on the wire: the raw item is much smaller than the page
     let raw = env
@@ -182,7 +185,7 @@ fn an_over_long_derived_key_never_reaches_the_server(env: &Env) {
     // 0.1.0: a 200-character flavor at version u64::MAX derived a 262-byte key; memcached
     // answered CLIENT_ERROR without reading the data block, whose bytes then ran as commands.
     let flavor = format!("{}-{}", "f".repeat(191), &env.cache().make_key("")[..8]);
-    let cache = env.builder().flavor(flavor).build().unwrap();
+    let cache = env.builder().flavor(flavor).build_front(env.front);
     let witness = env.cache();
     witness.set("witness", &1u8, S(60)).unwrap();
     let hostile = cache.with_version(u64::MAX);
@@ -230,7 +233,10 @@ fn touch_gives_a_value_a_new_lifetime(env: &Env) {
     assert_eq!(cache.get::<u8>("k").unwrap(), None);
     // a value past its staleness bound is not revived (the item still exists: stale-on-error
     // pads its hard expiry to an hour)
-    let padded = env.builder().serve_stale_on_error(S(3600)).build().unwrap();
+    let padded = env
+        .builder()
+        .serve_stale_on_error(S(3600))
+        .build_front(env.front);
     padded.set("old", &2u8, S(10)).unwrap();
     env.advance(S(30 * 60));
     assert!(!padded.touch("old", S(600)).unwrap());
