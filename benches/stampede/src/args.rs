@@ -22,6 +22,11 @@ pub enum Mode {
     /// `get_or_set_with_background` (the claimant serves stale and refreshes in a background
     /// thread)
     Background,
+    /// `AsyncCache::get_or_set_with`: `--threads` tokio tasks per process instead of threads,
+    /// on a 2-worker runtime and the pipelined engine
+    Async,
+    /// `AsyncCache::get_or_set_with_background` (the refresh runs in a spawned task)
+    AsyncBackground,
 }
 
 impl Mode {
@@ -33,6 +38,8 @@ impl Mode {
             Mode::Default => "default",
             Mode::Early => "early",
             Mode::Background => "background",
+            Mode::Async => "async",
+            Mode::AsyncBackground => "async-background",
         }
     }
 }

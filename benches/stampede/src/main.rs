@@ -81,8 +81,14 @@ fn run_mode(args: &Args, mode: Mode) -> Result<ModeRun, Box<dyn Error>> {
             _ => None,
         };
         let loader = Loader::new(&cache, &key, args.loader_ms);
+        // The async modes warm through the sync API (same keys, same envelope).
+        let warm = match mode {
+            Mode::Async => Mode::Default,
+            Mode::AsyncBackground => Mode::Background,
+            other => other,
+        };
         let reader = Reader {
-            mode,
+            mode: warm,
             cache: &cache,
             key: &key,
             ttl: Duration::from_secs(args.ttl),

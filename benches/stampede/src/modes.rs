@@ -2,10 +2,13 @@
 
 use std::cell::Cell;
 use std::error::Error;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use newcache::{Backend, Cache, Herd, MemcachedBackend, MemcachedConfig, ServerSpec, StoreMode};
+use newcache::{
+    AsyncCache, Backend, Cache, Herd, MemcachedBackend, MemcachedConfig, ServerSpec, StoreMode,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::args::{Args, Mode};
@@ -47,6 +50,83 @@ pub fn cache_for(args: &Args, mode: Mode) -> Result<Cache, newcache::Error> {
         builder
     }
     .build()
+}
+
+/// The async cache of the `async` modes, with the settings of [`cache_for`].
+pub fn async_cache_for(args: &Args) -> Result<AsyncCache, newcache::Error> {
+    Cache::builder()
+        .memcached(&args.servers)
+        .flavor("stampede")
+        .lease_ttl(Duration::from_secs(5))
+        .build_async()
+}
+
+/// The loader of the async modes: sleeps (a tokio timer), then counts itself in memcached.
+#[derive(Clone)]
+pub struct AsyncLoader {
+    cache: AsyncCache,
+    counter: String,
+    sleep: Duration,
+    starts: Arc<Mutex<Vec<f64>>>,
+}
+
+impl AsyncLoader {
+    pub fn new(cache: &AsyncCache, key: &str, loader_ms: f64) -> Self {
+        AsyncLoader {
+            cache: cache.clone(),
+            counter: counter_key(key),
+            sleep: Duration::from_secs_f64(loader_ms / 1000.0),
+            starts: Arc::default(),
+        }
+    }
+
+    /// Loads; `loaded` records that this read ran the loader itself.
+    pub async fn load(&self, loaded: &AtomicBool) -> Result<Value, newcache::Error> {
+        loaded.store(true, Ordering::Relaxed);
+        let t = unix_secs();
+        tokio::time::sleep(self.sleep).await;
+        let generation = self.cache.incr(&self.counter, 1).await?;
+        self.starts
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(t);
+        Ok(Value {
+            id: 1,
+            name: "x".repeat(80),
+            generation,
+        })
+    }
+
+    pub fn starts(&self) -> Vec<f64> {
+        self.starts
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+/// One read of the hot key in an async mode; `loaded` is set if this read ran the loader (a
+/// background refresh does not count: it runs in a task of its own, as the sync mode's runs on
+/// a thread of its own).
+pub async fn read_async(
+    mode: Mode,
+    cache: &AsyncCache,
+    key: &str,
+    ttl: Duration,
+    loader: &AsyncLoader,
+    loaded: &AtomicBool,
+) -> Result<Value, newcache::Error> {
+    if mode == Mode::AsyncBackground {
+        let loader = loader.clone();
+        return cache
+            .get_or_set_with_background(key, ttl, move || async move {
+                loader.load(&AtomicBool::new(false)).await
+            })
+            .await;
+    }
+    cache
+        .get_or_set_with(key, ttl, || loader.load(loaded))
+        .await
 }
 
 /// The memcached counter that counts a run's loads.
@@ -215,6 +295,9 @@ impl Reader<'_> {
                 let loader = self.loader.clone();
                 cache.get_or_set_with_background(key, ttl, move || loader.load())
             }
+            Mode::Async | Mode::AsyncBackground => Err(newcache::Error::from(
+                std::io::Error::other("async modes read through AsyncReader"),
+            )),
         }
     }
 }

@@ -92,6 +92,9 @@ fn collect(mut child: Child) -> Result<WorkerReport, Box<dyn Error>> {
 /// `--mode`, from `--start-at-ms` for `--duration` seconds.
 pub fn run(args: &Args) -> Result<(), Box<dyn Error>> {
     let mode = *args.modes.first().ok_or("a worker needs --mode")?;
+    if matches!(mode, Mode::Async | Mode::AsyncBackground) {
+        return run_async(args, mode);
+    }
     let cache = modes::cache_for(args, mode)?;
     let original = match mode {
         Mode::Newcache => Some(OriginalNewcache::new(args, &cache, &args.key)?),
@@ -137,6 +140,79 @@ pub fn run(args: &Args) -> Result<(), Box<dyn Error>> {
     let mut out = std::io::stdout().lock();
     writeln!(out, "{REPORT_PREFIX}{}", serde_json::to_string(&report)?)?;
     Ok(())
+}
+
+/// The body of a worker process in an async mode: `args.threads` tasks on a 2-worker runtime.
+fn run_async(args: &Args, mode: Mode) -> Result<(), Box<dyn Error>> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let report = rt.block_on(async {
+        let cache = modes::async_cache_for(args)?;
+        let loader = modes::AsyncLoader::new(&cache, &args.key, args.loader_ms);
+        let start_at = UNIX_EPOCH + Duration::from_millis(args.start_at_ms);
+        if let Ok(wait) = start_at.duration_since(SystemTime::now()) {
+            tokio::time::sleep(wait).await;
+        }
+        let tasks: Vec<_> = (0..args.threads)
+            .map(|_| {
+                let (args, cache, loader) = (args.clone(), cache.clone(), loader.clone());
+                tokio::spawn(async move { read_loop_async(&args, mode, &cache, &loader).await })
+            })
+            .collect();
+        let mut report = WorkerReport::default();
+        for t in tasks {
+            report.merge(t.await?);
+        }
+        // Background refreshes may still be finishing.
+        cache.shutdown().await;
+        report.starts = loader.starts();
+        let stats = cache.stats();
+        report.stale_served = stats.stale_served;
+        report.early_refreshes = stats.early_refreshes;
+        report.claims_won = stats.claims_won;
+        Ok::<_, Box<dyn Error>>(report)
+    })?;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{REPORT_PREFIX}{}", serde_json::to_string(&report)?)?;
+    Ok(())
+}
+
+/// One reader task: timed reads, each followed by the think time, until the duration is up.
+async fn read_loop_async(
+    args: &Args,
+    mode: Mode,
+    cache: &newcache::AsyncCache,
+    loader: &modes::AsyncLoader,
+) -> WorkerReport {
+    let stall = args.loader_ms / 2000.0;
+    let think = Duration::from_secs_f64(args.think_ms / 1000.0);
+    let ttl = Duration::from_secs(args.ttl);
+    let t_start = Instant::now();
+    let deadline = t_start + Duration::from_secs_f64(args.duration);
+    let mut mine = WorkerReport::default();
+    while Instant::now() < deadline {
+        let loaded = std::sync::atomic::AtomicBool::new(false);
+        let t0 = Instant::now();
+        let value = modes::read_async(mode, cache, &args.key, ttl, loader, &loaded).await;
+        let d = t0.elapsed().as_secs_f64();
+        mine.lat
+            .push(((t0 - t_start).as_secs_f64() as f32, d as f32));
+        mine.reads += 1;
+        mine.caller_loads += u64::from(loaded.load(std::sync::atomic::Ordering::Relaxed));
+        mine.stalled += u64::from(d >= stall);
+        match value {
+            Ok(v) if v.id == 1 => {}
+            Ok(_) => mine.bad += 1,
+            Err(_) => {
+                mine.errors += 1;
+                mine.bad += 1;
+            }
+        }
+        tokio::time::sleep(think).await;
+    }
+    mine
 }
 
 /// One reader thread: timed reads, each followed by the think time, until the duration is up.
