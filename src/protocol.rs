@@ -185,6 +185,11 @@ impl Machine {
     }
 
     /// The key was read.
+    /// The token this machine's claims and placeholders carry.
+    pub(crate) fn token(&self) -> u64 {
+        self.token
+    }
+
     pub(crate) fn on_read(&mut self, now: Now, item: Option<Item>) -> Action {
         match item {
             None => self.missing(now),
@@ -484,6 +489,28 @@ pub(crate) enum Renewal {
     Lost,
     /// This holder's, but read before the renewal's write ran: read again.
     Unsure,
+}
+
+/// The write that gives back a claim (or placeholder) whose writer went away before it learned
+/// whether the write landed (an async caller dropped mid-claim): `Some` only if `item` still
+/// carries `token`'s claim, and then it is released exactly as a failed load releases it (a
+/// placeholder removed, a value unclaimed), by `cas` against what was read.
+pub(crate) fn release_abandoned(item: &Item, token: u64, now: Now) -> Option<Action> {
+    let Ok(Parsed::Item(header, _)) = envelope::decode(item.flags, &item.value) else {
+        return None;
+    };
+    if token == 0 || header.token != token {
+        return None;
+    }
+    let lease = Lease {
+        token,
+        cas: item.cas,
+        bytes: item.value.clone(),
+        header,
+        lease_ms: 0,
+        renew_until_ms: 0,
+    };
+    Some(lease.release(now))
 }
 
 /// A claim this caller holds: renewed while the loader runs, completed with `cas`.

@@ -19,13 +19,14 @@ use super::AsyncCache;
 use super::lease::AsyncLease;
 use crate::backend::{Item, StoreOutcome, Write};
 use crate::cache::Cache;
-use crate::cache::io::Io;
+use crate::cache::io::{Disarm, Io};
+use crate::envelope;
 use crate::error::{BoxError, Result};
 use crate::loader::Load;
 use crate::loader::coalesce::{Outcome, Slot};
 use crate::loader::driver::{Claim, Driver};
 use crate::loader::lease::Completed;
-use crate::protocol::Lease;
+use crate::protocol::{Action, Lease, release_abandoned};
 use crate::ttl::Ttl;
 
 /// The async front end's [`Io`] and [`Driver`]: the cache's async backend, tokio timers, and
@@ -34,6 +35,13 @@ use crate::ttl::Ttl;
 pub(crate) struct AsyncDriver<'a>(pub(crate) &'a AsyncCache);
 
 impl Io for AsyncDriver<'_> {
+    type ClaimGuard = ClaimGuard;
+    fn guard_claims(&self, claims: Vec<(String, u64)>) -> ClaimGuard {
+        ClaimGuard {
+            cache: Some(self.0.clone()),
+            claims,
+        }
+    }
     fn get<'a>(&'a self, key: &'a str) -> impl Future<Output = Result<Option<Item>>> + Send + 'a {
         self.0.shared.backend.get(key)
     }
@@ -139,6 +147,58 @@ impl Claim for AsyncLease {
         exptime: u32,
     ) -> impl Future<Output = Result<Completed>> + Send {
         AsyncLease::complete(self, value, exptime)
+    }
+}
+
+/// Claims being written by a future that may be dropped before it learns whether they landed
+/// (a client went away): dropped armed, it reads each key back from a spawned task and gives
+/// back the claims that carry this caller's token, so nobody waits out a claim whose holder is
+/// gone.
+pub(crate) struct ClaimGuard {
+    cache: Option<AsyncCache>,
+    claims: Vec<(String, u64)>,
+}
+
+impl Disarm for ClaimGuard {
+    fn disarm(mut self) {
+        self.cache = None;
+    }
+}
+
+impl Drop for ClaimGuard {
+    fn drop(&mut self) {
+        let Some(cache) = self.cache.take() else {
+            return;
+        };
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return; // the claims lapse at their deadlines
+        };
+        let claims = std::mem::take(&mut self.claims);
+        rt.spawn(async move {
+            let backend = &cache.shared.backend;
+            for (key, token) in claims {
+                let Ok(Some(item)) = backend.get(&key).await else {
+                    continue;
+                };
+                let Some(Action::StoreThenRead {
+                    mode,
+                    value,
+                    exptime,
+                }) = release_abandoned(&item, token, cache.cache.now())
+                else {
+                    continue;
+                };
+                let w = Write {
+                    mode,
+                    key: &key,
+                    value: &value,
+                    flags: envelope::FLAGS,
+                    exptime,
+                };
+                // Best effort: a failure leaves the claim to lapse at its deadline.
+                let _ = backend.store(w).await;
+            }
+        });
     }
 }
 
@@ -303,5 +363,56 @@ impl AsyncCache {
         self.cache
             .many_or_set_on(&AsyncDriver(self), keys, ttl, loader)
             .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::Mode;
+
+    /// A cold `get_or_set_with` whose future is dropped after its placeholder was written but
+    /// before it learned so: the placeholder is given back (or it would hold every other caller
+    /// until it lapsed). Disarmed, it stays: the guard is what gives it back.
+    #[tokio::test]
+    async fn a_claim_dropped_midway_is_given_back() {
+        for dropped in [true, false] {
+            let cache = crate::Cache::builder().in_memory().build_async().unwrap();
+            let d = AsyncDriver(&cache);
+            let k = cache.make_key("k");
+            let c = &cache.cache;
+            let (m, action) = c
+                .first_read(&d, &k, Mode::Load, c.settings(true), None)
+                .await
+                .unwrap();
+            let Action::StoreThenRead {
+                mode,
+                value,
+                exptime,
+            } = action
+            else {
+                panic!("a cold key is claimed with a placeholder, got {action:?}")
+            };
+            let guard = d.guard_claims(vec![(k.clone(), m.token())]);
+            let w = Write {
+                mode,
+                key: &k,
+                value: &value,
+                flags: envelope::FLAGS,
+                exptime,
+            };
+            d.store_then_get(w).await.unwrap();
+            if dropped {
+                drop(guard); // the caller went away
+            } else {
+                guard.disarm();
+            }
+            // The cleanup runs in a spawned task: give it the runtime.
+            for _ in 0..100 {
+                tokio::task::yield_now().await;
+            }
+            let left = cache.shared.backend.get(&k).await.unwrap();
+            assert_eq!(left.is_none(), dropped, "dropped: {dropped}");
+        }
     }
 }

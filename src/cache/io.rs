@@ -51,6 +51,11 @@ pub(crate) trait Io: Sync {
     ) -> impl Future<Output = Result<Option<u64>>> + Send + 'a;
     fn flush_all<'a>(&'a self) -> impl Future<Output = Result<()>> + Send + 'a;
     fn max_value_size(&self, key: &str) -> usize;
+    /// Armed while claims (derived key, token) are being written: if the future is dropped
+    /// before their outcome is known, the claims that landed are given back (the async front
+    /// end does it from a spawned task; a sync call cannot be dropped midway).
+    type ClaimGuard: Disarm;
+    fn guard_claims(&self, claims: Vec<(String, u64)>) -> Self::ClaimGuard;
     /// A pause between polls of another caller's load.
     fn sleep<'a>(&'a self, d: Duration) -> impl Future<Output = ()> + Send + 'a;
 }
@@ -60,7 +65,23 @@ pub(crate) trait Io: Sync {
 #[derive(Clone, Copy)]
 pub(crate) struct Blocking<'a>(pub(crate) &'a dyn Backend);
 
+/// A [`Io::ClaimGuard`]: `disarm` once the claims' outcome is known.
+pub(crate) trait Disarm {
+    fn disarm(self);
+}
+
+/// The sync front end's guard: nothing to do.
+pub(crate) struct NoGuard;
+
+impl Disarm for NoGuard {
+    fn disarm(self) {}
+}
+
 impl Io for Blocking<'_> {
+    type ClaimGuard = NoGuard;
+    fn guard_claims(&self, _: Vec<(String, u64)>) -> NoGuard {
+        NoGuard
+    }
     fn get<'a>(&'a self, key: &'a str) -> impl Future<Output = Result<Option<Item>>> + Send + 'a {
         std::future::ready(self.0.get(key))
     }

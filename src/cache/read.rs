@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use serde::de::DeserializeOwned;
 
-use super::io::{Io, ready};
+use super::io::{Disarm, Io, ready};
 use super::{Cache, DecodePolicy};
 use crate::backend::{Item, Write};
 use crate::envelope;
@@ -56,7 +56,10 @@ impl Cache {
                         flags: envelope::FLAGS,
                         exptime,
                     };
-                    match self.absorb_read(io.store_then_get(w).await)? {
+                    let guard = io.guard_claims(vec![(k.to_string(), m.token())]);
+                    let stored = io.store_then_get(w).await;
+                    guard.disarm();
+                    match self.absorb_read(stored)? {
                         Some((outcome, after)) => m.on_stored(self.now(), outcome, after),
                         None => m.on_failed(self.now()),
                     }

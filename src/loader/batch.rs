@@ -14,7 +14,7 @@ use super::driver::{Claim, Driver};
 use super::lease::Completed;
 use super::load_ms;
 use crate::backend::Write;
-use crate::cache::io::ready;
+use crate::cache::io::{Disarm, Io, ready};
 use crate::cache::read::Fetched;
 use crate::cache::{Cache, DecodePolicy, Herd};
 use crate::envelope;
@@ -293,10 +293,18 @@ impl Cache {
             })
             .collect();
         let policy = self.inner.config.read_failures;
+        let mut guard_until_read = None;
         let stored = if writes.is_empty() {
             Vec::new()
         } else {
+            let guard = d.guard_claims(
+                writes_at
+                    .iter()
+                    .map(|p| (p.derived.clone(), p.machine.token()))
+                    .collect(),
+            );
             let results = d.store_many(&writes).await;
+            guard_until_read = Some(guard);
             self.absorb_each(results, policy, |i| writes_at[i].key.clone())?
         };
         drop(writes);
@@ -304,7 +312,13 @@ impl Cache {
         // its token holds the key (and releases it).
         let all: Vec<&Pending> = writes_at.iter().chain(&reads_at).collect();
         let keys: Vec<&str> = all.iter().map(|p| p.derived.as_str()).collect();
-        let after = self.absorb_each(d.get_many(&keys).await, policy, |i| all[i].key.clone())?;
+        let read_back = d.get_many(&keys).await;
+        // The read-back tells each machine whether its claim landed: from here on a claim that
+        // did is held (and released on drop) by its lease.
+        if let Some(guard) = guard_until_read {
+            guard.disarm();
+        }
+        let after = self.absorb_each(read_back, policy, |i| all[i].key.clone())?;
         drop(all);
         let now = self.now();
         let mut items = after.into_iter();
