@@ -14,7 +14,7 @@ use super::driver::{Claim, Driver};
 use super::lease::Completed;
 use super::load_ms;
 use crate::backend::Write;
-use crate::cache::io::{Disarm, Io, ready};
+use crate::cache::io::{Disarm, ready};
 use crate::cache::read::Fetched;
 use crate::cache::{Cache, DecodePolicy, Herd};
 use crate::envelope;

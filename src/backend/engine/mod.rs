@@ -1,83 +1,661 @@
-//! The pipelined, auto-batching memcached engine (tokio). PLACEHOLDER until the engine branch
-//! lands: refuses to build.
+//! The pipelined, auto-batching memcached engine (tokio): the async twin of `MemcachedBackend`.
+//!
+//! Per server, a few long-lived connections (round-robin), each a writer task and a reader task
+//! (`conn.rs`). Callers encode and validate their command, queue it on a connection and await a
+//! oneshot; the writer writes everything queued in one go, merging runs of gets into one `gets`
+//! line, and never waits for replies before writing more; the reader answers whole replies in
+//! order. There is no batching timer: an op on an idle connection is written at once; while
+//! replies are outstanding the writer lets the ready callers run one scheduler turn first, so
+//! that under load their ops share writes and lines. Placement (`routing.rs`), health (`health.rs`) and the protocol (`wire.rs`) are the
+//! blocking backend's.
+//!
+//! # Faults
+//!
+//! A connection dies on a transport fault (an I/O error, a reply the parsers reject, no whole
+//! reply to its oldest request within `io_timeout`): every caller in flight or queued on it
+//! fails at once (a written command with [`Error::is_outcome_unknown`]), and the server's
+//! health records one fault. The next op reconnects through the health gate: while a server is
+//! dead its ops fail fast and one probe per `retry_interval` connects.
+//!
+//! # Runtimes
+//!
+//! A connection's tasks run on the tokio runtime current when it was opened (an `AsyncCache`
+//! needs one, built with `enable_all`). If that runtime shuts down (each `#[tokio::test]` has
+//! its own), its tasks are dropped: the connection's queue closes, and the next op treats it as
+//! a dead connection (not a server fault) and reconnects on the caller's runtime; a get that
+//! was queued on it is retried once, a command fails as outcome unknown. Nothing waits on a
+//! runtime that is gone. A runtime that is alive but never driven (a current-thread runtime
+//! outside `block_on`) would hold its connections' callers; do not share an engine with one.
 
-use crate::backend::memcached::MemcachedConfig;
-use crate::error::{Error, Result};
+// Constructed by `AsyncCache` (src/async_cache/), which lands separately; until then only the
+// tests use it.
+#![cfg_attr(not(test), allow(dead_code))]
 
-/// Placeholder.
-#[derive(Debug)]
-pub(crate) struct Engine;
+mod conn;
+#[cfg(test)]
+mod tests;
 
-impl Engine {
-    pub(crate) fn new(_: &MemcachedConfig, _: usize) -> Result<Engine> {
-        Err(Error::config("the async memcached engine is not built yet"))
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use tokio::sync::mpsc::error::TrySendError;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+
+use self::conn::{KEYS_PER_LINE, Op, Parse, QUEUE, Reply};
+use super::memcached::MemcachedConfig;
+use super::memcached::health::{Gate, Health};
+use super::memcached::routing::Routing;
+use super::memcached::wire::{self, Slot};
+use super::{AsyncBackend, BoxFuture, Item, StoreOutcome, Write, max_value_size};
+use crate::error::{Error, ErrorKind, Result};
+
+/// The settings a connection needs, copied from the configuration.
+#[derive(Debug, Clone, Copy)]
+struct Settings {
+    connect_timeout: Duration,
+    io_timeout: Duration,
+    item_size: usize,
+    failure_limit: u32,
+    retry_interval: Duration,
+    /// The origin of the health clock (milliseconds since).
+    started: Instant,
+}
+
+impl Settings {
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 }
 
-impl crate::backend::AsyncBackend for Engine {
-    fn get<'a>(
-        &'a self,
-        _: &'a str,
-    ) -> crate::backend::BoxFuture<'a, Result<Option<crate::backend::Item>>> {
-        unimplemented!()
+/// A pipelined memcached client on tokio: what `AsyncCache` runs on.
+///
+/// `new` never connects; connections open on first use, on the caller's runtime. Every method
+/// is cancellation-safe: a dropped future never desynchronises a connection or loses another
+/// caller's reply (the reader task parses, not the caller); a write already queued may still
+/// be applied.
+pub(crate) struct Engine {
+    servers: Vec<Arc<Server>>,
+    routing: Routing,
+    settings: Settings,
+}
+
+impl fmt::Debug for Engine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let addrs: Vec<&str> = self.servers.iter().map(|s| s.addr.as_str()).collect();
+        f.debug_struct("Engine")
+            .field("servers", &addrs)
+            .field("item_size", &self.settings.item_size)
+            .finish_non_exhaustive()
     }
-    fn get_many<'a>(
-        &'a self,
-        _: &'a [&'a str],
-    ) -> crate::backend::BoxFuture<'a, Vec<Result<Option<crate::backend::Item>>>> {
-        unimplemented!()
+}
+
+/// One server: address, health, and its connections (a queue sender each, or none yet).
+struct Server {
+    addr: String,
+    health: Health,
+    settings: Settings,
+    slots: Box<[Mutex<Option<Live>>]>,
+    /// Round-robin cursor over `slots`.
+    next: AtomicUsize,
+    #[cfg(test)]
+    counters: tests::Counters,
+}
+
+/// An open (or opening) connection: its queue, and its task (for `shutdown`).
+struct Live {
+    ops: mpsc::Sender<Op>,
+    task: JoinHandle<()>,
+}
+
+impl Server {
+    /// Names the server in a backend error (others are the caller's, and say so already).
+    fn annotate(&self, e: Error) -> Error {
+        if e.is_backend() {
+            Error::with_source(e.kind(), format!("memcached at {}", self.addr), e)
+        } else {
+            e
+        }
     }
-    fn store<'a>(
-        &'a self,
-        _: crate::backend::Write<'a>,
-    ) -> crate::backend::BoxFuture<'a, Result<crate::backend::StoreOutcome>> {
-        unimplemented!()
+
+    /// Records one transport fault (one per dead connection or failed connect, never per
+    /// waiter). If it marked the server dead, its connections are closed: their queued and
+    /// in-flight ops still get answers, then they end; the next ops fail fast until a probe.
+    fn fault(&self, probe: bool, e: &Error) {
+        let s = &self.settings;
+        if self
+            .health
+            .failure(s.now_ms(), s.failure_limit, s.retry_interval, probe)
+        {
+            for slot in self.slots.iter() {
+                drop(slot.lock().take());
+            }
+            tracing::warn!(
+                server = %self.addr,
+                error = %e,
+                "newcache: memcached server marked dead after {} consecutive failures; \
+                 probing it again after {:?} (doubling while probes fail)",
+                s.failure_limit,
+                s.retry_interval
+            );
+        }
     }
+
+    /// Records a whole reply (from a probe's connection, it brings the server back).
+    fn answered(&self, probe: bool) {
+        if self.health.success(self.settings.now_ms(), probe) {
+            tracing::warn!(server = %self.addr, "newcache: memcached server is back");
+        }
+    }
+
+    /// The connection the next op (or batch) of this server goes to.
+    fn pick(&self) -> usize {
+        self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len()
+    }
+
+    /// Queues `op` on connection `slot` through the health gate: fails fast while the server
+    /// is dead; opens the connection if it has none or its queue closed (dead, or its runtime
+    /// shut down), or if this caller is the probe. Ops queued while it connects wait for that
+    /// one attempt. Waits only when the queue is full.
+    async fn send(self: &Arc<Self>, slot: usize, mut op: Op) -> Result<()> {
+        // A closed queue is retried on a fresh connection (the op was never queued); a queue
+        // that closes again and again means connections die as soon as they open.
+        for _ in 0..3 {
+            let gate = self
+                .health
+                .gate(self.settings.now_ms(), self.settings.retry_interval);
+            if gate == Gate::FailFast {
+                return Err(Error::new(
+                    ErrorKind::Backend,
+                    format!(
+                        "memcached at {} is marked dead (probed again later)",
+                        self.addr
+                    ),
+                ));
+            }
+            let full = {
+                let mut live = self.slots[slot].lock();
+                let ops = match &*live {
+                    Some(l) if gate == Gate::Go && !l.ops.is_closed() => &l.ops,
+                    _ => &live.insert(self.open(gate == Gate::Probe)?).ops,
+                };
+                match ops.try_send(op) {
+                    Ok(()) => return Ok(()),
+                    Err(TrySendError::Full(o)) => {
+                        op = o;
+                        ops.clone()
+                    }
+                    Err(TrySendError::Closed(o)) => {
+                        op = o;
+                        *live = None;
+                        continue;
+                    }
+                }
+            };
+            match full.send(op).await {
+                Ok(()) => return Ok(()),
+                Err(mpsc::error::SendError(o)) => op = o,
+            }
+        }
+        Err(self.annotate(Error::backend(
+            "its connections kept closing before taking the request",
+        )))
+    }
+
+    /// Starts a connection's task on the current runtime; it connects, then serves the queue.
+    fn open(self: &Arc<Self>, probe: bool) -> Result<Live> {
+        let rt = tokio::runtime::Handle::try_current().map_err(|_| {
+            Error::config(
+                "an AsyncCache needs a tokio runtime with I/O and timers enabled \
+                 (Builder::enable_all); none is running on this thread",
+            )
+        })?;
+        let (ops, queue) = mpsc::channel(QUEUE);
+        let task = rt.spawn(conn::run(self.clone(), queue, probe));
+        Ok(Live { ops, task })
+    }
+
+    /// Reads `keys` (at most [`KEYS_PER_LINE`], validated) on connection `slot`.
+    async fn get_on(self: &Arc<Self>, slot: usize, keys: &[&str]) -> Vec<Slot> {
+        match self.queue_get(slot, keys).await {
+            Ok(reply) => self.get_reply(reply, keys).await,
+            Err(e) => vec![Err(e); keys.len()],
+        }
+    }
+
+    /// Queues a get; the answer comes on the returned receiver.
+    async fn queue_get(
+        self: &Arc<Self>,
+        slot: usize,
+        keys: &[&str],
+    ) -> Result<oneshot::Receiver<Vec<Slot>>> {
+        let (reply, rx) = oneshot::channel();
+        let keys = keys.iter().map(|k| (*k).to_owned()).collect();
+        self.send(slot, Op::Get { keys, reply }).await?;
+        Ok(rx)
+    }
+
+    /// Awaits a get's answer. If its connection ended without answering (its runtime shut
+    /// down: no reply will ever come), the get is queued again on a fresh connection, a few
+    /// times (while a runtime shuts down, its other connections may not have ended yet).
+    async fn get_reply(
+        self: &Arc<Self>,
+        mut reply: oneshot::Receiver<Vec<Slot>>,
+        keys: &[&str],
+    ) -> Vec<Slot> {
+        for _ in 0..3 {
+            if let Ok(slots) = reply.await {
+                return slots;
+            }
+            reply = match self.queue_get(self.pick(), keys).await {
+                Ok(reply) => reply,
+                Err(e) => return vec![Err(e); keys.len()],
+            };
+        }
+        reply.await.unwrap_or_else(|_| {
+            let lost = self.annotate(Error::backend(
+                "its connections ended without answering (their tokio runtime shut down, or \
+                 lacks enable_all)",
+            ));
+            vec![Err(lost); keys.len()]
+        })
+    }
+
+    /// Queues an encoded command; the answer comes on the returned receiver.
+    async fn queue_cmd(
+        self: &Arc<Self>,
+        slot: usize,
+        bytes: Vec<u8>,
+        parse: Parse,
+    ) -> Result<oneshot::Receiver<Result<Reply>>> {
+        let (reply, rx) = oneshot::channel();
+        self.send(
+            slot,
+            Op::Cmd {
+                bytes,
+                parse,
+                reply,
+            },
+        )
+        .await?;
+        Ok(rx)
+    }
+
+    /// Awaits a command's answer. A connection that ended without answering (its runtime shut
+    /// down) may or may not have written it: outcome unknown, never retried.
+    async fn cmd_reply(&self, reply: oneshot::Receiver<Result<Reply>>) -> Result<Reply> {
+        reply.await.unwrap_or_else(|_| {
+            Err(self
+                .annotate(Error::backend(
+                    "the connection ended without answering (its tokio runtime shut down, or \
+                     lacks enable_all)",
+                ))
+                .with_outcome_unknown())
+        })
+    }
+
+    /// One command on a round-robin connection.
+    async fn cmd(self: &Arc<Self>, bytes: Vec<u8>, parse: Parse) -> Result<Reply> {
+        let reply = self.queue_cmd(self.pick(), bytes, parse).await?;
+        self.cmd_reply(reply).await
+    }
+}
+
+/// A reply of another kind than the command's (cannot happen: the reader parses by the kind
+/// it was given). An error, never a panic.
+fn mismatch(r: Reply) -> Error {
+    Error::backend(format!("internal: unexpected reply {r:?}"))
+}
+
+impl Engine {
+    /// Sets up `connections_per_server` connections per server (the design default is 2),
+    /// without connecting.
+    ///
+    /// # Errors
+    ///
+    /// A configuration error (`is_config()`) for what `MemcachedBackend::new` refuses (no
+    /// server, a zero timeout, a `retry_interval` over a day) or zero connections per server.
+    /// `pool_size` is the blocking backend's and is not used.
+    pub(crate) fn new(config: &MemcachedConfig, connections_per_server: usize) -> Result<Engine> {
+        config.check()?;
+        if connections_per_server == 0 {
+            return Err(Error::config("connections per server must be at least 1"));
+        }
+        let settings = Settings {
+            connect_timeout: config.connect_timeout,
+            io_timeout: config.io_timeout,
+            item_size: config.item_size,
+            failure_limit: config.failure_limit.max(1),
+            retry_interval: config.retry_interval,
+            started: Instant::now(),
+        };
+        let servers = config
+            .servers
+            .iter()
+            .map(|spec| {
+                Arc::new(Server {
+                    addr: spec.addr(),
+                    health: Health::default(),
+                    settings,
+                    slots: (0..connections_per_server)
+                        .map(|_| Mutex::new(None))
+                        .collect(),
+                    next: AtomicUsize::new(0),
+                    #[cfg(test)]
+                    counters: tests::Counters::default(),
+                })
+            })
+            .collect();
+        Ok(Engine {
+            servers,
+            routing: Routing::new(&config.servers, config.dead_servers),
+            settings,
+        })
+    }
+
+    /// The server to send `key` to now.
+    fn route(&self, key: &str) -> &Arc<Server> {
+        let now = self.settings.now_ms();
+        let i = self
+            .routing
+            .route(key, |i| self.servers[i].health.routable(now));
+        &self.servers[i]
+    }
+
+    /// Groups positions `0..n` (those `check` passes; the others get its error) by server:
+    /// `(server, positions)` in input order within a server.
+    fn by_server<'k, T>(
+        &self,
+        n: usize,
+        key: impl Fn(usize) -> &'k str,
+        check: impl Fn(usize) -> Result<()>,
+        out: &mut [Option<Result<T>>],
+    ) -> Vec<(usize, Vec<usize>)> {
+        let sendable: Vec<usize> = (0..n)
+            .filter(|&i| match check(i) {
+                Ok(()) => true,
+                Err(e) => {
+                    out[i] = Some(Err(e));
+                    false
+                }
+            })
+            .collect();
+        let now = self.settings.now_ms();
+        self.routing
+            .by_server(sendable.iter().map(|&i| key(i)), |s| {
+                self.servers[s].health.routable(now)
+            })
+            .into_iter()
+            .map(|(s, ps)| (s, ps.into_iter().map(|p| sendable[p]).collect()))
+            .collect()
+    }
+
+    /// One command per entry (`encode` makes it, validating; an entry it refuses fails alone,
+    /// nothing sent), routed by `key`; each server's commands queued in order on one of its
+    /// connections (so a batch's writes to one key apply in order), then every answer awaited.
+    async fn commands<'k, T>(
+        &self,
+        n: usize,
+        key: impl Fn(usize) -> &'k str,
+        encode: impl Fn(usize) -> Result<(Vec<u8>, Parse)>,
+        unpack: impl Fn(Reply) -> Result<T>,
+    ) -> Vec<Result<T>> {
+        let mut encoded: Vec<Option<(Vec<u8>, Parse)>> = Vec::with_capacity(n);
+        let mut out: Vec<Option<Result<T>>> = Vec::with_capacity(n);
+        for i in 0..n {
+            match encode(i) {
+                Ok(c) => {
+                    encoded.push(Some(c));
+                    out.push(None);
+                }
+                Err(e) => {
+                    encoded.push(None);
+                    out.push(Some(Err(e)));
+                }
+            }
+        }
+        let groups = self.by_server(n, key, |_| Ok(()), &mut out);
+        let mut pending = Vec::new();
+        for (s, positions) in groups {
+            let server = &self.servers[s];
+            let slot = server.pick();
+            for p in positions {
+                let Some((bytes, parse)) = encoded[p].take() else {
+                    continue;
+                };
+                match server.queue_cmd(slot, bytes, parse).await {
+                    Ok(rx) => pending.push((s, p, rx)),
+                    Err(e) => out[p] = Some(Err(e)),
+                }
+            }
+        }
+        for (s, p, rx) in pending {
+            out[p] = Some(self.servers[s].cmd_reply(rx).await.and_then(&unpack));
+        }
+        out.into_iter()
+            .map(|o| o.unwrap_or_else(|| Err(Error::backend("no reply for this entry"))))
+            .collect()
+    }
+
+    /// Closes every connection and waits (at most `connect_timeout` + `io_timeout`) for their
+    /// tasks to end: queued ops are written and in-flight replies read first.
+    async fn close_all(&self) {
+        let tasks: Vec<JoinHandle<()>> = self
+            .servers
+            .iter()
+            .flat_map(|s| s.slots.iter())
+            .filter_map(|slot| slot.lock().take())
+            .map(|live| live.task)
+            .collect();
+        if tokio::runtime::Handle::try_current().is_err() {
+            return;
+        }
+        let bound = self.settings.connect_timeout + self.settings.io_timeout;
+        let _ = tokio::time::timeout(bound, async {
+            for t in tasks {
+                let _ = t.await;
+            }
+        })
+        .await;
+    }
+}
+
+impl Drop for Engine {
+    /// Closes the connections: their tasks hold the servers (and so the queues' senders) alive,
+    /// so without this they would outlive the engine. Queued ops are still written and their
+    /// replies read; then the tasks end.
+    fn drop(&mut self) {
+        for slot in self.servers.iter().flat_map(|s| s.slots.iter()) {
+            drop(slot.lock().take());
+        }
+    }
+}
+
+impl AsyncBackend for Engine {
+    fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Item>>> {
+        Box::pin(async move {
+            wire::check_key(key)?;
+            let server = self.route(key);
+            let mut slots = server.get_on(server.pick(), &[key]).await;
+            slots.pop().unwrap_or(Ok(None))
+        })
+    }
+
+    fn get_many<'a>(&'a self, keys: &'a [&'a str]) -> BoxFuture<'a, Vec<Result<Option<Item>>>> {
+        Box::pin(async move {
+            let mut out: Vec<Option<Slot>> = (0..keys.len()).map(|_| None).collect();
+            let groups = self.by_server(
+                keys.len(),
+                |i| keys[i],
+                |i| wire::check_key(keys[i]),
+                &mut out,
+            );
+            // Queue every server's gets first, then await them all: the servers work at once.
+            let mut pending = Vec::new();
+            for (s, positions) in &groups {
+                let server = &self.servers[*s];
+                let slot = server.pick();
+                for part in positions.chunks(KEYS_PER_LINE) {
+                    let ks: Vec<&str> = part.iter().map(|&p| keys[p]).collect();
+                    match server.queue_get(slot, &ks).await {
+                        Ok(rx) => pending.push((server, part, ks, rx)),
+                        Err(e) => part.iter().for_each(|&p| out[p] = Some(Err(e.clone()))),
+                    }
+                }
+            }
+            for (server, part, ks, rx) in pending {
+                let slots = server.get_reply(rx, &ks).await;
+                for (&p, slot) in part.iter().zip(slots) {
+                    out[p] = Some(slot);
+                }
+            }
+            out.into_iter()
+                .map(|o| o.unwrap_or_else(|| Err(Error::backend("no reply for this key"))))
+                .collect()
+        })
+    }
+
+    fn store<'a>(&'a self, w: Write<'a>) -> BoxFuture<'a, Result<StoreOutcome>> {
+        Box::pin(async move {
+            let mut bytes = Vec::new();
+            wire::encode_store(&mut bytes, &w, self.max_value_size(w.key))?;
+            match self.route(w.key).cmd(bytes, Parse::Store).await? {
+                Reply::Store(o) => Ok(o),
+                other => Err(mismatch(other)),
+            }
+        })
+    }
+
     fn store_then_get<'a>(
         &'a self,
-        _: crate::backend::Write<'a>,
-    ) -> crate::backend::BoxFuture<
-        'a,
-        Result<(crate::backend::StoreOutcome, Option<crate::backend::Item>)>,
-    > {
-        unimplemented!()
+        w: Write<'a>,
+    ) -> BoxFuture<'a, Result<(StoreOutcome, Option<Item>)>> {
+        Box::pin(async move {
+            let mut bytes = Vec::new();
+            wire::encode_store(&mut bytes, &w, self.max_value_size(w.key))?;
+            wire::encode_gets(&mut bytes, &[w.key])?;
+            let parse = Parse::StoreThenGet(w.key.to_owned());
+            match self.route(w.key).cmd(bytes, parse).await? {
+                Reply::StoreThenGet(o, item) => Ok((o, item)),
+                other => Err(mismatch(other)),
+            }
+        })
     }
+
     fn store_many<'a>(
         &'a self,
-        _: &'a [crate::backend::Write<'a>],
-    ) -> crate::backend::BoxFuture<'a, Vec<Result<crate::backend::StoreOutcome>>> {
-        unimplemented!()
+        writes: &'a [Write<'a>],
+    ) -> BoxFuture<'a, Vec<Result<StoreOutcome>>> {
+        Box::pin(self.commands(
+            writes.len(),
+            |i| writes[i].key,
+            |i| {
+                let mut bytes = Vec::new();
+                let w = &writes[i];
+                wire::encode_store(&mut bytes, w, self.max_value_size(w.key))?;
+                Ok((bytes, Parse::Store))
+            },
+            |r| match r {
+                Reply::Store(o) => Ok(o),
+                other => Err(mismatch(other)),
+            },
+        ))
     }
-    fn delete<'a>(&'a self, _: &'a str) -> crate::backend::BoxFuture<'a, Result<bool>> {
-        unimplemented!()
+
+    fn delete<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(async move {
+            let mut bytes = Vec::new();
+            wire::encode_delete(&mut bytes, key)?;
+            match self.route(key).cmd(bytes, Parse::Delete).await? {
+                Reply::Found(f) => Ok(f),
+                other => Err(mismatch(other)),
+            }
+        })
     }
-    fn delete_many<'a>(
-        &'a self,
-        _: &'a [&'a str],
-    ) -> crate::backend::BoxFuture<'a, Vec<Result<bool>>> {
-        unimplemented!()
+
+    fn delete_many<'a>(&'a self, keys: &'a [&'a str]) -> BoxFuture<'a, Vec<Result<bool>>> {
+        Box::pin(self.commands(
+            keys.len(),
+            |i| keys[i],
+            |i| {
+                let mut bytes = Vec::new();
+                wire::encode_delete(&mut bytes, keys[i])?;
+                Ok((bytes, Parse::Delete))
+            },
+            |r| match r {
+                Reply::Found(f) => Ok(f),
+                other => Err(mismatch(other)),
+            },
+        ))
     }
-    fn touch<'a>(&'a self, _: &'a str, _: u32) -> crate::backend::BoxFuture<'a, Result<bool>> {
-        unimplemented!()
+
+    fn touch<'a>(&'a self, key: &'a str, exptime: u32) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(async move {
+            let mut bytes = Vec::new();
+            wire::encode_touch(&mut bytes, key, exptime)?;
+            match self.route(key).cmd(bytes, Parse::Touch).await? {
+                Reply::Found(f) => Ok(f),
+                other => Err(mismatch(other)),
+            }
+        })
     }
-    fn incr<'a>(
-        &'a self,
-        _: &'a str,
-        _: u64,
-    ) -> crate::backend::BoxFuture<'a, Result<Option<u64>>> {
-        unimplemented!()
+
+    fn incr<'a>(&'a self, key: &'a str, delta: u64) -> BoxFuture<'a, Result<Option<u64>>> {
+        Box::pin(self.arith(true, key, delta))
     }
-    fn decr<'a>(
-        &'a self,
-        _: &'a str,
-        _: u64,
-    ) -> crate::backend::BoxFuture<'a, Result<Option<u64>>> {
-        unimplemented!()
+
+    fn decr<'a>(&'a self, key: &'a str, delta: u64) -> BoxFuture<'a, Result<Option<u64>>> {
+        Box::pin(self.arith(false, key, delta))
     }
-    fn flush_all(&self) -> crate::backend::BoxFuture<'_, Result<()>> {
-        unimplemented!()
+
+    fn flush_all(&self) -> BoxFuture<'_, Result<()>> {
+        Box::pin(async move {
+            // Every server's flush is queued before any answer is awaited.
+            let mut queued = Vec::new();
+            for server in &self.servers {
+                let bytes = b"flush_all\r\n".to_vec();
+                let q = server
+                    .queue_cmd(server.pick(), bytes, Parse::FlushAll)
+                    .await;
+                queued.push((server, q));
+            }
+            let mut first = Ok(());
+            for (server, q) in queued {
+                let r = match q {
+                    Ok(rx) => server.cmd_reply(rx).await.and_then(|r| match r {
+                        Reply::Done => Ok(()),
+                        other => Err(mismatch(other)),
+                    }),
+                    Err(e) => Err(e),
+                };
+                if first.is_ok() {
+                    first = r;
+                }
+            }
+            first
+        })
     }
-    fn max_value_size(&self, _: &str) -> usize {
-        0
+
+    fn max_value_size(&self, key: &str) -> usize {
+        max_value_size(self.settings.item_size, key)
+    }
+
+    fn shutdown(&self) -> BoxFuture<'_, ()> {
+        Box::pin(self.close_all())
+    }
+}
+
+impl Engine {
+    /// `incr` or `decr`.
+    async fn arith(&self, incr: bool, key: &str, delta: u64) -> Result<Option<u64>> {
+        let mut bytes = Vec::new();
+        wire::encode_arith(&mut bytes, incr, key, delta)?;
+        match self.route(key).cmd(bytes, Parse::Arith).await? {
+            Reply::Counter(n) => Ok(n),
+            other => Err(mismatch(other)),
+        }
     }
 }

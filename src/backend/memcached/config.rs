@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use super::MAX_RETRY_INTERVAL;
 use crate::backend::DEFAULT_ITEM_SIZE;
 use crate::error::{Error, Result};
 
@@ -116,6 +117,29 @@ pub struct MemcachedConfig {
 }
 
 impl MemcachedConfig {
+    /// The checks every memcached client of this crate makes (the blocking backend and the async
+    /// engine): a server, non-zero timeouts (no connection could ever be made, no reply ever
+    /// read), and a `retry_interval` of at most [`MAX_RETRY_INTERVAL`].
+    pub(crate) fn check(&self) -> Result<()> {
+        if self.servers.is_empty() {
+            return Err(Error::config("the memcached server list is empty"));
+        }
+        if self.connect_timeout.is_zero() {
+            return Err(Error::config("connect_timeout must be above zero"));
+        }
+        if self.io_timeout.is_zero() {
+            return Err(Error::config("io_timeout must be above zero"));
+        }
+        if self.retry_interval > MAX_RETRY_INTERVAL {
+            return Err(Error::config(format!(
+                "retry_interval must be at most {MAX_RETRY_INTERVAL:?} (a dead server is probed \
+                 again after it, doubling while it flaps), got {:?}",
+                self.retry_interval
+            )));
+        }
+        Ok(())
+    }
+
     /// Defaults for these servers.
     pub fn new(servers: Vec<ServerSpec>) -> MemcachedConfig {
         MemcachedConfig {

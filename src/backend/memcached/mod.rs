@@ -3,9 +3,9 @@
 
 mod config;
 mod conn;
-mod health;
+pub(crate) mod health;
 mod ring;
-mod routing;
+pub(crate) mod routing;
 mod server;
 pub(crate) mod wire;
 
@@ -107,24 +107,9 @@ impl MemcachedBackend {
     /// `connect_timeout` (no connection could ever be made) or a zero `io_timeout` (no reply could
     /// ever be read).
     pub fn new(config: MemcachedConfig) -> Result<MemcachedBackend> {
-        if config.servers.is_empty() {
-            return Err(Error::config("the memcached server list is empty"));
-        }
+        config.check()?;
         if config.pool_size == 0 {
             return Err(Error::config("pool_size must be at least 1"));
-        }
-        if config.connect_timeout.is_zero() {
-            return Err(Error::config("connect_timeout must be above zero"));
-        }
-        if config.io_timeout.is_zero() {
-            return Err(Error::config("io_timeout must be above zero"));
-        }
-        if config.retry_interval > MAX_RETRY_INTERVAL {
-            return Err(Error::config(format!(
-                "retry_interval must be at most {MAX_RETRY_INTERVAL:?} (a dead server is probed \
-                 again after it, doubling while it flaps), got {:?}",
-                config.retry_interval
-            )));
         }
         let servers = config
             .servers

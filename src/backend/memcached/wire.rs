@@ -17,6 +17,11 @@ pub(crate) fn is_closed(e: &Error) -> bool {
     e.kind() == ErrorKind::Backend && e.to_string().ends_with(CLOSED)
 }
 
+/// The error for a connection the server closed instead of replying ([`is_closed`] says yes).
+pub(crate) fn closed() -> Error {
+    protocol_error(CLOSED)
+}
+
 /// Why a reply could not be used.
 pub(crate) fn protocol_error(what: impl Into<String>) -> Error {
     Error::new(ErrorKind::Backend, what.into())

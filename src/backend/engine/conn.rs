@@ -1,0 +1,766 @@
+//! One pipelined connection: a writer task that merges queued gets into shared `gets` lines and
+//! writes everything queued at once, and a reader task that hands each whole reply to its waiters.
+//!
+//! ```text
+//!  callers ──Op──► [queue] ──► writer: take one op, then all queued (≤ 64 KiB); merge runs of
+//!                                      gets; push the expectations to the reader; write_all
+//!                                 │ Batch (sent time, expectations, in write order)
+//!                                 ▼
+//!              reader: buffer bytes; while the oldest expectation's reply is whole
+//!                      (wire::reply_len), parse it (wire parsers), answer its waiters
+//! ```
+//!
+//! Either task ending wakes the other: the reader holds the writer's `kill` sender, the writer
+//! holds the reader's `Batch` sender. Whoever hits a fault first poisons the [`Link`] (the first
+//! cause wins and is recorded once against the server); then every waiter in flight and every op
+//! still queued is failed at once, and the queue is closed, so the next caller reconnects.
+
+use std::collections::VecDeque;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
+
+use parking_lot::Mutex;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::sync::mpsc::error::TryRecvError;
+use tokio::sync::{mpsc, oneshot};
+
+use super::Server;
+use crate::backend::memcached::wire::{self, Shape, Slot};
+use crate::backend::{Item, StoreOutcome};
+use crate::error::{Error, ErrorKind, Result};
+
+/// Keys per `Get` op (longer requests are split when submitted) and per merged `gets` line.
+pub(super) const KEYS_PER_LINE: usize = 128;
+/// Key bytes per merged `gets` line (one op alone may exceed it: at most 128 × 251 bytes).
+const LINE_BYTES: usize = 16 * 1024;
+/// The writer stops taking queued ops once a write holds this many bytes (one op may exceed it).
+const WRITE_BYTES: usize = 64 * 1024;
+/// Ops queued per connection before callers wait to submit.
+pub(super) const QUEUE: usize = 1024;
+/// Written batches the reader has not taken yet.
+const BATCHES_QUEUED: usize = 64;
+/// Replies awaited per connection; the writer waits beyond this (backpressure, not a timeout:
+/// the oldest one's deadline still runs).
+const MAX_IN_FLIGHT: usize = 4096;
+/// The reader's buffer grows by this much when it runs low.
+const READ_CHUNK: usize = 16 * 1024;
+/// A buffer kept past a large reply is given back once it is empty.
+const KEEP_BUFFER: usize = 1 << 20;
+
+/// What a caller asks of a connection.
+pub(super) enum Op {
+    /// Read keys (at most [`KEYS_PER_LINE`], validated); merged with adjacent gets. The answer
+    /// has one slot per key, in order.
+    Get {
+        /// The keys, validated when submitted.
+        keys: Vec<String>,
+        /// Where the answer goes; closed when the caller gave up (then the get is skipped if it
+        /// was not written yet).
+        reply: oneshot::Sender<Vec<Slot>>,
+    },
+    /// One command, encoded by the validating encoders when submitted: no invalid byte ever
+    /// reaches the wire. Written even if its caller gave up (a queued write may be applied).
+    Cmd {
+        /// The whole command.
+        bytes: Vec<u8>,
+        /// How to read its reply.
+        parse: Parse,
+        /// Where the answer goes.
+        reply: oneshot::Sender<Result<Reply>>,
+    },
+}
+
+/// How to read a command's reply.
+#[derive(Debug)]
+pub(super) enum Parse {
+    /// `set`/`add`/`cas`: a store outcome.
+    Store,
+    /// A store pipelined with `gets` of this key.
+    StoreThenGet(String),
+    /// `delete`: whether the key existed.
+    Delete,
+    /// `touch`: whether the key existed.
+    Touch,
+    /// `incr`/`decr`: the new value, if the key existed.
+    Arith,
+    /// `flush_all`: `OK`.
+    FlushAll,
+}
+
+impl Parse {
+    fn shape(&self) -> Shape {
+        match self {
+            Parse::StoreThenGet(_) => Shape::LineThenValues,
+            _ => Shape::Line,
+        }
+    }
+}
+
+/// A command's answer, by [`Parse`] kind.
+#[derive(Debug)]
+pub(super) enum Reply {
+    /// For [`Parse::Store`].
+    Store(StoreOutcome),
+    /// For [`Parse::StoreThenGet`].
+    StoreThenGet(StoreOutcome, Option<Item>),
+    /// For [`Parse::Delete`] and [`Parse::Touch`].
+    Found(bool),
+    /// For [`Parse::Arith`].
+    Counter(Option<u64>),
+    /// For [`Parse::FlushAll`].
+    Done,
+}
+
+impl Op {
+    /// Answers an op that was never written with `e`.
+    fn fail(self, e: &Error) {
+        match self {
+            Op::Get { keys, reply } => {
+                let _ = reply.send(vec![Err(e.clone()); keys.len()]);
+            }
+            Op::Cmd { reply, .. } => {
+                let _ = reply.send(Err(e.clone()));
+            }
+        }
+    }
+}
+
+/// One caller's part of a merged `gets` line: where each of its keys sits in the line.
+struct Waiter {
+    reply: oneshot::Sender<Vec<Slot>>,
+    at: Vec<u32>,
+}
+
+/// A reply the reader expects, in write order.
+enum Expect {
+    /// A (possibly merged) `gets` line: its distinct keys and the callers waiting on them.
+    Gets {
+        keys: Vec<String>,
+        waiters: Vec<Waiter>,
+    },
+    /// One command.
+    Cmd {
+        parse: Parse,
+        reply: oneshot::Sender<Result<Reply>>,
+    },
+}
+
+impl Expect {
+    fn shape(&self) -> Shape {
+        match self {
+            Expect::Gets { .. } => Shape::Values,
+            Expect::Cmd { parse, .. } => parse.shape(),
+        }
+    }
+
+    /// The most bytes a valid reply can take before it is whole: a value may exceed the item
+    /// size (another client wrote it to a server with a larger `-I`; the parser skips it), so
+    /// this is generous. It bounds what a hostile server can make the reader buffer.
+    fn reply_bound(&self, item_size: usize) -> usize {
+        let per_value = item_size.saturating_mul(2).max(8 << 20) + 1024;
+        let values = match self {
+            Expect::Gets { keys, .. } => keys.len(),
+            Expect::Cmd { parse, .. } => usize::from(parse.shape() == Shape::LineThenValues),
+        };
+        per_value.saturating_mul(values).saturating_add(4096)
+    }
+
+    /// Answers every waiter with `e`; a command that may have been written is marked
+    /// [`outcome unknown`](Error::is_outcome_unknown).
+    fn fail(self, e: &Error, written: bool) {
+        match self {
+            Expect::Gets { waiters, .. } => {
+                for w in waiters {
+                    let _ = w.reply.send(vec![Err(e.clone()); w.at.len()]);
+                }
+            }
+            Expect::Cmd { reply, .. } => {
+                let e = if written {
+                    e.clone().with_outcome_unknown()
+                } else {
+                    e.clone()
+                };
+                let _ = reply.send(Err(e));
+            }
+        }
+    }
+}
+
+/// Expectations pushed to the reader before their bytes are written, with when that happened.
+struct Batch {
+    sent: Instant,
+    expects: Vec<Expect>,
+}
+
+/// What the writer and reader of one connection share.
+struct Link {
+    server: Arc<Server>,
+    /// Opened by the caller probing a dead server: its first reply brings the server back.
+    probe: bool,
+    /// Why the connection died (the first cause).
+    dead: Mutex<Option<Error>>,
+    /// Replies expected and not yet read (the writer adds, the reader subtracts).
+    in_flight: AtomicUsize,
+}
+
+impl Link {
+    /// Marks the connection dead. The first cause wins, is annotated with the server and, if it
+    /// is a transport fault, recorded once against the server; returns the error every waiter
+    /// gets.
+    fn poison(&self, e: Error, fault: bool) -> Error {
+        let mut dead = self.dead.lock();
+        if let Some(first) = &*dead {
+            return first.clone();
+        }
+        let e = self.server.annotate(e);
+        *dead = Some(e.clone());
+        drop(dead);
+        if fault {
+            self.server.fault(self.probe, &e);
+        }
+        e
+    }
+}
+
+/// The writer's current batch: the bytes to write, the replies they ask for, and an open run
+/// of gets being merged into one line.
+#[derive(Default)]
+struct Round {
+    out: Vec<u8>,
+    expects: Vec<Expect>,
+    line: Line,
+    hasher: RandomState,
+}
+
+/// A `gets` line being merged: distinct keys, their index (past a few keys), the waiters.
+#[derive(Default)]
+struct Line {
+    keys: Vec<String>,
+    /// Indices into `keys`, by key, once the line outgrows a linear scan.
+    table: hashbrown::HashTable<u32>,
+    bytes: usize,
+    waiters: Vec<Waiter>,
+}
+
+/// Up to this many keys, a line finds duplicates by scanning.
+const LINEAR: usize = 16;
+
+impl Line {
+    fn fits(&self, keys: usize, bytes: usize) -> bool {
+        self.keys.is_empty()
+            || (self.keys.len() + keys <= KEYS_PER_LINE && self.bytes + bytes <= LINE_BYTES)
+    }
+
+    /// The position of `key` in the line, adding it if new.
+    fn index(&mut self, key: String, hasher: &RandomState) -> u32 {
+        let hash = |k: &str| hasher.hash_one(k);
+        if self.keys.len() < LINEAR {
+            if let Some(i) = self.keys.iter().position(|k| *k == key) {
+                return i as u32;
+            }
+        } else {
+            if self.table.is_empty() {
+                for (i, k) in self.keys.iter().enumerate() {
+                    self.table
+                        .insert_unique(hash(k), i as u32, |&j| hash(&self.keys[j as usize]));
+                }
+            }
+            let h = hash(&key);
+            if let Some(&i) = self.table.find(h, |&i| self.keys[i as usize] == key) {
+                return i;
+            }
+            let (keys, table) = (&self.keys, &mut self.table);
+            table.insert_unique(h, keys.len() as u32, |&j| hash(&keys[j as usize]));
+        }
+        self.bytes += key.len() + 1;
+        self.keys.push(key);
+        (self.keys.len() - 1) as u32
+    }
+}
+
+impl Round {
+    /// Adds an op to the batch: a get joins the open line (skipped if its caller is gone); a
+    /// command closes the line and follows it, so nothing is ever reordered across a write.
+    fn push(&mut self, op: Op, server: &Server) {
+        match op {
+            Op::Get { keys, reply } => {
+                if reply.is_closed() {
+                    return;
+                }
+                let bytes = keys.iter().map(|k| k.len() + 1).sum();
+                if !self.line.fits(keys.len(), bytes) {
+                    self.close_line(server);
+                }
+                let at = keys
+                    .into_iter()
+                    .map(|k| self.line.index(k, &self.hasher))
+                    .collect();
+                self.line.waiters.push(Waiter { reply, at });
+            }
+            Op::Cmd {
+                bytes,
+                parse,
+                reply,
+            } => {
+                self.close_line(server);
+                self.out.extend_from_slice(&bytes);
+                self.expects.push(Expect::Cmd { parse, reply });
+            }
+        }
+    }
+
+    /// Encodes the open line (the encoder checks its keys once more) and expects its reply.
+    fn close_line(&mut self, server: &Server) {
+        if self.line.keys.is_empty() {
+            return;
+        }
+        let line = std::mem::take(&mut self.line);
+        let keys: Vec<&str> = line.keys.iter().map(String::as_str).collect();
+        match wire::encode_gets(&mut self.out, &keys) {
+            Ok(()) => {
+                #[cfg(test)]
+                server.counters.note_line(line.waiters.len());
+                self.expects.push(Expect::Gets {
+                    keys: line.keys,
+                    waiters: line.waiters,
+                });
+            }
+            // Unreachable (keys are checked when submitted), and harmless: nothing was written.
+            Err(e) => {
+                let e = server.annotate(e);
+                for w in line.waiters {
+                    let _ = w.reply.send(vec![Err(e.clone()); w.at.len()]);
+                }
+            }
+        }
+    }
+}
+
+/// Connects to the server, then runs the connection until it dies or every sender is gone.
+/// Ops queued while connecting wait for this one attempt; if it fails, they fail with it.
+pub(super) async fn run(server: Arc<Server>, mut ops: mpsc::Receiver<Op>, probe: bool) {
+    #[cfg(test)]
+    server.counters.note_connect();
+    let settings = server.settings;
+    let stream = match tokio::time::timeout(
+        settings.connect_timeout,
+        TcpStream::connect(server.addr.as_str()),
+    )
+    .await
+    {
+        Ok(Ok(s)) => s.set_nodelay(true).map(|()| s).map_err(Error::from),
+        Ok(Err(e)) => Err(Error::from(e)),
+        Err(_) => Err(Error::new(
+            ErrorKind::Timeout,
+            format!("could not connect in time ({:?})", settings.connect_timeout),
+        )),
+    };
+    let stream = match stream {
+        Ok(s) => s,
+        Err(e) => {
+            let e = server.annotate(e);
+            server.fault(probe, &e);
+            close_queue(&mut ops, &e).await;
+            return;
+        }
+    };
+    let (rd, wr) = stream.into_split();
+    let link = Arc::new(Link {
+        server,
+        probe,
+        dead: Mutex::new(None),
+        in_flight: AtomicUsize::new(0),
+    });
+    let (batches_tx, batches_rx) = mpsc::channel(BATCHES_QUEUED);
+    let (kill_tx, mut kill_rx) = oneshot::channel();
+    let reader = tokio::spawn(read_loop(link.clone(), rd, batches_rx, kill_tx));
+    write_loop(&link, &mut ops, wr, batches_tx, &mut kill_rx).await;
+    let e = link.dead.lock().clone();
+    let e = e.unwrap_or_else(|| link.server.annotate(wire::closed()));
+    close_queue(&mut ops, &e).await;
+    // The reader answers what is in flight (or fails it) before it ends.
+    let _ = reader.await;
+}
+
+/// Refuses new ops (senders see the queue closed and reconnect) and fails the queued ones.
+async fn close_queue(ops: &mut mpsc::Receiver<Op>, e: &Error) {
+    ops.close();
+    while let Some(op) = ops.recv().await {
+        op.fail(e);
+    }
+}
+
+/// Takes one op, then whatever else is queued, and writes them as one batch; never waits for
+/// replies (many batches are in flight). Returns when the queue's senders are all gone or the
+/// reader ended (`kill`); a write error poisons the link.
+///
+/// There is no batching timer. An op on an idle connection (no reply outstanding) is written
+/// as soon as this task runs: a lone caller pays only the hand-off to this task. While replies
+/// are outstanding, the connection is busy and this task yields once (one scheduler turn)
+/// before taking what is queued, so that the callers ready to run add their ops to the batch.
+///
+/// The write has no timer of its own: its expectations reach the reader first, so a write
+/// stuck on a server that stopped reading is cut off by the reader's deadline (`kill`).
+async fn write_loop(
+    link: &Link,
+    ops: &mut mpsc::Receiver<Op>,
+    mut wr: OwnedWriteHalf,
+    batches: mpsc::Sender<Batch>,
+    kill: &mut oneshot::Receiver<()>,
+) {
+    let server = &*link.server;
+    let mut round = Round::default();
+    loop {
+        let first = tokio::select! {
+            biased;
+            _ = &mut *kill => return,
+            op = ops.recv() => match op {
+                Some(op) => op,
+                None => return,
+            },
+        };
+        if link.in_flight.load(Ordering::Relaxed) != 0 {
+            // Replies are outstanding, so this connection is busy: give the callers that are
+            // ready to run one scheduler turn to queue theirs, and write them together (fewer
+            // writes, merged gets). Nagle's rule without a timer; an op on an idle connection
+            // is written at once.
+            tokio::task::yield_now().await;
+        }
+        round.push(first, server);
+        while round.out.len() < WRITE_BYTES {
+            match ops.try_recv() {
+                Ok(op) => round.push(op, server),
+                Err(_) => break,
+            }
+        }
+        round.close_line(server);
+        if round.expects.is_empty() {
+            // Every get of this batch had been given up.
+            round.out.clear();
+            continue;
+        }
+        link.in_flight
+            .fetch_add(round.expects.len(), Ordering::Relaxed);
+        let batch = Batch {
+            sent: Instant::now(),
+            expects: std::mem::take(&mut round.expects),
+        };
+        // `reserve` is cancel-safe: if the reader is gone, the batch is failed here, unwritten.
+        let permit = tokio::select! {
+            biased;
+            _ = &mut *kill => Err(()),
+            p = batches.reserve() => p.map_err(|_| ()),
+        };
+        let Ok(permit) = permit else {
+            let e = link.poison(wire::closed(), false);
+            batch.expects.into_iter().for_each(|x| x.fail(&e, false));
+            return;
+        };
+        permit.send(batch);
+        #[cfg(test)]
+        server.counters.note_write();
+        tokio::select! {
+            biased;
+            _ = &mut *kill => return,
+            r = wr.write_all(&round.out) => {
+                if let Err(e) = r {
+                    link.poison(e.into(), true);
+                    return;
+                }
+            }
+        }
+        round.out.clear();
+        if round.out.capacity() > KEEP_BUFFER {
+            round.out = Vec::new();
+        }
+    }
+}
+
+/// How the reader ended.
+enum End {
+    /// The writer is gone and every reply was read.
+    Done,
+    /// The connection is dead; every waiter left gets this error.
+    Dead { error: Error, fault: bool },
+}
+
+/// Reads replies and answers their waiters, oldest first, until the writer is gone and nothing
+/// is in flight, or the connection dies: a transport error, the server closing it, a reply the
+/// parsers reject, or no whole reply to the oldest request within `io_timeout` of its write.
+async fn read_loop(
+    link: Arc<Link>,
+    mut rd: OwnedReadHalf,
+    mut batches: mpsc::Receiver<Batch>,
+    // Dropped when this returns: wakes the writer.
+    _kill: oneshot::Sender<()>,
+) {
+    let settings = link.server.settings;
+    let item_size = settings.item_size;
+    let mut buf: Vec<u8> = Vec::with_capacity(READ_CHUNK);
+    let mut start = 0;
+    let mut in_flight: VecDeque<(Instant, Expect)> = VecDeque::new();
+    let mut writer_gone = false;
+    // Armed at some earlier request's deadline (never later than the oldest one's); re-armed
+    // only when it fires, so the hot path sets no timer per reply.
+    let sleep = tokio::time::sleep(settings.io_timeout);
+    tokio::pin!(sleep);
+    let end = 'conn: loop {
+        // The writer pushes a batch before writing it, so a reply's expectation is here or in
+        // the channel.
+        while !writer_gone && in_flight.len() < MAX_IN_FLIGHT {
+            match batches.try_recv() {
+                Ok(b) => in_flight.extend(b.expects.into_iter().map(|x| (b.sent, x))),
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => writer_gone = true,
+            }
+        }
+        let mut answered = false;
+        while let Some((_, front)) = in_flight.front() {
+            let Some(n) = wire::reply_len(front.shape(), &buf[start..]) else {
+                break;
+            };
+            let Some((_, expect)) = in_flight.pop_front() else {
+                break;
+            };
+            // Before answering: a caller woken by this reply that queues its next op must find
+            // the connection idle (no batching turn for a lone caller).
+            link.in_flight.fetch_sub(1, Ordering::Relaxed);
+            let reply = &buf[start..start + n];
+            start += n;
+            answered = true;
+            if let Err((error, fault)) = answer(expect, reply, item_size, &link.server) {
+                break 'conn End::Dead { error, fault };
+            }
+        }
+        if answered {
+            link.server.answered(link.probe);
+        }
+        if start == buf.len() {
+            buf.clear();
+            start = 0;
+            if buf.capacity() > KEEP_BUFFER {
+                buf = Vec::with_capacity(READ_CHUNK);
+            }
+        } else if start > buf.len() - start {
+            buf.drain(..start);
+            start = 0;
+        }
+        match in_flight.front() {
+            None if writer_gone => {
+                if let Some(error) = link.dead.lock().clone() {
+                    break End::Dead {
+                        error,
+                        fault: false,
+                    };
+                }
+                break End::Done;
+            }
+            None if start < buf.len() => {
+                break End::Dead {
+                    error: wire::protocol_error("the server sent bytes no request asked for"),
+                    fault: true,
+                };
+            }
+            Some((_, front)) if buf.len() - start > front.reply_bound(item_size) => {
+                break End::Dead {
+                    error: wire::protocol_error("a reply larger than any valid one"),
+                    fault: true,
+                };
+            }
+            _ => {}
+        }
+        if writer_gone && link.dead.lock().is_some() {
+            // The writer died: what is in flight will not all be answered.
+            break End::Dead {
+                error: wire::closed(),
+                fault: false,
+            };
+        }
+        if buf.capacity() - buf.len() < READ_CHUNK / 4 {
+            buf.reserve(READ_CHUNK);
+        }
+        let deadline = in_flight
+            .front()
+            .map(|(sent, _)| *sent + settings.io_timeout);
+        tokio::select! {
+            biased;
+            r = rd.read_buf(&mut buf) => match r {
+                Ok(0) => break eof(&mut in_flight),
+                Ok(_) => {}
+                Err(e) => break End::Dead { error: e.into(), fault: true },
+            },
+            b = batches.recv(), if !writer_gone && in_flight.len() < MAX_IN_FLIGHT => match b {
+                Some(b) => in_flight.extend(b.expects.into_iter().map(|x| (b.sent, x))),
+                None => writer_gone = true,
+            },
+            () = &mut sleep, if deadline.is_some() => {
+                let Some(deadline) = deadline else { continue };
+                if Instant::now() >= deadline {
+                    break End::Dead {
+                        error: Error::new(
+                            ErrorKind::Timeout,
+                            format!("no reply within io_timeout ({:?})", settings.io_timeout),
+                        ),
+                        fault: true,
+                    };
+                }
+                sleep.as_mut().reset(deadline.into());
+            },
+        }
+    };
+    if let End::Dead { error, fault } = end {
+        let e = link.poison(error, fault);
+        batches.close();
+        while let Ok(b) = batches.try_recv() {
+            in_flight.extend(b.expects.into_iter().map(|x| (b.sent, x)));
+        }
+        for (_, x) in in_flight {
+            x.fail(&e, true);
+        }
+    }
+}
+
+/// The server closed the connection. Nothing in flight: it closed an idle connection (a
+/// restart, an idle timeout), not a fault. A `flush_all` in flight: a proxy (twemproxy) that
+/// does not support it, answered as such.
+fn eof(in_flight: &mut VecDeque<(Instant, Expect)>) -> End {
+    let flush = matches!(
+        in_flight.front(),
+        Some((
+            _,
+            Expect::Cmd {
+                parse: Parse::FlushAll,
+                ..
+            }
+        ))
+    );
+    if flush {
+        if let Some((_, Expect::Cmd { reply, .. })) = in_flight.pop_front() {
+            let _ = reply.send(Err(Error::with_source(
+                ErrorKind::Unsupported,
+                "the server closed the connection on flush_all \
+                 (a proxy such as twemproxy does not support it)",
+                wire::closed(),
+            )));
+        }
+    }
+    End::Dead {
+        error: wire::closed(),
+        fault: !flush && !in_flight.is_empty(),
+    }
+}
+
+/// Parses one whole reply and answers its waiters. `Err` when the connection cannot go on: the
+/// error, and whether it is a transport fault (an unparseable reply) rather than a complete
+/// error reply after which memcached may be out of step.
+fn answer(
+    expect: Expect,
+    reply: &[u8],
+    item_size: usize,
+    server: &Server,
+) -> std::result::Result<(), (Error, bool)> {
+    let mut r = reply;
+    // The parsers must consume exactly what reply_len called whole.
+    let whole = |r: &[u8]| {
+        if r.is_empty() {
+            Ok(())
+        } else {
+            Err(wire::protocol_error("a reply with trailing bytes"))
+        }
+    };
+    let fatal = |e: &Error| -> std::result::Result<(), (Error, bool)> {
+        if wire::leaves_connection_usable(e) {
+            Ok(())
+        } else {
+            Err((e.clone(), !wire::is_server_reply(e)))
+        }
+    };
+    match expect {
+        Expect::Gets { keys, waiters } => {
+            let ks: Vec<&str> = keys.iter().map(String::as_str).collect();
+            let mut slots: Vec<Slot> = vec![Ok(None); keys.len()];
+            match wire::read_slots(&mut r, item_size, &ks, &mut slots).and_then(|()| whole(r)) {
+                Ok(()) => {
+                    #[cfg(test)]
+                    server
+                        .counters
+                        .note_orphans(waiters.iter().filter(|w| w.reply.is_closed()).count());
+                    distribute(slots, waiters);
+                    Ok(())
+                }
+                Err(e) => {
+                    let shown = server.annotate(e.clone());
+                    for w in waiters {
+                        let _ = w.reply.send(vec![Err(shown.clone()); w.at.len()]);
+                    }
+                    fatal(&e)
+                }
+            }
+        }
+        Expect::Cmd { parse, reply } => {
+            let parsed = match parse {
+                Parse::Store => wire::read_store(&mut r).map(Reply::Store),
+                Parse::StoreThenGet(key) => store_then_get(&mut r, &key, item_size),
+                Parse::Delete => wire::read_delete(&mut r).map(Reply::Found),
+                Parse::Touch => wire::read_touch(&mut r).map(Reply::Found),
+                Parse::Arith => wire::read_arith(&mut r).map(Reply::Counter),
+                Parse::FlushAll => wire::read_ok(&mut r).map(|()| Reply::Done),
+            }
+            .and_then(|x| whole(r).map(|()| x));
+            let verdict = parsed.as_ref().err().map_or(Ok(()), fatal);
+            let _ = reply.send(parsed.map_err(|e| server.annotate(e)));
+            verdict
+        }
+    }
+}
+
+/// A store's reply, then the read-back's (as the blocking connection reads them): an error
+/// reply to the store that leaves the connection in step still has the read's reply behind it.
+fn store_then_get(r: &mut &[u8], key: &str, item_size: usize) -> Result<Reply> {
+    let stored = match wire::read_store(r) {
+        Err(e) if !wire::leaves_connection_usable(&e) => return Err(e),
+        other => other,
+    };
+    let mut out = [Ok(None)];
+    wire::read_slots(r, item_size, &[key], &mut out)?;
+    let [item] = out;
+    Ok(Reply::StoreThenGet(stored?, item?))
+}
+
+/// Hands each waiter its keys' slots: moved on a key's last use, cloned before (a key two
+/// callers asked for).
+fn distribute(mut slots: Vec<Slot>, waiters: Vec<Waiter>) {
+    if let [w] = &waiters[..] {
+        if w.at.len() == slots.len() && w.at.iter().enumerate().all(|(i, &a)| a as usize == i) {
+            if let Some(w) = waiters.into_iter().next() {
+                let _ = w.reply.send(slots);
+            }
+            return;
+        }
+    }
+    let mut uses = vec![0u32; slots.len()];
+    for w in &waiters {
+        for &a in &w.at {
+            uses[a as usize] += 1;
+        }
+    }
+    for w in waiters {
+        let mine =
+            w.at.iter()
+                .map(|&a| {
+                    let a = a as usize;
+                    uses[a] -= 1;
+                    if uses[a] == 0 {
+                        std::mem::replace(&mut slots[a], Ok(None))
+                    } else {
+                        slots[a].clone()
+                    }
+                })
+                .collect();
+        let _ = w.reply.send(mine);
+    }
+}
