@@ -101,7 +101,9 @@ async fn every_operation_round_trips(env: Env) {
     assert_eq!(cache.make_key("b"), env.cache().make_key("b"));
     let s = cache.stats();
     assert!(s.hits >= 2 && s.misses >= 2, "{s:?}");
-    if env.kind != Kind::Twemproxy {
+    // flush_all would wipe the other tests' keys on the shared server (and twemproxy refuses
+    // it): memcached's is tested on a server of its own (engine tests).
+    if env.kind == Kind::Memory {
         cache.clear().await.unwrap();
         assert_eq!(cache.get::<Row>("b").await.unwrap(), None);
     }
