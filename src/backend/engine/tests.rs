@@ -1037,14 +1037,17 @@ fn measure() {
 
     // Latency: one task, Engine::get of a missing key vs a bare socket's `get k` -> `END`.
     const N: usize = 20_000;
-    let pct = |mut v: Vec<Duration>| {
+    let pct = |mut v: Vec<Duration>| -> (Duration, Duration) {
         v.sort();
         (v[v.len() / 2], v[v.len() * 99 / 100])
     };
-    // Alternating blocks of 1,000, so that both see the same machine load.
+    // Alternating blocks of 1,000, so that both see the same machine load. In a spawned task,
+    // as a web handler runs (a `block_on` future runs off the workers: every wake-up would
+    // cross threads).
     let latency = |rt: &tokio::runtime::Runtime| {
-        rt.block_on(async {
-            let mut s = tokio::net::TcpStream::connect(mc.addr()).await.unwrap();
+        let (e, addr) = (e.clone(), mc.addr());
+        let task = rt.spawn(async move {
+            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
             s.set_nodelay(true).unwrap();
             let (mut lat, mut bare) = (Vec::with_capacity(N), Vec::with_capacity(N));
             let mut buf = [0u8; 64];
@@ -1065,7 +1068,8 @@ fn measure() {
                 }
             }
             (pct(lat), pct(bare))
-        })
+        });
+        rt.block_on(task).unwrap()
     };
     let current = tokio::runtime::Builder::new_current_thread()
         .enable_all()
