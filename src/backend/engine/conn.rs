@@ -219,6 +219,8 @@ impl Link {
         let e = self.server.annotate(e);
         *dead = Some(e.clone());
         drop(dead);
+        #[cfg(test)]
+        self.server.counters.note_poison();
         if fault {
             self.server.fault(self.probe, &e);
         }
@@ -590,6 +592,9 @@ async fn read_loop(
             biased;
             r = rd.read_buf(&mut buf) => match r {
                 Ok(0) => break eof(&mut in_flight),
+                #[cfg(test)]
+                Ok(n) => link.server.counters.note_read(n),
+                #[cfg(not(test))]
                 Ok(_) => {}
                 Err(e) => break End::Dead { error: e.into(), fault: true },
             },

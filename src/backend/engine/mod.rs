@@ -6,8 +6,8 @@
 //! line, and never waits for replies before writing more; the reader answers whole replies in
 //! order. There is no batching timer: an op on an idle connection is written at once; while
 //! replies are outstanding the writer lets the ready callers run one scheduler turn first, so
-//! that under load their ops share writes and lines. Placement (`routing.rs`), health (`health.rs`) and the protocol (`wire.rs`) are the
-//! blocking backend's.
+//! that under load their ops share writes and lines. Placement (`routing.rs`), health
+//! (`health.rs`) and the protocol (`wire.rs`) are the blocking backend's.
 //!
 //! # Faults
 //!
@@ -23,7 +23,7 @@
 //! needs one, built with `enable_all`). If that runtime shuts down (each `#[tokio::test]` has
 //! its own), its tasks are dropped: the connection's queue closes, and the next op treats it as
 //! a dead connection (not a server fault) and reconnects on the caller's runtime; a get that
-//! was queued on it is retried once, a command fails as outcome unknown. Nothing waits on a
+//! was queued on it is queued again (up to 3 times), a command fails as outcome unknown. Nothing waits on a
 //! runtime that is gone. A runtime that is alive but never driven (a current-thread runtime
 //! outside `block_on`) would hold its connections' callers; do not share an engine with one.
 
@@ -78,7 +78,9 @@ impl Settings {
 /// caller's reply (the reader task parses, not the caller); a write already queued may still
 /// be applied.
 pub(crate) struct Engine {
+    /// In configuration order (the routing's server indices).
     servers: Vec<Arc<Server>>,
+    /// Which server holds a key (ketama; dead servers' keys remapped under `Remap`).
     routing: Routing,
     settings: Settings,
 }
@@ -95,9 +97,12 @@ impl fmt::Debug for Engine {
 
 /// One server: address, health, and its connections (a queue sender each, or none yet).
 struct Server {
+    /// `host:port`, resolved on every connect.
     addr: String,
     health: Health,
     settings: Settings,
+    /// `connections_per_server` connections. A short lock: taken to queue an op (`try_send`)
+    /// or replace the connection, never across an await.
     slots: Box<[Mutex<Option<Live>>]>,
     /// Round-robin cursor over `slots`.
     next: AtomicUsize,

@@ -25,6 +25,10 @@ pub(super) struct Counters {
     connects: AtomicU64,
     /// Get answers parsed after their caller had given up.
     orphans: AtomicU64,
+    /// Connections that died.
+    poisonings: AtomicU64,
+    /// Bytes the readers read.
+    read: AtomicU64,
 }
 
 impl Counters {
@@ -37,6 +41,12 @@ impl Counters {
     }
     pub(super) fn note_connect(&self) {
         self.connects.fetch_add(1, Ordering::Relaxed);
+    }
+    pub(super) fn note_read(&self, n: usize) {
+        self.read.fetch_add(n as u64, Ordering::Relaxed);
+    }
+    pub(super) fn note_poison(&self) {
+        self.poisonings.fetch_add(1, Ordering::Relaxed);
     }
     pub(super) fn note_orphans(&self, n: usize) {
         self.orphans.fetch_add(n as u64, Ordering::Relaxed);
@@ -55,6 +65,12 @@ impl Engine {
     }
     fn orphans(&self) -> u64 {
         self.sum(|c| &c.orphans)
+    }
+    fn read(&self) -> u64 {
+        self.sum(|c| &c.read)
+    }
+    fn poisonings(&self) -> u64 {
+        self.sum(|c| &c.poisonings)
     }
     fn connects(&self, server: usize) -> u64 {
         self.servers[server]
@@ -564,9 +580,89 @@ async fn a_get_dropped_mid_reply_leaves_the_connection_in_step() {
         assert_eq!(value(&many[0]), Some(&value_of(k)[..]));
         assert_eq!(value(&many[1]), Some(&big[..]));
     }
-    // Some of the dropped gets were answered by the reader after their caller had left (their
-    // reply was still being read): the case under test did happen.
-    assert!(e.orphans() > 0, "no get was dropped before its reply");
+    // How many were dropped before their reply was whole varies; the scripted test below
+    // makes sure of one dropped mid-reply.
+    eprintln!(
+        "{} of 20 big gets answered after their caller left",
+        e.orphans()
+    );
+}
+
+/// Test 5, deterministic: a server sends half of a large value and waits; the get is dropped
+/// once the reader holds that half; the rest arrives, then the next get's reply: it is that
+/// get's own.
+#[tokio::test]
+async fn a_get_dropped_mid_reply_is_skipped_whole() {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    const HALF: usize = 100_000;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let release = Arc::new(tokio::sync::Notify::new());
+    let server = {
+        let release = release.clone();
+        tokio::spawn(async move {
+            let (s, _) = listener.accept().await.unwrap();
+            let (r, mut w) = s.into_split();
+            let mut lines = tokio::io::BufReader::new(r).lines();
+            while let Some(line) = lines.next_line().await.unwrap() {
+                let Some(keys) = line.strip_prefix("gets ") else {
+                    panic!("unexpected request {line:?}");
+                };
+                let mut out = Vec::new();
+                for k in keys.split(' ') {
+                    if k == "big" {
+                        w.write_all(format!("VALUE big 0 {} 1\r\n", 2 * HALF).as_bytes())
+                            .await
+                            .unwrap();
+                        w.write_all(&[b'B'; HALF]).await.unwrap();
+                        release.notified().await;
+                        out.extend_from_slice(&[b'B'; HALF]);
+                        out.extend_from_slice(b"\r\n");
+                    } else {
+                        let v = value_of(k);
+                        out.extend_from_slice(format!("VALUE {k} 0 {} 2\r\n", v.len()).as_bytes());
+                        out.extend_from_slice(&v);
+                        out.extend_from_slice(b"\r\n");
+                    }
+                }
+                out.extend_from_slice(b"END\r\n");
+                w.write_all(&out).await.unwrap();
+            }
+        })
+    };
+    let e = engine(&[addr], 1, |c| c.io_timeout = Duration::from_secs(20));
+    let mut get = e.get("big");
+    let queued = tokio::select! {
+        biased;
+        _ = &mut get => false,
+        () = std::future::ready(()) => true,
+    };
+    assert!(queued);
+    let t = Instant::now();
+    while e.read() < HALF as u64 {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the half never arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    drop(get);
+    let mut next = e.get("dh:1");
+    let queued = tokio::select! {
+        biased;
+        _ = &mut next => false,
+        () = std::future::ready(()) => true,
+    };
+    assert!(queued);
+    release.notify_one();
+    assert_eq!(value(&next.await), Some(&value_of("dh:1")[..]));
+    assert_eq!(e.orphans(), 1, "the big reply was read whole and dropped");
+    let many = e.get_many(&["dh:2", "dh:3", "dh:2"]).await;
+    assert_eq!(value(&many[0]), Some(&value_of("dh:2")[..]));
+    assert_eq!(value(&many[1]), Some(&value_of("dh:3")[..]));
+    assert_eq!(value(&many[2]), Some(&value_of("dh:2")[..]));
+    drop(e);
+    server.await.unwrap();
 }
 
 /// Test 6, a stopped server: a second batch is written while the first is unanswered;
@@ -597,7 +693,7 @@ async fn a_stopped_server_fails_its_waiters_at_once_then_serves_again() {
             (r, started.elapsed(), store)
         })
     };
-    let w0 = e.writes();
+    let (w0, poisonings) = (e.writes(), e.poisonings());
     let mut tasks: Vec<_> = keys[..50].iter().map(|k| spawn(k, false)).collect();
     while e.writes() == w0 {
         tokio::task::yield_now().await;
@@ -627,10 +723,10 @@ async fn a_stopped_server_fails_its_waiters_at_once_then_serves_again() {
     let (first, last) = (done.iter().min().unwrap(), done.iter().max().unwrap());
     eprintln!("failed between {first:?} and {last:?}");
     assert!(*last < io_timeout * 10, "{last:?}");
-    assert!(
-        *last - *first < io_timeout / 2,
-        "all at once: {first:?}..{last:?}"
-    );
+    // All at once: every waiter (both batches, the queued ones too) failed with the one
+    // connection's one poisoning; none sat out a timeout of its own.
+    assert_eq!(e.poisonings() - poisonings, 1);
+    assert!(*last - *first < io_timeout, "{first:?}..{last:?}");
     mc.signal("CONT");
     let back = Instant::now();
     loop {
@@ -801,6 +897,94 @@ async fn invalid_input_writes_nothing() {
     assert_eq!(value(&e.get("iv:k").await), Some(&b"v"[..]));
 }
 
+/// A scripted server on a free port: its first connection sends `greeting` on accept and
+/// answers its first request with `first`; every other request gets `END` (a miss).
+async fn fake_server(greeting: &'static [u8], first: &'static [u8]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        let mut script = Some((greeting, first));
+        while let Ok((mut s, _)) = listener.accept().await {
+            let (greeting, first) = script.take().unzip();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 4096];
+                let mut reply = first;
+                let greeting = greeting.unwrap_or_default();
+                if !greeting.is_empty() && s.write_all(greeting).await.is_err() {
+                    return;
+                }
+                // The tests send one request at a time.
+                while let Ok(n) = s.read(&mut buf).await {
+                    if n == 0
+                        || s.write_all(reply.take().unwrap_or(b"END\r\n"))
+                            .await
+                            .is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// Bad bytes from a server are errors for the waiters concerned, never a panic or another
+/// caller's answer; the connection is replaced and the next op works.
+#[tokio::test]
+async fn hostile_replies_are_errors_and_the_engine_recovers() {
+    let long_line: &'static [u8] = Box::leak(vec![b'x'; 5000].into_boxed_slice());
+    let cases: [(&str, &[u8], &[u8]); 8] = [
+        ("unrequested key", b"", b"VALUE zzz 0 1 1\r\nx\r\nEND\r\n"),
+        ("garbage", b"", b"garbage\r\n"),
+        (
+            "no CRLF after the data",
+            b"",
+            b"VALUE k 0 2 1\r\nabXYEND\r\n",
+        ),
+        (
+            "a huge declared length",
+            b"",
+            b"VALUE k 0 999999999999 1\r\n",
+        ),
+        ("an endless line", b"", long_line),
+        ("server error", b"", b"SERVER_ERROR out of memory\r\n"),
+        ("client error", b"", b"CLIENT_ERROR bad data chunk\r\n"),
+        ("unsolicited bytes", b"END\r\nEND\r\n", b"END\r\n"),
+    ];
+    for (name, greeting, first) in cases {
+        let addr = fake_server(greeting, first).await;
+        let e = engine(&[addr], 1, |c| {
+            c.io_timeout = Duration::from_millis(300);
+            c.failure_limit = 100;
+        });
+        let got = tokio::time::timeout(Duration::from_secs(10), e.get("k"))
+            .await
+            .expect("no hang");
+        if name == "unsolicited bytes" {
+            // The greeting may pass for the reply if the get was written before it was read.
+            assert!(matches!(got, Ok(None) | Err(_)), "{name}: {got:?}");
+        } else {
+            let err = got.expect_err(name);
+            assert!(err.is_backend(), "{name}: {err}");
+            assert_eq!(
+                err.is_timeout(),
+                name == "a huge declared length",
+                "{name}: {err}"
+            );
+        }
+        let t = Instant::now();
+        while !matches!(e.get("k").await, Ok(None)) {
+            assert!(
+                t.elapsed() < Duration::from_secs(5),
+                "{name}: never recovered"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
 /// Dropping the engine closes its connections: their tasks end and release the servers.
 #[tokio::test]
 async fn dropping_the_engine_ends_its_connections() {
@@ -837,6 +1021,22 @@ fn outside_a_runtime_the_error_says_what_is_needed() {
         }
         other => panic!("{other:?}"),
     }
+}
+
+/// A runtime without timers (no `enable_all`): the connection task panics inside tokio, and
+/// the caller gets an error naming the likely cause instead of hanging.
+#[test]
+fn a_runtime_without_timers_is_an_error_not_a_hang() {
+    let mc = Memcached::start();
+    let e = engine(&[mc.addr()], 1, |_| {});
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .unwrap();
+    let err = rt.block_on(e.get("k")).unwrap_err();
+    assert!(err.to_string().contains("enable_all") || format!("{err:?}").contains("enable_all"));
+    let err = rt.block_on(e.store(set("k", b"v"))).unwrap_err();
+    assert!(err.is_outcome_unknown(), "{err}");
 }
 
 #[test]
@@ -933,33 +1133,39 @@ fn measure() {
 
     // Latency: one task, Engine::get of a missing key vs a bare socket's `get k` -> `END`.
     const N: usize = 20_000;
-    let pct = |mut v: Vec<Duration>| {
+    let pct = |mut v: Vec<Duration>| -> (Duration, Duration) {
         v.sort();
         (v[v.len() / 2], v[v.len() * 99 / 100])
     };
+    // Alternating blocks of 1,000, so that both see the same machine load. In a spawned task,
+    // as a web handler runs (a `block_on` future runs off the workers: every wake-up would
+    // cross threads).
     let latency = |rt: &tokio::runtime::Runtime| {
-        rt.block_on(async {
-            let mut lat = Vec::with_capacity(N);
-            for _ in 0..N {
-                let t = Instant::now();
-                assert!(e.get("k").await.unwrap().is_none());
-                lat.push(t.elapsed());
-            }
-            let mut s = tokio::net::TcpStream::connect(mc.addr()).await.unwrap();
+        let (e, addr) = (e.clone(), mc.addr());
+        let task = rt.spawn(async move {
+            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
             s.set_nodelay(true).unwrap();
-            let mut bare = Vec::with_capacity(N);
+            let (mut lat, mut bare) = (Vec::with_capacity(N), Vec::with_capacity(N));
             let mut buf = [0u8; 64];
-            for _ in 0..N {
-                let t = Instant::now();
-                s.write_all(b"get k\r\n").await.unwrap();
-                let mut got = 0;
-                while !buf[..got].ends_with(b"END\r\n") {
-                    got += s.read(&mut buf[got..]).await.unwrap();
+            for _ in 0..N / 1000 {
+                for _ in 0..1000 {
+                    let t = Instant::now();
+                    assert!(e.get("k").await.unwrap().is_none());
+                    lat.push(t.elapsed());
                 }
-                bare.push(t.elapsed());
+                for _ in 0..1000 {
+                    let t = Instant::now();
+                    s.write_all(b"get k\r\n").await.unwrap();
+                    let mut got = 0;
+                    while !buf[..got].ends_with(b"END\r\n") {
+                        got += s.read(&mut buf[got..]).await.unwrap();
+                    }
+                    bare.push(t.elapsed());
+                }
             }
             (pct(lat), pct(bare))
-        })
+        });
+        rt.block_on(task).unwrap()
     };
     let current = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -969,7 +1175,7 @@ fn measure() {
         ("multi-thread (2 workers)", &rt),
         ("current-thread", &current),
     ] {
-        // Connections are opened on each runtime in turn (the other's are idle).
+        // Connections are opened on each runtime in turn.
         e.servers
             .iter()
             .flat_map(|s| s.slots.iter())
