@@ -30,6 +30,10 @@ struct Value {
 #[allow(dead_code)]
 #[path = "../tests/it/fixture.rs"]
 mod fixture;
+/// The fixture's front-end wrapper (unused here).
+#[allow(dead_code)]
+#[path = "../tests/it/front.rs"]
+mod front;
 
 /// Where to measure: `MEMCACHED_SERVERS`, or a memcached of our own.
 fn server() -> (String, Option<fixture::Memcached>) {

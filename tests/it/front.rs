@@ -276,7 +276,7 @@ impl TestCache {
             TestCache::Sync(c) => c.get_many_or_set_with(keys, ttl, loader),
             TestCache::Async(c) => off_thread(
                 move |wanted: Vec<String>| loader(&wanted),
-                |load| wait(c.get_many_or_set_with(keys, ttl, move |w| load(w))),
+                |load| wait(c.get_many_or_set_with(keys, ttl, load)),
             ),
         }
     }

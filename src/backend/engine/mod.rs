@@ -27,10 +27,6 @@
 //! runtime that is gone. A runtime that is alive but never driven (a current-thread runtime
 //! outside `block_on`) would hold its connections' callers; do not share an engine with one.
 
-// Constructed by `AsyncCache` (src/async_cache/), which lands separately; until then only the
-// tests use it.
-#![cfg_attr(not(test), allow(dead_code))]
-
 mod conn;
 #[cfg(test)]
 mod tests;
