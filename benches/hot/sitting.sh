@@ -5,8 +5,7 @@
 #
 # Writes benches/results/<UTC date>-async/ (or $OUT): hot-<runtime>.jsonl (the JSON lines),
 # table-<runtime>.txt (medians over rounds), log-<runtime>.txt (progress), commit (the commit and
-# `git status` of the tree measured), env.txt. ASYNC_CACHE=1 also measures newcache's AsyncCache
-# (the harness's async-cache feature). Other arguments go to both runs.
+# `git status` of the tree measured), env.txt. Other arguments go to both runs.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -17,9 +16,7 @@ if [ -d "$out" ] && [ -n "$(ls -A "$out")" ]; then
 fi
 mkdir -p "$out"
 
-features=()
-[ "${ASYNC_CACHE:-0}" = 1 ] && features=(--features async-cache)
-cargo build --release --quiet -p newcache-hot "${features[@]}"
+cargo build --release --quiet -p newcache-hot
 bin=${CARGO_TARGET_DIR:-target}/release/hot
 
 { git rev-parse HEAD; git status --porcelain; } > "$out/commit"

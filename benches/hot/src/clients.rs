@@ -298,15 +298,13 @@ pub struct AsyncCache {
 
 #[cfg(feature = "async-cache")]
 impl AsyncCache {
-    /// One `AsyncCache` for `callers` callers.
-    pub fn build(ctx: &Arc<Ctx>, callers: usize) -> Result<AsyncCache, BoxError> {
-        let mut builder = newcache::Cache::builder()
+    /// One `AsyncCache` for all callers, on its default engine (2 pipelined connections per
+    /// server, whatever `--pools` says: the engine does not pool per caller).
+    pub fn build(ctx: &Arc<Ctx>, _callers: usize) -> Result<AsyncCache, BoxError> {
+        let cache: newcache::AsyncCache = newcache::Cache::builder()
             .memcached([ctx.addr.as_str()])
-            .flavor("bench");
-        if let Some(n) = ctx.pool(callers) {
-            builder = builder.pool_size(u32::try_from(n)?);
-        }
-        let cache: newcache::AsyncCache = builder.build_async()?;
+            .flavor("bench")
+            .build_async()?;
         Ok(AsyncCache {
             cache,
             ctx: Arc::clone(ctx),
