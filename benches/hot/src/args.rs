@@ -22,6 +22,10 @@ pub enum Client {
     /// newcache's `AsyncCache` (built with the `async-cache` feature)
     #[cfg(feature = "async-cache")]
     AsyncCache,
+    /// N OS threads, each blocking on an `AsyncCache` GET whose engine runs on a private
+    /// 2-worker runtime: what the sync `Cache` would be on the engine (issue 10's experiment)
+    #[cfg(feature = "async-cache")]
+    EngineThreads,
 }
 
 impl Client {
@@ -35,6 +39,8 @@ impl Client {
             Client::Bare => "bare",
             #[cfg(feature = "async-cache")]
             Client::AsyncCache => "async-cache",
+            #[cfg(feature = "async-cache")]
+            Client::EngineThreads => "engine-threads",
         }
     }
 }

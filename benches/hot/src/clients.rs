@@ -320,6 +320,14 @@ impl AsyncCache {
 }
 
 #[cfg(feature = "async-cache")]
+impl AsyncCache {
+    /// One GET of key `i` (for callers that share the cache by reference).
+    pub async fn get_key(&self, i: usize) -> Result<(), BoxError> {
+        check_value(self.cache.get::<Value>(&self.ctx.names[i]).await?, i)
+    }
+}
+
+#[cfg(feature = "async-cache")]
 impl AsyncGet for AsyncCache {
     async fn get(&mut self, i: usize) -> Result<(), BoxError> {
         check_value(self.cache.get::<Value>(&self.ctx.names[i]).await?, i)

@@ -146,7 +146,7 @@ fn populate(
             }
             Client::NewcacheBlocking | Client::NewcacheThreads => {}
             #[cfg(feature = "async-cache")]
-            Client::AsyncCache => {
+            Client::AsyncCache | Client::EngineThreads => {
                 rt.block_on(async { clients::AsyncCache::build(ctx, 1)?.populate().await })?
             }
         }
@@ -201,6 +201,18 @@ fn measure(
             let shared = clients::AsyncCache::build(ctx, n)?;
             Ok::<_, BoxError>(measure::run_tasks(vec![shared; n], timing, seed).await)
         })?,
+        #[cfg(feature = "async-cache")]
+        Client::EngineThreads => {
+            // The engine on a runtime of its own; the callers are plain threads that block.
+            let engine_rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .thread_name("engine")
+                .enable_all()
+                .build()?;
+            let cache = clients::AsyncCache::build(ctx, n)?;
+            let handle = engine_rt.handle().clone();
+            measure::run_threads(n, timing, seed, |i| handle.block_on(cache.get_key(i)))
+        }
     })
 }
 
