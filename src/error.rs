@@ -170,6 +170,15 @@ impl Error {
         )
     }
 
+    /// This error as the source of one that says where it happened (same kind; an unknown
+    /// outcome stays unknown).
+    pub(crate) fn in_context(self, message: impl Into<String>) -> Self {
+        let unknown = self.outcome_unknown;
+        let mut e = Error::with_source(self.kind, message, self);
+        e.outcome_unknown = unknown;
+        e
+    }
+
     /// Marks a failure that struck after a write was sent: the server may or may not have
     /// applied it.
     pub(crate) fn with_outcome_unknown(mut self) -> Self {

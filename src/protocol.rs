@@ -184,12 +184,12 @@ impl Machine {
         }
     }
 
-    /// The key was read.
     /// The token this machine's claims and placeholders carry.
     pub(crate) fn token(&self) -> u64 {
         self.token
     }
 
+    /// The key was read.
     pub(crate) fn on_read(&mut self, now: Now, item: Option<Item>) -> Action {
         match item {
             None => self.missing(now),
@@ -528,6 +528,11 @@ pub(crate) struct Lease {
 }
 
 impl Lease {
+    /// The token of this claim.
+    pub(crate) fn token(&self) -> u64 {
+        self.token
+    }
+
     /// How often a running load renews its claim: a third of the lease, so that two renewals
     /// can fail before it lapses.
     pub(crate) fn renew_every(&self) -> Duration {

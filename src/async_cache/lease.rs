@@ -13,7 +13,7 @@ use crate::cache::Cache;
 use crate::envelope;
 use crate::error::Result;
 use crate::loader::lease::{Completed, completed};
-use crate::protocol::{Action, Lease, Renewal};
+use crate::protocol::{Action, Lease, Renewal, release_abandoned};
 
 pub(crate) struct AsyncLease {
     key: String,
@@ -177,26 +177,35 @@ impl AsyncLease {
 }
 
 impl Drop for AsyncLease {
+    /// Gives the key back (a failed load, or a future dropped mid-load). The claim is read back
+    /// first and released only if it still carries this lease's token (`release_abandoned`):
+    /// a renewal whose reply was lost to the drop may have changed its CAS token, so a `cas`
+    /// against the last one known could fail and leave the claim held.
     fn drop(&mut self) {
         if self.done || self.lost {
             return;
         }
-        let Action::StoreThenRead {
-            mode,
-            value,
-            exptime,
-        } = self.lease.release(self.cache.now())
-        else {
-            return;
-        };
         // Best effort, off the dropped future: if it cannot run (no runtime) or fails, the
         // claim lapses at its deadline.
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
         let backend = self.backend.clone();
+        let cache = self.cache.clone();
         let key = std::mem::take(&mut self.key);
+        let token = self.lease.token();
         rt.spawn(async move {
+            let Ok(Some(item)) = backend.get(&key).await else {
+                return;
+            };
+            let Some(Action::StoreThenRead {
+                mode,
+                value,
+                exptime,
+            }) = release_abandoned(&item, token, cache.now())
+            else {
+                return;
+            };
             let w = Write {
                 mode,
                 key: &key,

@@ -118,12 +118,12 @@ impl Driver for AsyncDriver<'_> {
         slot.wait_async(deadline)
     }
 
-    fn renewing_all<'h, F: Future>(
+    fn renewing_all<F: Future>(
         &self,
-        held: impl Iterator<Item = &'h mut AsyncLease>,
+        held: &mut HashMap<String, AsyncLease>,
         work: F,
     ) -> impl Future<Output = F::Output> {
-        AsyncLease::renewing_all(held.collect(), work)
+        AsyncLease::renewing_all(held.values_mut().collect(), work)
     }
 
     fn complete_many(
@@ -286,7 +286,7 @@ impl AsyncCache {
     /// across processes, bounded waits, invalidations win). The loader is an async closure, so
     /// it can run an sqlx query; it need not be `'static`.
     ///
-    /// # Cancellation
+    /// # Cancel safety
     ///
     /// Dropping this future is safe. If it was loading for other tasks of this process, they
     /// wake at once and one of them loads instead; its claim on the key is released (from a

@@ -4,6 +4,8 @@
 //! the keys, the envelope and the stats are the same objects, so a sync `Cache` and an
 //! `AsyncCache` over the same servers interoperate.
 
+#[cfg(test)]
+mod cancel_tests;
 mod lease;
 mod loader;
 
@@ -49,7 +51,7 @@ use crate::ttl::Ttl;
 /// # }
 /// ```
 ///
-/// # Connections and cancellation (memcached)
+/// # Connections and cancel safety (memcached)
 ///
 /// Per server, a few pipelined connections
 /// ([`async_connections`](crate::CacheBuilder::async_connections), 2 by default) carry every
@@ -160,7 +162,8 @@ impl AsyncCache {
         I: IntoIterator<Item = (K, &'v T)>,
     {
         let life = ttl.into().resolve(self.cache.inner.config.default_ttl);
-        // Encoded whole before the first await: nothing of the items is held across it.
+        // Every key derived and value encoded before anything is sent (the items are captured
+        // by this future, so they must be `Send` for it to be).
         let encoded = self.cache.encode_many(items, life);
         self.cache.set_many_on(&self.io(), encoded?, life).await
     }

@@ -38,6 +38,10 @@ impl Cache {
         mut action: Action,
     ) -> Result<Step> {
         let mut waited = false;
+        // Armed from this call's first claim or placeholder write until the machine finishes
+        // or grants the load (then the caller's lease holds the claim): a future dropped in
+        // between, even during a re-read that settles ownership, gives the claim back.
+        let mut guard = None;
         loop {
             action = match action {
                 Action::Read => match self.absorb_read(io.get(k).await)? {
@@ -56,10 +60,10 @@ impl Cache {
                         flags: envelope::FLAGS,
                         exptime,
                     };
-                    let guard = io.guard_claims(vec![(k.to_string(), m.token())]);
-                    let stored = io.store_then_get(w).await;
-                    guard.disarm();
-                    match self.absorb_read(stored)? {
+                    if guard.is_none() {
+                        guard = Some(io.guard_claims(vec![(k.to_string(), m.token())]));
+                    }
+                    match self.absorb_read(io.store_then_get(w).await)? {
                         Some((outcome, after)) => m.on_stored(self.now(), outcome, after),
                         None => m.on_failed(self.now()),
                     }
@@ -72,8 +76,18 @@ impl Cache {
                     io.sleep(pause).await;
                     m.on_wake(self.now())
                 }
-                Action::Load(grant) => return Ok(Step::Load(grant)),
-                Action::Done(found) => return Ok(Step::Done(found)),
+                Action::Load(grant) => {
+                    if let Some(g) = guard {
+                        g.disarm();
+                    }
+                    return Ok(Step::Load(grant));
+                }
+                Action::Done(found) => {
+                    if let Some(g) = guard {
+                        g.disarm();
+                    }
+                    return Ok(Step::Done(found));
+                }
             }
         }
     }

@@ -178,7 +178,7 @@ impl Cache {
         Counters::bump(&s.loader_calls);
         let started = Instant::now();
         let call = loader(&wanted);
-        let mut loaded = match d.renewing_all(leases.values_mut(), call).await {
+        let mut loaded = match d.renewing_all(&mut leases, call).await {
             Ok(m) => m,
             Err(e) => {
                 Counters::bump(&s.loader_errors);

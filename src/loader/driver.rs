@@ -3,6 +3,7 @@
 //! waiting for an in-process leader, and storing loaded values against claims. The loader's
 //! logic (`loader/mod.rs`, `loader/batch.rs`) is written once, generic over a [`Driver`].
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::time::Instant;
 
@@ -23,13 +24,11 @@ pub(crate) trait Driver: Io {
     /// Waits for an in-process leader's outcome, up to `deadline`.
     fn wait_for(&self, slot: &Slot, deadline: Instant) -> impl Future<Output = Outcome> + Send;
     /// Runs `work` (a batch's loader) while every claim in `held` is kept alive.
-    fn renewing_all<'h, F: Future>(
+    fn renewing_all<F: Future>(
         &self,
-        held: impl Iterator<Item = &'h mut Self::Held>,
+        held: &mut HashMap<String, Self::Held>,
         work: F,
-    ) -> impl Future<Output = F::Output>
-    where
-        Self::Held: 'h;
+    ) -> impl Future<Output = F::Output>;
     /// Stores several loads' values against their claims, one round trip per server.
     fn complete_many(
         &self,
@@ -61,9 +60,9 @@ impl Driver for Blocking<'_> {
         std::future::ready(slot.wait(deadline))
     }
 
-    fn renewing_all<'h, F: Future>(
+    fn renewing_all<F: Future>(
         &self,
-        _: impl Iterator<Item = &'h mut HeldLease>,
+        _: &mut HashMap<String, HeldLease>,
         work: F,
     ) -> impl Future<Output = F::Output> {
         // The renewal thread keeps the claims alive meanwhile.

@@ -59,6 +59,8 @@ on_every_backend_async!(
     a_loader_error_reaches_every_waiter,
     background_refresh_serves_stale_and_shutdown_drains_it,
     sync_and_async_caches_interoperate,
+    pipelining_256_tasks_by_1000_keys,
+    random_cancellations_never_cross_replies,
 );
 
 fn cache(env: &Env) -> AsyncCache {
@@ -367,4 +369,133 @@ async fn sync_and_async_caches_interoperate(env: Env) {
         .await
         .unwrap();
     assert_eq!(got.unwrap().version, 2);
+}
+
+/// 256 tasks each read all of 1,000 keys whose values name their key, through one AsyncCache
+/// (memcached: two pipelined connections, merged gets): every read gets its own key's value.
+async fn pipelining_256_tasks_by_1000_keys(env: Env) {
+    let cache = cache(&env);
+    let keys: Vec<String> = (0..1000).map(|i| format!("p{i}")).collect();
+    let items: Vec<(String, String)> = keys
+        .iter()
+        .map(|k| (k.clone(), format!("value of {k}")))
+        .collect();
+    let failed = cache
+        .set_many(items.iter().map(|(k, v)| (k, v)), S(600))
+        .await
+        .unwrap();
+    assert!(failed.is_empty());
+    let keys = Arc::new(keys);
+    let wrong = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for t in 0..256 {
+        let (cache, keys, wrong) = (cache.clone(), keys.clone(), wrong.clone());
+        tasks.push(tokio::spawn(async move {
+            // Each task walks the keys from its own offset, some one by one, some in batches.
+            for n in 0..keys.len() {
+                let k = &keys[(n + t * 7) % keys.len()];
+                if n % 10 == 0 {
+                    let batch: Vec<&String> = (0..5).map(|j| &keys[(n + j) % keys.len()]).collect();
+                    let got: HashMap<String, String> = cache.get_many(&batch).await.unwrap();
+                    for k in batch {
+                        if got.get(k.as_str()) != Some(&format!("value of {k}")) {
+                            wrong.fetch_add(1, Ordering::SeqCst);
+                        }
+                    }
+                }
+                if cache.get::<String>(k).await.unwrap() != Some(format!("value of {k}")) {
+                    wrong.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(wrong.load(Ordering::SeqCst), 0, "wrong values or misses");
+}
+
+/// 10,000 random cancellations under 256 tasks: reads and writes dropped at random points
+/// (a timeout of 0-50 us around each call), values that name their key. No read, during or
+/// after, ever returns another key's value.
+async fn random_cancellations_never_cross_replies(env: Env) {
+    let cache = cache(&env);
+    let keys: Arc<Vec<String>> = Arc::new((0..200).map(|i| format!("c{i}")).collect());
+    for k in keys.iter() {
+        cache
+            .set(k, &format!("value of {k}"), S(600))
+            .await
+            .unwrap();
+    }
+    let cancelled = Arc::new(AtomicUsize::new(0));
+    let wrong = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for t in 0..256u64 {
+        let (cache, keys, cancelled, wrong) = (
+            cache.clone(),
+            keys.clone(),
+            cancelled.clone(),
+            wrong.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let mut x = t.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+            let mut next = move || {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x
+            };
+            // The memory backend answers every call on its first poll: nothing can be cancelled
+            // there, so each task stops after its share of calls too.
+            for _ in 0..4_000 {
+                if cancelled.load(Ordering::SeqCst) >= 10_000 {
+                    break;
+                }
+                let k = &keys[(next() % keys.len() as u64) as usize];
+                let budget = Duration::from_micros(next() % 50);
+                let op = next() % 4;
+                let outcome = tokio::time::timeout(budget, async {
+                    match op {
+                        0 => cache
+                            .set(k, &format!("value of {k}"), S(600))
+                            .await
+                            .map(|_| None),
+                        1 => cache
+                            .get_many::<String>(&[k.as_str()])
+                            .await
+                            .map(|m| m.get(k).cloned()),
+                        _ => cache.get::<String>(k).await,
+                    }
+                })
+                .await;
+                match outcome {
+                    Err(_) => {
+                        cancelled.fetch_add(1, Ordering::SeqCst);
+                    }
+                    Ok(Ok(Some(v))) if v != format!("value of {k}") => {
+                        wrong.fetch_add(1, Ordering::SeqCst);
+                    }
+                    Ok(_) => {}
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    if env.kind != Kind::Memory {
+        assert!(cancelled.load(Ordering::SeqCst) >= 10_000);
+    }
+    assert_eq!(
+        wrong.load(Ordering::SeqCst),
+        0,
+        "a reply reached the wrong caller"
+    );
+    // Afterwards every key still reads its own value.
+    for k in keys.iter() {
+        assert_eq!(
+            cache.get::<String>(k).await.unwrap(),
+            Some(format!("value of {k}"))
+        );
+    }
 }

@@ -4,6 +4,7 @@
 //! loopback port); `memcached` covers what needs servers of its own.
 
 mod async_cache;
+mod async_faults;
 mod behaviour;
 mod cluster;
 mod faults;

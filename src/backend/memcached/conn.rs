@@ -276,6 +276,18 @@ impl Conn {
         self.recv(decode)
     }
 
+    /// [`exchange`](Conn::exchange) for a command that changes the server: a transport failure
+    /// after its first byte may have been written (a write error, a timeout or a closed
+    /// connection while waiting for the reply) leaves the outcome unknown, and says so. An error
+    /// reply, or a command refused before sending, is not unknown: it was not applied.
+    fn write_exchange<T>(
+        &mut self,
+        encode: impl FnOnce(&mut Vec<u8>) -> Result<()>,
+        decode: impl FnOnce(&mut Reader) -> Result<T>,
+    ) -> Result<T> {
+        self.exchange(encode, decode).map_err(unknown_if_sent)
+    }
+
     /// Reads one key.
     pub(crate) fn get(&mut self, key: &str, item_size: usize) -> Result<Option<Item>> {
         let mut out = [Ok(None)];
@@ -289,11 +301,11 @@ impl Conn {
 
     /// Deletes one key: `true` if it existed.
     pub(crate) fn delete(&mut self, key: &str) -> Result<bool> {
-        self.exchange(|b| wire::encode_delete(b, key), wire::read_delete)
+        self.write_exchange(|b| wire::encode_delete(b, key), wire::read_delete)
     }
 
     pub(crate) fn store(&mut self, w: &Write<'_>, max_value: usize) -> Result<StoreOutcome> {
-        self.exchange(|b| wire::encode_store(b, w, max_value), wire::read_store)
+        self.write_exchange(|b| wire::encode_store(b, w, max_value), wire::read_store)
     }
 
     /// A write followed by a read of the same key, pipelined in one round trip.
@@ -304,7 +316,7 @@ impl Conn {
         item_size: usize,
     ) -> Result<(StoreOutcome, Option<Item>)> {
         let mut out = [Ok(None)];
-        let outcome = self.exchange(
+        let outcome = self.write_exchange(
             |b| {
                 wire::encode_store(b, w, max_value)?;
                 wire::encode_gets(b, &[w.key])
@@ -326,18 +338,18 @@ impl Conn {
 
     /// `touch key exptime`: `true` if the key existed.
     pub(crate) fn touch(&mut self, key: &str, exptime: u32) -> Result<bool> {
-        self.exchange(|b| wire::encode_touch(b, key, exptime), wire::read_touch)
+        self.write_exchange(|b| wire::encode_touch(b, key, exptime), wire::read_touch)
     }
 
     pub(crate) fn arith(&mut self, incr: bool, key: &str, delta: u64) -> Result<Option<u64>> {
-        self.exchange(
+        self.write_exchange(
             |b| wire::encode_arith(b, incr, key, delta),
             wire::read_arith,
         )
     }
 
     pub(crate) fn flush_all(&mut self) -> Result<()> {
-        self.exchange(
+        self.write_exchange(
             |b| {
                 b.extend_from_slice(b"flush_all\r\n");
                 Ok(())
@@ -369,5 +381,16 @@ impl Conn {
             },
             wire::read_version,
         )
+    }
+}
+
+/// Marks a write's transport failure as outcome unknown: a backend error (I/O, timeout, closed,
+/// unparseable reply) that is not the server's own error reply. Refusals before sending (an
+/// invalid key, a value too large) are other kinds and pass unchanged.
+pub(crate) fn unknown_if_sent(e: Error) -> Error {
+    if e.is_backend() && !wire::is_server_reply(&e) {
+        e.with_outcome_unknown()
+    } else {
+        e
     }
 }

@@ -69,6 +69,8 @@ struct Leg<'a> {
     conn: Option<Pooled<'a>>,
     connect_fault: bool,
     error: Option<Error>,
+    /// Some of its request may have reached the server (a send was attempted).
+    sent_any: bool,
 }
 
 /// Whether an error (or one in its source chain) says the peer closed or reset the connection:
@@ -261,8 +263,10 @@ impl MemcachedBackend {
     /// up to `chunk` entries per server is one round). `decode` fills `out` for the positions it
     /// is given; an error it returns ends that server's part: its remaining entries get the error,
     /// the other servers' entries are unaffected.
+    #[allow(clippy::too_many_arguments)]
     fn batch<'k, T>(
         &self,
+        writes: bool,
         n: usize,
         check: impl Fn(usize) -> Result<()>,
         key: impl Fn(usize) -> &'k str,
@@ -288,6 +292,7 @@ impl MemcachedBackend {
                 conn: None,
                 connect_fault: false,
                 error: None,
+                sent_any: false,
             })
             .collect();
         for leg in &mut legs {
@@ -329,6 +334,7 @@ impl MemcachedBackend {
                 if let (Some(conn), None) = (&mut leg.conn, &leg.error) {
                     conn.set_deadline(deadline);
                     late(conn);
+                    leg.sent_any = true;
                     match conn.send(|b| encode(part, b)) {
                         Ok(()) => *sent = true,
                         Err(e) => leg.error = Some(e),
@@ -360,7 +366,12 @@ impl MemcachedBackend {
                 answered,
             );
             if let Some(e) = leg.error {
-                let e = self.servers[leg.server].annotate(e);
+                let mut e = self.servers[leg.server].annotate(e);
+                // A write batch whose server failed after its first byte went out: any of its
+                // writes may have been applied.
+                if writes && leg.sent_any {
+                    e = conn::unknown_if_sent(e);
+                }
                 for &p in &leg.positions {
                     out[p].get_or_insert_with(|| Err(e.clone()));
                 }
@@ -397,6 +408,7 @@ impl Backend for MemcachedBackend {
     fn get_many(&self, keys: &[&str]) -> Vec<Result<Option<Item>>> {
         let max = self.item_size;
         self.batch(
+            false,
             keys.len(),
             |i| wire::check_key(keys[i]),
             |i| keys[i],
@@ -454,6 +466,7 @@ impl Backend for MemcachedBackend {
     /// server's writes.
     fn store_many(&self, writes: &[Write<'_>]) -> Vec<Result<StoreOutcome>> {
         self.batch(
+            true,
             writes.len(),
             |i| self.check_write(&writes[i]),
             |i| writes[i].key,
@@ -482,6 +495,7 @@ impl Backend for MemcachedBackend {
 
     fn delete_many(&self, keys: &[&str]) -> Vec<Result<bool>> {
         self.batch(
+            true,
             keys.len(),
             |i| wire::check_key(keys[i]),
             |i| keys[i],

@@ -174,7 +174,7 @@ impl Server {
     /// Names the server in a backend error.
     pub(crate) fn annotate(&self, e: Error) -> Error {
         if e.is_backend() {
-            Error::with_source(e.kind(), format!("memcached at {}", self.addr), e)
+            e.in_context(format!("memcached at {}", self.addr))
         } else {
             e
         }
