@@ -29,7 +29,10 @@ use crate::ttl::Ttl;
 /// `AsyncCache` is `Clone + Send + Sync + 'static` (clones share everything), and every future it
 /// returns is `Send`: use it from axum handlers and `tokio::spawn`ed tasks alike. It needs a
 /// tokio runtime with I/O and timers enabled (`#[tokio::main]`'s default), multi-thread or
-/// current-thread.
+/// current-thread: without timers a load panics in tokio. Deadlines (`max_wait`, claims, their
+/// renewals) follow the real clock, as they must across processes: under tokio's paused test
+/// clock (`start_paused`) a load that sleeps in virtual time still renews in real time, so test
+/// expiries with [`MockClock`](crate::testing::MockClock) instead.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
