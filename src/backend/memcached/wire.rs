@@ -187,12 +187,23 @@ fn shown(line: &[u8]) -> String {
 /// The text of a `CLIENT_ERROR` or `SERVER_ERROR` reply: the server answered, so this is not a
 /// transport fault (it never counts toward marking the server dead).
 #[derive(Debug)]
-struct ServerReply(String);
+struct ServerReply {
+    text: String,
+    /// `CLIENT_ERROR` (after some of which memcached swallows what follows), not
+    /// `SERVER_ERROR` (one complete line: memcached's out-of-memory, twemproxy's "connection
+    /// refused" for a key whose server is down; the connection stays in step).
+    client: bool,
+}
 
 impl std::fmt::Display for ServerReply {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.text)
     }
+}
+
+/// The server's own error reply carried by `e`, if any.
+fn server_reply(e: &Error) -> Option<&ServerReply> {
+    std::error::Error::source(e).and_then(|s| s.downcast_ref::<ServerReply>())
 }
 
 impl std::error::Error for ServerReply {}
@@ -201,8 +212,7 @@ impl std::error::Error for ServerReply {}
 /// or a refused value), as opposed to a transport fault: an I/O error, a timeout, a closed
 /// connection or a reply that could not be parsed.
 pub(crate) fn is_server_reply(e: &Error) -> bool {
-    leaves_connection_usable(e)
-        || std::error::Error::source(e).is_some_and(|s| s.downcast_ref::<ServerReply>().is_some())
+    leaves_connection_usable(e) || server_reply(e).is_some()
 }
 
 /// Turns the generic error replies into errors; returns other lines unchanged.
@@ -220,7 +230,10 @@ fn check_error(line: &[u8]) -> Result<&[u8]> {
             Err(Error::with_source(
                 ErrorKind::Backend,
                 "the server answered SERVER_ERROR",
-                ServerReply(msg),
+                ServerReply {
+                    text: msg,
+                    client: false,
+                },
             ))
         }
     } else if let Some(msg) = line.strip_prefix(b"CLIENT_ERROR ") {
@@ -233,7 +246,10 @@ fn check_error(line: &[u8]) -> Result<&[u8]> {
             Err(Error::with_source(
                 ErrorKind::Backend,
                 "the server refused the command (CLIENT_ERROR)",
-                ServerReply(msg),
+                ServerReply {
+                    text: msg,
+                    client: true,
+                },
             ))
         }
     } else {
@@ -241,12 +257,14 @@ fn check_error(line: &[u8]) -> Result<&[u8]> {
     }
 }
 
-/// Whether an error leaves the connection in step with the server (a complete reply was read).
+/// Whether an error leaves the connection in step with the server (a complete reply was read):
+/// a refused value, a non-numeric counter, an unknown command, or a `SERVER_ERROR` line. Not a
+/// `CLIENT_ERROR`: after some, memcached runs what follows as commands.
 pub(crate) fn leaves_connection_usable(e: &Error) -> bool {
     matches!(
         e.kind(),
         ErrorKind::TooLarge | ErrorKind::NotACounter | ErrorKind::Unsupported
-    )
+    ) || server_reply(e).is_some_and(|r| !r.client)
 }
 
 /// One key's answer in a `gets` reply: `Ok(None)` = missing, `Err` = a value over the limit
