@@ -495,6 +495,7 @@ pub(crate) enum Renewal {
 /// whether the write landed (an async caller dropped mid-claim): `Some` only if `item` still
 /// carries `token`'s claim, and then it is released exactly as a failed load releases it (a
 /// placeholder removed, a value unclaimed), by `cas` against what was read.
+#[cfg_attr(not(feature = "tokio"), allow(dead_code))]
 pub(crate) fn release_abandoned(item: &Item, token: u64, now: Now) -> Option<Action> {
     let Ok(Parsed::Item(header, _)) = envelope::decode(item.flags, &item.value) else {
         return None;
@@ -529,6 +530,7 @@ pub(crate) struct Lease {
 
 impl Lease {
     /// The token of this claim.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
     pub(crate) fn token(&self) -> u64 {
         self.token
     }

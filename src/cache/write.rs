@@ -412,7 +412,7 @@ impl Cache {
     /// Removes everything from the backend (memcached's `flush_all` on every server), as
     /// Django's and django-newcache's `clear` do; every version and flavor is affected.
     pub fn clear(&self) -> Result<()> {
-        self.inner.config.backend.flush_all()
+        ready(self.clear_on(&self.blocking()))
     }
 
     pub(crate) async fn clear_on<I: Io>(&self, io: &I) -> Result<()> {

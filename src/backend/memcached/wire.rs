@@ -18,6 +18,7 @@ pub(crate) fn is_closed(e: &Error) -> bool {
 }
 
 /// The error for a connection the server closed instead of replying ([`is_closed`] says yes).
+#[cfg_attr(not(feature = "tokio"), allow(dead_code))]
 pub(crate) fn closed() -> Error {
     protocol_error(CLOSED)
 }
@@ -416,6 +417,7 @@ fn decimal(digits: &[u8]) -> Option<u64> {
 
 /// The shape of a reply, for [`reply_len`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(feature = "tokio"), allow(dead_code))]
 pub(crate) enum Shape {
     /// One line (`STORED`, `DELETED`, a number, `OK`, `VERSION ..`, an error).
     Line,
@@ -430,6 +432,7 @@ pub(crate) enum Shape {
 /// whole, then parses it with the strict parsers above (which then never wait for input).
 /// Anything malformed is "whole" as far as it goes, so that the parser reports it; a line
 /// without CRLF is whole once it is longer than any valid line.
+#[cfg_attr(not(feature = "tokio"), allow(dead_code))]
 pub(crate) fn reply_len(shape: Shape, buf: &[u8]) -> Option<usize> {
     let line_end = |from: usize| -> Option<usize> {
         let rest = &buf[from..];
