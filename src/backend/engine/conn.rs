@@ -1,31 +1,42 @@
 //! One pipelined connection: a writer task that merges queued gets into shared `gets` lines and
 //! writes everything queued at once, and a reader task that hands each whole reply to its waiters.
+//! A caller that finds the connection idle writes its op itself (the direct path).
 //!
 //! ```text
 //!  callers ──Op──► [queue] ──► writer: take one op, then all queued (≤ 64 KiB); merge runs of
-//!                                      gets; push the expectations to the reader; write_all
-//!                                 │ Batch (sent time, expectations, in write order)
-//!                                 ▼
-//!              reader: buffer bytes; while the oldest expectation's reply is whole
-//!                      (wire::reply_len), parse it (wire parsers), answer its waiters
+//!     │                                gets; push the expectations to the reader; write
+//!     │ idle: push the expectation,   │ Batch (sent time, expectations, in write order)
+//!     │ then try_write (no await)     ▼
+//!     └──────────────────────► reader: buffer bytes; while the oldest expectation's reply is
+//!                                      whole (wire::reply_len), parse it, answer its waiters
 //! ```
 //!
+//! The direct path and the writer never interleave bytes or reorder expectations: each pushes
+//! its expectations to the reader, then writes their bytes, inside a section the other cannot
+//! enter. The direct path's section is synchronous, under the [`Conn`] lock, and open only
+//! while no op is pending (queued, or taken by the writer and not yet written); the writer's
+//! section only ever holds pending ops. An op queued before a direct one is therefore written
+//! before it (a set queued and not awaited, then a get: the get sees the set). A direct write the
+//! socket takes only in part queues its rest, first in the queue, for the writer.
+//!
 //! Either task ending wakes the other: the reader holds the writer's `kill` sender, the writer
-//! holds the reader's `Batch` sender. Whoever hits a fault first poisons the [`Link`] (the first
+//! the reader's `Batch` senders (its own, and the direct path's, which it drops as it ends).
+//! Whoever hits a fault first poisons the [`Link`] (the first
 //! cause wins and is recorded once against the server); then every waiter in flight and every op
 //! still queued is failed at once, and the queue is closed, so the next caller reconnects.
 
 use std::collections::VecDeque;
 use std::hash::{BuildHasher, RandomState};
+use std::io;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use parking_lot::Mutex;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::sync::mpsc::error::TryRecvError;
+use tokio::sync::mpsc::error::{TryRecvError, TrySendError};
 use tokio::sync::{mpsc, oneshot};
 
 use super::Server;
@@ -72,6 +83,9 @@ pub(super) enum Op {
         /// Where the answer goes.
         reply: oneshot::Sender<Result<Reply>>,
     },
+    /// The unwritten rest of an op a caller wrote directly, in part: its expectation is with the
+    /// reader already, so these bytes go out before anything else (they are queued first).
+    Rest(Vec<u8>),
 }
 
 /// How to read a command's reply.
@@ -125,6 +139,9 @@ impl Op {
             Op::Cmd { reply, .. } => {
                 let _ = reply.send(Err(e.clone()));
             }
+            // Its waiter is the reader's; the writer never fails a rest while the connection
+            // lives, and the reader fails every expectation of a dead one.
+            Op::Rest(_) => {}
         }
     }
 }
@@ -191,9 +208,183 @@ impl Expect {
 }
 
 /// Expectations pushed to the reader before their bytes are written, with when that happened.
-struct Batch {
+pub(super) struct Batch {
     sent: Instant,
     expects: Vec<Expect>,
+}
+
+/// A connection as its callers see it (next to its queue's sender): the count of pending ops,
+/// and, while its tasks run, the way to write to it directly. Holds no `Server` (the server's
+/// slot holds this) and no queue sender (the writer ends when the last one is dropped).
+pub(super) struct Conn {
+    flow: Mutex<Flow>,
+    /// Replies expected and not yet read (the writers add, the reader subtracts).
+    in_flight: AtomicUsize,
+}
+
+/// What the direct path and the writer task order themselves by.
+#[derive(Default)]
+struct Flow {
+    /// Ops queued, or taken by the writer and not yet written. Raised with every queueing,
+    /// under this lock; lowered by the writer once a round's bytes are all written.
+    pending: usize,
+    /// Set while the connection is up and its writer runs.
+    open: Option<Open>,
+    /// The direct path's buffers (it merges a get's keys as the writer does).
+    round: Round,
+}
+
+impl Flow {
+    /// The direct path (the caller checked that nothing is pending or in flight): pushes `op`'s
+    /// expectation to the reader, then writes its bytes with a non-blocking write; what the
+    /// socket does not take is queued first for the writer. `op` comes back, untouched, if the
+    /// connection is not up or its queues have no room.
+    fn write(
+        &mut self,
+        op: Op,
+        ops: &mpsc::Sender<Op>,
+        in_flight: &AtomicUsize,
+        server: &Server,
+    ) -> Option<Op> {
+        let Some(open) = &self.open else {
+            return Some(op);
+        };
+        // Both permits first: once the expectation is pushed there is no way back, and a rest
+        // must find room in the queue.
+        let (Ok(rest), Ok(expect)) = (ops.try_reserve(), open.batches.try_reserve()) else {
+            return Some(op);
+        };
+        let round = &mut self.round;
+        let mut buf = match op {
+            // A command's bytes are written as they are, not copied.
+            Op::Cmd {
+                bytes,
+                parse,
+                reply,
+            } => {
+                round.expects.push(Expect::Cmd { parse, reply });
+                bytes
+            }
+            // A get is encoded as the writer would (its keys merged into one line).
+            op => {
+                round.push(op, server);
+                round.close_line(server);
+                std::mem::take(&mut round.out)
+            }
+        };
+        let expects = std::mem::take(&mut round.expects);
+        if !expects.is_empty() {
+            in_flight.fetch_add(expects.len(), Ordering::Relaxed);
+            expect.send(Batch {
+                sent: Instant::now(),
+                expects,
+            });
+            #[cfg(test)]
+            {
+                server.counters.note_direct();
+                server.counters.note_write();
+            }
+            // An error other than WouldBlock is left for the writer to meet: it poisons the
+            // link, and the reader fails this op with the others.
+            let n = open.wr.try_write(&buf).unwrap_or(0);
+            if n < buf.len() {
+                #[cfg(test)]
+                server.counters.note_rest();
+                rest.send(Op::Rest(buf[n..].to_vec()));
+                self.pending += 1;
+            }
+        }
+        // Kept for the next direct get.
+        buf.clear();
+        if buf.capacity() <= KEEP_BUFFER && round.out.capacity() == 0 {
+            round.out = buf;
+        }
+        None
+    }
+}
+
+/// A connected link's write side, for the direct path.
+struct Open {
+    /// The reader's expectations (the writer holds the other sender).
+    batches: mpsc::Sender<Batch>,
+    wr: Arc<OwnedWriteHalf>,
+}
+
+impl Conn {
+    pub(super) fn new() -> Conn {
+        Conn {
+            flow: Mutex::new(Flow::default()),
+            in_flight: AtomicUsize::new(0),
+        }
+    }
+
+    /// Submits `op`: written now by this caller if the connection is up and idle (nothing
+    /// pending, no reply outstanding), queued for the writer otherwise. Never waits: `Full` and
+    /// `Closed` are the queue's, and hand `op` back untouched.
+    ///
+    /// Cancel safety: nothing here awaits, so a caller dropped later finds its op either
+    /// queued whole or with the reader and on the wire (in part, the rest queued first).
+    pub(super) fn submit(
+        &self,
+        ops: &mpsc::Sender<Op>,
+        op: Op,
+        server: &Server,
+    ) -> std::result::Result<(), TrySendError<Op>> {
+        let mut flow = self.flow.lock();
+        // A reply outstanding means the connection is busy: queue, so that the writer merges
+        // this op with its neighbours (the direct path is for a lone caller, not throughput).
+        let op = if flow.pending == 0 && self.in_flight.load(Ordering::Relaxed) == 0 {
+            match flow.write(op, ops, &self.in_flight, server) {
+                None => return Ok(()),
+                Some(op) => op,
+            }
+        } else {
+            op
+        };
+        ops.try_send(op)?;
+        flow.pending += 1;
+        Ok(())
+    }
+
+    /// Queues `op` on a slot reserved after waiting for room.
+    pub(super) fn queue(&self, permit: mpsc::Permit<'_, Op>, op: Op) {
+        let mut flow = self.flow.lock();
+        permit.send(op);
+        flow.pending += 1;
+    }
+
+    /// Opens the direct path onto `wr`, as a connected link does.
+    #[cfg(test)]
+    pub(super) fn open_for_test(&self, batches: mpsc::Sender<Batch>, wr: OwnedWriteHalf) {
+        self.flow.lock().open = Some(Open {
+            batches,
+            wr: Arc::new(wr),
+        });
+    }
+
+    /// What the reader does on answering an expectation.
+    #[cfg(test)]
+    pub(super) fn answered_for_test(&self) {
+        self.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// The writer wrote `n` pending ops.
+    pub(super) fn written(&self, n: usize) {
+        let mut flow = self.flow.lock();
+        flow.pending = flow.pending.saturating_sub(n);
+    }
+}
+
+/// Clears the direct path when the connection's task ends or is dropped (its runtime shut
+/// down): callers queue again and find the queue closed. Dropping the last `Arc` of the write
+/// half shuts the socket's write side.
+struct Closing<'a>(&'a Conn);
+
+impl Drop for Closing<'_> {
+    fn drop(&mut self) {
+        let open = self.0.flow.lock().open.take();
+        drop(open);
+    }
 }
 
 /// What the writer and reader of one connection share.
@@ -203,8 +394,8 @@ struct Link {
     probe: bool,
     /// Why the connection died (the first cause).
     dead: Mutex<Option<Error>>,
-    /// Replies expected and not yet read (the writer adds, the reader subtracts).
-    in_flight: AtomicUsize,
+    /// What callers see of the connection.
+    conn: Arc<Conn>,
 }
 
 impl Link {
@@ -312,6 +503,10 @@ impl Round {
                 self.out.extend_from_slice(&bytes);
                 self.expects.push(Expect::Cmd { parse, reply });
             }
+            Op::Rest(bytes) => {
+                self.close_line(server);
+                self.out.extend_from_slice(&bytes);
+            }
         }
     }
 
@@ -344,7 +539,13 @@ impl Round {
 
 /// Connects to the server, then runs the connection until it dies or every sender is gone.
 /// Ops queued while connecting wait for this one attempt; if it fails, they fail with it.
-pub(super) async fn run(server: Arc<Server>, mut ops: mpsc::Receiver<Op>, probe: bool) {
+pub(super) async fn run(
+    server: Arc<Server>,
+    mut ops: mpsc::Receiver<Op>,
+    probe: bool,
+    conn: Arc<Conn>,
+) {
+    let closing = Closing(&conn);
     #[cfg(test)]
     server.counters.note_connect();
     let settings = server.settings;
@@ -371,16 +572,24 @@ pub(super) async fn run(server: Arc<Server>, mut ops: mpsc::Receiver<Op>, probe:
         }
     };
     let (rd, wr) = stream.into_split();
+    let wr = Arc::new(wr);
     let link = Arc::new(Link {
         server,
         probe,
         dead: Mutex::new(None),
-        in_flight: AtomicUsize::new(0),
+        conn: conn.clone(),
     });
     let (batches_tx, batches_rx) = mpsc::channel(BATCHES_QUEUED);
     let (kill_tx, mut kill_rx) = oneshot::channel();
     let reader = tokio::spawn(read_loop(link.clone(), rd, batches_rx, kill_tx));
+    conn.flow.lock().open = Some(Open {
+        batches: batches_tx.clone(),
+        wr: wr.clone(),
+    });
     write_loop(&link, &mut ops, wr, batches_tx, &mut kill_rx).await;
+    // No direct write from here on, and the batches' last sender is gone: the reader sees the
+    // writer gone.
+    drop(closing);
     let e = link.dead.lock().clone();
     let e = e.unwrap_or_else(|| link.server.annotate(wire::closed()));
     close_queue(&mut ops, &e).await;
@@ -400,21 +609,26 @@ async fn close_queue(ops: &mut mpsc::Receiver<Op>, e: &Error) {
 /// replies (many batches are in flight). Returns when the queue's senders are all gone or the
 /// reader ended (`kill`); a write error poisons the link.
 ///
-/// There is no batching timer. An op on an idle connection (no reply outstanding) is written
-/// as soon as this task runs: a lone caller pays only the hand-off to this task. While replies
-/// are outstanding, the connection is busy and this task yields once (one scheduler turn)
-/// before taking what is queued, so that the callers ready to run add their ops to the batch.
+/// There is no batching timer. An op on an idle connection does not come here: its caller
+/// writes it ([`Conn::submit`]). An op queued while no reply is outstanding (behind a
+/// connect, or behind others queued) is written as soon as this task runs. While replies are
+/// outstanding, the connection is busy and this task yields once (one scheduler turn) before
+/// taking what is queued, so that the callers ready to run add their ops to the batch.
+///
+/// Every op taken stays pending in the [`Conn`] until its bytes are all written, which keeps
+/// the direct path shut meanwhile: the two never write at once.
 ///
 /// The write has no timer of its own: its expectations reach the reader first, so a write
 /// stuck on a server that stopped reading is cut off by the reader's deadline (`kill`).
 async fn write_loop(
     link: &Link,
     ops: &mut mpsc::Receiver<Op>,
-    mut wr: OwnedWriteHalf,
+    wr: Arc<OwnedWriteHalf>,
     batches: mpsc::Sender<Batch>,
     kill: &mut oneshot::Receiver<()>,
 ) {
     let server = &*link.server;
+    let conn = &*link.conn;
     let mut round = Round::default();
     loop {
         let first = tokio::select! {
@@ -425,7 +639,7 @@ async fn write_loop(
                 None => return,
             },
         };
-        if link.in_flight.load(Ordering::Relaxed) != 0 {
+        if conn.in_flight.load(Ordering::Relaxed) != 0 {
             // Replies are outstanding, so this connection is busy: give the callers that are
             // ready to run one scheduler turn to queue theirs, and write them together (fewer
             // writes, merged gets). Nagle's rule without a timer; an op on an idle connection
@@ -433,19 +647,24 @@ async fn write_loop(
             tokio::task::yield_now().await;
         }
         round.push(first, server);
+        // Every op taken stays pending (the direct path stays shut) until written.
+        let mut taken = 1;
         while round.out.len() < WRITE_BYTES {
             match ops.try_recv() {
-                Ok(op) => round.push(op, server),
+                Ok(op) => {
+                    round.push(op, server);
+                    taken += 1;
+                }
                 Err(_) => break,
             }
         }
         round.close_line(server);
-        if round.expects.is_empty() {
+        if round.out.is_empty() {
             // Every get of this batch had been given up.
-            round.out.clear();
+            conn.written(taken);
             continue;
         }
-        link.in_flight
+        conn.in_flight
             .fetch_add(round.expects.len(), Ordering::Relaxed);
         let batch = Batch {
             sent: Instant::now(),
@@ -468,18 +687,34 @@ async fn write_loop(
         tokio::select! {
             biased;
             _ = &mut *kill => return,
-            r = wr.write_all(&round.out) => {
+            r = write_all(&wr, &round.out) => {
                 if let Err(e) = r {
                     link.poison(e.into(), true);
                     return;
                 }
             }
         }
+        conn.written(taken);
         round.out.clear();
         if round.out.capacity() > KEEP_BUFFER {
             round.out = Vec::new();
         }
     }
+}
+
+/// Writes all of `buf` through a write half the direct path shares (so by `&`, not
+/// `AsyncWrite`). Cancel-safe as `write_all` is not: no byte is lost, but a cancelled write
+/// may have written part of `buf` (the writer is cancelled only when the link is dead).
+async fn write_all(wr: &OwnedWriteHalf, mut buf: &[u8]) -> io::Result<()> {
+    while !buf.is_empty() {
+        match wr.try_write(buf) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => buf = &buf[n..],
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => wr.writable().await?,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// How the reader ended.
@@ -530,7 +765,7 @@ async fn read_loop(
             };
             // Before answering: a caller woken by this reply that queues its next op must find
             // the connection idle (no batching turn for a lone caller).
-            link.in_flight.fetch_sub(1, Ordering::Relaxed);
+            link.conn.in_flight.fetch_sub(1, Ordering::Relaxed);
             let reply = &buf[start..start + n];
             start += n;
             answered = true;

@@ -4,7 +4,8 @@
 //! (`conn.rs`). Callers encode and validate their command, queue it on a connection and await a
 //! oneshot; the writer writes everything queued in one go, merging runs of gets into one `gets`
 //! line, and never waits for replies before writing more; the reader answers whole replies in
-//! order. There is no batching timer: an op on an idle connection is written at once; while
+//! order. There is no batching timer: on an idle connection (nothing queued, nothing in flight)
+//! the caller writes its op itself, so a lone caller pays no hand-off to the writer; while
 //! replies are outstanding the writer lets the ready callers run one scheduler turn first, so
 //! that under load their ops share writes and lines. Placement (`routing.rs`), health
 //! (`health.rs`) and the protocol (`wire.rs`) are the blocking backend's.
@@ -41,7 +42,7 @@ use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
-use self::conn::{KEYS_PER_LINE, Op, Parse, QUEUE, Reply};
+use self::conn::{Conn, KEYS_PER_LINE, Op, Parse, QUEUE, Reply};
 use super::memcached::MemcachedConfig;
 use super::memcached::health::{Gate, Health};
 use super::memcached::routing::Routing;
@@ -71,8 +72,8 @@ impl Settings {
 ///
 /// `new` never connects; connections open on first use, on the caller's runtime. Every method
 /// is cancellation-safe: a dropped future never desynchronises a connection or loses another
-/// caller's reply (the reader task parses, not the caller); a write already queued may still
-/// be applied.
+/// caller's reply (the reader task parses, not the caller, and a caller writing directly does
+/// so without awaiting); a write already queued or written may still be applied.
 pub(crate) struct Engine {
     /// In configuration order (the routing's server indices).
     servers: Vec<Arc<Server>>,
@@ -106,9 +107,10 @@ struct Server {
     counters: tests::Counters,
 }
 
-/// An open (or opening) connection: its queue, and its task (for `shutdown`).
+/// An open (or opening) connection: its queue, its direct path, and its task (for `shutdown`).
 struct Live {
     ops: mpsc::Sender<Op>,
+    conn: Arc<Conn>,
     task: JoinHandle<()>,
 }
 
@@ -157,10 +159,11 @@ impl Server {
         self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len()
     }
 
-    /// Queues `op` on connection `slot` through the health gate: fails fast while the server
+    /// Submits `op` on connection `slot` through the health gate: fails fast while the server
     /// is dead; opens the connection if it has none or its queue closed (dead, or its runtime
-    /// shut down), or if this caller is the probe. Ops queued while it connects wait for that
-    /// one attempt. Waits only when the queue is full.
+    /// shut down), or if this caller is the probe. On an idle connection the op is written
+    /// here and now (`Conn::submit`); otherwise it is queued. Ops queued while it connects
+    /// wait for that one attempt. Waits only when the queue is full.
     async fn send(self: &Arc<Self>, slot: usize, mut op: Op) -> Result<()> {
         // A closed queue is retried on a fresh connection (the op was never queued); a queue
         // that closes again and again means connections die as soon as they open.
@@ -177,17 +180,17 @@ impl Server {
                     ),
                 ));
             }
-            let full = {
+            let (ops, conn) = {
                 let mut live = self.slots[slot].lock();
-                let ops = match &*live {
-                    Some(l) if gate == Gate::Go && !l.ops.is_closed() => &l.ops,
-                    _ => &live.insert(self.open(gate == Gate::Probe)?).ops,
+                let l = match &*live {
+                    Some(l) if gate == Gate::Go && !l.ops.is_closed() => l,
+                    _ => live.insert(self.open(gate == Gate::Probe)?),
                 };
-                match ops.try_send(op) {
+                match l.conn.submit(&l.ops, op, self) {
                     Ok(()) => return Ok(()),
                     Err(TrySendError::Full(o)) => {
                         op = o;
-                        ops.clone()
+                        (l.ops.clone(), l.conn.clone())
                     }
                     Err(TrySendError::Closed(o)) => {
                         op = o;
@@ -196,9 +199,10 @@ impl Server {
                     }
                 }
             };
-            match full.send(op).await {
-                Ok(()) => return Ok(()),
-                Err(mpsc::error::SendError(o)) => op = o,
+            // `reserve` is cancel-safe, and keeps `op` if the queue closed meanwhile.
+            if let Ok(permit) = ops.reserve().await {
+                conn.queue(permit, op);
+                return Ok(());
             }
         }
         Err(self.annotate(Error::backend(
@@ -215,8 +219,9 @@ impl Server {
             )
         })?;
         let (ops, queue) = mpsc::channel(QUEUE);
-        let task = rt.spawn(conn::run(self.clone(), queue, probe));
-        Ok(Live { ops, task })
+        let conn = Arc::new(Conn::new());
+        let task = rt.spawn(conn::run(self.clone(), queue, probe, conn.clone()));
+        Ok(Live { ops, conn, task })
     }
 
     /// Reads `keys` (at most [`KEYS_PER_LINE`], validated) on connection `slot`.

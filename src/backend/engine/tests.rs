@@ -19,8 +19,12 @@ pub(super) struct Counters {
     lines: AtomicU64,
     /// Get ops answered by those lines (several per line when merged).
     gets: AtomicU64,
-    /// `write_all` calls.
+    /// Writes (the writer's `write_all` calls and direct writes).
     writes: AtomicU64,
+    /// Ops a caller wrote directly (an idle connection's direct path).
+    direct: AtomicU64,
+    /// Direct writes the socket took only in part (their rest queued for the writer).
+    rests: AtomicU64,
     /// Connection attempts.
     connects: AtomicU64,
     /// Get answers parsed after their caller had given up.
@@ -38,6 +42,12 @@ impl Counters {
     }
     pub(super) fn note_write(&self) {
         self.writes.fetch_add(1, Ordering::Relaxed);
+    }
+    pub(super) fn note_direct(&self) {
+        self.direct.fetch_add(1, Ordering::Relaxed);
+    }
+    pub(super) fn note_rest(&self) {
+        self.rests.fetch_add(1, Ordering::Relaxed);
     }
     pub(super) fn note_connect(&self) {
         self.connects.fetch_add(1, Ordering::Relaxed);
@@ -62,6 +72,12 @@ impl Engine {
     }
     fn writes(&self) -> u64 {
         self.sum(|c| &c.writes)
+    }
+    fn direct(&self) -> u64 {
+        self.sum(|c| &c.direct)
+    }
+    fn rests(&self) -> u64 {
+        self.sum(|c| &c.rests)
     }
     fn orphans(&self) -> u64 {
         self.sum(|c| &c.orphans)
@@ -95,12 +111,17 @@ struct Memcached {
 
 impl Memcached {
     fn start() -> Memcached {
+        Memcached::start_with(&[])
+    }
+
+    /// Starts one with `extra` arguments.
+    fn start_with(extra: &[&str]) -> Memcached {
         for _ in 0..5 {
             let port = TcpListener::bind("127.0.0.1:0")
                 .and_then(|l| l.local_addr())
                 .map(|a| a.port())
                 .expect("a free port");
-            if let Some(m) = Memcached::try_start(port) {
+            if let Some(m) = Memcached::try_start(port, extra) {
                 return m;
             }
         }
@@ -108,10 +129,11 @@ impl Memcached {
     }
 
     /// Starts memcached on `port`; `None` if it exited (port taken) or another process answers.
-    fn try_start(port: u16) -> Option<Memcached> {
+    fn try_start(port: u16, extra: &[&str]) -> Option<Memcached> {
         let mut cmd = Command::new("memcached");
         cmd.args(["-l", "127.0.0.1", "-p", &port.to_string()])
-            .args(["-U", "0", "-t", "2", "-m", "64"]);
+            .args(["-U", "0", "-t", "2", "-m", "64"])
+            .args(extra);
         let root = Command::new("id")
             .arg("-u")
             .output()
@@ -163,7 +185,7 @@ impl Memcached {
         self.kill();
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
-            if let Some(mut m) = Memcached::try_start(self.port) {
+            if let Some(mut m) = Memcached::try_start(self.port, &[]) {
                 self.child = m.child.take();
                 return;
             }
@@ -663,6 +685,313 @@ async fn a_get_dropped_mid_reply_is_skipped_whole() {
     assert_eq!(value(&many[2]), Some(&value_of("dh:2")[..]));
     drop(e);
     server.await.unwrap();
+}
+
+/// Polls `f` once: whatever it does before its first await (submitting its op) is done.
+/// Whether it is still pending (on a multi-thread runtime its reply may be there already).
+async fn poll_once<F: std::future::Future + Unpin>(f: &mut F) -> bool {
+    tokio::select! {
+        biased;
+        _ = f => false,
+        () = std::future::ready(()) => true,
+    }
+}
+
+/// The direct path's rule, step by step on one `Conn`: a caller writes directly only while
+/// nothing is pending or in flight; an op queued earlier keeps the direct path shut until the
+/// writer has written it, so a later op cannot overtake it.
+#[tokio::test]
+async fn the_direct_path_never_overtakes_a_queued_op() {
+    use tokio::io::AsyncReadExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let e = engine(std::slice::from_ref(&addr), 1, |_| {});
+    let server = &e.servers[0];
+    let client = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let (mut peer, _) = listener.accept().await.unwrap();
+    let (_rd, wr) = client.into_split();
+    let (ops_tx, mut ops_rx) = mpsc::channel(QUEUE);
+    let (batches_tx, mut batches_rx) = mpsc::channel(4);
+    let conn = Conn::new();
+    conn.open_for_test(batches_tx, wr);
+    let get = |k: &str| {
+        let (reply, rx) = oneshot::channel();
+        (
+            Op::Get {
+                keys: vec![k.to_owned()],
+                reply,
+            },
+            rx,
+        )
+    };
+    let wire = |peer: &mut tokio::net::TcpStream| {
+        let mut buf = [0u8; 256];
+        let n = peer.try_read(&mut buf).unwrap_or(0);
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    };
+
+    // Idle: written directly, its expectation with the reader first.
+    let (op, _a) = get("a");
+    conn.submit(&ops_tx, op, server).map_err(|_| ()).unwrap();
+    assert!(batches_rx.try_recv().is_ok(), "expectation pushed");
+    peer.readable().await.unwrap();
+    assert_eq!(wire(&mut peer), "gets a\r\n");
+    // A reply in flight: the next op is queued for the writer.
+    let mut set = Vec::new();
+    wire::encode_store(&mut set, &self::set("k", b"v"), 1 << 20).unwrap();
+    let (reply, _s) = oneshot::channel();
+    let cmd = Op::Cmd {
+        bytes: set,
+        parse: Parse::Store,
+        reply,
+    };
+    conn.submit(&ops_tx, cmd, server).map_err(|_| ()).unwrap();
+    // The reply arrives (nothing in flight) while the set is still queued: a get now must
+    // queue behind the set, not be written before it.
+    conn.answered_for_test();
+    let (op, _b) = get("k");
+    conn.submit(&ops_tx, op, server).map_err(|_| ()).unwrap();
+    assert!(batches_rx.try_recv().is_err(), "nothing pushed directly");
+    assert!(
+        matches!(ops_rx.try_recv(), Ok(Op::Cmd { .. })),
+        "the set first"
+    );
+    assert!(
+        matches!(ops_rx.try_recv(), Ok(Op::Get { .. })),
+        "then the get"
+    );
+    tokio::task::yield_now().await;
+    assert_eq!(wire(&mut peer), "", "nothing written by the caller");
+    // Once the writer has written both, the connection is idle again.
+    conn.written(2);
+    let (op, _c) = get("c");
+    conn.submit(&ops_tx, op, server).map_err(|_| ()).unwrap();
+    assert!(batches_rx.try_recv().is_ok());
+    let mut buf = [0u8; 64];
+    let n = peer.read(&mut buf).await.unwrap();
+    assert_eq!(&buf[..n], b"gets c\r\n");
+}
+
+/// Read-your-writes across the direct path and the queue: a set that was submitted (polled
+/// once) and then dropped or not yet awaited is seen by the caller's next get on the
+/// connection, whichever way each went. Tasks come and go, so the connection is sometimes idle
+/// (direct writes) and sometimes busy (queued, merged).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_get_after_a_submitted_set_sees_it() {
+    let mc = Memcached::start();
+    let e = Arc::new(engine(&[mc.addr()], 1, |_| {}));
+    e.get("ryw:warm").await.unwrap();
+    let (direct0, writes0) = (e.direct(), e.writes());
+    let stale = Arc::new(AtomicUsize::new(0));
+    let tasks: Vec<_> = (0..6u64)
+        .map(|t| {
+            let (e, stale) = (e.clone(), stale.clone());
+            tokio::spawn(async move {
+                let mut rng = Rand(t * 31 + 7);
+                let key = format!("ryw:{t}");
+                for i in 0..400 {
+                    let v = format!("{t}-{i}").into_bytes();
+                    let mut store = Some(e.store(set(&key, &v)));
+                    if let Some(s) = &mut store {
+                        if !poll_once(s).await || rng.below(2) == 0 {
+                            store = None;
+                        }
+                    }
+                    // Now and then an idle gap, so that the next op finds the connection idle.
+                    for _ in 0..rng.below(3) {
+                        tokio::task::yield_now().await;
+                    }
+                    if value(&e.get(&key).await) != Some(&v[..]) {
+                        stale.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if let Some(store) = store {
+                        // Finished after the get: it was written before the get regardless.
+                        assert_eq!(store.await.unwrap(), StoreOutcome::Stored);
+                    }
+                    if rng.below(8) == 0 {
+                        tokio::time::sleep(Duration::from_micros(200)).await;
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let (direct, writes) = (e.direct() - direct0, e.writes() - writes0);
+    eprintln!("{direct} direct writes, {} by the writer", writes - direct);
+    assert_eq!(
+        stale.load(Ordering::Relaxed),
+        0,
+        "a get missed the set before it"
+    );
+    assert!(direct > 0, "the direct path was taken");
+    assert!(writes > direct, "the writer wrote too");
+}
+
+/// A large set written directly on an idle connection whose server is not reading: the
+/// socket takes part of it, the rest goes first in the queue; ops submitted meanwhile follow it
+/// in order and get their own replies.
+#[tokio::test]
+async fn a_direct_write_taken_in_part_goes_on_in_order() {
+    // Larger than a loopback socket's send buffer (up to 4 MiB) and the stopped server's
+    // receive buffer together.
+    let mc = Memcached::start_with(&["-I", "16m"]);
+    let e = engine(&[mc.addr()], 1, |c| {
+        c.io_timeout = Duration::from_secs(20);
+        c.item_size = 16 << 20;
+    });
+    e.get("pw:warm").await.unwrap();
+    let big = vec![b'B'; 12 << 20];
+    let direct = e.direct();
+    mc.signal("STOP");
+    // On this thread, the connection's tasks run only once the test awaits.
+    let mut store = e.store(set("pw:big", &big));
+    assert!(poll_once(&mut store).await);
+    assert_eq!(e.rests(), 1, "the socket took part of it");
+    let mut get_big = e.get("pw:big");
+    assert!(poll_once(&mut get_big).await);
+    let mut store2 = e.store(set("pw:small", b"s"));
+    assert!(poll_once(&mut store2).await);
+    let mut get_small = e.get("pw:small");
+    assert!(poll_once(&mut get_small).await);
+    assert_eq!(
+        e.direct() - direct,
+        1,
+        "the big set; the others were queued behind it"
+    );
+    mc.signal("CONT");
+    assert_eq!(store.await.unwrap(), StoreOutcome::Stored);
+    assert_eq!(value(&get_big.await), Some(&big[..]));
+    assert_eq!(store2.await.unwrap(), StoreOutcome::Stored);
+    assert_eq!(value(&get_small.await), Some(&b"s"[..]));
+    assert_eq!(e.poisonings(), 0);
+    assert_eq!(
+        value(&e.get("pw:small").await),
+        Some(&b"s"[..]),
+        "still in step"
+    );
+}
+
+/// Few tasks, random ops, random cancellations, idle gaps: ops go direct and queued in every
+/// interleaving, on both kinds of runtime; every answer is the asker's own.
+async fn direct_and_queued_never_cross(e: Arc<Engine>, keys: Arc<Vec<String>>) -> (u64, usize) {
+    let direct0 = e.direct();
+    let (wrong, cancelled) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let tasks: Vec<_> = (0..4u64)
+        .map(|t| {
+            let (e, keys) = (e.clone(), keys.clone());
+            let (wrong, cancelled) = (wrong.clone(), cancelled.clone());
+            tokio::spawn(async move {
+                let mut rng = Rand(t * 7717 + 5);
+                let check = |k: &str, r: &Result<Option<Item>>| {
+                    if value(r) != Some(&value_of(k)[..]) {
+                        wrong.fetch_add(1, Ordering::Relaxed);
+                    }
+                };
+                for _ in 0..1500 {
+                    let yields = rng.below(4);
+                    let give_up = async {
+                        for _ in 0..yields {
+                            tokio::task::yield_now().await;
+                        }
+                    };
+                    let k = keys[rng.below(keys.len())].clone();
+                    let v = value_of(&k);
+                    let cancel = rng.below(3) == 0;
+                    let gave_up = match rng.below(5) {
+                        0 => {
+                            let ks: Vec<&str> = (0..1 + rng.below(6))
+                                .map(|_| keys[rng.below(keys.len())].as_str())
+                                .collect();
+                            let got = e.get_many(&ks);
+                            if cancel {
+                                tokio::select! {
+                                    got = got => { ks.iter().zip(&got).for_each(|(k, r)| check(k, r)); false }
+                                    () = give_up => true,
+                                }
+                            } else {
+                                ks.iter().zip(&got.await).for_each(|(k, r)| check(k, r));
+                                false
+                            }
+                        }
+                        1 => {
+                            let w = e.store(set(&k, &v));
+                            if cancel {
+                                tokio::select! {
+                                    r = w => { r.unwrap(); false }
+                                    () = give_up => true,
+                                }
+                            } else {
+                                w.await.unwrap();
+                                false
+                            }
+                        }
+                        2 => {
+                            let (o, item) = e.store_then_get(set(&k, &v)).await.unwrap();
+                            assert_eq!(o, StoreOutcome::Stored);
+                            check(&k, &Ok(item));
+                            false
+                        }
+                        _ => {
+                            if cancel {
+                                tokio::select! {
+                                    r = e.get(&k) => { check(&k, &r); false }
+                                    () = give_up => true,
+                                }
+                            } else {
+                                check(&k, &e.get(&k).await);
+                                false
+                            }
+                        }
+                    };
+                    if gave_up {
+                        cancelled.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if rng.below(16) == 0 {
+                        tokio::time::sleep(Duration::from_micros(100)).await;
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(wrong.load(Ordering::Relaxed), 0, "wrong values");
+    let ks: Vec<&str> = keys.iter().map(String::as_str).collect();
+    for (k, r) in ks.iter().zip(e.get_many(&ks).await) {
+        assert_eq!(value(&r), Some(&value_of(k)[..]), "after");
+    }
+    (e.direct() - direct0, cancelled.load(Ordering::Relaxed))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn direct_and_queued_ops_never_cross_replies_multi_thread() {
+    let mc = Memcached::start();
+    let e = Arc::new(engine(&[mc.addr()], 2, |_| {}));
+    let keys = Arc::new(populate(&e, "dq", 200).await);
+    let (lines0, gets0) = (e.lines(), e.gets());
+    let (direct, cancelled) = direct_and_queued_never_cross(e.clone(), keys).await;
+    let (lines, gets) = (e.lines() - lines0, e.gets() - gets0);
+    eprintln!("{direct} direct writes, {cancelled} cancelled, {gets} gets in {lines} lines");
+    assert!(direct > 0 && cancelled > 0);
+    assert!(gets > lines, "some gets were merged (queued)");
+    assert_eq!(e.poisonings(), 0);
+}
+
+#[tokio::test]
+async fn direct_and_queued_ops_never_cross_replies_current_thread() {
+    let mc = Memcached::start();
+    let e = Arc::new(engine(&[mc.addr()], 1, |_| {}));
+    let keys = Arc::new(populate(&e, "dq", 200).await);
+    let (lines0, gets0) = (e.lines(), e.gets());
+    let (direct, cancelled) = direct_and_queued_never_cross(e.clone(), keys).await;
+    let (lines, gets) = (e.lines() - lines0, e.gets() - gets0);
+    eprintln!("{direct} direct writes, {cancelled} cancelled, {gets} gets in {lines} lines");
+    assert!(direct > 0 && cancelled > 0);
+    assert!(gets > lines, "some gets were merged (queued)");
+    assert_eq!(e.poisonings(), 0);
 }
 
 /// Test 6, a stopped server: a second batch is written while the first is unanswered;
