@@ -20,8 +20,7 @@
 //! socket takes only in part queues its rest, first in the queue, for the writer.
 //!
 //! Either task ending wakes the other: the reader holds the writer's `kill` sender, the writer
-//! the reader's `Batch` senders (its own, and the direct path's, which it drops as it ends).
-//! Whoever hits a fault first poisons the [`Link`] (the first
+//! the reader's `writer_done` one. Whoever hits a fault first poisons the [`Link`] (the first
 //! cause wins and is recorded once against the server); then every waiter in flight and every op
 //! still queued is failed at once, and the queue is closed, so the next caller reconnects.
 
@@ -581,15 +580,16 @@ pub(super) async fn run(
     });
     let (batches_tx, batches_rx) = mpsc::channel(BATCHES_QUEUED);
     let (kill_tx, mut kill_rx) = oneshot::channel();
-    let reader = tokio::spawn(read_loop(link.clone(), rd, batches_rx, kill_tx));
+    let (done_tx, done_rx) = oneshot::channel::<()>();
+    let reader = tokio::spawn(read_loop(link.clone(), rd, batches_rx, kill_tx, done_rx));
     conn.flow.lock().open = Some(Open {
         batches: batches_tx.clone(),
         wr: wr.clone(),
     });
     write_loop(&link, &mut ops, wr, batches_tx, &mut kill_rx).await;
-    // No direct write from here on, and the batches' last sender is gone: the reader sees the
-    // writer gone.
+    // No direct write from here on: the batches' last sender is gone; tell the reader.
     drop(closing);
+    drop(done_tx);
     let e = link.dead.lock().clone();
     let e = e.unwrap_or_else(|| link.server.annotate(wire::closed()));
     close_queue(&mut ops, &e).await;
@@ -728,12 +728,20 @@ enum End {
 /// Reads replies and answers their waiters, oldest first, until the writer is gone and nothing
 /// is in flight, or the connection dies: a transport error, the server closing it, a reply the
 /// parsers reject, or no whole reply to the oldest request within `io_timeout` of its write.
+///
+/// Expectations are taken when their replies' bytes arrive, not when they are pushed: a push
+/// wakes this task only when no deadline is armed (a lone caller's request costs no extra
+/// wake-up while its reply is on its way). The armed deadline is some earlier request's
+/// (pushed before, so due no later): when it fires, the expectations pushed meanwhile are taken
+/// and the oldest one's deadline is armed.
 async fn read_loop(
     link: Arc<Link>,
     mut rd: OwnedReadHalf,
     mut batches: mpsc::Receiver<Batch>,
     // Dropped when this returns: wakes the writer.
     _kill: oneshot::Sender<()>,
+    // Dropped when the writer is gone (and with it the batches' senders).
+    mut writer_done: oneshot::Receiver<()>,
 ) {
     let settings = link.server.settings;
     let item_size = settings.item_size;
@@ -741,10 +749,12 @@ async fn read_loop(
     let mut start = 0;
     let mut in_flight: VecDeque<(Instant, Expect)> = VecDeque::new();
     let mut writer_gone = false;
-    // Armed at some earlier request's deadline (never later than the oldest one's); re-armed
-    // only when it fires, so the hot path sets no timer per reply.
+    let mut told_done = false;
+    // Armed (`armed`) at the oldest request's deadline when it is taken; re-armed only when it
+    // fires, so the hot path sets no timer per reply.
     let sleep = tokio::time::sleep(settings.io_timeout);
     tokio::pin!(sleep);
+    let mut armed = false;
     let end = 'conn: loop {
         // The writer pushes a batch before writing it, so a reply's expectation is here or in
         // the channel.
@@ -820,9 +830,12 @@ async fn read_loop(
         if buf.capacity() - buf.len() < READ_CHUNK / 4 {
             buf.reserve(READ_CHUNK);
         }
-        let deadline = in_flight
-            .front()
-            .map(|(sent, _)| *sent + settings.io_timeout);
+        if !armed {
+            if let Some((sent, _)) = in_flight.front() {
+                sleep.as_mut().reset((*sent + settings.io_timeout).into());
+                armed = true;
+            }
+        }
         tokio::select! {
             biased;
             r = rd.read_buf(&mut buf) => match r {
@@ -833,13 +846,18 @@ async fn read_loop(
                 Ok(_) => {}
                 Err(e) => break End::Dead { error: e.into(), fault: true },
             },
-            b = batches.recv(), if !writer_gone && in_flight.len() < MAX_IN_FLIGHT => match b {
+            // Nothing in flight, no deadline armed: the next push must wake this task.
+            b = batches.recv(), if !armed && !writer_gone => match b {
                 Some(b) => in_flight.extend(b.expects.into_iter().map(|x| (b.sent, x))),
                 None => writer_gone = true,
             },
-            () = &mut sleep, if deadline.is_some() => {
-                let Some(deadline) = deadline else { continue };
-                if Instant::now() >= deadline {
+            _ = &mut writer_done, if !told_done => told_done = true,
+            () = &mut sleep, if armed => {
+                armed = false;
+                let late = in_flight
+                    .front()
+                    .is_some_and(|(sent, _)| sent.elapsed() >= settings.io_timeout);
+                if late {
                     break End::Dead {
                         error: Error::new(
                             ErrorKind::Timeout,
@@ -848,7 +866,6 @@ async fn read_loop(
                         fault: true,
                     };
                 }
-                sleep.as_mut().reset(deadline.into());
             },
         }
     };

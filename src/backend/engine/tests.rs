@@ -1072,6 +1072,45 @@ async fn a_stopped_server_fails_its_waiters_at_once_then_serves_again() {
     eprintln!("served again after {:?}", back.elapsed());
 }
 
+/// The reader takes a request pushed while an earlier request's deadline is armed without
+/// being woken; the request still fails at its own deadline (not earlier, and not never) when
+/// the server stops answering.
+#[tokio::test]
+async fn a_request_pushed_while_a_deadline_is_armed_times_out_on_time() {
+    let io_timeout = Duration::from_millis(300);
+    let mc = Memcached::start();
+    let e = engine(&[mc.addr()], 1, |c| {
+        c.io_timeout = io_timeout;
+        c.failure_limit = 100;
+    });
+    for _ in 0..3 {
+        e.get("dl:k").await.unwrap();
+    }
+    // The first get's deadline is still armed: the next get is written without a wake-up.
+    tokio::time::sleep(io_timeout / 3).await;
+    mc.signal("STOP");
+    let t = Instant::now();
+    let got = tokio::time::timeout(io_timeout * 20, e.get("dl:k"))
+        .await
+        .expect("no hang");
+    let took = t.elapsed();
+    let err = got.expect_err("the server is stopped");
+    assert!(err.is_timeout(), "{err}");
+    assert!(
+        took >= io_timeout,
+        "failed before its own deadline: {took:?}"
+    );
+    eprintln!("timed out after {took:?}");
+    mc.signal("CONT");
+    let back = Instant::now();
+    while e.get("dl:k").await.is_err() {
+        assert!(
+            back.elapsed() < Duration::from_secs(5),
+            "never served again"
+        );
+    }
+}
+
 /// Test 6, a killed server among three: only its keys fail, it is not connected to in a hot
 /// loop while down, and after a restart on the same port it serves again quickly.
 #[tokio::test]
