@@ -352,6 +352,12 @@ impl Conn {
         flow.pending += 1;
     }
 
+    /// Whether nothing is pending or in flight (a hint: a busy lock counts as busy).
+    pub(super) fn idle(&self) -> bool {
+        self.in_flight.load(Ordering::Relaxed) == 0
+            && self.flow.try_lock().is_some_and(|f| f.pending == 0)
+    }
+
     /// Opens the direct path onto `wr`, as a connected link does.
     #[cfg(test)]
     pub(super) fn open_for_test(&self, batches: mpsc::Sender<Batch>, wr: OwnedWriteHalf) {

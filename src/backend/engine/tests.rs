@@ -873,6 +873,38 @@ async fn a_direct_write_taken_in_part_goes_on_in_order() {
     );
 }
 
+/// A lone caller keeps the connection it used while that one is idle; busy connections share
+/// the load.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_caller_keeps_one_connection() {
+    let mc = Memcached::start();
+    let e = Arc::new(engine(&[mc.addr()], 2, |_| {}));
+    for i in 0..100 {
+        e.get(&format!("lc:{i}")).await.unwrap();
+    }
+    assert_eq!(e.connects(0), 1);
+    // All but maybe the first (queued if it came before the connect).
+    assert!(e.direct() >= 99, "{}", e.direct());
+    let tasks: Vec<_> = (0..64)
+        .map(|i| {
+            let e = e.clone();
+            tokio::spawn(async move {
+                for j in 0..20 {
+                    e.get(&format!("lc:{i}:{j}")).await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(
+        e.connects(0),
+        2,
+        "the busy connection's neighbour was opened"
+    );
+}
+
 /// Few tasks, random ops, random cancellations, idle gaps: ops go direct and queued in every
 /// interleaving, on both kinds of runtime; every answer is the asker's own.
 async fn direct_and_queued_never_cross(e: Arc<Engine>, keys: Arc<Vec<String>>) -> (u64, usize) {
@@ -1359,8 +1391,10 @@ async fn dropping_the_engine_ends_its_connections() {
     let mc = Memcached::start();
     let e = engine(&[mc.addr()], 2, |_| {});
     populate(&e, "dr", 10).await;
-    e.get("dr:1").await.unwrap();
-    e.get("dr:2").await.unwrap();
+    // Two at once: the second finds the first's connection busy and opens the other one.
+    let (a, b) = tokio::join!(e.get("dr:1"), e.get("dr:2"));
+    a.unwrap();
+    b.unwrap();
     assert_eq!(e.connects(0), 2);
     let server = Arc::downgrade(&e.servers[0]);
     drop(e);
