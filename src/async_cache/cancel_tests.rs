@@ -12,8 +12,10 @@ use crate::cache::Cache;
 use crate::error::Result;
 
 /// 0: answers at once. 1: a `cas` store_then_get (a renewal) is applied, its reply never
-/// comes. 3: an `add` store_then_get (a placeholder) is applied at once, its reply comes 50 ms
-/// later. 4: an `add` is applied but its read-back misses it, and the re-read never answers.
+/// comes. 2: an `add` store_then_get (a placeholder) is applied 50 ms later by a task of its
+/// own (its connection is busier than the one the cleanup reads on). 3: an `add`
+/// store_then_get is applied at once, its reply comes 50 ms later. 4: an `add` is applied but
+/// its read-back misses it, and the re-read never answers. Writes settle within 100 ms.
 #[derive(Debug)]
 struct Late {
     inner: Arc<dyn Backend>,
@@ -50,6 +52,22 @@ impl AsyncBackend for Late {
             (1, StoreMode::Cas(_)) => {
                 let _ = self.inner.store_then_get(w);
                 Box::pin(std::future::pending())
+            }
+            (2, StoreMode::Add) => {
+                let inner = self.inner.clone();
+                let (key, value, flags, exptime) =
+                    (w.key.to_string(), w.value.to_vec(), w.flags, w.exptime);
+                let applied = tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    inner.store_then_get(Write {
+                        mode: StoreMode::Add,
+                        key: &key,
+                        value: &value,
+                        flags,
+                        exptime,
+                    })
+                });
+                Box::pin(async move { applied.await.unwrap() })
             }
             (4, StoreMode::Add) => {
                 // twemproxy with server_connections > 1: the pipelined read ran first.
@@ -103,6 +121,9 @@ impl AsyncBackend for Late {
     }
     fn max_value_size(&self, key: &str) -> usize {
         self.inner.max_value_size(key)
+    }
+    fn settle_time(&self) -> Duration {
+        Duration::from_millis(100)
     }
 }
 
@@ -158,21 +179,28 @@ async fn a_leader_dropped_mid_renewal_gives_its_claim_back() {
     }
 }
 
-/// A caller dropped while its placeholder's `add` is on its way (applied, the reply late): the
-/// claim guard reads the key back and gives the placeholder back, so the next caller loads at
-/// once. (An `AsyncBackend` applies one key's operations in the order they were issued: the
-/// engine sends a key's commands and reads on one connection.)
+/// A caller dropped while its placeholder's `add` is on its way: the claim guard reads the key
+/// back and gives the placeholder back, so the next caller loads at once. Mode 3: the write
+/// landed before the guard's read (its reply was late). Mode 2: it lands after the guard's
+/// first read (queued behind other work on another connection): the guard looks again once
+/// writes have settled.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_caller_dropped_mid_claim_gives_its_placeholder_back() {
+    for mode in [3, 2] {
+        placeholder_given_back(mode).await;
+    }
+}
+
+async fn placeholder_given_back(mode: u8) {
     let (cache, late) = late_cache();
-    late.mode.store(3, Ordering::SeqCst);
+    late.mode.store(mode, Ordering::SeqCst);
     let gone = tokio::time::timeout(
         Duration::from_millis(10),
         cache.get_or_set_with("k", MIN, || async { Ok::<u32, std::io::Error>(1) }),
     )
     .await;
     assert!(gone.is_err(), "the first caller was dropped mid-claim");
-    tokio::time::sleep(Duration::from_millis(100)).await; // the cleanup ran
+    tokio::time::sleep(Duration::from_millis(200)).await; // the write landed; cleanup ran
     late.mode.store(0, Ordering::SeqCst);
     let t = Instant::now();
     let next = cache
@@ -180,7 +208,7 @@ async fn a_caller_dropped_mid_claim_gives_its_placeholder_back() {
         .await;
     assert!(
         matches!(next, Ok(2)),
-        "the next caller got {next:?} after {:?}",
+        "mode {mode}: the next caller got {next:?} after {:?}",
         t.elapsed()
     );
 }

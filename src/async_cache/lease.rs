@@ -177,43 +177,71 @@ impl AsyncLease {
 }
 
 impl Drop for AsyncLease {
-    /// Gives the key back (a failed load, or a future dropped mid-load). The claim is read back
-    /// first and released only if it still carries this lease's token (`release_abandoned`):
-    /// a renewal whose reply was lost to the drop may have changed its CAS token, so a `cas`
-    /// against the last one known could fail and leave the claim held.
+    /// Gives the key back (a failed load, or a future dropped mid-load), from a spawned task:
+    /// see [`give_back`]. A renewal whose reply was lost to the drop may have changed the
+    /// claim's CAS token, so the claim is found by its token, not by the last CAS known.
     fn drop(&mut self) {
         if self.done || self.lost {
             return;
         }
-        // Best effort, off the dropped future: if it cannot run (no runtime) or fails, the
-        // claim lapses at its deadline.
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let backend = self.backend.clone();
-        let cache = self.cache.clone();
         let key = std::mem::take(&mut self.key);
-        let token = self.lease.token();
-        rt.spawn(async move {
-            let Ok(Some(item)) = backend.get(&key).await else {
-                return;
-            };
-            let Some(Action::StoreThenRead {
-                mode,
-                value,
-                exptime,
-            }) = release_abandoned(&item, token, cache.now())
-            else {
-                return;
-            };
-            let w = Write {
-                mode,
-                key: &key,
-                value: &value,
-                flags: envelope::FLAGS,
-                exptime,
-            };
-            let _ = backend.store(w).await;
-        });
+        give_back(&self.cache, &self.backend, vec![(key, self.lease.token())]);
     }
+}
+
+/// Gives back claims whose holder went away, from a spawned task: each key is read, and a claim
+/// or placeholder that still carries its token is released (`release_abandoned`). A write of
+/// the dropped caller may still be on its way (queued in the engine, which sends it anyway):
+/// a key where nothing of ours was found is read once more after the backend's settle time.
+/// Best effort: without a runtime, or if the backend fails, the claims lapse at their
+/// deadlines.
+pub(crate) fn give_back(
+    cache: &Cache,
+    backend: &Arc<dyn AsyncBackend>,
+    claims: Vec<(String, u64)>,
+) {
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let (cache, backend) = (cache.clone(), backend.clone());
+    rt.spawn(async move {
+        let mut missed = Vec::new();
+        for (key, token) in claims {
+            if !release_if_ours(&cache, &*backend, &key, token).await {
+                missed.push((key, token));
+            }
+        }
+        if missed.is_empty() {
+            return;
+        }
+        tokio::time::sleep(backend.settle_time()).await;
+        for (key, token) in missed {
+            release_if_ours(&cache, &*backend, &key, token).await;
+        }
+    });
+}
+
+/// Releases `key` if it holds `token`'s claim; `true` if it found one (the release is best
+/// effort), `false` if the key holds nothing of ours (yet).
+async fn release_if_ours(cache: &Cache, backend: &dyn AsyncBackend, key: &str, token: u64) -> bool {
+    let Ok(Some(item)) = backend.get(key).await else {
+        return false;
+    };
+    let Some(Action::StoreThenRead {
+        mode,
+        value,
+        exptime,
+    }) = release_abandoned(&item, token, cache.now())
+    else {
+        return false;
+    };
+    let w = Write {
+        mode,
+        key,
+        value: &value,
+        flags: envelope::FLAGS,
+        exptime,
+    };
+    let _ = backend.store(w).await;
+    true
 }

@@ -16,17 +16,16 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::AsyncCache;
-use super::lease::AsyncLease;
+use super::lease::{AsyncLease, give_back};
 use crate::backend::{Item, StoreOutcome, Write};
 use crate::cache::Cache;
 use crate::cache::io::{Disarm, Io};
-use crate::envelope;
 use crate::error::{BoxError, Result};
 use crate::loader::Load;
 use crate::loader::coalesce::{Outcome, Slot};
 use crate::loader::driver::{Claim, Driver};
 use crate::loader::lease::Completed;
-use crate::protocol::{Action, Lease, release_abandoned};
+use crate::protocol::Lease;
 use crate::ttl::Ttl;
 
 /// The async front end's [`Io`] and [`Driver`]: the cache's async backend, tokio timers, and
@@ -167,38 +166,13 @@ impl Disarm for ClaimGuard {
 
 impl Drop for ClaimGuard {
     fn drop(&mut self) {
-        let Some(cache) = self.cache.take() else {
-            return;
-        };
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            return; // the claims lapse at their deadlines
-        };
-        let claims = std::mem::take(&mut self.claims);
-        rt.spawn(async move {
-            let backend = &cache.shared.backend;
-            for (key, token) in claims {
-                let Ok(Some(item)) = backend.get(&key).await else {
-                    continue;
-                };
-                let Some(Action::StoreThenRead {
-                    mode,
-                    value,
-                    exptime,
-                }) = release_abandoned(&item, token, cache.cache.now())
-                else {
-                    continue;
-                };
-                let w = Write {
-                    mode,
-                    key: &key,
-                    value: &value,
-                    flags: envelope::FLAGS,
-                    exptime,
-                };
-                // Best effort: a failure leaves the claim to lapse at its deadline.
-                let _ = backend.store(w).await;
-            }
-        });
+        if let Some(cache) = self.cache.take() {
+            give_back(
+                &cache.cache,
+                &cache.shared.backend,
+                std::mem::take(&mut self.claims),
+            );
+        }
     }
 }
 
@@ -369,6 +343,8 @@ impl AsyncCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::envelope;
+    use crate::protocol::Action;
     use crate::protocol::Mode;
 
     /// A cold `get_or_set_with` whose future is dropped after its placeholder was written but

@@ -56,6 +56,13 @@ mod nonblocking {
         fn shutdown(&self) -> BoxFuture<'_, ()> {
             Box::pin(async {})
         }
+        /// How long a write whose caller went away may still take to land (queued behind
+        /// others, then written and answered or its connection given up): a read issued this
+        /// long after it sees it, if it landed. Zero for a backend that applies writes when
+        /// they are made.
+        fn settle_time(&self) -> std::time::Duration {
+            std::time::Duration::ZERO
+        }
     }
 
     /// Any sync backend that never blocks (the memory backend) is an async one that answers

@@ -664,6 +664,12 @@ impl AsyncBackend for Engine {
         max_value_size(self.settings.item_size, key)
     }
 
+    /// A queued write is written and answered within `io_timeout` of reaching its socket, or
+    /// its connection is given up; it may wait its turn behind a connect first.
+    fn settle_time(&self) -> Duration {
+        self.settings.connect_timeout + self.settings.io_timeout
+    }
+
     fn shutdown(&self) -> BoxFuture<'_, ()> {
         Box::pin(self.close_all())
     }

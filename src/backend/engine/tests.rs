@@ -1150,7 +1150,12 @@ async fn a_killed_server_fails_only_its_keys_and_returns_after_a_restart() {
     let mut servers: Vec<Memcached> = (0..3).map(|_| Memcached::start()).collect();
     let addrs: Vec<String> = servers.iter().map(Memcached::addr).collect();
     let retry = Duration::from_millis(100);
-    let e = engine(&addrs, 2, |c| c.retry_interval = retry);
+    // A killed server refuses connections at once; the live ones get a generous io_timeout,
+    // so that a loaded machine cannot turn their answers into timeouts.
+    let e = engine(&addrs, 2, |c| {
+        c.retry_interval = retry;
+        c.io_timeout = Duration::from_secs(5);
+    });
     let keys = populate(&e, "kl", 300).await;
     let ks: Vec<&str> = keys.iter().map(String::as_str).collect();
     let home: Vec<usize> = ks.iter().map(|k| e.routing.home(k)).collect();
