@@ -15,11 +15,15 @@ use crate::error::Result;
 /// comes. 2: an `add` store_then_get (a placeholder) is applied 50 ms later by a task of its
 /// own (its connection is busier than the one the cleanup reads on). 3: an `add`
 /// store_then_get is applied at once, its reply comes 50 ms later. 4: an `add` is applied but
-/// its read-back misses it, and the re-read never answers. Writes settle within 100 ms.
+/// its read-back misses it, and the re-read never answers. 6: a renewal's `cas` is held back
+/// and applied just before the next store (it lands between a give-back's read and its
+/// release). Writes settle within 100 ms.
 #[derive(Debug)]
 struct Late {
     inner: Arc<dyn Backend>,
     mode: AtomicU8,
+    /// Mode 6: a renewal's `cas` held back, applied just before the next `store`.
+    held: std::sync::Mutex<Option<(String, Vec<u8>, u32, u32, u64)>>,
 }
 
 impl AsyncBackend for Late {
@@ -40,6 +44,9 @@ impl AsyncBackend for Late {
         Box::pin(async move { r })
     }
     fn store<'a>(&'a self, w: Write<'a>) -> BoxFuture<'a, Result<StoreOutcome>> {
+        if let Some((k, v, f, e, cas)) = self.held.lock().unwrap().take() {
+            let _ = self.inner.store(StoreMode::Cas(cas), &k, &v, f, e);
+        }
         let r = self.inner.store(w.mode, w.key, w.value, w.flags, w.exptime);
         Box::pin(async move { r })
     }
@@ -49,6 +56,11 @@ impl AsyncBackend for Late {
     ) -> BoxFuture<'a, Result<(StoreOutcome, Option<Item>)>> {
         let mode = self.mode.load(Ordering::SeqCst);
         match (mode, w.mode) {
+            (6, StoreMode::Cas(cas)) => {
+                *self.held.lock().unwrap() =
+                    Some((w.key.to_string(), w.value.to_vec(), w.flags, w.exptime, cas));
+                Box::pin(std::future::pending())
+            }
             (1, StoreMode::Cas(_)) => {
                 let _ = self.inner.store_then_get(w);
                 Box::pin(std::future::pending())
@@ -138,6 +150,7 @@ fn late_cache() -> (AsyncCache, Arc<Late>) {
     let late = Arc::new(Late {
         inner: sync.inner.config.backend.clone(),
         mode: AtomicU8::new(0),
+        held: std::sync::Mutex::new(None),
     });
     (AsyncCache::new(sync, late.clone()), late)
 }
@@ -228,6 +241,35 @@ async fn a_caller_dropped_during_the_claims_reread_gives_its_placeholder_back() 
     assert!(gone.is_err(), "dropped during the re-read");
     late.mode.store(0, Ordering::SeqCst);
     tokio::time::sleep(Duration::from_millis(50)).await;
+    let t = Instant::now();
+    let next = cache
+        .get_or_set_with("k", MIN, || async { Ok::<u32, std::io::Error>(2) })
+        .await;
+    assert!(
+        matches!(next, Ok(2)),
+        "the next caller got {next:?} after {:?}",
+        t.elapsed()
+    );
+}
+
+/// A leader dropped mid-renewal whose renewal (queued on a busier connection) lands between the
+/// give-back's read and its release `cas`: the release loses (EXISTS) and is tried again once
+/// writes have settled, so the claim, just extended by a full lease, is still given back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_landing_after_the_give_backs_read_is_given_back_too() {
+    let (cache, late) = late_cache();
+    late.mode.store(6, Ordering::SeqCst);
+    let gone = tokio::time::timeout(
+        Duration::from_millis(900),
+        cache.get_or_set_with("k", MIN, || async {
+            tokio::time::sleep(MIN).await;
+            Ok::<u32, std::io::Error>(1)
+        }),
+    )
+    .await;
+    assert!(gone.is_err(), "the first caller was dropped");
+    late.mode.store(0, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(300)).await; // the release task and its settle
     let t = Instant::now();
     let next = cache
         .get_or_set_with("k", MIN, || async { Ok::<u32, std::io::Error>(2) })

@@ -8,7 +8,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::backend::{AsyncBackend, Write};
+use crate::backend::{AsyncBackend, StoreOutcome, Write};
 use crate::cache::Cache;
 use crate::envelope;
 use crate::error::Result;
@@ -221,8 +221,8 @@ pub(crate) fn give_back(
     });
 }
 
-/// Releases `key` if it holds `token`'s claim; `true` if it found one (the release is best
-/// effort), `false` if the key holds nothing of ours (yet).
+/// Releases `key` if it holds `token`'s claim: `true` once released; `false` if the key holds
+/// nothing of ours (yet), or the release lost to a write of ours still landing.
 async fn release_if_ours(cache: &Cache, backend: &dyn AsyncBackend, key: &str, token: u64) -> bool {
     let Ok(Some(item)) = backend.get(key).await else {
         return false;
@@ -242,6 +242,7 @@ async fn release_if_ours(cache: &Cache, backend: &dyn AsyncBackend, key: &str, t
         flags: envelope::FLAGS,
         exptime,
     };
-    let _ = backend.store(w).await;
-    true
+    // A release that lost to a write of ours still on its way (a renewal queued on another
+    // connection, which moved the CAS token) is looked at again after the settle time.
+    matches!(backend.store(w).await, Ok(StoreOutcome::Stored))
 }

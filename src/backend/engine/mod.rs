@@ -474,7 +474,10 @@ impl Engine {
         if tokio::runtime::Handle::try_current().is_err() {
             return;
         }
-        let bound = self.settings.connect_timeout + self.settings.io_timeout;
+        let bound = self
+            .settings
+            .connect_timeout
+            .saturating_add(self.settings.io_timeout);
         let _ = tokio::time::timeout(bound, async {
             for t in tasks {
                 let _ = t.await;
@@ -667,7 +670,9 @@ impl AsyncBackend for Engine {
     /// A queued write is written and answered within `io_timeout` of reaching its socket, or
     /// its connection is given up; it may wait its turn behind a connect first.
     fn settle_time(&self) -> Duration {
-        self.settings.connect_timeout + self.settings.io_timeout
+        self.settings
+            .connect_timeout
+            .saturating_add(self.settings.io_timeout)
     }
 
     fn shutdown(&self) -> BoxFuture<'_, ()> {
