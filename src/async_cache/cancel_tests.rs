@@ -23,8 +23,11 @@ struct Late {
     inner: Arc<dyn Backend>,
     mode: AtomicU8,
     /// Mode 6: a renewal's `cas` held back, applied just before the next `store`.
-    held: std::sync::Mutex<Option<(String, Vec<u8>, u32, u32, u64)>>,
+    held: std::sync::Mutex<Option<HeldWrite>>,
 }
+
+/// A held-back `cas`: key, value, flags, exptime, CAS token.
+type HeldWrite = (String, Vec<u8>, u32, u32, u64);
 
 impl AsyncBackend for Late {
     fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Item>>> {
