@@ -177,7 +177,12 @@ fn a_loaded_value_too_large_to_cache_is_returned(env: &Env) {
         })
         .unwrap();
     assert_eq!(got["big"].len(), big.len());
-    assert_eq!(cache.get::<Vec<u8>>("small").unwrap(), Some(vec![1]));
+    assert_eq!(
+        cache.get::<Vec<u8>>("small").unwrap(),
+        Some(vec![1]),
+        "{:?}",
+        cache.stats()
+    );
     assert_eq!(cache.get::<Vec<u8>>("big").unwrap(), None);
 }
 
