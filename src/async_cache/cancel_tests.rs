@@ -142,6 +142,20 @@ impl AsyncBackend for Late {
     }
 }
 
+/// The next caller of "k" claims it and loads at once: nothing of a dropped caller holds it
+/// (a held claim would make it wait out max_wait, 1 s, and fail).
+async fn next_caller_loads_at_once(cache: &AsyncCache, context: impl std::fmt::Display) {
+    let t = Instant::now();
+    let next = cache
+        .get_or_set_with("k", MIN, || async { Ok::<u32, std::io::Error>(2) })
+        .await;
+    assert!(
+        matches!(next, Ok(2)),
+        "{context}: the next caller got {next:?} after {:?}",
+        t.elapsed()
+    );
+}
+
 /// lease_ttl 2 s (renewals every 666 ms), max_wait 1 s.
 fn late_cache() -> (AsyncCache, Arc<Late>) {
     let sync = Cache::builder()
@@ -183,15 +197,7 @@ async fn a_leader_dropped_mid_renewal_gives_its_claim_back() {
         assert!(gone.is_err(), "the first caller was dropped");
         late.mode.store(0, Ordering::SeqCst);
         tokio::time::sleep(Duration::from_millis(50)).await; // the release task runs
-        let t = Instant::now();
-        let next = cache
-            .get_or_set_with("k", MIN, || async { Ok::<u32, std::io::Error>(2) })
-            .await;
-        assert!(
-            matches!(next, Ok(2)),
-            "dropped mid-renewal: {mid_renewal}: the next caller got {next:?} after {:?}",
-            t.elapsed()
-        );
+        next_caller_loads_at_once(&cache, format!("dropped mid-renewal: {mid_renewal}")).await;
     }
 }
 
@@ -218,15 +224,7 @@ async fn placeholder_given_back(mode: u8) {
     assert!(gone.is_err(), "the first caller was dropped mid-claim");
     tokio::time::sleep(Duration::from_millis(200)).await; // the write landed; cleanup ran
     late.mode.store(0, Ordering::SeqCst);
-    let t = Instant::now();
-    let next = cache
-        .get_or_set_with("k", MIN, || async { Ok::<u32, std::io::Error>(2) })
-        .await;
-    assert!(
-        matches!(next, Ok(2)),
-        "mode {mode}: the next caller got {next:?} after {:?}",
-        t.elapsed()
-    );
+    next_caller_loads_at_once(&cache, format!("mode {mode}")).await;
 }
 
 /// The claim's `add` answered STORED but its pipelined read-back missed it (twemproxy with
@@ -244,15 +242,7 @@ async fn a_caller_dropped_during_the_claims_reread_gives_its_placeholder_back() 
     assert!(gone.is_err(), "dropped during the re-read");
     late.mode.store(0, Ordering::SeqCst);
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let t = Instant::now();
-    let next = cache
-        .get_or_set_with("k", MIN, || async { Ok::<u32, std::io::Error>(2) })
-        .await;
-    assert!(
-        matches!(next, Ok(2)),
-        "the next caller got {next:?} after {:?}",
-        t.elapsed()
-    );
+    next_caller_loads_at_once(&cache, "after the drop").await;
 }
 
 /// A leader dropped mid-renewal whose renewal (queued on a busier connection) lands between the
@@ -273,13 +263,5 @@ async fn a_renewal_landing_after_the_give_backs_read_is_given_back_too() {
     assert!(gone.is_err(), "the first caller was dropped");
     late.mode.store(0, Ordering::SeqCst);
     tokio::time::sleep(Duration::from_millis(300)).await; // the release task and its settle
-    let t = Instant::now();
-    let next = cache
-        .get_or_set_with("k", MIN, || async { Ok::<u32, std::io::Error>(2) })
-        .await;
-    assert!(
-        matches!(next, Ok(2)),
-        "the next caller got {next:?} after {:?}",
-        t.elapsed()
-    );
+    next_caller_loads_at_once(&cache, "after the drop").await;
 }
