@@ -183,6 +183,25 @@ pub struct Write<'a> {
     pub exptime: u32,
 }
 
+impl<'a> Write<'a> {
+    /// A write from its fields.
+    pub(crate) fn new(
+        mode: StoreMode,
+        key: &'a str,
+        value: &'a [u8],
+        flags: u32,
+        exptime: u32,
+    ) -> Write<'a> {
+        Write {
+            mode,
+            key,
+            value,
+            flags,
+            exptime,
+        }
+    }
+}
+
 /// A cache store speaking memcached's semantics on bytes.
 ///
 /// Object-safe; `newcache` holds it as `Arc<dyn Backend>`. The batch methods have default

@@ -137,13 +137,13 @@ impl Cache {
             if self.is_live(&item) {
                 return Ok(false);
             }
-            let w = write(StoreMode::Cas(item.cas), k, b"", 0, ttl::EXPIRED);
+            let w = Write::new(StoreMode::Cas(item.cas), k, b"", 0, ttl::EXPIRED);
             let outcome = io.store(w).await?;
             return Ok(outcome == StoreOutcome::Stored);
         }
         let (bytes, exptime) = self.encode(value, life, Herd::Protected, 0)?;
         for _ in 0..3 {
-            let w = write(StoreMode::Add, k, &bytes, envelope::FLAGS, exptime);
+            let w = Write::new(StoreMode::Add, k, &bytes, envelope::FLAGS, exptime);
             if io.store(w).await? == StoreOutcome::Stored {
                 return Ok(true);
             }
@@ -153,7 +153,7 @@ impl Cache {
             if self.is_live(&item) {
                 return Ok(false);
             }
-            let w = write(
+            let w = Write::new(
                 StoreMode::Cas(item.cas),
                 k,
                 &bytes,
@@ -417,23 +417,6 @@ impl Cache {
 
     pub(crate) async fn clear_on<I: Io>(&self, io: &I) -> Result<()> {
         io.flush_all().await
-    }
-}
-
-/// One write (a [`Write`] from its fields).
-fn write<'a>(
-    mode: StoreMode,
-    key: &'a str,
-    value: &'a [u8],
-    flags: u32,
-    exptime: u32,
-) -> Write<'a> {
-    Write {
-        mode,
-        key,
-        value,
-        flags,
-        exptime,
     }
 }
 

@@ -538,28 +538,19 @@ pub(crate) fn read_version<R: BufRead>(r: &mut R) -> Result<String> {
 mod tests {
     use super::*;
 
-    fn w<'a>(
-        mode: StoreMode,
-        key: &'a str,
-        value: &'a [u8],
-        flags: u32,
-        exptime: u32,
-    ) -> Write<'a> {
-        Write {
-            mode,
-            key,
-            value,
-            flags,
-            exptime,
-        }
-    }
+    use crate::backend::Write as W;
 
     #[test]
     fn encoders() {
         let mut b = Vec::new();
         encode_gets(&mut b, &["a", "b"]).unwrap();
-        encode_store(&mut b, &w(StoreMode::Cas(9), "k", b"xy", 0x4E43, 60), 100).unwrap();
-        encode_store(&mut b, &w(StoreMode::Add, "k", b"", 0, 0), 100).unwrap();
+        encode_store(
+            &mut b,
+            &W::new(StoreMode::Cas(9), "k", b"xy", 0x4E43, 60),
+            100,
+        )
+        .unwrap();
+        encode_store(&mut b, &W::new(StoreMode::Add, "k", b"", 0, 0), 100).unwrap();
         encode_delete(&mut b, "k").unwrap();
         encode_arith(&mut b, false, "c", 5).unwrap();
         encode_touch(&mut b, "k", i32::MAX as u32).unwrap();
@@ -595,7 +586,7 @@ mod tests {
             "a\x7fb",
         ] {
             check(
-                |b| encode_store(b, &w(StoreMode::Set, key, evil, 0, 0), 100),
+                |b| encode_store(b, &W::new(StoreMode::Set, key, evil, 0, 0), 100),
                 ErrorKind::InvalidKey,
             );
             check(|b| encode_gets(b, &["ok", key]), ErrorKind::InvalidKey);
@@ -607,13 +598,13 @@ mod tests {
         let over = i32::MAX as u32 + 1;
         for exptime in [over, u32::MAX] {
             check(
-                |b| encode_store(b, &w(StoreMode::Set, "k", b"v", 0, exptime), 100),
+                |b| encode_store(b, &W::new(StoreMode::Set, "k", b"v", 0, exptime), 100),
                 ErrorKind::Config,
             );
             check(|b| encode_touch(b, "k", exptime), ErrorKind::Config);
         }
         check(
-            |b| encode_store(b, &w(StoreMode::Add, "k", &[0; 101], 0, 0), 100),
+            |b| encode_store(b, &W::new(StoreMode::Add, "k", &[0; 101], 0, 0), 100),
             ErrorKind::TooLarge,
         );
         // the limits themselves are fine
@@ -621,7 +612,7 @@ mod tests {
         let mut b = Vec::new();
         encode_store(
             &mut b,
-            &w(StoreMode::Set, &max_key, &[0; 100], 0, i32::MAX as u32),
+            &W::new(StoreMode::Set, &max_key, &[0; 100], 0, i32::MAX as u32),
             100,
         )
         .unwrap();
