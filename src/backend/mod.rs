@@ -3,6 +3,7 @@
 //! `exptime`.
 
 use std::fmt::Debug;
+use bytes::Bytes;
 
 use crate::error::Result;
 
@@ -134,8 +135,9 @@ pub(crate) use self::nonblocking::Immediate;
 /// An item as a backend returns it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Item {
-    /// The stored bytes.
-    pub value: Vec<u8>,
+    /// The stored bytes. Values read in one reply may share one buffer (cloning is cheap; a
+    /// kept value keeps its reply's buffer alive: copy it out with `to_vec` to keep it long).
+    pub value: Bytes,
     /// memcached's client flags.
     pub flags: u32,
     /// The CAS token of this version of the item (memcached's `gets`).

@@ -290,7 +290,7 @@ fn value_of(key: &str) -> Vec<u8> {
 }
 
 fn value(r: &Result<Option<Item>>) -> Option<&[u8]> {
-    r.as_ref().ok()?.as_ref().map(|i| i.value.as_slice())
+    r.as_ref().ok()?.as_ref().map(|i| &i.value[..])
 }
 
 /// xorshift64*: a seeded per-task random stream.
@@ -327,7 +327,7 @@ async fn round_trips_of_every_method() {
         StoreOutcome::Stored
     );
     let item = e.get("rt:a").await.unwrap().unwrap();
-    assert_eq!((item.value.as_slice(), item.flags), (&b"1"[..], 7));
+    assert_eq!((&item.value[..], item.flags), (&b"1"[..], 7));
     let add = e.store(write(Add, "rt:a", b"2")).await.unwrap();
     assert_eq!(add, StoreOutcome::NotStored);
     let cas = e.store(write(Cas(item.cas), "rt:a", b"3")).await.unwrap();
@@ -340,7 +340,7 @@ async fn round_trips_of_every_method() {
     let (o, back) = e.store_then_get(set("rt:b", b"bee")).await.unwrap();
     let back = back.unwrap();
     assert_eq!(
-        (o, back.value.as_slice()),
+        (o, &back.value[..]),
         (StoreOutcome::Stored, &b"bee"[..])
     );
     assert_ne!(back.cas, 0);

@@ -4,6 +4,8 @@
 
 use std::io::BufRead;
 
+use bytes::{Bytes, BytesMut};
+
 use crate::backend::{Item, StoreMode, StoreOutcome, Write};
 use crate::error::{Error, ErrorKind, Result};
 
@@ -286,6 +288,8 @@ pub(crate) fn read_slots<R: BufRead>(
 ) -> Result<()> {
     let mut line = Vec::with_capacity(128);
     let mut cursor = 0;
+    let mut arena = Arena::default();
+    let mut filled = 0;
     loop {
         let l = check_error(read_line(r, &mut line)?)?;
         if l == b"END" {
@@ -314,27 +318,61 @@ pub(crate) fn read_slots<R: BufRead>(
             ));
             continue;
         }
-        // len is at most max_value (checked above), so this allocation is bounded; read into
-        // spare capacity (no zeroing first).
-        let mut value = Vec::with_capacity(len + 2);
-        while value.len() < len + 2 {
-            let buf = match r.fill_buf() {
-                Ok(buf) => buf,
+        // len is at most max_value (checked above), so this allocation is bounded. Small values
+        // share chunks of one arena (one allocation for a batch's values, not one per key).
+        let value = arena.take(r, len, keys.len() - filled)?;
+        filled += 1;
+        out[slot] = Ok(Some(Item { value, flags, cas }));
+    }
+}
+
+/// Where [`read_slots`] puts values: small ones side by side in shared chunks, each chunk sized
+/// for the values still expected (so a lone `get` allocates its value's size, a batch of a
+/// hundred small values one chunk); large ones in buffers of their own, so that a small value
+/// kept long never pins a large chunk.
+#[derive(Default)]
+struct Arena(BytesMut);
+
+impl Arena {
+    /// Values up to this size share chunks.
+    const SMALL: usize = 4 * 1024;
+    /// The largest shared chunk.
+    const CHUNK: usize = 64 * 1024;
+
+    /// Reads a `len`-byte data block and its CRLF; `left` values (this one included) are still
+    /// expected in the reply.
+    fn take<R: BufRead>(&mut self, r: &mut R, len: usize, left: usize) -> Result<Bytes> {
+        let need = len + 2;
+        let mut own;
+        let buf = if len > Self::SMALL {
+            own = BytesMut::with_capacity(need);
+            &mut own
+        } else {
+            if self.0.capacity() - self.0.len() < need {
+                let want = need.saturating_mul(left.max(1)).clamp(need, Self::CHUNK.max(need));
+                self.0 = BytesMut::with_capacity(want);
+            }
+            &mut self.0
+        };
+        let start = buf.len();
+        while buf.len() - start < need {
+            let chunk = match r.fill_buf() {
+                Ok(chunk) => chunk,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e.into()),
             };
-            if buf.is_empty() {
+            if chunk.is_empty() {
                 return Err(protocol_error(CLOSED));
             }
-            let n = buf.len().min(len + 2 - value.len());
-            value.extend_from_slice(&buf[..n]);
+            let n = chunk.len().min(need - (buf.len() - start));
+            buf.extend_from_slice(&chunk[..n]);
             r.consume(n);
         }
-        if !value.ends_with(b"\r\n") {
+        if !buf.ends_with(b"\r\n") {
             return Err(protocol_error("value not followed by CRLF"));
         }
-        value.truncate(len);
-        out[slot] = Ok(Some(Item { value, flags, cas }));
+        buf.truncate(buf.len() - 2);
+        Ok(buf.split().freeze())
     }
 }
 
@@ -629,7 +667,7 @@ mod tests {
         read_slots(&mut r, 100, &["big", "small", "gone"], &mut out).unwrap();
         let e = out[0].as_ref().unwrap_err();
         assert!(e.is_too_large() && leaves_connection_usable(e), "{e}");
-        assert_eq!(out[1].as_ref().unwrap().as_ref().unwrap().value, b"hi");
+        assert_eq!(&out[1].as_ref().unwrap().as_ref().unwrap().value[..], b"hi");
         assert!(matches!(out[2], Ok(None)));
         // in step: the next reply is read as the next reply
         assert_eq!(read_store(&mut r).unwrap(), StoreOutcome::Stored);
@@ -638,6 +676,34 @@ mod tests {
         let mut out: Vec<Slot> = vec![Ok(None)];
         let e = read_slots(&mut cut, 100, &["big"], &mut out).unwrap_err();
         assert!(!is_server_reply(&e), "{e}");
+    }
+
+    #[test]
+    fn a_batch_of_mixed_sizes_reads_back_exactly_through_any_read_sizes() {
+        // Small values share arena chunks, a chunk fills up mid-batch (sizes grow past what the
+        // first chunk was sized for), large values get buffers of their own; read whole and one
+        // byte at a time.
+        let sizes = [0usize, 1, 130, 4096, 4097, 9000, 3, 200, 70_000, 2, 4000, 4000, 4000, 1];
+        let keys: Vec<String> = (0..sizes.len()).map(|i| format!("k{i}")).collect();
+        let value = |i: usize| -> Vec<u8> { (0..sizes[i]).map(|j| (i * 7 + j) as u8).collect() };
+        let mut reply = Vec::new();
+        for (i, k) in keys.iter().enumerate() {
+            reply.extend_from_slice(format!("VALUE {k} {i} {} {i}\r\n", sizes[i]).as_bytes());
+            reply.extend_from_slice(&value(i));
+            reply.extend_from_slice(b"\r\n");
+        }
+        reply.extend_from_slice(b"END\r\n");
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        for capacity in [1, 7, 16 * 1024] {
+            let mut r = std::io::BufReader::with_capacity(capacity, &reply[..]);
+            let mut out: Vec<Slot> = vec![Ok(None); keys.len()];
+            read_slots(&mut r, 1 << 20, &refs, &mut out).unwrap();
+            for (i, slot) in out.iter().enumerate() {
+                let item = slot.as_ref().unwrap().as_ref().unwrap();
+                assert_eq!(&item.value[..], &value(i)[..], "key {i}, capacity {capacity}");
+                assert_eq!((item.flags, item.cas), (i as u32, i as u64));
+            }
+        }
     }
 
     #[test]
@@ -663,7 +729,7 @@ mod tests {
         let mut out = vec![None; 3];
         read_values(&mut r, 100, &["a", "x", "b"], &mut out).unwrap();
         let hi = Item {
-            value: b"hi".to_vec(),
+            value: b"hi".to_vec().into(),
             flags: 1,
             cas: 7,
         };
@@ -768,6 +834,6 @@ mod tests {
         let mut r = &v[..25];
         let mut out = vec![Ok(None)];
         read_slots(&mut r, 1 << 20, &["k"], &mut out).unwrap();
-        assert_eq!(out[0].as_ref().unwrap().as_ref().unwrap().value, b"abc");
+        assert_eq!(&out[0].as_ref().unwrap().as_ref().unwrap().value[..], b"abc");
     }
 }
