@@ -698,7 +698,9 @@ mod tests {
         let mut m = Machine::new(Mode::Load, SETTINGS, TOKEN, at(0));
         let _ = m.on_read(at(0), None);
         let theirs = Item {
-            value: Header::placeholder(1_000_000, 1_005_000, 99).to_bytes().into(),
+            value: Header::placeholder(1_000_000, 1_005_000, 99)
+                .to_bytes()
+                .into(),
             flags: envelope::FLAGS,
             cas: 3,
         };
@@ -776,7 +778,9 @@ mod tests {
         let mut m = Machine::new(Mode::Load, SETTINGS, TOKEN, at(0));
         let _ = m.on_read(at(20), Some(value(10, 1)));
         let mut theirs = value(10, 2);
-        theirs.value = envelope::restamp(&theirs.value, 1_005_000, 99).unwrap().into();
+        theirs.value = envelope::restamp(&theirs.value, 1_005_000, 99)
+            .unwrap()
+            .into();
         let a = m.on_stored(at(20), StoreOutcome::Exists, Some(theirs));
         assert!(
             matches!(a, Action::Done(Found::Value { stale: true, .. })),
@@ -799,7 +803,9 @@ mod tests {
             Action::Done(Found::Miss { claimed: false })
         ));
         let ph = Item {
-            value: Header::placeholder(1_000_000, 1_005_000, 99).to_bytes().into(),
+            value: Header::placeholder(1_000_000, 1_005_000, 99)
+                .to_bytes()
+                .into(),
             flags: envelope::FLAGS,
             cas: 3,
         };

@@ -3,10 +3,13 @@
 //! `exptime`.
 
 use std::fmt::Debug;
+
 use bytes::Bytes;
 
 use crate::error::Result;
 
+#[cfg(feature = "tokio")]
+pub(crate) mod blended;
 #[cfg(feature = "tokio")]
 pub(crate) mod engine;
 pub mod memcached;

@@ -403,3 +403,63 @@ fn an_error_reply_mid_batch_never_leaves_a_connection_out_of_step() {
     // a fresh connection: the server's reply to this delete, not the batch's leftover DELETED
     assert!(!backend.delete("z").unwrap());
 }
+
+/// The sync cache from many threads at once, on memcached and through twemproxy, with and
+/// without `pipelined_sync`: every thread reads its own writes and its own counter, and a value
+/// written by one thread is read by all.
+#[test]
+fn many_threads_at_once_read_their_writes_pipelined_or_pooled() {
+    for (server, pipelined) in [
+        (shared_server(), true),
+        (shared_server(), false),
+        (crate::fixture::shared_twemproxy(), true),
+    ] {
+        let cache = Cache::builder()
+            .memcached([server])
+            .flavor(unique_flavor("threads"))
+            .pipelined_sync(pipelined)
+            .io_timeout(S(5))
+            .build()
+            .unwrap();
+        cache.set("shared", &"everyone", S(60)).unwrap();
+        let threads = 32;
+        let start = std::sync::Barrier::new(threads);
+        thread::scope(|s| {
+            for t in 0..threads {
+                let (cache, start) = (&cache, &start);
+                s.spawn(move || {
+                    start.wait();
+                    let counter = format!("n{t}");
+                    cache.set_counter(&counter, 0, S(60)).unwrap();
+                    for i in 0..100u64 {
+                        let key = format!("t{t}-{i}");
+                        cache.set(&key, &(t, i), S(60)).unwrap();
+                        assert_eq!(cache.get::<(usize, u64)>(&key).unwrap(), Some((t, i)));
+                        assert_eq!(cache.incr(&counter, 1).unwrap(), i + 1);
+                        let many: HashMap<String, String> =
+                            cache.get_many(&["shared", "never-set"]).unwrap();
+                        assert_eq!(many.get("shared").map(String::as_str), Some("everyone"));
+                        assert!(cache.delete(&key).unwrap());
+                    }
+                });
+            }
+        });
+    }
+}
+
+#[test]
+fn pipelined_sync_needs_a_connection() {
+    let err = Cache::builder()
+        .memcached([shared_server()])
+        .async_connections(0)
+        .build()
+        .unwrap_err();
+    assert!(err.is_config(), "{err}");
+    // Without it, the pool alone serves and the setting is not used.
+    Cache::builder()
+        .memcached([shared_server()])
+        .async_connections(0)
+        .pipelined_sync(false)
+        .build()
+        .unwrap();
+}

@@ -30,7 +30,7 @@
 
 mod conn;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use std::fmt;
 use std::sync::Arc;

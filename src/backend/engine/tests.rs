@@ -104,13 +104,13 @@ impl Engine {
 
 /// A memcached process on 127.0.0.1:port, killed on drop (a small copy of the integration
 /// fixture, which a unit test cannot import).
-struct Memcached {
+pub(crate) struct Memcached {
     port: u16,
     child: Option<Child>,
 }
 
 impl Memcached {
-    fn start() -> Memcached {
+    pub(crate) fn start() -> Memcached {
         Memcached::start_with(&[])
     }
 
@@ -165,7 +165,7 @@ impl Memcached {
         }
     }
 
-    fn addr(&self) -> String {
+    pub(crate) fn addr(&self) -> String {
         format!("127.0.0.1:{}", self.port)
     }
 
@@ -252,7 +252,7 @@ fn server_pid(port: u16) -> Option<u32> {
     }
 }
 
-fn config(addrs: &[String], tune: impl FnOnce(&mut MemcachedConfig)) -> MemcachedConfig {
+pub(crate) fn config(addrs: &[String], tune: impl FnOnce(&mut MemcachedConfig)) -> MemcachedConfig {
     let specs = addrs
         .iter()
         .map(|a| ServerSpec::parse(a).unwrap())
@@ -339,10 +339,7 @@ async fn round_trips_of_every_method() {
 
     let (o, back) = e.store_then_get(set("rt:b", b"bee")).await.unwrap();
     let back = back.unwrap();
-    assert_eq!(
-        (o, &back.value[..]),
-        (StoreOutcome::Stored, &b"bee"[..])
-    );
+    assert_eq!((o, &back.value[..]), (StoreOutcome::Stored, &b"bee"[..]));
     assert_ne!(back.cas, 0);
     let (o, again) = e.store_then_get(write(Add, "rt:b", b"x")).await.unwrap();
     assert_eq!(o, StoreOutcome::NotStored);

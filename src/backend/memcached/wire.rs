@@ -349,7 +349,9 @@ impl Arena {
             &mut own
         } else {
             if self.0.capacity() - self.0.len() < need {
-                let want = need.saturating_mul(left.max(1)).clamp(need, Self::CHUNK.max(need));
+                let want = need
+                    .saturating_mul(left.max(1))
+                    .clamp(need, Self::CHUNK.max(need));
                 self.0 = BytesMut::with_capacity(want);
             }
             &mut self.0
@@ -683,7 +685,9 @@ mod tests {
         // Small values share arena chunks, a chunk fills up mid-batch (sizes grow past what the
         // first chunk was sized for), large values get buffers of their own; read whole and one
         // byte at a time.
-        let sizes = [0usize, 1, 130, 4096, 4097, 9000, 3, 200, 70_000, 2, 4000, 4000, 4000, 1];
+        let sizes = [
+            0usize, 1, 130, 4096, 4097, 9000, 3, 200, 70_000, 2, 4000, 4000, 4000, 1,
+        ];
         let keys: Vec<String> = (0..sizes.len()).map(|i| format!("k{i}")).collect();
         let value = |i: usize| -> Vec<u8> { (0..sizes[i]).map(|j| (i * 7 + j) as u8).collect() };
         let mut reply = Vec::new();
@@ -700,7 +704,11 @@ mod tests {
             read_slots(&mut r, 1 << 20, &refs, &mut out).unwrap();
             for (i, slot) in out.iter().enumerate() {
                 let item = slot.as_ref().unwrap().as_ref().unwrap();
-                assert_eq!(&item.value[..], &value(i)[..], "key {i}, capacity {capacity}");
+                assert_eq!(
+                    &item.value[..],
+                    &value(i)[..],
+                    "key {i}, capacity {capacity}"
+                );
                 assert_eq!((item.flags, item.cas), (i as u32, i as u64));
             }
         }
@@ -834,6 +842,9 @@ mod tests {
         let mut r = &v[..25];
         let mut out = vec![Ok(None)];
         read_slots(&mut r, 1 << 20, &["k"], &mut out).unwrap();
-        assert_eq!(&out[0].as_ref().unwrap().as_ref().unwrap().value[..], b"abc");
+        assert_eq!(
+            &out[0].as_ref().unwrap().as_ref().unwrap().value[..],
+            b"abc"
+        );
     }
 }
