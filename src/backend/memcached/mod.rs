@@ -275,7 +275,8 @@ impl MemcachedBackend {
         decode: impl Fn(&mut Reader, &[usize], &mut [Option<Result<T>>]) -> Result<()>,
     ) -> Vec<Result<T>> {
         let mut out: Vec<Option<Result<T>>> = (0..n).map(|i| check(i).err().map(Err)).collect();
-        let sendable: Vec<usize> = (0..n).filter(|&i| out[i].is_none()).collect();
+        let mut sendable: Vec<usize> = Vec::with_capacity(n);
+        sendable.extend((0..n).filter(|&i| out[i].is_none()));
         let groups = self
             .routing
             .by_server(sendable.iter().map(|&i| key(i)), self.routable());
