@@ -381,3 +381,46 @@ mod tests {
         assert_eq!(alive.strong_count(), 0, "the engine's thread ended");
     }
 }
+
+#[cfg(test)]
+mod review_tests {
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::backend::engine::tests::{Memcached, config};
+
+    /// A tokio task that calls the sync backend many times in one poll (a loop over keys in
+    /// an async fn, `#[tokio::main]`'s body) while another caller keeps it on the engine: the
+    /// task's coop budget runs out inside `wait`, every poll of the engine's oneshot returns
+    /// Pending and wakes at once, and `wait` spins forever.
+    #[test]
+    fn review_many_engine_calls_in_one_task_poll_finish() {
+        let m = Memcached::start();
+        let b = Arc::new(Blended::new(config(&[m.addr()], |_| {}), 2).unwrap());
+        b.active.fetch_add(1, Ordering::AcqRel); // another caller is always inside
+        let (tx, rx) = mpsc::channel();
+        let b2 = b.clone();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                for i in 0..300 {
+                    let _ = tx.send(i);
+                    b2.store(StoreMode::Set, "k", b"v", 0, 0).unwrap();
+                }
+            });
+            let _ = tx.send(usize::MAX);
+        });
+        let mut last = 0;
+        loop {
+            match rx.recv_timeout(Duration::from_secs(10)) {
+                Ok(usize::MAX) => break,
+                Ok(i) => last = i,
+                Err(_) => panic!("hung in wait() after {last} engine calls in one task poll"),
+            }
+        }
+    }
+}
