@@ -424,3 +424,60 @@ mod review_tests {
         }
     }
 }
+
+#[cfg(test)]
+mod review_health_tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::backend::engine::tests::{Memcached, config};
+    use crate::backend::memcached::DeadServerPolicy;
+
+    /// The pool and the engine keep separate health records. Under `DeadServerPolicy::Remap`,
+    /// once the pool alone has marked a server dead (a stall only lone callers saw), a key of
+    /// that server lives on another server for lone callers and on its own server for
+    /// concurrent ones: one thread writes through the pool and then reads (through the engine,
+    /// because another caller was busy at that moment) the value it had overwritten.
+    #[test]
+    fn review_remap_one_thread_reads_its_own_write_across_paths() {
+        let a = Memcached::start();
+        let b_srv = Memcached::start();
+        let tune = |c: &mut MemcachedConfig| {
+            c.dead_servers = DeadServerPolicy::Remap;
+            c.io_timeout = Duration::from_millis(200);
+            c.retry_interval = Duration::from_secs(30);
+        };
+        let b = Blended::new(config(&[a.addr(), b_srv.addr()], tune), 1).unwrap();
+        let only_a = MemcachedBackend::new(config(&[a.addr()], |_| {})).unwrap();
+        // A key that lives on server a.
+        let key = (0..1000)
+            .map(|i| format!("key{i}"))
+            .find(|k| {
+                b.store(StoreMode::Set, k, b"probe", 0, 0).unwrap();
+                only_a.get(k).unwrap().is_some()
+            })
+            .unwrap();
+        b.store(StoreMode::Set, &key, b"v1", 0, 0).unwrap();
+        {
+            // The engine's connection to a is open (a concurrent caller).
+            b.active.fetch_add(1, Ordering::AcqRel);
+            assert_eq!(&b.get(&key).unwrap().unwrap().value[..], b"v1");
+            b.active.fetch_sub(1, Ordering::AcqRel);
+        }
+        // a stalls for a moment; two lone callers time out on it: the pool marks it dead.
+        a.signal("STOP");
+        assert!(b.get(&key).is_err());
+        assert!(b.get(&key).is_err());
+        a.signal("CONT");
+        // This thread, alone: its write goes to b (remapped).
+        assert_eq!(
+            b.store(StoreMode::Set, &key, b"v2", 0, 0).unwrap(),
+            StoreOutcome::Stored
+        );
+        // Same thread, next call, while another caller happens to be inside: the engine.
+        b.active.fetch_add(1, Ordering::AcqRel);
+        let got = b.get(&key).unwrap().map(|i| i.value.to_vec());
+        b.active.fetch_sub(1, Ordering::AcqRel);
+        assert_eq!(got.as_deref(), Some(&b"v2"[..]), "read its own write");
+    }
+}
