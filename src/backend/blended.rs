@@ -481,3 +481,50 @@ mod review_health_tests {
         assert_eq!(got.as_deref(), Some(&b"v2"[..]), "read its own write");
     }
 }
+
+#[cfg(test)]
+mod review_spawn_tests {
+    use super::*;
+    use crate::backend::engine::tests::{Memcached, config};
+
+    const NAME: &str = "backend::blended::review_spawn_tests::review_a_thread_that_cannot_start_falls_back_to_the_pool_on_a_runtime_thread";
+
+    /// `lane()` says a machine that cannot start a thread is not an outage (the pool serves).
+    /// On a runtime's thread (which `wait` supports), the failed `spawn` drops its closure,
+    /// and with it the engine's `Runtime`, inside an async context: tokio panics.
+    /// Run in a child process whose thread spawns fail (RUST_MIN_STACK far beyond memory:
+    /// pthread_create fails with EAGAIN; libtest then runs the test on its main thread).
+    #[test]
+    fn review_a_thread_that_cannot_start_falls_back_to_the_pool_on_a_runtime_thread() {
+        if std::env::var_os("REVIEW_CHILD").is_none() {
+            let out = std::process::Command::new(std::env::current_exe().unwrap())
+                .args([NAME, "--exact", "--test-threads=1", "--nocapture"])
+                .env("REVIEW_CHILD", "1")
+                .env("RUST_MIN_STACK", (1usize << 50).to_string())
+                .output()
+                .unwrap();
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(out.status.success(), "child failed:\n{text}");
+            assert!(text.contains("1 passed"), "{text}");
+            return;
+        }
+        assert!(std::thread::Builder::new().spawn(|| {}).is_err(), "spawns fail here");
+        let m = Memcached::start();
+        let b = Blended::new(config(&[m.addr()], |_| {}), 2).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            b.active.fetch_add(1, Ordering::AcqRel); // another caller is inside
+            b.store(StoreMode::Set, "k", b"v", 0, 0).unwrap();
+            assert_eq!(&b.get("k").unwrap().unwrap().value[..], b"v");
+            b.active.fetch_sub(1, Ordering::AcqRel);
+        });
+        assert!(!b.engine_started());
+    }
+}
