@@ -847,4 +847,23 @@ mod tests {
             b"abc"
         );
     }
+
+    /// A batch of 100 keys with one 600-byte hit: the arena sizes its chunk for 100 values
+    /// (`need * left`, counting the misses), so the lone hit's `Bytes` holds a ~60 KB buffer
+    /// (the Vec it replaced held 602 bytes).
+    #[test]
+    fn review_a_lone_hit_in_a_sparse_batch_holds_a_buffer_its_own_size() {
+        let keys: Vec<String> = (0..100).map(|i| format!("k{i}")).collect();
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let mut reply = b"VALUE k0 0 600 1\r\n".to_vec();
+        reply.extend_from_slice(&[b'x'; 600]);
+        reply.extend_from_slice(b"\r\nEND\r\n");
+        let mut r = &reply[..];
+        let mut out: Vec<Slot> = vec![Ok(None); refs.len()];
+        read_slots(&mut r, 1 << 20, &refs, &mut out).unwrap();
+        let item = out.swap_remove(0).unwrap().unwrap();
+        drop(out);
+        let held = item.value.try_into_mut().expect("unique").capacity();
+        assert!(held < 4 * 1024, "a 600-byte value holds {held} bytes");
+    }
 }
