@@ -866,4 +866,46 @@ mod tests {
         let held = item.value.try_into_mut().expect("unique").capacity();
         assert!(held < 4 * 1024, "a 600-byte value holds {held} bytes");
     }
+
+    #[test]
+    fn review_arena_malformed_and_truncated_values() {
+        // Bad terminators, small and large, first and after a good value in the same chunk.
+        for reply in [
+            &b"VALUE a 0 3 1\r\nabcXYEND\r\n"[..],
+            b"VALUE a 0 3 1\r\nabc\r\nVALUE b 0 2 2\r\nxy\nZEND\r\n",
+            b"VALUE a 0 3 1\r\nabc\r\nVALUE b 0 2 2\r\nxy\r",
+            b"VALUE a 0 3 1\r\nab",
+        ] {
+            let mut r = reply;
+            let mut out: Vec<Slot> = vec![Ok(None); 2];
+            assert!(read_slots(&mut r, 1 << 20, &["a", "b"], &mut out).is_err());
+        }
+        let mut big = b"VALUE a 0 5000 1\r\n".to_vec();
+        big.extend_from_slice(&[b'q'; 5000]);
+        big.extend_from_slice(b"\n\rEND\r\n");
+        let mut r = &big[..];
+        let mut out: Vec<Slot> = vec![Ok(None); 1];
+        assert!(read_slots(&mut r, 1 << 20, &["a"], &mut out).is_err());
+        // Interrupted reads are retried.
+        struct Flaky<'a>(&'a [u8], bool);
+        impl std::io::Read for Flaky<'_> {
+            fn read(&mut self, _: &mut [u8]) -> std::io::Result<usize> { unreachable!() }
+        }
+        impl std::io::BufRead for Flaky<'_> {
+            fn fill_buf(&mut self) -> std::io::Result<&[u8]> {
+                self.1 = !self.1;
+                if self.1 {
+                    return Err(std::io::ErrorKind::Interrupted.into());
+                }
+                Ok(&self.0[..self.0.len().min(3)])
+            }
+            fn consume(&mut self, n: usize) { self.0 = &self.0[n..]; }
+        }
+        let reply = b"VALUE a 0 10 1\r\n0123456789\r\nVALUE b 0 0 2\r\n\r\nEND\r\n";
+        let mut r = Flaky(&reply[..], false);
+        let mut out: Vec<Slot> = vec![Ok(None); 2];
+        read_slots(&mut r, 1 << 20, &["a", "b"], &mut out).unwrap();
+        assert_eq!(&out[0].as_ref().unwrap().as_ref().unwrap().value[..], b"0123456789");
+        assert_eq!(out[1].as_ref().unwrap().as_ref().unwrap().value.len(), 0);
+    }
 }
