@@ -159,7 +159,7 @@ fn wait<F: Future>(handle: &tokio::runtime::Handle, f: F) -> F::Output {
     let _context = handle.enter();
     let waker = std::task::Waker::from(Arc::new(Unpark(std::thread::current())));
     let mut cx = std::task::Context::from_waker(&waker);
-    let mut f = std::pin::pin!(tokio::task::unconstrained(f));
+    let mut f = std::pin::pin!(f);
     loop {
         if let std::task::Poll::Ready(out) = f.as_mut().poll(&mut cx) {
             return out;
