@@ -381,3 +381,150 @@ mod tests {
         assert_eq!(alive.strong_count(), 0, "the engine's thread ended");
     }
 }
+
+#[cfg(test)]
+mod review_tests {
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::backend::engine::tests::{Memcached, config};
+
+    /// A tokio task that calls the sync backend many times in one poll (a loop over keys in
+    /// an async fn, `#[tokio::main]`'s body) while another caller keeps it on the engine: the
+    /// task's coop budget runs out inside `wait`, every poll of the engine's oneshot returns
+    /// Pending and wakes at once, and `wait` spins forever.
+    #[test]
+    fn review_many_engine_calls_in_one_task_poll_finish() {
+        let m = Memcached::start();
+        let b = Arc::new(Blended::new(config(&[m.addr()], |_| {}), 2).unwrap());
+        b.active.fetch_add(1, Ordering::AcqRel); // another caller is always inside
+        let (tx, rx) = mpsc::channel();
+        let b2 = b.clone();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                for i in 0..300 {
+                    let _ = tx.send(i);
+                    b2.store(StoreMode::Set, "k", b"v", 0, 0).unwrap();
+                }
+            });
+            let _ = tx.send(usize::MAX);
+        });
+        let mut last = 0;
+        loop {
+            match rx.recv_timeout(Duration::from_secs(10)) {
+                Ok(usize::MAX) => break,
+                Ok(i) => last = i,
+                Err(_) => panic!("hung in wait() after {last} engine calls in one task poll"),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod review_health_tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::backend::engine::tests::{Memcached, config};
+    use crate::backend::memcached::DeadServerPolicy;
+
+    /// The pool and the engine keep separate health records. Under `DeadServerPolicy::Remap`,
+    /// once the pool alone has marked a server dead (a stall only lone callers saw), a key of
+    /// that server lives on another server for lone callers and on its own server for
+    /// concurrent ones: one thread writes through the pool and then reads (through the engine,
+    /// because another caller was busy at that moment) the value it had overwritten.
+    #[test]
+    fn review_remap_one_thread_reads_its_own_write_across_paths() {
+        let a = Memcached::start();
+        let b_srv = Memcached::start();
+        let tune = |c: &mut MemcachedConfig| {
+            c.dead_servers = DeadServerPolicy::Remap;
+            c.io_timeout = Duration::from_millis(200);
+            c.retry_interval = Duration::from_secs(30);
+        };
+        let b = Blended::new(config(&[a.addr(), b_srv.addr()], tune), 1).unwrap();
+        let only_a = MemcachedBackend::new(config(&[a.addr()], |_| {})).unwrap();
+        // A key that lives on server a.
+        let key = (0..1000)
+            .map(|i| format!("key{i}"))
+            .find(|k| {
+                b.store(StoreMode::Set, k, b"probe", 0, 0).unwrap();
+                only_a.get(k).unwrap().is_some()
+            })
+            .unwrap();
+        b.store(StoreMode::Set, &key, b"v1", 0, 0).unwrap();
+        {
+            // The engine's connection to a is open (a concurrent caller).
+            b.active.fetch_add(1, Ordering::AcqRel);
+            assert_eq!(&b.get(&key).unwrap().unwrap().value[..], b"v1");
+            b.active.fetch_sub(1, Ordering::AcqRel);
+        }
+        // a stalls for a moment; two lone callers time out on it: the pool marks it dead.
+        a.signal("STOP");
+        assert!(b.get(&key).is_err());
+        assert!(b.get(&key).is_err());
+        a.signal("CONT");
+        // This thread, alone: its write goes to b (remapped).
+        assert_eq!(
+            b.store(StoreMode::Set, &key, b"v2", 0, 0).unwrap(),
+            StoreOutcome::Stored
+        );
+        // Same thread, next call, while another caller happens to be inside: the engine.
+        b.active.fetch_add(1, Ordering::AcqRel);
+        let got = b.get(&key).unwrap().map(|i| i.value.to_vec());
+        b.active.fetch_sub(1, Ordering::AcqRel);
+        assert_eq!(got.as_deref(), Some(&b"v2"[..]), "read its own write");
+    }
+}
+
+#[cfg(test)]
+mod review_spawn_tests {
+    use super::*;
+    use crate::backend::engine::tests::{Memcached, config};
+
+    const NAME: &str = "backend::blended::review_spawn_tests::review_a_thread_that_cannot_start_falls_back_to_the_pool_on_a_runtime_thread";
+
+    /// `lane()` says a machine that cannot start a thread is not an outage (the pool serves).
+    /// On a runtime's thread (which `wait` supports), the failed `spawn` drops its closure,
+    /// and with it the engine's `Runtime`, inside an async context: tokio panics.
+    /// Run in a child process whose thread spawns fail (RUST_MIN_STACK far beyond memory:
+    /// pthread_create fails with EAGAIN; libtest then runs the test on its main thread).
+    #[test]
+    fn review_a_thread_that_cannot_start_falls_back_to_the_pool_on_a_runtime_thread() {
+        if std::env::var_os("REVIEW_CHILD").is_none() {
+            let out = std::process::Command::new(std::env::current_exe().unwrap())
+                .args([NAME, "--exact", "--test-threads=1", "--nocapture"])
+                .env("REVIEW_CHILD", "1")
+                .env("RUST_MIN_STACK", (1usize << 50).to_string())
+                .output()
+                .unwrap();
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(out.status.success(), "child failed:\n{text}");
+            assert!(text.contains("1 passed"), "{text}");
+            return;
+        }
+        assert!(std::thread::Builder::new().spawn(|| {}).is_err(), "spawns fail here");
+        let m = Memcached::start();
+        let b = Blended::new(config(&[m.addr()], |_| {}), 2).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            b.active.fetch_add(1, Ordering::AcqRel); // another caller is inside
+            b.store(StoreMode::Set, "k", b"v", 0, 0).unwrap();
+            assert_eq!(&b.get("k").unwrap().unwrap().value[..], b"v");
+            b.active.fetch_sub(1, Ordering::AcqRel);
+        });
+        assert!(!b.engine_started());
+    }
+}

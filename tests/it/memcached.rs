@@ -463,3 +463,45 @@ fn pipelined_sync_needs_a_connection() {
         .build()
         .unwrap();
 }
+
+/// Review: the sync `Cache` called from a tokio task (a `#[tokio::main]` body, say) while
+/// another thread also uses it: after about 128 calls that went through the engine in one
+/// poll of the task, the task's coop budget is spent and the call never returns (it spins).
+#[test]
+fn review_a_tokio_task_making_many_sync_calls_while_another_thread_works_finishes() {
+    let cache = Cache::builder()
+        .memcached([shared_server()])
+        .flavor(unique_flavor("coop"))
+        .build()
+        .unwrap();
+    cache.set("y", &1u32, S(60)).unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let background = {
+        let (cache, stop) = (cache.clone(), stop.clone());
+        thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let _ = cache.get::<u32>("x");
+            }
+        })
+    };
+    {
+        let cache = cache.clone();
+        thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                for _ in 0..2000 {
+                    assert_eq!(cache.get::<u32>("y").unwrap(), Some(1));
+                }
+            });
+            let _ = done_tx.send(());
+        });
+    }
+    let finished = done_rx.recv_timeout(std::time::Duration::from_secs(20)).is_ok();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    background.join().unwrap();
+    assert!(finished, "2000 sync gets from one tokio task did not finish in 20 s");
+}

@@ -195,7 +195,7 @@ impl Memcached {
     }
 
     /// `kill -STOP` / `kill -CONT`, then waits until every thread is (no longer) stopped.
-    fn signal(&self, sig: &str) {
+    pub(crate) fn signal(&self, sig: &str) {
         let ok = Command::new("kill")
             .args([&format!("-{sig}"), &self.pid().to_string()])
             .status()

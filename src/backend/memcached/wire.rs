@@ -847,4 +847,65 @@ mod tests {
             b"abc"
         );
     }
+
+    /// A batch of 100 keys with one 600-byte hit: the arena sizes its chunk for 100 values
+    /// (`need * left`, counting the misses), so the lone hit's `Bytes` holds a ~60 KB buffer
+    /// (the Vec it replaced held 602 bytes).
+    #[test]
+    fn review_a_lone_hit_in_a_sparse_batch_holds_a_buffer_its_own_size() {
+        let keys: Vec<String> = (0..100).map(|i| format!("k{i}")).collect();
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let mut reply = b"VALUE k0 0 600 1\r\n".to_vec();
+        reply.extend_from_slice(&[b'x'; 600]);
+        reply.extend_from_slice(b"\r\nEND\r\n");
+        let mut r = &reply[..];
+        let mut out: Vec<Slot> = vec![Ok(None); refs.len()];
+        read_slots(&mut r, 1 << 20, &refs, &mut out).unwrap();
+        let item = out.swap_remove(0).unwrap().unwrap();
+        drop(out);
+        let held = item.value.try_into_mut().expect("unique").capacity();
+        assert!(held < 4 * 1024, "a 600-byte value holds {held} bytes");
+    }
+
+    #[test]
+    fn review_arena_malformed_and_truncated_values() {
+        // Bad terminators, small and large, first and after a good value in the same chunk.
+        for reply in [
+            &b"VALUE a 0 3 1\r\nabcXYEND\r\n"[..],
+            b"VALUE a 0 3 1\r\nabc\r\nVALUE b 0 2 2\r\nxy\nZEND\r\n",
+            b"VALUE a 0 3 1\r\nabc\r\nVALUE b 0 2 2\r\nxy\r",
+            b"VALUE a 0 3 1\r\nab",
+        ] {
+            let mut r = reply;
+            let mut out: Vec<Slot> = vec![Ok(None); 2];
+            assert!(read_slots(&mut r, 1 << 20, &["a", "b"], &mut out).is_err());
+        }
+        let mut big = b"VALUE a 0 5000 1\r\n".to_vec();
+        big.extend_from_slice(&[b'q'; 5000]);
+        big.extend_from_slice(b"\n\rEND\r\n");
+        let mut r = &big[..];
+        let mut out: Vec<Slot> = vec![Ok(None); 1];
+        assert!(read_slots(&mut r, 1 << 20, &["a"], &mut out).is_err());
+        // Interrupted reads are retried.
+        struct Flaky<'a>(&'a [u8], bool);
+        impl std::io::Read for Flaky<'_> {
+            fn read(&mut self, _: &mut [u8]) -> std::io::Result<usize> { unreachable!() }
+        }
+        impl std::io::BufRead for Flaky<'_> {
+            fn fill_buf(&mut self) -> std::io::Result<&[u8]> {
+                self.1 = !self.1;
+                if self.1 {
+                    return Err(std::io::ErrorKind::Interrupted.into());
+                }
+                Ok(&self.0[..self.0.len().min(3)])
+            }
+            fn consume(&mut self, n: usize) { self.0 = &self.0[n..]; }
+        }
+        let reply = b"VALUE a 0 10 1\r\n0123456789\r\nVALUE b 0 0 2\r\n\r\nEND\r\n";
+        let mut r = Flaky(&reply[..], false);
+        let mut out: Vec<Slot> = vec![Ok(None); 2];
+        read_slots(&mut r, 1 << 20, &["a", "b"], &mut out).unwrap();
+        assert_eq!(&out[0].as_ref().unwrap().as_ref().unwrap().value[..], b"0123456789");
+        assert_eq!(out[1].as_ref().unwrap().as_ref().unwrap().value.len(), 0);
+    }
 }
