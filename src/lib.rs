@@ -57,8 +57,10 @@
 //! # Backends
 //!
 //! - memcached ([`CacheBuilder::memcached`]): the text protocol (which twemproxy and mcrouter also
-//!   speak), one pool per server, ketama placement compatible with libmemcached, batches in one
-//!   pipelined round trip per server. `build()` never connects; every wait is bounded.
+//!   speak), one blocking pool per server for a caller alone and pipelined connections for
+//!   callers that overlap ([`CacheBuilder::pipelined_sync`]), ketama placement compatible with
+//!   libmemcached, batches in one pipelined round trip per server. `build()` never connects;
+//!   every wait is bounded.
 //! - memory ([`CacheBuilder::in_memory`], the default): the same semantics in process, bounded.
 //! - your own: implement [`Backend`] on bytes, flags and CAS tokens.
 //!

@@ -11,13 +11,16 @@
 //! operation at that moment: one (this caller) takes the pool, more take the engine. The caller's
 //! thread waits on the engine parked (`wait`), on any thread, a tokio runtime's included (the
 //! engine's runtime is its own). An operation finishes before the call returns, so a thread's own operations are
-//! ordered whichever path each took; the two paths keep their own connections and their own
-//! health records (a server found dead by one is found dead by the other on its next fault).
+//! ordered whichever path each took. The two paths keep their own connections but share one
+//! health record per server (`MemcachedBackend::health`, `Engine::sharing`): a server marked
+//! dead, or its keys remapped, by one path is so for the other at once, so that both place every
+//! key on the same server.
 
 use std::fmt;
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use super::engine::Engine;
 use super::memcached::{MemcachedBackend, MemcachedConfig};
@@ -43,8 +46,13 @@ pub(crate) struct Blended {
     connections: usize,
     /// Callers inside an operation now.
     active: AtomicUsize,
-    lane: OnceLock<std::result::Result<Lane, Error>>,
+    lane: OnceLock<Lane>,
+    /// When the engine last failed to start (it is tried again after [`RETRY_START`]).
+    start_failed: parking_lot::Mutex<Option<Instant>>,
 }
+
+/// How long after a failed start the engine is tried again.
+const RETRY_START: Duration = Duration::from_secs(1);
 
 impl fmt::Debug for Blended {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -74,53 +82,89 @@ impl Blended {
             connections,
             active: AtomicUsize::new(0),
             lane: OnceLock::new(),
+            start_failed: parking_lot::Mutex::new(None),
         })
     }
 
     /// Whether the engine's thread has been started (for tests).
     #[cfg(test)]
     pub(crate) fn engine_started(&self) -> bool {
-        self.lane.get().is_some_and(|l| l.is_ok())
+        self.lane.get().is_some()
     }
 
+    /// The engine, started on first use. One caller starts it while the others wait for the
+    /// outcome; if it cannot start (no thread to be had), the pool serves and a new attempt is
+    /// made after [`RETRY_START`].
     fn lane(&self) -> Option<&Lane> {
-        let lane = self.lane.get_or_init(|| {
-            let engine = Engine::new(&self.config, self.connections)?;
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(|e| Error::with_source(ErrorKind::Backend, "cannot start a runtime", e))?;
-            let handle = runtime.handle().clone();
-            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-            let token = Arc::new(());
-            #[cfg(test)]
-            let alive = Arc::downgrade(&token);
-            std::thread::Builder::new()
-                .name("newcache-engine".into())
-                .spawn(move || {
-                    runtime.block_on(async {
-                        let _ = stopped.await;
-                    });
-                    drop(runtime);
-                    drop(token);
-                })
-                .map_err(|e| Error::with_source(ErrorKind::Backend, "cannot start a thread", e))?;
-            Ok(Lane {
-                engine,
-                handle,
-                _stop: stop,
-                #[cfg(test)]
-                alive,
-            })
-        });
-        match lane {
-            Ok(lane) => Some(lane),
+        if let Some(lane) = self.lane.get() {
+            return Some(lane);
+        }
+        let mut failed_at = self.start_failed.lock();
+        if let Some(lane) = self.lane.get() {
+            return Some(lane);
+        }
+        if failed_at.is_some_and(|t| t.elapsed() < RETRY_START) {
+            return None;
+        }
+        match self.start() {
+            Ok(lane) => Some(self.lane.get_or_init(|| lane)),
             Err(e) => {
-                // The pool still works: a machine that cannot start a thread is not an outage.
-                tracing::warn!(error = %e, "newcache: the pipelined engine did not start; using the pool");
+                if failed_at.is_none() {
+                    // Once: the pool still works, a machine short of threads is not an outage.
+                    tracing::warn!(
+                        error = %e,
+                        "newcache: the pipelined engine did not start; concurrent callers use \
+                         the pool"
+                    );
+                }
+                *failed_at = Some(Instant::now());
                 None
             }
         }
+    }
+
+    /// Starts the engine's thread. Its runtime is built and dropped on that thread, never on the
+    /// caller's (which may be a runtime's own, where dropping a runtime panics).
+    fn start(&self) -> Result<Lane> {
+        let (records, started) = self.pool.health();
+        let engine = Engine::sharing(&self.config, self.connections, Some((records, started)))?;
+        let (ready, handle) = std::sync::mpsc::sync_channel(1);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let token = Arc::new(());
+        #[cfg(test)]
+        let alive = Arc::downgrade(&token);
+        std::thread::Builder::new()
+            .name("newcache-engine".into())
+            .spawn(move || {
+                let runtime = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(runtime) => runtime,
+                    Err(e) => {
+                        let _ = ready.send(Err(e));
+                        return;
+                    }
+                };
+                let _ = ready.send(Ok(runtime.handle().clone()));
+                runtime.block_on(async {
+                    let _ = stopped.await;
+                });
+                drop(runtime);
+                drop(token);
+            })
+            .map_err(|e| Error::with_source(ErrorKind::Backend, "cannot start a thread", e))?;
+        let handle = handle
+            .recv()
+            .map_err(|_| Error::backend("the engine's thread ended at once"))?
+            .map_err(|e| Error::with_source(ErrorKind::Backend, "cannot start a runtime", e))?;
+        Ok(Lane {
+            engine,
+            handle,
+            _stop: stop,
+            #[cfg(test)]
+            alive,
+        })
     }
 
     /// Runs one operation on the pool (`pool`) when this caller is alone, else on the engine.
@@ -142,9 +186,10 @@ impl Blended {
 }
 
 /// Runs `f` to completion on this thread, parked between polls; `f` sees the engine's runtime
-/// as the current one (the engine opens connections and arms timers on it). Unlike
-/// `Handle::block_on` this does not enter a runtime, so it works on any thread, a tokio
-/// runtime's own included (the engine does not need that runtime to make progress).
+/// as the current one (`Handle::enter`: the engine opens connections and arms timers on it).
+/// Unlike `Handle::block_on` this does not start running a runtime on this thread, so it works
+/// on any thread, a tokio runtime's own included (the engine does not need that runtime to make
+/// progress).
 fn wait<F: Future>(handle: &tokio::runtime::Handle, f: F) -> F::Output {
     /// Wakes the waiting thread.
     struct Unpark(std::thread::Thread);
@@ -159,7 +204,10 @@ fn wait<F: Future>(handle: &tokio::runtime::Handle, f: F) -> F::Output {
     let _context = handle.enter();
     let waker = std::task::Waker::from(Arc::new(Unpark(std::thread::current())));
     let mut cx = std::task::Context::from_waker(&waker);
-    let mut f = std::pin::pin!(f);
+    // Unconstrained: on a tokio task's thread, the task's cooperative budget would otherwise
+    // run out after a hundred-odd engine calls in one poll, and every later poll of the reply
+    // would return pending and wake at once, forever.
+    let mut f = std::pin::pin!(tokio::task::unconstrained(f));
     loop {
         if let std::task::Poll::Ready(out) = f.as_mut().poll(&mut cx) {
             return out;
@@ -369,7 +417,7 @@ mod tests {
             set(&b, "k", b"v");
         }
         let alive = match b.lane.get() {
-            Some(Ok(lane)) => lane.alive.clone(),
+            Some(lane) => lane.alive.clone(),
             _ => panic!("the engine started"),
         };
         assert_eq!(alive.strong_count(), 1, "the engine's thread runs");
@@ -383,7 +431,7 @@ mod tests {
 }
 
 #[cfg(test)]
-mod review_tests {
+mod coop_tests {
     use std::sync::mpsc;
     use std::time::Duration;
 
@@ -395,7 +443,7 @@ mod review_tests {
     /// task's coop budget runs out inside `wait`, every poll of the engine's oneshot returns
     /// Pending and wakes at once, and `wait` spins forever.
     #[test]
-    fn review_many_engine_calls_in_one_task_poll_finish() {
+    fn many_engine_calls_in_one_task_poll_finish() {
         let m = Memcached::start();
         let b = Arc::new(Blended::new(config(&[m.addr()], |_| {}), 2).unwrap());
         b.active.fetch_add(1, Ordering::AcqRel); // another caller is always inside
@@ -426,7 +474,7 @@ mod review_tests {
 }
 
 #[cfg(test)]
-mod review_health_tests {
+mod health_tests {
     use std::time::Duration;
 
     use super::*;
@@ -439,7 +487,7 @@ mod review_health_tests {
     /// concurrent ones: one thread writes through the pool and then reads (through the engine,
     /// because another caller was busy at that moment) the value it had overwritten.
     #[test]
-    fn review_remap_one_thread_reads_its_own_write_across_paths() {
+    fn remap_one_thread_reads_its_own_write_across_paths() {
         let a = Memcached::start();
         let b_srv = Memcached::start();
         let tune = |c: &mut MemcachedConfig| {
@@ -483,11 +531,11 @@ mod review_health_tests {
 }
 
 #[cfg(test)]
-mod review_spawn_tests {
+mod spawn_tests {
     use super::*;
     use crate::backend::engine::tests::{Memcached, config};
 
-    const NAME: &str = "backend::blended::review_spawn_tests::review_a_thread_that_cannot_start_falls_back_to_the_pool_on_a_runtime_thread";
+    const NAME: &str = "backend::blended::spawn_tests::a_thread_that_cannot_start_falls_back_to_the_pool_on_a_runtime_thread";
 
     /// `lane()` says a machine that cannot start a thread is not an outage (the pool serves).
     /// On a runtime's thread (which `wait` supports), the failed `spawn` drops its closure,
@@ -495,11 +543,11 @@ mod review_spawn_tests {
     /// Run in a child process whose thread spawns fail (RUST_MIN_STACK far beyond memory:
     /// pthread_create fails with EAGAIN; libtest then runs the test on its main thread).
     #[test]
-    fn review_a_thread_that_cannot_start_falls_back_to_the_pool_on_a_runtime_thread() {
-        if std::env::var_os("REVIEW_CHILD").is_none() {
+    fn a_thread_that_cannot_start_falls_back_to_the_pool_on_a_runtime_thread() {
+        if std::env::var_os("NEWCACHE_SPAWN_CHILD").is_none() {
             let out = std::process::Command::new(std::env::current_exe().unwrap())
                 .args([NAME, "--exact", "--test-threads=1", "--nocapture"])
-                .env("REVIEW_CHILD", "1")
+                .env("NEWCACHE_SPAWN_CHILD", "1")
                 .env("RUST_MIN_STACK", (1usize << 50).to_string())
                 .output()
                 .unwrap();
@@ -512,7 +560,10 @@ mod review_spawn_tests {
             assert!(text.contains("1 passed"), "{text}");
             return;
         }
-        assert!(std::thread::Builder::new().spawn(|| {}).is_err(), "spawns fail here");
+        assert!(
+            std::thread::Builder::new().spawn(|| {}).is_err(),
+            "spawns fail here"
+        );
         let m = Memcached::start();
         let b = Blended::new(config(&[m.addr()], |_| {}), 2).unwrap();
         let rt = tokio::runtime::Builder::new_current_thread()

@@ -444,7 +444,25 @@ fn many_threads_at_once_read_their_writes_pipelined_or_pooled() {
                 });
             }
         });
+        if pipelined {
+            // 32 threads from one barrier overlapped: this cache's engine thread runs (other
+            // tests' engines can only add to the count, and this one lives until `cache` drops).
+            assert!(
+                engine_threads() >= 1,
+                "the concurrent callers used the engine"
+            );
+        }
     }
+}
+
+/// Threads named `newcache-engine` in this process.
+fn engine_threads() -> usize {
+    std::fs::read_dir("/proc/self/task").map_or(0, |tasks| {
+        tasks
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+            .filter(|name| name.trim() == "newcache-engine")
+            .count()
+    })
 }
 
 #[test]
@@ -468,7 +486,7 @@ fn pipelined_sync_needs_a_connection() {
 /// another thread also uses it: after about 128 calls that went through the engine in one
 /// poll of the task, the task's coop budget is spent and the call never returns (it spins).
 #[test]
-fn review_a_tokio_task_making_many_sync_calls_while_another_thread_works_finishes() {
+fn a_tokio_task_making_many_sync_calls_while_another_thread_works_finishes() {
     let cache = Cache::builder()
         .memcached([shared_server()])
         .flavor(unique_flavor("coop"))
@@ -500,8 +518,13 @@ fn review_a_tokio_task_making_many_sync_calls_while_another_thread_works_finishe
             let _ = done_tx.send(());
         });
     }
-    let finished = done_rx.recv_timeout(std::time::Duration::from_secs(20)).is_ok();
+    let finished = done_rx
+        .recv_timeout(std::time::Duration::from_secs(20))
+        .is_ok();
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     background.join().unwrap();
-    assert!(finished, "2000 sync gets from one tokio task did not finish in 20 s");
+    assert!(
+        finished,
+        "2000 sync gets from one tokio task did not finish in 20 s"
+    );
 }

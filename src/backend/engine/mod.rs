@@ -96,7 +96,7 @@ impl fmt::Debug for Engine {
 struct Server {
     /// `host:port`, resolved on every connect.
     addr: String,
-    health: Health,
+    health: Arc<Health>,
     settings: Settings,
     /// `connections_per_server` connections. A short lock: taken to queue an op (`try_send`)
     /// or replace the connection, never across an await.
@@ -340,6 +340,17 @@ impl Engine {
     /// server, a zero timeout, a `retry_interval` over a day) or zero connections per server.
     /// `pool_size` is the blocking backend's and is not used.
     pub(crate) fn new(config: &MemcachedConfig, connections_per_server: usize) -> Result<Engine> {
+        Engine::sharing(config, connections_per_server, None)
+    }
+
+    /// [`Engine::new`], keeping the health records `shared` (one per configured server, and the
+    /// origin of their clock) with another backend: a sync `Cache`'s pool, so that a server
+    /// marked dead (or remapped) by one path is dead (or remapped) for the other.
+    pub(crate) fn sharing(
+        config: &MemcachedConfig,
+        connections_per_server: usize,
+        shared: Option<(Vec<Arc<Health>>, Instant)>,
+    ) -> Result<Engine> {
         config.check()?;
         if connections_per_server == 0 {
             return Err(Error::config("connections per server must be at least 1"));
@@ -350,15 +361,21 @@ impl Engine {
             item_size: config.item_size,
             failure_limit: config.failure_limit.max(1),
             retry_interval: config.retry_interval,
-            started: Instant::now(),
+            started: shared
+                .as_ref()
+                .map_or_else(Instant::now, |(_, started)| *started),
         };
+        let mut records = shared.map(|(records, _)| records.into_iter());
         let servers = config
             .servers
             .iter()
             .map(|spec| {
                 Arc::new(Server {
                     addr: spec.addr(),
-                    health: Health::default(),
+                    health: records
+                        .as_mut()
+                        .and_then(Iterator::next)
+                        .unwrap_or_default(),
                     settings,
                     slots: (0..connections_per_server)
                         .map(|_| Mutex::new(None))

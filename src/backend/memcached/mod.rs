@@ -390,6 +390,14 @@ impl MemcachedBackend {
         self.routing.home(derived_key)
     }
 
+    /// Every server's health record and the origin of its clock, in configuration order: an
+    /// engine built with them (`Engine::sharing`) keeps one record with this pool.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn health(&self) -> (Vec<std::sync::Arc<health::Health>>, Instant) {
+        let records = self.servers.iter().map(|s| s.health.clone()).collect();
+        (records, self.started)
+    }
+
     /// The server's version string (a cheap liveness probe).
     pub fn version(&self, server: usize) -> Result<String> {
         if server >= self.servers.len() {

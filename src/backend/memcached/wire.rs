@@ -327,9 +327,10 @@ pub(crate) fn read_slots<R: BufRead>(
 }
 
 /// Where [`read_slots`] puts values: small ones side by side in shared chunks, each chunk sized
-/// for the values still expected (so a lone `get` allocates its value's size, a batch of a
-/// hundred small values one chunk); large ones in buffers of their own, so that a small value
-/// kept long never pins a large chunk.
+/// for the values still expected and no larger than the reply bytes at hand (so a lone `get`
+/// allocates its value's size, a batch of a hundred small values one chunk, a lone hit among
+/// misses its own size); large ones in buffers of their own. A kept small value keeps its
+/// chunk: at most [`Arena::CHUNK`] of its own reply's values.
 #[derive(Default)]
 struct Arena(BytesMut);
 
@@ -349,8 +350,14 @@ impl Arena {
             &mut own
         } else {
             if self.0.capacity() - self.0.len() < need {
+                // Room for the values still expected, but never more than the reply bytes at
+                // hand (this value's, and whatever follows it in the buffer: for the engine,
+                // which parses whole replies, the rest of the reply): a lone hit in a batch of
+                // misses gets its own size, not room for the keys that missed.
+                let at_hand = r.fill_buf().map_or(0, <[u8]>::len);
                 let want = need
                     .saturating_mul(left.max(1))
+                    .min(at_hand)
                     .clamp(need, Self::CHUNK.max(need));
                 self.0 = BytesMut::with_capacity(want);
             }
@@ -852,7 +859,7 @@ mod tests {
     /// (`need * left`, counting the misses), so the lone hit's `Bytes` holds a ~60 KB buffer
     /// (the Vec it replaced held 602 bytes).
     #[test]
-    fn review_a_lone_hit_in_a_sparse_batch_holds_a_buffer_its_own_size() {
+    fn a_lone_hit_in_a_sparse_batch_holds_a_buffer_its_own_size() {
         let keys: Vec<String> = (0..100).map(|i| format!("k{i}")).collect();
         let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
         let mut reply = b"VALUE k0 0 600 1\r\n".to_vec();
@@ -868,7 +875,7 @@ mod tests {
     }
 
     #[test]
-    fn review_arena_malformed_and_truncated_values() {
+    fn arena_malformed_and_truncated_values() {
         // Bad terminators, small and large, first and after a good value in the same chunk.
         for reply in [
             &b"VALUE a 0 3 1\r\nabcXYEND\r\n"[..],
@@ -889,7 +896,9 @@ mod tests {
         // Interrupted reads are retried.
         struct Flaky<'a>(&'a [u8], bool);
         impl std::io::Read for Flaky<'_> {
-            fn read(&mut self, _: &mut [u8]) -> std::io::Result<usize> { unreachable!() }
+            fn read(&mut self, _: &mut [u8]) -> std::io::Result<usize> {
+                unreachable!()
+            }
         }
         impl std::io::BufRead for Flaky<'_> {
             fn fill_buf(&mut self) -> std::io::Result<&[u8]> {
@@ -899,13 +908,18 @@ mod tests {
                 }
                 Ok(&self.0[..self.0.len().min(3)])
             }
-            fn consume(&mut self, n: usize) { self.0 = &self.0[n..]; }
+            fn consume(&mut self, n: usize) {
+                self.0 = &self.0[n..];
+            }
         }
         let reply = b"VALUE a 0 10 1\r\n0123456789\r\nVALUE b 0 0 2\r\n\r\nEND\r\n";
         let mut r = Flaky(&reply[..], false);
         let mut out: Vec<Slot> = vec![Ok(None); 2];
         read_slots(&mut r, 1 << 20, &["a", "b"], &mut out).unwrap();
-        assert_eq!(&out[0].as_ref().unwrap().as_ref().unwrap().value[..], b"0123456789");
+        assert_eq!(
+            &out[0].as_ref().unwrap().as_ref().unwrap().value[..],
+            b"0123456789"
+        );
         assert_eq!(out[1].as_ref().unwrap().as_ref().unwrap().value.len(), 0);
     }
 }
