@@ -294,7 +294,7 @@ pub trait Backend: Debug + Send + Sync {
 
     /// Asks every server whether it answers: what [`Cache::ping`](crate::Cache::ping) returns.
     ///
-    /// The default reads [`PING_KEY`](crate::PING_KEY) with [`get`](Backend::get) (a miss is an
+    /// The default reads [`PING_KEY`] with [`get`](Backend::get) (a miss is an
     /// answer) and, if that fails, reports one failure named by the error's
     /// [`server`](crate::Error::server), or `"backend"`. Override it when the backend spreads
     /// keys over several servers, to ask each one (build the error with

@@ -337,14 +337,18 @@ mod metrics_tests {
         }
     }
 
-    /// A hit, a miss, a load, a failing load and a stale entry (claimed once, served stale
-    /// once), with the counts a user expects, on one front end and backend.
+    /// A hit, a miss, a load, a failing load, a stale entry (claimed once, served stale once)
+    /// and a wait for another process's load, with the counts a user expects, on one front
+    /// end and backend.
     fn scenario(env: &Env) {
         let recorder = DebuggingRecorder::new();
         let snap = recorder.snapshotter();
         let name = format!("users-{:?}-{:?}", env.kind, env.front);
         let cache: crate::front::TestCache = metrics::with_local_recorder(&recorder, || {
-            env.builder().name(name.clone()).build_front(env.front)
+            env.builder()
+                .name(name.clone())
+                .max_wait(Duration::from_millis(200))
+                .build_front(env.front)
         });
         assert_eq!(cache.get::<String>("absent").unwrap(), None); // a miss
         cache.set("present", "v", Duration::from_secs(60)).unwrap();
@@ -371,6 +375,23 @@ mod metrics_tests {
             Some("old")
         );
 
+        // Another process is loading "busy" (its placeholder, alive for a minute): this caller
+        // waits for it (a lease wait) until max_wait runs out.
+        let now = newcache::Clock::now_ms(&*env.clock);
+        let busy = newcache::__private::placeholder(now, now + 60_000, 7);
+        env.raw_set_ttl(
+            &cache.make_key("busy"),
+            &busy,
+            newcache::__private::FLAGS,
+            60,
+        );
+        let e = cache
+            .get_or_set_with("busy", Duration::from_secs(60), || {
+                Ok::<_, std::io::Error>(1)
+            })
+            .unwrap_err();
+        assert!(e.is_wait_timeout(), "{e}");
+
         let m = metrics(&snap);
         let c = |metric: &str| m.counter(metric, &[("cache", name.as_str())]);
         let kind = (env.kind, env.front);
@@ -380,7 +401,8 @@ mod metrics_tests {
         assert_eq!(c("newcache_claims_total"), 1, "{kind:?}");
         assert_eq!(c("newcache_loads_total"), 2, "{kind:?}");
         assert_eq!(c("newcache_load_errors_total"), 1, "{kind:?}");
-        assert_eq!(c("newcache_lease_waits_total"), 0, "{kind:?}");
+        assert_eq!(c("newcache_lease_waits_total"), 1, "{kind:?}");
+        assert_eq!(c("newcache_wait_timeouts_total"), 1, "{kind:?}");
         assert_eq!(c("newcache_backend_errors_total"), 0, "{kind:?}");
         // The same counts as stats(): one place counts both.
         let s = cache.stats();
