@@ -229,6 +229,10 @@ impl<'a> Write<'a> {
 /// implementations that loop over the single-key ones; real backends override them with one round
 /// trip per server. `exptime` is memcached's field: 0 = never, up to 30 days relative seconds,
 /// above that an absolute unix time; never negative (a zero TTL is a delete in the layer above).
+///
+/// Every call is made inside its operation's `tracing` span (see the crate docs, "Health,
+/// metrics and traces"); a backend that spreads keys over servers may name the one it picked with
+/// `tracing::Span::current().record("server", addr)`, as the memcached backend does.
 pub trait Backend: Debug + Send + Sync {
     /// Reads one item with its CAS token.
     fn get(&self, key: &str) -> Result<Option<Item>>;

@@ -280,12 +280,13 @@ impl MemcachedBackend {
     ) -> Vec<Result<T>> {
         let out: Vec<Option<Result<T>>> = (0..n).map(|i| check(i).err().map(Err)).collect();
         let sendable: Vec<usize> = (0..n).filter(|&i| out[i].is_none()).collect();
-        let groups = self
+        let mut groups = self
             .routing
-            .by_server(sendable.iter().map(|&i| key(i)), self.routable())
-            .into_iter()
-            .map(|(server, ps)| (server, ps.into_iter().map(|p| sendable[p]).collect()))
-            .collect();
+            .by_server(sendable.iter().map(|&i| key(i)), self.routable());
+        // Positions among the sendable entries, made positions in the caller's list in place.
+        for p in groups.iter_mut().flat_map(|(_, ps)| ps.iter_mut()) {
+            *p = sendable[*p];
+        }
         self.run_legs(writes, out, groups, chunk, encode, decode)
     }
 
