@@ -315,11 +315,18 @@ pub trait Backend: Debug + Send + Sync {
 }
 
 /// Records `addr` as the `server` of the operation's span, when a backend has picked the server
-/// of a single-key operation. Only when a subscriber listens at DEBUG: otherwise one comparison
-/// with the global maximum level.
+/// of a single-key operation. Only when a subscriber listens at DEBUG (otherwise one comparison
+/// with the global maximum level), and only on newcache's own span: with that span disabled, the
+/// current one may be the application's, which may have a `server` field of its own.
 pub(crate) fn note_server(addr: &str) {
     if tracing::level_enabled!(tracing::Level::DEBUG) {
-        tracing::Span::current().record("server", addr);
+        let span = tracing::Span::current();
+        if span
+            .metadata()
+            .is_some_and(|m| m.name() == "newcache" && m.target().starts_with("newcache"))
+        {
+            span.record("server", addr);
+        }
     }
 }
 

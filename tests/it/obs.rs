@@ -148,20 +148,29 @@ fn a_custom_backend_pings_with_a_get_by_default() {
 
 // ---- traces ----
 
+/// What a test subscriber writes, shared with the test.
+#[derive(Clone, Default)]
+struct Buf(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Buf {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Buf {
+    fn text(&self) -> String {
+        String::from_utf8(self.0.lock().unwrap().clone()).expect("utf-8 logs")
+    }
+}
+
 /// Everything a TRACE subscriber on this thread writes while `f` runs: every event, and every
 /// span when it is created, entered, exited and closed, with all its fields.
 fn traces_of(f: impl FnOnce()) -> String {
-    #[derive(Clone, Default)]
-    struct Buf(Arc<Mutex<Vec<u8>>>);
-    impl std::io::Write for Buf {
-        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(b);
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
     let buf = Buf::default();
     let writer = buf.clone();
     let subscriber = tracing_subscriber::fmt()
@@ -170,8 +179,7 @@ fn traces_of(f: impl FnOnce()) -> String {
         .with_writer(move || writer.clone())
         .finish();
     tracing::subscriber::with_default(subscriber, f);
-    let bytes = buf.0.lock().unwrap().clone();
-    String::from_utf8(bytes).expect("utf-8 logs")
+    buf.text()
 }
 
 fn traces_name_op_key_and_server_never_values(env: &Env) {
@@ -487,4 +495,32 @@ fn an_empty_name_is_refused() {
     let e = Cache::builder().name("").build().unwrap_err();
     assert!(e.is_config(), "{e}");
     assert!(e.to_string().contains("name"), "{e}");
+}
+
+#[test]
+fn the_server_is_recorded_only_on_newcache_spans() {
+    use tracing_subscriber::layer::SubscriberExt;
+    // The application listens at DEBUG to its own target only: newcache's spans are disabled,
+    // and the current span is the application's, which has a `server` field of its own.
+    let buf = Buf::default();
+    let writer = buf.clone();
+    let layer = tracing_subscriber::fmt::layer()
+        .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
+        .with_writer(move || writer.clone());
+    let only_app =
+        tracing_subscriber::filter::Targets::new().with_target("app", tracing::Level::DEBUG);
+    let subscriber = tracing_subscriber::registry()
+        .with(tracing_subscriber::Layer::with_filter(layer, only_app));
+    let cache = Cache::builder()
+        .memcached([shared_server()])
+        .build()
+        .unwrap();
+    tracing::subscriber::with_default(subscriber, || {
+        let request = tracing::debug_span!(target: "app", "request", server = "web-1");
+        let _in = request.enter();
+        cache.get::<String>("k").unwrap();
+    });
+    let logs = buf.text();
+    assert!(logs.contains("server=\"web-1\""), "{logs}");
+    assert!(!logs.contains(shared_server()), "{logs}");
 }
