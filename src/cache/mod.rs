@@ -120,9 +120,12 @@ impl Cache {
     ///
     /// `Ok(())` when every server answered; otherwise a [`PingError`] naming each server that
     /// did not, with its error. Each server is asked for [`PING_KEY`](crate::PING_KEY) with a
-    /// `get` (a miss is an answer): all at once, so a ping takes at most one `connect_timeout`
-    /// plus one `io_timeout`, however many servers are down or hung. A server marked dead
-    /// fails at once until it is due for a probe; then the ping is that probe.
+    /// `get` (a miss is an answer), all in one round: connections are opened (or taken from
+    /// the pool) server by server, then every request is written and every reply read under
+    /// one `io_timeout`. So a refused server fails at once, hung servers (they accept and
+    /// never answer) cost one `io_timeout` between them, and only a server that swallows
+    /// connects costs its own `connect_timeout`. A server marked dead fails at once until it
+    /// is due for a probe; then the ping is that probe.
     ///
     /// - **memory**: always answers.
     /// - **twemproxy** (or another proxy): the configured address is the proxy's, and a `get`

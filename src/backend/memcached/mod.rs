@@ -449,7 +449,7 @@ impl MemcachedBackend {
 }
 
 impl Backend for MemcachedBackend {
-    /// Every server asked at once, one `io_timeout` for all; behind twemproxy, the proxy and the
+    /// Every server asked in one round, one `io_timeout` for all; behind twemproxy, the proxy and the
     /// server [`PING_KEY`] maps to.
     fn ping(&self) -> std::result::Result<(), PingError> {
         self.ping_all()
