@@ -22,6 +22,9 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::key::{KeyFunction, KeyMaker, default_key, validate_key};
 
+/// The name of a cache built without [`CacheBuilder::name`]: its metrics' `cache` label.
+pub const DEFAULT_NAME: &str = "default";
+
 /// Default fresh lifetime of a value: 300 s (Django's default `TIMEOUT`).
 pub const DEFAULT_TTL: Duration = Duration::from_secs(300);
 /// Default herd timeout: 60 s (django-newcache's `CACHE_HERD_TIMEOUT`).
@@ -87,6 +90,7 @@ pub struct CacheBuilder {
     memcached_only: Vec<&'static str>,
     memory_only: Vec<&'static str>,
     flavor: String,
+    name: String,
     version: u64,
     default_ttl: Duration,
     herd_timeout: Duration,
@@ -121,6 +125,7 @@ impl Default for CacheBuilder {
             memcached_only: Vec::new(),
             memory_only: Vec::new(),
             flavor: String::new(),
+            name: DEFAULT_NAME.to_owned(),
             version: 1,
             default_ttl: DEFAULT_TTL,
             herd_timeout: DEFAULT_HERD_TIMEOUT,
@@ -231,6 +236,19 @@ impl CacheBuilder {
     /// The key prefix (django-newcache's `FLAVOR`); default `""`.
     pub fn flavor(mut self, flavor: impl Into<String>) -> Self {
         self.flavor = flavor.into();
+        self
+    }
+
+    /// The cache's name, for operators: the `cache` label of every metric (feature `metrics`)
+    /// and the `cache` field of every span; default [`DEFAULT_NAME`] (`"default"`). Give each
+    /// cache of a process its own (`"users"`, `"reports"`) to tell them apart on a dashboard.
+    /// Not part of the keys: caches of different names share entries when their flavor and
+    /// version agree.
+    ///
+    /// # Errors
+    /// [`build`](Self::build) refuses an empty name (`is_config()`).
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
         self
     }
 
@@ -598,6 +616,9 @@ impl CacheBuilder {
                 self.flavor
             ))
         })?;
+        if self.name.is_empty() {
+            return Err(Error::config("the cache's name must not be empty"));
+        }
         if self.herd_timeout.is_zero() {
             return Err(Error::config("herd_timeout must be more than zero"));
         }
@@ -638,6 +659,7 @@ impl CacheBuilder {
         Ok(Config {
             backend,
             clock: self.clock,
+            name: self.name,
             keys: KeyMaker {
                 flavor: self.flavor.into(),
                 version: self.version,

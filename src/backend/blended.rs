@@ -278,6 +278,11 @@ impl Backend for Blended {
     fn max_value_size(&self, key: &str) -> usize {
         self.pool.max_value_size(key)
     }
+
+    fn ping(&self) -> std::result::Result<(), crate::ping::PingError> {
+        // Every server at once in one round, from this thread: the pool's way.
+        self.pool.ping()
+    }
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@ mod in_tokio;
 mod loader;
 mod memcached;
 mod memory;
+mod obs;
 mod partial;
 mod props;
 mod values;

@@ -49,6 +49,7 @@ use super::memcached::routing::Routing;
 use super::memcached::wire::{self, Slot};
 use super::{AsyncBackend, BoxFuture, Item, StoreOutcome, Write, max_value_size};
 use crate::error::{Error, ErrorKind, Result};
+use crate::ping::{PING_KEY, PingError, PingFailure};
 
 /// The settings a connection needs, copied from the configuration.
 #[derive(Debug, Clone, Copy)]
@@ -121,6 +122,7 @@ impl Server {
     fn annotate(&self, e: Error) -> Error {
         if e.is_backend() {
             e.in_context(format!("memcached at {}", self.addr))
+                .at_server(&self.addr)
         } else {
             e
         }
@@ -192,7 +194,8 @@ impl Server {
                         "memcached at {} is marked dead (probed again later)",
                         self.addr
                     ),
-                ));
+                )
+                .at_server(&self.addr));
             }
             let (ops, conn) = {
                 let mut live = self.slots[slot].lock();
@@ -400,6 +403,7 @@ impl Engine {
         let i = self
             .routing
             .route(key, |i| self.servers[i].health.routable(now));
+        super::note_server(&self.servers[i].addr);
         &self.servers[i]
     }
 
@@ -677,6 +681,28 @@ impl AsyncBackend for Engine {
                 }
             }
             first
+        })
+    }
+
+    /// Every server asked at once: a `get` of [`PING_KEY`](crate::PING_KEY) queued on each,
+    /// then every answer awaited (each bounded by the connection's `io_timeout`).
+    fn ping(&self) -> BoxFuture<'_, std::result::Result<(), PingError>> {
+        Box::pin(async move {
+            let mut pending = Vec::with_capacity(self.servers.len());
+            for server in &self.servers {
+                pending.push(server.queue_get(server.pick(), &[PING_KEY]).await);
+            }
+            let mut failures = Vec::new();
+            for (server, queued) in self.servers.iter().zip(pending) {
+                let answer = match queued {
+                    Ok(rx) => server.get_reply(rx, &[PING_KEY]).await.pop(),
+                    Err(e) => Some(Err(e)),
+                };
+                if let Some(Err(e)) = answer {
+                    failures.push(PingFailure::new(server.addr.clone(), e));
+                }
+            }
+            PingError::check(failures, self.servers.len())
         })
     }
 

@@ -178,6 +178,7 @@ impl Server {
     pub(crate) fn annotate(&self, e: Error) -> Error {
         if e.is_backend() {
             e.in_context(format!("memcached at {}", self.addr))
+                .at_server(&self.addr)
         } else {
             e
         }
