@@ -53,10 +53,11 @@ target=$(cargo metadata --format-version 1 --no-deps |
     python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
 webapp=$target/release/examples/webapp
 plot=$target/release/webapp-plot
-db=${DB:-$target/webapp/webapp-$rows.sqlite}
+db_arg=()
+[ -n "${DB:-}" ] && db_arg=(--db "$DB")
 
 { git rev-parse HEAD; git status --porcelain; } > "$out/commit"
-{ date -u; uname -srm; echo "cores: $(nproc)"; memcached -V; wrk -v 2>&1 | head -1; rustc -V; } \
+{ date -u; uname -srm; echo "cores: $(nproc)"; memcached -V; { wrk -v 2>&1 || true; } | head -1; rustc -V; } \
     > "$out/env.txt"
 
 free_port() {
@@ -76,7 +77,7 @@ trap stop_all EXIT
 start_service() {
     local name=$1 port=$2 ttl=$3 servers=${4:-}
     MEMCACHED_SERVERS=$servers "$webapp" --port "$port" --ttl-secs "$ttl" --rows "$rows" \
-        --db "$db" > "$out/$name.log" 2>&1 &
+        "${db_arg[@]}" > "$out/$name.log" 2>&1 &
     pids+=($!)
     for _ in $(seq 1200); do
         curl -fs "http://127.0.0.1:$port/healthz" >/dev/null 2>&1 && return 0

@@ -22,7 +22,7 @@ def parse_wrk(path):
     rps = re.search(r"Requests/sec:\s+([\d.]+)", text)
     if not rps:
         raise ValueError(f"{path}: no Requests/sec line (did wrk fail?)\n{text}")
-    lat = dict(re.findall(r"^\s+(50|99)%\s+(\S+)$", text, re.M))
+    lat = dict(re.findall(r"^\s+(50|99)%\s+(\S+)\s*$", text, re.M))
     requests = re.search(r"(\d+) requests in", text)
     non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
     errors = re.search(r"Socket errors: (.*)", text)

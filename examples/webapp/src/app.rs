@@ -3,7 +3,7 @@
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::extract::{MatchedPath, Path, Query, Request, State};
@@ -34,7 +34,8 @@ struct Inner {
     cache: AsyncCache,
     db: Db,
     ttl: Duration,
-    port: u16,
+    /// The port `serve` listens on (0 until it does).
+    port: AtomicU16,
     requests: AtomicU64,
     series: Recorder,
     prometheus: PrometheusHandle,
@@ -101,7 +102,7 @@ impl App {
                 cache,
                 db: opened.db,
                 ttl: config.ttl(),
-                port: config.port,
+                port: AtomicU16::new(0),
                 requests: AtomicU64::new(0),
                 series: Recorder::default(),
                 prometheus: telemetry::prometheus(),
@@ -180,6 +181,8 @@ pub async fn serve(
     app: App,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
+    let port = listener.local_addr()?.port();
+    app.inner.port.store(port, Ordering::Relaxed);
     let sampler = tokio::spawn(sample_every_second(app.clone()));
     let served = axum::serve(listener, build_app(app.clone()))
         .with_graceful_shutdown(shutdown)
@@ -400,7 +403,7 @@ async fn static_page() -> &'static str {
 
 async fn series(State(app): State<App>) -> Json<Series> {
     Json(Series {
-        port: app.inner.port,
+        port: app.inner.port.load(Ordering::Relaxed),
         ttl_secs: app.inner.ttl.as_secs(),
         interval_ms: Recorder::INTERVAL.as_millis() as u64,
         samples: app.inner.series.samples(),

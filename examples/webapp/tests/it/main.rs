@@ -269,6 +269,7 @@ async fn series_counts_requests_and_queries_per_second() {
         };
         if sum("requests") >= 6 && sum("db_queries") >= 1 {
             assert_eq!(series["interval_ms"], 1000);
+            assert_eq!(series["port"].as_u64(), Some(svc.port() as u64));
             assert_eq!(series["ttl_secs"], 60);
             assert_eq!(sum("db_queries"), 1, "{series}");
             break;

@@ -89,6 +89,11 @@ impl Service {
         format!("{}{path}", self.base)
     }
 
+    /// The port the service listens on.
+    pub fn port(&self) -> u16 {
+        self.base.rsplit(':').next().unwrap().parse().unwrap()
+    }
+
     pub fn client(&self) -> &reqwest::Client {
         &self.client
     }
