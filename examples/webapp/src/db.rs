@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
-use sqlx::{QueryBuilder, Row, SqlitePool};
+use sqlx::{QueryBuilder, Row, SqliteConnection, SqlitePool};
 
 use crate::error::Error;
 
@@ -107,37 +107,23 @@ impl Db {
             pool,
             queries: Arc::new(AtomicU64::new(0)),
         };
-        let seeded = if db.seeded_rows().await? == Some(rows) {
-            None
-        } else {
-            let started = Instant::now();
-            db.seed(rows).await?;
-            Some(started.elapsed())
-        };
+        let done = seeded_rows(&mut *db.pool.acquire().await?).await? == Some(rows);
+        let started = Instant::now();
+        let seeded = (!done && db.seed(rows).await?).then(|| started.elapsed());
         Ok(Opened { db, seeded })
-    }
-
-    /// The row count of a finished seed, if there is one.
-    async fn seeded_rows(&self) -> Result<Option<u64>, Error> {
-        let meta: Option<(String,)> =
-            sqlx::query_as("SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'meta'")
-                .fetch_optional(&self.pool)
-                .await?;
-        if meta.is_none() {
-            return Ok(None);
-        }
-        let rows: Option<(i64,)> = sqlx::query_as("SELECT value FROM meta WHERE key = 'rows'")
-            .fetch_optional(&self.pool)
-            .await?;
-        Ok(rows.map(|(n,)| n as u64))
     }
 
     /// Replaces the tables with `rows` orders by `max(rows / 100, 10)` users, in one transaction
     /// (all or nothing: `meta.rows` is written last, so an interrupted seed is redone).
-    async fn seed(&self, rows: u64) -> Result<(), Error> {
+    /// Returns false if another process finished the same seed while this one waited for the
+    /// write lock (taken first, by `BEGIN IMMEDIATE`).
+    async fn seed(&self, rows: u64) -> Result<bool, Error> {
         let users = (rows / 100).max(10);
         let mut rng = SplitMix64(0x5eed);
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        if seeded_rows(&mut tx).await? == Some(rows) {
+            return Ok(false); // the transaction rolls back on drop: nothing was written
+        }
         sqlx::raw_sql(
             "DROP TABLE IF EXISTS meta;
              DROP TABLE IF EXISTS orders;
@@ -192,7 +178,7 @@ impl Db {
             .execute(&mut *tx)
             .await?;
         tx.commit().await?;
-        Ok(())
+        Ok(true)
     }
 
     /// Queries requests have run since start (seeding and the startup measurement excluded).
@@ -210,6 +196,7 @@ impl Db {
     /// Product `product`'s report: the expensive query, a scan of every order (no index on
     /// `product`) grouped by month.
     pub async fn report(&self, product: i64) -> Result<Report, Error> {
+        check_product(product)?; // before counting: no query runs for a product that is not
         let started = Instant::now();
         let result = self.report_uncounted(product).await;
         self.count("report", started);
@@ -218,11 +205,7 @@ impl Db {
 
     /// The report query, not counted (the startup measurement).
     pub async fn report_uncounted(&self, product: i64) -> Result<Report, Error> {
-        if !(1..=PRODUCTS).contains(&product) {
-            return Err(Error::NotFound(format!(
-                "product {product} (products are 1..={PRODUCTS})"
-            )));
-        }
+        check_product(product)?;
         let rows = sqlx::query(
             "SELECT (created_at - ?2) / ?3 AS month, COUNT(*) AS orders,
                     SUM(amount_cents) AS revenue, COUNT(DISTINCT user_id) AS customers
@@ -311,6 +294,31 @@ impl Db {
     /// Closes the pool (waits for the connections to finish).
     pub async fn close(&self) {
         self.pool.close().await;
+    }
+}
+
+/// The row count of a finished seed, if there is one.
+async fn seeded_rows(conn: &mut SqliteConnection) -> Result<Option<u64>, Error> {
+    let meta: Option<(String,)> =
+        sqlx::query_as("SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'meta'")
+            .fetch_optional(&mut *conn)
+            .await?;
+    if meta.is_none() {
+        return Ok(None);
+    }
+    let rows: Option<(i64,)> = sqlx::query_as("SELECT value FROM meta WHERE key = 'rows'")
+        .fetch_optional(&mut *conn)
+        .await?;
+    Ok(rows.map(|(n,)| n as u64))
+}
+
+fn check_product(product: i64) -> Result<(), Error> {
+    if (1..=PRODUCTS).contains(&product) {
+        Ok(())
+    } else {
+        Err(Error::NotFound(format!(
+            "product {product} (products are 1..={PRODUCTS})"
+        )))
     }
 }
 

@@ -195,8 +195,6 @@ async fn bad_input_gets_a_clear_error() {
         ("/report/abc", 400, "id \"abc\" is not an integer"),
         ("/report/0", 404, "product 0"),
         ("/report/1?cache=maybe", 400, "cache=\"maybe\""),
-        ("/users/999999", 404, "user 999999"),
-        ("/page/999999", 404, "user 999999"),
     ] {
         let r = svc.get(path).await;
         assert_eq!(r.status(), status, "{path}");
@@ -204,6 +202,13 @@ async fn bad_input_gets_a_clear_error() {
         let error = body["error"].as_str().unwrap();
         assert!(error.contains(says), "{path}: {error}");
     }
+    assert_eq!(
+        svc.db_queries().await,
+        0,
+        "no query runs for a malformed id or a product that is not"
+    );
+    assert_eq!(svc.get("/report/0").await.status(), 404);
+    assert_eq!(svc.db_queries().await, 0);
     let put = |body: Value| svc.client().put(svc.url("/users/1")).json(&body).send();
     assert_eq!(put(serde_json::json!({})).await.unwrap().status(), 400);
     assert_eq!(
@@ -213,6 +218,15 @@ async fn bad_input_gets_a_clear_error() {
             .status(),
         400
     );
+    for path in ["/users/999999", "/page/999999"] {
+        let r = svc.get(path).await;
+        assert_eq!(r.status(), 404, "{path}");
+        let body: Value = r.json().await.unwrap();
+        assert!(
+            body["error"].as_str().unwrap().contains("user 999999"),
+            "{path}: {body}"
+        );
+    }
     let missing = svc
         .client()
         .put(svc.url("/users/999999"))
@@ -420,4 +434,27 @@ mod prometheus {
             assert!(parse(bad).is_err(), "{bad:?}");
         }
     }
+}
+
+/// Two processes starting on a new database at once: one seeds, the other waits for its
+/// transaction and finds the seed done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_services_starting_on_one_new_database_seed_it_once() {
+    let db = std::env::temp_dir().join(format!(
+        "newcache-webapp-test-{}-shared.sqlite",
+        std::process::id()
+    ));
+    let config = service::config_for(&db, &[]);
+    let (a, b) = tokio::join!(
+        newcache_webapp::App::open(&config),
+        newcache_webapp::App::open(&config)
+    );
+    let (a, b) = (a.unwrap(), b.unwrap());
+    let seeds = [&a, &b]
+        .iter()
+        .filter(|app| app.startup().seeded.is_some())
+        .count();
+    assert_eq!(seeds, 1);
+    drop((a, b));
+    service::remove_db(&db);
 }

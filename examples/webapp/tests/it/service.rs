@@ -1,7 +1,7 @@
 //! The service under test: `App::open` on a small temporary database, `serve` on a free port of
 //! this test's runtime, and a reqwest client for it.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use clap::Parser;
@@ -52,21 +52,7 @@ impl Service {
             std::process::id(),
             N.fetch_add(1, Ordering::Relaxed)
         ));
-        let db_arg = db.to_str().unwrap().to_owned();
-        let mut config = Config::try_parse_from([
-            "webapp",
-            "--port",
-            "0",
-            "--ttl-secs",
-            "60",
-            "--rows",
-            ROWS,
-            "--db",
-            &db_arg,
-        ])
-        .unwrap();
-        // Explicitly, whatever MEMCACHED_SERVERS says in the environment.
-        config.memcached_servers = servers.to_vec();
+        let config = config_for(&db, servers);
         let app = App::open(&config).await.unwrap();
         assert!(app.startup().seeded.is_some(), "a new database is seeded");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -152,10 +138,35 @@ impl Drop for Service {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
-        for suffix in ["", "-wal", "-shm"] {
-            let mut path = self.db.clone().into_os_string();
-            path.push(suffix);
-            let _ = std::fs::remove_file(path);
-        }
+        remove_db(&self.db);
+    }
+}
+
+/// The tests' config: a free port, a 60 s ttl, a small database at `db`, the memory backend if
+/// `servers` is empty.
+pub fn config_for(db: &Path, servers: &[String]) -> Config {
+    let mut config = Config::try_parse_from([
+        "webapp",
+        "--port",
+        "0",
+        "--ttl-secs",
+        "60",
+        "--rows",
+        ROWS,
+        "--db",
+        db.to_str().unwrap(),
+    ])
+    .unwrap();
+    // Explicitly, whatever MEMCACHED_SERVERS says in the environment.
+    config.memcached_servers = servers.to_vec();
+    config
+}
+
+/// Removes an SQLite file and its WAL companions.
+pub fn remove_db(db: &Path) {
+    for suffix in ["", "-wal", "-shm"] {
+        let mut path = db.to_path_buf().into_os_string();
+        path.push(suffix);
+        let _ = std::fs::remove_file(path);
     }
 }
