@@ -46,10 +46,23 @@ use clap::Parser;
 use newcache_webapp::{App, Config};
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn Error>> {
+async fn main() {
     // Flags: --port, --ttl-secs, --db, --rows; MEMCACHED_SERVERS selects memcached.
     let config = Config::parse();
+    if let Err(e) = run(config).await {
+        // The error and its causes on one line, e.g. "cache error: bad memcached server ...".
+        let mut text = e.to_string();
+        let mut cause = e.source();
+        while let Some(c) = cause {
+            text = format!("{text}: {c}");
+            cause = c.source();
+        }
+        eprintln!("webapp: {text}");
+        std::process::exit(1);
+    }
+}
 
+async fn run(config: Config) -> Result<(), Box<dyn Error>> {
     // Open the database (seeding it on first start), time the expensive query, build the cache.
     let app = App::open(&config).await?;
     let s = app.startup();

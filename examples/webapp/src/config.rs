@@ -17,8 +17,8 @@ pub struct Config {
     #[arg(long, default_value_t = 3000)]
     pub port: u16,
 
-    /// Fresh lifetime of cached reports and users, in seconds.
-    #[arg(long = "ttl-secs", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    /// Fresh lifetime of cached reports and users, in seconds (at most 30 days).
+    #[arg(long = "ttl-secs", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=2_592_000))]
     pub ttl_secs: u64,
 
     /// The SQLite file; seeded on first start. Default: target/webapp/webapp-ROWS.sqlite in the

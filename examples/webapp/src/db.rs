@@ -90,7 +90,9 @@ impl Db {
     /// a finished seed of that size is there already.
     pub async fn open(path: &Path, rows: u64) -> Result<Opened, Error> {
         if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)?;
+            std::fs::create_dir_all(dir).map_err(|e| {
+                std::io::Error::new(e.kind(), format!("creating {}: {e}", dir.display()))
+            })?;
         }
         let options = SqliteConnectOptions::new()
             .filename(path)
@@ -99,17 +101,29 @@ impl Db {
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Normal)
             .busy_timeout(Duration::from_secs(10));
+        let open_error = |source| Error::Open {
+            path: path.to_owned(),
+            source,
+        };
         let pool = SqlitePoolOptions::new()
             .max_connections(4)
             .connect_with(options)
-            .await?;
+            .await
+            .map_err(open_error)?;
         let db = Db {
             pool,
             queries: Arc::new(AtomicU64::new(0)),
         };
-        let done = seeded_rows(&mut *db.pool.acquire().await?).await? == Some(rows);
+        let done = seeded_rows(&mut *db.pool.acquire().await.map_err(open_error)?).await?;
         let started = Instant::now();
-        let seeded = (!done && db.seed(rows).await?).then(|| started.elapsed());
+        let seeded = match done == Some(rows) {
+            true => None,
+            false => match db.seed(rows).await {
+                Ok(seeded) => seeded.then(|| started.elapsed()),
+                Err(Error::Db(e)) => return Err(open_error(e)),
+                Err(e) => return Err(e),
+            },
+        };
         Ok(Opened { db, seeded })
     }
 

@@ -21,6 +21,13 @@ pub enum Error {
     Cache(newcache::Error),
     /// An I/O error (at startup: the database directory, the listener).
     Io(std::io::Error),
+    /// The database file could not be opened, created or seeded (at startup).
+    Open {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        source: sqlx::Error,
+    },
 }
 
 impl Error {
@@ -30,7 +37,7 @@ impl Error {
         match self {
             Error::NotFound(_) => StatusCode::NOT_FOUND,
             Error::BadRequest(_) => StatusCode::BAD_REQUEST,
-            Error::Db(_) | Error::Io(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Error::Db(_) | Error::Io(_) | Error::Open { .. } => StatusCode::INTERNAL_SERVER_ERROR,
             Error::Cache(e) => match loader_error(e) {
                 Some(inner) => inner.status(),
                 None if e.is_backend() || e.is_timeout() || e.is_wait_timeout() => {
@@ -62,6 +69,7 @@ impl fmt::Display for Error {
                 None => f.write_str("cache error"),
             },
             Error::Io(_) => f.write_str("i/o error"),
+            Error::Open { path, .. } => write!(f, "cannot open database {}", path.display()),
         }
     }
 }
@@ -76,6 +84,7 @@ impl std::error::Error for Error {
                 None => Some(e),
             },
             Error::Io(e) => Some(e),
+            Error::Open { source, .. } => Some(source),
         }
     }
 }

@@ -458,3 +458,28 @@ async fn two_services_starting_on_one_new_database_seed_it_once() {
     drop((a, b));
     service::remove_db(&db);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_that_is_not_a_database_is_a_clear_startup_error() {
+    let db = std::env::temp_dir().join(format!(
+        "newcache-webapp-test-{}-garbage.sqlite",
+        std::process::id()
+    ));
+    std::fs::write(
+        &db,
+        "not a database, just text long enough to have a header page\n".repeat(100),
+    )
+    .unwrap();
+    let err = newcache_webapp::App::open(&service::config_for(&db, &[]))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, newcache_webapp::Error::Open { .. }),
+        "{err:?}"
+    );
+    assert_eq!(
+        err.to_string(),
+        format!("cannot open database {}", db.display())
+    );
+    service::remove_db(&db);
+}
