@@ -1,0 +1,104 @@
+//! newcache in a web service: axum over a 1M-row SQLite database (sqlx, bundled SQLite), with
+//! newcache's `AsyncCache` in front of an expensive aggregate and of user records.
+//!
+//! What it shows:
+//! - `GET /report/{id}`: a full-table aggregate (tens of ms) through `get_or_set_with`: one
+//!   database query per expiry however many requests arrive, across every process sharing
+//!   memcached; `?cache=off` runs it every time, for comparison.
+//! - `GET /users/{id}` reads a record through the cache; `PUT /users/{id}` updates the row, then
+//!   deletes its key, and the next `GET` shows the new value.
+//! - `GET /stats` (database queries since start and the cache's counters), `GET /metrics`
+//!   (Prometheus text), `GET /healthz` (a cache round trip: 200, or 503 with the error),
+//!   `GET /page/{id}` (an HTML page), `GET /static` (the bench's ceiling), `GET /series`
+//!   (requests and database queries per second).
+//!
+//! Run it from the project root (the first start seeds target/webapp/webapp-1000000.sqlite in a
+//! few seconds; `--rows N` for a smaller one, `--db PATH` elsewhere):
+//!
+//! ```sh
+//! cargo run --release --example webapp -- --port 3000 --ttl-secs 60
+//! # over memcached; start a second process on another port to share the herd protection:
+//! MEMCACHED_SERVERS=127.0.0.1:11211 cargo run --release --example webapp -- --port 3000
+//! ```
+//!
+//! Then try it:
+//!
+//! ```sh
+//! curl -s localhost:3000/report/1 | head -c 200; echo        # ~50 ms the first time, then cached
+//! curl -s 'localhost:3000/report/1?cache=off' -o /dev/null -w '%{time_total}s\n'
+//! curl -s localhost:3000/users/42
+//! curl -s -X PUT localhost:3000/users/42 -H 'content-type: application/json' -d '{"name":"ann"}'
+//! curl -s localhost:3000/users/42                           # "ann": the PUT deleted the key
+//! curl -s localhost:3000/stats; curl -s localhost:3000/healthz; curl -s localhost:3000/metrics
+//! wrk -t2 -c64 -d10s --latency http://127.0.0.1:3000/report/1
+//! wrk -t2 -c64 -d10s --latency 'http://127.0.0.1:3000/report/1?cache=off'
+//! ```
+//!
+//! The whole bench (both backends, two processes over memcached, a plot):
+//! `bash benches/webapp/run.sh benches/results/$(date +%F)-webapp`.
+//!
+//! The service's code is the `newcache-webapp` crate (`examples/webapp/`), which owns this
+//! example so that axum and sqlx stay out of `cargo test -p newcache`.
+
+use std::error::Error;
+
+use clap::Parser;
+use newcache_webapp::{App, Config};
+
+#[tokio::main]
+async fn main() {
+    // Flags: --port, --ttl-secs, --db, --rows; MEMCACHED_SERVERS selects memcached.
+    let config = Config::parse();
+    if let Err(e) = run(config).await {
+        // The error and its causes on one line, e.g. "cache error: bad memcached server ...".
+        let mut text = e.to_string();
+        let mut cause = e.source();
+        while let Some(c) = cause {
+            text = format!("{text}: {c}");
+            cause = c.source();
+        }
+        eprintln!("webapp: {text}");
+        std::process::exit(1);
+    }
+}
+
+async fn run(config: Config) -> Result<(), Box<dyn Error>> {
+    // Open the database (seeding it on first start), time the expensive query, build the cache.
+    let app = App::open(&config).await?;
+    let s = app.startup();
+    match s.seeded {
+        Some(took) => println!(
+            "seeded {} orders into {} in {:.1} s",
+            s.rows,
+            s.db_path.display(),
+            took.as_secs_f64()
+        ),
+        None => println!("database {} ({} orders)", s.db_path.display(), s.rows),
+    }
+    println!(
+        "expensive query (/report/1 uncached): {:.1} ms",
+        s.report_query.as_secs_f64() * 1e3
+    );
+    assert!(!s.report_query.is_zero(), "the report query ran");
+
+    // Serve on 127.0.0.1 until Ctrl-C or SIGTERM.
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", config.port)).await?;
+    println!(
+        "serving on http://{} (cache: {}, ttl {} s)",
+        listener.local_addr()?,
+        s.backend,
+        config.ttl_secs
+    );
+    newcache_webapp::serve(listener, app, shutdown_signal()).await?;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("a SIGTERM handler");
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term.recv() => {}
+    }
+}

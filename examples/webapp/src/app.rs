@@ -1,0 +1,411 @@
+//! `App` (the shared state: cache, database, counters), the routes, and `serve`.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::extract::{MatchedPath, Path, Query, Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use metrics_exporter_prometheus::PrometheusHandle;
+use newcache::{AsyncCache, Cache, Ttl};
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::config::Config;
+use crate::db::{Db, Report, User};
+use crate::error::{Error, chain};
+use crate::page;
+use crate::series::{Recorder, Series};
+use crate::telemetry;
+
+/// The service's state: its cache, database and counters. A cheap `Clone` (an `Arc` inside).
+#[derive(Clone)]
+pub struct App {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    cache: AsyncCache,
+    db: Db,
+    ttl: Duration,
+    /// The port `serve` listens on (0 until it does).
+    port: AtomicU16,
+    requests: AtomicU64,
+    series: Recorder,
+    prometheus: PrometheusHandle,
+    /// This process's own health-check key, so that processes sharing memcached do not race.
+    health_key: String,
+    health_seq: AtomicU64,
+    startup: Startup,
+}
+
+impl std::fmt::Debug for App {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("App")
+            .field("startup", &self.inner.startup)
+            .field("ttl", &self.inner.ttl)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What [`App::open`] did, for the startup banner.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Startup {
+    /// The database file.
+    pub db_path: PathBuf,
+    /// Orders in it.
+    pub rows: u64,
+    /// How long seeding took, if this start seeded the database.
+    pub seeded: Option<Duration>,
+    /// How long the expensive query (`/report/1`, uncached) took: the fastest of three runs.
+    pub report_query: Duration,
+    /// The cache backend: `memory`, or `memcached host:port,...`.
+    pub backend: String,
+}
+
+impl App {
+    /// Opens (seeding on first start) the database, measures the expensive query, and builds
+    /// the cache: memcached when `config` names servers, else the memory backend.
+    ///
+    /// # Errors
+    /// [`Error::Db`] or [`Error::Io`] if the database cannot be opened or seeded,
+    /// [`Error::Cache`] (`is_config`) for a malformed server address.
+    pub async fn open(config: &Config) -> Result<App, Error> {
+        let servers = config.servers();
+        let builder = Cache::builder().flavor("webapp").default_ttl(config.ttl());
+        let (builder, backend) = if servers.is_empty() {
+            (builder.in_memory(), "memory".to_string())
+        } else {
+            let named = format!("memcached {}", servers.join(","));
+            (builder.memcached(&servers), named)
+        };
+        // Built before seeding, so that a bad address fails at once.
+        let cache = builder.build_async()?;
+
+        let db_path = config.db_path();
+        let opened = Db::open(&db_path, config.rows).await?;
+        let mut report_query = Duration::MAX;
+        for _ in 0..3 {
+            let started = Instant::now();
+            opened.db.report_uncounted(1).await?;
+            report_query = report_query.min(started.elapsed());
+        }
+        Ok(App {
+            inner: Arc::new(Inner {
+                cache,
+                db: opened.db,
+                ttl: config.ttl(),
+                port: AtomicU16::new(0),
+                requests: AtomicU64::new(0),
+                series: Recorder::default(),
+                prometheus: telemetry::prometheus(),
+                health_key: format!("healthz:{}:{}", std::process::id(), nonce()),
+                health_seq: AtomicU64::new(0),
+                startup: Startup {
+                    db_path,
+                    rows: config.rows,
+                    seeded: opened.seeded,
+                    report_query,
+                    backend,
+                },
+            }),
+        })
+    }
+
+    /// What opening did.
+    pub fn startup(&self) -> &Startup {
+        &self.inner.startup
+    }
+
+    /// The cache the routes use.
+    pub fn cache(&self) -> &AsyncCache {
+        &self.inner.cache
+    }
+
+    /// Database queries requests have run since start (`"db_queries"` in `/stats`).
+    pub fn db_queries(&self) -> u64 {
+        self.inner.db.queries()
+    }
+
+    /// Requests answered since start.
+    pub fn requests(&self) -> u64 {
+        self.inner.requests.load(Ordering::Relaxed)
+    }
+
+    fn cache_key(&self, kind: &str, id: i64) -> String {
+        format!("{kind}:{id}")
+    }
+}
+
+/// A per-process nonce for the health key: the clock's nanoseconds.
+fn nonce() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos()
+}
+
+/// The service's routes over `app`.
+pub fn build_app(app: App) -> Router {
+    // WIRING (issue 11 §2, response cache): wrap this router, and only this one, in the
+    // `tower` feature's layer, e.g. `.layer(<ResponseCacheLayer>::new(app.cache().clone(), ttl))`.
+    let pages = Router::new().route("/page/{id}", get(page_handler));
+
+    Router::new()
+        .route("/report/{id}", get(report))
+        .route("/users/{id}", get(user).put(update_user))
+        .route("/stats", get(stats))
+        .route("/metrics", get(metrics_text))
+        .route("/healthz", get(healthz))
+        .route("/static", get(static_page))
+        .route("/series", get(series))
+        .merge(pages)
+        .route_layer(middleware::from_fn_with_state(app.clone(), count_requests))
+        .with_state(app)
+}
+
+/// Serves `app` on `listener` until `shutdown` resolves, sampling the per-second series
+/// meanwhile; then waits for the requests in flight and the cache's background refreshes.
+///
+/// # Errors
+/// An I/O error of the listener.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    app: App,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), Error> {
+    let port = listener.local_addr()?.port();
+    app.inner.port.store(port, Ordering::Relaxed);
+    let sampler = tokio::spawn(sample_every_second(app.clone()));
+    let served = axum::serve(listener, build_app(app.clone()))
+        .with_graceful_shutdown(shutdown)
+        .await;
+    sampler.abort();
+    app.inner.cache.shutdown().await;
+    app.inner.db.close().await;
+    Ok(served?)
+}
+
+async fn sample_every_second(app: App) {
+    let mut tick = tokio::time::interval(Recorder::INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        app.inner.series.sample(app.requests(), app.db_queries());
+        // Summaries in the Prometheus text decay only when the handle is kept up.
+        app.inner.prometheus.run_upkeep();
+    }
+}
+
+async fn count_requests(State(app): State<App>, request: Request, next: Next) -> Response {
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|p| p.as_str().to_owned())
+        .unwrap_or_default();
+    let response = next.run(request).await;
+    app.inner.requests.fetch_add(1, Ordering::Relaxed);
+    metrics::counter!(
+        "webapp_http_requests_total",
+        "route" => route,
+        "status" => response.status().as_u16().to_string()
+    )
+    .increment(1);
+    response
+}
+
+/// A path id: a clear 400 for anything but an integer.
+fn id_of(raw: &str) -> Result<i64, Error> {
+    raw.parse()
+        .map_err(|_| Error::BadRequest(format!("id {raw:?} is not an integer")))
+}
+
+#[derive(Deserialize)]
+struct ReportQuery {
+    cache: Option<String>,
+}
+
+async fn report(
+    State(app): State<App>,
+    Path(id): Path<String>,
+    Query(query): Query<ReportQuery>,
+) -> Result<Json<Report>, Error> {
+    let id = id_of(&id)?;
+    let cached = match query.cache.as_deref() {
+        None | Some("on") => true,
+        Some("off") => false,
+        Some(other) => {
+            return Err(Error::BadRequest(format!(
+                "cache={other:?}: expected \"on\" or \"off\""
+            )));
+        }
+    };
+    let db = &app.inner.db;
+    let report = if cached {
+        app.inner
+            .cache
+            .get_or_set_with(&app.cache_key("report", id), app.inner.ttl, || {
+                db.report(id)
+            })
+            .await?
+    } else {
+        db.report(id).await?
+    };
+    Ok(Json(report))
+}
+
+async fn user(State(app): State<App>, Path(id): Path<String>) -> Result<Json<User>, Error> {
+    let id = id_of(&id)?;
+    let db = &app.inner.db;
+    let user = app
+        .inner
+        .cache
+        .get_or_set_with(&app.cache_key("user", id), app.inner.ttl, || db.user(id))
+        .await?;
+    Ok(Json(user))
+}
+
+#[derive(Deserialize)]
+struct UserUpdate {
+    name: Option<String>,
+    email: Option<String>,
+}
+
+async fn update_user(
+    State(app): State<App>,
+    Path(id): Path<String>,
+    Json(update): Json<UserUpdate>,
+) -> Result<Json<User>, Error> {
+    let id = id_of(&id)?;
+    if update.name.is_none() && update.email.is_none() {
+        return Err(Error::BadRequest(
+            "nothing to update: give \"name\" and/or \"email\"".into(),
+        ));
+    }
+    if [&update.name, &update.email]
+        .iter()
+        .any(|f| f.as_deref().is_some_and(|s| s.trim().is_empty()))
+    {
+        return Err(Error::BadRequest(
+            "\"name\" and \"email\" must not be empty".into(),
+        ));
+    }
+    let user = app
+        .inner
+        .db
+        .update_user(id, update.name.as_deref(), update.email.as_deref())
+        .await?;
+    // The row first, then the key: a reader between the two sees the old value at most until
+    // the delete; `get_or_set_with` stores with cas, so a load that raced the update is not
+    // stored over the delete.
+    app.inner.cache.delete(&app.cache_key("user", id)).await?;
+    Ok(Json(user))
+}
+
+async fn page_handler(
+    State(app): State<App>,
+    Path(id): Path<String>,
+) -> Result<Html<String>, Error> {
+    let id = id_of(&id)?;
+    let db = &app.inner.db;
+    let user = db.user(id).await?;
+    let orders = db.latest_orders(id, 10).await?;
+    Ok(Html(page::render(&user, &orders)))
+}
+
+async fn stats(State(app): State<App>) -> Json<serde_json::Value> {
+    let s = app.inner.cache.stats();
+    Json(json!({
+        "db_queries": app.db_queries(),
+        "requests": app.requests(),
+        "backend": app.inner.startup.backend,
+        "ttl_secs": app.inner.ttl.as_secs(),
+        "cache": {
+            "hits": s.hits,
+            "misses": s.misses,
+            "stale_served": s.stale_served,
+            "claims_won": s.claims_won,
+            "lease_waits": s.lease_waits,
+            "loader_calls": s.loader_calls,
+            "loader_errors": s.loader_errors,
+            "early_refreshes": s.early_refreshes,
+            "stale_on_error": s.stale_on_error,
+            "backend_errors": s.backend_errors,
+            "backend_errors_absorbed": s.backend_errors_absorbed,
+            "decode_errors": s.decode_errors,
+            "newer_format": s.newer_format,
+            "wait_timeouts": s.wait_timeouts,
+            "loads_superseded": s.loads_superseded,
+            "too_large": s.too_large,
+        },
+    }))
+}
+
+async fn metrics_text(State(app): State<App>) -> impl IntoResponse {
+    // WIRING (issue 11 §3, metrics): nothing to add here. With newcache's `metrics` feature on
+    // (in this crate's Cargo.toml), the library's counters go through the same global recorder
+    // (`telemetry::prometheus`) and appear in this text.
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        app.inner.prometheus.render(),
+    )
+}
+
+async fn healthz(State(app): State<App>) -> Response {
+    // WIRING (issue 11 §3, ping): replace `round_trip` with `app.inner.cache.ping().await`,
+    // whose error names the servers that did not answer.
+    match round_trip(&app).await {
+        Ok(()) => {
+            Json(json!({ "status": "ok", "backend": app.inner.startup.backend })).into_response()
+        }
+        Err(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({
+                "status": "unavailable",
+                "backend": app.inner.startup.backend,
+                "error": why,
+            })),
+        )
+            .into_response(),
+    }
+}
+
+/// Writes a counter under this process's health key and reads it back. Writes are never absorbed
+/// by the failure policy (reads are, by default), so a server that does not answer fails here.
+async fn round_trip(app: &App) -> Result<(), String> {
+    let cache = &app.inner.cache;
+    let key = &app.inner.health_key;
+    let value = app.inner.health_seq.fetch_add(1, Ordering::Relaxed) + 1;
+    cache
+        .set_counter(key, value, Ttl::After(Duration::from_secs(60)))
+        .await
+        .map_err(|e| format!("write: {}", chain(&e)))?;
+    match cache.get_counter(key).await {
+        Ok(Some(read)) if read >= value => Ok(()),
+        Ok(other) => Err(format!("read back {other:?} after writing {value}")),
+        Err(e) => Err(format!("read: {}", chain(&e))),
+    }
+}
+
+async fn static_page() -> &'static str {
+    "newcache webapp\n"
+}
+
+async fn series(State(app): State<App>) -> Json<Series> {
+    Json(Series {
+        port: app.inner.port.load(Ordering::Relaxed),
+        ttl_secs: app.inner.ttl.as_secs(),
+        interval_ms: Recorder::INTERVAL.as_millis() as u64,
+        samples: app.inner.series.samples(),
+    })
+}

@@ -1,0 +1,67 @@
+//! `Config`: the service's flags (clap), and where its database lives by default.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// The service's settings, from its command line (and `MEMCACHED_SERVERS`).
+///
+/// Parse it with [`clap::Parser`] (`Config::parse()`, or `Config::try_parse_from` in tests).
+#[derive(Debug, Clone, clap::Parser)]
+#[command(
+    name = "webapp",
+    about = "newcache's example web service: axum + SQLite, with newcache in front of the expensive queries"
+)]
+#[non_exhaustive]
+pub struct Config {
+    /// Port to serve on, on 127.0.0.1 (0 picks a free one).
+    #[arg(long, default_value_t = 3000)]
+    pub port: u16,
+
+    /// Fresh lifetime of cached reports and users, in seconds (at most 30 days).
+    #[arg(long = "ttl-secs", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=2_592_000))]
+    pub ttl_secs: u64,
+
+    /// The SQLite file; seeded on first start. Default: target/webapp/webapp-ROWS.sqlite in the
+    /// project.
+    #[arg(long)]
+    pub db: Option<PathBuf>,
+
+    /// How many orders to seed (users: one per 100 orders, at least 10).
+    #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pub rows: u64,
+
+    /// memcached servers, host:port[,host:port...]; the in-process memory backend when unset.
+    #[arg(
+        long = "memcached-servers",
+        env = "MEMCACHED_SERVERS",
+        value_delimiter = ','
+    )]
+    pub memcached_servers: Vec<String>,
+}
+
+impl Config {
+    /// The fresh lifetime of cached values.
+    pub fn ttl(&self) -> Duration {
+        Duration::from_secs(self.ttl_secs)
+    }
+
+    /// The database file: `--db`, or `target/webapp/webapp-ROWS.sqlite` under the project root.
+    pub fn db_path(&self) -> PathBuf {
+        self.db.clone().unwrap_or_else(|| {
+            // examples/webapp/ is two levels under the project root.
+            let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+            let root = manifest.ancestors().nth(2).unwrap_or(manifest);
+            root.join("target/webapp")
+                .join(format!("webapp-{}.sqlite", self.rows))
+        })
+    }
+
+    /// The memcached servers named, without empty entries (`MEMCACHED_SERVERS=""` is unset).
+    pub fn servers(&self) -> Vec<&str> {
+        self.memcached_servers
+            .iter()
+            .map(|s| s.trim())
+            .filter(|s| !s.is_empty())
+            .collect()
+    }
+}
