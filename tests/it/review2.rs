@@ -22,14 +22,19 @@ fn dead_addr() -> String {
 fn a_panicking_loader_counts_as_a_load_error() {
     let cache = Cache::builder().in_memory().build().unwrap();
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        cache.get_or_set_with("k", Duration::from_secs(60), || -> Result<u32, std::io::Error> {
-            panic!("db driver bug")
-        })
+        cache.get_or_set_with(
+            "k",
+            Duration::from_secs(60),
+            || -> Result<u32, std::io::Error> { panic!("db driver bug") },
+        )
     }));
     assert!(r.is_err(), "the panic propagates");
     let s = cache.stats();
     assert_eq!(s.loader_calls, 1);
-    assert_eq!(s.loader_errors, 1, "documented: 'returned an error or panicked'");
+    assert_eq!(
+        s.loader_errors, 1,
+        "documented: 'returned an error or panicked'"
+    );
 }
 
 /// Ping's `Display` walks the source chain; the pool's failures are annotated twice
@@ -39,7 +44,9 @@ fn a_panicking_loader_counts_as_a_load_error() {
 fn a_ping_failure_names_its_server_once_per_cause() {
     let dead = dead_addr();
     for front in [Front::Sync, Front::Async] {
-        let cache = Cache::builder().memcached([dead.as_str()]).build_front(front);
+        let cache = Cache::builder()
+            .memcached([dead.as_str()])
+            .build_front(front);
         let text = cache.ping().unwrap_err().to_string();
         let times = text.matches(&format!("memcached at {dead}")).count();
         assert!(times <= 1, "{front:?}: {text}");
@@ -140,11 +147,12 @@ mod metrics_review {
     }
 }
 
-/// `AsyncCache::ping` on a server whose connection queue is full (a hung server under load):
-/// the ping's `get`s are queued server after server, each `queue_get` awaiting room in its
-/// server's queue, so a live server after a hung one is not even asked until the hung one's
-/// connection dies. Measures how long a ping of [hung, live] takes while 5000 gets pile up
-/// on the hung server; documented: "each answer is bounded by io_timeout".
+/// README: "hung ones (they accept, never answer) share one io_timeout ... (on an AsyncCache,
+/// all at once)". Under load they do not: `Engine::ping` awaits `queue_get` server after
+/// server, and `send` waits in `reserve()` while a hung server's queue (1024 ops) is full, until
+/// that connection is cut at its io_timeout; only then is the ping's get queued on a fresh
+/// connection, which waits a second io_timeout. Two hung servers, one live, 20,000 gets in
+/// flight: the ping takes about 2 x io_timeout (753 ms for 400 ms here).
 #[test]
 fn an_async_ping_behind_a_full_queue_stays_within_its_bound() {
     let hung = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -159,7 +167,6 @@ fn an_async_ping_behind_a_full_queue_stays_within_its_bound() {
         .async_connections(1)
         .build_async()
         .unwrap();
-    let _ = live;
     let rt = crate::front::runtime();
     rt.block_on(async {
         // Fill the hung server's one connection queue.
@@ -170,15 +177,19 @@ fn an_async_ping_behind_a_full_queue_stays_within_its_bound() {
                 let _ = c.get::<String>(&format!("k{i}")).await;
             }));
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
         let started = Instant::now();
         let r = cache.ping().await;
         let took = started.elapsed();
-        eprintln!("ping took {took:?}: {}", r.as_ref().unwrap_err());
+        eprintln!("ping took {took:?}");
+        assert_eq!(r.unwrap_err().failures().len(), 2);
         for t in tasks {
             let _ = t.await;
         }
-        assert!(took < io * 2 + Duration::from_millis(300), "ping took {took:?} (io_timeout {io:?})");
+        assert!(
+            took < io + Duration::from_millis(200),
+            "ping took {took:?} (io_timeout {io:?})"
+        );
     });
 }
 
@@ -192,14 +203,22 @@ fn a_ping_after_a_restart_does_not_report_a_live_server_down() {
     let mut server = crate::fixture::Memcached::start();
     let addr = server.addr();
     for front in [Front::Async, Front::Sync] {
-        let cache = Cache::builder().memcached([addr.as_str()]).build_front(front);
+        let cache = Cache::builder()
+            .memcached([addr.as_str()])
+            .build_front(front);
         cache.ping().expect("up");
         server.restart();
         // The restarted server answers a fresh client at once.
-        let fresh = Cache::builder().memcached([addr.as_str()]).build_front(front);
+        let fresh = Cache::builder()
+            .memcached([addr.as_str()])
+            .build_front(front);
         fresh.ping().expect("the restarted server answers");
         let r = cache.ping();
-        assert!(r.is_ok(), "{front:?}: a live server reported down: {}", r.unwrap_err());
+        assert!(
+            r.is_ok(),
+            "{front:?}: a live server reported down: {}",
+            r.unwrap_err()
+        );
     }
 }
 
