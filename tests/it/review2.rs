@@ -247,3 +247,28 @@ fn hung_servers_share_one_io_timeout() {
         assert!(took < io * 2, "{front:?}: {took:?} for 3 hung servers");
     }
 }
+
+/// `Error::server` feeds the `server` label. A single-key call refused because its server's
+/// pool stayed busy (`CheckoutError::PoolBusy`) is returned by `MemcachedBackend::run` without
+/// `annotate`: it names no server, and is counted under `server="unknown"` although the
+/// backend knows which server it is (a batch's same error, through `run_legs`, is named).
+#[test]
+fn a_busy_pool_names_its_server() {
+    use newcache::Backend;
+    let hung = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = hung.local_addr().unwrap().to_string();
+    let backend = crate::fixture::memcached_backend(std::slice::from_ref(&addr), |c| {
+        c.pool_size = 1;
+        c.connect_timeout = Duration::from_millis(100);
+        c.io_timeout = Duration::from_millis(800);
+    });
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let _ = backend.get("holder"); // holds the one connection for io_timeout
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        let e = backend.get("waiter").unwrap_err();
+        assert!(e.is_timeout(), "{e}");
+        assert_eq!(e.server(), Some(addr.as_str()), "{e}");
+    });
+}
