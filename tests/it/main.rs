@@ -18,4 +18,5 @@ mod memory;
 mod obs;
 mod partial;
 mod props;
+mod review2;
 mod values;
