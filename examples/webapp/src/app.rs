@@ -13,13 +13,13 @@ use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use metrics_exporter_prometheus::PrometheusHandle;
-use newcache::{AsyncCache, Cache, Ttl};
+use newcache::{AsyncCache, Cache};
 use serde::Deserialize;
 use serde_json::json;
 
 use crate::config::Config;
 use crate::db::{Db, Report, User};
-use crate::error::{Error, chain};
+use crate::error::Error;
 use crate::page;
 use crate::series::{Recorder, Series};
 use crate::telemetry;
@@ -39,9 +39,6 @@ struct Inner {
     requests: AtomicU64,
     series: Recorder,
     prometheus: PrometheusHandle,
-    /// This process's own health-check key, so that processes sharing memcached do not race.
-    health_key: String,
-    health_seq: AtomicU64,
     startup: Startup,
 }
 
@@ -79,7 +76,12 @@ impl App {
     /// [`Error::Cache`] (`is_config`) for a malformed server address.
     pub async fn open(config: &Config) -> Result<App, Error> {
         let servers = config.servers();
-        let builder = Cache::builder().flavor("webapp").default_ttl(config.ttl());
+        // The recorder first: the cache registers its metrics' handles when it is built.
+        let prometheus = telemetry::prometheus();
+        let builder = Cache::builder()
+            .flavor("webapp")
+            .name("webapp")
+            .default_ttl(config.ttl());
         let (builder, backend) = if servers.is_empty() {
             (builder.in_memory(), "memory".to_string())
         } else {
@@ -105,9 +107,7 @@ impl App {
                 port: AtomicU16::new(0),
                 requests: AtomicU64::new(0),
                 series: Recorder::default(),
-                prometheus: telemetry::prometheus(),
-                health_key: format!("healthz:{}:{}", std::process::id(), nonce()),
-                health_seq: AtomicU64::new(0),
+                prometheus,
                 startup: Startup {
                     db_path,
                     rows: config.rows,
@@ -142,14 +142,6 @@ impl App {
     fn cache_key(&self, kind: &str, id: i64) -> String {
         format!("{kind}:{id}")
     }
-}
-
-/// A per-process nonce for the health key: the clock's nanoseconds.
-fn nonce() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_nanos()
 }
 
 /// The service's routes over `app`.
@@ -349,9 +341,8 @@ async fn stats(State(app): State<App>) -> Json<serde_json::Value> {
 }
 
 async fn metrics_text(State(app): State<App>) -> impl IntoResponse {
-    // WIRING (issue 11 §3, metrics): nothing to add here. With newcache's `metrics` feature on
-    // (in this crate's Cargo.toml), the library's counters go through the same global recorder
-    // (`telemetry::prometheus`) and appear in this text.
+    // The service's own counters and newcache's (its `metrics` feature, `newcache_*`, labelled
+    // `cache="webapp"`) through one recorder.
     (
         [(
             header::CONTENT_TYPE,
@@ -362,9 +353,8 @@ async fn metrics_text(State(app): State<App>) -> impl IntoResponse {
 }
 
 async fn healthz(State(app): State<App>) -> Response {
-    // WIRING (issue 11 §3, ping): replace `round_trip` with `app.inner.cache.ping().await`,
-    // whose error names the servers that did not answer.
-    match round_trip(&app).await {
+    // Every server answers, or the error names those that did not.
+    match app.inner.cache.ping().await.map_err(|e| e.to_string()) {
         Ok(()) => {
             Json(json!({ "status": "ok", "backend": app.inner.startup.backend })).into_response()
         }
@@ -382,21 +372,6 @@ async fn healthz(State(app): State<App>) -> Response {
 
 /// Writes a counter under this process's health key and reads it back. Writes are never absorbed
 /// by the failure policy (reads are, by default), so a server that does not answer fails here.
-async fn round_trip(app: &App) -> Result<(), String> {
-    let cache = &app.inner.cache;
-    let key = &app.inner.health_key;
-    let value = app.inner.health_seq.fetch_add(1, Ordering::Relaxed) + 1;
-    cache
-        .set_counter(key, value, Ttl::After(Duration::from_secs(60)))
-        .await
-        .map_err(|e| format!("write: {}", chain(&e)))?;
-    match cache.get_counter(key).await {
-        Ok(Some(read)) if read >= value => Ok(()),
-        Ok(other) => Err(format!("read back {other:?} after writing {value}")),
-        Err(e) => Err(format!("read: {}", chain(&e))),
-    }
-}
-
 async fn static_page() -> &'static str {
     "newcache webapp\n"
 }
