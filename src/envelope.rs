@@ -380,6 +380,26 @@ mod tests {
     }
 
     #[test]
+    fn the_raw_flag_round_trips_and_survives_a_claim() {
+        let h = Header {
+            raw: true,
+            ..Header::value(10, 5, 3, 1000)
+        };
+        let b = item(h, b"page");
+        assert_eq!(b[5], 2, "flags bit 1");
+        assert_eq!(decode(FLAGS, &b).unwrap(), Parsed::Item(h, &b"page"[..]));
+        let mut marked = item(Header::value(10, 5, 3, 1000), b"page");
+        mark_raw(&mut marked);
+        assert_eq!(marked, b);
+        let c = restamp(&b, 99, 7).unwrap();
+        let Parsed::Item(claimed, rest) = decode(FLAGS, &c).unwrap() else {
+            panic!("a claimed item decodes")
+        };
+        assert!(claimed.raw && !claimed.compressed);
+        assert_eq!(rest, b"page");
+    }
+
+    #[test]
     fn restamp_changes_only_the_claim() {
         let h = Header::value(10, 5, 3, 1000);
         let b = item(h, b"xyz");
@@ -467,6 +487,12 @@ mod tests {
         bad[6] = 8; // header shorter than format 2's
         rejects(FLAGS, &bad);
         // A codec or flag bit this build does not know: written by a newer build, a miss.
+        let mut newer = good.clone();
+        newer[5] = 0x04; // the first flag bit after compressed (0) and raw (1)
+        assert_eq!(
+            decode(FLAGS, &newer).unwrap(),
+            Parsed::Newer(FORMAT_VERSION)
+        );
         let mut newer = good.clone();
         newer[5] = 0x80;
         assert_eq!(

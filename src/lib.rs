@@ -101,7 +101,11 @@
 //!
 //! # Cargo features
 //!
-//! None yet: the memcached and memory backends are always built.
+//! The memcached and memory backends are always built.
+//!
+//! - `tokio` (on by default): [`AsyncCache`] and its pipelined memcached engine.
+//! - `tower` (off by default; implies `tokio`): [`layer::ResponseCacheLayer`], a herd-safe HTTP
+//!   response cache for tower and axum 0.8 (http 1.x types).
 //!
 //! # Minimum supported Rust version
 //!

@@ -723,3 +723,99 @@ where
     }
     Ok(out.freeze())
 }
+
+#[cfg(test)]
+mod tests {
+    //! The loader extensions the layer relies on, on the memory backend with a mock clock.
+
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::testing::MockClock;
+
+    fn page(stored_ms: u64, fresh: Duration) -> Entry {
+        Entry {
+            stored_ms,
+            fresh,
+            body: Body::Page(Page {
+                status: StatusCode::OK,
+                headers: HeaderMap::new(),
+                body: Bytes::from_static(b"body"),
+                shared: false,
+                origin_age: 0,
+            }),
+        }
+    }
+
+    async fn load(cache: &AsyncCache, loads: &AtomicUsize, fresh: Duration) -> Entry {
+        let now = cache.cache.now_ms();
+        cache
+            .cache
+            .coalesced(
+                &cache.io(),
+                "k",
+                Duration::from_secs(3600).into(),
+                crate::async_cache::inline(|| async {
+                    loads.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, OriginFailed>(page(now, fresh))
+                }),
+            )
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_value_chooses_its_lifetime_and_peeking_never_claims() {
+        let clock = MockClock::new();
+        let cache = crate::Cache::builder()
+            .in_memory()
+            .clock(clock.clone())
+            .build_async()
+            .unwrap();
+        let loads = AtomicUsize::new(0);
+        let first = load(&cache, &loads, Duration::from_secs(5)).await;
+        assert_eq!(load(&cache, &loads, Duration::from_secs(5)).await, first);
+        assert_eq!(loads.load(Ordering::SeqCst), 1);
+        // Fresh for the 5 s it asked for, not the caller's hour.
+        clock.advance(Duration::from_secs(6));
+        let io = cache.io();
+        let peeked: Option<Entry> = cache.cache.peek_on(&io, "k").await.unwrap();
+        assert_eq!(peeked, Some(first.clone()), "a stale entry is still served");
+        // The peek claimed nothing: the next loader call refreshes at once.
+        let second = load(&cache, &loads, Duration::from_secs(5)).await;
+        assert_eq!(loads.load(Ordering::SeqCst), 2);
+        assert_ne!(second.stored_ms, first.stored_ms);
+        // A zero lifetime stores nothing.
+        clock.advance(Duration::from_secs(6));
+        load(&cache, &loads, Duration::ZERO).await;
+        assert_eq!(loads.load(Ordering::SeqCst), 3);
+        clock.advance(Duration::from_secs(120));
+        load(&cache, &loads, Duration::ZERO).await;
+        assert_eq!(loads.load(Ordering::SeqCst), 4);
+    }
+
+    #[tokio::test]
+    async fn raw_entries_and_codec_values_do_not_read_as_each_other() {
+        let cache = crate::Cache::builder().in_memory().build_async().unwrap();
+        let io = cache.io();
+        let entry = page(1, Duration::from_secs(60));
+        cache
+            .cache
+            .set_on(&io, "page", &entry, entry.fresh.into(), Herd::Protected)
+            .await
+            .unwrap();
+        assert!(cache.get::<Vec<u8>>("page").await.unwrap_err().is_decode());
+        cache
+            .set("value", &b"body".to_vec(), Duration::from_secs(60))
+            .await
+            .unwrap();
+        let e = cache
+            .cache
+            .peek_on::<Entry, _>(&io, "value")
+            .await
+            .unwrap_err();
+        assert!(e.is_decode(), "{e}");
+        let got: Option<Entry> = cache.cache.peek_on(&io, "page").await.unwrap();
+        assert_eq!(got, Some(entry));
+    }
+}

@@ -632,6 +632,8 @@ async fn bodies_are_stored_as_raw_bytes(env: Env) {
         "the body's bytes lie contiguous in the item"
     );
     assert!(item.ends_with(&body));
+    // The envelope marks the payload raw (flags bit 1 of byte 5): no codec wrote it.
+    assert_eq!(item[5] & 2, 2, "a raw payload");
 }
 
 async fn sixty_four_requests_for_a_cold_url_make_one_origin_call(env: Env) {
@@ -713,12 +715,22 @@ async fn hit_for_pass_sends_requests_straight_to_the_origin(env: Env) {
         };
         response(StatusCode::OK, &[("cache-control", cc)], format!("v{n}"))
     });
-    let svc = layer(&env).build().unwrap().layer(origin.service());
+    // A wait for another request's fetch lasts as long as the test allows (it would otherwise
+    // end at max_wait, and the waiter would go to the origin then).
+    let patient = || {
+        let cache = env
+            .builder()
+            .max_wait(Duration::from_secs(300))
+            .build_async()
+            .unwrap();
+        ResponseCacheLayer::new(cache)
+    };
+    let svc = patient().layer(origin.service());
     assert_eq!(send(&svc, get("/me")).await.x_cache(), "PASS");
     // Eight requests that can only finish once all eight are in the origin together: queued
     // behind one another's fetch, they would never get there.
     origin.together = Some(Arc::new(Barrier::new(8)));
-    let svc = layer(&env).build().unwrap().layer(origin.service());
+    let svc = patient().layer(origin.service());
     let seen = tokio::time::timeout(Duration::from_secs(60), at_once(&svc, 8, |_| get("/me")))
         .await
         .expect("no request waited for another's fetch");
