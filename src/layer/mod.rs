@@ -85,9 +85,16 @@
 //!   from it, across processes), and the new page replaces it. A flood of reloads therefore
 //!   costs at most one origin request per page per `revalidate_after`.
 //!
-//! If the cache fails (its backend down, a wait that ran out), requests go to the origin
-//! (`PASS`): the cache never fails a request the origin could serve. An origin error reaches
-//! the request that made it; the requests that waited for it go to the origin themselves.
+//! The cache never fails a request the origin could serve. With its backend down, each request
+//! fetches the page (requests of one process for one URL at once share a fetch) and nothing is
+//! stored; a cache error such as a wait that ran out sends the request to the origin (`PASS`).
+//! An origin error reaches the request that met it and leaves nothing stored; requests that
+//! were waiting for that fetch go to the origin themselves.
+//!
+//! Keys: the page, variant and revalidation keys are long strings (a URL, header values) that
+//! the cache's key function turns into memcached keys. The default function hashes them, so any
+//! URL fits; a custom [`KeyFunction`](crate::KeyFunction) must accept them too (a key it
+//! refuses makes the request `PASS`).
 //!
 //! # A CDN or a reverse proxy, or this layer?
 //!

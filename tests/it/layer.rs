@@ -851,3 +851,68 @@ fn bad_settings_are_config_errors() {
     }
     assert!(b().build().is_ok());
 }
+
+/// An origin error reaches the request that met it, and leaves nothing behind: the next request
+/// fetches again.
+#[test]
+fn an_origin_error_reaches_its_request_and_is_not_cached() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let cache = newcache::Cache::builder()
+            .in_memory()
+            .build_async()
+            .unwrap();
+        let calls = Arc::new(AtomicUsize::new(0));
+        let counted = calls.clone();
+        let origin = tower::service_fn(move |_: Request<()>| {
+            let n = counted.fetch_add(1, Ordering::SeqCst) + 1;
+            async move {
+                if n == 1 {
+                    return Err(std::io::Error::other("the database is down"));
+                }
+                Ok(response(StatusCode::OK, &[], "back"))
+            }
+        });
+        let svc = ResponseCacheLayer::new(cache).layer(origin);
+        let e = svc.clone().oneshot(get("/flaky")).await.unwrap_err();
+        assert_eq!(e.to_string(), "the database is down");
+        assert_eq!(send(&svc, get("/flaky")).await.x_cache(), "MISS");
+        assert_eq!(send(&svc, get("/flaky")).await.x_cache(), "HIT");
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+    });
+}
+
+/// With the cache's backend down, every request is still answered by the origin; nothing is
+/// stored.
+#[test]
+fn a_dead_backend_leaves_the_origin_serving() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        // A port nothing listens on.
+        let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = dead.local_addr().unwrap().to_string();
+        drop(dead);
+        let cache = newcache::Cache::builder()
+            .memcached([addr.as_str()])
+            .connect_timeout(Duration::from_secs(2))
+            .build_async()
+            .unwrap();
+        let origin = Origin::page("still here", &[]);
+        let svc = ResponseCacheLayer::new(cache).layer(origin.service());
+        for n in 1..=3 {
+            let seen = send(&svc, get("/up")).await;
+            assert_eq!(
+                (seen.status, &seen.body[..]),
+                (StatusCode::OK, &b"still here"[..])
+            );
+            assert_ne!(seen.x_cache(), "HIT");
+            assert_eq!(origin.calls(), n);
+        }
+    });
+}
