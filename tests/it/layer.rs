@@ -132,6 +132,20 @@ impl Origin {
     }
 }
 
+/// Opens `gate` once `ready()` holds (or after 30 s, so that a wrong expectation fails an
+/// assertion instead of hanging the test).
+fn release_when(gate: Arc<Semaphore>, ready: impl Fn() -> bool + Send + Sync + 'static) {
+    tokio::spawn(async move {
+        let wait = async {
+            while !ready() {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(30), wait).await;
+        gate.add_permits(1 << 20);
+    });
+}
+
 fn response(status: StatusCode, headers: &[(&str, &str)], body: impl Into<Bytes>) -> Response<B> {
     let mut r = Response::new(http_body_util::Full::new(body.into()).boxed());
     *r.status_mut() = status;
@@ -662,10 +676,13 @@ async fn sixty_four_requests_for_a_cold_url_make_one_origin_call(env: Env) {
 }
 
 async fn two_processes_share_one_fetch_per_expiry(env: Env) {
-    let origin = Origin::new(|_, n| response(StatusCode::OK, &[], format!("v{n}")));
+    let mut origin = Origin::new(|_, n| response(StatusCode::OK, &[], format!("v{n}")));
+    let gate = Arc::new(Semaphore::new(0));
+    origin.gate = Some(gate.clone());
     // Two caches over one backend stand in for two processes.
-    let a = ResponseCacheLayer::new(cache(&env)).layer(origin.service());
-    let b = ResponseCacheLayer::new(cache(&env)).layer(origin.service());
+    let (cache_a, cache_b) = (cache(&env), cache(&env));
+    let a = ResponseCacheLayer::new(cache_a.clone()).layer(origin.service());
+    let b = ResponseCacheLayer::new(cache_b.clone()).layer(origin.service());
     let both = |i: usize| if i % 2 == 0 { a.clone() } else { b.clone() };
     let svcs: Vec<_> = (0..32).map(both).collect();
     let run = |svcs: Vec<_>| async move {
@@ -686,6 +703,13 @@ async fn two_processes_share_one_fetch_per_expiry(env: Env) {
         }
         seen
     };
+    // The fetch is held in the origin until every other request waits for it (15 in each
+    // process behind its own leader; the other process's leader polls the placeholder), or
+    // until a second origin call shows the herd got through.
+    let (sa, sb, calls) = (cache_a.clone(), cache_b.clone(), origin.clone());
+    release_when(gate.clone(), move || {
+        calls.calls() > 1 || (sa.stats().lease_waits >= 15 && sb.stats().lease_waits >= 15)
+    });
     let cold = run(svcs.clone()).await;
     assert!(cold.iter().all(|s| s.body == "v1"));
     assert_eq!(
@@ -695,10 +719,19 @@ async fn two_processes_share_one_fetch_per_expiry(env: Env) {
     );
     for expiry in 2..=4 {
         env.advance(Duration::from_secs(61));
+        // The refresh is held in the origin until the 31 others were served the stale page.
+        gate.forget_permits(gate.available_permits());
+        // Each was served it at once, or waited for its process's claimant to hand it over.
+        let served = |c: &AsyncCache| c.stats().stale_served + c.stats().lease_waits;
+        let before = served(&cache_a) + served(&cache_b);
+        let (sa, sb, calls) = (cache_a.clone(), cache_b.clone(), origin.clone());
+        release_when(gate.clone(), move || {
+            calls.calls() > expiry || served(&sa) + served(&sb) >= before + 31
+        });
         let seen = run(svcs.clone()).await;
         assert_eq!(origin.calls(), expiry, "one origin call per expiry");
         assert_eq!(count(&seen, "MISS"), 1);
-        assert_eq!(count(&seen, "STALE") + count(&seen, "HIT"), 31);
+        assert_eq!(count(&seen, "STALE"), 31);
         let fresh = send(&a, get("/shared")).await;
         assert_eq!(fresh.body, format!("v{expiry}"));
     }
@@ -747,8 +780,11 @@ async fn hit_for_pass_sends_requests_straight_to_the_origin(env: Env) {
 }
 
 async fn a_flood_of_no_cache_requests_revalidates_once(env: Env) {
-    let origin = Origin::new(|_, n| response(StatusCode::OK, &[], format!("v{n}")));
-    let svc = layer(&env).build().unwrap().layer(origin.service());
+    let mut origin = Origin::new(|_, n| response(StatusCode::OK, &[], format!("v{n}")));
+    let gate = Arc::new(Semaphore::new(1));
+    origin.gate = Some(gate.clone());
+    let cache = cache(&env);
+    let svc = ResponseCacheLayer::new(cache.clone()).layer(origin.service());
     let reload = || get_with("/r", &[("cache-control", "no-cache")]);
     let max_age_0 = || get_with("/r", &[("cache-control", "max-age=0")]);
     assert_eq!(send(&svc, get("/r")).await.body, "v1");
@@ -756,6 +792,13 @@ async fn a_flood_of_no_cache_requests_revalidates_once(env: Env) {
     assert_eq!(send(&svc, reload()).await.x_cache(), "HIT");
     assert_eq!(origin.calls(), 1);
     env.advance(Duration::from_secs(5));
+    // The revalidation is held in the origin until the 31 other reloads wait for it (or a
+    // second origin call shows they did not).
+    let (stats, calls) = (cache.clone(), origin.clone());
+    let waits_before = cache.stats().lease_waits;
+    release_when(gate, move || {
+        calls.calls() > 2 || stats.stats().lease_waits >= waits_before + 31
+    });
     let seen = at_once(
         &svc,
         32,
