@@ -49,6 +49,8 @@
 //!   [`max_body_size`](ResponseCacheBuilder::max_body_size); any other body streams to the
 //!   client as it comes. Bodies are stored as raw bytes (copied into the item once, after the
 //!   status and headers; no serializer walks them).
+//!   `Expires` and `must-revalidate` are not read: freshness is `s-maxage`, `max-age` or the
+//!   ttl, and an expired page is served while it is refreshed (see the herd, below).
 //! - **`Vary`**: the page's key holds a *vary record* (the header names); each variant is stored
 //!   under the page key plus the request's values of those headers.
 //! - **Conditional requests**: a request's `If-None-Match` that matches the entry's `ETag` is
@@ -799,6 +801,59 @@ mod tests {
         clock.advance(Duration::from_secs(120));
         load(&cache, &loads, Duration::ZERO).await;
         assert_eq!(loads.load(Ordering::SeqCst), 4);
+    }
+
+    /// A body of the given frames that claims an exact length (which may be a lie).
+    struct Frames(std::collections::VecDeque<http_body::Frame<Bytes>>, u64);
+
+    impl HttpBody for Frames {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+            Poll::Ready(self.0.pop_front().map(Ok))
+        }
+        fn size_hint(&self) -> http_body::SizeHint {
+            http_body::SizeHint::with_exact(self.1)
+        }
+    }
+
+    async fn read_all<B: HttpBody<Data = Bytes>>(body: B) -> (Vec<u8>, Option<HeaderMap>)
+    where
+        B::Error: fmt::Debug,
+    {
+        let mut body = std::pin::pin!(body);
+        let (mut data, mut trailers) = (Vec::new(), None);
+        while let Some(frame) = std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
+            match frame.unwrap().into_data() {
+                Ok(d) => data.extend_from_slice(&d),
+                Err(f) => trailers = f.into_trailers().ok(),
+            }
+        }
+        (data, trailers)
+    }
+
+    #[tokio::test]
+    async fn a_body_that_cannot_be_stored_is_given_back_whole() {
+        let data = |s: &'static str| http_body::Frame::data(Bytes::from_static(s.as_bytes()));
+        let whole = collect(Frames([data("ab"), data("cd")].into(), 4), 10).await;
+        assert_eq!(whole.unwrap(), "abcd");
+        // Longer than it said, past the limit: what was read, then the rest.
+        let frames = [data("abcdef"), data("ghij"), data("klm")];
+        let Err(replay) = collect(Frames(frames.into(), 4), 8).await else {
+            panic!("over the limit")
+        };
+        assert_eq!(read_all(replay).await, (b"abcdefghijklm".to_vec(), None));
+        // Trailers are not stored: the body is given back with them.
+        let mut t = HeaderMap::new();
+        t.insert("checksum", HeaderValue::from_static("x"));
+        let frames = [data("ab"), http_body::Frame::trailers(t.clone())];
+        let Err(replay) = collect(Frames(frames.into(), 2), 8).await else {
+            panic!("trailers")
+        };
+        assert_eq!(read_all(replay).await, (b"ab".to_vec(), Some(t)));
     }
 
     #[tokio::test]
