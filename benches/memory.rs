@@ -99,7 +99,7 @@ impl Backend for Naive {
     }
     fn store(&self, _: StoreMode, key: &str, v: &[u8], flags: u32, _: u32) -> Result<StoreOutcome> {
         let item = Item {
-            value: v.to_vec(),
+            value: v.to_vec().into(),
             flags,
             cas: self.cas.fetch_add(1, Ordering::Relaxed),
         };

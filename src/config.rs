@@ -15,6 +15,8 @@ use crate::key::KeyMaker;
 pub(crate) struct Config {
     pub(crate) backend: Arc<dyn Backend>,
     pub(crate) clock: Arc<dyn Clock>,
+    /// The cache's name (metrics' `cache` label, spans' `cache` field).
+    pub(crate) name: String,
     pub(crate) keys: KeyMaker,
     pub(crate) format: Format,
     pub(crate) default_ttl: Duration,

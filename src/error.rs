@@ -26,8 +26,17 @@ pub struct Error {
     kind: ErrorKind,
     message: String,
     source: Option<Source>,
-    failed_keys: Option<Arc<[String]>>,
     outcome_unknown: bool,
+    /// What only some errors carry, behind one thin pointer so that every `Result` stays small
+    /// (a batch holds one per key).
+    details: Option<Arc<Details>>,
+}
+
+/// An [`Error`]'s rarer facts.
+#[derive(Debug, Clone, Default)]
+struct Details {
+    failed_keys: Vec<String>,
+    server: Option<String>,
 }
 
 impl fmt::Display for Error {
@@ -102,8 +111,8 @@ impl Error {
             kind,
             message: message.into(),
             source: None,
-            failed_keys: None,
             outcome_unknown: false,
+            details: None,
         }
     }
 
@@ -116,8 +125,8 @@ impl Error {
             kind,
             message: message.into(),
             source: Some(Arc::from(source.into())),
-            failed_keys: None,
             outcome_unknown: false,
+            details: None,
         }
     }
 
@@ -134,15 +143,18 @@ impl Error {
                 shown.join(", ")
             ),
             outcome_unknown: first.outcome_unknown,
+            details: Some(Arc::new(Details {
+                failed_keys: failed,
+                server: first.server().map(str::to_owned),
+            })),
             source: Some(Arc::new(first)),
-            failed_keys: Some(failed.into()),
         }
     }
 
     /// The caller's keys that failed, for an error from a batch operation (`get_many`,
     /// `set_many`, `delete_many`, `get_many_or_set_with`); empty otherwise.
     pub fn failed_keys(&self) -> &[String] {
-        self.failed_keys.as_deref().unwrap_or_default()
+        self.details.as_deref().map_or(&[], |d| &d.failed_keys)
     }
 
     pub(crate) fn decode(message: impl Into<String>) -> Self {
@@ -174,9 +186,27 @@ impl Error {
     /// outcome stays unknown).
     pub(crate) fn in_context(self, message: impl Into<String>) -> Self {
         let unknown = self.outcome_unknown;
+        let server = self.server().map(str::to_owned);
         let mut e = Error::with_source(self.kind, message, self);
         e.outcome_unknown = unknown;
+        if let Some(server) = server {
+            e = e.at_server(&server);
+        }
         e
+    }
+
+    /// Names the server this error happened at ([`Error::server`]).
+    pub(crate) fn at_server(mut self, addr: &str) -> Self {
+        Arc::make_mut(self.details.get_or_insert_default()).server = Some(addr.to_owned());
+        self
+    }
+
+    /// The server (`host:port` as configured) a backend error happened at, when the backend
+    /// knows it: the memcached backends name the server (or the proxy) of every transport
+    /// error and of every call refused because its server is marked dead. For a batch, the
+    /// server of its first failure. `None` for other errors and for a custom backend's.
+    pub fn server(&self) -> Option<&str> {
+        self.details.as_deref()?.server.as_deref()
     }
 
     /// Marks a failure that struck after a write was sent: the server may or may not have
@@ -299,6 +329,23 @@ mod tests {
         let f = e.clone();
         let fsrc = StdError::source(&f).expect("source");
         assert!(std::ptr::addr_eq(src, fsrc));
+    }
+
+    #[test]
+    fn a_result_stays_small() {
+        // A batch holds one `Result` per key: the rare fields live behind one pointer.
+        assert!(
+            std::mem::size_of::<Error>() <= 56,
+            "{}",
+            std::mem::size_of::<Error>()
+        );
+        let e = Error::backend("x").at_server("a:1");
+        assert_eq!(e.clone().in_context("at a").server(), Some("a:1"));
+        let batch = Error::partial(vec!["k".into()], 2, e);
+        assert_eq!(
+            (batch.server(), batch.failed_keys()),
+            (Some("a:1"), &["k".to_owned()][..])
+        );
     }
 
     #[test]

@@ -57,8 +57,10 @@
 //! # Backends
 //!
 //! - memcached ([`CacheBuilder::memcached`]): the text protocol (which twemproxy and mcrouter also
-//!   speak), one pool per server, ketama placement compatible with libmemcached, batches in one
-//!   pipelined round trip per server. `build()` never connects; every wait is bounded.
+//!   speak), one blocking pool per server for a caller alone and pipelined connections for
+//!   callers that overlap ([`CacheBuilder::pipelined_sync`]), ketama placement compatible with
+//!   libmemcached, batches in one pipelined round trip per server. `build()` never connects;
+//!   every wait is bounded.
 //! - memory ([`CacheBuilder::in_memory`], the default): the same semantics in process, bounded.
 //! - your own: implement [`Backend`] on bytes, flags and CAS tokens.
 //!
@@ -99,11 +101,38 @@
 //! [`DecodePolicy::Miss`]; decoding never allocates more than
 //! [`CacheBuilder::max_decode_size`] (64 MiB by default).
 //!
+//! # Health, metrics and traces
+//!
+//! - [`Cache::ping`] (and `AsyncCache::ping`): every server answers, or a [`PingError`] names
+//!   those that do not.
+//! - With the `metrics` feature, counters and a histogram through the
+//!   [`metrics`](https://docs.rs/metrics) facade, each labelled `cache` with
+//!   [`CacheBuilder::name`] (default `"default"`): `newcache_hits_total`,
+//!   `newcache_misses_total`, `newcache_stale_served_total`, `newcache_claims_total`,
+//!   `newcache_lease_waits_total`, `newcache_loads_total`, `newcache_load_errors_total`,
+//!   `newcache_backend_errors_total` (also labelled `server`: [`Error::server`], or `unknown`),
+//!   `newcache_load_duration_seconds` (histogram), and for the other [`Stats`] fields
+//!   `newcache_backend_errors_absorbed_total`, `newcache_early_refreshes_total`,
+//!   `newcache_stale_on_error_total`, `newcache_decode_errors_total`,
+//!   `newcache_newer_format_total`, `newcache_wait_timeouts_total`,
+//!   `newcache_loads_superseded_total`, `newcache_too_large_total`. They count what
+//!   [`Cache::stats`] counts. Install the recorder before building the cache: the handles are
+//!   registered when it is built (the per-server error counter when an error happens).
+//! - `tracing` spans at DEBUG, one per operation, named `newcache`, with the fields `op`
+//!   (`get`, `set`, `add`, `delete`, `touch`, `get_many`, `set_many`, `delete_many`,
+//!   `get_or_set_with`, `get_many_or_set_with`, `set_counter`, `incr`, `decr`, `get_counter`,
+//!   `clear`, `ping`), `cache`, `key` (the derived key) or, for batches, `keys` (how many), and
+//!   `server`: the address a memcached backend routed a single-key operation to (the proxy's
+//!   behind twemproxy), recorded on the span when it picks it; batches and the memory backend
+//!   leave it empty. A loader runs inside its call's span. No field ever holds a value. Without
+//!   a subscriber listening at DEBUG the spans are never built.
+//!
 //! # Cargo features
 //!
 //! The memcached and memory backends are always built.
 //!
 //! - `tokio` (on by default): [`AsyncCache`] and its pipelined memcached engine.
+//! - `metrics` (off by default): the metrics above, through the `metrics` crate.
 //! - `tower` (off by default; implies `tokio`): [`layer::ResponseCacheLayer`], a herd-safe HTTP
 //!   response cache for tower and axum 0.8 (http 1.x types).
 //!
@@ -129,6 +158,7 @@ mod key;
 #[cfg(feature = "tower")]
 pub mod layer;
 mod loader;
+mod ping;
 mod protocol;
 mod rng;
 mod stats;
@@ -142,13 +172,14 @@ pub use backend::memory::MemoryBackend;
 pub use backend::{Backend, Item, StoreMode, StoreOutcome, Write};
 pub use builder::{
     CacheBuilder, DEFAULT_HERD_TIMEOUT, DEFAULT_LEASE_TTL, DEFAULT_MAX_LOAD_TIME, DEFAULT_MAX_WAIT,
-    DEFAULT_TTL, MIN_LEASE_TTL,
+    DEFAULT_NAME, DEFAULT_TTL, MIN_LEASE_TTL,
 };
 pub use cache::{Cache, DecodePolicy, FailurePolicy, Herd};
 pub use clock::{Clock, SystemClock};
 pub use codec::{Codec, Compression, DEFAULT_MAX_DECODE_SIZE};
 pub use error::{Error, ErrorKind, Result};
 pub use key::{KeyFunction, MAX_KEY_LEN, default_key, validate_key};
+pub use ping::{PING_KEY, PingError, PingFailure};
 pub use stats::Stats;
 pub use ttl::{MAX_ABSOLUTE_EXPTIME, Ttl};
 

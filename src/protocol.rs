@@ -521,7 +521,7 @@ pub(crate) struct Lease {
     /// The CAS token of the claimed item as this caller last wrote it.
     cas: u64,
     /// The claimed item's bytes as this caller last wrote them.
-    bytes: Vec<u8>,
+    bytes: bytes::Bytes,
     header: Header,
     lease_ms: u64,
     /// Monotonic ms after which the claim is no longer renewed.
@@ -637,7 +637,7 @@ mod tests {
         .write(&mut b);
         b.extend_from_slice(b"v");
         Item {
-            value: b,
+            value: b.into(),
             flags: envelope::FLAGS,
             cas,
         }
@@ -649,7 +649,7 @@ mod tests {
             panic!("expected a write, got {action:?}")
         };
         Item {
-            value: value.clone(),
+            value: value.clone().into(),
             flags: envelope::FLAGS,
             cas,
         }
@@ -698,7 +698,9 @@ mod tests {
         let mut m = Machine::new(Mode::Load, SETTINGS, TOKEN, at(0));
         let _ = m.on_read(at(0), None);
         let theirs = Item {
-            value: Header::placeholder(1_000_000, 1_005_000, 99).to_bytes(),
+            value: Header::placeholder(1_000_000, 1_005_000, 99)
+                .to_bytes()
+                .into(),
             flags: envelope::FLAGS,
             cas: 3,
         };
@@ -716,7 +718,7 @@ mod tests {
     fn a_dead_placeholder_is_taken_over_with_cas() {
         let mut m = Machine::new(Mode::Load, SETTINGS, TOKEN, at(0));
         let dead = Item {
-            value: Header::placeholder(999_000, 999_500, 99).to_bytes(),
+            value: Header::placeholder(999_000, 999_500, 99).to_bytes().into(),
             flags: envelope::FLAGS,
             cas: 3,
         };
@@ -776,7 +778,9 @@ mod tests {
         let mut m = Machine::new(Mode::Load, SETTINGS, TOKEN, at(0));
         let _ = m.on_read(at(20), Some(value(10, 1)));
         let mut theirs = value(10, 2);
-        theirs.value = envelope::restamp(&theirs.value, 1_005_000, 99).unwrap();
+        theirs.value = envelope::restamp(&theirs.value, 1_005_000, 99)
+            .unwrap()
+            .into();
         let a = m.on_stored(at(20), StoreOutcome::Exists, Some(theirs));
         assert!(
             matches!(a, Action::Done(Found::Value { stale: true, .. })),
@@ -799,7 +803,9 @@ mod tests {
             Action::Done(Found::Miss { claimed: false })
         ));
         let ph = Item {
-            value: Header::placeholder(1_000_000, 1_005_000, 99).to_bytes(),
+            value: Header::placeholder(1_000_000, 1_005_000, 99)
+                .to_bytes()
+                .into(),
             flags: envelope::FLAGS,
             cas: 3,
         };
@@ -832,7 +838,7 @@ mod tests {
     #[test]
     fn newer_formats_are_a_miss_in_every_mode() {
         let newer = Item {
-            value: b"NC\x09future".to_vec(),
+            value: b"NC\x09future".to_vec().into(),
             flags: envelope::FLAGS,
             cas: 4,
         };

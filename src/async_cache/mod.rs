@@ -225,6 +225,32 @@ impl AsyncCache {
         self.cache.make_key(key)
     }
 
+    /// Asks every server whether it answers: [`Cache::ping`], awaited (the servers are asked
+    /// at once on the async connections; each answer is bounded by `io_timeout`).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let cache = newcache::Cache::builder().in_memory().build_async()?;
+    /// cache.ping().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// A [`PingError`](crate::PingError) listing the servers that did not answer.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: a dropped ping leaves its `get`s to be answered and discarded.
+    pub async fn ping(&self) -> std::result::Result<(), crate::PingError> {
+        let span = tracing::debug_span!(
+            "newcache",
+            op = "ping",
+            cache = &*self.cache.inner.stats.name
+        );
+        tracing::Instrument::instrument(self.shared.backend.ping(), span).await
+    }
+
     /// What this cache (and its clones and versions) did so far: [`Cache::stats`].
     pub fn stats(&self) -> Stats {
         self.cache.stats()

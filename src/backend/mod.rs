@@ -4,8 +4,13 @@
 
 use std::fmt::Debug;
 
-use crate::error::Result;
+use bytes::Bytes;
 
+use crate::error::Result;
+use crate::ping::{PING_KEY, PingError, PingFailure};
+
+#[cfg(feature = "tokio")]
+pub(crate) mod blended;
 #[cfg(feature = "tokio")]
 pub(crate) mod engine;
 pub mod memcached;
@@ -51,6 +56,17 @@ mod nonblocking {
         fn decr<'a>(&'a self, key: &'a str, delta: u64) -> BoxFuture<'a, Result<Option<u64>>>;
         fn flush_all(&self) -> BoxFuture<'_, Result<()>>;
         fn max_value_size(&self, key: &str) -> usize;
+        /// Asks every server whether it answers ([`Backend::ping`](super::Backend::ping), whose
+        /// default this is too).
+        fn ping(&self) -> BoxFuture<'_, std::result::Result<(), crate::ping::PingError>> {
+            use crate::ping::{PING_KEY, PingError, PingFailure};
+            Box::pin(async move {
+                self.get(PING_KEY).await.map(drop).map_err(|e| {
+                    let server = e.server().unwrap_or("backend").to_owned();
+                    PingError::new(vec![PingFailure::new(server, e)], 1)
+                })
+            })
+        }
         /// Waits for background work (connection tasks) to wind down; after it, the backend
         /// still works (it reconnects on demand).
         fn shutdown(&self) -> BoxFuture<'_, ()> {
@@ -121,6 +137,10 @@ mod nonblocking {
         fn max_value_size(&self, key: &str) -> usize {
             self.0.max_value_size(key)
         }
+        fn ping(&self) -> BoxFuture<'_, std::result::Result<(), crate::ping::PingError>> {
+            let r = self.0.ping();
+            Box::pin(async move { r })
+        }
     }
 
     /// A sync backend whose calls never block (the memory backend), as an [`AsyncBackend`].
@@ -134,8 +154,9 @@ pub(crate) use self::nonblocking::Immediate;
 /// An item as a backend returns it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Item {
-    /// The stored bytes.
-    pub value: Vec<u8>,
+    /// The stored bytes. Values read in one reply may share one buffer (cloning is cheap; a
+    /// kept value keeps its reply's buffer alive: copy it out with `to_vec` to keep it long).
+    pub value: Bytes,
     /// memcached's client flags.
     pub flags: u32,
     /// The CAS token of this version of the item (memcached's `gets`).
@@ -208,6 +229,10 @@ impl<'a> Write<'a> {
 /// implementations that loop over the single-key ones; real backends override them with one round
 /// trip per server. `exptime` is memcached's field: 0 = never, up to 30 days relative seconds,
 /// above that an absolute unix time; never negative (a zero TTL is a delete in the layer above).
+///
+/// Every call is made inside its operation's `tracing` span (see the crate docs, "Health,
+/// metrics and traces"); a backend that spreads keys over servers may name the one it picked with
+/// `tracing::Span::current().record("server", addr)`, as the memcached backend does.
 pub trait Backend: Debug + Send + Sync {
     /// Reads one item with its CAS token.
     fn get(&self, key: &str) -> Result<Option<Item>>;
@@ -270,6 +295,39 @@ pub trait Backend: Debug + Send + Sync {
     /// The largest value, in bytes, that can be stored under `key`; larger values are refused with
     /// a `TooLarge` error before anything is sent.
     fn max_value_size(&self, key: &str) -> usize;
+
+    /// Asks every server whether it answers: what [`Cache::ping`](crate::Cache::ping) returns.
+    ///
+    /// The default reads [`PING_KEY`] with [`get`](Backend::get) (a miss is an
+    /// answer) and, if that fails, reports one failure named by the error's
+    /// [`server`](crate::Error::server), or `"backend"`. Override it when the backend spreads
+    /// keys over several servers, to ask each one (build the error with
+    /// [`PingError::new`](crate::PingError::new)).
+    fn ping(&self) -> std::result::Result<(), PingError> {
+        match self.get(PING_KEY) {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                let server = e.server().unwrap_or("backend").to_owned();
+                Err(PingError::new(vec![PingFailure::new(server, e)], 1))
+            }
+        }
+    }
+}
+
+/// Records `addr` as the `server` of the operation's span, when a backend has picked the server
+/// of a single-key operation. Only when a subscriber listens at DEBUG (otherwise one comparison
+/// with the global maximum level), and only on newcache's own span: with that span disabled, the
+/// current one may be the application's, which may have a `server` field of its own.
+pub(crate) fn note_server(addr: &str) {
+    if tracing::level_enabled!(tracing::Level::DEBUG) {
+        let span = tracing::Span::current();
+        if span
+            .metadata()
+            .is_some_and(|m| m.name() == "newcache" && m.target().starts_with("newcache"))
+        {
+            span.record("server", addr);
+        }
+    }
 }
 
 /// memcached's default item size limit (`-I 1m`).

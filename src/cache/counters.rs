@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use tracing::Instrument;
+
 use super::Cache;
 use super::io::{Io, ready};
 use crate::backend::{StoreMode, Write, parse_counter};
@@ -25,21 +27,26 @@ impl Cache {
         ttl: Ttl,
     ) -> Result<()> {
         let k = self.keys.make(key)?;
-        let life = ttl.resolve(self.inner.config.default_ttl);
-        if life == Lifetime::Expired {
-            return io.delete(&k).await.map(|_| ());
+        let span = self.span("set_counter", &k);
+        async {
+            let life = ttl.resolve(self.inner.config.default_ttl);
+            if life == Lifetime::Expired {
+                return io.delete(&k).await.map(|_| ());
+            }
+            let exptime = ttl::exptime(life, Duration::ZERO, self.now_ms() / 1000);
+            let digits = value.to_string();
+            io.store(Write {
+                mode: StoreMode::Set,
+                key: &k,
+                value: digits.as_bytes(),
+                flags: envelope::COUNTER_FLAGS,
+                exptime,
+            })
+            .await
+            .map(|_| ())
         }
-        let exptime = ttl::exptime(life, Duration::ZERO, self.now_ms() / 1000);
-        let digits = value.to_string();
-        io.store(Write {
-            mode: StoreMode::Set,
-            key: &k,
-            value: digits.as_bytes(),
-            flags: envelope::COUNTER_FLAGS,
-            exptime,
-        })
+        .instrument(span)
         .await
-        .map(|_| ())
     }
 
     /// Adds `delta` to a counter and returns the new value (wrapping at 2^64, as memcached does).
@@ -60,12 +67,17 @@ impl Cache {
         incr: bool,
     ) -> Result<u64> {
         let k = self.keys.make(key)?;
-        let r = if incr {
-            io.incr(&k, delta).await
-        } else {
-            io.decr(&k, delta).await
-        };
-        r?.ok_or_else(|| not_found(key))
+        let span = self.span(if incr { "incr" } else { "decr" }, &k);
+        async {
+            let r = if incr {
+                io.incr(&k, delta).await
+            } else {
+                io.decr(&k, delta).await
+            };
+            r?.ok_or_else(|| not_found(key))
+        }
+        .instrument(span)
+        .await
     }
 
     /// Subtracts `delta` from a counter and returns the new value; memcached clamps at zero.
@@ -86,15 +98,20 @@ impl Cache {
 
     pub(crate) async fn get_counter_on<I: Io>(&self, io: &I, key: &str) -> Result<Option<u64>> {
         let k = self.keys.make(key)?;
-        match io.get(&k).await? {
-            None => Ok(None),
-            Some(item) => parse_counter(&item.value).map(Some).ok_or_else(|| {
-                Error::new(
-                    ErrorKind::NotACounter,
-                    format!("the value under {key:?} is not a decimal counter"),
-                )
-            }),
+        let span = self.span("get_counter", &k);
+        async {
+            match io.get(&k).await? {
+                None => Ok(None),
+                Some(item) => parse_counter(&item.value).map(Some).ok_or_else(|| {
+                    Error::new(
+                        ErrorKind::NotACounter,
+                        format!("the value under {key:?} is not a decimal counter"),
+                    )
+                }),
+            }
         }
+        .instrument(span)
+        .await
     }
 }
 

@@ -18,6 +18,7 @@ use crate::error::{Error, Result};
 use crate::key::KeyMaker;
 use crate::loader::coalesce::Coalescer;
 use crate::loader::lease::Renewer;
+use crate::ping::PingError;
 use crate::protocol::{Now, Settings};
 use crate::rng::Rng;
 use crate::stats::{Counters, Stats};
@@ -79,10 +80,11 @@ impl Cache {
         let renewer = Renewer::new(config.backend.clone(), config.clock.clone());
         let rng = Rng::new(config.seed);
         let keys = config.keys.clone();
+        let stats = Counters::new(&config.name);
         Cache {
             inner: Arc::new(Inner {
                 config,
-                stats: Counters::default(),
+                stats,
                 coalescer: Coalescer::default(),
                 renewer,
                 rng,
@@ -112,6 +114,60 @@ impl Cache {
     /// A snapshot of the counters.
     pub fn stats(&self) -> Stats {
         self.inner.stats.snapshot()
+    }
+
+    /// Asks every server whether it answers: a readiness check (a `/healthz` route).
+    ///
+    /// `Ok(())` when every server answered; otherwise a [`PingError`] naming each server that
+    /// did not, with its error. Each server is asked for [`PING_KEY`](crate::PING_KEY) with a
+    /// `get` (a miss is an answer), all in one round: connections are opened (or taken from
+    /// the pool) server by server, then every request is written and every reply read under
+    /// one `io_timeout`. So a refused server fails at once, hung servers (they accept and
+    /// never answer) cost one `io_timeout` between them, and only a server that swallows
+    /// connects costs its own `connect_timeout`. A server marked dead fails at once until it
+    /// is due for a probe; then the ping is that probe.
+    ///
+    /// - **memory**: always answers.
+    /// - **twemproxy** (or another proxy): the configured address is the proxy's, and a `get`
+    ///   is one of the few commands twemproxy forwards, so a ping checks the proxy *and* the
+    ///   one memcached server behind it that `PING_KEY` maps to, not the others.
+    /// - **a custom [`Backend`](crate::Backend)**: its [`ping`](crate::Backend::ping), by
+    ///   default one `get`.
+    ///
+    /// A ping's failures are its answer: they are not counted in [`stats`](Cache::stats) or in
+    /// the metrics.
+    ///
+    /// ```
+    /// let cache = newcache::Cache::builder().in_memory().build()?;
+    /// assert!(cache.ping().is_ok());
+    /// # Ok::<(), newcache::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// A [`PingError`] listing the servers that did not answer.
+    pub fn ping(&self) -> std::result::Result<(), PingError> {
+        let span = tracing::debug_span!("newcache", op = "ping", cache = &*self.inner.stats.name);
+        let _entered = span.enter();
+        self.inner.config.backend.ping()
+    }
+
+    /// The span of one operation on derived key `key`: DEBUG, named `newcache`, with the
+    /// operation, the cache's name, the key and a `server` the backend records when it picks
+    /// one (`backend::note_server`). Unless a subscriber wants it, the span is disabled: no
+    /// field is evaluated and nothing is allocated.
+    pub(crate) fn span(&self, op: &'static str, key: &str) -> tracing::Span {
+        tracing::debug_span!(
+            "newcache",
+            op,
+            cache = &*self.inner.stats.name,
+            key,
+            server = tracing::field::Empty
+        )
+    }
+
+    /// The span of a batch (or of `clear`): the number of keys instead of each key.
+    pub(crate) fn batch_span(&self, op: &'static str, keys: usize) -> tracing::Span {
+        tracing::debug_span!("newcache", op, cache = &*self.inner.stats.name, keys)
     }
 
     /// The sync backend as the facade's [`io::Io`].
@@ -240,7 +296,7 @@ impl Cache {
         };
         // One failed batch counts once, however many keys its failed servers held.
         if e.is_backend() {
-            Counters::bump(&self.inner.stats.backend_errors);
+            self.inner.stats.backend_error(&e);
             if !fatal {
                 Counters::bump(&self.inner.stats.backend_errors_absorbed);
             }
@@ -256,7 +312,7 @@ impl Cache {
         match r {
             Ok(v) => Ok(Some(v)),
             Err(e) if e.is_backend() => {
-                Counters::bump(&self.inner.stats.backend_errors);
+                self.inner.stats.backend_error(&e);
                 if policy == FailurePolicy::Absorb {
                     Counters::bump(&self.inner.stats.backend_errors_absorbed);
                     Ok(None)

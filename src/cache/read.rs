@@ -6,6 +6,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
 use serde::de::DeserializeOwned;
+use tracing::Instrument;
 
 use super::io::{Disarm, Io, ready};
 use super::{Cache, DecodePolicy};
@@ -116,18 +117,23 @@ impl Cache {
 
     pub(crate) async fn get_on<T: Decode, I: Io>(&self, io: &I, key: &str) -> Result<Option<T>> {
         let k = self.keys.make(key)?;
-        let (mut m, first) = self
-            .first_read(io, &k, Mode::Lookup, self.settings(false), None)
-            .await?;
-        let found = match first {
-            Action::Done(found) => found,
-            action => match self.drive_on(io, &k, &mut m, action).await? {
-                Step::Done(found) => found,
-                // Lookup never loads; a grant would be a protocol bug. Report a miss.
-                Step::Load(_) => return Ok(None),
-            },
-        };
-        self.looked_up(found)
+        let span = self.span("get", &k);
+        async {
+            let (mut m, first) = self
+                .first_read(io, &k, Mode::Lookup, self.settings(false), None)
+                .await?;
+            let found = match first {
+                Action::Done(found) => found,
+                action => match self.drive_on(io, &k, &mut m, action).await? {
+                    Step::Done(found) => found,
+                    // Lookup never loads; a grant would be a protocol bug. Report a miss.
+                    Step::Load(_) => return Ok(None),
+                },
+            };
+            self.looked_up(found)
+        }
+        .instrument(span)
+        .await
     }
 
     /// Reads `k`, then starts a machine on what it found: the machine's clock and the verdict
@@ -275,30 +281,35 @@ impl Cache {
         io: &I,
         keys: &[impl AsRef<str>],
     ) -> Result<HashMap<String, T>> {
-        let mut out = HashMap::with_capacity(keys.len());
-        let (derived, fetched) = self.read_many(io, keys).await?;
-        // One clock read, and one set of settings, for the batch.
-        let now = self.now();
-        let settings = self.settings(false);
-        for (i, (user_key, fetched)) in keys.iter().zip(fetched).enumerate() {
-            let Fetched::Item(item) = fetched else {
-                continue;
-            };
-            let k = derived.get(i);
-            let mut m = Machine::new(Mode::Lookup, settings, self.token(), now);
-            let first = m.on_read(now, Some(item));
-            let found = match first {
-                Action::Done(found) => found,
-                action => match self.drive_on(io, k, &mut m, action).await? {
-                    Step::Done(found) => found,
-                    Step::Load(_) => continue,
-                },
-            };
-            if let Some(v) = self.looked_up(found)? {
-                out.insert(user_key.as_ref().to_string(), v);
+        let span = self.batch_span("get_many", keys.len());
+        async {
+            let mut out = HashMap::with_capacity(keys.len());
+            let (derived, fetched) = self.read_many(io, keys).await?;
+            // One clock read, and one set of settings, for the batch.
+            let now = self.now();
+            let settings = self.settings(false);
+            for (i, (user_key, fetched)) in keys.iter().zip(fetched).enumerate() {
+                let Fetched::Item(item) = fetched else {
+                    continue;
+                };
+                let k = derived.get(i);
+                let mut m = Machine::new(Mode::Lookup, settings, self.token(), now);
+                let first = m.on_read(now, Some(item));
+                let found = match first {
+                    Action::Done(found) => found,
+                    action => match self.drive_on(io, k, &mut m, action).await? {
+                        Step::Done(found) => found,
+                        Step::Load(_) => continue,
+                    },
+                };
+                if let Some(v) = self.looked_up(found)? {
+                    out.insert(user_key.as_ref().to_string(), v);
+                }
             }
+            Ok(out)
         }
-        Ok(out)
+        .instrument(span)
+        .await
     }
 
     /// Derives every key and reads them in one round trip per server, under the read failure

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use serde::Serialize;
+use tracing::Instrument;
 
 use super::io::{Io, ready};
 use super::{Cache, Herd};
@@ -93,19 +94,24 @@ impl Cache {
         herd: Herd,
     ) -> Result<()> {
         let k = self.keys.make(key)?;
-        let life = ttl.resolve(self.inner.config.default_ttl);
-        if life == Lifetime::Expired {
-            return self.absorb_write(io.delete(&k).await).map(|_| ());
+        let span = self.span("set", &k);
+        async {
+            let life = ttl.resolve(self.inner.config.default_ttl);
+            if life == Lifetime::Expired {
+                return self.absorb_write(io.delete(&k).await).map(|_| ());
+            }
+            let (bytes, exptime) = self.encode(value, life, herd, 0)?;
+            let w = Write {
+                mode: StoreMode::Set,
+                key: &k,
+                value: &bytes,
+                flags: envelope::FLAGS,
+                exptime,
+            };
+            self.absorb_write(io.store(w).await).map(|_| ())
         }
-        let (bytes, exptime) = self.encode(value, life, herd, 0)?;
-        let w = Write {
-            mode: StoreMode::Set,
-            key: &k,
-            value: &bytes,
-            flags: envelope::FLAGS,
-            exptime,
-        };
-        self.absorb_write(io.store(w).await).map(|_| ())
+        .instrument(span)
+        .await
     }
 
     /// Stores a value only if the key holds no live value; `true` if it was stored.
@@ -130,42 +136,47 @@ impl Cache {
         ttl: Ttl,
     ) -> Result<bool> {
         let k = self.keys.make(key)?;
-        let life = ttl.resolve(self.inner.config.default_ttl);
-        let k = k.as_str();
-        if life == Lifetime::Expired {
-            // Like Django: stored and expired at once, if the key was free.
-            let Some(item) = io.get(k).await? else {
-                return Ok(true);
-            };
-            if self.is_live(&item) {
-                return Ok(false);
+        let span = self.span("add", &k);
+        async {
+            let life = ttl.resolve(self.inner.config.default_ttl);
+            let k = k.as_str();
+            if life == Lifetime::Expired {
+                // Like Django: stored and expired at once, if the key was free.
+                let Some(item) = io.get(k).await? else {
+                    return Ok(true);
+                };
+                if self.is_live(&item) {
+                    return Ok(false);
+                }
+                let w = Write::new(StoreMode::Cas(item.cas), k, b"", 0, ttl::EXPIRED);
+                let outcome = io.store(w).await?;
+                return Ok(outcome == StoreOutcome::Stored);
             }
-            let w = Write::new(StoreMode::Cas(item.cas), k, b"", 0, ttl::EXPIRED);
-            let outcome = io.store(w).await?;
-            return Ok(outcome == StoreOutcome::Stored);
+            let (bytes, exptime) = self.encode(value, life, Herd::Protected, 0)?;
+            for _ in 0..3 {
+                let w = Write::new(StoreMode::Add, k, &bytes, envelope::FLAGS, exptime);
+                if io.store(w).await? == StoreOutcome::Stored {
+                    return Ok(true);
+                }
+                let Some(item) = io.get(k).await? else {
+                    continue; // expired or deleted in between: try the add again
+                };
+                if self.is_live(&item) {
+                    return Ok(false);
+                }
+                let w = Write::new(
+                    StoreMode::Cas(item.cas),
+                    k,
+                    &bytes,
+                    envelope::FLAGS,
+                    exptime,
+                );
+                return Ok(io.store(w).await? == StoreOutcome::Stored);
+            }
+            Ok(false)
         }
-        let (bytes, exptime) = self.encode(value, life, Herd::Protected, 0)?;
-        for _ in 0..3 {
-            let w = Write::new(StoreMode::Add, k, &bytes, envelope::FLAGS, exptime);
-            if io.store(w).await? == StoreOutcome::Stored {
-                return Ok(true);
-            }
-            let Some(item) = io.get(k).await? else {
-                continue; // expired or deleted in between: try the add again
-            };
-            if self.is_live(&item) {
-                return Ok(false);
-            }
-            let w = Write::new(
-                StoreMode::Cas(item.cas),
-                k,
-                &bytes,
-                envelope::FLAGS,
-                exptime,
-            );
-            return Ok(io.store(w).await? == StoreOutcome::Stored);
-        }
-        Ok(false)
+        .instrument(span)
+        .await
     }
 
     /// Whether an item counts as a live value for `add`: a fresh newcache value, or bytes newcache
@@ -190,7 +201,10 @@ impl Cache {
 
     pub(crate) async fn delete_on<I: Io>(&self, io: &I, key: &str) -> Result<bool> {
         let k = self.keys.make(key)?;
-        Ok(self.absorb_write(io.delete(&k).await)?.unwrap_or(false))
+        let span = self.span("delete", &k);
+        async { Ok(self.absorb_write(io.delete(&k).await)?.unwrap_or(false)) }
+            .instrument(span)
+            .await
     }
 
     /// Stores several values with the herd protection, one round trip per server; returns the
@@ -262,52 +276,57 @@ impl Cache {
         batch: Encoded,
         life: Lifetime,
     ) -> Result<Vec<String>> {
-        let Encoded {
-            names,
-            encoded,
-            exptime,
-        } = batch;
-        if encoded.is_empty() {
-            return Ok(Vec::new());
-        }
-        if life == Lifetime::Expired {
-            let keys: Vec<&str> = encoded.iter().map(|(k, _)| k.as_str()).collect();
-            let done = self.absorb_each(
-                io.delete_many(&keys).await,
-                self.inner.config.write_failures,
-                |i| names[i].clone(),
-            )?;
-            return Ok(failed_names(&names, &done));
-        }
-        let mut failed = Vec::new();
-        let mut writes = Vec::with_capacity(encoded.len());
-        let mut at = Vec::with_capacity(encoded.len());
-        for (i, (k, v)) in encoded.iter().enumerate() {
-            if v.len() > io.max_value_size(k) {
-                Counters::bump(&self.inner.stats.too_large);
-                failed.push(names[i].clone());
-                continue;
-            }
-            at.push(i);
-            writes.push(Write {
-                mode: StoreMode::Set,
-                key: k,
-                value: v,
-                flags: envelope::FLAGS,
+        let span = self.batch_span("set_many", batch.names.len());
+        async {
+            let Encoded {
+                names,
+                encoded,
                 exptime,
-            });
+            } = batch;
+            if encoded.is_empty() {
+                return Ok(Vec::new());
+            }
+            if life == Lifetime::Expired {
+                let keys: Vec<&str> = encoded.iter().map(|(k, _)| k.as_str()).collect();
+                let done = self.absorb_each(
+                    io.delete_many(&keys).await,
+                    self.inner.config.write_failures,
+                    |i| names[i].clone(),
+                )?;
+                return Ok(failed_names(&names, &done));
+            }
+            let mut failed = Vec::new();
+            let mut writes = Vec::with_capacity(encoded.len());
+            let mut at = Vec::with_capacity(encoded.len());
+            for (i, (k, v)) in encoded.iter().enumerate() {
+                if v.len() > io.max_value_size(k) {
+                    Counters::bump(&self.inner.stats.too_large);
+                    failed.push(names[i].clone());
+                    continue;
+                }
+                at.push(i);
+                writes.push(Write {
+                    mode: StoreMode::Set,
+                    key: k,
+                    value: v,
+                    flags: envelope::FLAGS,
+                    exptime,
+                });
+            }
+            let results = io.store_many(&writes).await;
+            let done = self.absorb_each(results, self.inner.config.write_failures, |j| {
+                names[at[j]].clone()
+            })?;
+            failed.extend(
+                at.iter()
+                    .zip(&done)
+                    .filter(|(_, d)| d.is_none())
+                    .map(|(&i, _)| names[i].clone()),
+            );
+            Ok(failed)
         }
-        let results = io.store_many(&writes).await;
-        let done = self.absorb_each(results, self.inner.config.write_failures, |j| {
-            names[at[j]].clone()
-        })?;
-        failed.extend(
-            at.iter()
-                .zip(&done)
-                .filter(|(_, d)| d.is_none())
-                .map(|(&i, _)| names[i].clone()),
-        );
-        Ok(failed)
+        .instrument(span)
+        .await
     }
 
     /// Deletes several keys, one round trip per server; returns how many existed.
@@ -328,13 +347,18 @@ impl Cache {
             .iter()
             .map(|k| self.keys.make(k.as_ref()))
             .collect::<Result<Vec<_>>>()?;
-        let refs: Vec<&str> = derived.iter().map(String::as_str).collect();
-        let done = self.absorb_each(
-            io.delete_many(&refs).await,
-            self.inner.config.write_failures,
-            |i| keys[i].as_ref().to_string(),
-        )?;
-        Ok(done.into_iter().filter(|d| *d == Some(true)).count())
+        let span = self.batch_span("delete_many", derived.len());
+        async {
+            let refs: Vec<&str> = derived.iter().map(String::as_str).collect();
+            let done = self.absorb_each(
+                io.delete_many(&refs).await,
+                self.inner.config.write_failures,
+                |i| keys[i].as_ref().to_string(),
+            )?;
+            Ok(done.into_iter().filter(|d| *d == Some(true)).count())
+        }
+        .instrument(span)
+        .await
     }
 
     /// Gives an existing value a new lifetime without recomputing it (Django's `touch`): it is
@@ -351,65 +375,70 @@ impl Cache {
 
     pub(crate) async fn touch_on<I: Io>(&self, io: &I, key: &str, ttl: Ttl) -> Result<bool> {
         let k = self.keys.make(key)?;
-        let life = ttl.resolve(self.inner.config.default_ttl);
-        if life == Lifetime::Expired {
-            return Ok(self.absorb_write(io.delete(&k).await)?.unwrap_or(false));
-        }
-        // A read, then a `cas` of the re-timed envelope; another writer in between wins, and
-        // the touch is retried on what it wrote.
-        for _ in 0..3 {
-            let Some(item) = self.absorb_write(io.get(&k).await)?.flatten() else {
-                return Ok(false);
-            };
-            let now = self.now_ms();
-            let header = match envelope::decode(item.flags, &item.value) {
-                Ok(Parsed::Item(h, _)) => h,
-                // Not an envelope this build writes: memcached's own touch.
-                _ => {
-                    let exptime = ttl::exptime(life, Duration::ZERO, now / 1000);
-                    return Ok(self
-                        .absorb_write(io.touch(&k, exptime).await)?
-                        .unwrap_or(false));
+        let span = self.span("touch", &k);
+        async {
+            let life = ttl.resolve(self.inner.config.default_ttl);
+            if life == Lifetime::Expired {
+                return Ok(self.absorb_write(io.delete(&k).await)?.unwrap_or(false));
+            }
+            // A read, then a `cas` of the re-timed envelope; another writer in between wins, and
+            // the touch is retried on what it wrote.
+            for _ in 0..3 {
+                let Some(item) = self.absorb_write(io.get(&k).await)?.flatten() else {
+                    return Ok(false);
+                };
+                let now = self.now_ms();
+                let header = match envelope::decode(item.flags, &item.value) {
+                    Ok(Parsed::Item(h, _)) => h,
+                    // Not an envelope this build writes: memcached's own touch.
+                    _ => {
+                        let exptime = ttl::exptime(life, Duration::ZERO, now / 1000);
+                        return Ok(self
+                            .absorb_write(io.touch(&k, exptime).await)?
+                            .unwrap_or(false));
+                    }
+                };
+                // Only what a reader would serve is touched: a value past its staleness bound is
+                // gone for readers (Django's touch of an expired key is false), and a key being
+                // loaded has no value yet.
+                if !herd::servable(herd::judge(&header, now, None)) {
+                    return Ok(false);
                 }
-            };
-            // Only what a reader would serve is touched: a value past its staleness bound is
-            // gone for readers (Django's touch of an expired key is false), and a key being
-            // loaded has no value yet.
-            if !herd::servable(herd::judge(&header, now, None)) {
-                return Ok(false);
+                let padding = match header.kind {
+                    Kind::Placeholder => return Ok(false),
+                    Kind::Plain => Duration::ZERO,
+                    Kind::Value => self.hard_padding(life),
+                };
+                let soft = match header.kind {
+                    Kind::Value => ttl::soft_expiry_ms(life, now),
+                    _ => 0,
+                };
+                let expires = ttl::hard_expiry_ms(life, padding, now);
+                let Some(bytes) = envelope::retime(&item.value, soft, expires) else {
+                    return Ok(false);
+                };
+                let exptime = ttl::exptime(life, padding, now / 1000);
+                let stored = io
+                    .store(Write {
+                        mode: StoreMode::Cas(item.cas),
+                        key: &k,
+                        value: &bytes,
+                        flags: envelope::FLAGS,
+                        exptime,
+                    })
+                    .await;
+                match self.absorb_write(stored)? {
+                    Some(StoreOutcome::Stored) => return Ok(true),
+                    Some(StoreOutcome::NotFound) | None => return Ok(false),
+                    Some(_) => continue,
+                }
             }
-            let padding = match header.kind {
-                Kind::Placeholder => return Ok(false),
-                Kind::Plain => Duration::ZERO,
-                Kind::Value => self.hard_padding(life),
-            };
-            let soft = match header.kind {
-                Kind::Value => ttl::soft_expiry_ms(life, now),
-                _ => 0,
-            };
-            let expires = ttl::hard_expiry_ms(life, padding, now);
-            let Some(bytes) = envelope::retime(&item.value, soft, expires) else {
-                return Ok(false);
-            };
-            let exptime = ttl::exptime(life, padding, now / 1000);
-            let stored = io
-                .store(Write {
-                    mode: StoreMode::Cas(item.cas),
-                    key: &k,
-                    value: &bytes,
-                    flags: envelope::FLAGS,
-                    exptime,
-                })
-                .await;
-            match self.absorb_write(stored)? {
-                Some(StoreOutcome::Stored) => return Ok(true),
-                Some(StoreOutcome::NotFound) | None => return Ok(false),
-                Some(_) => continue,
-            }
+            // Other writers replaced the value three times in a row: theirs stands, with the
+            // lifetime they gave it.
+            Ok(false)
         }
-        // Other writers replaced the value three times in a row: theirs stands, with the
-        // lifetime they gave it.
-        Ok(false)
+        .instrument(span)
+        .await
     }
 
     /// Removes everything from the backend (memcached's `flush_all` on every server), as
@@ -419,7 +448,8 @@ impl Cache {
     }
 
     pub(crate) async fn clear_on<I: Io>(&self, io: &I) -> Result<()> {
-        io.flush_all().await
+        let span = tracing::debug_span!("newcache", op = "clear", cache = &*self.inner.stats.name);
+        async { io.flush_all().await }.instrument(span).await
     }
 }
 

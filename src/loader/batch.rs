@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use tracing::Instrument;
 
 use super::driver::{Claim, Driver};
 use super::lease::Completed;
@@ -86,168 +87,182 @@ impl Cache {
         L: FnOnce(&[String]) -> Fut,
         Fut: Future<Output = std::result::Result<HashMap<String, T>, BoxError>>,
     {
-        let s = &self.inner.stats;
-        let (derived, fetched) = self.read_many(d, keys).await?;
-        let mut out = HashMap::with_capacity(keys.len());
-        // The keys to load, each once and in the caller's order, and the claims held on them.
-        let mut wanted: Vec<String> = Vec::new();
-        let mut leases: HashMap<String, D::Held> = HashMap::new();
-        let mut held: HashMap<String, (T, u64)> = HashMap::new();
-        let now = self.now();
-        let mut pending = Vec::new();
-        for (i, (user_key, fetched)) in keys.iter().zip(fetched).enumerate() {
-            let d = derived.get(i);
-            let item = match fetched {
-                Fetched::Duplicate => continue,
-                // Its server failed: load it without a claim (the result cannot be stored).
-                Fetched::Failed => {
-                    wanted.push(user_key.as_ref().to_string());
-                    continue;
-                }
-                Fetched::Missing => None,
-                Fetched::Item(item) => Some(item),
-            };
-            let mut machine = Machine::new(Mode::Batch, self.settings(true), self.token(), now);
-            let action = machine.on_read(now, item);
-            pending.push(Pending {
-                key: user_key.as_ref().to_string(),
-                derived: d.to_string(),
-                machine,
-                action,
-            });
-        }
-        for _ in 0..MAX_ROUNDS {
-            if pending.is_empty() {
-                break;
+        let span = self.batch_span("get_many_or_set_with", keys.len());
+        async {
+            let s = &self.inner.stats;
+            let (derived, fetched) = self.read_many(d, keys).await?;
+            let mut out = HashMap::with_capacity(keys.len());
+            // The keys to load, each once and in the caller's order, and the claims held on them.
+            let mut wanted: Vec<String> = Vec::new();
+            let mut leases: HashMap<String, D::Held> = HashMap::new();
+            let mut held: HashMap<String, (T, u64)> = HashMap::new();
+            let now = self.now();
+            let mut pending = Vec::new();
+            for (i, (user_key, fetched)) in keys.iter().zip(fetched).enumerate() {
+                let d = derived.get(i);
+                let item = match fetched {
+                    Fetched::Duplicate => continue,
+                    // Its server failed: load it without a claim (the result cannot be stored).
+                    Fetched::Failed => {
+                        wanted.push(user_key.as_ref().to_string());
+                        continue;
+                    }
+                    Fetched::Missing => None,
+                    Fetched::Item(item) => Some(item),
+                };
+                let mut machine = Machine::new(Mode::Batch, self.settings(true), self.token(), now);
+                let action = machine.on_read(now, item);
+                pending.push(Pending {
+                    key: user_key.as_ref().to_string(),
+                    derived: d.to_string(),
+                    machine,
+                    action,
+                });
             }
-            let mut writing = Vec::new();
-            for mut p in pending.drain(..) {
-                let action = std::mem::replace(&mut p.action, Action::Read);
-                match action {
-                    Action::StoreThenRead { .. } => {
-                        p.action = action;
-                        writing.push(p);
-                    }
-                    Action::Load(grant) => {
-                        if let Some(h) = &grant.held {
-                            Counters::bump(&s.claims_won);
-                            if let Ok(v) = self.decode_held::<T>(h) {
-                                held.insert(p.key.clone(), (v, h.header.written_ms));
-                            }
+            for _ in 0..MAX_ROUNDS {
+                if pending.is_empty() {
+                    break;
+                }
+                let mut writing = Vec::new();
+                for mut p in pending.drain(..) {
+                    let action = std::mem::replace(&mut p.action, Action::Read);
+                    match action {
+                        Action::StoreThenRead { .. } => {
+                            p.action = action;
+                            writing.push(p);
                         }
-                        leases.insert(p.key.clone(), d.hold(self, &p.derived, grant.lease));
-                        wanted.push(p.key);
-                    }
-                    Action::Done(found) => {
-                        match found {
-                            Found::Value { held, stale } => match self.decode_held::<T>(&held) {
-                                Ok(v) => {
-                                    Counters::bump(if stale { &s.stale_served } else { &s.hits });
-                                    out.insert(p.key, v);
+                        Action::Load(grant) => {
+                            if let Some(h) = &grant.held {
+                                Counters::bump(&s.claims_won);
+                                if let Ok(v) = self.decode_held::<T>(h) {
+                                    held.insert(p.key.clone(), (v, h.header.written_ms));
                                 }
-                                Err(e) => self.undecodable(e, p, &mut writing)?,
-                            },
-                            Found::Foreign(e) => self.undecodable(e, p, &mut writing)?,
-                            // Someone else is loading it, or the backend failed: load, don't store.
-                            Found::Busy
-                            | Found::Unavailable
-                            | Found::Miss { .. }
-                            | Found::Newer
-                            | Found::TimedOut => {
-                                Counters::bump(&s.misses);
-                                wanted.push(p.key);
+                            }
+                            leases.insert(p.key.clone(), d.hold(self, &p.derived, grant.lease));
+                            wanted.push(p.key);
+                        }
+                        Action::Done(found) => {
+                            match found {
+                                Found::Value { held, stale } => {
+                                    match self.decode_held::<T>(&held) {
+                                        Ok(v) => {
+                                            Counters::bump(if stale {
+                                                &s.stale_served
+                                            } else {
+                                                &s.hits
+                                            });
+                                            out.insert(p.key, v);
+                                        }
+                                        Err(e) => self.undecodable(e, p, &mut writing)?,
+                                    }
+                                }
+                                Found::Foreign(e) => self.undecodable(e, p, &mut writing)?,
+                                // Someone else is loading it, or the backend failed: load, don't store.
+                                Found::Busy
+                                | Found::Unavailable
+                                | Found::Miss { .. }
+                                | Found::Newer
+                                | Found::TimedOut => {
+                                    Counters::bump(&s.misses);
+                                    wanted.push(p.key);
+                                }
                             }
                         }
+                        // A read to settle whether a write landed: done with this round's writes.
+                        Action::Read => {
+                            p.action = Action::Read;
+                            writing.push(p);
+                        }
+                        // Batches never sleep.
+                        Action::Sleep(_) => wanted.push(p.key),
                     }
-                    // A read to settle whether a write landed: done with this round's writes.
-                    Action::Read => {
-                        p.action = Action::Read;
-                        writing.push(p);
-                    }
-                    // Batches never sleep.
-                    Action::Sleep(_) => wanted.push(p.key),
                 }
+                pending = self.write_round(d, writing).await?;
             }
-            pending = self.write_round(d, writing).await?;
-        }
-        // Keys still contended after every round: load them, don't store them.
-        wanted.extend(pending.into_iter().map(|p| p.key));
-        if wanted.is_empty() {
-            return Ok(out);
-        }
-        Counters::bump(&s.loader_calls);
-        let started = Instant::now();
-        let call = loader(&wanted);
-        let mut loaded = match d.renewing_all(&mut leases, call).await {
-            Ok(m) => m,
-            Err(e) => {
-                Counters::bump(&s.loader_errors);
-                // Dropping the leases gives the keys back.
-                drop(leases);
-                let all_held = wanted
-                    .iter()
-                    .all(|k| held.get(k).is_some_and(|(_, w)| self.young_enough(*w)));
-                if all_held {
-                    for (k, (v, _)) in held {
-                        Counters::bump(&s.stale_on_error);
-                        out.insert(k, v);
+            // Keys still contended after every round: load them, don't store them.
+            wanted.extend(pending.into_iter().map(|p| p.key));
+            if wanted.is_empty() {
+                return Ok(out);
+            }
+            Counters::bump(&s.loader_calls);
+            let started = Instant::now();
+            let call = loader(&wanted);
+            let loaded = d.renewing_all(&mut leases, call).await;
+            s.load_finished(started);
+            let mut loaded = match loaded {
+                Ok(m) => m,
+                Err(e) => {
+                    Counters::bump(&s.loader_errors);
+                    // Dropping the leases gives the keys back.
+                    drop(leases);
+                    let all_held = wanted
+                        .iter()
+                        .all(|k| held.get(k).is_some_and(|(_, w)| self.young_enough(*w)));
+                    if all_held {
+                        for (k, (v, _)) in held {
+                            Counters::bump(&s.stale_on_error);
+                            out.insert(k, v);
+                        }
+                        return Ok(out);
                     }
-                    return Ok(out);
+                    return Err(Error::loader(e));
                 }
-                return Err(Error::loader(e));
-            }
-        };
-        let life = ttl.resolve(self.inner.config.default_ttl);
-        let mut batch = Vec::new();
-        let mut names = Vec::new();
-        for k in &wanted {
-            let (Some(v), Some(lease)) = (loaded.get(k), leases.remove(k)) else {
-                continue;
             };
-            if life == Lifetime::Expired {
-                continue; // dropping the lease removes the placeholder
-            }
-            let (bytes, exptime) = match self.encode(v, life, Herd::Protected, load_ms(started)) {
-                Ok(encoded) => encoded,
-                Err(e) if e.is_too_large() => {
-                    self.loaded_too_large(lease.key(), 0);
+            let life = ttl.resolve(self.inner.config.default_ttl);
+            let mut batch = Vec::new();
+            let mut names = Vec::new();
+            for k in &wanted {
+                let (Some(v), Some(lease)) = (loaded.get(k), leases.remove(k)) else {
+                    continue;
+                };
+                if life == Lifetime::Expired {
+                    continue; // dropping the lease removes the placeholder
+                }
+                let (bytes, exptime) = match self.encode(v, life, Herd::Protected, load_ms(started))
+                {
+                    Ok(encoded) => encoded,
+                    Err(e) if e.is_too_large() => {
+                        self.loaded_too_large(lease.key(), 0);
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                };
+                if bytes.len() > d.max_value_size(lease.key()) {
+                    self.loaded_too_large(lease.key(), bytes.len());
                     continue;
                 }
-                Err(e) => return Err(e),
-            };
-            if bytes.len() > d.max_value_size(lease.key()) {
-                self.loaded_too_large(lease.key(), bytes.len());
-                continue;
+                batch.push((lease, bytes, exptime));
+                names.push(k.clone());
             }
-            batch.push((lease, bytes, exptime));
-            names.push(k.clone());
-        }
-        // Leases of keys the loader left out are dropped here (their placeholders go).
-        drop(leases);
-        if !batch.is_empty() {
-            // A value whose write failed is still returned, as `get_or_set_with` returns it: the
-            // failure is counted (and its claim released, or left to lapse), never the result.
-            let done = d.complete_many(batch).await;
-            let mut failed = None;
-            for (c, name) in done.into_iter().zip(&names) {
-                match c {
-                    Ok(Completed::Stored) => {}
-                    Ok(Completed::Superseded) => Counters::bump(&s.loads_superseded),
-                    Err(e) if e.is_too_large() => self.loaded_too_large(name, 0),
-                    Err(e) => failed = Some(e),
+            // Leases of keys the loader left out are dropped here (their placeholders go).
+            drop(leases);
+            if !batch.is_empty() {
+                // A value whose write failed is still returned, as `get_or_set_with` returns it: the
+                // failure is counted (and its claim released, or left to lapse), never the result.
+                let done = d.complete_many(batch).await;
+                let mut failed = None;
+                for (c, name) in done.into_iter().zip(&names) {
+                    match c {
+                        Ok(Completed::Stored) => {}
+                        Ok(Completed::Superseded) => Counters::bump(&s.loads_superseded),
+                        Err(e) if e.is_too_large() => self.loaded_too_large(name, 0),
+                        Err(e) => failed = Some(e),
+                    }
+                }
+                // A failed batch counts once, as everywhere.
+                if let Some(e) = failed {
+                    s.backend_error(&e);
+                    if e.is_backend() {
+                        Counters::bump(&s.backend_errors_absorbed);
+                    }
                 }
             }
-            // A failed batch counts once, as everywhere.
-            if let Some(e) = failed {
-                Counters::bump(&s.backend_errors);
-                if e.is_backend() {
-                    Counters::bump(&s.backend_errors_absorbed);
-                }
-            }
+            let wanted: HashSet<String> = wanted.into_iter().collect();
+            out.extend(loaded.drain().filter(|(k, _)| wanted.contains(k)));
+            Ok(out)
         }
-        let wanted: HashSet<String> = wanted.into_iter().collect();
-        out.extend(loaded.drain().filter(|(k, _)| wanted.contains(k)));
-        Ok(out)
+        .instrument(span)
+        .await
     }
 
     /// A key whose bytes do not decode: the decode policy's error, or take it over.

@@ -15,6 +15,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use tracing::Instrument;
 
 use self::coalesce::{Leader, Outcome, Role};
 use self::driver::{Claim, Driver};
@@ -218,71 +219,76 @@ impl Cache {
     {
         // One key derivation per call.
         let derived = self.keys.make(key)?;
-        let deadline = Instant::now() + self.inner.config.max_wait;
-        // The fast path: a value that may be served is served without joining the coalescer (no
-        // lock shared by every caller); only a caller with work to do (a claim, a placeholder,
-        // a wait) coordinates with the others of this process.
-        let (m, first) = self
-            .first_read(d, &derived, Mode::Load, self.settings(true), Some(deadline))
-            .await?;
-        if let Action::Done(Found::Value { held, stale }) = &first {
-            if let Ok(v) = self.decode_held::<T>(held) {
-                let s = &self.inner.stats;
-                Counters::bump(if *stale { &s.stale_served } else { &s.hits });
-                return Ok(v);
-            }
-        }
-        let mut first = Some((m, first));
-        let mut loader = Some(loader);
-        loop {
-            match self.inner.coalescer.join(&derived) {
-                Role::Leader(mut leader) => {
-                    let (m, action) = first
-                        .take()
-                        .unwrap_or_else(|| (self.load_machine(deadline), Action::Read));
-                    let Some(loader) = loader.take() else {
-                        return Err(self.waited_out());
-                    };
-                    let r = self
-                        .lead(d, &derived, ttl, loader, Some(&mut leader), m, action)
-                        .await;
-                    leader.publish(match &r {
-                        Ok(v) => Outcome::Value(Arc::new(v.clone())),
-                        Err(e) => Outcome::Failed(e.clone()),
-                    });
-                    return r;
+        let span = self.span("get_or_set_with", &derived);
+        async {
+            let deadline = Instant::now() + self.inner.config.max_wait;
+            // The fast path: a value that may be served is served without joining the coalescer (no
+            // lock shared by every caller); only a caller with work to do (a claim, a placeholder,
+            // a wait) coordinates with the others of this process.
+            let (m, first) = self
+                .first_read(d, &derived, Mode::Load, self.settings(true), Some(deadline))
+                .await?;
+            if let Action::Done(Found::Value { held, stale }) = &first {
+                if let Ok(v) = self.decode_held::<T>(held) {
+                    let s = &self.inner.stats;
+                    Counters::bump(if *stale { &s.stale_served } else { &s.hits });
+                    return Ok(v);
                 }
-                Role::Follower(slot) => {
-                    first = None;
-                    Counters::bump(&self.inner.stats.lease_waits);
-                    match d.wait_for(&slot, deadline).await {
-                        Outcome::Value(v) => match v.downcast_ref::<T>() {
-                            Some(v) => return Ok(v.clone()),
-                            // Another type under the same key: do our own call.
-                            None => {
-                                let m = self.load_machine(deadline);
-                                let Some(loader) = loader.take() else {
-                                    return Err(self.waited_out());
-                                };
-                                return self
-                                    .lead(d, &derived, ttl, loader, None, m, Action::Read)
-                                    .await;
+            }
+            let mut first = Some((m, first));
+            let mut loader = Some(loader);
+            loop {
+                match self.inner.coalescer.join(&derived) {
+                    Role::Leader(mut leader) => {
+                        let (m, action) = first
+                            .take()
+                            .unwrap_or_else(|| (self.load_machine(deadline), Action::Read));
+                        let Some(loader) = loader.take() else {
+                            return Err(self.waited_out());
+                        };
+                        let r = self
+                            .lead(d, &derived, ttl, loader, Some(&mut leader), m, action)
+                            .await;
+                        leader.publish(match &r {
+                            Ok(v) => Outcome::Value(Arc::new(v.clone())),
+                            Err(e) => Outcome::Failed(e.clone()),
+                        });
+                        return r;
+                    }
+                    Role::Follower(slot) => {
+                        first = None;
+                        Counters::bump(&self.inner.stats.lease_waits);
+                        match d.wait_for(&slot, deadline).await {
+                            Outcome::Value(v) => match v.downcast_ref::<T>() {
+                                Some(v) => return Ok(v.clone()),
+                                // Another type under the same key: do our own call.
+                                None => {
+                                    let m = self.load_machine(deadline);
+                                    let Some(loader) = loader.take() else {
+                                        return Err(self.waited_out());
+                                    };
+                                    return self
+                                        .lead(d, &derived, ttl, loader, None, m, Action::Read)
+                                        .await;
+                                }
+                            },
+                            Outcome::Failed(e) => {
+                                if e.is_wait_timeout() {
+                                    Counters::bump(&self.inner.stats.wait_timeouts);
+                                }
+                                return Err(e);
                             }
-                        },
-                        Outcome::Failed(e) => {
-                            if e.is_wait_timeout() {
-                                Counters::bump(&self.inner.stats.wait_timeouts);
-                            }
-                            return Err(e);
+                            // The leader panicked (or, in a task, was dropped): retry, one of us
+                            // leads.
+                            Outcome::Abandoned => continue,
+                            Outcome::Pending => return Err(self.waited_out()),
                         }
-                        // The leader panicked (or, in a task, was dropped): retry, one of us
-                        // leads.
-                        Outcome::Abandoned => continue,
-                        Outcome::Pending => return Err(self.waited_out()),
                     }
                 }
             }
         }
+        .instrument(span)
+        .await
     }
 
     /// A `Load` machine whose waits end at `deadline` (what is left of this call's max_wait).
@@ -456,7 +462,9 @@ impl Cache {
         let s = &self.inner.stats;
         Counters::bump(&s.loader_calls);
         let started = Instant::now();
-        let v = match lease.renewing(loader.call()).await {
+        let v = lease.renewing(loader.call()).await;
+        s.load_finished(started);
+        let v = match v {
             Ok(v) => v,
             Err(e) => {
                 Counters::bump(&s.loader_errors);
@@ -492,7 +500,7 @@ impl Cache {
             // claim) is counted, not returned.
             Err(e) if e.is_too_large() => self.loaded_too_large(&key_of_lease, bytes.len()),
             Err(e) => {
-                Counters::bump(&s.backend_errors);
+                s.backend_error(&e);
                 if e.is_backend() {
                     Counters::bump(&s.backend_errors_absorbed);
                 }
@@ -505,7 +513,10 @@ impl Cache {
     async fn load_unclaimed<T, D: Driver, L: Load<T, D>>(&self, loader: L) -> Result<T> {
         let s = &self.inner.stats;
         Counters::bump(&s.loader_calls);
-        loader.call().await.map_err(|e| {
+        let started = Instant::now();
+        let v = loader.call().await;
+        s.load_finished(started);
+        v.map_err(|e| {
             Counters::bump(&s.loader_errors);
             Error::loader(e)
         })

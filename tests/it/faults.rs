@@ -539,7 +539,7 @@ type Answers = Vec<Result<Option<Vec<u8>>, newcache::Error>>;
 fn read_all(b: &MemcachedBackend, keys: &[&str]) -> Answers {
     b.get_many(keys)
         .into_iter()
-        .map(|r| r.map(|o| o.map(|i| i.value)))
+        .map(|r| r.map(|o| o.map(|i| i.value.to_vec())))
         .collect()
 }
 
@@ -576,7 +576,7 @@ fn one_dead_server_costs_only_its_own_keys() {
         let got = read_all(&b, &refs);
         let singles: Answers = refs
             .iter()
-            .map(|k| b.get(k).map(|o| o.map(|i| i.value)))
+            .map(|k| b.get(k).map(|o| o.map(|i| i.value.to_vec())))
             .collect();
         for (i, (batch, single)) in got.iter().zip(&singles).enumerate() {
             if dead[i] {

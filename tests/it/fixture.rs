@@ -407,7 +407,10 @@ impl Env {
     #[cfg_attr(not(feature = "tower"), allow(dead_code))]
     pub fn raw_get(&self, derived_key: &str) -> Option<Vec<u8>> {
         match (&self.memory, &self.addr) {
-            (Some(m), _) => m.get(derived_key).expect("raw get").map(|i| i.value),
+            (Some(m), _) => m
+                .get(derived_key)
+                .expect("raw get")
+                .map(|i| i.value.to_vec()),
             (None, Some(a)) => {
                 let client = memcache::connect(format!("memcache://{a}?protocol=ascii"))
                     .expect("memcache client connects");

@@ -213,6 +213,13 @@ impl TestCache {
         }
     }
 
+    pub fn ping(&self) -> std::result::Result<(), newcache::PingError> {
+        match self {
+            TestCache::Sync(c) => c.ping(),
+            TestCache::Async(c) => wait(c.ping()),
+        }
+    }
+
     pub fn stats(&self) -> Stats {
         match self {
             TestCache::Sync(c) => c.stats(),

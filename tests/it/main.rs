@@ -17,6 +17,7 @@ mod layer;
 mod loader;
 mod memcached;
 mod memory;
+mod obs;
 mod partial;
 mod props;
 mod values;

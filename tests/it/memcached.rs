@@ -403,3 +403,128 @@ fn an_error_reply_mid_batch_never_leaves_a_connection_out_of_step() {
     // a fresh connection: the server's reply to this delete, not the batch's leftover DELETED
     assert!(!backend.delete("z").unwrap());
 }
+
+/// The sync cache from many threads at once, on memcached and through twemproxy, with and
+/// without `pipelined_sync`: every thread reads its own writes and its own counter, and a value
+/// written by one thread is read by all.
+#[test]
+fn many_threads_at_once_read_their_writes_pipelined_or_pooled() {
+    for (server, pipelined) in [
+        (shared_server(), true),
+        (shared_server(), false),
+        (crate::fixture::shared_twemproxy(), true),
+    ] {
+        let cache = Cache::builder()
+            .memcached([server])
+            .flavor(unique_flavor("threads"))
+            .pipelined_sync(pipelined)
+            .io_timeout(S(5))
+            .build()
+            .unwrap();
+        cache.set("shared", &"everyone", S(60)).unwrap();
+        let threads = 32;
+        let start = std::sync::Barrier::new(threads);
+        thread::scope(|s| {
+            for t in 0..threads {
+                let (cache, start) = (&cache, &start);
+                s.spawn(move || {
+                    start.wait();
+                    let counter = format!("n{t}");
+                    cache.set_counter(&counter, 0, S(60)).unwrap();
+                    for i in 0..100u64 {
+                        let key = format!("t{t}-{i}");
+                        cache.set(&key, &(t, i), S(60)).unwrap();
+                        assert_eq!(cache.get::<(usize, u64)>(&key).unwrap(), Some((t, i)));
+                        assert_eq!(cache.incr(&counter, 1).unwrap(), i + 1);
+                        let many: HashMap<String, String> =
+                            cache.get_many(&["shared", "never-set"]).unwrap();
+                        assert_eq!(many.get("shared").map(String::as_str), Some("everyone"));
+                        assert!(cache.delete(&key).unwrap());
+                    }
+                });
+            }
+        });
+        if pipelined {
+            // 32 threads from one barrier overlapped: this cache's engine thread runs (other
+            // tests' engines can only add to the count, and this one lives until `cache` drops).
+            assert!(
+                engine_threads() >= 1,
+                "the concurrent callers used the engine"
+            );
+        }
+    }
+}
+
+/// Threads named `newcache-engine` in this process.
+fn engine_threads() -> usize {
+    std::fs::read_dir("/proc/self/task").map_or(0, |tasks| {
+        tasks
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+            .filter(|name| name.trim() == "newcache-engine")
+            .count()
+    })
+}
+
+#[test]
+fn pipelined_sync_needs_a_connection() {
+    let err = Cache::builder()
+        .memcached([shared_server()])
+        .async_connections(0)
+        .build()
+        .unwrap_err();
+    assert!(err.is_config(), "{err}");
+    // Without it, the pool alone serves and the setting is not used.
+    Cache::builder()
+        .memcached([shared_server()])
+        .async_connections(0)
+        .pipelined_sync(false)
+        .build()
+        .unwrap();
+}
+
+/// Review: the sync `Cache` called from a tokio task (a `#[tokio::main]` body, say) while
+/// another thread also uses it: after about 128 calls that went through the engine in one
+/// poll of the task, the task's coop budget is spent and the call never returns (it spins).
+#[test]
+fn a_tokio_task_making_many_sync_calls_while_another_thread_works_finishes() {
+    let cache = Cache::builder()
+        .memcached([shared_server()])
+        .flavor(unique_flavor("coop"))
+        .build()
+        .unwrap();
+    cache.set("y", &1u32, S(60)).unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let background = {
+        let (cache, stop) = (cache.clone(), stop.clone());
+        thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let _ = cache.get::<u32>("x");
+            }
+        })
+    };
+    {
+        let cache = cache.clone();
+        thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                for _ in 0..2000 {
+                    assert_eq!(cache.get::<u32>("y").unwrap(), Some(1));
+                }
+            });
+            let _ = done_tx.send(());
+        });
+    }
+    let finished = done_rx
+        .recv_timeout(std::time::Duration::from_secs(20))
+        .is_ok();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    background.join().unwrap();
+    assert!(
+        finished,
+        "2000 sync gets from one tokio task did not finish in 20 s"
+    );
+}

@@ -106,7 +106,7 @@ fn an_expired_add_is_one_step() {
         b.store(StoreMode::Add, "k", b"x", 0, EXPIRED).unwrap(),
         StoreOutcome::NotStored
     );
-    assert_eq!(b.get("k").unwrap().unwrap().value, b"live");
+    assert_eq!(&b.get("k").unwrap().unwrap().value[..], b"live");
     // two threads race an expired add against a live one on the same keys: whenever the live add
     // reports Stored, its value is readable (an add that checked, then removed, could lose it)
     let b = Arc::new(b);

@@ -15,8 +15,12 @@ pub enum Client {
     MemcacheAsync,
     /// newcache's sync `Cache`, each GET through `tokio::task::spawn_blocking`
     NewcacheBlocking,
-    /// newcache's sync `Cache` from N OS threads (no runtime)
+    /// newcache's sync `Cache` from N OS threads (no runtime): a lone caller on its pool,
+    /// concurrent ones on the pipelined engine (`pipelined_sync`, the default)
     NewcacheThreads,
+    /// newcache's sync `Cache` from N OS threads on its blocking pool only
+    /// (`pipelined_sync(false)`: the sync `Cache` before issue 10)
+    PoolThreads,
     /// a bare tokio `TcpStream` per task: `get key\r\n`, read until `END\r\n` (the floor)
     Bare,
     /// newcache's `AsyncCache` (built with the `async-cache` feature)
@@ -36,6 +40,7 @@ impl Client {
             Client::MemcacheAsync => "memcache-async",
             Client::NewcacheBlocking => "newcache-blocking",
             Client::NewcacheThreads => "newcache-threads",
+            Client::PoolThreads => "pool-threads",
             Client::Bare => "bare",
             #[cfg(feature = "async-cache")]
             Client::AsyncCache => "async-cache",

@@ -186,11 +186,12 @@ impl AsyncGet for MemcacheAsync {
 
 // --- newcache's sync Cache ---
 
-/// newcache's sync `Cache` for `callers` callers.
-pub fn newcache(ctx: &Ctx, callers: usize) -> Result<newcache::Cache, BoxError> {
+/// newcache's sync `Cache` for `callers` callers; `pipelined`: concurrent callers on the engine.
+pub fn newcache(ctx: &Ctx, callers: usize, pipelined: bool) -> Result<newcache::Cache, BoxError> {
     let mut builder = newcache::Cache::builder()
         .memcached([ctx.addr.as_str()])
-        .flavor("bench");
+        .flavor("bench")
+        .pipelined_sync(pipelined);
     if let Some(n) = ctx.pool(callers) {
         builder = builder.pool_size(u32::try_from(n)?);
     }
@@ -198,7 +199,7 @@ pub fn newcache(ctx: &Ctx, callers: usize) -> Result<newcache::Cache, BoxError> 
 }
 
 pub fn populate_newcache(ctx: &Ctx) -> Result<(), BoxError> {
-    let cache = newcache(ctx, 1)?;
+    let cache = newcache(ctx, 1, false)?;
     for (i, k) in ctx.names.iter().enumerate() {
         cache.set(k, &Value::new(i), TTL)?;
     }

@@ -6,6 +6,7 @@
 //!   pooled handle cloned into every task;
 //! - `newcache-blocking`: newcache's sync `Cache`, each GET through `spawn_blocking`;
 //! - `newcache-threads`: newcache's sync `Cache` from N OS threads;
+//! - `pool-threads`: the same on its blocking pool only (`pipelined_sync(false)`);
 //! - `bare`: a tokio `TcpStream` per task, `get k\r\n` then read until `END\r\n` (the floor);
 //! - `async-cache`: newcache's `AsyncCache`, with the `async-cache` feature.
 //!
@@ -140,11 +141,13 @@ fn populate(
                 rt.block_on(async { MemcacheAsync::connect(ctx, 1).await?.populate().await })?
             }
             Client::Bare => rt.block_on(async { Bare::connect(ctx).await?.populate().await })?,
-            Client::NewcacheBlocking | Client::NewcacheThreads if !newcache_filled => {
+            Client::NewcacheBlocking | Client::NewcacheThreads | Client::PoolThreads
+                if !newcache_filled =>
+            {
                 clients::populate_newcache(ctx)?;
                 newcache_filled = true;
             }
-            Client::NewcacheBlocking | Client::NewcacheThreads => {}
+            Client::NewcacheBlocking | Client::NewcacheThreads | Client::PoolThreads => {}
             #[cfg(feature = "async-cache")]
             Client::AsyncCache | Client::EngineThreads => {
                 rt.block_on(async { clients::AsyncCache::build(ctx, 1)?.populate().await })?
@@ -177,7 +180,7 @@ fn measure(
             Ok::<_, BoxError>(measure::run_tasks(vec![shared; n], timing, seed).await)
         })?,
         Client::NewcacheBlocking => {
-            let cache = clients::newcache(ctx, n)?;
+            let cache = clients::newcache(ctx, n, true)?;
             let getters = (0..n).map(|_| NewcacheBlocking {
                 cache: cache.clone(),
                 ctx: Arc::clone(ctx),
@@ -185,7 +188,11 @@ fn measure(
             rt.block_on(measure::run_tasks(getters.collect(), timing, seed))
         }
         Client::NewcacheThreads => {
-            let cache = clients::newcache(ctx, n)?;
+            let cache = clients::newcache(ctx, n, true)?;
+            measure::run_threads(n, timing, seed, |i| clients::newcache_get(&cache, ctx, i))
+        }
+        Client::PoolThreads => {
+            let cache = clients::newcache(ctx, n, false)?;
             measure::run_threads(n, timing, seed, |i| clients::newcache_get(&cache, ctx, i))
         }
         Client::Bare => rt.block_on(async {

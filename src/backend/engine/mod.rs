@@ -30,7 +30,7 @@
 
 mod conn;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use std::fmt;
 use std::sync::Arc;
@@ -49,6 +49,7 @@ use super::memcached::routing::Routing;
 use super::memcached::wire::{self, Slot};
 use super::{AsyncBackend, BoxFuture, Item, StoreOutcome, Write, max_value_size};
 use crate::error::{Error, ErrorKind, Result};
+use crate::ping::{PING_KEY, PingError, PingFailure};
 
 /// The settings a connection needs, copied from the configuration.
 #[derive(Debug, Clone, Copy)]
@@ -96,7 +97,7 @@ impl fmt::Debug for Engine {
 struct Server {
     /// `host:port`, resolved on every connect.
     addr: String,
-    health: Health,
+    health: Arc<Health>,
     settings: Settings,
     /// `connections_per_server` connections. A short lock: taken to queue an op (`try_send`)
     /// or replace the connection, never across an await.
@@ -121,6 +122,7 @@ impl Server {
     fn annotate(&self, e: Error) -> Error {
         if e.is_backend() {
             e.in_context(format!("memcached at {}", self.addr))
+                .at_server(&self.addr)
         } else {
             e
         }
@@ -192,7 +194,8 @@ impl Server {
                         "memcached at {} is marked dead (probed again later)",
                         self.addr
                     ),
-                ));
+                )
+                .at_server(&self.addr));
             }
             let (ops, conn) = {
                 let mut live = self.slots[slot].lock();
@@ -340,6 +343,17 @@ impl Engine {
     /// server, a zero timeout, a `retry_interval` over a day) or zero connections per server.
     /// `pool_size` is the blocking backend's and is not used.
     pub(crate) fn new(config: &MemcachedConfig, connections_per_server: usize) -> Result<Engine> {
+        Engine::sharing(config, connections_per_server, None)
+    }
+
+    /// [`Engine::new`], keeping the health records `shared` (one per configured server, and the
+    /// origin of their clock) with another backend: a sync `Cache`'s pool, so that a server
+    /// marked dead (or remapped) by one path is dead (or remapped) for the other.
+    pub(crate) fn sharing(
+        config: &MemcachedConfig,
+        connections_per_server: usize,
+        shared: Option<(Vec<Arc<Health>>, Instant)>,
+    ) -> Result<Engine> {
         config.check()?;
         if connections_per_server == 0 {
             return Err(Error::config("connections per server must be at least 1"));
@@ -350,15 +364,21 @@ impl Engine {
             item_size: config.item_size,
             failure_limit: config.failure_limit.max(1),
             retry_interval: config.retry_interval,
-            started: Instant::now(),
+            started: shared
+                .as_ref()
+                .map_or_else(Instant::now, |(_, started)| *started),
         };
+        let mut records = shared.map(|(records, _)| records.into_iter());
         let servers = config
             .servers
             .iter()
             .map(|spec| {
                 Arc::new(Server {
                     addr: spec.addr(),
-                    health: Health::default(),
+                    health: records
+                        .as_mut()
+                        .and_then(Iterator::next)
+                        .unwrap_or_default(),
                     settings,
                     slots: (0..connections_per_server)
                         .map(|_| Mutex::new(None))
@@ -383,6 +403,7 @@ impl Engine {
         let i = self
             .routing
             .route(key, |i| self.servers[i].health.routable(now));
+        super::note_server(&self.servers[i].addr);
         &self.servers[i]
     }
 
@@ -660,6 +681,28 @@ impl AsyncBackend for Engine {
                 }
             }
             first
+        })
+    }
+
+    /// Every server asked at once: a `get` of [`PING_KEY`](crate::PING_KEY) queued on each,
+    /// then every answer awaited (each bounded by the connection's `io_timeout`).
+    fn ping(&self) -> BoxFuture<'_, std::result::Result<(), PingError>> {
+        Box::pin(async move {
+            let mut pending = Vec::with_capacity(self.servers.len());
+            for server in &self.servers {
+                pending.push(server.queue_get(server.pick(), &[PING_KEY]).await);
+            }
+            let mut failures = Vec::new();
+            for (server, queued) in self.servers.iter().zip(pending) {
+                let answer = match queued {
+                    Ok(rx) => server.get_reply(rx, &[PING_KEY]).await.pop(),
+                    Err(e) => Some(Err(e)),
+                };
+                if let Some(Err(e)) = answer {
+                    failures.push(PingFailure::new(server.addr.clone(), e));
+                }
+            }
+            PingError::check(failures, self.servers.len())
         })
     }
 

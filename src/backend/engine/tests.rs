@@ -104,13 +104,13 @@ impl Engine {
 
 /// A memcached process on 127.0.0.1:port, killed on drop (a small copy of the integration
 /// fixture, which a unit test cannot import).
-struct Memcached {
+pub(crate) struct Memcached {
     port: u16,
     child: Option<Child>,
 }
 
 impl Memcached {
-    fn start() -> Memcached {
+    pub(crate) fn start() -> Memcached {
         Memcached::start_with(&[])
     }
 
@@ -165,7 +165,7 @@ impl Memcached {
         }
     }
 
-    fn addr(&self) -> String {
+    pub(crate) fn addr(&self) -> String {
         format!("127.0.0.1:{}", self.port)
     }
 
@@ -195,7 +195,7 @@ impl Memcached {
     }
 
     /// `kill -STOP` / `kill -CONT`, then waits until every thread is (no longer) stopped.
-    fn signal(&self, sig: &str) {
+    pub(crate) fn signal(&self, sig: &str) {
         let ok = Command::new("kill")
             .args([&format!("-{sig}"), &self.pid().to_string()])
             .status()
@@ -252,7 +252,7 @@ fn server_pid(port: u16) -> Option<u32> {
     }
 }
 
-fn config(addrs: &[String], tune: impl FnOnce(&mut MemcachedConfig)) -> MemcachedConfig {
+pub(crate) fn config(addrs: &[String], tune: impl FnOnce(&mut MemcachedConfig)) -> MemcachedConfig {
     let specs = addrs
         .iter()
         .map(|a| ServerSpec::parse(a).unwrap())
@@ -290,7 +290,7 @@ fn value_of(key: &str) -> Vec<u8> {
 }
 
 fn value(r: &Result<Option<Item>>) -> Option<&[u8]> {
-    r.as_ref().ok()?.as_ref().map(|i| i.value.as_slice())
+    r.as_ref().ok()?.as_ref().map(|i| &i.value[..])
 }
 
 /// xorshift64*: a seeded per-task random stream.
@@ -327,7 +327,7 @@ async fn round_trips_of_every_method() {
         StoreOutcome::Stored
     );
     let item = e.get("rt:a").await.unwrap().unwrap();
-    assert_eq!((item.value.as_slice(), item.flags), (&b"1"[..], 7));
+    assert_eq!((&item.value[..], item.flags), (&b"1"[..], 7));
     let add = e.store(write(Add, "rt:a", b"2")).await.unwrap();
     assert_eq!(add, StoreOutcome::NotStored);
     let cas = e.store(write(Cas(item.cas), "rt:a", b"3")).await.unwrap();
@@ -339,10 +339,7 @@ async fn round_trips_of_every_method() {
 
     let (o, back) = e.store_then_get(set("rt:b", b"bee")).await.unwrap();
     let back = back.unwrap();
-    assert_eq!(
-        (o, back.value.as_slice()),
-        (StoreOutcome::Stored, &b"bee"[..])
-    );
+    assert_eq!((o, &back.value[..]), (StoreOutcome::Stored, &b"bee"[..]));
     assert_ne!(back.cas, 0);
     let (o, again) = e.store_then_get(write(Add, "rt:b", b"x")).await.unwrap();
     assert_eq!(o, StoreOutcome::NotStored);

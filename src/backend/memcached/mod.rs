@@ -23,6 +23,7 @@ use self::routing::Routing;
 use self::server::{CheckoutError, Pooled, Server};
 use super::{Backend, Item, StoreMode, StoreOutcome, Write, max_value_size};
 use crate::error::{Error, ErrorKind, Result};
+use crate::ping::{PING_KEY, PingError, PingFailure};
 
 /// memcached over its text protocol (which proxies such as twemproxy and mcrouter also speak).
 ///
@@ -164,7 +165,8 @@ impl MemcachedBackend {
                             "memcached at {} is marked dead (probed again later)",
                             server.addr
                         ),
-                    ),
+                    )
+                    .at_server(&server.addr),
                 });
             }
             Gate::Probe => true,
@@ -253,7 +255,9 @@ impl MemcachedBackend {
 
     /// Runs `op` on the server that holds `key`.
     fn on_key<T>(&self, key: &str, op: impl FnOnce(&mut Conn) -> Result<T>) -> Result<T> {
-        self.run(self.server_index(key), op)
+        let i = self.server_index(key);
+        super::note_server(&self.servers[i].addr);
+        self.run(i, op)
     }
 
     /// A batch over `n` entries: entries that fail `check` are answered with that error and never
@@ -274,20 +278,38 @@ impl MemcachedBackend {
         encode: impl Fn(&[usize], &mut Vec<u8>) -> Result<()>,
         decode: impl Fn(&mut Reader, &[usize], &mut [Option<Result<T>>]) -> Result<()>,
     ) -> Vec<Result<T>> {
-        let mut out: Vec<Option<Result<T>>> = (0..n).map(|i| check(i).err().map(Err)).collect();
-        let sendable: Vec<usize> = (0..n).filter(|&i| out[i].is_none()).collect();
-        let groups = self
+        let out: Vec<Option<Result<T>>> = (0..n).map(|i| check(i).err().map(Err)).collect();
+        let mut sendable: Vec<usize> = Vec::with_capacity(n);
+        sendable.extend((0..n).filter(|&i| out[i].is_none()));
+        let mut groups = self
             .routing
             .by_server(sendable.iter().map(|&i| key(i)), self.routable());
-        let mut groups = groups;
+        // Positions among the sendable entries, made positions in the caller's list in place.
+        for p in groups.iter_mut().flat_map(|(_, ps)| ps.iter_mut()) {
+            *p = sendable[*p];
+        }
+        self.run_legs(writes, out, groups, chunk, encode, decode)
+    }
+
+    /// The I/O of a [`batch`](Self::batch) whose entries are grouped by server already:
+    /// `groups` holds `(server, positions)`; `out` the entries answered without sending.
+    fn run_legs<T>(
+        &self,
+        writes: bool,
+        mut out: Vec<Option<Result<T>>>,
+        mut groups: Vec<(usize, Vec<usize>)>,
+        chunk: usize,
+        encode: impl Fn(&[usize], &mut Vec<u8>) -> Result<()>,
+        decode: impl Fn(&mut Reader, &[usize], &mut [Option<Result<T>>]) -> Result<()>,
+    ) -> Vec<Result<T>> {
         // Connections are checked out in server order: two batches waiting on each other's full
         // pools cannot form a cycle.
         groups.sort_unstable_by_key(|(server, _)| *server);
         let mut legs: Vec<Leg<'_>> = groups
             .into_iter()
-            .map(|(server, ps)| Leg {
+            .map(|(server, positions)| Leg {
                 server,
-                positions: ps.into_iter().map(|p| sendable[p]).collect(),
+                positions,
                 probe: false,
                 conn: None,
                 connect_fault: false,
@@ -389,6 +411,43 @@ impl MemcachedBackend {
         self.routing.home(derived_key)
     }
 
+    /// Every server's health record and the origin of its clock, in configuration order: an
+    /// engine built with them (`Engine::sharing`) keeps one record with this pool.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn health(&self) -> (Vec<std::sync::Arc<health::Health>>, Instant) {
+        let records = self.servers.iter().map(|s| s.health.clone()).collect();
+        (records, self.started)
+    }
+
+    /// Asks every server at once (each one's `get` of [`PING_KEY`](crate::PING_KEY) written,
+    /// then every reply read, under one `io_timeout`), through the health gate: a server marked
+    /// dead and not due for a probe fails at once; one due for a probe is probed.
+    fn ping_all(&self) -> std::result::Result<(), PingError> {
+        let n = self.servers.len();
+        let max = self.item_size;
+        let results = self.run_legs(
+            false,
+            (0..n).map(|_| None).collect(),
+            (0..n).map(|i| (i, vec![i])).collect(),
+            1,
+            |_, b| wire::encode_gets(b, &[PING_KEY]),
+            |r, part, out| {
+                let mut slots: Vec<wire::Slot> = vec![Ok(None)];
+                wire::read_slots(r, max, &[PING_KEY], &mut slots)?;
+                for (&i, s) in part.iter().zip(slots) {
+                    out[i] = Some(s.map(drop));
+                }
+                Ok(())
+            },
+        );
+        let failures = results
+            .into_iter()
+            .zip(&self.servers)
+            .filter_map(|(r, s)| r.err().map(|e| PingFailure::new(s.addr.clone(), e)))
+            .collect();
+        PingError::check(failures, n)
+    }
+
     /// The server's version string (a cheap liveness probe).
     pub fn version(&self, server: usize) -> Result<String> {
         if server >= self.servers.len() {
@@ -399,6 +458,12 @@ impl MemcachedBackend {
 }
 
 impl Backend for MemcachedBackend {
+    /// Every server asked in one round, one `io_timeout` for all; behind twemproxy, the proxy and the
+    /// server [`PING_KEY`] maps to.
+    fn ping(&self) -> std::result::Result<(), PingError> {
+        self.ping_all()
+    }
+
     fn get(&self, key: &str) -> Result<Option<Item>> {
         wire::check_key(key)?;
         let max = self.item_size;

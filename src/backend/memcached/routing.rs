@@ -78,12 +78,19 @@ impl Routing {
         keys: impl Iterator<Item = &'k str>,
         routable: impl Fn(usize) -> bool,
     ) -> Vec<(usize, Vec<usize>)> {
+        let n = keys.size_hint().0;
         let mut groups: Vec<(usize, Vec<usize>)> = Vec::new();
         for (pos, k) in keys.enumerate() {
             let s = self.route(k, &routable);
             match groups.iter_mut().find(|(i, _)| *i == s) {
                 Some((_, v)) => v.push(pos),
-                None => groups.push((s, vec![pos])),
+                None => {
+                    // Room for every key left: one allocation per server, not one per doubling
+                    // (a batch of a hundred keys on one server grew through seven).
+                    let mut v = Vec::with_capacity(n.saturating_sub(pos).max(1));
+                    v.push(pos);
+                    groups.push((s, v));
+                }
             }
         }
         groups

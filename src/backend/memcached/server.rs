@@ -6,6 +6,7 @@
 
 use std::fmt;
 use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -21,7 +22,9 @@ const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 
 pub(crate) struct Server {
     pub(crate) addr: String,
-    pub(crate) health: Health,
+    /// Shared with the engine of a sync `Cache` (`backend/blended.rs`): both paths see one
+    /// record of the server's faults.
+    pub(crate) health: Arc<Health>,
     connect_timeout: Duration,
     io_timeout: Duration,
     size: usize,
@@ -99,7 +102,7 @@ impl Server {
     ) -> Server {
         Server {
             addr,
-            health: Health::default(),
+            health: Arc::default(),
             connect_timeout,
             io_timeout,
             size,
@@ -175,6 +178,7 @@ impl Server {
     pub(crate) fn annotate(&self, e: Error) -> Error {
         if e.is_backend() {
             e.in_context(format!("memcached at {}", self.addr))
+                .at_server(&self.addr)
         } else {
             e
         }

@@ -4,6 +4,8 @@
 
 use std::io::BufRead;
 
+use bytes::{Bytes, BytesMut};
+
 use crate::backend::{Item, StoreMode, StoreOutcome, Write};
 use crate::error::{Error, ErrorKind, Result};
 
@@ -286,6 +288,8 @@ pub(crate) fn read_slots<R: BufRead>(
 ) -> Result<()> {
     let mut line = Vec::with_capacity(128);
     let mut cursor = 0;
+    let mut arena = Arena::default();
+    let mut filled = 0;
     loop {
         let l = check_error(read_line(r, &mut line)?)?;
         if l == b"END" {
@@ -314,27 +318,70 @@ pub(crate) fn read_slots<R: BufRead>(
             ));
             continue;
         }
-        // len is at most max_value (checked above), so this allocation is bounded; read into
-        // spare capacity (no zeroing first).
-        let mut value = Vec::with_capacity(len + 2);
-        while value.len() < len + 2 {
-            let buf = match r.fill_buf() {
-                Ok(buf) => buf,
+        // len is at most max_value (checked above), so this allocation is bounded. Small values
+        // share chunks of one arena (one allocation for a batch's values, not one per key).
+        let value = arena.take(r, len, keys.len() - filled)?;
+        filled += 1;
+        out[slot] = Ok(Some(Item { value, flags, cas }));
+    }
+}
+
+/// Where [`read_slots`] puts values: small ones side by side in shared chunks, each chunk sized
+/// for the values still expected and no larger than the reply bytes at hand (so a lone `get`
+/// allocates its value's size, a batch of a hundred small values one chunk, a lone hit among
+/// misses its own size); large ones in buffers of their own. A kept small value keeps its
+/// chunk: at most [`Arena::CHUNK`] of its own reply's values.
+#[derive(Default)]
+struct Arena(BytesMut);
+
+impl Arena {
+    /// Values up to this size share chunks.
+    const SMALL: usize = 4 * 1024;
+    /// The largest shared chunk.
+    const CHUNK: usize = 64 * 1024;
+
+    /// Reads a `len`-byte data block and its CRLF; `left` values (this one included) are still
+    /// expected in the reply.
+    fn take<R: BufRead>(&mut self, r: &mut R, len: usize, left: usize) -> Result<Bytes> {
+        let need = len + 2;
+        let mut own;
+        let buf = if len > Self::SMALL {
+            own = BytesMut::with_capacity(need);
+            &mut own
+        } else {
+            if self.0.capacity() - self.0.len() < need {
+                // Room for the values still expected, but never more than the reply bytes at
+                // hand (this value's, and whatever follows it in the buffer: for the engine,
+                // which parses whole replies, the rest of the reply): a lone hit in a batch of
+                // misses gets its own size, not room for the keys that missed.
+                let at_hand = r.fill_buf().map_or(0, <[u8]>::len);
+                let want = need
+                    .saturating_mul(left.max(1))
+                    .min(at_hand)
+                    .clamp(need, Self::CHUNK.max(need));
+                self.0 = BytesMut::with_capacity(want);
+            }
+            &mut self.0
+        };
+        let start = buf.len();
+        while buf.len() - start < need {
+            let chunk = match r.fill_buf() {
+                Ok(chunk) => chunk,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e.into()),
             };
-            if buf.is_empty() {
+            if chunk.is_empty() {
                 return Err(protocol_error(CLOSED));
             }
-            let n = buf.len().min(len + 2 - value.len());
-            value.extend_from_slice(&buf[..n]);
+            let n = chunk.len().min(need - (buf.len() - start));
+            buf.extend_from_slice(&chunk[..n]);
             r.consume(n);
         }
-        if !value.ends_with(b"\r\n") {
+        if !buf.ends_with(b"\r\n") {
             return Err(protocol_error("value not followed by CRLF"));
         }
-        value.truncate(len);
-        out[slot] = Ok(Some(Item { value, flags, cas }));
+        buf.truncate(buf.len() - 2);
+        Ok(buf.split().freeze())
     }
 }
 
@@ -629,7 +676,7 @@ mod tests {
         read_slots(&mut r, 100, &["big", "small", "gone"], &mut out).unwrap();
         let e = out[0].as_ref().unwrap_err();
         assert!(e.is_too_large() && leaves_connection_usable(e), "{e}");
-        assert_eq!(out[1].as_ref().unwrap().as_ref().unwrap().value, b"hi");
+        assert_eq!(&out[1].as_ref().unwrap().as_ref().unwrap().value[..], b"hi");
         assert!(matches!(out[2], Ok(None)));
         // in step: the next reply is read as the next reply
         assert_eq!(read_store(&mut r).unwrap(), StoreOutcome::Stored);
@@ -638,6 +685,40 @@ mod tests {
         let mut out: Vec<Slot> = vec![Ok(None)];
         let e = read_slots(&mut cut, 100, &["big"], &mut out).unwrap_err();
         assert!(!is_server_reply(&e), "{e}");
+    }
+
+    #[test]
+    fn a_batch_of_mixed_sizes_reads_back_exactly_through_any_read_sizes() {
+        // Small values share arena chunks, a chunk fills up mid-batch (sizes grow past what the
+        // first chunk was sized for), large values get buffers of their own; read whole and one
+        // byte at a time.
+        let sizes = [
+            0usize, 1, 130, 4096, 4097, 9000, 3, 200, 70_000, 2, 4000, 4000, 4000, 1,
+        ];
+        let keys: Vec<String> = (0..sizes.len()).map(|i| format!("k{i}")).collect();
+        let value = |i: usize| -> Vec<u8> { (0..sizes[i]).map(|j| (i * 7 + j) as u8).collect() };
+        let mut reply = Vec::new();
+        for (i, k) in keys.iter().enumerate() {
+            reply.extend_from_slice(format!("VALUE {k} {i} {} {i}\r\n", sizes[i]).as_bytes());
+            reply.extend_from_slice(&value(i));
+            reply.extend_from_slice(b"\r\n");
+        }
+        reply.extend_from_slice(b"END\r\n");
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        for capacity in [1, 7, 16 * 1024] {
+            let mut r = std::io::BufReader::with_capacity(capacity, &reply[..]);
+            let mut out: Vec<Slot> = vec![Ok(None); keys.len()];
+            read_slots(&mut r, 1 << 20, &refs, &mut out).unwrap();
+            for (i, slot) in out.iter().enumerate() {
+                let item = slot.as_ref().unwrap().as_ref().unwrap();
+                assert_eq!(
+                    &item.value[..],
+                    &value(i)[..],
+                    "key {i}, capacity {capacity}"
+                );
+                assert_eq!((item.flags, item.cas), (i as u32, i as u64));
+            }
+        }
     }
 
     #[test]
@@ -663,7 +744,7 @@ mod tests {
         let mut out = vec![None; 3];
         read_values(&mut r, 100, &["a", "x", "b"], &mut out).unwrap();
         let hi = Item {
-            value: b"hi".to_vec(),
+            value: b"hi".to_vec().into(),
             flags: 1,
             cas: 7,
         };
@@ -768,6 +849,77 @@ mod tests {
         let mut r = &v[..25];
         let mut out = vec![Ok(None)];
         read_slots(&mut r, 1 << 20, &["k"], &mut out).unwrap();
-        assert_eq!(out[0].as_ref().unwrap().as_ref().unwrap().value, b"abc");
+        assert_eq!(
+            &out[0].as_ref().unwrap().as_ref().unwrap().value[..],
+            b"abc"
+        );
+    }
+
+    /// A batch of 100 keys with one 600-byte hit: the arena sizes its chunk for 100 values
+    /// (`need * left`, counting the misses), so the lone hit's `Bytes` holds a ~60 KB buffer
+    /// (the Vec it replaced held 602 bytes).
+    #[test]
+    fn a_lone_hit_in_a_sparse_batch_holds_a_buffer_its_own_size() {
+        let keys: Vec<String> = (0..100).map(|i| format!("k{i}")).collect();
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let mut reply = b"VALUE k0 0 600 1\r\n".to_vec();
+        reply.extend_from_slice(&[b'x'; 600]);
+        reply.extend_from_slice(b"\r\nEND\r\n");
+        let mut r = &reply[..];
+        let mut out: Vec<Slot> = vec![Ok(None); refs.len()];
+        read_slots(&mut r, 1 << 20, &refs, &mut out).unwrap();
+        let item = out.swap_remove(0).unwrap().unwrap();
+        drop(out);
+        let held = item.value.try_into_mut().expect("unique").capacity();
+        assert!(held < 4 * 1024, "a 600-byte value holds {held} bytes");
+    }
+
+    #[test]
+    fn arena_malformed_and_truncated_values() {
+        // Bad terminators, small and large, first and after a good value in the same chunk.
+        for reply in [
+            &b"VALUE a 0 3 1\r\nabcXYEND\r\n"[..],
+            b"VALUE a 0 3 1\r\nabc\r\nVALUE b 0 2 2\r\nxy\nZEND\r\n",
+            b"VALUE a 0 3 1\r\nabc\r\nVALUE b 0 2 2\r\nxy\r",
+            b"VALUE a 0 3 1\r\nab",
+        ] {
+            let mut r = reply;
+            let mut out: Vec<Slot> = vec![Ok(None); 2];
+            assert!(read_slots(&mut r, 1 << 20, &["a", "b"], &mut out).is_err());
+        }
+        let mut big = b"VALUE a 0 5000 1\r\n".to_vec();
+        big.extend_from_slice(&[b'q'; 5000]);
+        big.extend_from_slice(b"\n\rEND\r\n");
+        let mut r = &big[..];
+        let mut out: Vec<Slot> = vec![Ok(None); 1];
+        assert!(read_slots(&mut r, 1 << 20, &["a"], &mut out).is_err());
+        // Interrupted reads are retried.
+        struct Flaky<'a>(&'a [u8], bool);
+        impl std::io::Read for Flaky<'_> {
+            fn read(&mut self, _: &mut [u8]) -> std::io::Result<usize> {
+                unreachable!()
+            }
+        }
+        impl std::io::BufRead for Flaky<'_> {
+            fn fill_buf(&mut self) -> std::io::Result<&[u8]> {
+                self.1 = !self.1;
+                if self.1 {
+                    return Err(std::io::ErrorKind::Interrupted.into());
+                }
+                Ok(&self.0[..self.0.len().min(3)])
+            }
+            fn consume(&mut self, n: usize) {
+                self.0 = &self.0[n..];
+            }
+        }
+        let reply = b"VALUE a 0 10 1\r\n0123456789\r\nVALUE b 0 0 2\r\n\r\nEND\r\n";
+        let mut r = Flaky(&reply[..], false);
+        let mut out: Vec<Slot> = vec![Ok(None); 2];
+        read_slots(&mut r, 1 << 20, &["a", "b"], &mut out).unwrap();
+        assert_eq!(
+            &out[0].as_ref().unwrap().as_ref().unwrap().value[..],
+            b"0123456789"
+        );
+        assert_eq!(out[1].as_ref().unwrap().as_ref().unwrap().value.len(), 0);
     }
 }

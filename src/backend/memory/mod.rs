@@ -153,7 +153,7 @@ impl Backend for MemoryBackend {
         let (hash, shard) = self.locate(key);
         let mut shard = shard.lock();
         Ok(shard.live_mut(hash, key, now).map(|e| Item {
-            value: e.value().to_vec(),
+            value: bytes::Bytes::copy_from_slice(e.value()),
             flags: e.flags,
             cas: e.cas,
         }))
@@ -302,7 +302,7 @@ mod tests {
             b.store(StoreMode::Cas(cas), "x", b"4", 0, 0).unwrap(),
             StoreOutcome::NotFound
         );
-        assert_eq!(b.get("k").unwrap().unwrap().value, b"3");
+        assert_eq!(&b.get("k").unwrap().unwrap().value[..], b"3");
     }
 
     #[test]
@@ -310,7 +310,7 @@ mod tests {
         let (b, _) = backend();
         b.store(StoreMode::Set, "c", b"100", 0, 0).unwrap();
         assert_eq!(b.decr("c", 1).unwrap(), Some(99));
-        assert_eq!(b.get("c").unwrap().unwrap().value, b"99 ");
+        assert_eq!(&b.get("c").unwrap().unwrap().value[..], b"99 ");
         assert_eq!(b.incr("c", 901).unwrap(), Some(1000));
         assert_eq!(b.decr("c", 5000).unwrap(), Some(0));
         b.store(StoreMode::Set, "c", u64::MAX.to_string().as_bytes(), 0, 0)
@@ -361,7 +361,7 @@ mod tests {
         let b = MemoryBackend::new(1 + 2 + ENTRY_OVERHEAD, MockClock::new());
         b.store(StoreMode::Set, "c", b"99", 0, 0).unwrap();
         assert!(b.incr("c", 1).unwrap_err().is_too_large());
-        assert_eq!(b.get("c").unwrap().unwrap().value, b"99", "unchanged");
+        assert_eq!(&b.get("c").unwrap().unwrap().value[..], b"99", "unchanged");
     }
 
     #[test]
@@ -400,7 +400,7 @@ mod tests {
         let cas = b.get("c").unwrap().unwrap().cas;
         assert_eq!(b.incr("c", 1).unwrap(), Some(10));
         let item = b.get("c").unwrap().unwrap();
-        assert_eq!((item.value.as_slice(), item.flags), (&b"10"[..], 42));
+        assert_eq!((&item.value[..], item.flags), (&b"10"[..], 42));
         assert_ne!(item.cas, cas, "a new version");
         clock.advance(Duration::from_secs(10));
         assert_eq!(b.incr("c", 1).unwrap(), None, "the expiry is kept");

@@ -1,0 +1,526 @@
+//! What operators see: `ping()` (every server answers, or which does not), the metrics (feature
+//! `metrics`) and the tracing spans, on both front ends and every backend.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use newcache::{Cache, PingError};
+
+use crate::fixture::{Env, Hooked, Kind, shared_server};
+use crate::front::{BuildFor, Front};
+use crate::on_every_backend;
+
+on_every_backend!(
+    every_server_answers,
+    traces_name_op_key_and_server_never_values
+);
+
+/// An address where nothing listens: connects are refused at once.
+fn dead_addr() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    drop(l);
+    addr
+}
+
+/// A server that accepts connections (the kernel completes them into the backlog) and never
+/// answers a byte: a hung memcached. Kept open while the returned listener lives.
+fn hung_server() -> (std::net::TcpListener, String) {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    (l, addr)
+}
+
+fn fronts() -> [Front; 2] {
+    [Front::Sync, Front::Async]
+}
+
+fn every_server_answers(env: &Env) {
+    let cache = env.cache();
+    cache.ping().expect("every server answers");
+    // A ping reads a key outside newcache's key space: it leaves nothing behind and counts
+    // nothing.
+    assert_eq!(cache.stats(), newcache::Stats::default());
+}
+
+fn failure_names(e: &PingError) -> Vec<&str> {
+    e.failures().iter().map(|f| f.server.as_str()).collect()
+}
+
+#[test]
+fn a_dead_server_is_named_with_its_error() {
+    let dead = dead_addr();
+    for front in fronts() {
+        let cache = Cache::builder()
+            .memcached([dead.as_str()])
+            .build_front(front);
+        let e = cache.ping().expect_err("nothing listens there");
+        assert_eq!(e.servers(), 1, "{front:?}");
+        assert_eq!(failure_names(&e), [dead.as_str()], "{front:?}");
+        let f = &e.failures()[0];
+        assert!(f.error.is_backend(), "{front:?}: {}", f.error);
+        assert_eq!(f.error.server(), Some(dead.as_str()), "{front:?}");
+        let text = e.to_string();
+        assert!(
+            text.starts_with(&format!("1 of 1 servers did not answer: {dead}: ")),
+            "{front:?}: {text}"
+        );
+        assert!(text.contains("refused"), "{front:?}: {text}");
+    }
+}
+
+#[test]
+fn a_hung_server_fails_within_the_io_timeout() {
+    let (_hung, addr) = hung_server();
+    for front in fronts() {
+        let cache = Cache::builder()
+            .memcached([addr.as_str()])
+            .io_timeout(Duration::from_millis(300))
+            .build_front(front);
+        let started = Instant::now();
+        let e = cache.ping().expect_err("a hung server does not answer");
+        let took = started.elapsed();
+        assert_eq!(failure_names(&e), [addr.as_str()], "{front:?}");
+        assert!(
+            e.failures()[0].error.is_timeout(),
+            "{front:?}: {}",
+            e.failures()[0].error
+        );
+        // Bounded by the io timeout (300 ms), not by anything longer; generous for a loaded
+        // machine, far below the default io timeout of a cache left to hang.
+        assert!(took >= Duration::from_millis(250), "{front:?}: {took:?}");
+        assert!(took < Duration::from_secs(10), "{front:?}: {took:?}");
+    }
+}
+
+#[test]
+fn a_mixed_cluster_names_only_the_server_that_is_down() {
+    let live = shared_server();
+    let dead = dead_addr();
+    let (_hung, hung) = hung_server();
+    for front in fronts() {
+        let cache = Cache::builder()
+            .memcached([live, dead.as_str(), hung.as_str()])
+            .io_timeout(Duration::from_millis(300))
+            .build_front(front);
+        let e = cache.ping().expect_err("two of three are down");
+        assert_eq!(e.servers(), 3, "{front:?}");
+        assert_eq!(
+            failure_names(&e),
+            [dead.as_str(), hung.as_str()],
+            "{front:?}"
+        );
+        assert!(e.failures()[1].error.is_timeout(), "{front:?}");
+        let text = e.to_string();
+        assert!(text.starts_with("2 of 3 servers did not answer"), "{text}");
+        assert!(
+            !text.contains(live),
+            "{front:?}: the live server is not named: {text}"
+        );
+
+        let ok = Cache::builder().memcached([live]).build_front(front);
+        ok.ping().expect("the live server alone answers");
+    }
+}
+
+#[test]
+fn a_custom_backend_pings_with_a_get_by_default() {
+    // Hooked forwards to its inner backend and does not override `ping`: the trait's default
+    // (one `get`) runs.
+    let memory = Arc::new(Hooked::new(Arc::new(newcache::MemoryBackend::new(
+        1 << 20,
+        Arc::new(newcache::SystemClock),
+    ))));
+    let cache = Cache::builder().backend(memory.clone()).build().unwrap();
+    cache.ping().expect("the memory backend always answers");
+    assert_eq!(memory.take(), 1, "one get");
+
+    let dead = dead_addr();
+    let inner = crate::fixture::memcached_backend(std::slice::from_ref(&dead), |_| {});
+    let cache = Cache::builder()
+        .backend(Arc::new(Hooked::new(Arc::new(inner))))
+        .build()
+        .unwrap();
+    let e = cache.ping().expect_err("its one server is down");
+    // The default names the failure by the error's server when the backend gives one.
+    assert_eq!(failure_names(&e), [dead.as_str()]);
+}
+
+// ---- traces ----
+
+/// What a test subscriber writes, shared with the test.
+#[derive(Clone, Default)]
+struct Buf(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Buf {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Buf {
+    fn text(&self) -> String {
+        String::from_utf8(self.0.lock().unwrap().clone()).expect("utf-8 logs")
+    }
+}
+
+/// Everything a TRACE subscriber on this thread writes while `f` runs: every event, and every
+/// span when it is created, entered, exited and closed, with all its fields.
+fn traces_of(f: impl FnOnce()) -> String {
+    let buf = Buf::default();
+    let writer = buf.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_span_events(tracing_subscriber::fmt::format::FmtSpan::FULL)
+        .with_writer(move || writer.clone())
+        .finish();
+    tracing::subscriber::with_default(subscriber, f);
+    buf.text()
+}
+
+fn traces_name_op_key_and_server_never_values(env: &Env) {
+    const SECRET: &str = "s3cr3t-v4lue-0f-the-user-7d1e";
+    let cache = env.builder().name("traced").build_front(env.front);
+    let logs = traces_of(|| {
+        cache
+            .set("user:1", SECRET, Duration::from_secs(60))
+            .unwrap();
+        assert_eq!(
+            cache.get::<String>("user:1").unwrap().as_deref(),
+            Some(SECRET)
+        );
+        let loaded: String = cache
+            .get_or_set_with("user:2", Duration::from_secs(60), || {
+                Ok::<_, std::io::Error>(SECRET.to_owned())
+            })
+            .unwrap();
+        assert_eq!(loaded, SECRET);
+        let unstored = cache
+            .set_many(
+                [("user:3", SECRET), ("user:4", SECRET)],
+                Duration::from_secs(60),
+            )
+            .unwrap();
+        assert!(unstored.is_empty());
+        let many = cache
+            .get_many::<String>(&["user:1", "user:3", "user:4"])
+            .unwrap();
+        assert_eq!(many.len(), 3);
+    });
+    // Each operation is a span with its name, the cache's name and the derived key; batches
+    // carry their number of keys.
+    let key = cache.make_key("user:1");
+    for needle in [
+        "newcache{op=\"set\" cache=\"traced\" key=\"".to_owned() + &key,
+        "newcache{op=\"get\" cache=\"traced\" key=\"".to_owned() + &key,
+        "newcache{op=\"get_or_set_with\" cache=\"traced\" key=\"".to_owned()
+            + &cache.make_key("user:2"),
+        "newcache{op=\"set_many\" cache=\"traced\" keys=2".to_owned(),
+        "newcache{op=\"get_many\" cache=\"traced\" keys=3".to_owned(),
+    ] {
+        assert!(
+            logs.contains(&needle),
+            "{:?}: no {needle:?} in:\n{logs}",
+            env.kind
+        );
+    }
+    // memcached backends record the server they picked on the operation's span.
+    if env.kind != Kind::Memory {
+        let server = format!("server=\"{}\"", shared_addr(env.kind));
+        assert!(
+            logs.contains(&server),
+            "{:?}: no {server} in:\n{logs}",
+            env.kind
+        );
+    }
+    // The value never appears: not as text, not as hex, not as a list of bytes.
+    let hex: String = SECRET.bytes().map(|b| format!("{b:02x}")).collect();
+    let list = format!("{:?}", SECRET.as_bytes());
+    let list = &list[1..list.len() - 1];
+    for (form, needle) in [("text", SECRET), ("hex", &hex[..]), ("bytes", list)] {
+        assert!(
+            !logs.contains(needle),
+            "{:?}: the value appears as {form} in:\n{logs}",
+            env.kind
+        );
+    }
+}
+
+fn shared_addr(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Memcached => shared_server(),
+        Kind::Twemproxy => crate::fixture::shared_twemproxy(),
+        Kind::Memory => unreachable!(),
+    }
+}
+
+/// Whether the span current inside a loader is enabled, and its name, under a subscriber that
+/// listens at `level`.
+fn loader_span_under(level: tracing::Level) -> (bool, Option<String>) {
+    let cache = Cache::builder().in_memory().build().unwrap();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(level)
+        .with_writer(std::io::sink)
+        .finish();
+    tracing::subscriber::with_default(subscriber, || {
+        cache
+            .get_or_set_with("k", Duration::from_secs(60), || {
+                let span = tracing::Span::current();
+                Ok::<_, std::io::Error>((
+                    !span.is_disabled(),
+                    span.metadata().map(|m| m.name().to_owned()),
+                ))
+            })
+            .unwrap()
+    })
+}
+
+#[test]
+fn operation_spans_exist_only_for_a_subscriber_at_debug() {
+    // The loader runs inside its operation's span when someone listens at DEBUG...
+    assert_eq!(
+        loader_span_under(tracing::Level::DEBUG),
+        (true, Some("newcache".to_owned()))
+    );
+    // ...and under INFO the span is disabled: never built, so no field of it is formatted.
+    assert_eq!(loader_span_under(tracing::Level::INFO), (false, None));
+}
+
+// ---- metrics ----
+
+#[cfg(feature = "metrics")]
+mod metrics_tests {
+    use super::*;
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+
+    /// Every metric recorded so far, as (name, labels, value). (A snapshot drains the
+    /// recorder: take one per check.)
+    struct Metrics(Vec<Metric>);
+
+    /// A metric's name, labels and value.
+    type Metric = (String, Vec<(String, String)>, DebugValue);
+
+    fn metrics(snap: &Snapshotter) -> Metrics {
+        Metrics(
+            snap.snapshot()
+                .into_vec()
+                .into_iter()
+                .map(|(key, _, _, v)| {
+                    let key = key.key();
+                    let labels = key
+                        .labels()
+                        .map(|l| (l.key().to_owned(), l.value().to_owned()))
+                        .collect();
+                    (key.name().to_owned(), labels, v)
+                })
+                .collect(),
+        )
+    }
+
+    impl Metrics {
+        /// The value of the metric `name` whose labels include every one of `labels`.
+        fn value(&self, name: &str, labels: &[(&str, &str)]) -> Option<&DebugValue> {
+            self.0
+                .iter()
+                .find(|(n, ls, _)| {
+                    n == name
+                        && labels
+                            .iter()
+                            .all(|(k, v)| ls.iter().any(|(lk, lv)| lk == k && lv == v))
+                })
+                .map(|(.., v)| v)
+        }
+
+        #[track_caller]
+        fn counter(&self, name: &str, labels: &[(&str, &str)]) -> u64 {
+            match self.value(name, labels) {
+                Some(DebugValue::Counter(n)) => *n,
+                None => 0,
+                other => panic!("{name} is not a counter: {other:?}"),
+            }
+        }
+    }
+
+    /// A hit, a miss, a load, a failing load, a stale entry (claimed once, served stale once)
+    /// and a wait for another process's load, with the counts a user expects, on one front
+    /// end and backend.
+    fn scenario(env: &Env) {
+        let recorder = DebuggingRecorder::new();
+        let snap = recorder.snapshotter();
+        let name = format!("users-{:?}-{:?}", env.kind, env.front);
+        let cache: crate::front::TestCache = metrics::with_local_recorder(&recorder, || {
+            env.builder()
+                .name(name.clone())
+                .max_wait(Duration::from_millis(200))
+                .build_front(env.front)
+        });
+        assert_eq!(cache.get::<String>("absent").unwrap(), None); // a miss
+        cache.set("present", "v", Duration::from_secs(60)).unwrap();
+        assert!(cache.get::<String>("present").unwrap().is_some()); // a hit
+        let v: u32 = cache
+            .get_or_set_with("computed", Duration::from_secs(60), || {
+                Ok::<_, std::io::Error>(7)
+            })
+            .unwrap(); // a miss, then a load
+        assert_eq!(v, 7);
+        let e = cache
+            .get_or_set_with("failing", Duration::from_secs(60), || {
+                Err::<u32, _>(std::io::Error::other("db down"))
+            })
+            .unwrap_err(); // a miss, then a failing load
+        assert!(e.is_loader());
+        cache.set("aging", "old", Duration::from_secs(1)).unwrap();
+        env.advance(Duration::from_secs(2));
+        // The first reader of a stale entry claims it (a miss: it recomputes); the next is
+        // served the stale value meanwhile.
+        assert_eq!(cache.get::<String>("aging").unwrap(), None);
+        assert_eq!(
+            cache.get::<String>("aging").unwrap().as_deref(),
+            Some("old")
+        );
+
+        // Another process is loading "busy" (its placeholder, alive for a minute): this caller
+        // waits for it (a lease wait) until max_wait runs out.
+        let now = newcache::Clock::now_ms(&*env.clock);
+        let busy = newcache::__private::placeholder(now, now + 60_000, 7);
+        env.raw_set_ttl(
+            &cache.make_key("busy"),
+            &busy,
+            newcache::__private::FLAGS,
+            60,
+        );
+        let e = cache
+            .get_or_set_with("busy", Duration::from_secs(60), || {
+                Ok::<_, std::io::Error>(1)
+            })
+            .unwrap_err();
+        assert!(e.is_wait_timeout(), "{e}");
+
+        let m = metrics(&snap);
+        let c = |metric: &str| m.counter(metric, &[("cache", name.as_str())]);
+        let kind = (env.kind, env.front);
+        assert_eq!(c("newcache_hits_total"), 1, "{kind:?}");
+        assert_eq!(c("newcache_misses_total"), 4, "{kind:?}");
+        assert_eq!(c("newcache_stale_served_total"), 1, "{kind:?}");
+        assert_eq!(c("newcache_claims_total"), 1, "{kind:?}");
+        assert_eq!(c("newcache_loads_total"), 2, "{kind:?}");
+        assert_eq!(c("newcache_load_errors_total"), 1, "{kind:?}");
+        assert_eq!(c("newcache_lease_waits_total"), 1, "{kind:?}");
+        assert_eq!(c("newcache_wait_timeouts_total"), 1, "{kind:?}");
+        assert_eq!(c("newcache_backend_errors_total"), 0, "{kind:?}");
+        // The same counts as stats(): one place counts both.
+        let s = cache.stats();
+        assert_eq!(
+            (
+                s.hits,
+                s.misses,
+                s.stale_served,
+                s.claims_won,
+                s.loader_calls,
+                s.loader_errors
+            ),
+            (1, 4, 1, 1, 2, 1),
+            "{kind:?}"
+        );
+        match m.value("newcache_load_duration_seconds", &[("cache", &name)]) {
+            Some(DebugValue::Histogram(samples)) => {
+                assert_eq!(samples.len(), 2, "{kind:?}: one sample per load");
+                assert!(
+                    samples.iter().all(|s| s.0 >= 0.0 && s.0 < 60.0),
+                    "{samples:?}"
+                );
+            }
+            other => panic!("{kind:?}: no load histogram: {other:?}"),
+        }
+    }
+
+    on_every_backend!(scenario);
+
+    #[test]
+    fn a_dead_server_counts_backend_errors_under_its_address() {
+        let dead = dead_addr();
+        for front in fronts() {
+            let recorder = DebuggingRecorder::new();
+            let snap = recorder.snapshotter();
+            metrics::with_local_recorder(&recorder, || {
+                let cache = Cache::builder()
+                    .memcached([dead.as_str()])
+                    .name("sessions")
+                    .build_front(front);
+                // The default read policy absorbs the failure: a miss, and one backend error.
+                assert_eq!(cache.get::<String>("k").unwrap(), None);
+                assert_eq!(cache.get::<String>("k").unwrap(), None);
+                assert_eq!(cache.stats().backend_errors, 2);
+            });
+            let labels = [("cache", "sessions"), ("server", dead.as_str())];
+            let m = metrics(&snap);
+            assert_eq!(
+                m.counter("newcache_backend_errors_total", &labels),
+                2,
+                "{front:?}"
+            );
+            assert_eq!(
+                m.counter("newcache_misses_total", &[("cache", "sessions")]),
+                2,
+                "{front:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_unnamed_cache_is_labelled_default() {
+        let recorder = DebuggingRecorder::new();
+        let snap = recorder.snapshotter();
+        let cache = metrics::with_local_recorder(&recorder, || {
+            Cache::builder().in_memory().build().unwrap()
+        });
+        cache.get::<String>("k").unwrap();
+        assert_eq!(
+            metrics(&snap).counter(
+                "newcache_misses_total",
+                &[("cache", newcache::DEFAULT_NAME)]
+            ),
+            1
+        );
+        assert_eq!(newcache::DEFAULT_NAME, "default");
+    }
+}
+
+#[test]
+fn an_empty_name_is_refused() {
+    let e = Cache::builder().name("").build().unwrap_err();
+    assert!(e.is_config(), "{e}");
+    assert!(e.to_string().contains("name"), "{e}");
+}
+
+#[test]
+fn the_server_is_recorded_only_on_newcache_spans() {
+    use tracing_subscriber::layer::SubscriberExt;
+    // The application listens at DEBUG to its own target only: newcache's spans are disabled,
+    // and the current span is the application's, which has a `server` field of its own.
+    let buf = Buf::default();
+    let writer = buf.clone();
+    let layer = tracing_subscriber::fmt::layer()
+        .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
+        .with_writer(move || writer.clone());
+    let only_app =
+        tracing_subscriber::filter::Targets::new().with_target("app", tracing::Level::DEBUG);
+    let subscriber = tracing_subscriber::registry()
+        .with(tracing_subscriber::Layer::with_filter(layer, only_app));
+    let cache = Cache::builder()
+        .memcached([shared_server()])
+        .build()
+        .unwrap();
+    tracing::subscriber::with_default(subscriber, || {
+        let request = tracing::debug_span!(target: "app", "request", server = "web-1");
+        let _in = request.enter();
+        cache.get::<String>("k").unwrap();
+    });
+    let logs = buf.text();
+    assert!(logs.contains("server=\"web-1\""), "{logs}");
+    assert!(!logs.contains(shared_server()), "{logs}");
+}
