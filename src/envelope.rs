@@ -63,6 +63,9 @@ pub(crate) struct Header {
     pub(crate) codec: Codec,
     /// Whether the payload is LZ4-compressed (flags bit 0).
     pub(crate) compressed: bool,
+    /// Whether the payload is a type's own bytes, not a codec's (flags bit 1): the response
+    /// cache's pages.
+    pub(crate) raw: bool,
     /// Unix ms after which the value is stale; 0 = never.
     pub(crate) soft_expiry_ms: u64,
     /// Unix ms at which the value was computed (kept across claims).
@@ -89,6 +92,7 @@ impl Header {
             kind: Kind::Value,
             codec: Codec::Bincode,
             compressed: false,
+            raw: false,
             soft_expiry_ms,
             written_ms,
             load_ms,
@@ -125,7 +129,7 @@ impl Header {
         buf[2] = FORMAT_VERSION;
         buf[3] = self.kind.byte();
         buf[4] = self.codec.id();
-        buf[5] = u8::from(self.compressed);
+        buf[5] = u8::from(self.compressed) | (u8::from(self.raw) << 1);
         let mut at = FIXED_LEN;
         let mut fields = 0;
         let mut put = |bit: u8, bytes: &[u8]| {
@@ -221,7 +225,7 @@ pub(crate) fn decode(flags: u32, bytes: &[u8]) -> Result<Parsed<'_>> {
         return Ok(Parsed::Newer(version));
     };
     let fields = bytes[7];
-    if bytes[5] & !1 != 0 || fields & !field::KNOWN != 0 {
+    if bytes[5] & !3 != 0 || fields & !field::KNOWN != 0 {
         return Ok(Parsed::Newer(version));
     }
     let header_len = usize::from(bytes[6]);
@@ -258,6 +262,7 @@ pub(crate) fn decode(flags: u32, bytes: &[u8]) -> Result<Parsed<'_>> {
         kind,
         codec,
         compressed: bytes[5] & 1 != 0,
+        raw: bytes[5] & 2 != 0,
         soft_expiry_ms,
         written_ms,
         load_ms,
@@ -298,6 +303,11 @@ pub(crate) fn retime(bytes: &[u8], soft_expiry_ms: u64, expires_ms: u64) -> Opti
 /// Marks an item's payload as compressed (flags bit 0), after the payload was written.
 pub(crate) fn mark_compressed(item: &mut [u8]) {
     item[5] |= 1;
+}
+
+/// Marks an item's payload as raw (flags bit 1): a type's own bytes, not a codec's.
+pub(crate) fn mark_raw(item: &mut [u8]) {
+    item[5] |= 2;
 }
 
 /// A copy of an item of this build's format with its header changed by `f`: the header is
@@ -367,6 +377,26 @@ mod tests {
         assert_eq!(decode(FLAGS, &b).unwrap(), Parsed::Item(full, &b"p"[..]));
         // Zero fields take no bytes: a placeholder is small.
         assert_eq!(Header::placeholder(5, 10, 42).to_bytes().len(), 8 + 6 + 14);
+    }
+
+    #[test]
+    fn the_raw_flag_round_trips_and_survives_a_claim() {
+        let h = Header {
+            raw: true,
+            ..Header::value(10, 5, 3, 1000)
+        };
+        let b = item(h, b"page");
+        assert_eq!(b[5], 2, "flags bit 1");
+        assert_eq!(decode(FLAGS, &b).unwrap(), Parsed::Item(h, &b"page"[..]));
+        let mut marked = item(Header::value(10, 5, 3, 1000), b"page");
+        mark_raw(&mut marked);
+        assert_eq!(marked, b);
+        let c = restamp(&b, 99, 7).unwrap();
+        let Parsed::Item(claimed, rest) = decode(FLAGS, &c).unwrap() else {
+            panic!("a claimed item decodes")
+        };
+        assert!(claimed.raw && !claimed.compressed);
+        assert_eq!(rest, b"page");
     }
 
     #[test]
@@ -457,6 +487,12 @@ mod tests {
         bad[6] = 8; // header shorter than format 2's
         rejects(FLAGS, &bad);
         // A codec or flag bit this build does not know: written by a newer build, a miss.
+        let mut newer = good.clone();
+        newer[5] = 0x04; // the first flag bit after compressed (0) and raw (1)
+        assert_eq!(
+            decode(FLAGS, &newer).unwrap(),
+            Parsed::Newer(FORMAT_VERSION)
+        );
         let mut newer = good.clone();
         newer[5] = 0x80;
         assert_eq!(

@@ -75,7 +75,7 @@
 //! | 2 | 1 | format version, `2`; a reader treats a newer one as a (counted) miss |
 //! | 3 | 1 | kind: `1` value, `2` plain value (`Herd::Off`), `3` placeholder (being loaded) |
 //! | 4 | 1 | codec of the payload: `0` bincode 2 (standard configuration), `1` MessagePack (`rmp-serde`, structs as maps with named fields, byte sequences as `bin`) |
-//! | 5 | 1 | flags: bit 0 compressed: the payload is the uncompressed length (`u32`) then an LZ4 block |
+//! | 5 | 1 | flags: bit 0 compressed: the payload is the uncompressed length (`u32`) then an LZ4 block; bit 1 raw: the payload is not a codec's (the response cache's pages, feature `tower`) |
 //! | 6 | 1 | header length; readers skip to it, so fields can be appended |
 //! | 7 | 1 | which fields follow, one bit each, in the order below; a field left out is `0` |
 //! | 8 | … | the fields present, then the payload |
@@ -129,8 +129,12 @@
 //!
 //! # Cargo features
 //!
-//! - `tokio` (default): `AsyncCache` and its pipelined memcached engine.
-//! - `metrics`: the metrics above, through the `metrics` crate.
+//! The memcached and memory backends are always built.
+//!
+//! - `tokio` (on by default): [`AsyncCache`] and its pipelined memcached engine.
+//! - `metrics` (off by default): the metrics above, through the `metrics` crate.
+//! - `tower` (off by default; implies `tokio`): [`layer::ResponseCacheLayer`], a herd-safe HTTP
+//!   response cache for tower and axum 0.8 (http 1.x types).
 //!
 //! # Minimum supported Rust version
 //!
@@ -151,6 +155,8 @@ mod envelope;
 mod error;
 mod herd;
 mod key;
+#[cfg(feature = "tower")]
+pub mod layer;
 mod loader;
 mod ping;
 mod protocol;

@@ -177,7 +177,14 @@ impl Drop for ClaimGuard {
 }
 
 /// An async loader, awaited in the caller's future.
-struct Inline<F>(F);
+pub(crate) struct Inline<F>(F);
+
+/// An async loader for the crate's own callers of the shared loader logic (the response
+/// cache), which call [`Cache::coalesced`] with a value type of their own.
+#[cfg(feature = "tower")]
+pub(crate) fn inline<F>(loader: F) -> Inline<F> {
+    Inline(loader)
+}
 
 impl<'d, T, F, Fut, E> Load<T, AsyncDriver<'d>> for Inline<F>
 where

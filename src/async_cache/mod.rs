@@ -9,6 +9,9 @@ mod cancel_tests;
 mod lease;
 mod loader;
 
+#[cfg(feature = "tower")]
+pub(crate) use loader::inline;
+
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;

@@ -11,6 +11,7 @@ use tracing::Instrument;
 use super::io::{Disarm, Io, ready};
 use super::{Cache, DecodePolicy};
 use crate::backend::{Item, Write};
+use crate::codec::{Decode, Payload};
 use crate::envelope;
 use crate::error::{Error, Result};
 use crate::key::{Derived, KeyHash};
@@ -114,11 +115,7 @@ impl Cache {
         ready(self.get_on(&self.blocking(), key))
     }
 
-    pub(crate) async fn get_on<T: DeserializeOwned, I: Io>(
-        &self,
-        io: &I,
-        key: &str,
-    ) -> Result<Option<T>> {
+    pub(crate) async fn get_on<T: Decode, I: Io>(&self, io: &I, key: &str) -> Result<Option<T>> {
         let k = self.keys.make(key)?;
         let span = self.span("get", &k);
         async {
@@ -168,7 +165,7 @@ impl Cache {
     }
 
     /// What a `Lookup` found, decoded and counted.
-    fn looked_up<T: DeserializeOwned>(&self, found: Found) -> Result<Option<T>> {
+    fn looked_up<T: Decode>(&self, found: Found) -> Result<Option<T>> {
         let s = &self.inner.stats;
         match found {
             Found::Value { held, stale } => match self.decode_held::<T>(&held) {
@@ -198,12 +195,46 @@ impl Cache {
         }
     }
 
-    pub(crate) fn decode_held<T: DeserializeOwned>(&self, held: &Held) -> Result<T> {
-        self.inner.config.format.decode(
-            held.header.codec,
-            held.header.compressed,
-            &held.item.value[held.offset..],
-        )
+    pub(crate) fn decode_held<T: Decode>(&self, held: &Held) -> Result<T> {
+        self.decode_payload(&held.header, &held.item.value[held.offset..])
+    }
+
+    fn decode_payload<T: Decode>(&self, header: &envelope::Header, payload: &[u8]) -> Result<T> {
+        let how = match (header.raw, header.compressed) {
+            (true, _) => Payload::Raw,
+            (false, true) => Payload::Compressed,
+            (false, false) => Payload::Coded,
+        };
+        T::decode_payload(&self.inner.config.format, header.codec, how, payload)
+    }
+
+    /// Reads a value without taking part in the herd protocol: a value any reader may be served
+    /// (fresh, or stale within its bound) is returned, and nothing is ever claimed. For readers
+    /// that never load (the response cache's HEAD and `Authorization` requests): a claim they
+    /// would not complete would hold the key's refresh until it lapsed.
+    #[cfg(feature = "tower")]
+    pub(crate) async fn peek_on<T: Decode, I: Io>(&self, io: &I, key: &str) -> Result<Option<T>> {
+        let k = self.keys.make(key)?;
+        let Some(item) = self.absorb_read(io.get(&k).await)?.flatten() else {
+            return Ok(None);
+        };
+        let Ok(envelope::Parsed::Item(header, payload)) = envelope::decode(item.flags, &item.value)
+        else {
+            return Ok(None);
+        };
+        let unclaimed = envelope::Header {
+            claim_until_ms: 0,
+            ..header
+        };
+        if header.kind == envelope::Kind::Placeholder
+            || !crate::herd::servable(crate::herd::judge(&unclaimed, self.now_ms(), None))
+        {
+            return Ok(None);
+        }
+        match self.decode_payload(&header, payload) {
+            Ok(v) => Ok(Some(v)),
+            Err(e) => self.decode_failed(e),
+        }
     }
 
     /// Applies the decode policy: the error, or a counted miss.

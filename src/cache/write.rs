@@ -10,6 +10,7 @@ use tracing::Instrument;
 use super::io::{Io, ready};
 use super::{Cache, Herd};
 use crate::backend::{Item, StoreMode, StoreOutcome, Write};
+use crate::codec::{Encode, Payload};
 use crate::envelope::{self, Header, Kind, Parsed};
 use crate::error::Result;
 use crate::herd::{self, Verdict};
@@ -18,7 +19,7 @@ use crate::ttl::{self, Lifetime, Ttl};
 
 impl Cache {
     /// The envelope bytes for a value, and the exptime to store them with.
-    pub(crate) fn encode<T: Serialize + ?Sized>(
+    pub(crate) fn encode<T: Encode + ?Sized>(
         &self,
         value: &T,
         life: Lifetime,
@@ -39,8 +40,10 @@ impl Cache {
         header.expires_ms = ttl::hard_expiry_ms(life, padding, now);
         header.codec = format.codec;
         header.write(&mut buf);
-        if format.encode_into(value, &mut buf)? {
-            envelope::mark_compressed(&mut buf);
+        match value.encode_payload(format, &mut buf)? {
+            Payload::Coded => {}
+            Payload::Compressed => envelope::mark_compressed(&mut buf),
+            Payload::Raw => envelope::mark_raw(&mut buf),
         }
         Ok((buf, ttl::exptime(life, padding, now / 1000)))
     }
@@ -82,7 +85,7 @@ impl Cache {
         ready(self.set_on(&self.blocking(), key, value, ttl.into(), herd))
     }
 
-    pub(crate) async fn set_on<T: Serialize + ?Sized, I: Io>(
+    pub(crate) async fn set_on<T: Encode + ?Sized, I: Io>(
         &self,
         io: &I,
         key: &str,

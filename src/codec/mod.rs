@@ -108,6 +108,59 @@ impl Default for Format {
     }
 }
 
+/// A value as the write path stores it. Every `Serialize` type is encoded by the cache's
+/// [`Format`]; a crate type may instead store its own bytes as they are (a *raw* payload, marked
+/// in the envelope), which the response cache does with page bodies, so that a body is copied
+/// into the item once instead of being walked byte by byte by a serializer.
+pub(crate) trait Encode {
+    /// Appends the payload to `out`; says how it is encoded.
+    fn encode_payload(&self, format: &Format, out: &mut Vec<u8>) -> Result<Payload>;
+    /// The lifetime this value asks for, over the one the caller passed (a page whose response
+    /// said `max-age`); `None`: the caller's.
+    fn lifetime(&self) -> Option<std::time::Duration> {
+        None
+    }
+}
+
+/// How a payload is encoded, as the envelope records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Payload {
+    /// By the format's codec, as it is.
+    Coded,
+    /// By the format's codec, then LZ4-compressed.
+    Compressed,
+    /// The value's own bytes, read back by the same type (no codec).
+    Raw,
+}
+
+/// A value as the read path decodes it: the inverse of [`Encode`].
+pub(crate) trait Decode: Sized {
+    /// Decodes a payload written by `codec` (and compressed, or raw, as the envelope says).
+    fn decode_payload(format: &Format, codec: Codec, how: Payload, payload: &[u8]) -> Result<Self>;
+}
+
+impl<T: Serialize + ?Sized> Encode for T {
+    fn encode_payload(&self, format: &Format, out: &mut Vec<u8>) -> Result<Payload> {
+        Ok(if format.encode_into(self, out)? {
+            Payload::Compressed
+        } else {
+            Payload::Coded
+        })
+    }
+}
+
+impl<T: DeserializeOwned> Decode for T {
+    fn decode_payload(format: &Format, codec: Codec, how: Payload, payload: &[u8]) -> Result<Self> {
+        match how {
+            Payload::Raw => Err(Error::decode(format!(
+                "the stored value is raw bytes, not a `{}`",
+                std::any::type_name::<T>()
+            ))),
+            how => format.decode(codec, how == Payload::Compressed, payload),
+        }
+    }
+}
+
 fn encode_error(e: impl std::error::Error + Send + Sync + 'static) -> Error {
     Error::with_source(ErrorKind::Encode, "cannot serialize the value", e)
 }

@@ -23,6 +23,7 @@ use self::lease::Completed;
 use crate::cache::io::{Blocking, ready};
 use crate::cache::read::Step;
 use crate::cache::{Cache, DecodePolicy, Herd};
+use crate::codec::{Decode, Encode};
 use crate::error::{BoxError, Error, Result};
 use crate::protocol::{Action, Found, Grant, Machine, Mode};
 use crate::stats::Counters;
@@ -212,7 +213,7 @@ impl Cache {
         loader: L,
     ) -> Result<T>
     where
-        T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
+        T: Encode + Decode + Clone + Send + Sync + 'static,
         D: Driver,
         L: Load<T, D>,
     {
@@ -320,7 +321,7 @@ impl Cache {
         mut action: Action,
     ) -> Result<T>
     where
-        T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
+        T: Encode + Decode + Clone + Send + Sync + 'static,
         D: Driver,
         L: Load<T, D>,
     {
@@ -375,7 +376,7 @@ impl Cache {
         leader: Option<&mut Leader<'_>>,
     ) -> Result<T>
     where
-        T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
+        T: Encode + Decode + Clone + Send + Sync + 'static,
         D: Driver,
         L: Load<T, D>,
     {
@@ -454,7 +455,7 @@ impl Cache {
         loader: L,
     ) -> Result<T>
     where
-        T: Serialize,
+        T: Encode,
         D: Driver,
         L: Load<T, D>,
     {
@@ -471,6 +472,9 @@ impl Cache {
                 return Err(Error::loader(e));
             }
         };
+        // A value may choose its own lifetime (a page: its response's max-age, or a short
+        // hit-for-pass marker).
+        let ttl = v.lifetime().map_or(ttl, Ttl::from);
         let life = ttl.resolve(self.inner.config.default_ttl);
         if life == Lifetime::Expired {
             // A zero ttl stores nothing; the placeholder goes.

@@ -402,6 +402,26 @@ impl Env {
         }
     }
 
+    /// The bytes under a derived key, read bypassing newcache: the memory backend directly,
+    /// memcached through the independent `memcache` crate client.
+    #[cfg_attr(not(feature = "tower"), allow(dead_code))]
+    pub fn raw_get(&self, derived_key: &str) -> Option<Vec<u8>> {
+        match (&self.memory, &self.addr) {
+            (Some(m), _) => m
+                .get(derived_key)
+                .expect("raw get")
+                .map(|i| i.value.to_vec()),
+            (None, Some(a)) => {
+                let client = memcache::connect(format!("memcache://{a}?protocol=ascii"))
+                    .expect("memcache client connects");
+                client
+                    .get::<Vec<u8>>(derived_key)
+                    .expect("raw get through the memcache crate")
+            }
+            _ => unreachable!(),
+        }
+    }
+
     /// The env's backend itself (to wrap it in a test backend).
     pub fn backend(&self) -> Arc<dyn Backend> {
         match (&self.memory, &self.addr) {

@@ -12,6 +12,8 @@ mod fixture;
 mod front;
 mod herd;
 mod in_tokio;
+#[cfg(feature = "tower")]
+mod layer;
 mod loader;
 mod memcached;
 mod memory;

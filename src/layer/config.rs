@@ -1,0 +1,172 @@
+//! The response cache's settings: [`ResponseCacheBuilder`], every default in one place, and the
+//! [`CookiePolicy`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::StatusCode;
+
+use super::ResponseCacheLayer;
+use crate::async_cache::AsyncCache;
+use crate::error::{Error, Result};
+
+/// The default [`ResponseCacheBuilder::ttl`]: 60 s.
+pub const DEFAULT_PAGE_TTL: Duration = Duration::from_secs(60);
+/// The default [`ResponseCacheBuilder::hit_for_pass`]: 5 s.
+pub const DEFAULT_HIT_FOR_PASS: Duration = Duration::from_secs(5);
+/// The default [`ResponseCacheBuilder::max_body_size`]: 512 KiB (memcached's items are 1 MiB
+/// by default, headers and envelope included).
+pub const DEFAULT_MAX_BODY_SIZE: usize = 512 << 10;
+/// The default [`ResponseCacheBuilder::revalidate_after`]: 1 s.
+pub const DEFAULT_REVALIDATE_AFTER: Duration = Duration::from_secs(1);
+
+/// What the response cache does with a request that carries a `Cookie` header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum CookiePolicy {
+    /// The request goes to the origin, uncached (`X-Cache: PASS`): a cookie usually means a
+    /// session, and a page made for one user must not be served to another. The default (as in
+    /// Varnish's built-in rules).
+    #[default]
+    Pass,
+    /// The cookie is ignored: the request is served from, and may fill, the same entry as a
+    /// request without cookies. Only for routes whose pages never depend on a cookie.
+    Ignore,
+    /// The `Cookie` header's value is part of the key: each distinct cookie string gets its own
+    /// entry (sound, but with a low hit rate when cookies carry per-user ids).
+    Key,
+}
+
+/// The settings of a [`ResponseCacheLayer`], validated by [`build`](ResponseCacheBuilder::build).
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    pub(crate) ttl: Duration,
+    pub(crate) statuses: Vec<StatusCode>,
+    pub(crate) max_body_size: usize,
+    pub(crate) ignored_params: Vec<String>,
+    pub(crate) cookies: CookiePolicy,
+    pub(crate) hit_for_pass: Duration,
+    pub(crate) revalidate_after: Duration,
+    pub(crate) namespace: String,
+}
+
+/// Builds a [`ResponseCacheLayer`]: [`ResponseCacheLayer::builder`]. Each setter says its
+/// default; [`build`](ResponseCacheBuilder::build) checks them.
+#[must_use]
+#[derive(Debug, Clone)]
+pub struct ResponseCacheBuilder {
+    cache: AsyncCache,
+    settings: Settings,
+}
+
+impl ResponseCacheBuilder {
+    pub(crate) fn new(cache: AsyncCache) -> ResponseCacheBuilder {
+        ResponseCacheBuilder {
+            cache,
+            settings: Settings {
+                ttl: DEFAULT_PAGE_TTL,
+                statuses: vec![StatusCode::OK],
+                max_body_size: DEFAULT_MAX_BODY_SIZE,
+                ignored_params: ["utm_*", "_", "fbclid", "gclid"].map(String::from).to_vec(),
+                cookies: CookiePolicy::Pass,
+                hit_for_pass: DEFAULT_HIT_FOR_PASS,
+                revalidate_after: DEFAULT_REVALIDATE_AFTER,
+                namespace: "page".to_string(),
+            },
+        }
+    }
+
+    /// How long a response is fresh when it says neither `s-maxage` nor `max-age`; default
+    /// [`DEFAULT_PAGE_TTL`] (60 s). After it, a page is served stale to everyone but the one
+    /// request that refreshes it, for up to the cache's
+    /// [`herd_timeout`](crate::CacheBuilder::herd_timeout) (its "grace").
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.settings.ttl = ttl;
+        self
+    }
+
+    /// The response statuses that may be stored; default `[200]`.
+    pub fn statuses(mut self, statuses: impl IntoIterator<Item = StatusCode>) -> Self {
+        self.settings.statuses = statuses.into_iter().collect();
+        self
+    }
+
+    /// The largest body stored, in bytes; default [`DEFAULT_MAX_BODY_SIZE`] (512 KiB). A larger
+    /// body, or one whose length is not known in advance (a stream), is passed to the client
+    /// as it comes, uncached, and leaves a hit-for-pass marker.
+    pub fn max_body_size(mut self, bytes: usize) -> Self {
+        self.settings.max_body_size = bytes;
+        self
+    }
+
+    /// Query parameters left out of the key (cache-busters and trackers): exact names, or
+    /// prefixes ending in `*`. Default `["utm_*", "_", "fbclid", "gclid"]`. Replaces the list.
+    pub fn ignore_params<S: Into<String>>(mut self, params: impl IntoIterator<Item = S>) -> Self {
+        self.settings.ignored_params = params.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// What to do with requests carrying a `Cookie`; default [`CookiePolicy::Pass`].
+    pub fn cookies(mut self, policy: CookiePolicy) -> Self {
+        self.settings.cookies = policy;
+        self
+    }
+
+    /// How long a URL whose response was not storable (`private`, `Set-Cookie`, a stream, a
+    /// 500...) sends its requests straight to the origin, instead of making them wait for one
+    /// another's load; default [`DEFAULT_HIT_FOR_PASS`] (5 s). Varnish's "hit-for-pass".
+    pub fn hit_for_pass(mut self, time: Duration) -> Self {
+        self.settings.hit_for_pass = time;
+        self
+    }
+
+    /// A request's `Cache-Control: no-cache` (or `max-age=0`) is honoured for pages older than
+    /// this: such a page is fetched again, once for all the requests that asked to revalidate
+    /// it at once, across processes. A younger page was fetched from the origin within this
+    /// time and is served as it is. Default [`DEFAULT_REVALIDATE_AFTER`] (1 s); zero honours
+    /// every such request (still one origin call at a time per page).
+    pub fn revalidate_after(mut self, age: Duration) -> Self {
+        self.settings.revalidate_after = age;
+        self
+    }
+
+    /// The prefix of every page key, so that pages never collide with the application's own
+    /// keys in the same cache; default `"page"`.
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.settings.namespace = namespace.into();
+        self
+    }
+
+    /// The layer.
+    ///
+    /// # Errors
+    ///
+    /// [`is_config`](Error::is_config): a zero `ttl` or `hit_for_pass`, no status, or an empty
+    /// namespace or one containing `:` (the separator of the key's parts).
+    pub fn build(self) -> Result<ResponseCacheLayer> {
+        let s = &self.settings;
+        if s.ttl.is_zero() {
+            return Err(Error::config("the response cache's ttl must be above zero"));
+        }
+        if s.hit_for_pass.is_zero() {
+            return Err(Error::config(
+                "the response cache's hit_for_pass must be above zero",
+            ));
+        }
+        if s.statuses.is_empty() {
+            return Err(Error::config(
+                "the response cache's statuses must name at least one status",
+            ));
+        }
+        if s.namespace.is_empty() || s.namespace.contains(':') {
+            return Err(Error::config(format!(
+                "the response cache's namespace {:?} must be non-empty and without ':'",
+                s.namespace
+            )));
+        }
+        Ok(ResponseCacheLayer {
+            cache: self.cache,
+            settings: Arc::new(self.settings),
+        })
+    }
+}

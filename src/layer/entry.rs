@@ -1,0 +1,291 @@
+//! What the response cache stores under a key, and its byte layout: a page (status, headers, and
+//! the body copied in whole, last, so it lies contiguous in the item), a page's vary record (the
+//! header names its variants are keyed on), or a hit-for-pass marker. Stored as a raw payload
+//! (no codec), through the loader like any value. Pure.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::StatusCode;
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+
+use crate::codec::{Codec, Decode, Encode, Format, Payload};
+use crate::error::{Error, Result};
+
+const MAGIC: [u8; 2] = *b"NP";
+const VERSION: u8 = 1;
+
+/// One stored response.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Page {
+    pub(crate) status: StatusCode,
+    /// The response's headers, less hop-by-hop ones and `Age` (recomputed when served).
+    pub(crate) headers: HeaderMap,
+    pub(crate) body: Bytes,
+    /// Whether a request carrying `Authorization` may be served it.
+    pub(crate) shared: bool,
+    /// The `Age` the origin's response carried, in seconds.
+    pub(crate) origin_age: u32,
+}
+
+/// What the response cache keeps under a page or variant key.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Body {
+    Page(Page),
+    /// The response varies on these request headers: its variants are stored under variant
+    /// keys.
+    Vary(Vec<HeaderName>),
+    /// The last response was not storable: requests go to the origin at once.
+    Pass,
+}
+
+/// A stored thing, with when it was stored and how long it is fresh (by the cache's clock).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Entry {
+    pub(crate) stored_ms: u64,
+    /// How long it is fresh; zero: not to be stored (the loader stores nothing).
+    pub(crate) fresh: Duration,
+    pub(crate) body: Body,
+}
+
+impl Entry {
+    /// Whether it is past its freshness lifetime at `now_ms` (served while being refreshed).
+    pub(crate) fn is_stale(&self, now_ms: u64) -> bool {
+        now_ms >= self.stored_ms.saturating_add(self.fresh.as_millis() as u64)
+    }
+
+    /// How old it is at `now_ms`, in seconds, counting the origin's own `Age`.
+    pub(crate) fn age_secs(&self, now_ms: u64) -> u64 {
+        let here = now_ms.saturating_sub(self.stored_ms) / 1000;
+        match &self.body {
+            Body::Page(p) => here + u64::from(p.origin_age),
+            _ => here,
+        }
+    }
+
+    /// The bytes of an entry (the payload under the cache's envelope).
+    pub(crate) fn write(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&MAGIC);
+        out.push(VERSION);
+        out.extend_from_slice(&self.stored_ms.to_le_bytes());
+        out.extend_from_slice(&(self.fresh.as_millis() as u64).to_le_bytes());
+        match &self.body {
+            Body::Pass => out.push(0),
+            Body::Vary(names) => {
+                out.push(1);
+                out.extend_from_slice(&(names.len() as u16).to_le_bytes());
+                for n in names {
+                    put_short(out, n.as_str().as_bytes());
+                }
+            }
+            Body::Page(p) => {
+                out.push(2);
+                out.extend_from_slice(&p.status.as_u16().to_le_bytes());
+                out.push(u8::from(p.shared));
+                out.extend_from_slice(&p.origin_age.to_le_bytes());
+                out.extend_from_slice(&(p.headers.len() as u32).to_le_bytes());
+                for (name, value) in &p.headers {
+                    put_short(out, name.as_str().as_bytes());
+                    out.extend_from_slice(&(value.len() as u32).to_le_bytes());
+                    out.extend_from_slice(value.as_bytes());
+                }
+                // The body last, in one copy: the rest of the item.
+                out.extend_from_slice(&p.body);
+            }
+        }
+    }
+
+    /// Reads an entry's bytes; anything malformed is a decode error.
+    pub(crate) fn read(bytes: &[u8]) -> Result<Entry> {
+        let mut r = Reader(bytes);
+        if r.take(2)? != MAGIC || r.u8()? != VERSION {
+            return Err(Error::decode("not a response-cache entry of this version"));
+        }
+        let stored_ms = r.u64()?;
+        let fresh = Duration::from_millis(r.u64()?);
+        let body = match r.u8()? {
+            0 => Body::Pass,
+            1 => {
+                let n = r.u16()?;
+                let mut names = Vec::with_capacity(usize::from(n).min(64));
+                for _ in 0..n {
+                    let len = usize::from(r.u16()?);
+                    names.push(HeaderName::from_bytes(r.take(len)?).map_err(bad)?);
+                }
+                Body::Vary(names)
+            }
+            2 => {
+                let status = StatusCode::from_u16(r.u16()?).map_err(bad)?;
+                let shared = r.u8()? != 0;
+                let origin_age = r.u32()?;
+                let n = r.u32()?;
+                let mut headers = HeaderMap::new();
+                for _ in 0..n {
+                    let len = usize::from(r.u16()?);
+                    let name = HeaderName::from_bytes(r.take(len)?).map_err(bad)?;
+                    let len = r.u32()? as usize;
+                    let value = HeaderValue::from_bytes(r.take(len)?).map_err(bad)?;
+                    headers.append(name, value);
+                }
+                Body::Page(Page {
+                    status,
+                    headers,
+                    body: Bytes::copy_from_slice(r.0),
+                    shared,
+                    origin_age,
+                })
+            }
+            k => {
+                return Err(Error::decode(format!(
+                    "unknown response-cache entry kind {k}"
+                )));
+            }
+        };
+        Ok(Entry {
+            stored_ms,
+            fresh,
+            body,
+        })
+    }
+}
+
+fn bad(e: impl std::fmt::Display) -> Error {
+    Error::decode(format!("a malformed response-cache entry: {e}"))
+}
+
+fn put_short(out: &mut Vec<u8>, bytes: &[u8]) {
+    out.extend_from_slice(&(bytes.len() as u16).to_le_bytes());
+    out.extend_from_slice(bytes);
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
+        if self.0.len() < n {
+            return Err(Error::decode("a truncated response-cache entry"));
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+    fn u8(&mut self) -> Result<u8> {
+        Ok(self.take(1)?[0])
+    }
+    fn u16(&mut self) -> Result<u16> {
+        Ok(u16::from_le_bytes(
+            self.take(2)?.try_into().expect("2 bytes"),
+        ))
+    }
+    fn u32(&mut self) -> Result<u32> {
+        Ok(u32::from_le_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
+    }
+    fn u64(&mut self) -> Result<u64> {
+        Ok(u64::from_le_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
+        ))
+    }
+}
+
+impl Encode for Entry {
+    fn encode_payload(&self, _: &Format, out: &mut Vec<u8>) -> Result<Payload> {
+        self.write(out);
+        Ok(Payload::Raw)
+    }
+    fn lifetime(&self) -> Option<Duration> {
+        Some(self.fresh)
+    }
+}
+
+impl Decode for Entry {
+    fn decode_payload(_: &Format, _: Codec, how: Payload, payload: &[u8]) -> Result<Entry> {
+        if how != Payload::Raw {
+            return Err(Error::decode(
+                "the stored value is a codec's, not a response-cache entry",
+            ));
+        }
+        Entry::read(payload)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[track_caller]
+    fn round_trip(e: Entry) {
+        let mut buf = Vec::new();
+        e.write(&mut buf);
+        assert_eq!(Entry::read(&buf).unwrap(), e);
+        // Every truncation is an error, never a panic or a shorter entry (but a page's body
+        // may end anywhere).
+        for n in 0..buf.len() {
+            if let Ok(short) = Entry::read(&buf[..n]) {
+                assert!(matches!(short.body, Body::Page(_)), "{n}");
+            }
+        }
+    }
+
+    #[test]
+    fn entries_round_trip() {
+        let mut headers = HeaderMap::new();
+        headers.insert("content-type", HeaderValue::from_static("text/html"));
+        headers.append("link", HeaderValue::from_static("</a>"));
+        headers.append("link", HeaderValue::from_static("</b>"));
+        round_trip(Entry {
+            stored_ms: 1_700_000_000_000,
+            fresh: Duration::from_secs(60),
+            body: Body::Page(Page {
+                status: StatusCode::OK,
+                headers,
+                body: Bytes::from_static(b"<html>hello</html>"),
+                shared: true,
+                origin_age: 7,
+            }),
+        });
+        round_trip(Entry {
+            stored_ms: 1,
+            fresh: Duration::from_secs(5),
+            body: Body::Vary(vec![http::header::ACCEPT, http::header::ACCEPT_LANGUAGE]),
+        });
+        round_trip(Entry {
+            stored_ms: 1,
+            fresh: Duration::from_secs(5),
+            body: Body::Pass,
+        });
+    }
+
+    #[test]
+    fn the_body_is_the_tail_of_the_bytes() {
+        let body = Bytes::from(vec![0xAB; 1000]);
+        let e = Entry {
+            stored_ms: 1,
+            fresh: Duration::from_secs(1),
+            body: Body::Page(Page {
+                status: StatusCode::OK,
+                headers: HeaderMap::new(),
+                body: body.clone(),
+                shared: false,
+                origin_age: 0,
+            }),
+        };
+        let mut buf = Vec::new();
+        e.write(&mut buf);
+        assert!(buf.ends_with(&body));
+    }
+
+    #[test]
+    fn staleness_and_age() {
+        let e = Entry {
+            stored_ms: 10_000,
+            fresh: Duration::from_secs(2),
+            body: Body::Pass,
+        };
+        assert!(!e.is_stale(11_999));
+        assert!(e.is_stale(12_000));
+        assert_eq!(e.age_secs(13_500), 3);
+        assert_eq!(e.age_secs(9_000), 0, "a clock behind the writer's");
+    }
+}

@@ -1,0 +1,883 @@
+//! The response cache (feature `tower`): [`ResponseCacheLayer`], a `tower::Layer` that caches
+//! whole HTTP responses in an [`AsyncCache`], as a shared cache under the rules of RFC 9111,
+//! with the crate's herd protection: one origin request per expiry of a hot URL, across
+//! processes. Django's `cache_page` and cache middleware, done right.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::convert::Infallible;
+//! use std::time::Duration;
+//!
+//! use bytes::Bytes;
+//! use http::{Request, Response};
+//! use http_body_util::{BodyExt, Full};
+//! use newcache::layer::ResponseCacheLayer;
+//! use tower::{Layer, ServiceExt};
+//!
+//! let cache = newcache::Cache::builder().in_memory().build_async()?;
+//! // With axum: `Router::new().route(...).layer(ResponseCacheLayer::new(cache))`.
+//! let layer = ResponseCacheLayer::builder(cache)
+//!     .ttl(Duration::from_secs(30)) // when the response says no max-age
+//!     .build()?;
+//! let page = layer.layer(tower::service_fn(|_req: Request<()>| async {
+//!     Ok::<_, Infallible>(Response::new(Full::new(Bytes::from("<h1>hello</h1>"))))
+//! }));
+//!
+//! let first = page.clone().oneshot(Request::get("/hello?b=2&a=1").body(())?).await?;
+//! assert_eq!(first.headers()["x-cache"], "MISS");
+//! let again = page.oneshot(Request::get("/hello?a=1&b=2&utm_source=x").body(())?).await?;
+//! assert_eq!(again.headers()["x-cache"], "HIT");
+//! assert_eq!(again.into_body().collect().await?.to_bytes(), "<h1>hello</h1>");
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # What is cached
+//!
+//! - **Requests**: `GET` is looked up and stored. `HEAD` is answered from the `GET` entry (no
+//!   body) and otherwise passed to the origin. A request with `Authorization` is served only an
+//!   entry whose response said `public` or `s-maxage`, and never fills one. A request with a
+//!   `Cookie` follows the [`CookiePolicy`] (passed by default). `Cache-Control: no-store` on a
+//!   request passes it. The key is the host, the path and the query with its parameters sorted
+//!   and the [ignored ones](ResponseCacheBuilder::ignore_params) (`utm_*`, `_`...) dropped,
+//!   under a [namespace](ResponseCacheBuilder::namespace) (`page` by default).
+//! - **Responses**: the [statuses](ResponseCacheBuilder::statuses) configured (`200` by default),
+//!   never one with `Set-Cookie`, `Cache-Control: private`, `no-store` or `no-cache`, or
+//!   `Vary: *`. Fresh for `s-maxage`, else `max-age`, else the layer's
+//!   [ttl](ResponseCacheBuilder::ttl). A body is stored only when its length is known and at most
+//!   [`max_body_size`](ResponseCacheBuilder::max_body_size); any other body streams to the
+//!   client as it comes. Bodies are stored as raw bytes (copied into the item once, after the
+//!   status and headers; no serializer walks them).
+//!   `Expires` and `must-revalidate` are not read: freshness is `s-maxage`, `max-age` or the
+//!   ttl, and an expired page is served while it is refreshed (see the herd, below).
+//! - **`Vary`**: the page's key holds a *vary record* (the header names); each variant is stored
+//!   under the page key plus the request's values of those headers.
+//! - **Conditional requests**: a request's `If-None-Match` that matches the entry's `ETag` is
+//!   answered `304 Not Modified` from the entry. Conditional headers are not forwarded when the
+//!   layer fetches a page to store (the origin would answer 304, which is not a page).
+//!
+//! # Headers set
+//!
+//! `X-Cache` says where a response came from: `HIT` (a fresh entry), `STALE` (an expired entry,
+//! served while one other request refreshes it), `MISS` (this request fetched the page for the
+//! cache), `PASS` (the origin's response, not stored: an uncacheable request or response, or a
+//! URL under a hit-for-pass marker). Responses from an entry also get `Age` (seconds since the
+//! origin made the response, its own `Age` included).
+//!
+//! # The herd
+//!
+//! Every fetch goes through [`AsyncCache::get_or_set_with`]'s protocol, so the guarantees are
+//! that method's:
+//!
+//! - **A cold URL**: one request fetches it; the others (of every process sharing the cache)
+//!   wait for that fetch, bounded by the cache's [`max_wait`](crate::CacheBuilder::max_wait),
+//!   and are then served its page (`HIT`).
+//! - **An expired URL**: one request refreshes it; every other request gets the stale page at
+//!   once (`STALE`), for up to the cache's [`herd_timeout`](crate::CacheBuilder::herd_timeout)
+//!   past its expiry (the "grace").
+//! - **Hit-for-pass**: a response found unstorable leaves a marker for
+//!   [`hit_for_pass`](ResponseCacheBuilder::hit_for_pass) (5 s by default): requests for that URL
+//!   go straight to the origin (`PASS`) instead of queueing behind one another's fetch. When it
+//!   expires, one request checks again.
+//! - **`Cache-Control: no-cache` (or `max-age=0`) on a request** revalidates, without a
+//!   stampede: a page younger than [`revalidate_after`](ResponseCacheBuilder::revalidate_after)
+//!   (1 s by default) is served as it is; an older one is fetched again by one request for all
+//!   those that asked to revalidate that same stored page at once (they meet on a key derived
+//!   from it, across processes), and the new page replaces it. A flood of reloads therefore
+//!   costs at most one origin request per page per `revalidate_after`.
+//!
+//! The cache never fails a request the origin could serve. With its backend down, each request
+//! fetches the page (requests of one process for one URL at once share a fetch) and nothing is
+//! stored; a cache error such as a wait that ran out sends the request to the origin (`PASS`).
+//! An origin error reaches the request that met it and leaves nothing stored; requests that
+//! were waiting for that fetch go to the origin themselves.
+//!
+//! Keys: the page, variant and revalidation keys are long strings (a URL, header values) that
+//! the cache's key function turns into memcached keys. The default function hashes them, so any
+//! URL fits; a custom [`KeyFunction`](crate::KeyFunction) must accept them too (a key it
+//! refuses makes the request `PASS`).
+//!
+//! # A CDN or a reverse proxy, or this layer?
+//!
+//! nginx (`proxy_cache_lock on` to send one request per missing page, `proxy_cache_use_stale
+//! updating` with `proxy_cache_background_update` to serve the stale page while one request
+//! refreshes it) and Varnish (request coalescing by default, *grace* for stale-while-refresh,
+//! *hit-for-pass* objects for uncacheable URLs) do what this layer does, in front of the
+//! application, with their own storage. Their herd protection is per proxy instance: two nginx
+//! boxes each send their own request per expiry (`proxy_cache_lock` is local), while this
+//! layer's lock is in memcached, shared by every process of the application. A CDN adds
+//! geography (pages served near the client, the origin not reached at all) and absorbs traffic
+//! the application's servers never see.
+//!
+//! Use a CDN or a proxy for public, static-ish pages at high volume, for the bandwidth and
+//! offload, and when the cache rules are the same for every route. Use this layer when the
+//! application already runs memcached and several processes, when the caching rules live with
+//! the routes (a `Router::layer` per group of routes, its own ttl and namespace), when pages must
+//! be invalidated from the application (bump the cache's version, or delete keys), or when there
+//! is no proxy to configure. The two compose: a CDN in front, honouring the same
+//! `Cache-Control`, and this layer behind it turn a CDN's per-edge misses into one origin
+//! request.
+
+mod body;
+mod config;
+mod entry;
+mod rules;
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
+use http_body::Body as HttpBody;
+use tower::{Layer, Service};
+
+use self::entry::{Body, Entry, Page};
+use self::rules::CacheControl;
+use crate::async_cache::AsyncCache;
+use crate::cache::Herd;
+
+pub use self::body::ResponseBody;
+use self::config::Settings;
+pub use self::config::{
+    CookiePolicy, DEFAULT_HIT_FOR_PASS, DEFAULT_MAX_BODY_SIZE, DEFAULT_PAGE_TTL,
+    DEFAULT_REVALIDATE_AFTER, ResponseCacheBuilder,
+};
+
+/// The header that says where a response came from: `HIT`, `STALE`, `MISS` or `PASS`.
+pub const X_CACHE: HeaderName = HeaderName::from_static("x-cache");
+
+/// A `tower::Layer` that caches whole responses in an [`AsyncCache`] (see the
+/// [module docs](self)). Cheap to clone; every service it makes shares the cache.
+///
+/// ```
+/// # fn main() -> Result<(), newcache::Error> {
+/// let cache = newcache::Cache::builder().in_memory().build_async()?;
+/// let layer = newcache::layer::ResponseCacheLayer::new(cache);
+/// // axum: Router::new().route("/page/{id}", get(page)).layer(layer)
+/// # let _ = layer;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct ResponseCacheLayer {
+    cache: AsyncCache,
+    settings: Arc<Settings>,
+}
+
+impl fmt::Debug for ResponseCacheLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResponseCacheLayer")
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ResponseCacheLayer {
+    /// A layer with the default settings (see [`ResponseCacheBuilder`]'s setters).
+    pub fn new(cache: AsyncCache) -> ResponseCacheLayer {
+        ResponseCacheBuilder::new(cache)
+            .build()
+            .expect("the default settings are valid")
+    }
+
+    /// A builder, to change the defaults.
+    pub fn builder(cache: AsyncCache) -> ResponseCacheBuilder {
+        ResponseCacheBuilder::new(cache)
+    }
+}
+
+impl<S> Layer<S> for ResponseCacheLayer {
+    type Service = ResponseCache<S>;
+
+    fn layer(&self, inner: S) -> ResponseCache<S> {
+        ResponseCache {
+            inner,
+            cache: self.cache.clone(),
+            settings: self.settings.clone(),
+        }
+    }
+}
+
+/// The service a [`ResponseCacheLayer`] wraps around an origin service. `Clone` when the origin
+/// is.
+#[derive(Clone)]
+pub struct ResponseCache<S> {
+    inner: S,
+    cache: AsyncCache,
+    settings: Arc<Settings>,
+}
+
+impl<S> fmt::Debug for ResponseCache<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResponseCache")
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+type Served<B, E> = Result<Response<ResponseBody<B>>, E>;
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for ResponseCache<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: Send + 'static,
+    ResBody: HttpBody<Data = Bytes> + Send + 'static,
+    ResBody::Error: Send + 'static,
+{
+    type Response = Response<ResponseBody<ResBody>>;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Served<ResBody, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        // The service that was polled ready serves this request; a clone waits for the next.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        let call = Call {
+            cache: self.cache.clone(),
+            settings: self.settings.clone(),
+            method: req.method().clone(),
+            uri: req.uri().clone(),
+            headers: req.headers().clone(),
+            origin: Mutex::new(Some((inner, req))),
+            fetched: Mutex::new(None),
+        };
+        Box::pin(async move { call.run().await })
+    }
+}
+
+/// Where a served response came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    Hit,
+    Stale,
+    Miss,
+    Pass,
+}
+
+impl Source {
+    fn value(self) -> HeaderValue {
+        HeaderValue::from_static(match self {
+            Source::Hit => "HIT",
+            Source::Stale => "STALE",
+            Source::Miss => "MISS",
+            Source::Pass => "PASS",
+        })
+    }
+}
+
+/// What this request's own origin call produced, beside what the loader returned to the cache.
+enum Fetched<B: HttpBody, E> {
+    /// A page it stored (or tried to).
+    Page(Entry),
+    /// A response it did not store, for this request only.
+    Passed(Response<ResponseBody<B>>),
+    /// The origin's error.
+    Failed(E),
+}
+
+/// The origin failed; its error is in [`Call::fetched`].
+#[derive(Debug)]
+struct OriginFailed;
+
+impl fmt::Display for OriginFailed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("the origin service failed")
+    }
+}
+
+impl std::error::Error for OriginFailed {}
+
+/// Which key a fetch fills.
+#[derive(Clone, Copy)]
+enum Fill<'a> {
+    /// The page key: a page, or (the response varies) a vary record, its variant stored beside.
+    Page(&'a str),
+    /// A variant key of a page whose vary record names these headers.
+    Variant {
+        page_key: &'a str,
+        vary: &'a [HeaderName],
+    },
+    /// A revalidation: the page is stored under `target` with `set`; the key being loaded gets a
+    /// marker that the revalidation happened.
+    Revalidate { target: &'a str },
+}
+
+/// One request through the layer. The origin service and the request sit in `origin` until the
+/// one origin call this request may make takes them.
+struct Call<S, ReqBody, ResBody: HttpBody, E> {
+    cache: AsyncCache,
+    settings: Arc<Settings>,
+    method: Method,
+    uri: http::Uri,
+    headers: HeaderMap,
+    origin: Mutex<Option<(S, Request<ReqBody>)>>,
+    fetched: Mutex<Option<Fetched<ResBody, E>>>,
+}
+
+impl<S, ReqBody, ResBody> Call<S, ReqBody, ResBody, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: Send + 'static,
+    ResBody: HttpBody<Data = Bytes> + Send + 'static,
+    ResBody::Error: Send + 'static,
+{
+    async fn run(&self) -> Served<ResBody, S::Error> {
+        let s = &self.settings;
+        let cacheable_method = self.method == Method::GET || self.method == Method::HEAD;
+        if !cacheable_method {
+            return self.origin(None).await;
+        }
+        let has_cookie = self.headers.contains_key(header::COOKIE);
+        if CacheControl::parse(&self.headers).no_store
+            || (has_cookie && s.cookies == CookiePolicy::Pass)
+        {
+            return self.origin(Some(Source::Pass)).await;
+        }
+        let mut page_key =
+            rules::page_key(&s.namespace, &self.uri, &self.headers, &s.ignored_params);
+        if has_cookie && s.cookies == CookiePolicy::Key {
+            page_key = rules::variant_key(&page_key, &[header::COOKIE], &self.headers);
+        }
+        let authorized = self.headers.contains_key(header::AUTHORIZATION);
+        if self.method == Method::HEAD || authorized {
+            return self.look_up(&page_key, authorized).await;
+        }
+        let entry = match self.load(&page_key, Fill::Page(&page_key)).await {
+            Ok(entry) => entry,
+            Err(served) => return served,
+        };
+        match entry.body {
+            Body::Vary(names) => {
+                let key = rules::variant_key(&page_key, &names, &self.headers);
+                let fill = Fill::Variant {
+                    page_key: &page_key,
+                    vary: &names,
+                };
+                match self.load(&key, fill).await {
+                    Ok(
+                        e @ Entry {
+                            body: Body::Page(_),
+                            ..
+                        },
+                    ) => self.serve_or_revalidate(&key, e).await,
+                    Ok(_) => self.origin(Some(Source::Pass)).await,
+                    Err(served) => served,
+                }
+            }
+            Body::Page(_) => self.serve_or_revalidate(&page_key, entry).await,
+            Body::Pass => self.origin(Some(Source::Pass)).await,
+        }
+    }
+
+    /// `get_or_set_with` on `key`: `Ok` with the entry another request stored (or this one's
+    /// marker), or `Err` with this request's answer when it fetched from the origin itself or
+    /// the cache failed.
+    async fn load(&self, key: &str, fill: Fill<'_>) -> Result<Entry, Served<ResBody, S::Error>> {
+        let loaded = self
+            .cache
+            .cache
+            .coalesced(
+                &self.cache.io(),
+                key,
+                self.settings.ttl.into(),
+                crate::async_cache::inline(|| self.fetch(fill)),
+            )
+            .await;
+        if let Some(fetched) = self.fetched.lock().expect("not poisoned").take() {
+            return Err(match fetched {
+                Fetched::Page(entry) => Ok(self.serve(&entry, Source::Miss)),
+                Fetched::Passed(mut resp) => {
+                    resp.headers_mut().insert(X_CACHE, Source::Pass.value());
+                    Ok(resp)
+                }
+                Fetched::Failed(e) => Err(e),
+            });
+        }
+        match loaded {
+            Ok(entry) => Ok(entry),
+            // The cache failed (or another request's fetch did, and this one waited for it):
+            // the origin, uncached.
+            Err(_) => Err(self.origin(Some(Source::Pass)).await),
+        }
+    }
+
+    /// Serves a page from the cache, or revalidates it first if the request asked to and it
+    /// is old enough.
+    async fn serve_or_revalidate(&self, key: &str, entry: Entry) -> Served<ResBody, S::Error> {
+        let now = self.cache.cache.now_ms();
+        let age = Duration::from_millis(now.saturating_sub(entry.stored_ms));
+        if !CacheControl::parse(&self.headers).wants_revalidation()
+            || age < self.settings.revalidate_after
+        {
+            return Ok(self.serve_entry(&entry, now));
+        }
+        // Everyone who asks to revalidate this stored page meets on one key, across processes.
+        let revalidation = format!("{key}\nrevalidate:{}", entry.stored_ms);
+        if let Err(served) = self
+            .load(&revalidation, Fill::Revalidate { target: key })
+            .await
+        {
+            return served;
+        }
+        // Another request revalidated: serve what it stored.
+        self.look_up_key(key, false).await
+    }
+
+    /// A request that may be served from the cache but never fills it (HEAD, Authorization).
+    async fn look_up(&self, page_key: &str, authorized: bool) -> Served<ResBody, S::Error> {
+        let peeked = self.peek(page_key).await;
+        match peeked {
+            Some(Entry {
+                body: Body::Vary(names),
+                ..
+            }) => {
+                let key = rules::variant_key(page_key, &names, &self.headers);
+                self.look_up_key(&key, authorized).await
+            }
+            _ => self.serve_peeked(peeked, authorized).await,
+        }
+    }
+
+    async fn look_up_key(&self, key: &str, authorized: bool) -> Served<ResBody, S::Error> {
+        let peeked = self.peek(key).await;
+        self.serve_peeked(peeked, authorized).await
+    }
+
+    async fn peek(&self, key: &str) -> Option<Entry> {
+        let io = self.cache.io();
+        self.cache.cache.peek_on::<Entry, _>(&io, key).await.ok()?
+    }
+
+    async fn serve_peeked(
+        &self,
+        peeked: Option<Entry>,
+        authorized: bool,
+    ) -> Served<ResBody, S::Error> {
+        match peeked {
+            Some(
+                e @ Entry {
+                    body: Body::Page(Page { shared, .. }),
+                    ..
+                },
+            ) if shared || !authorized => Ok(self.serve_entry(&e, self.cache.cache.now_ms())),
+            _ => self.origin(Some(Source::Pass)).await,
+        }
+    }
+
+    fn serve_entry(&self, entry: &Entry, now: u64) -> Response<ResponseBody<ResBody>> {
+        let source = if entry.is_stale(now) {
+            Source::Stale
+        } else {
+            Source::Hit
+        };
+        self.serve(entry, source)
+    }
+
+    /// A response made from a stored page: its status, headers and body (none for HEAD, and
+    /// none with a 304 for a matching `If-None-Match`), with `Age` and `X-Cache`.
+    fn serve(&self, entry: &Entry, source: Source) -> Response<ResponseBody<ResBody>> {
+        let Body::Page(page) = &entry.body else {
+            unreachable!("only pages are served from the cache")
+        };
+        let not_modified = page
+            .headers
+            .get(header::ETAG)
+            .is_some_and(|etag| rules::none_match(&self.headers, etag.as_bytes()));
+        let mut resp = if not_modified {
+            let mut r = Response::new(ResponseBody::empty());
+            *r.status_mut() = StatusCode::NOT_MODIFIED;
+            // What RFC 9110 §15.4.5 asks a 304 to carry, when the 200 would have.
+            for name in [
+                header::CACHE_CONTROL,
+                header::CONTENT_LOCATION,
+                header::DATE,
+                header::ETAG,
+                header::EXPIRES,
+                header::VARY,
+            ] {
+                for v in page.headers.get_all(&name) {
+                    r.headers_mut().append(name.clone(), v.clone());
+                }
+            }
+            r
+        } else {
+            let body = if self.method == Method::HEAD {
+                ResponseBody::empty()
+            } else {
+                ResponseBody::full(page.body.clone())
+            };
+            let mut r = Response::new(body);
+            *r.status_mut() = page.status;
+            *r.headers_mut() = page.headers.clone();
+            r
+        };
+        let age = entry.age_secs(self.cache.cache.now_ms());
+        resp.headers_mut()
+            .insert(header::AGE, HeaderValue::from(age));
+        resp.headers_mut().insert(X_CACHE, source.value());
+        resp
+    }
+
+    /// The origin, uncached: this request's one origin call. `source`: the `X-Cache` to set
+    /// (none for methods the cache does not handle).
+    async fn origin(&self, source: Option<Source>) -> Served<ResBody, S::Error> {
+        let Some((mut inner, req)) = self.origin.lock().expect("not poisoned").take() else {
+            unreachable!("a request makes one origin call: a fetch returns its own answer")
+        };
+        let mut resp = inner.call(req).await?.map(ResponseBody::inner);
+        if let Some(source) = source {
+            resp.headers_mut().insert(X_CACHE, source.value());
+        }
+        Ok(resp)
+    }
+
+    /// The loader: fetches the page from the origin, for the cache. What this request gets is
+    /// left in `fetched`; what the cache stores is returned.
+    async fn fetch(&self, fill: Fill<'_>) -> Result<Entry, OriginFailed> {
+        let Some((mut inner, mut req)) = self.origin.lock().expect("not poisoned").take() else {
+            return Err(OriginFailed);
+        };
+        // The cache answers conditional requests itself: the origin must send the page.
+        for name in [header::IF_NONE_MATCH, header::IF_MODIFIED_SINCE] {
+            req.headers_mut().remove(name);
+        }
+        let set = |f: Fetched<ResBody, S::Error>| {
+            *self.fetched.lock().expect("not poisoned") = Some(f);
+        };
+        let resp = match inner.call(req).await {
+            Ok(resp) => resp,
+            Err(e) => {
+                set(Fetched::Failed(e));
+                return Err(OriginFailed);
+            }
+        };
+        let s = &self.settings;
+        let now = self.cache.cache.now_ms();
+        let pass = Entry {
+            stored_ms: now,
+            fresh: s.hit_for_pass,
+            body: Body::Pass,
+        };
+        let (parts, body) = resp.into_parts();
+        let storable = rules::storable(parts.status, &parts.headers, &s.statuses, s.ttl);
+        let fits = body
+            .size_hint()
+            .exact()
+            .is_some_and(|n| n <= s.max_body_size as u64);
+        let storable = match storable {
+            Ok(storable) if fits => storable,
+            _ => {
+                set(Fetched::Passed(Response::from_parts(
+                    parts,
+                    ResponseBody::inner(body),
+                )));
+                return Ok(self.leave(fill, pass).await);
+            }
+        };
+        let body = match collect(body, s.max_body_size).await {
+            Ok(bytes) => bytes,
+            Err(replay) => {
+                set(Fetched::Passed(Response::from_parts(parts, replay)));
+                return Ok(self.leave(fill, pass).await);
+            }
+        };
+        let origin_age = parts
+            .headers
+            .get(header::AGE)
+            .and_then(|v| v.to_str().ok()?.trim().parse().ok())
+            .unwrap_or(0);
+        let mut headers = parts.headers;
+        for name in HOP_BY_HOP.iter().chain([&header::AGE, &X_CACHE]) {
+            headers.remove(name);
+        }
+        // The body is whole now: its length is known, and a HEAD answered from the page must
+        // say it (the server would otherwise take the empty body's).
+        headers.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+        let page = Entry {
+            stored_ms: now,
+            fresh: storable.ttl,
+            body: Body::Page(Page {
+                status: parts.status,
+                headers,
+                body,
+                shared: storable.shared,
+                origin_age,
+            }),
+        };
+        set(Fetched::Page(page.clone()));
+        Ok(match fill {
+            Fill::Page(page_key) if !storable.vary.is_empty() => {
+                let key = rules::variant_key(page_key, &storable.vary, &self.headers);
+                self.store(&key, &page).await;
+                Entry {
+                    stored_ms: now,
+                    fresh: storable.ttl,
+                    body: Body::Vary(storable.vary),
+                }
+            }
+            Fill::Page(_) => page,
+            Fill::Variant { vary, .. } if vary == storable.vary.as_slice() => page,
+            // The page now varies on other headers: record them, store the variant under its
+            // own key, and nothing under this one.
+            Fill::Variant { page_key, .. } => {
+                let key = rules::variant_key(page_key, &storable.vary, &self.headers);
+                self.store(&key, &page).await;
+                let record = Entry {
+                    stored_ms: now,
+                    fresh: storable.ttl,
+                    body: Body::Vary(storable.vary),
+                };
+                self.store(page_key, &record).await;
+                Entry {
+                    fresh: Duration::ZERO,
+                    ..pass
+                }
+            }
+            Fill::Revalidate { target } => {
+                self.store(target, &page).await;
+                self.revalidated(now)
+            }
+        })
+    }
+
+    /// What the loader returns for a response it did not store: a hit-for-pass marker (for a
+    /// revalidation, the marker goes to the page's key).
+    async fn leave(&self, fill: Fill<'_>, pass: Entry) -> Entry {
+        match fill {
+            Fill::Revalidate { target } => {
+                self.store(target, &pass).await;
+                self.revalidated(pass.stored_ms)
+            }
+            _ => pass,
+        }
+    }
+
+    /// The marker a revalidation leaves on its own key: "done, read the page again".
+    fn revalidated(&self, now: u64) -> Entry {
+        Entry {
+            stored_ms: now,
+            fresh: self.settings.revalidate_after.max(Duration::from_secs(1)),
+            body: Body::Pass,
+        }
+    }
+
+    /// Stores an entry with `set` (a variant, a vary record, a revalidated page). A failure
+    /// costs a later request a fetch, nothing else: it is counted in the cache's stats, not
+    /// returned.
+    async fn store(&self, key: &str, entry: &Entry) {
+        let io = self.cache.io();
+        let _ = self
+            .cache
+            .cache
+            .set_on(&io, key, entry, entry.fresh.into(), Herd::Protected)
+            .await;
+    }
+}
+
+/// Connection-level headers (RFC 9110 §7.6.1), never stored.
+static HOP_BY_HOP: [HeaderName; 6] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    header::PROXY_AUTHENTICATE,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+];
+
+/// Reads a whole body of at most `limit` bytes. A body that turns out longer, has trailers or
+/// fails is given back whole as a replay (what was read, then the rest), so nothing is lost.
+async fn collect<B>(body: B, limit: usize) -> Result<Bytes, ResponseBody<B>>
+where
+    B: HttpBody<Data = Bytes>,
+{
+    let mut body = Box::pin(body);
+    let mut frames = Vec::new();
+    let mut len = 0usize;
+    loop {
+        let frame = std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await;
+        match frame {
+            None => break,
+            Some(Ok(frame)) => {
+                let is_data = frame.is_data();
+                if let Some(data) = frame.data_ref() {
+                    len += data.remaining();
+                }
+                frames.push(frame);
+                if !is_data || len > limit {
+                    return Err(ResponseBody::replay(frames, None, Some(body)));
+                }
+            }
+            Some(Err(e)) => return Err(ResponseBody::replay(frames, Some(e), None)),
+        }
+    }
+    let mut out = BytesMut::with_capacity(len);
+    for frame in frames {
+        if let Ok(data) = frame.into_data() {
+            out.extend_from_slice(&data);
+        }
+    }
+    Ok(out.freeze())
+}
+
+#[cfg(test)]
+mod tests {
+    //! The loader extensions the layer relies on, on the memory backend with a mock clock.
+
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::testing::MockClock;
+
+    fn page(stored_ms: u64, fresh: Duration) -> Entry {
+        Entry {
+            stored_ms,
+            fresh,
+            body: Body::Page(Page {
+                status: StatusCode::OK,
+                headers: HeaderMap::new(),
+                body: Bytes::from_static(b"body"),
+                shared: false,
+                origin_age: 0,
+            }),
+        }
+    }
+
+    async fn load(cache: &AsyncCache, loads: &AtomicUsize, fresh: Duration) -> Entry {
+        let now = cache.cache.now_ms();
+        cache
+            .cache
+            .coalesced(
+                &cache.io(),
+                "k",
+                Duration::from_secs(3600).into(),
+                crate::async_cache::inline(|| async {
+                    loads.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, OriginFailed>(page(now, fresh))
+                }),
+            )
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_value_chooses_its_lifetime_and_peeking_never_claims() {
+        let clock = MockClock::new();
+        let cache = crate::Cache::builder()
+            .in_memory()
+            .clock(clock.clone())
+            .build_async()
+            .unwrap();
+        let loads = AtomicUsize::new(0);
+        let first = load(&cache, &loads, Duration::from_secs(5)).await;
+        assert_eq!(load(&cache, &loads, Duration::from_secs(5)).await, first);
+        assert_eq!(loads.load(Ordering::SeqCst), 1);
+        // Fresh for the 5 s it asked for, not the caller's hour.
+        clock.advance(Duration::from_secs(6));
+        let io = cache.io();
+        let peeked: Option<Entry> = cache.cache.peek_on(&io, "k").await.unwrap();
+        assert_eq!(peeked, Some(first.clone()), "a stale entry is still served");
+        // The peek claimed nothing: the next loader call refreshes at once.
+        let second = load(&cache, &loads, Duration::from_secs(5)).await;
+        assert_eq!(loads.load(Ordering::SeqCst), 2);
+        assert_ne!(second.stored_ms, first.stored_ms);
+        // A zero lifetime stores nothing.
+        clock.advance(Duration::from_secs(6));
+        load(&cache, &loads, Duration::ZERO).await;
+        assert_eq!(loads.load(Ordering::SeqCst), 3);
+        clock.advance(Duration::from_secs(120));
+        load(&cache, &loads, Duration::ZERO).await;
+        assert_eq!(loads.load(Ordering::SeqCst), 4);
+    }
+
+    /// A body of the given frames that claims an exact length (which may be a lie).
+    struct Frames(std::collections::VecDeque<http_body::Frame<Bytes>>, u64);
+
+    impl HttpBody for Frames {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+            Poll::Ready(self.0.pop_front().map(Ok))
+        }
+        fn size_hint(&self) -> http_body::SizeHint {
+            http_body::SizeHint::with_exact(self.1)
+        }
+    }
+
+    async fn read_all<B: HttpBody<Data = Bytes>>(body: B) -> (Vec<u8>, Option<HeaderMap>)
+    where
+        B::Error: fmt::Debug,
+    {
+        let mut body = std::pin::pin!(body);
+        let (mut data, mut trailers) = (Vec::new(), None);
+        while let Some(frame) = std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
+            match frame.unwrap().into_data() {
+                Ok(d) => data.extend_from_slice(&d),
+                Err(f) => trailers = f.into_trailers().ok(),
+            }
+        }
+        (data, trailers)
+    }
+
+    #[tokio::test]
+    async fn a_body_that_cannot_be_stored_is_given_back_whole() {
+        let data = |s: &'static str| http_body::Frame::data(Bytes::from_static(s.as_bytes()));
+        let whole = collect(Frames([data("ab"), data("cd")].into(), 4), 10).await;
+        assert_eq!(whole.unwrap(), "abcd");
+        // Longer than it said, past the limit: what was read, then the rest.
+        let frames = [data("abcdef"), data("ghij"), data("klm")];
+        let Err(replay) = collect(Frames(frames.into(), 4), 8).await else {
+            panic!("over the limit")
+        };
+        assert_eq!(read_all(replay).await, (b"abcdefghijklm".to_vec(), None));
+        // Trailers are not stored: the body is given back with them.
+        let mut t = HeaderMap::new();
+        t.insert("checksum", HeaderValue::from_static("x"));
+        let frames = [data("ab"), http_body::Frame::trailers(t.clone())];
+        let Err(replay) = collect(Frames(frames.into(), 2), 8).await else {
+            panic!("trailers")
+        };
+        assert_eq!(read_all(replay).await, (b"ab".to_vec(), Some(t)));
+    }
+
+    #[tokio::test]
+    async fn raw_entries_and_codec_values_do_not_read_as_each_other() {
+        let cache = crate::Cache::builder().in_memory().build_async().unwrap();
+        let io = cache.io();
+        let entry = page(1, Duration::from_secs(60));
+        cache
+            .cache
+            .set_on(&io, "page", &entry, entry.fresh.into(), Herd::Protected)
+            .await
+            .unwrap();
+        assert!(cache.get::<Vec<u8>>("page").await.unwrap_err().is_decode());
+        cache
+            .set("value", &b"body".to_vec(), Duration::from_secs(60))
+            .await
+            .unwrap();
+        let e = cache
+            .cache
+            .peek_on::<Entry, _>(&io, "value")
+            .await
+            .unwrap_err();
+        assert!(e.is_decode(), "{e}");
+        let got: Option<Entry> = cache.cache.peek_on(&io, "page").await.unwrap();
+        assert_eq!(got, Some(entry));
+    }
+}

@@ -1,0 +1,961 @@
+//! The response cache (`newcache::layer`, feature `tower`) on every backend (memory, a real
+//! memcached, twemproxy): what a client sees (status, body, `X-Cache`, `Age`) and how often the
+//! origin is called. The origin is a `tower::service_fn` that counts its calls; one test runs
+//! the layer inside an axum `Router`.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use http_body_util::combinators::BoxBody;
+use newcache::AsyncCache;
+use newcache::layer::{CookiePolicy, ResponseCacheBuilder, ResponseCacheLayer};
+use tokio::sync::{Barrier, Semaphore};
+use tower::{Layer, Service, ServiceExt};
+
+use crate::fixture::Env;
+
+macro_rules! on_every_backend_async {
+    ($($name:ident),* $(,)?) => {
+        on_backend_async!(memory, Memory, $($name),*);
+        on_backend_async!(memcached, Memcached, $($name),*);
+        on_backend_async!(twemproxy, Twemproxy, $($name),*);
+    };
+}
+
+macro_rules! on_backend_async {
+    ($module:ident, $kind:ident, $($name:ident),*) => {
+        mod $module {
+            $(
+                #[test]
+                fn $name() {
+                    let env = $crate::fixture::Env::new($crate::fixture::Kind::$kind, stringify!($name));
+                    tokio::runtime::Builder::new_multi_thread()
+                        .worker_threads(2)
+                        .enable_all()
+                        .build()
+                        .expect("runtime")
+                        .block_on(super::$name(env))
+                }
+            )*
+        }
+    };
+}
+
+on_every_backend_async!(
+    a_page_is_fetched_once_then_served_with_its_age,
+    the_query_is_normalised_and_cache_busters_ignored,
+    head_is_answered_from_the_get_entry,
+    authorization_is_served_only_public_pages,
+    cookie_policies,
+    uncacheable_responses_are_never_stored,
+    statuses_are_configurable,
+    vary_headers_key_the_variants,
+    s_maxage_over_max_age_over_the_layer_ttl,
+    a_stale_page_is_refreshed_once_and_served_stale_meanwhile,
+    if_none_match_is_answered_304_from_the_entry,
+    streams_and_large_bodies_pass_through_whole,
+    bodies_are_stored_as_raw_bytes,
+    sixty_four_requests_for_a_cold_url_make_one_origin_call,
+    two_processes_share_one_fetch_per_expiry,
+    hit_for_pass_sends_requests_straight_to_the_origin,
+    a_flood_of_no_cache_requests_revalidates_once,
+    other_methods_pass_untouched,
+    through_an_axum_router,
+);
+
+type B = BoxBody<Bytes, Infallible>;
+
+/// What the origin answers: a function of the request and of its call number (1, 2, ...).
+type Respond = dyn Fn(&Request<()>, usize) -> Response<B> + Send + Sync;
+
+/// A counting origin. With a gate, each call first waits for a permit of it.
+#[derive(Clone)]
+struct Origin {
+    calls: Arc<AtomicUsize>,
+    gate: Option<Arc<Semaphore>>,
+    /// Every call waits here until this many calls are in the origin at once.
+    together: Option<Arc<Barrier>>,
+    /// The request headers each call saw.
+    seen: Arc<std::sync::Mutex<Vec<HeaderMap>>>,
+    respond: Arc<Respond>,
+}
+
+impl Origin {
+    fn new(respond: impl Fn(&Request<()>, usize) -> Response<B> + Send + Sync + 'static) -> Self {
+        Origin {
+            calls: Arc::new(AtomicUsize::new(0)),
+            gate: None,
+            together: None,
+            seen: Arc::default(),
+            respond: Arc::new(respond),
+        }
+    }
+
+    /// An origin answering 200 with `body` and these headers.
+    fn page(body: &'static str, headers: &'static [(&'static str, &'static str)]) -> Self {
+        Origin::new(move |_, _| response(StatusCode::OK, headers, body))
+    }
+
+    fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+
+    fn service(
+        &self,
+    ) -> impl Service<Request<()>, Response = Response<B>, Error = Infallible, Future: Send>
+    + Clone
+    + Send
+    + 'static {
+        let this = self.clone();
+        tower::service_fn(move |req: Request<()>| {
+            let this = this.clone();
+            async move {
+                let n = this.calls.fetch_add(1, Ordering::SeqCst) + 1;
+                this.seen.lock().unwrap().push(req.headers().clone());
+                if let Some(gate) = &this.gate {
+                    gate.acquire().await.expect("gate open").forget();
+                }
+                if let Some(together) = &this.together {
+                    together.wait().await;
+                }
+                Ok::<_, Infallible>((this.respond)(&req, n))
+            }
+        })
+    }
+}
+
+/// Opens `gate` once `ready()` holds (or after 30 s, so that a wrong expectation fails an
+/// assertion instead of hanging the test).
+fn release_when(gate: Arc<Semaphore>, ready: impl Fn() -> bool + Send + Sync + 'static) {
+    tokio::spawn(async move {
+        let wait = async {
+            while !ready() {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(30), wait).await;
+        gate.add_permits(1 << 20);
+    });
+}
+
+fn response(status: StatusCode, headers: &[(&str, &str)], body: impl Into<Bytes>) -> Response<B> {
+    let mut r = Response::new(http_body_util::Full::new(body.into()).boxed());
+    *r.status_mut() = status;
+    for (n, v) in headers {
+        r.headers_mut().append(
+            http::HeaderName::from_bytes(n.as_bytes()).unwrap(),
+            v.parse().unwrap(),
+        );
+    }
+    r
+}
+
+/// A body of unknown length: its chunks, one frame each.
+struct Chunks(VecDeque<Bytes>);
+
+impl http_body::Body for Chunks {
+    type Data = Bytes;
+    type Error = Infallible;
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Infallible>>> {
+        Poll::Ready(self.0.pop_front().map(|c| Ok(http_body::Frame::data(c))))
+    }
+}
+
+fn cache(env: &Env) -> AsyncCache {
+    env.builder().build_async().expect("async cache builds")
+}
+
+fn layer(env: &Env) -> ResponseCacheBuilder {
+    ResponseCacheLayer::builder(cache(env))
+}
+
+/// What a client sees.
+#[derive(Debug)]
+struct Seen {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+impl Seen {
+    fn x_cache(&self) -> &str {
+        self.headers
+            .get("x-cache")
+            .map_or("", |v| v.to_str().unwrap())
+    }
+    fn age(&self) -> u64 {
+        self.headers["age"].to_str().unwrap().parse().unwrap()
+    }
+}
+
+fn get(uri: &str) -> Request<()> {
+    Request::get(uri).body(()).unwrap()
+}
+
+fn get_with(uri: &str, headers: &[(&str, &str)]) -> Request<()> {
+    let mut b = Request::get(uri);
+    for (n, v) in headers {
+        b = b.header(*n, *v);
+    }
+    b.body(()).unwrap()
+}
+
+async fn send<S, RB>(svc: &S, req: Request<()>) -> Seen
+where
+    S: Service<Request<()>, Response = Response<RB>> + Clone,
+    S::Error: std::fmt::Debug,
+    RB: http_body::Body<Data = Bytes>,
+    RB::Error: std::fmt::Debug,
+{
+    let resp = svc.clone().oneshot(req).await.expect("the service answers");
+    let (parts, body) = resp.into_parts();
+    Seen {
+        status: parts.status,
+        headers: parts.headers,
+        body: body.collect().await.expect("the body").to_bytes(),
+    }
+}
+
+/// Runs `n` requests at once (each made by `req(i)`) and returns what each saw.
+async fn at_once<S, RB>(svc: &S, n: usize, req: impl Fn(usize) -> Request<()>) -> Vec<Seen>
+where
+    S: Service<Request<()>, Response = Response<RB>> + Clone + Send + Sync + 'static,
+    S::Future: Send,
+    S::Error: std::fmt::Debug,
+    RB: http_body::Body<Data = Bytes> + Send + 'static,
+    RB::Error: std::fmt::Debug,
+{
+    let start = Arc::new(Barrier::new(n));
+    let mut tasks = Vec::new();
+    for i in 0..n {
+        let (svc, start, req) = (svc.clone(), start.clone(), req(i));
+        tasks.push(tokio::spawn(async move {
+            start.wait().await;
+            send(&svc, req).await
+        }));
+    }
+    let mut seen = Vec::new();
+    for t in tasks {
+        seen.push(t.await.unwrap());
+    }
+    seen
+}
+
+fn count(seen: &[Seen], x_cache: &str) -> usize {
+    seen.iter().filter(|s| s.x_cache() == x_cache).count()
+}
+
+async fn a_page_is_fetched_once_then_served_with_its_age(env: Env) {
+    let origin = Origin::page("<h1>hello</h1>", &[("content-type", "text/html")]);
+    let svc = layer(&env).build().unwrap().layer(origin.service());
+    let first = send(&svc, get("/hello")).await;
+    assert_eq!((first.status, first.x_cache()), (StatusCode::OK, "MISS"));
+    assert_eq!(first.body, "<h1>hello</h1>");
+    assert_eq!(first.age(), 0);
+    env.advance(Duration::from_secs(7));
+    let again = send(&svc, get("/hello")).await;
+    assert_eq!((again.status, again.x_cache()), (StatusCode::OK, "HIT"));
+    assert_eq!(again.body, "<h1>hello</h1>");
+    assert_eq!(again.headers["content-type"], "text/html");
+    assert_eq!(again.age(), 7, "seconds since the origin answered");
+    assert_eq!(origin.calls(), 1);
+    let other = send(&svc, get("/other")).await;
+    assert_eq!(other.x_cache(), "MISS");
+    assert_eq!(origin.calls(), 2);
+}
+
+async fn the_query_is_normalised_and_cache_busters_ignored(env: Env) {
+    let origin = Origin::page("list", &[]);
+    let svc = layer(&env)
+        .ignore_params(["utm_*", "_", "ref"])
+        .build()
+        .unwrap()
+        .layer(origin.service());
+    assert_eq!(send(&svc, get("/list?b=2&a=1")).await.x_cache(), "MISS");
+    for uri in [
+        "/list?a=1&b=2",
+        "/list?utm_source=mail&b=2&a=1&utm_medium=x",
+        "/list?_=1700000000&a=1&b=2",
+        "/list?a=1&ref=home&b=2",
+    ] {
+        assert_eq!(send(&svc, get(uri)).await.x_cache(), "HIT", "{uri}");
+    }
+    assert_eq!(origin.calls(), 1);
+    assert_eq!(send(&svc, get("/list?a=1&b=3")).await.x_cache(), "MISS");
+    assert_eq!(origin.calls(), 2);
+}
+
+async fn head_is_answered_from_the_get_entry(env: Env) {
+    let origin = Origin::page("0123456789", &[]);
+    let svc = layer(&env).build().unwrap().layer(origin.service());
+    let head = |uri| Request::head(uri).body(()).unwrap();
+    // Nothing stored yet: HEAD goes to the origin and stores nothing.
+    let cold = send(&svc, head("/doc")).await;
+    assert_eq!(cold.x_cache(), "PASS");
+    assert_eq!(origin.calls(), 1);
+    assert_eq!(send(&svc, get("/doc")).await.x_cache(), "MISS");
+    assert_eq!(origin.calls(), 2);
+    let warm = send(&svc, head("/doc")).await;
+    assert_eq!((warm.status, warm.x_cache()), (StatusCode::OK, "HIT"));
+    assert!(warm.body.is_empty(), "HEAD has no body");
+    assert_eq!(warm.headers["content-length"], "10");
+    assert_eq!(origin.calls(), 2);
+}
+
+async fn authorization_is_served_only_public_pages(env: Env) {
+    let private_ish = Origin::page("for anyone", &[]);
+    let svc = layer(&env).build().unwrap().layer(private_ish.service());
+    assert_eq!(send(&svc, get("/a")).await.x_cache(), "MISS");
+    let authed = get_with("/a", &[("authorization", "Bearer t")]);
+    let seen = send(&svc, authed).await;
+    assert_eq!(
+        seen.x_cache(),
+        "PASS",
+        "a stored page without public or s-maxage"
+    );
+    assert_eq!(private_ish.calls(), 2);
+
+    for cc in ["public, max-age=60", "s-maxage=60"] {
+        let public =
+            Origin::new(move |_, _| response(StatusCode::OK, &[("cache-control", cc)], "pub"));
+        let svc = layer(&env).build().unwrap().layer(public.service());
+        let uri = format!("/pub-{}", cc.len());
+        // A request with Authorization never fills the cache.
+        let authed = || get_with(&uri, &[("authorization", "Bearer t")]);
+        assert_eq!(send(&svc, authed()).await.x_cache(), "PASS");
+        assert_eq!(send(&svc, get(&uri)).await.x_cache(), "MISS", "{cc}");
+        let seen = send(&svc, authed()).await;
+        assert_eq!(
+            (seen.x_cache(), &seen.body[..]),
+            ("HIT", &b"pub"[..]),
+            "{cc}"
+        );
+        assert_eq!(public.calls(), 2, "{cc}");
+    }
+}
+
+async fn cookie_policies(env: Env) {
+    let with = |c: &'static str| move |uri: &str| get_with(uri, &[("cookie", c)]);
+    // Pass (the default): neither served from the cache nor stored.
+    let origin = Origin::page("p", &[]);
+    let svc = layer(&env).build().unwrap().layer(origin.service());
+    assert_eq!(send(&svc, get("/c")).await.x_cache(), "MISS");
+    assert_eq!(send(&svc, with("s=1")("/c")).await.x_cache(), "PASS");
+    assert_eq!(send(&svc, with("s=1")("/d")).await.x_cache(), "PASS");
+    assert_eq!(
+        send(&svc, get("/d")).await.x_cache(),
+        "MISS",
+        "the cookie request stored nothing"
+    );
+    assert_eq!(origin.calls(), 4);
+
+    // Ignore: the cookie makes no difference.
+    let origin = Origin::page("i", &[]);
+    let svc = layer(&env)
+        .namespace("ignore")
+        .cookies(CookiePolicy::Ignore)
+        .build()
+        .unwrap()
+        .layer(origin.service());
+    assert_eq!(send(&svc, with("s=1")("/c")).await.x_cache(), "MISS");
+    assert_eq!(send(&svc, get("/c")).await.x_cache(), "HIT");
+    assert_eq!(send(&svc, with("s=2")("/c")).await.x_cache(), "HIT");
+    assert_eq!(origin.calls(), 1);
+
+    // Key: one entry per cookie string.
+    let origin = Origin::new(|req, _| {
+        let c = req
+            .headers()
+            .get("cookie")
+            .map_or("none", |v| v.to_str().unwrap());
+        response(StatusCode::OK, &[], c.to_string())
+    });
+    let svc = layer(&env)
+        .namespace("keyed")
+        .cookies(CookiePolicy::Key)
+        .build()
+        .unwrap()
+        .layer(origin.service());
+    assert_eq!(send(&svc, with("s=1")("/c")).await.x_cache(), "MISS");
+    assert_eq!(send(&svc, with("s=2")("/c")).await.x_cache(), "MISS");
+    let one = send(&svc, with("s=1")("/c")).await;
+    assert_eq!((one.x_cache(), &one.body[..]), ("HIT", &b"s=1"[..]));
+    let two = send(&svc, with("s=2")("/c")).await;
+    assert_eq!((two.x_cache(), &two.body[..]), ("HIT", &b"s=2"[..]));
+    assert_eq!(send(&svc, get("/c")).await.x_cache(), "MISS");
+    assert_eq!(origin.calls(), 3);
+}
+
+async fn uncacheable_responses_are_never_stored(env: Env) {
+    for (i, headers) in [
+        &[("set-cookie", "session=1")][..],
+        &[("cache-control", "private, max-age=60")],
+        &[("cache-control", "no-store")],
+        &[("vary", "*")],
+        &[("cache-control", "max-age=0")],
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let headers: &'static [(&'static str, &'static str)] = headers;
+        let origin = Origin::page("x", headers);
+        let svc = layer(&env).build().unwrap().layer(origin.service());
+        let uri = format!("/u{i}");
+        for n in 1..=3 {
+            let seen = send(&svc, get(&uri)).await;
+            assert_eq!(
+                (seen.x_cache(), &seen.body[..]),
+                ("PASS", &b"x"[..]),
+                "{headers:?}"
+            );
+            assert_eq!(
+                origin.calls(),
+                n,
+                "{headers:?}: every request reaches the origin"
+            );
+        }
+        // The origin's own headers reach the client.
+        let seen = send(&svc, get(&uri)).await;
+        assert_eq!(seen.headers[headers[0].0], headers[0].1);
+    }
+}
+
+async fn statuses_are_configurable(env: Env) {
+    let origin = Origin::new(|_, _| response(StatusCode::NOT_FOUND, &[], "gone"));
+    let svc = layer(&env).build().unwrap().layer(origin.service());
+    assert_eq!(send(&svc, get("/missing")).await.x_cache(), "PASS");
+    assert_eq!(send(&svc, get("/missing")).await.x_cache(), "PASS");
+    assert_eq!(origin.calls(), 2, "404 is not stored by default");
+
+    let origin = Origin::new(|_, _| response(StatusCode::NOT_FOUND, &[], "gone"));
+    let svc = layer(&env)
+        .namespace("s404")
+        .statuses([StatusCode::OK, StatusCode::NOT_FOUND])
+        .build()
+        .unwrap()
+        .layer(origin.service());
+    assert_eq!(send(&svc, get("/missing")).await.x_cache(), "MISS");
+    let seen = send(&svc, get("/missing")).await;
+    assert_eq!(
+        (seen.status, seen.x_cache()),
+        (StatusCode::NOT_FOUND, "HIT")
+    );
+    assert_eq!(origin.calls(), 1);
+}
+
+async fn vary_headers_key_the_variants(env: Env) {
+    let origin = Origin::new(|req, _| {
+        let lang = req
+            .headers()
+            .get("accept-language")
+            .map_or("none", |v| v.to_str().unwrap());
+        let body = format!("page in {lang}");
+        response(StatusCode::OK, &[("vary", "Accept-Language")], body)
+    });
+    let svc = layer(&env).build().unwrap().layer(origin.service());
+    let lang = |l| get_with("/v", &[("accept-language", l)]);
+    assert_eq!(send(&svc, lang("en")).await.x_cache(), "MISS");
+    assert_eq!(send(&svc, lang("fr")).await.x_cache(), "MISS");
+    assert_eq!(send(&svc, get("/v")).await.x_cache(), "MISS");
+    for (l, body) in [("en", "page in en"), ("fr", "page in fr")] {
+        let seen = send(&svc, lang(l)).await;
+        assert_eq!((seen.x_cache(), &seen.body[..]), ("HIT", body.as_bytes()));
+        assert_eq!(seen.headers["vary"], "Accept-Language");
+    }
+    let none = send(&svc, get("/v")).await;
+    assert_eq!(
+        (none.x_cache(), &none.body[..]),
+        ("HIT", &b"page in none"[..])
+    );
+    assert_eq!(origin.calls(), 3);
+}
+
+async fn s_maxage_over_max_age_over_the_layer_ttl(env: Env) {
+    // (the response's Cache-Control, the seconds it is fresh for) with a layer ttl of 30 s.
+    for (i, (cc, fresh)) in [
+        ("max-age=10, s-maxage=100", 100),
+        ("max-age=10", 10),
+        ("public", 30),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let env = Env::new(env.kind, "ttl");
+        let origin = Origin::new(move |_, n| {
+            response(StatusCode::OK, &[("cache-control", cc)], format!("v{n}"))
+        });
+        let svc = layer(&env)
+            .ttl(Duration::from_secs(30))
+            .build()
+            .unwrap()
+            .layer(origin.service());
+        let uri = format!("/t{i}");
+        assert_eq!(send(&svc, get(&uri)).await.x_cache(), "MISS");
+        env.advance(Duration::from_secs(fresh - 1));
+        assert_eq!(
+            send(&svc, get(&uri)).await.x_cache(),
+            "HIT",
+            "{cc} at {}",
+            fresh - 1
+        );
+        env.advance(Duration::from_secs(2));
+        // Expired: this request is the one that refreshes it.
+        let seen = send(&svc, get(&uri)).await;
+        assert_eq!(
+            (seen.x_cache(), &seen.body[..]),
+            ("MISS", &b"v2"[..]),
+            "{cc} at {}",
+            fresh + 1
+        );
+        assert_eq!(origin.calls(), 2, "{cc}");
+    }
+}
+
+async fn a_stale_page_is_refreshed_once_and_served_stale_meanwhile(env: Env) {
+    let mut origin = Origin::new(|_, n| response(StatusCode::OK, &[], format!("v{n}")));
+    let gate = Arc::new(Semaphore::new(1));
+    origin.gate = Some(gate.clone());
+    let svc = layer(&env).build().unwrap().layer(origin.service());
+    assert_eq!(send(&svc, get("/hot")).await.body, "v1");
+    env.advance(Duration::from_secs(61));
+    // The refresh waits at the gate until the others have been answered.
+    let refresh = {
+        let svc = svc.clone();
+        tokio::spawn(async move { send(&svc, get("/hot")).await })
+    };
+    while origin.calls() < 2 {
+        tokio::task::yield_now().await;
+    }
+    let others = at_once(&svc, 16, |_| get("/hot")).await;
+    for seen in &others {
+        assert_eq!((seen.x_cache(), &seen.body[..]), ("STALE", &b"v1"[..]));
+        assert!(seen.age() >= 61);
+    }
+    gate.add_permits(1);
+    let refreshed = refresh.await.unwrap();
+    assert_eq!(
+        (refreshed.x_cache(), &refreshed.body[..]),
+        ("MISS", &b"v2"[..])
+    );
+    let after = send(&svc, get("/hot")).await;
+    assert_eq!((after.x_cache(), &after.body[..]), ("HIT", &b"v2"[..]));
+    assert_eq!(origin.calls(), 2, "one origin call per expiry");
+}
+
+async fn if_none_match_is_answered_304_from_the_entry(env: Env) {
+    let origin = Origin::page(
+        "tagged",
+        &[("etag", "\"v1\""), ("cache-control", "max-age=60")],
+    );
+    let svc = layer(&env).build().unwrap().layer(origin.service());
+    let cond = |tag| get_with("/e", &[("if-none-match", tag)]);
+    let first = send(&svc, cond("\"v1\"")).await;
+    assert_eq!(
+        (first.status, first.x_cache()),
+        (StatusCode::NOT_MODIFIED, "MISS")
+    );
+    assert!(first.body.is_empty());
+    assert_eq!(first.headers["etag"], "\"v1\"");
+    assert_eq!(first.headers["cache-control"], "max-age=60");
+    assert!(
+        origin.seen.lock().unwrap()[0]
+            .get("if-none-match")
+            .is_none(),
+        "the origin is asked for the page, not a 304"
+    );
+    let hit = send(&svc, cond("W/\"v1\"")).await;
+    assert_eq!(
+        (hit.status, hit.x_cache()),
+        (StatusCode::NOT_MODIFIED, "HIT")
+    );
+    let other = send(&svc, cond("\"v0\"")).await;
+    assert_eq!((other.status, other.x_cache()), (StatusCode::OK, "HIT"));
+    assert_eq!(other.body, "tagged");
+    assert_eq!(origin.calls(), 1);
+}
+
+async fn streams_and_large_bodies_pass_through_whole(env: Env) {
+    let chunks: Vec<Bytes> = (0..50).map(|i| Bytes::from(vec![i as u8; 1000])).collect();
+    let whole: Vec<u8> = chunks.iter().flat_map(|c| c.to_vec()).collect();
+    let streamed = chunks.clone();
+    let origin = Origin::new(move |_, _| Response::new(Chunks(streamed.clone().into()).boxed()));
+    let svc = layer(&env).build().unwrap().layer(origin.service());
+    for _ in 0..2 {
+        let seen = send(&svc, get("/stream")).await;
+        assert_eq!(seen.x_cache(), "PASS");
+        assert_eq!(seen.body, whole, "never truncated");
+    }
+    assert_eq!(origin.calls(), 2);
+
+    let big = Bytes::from(vec![7u8; 5000]);
+    let body = big.clone();
+    let origin = Origin::new(move |_, _| response(StatusCode::OK, &[], body.clone()));
+    let svc = layer(&env)
+        .namespace("big")
+        .max_body_size(4096)
+        .build()
+        .unwrap()
+        .layer(origin.service());
+    for _ in 0..2 {
+        let seen = send(&svc, get("/big")).await;
+        assert_eq!((seen.x_cache(), seen.body.len()), ("PASS", 5000));
+        assert_eq!(seen.body, big);
+    }
+    assert_eq!(origin.calls(), 2);
+    // At the limit, it is stored.
+    let small = Bytes::from(vec![8u8; 4096]);
+    let body = small.clone();
+    let origin = Origin::new(move |_, _| response(StatusCode::OK, &[], body.clone()));
+    let svc = layer(&env)
+        .namespace("fits")
+        .max_body_size(4096)
+        .build()
+        .unwrap()
+        .layer(origin.service());
+    assert_eq!(send(&svc, get("/big")).await.x_cache(), "MISS");
+    assert_eq!(send(&svc, get("/big")).await.body, small);
+    assert_eq!(origin.calls(), 1);
+}
+
+async fn bodies_are_stored_as_raw_bytes(env: Env) {
+    // A body no serializer would leave as it is (MessagePack would prefix it, and a
+    // per-element encoding would interleave markers).
+    let body: Vec<u8> = (0..=255u8).cycle().take(3000).collect();
+    let page = Bytes::from(body.clone());
+    let origin = Origin::new(move |_, _| response(StatusCode::OK, &[], page.clone()));
+    let cache = cache(&env);
+    let svc = ResponseCacheLayer::new(cache.clone()).layer(origin.service());
+    assert_eq!(send(&svc, get("/raw")).await.x_cache(), "MISS");
+    // No Host header and a relative URI: the page key is the namespace and the path.
+    let item = env
+        .raw_get(&cache.make_key("page:/raw"))
+        .expect("the page is stored under its key");
+    assert!(
+        item.windows(body.len()).any(|w| w == body.as_slice()),
+        "the body's bytes lie contiguous in the item"
+    );
+    assert!(item.ends_with(&body));
+    // The envelope marks the payload raw (flags bit 1 of byte 5): no codec wrote it.
+    assert_eq!(item[5] & 2, 2, "a raw payload");
+}
+
+async fn sixty_four_requests_for_a_cold_url_make_one_origin_call(env: Env) {
+    let origin = Origin::new(|_, _| response(StatusCode::OK, &[], "report"));
+    let mut slow = origin.clone();
+    // The origin holds each call until a permit arrives, so the 64 overlap for sure.
+    let gate = Arc::new(Semaphore::new(0));
+    slow.gate = Some(gate.clone());
+    let svc = layer(&env).build().unwrap().layer(slow.service());
+    let release = tokio::spawn(async move {
+        while slow.calls() == 0 {
+            tokio::task::yield_now().await;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        gate.add_permits(64);
+    });
+    let seen = at_once(&svc, 64, |_| get("/cold")).await;
+    release.await.unwrap();
+    assert!(
+        seen.iter()
+            .all(|s| s.status == StatusCode::OK && s.body == "report")
+    );
+    assert_eq!(origin.calls(), 1, "64 requests, one origin call");
+    assert_eq!(count(&seen, "MISS"), 1);
+    assert_eq!(count(&seen, "HIT"), 63);
+}
+
+async fn two_processes_share_one_fetch_per_expiry(env: Env) {
+    let mut origin = Origin::new(|_, n| response(StatusCode::OK, &[], format!("v{n}")));
+    let gate = Arc::new(Semaphore::new(0));
+    origin.gate = Some(gate.clone());
+    // Two caches over one backend stand in for two processes.
+    let (cache_a, cache_b) = (cache(&env), cache(&env));
+    let a = ResponseCacheLayer::new(cache_a.clone()).layer(origin.service());
+    let b = ResponseCacheLayer::new(cache_b.clone()).layer(origin.service());
+    let both = |i: usize| if i % 2 == 0 { a.clone() } else { b.clone() };
+    let svcs: Vec<_> = (0..32).map(both).collect();
+    let run = |svcs: Vec<_>| async move {
+        let start = Arc::new(Barrier::new(svcs.len()));
+        let tasks: Vec<_> = svcs
+            .into_iter()
+            .map(|svc| {
+                let start = start.clone();
+                tokio::spawn(async move {
+                    start.wait().await;
+                    send(&svc, get("/shared")).await
+                })
+            })
+            .collect();
+        let mut seen = Vec::new();
+        for t in tasks {
+            seen.push(t.await.unwrap());
+        }
+        seen
+    };
+    // The fetch is held in the origin until every other request waits for it (15 in each
+    // process behind its own leader; the other process's leader polls the placeholder), or
+    // until a second origin call shows the herd got through.
+    let (sa, sb, calls) = (cache_a.clone(), cache_b.clone(), origin.clone());
+    release_when(gate.clone(), move || {
+        calls.calls() > 1 || (sa.stats().lease_waits >= 15 && sb.stats().lease_waits >= 15)
+    });
+    let cold = run(svcs.clone()).await;
+    assert!(cold.iter().all(|s| s.body == "v1"));
+    assert_eq!(
+        origin.calls(),
+        1,
+        "a cold URL: one origin call for both processes"
+    );
+    for expiry in 2..=4 {
+        env.advance(Duration::from_secs(61));
+        // The refresh is held in the origin until the 31 others were served the stale page.
+        gate.forget_permits(gate.available_permits());
+        // Each was served it at once, or waited for its process's claimant to hand it over.
+        let served = |c: &AsyncCache| c.stats().stale_served + c.stats().lease_waits;
+        let before = served(&cache_a) + served(&cache_b);
+        let (sa, sb, calls) = (cache_a.clone(), cache_b.clone(), origin.clone());
+        release_when(gate.clone(), move || {
+            calls.calls() > expiry || served(&sa) + served(&sb) >= before + 31
+        });
+        let seen = run(svcs.clone()).await;
+        assert_eq!(origin.calls(), expiry, "one origin call per expiry");
+        assert_eq!(count(&seen, "MISS"), 1);
+        assert_eq!(count(&seen, "STALE"), 31);
+        let fresh = send(&a, get("/shared")).await;
+        assert_eq!(fresh.body, format!("v{expiry}"));
+    }
+}
+
+async fn hit_for_pass_sends_requests_straight_to_the_origin(env: Env) {
+    let cacheable = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = cacheable.clone();
+    let mut origin = Origin::new(move |_, n| {
+        let cc = if flag.load(Ordering::SeqCst) {
+            "max-age=60"
+        } else {
+            "private"
+        };
+        response(StatusCode::OK, &[("cache-control", cc)], format!("v{n}"))
+    });
+    // A wait for another request's fetch lasts as long as the test allows (it would otherwise
+    // end at max_wait, and the waiter would go to the origin then).
+    let patient = || {
+        let cache = env
+            .builder()
+            .max_wait(Duration::from_secs(300))
+            .build_async()
+            .unwrap();
+        ResponseCacheLayer::new(cache)
+    };
+    let svc = patient().layer(origin.service());
+    assert_eq!(send(&svc, get("/me")).await.x_cache(), "PASS");
+    // Eight requests that can only finish once all eight are in the origin together: queued
+    // behind one another's fetch, they would never get there.
+    origin.together = Some(Arc::new(Barrier::new(8)));
+    let svc = patient().layer(origin.service());
+    let seen = tokio::time::timeout(Duration::from_secs(60), at_once(&svc, 8, |_| get("/me")))
+        .await
+        .expect("no request waited for another's fetch");
+    assert_eq!(count(&seen, "PASS"), 8);
+    assert_eq!(origin.calls(), 9);
+    // The marker lapses; the page has become cacheable.
+    origin.together = None;
+    let svc = layer(&env).build().unwrap().layer(origin.service());
+    cacheable.store(true, Ordering::SeqCst);
+    env.advance(Duration::from_secs(6));
+    assert_eq!(send(&svc, get("/me")).await.x_cache(), "MISS");
+    assert_eq!(send(&svc, get("/me")).await.x_cache(), "HIT");
+    assert_eq!(origin.calls(), 10);
+}
+
+async fn a_flood_of_no_cache_requests_revalidates_once(env: Env) {
+    let mut origin = Origin::new(|_, n| response(StatusCode::OK, &[], format!("v{n}")));
+    let gate = Arc::new(Semaphore::new(1));
+    origin.gate = Some(gate.clone());
+    let cache = cache(&env);
+    let svc = ResponseCacheLayer::new(cache.clone()).layer(origin.service());
+    let reload = || get_with("/r", &[("cache-control", "no-cache")]);
+    let max_age_0 = || get_with("/r", &[("cache-control", "max-age=0")]);
+    assert_eq!(send(&svc, get("/r")).await.body, "v1");
+    // Younger than revalidate_after (1 s): served as it is.
+    assert_eq!(send(&svc, reload()).await.x_cache(), "HIT");
+    assert_eq!(origin.calls(), 1);
+    env.advance(Duration::from_secs(5));
+    // The revalidation is held in the origin until the 31 other reloads wait for it (or a
+    // second origin call shows they did not).
+    let (stats, calls) = (cache.clone(), origin.clone());
+    let waits_before = cache.stats().lease_waits;
+    release_when(gate, move || {
+        calls.calls() > 2 || stats.stats().lease_waits >= waits_before + 31
+    });
+    let seen = at_once(
+        &svc,
+        32,
+        |i| if i % 2 == 0 { reload() } else { max_age_0() },
+    )
+    .await;
+    assert_eq!(origin.calls(), 2, "32 reloads, one origin call");
+    assert!(
+        seen.iter().all(|s| s.body == "v2"),
+        "every reload sees the new page"
+    );
+    assert_eq!(count(&seen, "MISS"), 1);
+    let after = send(&svc, get("/r")).await;
+    assert_eq!((after.x_cache(), &after.body[..]), ("HIT", &b"v2"[..]));
+    assert_eq!(after.age(), 0);
+    assert_eq!(origin.calls(), 2);
+}
+
+async fn other_methods_pass_untouched(env: Env) {
+    let origin = Origin::page("done", &[]);
+    let svc = layer(&env).build().unwrap().layer(origin.service());
+    for _ in 0..2 {
+        let req = Request::builder()
+            .method(Method::POST)
+            .uri("/form")
+            .body(())
+            .unwrap();
+        let seen = send(&svc, req).await;
+        assert_eq!((seen.status, seen.x_cache()), (StatusCode::OK, ""));
+    }
+    assert_eq!(origin.calls(), 2);
+    assert_eq!(send(&svc, get("/form")).await.x_cache(), "MISS");
+    assert_eq!(
+        send(&svc, get_with("/form", &[("cache-control", "no-store")]))
+            .await
+            .x_cache(),
+        "PASS"
+    );
+    assert_eq!(origin.calls(), 4);
+}
+
+async fn through_an_axum_router(env: Env) {
+    use axum::Router;
+    use axum::extract::Path;
+    use axum::routing::get as route_get;
+
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = calls.clone();
+    let app: Router = Router::new()
+        .route(
+            "/page/{id}",
+            route_get(move |Path(id): Path<u32>| {
+                let calls = counted.clone();
+                async move {
+                    calls.fetch_add(1, Ordering::SeqCst);
+                    ([("content-type", "text/html")], format!("<p>page {id}</p>"))
+                }
+            }),
+        )
+        .layer(ResponseCacheLayer::new(cache(&env)));
+    let req = |uri: &str| Request::get(uri).body(axum::body::Body::empty()).unwrap();
+    let mut seen = Vec::new();
+    for uri in ["/page/1", "/page/1", "/page/2", "/page/1?utm_campaign=x"] {
+        let resp = app.clone().oneshot(req(uri)).await.unwrap();
+        let x = resp.headers()["x-cache"].to_str().unwrap().to_string();
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        seen.push((x, body));
+    }
+    let x: Vec<&str> = seen.iter().map(|(x, _)| x.as_str()).collect();
+    assert_eq!(x, ["MISS", "HIT", "MISS", "HIT"]);
+    assert_eq!(seen[1].1, "<p>page 1</p>");
+    assert_eq!(seen[2].1, "<p>page 2</p>");
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+#[test]
+fn bad_settings_are_config_errors() {
+    let cache = newcache::Cache::builder()
+        .in_memory()
+        .build_async()
+        .unwrap();
+    let b = || ResponseCacheLayer::builder(cache.clone());
+    for (what, r) in [
+        ("ttl", b().ttl(Duration::ZERO).build()),
+        ("hit_for_pass", b().hit_for_pass(Duration::ZERO).build()),
+        ("statuses", b().statuses([]).build()),
+        ("namespace", b().namespace("").build()),
+        ("namespace", b().namespace("a:b").build()),
+    ] {
+        let e = r.expect_err(what);
+        assert!(e.is_config(), "{what}: {e}");
+        assert!(e.to_string().contains(what), "{what}: {e}");
+    }
+    assert!(b().build().is_ok());
+}
+
+/// An origin error reaches the request that met it, and leaves nothing behind: the next request
+/// fetches again.
+#[test]
+fn an_origin_error_reaches_its_request_and_is_not_cached() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let cache = newcache::Cache::builder()
+            .in_memory()
+            .build_async()
+            .unwrap();
+        let calls = Arc::new(AtomicUsize::new(0));
+        let counted = calls.clone();
+        let origin = tower::service_fn(move |_: Request<()>| {
+            let n = counted.fetch_add(1, Ordering::SeqCst) + 1;
+            async move {
+                if n == 1 {
+                    return Err(std::io::Error::other("the database is down"));
+                }
+                Ok(response(StatusCode::OK, &[], "back"))
+            }
+        });
+        let svc = ResponseCacheLayer::new(cache).layer(origin);
+        let e = svc.clone().oneshot(get("/flaky")).await.unwrap_err();
+        assert_eq!(e.to_string(), "the database is down");
+        assert_eq!(send(&svc, get("/flaky")).await.x_cache(), "MISS");
+        assert_eq!(send(&svc, get("/flaky")).await.x_cache(), "HIT");
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+    });
+}
+
+/// With the cache's backend down, every request is still answered by the origin; nothing is
+/// stored.
+#[test]
+fn a_dead_backend_leaves_the_origin_serving() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        // A port nothing listens on.
+        let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = dead.local_addr().unwrap().to_string();
+        drop(dead);
+        let cache = newcache::Cache::builder()
+            .memcached([addr.as_str()])
+            .connect_timeout(Duration::from_secs(2))
+            .build_async()
+            .unwrap();
+        let origin = Origin::page("still here", &[]);
+        let svc = ResponseCacheLayer::new(cache).layer(origin.service());
+        for n in 1..=3 {
+            let seen = send(&svc, get("/up")).await;
+            assert_eq!(
+                (seen.status, &seen.body[..]),
+                (StatusCode::OK, &b"still here"[..])
+            );
+            assert_ne!(seen.x_cache(), "HIT");
+            assert_eq!(origin.calls(), n);
+        }
+    });
+}
