@@ -7,10 +7,14 @@
 //!   memcached; `?cache=off` runs it every time, for comparison.
 //! - `GET /users/{id}` reads a record through the cache; `PUT /users/{id}` updates the row, then
 //!   deletes its key, and the next `GET` shows the new value.
+//! - `GET /page/{id}`: an HTML page cached whole by newcache's response-cache layer
+//!   (`newcache::layer`, feature `tower`): `X-Cache: HIT | MISS | STALE | PASS`, `Age`, an
+//!   `If-None-Match` answered 304 from the entry, one render per expiry across processes.
+//!   `GET /account/{id}` (`private`) and `GET /welcome` (sets a cookie) pass through it unstored.
 //! - `GET /stats` (database queries since start and the cache's counters), `GET /metrics`
-//!   (Prometheus text), `GET /healthz` (a cache round trip: 200, or 503 with the error),
-//!   `GET /page/{id}` (an HTML page), `GET /static` (the bench's ceiling), `GET /series`
-//!   (requests and database queries per second).
+//!   (Prometheus text: the service's counters and newcache's `newcache_*`), `GET /healthz`
+//!   (`cache.ping()`: 200, or 503 naming the server that did not answer), `GET /static` (the
+//!   bench's ceiling), `GET /series` (requests and database queries per second).
 //!
 //! Run it from the project root (the first start seeds target/webapp/webapp-1000000.sqlite in a
 //! few seconds; `--rows N` for a smaller one, `--db PATH` elsewhere):
@@ -29,6 +33,7 @@
 //! curl -s localhost:3000/users/42
 //! curl -s -X PUT localhost:3000/users/42 -H 'content-type: application/json' -d '{"name":"ann"}'
 //! curl -s localhost:3000/users/42                           # "ann": the PUT deleted the key
+//! curl -si localhost:3000/page/1 | grep -i '^x-cache\|^age'  # MISS, then HIT with an Age
 //! curl -s localhost:3000/stats; curl -s localhost:3000/healthz; curl -s localhost:3000/metrics
 //! wrk -t2 -c64 -d10s --latency http://127.0.0.1:3000/report/1
 //! wrk -t2 -c64 -d10s --latency 'http://127.0.0.1:3000/report/1?cache=off'

@@ -13,6 +13,7 @@ use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use metrics_exporter_prometheus::PrometheusHandle;
+use newcache::layer::ResponseCacheLayer;
 use newcache::{AsyncCache, Cache};
 use serde::Deserialize;
 use serde_json::json;
@@ -40,6 +41,8 @@ struct Inner {
     series: Recorder,
     prometheus: PrometheusHandle,
     startup: Startup,
+    /// The response cache on `/page/{id}`.
+    pages: ResponseCacheLayer,
 }
 
 impl std::fmt::Debug for App {
@@ -90,6 +93,9 @@ impl App {
         };
         // Built before seeding, so that a bad address fails at once.
         let cache = builder.build_async()?;
+        let pages = ResponseCacheLayer::builder(cache.clone())
+            .ttl(config.ttl())
+            .build()?;
 
         let db_path = config.db_path();
         let opened = Db::open(&db_path, config.rows).await?;
@@ -108,6 +114,7 @@ impl App {
                 requests: AtomicU64::new(0),
                 series: Recorder::default(),
                 prometheus,
+                pages,
                 startup: Startup {
                     db_path,
                     rows: config.rows,
@@ -146,9 +153,15 @@ impl App {
 
 /// The service's routes over `app`.
 pub fn build_app(app: App) -> Router {
-    // WIRING (issue 11 §2, response cache): wrap this router, and only this one, in the
-    // `tower` feature's layer, e.g. `.layer(<ResponseCacheLayer>::new(app.cache().clone(), ttl))`.
-    let pages = Router::new().route("/page/{id}", get(page_handler));
+    // Whole pages through newcache's response cache (`X-Cache`, `Age`, ETag/304, one origin
+    // call per expiry across processes); the other routes cache values, or nothing.
+    // `/account/{id}` (`Cache-Control: private`) and `/welcome` (sets a cookie) go through the
+    // same layer, which never stores them (`X-Cache: PASS`).
+    let pages = Router::new()
+        .route("/page/{id}", get(page_handler))
+        .route("/account/{id}", get(account))
+        .route("/welcome", get(welcome))
+        .layer(app.inner.pages.clone());
 
     Router::new()
         .route("/report/{id}", get(report))
@@ -301,15 +314,43 @@ async fn update_user(
     Ok(Json(user))
 }
 
-async fn page_handler(
-    State(app): State<App>,
-    Path(id): Path<String>,
-) -> Result<Html<String>, Error> {
+async fn page_handler(State(app): State<App>, Path(id): Path<String>) -> Result<Response, Error> {
     let id = id_of(&id)?;
     let db = &app.inner.db;
     let user = db.user(id).await?;
     let orders = db.latest_orders(id, 10).await?;
-    Ok(Html(page::render(&user, &orders)))
+    let html = page::render(&user, &orders);
+    // A validator, so that a client (and the response cache) can answer `If-None-Match`.
+    let etag = {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        html.hash(&mut h);
+        format!("\"{:016x}\"", h.finish())
+    };
+    Ok(([(header::ETAG, etag)], Html(html)).into_response())
+}
+
+/// The user's own page: the same HTML, marked `private` (a shared cache must not store it).
+async fn account(State(app): State<App>, Path(id): Path<String>) -> Result<Response, Error> {
+    let mut page = page_handler(State(app), Path(id)).await?;
+    page.headers_mut().insert(
+        header::CACHE_CONTROL,
+        header::HeaderValue::from_static("private, max-age=60"),
+    );
+    Ok(page)
+}
+
+/// A landing page that sets a cookie: a shared cache must not store it (nor hand the cookie to
+/// anyone else).
+async fn welcome() -> Response {
+    (
+        [(
+            header::SET_COOKIE,
+            "newcache_demo=welcomed; Path=/; HttpOnly",
+        )],
+        Html("<!doctype html><title>welcome</title><p>Welcome.</p>"),
+    )
+        .into_response()
 }
 
 async fn stats(State(app): State<App>) -> Json<serde_json::Value> {

@@ -39,7 +39,67 @@ on_both_backends!(
     cold_report_under_64_concurrent_requests_runs_one_query,
     cached_report_queries_once_uncached_every_time,
     healthz_answers_200_while_the_cache_answers,
+    pages_are_cached_whole_with_their_headers,
+    private_and_cookie_setting_pages_are_never_stored,
 );
+
+/// `/page/{id}` through the response cache: a miss queries the database (two queries), then hits
+/// are served whole from the cache with `Age`, and an `If-None-Match` of its ETag gets a 304.
+async fn pages_are_cached_whole_with_their_headers(backend: Backend) {
+    let svc = Service::start(backend).await;
+    let before = svc.db_queries().await;
+    let first = svc.get("/page/5").await;
+    assert_eq!(first.status(), 200);
+    assert_eq!(first.headers()["x-cache"], "MISS");
+    let etag = first.headers()["etag"].clone();
+    let body = first.text().await.unwrap();
+    let after_miss = svc.db_queries().await;
+    assert!(after_miss > before, "the miss ran the page's queries");
+    for _ in 0..5 {
+        let r = svc.get("/page/5").await;
+        assert_eq!(r.headers()["x-cache"], "HIT");
+        assert!(r.headers().contains_key("age"), "{:?}", r.headers());
+        assert_eq!(r.text().await.unwrap(), body);
+    }
+    assert_eq!(svc.db_queries().await, after_miss, "hits ran no query");
+    let r = svc
+        .request(reqwest::Method::GET, "/page/5")
+        .header("if-none-match", etag)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 304, "answered from the entry");
+    svc.stop().await;
+}
+
+/// A `private` page and a page that sets a cookie go through the same layer and are never
+/// stored: every request reaches the handler, none is a HIT, and no one else gets the cookie.
+async fn private_and_cookie_setting_pages_are_never_stored(backend: Backend) {
+    let svc = Service::start(backend).await;
+    let before = svc.db_queries().await;
+    for _ in 0..4 {
+        let r = svc.get("/account/6").await;
+        assert_eq!(r.status(), 200);
+        assert_ne!(r.headers()["x-cache"], "HIT");
+        assert!(
+            r.headers()["cache-control"]
+                .to_str()
+                .unwrap()
+                .contains("private")
+        );
+    }
+    assert!(
+        svc.db_queries().await >= before + 4,
+        "every private page reached the database"
+    );
+    for _ in 0..4 {
+        let r = svc.get("/welcome").await;
+        assert_ne!(r.headers()["x-cache"], "HIT");
+        // The handler's own response each time, never one replayed from the cache.
+        assert!(r.headers().contains_key("set-cookie"));
+    }
+    svc.stop().await;
+}
 
 async fn put_invalidates_the_cached_user(backend: Backend) {
     let svc = Service::start(backend).await;

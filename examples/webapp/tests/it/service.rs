@@ -91,6 +91,11 @@ impl Service {
             .expect("a service on its own memcached")
     }
 
+    /// A request to `path`, to add headers to before sending.
+    pub fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        self.client.request(method, self.url(path))
+    }
+
     pub async fn get(&self, path: &str) -> reqwest::Response {
         self.client.get(self.url(path)).send().await.unwrap()
     }
