@@ -18,5 +18,4 @@ mod memory;
 mod obs;
 mod partial;
 mod props;
-mod review2;
 mod values;
