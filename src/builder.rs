@@ -639,6 +639,15 @@ impl CacheBuilder {
                 )));
             }
         }
+        let servers = match &self.backend {
+            BackendChoice::Memcached { .. } => self
+                .memcached_config()?
+                .servers
+                .iter()
+                .map(ServerSpec::addr)
+                .collect(),
+            BackendChoice::Memory | BackendChoice::Custom(_) => Vec::new(),
+        };
         let backend: Arc<dyn Backend> = match self.backend {
             BackendChoice::Custom(b) => b,
             BackendChoice::Memory => Arc::new(MemoryBackend::with_item_size(
@@ -658,6 +667,7 @@ impl CacheBuilder {
         });
         Ok(Config {
             backend,
+            servers,
             clock: self.clock,
             name: self.name,
             keys: KeyMaker {

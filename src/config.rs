@@ -14,6 +14,9 @@ use crate::key::KeyMaker;
 #[derive(Debug)]
 pub(crate) struct Config {
     pub(crate) backend: Arc<dyn Backend>,
+    /// The memcached servers' addresses (`host:port`, as errors name them); empty for the
+    /// memory backend and a custom one.
+    pub(crate) servers: Vec<String>,
     pub(crate) clock: Arc<dyn Clock>,
     /// The cache's name (metrics' `cache` label, spans' `cache` field).
     pub(crate) name: String,

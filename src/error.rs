@@ -203,8 +203,9 @@ impl Error {
 
     /// The server (`host:port` as configured) a backend error happened at, when the backend
     /// knows it: the memcached backends name the server (or the proxy) of every transport
-    /// error and of every call refused because its server is marked dead. For a batch, the
-    /// server of its first failure. `None` for other errors and for a custom backend's.
+    /// error, of every call refused because its server is marked dead and of every wait for a
+    /// busy pool. For a batch, the server of its first failure. `None` for other errors and
+    /// for a custom backend's.
     pub fn server(&self) -> Option<&str> {
         self.details.as_deref()?.server.as_deref()
     }

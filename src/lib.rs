@@ -110,14 +110,16 @@
 //!   [`CacheBuilder::name`] (default `"default"`): `newcache_hits_total`,
 //!   `newcache_misses_total`, `newcache_stale_served_total`, `newcache_claims_total`,
 //!   `newcache_lease_waits_total`, `newcache_loads_total`, `newcache_load_errors_total`,
-//!   `newcache_backend_errors_total` (also labelled `server`: [`Error::server`], or `unknown`),
-//!   `newcache_load_duration_seconds` (histogram), and for the other [`Stats`] fields
+//!   `newcache_backend_errors_total` (also labelled `server`: [`Error::server`], or `unknown`;
+//!   a batch counts once under each server that failed), `newcache_load_duration_seconds`
+//!   (histogram: one sample per loader call, however it ended), and for the other [`Stats`] fields
 //!   `newcache_backend_errors_absorbed_total`, `newcache_early_refreshes_total`,
 //!   `newcache_stale_on_error_total`, `newcache_decode_errors_total`,
 //!   `newcache_newer_format_total`, `newcache_wait_timeouts_total`,
 //!   `newcache_loads_superseded_total`, `newcache_too_large_total`. They count what
 //!   [`Cache::stats`] counts. Install the recorder before building the cache: the handles are
-//!   registered when it is built (the per-server error counter when an error happens).
+//!   registered when it is built (the per-server error counters too, for each configured server
+//!   and `unknown`).
 //! - `tracing` spans at DEBUG, one per operation, named `newcache`, with the fields `op`
 //!   (`get`, `set`, `add`, `delete`, `touch`, `get_many`, `set_many`, `delete_many`,
 //!   `get_or_set_with`, `get_many_or_set_with`, `set_counter`, `incr`, `decr`, `get_counter`,

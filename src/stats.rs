@@ -2,7 +2,8 @@
 //! `metrics` feature, each bump also goes to the `metrics` recorder, from here and nowhere else
 //! (the metric names are listed in the crate docs, "Metrics and traces").
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
 use crate::error::Error;
@@ -42,6 +43,8 @@ macro_rules! stats {
             pub(crate) name: std::sync::Arc<str>,
             #[cfg(feature = "metrics")]
             load_duration: metrics::Histogram,
+            #[cfg(feature = "metrics")]
+            by_server: ByServer,
         }
 
         /// A snapshot of a cache's counters, from [`Cache::stats`](crate::Cache::stats).
@@ -55,9 +58,12 @@ macro_rules! stats {
         }
 
         impl Counters {
-            /// The counters of the cache called `name`; with the `metrics` feature, their
-            /// handles are registered with the recorder installed now.
-            pub(crate) fn new(name: &str) -> Counters {
+            /// The counters of the cache called `name` over `servers` (their addresses; none
+            /// for a backend that names no server); with the `metrics` feature, their handles
+            /// are registered with the recorder installed now.
+            pub(crate) fn new(name: &str, servers: &[String]) -> Counters {
+                #[cfg(not(feature = "metrics"))]
+                let _ = servers;
                 #[cfg(feature = "metrics")]
                 let label = [metrics::Label::new("cache", name.to_owned())];
                 Counters {
@@ -69,6 +75,8 @@ macro_rules! stats {
                     name: name.into(),
                     #[cfg(feature = "metrics")]
                     load_duration: metrics::histogram!("newcache_load_duration_seconds", label.iter()),
+                    #[cfg(feature = "metrics")]
+                    by_server: ByServer::new(name, servers),
                 }
             }
 
@@ -93,14 +101,16 @@ stats! {
     lease_waits => "newcache_lease_waits_total",
     /// Loader calls made by `get_or_set_with` and friends.
     loader_calls => "newcache_loads_total",
-    /// Loader calls that returned an error or panicked.
+    /// Loader calls that returned an error or panicked (a call cut short because its caller's
+    /// future was dropped is neither: it counts in `loader_calls` only).
     loader_errors => "newcache_load_errors_total",
     /// Recomputes started early by XFetch.
     early_refreshes => "newcache_early_refreshes_total",
     /// Stale values served because the loader failed.
     stale_on_error => "newcache_stale_on_error_total",
     /// Backend operations that failed (I/O, timeout, protocol, server error). A batch counts
-    /// once, however many of its keys failed.
+    /// once, however many of its keys and servers failed (the metric
+    /// `newcache_backend_errors_total{server}` counts it once per failed server).
     backend_errors,
     /// Backend errors absorbed as misses or skipped writes by the failure policy.
     backend_errors_absorbed => "newcache_backend_errors_absorbed_total",
@@ -127,26 +137,166 @@ impl Counters {
     }
 
     /// One failed backend operation: counted, and with the `metrics` feature counted again
-    /// under its server's address (`server` label; `unknown` for an error that names none).
-    /// On the error path only, so the per-server handle is looked up here, each time.
+    /// under its server's address (`server` label; `unknown` for an error that names no server
+    /// the cache was built with).
     pub(crate) fn backend_error(&self, e: &Error) {
         Counters::bump(&self.backend_errors);
         #[cfg(feature = "metrics")]
-        metrics::counter!(
-            "newcache_backend_errors_total",
-            "cache" => self.name.to_string(),
-            "server" => e.server().unwrap_or("unknown").to_owned()
-        )
-        .increment(1);
+        self.by_server.of(e).1.increment(1);
         #[cfg(not(feature = "metrics"))]
         let _ = e;
     }
 
-    /// A loader call that started at `started` has returned (with a value or an error).
-    pub(crate) fn load_finished(&self, started: Instant) {
+    /// One failed backend operation that failed on several servers (a batch; `errors` holds
+    /// its keys' errors, several per server perhaps): counted once in [`Stats`], and with the
+    /// `metrics` feature once under each server that failed.
+    pub(crate) fn batch_failed<'e>(&self, errors: impl IntoIterator<Item = &'e Error>) {
+        Counters::bump(&self.backend_errors);
         #[cfg(feature = "metrics")]
-        self.load_duration.record(started.elapsed().as_secs_f64());
+        self.by_server.count(errors);
         #[cfg(not(feature = "metrics"))]
-        let _ = started;
+        drop(errors);
+    }
+
+    /// A loader call starts: counted in `loader_calls` now; its end is recorded when the
+    /// returned [`LoadCall`] finishes or is dropped.
+    pub(crate) fn load_started(&self) -> LoadCall<'_> {
+        Counters::bump(&self.loader_calls);
+        LoadCall {
+            counters: self,
+            started: Instant::now(),
+            in_loader: AtomicBool::new(false),
+            finished: false,
+        }
+    }
+}
+
+/// The per-server handles of `newcache_backend_errors_total`, registered when the cache is
+/// built, so the error path neither looks up the registry nor allocates a label, and counts in
+/// the recorder the cache was built with.
+#[cfg(feature = "metrics")]
+#[derive(Debug)]
+struct ByServer {
+    /// The configured servers' addresses and handles, in configuration order.
+    servers: Vec<(Box<str>, metrics::Counter)>,
+    /// For an error that names no configured server (a custom backend's, a memory backend's).
+    unknown: metrics::Counter,
+}
+
+#[cfg(feature = "metrics")]
+impl ByServer {
+    fn new(name: &str, servers: &[String]) -> ByServer {
+        let handle = |server: &str| {
+            metrics::counter!(
+                "newcache_backend_errors_total",
+                "cache" => name.to_owned(),
+                "server" => server.to_owned()
+            )
+        };
+        ByServer {
+            servers: servers
+                .iter()
+                .map(|s| (Box::from(s.as_str()), handle(s)))
+                .collect(),
+            unknown: handle("unknown"),
+        }
+    }
+
+    /// The handle of the server `e` names (`unknown` if none the cache was built with), and
+    /// its index (0 for `unknown`).
+    fn of(&self, e: &Error) -> (usize, &metrics::Counter) {
+        e.server()
+            .and_then(|s| self.servers.iter().position(|(a, _)| &**a == s))
+            .map_or((0, &self.unknown), |i| (i + 1, &self.servers[i].1))
+    }
+
+    /// Counts one failure per server named among `errors` (and `unknown` at most once).
+    fn count<'e>(&self, errors: impl IntoIterator<Item = &'e Error>) {
+        let mut errors = errors.into_iter();
+        let Some(first) = errors.next() else { return };
+        let (i, handle) = self.of(first);
+        handle.increment(1);
+        // A batch that failed on one server (the common case) allocates nothing more.
+        let mut seen: Vec<bool> = Vec::new();
+        for e in errors {
+            let (j, handle) = self.of(e);
+            if j == i {
+                continue;
+            }
+            if seen.is_empty() {
+                seen = vec![false; self.servers.len() + 1];
+                seen[i] = true;
+            }
+            if !std::mem::replace(&mut seen[j], true) {
+                handle.increment(1);
+            }
+        }
+    }
+}
+
+/// One loader call in progress ([`Counters::load_started`]). Finished with
+/// [`finished`](LoadCall::finished), or dropped before: the loader panicked (counted as a load
+/// error) or the caller's future was dropped mid-load (a cancelled load, not an error). Every
+/// call records one `newcache_load_duration_seconds` sample, however it ends, so the
+/// histogram's count is `newcache_loads_total`.
+pub(crate) struct LoadCall<'a> {
+    counters: &'a Counters,
+    started: Instant,
+    /// Set while the loader runs (made, or polled): still set when the call is dropped, the
+    /// loader unwound out of it. An atomic only so that the caller's future stays `Send`.
+    in_loader: AtomicBool,
+    finished: bool,
+}
+
+impl LoadCall<'_> {
+    /// Runs the loader: `make` makes its future (a sync loader runs in `make`), and the future
+    /// returned polls it, noting when a panic unwinds out of either.
+    pub(crate) fn run<F: Future>(
+        &self,
+        make: impl FnOnce() -> F,
+    ) -> impl Future<Output = F::Output> {
+        self.in_loader.store(true, Ordering::Relaxed);
+        let work = make();
+        self.in_loader.store(false, Ordering::Relaxed);
+        async move {
+            let mut work = std::pin::pin!(work);
+            std::future::poll_fn(|cx| {
+                self.in_loader.store(true, Ordering::Relaxed);
+                let r = work.as_mut().poll(cx);
+                self.in_loader.store(false, Ordering::Relaxed);
+                r
+            })
+            .await
+        }
+    }
+
+    /// The loader returned: `ok` or an error (counted in `loader_errors`).
+    pub(crate) fn finished(mut self, ok: bool) {
+        self.finished = true;
+        self.end(!ok);
+    }
+
+    fn end(&self, failed: bool) {
+        if failed {
+            Counters::bump(&self.counters.loader_errors);
+        }
+        #[cfg(feature = "metrics")]
+        self.counters
+            .load_duration
+            .record(self.started.elapsed().as_secs_f64());
+    }
+
+    /// When the call started.
+    pub(crate) fn started(&self) -> Instant {
+        self.started
+    }
+}
+
+impl Drop for LoadCall<'_> {
+    fn drop(&mut self) {
+        if !self.finished {
+            // Unwound out of the loader: it panicked. Otherwise the call was cancelled.
+            self.end(self.in_loader.load(Ordering::Relaxed));
+        }
     }
 }

@@ -248,7 +248,10 @@ impl AsyncCache {
             op = "ping",
             cache = &*self.cache.inner.stats.name
         );
-        tracing::Instrument::instrument(self.shared.backend.ping(), span).await
+        // The backend's future is made inside the span too: a backend may do work (or
+        // record its server) when it makes it.
+        let ping = async { self.shared.backend.ping().await };
+        tracing::Instrument::instrument(ping, span).await
     }
 
     /// What this cache (and its clones and versions) did so far: [`Cache::stats`].

@@ -232,7 +232,9 @@ impl<'a> Write<'a> {
 ///
 /// Every call is made inside its operation's `tracing` span (see the crate docs, "Health,
 /// metrics and traces"); a backend that spreads keys over servers may name the one it picked with
-/// `tracing::Span::current().record("server", addr)`, as the memcached backend does.
+/// [`note_server`], as the memcached backends do. (Not with `Span::current().record(..)`: when
+/// newcache's span is disabled, the current span may be the application's own, with a `server`
+/// field of its own.)
 pub trait Backend: Debug + Send + Sync {
     /// Reads one item with its CAS token.
     fn get(&self, key: &str) -> Result<Option<Item>>;
@@ -314,11 +316,17 @@ pub trait Backend: Debug + Send + Sync {
     }
 }
 
-/// Records `addr` as the `server` of the operation's span, when a backend has picked the server
-/// of a single-key operation. Only when a subscriber listens at DEBUG (otherwise one comparison
-/// with the global maximum level), and only on newcache's own span: with that span disabled, the
-/// current one may be the application's, which may have a `server` field of its own.
-pub(crate) fn note_server(addr: &str) {
+/// Records `addr` as the `server` of the current operation's span: for a [`Backend`] that has
+/// picked the server of a single-key operation (call it from the `Backend` method, on the
+/// caller's thread). Only when a subscriber listens at DEBUG (otherwise one comparison with the
+/// global maximum level), and only on newcache's own span: with that span disabled, the current
+/// one may be the application's, which may have a `server` field of its own, and is left alone.
+///
+/// ```
+/// // Outside any newcache operation: records nothing.
+/// newcache::backend::note_server("10.0.0.7:11211");
+/// ```
+pub fn note_server(addr: &str) {
     if tracing::level_enabled!(tracing::Level::DEBUG) {
         let span = tracing::Span::current();
         if span

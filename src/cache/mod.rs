@@ -80,7 +80,7 @@ impl Cache {
         let renewer = Renewer::new(config.backend.clone(), config.clock.clone());
         let rng = Rng::new(config.seed);
         let keys = config.keys.clone();
-        let stats = Counters::new(&config.name);
+        let stats = Counters::new(&config.name, &config.servers);
         Cache {
             inner: Arc::new(Inner {
                 config,
@@ -271,6 +271,7 @@ impl Cache {
         let mut out = Vec::with_capacity(total);
         let mut failed = Vec::new();
         let mut first: Option<Error> = None;
+        let mut by_server: Vec<Error> = Vec::new();
         let mut fatal = false;
         for (i, r) in results.into_iter().enumerate() {
             match r {
@@ -286,6 +287,10 @@ impl Cache {
                 Err(e) => {
                     fatal |= !e.is_backend() || policy == FailurePolicy::Propagate;
                     failed.push(name(i));
+                    // One backend error per failed server, for the per-server metric.
+                    if e.is_backend() && !by_server.iter().any(|b| b.server() == e.server()) {
+                        by_server.push(e.clone());
+                    }
                     first.get_or_insert(e);
                     out.push(None);
                 }
@@ -294,9 +299,10 @@ impl Cache {
         let Some(e) = first else {
             return Ok(out);
         };
-        // One failed batch counts once, however many keys its failed servers held.
-        if e.is_backend() {
-            self.inner.stats.backend_error(&e);
+        // One failed batch counts once in `stats()`, however many keys its failed servers
+        // held; the metric counts it once under each failed server.
+        if !by_server.is_empty() {
+            self.inner.stats.batch_failed(&by_server);
             if !fatal {
                 Counters::bump(&self.inner.stats.backend_errors_absorbed);
             }

@@ -5,7 +5,6 @@
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
-use std::time::Instant;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -184,15 +183,14 @@ impl Cache {
             if wanted.is_empty() {
                 return Ok(out);
             }
-            Counters::bump(&s.loader_calls);
-            let started = Instant::now();
-            let call = loader(&wanted);
+            let load = s.load_started();
+            let call = load.run(|| loader(&wanted));
             let loaded = d.renewing_all(&mut leases, call).await;
-            s.load_finished(started);
+            let started = load.started();
+            load.finished(loaded.is_ok());
             let mut loaded = match loaded {
                 Ok(m) => m,
                 Err(e) => {
-                    Counters::bump(&s.loader_errors);
                     // Dropping the leases gives the keys back.
                     drop(leases);
                     let all_held = wanted
@@ -240,19 +238,24 @@ impl Cache {
                 // A value whose write failed is still returned, as `get_or_set_with` returns it: the
                 // failure is counted (and its claim released, or left to lapse), never the result.
                 let done = d.complete_many(batch).await;
-                let mut failed = None;
+                let mut failed: Vec<Error> = Vec::new();
                 for (c, name) in done.into_iter().zip(&names) {
                     match c {
                         Ok(Completed::Stored) => {}
                         Ok(Completed::Superseded) => Counters::bump(&s.loads_superseded),
                         Err(e) if e.is_too_large() => self.loaded_too_large(name, 0),
-                        Err(e) => failed = Some(e),
+                        Err(e) => {
+                            if !failed.iter().any(|f| f.server() == e.server()) {
+                                failed.push(e);
+                            }
+                        }
                     }
                 }
-                // A failed batch counts once, as everywhere.
-                if let Some(e) = failed {
-                    s.backend_error(&e);
-                    if e.is_backend() {
+                // A failed batch counts once, as everywhere (and once per failed server in
+                // the per-server metric).
+                if !failed.is_empty() {
+                    s.batch_failed(&failed);
+                    if failed.iter().any(Error::is_backend) {
                         Counters::bump(&s.backend_errors_absorbed);
                     }
                 }

@@ -460,14 +460,13 @@ impl Cache {
         L: Load<T, D>,
     {
         let s = &self.inner.stats;
-        Counters::bump(&s.loader_calls);
-        let started = Instant::now();
-        let v = lease.renewing(loader.call()).await;
-        s.load_finished(started);
+        let load = s.load_started();
+        let v = lease.renewing(load.run(|| loader.call())).await;
+        let started = load.started();
+        load.finished(v.is_ok());
         let v = match v {
             Ok(v) => v,
             Err(e) => {
-                Counters::bump(&s.loader_errors);
                 // Dropping the lease gives the key back.
                 return Err(Error::loader(e));
             }
@@ -512,13 +511,9 @@ impl Cache {
     /// A load with no claim (the backend is down): nothing is stored.
     async fn load_unclaimed<T, D: Driver, L: Load<T, D>>(&self, loader: L) -> Result<T> {
         let s = &self.inner.stats;
-        Counters::bump(&s.loader_calls);
-        let started = Instant::now();
-        let v = loader.call().await;
-        s.load_finished(started);
-        v.map_err(|e| {
-            Counters::bump(&s.loader_errors);
-            Error::loader(e)
-        })
+        let load = s.load_started();
+        let v = load.run(|| loader.call()).await;
+        load.finished(v.is_ok());
+        v.map_err(Error::loader)
     }
 }

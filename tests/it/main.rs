@@ -20,5 +20,4 @@ mod memory;
 mod obs;
 mod partial;
 mod props;
-mod review2;
 mod values;

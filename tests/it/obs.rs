@@ -292,6 +292,152 @@ fn operation_spans_exist_only_for_a_subscriber_at_debug() {
 
 // ---- metrics ----
 
+/// A panicking loader is counted as a load and as a load error (the panic propagates).
+#[test]
+fn a_panicking_loader_counts_as_a_load_error() {
+    let cache = Cache::builder().in_memory().build().unwrap();
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        cache.get_or_set_with(
+            "k",
+            Duration::from_secs(60),
+            || -> Result<u32, std::io::Error> { panic!("db driver bug") },
+        )
+    }));
+    assert!(r.is_err(), "the panic propagates");
+    let s = cache.stats();
+    assert_eq!((s.loader_calls, s.loader_errors), (1, 1));
+}
+
+/// A ping's `Display` names each failing server once, with its causes (the pool's connect
+/// failure is not annotated twice).
+#[test]
+fn a_ping_failure_names_its_server_once() {
+    let dead = dead_addr();
+    for front in fronts() {
+        let cache = Cache::builder()
+            .memcached([dead.as_str()])
+            .build_front(front);
+        let text = cache.ping().unwrap_err().to_string();
+        let times = text.matches(&format!("memcached at {dead}")).count();
+        assert!(times <= 1, "{front:?}: {text}");
+    }
+}
+
+/// A ping queues every server's get before awaiting any answer: two hung servers whose one
+/// connection's queue is full (20,000 gets in flight) and a live one; the ping ends within
+/// about one io_timeout, not one per hung server.
+#[test]
+fn an_async_ping_behind_a_full_queue_stays_within_its_bound() {
+    let (_hung, hung_addr) = hung_server();
+    let (_hung2, hung2_addr) = hung_server();
+    let live = shared_server();
+    let io = Duration::from_millis(400);
+    let cache = Cache::builder()
+        .memcached([hung_addr.as_str(), hung2_addr.as_str(), live])
+        .io_timeout(io)
+        .async_connections(1)
+        .build_async()
+        .unwrap();
+    let rt = crate::front::runtime();
+    rt.block_on(async {
+        // Fill the hung servers' one connection queue each.
+        let mut tasks = Vec::new();
+        for i in 0..20000 {
+            let c = cache.clone();
+            tasks.push(tokio::spawn(async move {
+                let _ = c.get::<String>(&format!("k{i}")).await;
+            }));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let started = Instant::now();
+        let r = cache.ping().await;
+        let took = started.elapsed();
+        assert_eq!(r.unwrap_err().failures().len(), 2);
+        for t in tasks {
+            let _ = t.await;
+        }
+        assert!(
+            took < io + Duration::from_millis(200),
+            "ping took {took:?} (io_timeout {io:?})"
+        );
+    });
+}
+
+/// A readiness probe right after a memcached restart: the pool's idle connection is to the old
+/// process (stale, closed by the peer). The ping retries that server once on a fresh
+/// connection instead of reporting a live server down.
+#[test]
+fn a_ping_after_a_restart_does_not_report_a_live_server_down() {
+    let mut server = crate::fixture::Memcached::start();
+    let addr = server.addr();
+    for front in [Front::Async, Front::Sync] {
+        let cache = Cache::builder()
+            .memcached([addr.as_str()])
+            .build_front(front);
+        cache.ping().expect("up");
+        server.restart();
+        // The restarted server answers a fresh client at once.
+        let fresh = Cache::builder()
+            .memcached([addr.as_str()])
+            .build_front(front);
+        fresh.ping().expect("the restarted server answers");
+        let r = cache.ping();
+        assert!(
+            r.is_ok(),
+            "{front:?}: a live server reported down: {}",
+            r.unwrap_err()
+        );
+    }
+}
+
+/// Hung servers (they accept, never answer) share one io_timeout: three of them fail a ping
+/// within about one io_timeout, on both front ends.
+#[test]
+fn hung_servers_share_one_io_timeout() {
+    let hung: Vec<(std::net::TcpListener, String)> = (0..3).map(|_| hung_server()).collect();
+    let io = Duration::from_millis(300);
+    for front in fronts() {
+        let cache = Cache::builder()
+            .memcached(hung.iter().map(|(_, a)| a.as_str()))
+            .io_timeout(io)
+            .build_front(front);
+        let started = Instant::now();
+        let e = cache.ping().unwrap_err();
+        let took = started.elapsed();
+        assert_eq!(e.failures().len(), 3, "{front:?}");
+        assert!(took < io * 2, "{front:?}: {took:?} for 3 hung servers");
+    }
+}
+
+/// A single-key call refused because its server's pool stayed busy names that server (for
+/// `Error::server` and the metrics' `server` label), as a batch's does.
+#[test]
+fn a_busy_pool_names_its_server() {
+    use newcache::Backend;
+    let (_hung, addr) = hung_server();
+    let backend = crate::fixture::memcached_backend(std::slice::from_ref(&addr), |c| {
+        c.pool_size = 1;
+        c.connect_timeout = Duration::from_millis(100);
+        c.io_timeout = Duration::from_millis(800);
+    });
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let _ = backend.get("holder"); // holds the one connection for io_timeout
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        let e = backend.get("waiter").unwrap_err();
+        assert!(e.is_timeout(), "{e}");
+        assert_eq!(e.server(), Some(addr.as_str()), "{e}");
+        assert_eq!(
+            e.to_string()
+                .matches(&format!("memcached at {addr}"))
+                .count(),
+            1,
+            "{e}"
+        );
+    });
+}
+
 #[cfg(feature = "metrics")]
 mod metrics_tests {
     use super::*;
@@ -333,6 +479,25 @@ mod metrics_tests {
                             .all(|(k, v)| ls.iter().any(|(lk, lv)| lk == k && lv == v))
                 })
                 .map(|(.., v)| v)
+        }
+
+        /// The sum of the counters `name` whose labels include every one of `labels` (say, a
+        /// cache's backend errors over all its servers).
+        #[track_caller]
+        fn sum(&self, name: &str, labels: &[(&str, &str)]) -> u64 {
+            self.0
+                .iter()
+                .filter(|(n, ls, _)| {
+                    n == name
+                        && labels
+                            .iter()
+                            .all(|(k, v)| ls.iter().any(|(lk, lv)| lk == k && lv == v))
+                })
+                .map(|(.., v)| match v {
+                    DebugValue::Counter(n) => *n,
+                    other => panic!("{name} is not a counter: {other:?}"),
+                })
+                .sum()
         }
 
         #[track_caller]
@@ -471,6 +636,144 @@ mod metrics_tests {
         }
     }
 
+    /// A batch whose keys fail on two servers counts once in `stats()` (documented), and once
+    /// under each failed server in the labelled metric.
+    #[test]
+    fn a_batch_over_two_dead_servers_counts_each_server() {
+        let (a, b) = (dead_addr(), dead_addr());
+        for front in fronts() {
+            let recorder = DebuggingRecorder::new();
+            let snap = recorder.snapshotter();
+            metrics::with_local_recorder(&recorder, || {
+                let cache = Cache::builder()
+                    .memcached([a.as_str(), b.as_str()])
+                    .name("batch")
+                    .build_front(front);
+                let keys: Vec<String> = (0..64).map(|i| format!("k{i}")).collect();
+                for _ in 0..3 {
+                    assert!(cache.get_many::<String>(&keys).unwrap().is_empty());
+                }
+                assert_eq!(cache.stats().backend_errors, 3, "{front:?}: once per batch");
+            });
+            let m = metrics(&snap);
+            let on = |server: &str| {
+                m.counter(
+                    "newcache_backend_errors_total",
+                    &[("cache", "batch"), ("server", server)],
+                )
+            };
+            assert_eq!(
+                (on(&a), on(&b)),
+                (3, 3),
+                "{front:?}: once per server per batch"
+            );
+            assert_eq!(on("unknown"), 0, "{front:?}");
+        }
+    }
+
+    /// Like every other counter, `newcache_backend_errors_total` goes to the recorder the cache
+    /// was built with, whatever recorder is current when the error happens.
+    #[test]
+    fn backend_errors_go_to_the_recorder_the_cache_was_built_with() {
+        let dead = dead_addr();
+        let recorder = DebuggingRecorder::new();
+        let snap = recorder.snapshotter();
+        let cache = metrics::with_local_recorder(&recorder, || {
+            Cache::builder()
+                .memcached([dead.as_str()])
+                .name("order")
+                .build()
+                .unwrap()
+        });
+        assert_eq!(cache.get::<String>("k").unwrap(), None);
+        assert_eq!(cache.stats().backend_errors, 1);
+        let labels = [("cache", "order")];
+        let m = metrics(&snap);
+        assert_eq!(m.counter("newcache_misses_total", &labels), 1);
+        assert_eq!(m.sum("newcache_backend_errors_total", &labels), 1);
+        assert_eq!(
+            m.counter(
+                "newcache_backend_errors_total",
+                &[("cache", "order"), ("server", dead.as_str())]
+            ),
+            1
+        );
+    }
+
+    /// A panicking loader is a failed load, and every load leaves one duration sample however
+    /// it ends: returned, failed, panicked, or (async) dropped mid-load.
+    #[test]
+    fn every_load_records_a_duration_even_a_panicking_or_cancelled_one() {
+        let recorder = DebuggingRecorder::new();
+        let snap = recorder.snapshotter();
+        let (sync, async_cache) = metrics::with_local_recorder(&recorder, || {
+            let sync = Cache::builder().in_memory().name("sync").build().unwrap();
+            let async_cache = Cache::builder()
+                .in_memory()
+                .name("async")
+                .build_async()
+                .unwrap();
+            (sync, async_cache)
+        });
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            sync.get_or_set_with(
+                "k",
+                Duration::from_secs(60),
+                || -> Result<u32, std::io::Error> { panic!("db driver bug") },
+            )
+        }));
+        assert!(r.is_err(), "the panic propagates");
+        let rt = crate::front::runtime();
+        rt.block_on(async {
+            // A panicking async loader (its task fails), then one cancelled mid-load.
+            let c = async_cache.clone();
+            let panicked = tokio::spawn(async move {
+                c.get_or_set_with("p", Duration::from_secs(60), || async {
+                    if true {
+                        panic!("db driver bug");
+                    }
+                    Ok::<u32, std::io::Error>(1)
+                })
+                .await
+            })
+            .await;
+            assert!(panicked.unwrap_err().is_panic());
+            let cancelled = tokio::time::timeout(
+                Duration::from_millis(20),
+                async_cache.get_or_set_with("c", Duration::from_secs(60), || async {
+                    tokio::time::sleep(Duration::from_secs(60)).await;
+                    Ok::<u32, std::io::Error>(1)
+                }),
+            )
+            .await;
+            assert!(cancelled.is_err(), "timed out");
+        });
+        let s = sync.stats();
+        assert_eq!((s.loader_calls, s.loader_errors), (1, 1), "sync");
+        let s = async_cache.stats();
+        assert_eq!(
+            (s.loader_calls, s.loader_errors),
+            (2, 1),
+            "async: the panic is an error, the cancellation is not"
+        );
+        let m = metrics(&snap);
+        for (name, loads) in [("sync", 1), ("async", 2)] {
+            let labels = [("cache", name)];
+            assert_eq!(m.counter("newcache_loads_total", &labels), loads, "{name}");
+            assert_eq!(
+                m.counter("newcache_load_errors_total", &labels),
+                1,
+                "{name}"
+            );
+            match m.value("newcache_load_duration_seconds", &labels) {
+                Some(DebugValue::Histogram(samples)) => {
+                    assert_eq!(samples.len(), loads as usize, "{name}: one sample per load")
+                }
+                other => panic!("{name}: no load histogram: {other:?}"),
+            }
+        }
+    }
+
     #[test]
     fn an_unnamed_cache_is_labelled_default() {
         let recorder = DebuggingRecorder::new();
@@ -523,4 +826,41 @@ fn the_server_is_recorded_only_on_newcache_spans() {
     let logs = buf.text();
     assert!(logs.contains("server=\"web-1\""), "{logs}");
     assert!(!logs.contains(shared_server()), "{logs}");
+}
+
+/// A custom backend names its server with the public `backend::note_server`: recorded on
+/// newcache's span when it is enabled, and never on the application's span when it is not.
+#[test]
+fn a_custom_backend_names_its_server_safely() {
+    use tracing_subscriber::layer::SubscriberExt;
+    let memory = Arc::new(newcache::MemoryBackend::new(
+        1 << 20,
+        Arc::new(newcache::SystemClock),
+    ));
+    let mut hooked = Hooked::new(memory);
+    hooked.after_get = Box::new(|| newcache::backend::note_server("shard-7:11211"));
+    let cache = Cache::builder().backend(Arc::new(hooked)).build().unwrap();
+
+    let logs = traces_of(|| {
+        cache.get::<String>("k").unwrap();
+    });
+    assert!(logs.contains("server=\"shard-7:11211\""), "{logs}");
+
+    let buf = Buf::default();
+    let writer = buf.clone();
+    let layer = tracing_subscriber::fmt::layer()
+        .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
+        .with_writer(move || writer.clone());
+    let only_app =
+        tracing_subscriber::filter::Targets::new().with_target("app", tracing::Level::DEBUG);
+    let subscriber = tracing_subscriber::registry()
+        .with(tracing_subscriber::Layer::with_filter(layer, only_app));
+    tracing::subscriber::with_default(subscriber, || {
+        let request = tracing::debug_span!(target: "app", "request", server = "web-1");
+        let _in = request.enter();
+        cache.get::<String>("k").unwrap();
+    });
+    let logs = buf.text();
+    assert!(logs.contains("server=\"web-1\""), "{logs}");
+    assert!(!logs.contains("shard-7"), "{logs}");
 }

@@ -33,8 +33,11 @@ mod conn;
 pub(crate) mod tests;
 
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -111,6 +114,17 @@ struct Server {
 }
 
 /// An open (or opening) connection: its queue, its direct path, and its task (for `shutdown`).
+/// What a caller does when its connection's queue is full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WhenFull {
+    /// Waits for room: the queue's backpressure.
+    Wait,
+    /// Sends on a connection of its own, opened for this op and closed once it is answered:
+    /// a ping, whose answer must say whether the server answers within `io_timeout`, not
+    /// wait first for a hung connection's queue to be cut (another `io_timeout`).
+    OwnConnection,
+}
+
 struct Live {
     ops: mpsc::Sender<Op>,
     conn: Arc<Conn>,
@@ -120,7 +134,8 @@ struct Live {
 impl Server {
     /// Names the server in a backend error (others are the caller's, and say so already).
     fn annotate(&self, e: Error) -> Error {
-        if e.is_backend() {
+        // Once: an error that names its server already says where it happened.
+        if e.is_backend() && e.server().is_none() {
             e.in_context(format!("memcached at {}", self.addr))
                 .at_server(&self.addr)
         } else {
@@ -179,8 +194,8 @@ impl Server {
     /// is dead; opens the connection if it has none or its queue closed (dead, or its runtime
     /// shut down), or if this caller is the probe. On an idle connection the op is written
     /// here and now (`Conn::submit`); otherwise it is queued. Ops queued while it connects
-    /// wait for that one attempt. Waits only when the queue is full.
-    async fn send(self: &Arc<Self>, slot: usize, mut op: Op) -> Result<()> {
+    /// wait for that one attempt. When the queue is full, does as `full` says.
+    async fn send(self: &Arc<Self>, slot: usize, mut op: Op, full: WhenFull) -> Result<()> {
         // A closed queue is retried on a fresh connection (the op was never queued); a queue
         // that closes again and again means connections die as soon as they open.
         for _ in 0..3 {
@@ -205,6 +220,13 @@ impl Server {
                 };
                 match l.conn.submit(&l.ops, op, self) {
                     Ok(()) => return Ok(()),
+                    Err(TrySendError::Full(o)) if full == WhenFull::OwnConnection => {
+                        // Dropping `own` closes its queue: its task answers `o`, then ends.
+                        let own = self.open(gate == Gate::Probe)?;
+                        return own.conn.submit(&own.ops, o, self).map_err(|_| {
+                            self.annotate(Error::backend("a new connection refused a request"))
+                        });
+                    }
                     Err(TrySendError::Full(o)) => {
                         op = o;
                         (l.ops.clone(), l.conn.clone())
@@ -255,9 +277,19 @@ impl Server {
         slot: usize,
         keys: &[&str],
     ) -> Result<oneshot::Receiver<Vec<Slot>>> {
+        self.queue_get_or(slot, keys, WhenFull::Wait).await
+    }
+
+    /// [`queue_get`](Self::queue_get), doing as `full` says if the queue is full.
+    async fn queue_get_or(
+        self: &Arc<Self>,
+        slot: usize,
+        keys: &[&str],
+        full: WhenFull,
+    ) -> Result<oneshot::Receiver<Vec<Slot>>> {
         let (reply, rx) = oneshot::channel();
         let keys = keys.iter().map(|k| (*k).to_owned()).collect();
-        self.send(slot, Op::Get { keys, reply }).await?;
+        self.send(slot, Op::Get { keys, reply }, full).await?;
         Ok(rx)
     }
 
@@ -302,6 +334,7 @@ impl Server {
                 parse,
                 reply,
             },
+            WhenFull::Wait,
         )
         .await?;
         Ok(rx)
@@ -684,24 +717,30 @@ impl AsyncBackend for Engine {
         })
     }
 
-    /// Every server asked at once: a `get` of [`PING_KEY`](crate::PING_KEY) queued on each,
-    /// then every answer awaited (each bounded by the connection's `io_timeout`).
+    /// Every server asked at once: a `get` of [`PING_KEY`](crate::PING_KEY) queued on each
+    /// concurrently (a server whose queue is full waits for room without holding up the
+    /// others), every answer awaited together (each bounded by its connection's `io_timeout`).
     fn ping(&self) -> BoxFuture<'_, std::result::Result<(), PingError>> {
         Box::pin(async move {
-            let mut pending = Vec::with_capacity(self.servers.len());
-            for server in &self.servers {
-                pending.push(server.queue_get(server.pick(), &[PING_KEY]).await);
-            }
-            let mut failures = Vec::new();
-            for (server, queued) in self.servers.iter().zip(pending) {
-                let answer = match queued {
+            let asks = self.servers.iter().map(|server| async move {
+                let queued = server
+                    .queue_get_or(server.pick(), &[PING_KEY], WhenFull::OwnConnection)
+                    .await;
+                match queued {
                     Ok(rx) => server.get_reply(rx, &[PING_KEY]).await.pop(),
                     Err(e) => Some(Err(e)),
-                };
-                if let Some(Err(e)) = answer {
-                    failures.push(PingFailure::new(server.addr.clone(), e));
                 }
-            }
+            });
+            let answers = join_all(asks.collect()).await;
+            let failures = self
+                .servers
+                .iter()
+                .zip(answers)
+                .filter_map(|(server, answer)| match answer {
+                    Some(Err(e)) => Some(PingFailure::new(server.addr.clone(), e)),
+                    _ => None,
+                })
+                .collect();
             PingError::check(failures, self.servers.len())
         })
     }
@@ -721,6 +760,30 @@ impl AsyncBackend for Engine {
     fn shutdown(&self) -> BoxFuture<'_, ()> {
         Box::pin(self.close_all())
     }
+}
+
+/// Polls every future until all are done; their outputs in order. Each is polled only while
+/// pending, so one waiting (for room in a full queue, for its reply) holds up none of the others.
+async fn join_all<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
+    let mut futures: Vec<Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
+    let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut done = true;
+        for (future, output) in futures.iter_mut().zip(outputs.iter_mut()) {
+            if output.is_none() {
+                match future.as_mut().poll(cx) {
+                    Poll::Ready(o) => *output = Some(o),
+                    Poll::Pending => done = false,
+                }
+            }
+        }
+        if done { Poll::Ready(()) } else { Poll::Pending }
+    })
+    .await;
+    outputs
+        .into_iter()
+        .map(|o| o.expect("every future is done"))
+        .collect()
 }
 
 impl Engine {

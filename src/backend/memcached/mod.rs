@@ -76,6 +76,13 @@ struct Leg<'a> {
 
 /// Whether an error (or one in its source chain) says the peer closed or reset the connection:
 /// what a connection opened before a server restarted gets on first use.
+/// Whether a connection's failure is that of a stale connection: reused from the pool, closed
+/// or reset by the peer before any answer. Only the signature of a restart makes a reused
+/// connection suspect; a timeout is the server's.
+fn stale(c: &Conn, error: Option<&Error>) -> bool {
+    c.fault && c.reused && !c.answered && error.is_some_and(closed_by_peer)
+}
+
 fn closed_by_peer(e: &Error) -> bool {
     let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(c) = cause {
@@ -223,9 +230,7 @@ impl MemcachedBackend {
         if !c.fault || c.started_late() {
             return false;
         }
-        // Only the signature of a restart (the peer closed or reset the connection) makes a
-        // reused connection suspect; a timeout is the server's, and counts.
-        if c.reused && !c.answered && error.is_some_and(closed_by_peer) {
+        if stale(c, error) {
             self.servers[i].drop_idle();
             return false;
         }
@@ -288,11 +293,14 @@ impl MemcachedBackend {
         for p in groups.iter_mut().flat_map(|(_, ps)| ps.iter_mut()) {
             *p = sendable[*p];
         }
-        self.run_legs(writes, out, groups, chunk, encode, decode)
+        self.run_legs(writes, out, groups, chunk, encode, decode, None)
     }
 
     /// The I/O of a [`batch`](Self::batch) whose entries are grouped by server already:
     /// `groups` holds `(server, positions)`; `out` the entries answered without sending.
+    /// `stale`, if given, receives the servers whose leg failed only because its pooled
+    /// connection was stale (their idle connections are dropped: a retry connects afresh).
+    #[allow(clippy::too_many_arguments)]
     fn run_legs<T>(
         &self,
         writes: bool,
@@ -301,6 +309,7 @@ impl MemcachedBackend {
         chunk: usize,
         encode: impl Fn(&[usize], &mut Vec<u8>) -> Result<()>,
         decode: impl Fn(&mut Reader, &[usize], &mut [Option<Result<T>>]) -> Result<()>,
+        mut stale: Option<&mut Vec<usize>>,
     ) -> Vec<Result<T>> {
         // Connections are checked out in server order: two batches waiting on each other's full
         // pools cannot form a cycle.
@@ -377,7 +386,14 @@ impl MemcachedBackend {
         }
         for leg in legs {
             let (fault, answered) = match &leg.conn {
-                Some(c) => (self.counts(leg.server, c, leg.error.as_ref()), c.answered),
+                Some(c) => {
+                    if let Some(stale) = stale.as_deref_mut() {
+                        if !c.started_late() && self::stale(c, leg.error.as_ref()) {
+                            stale.push(leg.server);
+                        }
+                    }
+                    (self.counts(leg.server, c, leg.error.as_ref()), c.answered)
+                }
                 None => (leg.connect_fault, false),
             };
             drop(leg.conn);
@@ -421,25 +437,39 @@ impl MemcachedBackend {
 
     /// Asks every server at once (each one's `get` of [`PING_KEY`](crate::PING_KEY) written,
     /// then every reply read, under one `io_timeout`), through the health gate: a server marked
-    /// dead and not due for a probe fails at once; one due for a probe is probed.
+    /// dead and not due for a probe fails at once; one due for a probe is probed. A server whose
+    /// pooled connection turned out stale (closed by a restart before it answered) is asked
+    /// once more, on a fresh connection, in a second round of those servers only.
     fn ping_all(&self) -> std::result::Result<(), PingError> {
         let n = self.servers.len();
         let max = self.item_size;
-        let results = self.run_legs(
-            false,
-            (0..n).map(|_| None).collect(),
-            (0..n).map(|i| (i, vec![i])).collect(),
-            1,
-            |_, b| wire::encode_gets(b, &[PING_KEY]),
-            |r, part, out| {
-                let mut slots: Vec<wire::Slot> = vec![Ok(None)];
-                wire::read_slots(r, max, &[PING_KEY], &mut slots)?;
-                for (&i, s) in part.iter().zip(slots) {
-                    out[i] = Some(s.map(drop));
-                }
-                Ok(())
-            },
-        );
+        let ask = |servers: &[usize], stale: Option<&mut Vec<usize>>| {
+            self.run_legs(
+                false,
+                (0..n).map(|_| None).collect(),
+                servers.iter().map(|&i| (i, vec![i])).collect(),
+                1,
+                |_, b| wire::encode_gets(b, &[PING_KEY]),
+                |r, part, out| {
+                    let mut slots: Vec<wire::Slot> = vec![Ok(None)];
+                    wire::read_slots(r, max, &[PING_KEY], &mut slots)?;
+                    for (&i, s) in part.iter().zip(slots) {
+                        out[i] = Some(s.map(drop));
+                    }
+                    Ok(())
+                },
+                stale,
+            )
+        };
+        let all: Vec<usize> = (0..n).collect();
+        let mut stale = Vec::new();
+        let mut results = ask(&all, Some(&mut stale));
+        if !stale.is_empty() {
+            let mut again = ask(&stale, None);
+            for &i in &stale {
+                results[i] = std::mem::replace(&mut again[i], Ok(()));
+            }
+        }
         let failures = results
             .into_iter()
             .zip(&self.servers)

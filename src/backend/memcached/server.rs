@@ -120,13 +120,16 @@ impl Server {
         let mut pool = self.pool.lock();
         while pool.busy >= self.size {
             if self.freed.wait_until(&mut pool, deadline).timed_out() && pool.busy >= self.size {
-                return Err(CheckoutError::PoolBusy(Error::new(
-                    ErrorKind::Timeout,
-                    format!(
-                        "all {} connections to memcached at {} stayed busy for {:?}",
-                        self.size, self.addr, self.connect_timeout
-                    ),
-                )));
+                return Err(CheckoutError::PoolBusy(
+                    Error::new(
+                        ErrorKind::Timeout,
+                        format!(
+                            "all {} connections to memcached at {} stayed busy for {:?}",
+                            self.size, self.addr, self.connect_timeout
+                        ),
+                    )
+                    .at_server(&self.addr),
+                ));
             }
         }
         pool.busy += 1;
@@ -174,9 +177,10 @@ impl Server {
         drop(idle);
     }
 
-    /// Names the server in a backend error.
+    /// Names the server in a backend error, once: an error that names its server already
+    /// (a failed connect, a busy pool, "marked dead") says where it happened.
     pub(crate) fn annotate(&self, e: Error) -> Error {
-        if e.is_backend() {
+        if e.is_backend() && e.server().is_none() {
             e.in_context(format!("memcached at {}", self.addr))
                 .at_server(&self.addr)
         } else {
