@@ -31,3 +31,8 @@ for run in a b; do
     cargo bench --bench memcached -- "get_many_100|get_hit" > "$out/rs-ops-$run.txt" 2>> "$out/err.log"
 done
 step done
+
+# 3. Issue 11: the example web service under wrk (memory backend, one process; memcached, two).
+step "webapp bench"
+bash benches/webapp/run.sh "$out/webapp" > "$out/webapp.log" 2>&1
+step "webapp done"
