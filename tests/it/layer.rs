@@ -978,7 +978,9 @@ on_backend_async!(
     review3_no_304_for_a_stored_non_2xx,
     review3_a_revalidation_that_finds_a_vary_keeps_the_variants_apart,
     review3_expires_in_the_past_is_not_fresh,
-    review3_a_panicking_origin_releases_the_claim
+    review3_a_panicking_origin_releases_the_claim,
+    review3_an_unsafe_method_invalidates_the_stored_page,
+    review3_one_clients_range_request_does_not_turn_the_cache_off
 );
 
 /// An origin that echoes the request's path, query and `X-Token` bytes.
@@ -1290,4 +1292,44 @@ async fn review3_a_panicking_origin_releases_the_claim(env: Env) {
         .await
         .expect("the next request waited out a dead leader's claim");
     assert_eq!(next.body, "ok");
+}
+
+/// RFC 9111 §4.4: a cache MUST invalidate the target URI when an unsafe method (PUT, POST,
+/// DELETE) gets a non-error response. The layer passes the PUT and keeps serving the old page.
+async fn review3_an_unsafe_method_invalidates_the_stored_page(env: Env) {
+    let origin = Origin::new(|_, n| response(StatusCode::OK, &[], format!("v{n}")));
+    let svc = layer(&env).build().unwrap().layer(origin.service());
+    assert_eq!(send(&svc, get("/doc")).await.body, "v1");
+    let put = Request::put("/doc").body(()).unwrap();
+    assert_eq!(send(&svc, put).await.status, StatusCode::OK);
+    let after = send(&svc, get("/doc")).await;
+    assert_ne!(
+        (after.x_cache(), &after.body[..]),
+        ("HIT", &b"v1"[..]),
+        "the page the PUT changed is still served from the cache"
+    );
+}
+
+/// One client's request headers decide the marker every client gets: a GET with `Range` (or
+/// `If-Match`, `If-Range`...) fills the cache, the origin answers 206, and the URL is
+/// hit-for-pass for 5 s: every request goes to the origin. One such request every 5 s turns
+/// the cache off for a hot URL.
+async fn review3_one_clients_range_request_does_not_turn_the_cache_off(env: Env) {
+    let origin = Origin::new(|req, n| {
+        if req.headers().contains_key("range") {
+            response(StatusCode::PARTIAL_CONTENT, &[("content-range", "bytes 0-0/2")], "v")
+        } else {
+            response(StatusCode::OK, &[], format!("v{n}"))
+        }
+    });
+    let svc = layer(&env).build().unwrap().layer(origin.service());
+    let ranged = send(&svc, get_with("/hot2", &[("range", "bytes=0-0")])).await;
+    assert_eq!(ranged.status, StatusCode::PARTIAL_CONTENT);
+    let seen = at_once(&svc, 16, |_| get("/hot2")).await;
+    assert!(
+        origin.calls() <= 2,
+        "after one Range request, {} of 16 plain GETs went to the origin ({:?})",
+        origin.calls() - 1,
+        seen.iter().map(Seen::x_cache).collect::<Vec<_>>()
+    );
 }
