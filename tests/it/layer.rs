@@ -959,3 +959,377 @@ fn a_dead_backend_leaves_the_origin_serving() {
         }
     });
 }
+
+// ---------------------------------------------------------------------------------------------
+// Review 3: tests that fail on the defects they name (memory backend only).
+
+on_backend_async!(
+    memory_review3,
+    Memory,
+    review3_host_header_with_a_path_makes_another_urls_key,
+    review3_repeated_params_in_another_order_are_another_url,
+    review3_vary_values_that_are_not_utf8_do_not_share_a_variant,
+    review3_the_origins_age_counts_against_freshness,
+    review3_a_comma_inside_an_etag_is_not_a_wildcard,
+    review3_a_refresh_answered_503_keeps_the_stale_page,
+    review3_waiters_on_a_failed_fetch_do_not_stampede_the_origin,
+    review3_a_cancelled_leader_lets_the_next_request_fetch,
+    review3_must_revalidate_is_never_served_stale,
+    review3_no_304_for_a_stored_non_2xx,
+    review3_a_revalidation_that_finds_a_vary_keeps_the_variants_apart,
+    review3_expires_in_the_past_is_not_fresh,
+    review3_a_panicking_origin_releases_the_claim,
+    review3_an_unsafe_method_invalidates_the_stored_page,
+    review3_one_clients_range_request_does_not_turn_the_cache_off
+);
+
+/// An origin that echoes the request's path, query and `X-Token` bytes.
+fn echo() -> Origin {
+    Origin::new(|req, _| {
+        let tok = req
+            .headers()
+            .get("x-token")
+            .map(|v| format!("{:?}", v.as_bytes()))
+            .unwrap_or_default();
+        let body = format!("{} {}", req.uri(), tok);
+        response(StatusCode::OK, &[("vary", "X-Token")], body)
+    })
+}
+
+/// `page_key` is `host + path`, with the host taken from the client's `Host` header: a host
+/// holding a `/` moves the split, so `Host: a/b` + `/c` is stored as `Host: a` + `/b/c`.
+async fn review3_host_header_with_a_path_makes_another_urls_key(env: Env) {
+    let origin = echo();
+    let svc = layer(&env).build().unwrap().layer(origin.service());
+    let evil = send(&svc, get_with("/c", &[("host", "a/b")])).await;
+    assert_eq!(evil.x_cache(), "MISS");
+    let victim = send(&svc, get_with("/b/c", &[("host", "a")])).await;
+    assert_eq!(
+        (victim.x_cache(), String::from_utf8_lossy(&victim.body).into_owned()),
+        ("MISS", "/b/c ".to_string()),
+        "GET /b/c (Host: a) was served the page of GET /c (Host: a/b)"
+    );
+}
+
+/// The query's parameters are sorted as whole `name=value` strings, so `id=2&id=1` and
+/// `id=1&id=2` share a key although the origin sees two different URLs (first value wins in
+/// most frameworks). The rules.rs comment says repeated names "keep a stable order".
+async fn review3_repeated_params_in_another_order_are_another_url(env: Env) {
+    let origin = echo();
+    let svc = layer(&env).build().unwrap().layer(origin.service());
+    send(&svc, get("/s?id=2&id=1")).await;
+    let other = send(&svc, get("/s?id=1&id=2")).await;
+    assert_eq!(
+        String::from_utf8_lossy(&other.body),
+        "/s?id=1&id=2 ",
+        "x-cache {}",
+        other.x_cache()
+    );
+}
+
+/// `variant_key` reads header values through `String::from_utf8_lossy`: every non-UTF-8 byte
+/// becomes U+FFFD, so two different values share one variant.
+async fn review3_vary_values_that_are_not_utf8_do_not_share_a_variant(env: Env) {
+    let origin = echo();
+    let svc = layer(&env).build().unwrap().layer(origin.service());
+    let with = |b: &'static [u8]| {
+        let mut r = get("/v3");
+        r.headers_mut()
+            .insert("x-token", http::HeaderValue::from_bytes(b).unwrap());
+        r
+    };
+    assert_eq!(send(&svc, with(b"\xff")).await.x_cache(), "MISS");
+    let other = send(&svc, with(b"\xfe")).await;
+    assert_eq!(
+        String::from_utf8_lossy(&other.body),
+        "/v3 [254]",
+        "X-Token: \\xfe was served the variant of X-Token: \\xff ({})",
+        other.x_cache()
+    );
+}
+
+/// RFC 9111 §4.2: fresh while freshness_lifetime > current_age, and current_age includes the
+/// `Age` the response arrived with. An `Age: 50, max-age=60` response is stale 10 s later; the
+/// layer serves it as `HIT` for 60 s (with `Age` up to 110).
+async fn review3_the_origins_age_counts_against_freshness(env: Env) {
+    let origin = Origin::page("aged", &[("age", "50"), ("cache-control", "max-age=60")]);
+    let svc = layer(&env).build().unwrap().layer(origin.service());
+    send(&svc, get("/aged")).await;
+    env.advance(Duration::from_secs(30));
+    let seen = send(&svc, get("/aged")).await;
+    assert!(
+        !(seen.x_cache() == "HIT" && seen.age() > 60),
+        "served as fresh (HIT) with Age {} > max-age 60",
+        seen.age()
+    );
+}
+
+/// An entity tag may hold commas (etagc = %x21 / %x23-7E). `none_match` splits the header on
+/// every comma, so `"v1,*,x"` (one tag) contains a `*` and matches anything: a false 304.
+async fn review3_a_comma_inside_an_etag_is_not_a_wildcard(env: Env) {
+    let origin = Origin::page("current", &[("etag", "\"v2\"")]);
+    let svc = layer(&env).build().unwrap().layer(origin.service());
+    send(&svc, get("/e")).await;
+    let seen = send(&svc, get_with("/e", &[("if-none-match", "\"v1,*,x\"")])).await;
+    assert_eq!(seen.status, StatusCode::OK, "a 304 for a tag that does not match");
+}
+
+/// An expired page whose refresh gets a 503 (the origin is overloaded) is replaced by a
+/// hit-for-pass marker: for the next 5 s every request goes to the struggling origin instead
+/// of being served the stale page.
+async fn review3_a_refresh_answered_503_keeps_the_stale_page(env: Env) {
+    let origin = Origin::new(|_, n| {
+        if n == 2 {
+            response(StatusCode::SERVICE_UNAVAILABLE, &[], "overloaded")
+        } else {
+            response(StatusCode::OK, &[], format!("v{n}"))
+        }
+    });
+    let svc = layer(&env).build().unwrap().layer(origin.service());
+    assert_eq!(send(&svc, get("/busy")).await.body, "v1");
+    env.advance(Duration::from_secs(61));
+    let refresh = send(&svc, get("/busy")).await;
+    assert_eq!(refresh.status, StatusCode::SERVICE_UNAVAILABLE);
+    let seen = at_once(&svc, 16, |_| get("/busy")).await;
+    assert_eq!(
+        origin.calls(),
+        2,
+        "after one failed refresh, {} of 16 requests went to the origin ({:?})",
+        origin.calls() - 2,
+        seen.iter().map(Seen::x_cache).collect::<Vec<_>>()
+    );
+}
+
+/// A cold URL's fetch fails (the origin errors after a while): every request that waited for
+/// it then calls the origin itself, at once: 1 + N origin calls, a stampede on the one origin
+/// that just failed.
+async fn review3_waiters_on_a_failed_fetch_do_not_stampede_the_origin(env: Env) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let gate = Arc::new(Semaphore::new(0));
+    let (c, g) = (calls.clone(), gate.clone());
+    let origin = tower::service_fn(move |_: Request<()>| {
+        let n = c.fetch_add(1, Ordering::SeqCst) + 1;
+        let g = g.clone();
+        async move {
+            if n == 1 {
+                g.acquire().await.unwrap().forget();
+                return Err(std::io::Error::other("timed out"));
+            }
+            Ok(response(StatusCode::OK, &[], "ok"))
+        }
+    });
+    let svc = layer(&env).build().unwrap().layer(origin);
+    // The fetch fails after 300 ms: long enough for the 15 others to be waiting for it.
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        gate.add_permits(1 << 20);
+    });
+    let start = Arc::new(Barrier::new(16));
+    let mut tasks = Vec::new();
+    for _ in 0..16 {
+        let (svc, start) = (svc.clone(), start.clone());
+        tasks.push(tokio::spawn(async move {
+            start.wait().await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            svc.oneshot(get("/cold-fail")).await.is_ok()
+        }));
+    }
+    for t in tasks {
+        let _ = t.await.unwrap();
+    }
+    assert!(
+        calls.load(Ordering::SeqCst) <= 2,
+        "one failed fetch, then {} origin calls",
+        calls.load(Ordering::SeqCst) - 1
+    );
+}
+
+/// The leader's client goes away mid-fetch (its future is dropped): the next request must not
+/// wait out the claim.
+async fn review3_a_cancelled_leader_lets_the_next_request_fetch(env: Env) {
+    let mut origin = Origin::new(|_, n| response(StatusCode::OK, &[], format!("v{n}")));
+    let gate = Arc::new(Semaphore::new(0));
+    origin.gate = Some(gate.clone());
+    let cache = env
+        .builder()
+        .max_wait(Duration::from_secs(60))
+        .build_async()
+        .unwrap();
+    let svc = ResponseCacheLayer::new(cache).layer(origin.service());
+    let leader = {
+        let svc = svc.clone();
+        tokio::spawn(async move { send(&svc, get("/gone")).await })
+    };
+    while origin.calls() < 1 {
+        tokio::task::yield_now().await;
+    }
+    leader.abort();
+    let _ = leader.await;
+    gate.add_permits(1 << 20);
+    let next = tokio::time::timeout(Duration::from_secs(5), send(&svc, get("/gone"))).await;
+    let next = next.expect("the next request waited for a claim whose holder is gone");
+    assert_eq!(next.body, "v2");
+}
+
+/// RFC 9111 §5.2.2.2: a stale `must-revalidate` response MUST NOT be reused without
+/// validation (and `s-maxage` implies `proxy-revalidate` for a shared cache, §5.2.2.10). The
+/// layer serves it `STALE` during the grace (documented as "not read", still a MUST NOT).
+async fn review3_must_revalidate_is_never_served_stale(env: Env) {
+    let mut origin = Origin::new(|_, n| {
+        response(
+            StatusCode::OK,
+            &[("cache-control", "max-age=60, must-revalidate")],
+            format!("v{n}"),
+        )
+    });
+    let gate = Arc::new(Semaphore::new(1));
+    origin.gate = Some(gate.clone());
+    let svc = layer(&env).build().unwrap().layer(origin.service());
+    send(&svc, get("/mr")).await;
+    env.advance(Duration::from_secs(61));
+    let refresh = {
+        let svc = svc.clone();
+        tokio::spawn(async move { send(&svc, get("/mr")).await })
+    };
+    while origin.calls() < 2 {
+        tokio::task::yield_now().await;
+    }
+    let other = send(&svc, get("/mr")).await;
+    gate.add_permits(1 << 20);
+    refresh.await.unwrap();
+    assert_ne!(other.x_cache(), "STALE", "a stale must-revalidate page was served");
+}
+
+/// RFC 9110 §13.2.1: conditional headers are ignored when the response would not be 2xx. With
+/// `statuses([200, 404])`, a stored 404 carrying an ETag is answered 304 to a matching
+/// `If-None-Match`, telling the client its cached 200 is still good.
+async fn review3_no_304_for_a_stored_non_2xx(env: Env) {
+    let origin = Origin::new(|_, _| response(StatusCode::NOT_FOUND, &[("etag", "\"x\"")], "gone"));
+    let svc = layer(&env)
+        .statuses([StatusCode::OK, StatusCode::NOT_FOUND])
+        .build()
+        .unwrap()
+        .layer(origin.service());
+    send(&svc, get("/nf")).await;
+    let seen = send(&svc, get_with("/nf", &[("if-none-match", "\"x\"")])).await;
+    assert_eq!(seen.status, StatusCode::NOT_FOUND);
+}
+
+/// `Fill::Revalidate` stores the new response under the old key as a page, whatever its `Vary`
+/// says: a page that starts to vary, revalidated by a request for one variant, is then served
+/// to every request, whatever its values of the varied header.
+async fn review3_a_revalidation_that_finds_a_vary_keeps_the_variants_apart(env: Env) {
+    let origin = Origin::new(|req, n| {
+        if n == 1 {
+            return response(StatusCode::OK, &[], "no vary yet");
+        }
+        let lang = req
+            .headers()
+            .get("accept-language")
+            .map_or("none", |v| v.to_str().unwrap());
+        response(
+            StatusCode::OK,
+            &[("vary", "Accept-Language")],
+            format!("page in {lang}"),
+        )
+    });
+    let svc = layer(&env).build().unwrap().layer(origin.service());
+    send(&svc, get("/rv")).await;
+    env.advance(Duration::from_secs(2));
+    let fr = send(
+        &svc,
+        get_with("/rv", &[("cache-control", "no-cache"), ("accept-language", "fr")]),
+    )
+    .await;
+    assert_eq!(fr.body, "page in fr");
+    let en = send(&svc, get_with("/rv", &[("accept-language", "en")])).await;
+    assert_eq!(
+        String::from_utf8_lossy(&en.body),
+        "page in en",
+        "Accept-Language: en served the fr variant ({})",
+        en.x_cache()
+    );
+}
+
+/// RFC 9111 §4.2.1 / §5.3: without max-age, `Expires` gives the freshness lifetime, and an
+/// invalid one (`Expires: 0`, a common "do not cache") means already expired. The layer
+/// ignores `Expires` and serves such a page as a fresh HIT for its default ttl.
+async fn review3_expires_in_the_past_is_not_fresh(env: Env) {
+    let origin = Origin::new(|_, n| response(StatusCode::OK, &[("expires", "0")], format!("v{n}")));
+    let svc = layer(&env).build().unwrap().layer(origin.service());
+    send(&svc, get("/exp")).await;
+    let again = send(&svc, get("/exp")).await;
+    assert_ne!(again.x_cache(), "HIT", "an already-expired response served as fresh");
+}
+
+/// An origin that panics while it is the leader: the claim must be given back, so the next
+/// request fetches at once instead of waiting for max_wait.
+async fn review3_a_panicking_origin_releases_the_claim(env: Env) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c = calls.clone();
+    let origin = tower::service_fn(move |_: Request<()>| {
+        let n = c.fetch_add(1, Ordering::SeqCst) + 1;
+        async move {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            if n == 1 {
+                panic!("the origin panicked");
+            }
+            Ok::<_, Infallible>(response(StatusCode::OK, &[], "ok"))
+        }
+    });
+    let cache = env
+        .builder()
+        .max_wait(Duration::from_secs(60))
+        .build_async()
+        .unwrap();
+    let svc = ResponseCacheLayer::new(cache).layer(origin);
+    let first = {
+        let svc = svc.clone();
+        tokio::spawn(async move { send(&svc, get("/boom")).await })
+    };
+    assert!(first.await.is_err(), "the first request panicked");
+    let next = tokio::time::timeout(Duration::from_secs(5), send(&svc, get("/boom")))
+        .await
+        .expect("the next request waited out a dead leader's claim");
+    assert_eq!(next.body, "ok");
+}
+
+/// RFC 9111 §4.4: a cache MUST invalidate the target URI when an unsafe method (PUT, POST,
+/// DELETE) gets a non-error response. The layer passes the PUT and keeps serving the old page.
+async fn review3_an_unsafe_method_invalidates_the_stored_page(env: Env) {
+    let origin = Origin::new(|_, n| response(StatusCode::OK, &[], format!("v{n}")));
+    let svc = layer(&env).build().unwrap().layer(origin.service());
+    assert_eq!(send(&svc, get("/doc")).await.body, "v1");
+    let put = Request::put("/doc").body(()).unwrap();
+    assert_eq!(send(&svc, put).await.status, StatusCode::OK);
+    let after = send(&svc, get("/doc")).await;
+    assert_ne!(
+        (after.x_cache(), &after.body[..]),
+        ("HIT", &b"v1"[..]),
+        "the page the PUT changed is still served from the cache"
+    );
+}
+
+/// One client's request headers decide the marker every client gets: a GET with `Range` (or
+/// `If-Match`, `If-Range`...) fills the cache, the origin answers 206, and the URL is
+/// hit-for-pass for 5 s: every request goes to the origin. One such request every 5 s turns
+/// the cache off for a hot URL.
+async fn review3_one_clients_range_request_does_not_turn_the_cache_off(env: Env) {
+    let origin = Origin::new(|req, n| {
+        if req.headers().contains_key("range") {
+            response(StatusCode::PARTIAL_CONTENT, &[("content-range", "bytes 0-0/2")], "v")
+        } else {
+            response(StatusCode::OK, &[], format!("v{n}"))
+        }
+    });
+    let svc = layer(&env).build().unwrap().layer(origin.service());
+    let ranged = send(&svc, get_with("/hot2", &[("range", "bytes=0-0")])).await;
+    assert_eq!(ranged.status, StatusCode::PARTIAL_CONTENT);
+    let seen = at_once(&svc, 16, |_| get("/hot2")).await;
+    assert!(
+        origin.calls() <= 2,
+        "after one Range request, {} of 16 plain GETs went to the origin ({:?})",
+        origin.calls() - 1,
+        seen.iter().map(Seen::x_cache).collect::<Vec<_>>()
+    );
+}

@@ -41,6 +41,8 @@ on_both_backends!(
     healthz_answers_200_while_the_cache_answers,
     pages_are_cached_whole_with_their_headers,
     private_and_cookie_setting_pages_are_never_stored,
+    review3_head_is_answered_from_the_page_over_http,
+    review3_put_user_leaves_the_page_stale,
 );
 
 /// `/page/{id}` through the response cache: a miss queries the database (two queries), then hits
@@ -555,4 +557,42 @@ async fn a_file_that_is_not_a_database_is_a_clear_startup_error() {
         format!("cannot open database {}", db.display())
     );
     service::remove_db(&db);
+}
+
+/// Review 3: HEAD over real HTTP (hyper) after the page is stored: the GET's Content-Length,
+/// no body.
+async fn review3_head_is_answered_from_the_page_over_http(backend: Backend) {
+    let svc = Service::start(backend).await;
+    let body = svc.get("/page/7").await.bytes().await.unwrap();
+    let r = svc
+        .request(reqwest::Method::HEAD, "/page/7")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["x-cache"], "HIT");
+    assert_eq!(r.headers()["content-length"], body.len().to_string().as_str());
+    svc.stop().await;
+}
+
+/// Review 3: `PUT /users/{id}` deletes the user's key but not the page that shows the user:
+/// `/page/{id}` keeps the old name for its ttl (and the grace after it).
+async fn review3_put_user_leaves_the_page_stale(backend: Backend) {
+    let svc = Service::start(backend).await;
+    let before = svc.get("/page/8").await.text().await.unwrap();
+    assert!(before.contains("user-8"));
+    let put = svc
+        .client()
+        .put(svc.url("/users/8"))
+        .json(&serde_json::json!({ "name": "renamed-8" }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status(), 200);
+    let after = svc.get("/page/8").await.text().await.unwrap();
+    assert!(
+        after.contains("renamed-8"),
+        "the page still shows the name the PUT replaced"
+    );
+    svc.stop().await;
 }
