@@ -6,7 +6,7 @@
 //!   database query per expiry however many requests arrive, across every process sharing
 //!   memcached; `?cache=off` runs it every time, for comparison.
 //! - `GET /users/{id}` reads a record through the cache; `PUT /users/{id}` updates the row, then
-//!   deletes its key, and the next `GET` shows the new value.
+//!   deletes its key and invalidates `/page/{id}`, and the next `GET` shows the new value.
 //! - `GET /page/{id}`: an HTML page cached whole by newcache's response-cache layer
 //!   (`newcache::layer`, feature `tower`): `X-Cache: HIT | MISS | STALE | PASS`, `Age`, an
 //!   `If-None-Match` answered 304 from the entry, one render per expiry across processes.

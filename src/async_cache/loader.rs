@@ -180,10 +180,50 @@ impl Drop for ClaimGuard {
 pub(crate) struct Inline<F>(F);
 
 /// An async loader for the crate's own callers of the shared loader logic (the response
-/// cache), which call [`Cache::coalesced`] with a value type of their own.
+/// cache), which call [`Cache::coalesced`] with a value type of their own. The loader is told
+/// whether it refreshes a stale value that the other callers are served meanwhile
+/// ([`Refresh`]), which a failed load then leaves in place.
 #[cfg(feature = "tower")]
-pub(crate) fn inline<F>(loader: F) -> Inline<F> {
-    Inline(loader)
+pub(crate) fn inline<F>(loader: F) -> Told<F> {
+    Told(loader, Refresh::Missing)
+}
+
+/// What a [`Told`] loader's load replaces.
+#[cfg(feature = "tower")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refresh {
+    /// Nothing servable: the key was missing, or its value past its staleness bound (others
+    /// wait for this load).
+    Missing,
+    /// A stale (or early-refreshed) value, served to the others while this load runs.
+    Stale,
+}
+
+/// An inline async loader told what its load replaces: see [`inline`].
+#[cfg(feature = "tower")]
+pub(crate) struct Told<F>(F, Refresh);
+
+#[cfg(feature = "tower")]
+impl<'d, T, F, Fut, E> Load<T, AsyncDriver<'d>> for Told<F>
+where
+    F: FnOnce(Refresh) -> Fut,
+    Fut: Future<Output = std::result::Result<T, E>>,
+    E: Into<BoxError>,
+{
+    fn call(self) -> impl Future<Output = std::result::Result<T, BoxError>> {
+        let fut = (self.0)(self.1);
+        async move { fut.await.map_err(Into::into) }
+    }
+    fn refresh_in_background(
+        self,
+        _: &Cache,
+        _: &AsyncDriver<'d>,
+        held: AsyncLease,
+        _: Ttl,
+    ) -> Option<(Self, AsyncLease)> {
+        // Called only for a held value that others are being served: the refresh runs inline.
+        Some((Told(self.0, Refresh::Stale), held))
+    }
 }
 
 impl<'d, T, F, Fut, E> Load<T, AsyncDriver<'d>> for Inline<F>

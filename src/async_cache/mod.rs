@@ -10,7 +10,7 @@ mod lease;
 mod loader;
 
 #[cfg(feature = "tower")]
-pub(crate) use loader::inline;
+pub(crate) use loader::{Refresh, inline};
 
 use std::collections::HashMap;
 use std::fmt;

@@ -31,7 +31,11 @@ impl Cache {
         let format = &self.inner.config.format;
         let (mut header, padding) = match herd {
             Herd::Protected => {
-                let herd_ms = self.inner.config.herd_timeout.as_millis() as u32;
+                let herd_ms = if value.serve_stale() {
+                    self.inner.config.herd_timeout.as_millis() as u32
+                } else {
+                    0
+                };
                 let h = Header::value(ttl::soft_expiry_ms(life, now), now, load_ms, herd_ms);
                 (h, self.hard_padding(life))
             }

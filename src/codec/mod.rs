@@ -120,6 +120,12 @@ pub(crate) trait Encode {
     fn lifetime(&self) -> Option<std::time::Duration> {
         None
     }
+    /// Whether it may be served stale, past its lifetime, while one caller refreshes it (the
+    /// herd's grace); `false` (a page whose response said `must-revalidate`) stores it with no
+    /// grace: once expired, readers wait for the one refresh as for a missing key.
+    fn serve_stale(&self) -> bool {
+        true
+    }
 }
 
 /// How a payload is encoded, as the envelope records it.

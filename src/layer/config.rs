@@ -1,5 +1,5 @@
-//! The response cache's settings: [`ResponseCacheBuilder`], every default in one place, and the
-//! [`CookiePolicy`].
+//! The response cache's settings: [`ResponseCacheBuilder`], every default in one place, the
+//! [`CookiePolicy`] and the [`HostPolicy`].
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,6 +37,26 @@ pub enum CookiePolicy {
     Key,
 }
 
+/// Whether the request's host is part of a page's key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum HostPolicy {
+    /// The host (the request URI's authority, else the `Host` header, lowercased) is part of
+    /// the key, so one layer may serve several sites. A request whose host holds characters an
+    /// authority cannot (`/`, `?`, `@`, a space...), with two `Host` headers, or in absolute
+    /// form with an authority other than its `Host`, is passed to the origin uncached. The
+    /// default.
+    #[default]
+    Key,
+    /// The host is left out of the key: for an application that serves one site under several
+    /// names (`localhost:3000` and `127.0.0.1:3000`, a load balancer's name and a pod's), whose
+    /// pages do not depend on the name they were asked for under. One page per path, and
+    /// [`invalidate`](ResponseCacheLayer::invalidate) of a path reaches it whatever the host.
+    /// Never for pages that print their host (absolute links): the first host asked would be
+    /// served to every other.
+    Ignore,
+}
+
 /// The settings of a [`ResponseCacheLayer`], validated by [`build`](ResponseCacheBuilder::build).
 #[derive(Debug, Clone)]
 pub(crate) struct Settings {
@@ -48,6 +68,7 @@ pub(crate) struct Settings {
     pub(crate) hit_for_pass: Duration,
     pub(crate) revalidate_after: Duration,
     pub(crate) namespace: String,
+    pub(crate) hosts: HostPolicy,
 }
 
 /// Builds a [`ResponseCacheLayer`]: [`ResponseCacheLayer::builder`]. Each setter says its
@@ -72,6 +93,7 @@ impl ResponseCacheBuilder {
                 hit_for_pass: DEFAULT_HIT_FOR_PASS,
                 revalidate_after: DEFAULT_REVALIDATE_AFTER,
                 namespace: "page".to_string(),
+                hosts: HostPolicy::Key,
             },
         }
     }
@@ -79,7 +101,8 @@ impl ResponseCacheBuilder {
     /// How long a response is fresh when it says neither `s-maxage` nor `max-age`; default
     /// [`DEFAULT_PAGE_TTL`] (60 s). After it, a page is served stale to everyone but the one
     /// request that refreshes it, for up to the cache's
-    /// [`herd_timeout`](crate::CacheBuilder::herd_timeout) (its "grace").
+    /// [`herd_timeout`](crate::CacheBuilder::herd_timeout) (its "grace"), unless its response
+    /// said `must-revalidate`, `proxy-revalidate` or `s-maxage` (no grace).
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.settings.ttl = ttl;
         self
@@ -113,8 +136,11 @@ impl ResponseCacheBuilder {
     }
 
     /// How long a URL whose response was not storable (`private`, `Set-Cookie`, a stream, a
-    /// 500...) sends its requests straight to the origin, instead of making them wait for one
-    /// another's load; default [`DEFAULT_HIT_FOR_PASS`] (5 s). Varnish's "hit-for-pass".
+    /// status not in [`statuses`](Self::statuses) such as a 404 where no page was stored)
+    /// sends its requests straight to the origin, instead of making them wait for one another's
+    /// load; default [`DEFAULT_HIT_FOR_PASS`] (5 s). Varnish's "hit-for-pass". A `5xx` (or an
+    /// origin error) leaves no marker: it is a failed fetch, tried again by the next request,
+    /// one at a time, while a stale page, if there is one, is served to the others.
     pub fn hit_for_pass(mut self, time: Duration) -> Self {
         self.settings.hit_for_pass = time;
         self
@@ -127,6 +153,12 @@ impl ResponseCacheBuilder {
     /// every such request (still one origin call at a time per page).
     pub fn revalidate_after(mut self, age: Duration) -> Self {
         self.settings.revalidate_after = age;
+        self
+    }
+
+    /// Whether the host is part of a page's key; default [`HostPolicy::Key`].
+    pub fn hosts(mut self, policy: HostPolicy) -> Self {
+        self.settings.hosts = policy;
         self
     }
 

@@ -1,7 +1,7 @@
 //! What the response cache stores under a key, and its byte layout: a page (status, headers, and
 //! the body copied in whole, last, so it lies contiguous in the item), a page's vary record (the
-//! header names its variants are keyed on), or a hit-for-pass marker. Stored as a raw payload
-//! (no codec), through the loader like any value. Pure.
+//! header names its variants are keyed on, and their generation), or a hit-for-pass marker.
+//! Stored as a raw payload (no codec), through the loader like any value. Pure.
 
 use std::time::Duration;
 
@@ -13,7 +13,9 @@ use crate::codec::{Codec, Decode, Encode, Format, Payload};
 use crate::error::{Error, Result};
 
 const MAGIC: [u8; 2] = *b"NP";
-const VERSION: u8 = 1;
+/// Version 2 added a page's "never stale" flag and a vary record's generation; version 1
+/// entries are still read (not stale-forbidding, generation 0).
+const VERSION: u8 = 2;
 
 /// One stored response.
 #[derive(Debug, Clone, PartialEq)]
@@ -24,6 +26,9 @@ pub(crate) struct Page {
     pub(crate) body: Bytes,
     /// Whether a request carrying `Authorization` may be served it.
     pub(crate) shared: bool,
+    /// Whether it must never be served past its freshness (`must-revalidate`,
+    /// `proxy-revalidate`, `s-maxage`): stored without the herd's grace.
+    pub(crate) no_stale: bool,
     /// The `Age` the origin's response carried, in seconds.
     pub(crate) origin_age: u32,
 }
@@ -33,8 +38,12 @@ pub(crate) struct Page {
 pub(crate) enum Body {
     Page(Page),
     /// The response varies on these request headers: its variants are stored under variant
-    /// keys.
-    Vary(Vec<HeaderName>),
+    /// keys that hold `generation` (random, new with every record), so that a record stored
+    /// again, or a page invalidated, leaves the old variants unreachable.
+    Vary {
+        names: Vec<HeaderName>,
+        generation: u64,
+    },
     /// The last response was not storable: requests go to the origin at once.
     Pass,
 }
@@ -71,17 +80,18 @@ impl Entry {
         out.extend_from_slice(&(self.fresh.as_millis() as u64).to_le_bytes());
         match &self.body {
             Body::Pass => out.push(0),
-            Body::Vary(names) => {
+            Body::Vary { names, generation } => {
                 out.push(1);
                 out.extend_from_slice(&(names.len() as u16).to_le_bytes());
                 for n in names {
                     put_short(out, n.as_str().as_bytes());
                 }
+                out.extend_from_slice(&generation.to_le_bytes());
             }
             Body::Page(p) => {
                 out.push(2);
                 out.extend_from_slice(&p.status.as_u16().to_le_bytes());
-                out.push(u8::from(p.shared));
+                out.push(u8::from(p.shared) | (u8::from(p.no_stale) << 1));
                 out.extend_from_slice(&p.origin_age.to_le_bytes());
                 out.extend_from_slice(&(p.headers.len() as u32).to_le_bytes());
                 for (name, value) in &p.headers {
@@ -98,7 +108,11 @@ impl Entry {
     /// Reads an entry's bytes; anything malformed is a decode error.
     pub(crate) fn read(bytes: &[u8]) -> Result<Entry> {
         let mut r = Reader(bytes);
-        if r.take(2)? != MAGIC || r.u8()? != VERSION {
+        if r.take(2)? != MAGIC {
+            return Err(Error::decode("not a response-cache entry"));
+        }
+        let version = r.u8()?;
+        if version != 1 && version != VERSION {
             return Err(Error::decode("not a response-cache entry of this version"));
         }
         let stored_ms = r.u64()?;
@@ -112,11 +126,17 @@ impl Entry {
                     let len = usize::from(r.u16()?);
                     names.push(HeaderName::from_bytes(r.take(len)?).map_err(bad)?);
                 }
-                Body::Vary(names)
+                let generation = if version == 1 { 0 } else { r.u64()? };
+                Body::Vary { names, generation }
             }
             2 => {
                 let status = StatusCode::from_u16(r.u16()?).map_err(bad)?;
-                let shared = r.u8()? != 0;
+                let flags = r.u8()?;
+                let (shared, no_stale) = if version == 1 {
+                    (flags != 0, false)
+                } else {
+                    (flags & 1 != 0, flags & 2 != 0)
+                };
                 let origin_age = r.u32()?;
                 let n = r.u32()?;
                 let mut headers = HeaderMap::new();
@@ -132,6 +152,7 @@ impl Entry {
                     headers,
                     body: Bytes::copy_from_slice(r.0),
                     shared,
+                    no_stale,
                     origin_age,
                 })
             }
@@ -197,6 +218,9 @@ impl Encode for Entry {
     fn lifetime(&self) -> Option<Duration> {
         Some(self.fresh)
     }
+    fn serve_stale(&self) -> bool {
+        !matches!(&self.body, Body::Page(p) if p.no_stale)
+    }
 }
 
 impl Decode for Entry {
@@ -242,13 +266,17 @@ mod tests {
                 headers,
                 body: Bytes::from_static(b"<html>hello</html>"),
                 shared: true,
+                no_stale: true,
                 origin_age: 7,
             }),
         });
         round_trip(Entry {
             stored_ms: 1,
             fresh: Duration::from_secs(5),
-            body: Body::Vary(vec![http::header::ACCEPT, http::header::ACCEPT_LANGUAGE]),
+            body: Body::Vary {
+                names: vec![http::header::ACCEPT, http::header::ACCEPT_LANGUAGE],
+                generation: 0x0123_4567_89ab_cdef,
+            },
         });
         round_trip(Entry {
             stored_ms: 1,
@@ -268,12 +296,47 @@ mod tests {
                 headers: HeaderMap::new(),
                 body: body.clone(),
                 shared: false,
+                no_stale: false,
                 origin_age: 0,
             }),
         };
         let mut buf = Vec::new();
         e.write(&mut buf);
         assert!(buf.ends_with(&body));
+    }
+
+    #[test]
+    fn version_1_entries_are_still_read() {
+        let mut v1 = Vec::new();
+        v1.extend_from_slice(b"NP\x01");
+        v1.extend_from_slice(&1u64.to_le_bytes());
+        v1.extend_from_slice(&5000u64.to_le_bytes());
+        v1.push(1);
+        v1.extend_from_slice(&1u16.to_le_bytes());
+        put_short(&mut v1, b"accept");
+        let e = Entry::read(&v1).unwrap();
+        assert_eq!(
+            e.body,
+            Body::Vary {
+                names: vec![http::header::ACCEPT],
+                generation: 0
+            }
+        );
+        let mut v1 = Vec::new();
+        v1.extend_from_slice(b"NP\x01");
+        v1.extend_from_slice(&1u64.to_le_bytes());
+        v1.extend_from_slice(&5000u64.to_le_bytes());
+        v1.push(2);
+        v1.extend_from_slice(&200u16.to_le_bytes());
+        v1.push(1);
+        v1.extend_from_slice(&0u32.to_le_bytes());
+        v1.extend_from_slice(&0u32.to_le_bytes());
+        v1.extend_from_slice(b"body");
+        let Body::Page(p) = Entry::read(&v1).unwrap().body else {
+            panic!("a page")
+        };
+        assert!(p.shared && !p.no_stale);
+        assert_eq!(p.body, "body");
     }
 
     #[test]

@@ -39,23 +39,43 @@
 //!   body) and otherwise passed to the origin. A request with `Authorization` is served only an
 //!   entry whose response said `public` or `s-maxage`, and never fills one. A request with a
 //!   `Cookie` follows the [`CookiePolicy`] (passed by default). `Cache-Control: no-store` on a
-//!   request passes it. The key is the host, the path and the query with its parameters sorted
-//!   and the [ignored ones](ResponseCacheBuilder::ignore_params) (`utm_*`, `_`...) dropped,
-//!   under a [namespace](ResponseCacheBuilder::namespace) (`page` by default).
+//!   request passes it, and so do `Range`, `If-Match`, `If-Range` and `If-Unmodified-Since`:
+//!   the origin answers those (a `206` or a `412` is not the page), and they neither fill the
+//!   cache nor mark it. The key is the host (see [`HostPolicy`]), the path and the query with
+//!   its parameters sorted by name (the values of a repeated name keep their order) and the
+//!   [ignored ones](ResponseCacheBuilder::ignore_params) (`utm_*`, `_`...) dropped, under a
+//!   [namespace](ResponseCacheBuilder::namespace) (`page` by default). The host is the request
+//!   URI's authority, else `Host`; a host with characters an authority cannot hold (`Host:
+//!   a/b` would otherwise read as another URL's key), two `Host` headers, or an absolute-form
+//!   URI whose authority is not its `Host` make the request `PASS`. Headers the origin reads
+//!   and the key does not hold (`X-Forwarded-Host`...) must be set by a proxy in front, or named
+//!   in the response's `Vary`.
+//! - **Unsafe methods**: `POST`, `PUT`, `PATCH`, `DELETE` (any method but `GET`, `HEAD`,
+//!   `OPTIONS`, `TRACE`) go to the origin; a `2xx` or `3xx` answer removes the stored page of
+//!   their URL before it is returned (RFC 9111 §4.4), every variant with it. An application
+//!   whose change shows under other URLs removes those pages with
+//!   [`ResponseCacheLayer::invalidate`].
 //! - **Responses**: the [statuses](ResponseCacheBuilder::statuses) configured (`200` by default),
 //!   never one with `Set-Cookie`, `Cache-Control: private`, `no-store` or `no-cache`, or
-//!   `Vary: *`. Fresh for `s-maxage`, else `max-age`, else the layer's
-//!   [ttl](ResponseCacheBuilder::ttl). A body is stored only when its length is known and at most
+//!   `Vary: *`. The freshness lifetime is `s-maxage`, else `max-age`, else `Expires` minus
+//!   `Date` (an invalid or past `Expires`, such as `0`: already stale, not stored), else the
+//!   layer's [ttl](ResponseCacheBuilder::ttl); the `Age` the response arrived with is taken off
+//!   it (RFC 9111 §4.2.3; the origin's `Date` is not used to compute an age). A body is stored
+//!   only when its length is known and at most
 //!   [`max_body_size`](ResponseCacheBuilder::max_body_size); any other body streams to the
 //!   client as it comes. Bodies are stored as raw bytes (copied into the item once, after the
-//!   status and headers; no serializer walks them).
-//!   `Expires` and `must-revalidate` are not read: freshness is `s-maxage`, `max-age` or the
-//!   ttl, and an expired page is served while it is refreshed (see the herd, below).
-//! - **`Vary`**: the page's key holds a *vary record* (the header names); each variant is stored
-//!   under the page key plus the request's values of those headers.
-//! - **Conditional requests**: a request's `If-None-Match` that matches the entry's `ETag` is
-//!   answered `304 Not Modified` from the entry. Conditional headers are not forwarded when the
-//!   layer fetches a page to store (the origin would answer 304, which is not a page).
+//!   status and headers; no serializer walks them). Hop-by-hop headers (`Connection`, those it
+//!   names, `Keep-Alive`, `Transfer-Encoding`, `Upgrade`...) are not stored.
+//! - **`Vary`**: the page's key holds a *vary record* (the header names, and a generation drawn
+//!   when the record is stored); each variant is stored under the page key, the generation and
+//!   the request's values of those headers (their raw bytes). A page stored again with a new
+//!   record, or removed, leaves the old variants unreachable. A revalidation stores its page as
+//!   any fill does.
+//! - **Conditional requests**: a request's `If-None-Match` (a `*`, or a list of entity tags,
+//!   which may hold commas) that matches a `2xx` entry's `ETag` is answered `304 Not
+//!   Modified` from the entry; a stored `404` is served as it is (RFC 9110 §13.2.1).
+//!   `If-None-Match` and `If-Modified-Since` are not forwarded when the layer fetches a page to
+//!   store (the origin would answer 304, which is not a page).
 //!
 //! # Headers set
 //!
@@ -75,11 +95,25 @@
 //!   and are then served its page (`HIT`).
 //! - **An expired URL**: one request refreshes it; every other request gets the stale page at
 //!   once (`STALE`), for up to the cache's [`herd_timeout`](crate::CacheBuilder::herd_timeout)
-//!   past its expiry (the "grace").
-//! - **Hit-for-pass**: a response found unstorable leaves a marker for
-//!   [`hit_for_pass`](ResponseCacheBuilder::hit_for_pass) (5 s by default): requests for that URL
-//!   go straight to the origin (`PASS`) instead of queueing behind one another's fetch. When it
-//!   expires, one request checks again.
+//!   past its expiry (the "grace"). A page whose response said `must-revalidate`,
+//!   `proxy-revalidate` or `s-maxage` (RFC 9111 §5.2.2.2, §5.2.2.8, §5.2.2.10) is stored with no
+//!   grace: once expired it is never served, and requests wait for the one refresh as for a
+//!   cold URL.
+//! - **A failed fetch**: an origin error or a `5xx` (and, when a page is stored, any status the
+//!   layer does not store) is given to the request that fetched, and stores nothing: a stale
+//!   page stays, served to the others (nginx's `proxy_cache_use_stale error http_5xx`, Varnish's
+//!   grace), and the next request tries again. Requests that waited for a failed fetch of a
+//!   cold URL wait for the next one, so a failing origin gets at most one request per URL at a
+//!   time; a request that has waited the cache's [`max_wait`](crate::CacheBuilder::max_wait)
+//!   goes to the origin, uncached (`PASS`), as nginx's `proxy_cache_lock_timeout` does.
+//! - **Hit-for-pass**: a response found unstorable (`private`, `Set-Cookie`, `no-store`, a
+//!   stream or a body too large, or a status not stored where no page was: a `404`, a redirect)
+//!   leaves a marker for [`hit_for_pass`](ResponseCacheBuilder::hit_for_pass) (5 s by default):
+//!   requests for that URL go straight to the origin (`PASS`) instead of queueing behind one
+//!   another's fetch. When it expires, one request checks again. A refresh or revalidation of a
+//!   stored page that gets such a storable status but an uncacheable response (a `200`
+//!   `private`) turns the URL to pass the same way: the origin said the page is no longer
+//!   shared.
 //! - **`Cache-Control: no-cache` (or `max-age=0`) on a request** revalidates, without a
 //!   stampede: a page younger than [`revalidate_after`](ResponseCacheBuilder::revalidate_after)
 //!   (1 s by default) is served as it is; an older one is fetched again by one request for all
@@ -91,7 +125,7 @@
 //! fetches the page (requests of one process for one URL at once share a fetch) and nothing is
 //! stored; a cache error such as a wait that ran out sends the request to the origin (`PASS`).
 //! An origin error reaches the request that met it and leaves nothing stored; requests that
-//! were waiting for that fetch go to the origin themselves.
+//! were waiting for that fetch wait for the next one (see a failed fetch, above).
 //!
 //! Keys: the page, variant and revalidation keys are long strings (a URL, header values) that
 //! the cache's key function turns into memcached keys. The default function hashes them, so any
@@ -114,7 +148,7 @@
 //! offload, and when the cache rules are the same for every route. Use this layer when the
 //! application already runs memcached and several processes, when the caching rules live with
 //! the routes (a `Router::layer` per group of routes, its own ttl and namespace), when pages must
-//! be invalidated from the application (bump the cache's version, or delete keys), or when there
+//! be invalidated from the application ([`ResponseCacheLayer::invalidate`]), or when there
 //! is no proxy to configure. The two compose: a CDN in front, honouring the same
 //! `Cache-Control`, and this layer behind it turn a CDN's per-edge misses into one origin
 //! request.
@@ -129,7 +163,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -138,15 +172,17 @@ use http_body::Body as HttpBody;
 use tower::{Layer, Service};
 
 use self::entry::{Body, Entry, Page};
-use self::rules::CacheControl;
+use self::rules::{CacheControl, Uncacheable};
 use crate::async_cache::AsyncCache;
+use crate::async_cache::{Refresh, inline};
 use crate::cache::Herd;
+use crate::error::{Error, ErrorKind, Result};
 
 pub use self::body::ResponseBody;
 use self::config::Settings;
 pub use self::config::{
     CookiePolicy, DEFAULT_HIT_FOR_PASS, DEFAULT_MAX_BODY_SIZE, DEFAULT_PAGE_TTL,
-    DEFAULT_REVALIDATE_AFTER, ResponseCacheBuilder,
+    DEFAULT_REVALIDATE_AFTER, HostPolicy, ResponseCacheBuilder,
 };
 
 /// The header that says where a response came from: `HIT`, `STALE`, `MISS` or `PASS`.
@@ -189,6 +225,49 @@ impl ResponseCacheLayer {
     /// A builder, to change the defaults.
     pub fn builder(cache: AsyncCache) -> ResponseCacheBuilder {
         ResponseCacheBuilder::new(cache)
+    }
+
+    /// Removes the stored page of a URL, as a successful `POST`, `PUT`, `PATCH` or `DELETE`
+    /// through the layer does for its own URL: for an application whose change shows on other
+    /// pages (`PUT /users/7` changes `/page/7`). The next request fetches the page again; a
+    /// fetch already under way when this runs does not store its (older) page.
+    ///
+    /// `uri` is what a request line holds: a path and query (`/page/7?lang=en`; the query is
+    /// normalised as the layer's keys are), or an absolute URL whose authority is the host. With
+    /// [`HostPolicy::Key`] (the default) a page is stored per host: a path alone reaches the
+    /// page of requests that had no host, so give the absolute URL of each host the page is
+    /// served under, or build a single-site layer with [`HostPolicy::Ignore`], where a path
+    /// reaches the page whatever the host. Every variant of a page that varies (`Vary`) is
+    /// invalidated with it. Pages stored per cookie ([`CookiePolicy::Key`]) are not reached.
+    ///
+    /// # Errors
+    /// An `InvalidKey` error for a `uri` that does not parse, has no path starting with `/`,
+    /// or has a host the layer would refuse; the cache's error if the delete fails (with the
+    /// default write policy).
+    pub async fn invalidate(&self, uri: &str) -> Result<()> {
+        let invalid = |why: &str| {
+            Error::new(
+                ErrorKind::InvalidKey,
+                format!("cannot invalidate {uri:?}: {why}"),
+            )
+        };
+        let uri: http::Uri = uri.parse().map_err(|_| invalid("not a URI"))?;
+        if !uri.path().starts_with('/') {
+            return Err(invalid("its path does not start with '/'"));
+        }
+        let s = &self.settings;
+        let host = match s.hosts {
+            HostPolicy::Key => {
+                Some(rules::key_host(&uri, &HeaderMap::new()).ok_or_else(|| invalid("its host"))?)
+            }
+            HostPolicy::Ignore => None,
+        };
+        let key = rules::page_key(&s.namespace, host.as_deref(), &uri, &s.ignored_params);
+        self.cache
+            .cache
+            .delete_on(&self.cache.io(), &key)
+            .await
+            .map(drop)
     }
 }
 
@@ -287,7 +366,7 @@ enum Fetched<B: HttpBody, E> {
     Failed(E),
 }
 
-/// The origin failed; its error is in [`Call::fetched`].
+/// The origin failed (its error, or a response that is not a page, is in [`Call::fetched`]).
 #[derive(Debug)]
 struct OriginFailed;
 
@@ -299,20 +378,60 @@ impl fmt::Display for OriginFailed {
 
 impl std::error::Error for OriginFailed {}
 
+/// A page's vary record, as the keys of its variants need it: the header names and the
+/// record's generation.
+type Record<'a> = (&'a [HeaderName], u64);
+
 /// Which key a fetch fills.
 #[derive(Clone, Copy)]
 enum Fill<'a> {
     /// The page key: a page, or (the response varies) a vary record, its variant stored beside.
     Page(&'a str),
-    /// A variant key of a page whose vary record names these headers.
+    /// A variant key of a page whose vary record is `record`.
     Variant {
         page_key: &'a str,
-        vary: &'a [HeaderName],
+        record: Record<'a>,
     },
-    /// A revalidation: the page is stored under `target` with `set`; the key being loaded gets a
-    /// marker that the revalidation happened.
-    Revalidate { target: &'a str },
+    /// A revalidation of the page under `page_key` (`record`: of its variant under that
+    /// record): the new page is stored with `set` where a normal fill would put it; the key
+    /// being loaded gets a marker that the revalidation happened.
+    Revalidate {
+        page_key: &'a str,
+        record: Option<Record<'a>>,
+    },
 }
+
+impl Fill<'_> {
+    /// The key of the page this fetch replaces, or fills.
+    fn target(&self, headers: &HeaderMap) -> String {
+        match *self {
+            Fill::Page(page_key)
+            | Fill::Revalidate {
+                page_key,
+                record: None,
+            } => page_key.to_string(),
+            Fill::Variant {
+                page_key,
+                record: (names, generation),
+            }
+            | Fill::Revalidate {
+                page_key,
+                record: Some((names, generation)),
+            } => rules::variant_key(page_key, generation, names, headers),
+        }
+    }
+}
+
+/// Request headers that make the origin's answer depend on the client's own copy (a part of
+/// the page, a precondition): such requests are passed to the origin, uncached, and never fill
+/// the cache (a `206` or `412` is not the page). `If-None-Match` and `If-Modified-Since` are
+/// answered by the cache, and removed from a fill.
+static CLIENT_CONDITIONS: [HeaderName; 4] = [
+    header::RANGE,
+    header::IF_MATCH,
+    header::IF_RANGE,
+    header::IF_UNMODIFIED_SINCE,
+];
 
 /// One request through the layer. The origin service and the request sit in `origin` until the
 /// one origin call this request may make takes them.
@@ -339,19 +458,20 @@ where
         let s = &self.settings;
         let cacheable_method = self.method == Method::GET || self.method == Method::HEAD;
         if !cacheable_method {
-            return self.origin(None).await;
+            return self.other_method().await;
         }
         let has_cookie = self.headers.contains_key(header::COOKIE);
         if CacheControl::parse(&self.headers).no_store
             || (has_cookie && s.cookies == CookiePolicy::Pass)
+            || CLIENT_CONDITIONS
+                .iter()
+                .any(|h| self.headers.contains_key(h))
         {
             return self.origin(Some(Source::Pass)).await;
         }
-        let mut page_key =
-            rules::page_key(&s.namespace, &self.uri, &self.headers, &s.ignored_params);
-        if has_cookie && s.cookies == CookiePolicy::Key {
-            page_key = rules::variant_key(&page_key, &[header::COOKIE], &self.headers);
-        }
+        let Some(page_key) = self.page_key() else {
+            return self.origin(Some(Source::Pass)).await;
+        };
         let authorized = self.headers.contains_key(header::AUTHORIZATION);
         if self.method == Method::HEAD || authorized {
             return self.look_up(&page_key, authorized).await;
@@ -361,11 +481,12 @@ where
             Err(served) => return served,
         };
         match entry.body {
-            Body::Vary(names) => {
-                let key = rules::variant_key(&page_key, &names, &self.headers);
+            Body::Vary { names, generation } => {
+                let record = (names.as_slice(), generation);
+                let key = rules::variant_key(&page_key, generation, &names, &self.headers);
                 let fill = Fill::Variant {
                     page_key: &page_key,
-                    vary: &names,
+                    record,
                 };
                 match self.load(&key, fill).await {
                     Ok(
@@ -373,51 +494,104 @@ where
                             body: Body::Page(_),
                             ..
                         },
-                    ) => self.serve_or_revalidate(&key, e).await,
+                    ) => self.serve_or_revalidate(&page_key, Some(record), e).await,
                     Ok(_) => self.origin(Some(Source::Pass)).await,
                     Err(served) => served,
                 }
             }
-            Body::Page(_) => self.serve_or_revalidate(&page_key, entry).await,
+            Body::Page(_) => self.serve_or_revalidate(&page_key, None, entry).await,
             Body::Pass => self.origin(Some(Source::Pass)).await,
         }
     }
 
+    /// The key of this request's page (`None`: a request the cache passes: a host it refuses,
+    /// or a target that is not a path). With [`CookiePolicy::Key`] and a cookie, the cookie's
+    /// own page.
+    fn page_key(&self) -> Option<String> {
+        let s = &self.settings;
+        if !self.uri.path().starts_with('/') {
+            return None;
+        }
+        let host = match s.hosts {
+            HostPolicy::Key => Some(rules::key_host(&self.uri, &self.headers)?),
+            HostPolicy::Ignore => None,
+        };
+        let key = rules::page_key(&s.namespace, host.as_deref(), &self.uri, &s.ignored_params);
+        if self.headers.contains_key(header::COOKIE) && s.cookies == CookiePolicy::Key {
+            return Some(rules::variant_key(
+                &key,
+                0,
+                &[header::COOKIE],
+                &self.headers,
+            ));
+        }
+        Some(key)
+    }
+
+    /// A method the cache does not store. An unsafe one (not GET, HEAD, OPTIONS or TRACE)
+    /// answered with a non-error status invalidates the stored page of its URL (RFC 9111 §4.4),
+    /// before the answer is returned.
+    async fn other_method(&self) -> Served<ResBody, S::Error> {
+        let safe = matches!(self.method, Method::OPTIONS | Method::TRACE);
+        let resp = self.origin(None).await?;
+        let status = resp.status();
+        if !safe && (status.is_success() || status.is_redirection()) {
+            if let Some(key) = self.page_key() {
+                // A failure is counted in the cache's stats: the change was made, and the
+                // client gets its answer.
+                let _ = self.cache.cache.delete_on(&self.cache.io(), &key).await;
+            }
+        }
+        Ok(resp)
+    }
+
     /// `get_or_set_with` on `key`: `Ok` with the entry another request stored (or this one's
     /// marker), or `Err` with this request's answer when it fetched from the origin itself or
-    /// the cache failed.
+    /// the cache failed. When the fetch this request waited for failed, it waits for the next
+    /// one (one origin request at a time, or it fetches itself), until the cache's `max_wait`
+    /// since it began; then it goes to the origin uncached.
     async fn load(&self, key: &str, fill: Fill<'_>) -> Result<Entry, Served<ResBody, S::Error>> {
-        let loaded = self
-            .cache
-            .cache
-            .coalesced(
-                &self.cache.io(),
-                key,
-                self.settings.ttl.into(),
-                crate::async_cache::inline(|| self.fetch(fill)),
-            )
-            .await;
-        if let Some(fetched) = self.fetched.lock().expect("not poisoned").take() {
-            return Err(match fetched {
-                Fetched::Page(entry) => Ok(self.serve(&entry, Source::Miss)),
-                Fetched::Passed(mut resp) => {
-                    resp.headers_mut().insert(X_CACHE, Source::Pass.value());
-                    Ok(resp)
-                }
-                Fetched::Failed(e) => Err(e),
-            });
-        }
-        match loaded {
-            Ok(entry) => Ok(entry),
-            // The cache failed (or another request's fetch did, and this one waited for it):
-            // the origin, uncached.
-            Err(_) => Err(self.origin(Some(Source::Pass)).await),
+        let deadline = Instant::now() + self.cache.cache.inner.config.max_wait;
+        loop {
+            let loaded = self
+                .cache
+                .cache
+                .coalesced_until(
+                    &self.cache.io(),
+                    key,
+                    self.settings.ttl.into(),
+                    inline(|refresh| self.fetch(fill, refresh)),
+                    deadline,
+                )
+                .await;
+            if let Some(fetched) = self.fetched.lock().expect("not poisoned").take() {
+                return Err(match fetched {
+                    Fetched::Page(entry) => Ok(self.serve(&entry, Source::Miss)),
+                    Fetched::Passed(mut resp) => {
+                        resp.headers_mut().insert(X_CACHE, Source::Pass.value());
+                        Ok(resp)
+                    }
+                    Fetched::Failed(e) => Err(e),
+                });
+            }
+            match loaded {
+                Ok(entry) => return Ok(entry),
+                // Another request's fetch failed: queue for the next one, not the origin.
+                Err(e) if e.is_loader() && Instant::now() < deadline => continue,
+                // The cache failed, or the wait ran out: the origin, uncached.
+                Err(_) => return Err(self.origin(Some(Source::Pass)).await),
+            }
         }
     }
 
     /// Serves a page from the cache, or revalidates it first if the request asked to and it
-    /// is old enough.
-    async fn serve_or_revalidate(&self, key: &str, entry: Entry) -> Served<ResBody, S::Error> {
+    /// is old enough. `record`: the vary record the page is a variant of.
+    async fn serve_or_revalidate(
+        &self,
+        page_key: &str,
+        record: Option<Record<'_>>,
+        entry: Entry,
+    ) -> Served<ResBody, S::Error> {
         let now = self.cache.cache.now_ms();
         let age = Duration::from_millis(now.saturating_sub(entry.stored_ms));
         if !CacheControl::parse(&self.headers).wants_revalidation()
@@ -425,16 +599,15 @@ where
         {
             return Ok(self.serve_entry(&entry, now));
         }
+        let fill = Fill::Revalidate { page_key, record };
+        let key = fill.target(&self.headers);
         // Everyone who asks to revalidate this stored page meets on one key, across processes.
         let revalidation = format!("{key}\nrevalidate:{}", entry.stored_ms);
-        if let Err(served) = self
-            .load(&revalidation, Fill::Revalidate { target: key })
-            .await
-        {
+        if let Err(served) = self.load(&revalidation, fill).await {
             return served;
         }
-        // Another request revalidated: serve what it stored.
-        self.look_up_key(key, false).await
+        // Another request revalidated: serve what it stored (the page may now vary).
+        self.look_up(page_key, false).await
     }
 
     /// A request that may be served from the cache but never fills it (HEAD, Authorization).
@@ -442,19 +615,15 @@ where
         let peeked = self.peek(page_key).await;
         match peeked {
             Some(Entry {
-                body: Body::Vary(names),
+                body: Body::Vary { names, generation },
                 ..
             }) => {
-                let key = rules::variant_key(page_key, &names, &self.headers);
-                self.look_up_key(&key, authorized).await
+                let key = rules::variant_key(page_key, generation, &names, &self.headers);
+                let peeked = self.peek(&key).await;
+                self.serve_peeked(peeked, authorized).await
             }
             _ => self.serve_peeked(peeked, authorized).await,
         }
-    }
-
-    async fn look_up_key(&self, key: &str, authorized: bool) -> Served<ResBody, S::Error> {
-        let peeked = self.peek(key).await;
-        self.serve_peeked(peeked, authorized).await
     }
 
     async fn peek(&self, key: &str) -> Option<Entry> {
@@ -488,15 +657,17 @@ where
     }
 
     /// A response made from a stored page: its status, headers and body (none for HEAD, and
-    /// none with a 304 for a matching `If-None-Match`), with `Age` and `X-Cache`.
+    /// none with a 304 for a matching `If-None-Match` when the page is a 2xx: RFC 9110
+    /// §13.2.1), with `Age` and `X-Cache`.
     fn serve(&self, entry: &Entry, source: Source) -> Response<ResponseBody<ResBody>> {
         let Body::Page(page) = &entry.body else {
             unreachable!("only pages are served from the cache")
         };
-        let not_modified = page
-            .headers
-            .get(header::ETAG)
-            .is_some_and(|etag| rules::none_match(&self.headers, etag.as_bytes()));
+        let not_modified = page.status.is_success()
+            && page
+                .headers
+                .get(header::ETAG)
+                .is_some_and(|etag| rules::none_match(&self.headers, etag.as_bytes()));
         let mut resp = if not_modified {
             let mut r = Response::new(ResponseBody::empty());
             *r.status_mut() = StatusCode::NOT_MODIFIED;
@@ -546,13 +717,23 @@ where
     }
 
     /// The loader: fetches the page from the origin, for the cache. What this request gets is
-    /// left in `fetched`; what the cache stores is returned.
-    async fn fetch(&self, fill: Fill<'_>) -> Result<Entry, OriginFailed> {
+    /// left in `fetched`; what the cache stores is returned. `refresh`: whether others are
+    /// being served the stale entry this fetch replaces.
+    ///
+    /// An origin error, a `5xx`, and (when the fetch replaces a page) any status the layer does
+    /// not store are a failed load: nothing is stored, the claim is released, a stale page
+    /// stays and is served to the others, and requests waiting for this fetch wait for the
+    /// next one. Another unstorable response (`private`, `Set-Cookie`, a stream, a `404` where
+    /// there was no page) leaves a hit-for-pass marker.
+    async fn fetch(&self, fill: Fill<'_>, refresh: Refresh) -> Result<Entry, OriginFailed> {
         let Some((mut inner, mut req)) = self.origin.lock().expect("not poisoned").take() else {
             return Err(OriginFailed);
         };
-        // The cache answers conditional requests itself: the origin must send the page.
-        for name in [header::IF_NONE_MATCH, header::IF_MODIFIED_SINCE] {
+        // The cache answers conditional requests itself: the origin must send the whole page.
+        for name in CLIENT_CONDITIONS
+            .iter()
+            .chain([&header::IF_NONE_MATCH, &header::IF_MODIFIED_SINCE])
+        {
             req.headers_mut().remove(name);
         }
         let set = |f: Fetched<ResBody, S::Error>| {
@@ -573,7 +754,17 @@ where
             body: Body::Pass,
         };
         let (parts, body) = resp.into_parts();
-        let storable = rules::storable(parts.status, &parts.headers, &s.statuses, s.ttl);
+        let storable =
+            rules::storable(parts.status, &parts.headers, &s.statuses, s.ttl, now / 1000);
+        if storable == Err(Uncacheable::Status)
+            && (parts.status.is_server_error() || self.replaces_page(fill, refresh).await)
+        {
+            set(Fetched::Passed(Response::from_parts(
+                parts,
+                ResponseBody::inner(body),
+            )));
+            return Err(OriginFailed);
+        }
         let fits = body
             .size_hint()
             .exact()
@@ -595,13 +786,10 @@ where
                 return Ok(self.leave(fill, pass).await);
             }
         };
-        let origin_age = parts
-            .headers
-            .get(header::AGE)
-            .and_then(|v| v.to_str().ok()?.trim().parse().ok())
-            .unwrap_or(0);
+        let origin_age = u32::try_from(rules::age(&parts.headers)).unwrap_or(u32::MAX);
         let mut headers = parts.headers;
-        for name in HOP_BY_HOP.iter().chain([&header::AGE, &X_CACHE]) {
+        strip_hop_by_hop(&mut headers);
+        for name in [&header::AGE, &X_CACHE] {
             headers.remove(name);
         }
         // The body is whole now: its length is known, and a HEAD answered from the page must
@@ -615,51 +803,100 @@ where
                 headers,
                 body,
                 shared: storable.shared,
+                no_stale: storable.no_stale,
                 origin_age,
             }),
         };
         set(Fetched::Page(page.clone()));
-        Ok(match fill {
-            Fill::Page(page_key) if !storable.vary.is_empty() => {
-                let key = rules::variant_key(page_key, &storable.vary, &self.headers);
-                self.store(&key, &page).await;
-                Entry {
-                    stored_ms: now,
-                    fresh: storable.ttl,
-                    body: Body::Vary(storable.vary),
-                }
+        Ok(self.place(fill, page, storable.vary).await)
+    }
+
+    /// Whether a fetch replaces a stored page (a revalidation, or the refresh of a stale entry
+    /// that is a page or a vary record, not a hit-for-pass marker).
+    async fn replaces_page(&self, fill: Fill<'_>, refresh: Refresh) -> bool {
+        match fill {
+            Fill::Revalidate { .. } => true,
+            _ if refresh == Refresh::Missing => false,
+            // The entry is claimed by this fetch, and a peek never claims.
+            _ => self
+                .peek(&fill.target(&self.headers))
+                .await
+                .is_some_and(|e| !matches!(e.body, Body::Pass)),
+        }
+    }
+
+    /// Puts a fetched page where its `Vary` says, as every fill does: under the page key
+    /// (no `Vary`), or under a variant key of a vary record at the page key. Returns what the
+    /// key being loaded gets (a page, a record, a revalidation marker, or nothing).
+    async fn place(&self, fill: Fill<'_>, page: Entry, vary: Vec<HeaderName>) -> Entry {
+        let now = page.stored_ms;
+        let nothing = Entry {
+            stored_ms: now,
+            fresh: Duration::ZERO,
+            body: Body::Pass,
+        };
+        let (page_key, held) = match fill {
+            Fill::Page(page_key) => (page_key, None),
+            Fill::Variant { page_key, record } => (page_key, Some(record)),
+            Fill::Revalidate { page_key, record } => (page_key, record),
+        };
+        let revalidation = matches!(fill, Fill::Revalidate { .. });
+        // The page varies as the record says: it is that record's variant.
+        if let Some((names, generation)) = held.filter(|(names, _)| *names == vary.as_slice()) {
+            if !revalidation {
+                return page;
             }
-            Fill::Page(_) => page,
-            Fill::Variant { vary, .. } if vary == storable.vary.as_slice() => page,
-            // The page now varies on other headers: record them, store the variant under its
-            // own key, and nothing under this one.
-            Fill::Variant { page_key, .. } => {
-                let key = rules::variant_key(page_key, &storable.vary, &self.headers);
-                self.store(&key, &page).await;
-                let record = Entry {
-                    stored_ms: now,
-                    fresh: storable.ttl,
-                    body: Body::Vary(storable.vary),
-                };
+            let key = rules::variant_key(page_key, generation, names, &self.headers);
+            self.store(&key, &page).await;
+            return self.revalidated(now);
+        }
+        if vary.is_empty() {
+            // A plain page, under the page key (over a record, if the page stopped varying).
+            return match fill {
+                Fill::Page(_) => page,
+                Fill::Variant { .. } => {
+                    self.store(page_key, &page).await;
+                    nothing
+                }
+                Fill::Revalidate { .. } => {
+                    self.store(page_key, &page).await;
+                    self.revalidated(now)
+                }
+            };
+        }
+        // A new vary record (a new generation: no variant of an older record is reached again),
+        // the page stored as its variant.
+        let generation = self.cache.cache.token().max(1);
+        let key = rules::variant_key(page_key, generation, &vary, &self.headers);
+        self.store(&key, &page).await;
+        let record = Entry {
+            stored_ms: now,
+            fresh: page.fresh,
+            body: Body::Vary {
+                names: vary,
+                generation,
+            },
+        };
+        match fill {
+            Fill::Page(_) => record,
+            Fill::Variant { .. } => {
                 self.store(page_key, &record).await;
-                Entry {
-                    fresh: Duration::ZERO,
-                    ..pass
-                }
+                nothing
             }
-            Fill::Revalidate { target } => {
-                self.store(target, &page).await;
+            Fill::Revalidate { .. } => {
+                self.store(page_key, &record).await;
                 self.revalidated(now)
             }
-        })
+        }
     }
 
     /// What the loader returns for a response it did not store: a hit-for-pass marker (for a
-    /// revalidation, the marker goes to the page's key).
+    /// revalidation, the marker goes to the page's key: the URL, or that variant, turns to
+    /// pass).
     async fn leave(&self, fill: Fill<'_>, pass: Entry) -> Entry {
         match fill {
-            Fill::Revalidate { target } => {
-                self.store(target, &pass).await;
+            Fill::Revalidate { .. } => {
+                self.store(&fill.target(&self.headers), &pass).await;
                 self.revalidated(pass.stored_ms)
             }
             _ => pass,
@@ -688,15 +925,31 @@ where
     }
 }
 
-/// Connection-level headers (RFC 9110 §7.6.1), never stored.
-static HOP_BY_HOP: [HeaderName; 6] = [
+/// Connection-level headers (RFC 9110 §7.6.1), never stored: the fixed ones, and those the
+/// `Connection` header names.
+static HOP_BY_HOP: [HeaderName; 8] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
     header::PROXY_AUTHENTICATE,
     header::TE,
     header::TRAILER,
     header::TRANSFER_ENCODING,
+    header::UPGRADE,
 ];
+
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    for name in HOP_BY_HOP.iter().chain(&named) {
+        headers.remove(name);
+    }
+}
 
 /// Reads a whole body of at most `limit` bytes. A body that turns out longer, has trailers or
 /// fails is given back whole as a replay (what was read, then the rest), so nothing is lost.
@@ -751,6 +1004,7 @@ mod tests {
                 headers: HeaderMap::new(),
                 body: Bytes::from_static(b"body"),
                 shared: false,
+                no_stale: false,
                 origin_age: 0,
             }),
         }
@@ -764,7 +1018,7 @@ mod tests {
                 &cache.io(),
                 "k",
                 Duration::from_secs(3600).into(),
-                crate::async_cache::inline(|| async {
+                crate::async_cache::inline(|_| async {
                     loads.fetch_add(1, Ordering::SeqCst);
                     Ok::<_, OriginFailed>(page(now, fresh))
                 }),

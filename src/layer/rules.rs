@@ -1,7 +1,7 @@
 //! The response cache's rules (RFC 9111 for a shared cache), as pure functions of headers: what
-//! `Cache-Control` says, whether a response may be stored and for how long, the page key (a
-//! normalised query, cache-busters dropped), the variant key, and `If-None-Match`. No I/O, no
-//! clock.
+//! `Cache-Control` says, whether a response may be stored and for how long (`Age` and `Expires`
+//! included), the page key (a validated host, a normalised query, cache-busters dropped), the
+//! variant key, and `If-None-Match`. No I/O, no clock (the time is an argument).
 
 use std::time::Duration;
 
@@ -17,6 +17,8 @@ pub(crate) struct CacheControl {
     pub(crate) public: bool,
     pub(crate) max_age: Option<u64>,
     pub(crate) s_maxage: Option<u64>,
+    pub(crate) must_revalidate: bool,
+    pub(crate) proxy_revalidate: bool,
 }
 
 impl CacheControl {
@@ -43,6 +45,8 @@ impl CacheControl {
                     "public" => cc.public = true,
                     "max-age" => cc.max_age = seconds(),
                     "s-maxage" => cc.s_maxage = seconds(),
+                    "must-revalidate" => cc.must_revalidate = true,
+                    "proxy-revalidate" => cc.proxy_revalidate = true,
                     _ => {}
                 }
             }
@@ -73,8 +77,12 @@ pub(crate) enum Uncacheable {
 /// What a storable response's headers allow.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Storable {
-    /// How long it is fresh: `s-maxage`, else `max-age`, else the layer's ttl.
+    /// How long it is fresh from now: its freshness lifetime (`s-maxage`, else `max-age`, else
+    /// `Expires` minus `Date`, else the layer's ttl) less the `Age` it arrived with.
     pub(crate) ttl: Duration,
+    /// Whether it must never be served stale (`must-revalidate`, `proxy-revalidate`, or
+    /// `s-maxage`, which implies `proxy-revalidate` for a shared cache: RFC 9111 §5.2.2.10).
+    pub(crate) no_stale: bool,
     /// Whether a request carrying `Authorization` may be served it (`public` or `s-maxage`).
     pub(crate) shared: bool,
     /// The request headers it varies on, lowercased, sorted, without duplicates.
@@ -82,12 +90,13 @@ pub(crate) struct Storable {
 }
 
 /// Whether a response with this status and these headers may be stored by a shared cache, and
-/// for how long.
+/// for how long, at `now` (seconds since the Unix epoch, by the cache's clock).
 pub(crate) fn storable(
     status: StatusCode,
     headers: &HeaderMap,
     statuses: &[StatusCode],
     default_ttl: Duration,
+    now: u64,
 ) -> Result<Storable, Uncacheable> {
     if !statuses.contains(&status) {
         return Err(Uncacheable::Status);
@@ -108,18 +117,54 @@ pub(crate) fn storable(
         return Err(Uncacheable::NoCache);
     }
     let vary = vary_names(headers).ok_or(Uncacheable::VaryStar)?;
-    let ttl = match (cc.s_maxage, cc.max_age) {
+    let lifetime = match (cc.s_maxage, cc.max_age) {
         (Some(s), _) | (None, Some(s)) => Duration::from_secs(s),
-        (None, None) => default_ttl,
+        (None, None) => match expires_lifetime(headers, now) {
+            Some(life) => life,
+            None => default_ttl,
+        },
     };
+    // RFC 9111 §4.2.3: the age it arrived with counts against its lifetime. The origin's `Date`
+    // is not used for the apparent age: clocks differ, and `Age` is what caches in between
+    // report.
+    let ttl = lifetime.saturating_sub(Duration::from_secs(age(headers)));
     if ttl.is_zero() {
         return Err(Uncacheable::ZeroTtl);
     }
     Ok(Storable {
         ttl,
+        no_stale: cc.must_revalidate || cc.proxy_revalidate || cc.s_maxage.is_some(),
         shared: cc.public || cc.s_maxage.is_some(),
         vary,
     })
+}
+
+/// The `Age` a response arrived with, in seconds (0 when absent or invalid).
+pub(crate) fn age(headers: &HeaderMap) -> u64 {
+    headers
+        .get(header::AGE)
+        .and_then(|v| v.to_str().ok()?.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// The freshness lifetime `Expires` gives (RFC 9111 §4.2.1, §5.3): `Expires` minus `Date` (or
+/// minus `now`, without a valid `Date`); zero for an `Expires` that is invalid (`0`, `-1`),
+/// repeated or in the past: already stale. `None` without `Expires`.
+fn expires_lifetime(headers: &HeaderMap, now: u64) -> Option<Duration> {
+    let mut all = headers.get_all(header::EXPIRES).iter();
+    let first = all.next()?;
+    let secs = |v: &http::HeaderValue| -> Option<u64> {
+        let t = httpdate::parse_http_date(v.to_str().ok()?).ok()?;
+        Some(t.duration_since(std::time::UNIX_EPOCH).ok()?.as_secs())
+    };
+    if all.next().is_some() {
+        return Some(Duration::ZERO);
+    }
+    let Some(expires) = secs(first) else {
+        return Some(Duration::ZERO);
+    };
+    let date = headers.get(header::DATE).and_then(secs).unwrap_or(now);
+    Some(Duration::from_secs(expires.saturating_sub(date)))
 }
 
 /// The header names a response varies on (lowercased, sorted, deduplicated); `None` for
@@ -154,30 +199,59 @@ fn ignored(name: &str, patterns: &[String]) -> bool {
     })
 }
 
-/// The page key of a request: namespace, host, path and the query with its parameters sorted
-/// and the ignored ones dropped. Parameters are compared as sent (percent-encoded), so `a=%41`
-/// and `a=A` are two pages, as they are to the origin.
+/// Whether a `Host` (or a request URI's authority) is one a key may hold: RFC 3986 authority
+/// characters only (`host[:port]`: letters, digits, `-._~`, `%`, sub-delims, `:`, `[` `]`), so
+/// that no host can hold a `/`, `?`, `@` or a space and move where the path begins.
+pub(crate) fn valid_host(host: &str) -> bool {
+    host.bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"-._~%!$&'()*+,;=:[]".contains(&b))
+}
+
+/// The host part of a request's key: the request URI's authority (absolute form, HTTP/2's
+/// `:authority`), else `Host`, lowercased; empty when there is neither. `None`: a host the
+/// cache refuses (the request is passed uncached): one with characters an authority cannot
+/// hold, or an absolute-form URI whose authority is not the `Host` header's (the origin may
+/// read either: RFC 9112 §3.2.2 says the URI wins, many applications read `Host`).
+pub(crate) fn key_host(uri: &Uri, headers: &HeaderMap) -> Option<String> {
+    let mut hosts = headers.get_all(header::HOST).iter();
+    let header = match (hosts.next(), hosts.next()) {
+        (None, _) => None,
+        (Some(h), None) => Some(h.to_str().ok()?),
+        // Two Host headers: RFC 9112 §3.2 says a 400; the cache does not guess.
+        (Some(_), Some(_)) => return None,
+    };
+    let host = match (uri.authority(), header) {
+        (Some(a), Some(h)) if !a.as_str().eq_ignore_ascii_case(h) => return None,
+        (Some(a), _) => a.as_str(),
+        (None, Some(h)) => h,
+        (None, None) => "",
+    };
+    valid_host(host).then(|| host.to_ascii_lowercase())
+}
+
+/// The page key of a request: namespace, host (`None`: left out, a single-site layer), path
+/// and the query with its parameters sorted by name and the ignored ones dropped. Parameters
+/// are compared as sent (percent-encoded), so `a=%41` and `a=A` are two pages, as they are to
+/// the origin; a repeated name keeps its values in the order sent (`id=2&id=1` is not
+/// `id=1&id=2`: most frameworks read the first). The host was validated ([`key_host`]): it
+/// holds no `/`, and the path begins with one, so the key reads back one way only.
 pub(crate) fn page_key(
     namespace: &str,
+    host: Option<&str>,
     uri: &Uri,
-    headers: &HeaderMap,
     ignore: &[String],
 ) -> String {
-    let host = uri
-        .authority()
-        .map(|a| a.as_str())
-        .or_else(|| headers.get(header::HOST).and_then(|h| h.to_str().ok()))
-        .unwrap_or("");
+    let name = |p: &&str| -> usize { p.find('=').unwrap_or(p.len()) };
     let mut params: Vec<&str> = uri
         .query()
         .unwrap_or("")
         .split('&')
         .filter(|p| !p.is_empty())
-        .filter(|p| !ignored(p.split_once('=').map_or(*p, |(n, _)| n), ignore))
+        .filter(|p| !ignored(&p[..name(p)], ignore))
         .collect();
-    // Sorted whole ("name=value"), so repeated names keep a stable order among themselves.
-    params.sort_unstable();
-    let mut key = format!("{namespace}:{}{}", host.to_ascii_lowercase(), uri.path());
+    // A stable sort by name only: values of one name keep their order.
+    params.sort_by(|a, b| a[..name(a)].cmp(&b[..name(b)]));
+    let mut key = format!("{namespace}:{}{}", host.unwrap_or(""), uri.path());
     if !params.is_empty() {
         key.push('?');
         key.push_str(&params.join("&"));
@@ -185,10 +259,22 @@ pub(crate) fn page_key(
     key
 }
 
-/// The key of one variant of a page: the page key and the request's values of the headers the
-/// response varies on (every value of a repeated header, in order; absent and empty differ).
-pub(crate) fn variant_key(page_key: &str, vary: &[HeaderName], headers: &HeaderMap) -> String {
+/// The key of one variant of a page: the page key, the vary record's generation (a page
+/// stored again starts a new one, leaving the variants of the old unreachable), and the
+/// request's values of the headers the response varies on (every value of a repeated header,
+/// in order; absent and empty differ). Values are keyed as raw bytes: any byte outside
+/// printable ASCII, and `%` and `,`, is written `%XX`.
+pub(crate) fn variant_key(
+    page_key: &str,
+    generation: u64,
+    vary: &[HeaderName],
+    headers: &HeaderMap,
+) -> String {
+    use std::fmt::Write as _;
     let mut key = String::from(page_key);
+    if generation != 0 {
+        let _ = write!(key, "\n#{generation:x}");
+    }
     for name in vary {
         key.push('\n');
         key.push_str(name.as_str());
@@ -202,22 +288,74 @@ pub(crate) fn variant_key(page_key: &str, vary: &[HeaderName], headers: &HeaderM
             if i > 0 {
                 key.push(',');
             }
-            key.push_str(&String::from_utf8_lossy(v.as_bytes()));
+            for &b in v.as_bytes() {
+                if (0x20..0x7f).contains(&b) && b != b'%' && b != b',' {
+                    key.push(char::from(b));
+                } else {
+                    let _ = write!(key, "%{b:02X}");
+                }
+            }
         }
     }
     key
 }
 
 /// Whether a request's `If-None-Match` matches an entity tag (the weak comparison, RFC 9110
-/// §13.1.2: `W/` prefixes are ignored; `*` matches any).
+/// §13.1.2: `W/` prefixes are ignored). The field is `*` (the whole field: any tag matches) or
+/// a list of entity tags, each a quoted string that may hold commas; a malformed list matches
+/// nothing from where it goes wrong.
 pub(crate) fn none_match(request: &HeaderMap, etag: &[u8]) -> bool {
-    let strip = |t: &[u8]| -> Vec<u8> { t.strip_prefix(b"W/").unwrap_or(t).to_vec() };
-    let ours = strip(etag);
-    request.get_all(header::IF_NONE_MATCH).iter().any(|v| {
-        v.as_bytes()
-            .split(|b| *b == b',')
-            .map(|t| t.trim_ascii())
-            .any(|t| t == b"*" || strip(t) == ours)
+    let ours = opaque(etag);
+    let mut values = request.get_all(header::IF_NONE_MATCH).iter().peekable();
+    if values.peek().is_none() {
+        return false;
+    }
+    let field: Vec<&[u8]> = values.map(|v| v.as_bytes()).collect();
+    if field.len() == 1 && field[0].trim_ascii() == b"*" {
+        return true;
+    }
+    field
+        .iter()
+        .any(|v| entity_tags(v).any(|t| Some(t) == ours))
+}
+
+/// An entity tag's opaque part, quotes included, without its `W/`; `None` if malformed.
+fn opaque(tag: &[u8]) -> Option<&[u8]> {
+    let t = tag.trim_ascii();
+    let t = t.strip_prefix(b"W/").unwrap_or(t);
+    (t.len() >= 2 && t[0] == b'"' && t[t.len() - 1] == b'"' && !t[1..t.len() - 1].contains(&b'"'))
+        .then_some(t)
+}
+
+/// The opaque tags of an `If-None-Match` list (`#entity-tag`), in order, until one is malformed.
+fn entity_tags(mut rest: &[u8]) -> impl Iterator<Item = &[u8]> {
+    std::iter::from_fn(move || {
+        loop {
+            rest = rest.trim_ascii_start();
+            match rest.first() {
+                None => return None,
+                // Empty list elements are allowed (RFC 9110 §5.6.1).
+                Some(b',') => rest = &rest[1..],
+                Some(_) => break,
+            }
+        }
+        let t = rest.strip_prefix(b"W/").unwrap_or(rest);
+        if t.first() != Some(&b'"') {
+            rest = &[];
+            return None;
+        }
+        let Some(end) = t[1..].iter().position(|b| *b == b'"') else {
+            rest = &[];
+            return None;
+        };
+        let (tag, after) = t.split_at(end + 2);
+        let after = after.trim_ascii_start();
+        if !(after.is_empty() || after[0] == b',') {
+            rest = &[];
+            return None;
+        }
+        rest = after;
+        Some(tag)
     })
 }
 
@@ -236,6 +374,9 @@ mod tests {
         h
     }
 
+    /// Sun, 06 Nov 1994 08:49:37 GMT.
+    const NOW: u64 = 784_111_777;
+
     #[track_caller]
     fn check_storable(pairs: &[(&str, &str)], expected: Result<(u64, bool, &[&str]), Uncacheable>) {
         let got = storable(
@@ -243,6 +384,7 @@ mod tests {
             &headers(pairs),
             &[StatusCode::OK],
             Duration::from_secs(60),
+            NOW,
         )
         .map(|s| {
             (
@@ -290,10 +432,69 @@ mod tests {
                 StatusCode::NOT_FOUND,
                 &h,
                 &[StatusCode::OK],
-                Duration::from_secs(1)
+                Duration::from_secs(1),
+                NOW,
             ),
             Err(Uncacheable::Status)
         );
+    }
+
+    #[test]
+    fn age_and_expires_shorten_the_lifetime() {
+        // The Age it arrived with counts against max-age (and the layer's ttl).
+        check_storable(
+            &[("cache-control", "max-age=60"), ("age", "50")],
+            Ok((10, false, &[])),
+        );
+        check_storable(&[("age", "15")], Ok((45, false, &[])));
+        check_storable(
+            &[("cache-control", "max-age=60"), ("age", "60")],
+            Err(Uncacheable::ZeroTtl),
+        );
+        // Expires, relative to Date (or to now), when there is no max-age.
+        let date = "Sun, 06 Nov 1994 08:49:37 GMT";
+        check_storable(
+            &[("date", date), ("expires", "Sun, 06 Nov 1994 08:51:37 GMT")],
+            Ok((120, false, &[])),
+        );
+        check_storable(
+            &[("expires", "Sun, 06 Nov 1994 08:50:37 GMT")],
+            Ok((60, false, &[])),
+        );
+        // max-age wins over Expires.
+        check_storable(
+            &[("cache-control", "max-age=5"), ("expires", "0")],
+            Ok((5, false, &[])),
+        );
+        for past in ["0", "-1", "not a date", "Sun, 06 Nov 1994 08:49:36 GMT"] {
+            check_storable(&[("expires", past)], Err(Uncacheable::ZeroTtl));
+        }
+        check_storable(
+            &[
+                ("expires", date),
+                ("expires", "Sun, 06 Nov 1994 08:59:37 GMT"),
+            ],
+            Err(Uncacheable::ZeroTtl),
+        );
+    }
+
+    #[test]
+    fn revalidation_directives_forbid_serving_stale() {
+        let no_stale = |cc: &str| {
+            storable(
+                StatusCode::OK,
+                &headers(&[("cache-control", cc)]),
+                &[StatusCode::OK],
+                Duration::from_secs(60),
+                NOW,
+            )
+            .unwrap()
+            .no_stale
+        };
+        assert!(no_stale("max-age=60, must-revalidate"));
+        assert!(no_stale("max-age=60, Proxy-Revalidate"));
+        assert!(no_stale("s-maxage=60"));
+        assert!(!no_stale("max-age=60, public"));
     }
 
     #[test]
@@ -310,7 +511,8 @@ mod tests {
         let ignore = vec!["utm_*".to_string(), "_".to_string()];
         let uri: Uri = uri.parse().unwrap();
         let h = headers(&[("host", "Example.COM")]);
-        assert_eq!(page_key("page", &uri, &h, &ignore), expected);
+        let host = key_host(&uri, &h);
+        assert_eq!(page_key("page", host.as_deref(), &uri, &ignore), expected);
     }
 
     #[test]
@@ -320,27 +522,61 @@ mod tests {
         check_key("/a?utm_source=x&a=1&_=123", "page:example.com/a?a=1");
         check_key("/a?_x=1", "page:example.com/a?_x=1");
         check_key("/a?", "page:example.com/a");
-        check_key("/a?a=2&a=1", "page:example.com/a?a=1&a=2");
+        // Sorted by name; a repeated name keeps the order its values were sent in.
+        check_key("/a?a=2&a=1", "page:example.com/a?a=2&a=1");
+        check_key("/a?b=1&a=2&a=1", "page:example.com/a?a=2&a=1&b=1");
         check_key("/a?flag", "page:example.com/a?flag");
-        check_key("http://other.org/a", "page:other.org/a");
+        check_key("http://example.com/a", "page:example.com/a");
+        let uri: Uri = "/a".parse().unwrap();
+        assert_eq!(page_key("page", None, &uri, &[]), "page:/a");
+    }
+
+    #[test]
+    fn hosts_that_could_move_the_path_are_refused() {
+        let host = |uri: &str, hosts: &[&str]| {
+            let pairs: Vec<(&str, &str)> = hosts.iter().map(|h| ("host", *h)).collect();
+            key_host(&uri.parse().unwrap(), &headers(&pairs))
+        };
+        assert_eq!(
+            host("/c", &["Example.com:8080"]),
+            Some("example.com:8080".into())
+        );
+        assert_eq!(host("/c", &["[::1]:3000"]), Some("[::1]:3000".into()));
+        assert_eq!(host("/c", &[]), Some(String::new()));
+        for bad in ["a/b", "a?b", "a b", "user@a", "a#b", "a\\b"] {
+            assert_eq!(host("/c", &[bad]), None, "{bad}");
+        }
+        assert_eq!(host("/c", &["a", "b"]), None, "two Host headers");
+        // Absolute form: the URI's authority, which must agree with Host.
+        assert_eq!(host("http://a.org/c", &[]), Some("a.org".into()));
+        assert_eq!(host("http://a.org/c", &["A.org"]), Some("a.org".into()));
+        assert_eq!(host("http://a.org/c", &["b.org"]), None);
+        assert_eq!(host("http://u@a.org/c", &[]), None);
     }
 
     #[test]
     fn variant_keys_carry_the_varied_values() {
         let vary = vec![header::ACCEPT, header::ACCEPT_LANGUAGE];
-        let a = variant_key("p", &vary, &headers(&[("accept", "text/html")]));
-        let b = variant_key("p", &vary, &headers(&[("accept", "application/json")]));
-        let c = variant_key(
-            "p",
-            &vary,
-            &headers(&[("accept", "text/html"), ("accept-language", "")]),
-        );
+        let key = |pairs: &[(&str, &str)]| variant_key("p", 0, &vary, &headers(pairs));
+        let a = key(&[("accept", "text/html")]);
+        let b = key(&[("accept", "application/json")]);
+        let c = key(&[("accept", "text/html"), ("accept-language", "")]);
         assert_ne!(a, b);
         assert_ne!(a, c, "an absent header and an empty one differ");
-        assert_eq!(
+        assert_eq!(a, key(&[("accept", "text/html")]));
+        assert_ne!(
             a,
-            variant_key("p", &vary, &headers(&[("accept", "text/html")]))
+            variant_key("p", 7, &vary, &headers(&[("accept", "text/html")]))
         );
+        // Raw bytes, escaped: values that are not UTF-8 stay apart, and an escape is not a value.
+        let raw = |v: &'static [u8]| {
+            let mut h = HeaderMap::new();
+            h.insert(header::ACCEPT, http::HeaderValue::from_bytes(v).unwrap());
+            variant_key("p", 0, &vary, &h)
+        };
+        assert_ne!(raw(b"\xff"), raw(b"\xfe"));
+        assert_ne!(raw(b"\xff"), raw(b"%FF"));
+        assert_ne!(raw(b"a,b"), key(&[("accept", "a"), ("accept", "b")]));
     }
 
     #[test]
@@ -352,5 +588,28 @@ mod tests {
         assert!(none_match(&h("*"), b"\"a\""));
         assert!(!none_match(&h("\"b\""), b"\"a\""));
         assert!(!none_match(&headers(&[]), b"\"a\""));
+    }
+
+    #[test]
+    fn if_none_match_lists_are_parsed_not_split() {
+        let h = |v: &str| headers(&[("if-none-match", v)]);
+        // A comma inside a tag is part of it.
+        assert!(!none_match(&h("\"v1,*,x\""), b"\"v2\""));
+        assert!(none_match(&h("\"v1,*,x\""), b"\"v1,*,x\""));
+        assert!(none_match(&h(" , \"x\" ,, W/\"a,b\" "), b"\"a,b\""));
+        // `*` only as the whole field.
+        assert!(!none_match(&h("\"x\", *"), b"\"a\""));
+        assert!(!none_match(
+            &headers(&[("if-none-match", "\"x\""), ("if-none-match", "*")]),
+            b"\"a\""
+        ));
+        // Unquoted or unterminated tags match nothing.
+        assert!(!none_match(&h("a"), b"a"));
+        assert!(!none_match(&h("\"a"), b"\"a\""));
+        // Several header lines are one list.
+        assert!(none_match(
+            &headers(&[("if-none-match", "\"x\""), ("if-none-match", "\"a\"")]),
+            b"\"a\""
+        ));
     }
 }

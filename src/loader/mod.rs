@@ -217,11 +217,30 @@ impl Cache {
         D: Driver,
         L: Load<T, D>,
     {
+        let deadline = Instant::now() + self.inner.config.max_wait;
+        self.coalesced_until(d, key, ttl, loader, deadline).await
+    }
+
+    /// [`coalesced`](Cache::coalesced) whose waits end at `deadline` instead of `max_wait` from
+    /// now: for a caller that tries again after another caller's load failed (the response
+    /// cache), within one bound.
+    pub(crate) async fn coalesced_until<T, D, L>(
+        &self,
+        d: &D,
+        key: &str,
+        ttl: Ttl,
+        loader: L,
+        deadline: Instant,
+    ) -> Result<T>
+    where
+        T: Encode + Decode + Clone + Send + Sync + 'static,
+        D: Driver,
+        L: Load<T, D>,
+    {
         // One key derivation per call.
         let derived = self.keys.make(key)?;
         let span = self.span("get_or_set_with", &derived);
         async {
-            let deadline = Instant::now() + self.inner.config.max_wait;
             // The fast path: a value that may be served is served without joining the coalescer (no
             // lock shared by every caller); only a caller with work to do (a claim, a placeholder,
             // a wait) coordinates with the others of this process.

@@ -13,7 +13,7 @@ use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use metrics_exporter_prometheus::PrometheusHandle;
-use newcache::layer::ResponseCacheLayer;
+use newcache::layer::{HostPolicy, ResponseCacheLayer};
 use newcache::{AsyncCache, Cache};
 use serde::Deserialize;
 use serde_json::json;
@@ -93,8 +93,11 @@ impl App {
         };
         // Built before seeding, so that a bad address fails at once.
         let cache = builder.build_async()?;
+        // One site, asked for under several names (localhost, 127.0.0.1, a balancer's): one
+        // page per path, which `PUT /users/{id}` invalidates by its path.
         let pages = ResponseCacheLayer::builder(cache.clone())
             .ttl(config.ttl())
+            .hosts(HostPolicy::Ignore)
             .build()?;
 
         let db_path = config.db_path();
@@ -309,8 +312,9 @@ async fn update_user(
         .await?;
     // The row first, then the key: a reader between the two sees the old value at most until
     // the delete; `get_or_set_with` stores with cas, so a load that raced the update is not
-    // stored over the delete.
+    // stored over the delete. The page that shows the user goes too (the same holds for it).
     app.inner.cache.delete(&app.cache_key("user", id)).await?;
+    app.inner.pages.invalidate(&format!("/page/{id}")).await?;
     Ok(Json(user))
 }
 

@@ -23,7 +23,7 @@
 //! | `GET /report/{id}` | product `id`'s monthly sales: a full scan of `orders`, through `get_or_set_with` |
 //! | `GET /report/{id}?cache=off` | the same query, uncached |
 //! | `GET /users/{id}` | a user record, through `get_or_set_with` |
-//! | `PUT /users/{id}` | updates the row (JSON `{"name": .., "email": ..}`), then deletes its key |
+//! | `PUT /users/{id}` | updates the row (JSON `{"name": .., "email": ..}`), then deletes its key and invalidates `/page/{id}` |
 //! | `GET /page/{id}` | an HTML page: the user and their latest orders |
 //! | `GET /stats` | `db_queries`, `requests` and the cache's `stats()` fields, as JSON |
 //! | `GET /metrics` | Prometheus text |

@@ -41,8 +41,8 @@ on_both_backends!(
     healthz_answers_200_while_the_cache_answers,
     pages_are_cached_whole_with_their_headers,
     private_and_cookie_setting_pages_are_never_stored,
-    review3_head_is_answered_from_the_page_over_http,
-    review3_put_user_leaves_the_page_stale,
+    head_is_answered_from_the_page_over_http,
+    put_user_invalidates_the_users_page,
 );
 
 /// `/page/{id}` through the response cache: a miss queries the database (two queries), then hits
@@ -559,9 +559,8 @@ async fn a_file_that_is_not_a_database_is_a_clear_startup_error() {
     service::remove_db(&db);
 }
 
-/// Review 3: HEAD over real HTTP (hyper) after the page is stored: the GET's Content-Length,
-/// no body.
-async fn review3_head_is_answered_from_the_page_over_http(backend: Backend) {
+/// HEAD over real HTTP (hyper) after the page is stored: the GET's Content-Length, no body.
+async fn head_is_answered_from_the_page_over_http(backend: Backend) {
     let svc = Service::start(backend).await;
     let body = svc.get("/page/7").await.bytes().await.unwrap();
     let r = svc
@@ -571,13 +570,16 @@ async fn review3_head_is_answered_from_the_page_over_http(backend: Backend) {
         .unwrap();
     assert_eq!(r.status(), 200);
     assert_eq!(r.headers()["x-cache"], "HIT");
-    assert_eq!(r.headers()["content-length"], body.len().to_string().as_str());
+    assert_eq!(
+        r.headers()["content-length"],
+        body.len().to_string().as_str()
+    );
     svc.stop().await;
 }
 
-/// Review 3: `PUT /users/{id}` deletes the user's key but not the page that shows the user:
-/// `/page/{id}` keeps the old name for its ttl (and the grace after it).
-async fn review3_put_user_leaves_the_page_stale(backend: Backend) {
+/// `PUT /users/{id}` deletes the user's key and invalidates the page that shows the user
+/// (`ResponseCacheLayer::invalidate`): the next `/page/{id}` shows the new name.
+async fn put_user_invalidates_the_users_page(backend: Backend) {
     let svc = Service::start(backend).await;
     let before = svc.get("/page/8").await.text().await.unwrap();
     assert!(before.contains("user-8"));
