@@ -85,6 +85,7 @@ on_every_backend_async!(
     an_unsafe_method_invalidates_the_stored_page,
     one_clients_range_request_does_not_turn_the_cache_off,
     a_5xx_on_a_cold_url_leaves_no_marker,
+    a_refresh_answered_404_keeps_the_page,
     a_revalidation_keeps_the_page_on_an_error_and_passes_on_private,
     hop_by_hop_headers_are_not_stored,
     invalidate_removes_a_page_and_its_variants,
@@ -1529,4 +1530,33 @@ async fn a_single_site_layer_keys_no_host(env: Env) {
     layer.invalidate("/one").await.unwrap();
     let seen = send(&svc, hosted("127.0.0.1:3000")).await;
     assert_eq!((seen.x_cache(), &seen.body[..]), ("MISS", &b"v2"[..]));
+}
+
+/// A refresh of a stored page answered with a status the layer does not store (a 404: the page
+/// went away for a moment, or a misrouted request) is a failed refresh, not an uncacheable
+/// page: the page is not replaced by a hit-for-pass marker, and the next request refreshes it.
+async fn a_refresh_answered_404_keeps_the_page(env: Env) {
+    let origin = Origin::new(|_, n| {
+        if n == 2 {
+            response(StatusCode::NOT_FOUND, &[], "gone")
+        } else {
+            response(StatusCode::OK, &[], format!("v{n}"))
+        }
+    });
+    let svc = layer(&env).build().unwrap().layer(origin.service());
+    assert_eq!(send(&svc, get("/moved")).await.body, "v1");
+    env.advance(Duration::from_secs(61));
+    let refresh = send(&svc, get("/moved")).await;
+    assert_eq!(
+        (refresh.status, refresh.x_cache()),
+        (StatusCode::NOT_FOUND, "PASS")
+    );
+    let next = send(&svc, get("/moved")).await;
+    assert!(
+        (next.x_cache(), &next.body[..]) == ("STALE", &b"v1"[..])
+            || (next.x_cache(), &next.body[..]) == ("MISS", &b"v3"[..]),
+        "{next:?}"
+    );
+    let after = send(&svc, get("/moved")).await;
+    assert_ne!(after.x_cache(), "PASS", "{after:?}");
 }
