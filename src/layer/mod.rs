@@ -52,7 +52,8 @@
 //!   in the response's `Vary`.
 //! - **Unsafe methods**: `POST`, `PUT`, `PATCH`, `DELETE` (any method but `GET`, `HEAD`,
 //!   `OPTIONS`, `TRACE`) go to the origin; a `2xx` or `3xx` answer removes the stored page of
-//!   their URL before it is returned (RFC 9111 §4.4), every variant with it. An application
+//!   their URL before it is returned (RFC 9111 §4.4), every variant with it (and, with
+//!   [`CookiePolicy::Key`], the requester's own page of it). An application
 //!   whose change shows under other URLs removes those pages with
 //!   [`ResponseCacheLayer::invalidate`].
 //! - **Responses**: the [statuses](ResponseCacheBuilder::statuses) configured (`200` by default),
@@ -508,16 +509,8 @@ where
     /// or a target that is not a path). With [`CookiePolicy::Key`] and a cookie, the cookie's
     /// own page.
     fn page_key(&self) -> Option<String> {
-        let s = &self.settings;
-        if !self.uri.path().starts_with('/') {
-            return None;
-        }
-        let host = match s.hosts {
-            HostPolicy::Key => Some(rules::key_host(&self.uri, &self.headers)?),
-            HostPolicy::Ignore => None,
-        };
-        let key = rules::page_key(&s.namespace, host.as_deref(), &self.uri, &s.ignored_params);
-        if self.headers.contains_key(header::COOKIE) && s.cookies == CookiePolicy::Key {
+        let key = self.url_key()?;
+        if self.headers.contains_key(header::COOKIE) && self.settings.cookies == CookiePolicy::Key {
             return Some(rules::variant_key(
                 &key,
                 0,
@@ -528,15 +521,37 @@ where
         Some(key)
     }
 
+    /// The key of the page of this request's URL, whatever its cookies.
+    fn url_key(&self) -> Option<String> {
+        let s = &self.settings;
+        if !self.uri.path().starts_with('/') {
+            return None;
+        }
+        let host = match s.hosts {
+            HostPolicy::Key => Some(rules::key_host(&self.uri, &self.headers)?),
+            HostPolicy::Ignore => None,
+        };
+        Some(rules::page_key(
+            &s.namespace,
+            host.as_deref(),
+            &self.uri,
+            &s.ignored_params,
+        ))
+    }
+
     /// A method the cache does not store. An unsafe one (not GET, HEAD, OPTIONS or TRACE)
     /// answered with a non-error status invalidates the stored page of its URL (RFC 9111 §4.4),
-    /// before the answer is returned.
+    /// and this cookie's own page under [`CookiePolicy::Key`], before the answer is returned.
     async fn other_method(&self) -> Served<ResBody, S::Error> {
         let safe = matches!(self.method, Method::OPTIONS | Method::TRACE);
         let resp = self.origin(None).await?;
         let status = resp.status();
         if !safe && (status.is_success() || status.is_redirection()) {
-            if let Some(key) = self.page_key() {
+            let mut keys: Vec<String> = self.url_key().into_iter().collect();
+            if let Some(own) = self.page_key().filter(|k| !keys.contains(k)) {
+                keys.push(own);
+            }
+            for key in keys {
                 // A failure is counted in the cache's stats: the change was made, and the
                 // client gets its answer.
                 let _ = self.cache.cache.delete_on(&self.cache.io(), &key).await;

@@ -1368,6 +1368,24 @@ async fn an_unsafe_method_invalidates_the_stored_page(env: Env) {
     let delete = Request::delete("/doc").body(()).unwrap();
     assert_eq!(send(&svc, delete).await.status, StatusCode::FORBIDDEN);
     assert_eq!(send(&svc, get("/doc")).await.x_cache(), "HIT");
+    // With pages per cookie, a POST with a cookie removes the URL's page and its own.
+    let origin = Origin::new(|_, n| response(StatusCode::OK, &[], format!("v{n}")));
+    let svc = layer(&env)
+        .namespace("keyed")
+        .cookies(CookiePolicy::Key)
+        .build()
+        .unwrap()
+        .layer(origin.service());
+    let mine = || get_with("/doc", &[("cookie", "s=1")]);
+    send(&svc, get("/doc")).await;
+    send(&svc, mine()).await;
+    let post = Request::post("/doc")
+        .header("cookie", "s=1")
+        .body(())
+        .unwrap();
+    send(&svc, post).await;
+    assert_eq!(send(&svc, get("/doc")).await.x_cache(), "MISS");
+    assert_eq!(send(&svc, mine()).await.x_cache(), "MISS");
 }
 
 /// A GET with `Range` (or `If-Match`, `If-Range`, `If-Unmodified-Since`) is passed to the
