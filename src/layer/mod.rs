@@ -230,8 +230,10 @@ impl ResponseCacheLayer {
 
     /// Removes the stored page of a URL, as a successful `POST`, `PUT`, `PATCH` or `DELETE`
     /// through the layer does for its own URL: for an application whose change shows on other
-    /// pages (`PUT /users/7` changes `/page/7`). The next request fetches the page again; a
-    /// fetch already under way when this runs does not store its (older) page.
+    /// pages (`PUT /users/7` changes `/page/7`). The next request fetches the page again. A
+    /// fill already under way when this runs stores with `cas` against its claim, which the
+    /// removal took away: its (older) page is not stored, as with `AsyncCache::delete` during a
+    /// `get_or_set_with`. A `no-cache` revalidation under way stores with `set`, and may.
     ///
     /// `uri` is what a request line holds: a path and query (`/page/7?lang=en`; the query is
     /// normalised as the layer's keys are), or an absolute URL whose authority is the host. With
