@@ -139,7 +139,7 @@ impl Entry {
                 };
                 let origin_age = r.u32()?;
                 let n = r.u32()?;
-                let mut headers = HeaderMap::new();
+                let mut headers = HeaderMap::with_capacity((n as usize).min(64));
                 for _ in 0..n {
                     let len = usize::from(r.u16()?);
                     let name = HeaderName::from_bytes(r.take(len)?).map_err(bad)?;

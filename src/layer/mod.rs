@@ -326,13 +326,12 @@ where
         // The service that was polled ready serves this request; a clone waits for the next.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
+        let (parts, body) = req.into_parts();
         let call = Call {
             cache: self.cache.clone(),
             settings: self.settings.clone(),
-            method: req.method().clone(),
-            uri: req.uri().clone(),
-            headers: req.headers().clone(),
-            origin: Mutex::new(Some((inner, req))),
+            parts,
+            origin: Mutex::new(Some((inner, body))),
             fetched: Mutex::new(None),
         };
         Box::pin(async move { call.run().await })
@@ -441,10 +440,10 @@ static CLIENT_CONDITIONS: [HeaderName; 4] = [
 struct Call<S, ReqBody, ResBody: HttpBody, E> {
     cache: AsyncCache,
     settings: Arc<Settings>,
-    method: Method,
-    uri: http::Uri,
-    headers: HeaderMap,
-    origin: Mutex<Option<(S, Request<ReqBody>)>>,
+    /// The request's method, URI and headers (read in place: a hit copies none of them).
+    parts: http::request::Parts,
+    /// The inner service and the request's body, for this request's one origin call.
+    origin: Mutex<Option<(S, ReqBody)>>,
     fetched: Mutex<Option<Fetched<ResBody, E>>>,
 }
 
@@ -459,24 +458,25 @@ where
 {
     async fn run(&self) -> Served<ResBody, S::Error> {
         let s = &self.settings;
-        let cacheable_method = self.method == Method::GET || self.method == Method::HEAD;
+        let cacheable_method =
+            self.parts.method == Method::GET || self.parts.method == Method::HEAD;
         if !cacheable_method {
             return self.other_method().await;
         }
-        let has_cookie = self.headers.contains_key(header::COOKIE);
-        if CacheControl::parse(&self.headers).no_store
+        let has_cookie = self.parts.headers.contains_key(header::COOKIE);
+        if CacheControl::parse(&self.parts.headers).no_store
             || (has_cookie && s.cookies == CookiePolicy::Pass)
             || CLIENT_CONDITIONS
                 .iter()
-                .any(|h| self.headers.contains_key(h))
+                .any(|h| self.parts.headers.contains_key(h))
         {
             return self.origin(Some(Source::Pass)).await;
         }
         let Some(page_key) = self.page_key() else {
             return self.origin(Some(Source::Pass)).await;
         };
-        let authorized = self.headers.contains_key(header::AUTHORIZATION);
-        if self.method == Method::HEAD || authorized {
+        let authorized = self.parts.headers.contains_key(header::AUTHORIZATION);
+        if self.parts.method == Method::HEAD || authorized {
             return self.look_up(&page_key, authorized).await;
         }
         let entry = match self.load(&page_key, Fill::Page(&page_key)).await {
@@ -486,7 +486,7 @@ where
         match entry.body {
             Body::Vary { names, generation } => {
                 let record = (names.as_slice(), generation);
-                let key = rules::variant_key(&page_key, generation, &names, &self.headers);
+                let key = rules::variant_key(&page_key, generation, &names, &self.parts.headers);
                 let fill = Fill::Variant {
                     page_key: &page_key,
                     record,
@@ -512,12 +512,14 @@ where
     /// own page.
     fn page_key(&self) -> Option<String> {
         let key = self.url_key()?;
-        if self.headers.contains_key(header::COOKIE) && self.settings.cookies == CookiePolicy::Key {
+        if self.parts.headers.contains_key(header::COOKIE)
+            && self.settings.cookies == CookiePolicy::Key
+        {
             return Some(rules::variant_key(
                 &key,
                 0,
                 &[header::COOKIE],
-                &self.headers,
+                &self.parts.headers,
             ));
         }
         Some(key)
@@ -526,17 +528,17 @@ where
     /// The key of the page of this request's URL, whatever its cookies.
     fn url_key(&self) -> Option<String> {
         let s = &self.settings;
-        if !self.uri.path().starts_with('/') {
+        if !self.parts.uri.path().starts_with('/') {
             return None;
         }
         let host = match s.hosts {
-            HostPolicy::Key => Some(rules::key_host(&self.uri, &self.headers)?),
+            HostPolicy::Key => Some(rules::key_host(&self.parts.uri, &self.parts.headers)?),
             HostPolicy::Ignore => None,
         };
         Some(rules::page_key(
             &s.namespace,
             host.as_deref(),
-            &self.uri,
+            &self.parts.uri,
             &s.ignored_params,
         ))
     }
@@ -545,7 +547,7 @@ where
     /// answered with a non-error status invalidates the stored page of its URL (RFC 9111 §4.4),
     /// and this cookie's own page under [`CookiePolicy::Key`], before the answer is returned.
     async fn other_method(&self) -> Served<ResBody, S::Error> {
-        let safe = matches!(self.method, Method::OPTIONS | Method::TRACE);
+        let safe = matches!(self.parts.method, Method::OPTIONS | Method::TRACE);
         let resp = self.origin(None).await?;
         let status = resp.status();
         if !safe && (status.is_success() || status.is_redirection()) {
@@ -583,7 +585,7 @@ where
                 .await;
             if let Some(fetched) = self.fetched.lock().expect("not poisoned").take() {
                 return Err(match fetched {
-                    Fetched::Page(entry) => Ok(self.serve(&entry, Source::Miss)),
+                    Fetched::Page(entry) => Ok(self.serve(entry, Source::Miss)),
                     Fetched::Passed(mut resp) => {
                         resp.headers_mut().insert(X_CACHE, Source::Pass.value());
                         Ok(resp)
@@ -611,13 +613,13 @@ where
     ) -> Served<ResBody, S::Error> {
         let now = self.cache.cache.now_ms();
         let age = Duration::from_millis(now.saturating_sub(entry.stored_ms));
-        if !CacheControl::parse(&self.headers).wants_revalidation()
+        if !CacheControl::parse(&self.parts.headers).wants_revalidation()
             || age < self.settings.revalidate_after
         {
-            return Ok(self.serve_entry(&entry, now));
+            return Ok(self.serve_entry(entry, now));
         }
         let fill = Fill::Revalidate { page_key, record };
-        let key = fill.target(&self.headers);
+        let key = fill.target(&self.parts.headers);
         // Everyone who asks to revalidate this stored page meets on one key, across processes.
         let revalidation = format!("{key}\nrevalidate:{}", entry.stored_ms);
         if let Err(served) = self.load(&revalidation, fill).await {
@@ -635,7 +637,7 @@ where
                 body: Body::Vary { names, generation },
                 ..
             }) => {
-                let key = rules::variant_key(page_key, generation, &names, &self.headers);
+                let key = rules::variant_key(page_key, generation, &names, &self.parts.headers);
                 let peeked = self.peek(&key).await;
                 self.serve_peeked(peeked, authorized).await
             }
@@ -659,12 +661,12 @@ where
                     body: Body::Page(Page { shared, .. }),
                     ..
                 },
-            ) if shared || !authorized => Ok(self.serve_entry(&e, self.cache.cache.now_ms())),
+            ) if shared || !authorized => Ok(self.serve_entry(e, self.cache.cache.now_ms())),
             _ => self.origin(Some(Source::Pass)).await,
         }
     }
 
-    fn serve_entry(&self, entry: &Entry, now: u64) -> Response<ResponseBody<ResBody>> {
+    fn serve_entry(&self, entry: Entry, now: u64) -> Response<ResponseBody<ResBody>> {
         let source = if entry.is_stale(now) {
             Source::Stale
         } else {
@@ -676,15 +678,16 @@ where
     /// A response made from a stored page: its status, headers and body (none for HEAD, and
     /// none with a 304 for a matching `If-None-Match` when the page is a 2xx: RFC 9110
     /// §13.2.1), with `Age` and `X-Cache`.
-    fn serve(&self, entry: &Entry, source: Source) -> Response<ResponseBody<ResBody>> {
-        let Body::Page(page) = &entry.body else {
+    fn serve(&self, entry: Entry, source: Source) -> Response<ResponseBody<ResBody>> {
+        let age = entry.age_secs(self.cache.cache.now_ms());
+        let Body::Page(page) = entry.body else {
             unreachable!("only pages are served from the cache")
         };
         let not_modified = page.status.is_success()
             && page
                 .headers
                 .get(header::ETAG)
-                .is_some_and(|etag| rules::none_match(&self.headers, etag.as_bytes()));
+                .is_some_and(|etag| rules::none_match(&self.parts.headers, etag.as_bytes()));
         let mut resp = if not_modified {
             let mut r = Response::new(ResponseBody::empty());
             *r.status_mut() = StatusCode::NOT_MODIFIED;
@@ -703,17 +706,16 @@ where
             }
             r
         } else {
-            let body = if self.method == Method::HEAD {
+            let body = if self.parts.method == Method::HEAD {
                 ResponseBody::empty()
             } else {
-                ResponseBody::full(page.body.clone())
+                ResponseBody::full(page.body)
             };
             let mut r = Response::new(body);
             *r.status_mut() = page.status;
-            *r.headers_mut() = page.headers.clone();
+            *r.headers_mut() = page.headers;
             r
         };
-        let age = entry.age_secs(self.cache.cache.now_ms());
         resp.headers_mut()
             .insert(header::AGE, HeaderValue::from(age));
         resp.headers_mut().insert(X_CACHE, source.value());
@@ -723,9 +725,10 @@ where
     /// The origin, uncached: this request's one origin call. `source`: the `X-Cache` to set
     /// (none for methods the cache does not handle).
     async fn origin(&self, source: Option<Source>) -> Served<ResBody, S::Error> {
-        let Some((mut inner, req)) = self.origin.lock().expect("not poisoned").take() else {
+        let Some((mut inner, body)) = self.origin.lock().expect("not poisoned").take() else {
             unreachable!("a request makes one origin call: a fetch returns its own answer")
         };
+        let req = Request::from_parts(self.parts.clone(), body);
         let mut resp = inner.call(req).await?.map(ResponseBody::inner);
         if let Some(source) = source {
             resp.headers_mut().insert(X_CACHE, source.value());
@@ -743,9 +746,10 @@ where
     /// next one. Another unstorable response (`private`, `Set-Cookie`, a stream, a `404` where
     /// there was no page) leaves a hit-for-pass marker.
     async fn fetch(&self, fill: Fill<'_>, refresh: Refresh) -> Result<Entry, OriginFailed> {
-        let Some((mut inner, mut req)) = self.origin.lock().expect("not poisoned").take() else {
+        let Some((mut inner, body)) = self.origin.lock().expect("not poisoned").take() else {
             return Err(OriginFailed);
         };
+        let mut req = Request::from_parts(self.parts.clone(), body);
         // The cache answers conditional requests itself: the origin must send the whole page.
         for name in CLIENT_CONDITIONS
             .iter()
@@ -836,7 +840,7 @@ where
             _ if refresh == Refresh::Missing => false,
             // The entry is claimed by this fetch, and a peek never claims.
             _ => self
-                .peek(&fill.target(&self.headers))
+                .peek(&fill.target(&self.parts.headers))
                 .await
                 .is_some_and(|e| !matches!(e.body, Body::Pass)),
         }
@@ -863,7 +867,7 @@ where
             if !revalidation {
                 return page;
             }
-            let key = rules::variant_key(page_key, generation, names, &self.headers);
+            let key = rules::variant_key(page_key, generation, names, &self.parts.headers);
             self.store(&key, &page).await;
             return self.revalidated(now);
         }
@@ -884,7 +888,7 @@ where
         // A new vary record (a new generation: no variant of an older record is reached again),
         // the page stored as its variant.
         let generation = self.cache.cache.token().max(1);
-        let key = rules::variant_key(page_key, generation, &vary, &self.headers);
+        let key = rules::variant_key(page_key, generation, &vary, &self.parts.headers);
         self.store(&key, &page).await;
         let record = Entry {
             stored_ms: now,
@@ -913,7 +917,7 @@ where
     async fn leave(&self, fill: Fill<'_>, pass: Entry) -> Entry {
         match fill {
             Fill::Revalidate { .. } => {
-                self.store(&fill.target(&self.headers), &pass).await;
+                self.store(&fill.target(&self.parts.headers), &pass).await;
                 self.revalidated(pass.stored_ms)
             }
             _ => pass,
