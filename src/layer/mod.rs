@@ -56,6 +56,14 @@
 //!   [`CookiePolicy::Key`], the requester's own page of it). An application
 //!   whose change shows under other URLs removes those pages with
 //!   [`ResponseCacheLayer::invalidate`].
+//!
+//!   Known races (an adversarial review found them; not fixed yet): a `no-cache` revalidation
+//!   that started before the unsafe method (a browser reload) stores its answer with a plain
+//!   `set` when it ends, so the page read before the change can come back for its ttl; so can a
+//!   variant fill whose answer no longer carries the `Vary` the page had; and a `GET` sent
+//!   after the unsafe method returned can join, in the same process, a fill that started
+//!   before it, and get that fill's (older) page. A fill that started before the change never
+//!   stores it otherwise (its `cas` against the placeholder fails).
 //! - **Responses**: the [statuses](ResponseCacheBuilder::statuses) configured (`200` by default),
 //!   never one with `Set-Cookie`, `Cache-Control: private`, `no-store` or `no-cache`, or
 //!   `Vary: *`. The freshness lifetime is `s-maxage`, else `max-age`, else `Expires` minus
