@@ -199,7 +199,11 @@ impl Cache {
         self.decode_payload(&held.header, &held.item.value[held.offset..])
     }
 
-    fn decode_payload<T: Decode>(&self, header: &envelope::Header, payload: &[u8]) -> Result<T> {
+    pub(crate) fn decode_payload<T: Decode>(
+        &self,
+        header: &envelope::Header,
+        payload: &[u8],
+    ) -> Result<T> {
         let how = match (header.raw, header.compressed) {
             (true, _) => Payload::Raw,
             (false, true) => Payload::Compressed,

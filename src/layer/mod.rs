@@ -57,13 +57,12 @@
 //!   whose change shows under other URLs removes those pages with
 //!   [`ResponseCacheLayer::invalidate`].
 //!
-//!   Known races (an adversarial review found them; not fixed yet): a `no-cache` revalidation
-//!   that started before the unsafe method (a browser reload) stores its answer with a plain
-//!   `set` when it ends, so the page read before the change can come back for its ttl; so can a
-//!   variant fill whose answer no longer carries the `Vary` the page had; and a `GET` sent
-//!   after the unsafe method returned can join, in the same process, a fill that started
-//!   before it, and get that fill's (older) page. A fill that started before the change never
-//!   stores it otherwise (its `cas` against the placeholder fails).
+//!   Work under way when the page is removed does not bring it back: a fill's result is
+//!   stored with `cas` against its placeholder, a `no-cache` revalidation's with `cas` against
+//!   the page it revalidated. Known races (found in review, not fixed yet): a variant fill
+//!   whose answer no longer carries the `Vary` the page had stores it at the page key with a
+//!   plain `set`; and a `GET` sent after the unsafe method returned can join, in the same
+//!   process, a fill that started before it, and get that fill's (older) page.
 //! - **Responses**: the [statuses](ResponseCacheBuilder::statuses) configured (`200` by default),
 //!   never one with `Set-Cookie`, `Cache-Control: private`, `no-store` or `no-cache`, or
 //!   `Vary: *`. The freshness lifetime is `s-maxage`, else `max-age`, else `Expires` minus
@@ -241,7 +240,9 @@ impl ResponseCacheLayer {
     /// pages (`PUT /users/7` changes `/page/7`). The next request fetches the page again. A
     /// fill already under way when this runs stores with `cas` against its claim, which the
     /// removal took away: its (older) page is not stored, as with `AsyncCache::delete` during a
-    /// `get_or_set_with`. A `no-cache` revalidation under way stores with `set`, and may.
+    /// `get_or_set_with`; a `no-cache` revalidation under way writes only over the page it
+    /// revalidated, with `cas`, and so does not store either. (A variant fill whose answer
+    /// dropped its `Vary` still may: see the module's known races.)
     ///
     /// `uri` is what a request line holds: a path and query (`/page/7?lang=en`; the query is
     /// normalised as the layer's keys are), or an absolute URL whose authority is the host. With
@@ -403,11 +404,15 @@ enum Fill<'a> {
         record: Record<'a>,
     },
     /// A revalidation of the page under `page_key` (`record`: of its variant under that
-    /// record): the new page is stored with `set` where a normal fill would put it; the key
-    /// being loaded gets a marker that the revalidation happened.
+    /// record): the new page is stored where a normal fill would put it, over the page it
+    /// revalidated only (`cas`); the key being loaded gets a marker that the revalidation
+    /// happened.
     Revalidate {
         page_key: &'a str,
         record: Option<Record<'a>>,
+        /// When the page being revalidated was stored: the revalidation writes only over it
+        /// (with `cas`), never over a key invalidated, or refilled, meanwhile.
+        stored_ms: u64,
     },
 }
 
@@ -419,6 +424,7 @@ impl Fill<'_> {
             | Fill::Revalidate {
                 page_key,
                 record: None,
+                ..
             } => page_key.to_string(),
             Fill::Variant {
                 page_key,
@@ -427,6 +433,7 @@ impl Fill<'_> {
             | Fill::Revalidate {
                 page_key,
                 record: Some((names, generation)),
+                ..
             } => rules::variant_key(page_key, generation, names, headers),
         }
     }
@@ -626,7 +633,11 @@ where
         {
             return Ok(self.serve_entry(entry, now));
         }
-        let fill = Fill::Revalidate { page_key, record };
+        let fill = Fill::Revalidate {
+            page_key,
+            record,
+            stored_ms: entry.stored_ms,
+        };
         let key = fill.target(&self.parts.headers);
         // Everyone who asks to revalidate this stored page meets on one key, across processes.
         let revalidation = format!("{key}\nrevalidate:{}", entry.stored_ms);
@@ -867,7 +878,9 @@ where
         let (page_key, held) = match fill {
             Fill::Page(page_key) => (page_key, None),
             Fill::Variant { page_key, record } => (page_key, Some(record)),
-            Fill::Revalidate { page_key, record } => (page_key, record),
+            Fill::Revalidate {
+                page_key, record, ..
+            } => (page_key, record),
         };
         let revalidation = matches!(fill, Fill::Revalidate { .. });
         // The page varies as the record says: it is that record's variant.
@@ -876,7 +889,7 @@ where
                 return page;
             }
             let key = rules::variant_key(page_key, generation, names, &self.parts.headers);
-            self.store(&key, &page).await;
+            self.store_revalidated(fill, &key, &page).await;
             return self.revalidated(now);
         }
         if vary.is_empty() {
@@ -888,7 +901,7 @@ where
                     nothing
                 }
                 Fill::Revalidate { .. } => {
-                    self.store(page_key, &page).await;
+                    self.store_revalidated(fill, page_key, &page).await;
                     self.revalidated(now)
                 }
             };
@@ -913,7 +926,7 @@ where
                 nothing
             }
             Fill::Revalidate { .. } => {
-                self.store(page_key, &record).await;
+                self.store_revalidated(fill, page_key, &record).await;
                 self.revalidated(now)
             }
         }
@@ -925,7 +938,8 @@ where
     async fn leave(&self, fill: Fill<'_>, pass: Entry) -> Entry {
         match fill {
             Fill::Revalidate { .. } => {
-                self.store(&fill.target(&self.parts.headers), &pass).await;
+                let target = fill.target(&self.parts.headers);
+                self.store_revalidated(fill, &target, &pass).await;
                 self.revalidated(pass.stored_ms)
             }
             _ => pass,
@@ -944,6 +958,29 @@ where
     /// Stores an entry with `set` (a variant, a vary record, a revalidated page). A failure
     /// costs a later request a fetch, nothing else: it is counted in the cache's stats, not
     /// returned.
+    /// A revalidation's write: only over what the revalidation started from (the page, or
+    /// the vary record, stored when the revalidated page was), with `cas`. A key invalidated
+    /// (an unsafe method, `invalidate`) or refilled while the origin answered keeps what it
+    /// has now: the revalidation's answer, read before that, is not stored.
+    async fn store_revalidated(&self, fill: Fill<'_>, key: &str, entry: &Entry) {
+        let Fill::Revalidate { stored_ms, .. } = fill else {
+            return self.store(key, entry).await;
+        };
+        let io = self.cache.io();
+        let _ = self
+            .cache
+            .cache
+            .replace_on(
+                &io,
+                key,
+                entry,
+                entry.fresh.into(),
+                Herd::Protected,
+                |current: &Entry| current.stored_ms == stored_ms,
+            )
+            .await;
+    }
+
     async fn store(&self, key: &str, entry: &Entry) {
         let io = self.cache.io();
         let _ = self

@@ -86,6 +86,7 @@ on_every_backend_async!(
     one_clients_range_request_does_not_turn_the_cache_off,
     a_5xx_on_a_cold_url_leaves_no_marker,
     a_refresh_answered_404_keeps_the_page,
+    a_revalidation_under_way_does_not_undo_an_invalidation,
     a_revalidation_keeps_the_page_on_an_error_and_passes_on_private,
     hop_by_hop_headers_are_not_stored,
     invalidate_removes_a_page_and_its_variants,
@@ -1577,4 +1578,66 @@ async fn a_refresh_answered_404_keeps_the_page(env: Env) {
     );
     let after = send(&svc, get("/moved")).await;
     assert_ne!(after.x_cache(), "PASS", "{after:?}");
+}
+
+/// A `no-cache` revalidation under way when an unsafe method lands (a browser reload, then a
+/// PUT) does not store the page it read before the change: the GET after the PUT is a MISS
+/// with the new state, not the old page for its whole ttl.
+async fn a_revalidation_under_way_does_not_undo_an_invalidation(env: Env) {
+    let state = Arc::new(AtomicUsize::new(1));
+    let gate = Arc::new(Semaphore::new(0));
+    let hold_next_get = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let in_origin = Arc::new(AtomicUsize::new(0));
+    let origin = {
+        let (state, gate, hold, in_origin) = (
+            state.clone(),
+            gate.clone(),
+            hold_next_get.clone(),
+            in_origin.clone(),
+        );
+        tower::service_fn(move |req: Request<()>| {
+            let (state, gate, hold, in_origin) =
+                (state.clone(), gate.clone(), hold.clone(), in_origin.clone());
+            async move {
+                if req.method() == Method::PUT {
+                    state.fetch_add(1, Ordering::SeqCst);
+                    return Ok::<_, Infallible>(response(StatusCode::OK, &[], "put"));
+                }
+                // The origin reads its state, then is slow to answer.
+                let v = state.load(Ordering::SeqCst);
+                if hold.swap(false, Ordering::SeqCst) {
+                    in_origin.fetch_add(1, Ordering::SeqCst);
+                    gate.acquire().await.expect("gate").forget();
+                }
+                Ok(response(StatusCode::OK, &[], format!("state{v}")))
+            }
+        })
+    };
+    let svc = layer(&env).build().unwrap().layer(origin);
+    assert_eq!(send(&svc, get("/doc")).await.body, "state1");
+    env.advance(Duration::from_secs(5));
+    // A browser reload revalidates; the origin reads state 1 and is held.
+    hold_next_get.store(true, Ordering::SeqCst);
+    let reload = {
+        let svc = svc.clone();
+        tokio::spawn(async move {
+            send(&svc, get_with("/doc", &[("cache-control", "max-age=0")])).await
+        })
+    };
+    while in_origin.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    // The PUT changes the document and (through the layer) removes its page.
+    let put = Request::put("/doc").body(()).unwrap();
+    assert_eq!(send(&svc, put).await.status, StatusCode::OK);
+    // The reload finishes with what it read before the change.
+    gate.add_permits(1);
+    assert_eq!(reload.await.unwrap().body, "state1");
+    // A GET after the PUT returned must not be served the page from before it.
+    let after = send(&svc, get("/doc")).await;
+    assert_eq!(
+        (after.x_cache(), &after.body[..]),
+        ("MISS", &b"state2"[..]),
+        "the page the PUT invalidated was stored again by the revalidation under way"
+    );
 }
