@@ -99,7 +99,7 @@ impl Cache {
     ) -> Result<()> {
         let k = self.keys.make(key)?;
         let span = self.span("set", &k);
-        async {
+        let r = async {
             let life = ttl.resolve(self.inner.config.default_ttl);
             if life == Lifetime::Expired {
                 return self.absorb_write(io.delete(&k).await).map(|_| ());
@@ -115,7 +115,16 @@ impl Cache {
             self.absorb_write(io.store(w).await).map(|_| ())
         }
         .instrument(span)
-        .await
+        .await;
+        self.written(&k);
+        r
+    }
+
+    /// After a write to the derived key `k`: a `get_or_set_with` of this process that starts
+    /// now does not join a load that started before the write (and may have read what it
+    /// replaced); that load still runs, and its result is not stored (its `cas` fails).
+    pub(crate) fn written(&self, k: &str) {
+        self.inner.coalescer.detach(k);
     }
 
     /// Replaces the value under `key` with `value` only if the key still holds a value of this
@@ -159,8 +168,9 @@ impl Cache {
             flags: envelope::FLAGS,
             exptime,
         };
-        let outcome = self.absorb_write(io.store(w).await)?;
-        Ok(outcome == Some(StoreOutcome::Stored))
+        let outcome = self.absorb_write(io.store(w).await);
+        self.written(&k);
+        Ok(outcome? == Some(StoreOutcome::Stored))
     }
 
     /// Stores a value only if the key holds no live value; `true` if it was stored.
@@ -251,9 +261,11 @@ impl Cache {
     pub(crate) async fn delete_on<I: Io>(&self, io: &I, key: &str) -> Result<bool> {
         let k = self.keys.make(key)?;
         let span = self.span("delete", &k);
-        async { Ok(self.absorb_write(io.delete(&k).await)?.unwrap_or(false)) }
+        let r = async { Ok(self.absorb_write(io.delete(&k).await)?.unwrap_or(false)) }
             .instrument(span)
-            .await
+            .await;
+        self.written(&k);
+        r
     }
 
     /// Stores several values with the herd protection, one round trip per server; returns the
@@ -337,11 +349,11 @@ impl Cache {
             }
             if life == Lifetime::Expired {
                 let keys: Vec<&str> = encoded.iter().map(|(k, _)| k.as_str()).collect();
-                let done = self.absorb_each(
-                    io.delete_many(&keys).await,
-                    self.inner.config.write_failures,
-                    |i| names[i].clone(),
-                )?;
+                let deleted = io.delete_many(&keys).await;
+                keys.iter().for_each(|k| self.written(k));
+                let done = self.absorb_each(deleted, self.inner.config.write_failures, |i| {
+                    names[i].clone()
+                })?;
                 return Ok(failed_names(&names, &done));
             }
             let mut failed = Vec::new();
@@ -363,6 +375,7 @@ impl Cache {
                 });
             }
             let results = io.store_many(&writes).await;
+            encoded.iter().for_each(|(k, _)| self.written(k));
             let done = self.absorb_each(results, self.inner.config.write_failures, |j| {
                 names[at[j]].clone()
             })?;
@@ -397,7 +410,7 @@ impl Cache {
             .map(|k| self.keys.make(k.as_ref()))
             .collect::<Result<Vec<_>>>()?;
         let span = self.batch_span("delete_many", derived.len());
-        async {
+        let r = async {
             let refs: Vec<&str> = derived.iter().map(String::as_str).collect();
             let done = self.absorb_each(
                 io.delete_many(&refs).await,
@@ -407,7 +420,9 @@ impl Cache {
             Ok(done.into_iter().filter(|d| *d == Some(true)).count())
         }
         .instrument(span)
-        .await
+        .await;
+        derived.iter().for_each(|k| self.written(k));
+        r
     }
 
     /// Gives an existing value a new lifetime without recomputing it (Django's `touch`): it is

@@ -59,10 +59,10 @@
 //!
 //!   Work under way when the page is removed does not bring it back: a fill's result is
 //!   stored with `cas` against its placeholder, a `no-cache` revalidation's with `cas` against
-//!   the page it revalidated. Known races (found in review, not fixed yet): a variant fill
-//!   whose answer no longer carries the `Vary` the page had stores it at the page key with a
-//!   plain `set`; and a `GET` sent after the unsafe method returned can join, in the same
-//!   process, a fill that started before it, and get that fill's (older) page.
+//!   the page it revalidated, a variant fill's at the page key with `cas` against the vary
+//!   record it started from; and a `GET` sent after the removal returned does not join, in the
+//!   same process, a fill that started before it (every write takes its key's call out of the
+//!   in-process coalescer).
 //! - **Responses**: the [statuses](ResponseCacheBuilder::statuses) configured (`200` by default),
 //!   never one with `Set-Cookie`, `Cache-Control: private`, `no-store` or `no-cache`, or
 //!   `Vary: *`. The freshness lifetime is `s-maxage`, else `max-age`, else `Expires` minus
@@ -241,8 +241,9 @@ impl ResponseCacheLayer {
     /// fill already under way when this runs stores with `cas` against its claim, which the
     /// removal took away: its (older) page is not stored, as with `AsyncCache::delete` during a
     /// `get_or_set_with`; a `no-cache` revalidation under way writes only over the page it
-    /// revalidated, with `cas`, and so does not store either. (A variant fill whose answer
-    /// dropped its `Vary` still may: see the module's known races.)
+    /// revalidated, and a variant fill only over the vary record it started from, with `cas`:
+    /// neither stores either. A request that arrives after this returned does not join a fill
+    /// from before it.
     ///
     /// `uri` is what a request line holds: a path and query (`/page/7?lang=en`; the query is
     /// normalised as the layer's keys are), or an absolute URL whose authority is the host. With
@@ -897,7 +898,7 @@ where
             return match fill {
                 Fill::Page(_) => page,
                 Fill::Variant { .. } => {
-                    self.store(page_key, &page).await;
+                    self.store_revalidated(fill, page_key, &page).await;
                     nothing
                 }
                 Fill::Revalidate { .. } => {
@@ -922,7 +923,7 @@ where
         match fill {
             Fill::Page(_) => record,
             Fill::Variant { .. } => {
-                self.store(page_key, &record).await;
+                self.store_revalidated(fill, page_key, &record).await;
                 nothing
             }
             Fill::Revalidate { .. } => {
@@ -962,22 +963,26 @@ where
     /// the vary record, stored when the revalidated page was), with `cas`. A key invalidated
     /// (an unsafe method, `invalidate`) or refilled while the origin answered keeps what it
     /// has now: the revalidation's answer, read before that, is not stored.
+    ///
+    /// A variant fill that writes at the page key (the page stopped varying, or varies on
+    /// other headers now) likewise writes only over the vary record it started from.
     async fn store_revalidated(&self, fill: Fill<'_>, key: &str, entry: &Entry) {
-        let Fill::Revalidate { stored_ms, .. } = fill else {
-            return self.store(key, entry).await;
+        let still = |current: &Entry| match fill {
+            Fill::Revalidate { stored_ms, .. } => current.stored_ms == stored_ms,
+            Fill::Variant {
+                record: (_, generation),
+                ..
+            } => matches!(current.body, Body::Vary { generation: g, .. } if g == generation),
+            Fill::Page(_) => true,
         };
+        if let Fill::Page(_) = fill {
+            return self.store(key, entry).await;
+        }
         let io = self.cache.io();
         let _ = self
             .cache
             .cache
-            .replace_on(
-                &io,
-                key,
-                entry,
-                entry.fresh.into(),
-                Herd::Protected,
-                |current: &Entry| current.stored_ms == stored_ms,
-            )
+            .replace_on(&io, key, entry, entry.fresh.into(), Herd::Protected, still)
             .await;
     }
 

@@ -107,6 +107,18 @@ impl Coalescer {
     }
 }
 
+impl Coalescer {
+    /// Takes `key`'s call, if one is at work, out of the table: callers arriving now start a new
+    /// call instead of joining one that may have read what a write just replaced. The leader
+    /// and its followers carry on with their own slot.
+    pub(crate) fn detach(&self, key: &str) {
+        let mut slots = self.slots.lock();
+        if !slots.is_empty() {
+            slots.remove(key);
+        }
+    }
+}
+
 /// The leader's guard: publishing (or dropping) it removes the key from the table and wakes every
 /// follower. Callers arriving after that start a new call.
 pub(crate) struct Leader<'a> {

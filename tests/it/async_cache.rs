@@ -55,6 +55,7 @@ on_every_backend_async!(
     a_stale_key_is_loaded_once_and_served_stale_meanwhile,
     a_delete_during_a_load_is_not_undone,
     a_set_during_a_load_wins,
+    a_load_after_a_delete_returned_does_not_join_one_from_before,
     a_dropped_leader_hands_the_load_to_one_follower,
     a_loader_error_reaches_every_waiter,
     background_refresh_serves_stale_and_shutdown_drains_it,
@@ -498,4 +499,36 @@ async fn random_cancellations_never_cross_replies(env: Env) {
             Some(format!("value of {k}"))
         );
     }
+}
+
+/// Read-your-writes in one process: a load started before a `delete` read the old state; a
+/// `get_or_set_with` that starts after the delete returned runs its own load instead of joining
+/// that one (and getting the old row).
+async fn a_load_after_a_delete_returned_does_not_join_one_from_before(env: Env) {
+    let cache = cache(&env);
+    let (go, task) = load_paused(&cache, "row", Row { id: 7, version: 1 }).await;
+    cache.delete("row").await.unwrap();
+    let after = {
+        let c = cache.clone();
+        tokio::spawn(async move {
+            c.get_or_set_with("row", S(60), || async {
+                Ok::<_, std::io::Error>(Row { id: 7, version: 2 })
+            })
+            .await
+        })
+    };
+    // The old load is still held: the new caller must not be waiting on it.
+    let got = tokio::time::timeout(S(10), after)
+        .await
+        .expect("the new caller did not wait for the load from before the delete")
+        .unwrap()
+        .unwrap();
+    assert_eq!(got.version, 2, "the row read after the delete");
+    go.send(()).unwrap();
+    assert_eq!(task.await.unwrap().unwrap().version, 1);
+    assert_eq!(
+        cache.get::<Row>("row").await.unwrap().map(|r| r.version),
+        Some(2),
+        "the old load stored nothing over the new one"
+    );
 }

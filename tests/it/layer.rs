@@ -87,6 +87,8 @@ on_every_backend_async!(
     a_5xx_on_a_cold_url_leaves_no_marker,
     a_refresh_answered_404_keeps_the_page,
     a_revalidation_under_way_does_not_undo_an_invalidation,
+    a_variant_fill_that_stopped_varying_does_not_undo_an_invalidation,
+    a_get_after_a_put_does_not_join_a_fill_from_before_it,
     a_revalidation_keeps_the_page_on_an_error_and_passes_on_private,
     hop_by_hop_headers_are_not_stored,
     invalidate_removes_a_page_and_its_variants,
@@ -1639,5 +1641,132 @@ async fn a_revalidation_under_way_does_not_undo_an_invalidation(env: Env) {
         (after.x_cache(), &after.body[..]),
         ("MISS", &b"state2"[..]),
         "the page the PUT invalidated was stored again by the revalidation under way"
+    );
+}
+
+/// An origin for the races below: a PUT bumps the document's state; a GET reads the state,
+/// then (when `hold` is set) waits at `gate`; it answers `state{n}`, with `vary` on the first
+/// GET only.
+fn race_origin(
+    state: Arc<AtomicUsize>,
+    gate: Arc<Semaphore>,
+    hold: Arc<std::sync::atomic::AtomicBool>,
+    in_origin: Arc<AtomicUsize>,
+    first_vary: Option<&'static str>,
+) -> impl Service<Request<()>, Response = Response<B>, Error = Infallible, Future: Send>
++ Clone
++ Send
++ 'static {
+    let gets = Arc::new(AtomicUsize::new(0));
+    tower::service_fn(move |req: Request<()>| {
+        let (state, gate, hold, in_origin, gets) = (
+            state.clone(),
+            gate.clone(),
+            hold.clone(),
+            in_origin.clone(),
+            gets.clone(),
+        );
+        async move {
+            if req.method() == Method::PUT {
+                state.fetch_add(1, Ordering::SeqCst);
+                return Ok::<_, Infallible>(response(StatusCode::OK, &[], "put"));
+            }
+            let v = state.load(Ordering::SeqCst);
+            let first = gets.fetch_add(1, Ordering::SeqCst) == 0;
+            if hold.swap(false, Ordering::SeqCst) {
+                in_origin.fetch_add(1, Ordering::SeqCst);
+                gate.acquire().await.expect("gate").forget();
+            }
+            let headers: Vec<(&str, &str)> = match first_vary {
+                Some(names) if first => vec![("vary", names)],
+                _ => vec![],
+            };
+            Ok(response(StatusCode::OK, &headers, format!("state{v}")))
+        }
+    })
+}
+
+/// A variant fill under way when a PUT lands, whose response no longer varies: its page is not
+/// stored at the page key over the invalidation (it writes only over the vary record it
+/// started from).
+async fn a_variant_fill_that_stopped_varying_does_not_undo_an_invalidation(env: Env) {
+    let state = Arc::new(AtomicUsize::new(1));
+    let gate = Arc::new(Semaphore::new(0));
+    let hold = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let in_origin = Arc::new(AtomicUsize::new(0));
+    let origin = race_origin(
+        state.clone(),
+        gate.clone(),
+        hold.clone(),
+        in_origin.clone(),
+        Some("accept"),
+    );
+    let svc = layer(&env).build().unwrap().layer(origin);
+    let a = || get_with("/v", &[("accept", "text/a")]);
+    assert_eq!(send(&svc, a()).await.body, "state1");
+    assert_eq!(send(&svc, a()).await.x_cache(), "HIT");
+    // Another variant is filled; the origin reads state 1 and is held.
+    hold.store(true, Ordering::SeqCst);
+    let other = {
+        let svc = svc.clone();
+        tokio::spawn(async move { send(&svc, get_with("/v", &[("accept", "text/b")])).await })
+    };
+    while in_origin.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let put = Request::put("/v").body(()).unwrap();
+    assert_eq!(send(&svc, put).await.status, StatusCode::OK);
+    gate.add_permits(1);
+    assert_eq!(other.await.unwrap().body, "state1");
+    let after = send(&svc, a()).await;
+    assert_ne!(
+        (after.x_cache(), &after.body[..]),
+        ("HIT", &b"state1"[..]),
+        "the page the PUT invalidated was stored again by the variant fill under way"
+    );
+}
+
+/// Read-your-writes: a client's GET sent after its PUT returned does not join (in-process) a
+/// fill that read the origin before the PUT.
+async fn a_get_after_a_put_does_not_join_a_fill_from_before_it(env: Env) {
+    let state = Arc::new(AtomicUsize::new(1));
+    let gate = Arc::new(Semaphore::new(0));
+    let hold = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let in_origin = Arc::new(AtomicUsize::new(0));
+    let origin = race_origin(
+        state.clone(),
+        gate.clone(),
+        hold.clone(),
+        in_origin.clone(),
+        None,
+    );
+    let svc = layer(&env).build().unwrap().layer(origin);
+    hold.store(true, Ordering::SeqCst);
+    let first = {
+        let svc = svc.clone();
+        tokio::spawn(async move { send(&svc, get("/w")).await })
+    };
+    while in_origin.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let put = Request::put("/w").body(()).unwrap();
+    assert_eq!(send(&svc, put).await.status, StatusCode::OK);
+    let mine = {
+        let svc = svc.clone();
+        tokio::spawn(async move { send(&svc, get("/w")).await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    gate.add_permits(1);
+    assert_eq!(first.await.unwrap().body, "state1");
+    let mine = mine.await.unwrap();
+    // Nothing old is stored (the fill's cas failed) ...
+    let later = send(&svc, get("/w")).await;
+    assert_ne!(&later.body[..], b"state1", "the old page was stored");
+    // ... but the GET sent after the PUT returned saw the state from before it.
+    assert_eq!(
+        &mine.body[..],
+        b"state2",
+        "a GET sent after the PUT returned was served the page from before it ({})",
+        mine.x_cache()
     );
 }
