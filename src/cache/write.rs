@@ -99,7 +99,7 @@ impl Cache {
     ) -> Result<()> {
         let k = self.keys.make(key)?;
         let span = self.span("set", &k);
-        let r = async {
+        async {
             let life = ttl.resolve(self.inner.config.default_ttl);
             if life == Lifetime::Expired {
                 return self.absorb_write(io.delete(&k).await).map(|_| ());
@@ -115,16 +115,22 @@ impl Cache {
             self.absorb_write(io.store(w).await).map(|_| ())
         }
         .instrument(span)
-        .await;
-        self.written(&k);
-        r
+        .await
     }
 
-    /// After a write to the derived key `k`: a `get_or_set_with` of this process that starts
-    /// now does not join a load that started before the write (and may have read what it
-    /// replaced); that load still runs, and its result is not stored (its `cas` fails).
-    pub(crate) fn written(&self, k: &str) {
-        self.inner.coalescer.detach(k);
+    /// [`delete`](Cache::delete), and then a `get_or_set_with` of this process that starts
+    /// after it returned does not join a load that started before it (and may have read what
+    /// the delete invalidates): it leads a load of its own. That older load still serves its
+    /// own callers; its result is not stored (its `cas` fails). For invalidations that must read
+    /// their own writes (the response cache's unsafe methods and `invalidate`); plain writes do
+    /// not detach, so that a loader that deletes or sets its own key stays one load.
+    #[cfg(feature = "tower")]
+    pub(crate) async fn invalidate_on<I: Io>(&self, io: &I, key: &str) -> Result<bool> {
+        let r = self.delete_on(io, key).await;
+        if let Ok(k) = self.keys.make(key) {
+            self.inner.coalescer.detach(&k);
+        }
+        r
     }
 
     /// Replaces the value under `key` with `value` only if the key still holds a value of this
@@ -168,9 +174,8 @@ impl Cache {
             flags: envelope::FLAGS,
             exptime,
         };
-        let outcome = self.absorb_write(io.store(w).await);
-        self.written(&k);
-        Ok(outcome? == Some(StoreOutcome::Stored))
+        let outcome = self.absorb_write(io.store(w).await)?;
+        Ok(outcome == Some(StoreOutcome::Stored))
     }
 
     /// Stores a value only if the key holds no live value; `true` if it was stored.
@@ -261,11 +266,9 @@ impl Cache {
     pub(crate) async fn delete_on<I: Io>(&self, io: &I, key: &str) -> Result<bool> {
         let k = self.keys.make(key)?;
         let span = self.span("delete", &k);
-        let r = async { Ok(self.absorb_write(io.delete(&k).await)?.unwrap_or(false)) }
+        async { Ok(self.absorb_write(io.delete(&k).await)?.unwrap_or(false)) }
             .instrument(span)
-            .await;
-        self.written(&k);
-        r
+            .await
     }
 
     /// Stores several values with the herd protection, one round trip per server; returns the
@@ -349,11 +352,11 @@ impl Cache {
             }
             if life == Lifetime::Expired {
                 let keys: Vec<&str> = encoded.iter().map(|(k, _)| k.as_str()).collect();
-                let deleted = io.delete_many(&keys).await;
-                keys.iter().for_each(|k| self.written(k));
-                let done = self.absorb_each(deleted, self.inner.config.write_failures, |i| {
-                    names[i].clone()
-                })?;
+                let done = self.absorb_each(
+                    io.delete_many(&keys).await,
+                    self.inner.config.write_failures,
+                    |i| names[i].clone(),
+                )?;
                 return Ok(failed_names(&names, &done));
             }
             let mut failed = Vec::new();
@@ -375,7 +378,6 @@ impl Cache {
                 });
             }
             let results = io.store_many(&writes).await;
-            encoded.iter().for_each(|(k, _)| self.written(k));
             let done = self.absorb_each(results, self.inner.config.write_failures, |j| {
                 names[at[j]].clone()
             })?;
@@ -410,7 +412,7 @@ impl Cache {
             .map(|k| self.keys.make(k.as_ref()))
             .collect::<Result<Vec<_>>>()?;
         let span = self.batch_span("delete_many", derived.len());
-        let r = async {
+        async {
             let refs: Vec<&str> = derived.iter().map(String::as_str).collect();
             let done = self.absorb_each(
                 io.delete_many(&refs).await,
@@ -420,9 +422,7 @@ impl Cache {
             Ok(done.into_iter().filter(|d| *d == Some(true)).count())
         }
         .instrument(span)
-        .await;
-        derived.iter().for_each(|k| self.written(k));
-        r
+        .await
     }
 
     /// Gives an existing value a new lifetime without recomputing it (Django's `touch`): it is

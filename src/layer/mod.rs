@@ -61,8 +61,8 @@
 //!   stored with `cas` against its placeholder, a `no-cache` revalidation's with `cas` against
 //!   the page it revalidated, a variant fill's at the page key with `cas` against the vary
 //!   record it started from; and a `GET` sent after the removal returned does not join, in the
-//!   same process, a fill that started before it (every write takes its key's call out of the
-//!   in-process coalescer).
+//!   same process, a fill that started before it (the removal takes the page key's call out
+//!   of the in-process coalescer).
 //! - **Responses**: the [statuses](ResponseCacheBuilder::statuses) configured (`200` by default),
 //!   never one with `Set-Cookie`, `Cache-Control: private`, `no-store` or `no-cache`, or
 //!   `Vary: *`. The freshness lifetime is `s-maxage`, else `max-age`, else `Expires` minus
@@ -278,7 +278,7 @@ impl ResponseCacheLayer {
         let key = rules::page_key(&s.namespace, host.as_deref(), &uri, &s.ignored_params);
         self.cache
             .cache
-            .delete_on(&self.cache.io(), &key)
+            .invalidate_on(&self.cache.io(), &key)
             .await
             .map(drop)
     }
@@ -574,7 +574,7 @@ where
             for key in keys {
                 // A failure is counted in the cache's stats: the change was made, and the
                 // client gets its answer.
-                let _ = self.cache.cache.delete_on(&self.cache.io(), &key).await;
+                let _ = self.cache.cache.invalidate_on(&self.cache.io(), &key).await;
             }
         }
         Ok(resp)
@@ -968,6 +968,15 @@ where
     /// other headers now) likewise writes only over the vary record it started from.
     async fn store_revalidated(&self, fill: Fill<'_>, key: &str, entry: &Entry) {
         let still = |current: &Entry| match fill {
+            // Over the vary record (the page key, when the revalidated page was a variant):
+            // the record it was a variant of; over the page itself: that page.
+            Fill::Revalidate {
+                page_key,
+                record: Some((_, generation)),
+                ..
+            } if key == page_key => {
+                matches!(current.body, Body::Vary { generation: g, .. } if g == generation)
+            }
             Fill::Revalidate { stored_ms, .. } => current.stored_ms == stored_ms,
             Fill::Variant {
                 record: (_, generation),

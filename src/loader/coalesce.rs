@@ -107,15 +107,13 @@ impl Coalescer {
     }
 }
 
+#[cfg(feature = "tower")]
 impl Coalescer {
     /// Takes `key`'s call, if one is at work, out of the table: callers arriving now start a new
     /// call instead of joining one that may have read what a write just replaced. The leader
     /// and its followers carry on with their own slot.
     pub(crate) fn detach(&self, key: &str) {
-        let mut slots = self.slots.lock();
-        if !slots.is_empty() {
-            slots.remove(key);
-        }
+        self.slots.lock().remove(key);
     }
 }
 

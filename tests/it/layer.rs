@@ -89,6 +89,8 @@ on_every_backend_async!(
     a_revalidation_under_way_does_not_undo_an_invalidation,
     a_variant_fill_that_stopped_varying_does_not_undo_an_invalidation,
     a_get_after_a_put_does_not_join_a_fill_from_before_it,
+    a_revalidated_later_variant_that_stopped_varying_updates_the_page,
+    the_first_variant_revalidated_that_stopped_varying_updates_the_page,
     a_revalidation_keeps_the_page_on_an_error_and_passes_on_private,
     hop_by_hop_headers_are_not_stored,
     invalidate_removes_a_page_and_its_variants,
@@ -1768,5 +1770,121 @@ async fn a_get_after_a_put_does_not_join_a_fill_from_before_it(env: Env) {
         b"state2",
         "a GET sent after the PUT returned was served the page from before it ({})",
         mine.x_cache()
+    );
+}
+
+/// A `no-cache` revalidation of a variant filled after its vary record, whose answer no longer
+/// varies, stores the plain page at the page key over that record (the write is checked
+/// against the record's generation, not the variant's time): every client gets the new page.
+async fn a_revalidated_later_variant_that_stopped_varying_updates_the_page(env: Env) {
+    let origin = Origin::new(|req, n| {
+        if n >= 3 {
+            return response(
+                StatusCode::OK,
+                &[("cache-control", "max-age=60")],
+                format!("plain v{n}"),
+            );
+        }
+        let lang = req
+            .headers()
+            .get("accept-language")
+            .map_or("none", |v| v.to_str().unwrap());
+        response(
+            StatusCode::OK,
+            &[("vary", "Accept-Language"), ("cache-control", "max-age=60")],
+            format!("v{n} in {lang}"),
+        )
+    });
+    let svc = layer(&env).build().unwrap().layer(origin.service());
+    // The record and the en variant (stored together).
+    assert_eq!(
+        send(&svc, get_with("/lv", &[("accept-language", "en")]))
+            .await
+            .body,
+        "v1 in en"
+    );
+    env.advance(Duration::from_secs(1));
+    // The fr variant, filled a second later.
+    assert_eq!(
+        send(&svc, get_with("/lv", &[("accept-language", "fr")]))
+            .await
+            .body,
+        "v2 in fr"
+    );
+    env.advance(Duration::from_secs(2));
+    // A reload of the fr variant: the origin no longer varies.
+    let fr = send(
+        &svc,
+        get_with(
+            "/lv",
+            &[("cache-control", "no-cache"), ("accept-language", "fr")],
+        ),
+    )
+    .await;
+    assert_eq!(fr.body, "plain v3");
+    assert_eq!(origin.calls(), 3);
+    let en = send(&svc, get_with("/lv", &[("accept-language", "en")])).await;
+    assert_eq!(
+        String::from_utf8_lossy(&en.body),
+        "plain v3",
+        "the revalidated page did not replace the vary record ({})",
+        en.x_cache()
+    );
+}
+
+/// Control for the test above: the same reload of the variant stored with the record passes.
+async fn the_first_variant_revalidated_that_stopped_varying_updates_the_page(env: Env) {
+    let origin = Origin::new(|req, n| {
+        if n >= 3 {
+            return response(
+                StatusCode::OK,
+                &[("cache-control", "max-age=60")],
+                format!("plain v{n}"),
+            );
+        }
+        let lang = req
+            .headers()
+            .get("accept-language")
+            .map_or("none", |v| v.to_str().unwrap());
+        response(
+            StatusCode::OK,
+            &[("vary", "Accept-Language"), ("cache-control", "max-age=60")],
+            format!("v{n} in {lang}"),
+        )
+    });
+    let svc = layer(&env).build().unwrap().layer(origin.service());
+    // The record and the en variant (stored together).
+    assert_eq!(
+        send(&svc, get_with("/lv", &[("accept-language", "en")]))
+            .await
+            .body,
+        "v1 in en"
+    );
+    env.advance(Duration::from_secs(1));
+    // The fr variant, filled a second later.
+    assert_eq!(
+        send(&svc, get_with("/lv", &[("accept-language", "fr")]))
+            .await
+            .body,
+        "v2 in fr"
+    );
+    env.advance(Duration::from_secs(2));
+    // A reload of the fr variant: the origin no longer varies.
+    let fr = send(
+        &svc,
+        get_with(
+            "/lv",
+            &[("cache-control", "no-cache"), ("accept-language", "en")],
+        ),
+    )
+    .await;
+    assert_eq!(fr.body, "plain v3");
+    assert_eq!(origin.calls(), 3);
+    let en = send(&svc, get_with("/lv", &[("accept-language", "fr")])).await;
+    assert_eq!(
+        String::from_utf8_lossy(&en.body),
+        "plain v3",
+        "the revalidated page did not replace the vary record ({})",
+        en.x_cache()
     );
 }
