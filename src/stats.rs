@@ -8,19 +8,45 @@ use std::time::Instant;
 
 use crate::error::Error;
 
-/// One event's count (what [`Stats`] reads) and, with the `metrics` feature, the recorder's
-/// handle for the same event, registered once when the cache is built.
+/// How many parts a count is split into: threads bump different parts (each on a cache line of
+/// its own), so that a hit on one core does not take the line from another core's hit.
+const STRIPES: usize = 8;
+
+/// One part of a count, alone on its cache line (two lines: adjacent lines are fetched in
+/// pairs).
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct Stripe(AtomicU64);
+
+/// One event's count (what [`Stats`] reads: the sum of its stripes) and, with the `metrics`
+/// feature, the recorder's handle for the same event, registered once when the cache is built.
 #[derive(Debug, Default)]
 pub(crate) struct Counter {
-    n: AtomicU64,
+    n: [Stripe; STRIPES],
     #[cfg(feature = "metrics")]
     metric: Option<metrics::Counter>,
 }
 
 impl Counter {
     fn load(&self) -> u64 {
-        self.n.load(Ordering::Relaxed)
+        self.n
+            .iter()
+            .fold(0u64, |sum, s| sum.wrapping_add(s.0.load(Ordering::Relaxed)))
     }
+
+    fn add(&self, n: u64) {
+        self.n[stripe()].0.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// This thread's stripe, given out round robin as threads first count something.
+fn stripe() -> usize {
+    use std::sync::atomic::AtomicUsize;
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static MINE: usize = NEXT.fetch_add(1, Ordering::Relaxed) % STRIPES;
+    }
+    MINE.with(|s| *s)
 }
 
 /// A counter's recorder handle: none for a counter exported otherwise (or not at all).
@@ -68,7 +94,7 @@ macro_rules! stats {
                 let label = [metrics::Label::new("cache", name.to_owned())];
                 Counters {
                     $($name: Counter {
-                        n: AtomicU64::new(0),
+                        n: Default::default(),
                         #[cfg(feature = "metrics")]
                         metric: handle!($($metric, label.iter())?),
                     },)*
@@ -129,7 +155,7 @@ stats! {
 
 impl Counters {
     pub(crate) fn bump(counter: &Counter) {
-        counter.n.fetch_add(1, Ordering::Relaxed);
+        counter.add(1);
         #[cfg(feature = "metrics")]
         if let Some(m) = &counter.metric {
             m.increment(1);

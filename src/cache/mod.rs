@@ -181,9 +181,17 @@ impl Cache {
 
     /// The times the protocol is told.
     pub(crate) fn now(&self) -> Now {
+        self.now_at(Instant::now())
+    }
+
+    /// [`now`](Cache::now), its monotonic part read at `instant` (a clock read the caller
+    /// shares).
+    pub(crate) fn now_at(&self, instant: Instant) -> Now {
         Now {
             wall_ms: self.now_ms(),
-            mono_ms: self.inner.started.elapsed().as_millis() as u64,
+            mono_ms: instant
+                .saturating_duration_since(self.inner.started)
+                .as_millis() as u64,
         }
     }
 

@@ -5,6 +5,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
+use bytes::Bytes;
 use serde::de::DeserializeOwned;
 use tracing::Instrument;
 
@@ -124,7 +125,8 @@ impl Cache {
                 .await?;
             let found = match first {
                 Action::Done(found) => found,
-                action => match self.drive_on(io, &k, &mut m, action).await? {
+                // Boxed: only a stale entry's claim gets here, and a hit's future stays small.
+                action => match Box::pin(self.drive_on(io, &k, &mut m, action)).await? {
                     Step::Done(found) => found,
                     // Lookup never loads; a grant would be a protocol bug. Report a miss.
                     Step::Load(_) => return Ok(None),
@@ -150,11 +152,11 @@ impl Cache {
         deadline: Option<Instant>,
     ) -> Result<(Machine, Action)> {
         let read = self.absorb_read(io.get(k).await)?;
-        let now = self.now();
+        // One monotonic read serves the machine's clock and what is left of the deadline.
+        let instant = Instant::now();
+        let now = self.now_at(instant);
         if let Some(deadline) = deadline {
-            settings.max_wait_ms = deadline
-                .saturating_duration_since(Instant::now())
-                .as_millis() as u64;
+            settings.max_wait_ms = deadline.saturating_duration_since(instant).as_millis() as u64;
         }
         let mut m = Machine::new(mode, settings, self.token(), now);
         let first = match read {
@@ -196,13 +198,13 @@ impl Cache {
     }
 
     pub(crate) fn decode_held<T: Decode>(&self, held: &Held) -> Result<T> {
-        self.decode_payload(&held.header, &held.item.value[held.offset..])
+        self.decode_payload(&held.header, held.item.value.slice(held.offset..))
     }
 
     pub(crate) fn decode_payload<T: Decode>(
         &self,
         header: &envelope::Header,
-        payload: &[u8],
+        payload: Bytes,
     ) -> Result<T> {
         let how = match (header.raw, header.compressed) {
             (true, _) => Payload::Raw,
@@ -235,7 +237,7 @@ impl Cache {
         {
             return Ok(None);
         }
-        match self.decode_payload(&header, payload) {
+        match self.decode_payload(&header, item.value.slice_ref(payload)) {
             Ok(v) => Ok(Some(v)),
             Err(e) => self.decode_failed(e),
         }

@@ -8,6 +8,7 @@
 mod bounded;
 mod msgpack;
 
+use bytes::Bytes;
 use serde::Serialize;
 use serde::de::{DeserializeOwned, DeserializeSeed};
 
@@ -142,7 +143,8 @@ pub(crate) enum Payload {
 /// A value as the read path decodes it: the inverse of [`Encode`].
 pub(crate) trait Decode: Sized {
     /// Decodes a payload written by `codec` (and compressed, or raw, as the envelope says).
-    fn decode_payload(format: &Format, codec: Codec, how: Payload, payload: &[u8]) -> Result<Self>;
+    /// `payload` is a slice of the item read: a raw value may keep parts of it without a copy.
+    fn decode_payload(format: &Format, codec: Codec, how: Payload, payload: Bytes) -> Result<Self>;
 }
 
 impl<T: Serialize + ?Sized> Encode for T {
@@ -156,13 +158,13 @@ impl<T: Serialize + ?Sized> Encode for T {
 }
 
 impl<T: DeserializeOwned> Decode for T {
-    fn decode_payload(format: &Format, codec: Codec, how: Payload, payload: &[u8]) -> Result<Self> {
+    fn decode_payload(format: &Format, codec: Codec, how: Payload, payload: Bytes) -> Result<Self> {
         match how {
             Payload::Raw => Err(Error::decode(format!(
                 "the stored value is raw bytes, not a `{}`",
                 std::any::type_name::<T>()
             ))),
-            how => format.decode(codec, how == Payload::Compressed, payload),
+            how => format.decode(codec, how == Payload::Compressed, &payload),
         }
     }
 }

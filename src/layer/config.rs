@@ -1,7 +1,6 @@
 //! The response cache's settings: [`ResponseCacheBuilder`], every default in one place, the
 //! [`CookiePolicy`] and the [`HostPolicy`].
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use http::StatusCode;
@@ -196,9 +195,6 @@ impl ResponseCacheBuilder {
                 s.namespace
             )));
         }
-        Ok(ResponseCacheLayer {
-            cache: self.cache,
-            settings: Arc::new(self.settings),
-        })
+        Ok(ResponseCacheLayer::from_parts(self.cache, self.settings))
     }
 }

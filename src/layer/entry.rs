@@ -105,8 +105,9 @@ impl Entry {
         }
     }
 
-    /// Reads an entry's bytes; anything malformed is a decode error.
-    pub(crate) fn read(bytes: &[u8]) -> Result<Entry> {
+    /// Reads an entry's bytes; anything malformed is a decode error. A page's header values and
+    /// body are slices of `bytes`, not copies.
+    pub(crate) fn read(bytes: &Bytes) -> Result<Entry> {
         let mut r = Reader(bytes);
         if r.take(2)? != MAGIC {
             return Err(Error::decode("not a response-cache entry"));
@@ -139,18 +140,20 @@ impl Entry {
                 };
                 let origin_age = r.u32()?;
                 let n = r.u32()?;
-                let mut headers = HeaderMap::with_capacity((n as usize).min(64));
+                // Room for the two the cache adds when it serves the page (`Age`, `X-Cache`).
+                let mut headers = HeaderMap::with_capacity((n as usize).min(64) + 2);
                 for _ in 0..n {
                     let len = usize::from(r.u16()?);
                     let name = HeaderName::from_bytes(r.take(len)?).map_err(bad)?;
                     let len = r.u32()? as usize;
-                    let value = HeaderValue::from_bytes(r.take(len)?).map_err(bad)?;
+                    let value = HeaderValue::from_maybe_shared(bytes.slice_ref(r.take(len)?))
+                        .map_err(bad)?;
                     headers.append(name, value);
                 }
                 Body::Page(Page {
                     status,
                     headers,
-                    body: Bytes::copy_from_slice(r.0),
+                    body: bytes.slice_ref(r.0),
                     shared,
                     no_stale,
                     origin_age,
@@ -224,13 +227,13 @@ impl Encode for Entry {
 }
 
 impl Decode for Entry {
-    fn decode_payload(_: &Format, _: Codec, how: Payload, payload: &[u8]) -> Result<Entry> {
+    fn decode_payload(_: &Format, _: Codec, how: Payload, payload: Bytes) -> Result<Entry> {
         if how != Payload::Raw {
             return Err(Error::decode(
                 "the stored value is a codec's, not a response-cache entry",
             ));
         }
-        Entry::read(payload)
+        Entry::read(&payload)
     }
 }
 
@@ -242,11 +245,12 @@ mod tests {
     fn round_trip(e: Entry) {
         let mut buf = Vec::new();
         e.write(&mut buf);
+        let buf = Bytes::from(buf);
         assert_eq!(Entry::read(&buf).unwrap(), e);
         // Every truncation is an error, never a panic or a shorter entry (but a page's body
         // may end anywhere).
         for n in 0..buf.len() {
-            if let Ok(short) = Entry::read(&buf[..n]) {
+            if let Ok(short) = Entry::read(&buf.slice(..n)) {
                 assert!(matches!(short.body, Body::Page(_)), "{n}");
             }
         }
@@ -314,7 +318,7 @@ mod tests {
         v1.push(1);
         v1.extend_from_slice(&1u16.to_le_bytes());
         put_short(&mut v1, b"accept");
-        let e = Entry::read(&v1).unwrap();
+        let e = Entry::read(&Bytes::from(v1)).unwrap();
         assert_eq!(
             e.body,
             Body::Vary {
@@ -332,7 +336,7 @@ mod tests {
         v1.extend_from_slice(&0u32.to_le_bytes());
         v1.extend_from_slice(&0u32.to_le_bytes());
         v1.extend_from_slice(b"body");
-        let Body::Page(p) = Entry::read(&v1).unwrap().body else {
+        let Body::Page(p) = Entry::read(&Bytes::from(v1)).unwrap().body else {
             panic!("a page")
         };
         assert!(p.shared && !p.no_stale);

@@ -210,14 +210,23 @@ pub const X_CACHE: HeaderName = HeaderName::from_static("x-cache");
 /// ```
 #[derive(Clone)]
 pub struct ResponseCacheLayer {
+    shared: Arc<Shared>,
+}
+
+/// What every service of a layer, and every request through them, shares: one reference count
+/// per request.
+struct Shared {
     cache: AsyncCache,
-    settings: Arc<Settings>,
+    settings: Settings,
+    /// The cache's backend answers without waiting (the memory backend): a hit is answered
+    /// in `call`.
+    answers_at_once: bool,
 }
 
 impl fmt::Debug for ResponseCacheLayer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResponseCacheLayer")
-            .field("settings", &self.settings)
+            .field("settings", &self.shared.settings)
             .finish_non_exhaustive()
     }
 }
@@ -228,6 +237,16 @@ impl ResponseCacheLayer {
         ResponseCacheBuilder::new(cache)
             .build()
             .expect("the default settings are valid")
+    }
+
+    pub(crate) fn from_parts(cache: AsyncCache, settings: Settings) -> ResponseCacheLayer {
+        ResponseCacheLayer {
+            shared: Arc::new(Shared {
+                answers_at_once: cache.shared.backend.answers_at_once(),
+                cache,
+                settings,
+            }),
+        }
     }
 
     /// A builder, to change the defaults.
@@ -268,19 +287,17 @@ impl ResponseCacheLayer {
         if !uri.path().starts_with('/') {
             return Err(invalid("its path does not start with '/'"));
         }
-        let s = &self.settings;
+        let s = &self.shared.settings;
+        let no_headers = HeaderMap::new();
         let host = match s.hosts {
             HostPolicy::Key => {
-                Some(rules::key_host(&uri, &HeaderMap::new()).ok_or_else(|| invalid("its host"))?)
+                Some(rules::key_host(&uri, &no_headers).ok_or_else(|| invalid("its host"))?)
             }
             HostPolicy::Ignore => None,
         };
         let key = rules::page_key(&s.namespace, host.as_deref(), &uri, &s.ignored_params);
-        self.cache
-            .cache
-            .invalidate_on(&self.cache.io(), &key)
-            .await
-            .map(drop)
+        let cache = &self.shared.cache;
+        cache.cache.invalidate_on(&cache.io(), &key).await.map(drop)
     }
 }
 
@@ -290,8 +307,7 @@ impl<S> Layer<S> for ResponseCacheLayer {
     fn layer(&self, inner: S) -> ResponseCache<S> {
         ResponseCache {
             inner,
-            cache: self.cache.clone(),
-            settings: self.settings.clone(),
+            shared: self.shared.clone(),
         }
     }
 }
@@ -301,14 +317,13 @@ impl<S> Layer<S> for ResponseCacheLayer {
 #[derive(Clone)]
 pub struct ResponseCache<S> {
     inner: S,
-    cache: AsyncCache,
-    settings: Arc<Settings>,
+    shared: Arc<Shared>,
 }
 
 impl<S> fmt::Debug for ResponseCache<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResponseCache")
-            .field("settings", &self.settings)
+            .field("settings", &self.shared.settings)
             .finish_non_exhaustive()
     }
 }
@@ -326,25 +341,95 @@ where
 {
     type Response = Response<ResponseBody<ResBody>>;
     type Error = S::Error;
-    type Future = Pin<Box<dyn Future<Output = Served<ResBody, S::Error>> + Send>>;
+    type Future = ResponseFuture<ResBody, S::Error>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        let (parts, body) = req.into_parts();
+        let ask = Ask {
+            shared: &self.shared,
+            parts: &parts,
+        };
+        let plan = ask.plan();
+        // On a backend that answers at once (the memory backend), a page that may be served as
+        // stored is answered here: no future to box, no origin service to clone. The service
+        // polled ready stays ready for the next request.
+        if let Plan::Load(page_key) = &plan {
+            if self.shared.answers_at_once {
+                if let Some(resp) = ask.hit_now(page_key) {
+                    return ResponseFuture::ready(Ok(resp));
+                }
+            }
+        }
         // The service that was polled ready serves this request; a clone waits for the next.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        let (parts, body) = req.into_parts();
         let call = Call {
-            cache: self.cache.clone(),
-            settings: self.settings.clone(),
+            shared: self.shared.clone(),
             parts,
             origin: Mutex::new(Some((inner, body))),
             fetched: Mutex::new(None),
         };
-        Box::pin(async move { call.run().await })
+        ResponseFuture::boxed(Box::pin(async move { call.run(plan).await }))
+    }
+}
+
+/// The future of a [`ResponseCache`] service: a response made at once (a hit on a backend that
+/// answers at once), or the request's work under way.
+pub struct ResponseFuture<B: HttpBody, E> {
+    state: FutureState<B, E>,
+}
+
+enum FutureState<B: HttpBody, E> {
+    Ready(Option<Served<B, E>>),
+    Boxed(Pin<Box<dyn Future<Output = Served<B, E>> + Send>>),
+}
+
+impl<B: HttpBody, E> ResponseFuture<B, E> {
+    fn ready(served: Served<B, E>) -> Self {
+        ResponseFuture {
+            state: FutureState::Ready(Some(served)),
+        }
+    }
+
+    fn boxed(f: Pin<Box<dyn Future<Output = Served<B, E>> + Send>>) -> Self {
+        ResponseFuture {
+            state: FutureState::Boxed(f),
+        }
+    }
+}
+
+// Nothing in it is pinned in place: the work under way is boxed, and a ready response is only
+// moved out.
+impl<B: HttpBody, E> Unpin for ResponseFuture<B, E> {}
+
+impl<B: HttpBody, E> Future for ResponseFuture<B, E> {
+    type Output = Served<B, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match &mut self.get_mut().state {
+            FutureState::Ready(served) => Poll::Ready(
+                served
+                    .take()
+                    .expect("a ResponseFuture polled after it finished"),
+            ),
+            FutureState::Boxed(f) => f.as_mut().poll(cx),
+        }
+    }
+}
+
+impl<B: HttpBody, E> fmt::Debug for ResponseFuture<B, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.state {
+            FutureState::Ready(_) => "ready",
+            FutureState::Boxed(_) => "under way",
+        };
+        f.debug_struct("ResponseFuture")
+            .field("state", &state)
+            .finish()
     }
 }
 
@@ -394,6 +479,192 @@ impl std::error::Error for OriginFailed {}
 /// record's generation.
 type Record<'a> = (&'a [HeaderName], u64);
 
+/// What the layer decides from a request alone, before any cache read.
+enum Plan {
+    /// A method the cache does not store (an unsafe one invalidates).
+    Other,
+    /// Straight to the origin, uncached.
+    Pass,
+    /// Served from the cache if there, never filled (HEAD, `Authorization`).
+    LookUp { page_key: String, authorized: bool },
+    /// A GET: served from the cache, or filled.
+    Load(String),
+}
+
+/// A request as the cache reads it, with its layer: what both the answer made at once (a hit
+/// on a backend that answers at once, in `call`) and the request's future use.
+struct Ask<'a> {
+    shared: &'a Shared,
+    parts: &'a http::request::Parts,
+}
+
+impl Ask<'_> {
+    fn plan(&self) -> Plan {
+        let s = &self.shared.settings;
+        let headers = &self.parts.headers;
+        let method = &self.parts.method;
+        if method != Method::GET && method != Method::HEAD {
+            return Plan::Other;
+        }
+        if CacheControl::parse(headers).no_store
+            || (s.cookies == CookiePolicy::Pass && headers.contains_key(header::COOKIE))
+            || CLIENT_CONDITIONS.iter().any(|h| headers.contains_key(h))
+        {
+            return Plan::Pass;
+        }
+        let Some(page_key) = self.page_key() else {
+            return Plan::Pass;
+        };
+        let authorized = headers.contains_key(header::AUTHORIZATION);
+        if method == Method::HEAD || authorized {
+            return Plan::LookUp {
+                page_key,
+                authorized,
+            };
+        }
+        Plan::Load(page_key)
+    }
+
+    /// The response to a GET whose page (or variant) may be served as stored, read through
+    /// the cache's fast path on its sync backend: `None` for anything else (a miss, a page to
+    /// refresh or revalidate, a pass marker), which the request's future then handles from the
+    /// start. The read, the verdict and the counters are `get_or_set_with`'s own.
+    fn hit_now<B: HttpBody>(&self, page_key: &str) -> Option<Response<ResponseBody<B>>> {
+        let cache = &self.shared.cache.cache;
+        let entry = match cache.served_now::<Entry>(page_key)? {
+            e @ Entry {
+                body: Body::Page(_),
+                ..
+            } => e,
+            Entry {
+                body: Body::Vary { names, generation },
+                ..
+            } => {
+                let key = rules::variant_key(page_key, generation, &names, &self.parts.headers);
+                match cache.served_now::<Entry>(&key)? {
+                    e @ Entry {
+                        body: Body::Page(_),
+                        ..
+                    } => e,
+                    _ => return None,
+                }
+            }
+            Entry {
+                body: Body::Pass, ..
+            } => return None,
+        };
+        let now = cache.now_ms();
+        if self.wants_revalidation(&entry, now) {
+            return None;
+        }
+        Some(self.serve_entry(entry, now))
+    }
+
+    /// Whether the request asks to revalidate `entry` (`no-cache`, `max-age=0`) and it is old
+    /// enough for that to be heeded.
+    fn wants_revalidation(&self, entry: &Entry, now: u64) -> bool {
+        let age = Duration::from_millis(now.saturating_sub(entry.stored_ms));
+        CacheControl::parse(&self.parts.headers).wants_revalidation()
+            && age >= self.shared.settings.revalidate_after
+    }
+
+    /// The key of this request's page (`None`: a request the cache passes: a host it refuses,
+    /// or a target that is not a path). With [`CookiePolicy::Key`] and a cookie, the cookie's
+    /// own page.
+    fn page_key(&self) -> Option<String> {
+        let key = self.url_key()?;
+        if self.parts.headers.contains_key(header::COOKIE)
+            && self.shared.settings.cookies == CookiePolicy::Key
+        {
+            return Some(rules::variant_key(
+                &key,
+                0,
+                &[header::COOKIE],
+                &self.parts.headers,
+            ));
+        }
+        Some(key)
+    }
+
+    /// The key of the page of this request's URL, whatever its cookies.
+    fn url_key(&self) -> Option<String> {
+        let s = &self.shared.settings;
+        if !self.parts.uri.path().starts_with('/') {
+            return None;
+        }
+        let host = match s.hosts {
+            HostPolicy::Key => Some(rules::key_host(&self.parts.uri, &self.parts.headers)?),
+            HostPolicy::Ignore => None,
+        };
+        Some(rules::page_key(
+            &s.namespace,
+            host.as_deref(),
+            &self.parts.uri,
+            &s.ignored_params,
+        ))
+    }
+
+    fn serve_entry<B: HttpBody>(&self, entry: Entry, now: u64) -> Response<ResponseBody<B>> {
+        let source = if entry.is_stale(now) {
+            Source::Stale
+        } else {
+            Source::Hit
+        };
+        self.serve(entry, source, now)
+    }
+
+    /// A response made from a stored page: its status, headers and body (none for HEAD, and
+    /// none with a 304 for a matching `If-None-Match` when the page is a 2xx: RFC 9110
+    /// §13.2.1), with `Age` and `X-Cache`.
+    fn serve<B: HttpBody>(
+        &self,
+        entry: Entry,
+        source: Source,
+        now: u64,
+    ) -> Response<ResponseBody<B>> {
+        let age = entry.age_secs(now);
+        let Body::Page(page) = entry.body else {
+            unreachable!("only pages are served from the cache")
+        };
+        let not_modified = page.status.is_success()
+            && page
+                .headers
+                .get(header::ETAG)
+                .is_some_and(|etag| rules::none_match(&self.parts.headers, etag.as_bytes()));
+        let mut resp = if not_modified {
+            let mut r = Response::new(ResponseBody::empty());
+            *r.status_mut() = StatusCode::NOT_MODIFIED;
+            // What RFC 9110 §15.4.5 asks a 304 to carry, when the 200 would have.
+            for name in [
+                header::CACHE_CONTROL,
+                header::CONTENT_LOCATION,
+                header::DATE,
+                header::ETAG,
+                header::EXPIRES,
+                header::VARY,
+            ] {
+                for v in page.headers.get_all(&name) {
+                    r.headers_mut().append(name.clone(), v.clone());
+                }
+            }
+            r
+        } else {
+            let body = if self.parts.method == Method::HEAD {
+                ResponseBody::empty()
+            } else {
+                ResponseBody::full(page.body)
+            };
+            let mut r = Response::new(body);
+            *r.status_mut() = page.status;
+            *r.headers_mut() = page.headers;
+            r
+        };
+        resp.headers_mut().insert(header::AGE, age_value(age));
+        resp.headers_mut().insert(X_CACHE, source.value());
+        resp
+    }
+}
+
 /// Which key a fetch fills.
 #[derive(Clone, Copy)]
 enum Fill<'a> {
@@ -440,6 +711,22 @@ impl Fill<'_> {
     }
 }
 
+/// The `Age` header for `secs`. The values of the first ten minutes are made once and shared
+/// (`HeaderValue::from(u64)` allocates, and every hit sends one).
+fn age_value(secs: u64) -> HeaderValue {
+    static COMMON: std::sync::LazyLock<Vec<HeaderValue>> = std::sync::LazyLock::new(|| {
+        (0..600u64)
+            // Leaked once: 600 short strings that live as long as the program, so that a
+            // clone is a copy of a pointer (no reference count shared by every hit).
+            .map(|n| HeaderValue::from_static(String::leak(n.to_string())))
+            .collect()
+    });
+    match COMMON.get(secs as usize) {
+        Some(v) => v.clone(),
+        None => HeaderValue::from(secs),
+    }
+}
+
 /// Request headers that make the origin's answer depend on the client's own copy (a part of
 /// the page, a precondition): such requests are passed to the origin, uncached, and never fill
 /// the cache (a `206` or `412` is not the page). `If-None-Match` and `If-Modified-Since` are
@@ -454,8 +741,7 @@ static CLIENT_CONDITIONS: [HeaderName; 4] = [
 /// One request through the layer. The origin service and the request sit in `origin` until the
 /// one origin call this request may make takes them.
 struct Call<S, ReqBody, ResBody: HttpBody, E> {
-    cache: AsyncCache,
-    settings: Arc<Settings>,
+    shared: Arc<Shared>,
     /// The request's method, URI and headers (read in place: a hit copies none of them).
     parts: http::request::Parts,
     /// The inner service and the request's body, for this request's one origin call.
@@ -472,91 +758,56 @@ where
     ResBody: HttpBody<Data = Bytes> + Send + 'static,
     ResBody::Error: Send + 'static,
 {
-    async fn run(&self) -> Served<ResBody, S::Error> {
-        let s = &self.settings;
-        let cacheable_method =
-            self.parts.method == Method::GET || self.parts.method == Method::HEAD;
-        if !cacheable_method {
-            return self.other_method().await;
+    fn ask(&self) -> Ask<'_> {
+        Ask {
+            shared: &self.shared,
+            parts: &self.parts,
         }
-        let has_cookie = self.parts.headers.contains_key(header::COOKIE);
-        if CacheControl::parse(&self.parts.headers).no_store
-            || (has_cookie && s.cookies == CookiePolicy::Pass)
-            || CLIENT_CONDITIONS
-                .iter()
-                .any(|h| self.parts.headers.contains_key(h))
-        {
-            return self.origin(Some(Source::Pass)).await;
-        }
-        let Some(page_key) = self.page_key() else {
-            return self.origin(Some(Source::Pass)).await;
+    }
+
+    async fn run(&self, plan: Plan) -> Served<ResBody, S::Error> {
+        let page_key = match plan {
+            Plan::Other => return Box::pin(self.other_method()).await,
+            Plan::Pass => return self.origin(Some(Source::Pass)).await,
+            Plan::LookUp {
+                page_key,
+                authorized,
+            } => return Box::pin(self.look_up(&page_key, authorized)).await,
+            Plan::Load(page_key) => page_key,
         };
-        let authorized = self.parts.headers.contains_key(header::AUTHORIZATION);
-        if self.parts.method == Method::HEAD || authorized {
-            return self.look_up(&page_key, authorized).await;
-        }
-        let entry = match self.load(&page_key, Fill::Page(&page_key)).await {
+        // Awaited apart from the match, whose scrutinee's temporaries would live through every
+        // arm: the page's load and a variant's then share one place in the future.
+        let loaded = self.load(&page_key, Fill::Page(&page_key)).await;
+        let entry = match loaded {
             Ok(entry) => entry,
             Err(served) => return served,
         };
-        match entry.body {
+        let vary;
+        let (record, page) = match entry.body {
+            Body::Page(_) => (None, entry),
+            Body::Pass => return self.origin(Some(Source::Pass)).await,
             Body::Vary { names, generation } => {
-                let record = (names.as_slice(), generation);
-                let key = rules::variant_key(&page_key, generation, &names, &self.parts.headers);
+                vary = names;
+                let record = (vary.as_slice(), generation);
+                let key = rules::variant_key(&page_key, generation, &vary, &self.parts.headers);
                 let fill = Fill::Variant {
                     page_key: &page_key,
                     record,
                 };
-                match self.load(&key, fill).await {
+                let loaded = self.load(&key, fill).await;
+                match loaded {
                     Ok(
                         e @ Entry {
                             body: Body::Page(_),
                             ..
                         },
-                    ) => self.serve_or_revalidate(&page_key, Some(record), e).await,
-                    Ok(_) => self.origin(Some(Source::Pass)).await,
-                    Err(served) => served,
+                    ) => (Some(record), e),
+                    Ok(_) => return self.origin(Some(Source::Pass)).await,
+                    Err(served) => return served,
                 }
             }
-            Body::Page(_) => self.serve_or_revalidate(&page_key, None, entry).await,
-            Body::Pass => self.origin(Some(Source::Pass)).await,
-        }
-    }
-
-    /// The key of this request's page (`None`: a request the cache passes: a host it refuses,
-    /// or a target that is not a path). With [`CookiePolicy::Key`] and a cookie, the cookie's
-    /// own page.
-    fn page_key(&self) -> Option<String> {
-        let key = self.url_key()?;
-        if self.parts.headers.contains_key(header::COOKIE)
-            && self.settings.cookies == CookiePolicy::Key
-        {
-            return Some(rules::variant_key(
-                &key,
-                0,
-                &[header::COOKIE],
-                &self.parts.headers,
-            ));
-        }
-        Some(key)
-    }
-
-    /// The key of the page of this request's URL, whatever its cookies.
-    fn url_key(&self) -> Option<String> {
-        let s = &self.settings;
-        if !self.parts.uri.path().starts_with('/') {
-            return None;
-        }
-        let host = match s.hosts {
-            HostPolicy::Key => Some(rules::key_host(&self.parts.uri, &self.parts.headers)?),
-            HostPolicy::Ignore => None,
         };
-        Some(rules::page_key(
-            &s.namespace,
-            host.as_deref(),
-            &self.parts.uri,
-            &s.ignored_params,
-        ))
+        self.serve_or_revalidate(&page_key, record, page).await
     }
 
     /// A method the cache does not store. An unsafe one (not GET, HEAD, OPTIONS or TRACE)
@@ -567,14 +818,19 @@ where
         let resp = self.origin(None).await?;
         let status = resp.status();
         if !safe && (status.is_success() || status.is_redirection()) {
-            let mut keys: Vec<String> = self.url_key().into_iter().collect();
-            if let Some(own) = self.page_key().filter(|k| !keys.contains(k)) {
+            let mut keys: Vec<String> = self.ask().url_key().into_iter().collect();
+            if let Some(own) = self.ask().page_key().filter(|k| !keys.contains(k)) {
                 keys.push(own);
             }
             for key in keys {
                 // A failure is counted in the cache's stats: the change was made, and the
                 // client gets its answer.
-                let _ = self.cache.cache.invalidate_on(&self.cache.io(), &key).await;
+                let _ = self
+                    .shared
+                    .cache
+                    .cache
+                    .invalidate_on(&self.shared.cache.io(), &key)
+                    .await;
             }
         }
         Ok(resp)
@@ -586,22 +842,26 @@ where
     /// one (one origin request at a time, or it fetches itself), until the cache's `max_wait`
     /// since it began; then it goes to the origin uncached.
     async fn load(&self, key: &str, fill: Fill<'_>) -> Result<Entry, Served<ResBody, S::Error>> {
-        let deadline = Instant::now() + self.cache.cache.inner.config.max_wait;
+        let deadline = Instant::now() + self.shared.cache.cache.inner.config.max_wait;
         loop {
             let loaded = self
+                .shared
                 .cache
                 .cache
                 .coalesced_until(
-                    &self.cache.io(),
+                    &self.shared.cache.io(),
                     key,
-                    self.settings.ttl.into(),
+                    self.shared.settings.ttl.into(),
                     inline(|refresh| self.fetch(fill, refresh)),
                     deadline,
                 )
                 .await;
             if let Some(fetched) = self.fetched.lock().expect("not poisoned").take() {
                 return Err(match fetched {
-                    Fetched::Page(entry) => Ok(self.serve(entry, Source::Miss)),
+                    Fetched::Page(entry) => {
+                        let now = self.shared.cache.cache.now_ms();
+                        Ok(self.ask().serve(entry, Source::Miss, now))
+                    }
                     Fetched::Passed(mut resp) => {
                         resp.headers_mut().insert(X_CACHE, Source::Pass.value());
                         Ok(resp)
@@ -627,12 +887,9 @@ where
         record: Option<Record<'_>>,
         entry: Entry,
     ) -> Served<ResBody, S::Error> {
-        let now = self.cache.cache.now_ms();
-        let age = Duration::from_millis(now.saturating_sub(entry.stored_ms));
-        if !CacheControl::parse(&self.parts.headers).wants_revalidation()
-            || age < self.settings.revalidate_after
-        {
-            return Ok(self.serve_entry(entry, now));
+        let now = self.shared.cache.cache.now_ms();
+        if !self.ask().wants_revalidation(&entry, now) {
+            return Ok(self.ask().serve_entry(entry, now));
         }
         let fill = Fill::Revalidate {
             page_key,
@@ -642,11 +899,11 @@ where
         let key = fill.target(&self.parts.headers);
         // Everyone who asks to revalidate this stored page meets on one key, across processes.
         let revalidation = format!("{key}\nrevalidate:{}", entry.stored_ms);
-        if let Err(served) = self.load(&revalidation, fill).await {
+        if let Err(served) = Box::pin(self.load(&revalidation, fill)).await {
             return served;
         }
         // Another request revalidated: serve what it stored (the page may now vary).
-        self.look_up(page_key, false).await
+        Box::pin(self.look_up(page_key, false)).await
     }
 
     /// A request that may be served from the cache but never fills it (HEAD, Authorization).
@@ -666,8 +923,13 @@ where
     }
 
     async fn peek(&self, key: &str) -> Option<Entry> {
-        let io = self.cache.io();
-        self.cache.cache.peek_on::<Entry, _>(&io, key).await.ok()?
+        let io = self.shared.cache.io();
+        self.shared
+            .cache
+            .cache
+            .peek_on::<Entry, _>(&io, key)
+            .await
+            .ok()?
     }
 
     async fn serve_peeked(
@@ -681,70 +943,27 @@ where
                     body: Body::Page(Page { shared, .. }),
                     ..
                 },
-            ) if shared || !authorized => Ok(self.serve_entry(e, self.cache.cache.now_ms())),
+            ) if shared || !authorized => {
+                let now = self.shared.cache.cache.now_ms();
+                Ok(self.ask().serve_entry(e, now))
+            }
             _ => self.origin(Some(Source::Pass)).await,
         }
     }
 
-    fn serve_entry(&self, entry: Entry, now: u64) -> Response<ResponseBody<ResBody>> {
-        let source = if entry.is_stale(now) {
-            Source::Stale
-        } else {
-            Source::Hit
-        };
-        self.serve(entry, source)
-    }
-
-    /// A response made from a stored page: its status, headers and body (none for HEAD, and
-    /// none with a 304 for a matching `If-None-Match` when the page is a 2xx: RFC 9110
-    /// §13.2.1), with `Age` and `X-Cache`.
-    fn serve(&self, entry: Entry, source: Source) -> Response<ResponseBody<ResBody>> {
-        let age = entry.age_secs(self.cache.cache.now_ms());
-        let Body::Page(page) = entry.body else {
-            unreachable!("only pages are served from the cache")
-        };
-        let not_modified = page.status.is_success()
-            && page
-                .headers
-                .get(header::ETAG)
-                .is_some_and(|etag| rules::none_match(&self.parts.headers, etag.as_bytes()));
-        let mut resp = if not_modified {
-            let mut r = Response::new(ResponseBody::empty());
-            *r.status_mut() = StatusCode::NOT_MODIFIED;
-            // What RFC 9110 §15.4.5 asks a 304 to carry, when the 200 would have.
-            for name in [
-                header::CACHE_CONTROL,
-                header::CONTENT_LOCATION,
-                header::DATE,
-                header::ETAG,
-                header::EXPIRES,
-                header::VARY,
-            ] {
-                for v in page.headers.get_all(&name) {
-                    r.headers_mut().append(name.clone(), v.clone());
-                }
-            }
-            r
-        } else {
-            let body = if self.parts.method == Method::HEAD {
-                ResponseBody::empty()
-            } else {
-                ResponseBody::full(page.body)
-            };
-            let mut r = Response::new(body);
-            *r.status_mut() = page.status;
-            *r.headers_mut() = page.headers;
-            r
-        };
-        resp.headers_mut()
-            .insert(header::AGE, HeaderValue::from(age));
-        resp.headers_mut().insert(X_CACHE, source.value());
-        resp
-    }
-
     /// The origin, uncached: this request's one origin call. `source`: the `X-Cache` to set
     /// (none for methods the cache does not handle).
-    async fn origin(&self, source: Option<Source>) -> Served<ResBody, S::Error> {
+    ///
+    /// Boxed: every path that passes a request to the origin shares it, and a hit's future stays
+    /// small (the one `call` boxes per request).
+    fn origin(
+        &self,
+        source: Option<Source>,
+    ) -> Pin<Box<impl Future<Output = Served<ResBody, S::Error>> + Send + '_>> {
+        Box::pin(self.origin_call(source))
+    }
+
+    async fn origin_call(&self, source: Option<Source>) -> Served<ResBody, S::Error> {
         let Some((mut inner, body)) = self.origin.lock().expect("not poisoned").take() else {
             unreachable!("a request makes one origin call: a fetch returns its own answer")
         };
@@ -787,8 +1006,8 @@ where
                 return Err(OriginFailed);
             }
         };
-        let s = &self.settings;
-        let now = self.cache.cache.now_ms();
+        let s = &self.shared.settings;
+        let now = self.shared.cache.cache.now_ms();
         let pass = Entry {
             stored_ms: now,
             fresh: s.hit_for_pass,
@@ -909,7 +1128,7 @@ where
         }
         // A new vary record (a new generation: no variant of an older record is reached again),
         // the page stored as its variant.
-        let generation = self.cache.cache.token().max(1);
+        let generation = self.shared.cache.cache.token().max(1);
         let key = rules::variant_key(page_key, generation, &vary, &self.parts.headers);
         self.store(&key, &page).await;
         let record = Entry {
@@ -951,7 +1170,11 @@ where
     fn revalidated(&self, now: u64) -> Entry {
         Entry {
             stored_ms: now,
-            fresh: self.settings.revalidate_after.max(Duration::from_secs(1)),
+            fresh: self
+                .shared
+                .settings
+                .revalidate_after
+                .max(Duration::from_secs(1)),
             body: Body::Pass,
         }
     }
@@ -987,8 +1210,9 @@ where
         if let Fill::Page(_) = fill {
             return self.store(key, entry).await;
         }
-        let io = self.cache.io();
+        let io = self.shared.cache.io();
         let _ = self
+            .shared
             .cache
             .cache
             .replace_on(&io, key, entry, entry.fresh.into(), Herd::Protected, still)
@@ -996,8 +1220,9 @@ where
     }
 
     async fn store(&self, key: &str, entry: &Entry) {
-        let io = self.cache.io();
+        let io = self.shared.cache.io();
         let _ = self
+            .shared
             .cache
             .cache
             .set_on(&io, key, entry, entry.fresh.into(), Herd::Protected)
@@ -1107,6 +1332,84 @@ mod tests {
             .unwrap()
     }
 
+    /// An origin that counts its clones and its calls.
+    #[derive(Clone)]
+    struct Counted {
+        clones: Arc<AtomicUsize>,
+        calls: Arc<AtomicUsize>,
+    }
+
+    impl Counted {
+        fn new() -> (Counted, Arc<AtomicUsize>, Arc<AtomicUsize>) {
+            let (clones, calls) = (Arc::default(), Arc::default());
+            let origin = Counted {
+                clones: Arc::clone(&clones),
+                calls: Arc::clone(&calls),
+            };
+            (origin, clones, calls)
+        }
+    }
+
+    struct CountedClone(Counted);
+
+    impl Clone for CountedClone {
+        fn clone(&self) -> Self {
+            self.0.clones.fetch_add(1, Ordering::SeqCst);
+            CountedClone(self.0.clone())
+        }
+    }
+
+    impl Service<Request<()>> for CountedClone {
+        type Response = Response<http_body_util::Full<Bytes>>;
+        type Error = std::convert::Infallible;
+        type Future = std::future::Ready<std::result::Result<Self::Response, Self::Error>>;
+        fn poll_ready(
+            &mut self,
+            _: &mut Context<'_>,
+        ) -> Poll<std::result::Result<(), Self::Error>> {
+            Poll::Ready(Ok(()))
+        }
+        fn call(&mut self, _: Request<()>) -> Self::Future {
+            self.0.calls.fetch_add(1, Ordering::SeqCst);
+            std::future::ready(Ok(Response::new(http_body_util::Full::new(
+                Bytes::from_static(b"page"),
+            ))))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_hit_on_the_memory_backend_is_answered_in_call_without_the_origin() {
+        use tower::ServiceExt;
+        let cache = crate::Cache::builder().in_memory().build_async().unwrap();
+        let (origin, clones, calls) = Counted::new();
+        let mut svc = ResponseCacheLayer::new(cache).layer(CountedClone(origin));
+        let get = || Request::get("/p").body(()).unwrap();
+        let first = svc.ready().await.unwrap().call(get()).await.unwrap();
+        assert_eq!(first.headers()[X_CACHE], "MISS");
+        let (clones_before, calls_before) =
+            (clones.load(Ordering::SeqCst), calls.load(Ordering::SeqCst));
+        for _ in 0..10 {
+            let fut = svc.ready().await.unwrap().call(get());
+            assert!(
+                matches!(fut.state, FutureState::Ready(_)),
+                "a hit is made in call"
+            );
+            let resp = fut.await.unwrap();
+            assert_eq!(resp.headers()[X_CACHE], "HIT");
+            let body = http_body_util::BodyExt::collect(resp.into_body())
+                .await
+                .ok()
+                .unwrap();
+            assert_eq!(body.to_bytes(), "page");
+        }
+        assert_eq!(
+            clones.load(Ordering::SeqCst),
+            clones_before,
+            "no clone of the origin"
+        );
+        assert_eq!(calls.load(Ordering::SeqCst), calls_before, "no origin call");
+    }
+
     #[tokio::test]
     async fn a_value_chooses_its_lifetime_and_peeking_never_claims() {
         let clock = MockClock::new();
@@ -1213,5 +1516,17 @@ mod tests {
         assert!(e.is_decode(), "{e}");
         let got: Option<Entry> = cache.cache.peek_on(&io, "page").await.unwrap();
         assert_eq!(got, Some(entry));
+    }
+}
+
+#[cfg(test)]
+mod age_tests {
+    use super::*;
+
+    #[test]
+    fn shared_ages_read_as_the_number() {
+        for secs in [0, 1, 9, 10, 59, 599, 600, 601, 86_400, u64::MAX] {
+            assert_eq!(age_value(secs), HeaderValue::from(secs), "{secs}");
+        }
     }
 }

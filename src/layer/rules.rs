@@ -3,6 +3,7 @@
 //! included), the page key (a validated host, a normalised query, cache-busters dropped), the
 //! variant key, and `If-None-Match`. No I/O, no clock (the time is an argument).
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 use http::header::{self, HeaderMap, HeaderName};
@@ -212,7 +213,7 @@ pub(crate) fn valid_host(host: &str) -> bool {
 /// cache refuses (the request is passed uncached): one with characters an authority cannot
 /// hold, or an absolute-form URI whose authority is not the `Host` header's (the origin may
 /// read either: RFC 9112 §3.2.2 says the URI wins, many applications read `Host`).
-pub(crate) fn key_host(uri: &Uri, headers: &HeaderMap) -> Option<String> {
+pub(crate) fn key_host<'a>(uri: &'a Uri, headers: &'a HeaderMap) -> Option<Cow<'a, str>> {
     let mut hosts = headers.get_all(header::HOST).iter();
     let header = match (hosts.next(), hosts.next()) {
         (None, _) => None,
@@ -226,7 +227,15 @@ pub(crate) fn key_host(uri: &Uri, headers: &HeaderMap) -> Option<String> {
         (None, Some(h)) => h,
         (None, None) => "",
     };
-    valid_host(host).then(|| host.to_ascii_lowercase())
+    if !valid_host(host) {
+        return None;
+    }
+    // Most requests send it lowercased already: then it is not copied.
+    Some(if host.bytes().any(|b| b.is_ascii_uppercase()) {
+        Cow::Owned(host.to_ascii_lowercase())
+    } else {
+        Cow::Borrowed(host)
+    })
 }
 
 /// The page key of a request: namespace, host (`None`: left out, a single-site layer), path
@@ -251,10 +260,17 @@ pub(crate) fn page_key(
         .collect();
     // A stable sort by name only: values of one name keep their order.
     params.sort_by(|a, b| a[..name(a)].cmp(&b[..name(b)]));
-    let mut key = format!("{namespace}:{}{}", host.unwrap_or(""), uri.path());
-    if !params.is_empty() {
-        key.push('?');
-        key.push_str(&params.join("&"));
+    let host = host.unwrap_or("");
+    let query: usize = params.iter().map(|p| p.len() + 1).sum();
+    let mut key =
+        String::with_capacity(namespace.len() + 1 + host.len() + uri.path().len() + query);
+    key.push_str(namespace);
+    key.push(':');
+    key.push_str(host);
+    key.push_str(uri.path());
+    for (i, p) in params.iter().enumerate() {
+        key.push(if i == 0 { '?' } else { '&' });
+        key.push_str(p);
     }
     key
 }
@@ -535,14 +551,15 @@ mod tests {
     fn hosts_that_could_move_the_path_are_refused() {
         let host = |uri: &str, hosts: &[&str]| {
             let pairs: Vec<(&str, &str)> = hosts.iter().map(|h| ("host", *h)).collect();
-            key_host(&uri.parse().unwrap(), &headers(&pairs))
+            let uri: Uri = uri.parse().unwrap();
+            key_host(&uri, &headers(&pairs)).map(Cow::into_owned)
         };
         assert_eq!(
             host("/c", &["Example.com:8080"]),
             Some("example.com:8080".into())
         );
         assert_eq!(host("/c", &["[::1]:3000"]), Some("[::1]:3000".into()));
-        assert_eq!(host("/c", &[]), Some(String::new()));
+        assert_eq!(host("/c", &[]), Some("".into()));
         for bad in ["a/b", "a?b", "a b", "user@a", "a#b", "a\\b"] {
             assert_eq!(host("/c", &[bad]), None, "{bad}");
         }

@@ -247,67 +247,116 @@ impl Cache {
             let (m, first) = self
                 .first_read(d, &derived, Mode::Load, self.settings(true), Some(deadline))
                 .await?;
-            if let Action::Done(Found::Value { held, stale }) = &first {
-                if let Ok(v) = self.decode_held::<T>(held) {
-                    let s = &self.inner.stats;
-                    Counters::bump(if *stale { &s.stale_served } else { &s.hits });
-                    return Ok(v);
-                }
+            if let Some(v) = self.served::<T>(&first) {
+                return Ok(v);
             }
-            let mut first = Some((m, first));
-            let mut loader = Some(loader);
-            loop {
-                match self.inner.coalescer.join(&derived) {
-                    Role::Leader(mut leader) => {
-                        let (m, action) = first
-                            .take()
-                            .unwrap_or_else(|| (self.load_machine(deadline), Action::Read));
-                        let Some(loader) = loader.take() else {
-                            return Err(self.waited_out());
-                        };
-                        let r = self
-                            .lead(d, &derived, ttl, loader, Some(&mut leader), m, action)
-                            .await;
-                        leader.publish(match &r {
-                            Ok(v) => Outcome::Value(Arc::new(v.clone())),
-                            Err(e) => Outcome::Failed(e.clone()),
-                        });
-                        return r;
-                    }
-                    Role::Follower(slot) => {
-                        first = None;
-                        Counters::bump(&self.inner.stats.lease_waits);
-                        match d.wait_for(&slot, deadline).await {
-                            Outcome::Value(v) => match v.downcast_ref::<T>() {
-                                Some(v) => return Ok(v.clone()),
-                                // Another type under the same key: do our own call.
-                                None => {
-                                    let m = self.load_machine(deadline);
-                                    let Some(loader) = loader.take() else {
-                                        return Err(self.waited_out());
-                                    };
-                                    return self
-                                        .lead(d, &derived, ttl, loader, None, m, Action::Read)
-                                        .await;
-                                }
-                            },
-                            Outcome::Failed(e) => {
-                                if e.is_wait_timeout() {
-                                    Counters::bump(&self.inner.stats.wait_timeouts);
-                                }
-                                return Err(e);
+            // Everything past a hit is boxed: the future of a hit stays small (every caller
+            // moves it, and a web framework boxes it per request).
+            Box::pin(self.coalesce_or_lead(d, &derived, ttl, loader, deadline, (m, first))).await
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// The fast path's verdict: the value of a first read that may be served as it is (fresh,
+    /// or stale while another caller refreshes it), counted.
+    fn served<T: Decode>(&self, first: &Action) -> Option<T> {
+        let Action::Done(Found::Value { held, stale }) = first else {
+            return None;
+        };
+        let v = self.decode_held::<T>(held).ok()?;
+        let s = &self.inner.stats;
+        Counters::bump(if *stale { &s.stale_served } else { &s.hits });
+        Some(v)
+    }
+
+    /// `get_or_set_with`'s fast path alone, on the sync backend: the value when it may be
+    /// served as it is, `None` when the call would go on (a miss, a claim to make or wait
+    /// for, an error), having changed nothing. For a front end whose backend answers at once
+    /// (the response cache on the memory backend), which then makes the whole call.
+    #[cfg(feature = "tower")]
+    pub(crate) fn served_now<T: Decode>(&self, key: &str) -> Option<T> {
+        let derived = self.keys.make(key).ok()?;
+        let span = self.span("get_or_set_with", &derived);
+        let _entered = span.enter();
+        let (_, first) = crate::cache::io::ready(self.first_read(
+            &self.blocking(),
+            &derived,
+            Mode::Load,
+            self.settings(true),
+            None,
+        ))
+        .ok()?;
+        self.served(&first)
+    }
+
+    /// The rest of a `get_or_set_with` that did not hit: the in-process coalescer (lead, or wait
+    /// for this process's leader), then the protocol from where the first read left it.
+    async fn coalesce_or_lead<T, D, L>(
+        &self,
+        d: &D,
+        derived: &str,
+        ttl: Ttl,
+        loader: L,
+        deadline: Instant,
+        first: (Machine, Action),
+    ) -> Result<T>
+    where
+        T: Encode + Decode + Clone + Send + Sync + 'static,
+        D: Driver,
+        L: Load<T, D>,
+    {
+        let mut first = Some(first);
+        let mut loader = Some(loader);
+        loop {
+            match self.inner.coalescer.join(derived) {
+                Role::Leader(mut leader) => {
+                    let (m, action) = first
+                        .take()
+                        .unwrap_or_else(|| (self.load_machine(deadline), Action::Read));
+                    let Some(loader) = loader.take() else {
+                        return Err(self.waited_out());
+                    };
+                    let r = self
+                        .lead(d, derived, ttl, loader, Some(&mut leader), m, action)
+                        .await;
+                    leader.publish(match &r {
+                        Ok(v) => Outcome::Value(Arc::new(v.clone())),
+                        Err(e) => Outcome::Failed(e.clone()),
+                    });
+                    return r;
+                }
+                Role::Follower(slot) => {
+                    first = None;
+                    Counters::bump(&self.inner.stats.lease_waits);
+                    match d.wait_for(&slot, deadline).await {
+                        Outcome::Value(v) => match v.downcast_ref::<T>() {
+                            Some(v) => return Ok(v.clone()),
+                            // Another type under the same key: do our own call.
+                            None => {
+                                let m = self.load_machine(deadline);
+                                let Some(loader) = loader.take() else {
+                                    return Err(self.waited_out());
+                                };
+                                return self
+                                    .lead(d, derived, ttl, loader, None, m, Action::Read)
+                                    .await;
                             }
-                            // The leader panicked (or, in a task, was dropped): retry, one of us
-                            // leads.
-                            Outcome::Abandoned => continue,
-                            Outcome::Pending => return Err(self.waited_out()),
+                        },
+                        Outcome::Failed(e) => {
+                            if e.is_wait_timeout() {
+                                Counters::bump(&self.inner.stats.wait_timeouts);
+                            }
+                            return Err(e);
                         }
+                        // The leader panicked (or, in a task, was dropped): retry, one of us
+                        // leads.
+                        Outcome::Abandoned => continue,
+                        Outcome::Pending => return Err(self.waited_out()),
                     }
                 }
             }
         }
-        .instrument(span)
-        .await
     }
 
     /// A `Load` machine whose waits end at `deadline` (what is left of this call's max_wait).
