@@ -4,7 +4,8 @@
 #
 #   bash benches/webapp/run.sh OUT_DIR
 #
-# Environment: DURATION (wrk's -d, default 10s), ROWS (orders in the database, default 1000000),
+# Environment: DURATION (wrk's -d, default 10s), ROUNDS (of /static and /page/1, default 3),
+# ROWS (orders in the database, default 1000000),
 # EXPIRY_WINDOW (seconds of the --ttl-secs 2 run, default 12: six expiries), DB (the SQLite file,
 # default target/webapp/webapp-ROWS.sqlite; seeded on first use).
 #
@@ -15,7 +16,9 @@
 #    processes are driven at the same time by one wrk each with half the threads and connections
 #    (-t1 -c32): the same 64 connections in all as on the memory backend, and each process gets
 #    exactly half, which one wrk over two URLs cannot do (wrk takes one URL). Requests/s are
-#    summed; p50 and p99 are the worse of the two processes';
+#    summed; p50 and p99 are the worse of the two processes'. /static and /page/1 are run
+#    ROUNDS times, interleaved (loopback throughput on these VMs drifts between runs): their
+#    ratio is the median of the rounds' ratios;
 # 4. database queries per expiry, --ttl-secs 2: /report/1 under the same load for EXPIRY_WINDOW
 #    seconds; `db_queries` from /stats before and after, summed across processes, over the number
 #    of expiries in the window; each process's per-second series (GET /series) is saved and
@@ -26,6 +29,7 @@ cd "$(dirname "$0")/../.."
 
 out=${1:?usage: bash benches/webapp/run.sh OUT_DIR}
 duration=${DURATION:-10s}
+rounds=${ROUNDS:-3}
 rows=${ROWS:-1000000}
 window=${EXPIRY_WINDOW:-12}
 if [ -d "$out" ] && [ -n "$(ls -A "$out")" ]; then
@@ -135,6 +139,11 @@ throughput() { # BACKEND PORT...
     load "$backend" report-cached /report/1 "$duration" "$@"
     load "$backend" report-uncached '/report/1?cache=off' "$duration" "$@"
     load "$backend" page /page/1 "$duration" "$@"
+    local r
+    for r in $(seq 2 "$rounds"); do
+        load "$backend" "static-r$r" /static "$duration" "$@"
+        load "$backend" "page-r$r" /page/1 "$duration" "$@"
+    done
 }
 
 expiries() { # BACKEND PORT...

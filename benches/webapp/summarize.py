@@ -6,6 +6,7 @@ import glob
 import json
 import os
 import re
+import statistics
 
 UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3}
 
@@ -85,12 +86,20 @@ def main():
                 "processes": len(run["processes"]),
             }
         cached, uncached = table.get((backend, "report-cached")), table.get((backend, "report-uncached"))
-        page, static = table.get((backend, "page")), table.get((backend, "static"))
         goals = {}
         if cached and uncached and uncached["requests_per_sec"] > 0:
             goals["cached_over_uncached"] = cached["requests_per_sec"] / uncached["requests_per_sec"]
-        if page and static and static["requests_per_sec"] > 0:
-            goals["page_over_static"] = page["requests_per_sec"] / static["requests_per_sec"]
+        # Round 1 is "static"/"page", round N "static-rN"/"page-rN", run in that order.
+        ratios = []
+        for n in range(1, 100):
+            suffix = "" if n == 1 else f"-r{n}"
+            page, static = table.get((backend, "page" + suffix)), table.get((backend, "static" + suffix))
+            if not (page and static):
+                break
+            ratios.append(page["requests_per_sec"] / static["requests_per_sec"])
+        if ratios:
+            goals["page_over_static"] = statistics.median(ratios)
+            goals["page_over_static_rounds"] = ratios
         doc["goals"][backend] = goals
 
     with open(os.path.join(args.out, "results.json"), "w") as f:
@@ -103,8 +112,10 @@ def main():
         "| backend | route | requests/s | p50 | p99 | db queries | non-2xx |",
         "|---|---|---:|---:|---:|---:|---:|",
     ]
-    order = ["static", "report-cached", "report-uncached", "page", "expiry"]
-    for (backend, route), r in sorted(table.items(), key=lambda kv: (kv[0][0] != "memory", order.index(kv[0][1]) if kv[0][1] in order else 99)):
+    order = ["static", "report-cached", "report-uncached", "page"]
+    order += [f"{route}-r{n}" for n in range(2, 100) for route in ("static", "page")]
+    order += ["expiry"]
+    for (backend, route), r in sorted(table.items(), key=lambda kv: (kv[0][0] != "memory", order.index(kv[0][1]) if kv[0][1] in order else 999)):
         lines.append(
             f"| {backend} ({len(r['processes'])} proc) | {route} | {r['requests_per_sec']:,.0f} |"
             f" {r['p50_ms']:.2f} ms | {r['p99_ms']:.2f} ms | {r['db_queries']} | {r['non_2xx']} |"
@@ -121,7 +132,11 @@ def main():
         if "cached_over_uncached" in g:
             parts.append(f"cached/uncached report {g['cached_over_uncached']:.1f}x (goal >= 50x)")
         if "page_over_static" in g:
-            parts.append(f"page/static {g['page_over_static']:.2f}x (goal >= 0.8x on memory)")
+            rounds = ", ".join(f"{x:.2f}" for x in g["page_over_static_rounds"])
+            parts.append(
+                f"page/static {g['page_over_static']:.2f}x, the median of {len(g['page_over_static_rounds'])}"
+                f" interleaved rounds ({rounds}) (goal >= 0.8x on memory)"
+            )
         lines.append(f"- {backend}: " + "; ".join(parts))
     with open(os.path.join(args.out, "results.md"), "w") as f:
         f.write("\n".join(lines) + "\n")

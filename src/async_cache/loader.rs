@@ -404,7 +404,7 @@ mod tests {
             let d = AsyncDriver(&cache);
             let k = cache.make_key("k");
             let c = &cache.cache;
-            let (m, action) = c
+            let (m, action, _) = c
                 .first_read(&d, &k, Mode::Load, c.settings(true), None)
                 .await
                 .unwrap();

@@ -16,7 +16,7 @@ use crate::codec::{Decode, Payload};
 use crate::envelope;
 use crate::error::{Error, Result};
 use crate::key::{Derived, KeyHash};
-use crate::protocol::{Action, Found, Grant, Held, Machine, Mode, Settings};
+use crate::protocol::{Action, Found, Grant, Held, Machine, Mode, Now, Settings};
 use crate::stats::Counters;
 
 /// Where a sync run of the protocol stopped.
@@ -120,7 +120,7 @@ impl Cache {
         let k = self.keys.make(key)?;
         let span = self.span("get", &k);
         async {
-            let (mut m, first) = self
+            let (mut m, first, _) = self
                 .first_read(io, &k, Mode::Lookup, self.settings(false), None)
                 .await?;
             let found = match first {
@@ -142,7 +142,7 @@ impl Cache {
     /// share one clock read (the hot path of every hit).
     ///
     /// With a `deadline` (the call's `max_wait`, counted from its start), the machine waits
-    /// only for what is left of it after the read.
+    /// only for what is left of it after the read. The clock read is returned too.
     pub(crate) async fn first_read<I: Io>(
         &self,
         io: &I,
@@ -150,7 +150,7 @@ impl Cache {
         mode: Mode,
         mut settings: Settings,
         deadline: Option<Instant>,
-    ) -> Result<(Machine, Action)> {
+    ) -> Result<(Machine, Action, Now)> {
         let read = self.absorb_read(io.get(k).await)?;
         // One monotonic read serves the machine's clock and what is left of the deadline.
         let instant = Instant::now();
@@ -163,7 +163,7 @@ impl Cache {
             Some(item) => m.on_read(now, item),
             None => m.on_failed(now),
         };
-        Ok((m, first))
+        Ok((m, first, now))
     }
 
     /// What a `Lookup` found, decoded and counted.

@@ -349,9 +349,11 @@ where
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let (parts, body) = req.into_parts();
+        let seen = Seen::of(&parts.headers);
         let ask = Ask {
             shared: &self.shared,
             parts: &parts,
+            seen,
         };
         let plan = ask.plan();
         // On a backend that answers at once (the memory backend), a page that may be served as
@@ -371,6 +373,7 @@ where
             shared: self.shared.clone(),
             parts,
             origin: Mutex::new(Some((inner, body))),
+            seen,
             fetched: Mutex::new(None),
         };
         ResponseFuture::boxed(Box::pin(async move { call.run(plan).await }))
@@ -496,6 +499,39 @@ enum Plan {
 struct Ask<'a> {
     shared: &'a Shared,
     parts: &'a http::request::Parts,
+    seen: Seen,
+}
+
+/// Which of the request headers the cache reads are present: one pass over the request's
+/// header names, instead of a lookup for each (most requests carry none of them).
+#[derive(Debug, Default, Clone, Copy)]
+struct Seen {
+    cookie: bool,
+    authorization: bool,
+    cache_control: bool,
+    if_none_match: bool,
+    /// One of [`CLIENT_CONDITIONS`].
+    condition: bool,
+}
+
+impl Seen {
+    fn of(headers: &HeaderMap) -> Seen {
+        let mut seen = Seen::default();
+        for name in headers.keys() {
+            if name == header::COOKIE {
+                seen.cookie = true;
+            } else if name == header::AUTHORIZATION {
+                seen.authorization = true;
+            } else if name == header::CACHE_CONTROL {
+                seen.cache_control = true;
+            } else if name == header::IF_NONE_MATCH {
+                seen.if_none_match = true;
+            } else if CLIENT_CONDITIONS.contains(name) {
+                seen.condition = true;
+            }
+        }
+        seen
+    }
 }
 
 impl Ask<'_> {
@@ -506,16 +542,17 @@ impl Ask<'_> {
         if method != Method::GET && method != Method::HEAD {
             return Plan::Other;
         }
-        if CacheControl::parse(headers).no_store
-            || (s.cookies == CookiePolicy::Pass && headers.contains_key(header::COOKIE))
-            || CLIENT_CONDITIONS.iter().any(|h| headers.contains_key(h))
+        let seen = self.seen;
+        if (seen.cache_control && CacheControl::parse(headers).no_store)
+            || (s.cookies == CookiePolicy::Pass && seen.cookie)
+            || seen.condition
         {
             return Plan::Pass;
         }
         let Some(page_key) = self.page_key() else {
             return Plan::Pass;
         };
-        let authorized = headers.contains_key(header::AUTHORIZATION);
+        let authorized = seen.authorization;
         if method == Method::HEAD || authorized {
             return Plan::LookUp {
                 page_key,
@@ -531,29 +568,35 @@ impl Ask<'_> {
     /// start. The read, the verdict and the counters are `get_or_set_with`'s own.
     fn hit_now<B: HttpBody>(&self, page_key: &str) -> Option<Response<ResponseBody<B>>> {
         let cache = &self.shared.cache.cache;
-        let entry = match cache.served_now::<Entry>(page_key)? {
-            e @ Entry {
-                body: Body::Page(_),
-                ..
-            } => e,
-            Entry {
-                body: Body::Vary { names, generation },
-                ..
-            } => {
+        let (entry, now) = match cache.served_now::<Entry>(page_key)? {
+            (
+                e @ Entry {
+                    body: Body::Page(_),
+                    ..
+                },
+                now,
+            ) => (e, now),
+            (
+                Entry {
+                    body: Body::Vary { names, generation },
+                    ..
+                },
+                _,
+            ) => {
                 let key = rules::variant_key(page_key, generation, &names, &self.parts.headers);
                 match cache.served_now::<Entry>(&key)? {
-                    e @ Entry {
-                        body: Body::Page(_),
-                        ..
-                    } => e,
+                    (
+                        e @ Entry {
+                            body: Body::Page(_),
+                            ..
+                        },
+                        now,
+                    ) => (e, now),
                     _ => return None,
                 }
             }
-            Entry {
-                body: Body::Pass, ..
-            } => return None,
+            _ => return None,
         };
-        let now = cache.now_ms();
         if self.wants_revalidation(&entry, now) {
             return None;
         }
@@ -564,7 +607,8 @@ impl Ask<'_> {
     /// enough for that to be heeded.
     fn wants_revalidation(&self, entry: &Entry, now: u64) -> bool {
         let age = Duration::from_millis(now.saturating_sub(entry.stored_ms));
-        CacheControl::parse(&self.parts.headers).wants_revalidation()
+        self.seen.cache_control
+            && CacheControl::parse(&self.parts.headers).wants_revalidation()
             && age >= self.shared.settings.revalidate_after
     }
 
@@ -573,9 +617,7 @@ impl Ask<'_> {
     /// own page.
     fn page_key(&self) -> Option<String> {
         let key = self.url_key()?;
-        if self.parts.headers.contains_key(header::COOKIE)
-            && self.shared.settings.cookies == CookiePolicy::Key
-        {
+        if self.seen.cookie && self.shared.settings.cookies == CookiePolicy::Key {
             return Some(rules::variant_key(
                 &key,
                 0,
@@ -627,10 +669,9 @@ impl Ask<'_> {
             unreachable!("only pages are served from the cache")
         };
         let not_modified = page.status.is_success()
-            && page
-                .headers
-                .get(header::ETAG)
-                .is_some_and(|etag| rules::none_match(&self.parts.headers, etag.as_bytes()));
+            && page.headers.get(header::ETAG).is_some_and(|etag| {
+                self.seen.if_none_match && rules::none_match(&self.parts.headers, etag.as_bytes())
+            });
         let mut resp = if not_modified {
             let mut r = Response::new(ResponseBody::empty());
             *r.status_mut() = StatusCode::NOT_MODIFIED;
@@ -744,6 +785,7 @@ struct Call<S, ReqBody, ResBody: HttpBody, E> {
     shared: Arc<Shared>,
     /// The request's method, URI and headers (read in place: a hit copies none of them).
     parts: http::request::Parts,
+    seen: Seen,
     /// The inner service and the request's body, for this request's one origin call.
     origin: Mutex<Option<(S, ReqBody)>>,
     fetched: Mutex<Option<Fetched<ResBody, E>>>,
@@ -762,6 +804,7 @@ where
         Ask {
             shared: &self.shared,
             parts: &self.parts,
+            seen: self.seen,
         }
     }
 

@@ -244,7 +244,7 @@ impl Cache {
             // The fast path: a value that may be served is served without joining the coalescer (no
             // lock shared by every caller); only a caller with work to do (a claim, a placeholder,
             // a wait) coordinates with the others of this process.
-            let (m, first) = self
+            let (m, first, _) = self
                 .first_read(d, &derived, Mode::Load, self.settings(true), Some(deadline))
                 .await?;
             if let Some(v) = self.served::<T>(&first) {
@@ -273,13 +273,14 @@ impl Cache {
     /// `get_or_set_with`'s fast path alone, on the sync backend: the value when it may be
     /// served as it is, `None` when the call would go on (a miss, a claim to make or wait
     /// for, an error), having changed nothing. For a front end whose backend answers at once
-    /// (the response cache on the memory backend), which then makes the whole call.
+    /// (the response cache on the memory backend), which then makes the whole call. With the
+    /// value, the wall clock the verdict was made at (unix ms).
     #[cfg(feature = "tower")]
-    pub(crate) fn served_now<T: Decode>(&self, key: &str) -> Option<T> {
+    pub(crate) fn served_now<T: Decode>(&self, key: &str) -> Option<(T, u64)> {
         let derived = self.keys.make(key).ok()?;
         let span = self.span("get_or_set_with", &derived);
         let _entered = span.enter();
-        let (_, first) = crate::cache::io::ready(self.first_read(
+        let (_, first, now) = crate::cache::io::ready(self.first_read(
             &self.blocking(),
             &derived,
             Mode::Load,
@@ -287,7 +288,7 @@ impl Cache {
             None,
         ))
         .ok()?;
-        self.served(&first)
+        Some((self.served(&first)?, now.wall_ms))
     }
 
     /// The rest of a `get_or_set_with` that did not hit: the in-process coalescer (lead, or wait
