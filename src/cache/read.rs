@@ -198,20 +198,23 @@ impl Cache {
     }
 
     pub(crate) fn decode_held<T: Decode>(&self, held: &Held) -> Result<T> {
-        self.decode_payload(&held.header, held.item.value.slice(held.offset..))
+        let value = &held.item.value;
+        self.decode_payload(&held.header, value, &value[held.offset..])
     }
 
+    /// Decodes `payload`, a slice of `item`, as the envelope's `header` says.
     pub(crate) fn decode_payload<T: Decode>(
         &self,
         header: &envelope::Header,
-        payload: Bytes,
+        item: &Bytes,
+        payload: &[u8],
     ) -> Result<T> {
         let how = match (header.raw, header.compressed) {
             (true, _) => Payload::Raw,
             (false, true) => Payload::Compressed,
             (false, false) => Payload::Coded,
         };
-        T::decode_payload(&self.inner.config.format, header.codec, how, payload)
+        T::decode_payload(&self.inner.config.format, header.codec, how, item, payload)
     }
 
     /// Reads a value without taking part in the herd protocol: a value any reader may be served
@@ -237,7 +240,7 @@ impl Cache {
         {
             return Ok(None);
         }
-        match self.decode_payload(&header, item.value.slice_ref(payload)) {
+        match self.decode_payload(&header, &item.value, payload) {
             Ok(v) => Ok(Some(v)),
             Err(e) => self.decode_failed(e),
         }

@@ -158,7 +158,7 @@ impl Cache {
         if header.kind == Kind::Placeholder {
             return Ok(false);
         }
-        match self.decode_payload::<T>(&header, item.value.slice_ref(payload)) {
+        match self.decode_payload::<T>(&header, &item.value, payload) {
             Ok(current) if still(&current) => {}
             _ => return Ok(false),
         }

@@ -143,8 +143,15 @@ pub(crate) enum Payload {
 /// A value as the read path decodes it: the inverse of [`Encode`].
 pub(crate) trait Decode: Sized {
     /// Decodes a payload written by `codec` (and compressed, or raw, as the envelope says).
-    /// `payload` is a slice of the item read: a raw value may keep parts of it without a copy.
-    fn decode_payload(format: &Format, codec: Codec, how: Payload, payload: Bytes) -> Result<Self>;
+    /// `payload` lies within `item`, the bytes read: a raw value may keep parts of it without a
+    /// copy (`item.slice_ref`); a codec's value only borrows it.
+    fn decode_payload(
+        format: &Format,
+        codec: Codec,
+        how: Payload,
+        item: &Bytes,
+        payload: &[u8],
+    ) -> Result<Self>;
 }
 
 impl<T: Serialize + ?Sized> Encode for T {
@@ -158,13 +165,19 @@ impl<T: Serialize + ?Sized> Encode for T {
 }
 
 impl<T: DeserializeOwned> Decode for T {
-    fn decode_payload(format: &Format, codec: Codec, how: Payload, payload: Bytes) -> Result<Self> {
+    fn decode_payload(
+        format: &Format,
+        codec: Codec,
+        how: Payload,
+        _: &Bytes,
+        payload: &[u8],
+    ) -> Result<Self> {
         match how {
             Payload::Raw => Err(Error::decode(format!(
                 "the stored value is raw bytes, not a `{}`",
                 std::any::type_name::<T>()
             ))),
-            how => format.decode(codec, how == Payload::Compressed, &payload),
+            how => format.decode(codec, how == Payload::Compressed, payload),
         }
     }
 }

@@ -227,13 +227,19 @@ impl Encode for Entry {
 }
 
 impl Decode for Entry {
-    fn decode_payload(_: &Format, _: Codec, how: Payload, payload: Bytes) -> Result<Entry> {
+    fn decode_payload(
+        _: &Format,
+        _: Codec,
+        how: Payload,
+        item: &Bytes,
+        payload: &[u8],
+    ) -> Result<Entry> {
         if how != Payload::Raw {
             return Err(Error::decode(
                 "the stored value is a codec's, not a response-cache entry",
             ));
         }
-        Entry::read(&payload)
+        Entry::read(&item.slice_ref(payload))
     }
 }
 
