@@ -314,6 +314,11 @@ impl<S> Layer<S> for ResponseCacheLayer {
 
 /// The service a [`ResponseCacheLayer`] wraps around an origin service. `Clone` when the origin
 /// is.
+///
+/// It is always ready (`poll_ready` returns at once): a request served from the cache never
+/// waits for the origin's capacity (a concurrency limit under the cache, say), nor holds any of
+/// it. A request that goes to the origin drives a clone of the origin ready in its own future,
+/// then calls it; with memcached, and for every miss, that clone is made in `call`.
 #[derive(Clone)]
 pub struct ResponseCache<S> {
     inner: S,
@@ -343,8 +348,11 @@ where
     type Error = S::Error;
     type Future = ResponseFuture<ResBody, S::Error>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
-        self.inner.poll_ready(cx)
+    /// Always ready: a hit never waits for the origin service's capacity, nor holds any of it.
+    /// A request that goes to the origin drives its own clone of the origin ready, in its
+    /// future, then calls it.
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
@@ -357,8 +365,7 @@ where
         };
         let plan = ask.plan();
         // On a backend that answers at once (the memory backend), a page that may be served as
-        // stored is answered here: no future to box, no origin service to clone. The service
-        // polled ready stays ready for the next request.
+        // stored is answered here: no future to box, no origin service to clone.
         if let Plan::Load(page_key) = &plan {
             if self.shared.answers_at_once {
                 if let Some(resp) = ask.hit_now(page_key) {
@@ -366,9 +373,8 @@ where
                 }
             }
         }
-        // The service that was polled ready serves this request; a clone waits for the next.
-        let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
+        // This request's own origin service, made ready only if the request goes to the origin.
+        let inner = self.inner.clone();
         let call = Call {
             shared: self.shared.clone(),
             parts,
@@ -568,21 +574,30 @@ impl Ask<'_> {
     /// start. The read, the verdict and the counters are `get_or_set_with`'s own.
     fn hit_now<B: HttpBody>(&self, page_key: &str) -> Option<Response<ResponseBody<B>>> {
         let cache = &self.shared.cache.cache;
+        // What was read is counted only if it is served: otherwise the request's future reads
+        // it again, and counts it then.
+        let mut read = [None, None];
         let (entry, now) = match cache.served_now::<Entry>(page_key)? {
             (
                 e @ Entry {
                     body: Body::Page(_),
                     ..
                 },
+                stale,
                 now,
-            ) => (e, now),
+            ) => {
+                read[0] = Some(stale);
+                (e, now)
+            }
             (
                 Entry {
                     body: Body::Vary { names, generation },
                     ..
                 },
+                stale,
                 _,
             ) => {
+                read[0] = Some(stale);
                 let key = rules::variant_key(page_key, generation, &names, &self.parts.headers);
                 match cache.served_now::<Entry>(&key)? {
                     (
@@ -590,8 +605,12 @@ impl Ask<'_> {
                             body: Body::Page(_),
                             ..
                         },
+                        stale,
                         now,
-                    ) => (e, now),
+                    ) => {
+                        read[1] = Some(stale);
+                        (e, now)
+                    }
                     _ => return None,
                 }
             }
@@ -599,6 +618,9 @@ impl Ask<'_> {
         };
         if self.wants_revalidation(&entry, now) {
             return None;
+        }
+        for stale in read.into_iter().flatten() {
+            cache.count_served(stale);
         }
         Some(self.serve_entry(entry, now))
     }
@@ -1010,6 +1032,7 @@ where
         let Some((mut inner, body)) = self.origin.lock().expect("not poisoned").take() else {
             unreachable!("a request makes one origin call: a fetch returns its own answer")
         };
+        std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
         let req = Request::from_parts(self.parts.clone(), body);
         let mut resp = inner.call(req).await?.map(ResponseBody::inner);
         if let Some(source) = source {
@@ -1042,6 +1065,10 @@ where
         let set = |f: Fetched<ResBody, S::Error>| {
             *self.fetched.lock().expect("not poisoned") = Some(f);
         };
+        if let Err(e) = std::future::poll_fn(|cx| inner.poll_ready(cx)).await {
+            set(Fetched::Failed(e));
+            return Err(OriginFailed);
+        }
         let resp = match inner.call(req).await {
             Ok(resp) => resp,
             Err(e) => {

@@ -1825,3 +1825,245 @@ async fn a_variant_that_stopped_varying_is_revalidated(env: Env, reload: &str, o
         seen.x_cache()
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// The hit answered in `call` (a backend that answers at once: memory) and the request's future
+// (memcached) must agree: on what is counted, on XFetch's odds, on the origin's readiness.
+// Found by review; each failed on the first version of the at-once path.
+
+on_backend_async!(
+    at_once_memory,
+    Memory,
+    a_pass_marker_read_counts_one_hit,
+    a_vary_record_read_counts_one_hit,
+    a_revalidated_page_read_counts_one_hit,
+    a_hit_answered_in_call_does_not_keep_the_origins_readiness,
+    early_refresh_is_drawn_once_per_request
+);
+on_backend_async!(
+    at_once_memcached,
+    Memcached,
+    a_pass_marker_read_counts_one_hit,
+    a_vary_record_read_counts_one_hit,
+    a_revalidated_page_read_counts_one_hit,
+    a_hit_answered_in_call_does_not_keep_the_origins_readiness,
+    early_refresh_is_drawn_once_per_request
+);
+
+/// (hits, misses, stale_served) counted by `cache` while `f` runs.
+async fn counted<F: std::future::Future<Output = Seen>>(
+    cache: &AsyncCache,
+    f: F,
+) -> (Seen, (u64, u64, u64)) {
+    let before = cache.stats();
+    let seen = f.await;
+    let after = cache.stats();
+    (
+        seen,
+        (
+            after.hits - before.hits,
+            after.misses - before.misses,
+            after.stale_served - before.stale_served,
+        ),
+    )
+}
+
+/// A request that reads a hit-for-pass marker once counts one hit, on every backend.
+async fn a_pass_marker_read_counts_one_hit(env: Env) {
+    let origin = Origin::new(|_, n| {
+        response(
+            StatusCode::OK,
+            &[("cache-control", "private")],
+            format!("v{n}"),
+        )
+    });
+    let cache = cache(&env);
+    let svc = ResponseCacheLayer::new(cache.clone()).layer(origin.service());
+    assert_eq!(send(&svc, get("/me")).await.x_cache(), "PASS");
+    let (seen, counts) = counted(&cache, send(&svc, get("/me"))).await;
+    assert_eq!(seen.x_cache(), "PASS");
+    assert_eq!(
+        counts,
+        (1, 0, 0),
+        "(hits, misses, stale) of one request past the marker"
+    );
+}
+
+/// A request whose variant is not stored reads the vary record once: one hit, one miss.
+async fn a_vary_record_read_counts_one_hit(env: Env) {
+    let origin = Origin::new(|req, _| {
+        let lang = req
+            .headers()
+            .get("accept-language")
+            .map_or("none", |v| v.to_str().unwrap());
+        response(
+            StatusCode::OK,
+            &[("vary", "Accept-Language")],
+            format!("in {lang}"),
+        )
+    });
+    let cache = cache(&env);
+    let svc = ResponseCacheLayer::new(cache.clone()).layer(origin.service());
+    let lang = |l| get_with("/v", &[("accept-language", l)]);
+    assert_eq!(send(&svc, lang("en")).await.x_cache(), "MISS");
+    let (seen, counts) = counted(&cache, send(&svc, lang("fr"))).await;
+    assert_eq!(seen.x_cache(), "MISS");
+    assert_eq!(
+        counts,
+        (1, 1, 0),
+        "(hits, misses, stale): the record hit, the variant missed"
+    );
+}
+
+/// A no-cache request that revalidates a page reads the page once before the revalidation.
+async fn a_revalidated_page_read_counts_one_hit(env: Env) {
+    let origin = Origin::new(|_, n| response(StatusCode::OK, &[], format!("v{n}")));
+    let cache = cache(&env);
+    let svc = ResponseCacheLayer::new(cache.clone()).layer(origin.service());
+    assert_eq!(send(&svc, get("/r")).await.x_cache(), "MISS");
+    env.advance(Duration::from_secs(5));
+    let (seen, counts) = counted(
+        &cache,
+        send(&svc, get_with("/r", &[("cache-control", "no-cache")])),
+    )
+    .await;
+    assert_eq!(seen.body, "v2");
+    assert_eq!(counts.0, 1, "hits of one revalidating request: {counts:?}");
+}
+
+/// An origin behind a limit of one request at a time, whose readiness holds the permit until
+/// `call` (as tower's `ConcurrencyLimit` does); a clone does not share its permit.
+struct Limited<S> {
+    inner: S,
+    sem: Arc<Semaphore>,
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    acquiring: Option<
+        Pin<Box<dyn std::future::Future<Output = tokio::sync::OwnedSemaphorePermit> + Send>>,
+    >,
+}
+
+impl<S: Clone> Clone for Limited<S> {
+    fn clone(&self) -> Self {
+        Limited {
+            inner: self.inner.clone(),
+            sem: self.sem.clone(),
+            permit: None,
+            acquiring: None,
+        }
+    }
+}
+
+impl<S, Req> Service<Req> for Limited<S>
+where
+    S: Service<Req>,
+    S::Future: Send + 'static,
+    S::Response: Send + 'static,
+    S::Error: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn std::future::Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        if self.permit.is_none() {
+            let sem = self.sem.clone();
+            let acquiring = self
+                .acquiring
+                .get_or_insert_with(|| Box::pin(async move { sem.acquire_owned().await.unwrap() }));
+            match acquiring.as_mut().poll(cx) {
+                Poll::Ready(p) => {
+                    self.permit = Some(p);
+                    self.acquiring = None;
+                }
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Req) -> Self::Future {
+        let permit = self.permit.take().expect("poll_ready first");
+        let f = self.inner.call(req);
+        Box::pin(async move {
+            let r = f.await;
+            drop(permit);
+            r
+        })
+    }
+}
+
+/// Two connections' services over an origin limited to one request at a time: once the first
+/// connection's request is answered (a hit) and it goes idle, the second one gets the origin.
+async fn a_hit_answered_in_call_does_not_keep_the_origins_readiness(env: Env) {
+    let origin = Origin::page("page", &[]);
+    let sem = Arc::new(Semaphore::new(1));
+    let limited = Limited {
+        inner: origin.service(),
+        sem,
+        permit: None,
+        acquiring: None,
+    };
+    let mut a = layer(&env).build().unwrap().layer(limited);
+    let mut b = a.clone();
+    let first = a.ready().await.unwrap().call(get("/p")).await.unwrap();
+    assert_eq!(first.headers()["x-cache"], "MISS");
+    let hit = a.ready().await.unwrap().call(get("/p")).await.unwrap();
+    assert_eq!(hit.headers()["x-cache"], "HIT");
+    // `a` is idle now (a keep-alive connection between requests); `b` has a request for another
+    // page.
+    let ready = tokio::time::timeout(Duration::from_secs(2), b.ready()).await;
+    assert!(
+        ready.is_ok(),
+        "the idle service still holds the origin's only permit: every other service is stuck"
+    );
+    let other = b.call(get("/q")).await.unwrap();
+    assert_eq!(other.headers()["x-cache"], "MISS");
+}
+
+/// XFetch draws once per request: with a stored page `remaining` ms before its soft expiry and
+/// a load of L ms, a request refreshes early with probability exp(-remaining / (L * beta)).
+async fn early_refresh_is_drawn_once_per_request(env: Env) {
+    const N: usize = 300;
+    const BETA: f64 = 50.0;
+    // The load time the envelope records (L): the origin's own time, about 20 ms, measured
+    // where it is spent (a loaded machine stretches the sleep, and the draw sees that).
+    let origin_micros = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let spent = Arc::clone(&origin_micros);
+    let origin = Origin::new(move |_, n| {
+        let t = std::time::Instant::now();
+        std::thread::sleep(Duration::from_millis(20));
+        let resp = response(
+            StatusCode::OK,
+            &[("cache-control", "max-age=60")],
+            format!("v{n}"),
+        );
+        spent.fetch_add(
+            t.elapsed().as_micros() as u64,
+            std::sync::atomic::Ordering::SeqCst,
+        );
+        resp
+    });
+    let cache = env.builder().early_refresh(BETA).build_async().unwrap();
+    let svc = ResponseCacheLayer::new(cache).layer(origin.service());
+    for i in 0..N {
+        assert_eq!(send(&svc, get(&format!("/e{i}"))).await.x_cache(), "MISS");
+    }
+    let load_ms =
+        origin_micros.load(std::sync::atomic::Ordering::SeqCst) as f64 / 1000.0 / N as f64;
+    // 700 ms before the pages' soft expiry: P(early) = exp(-700 / (L * 50)), about 0.5.
+    env.advance(Duration::from_millis(60_000 - 700));
+    for i in 0..N {
+        send(&svc, get(&format!("/e{i}"))).await;
+    }
+    let early = origin.calls() - N;
+    let p = (-700.0 / (load_ms * BETA)).exp();
+    let expected = p * N as f64;
+    let sd = (N as f64 * p * (1.0 - p)).sqrt();
+    assert!(
+        (early as f64 - expected).abs() < 4.0 * sd,
+        "{early} early refreshes of {N}; expected {expected:.0} ± {:.0} (p = {p:.2}, p² = {:.2}, \
+         L ≈ {load_ms:.1} ms)",
+        4.0 * sd,
+        p * p
+    );
+}
