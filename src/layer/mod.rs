@@ -315,10 +315,10 @@ impl<S> Layer<S> for ResponseCacheLayer {
 /// The service a [`ResponseCacheLayer`] wraps around an origin service. `Clone` when the origin
 /// is.
 ///
-/// It is always ready (`poll_ready` returns at once): a request served from the cache never
-/// waits for the origin's capacity (a concurrency limit under the cache, say), nor holds any of
-/// it. A request that goes to the origin drives a clone of the origin ready in its own future,
-/// then calls it; with memcached, and for every miss, that clone is made in `call`.
+/// Its readiness is the origin's (`poll_ready` polls the origin service), so the origin's
+/// backpressure reaches the layers above, and a fill waits for nothing but the origin's answer
+/// while other requests wait for it. A request answered from the cache lets go of the readied
+/// service as one sent to the origin would: what its readiness reserved is given back.
 #[derive(Clone)]
 pub struct ResponseCache<S> {
     inner: S,
@@ -348,11 +348,8 @@ where
     type Error = S::Error;
     type Future = ResponseFuture<ResBody, S::Error>;
 
-    /// Always ready: a hit never waits for the origin service's capacity, nor holds any of it.
-    /// A request that goes to the origin drives its own clone of the origin ready, in its
-    /// future, then calls it.
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
-        Poll::Ready(Ok(()))
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
@@ -365,16 +362,21 @@ where
         };
         let plan = ask.plan();
         // On a backend that answers at once (the memory backend), a page that may be served as
-        // stored is answered here: no future to box, no origin service to clone.
+        // stored is answered here, without a future to box. The origin service polled ready is
+        // let go as if this request had used it (what its readiness reserved, a concurrency
+        // permit say, is given back), and a clone waits for the next request.
         if let Plan::Load(page_key) = &plan {
             if self.shared.answers_at_once {
                 if let Some(resp) = ask.hit_now(page_key) {
+                    let clone = self.inner.clone();
+                    drop(std::mem::replace(&mut self.inner, clone));
                     return ResponseFuture::ready(Ok(resp));
                 }
             }
         }
-        // This request's own origin service, made ready only if the request goes to the origin.
-        let inner = self.inner.clone();
+        // The service that was polled ready serves this request; a clone waits for the next.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
         let call = Call {
             shared: self.shared.clone(),
             parts,
@@ -1032,7 +1034,6 @@ where
         let Some((mut inner, body)) = self.origin.lock().expect("not poisoned").take() else {
             unreachable!("a request makes one origin call: a fetch returns its own answer")
         };
-        std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
         let req = Request::from_parts(self.parts.clone(), body);
         let mut resp = inner.call(req).await?.map(ResponseBody::inner);
         if let Some(source) = source {
@@ -1065,10 +1066,6 @@ where
         let set = |f: Fetched<ResBody, S::Error>| {
             *self.fetched.lock().expect("not poisoned") = Some(f);
         };
-        if let Err(e) = std::future::poll_fn(|cx| inner.poll_ready(cx)).await {
-            set(Fetched::Failed(e));
-            return Err(OriginFailed);
-        }
         let resp = match inner.call(req).await {
             Ok(resp) => resp,
             Err(e) => {
@@ -1474,8 +1471,8 @@ mod tests {
         }
         assert_eq!(
             clones.load(Ordering::SeqCst),
-            clones_before,
-            "no clone of the origin"
+            clones_before + 10,
+            "one clone per hit: the readied origin is let go, a clone waits for the next request"
         );
         assert_eq!(calls.load(Ordering::SeqCst), calls_before, "no origin call");
     }

@@ -2067,3 +2067,211 @@ async fn early_refresh_is_drawn_once_per_request(env: Env) {
         p * p
     );
 }
+// ---------------------------------------------------------------------------------------------
+// Found by the review of an always-ready design (bc227e7, reverted): waiters behind a fill that
+// queued for the origin timed out and stampeded it. Readiness, its errors, a request dropped
+// while the origin is busy, and the counts, on memory (at once) and memcached (async).
+
+on_backend_async!(
+    origin_capacity_memory,
+    Memory,
+    waiters_behind_an_origin_at_capacity_make_one_origin_call,
+    a_request_dropped_while_the_origin_is_not_ready_frees_the_claim,
+    counts_agree_on_every_backend
+);
+on_backend_async!(
+    origin_capacity_memcached,
+    Memcached,
+    waiters_behind_an_origin_at_capacity_make_one_origin_call,
+    a_request_dropped_while_the_origin_is_not_ready_frees_the_claim,
+    counts_agree_on_every_backend
+);
+
+fn limited(
+    origin: &Origin,
+    sem: &Arc<Semaphore>,
+) -> Limited<
+    impl Service<Request<()>, Response = Response<B>, Error = Infallible, Future: Send>
+    + Clone
+    + Send
+    + 'static,
+> {
+    Limited {
+        inner: origin.service(),
+        sem: sem.clone(),
+        permit: None,
+        acquiring: None,
+    }
+}
+
+/// An origin limited to one request at a time whose permit another request holds for a
+/// second: eight requests for one cold URL still make one origin call (the cache's herd
+/// protection), as they did when the cache waited for the origin's readiness before reading.
+async fn waiters_behind_an_origin_at_capacity_make_one_origin_call(env: Env) {
+    let origin = Origin::page("page", &[]);
+    let sem = Arc::new(Semaphore::new(1));
+    let cache = env
+        .builder()
+        .max_wait(Duration::from_millis(300))
+        .build_async()
+        .unwrap();
+    let svc = ResponseCacheLayer::new(cache).layer(limited(&origin, &sem));
+    // Another request (another URL, a POST...) holds the origin's only permit for a second.
+    let busy = sem.clone().acquire_owned().await.unwrap();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        drop(busy);
+    });
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let svc = svc.clone();
+        tasks.push(tokio::spawn(
+            async move { send_owned(svc, get("/cold")).await },
+        ));
+    }
+    let mut x_cache = Vec::new();
+    for t in tasks {
+        x_cache.push(t.await.unwrap().x_cache().to_string());
+    }
+    assert_eq!(
+        origin.calls(),
+        1,
+        "origin calls for one cold URL while the origin was at capacity; X-Cache: {x_cache:?}"
+    );
+}
+
+/// A leader whose client goes away while it waits for the origin's readiness gives the key
+/// back: a request queued behind it fetches as soon as the origin is ready.
+async fn a_request_dropped_while_the_origin_is_not_ready_frees_the_claim(env: Env) {
+    let origin = Origin::new(|_, n| response(StatusCode::OK, &[], format!("v{n}")));
+    let sem = Arc::new(Semaphore::new(1));
+    let cache = env
+        .builder()
+        .max_wait(Duration::from_secs(60))
+        .build_async()
+        .unwrap();
+    let svc = ResponseCacheLayer::new(cache).layer(limited(&origin, &sem));
+    let busy = sem.clone().acquire_owned().await.unwrap();
+    let leader = {
+        let svc = svc.clone();
+        tokio::spawn(async move { send_owned(svc, get("/gone")).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let follower = {
+        let svc = svc.clone();
+        tokio::spawn(async move { send_owned(svc, get("/gone")).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    leader.abort();
+    let _ = leader.await;
+    drop(busy);
+    let follower = tokio::time::timeout(Duration::from_secs(5), follower)
+        .await
+        .expect("the follower waited for a claim whose holder is gone")
+        .unwrap();
+    assert_eq!(
+        (follower.x_cache(), &follower.body[..]),
+        ("MISS", &b"v1"[..])
+    );
+    let next = tokio::time::timeout(Duration::from_secs(5), send(&svc, get("/gone")))
+        .await
+        .unwrap();
+    assert_eq!((next.x_cache(), &next.body[..]), ("HIT", &b"v1"[..]));
+}
+
+/// What one request counts, the same on every backend (memory answers hits in `call`).
+async fn counts_agree_on_every_backend(env: Env) {
+    let mut origin = Origin::new(|req, n| {
+        let headers: &[(&str, &str)] = match req.uri().path() {
+            "/private" => &[("cache-control", "private")],
+            "/vary" => &[("vary", "accept-language")],
+            _ => &[],
+        };
+        response(StatusCode::OK, headers, format!("v{n}"))
+    });
+    // Five origin calls before the stale page's refresh, which waits here.
+    let gate = Arc::new(Semaphore::new(5));
+    origin.gate = Some(gate.clone());
+    let cache = cache(&env);
+    let svc = ResponseCacheLayer::new(cache.clone()).layer(origin.service());
+    let en = || get_with("/vary", &[("accept-language", "en")]);
+    send(&svc, get("/page")).await;
+    send(&svc, get("/private")).await;
+    send(&svc, en()).await;
+    let mut got = Vec::new();
+    for (what, req) in [
+        ("fresh page", get("/page")),
+        ("HEAD", Request::head("/page").body(()).unwrap()),
+        ("pass marker", get("/private")),
+        ("vary record + variant", en()),
+        (
+            "record + missing variant",
+            get_with("/vary", &[("accept-language", "de")]),
+        ),
+        (
+            "If-None-Match",
+            get_with("/page", &[("if-none-match", "*")]),
+        ),
+    ] {
+        let (seen, c) = counted(&cache, send(&svc, req)).await;
+        got.push((what, seen.x_cache().to_string(), c));
+    }
+    // A stale page: one request refreshes (held at the gate), another is served it stale.
+    env.advance(Duration::from_secs(61));
+    let before = cache.stats();
+    let refresh = {
+        let svc = svc.clone();
+        tokio::spawn(async move { send(&svc, get("/page")).await })
+    };
+    while origin.calls() < 6 {
+        tokio::task::yield_now().await;
+    }
+    let mid = cache.stats();
+    let (stale, c) = counted(&cache, send(&svc, get("/page"))).await;
+    got.push(("stale page", stale.x_cache().to_string(), c));
+    gate.add_permits(1 << 20);
+    let refreshed = refresh.await.unwrap();
+    let after = cache.stats();
+    let _ = after;
+    got.push((
+        "stale refresh",
+        refreshed.x_cache().to_string(),
+        (
+            mid.hits - before.hits,
+            mid.misses - before.misses,
+            mid.stale_served - before.stale_served,
+        ),
+    ));
+    let expected = [
+        ("fresh page", "HIT", (1, 0, 0)),
+        ("HEAD", "HIT", (0, 0, 0)),
+        ("pass marker", "PASS", (1, 0, 0)),
+        ("vary record + variant", "HIT", (2, 0, 0)),
+        ("record + missing variant", "MISS", (1, 1, 0)),
+        ("If-None-Match", "HIT", (1, 0, 0)),
+        ("stale page", "STALE", (0, 0, 1)),
+        ("stale refresh", "MISS", (0, 1, 0)),
+    ];
+    let expected: Vec<_> = expected
+        .iter()
+        .map(|(w, x, c)| (*w, x.to_string(), *c))
+        .collect();
+    assert_eq!(got, expected);
+}
+
+/// [`send`] for a service that is `Send` but not `Sync`.
+async fn send_owned<S, RB>(svc: S, req: Request<()>) -> Seen
+where
+    S: Service<Request<()>, Response = Response<RB>>,
+    S::Error: std::fmt::Debug,
+    RB: http_body::Body<Data = Bytes>,
+    RB::Error: std::fmt::Debug,
+{
+    let resp = svc.oneshot(req).await.expect("the service answers");
+    let (parts, body) = resp.into_parts();
+    Seen {
+        status: parts.status,
+        headers: parts.headers,
+        body: body.collect().await.expect("the body").to_bytes(),
+    }
+}
