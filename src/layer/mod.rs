@@ -318,7 +318,9 @@ impl<S> Layer<S> for ResponseCacheLayer {
 /// Its readiness is the origin's (`poll_ready` polls the origin service), so the origin's
 /// backpressure reaches the layers above, and a fill waits for nothing but the origin's answer
 /// while other requests wait for it. A request answered from the cache lets go of the readied
-/// service as one sent to the origin would: what its readiness reserved is given back.
+/// service as one sent to the origin would: what its readiness reserved is given back. A
+/// request waiting for another's fill (or, on memcached, for its read) holds its readiness
+/// meanwhile: with a concurrency limit under the cache, each waiter holds a permit.
 #[derive(Clone)]
 pub struct ResponseCache<S> {
     inner: S,

@@ -2077,14 +2077,16 @@ on_backend_async!(
     origin_capacity_memory,
     Memory,
     waiters_behind_an_origin_at_capacity_make_one_origin_call,
-    a_request_dropped_while_the_origin_is_not_ready_frees_the_claim,
+    a_request_dropped_while_the_origin_is_not_ready_leaves_nothing_behind,
+    waiters_holding_the_origins_permits_share_one_fill,
     counts_agree_on_every_backend
 );
 on_backend_async!(
     origin_capacity_memcached,
     Memcached,
     waiters_behind_an_origin_at_capacity_make_one_origin_call,
-    a_request_dropped_while_the_origin_is_not_ready_frees_the_claim,
+    a_request_dropped_while_the_origin_is_not_ready_leaves_nothing_behind,
+    waiters_holding_the_origins_permits_share_one_fill,
     counts_agree_on_every_backend
 );
 
@@ -2106,8 +2108,10 @@ fn limited(
 }
 
 /// An origin limited to one request at a time whose permit another request holds for a
-/// second: eight requests for one cold URL still make one origin call (the cache's herd
-/// protection), as they did when the cache waited for the origin's readiness before reading.
+/// second: eight requests for one cold URL make one origin call. The limit serialises them
+/// almost wholly (readiness is the origin's, taken before the cache is read), so this guards
+/// against a fill queueing for the origin while it holds the key, whose waiters then ran out of
+/// `max_wait` and went to the origin themselves; the herd protection proper is the next test's.
 async fn waiters_behind_an_origin_at_capacity_make_one_origin_call(env: Env) {
     let origin = Origin::page("page", &[]);
     let sem = Arc::new(Semaphore::new(1));
@@ -2141,9 +2145,40 @@ async fn waiters_behind_an_origin_at_capacity_make_one_origin_call(env: Env) {
     );
 }
 
-/// A leader whose client goes away while it waits for the origin's readiness gives the key
-/// back: a request queued behind it fetches as soon as the origin is ready.
-async fn a_request_dropped_while_the_origin_is_not_ready_frees_the_claim(env: Env) {
+/// Eight requests for one cold URL, each holding one of the origin's eight permits, while the
+/// one fill is held in the origin until the seven others wait for it: one origin call.
+async fn waiters_holding_the_origins_permits_share_one_fill(env: Env) {
+    let mut origin = Origin::new(|_, n| response(StatusCode::OK, &[], format!("v{n}")));
+    let gate = Arc::new(Semaphore::new(0));
+    origin.gate = Some(gate.clone());
+    let sem = Arc::new(Semaphore::new(8));
+    let cache = env.builder().build_async().unwrap();
+    let svc = ResponseCacheLayer::new(cache.clone()).layer(limited(&origin, &sem));
+    let waiting = cache.clone();
+    release_when(gate, move || waiting.stats().lease_waits >= 7);
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let svc = svc.clone();
+        tasks.push(tokio::spawn(
+            async move { send_owned(svc, get("/cold")).await },
+        ));
+    }
+    let mut got = Vec::new();
+    for t in tasks {
+        let seen = t.await.unwrap();
+        got.push((seen.x_cache().to_string(), seen.body.clone()));
+    }
+    assert_eq!(origin.calls(), 1, "one fill for eight requests: {got:?}");
+    assert!(got.iter().all(|(_, body)| &body[..] == b"v1"), "{got:?}");
+    assert!(
+        cache.stats().lease_waits >= 7,
+        "the seven others waited for the fill"
+    );
+}
+
+/// A request dropped while it waits for the origin's readiness has taken nothing (readiness
+/// comes before the cache is read): a request behind it fetches as soon as the origin is ready.
+async fn a_request_dropped_while_the_origin_is_not_ready_leaves_nothing_behind(env: Env) {
     let origin = Origin::new(|_, n| response(StatusCode::OK, &[], format!("v{n}")));
     let sem = Arc::new(Semaphore::new(1));
     let cache = env
