@@ -217,7 +217,7 @@ impl CacheBuilder {
         self
     }
 
-    /// Bounds the memory backend's size in bytes (default 64 MiB): keys, values and 64 bytes per
+    /// Bounds the memory backend's size in bytes (default 64 MiB): keys, values and 112 bytes per
     /// entry never add up to more; a value that cannot fit is refused as too large. Implies
     /// [`in_memory`](Self::in_memory). See [`MemoryBackend`] for how it is shared out.
     pub fn memory_capacity(mut self, bytes: usize) -> Self {

@@ -243,6 +243,91 @@ impl Decode for Entry {
     }
 }
 
+/// An entry read on the at-once path (a hit on a backend that answers at once: the memory
+/// backend), through a memo of the last entries this thread read there.
+///
+/// The memory backend hands out its stored buffer itself, not a copy, so the same stored version
+/// of an entry comes back as the same bytes at the same address. The memo keeps, with each entry
+/// it read, a handle on the item it came from: while it holds it, that allocation cannot be
+/// freed or reused, so an item at the same address and of the same length is that very item,
+/// and its entry is the one remembered. A hot page is then read once per thread and cloned on
+/// each hit, instead of having its headers parsed, checked and hashed again. The clone's header
+/// values and body are slices of a copy this thread made: a hit on another core does not touch
+/// their reference count. An item written again is a new allocation, so the memo never
+/// serves a replaced entry; at worst it keeps a few replaced items alive (at most
+/// [`MEMO_SLOTS`] items of at most [`MEMO_MAX_ITEM`] bytes per thread) until newer entries push
+/// them out.
+#[derive(Debug)]
+pub(crate) struct Recent(pub(crate) Entry);
+
+/// How many entries a thread's memo keeps.
+const MEMO_SLOTS: usize = 4;
+/// Items larger than this are read each time, never kept by a memo.
+const MEMO_MAX_ITEM: usize = 64 * 1024;
+
+thread_local! {
+    static MEMO: std::cell::RefCell<Memo> = std::cell::RefCell::new(Memo::default());
+}
+
+#[derive(Default)]
+struct Memo {
+    slots: [Option<Remembered>; MEMO_SLOTS],
+    /// The slot the next new entry takes (oldest first).
+    next: usize,
+}
+
+struct Remembered {
+    /// The item the entry was read from: held, so that its address stays its own.
+    item: Bytes,
+    /// Where in the item the payload lay (offset, length).
+    payload: (usize, usize),
+    entry: Entry,
+}
+
+impl Memo {
+    fn read(&mut self, item: &Bytes, payload: &[u8]) -> Result<Entry> {
+        let at = (
+            payload.as_ptr() as usize - item.as_ptr() as usize,
+            payload.len(),
+        );
+        let same = |r: &&Remembered| {
+            r.item.as_ptr() == item.as_ptr() && r.item.len() == item.len() && r.payload == at
+        };
+        if let Some(r) = self.slots.iter().flatten().find(same) {
+            return Ok(r.entry.clone());
+        }
+        let entry = Entry::read(&Bytes::copy_from_slice(payload))?;
+        self.slots[self.next] = Some(Remembered {
+            item: item.clone(),
+            payload: at,
+            entry: entry.clone(),
+        });
+        self.next = (self.next + 1) % MEMO_SLOTS;
+        Ok(entry)
+    }
+}
+
+impl Decode for Recent {
+    fn decode_payload(
+        _: &Format,
+        _: Codec,
+        how: Payload,
+        item: &Bytes,
+        payload: &[u8],
+    ) -> Result<Recent> {
+        if how != Payload::Raw {
+            return Err(Error::decode(
+                "the stored value is a codec's, not a response-cache entry",
+            ));
+        }
+        if item.len() > MEMO_MAX_ITEM {
+            return Entry::read(&item.slice_ref(payload)).map(Recent);
+        }
+        MEMO.with(|memo| memo.borrow_mut().read(item, payload))
+            .map(Recent)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -293,6 +378,110 @@ mod tests {
             fresh: Duration::from_secs(5),
             body: Body::Pass,
         });
+    }
+
+    fn page(body: &'static str) -> Entry {
+        let mut headers = HeaderMap::new();
+        headers.insert("content-type", HeaderValue::from_static("text/html"));
+        Entry {
+            stored_ms: 1,
+            fresh: Duration::from_secs(60),
+            body: Body::Page(Page {
+                status: StatusCode::OK,
+                headers,
+                body: Bytes::from_static(body.as_bytes()),
+                shared: false,
+                no_stale: false,
+                origin_age: 0,
+            }),
+        }
+    }
+
+    fn recent(item: &Bytes) -> Entry {
+        let format = Format::default();
+        Recent::decode_payload(&format, Codec::default(), Payload::Raw, item, &item[3..])
+            .unwrap()
+            .0
+    }
+
+    fn body(e: &Entry) -> &Bytes {
+        match &e.body {
+            Body::Page(p) => &p.body,
+            _ => panic!("not a page"),
+        }
+    }
+
+    /// An item as a backend returns it: three bytes of envelope, then the entry.
+    fn item(e: &Entry) -> Bytes {
+        let mut buf = b"env".to_vec();
+        e.write(&mut buf);
+        Bytes::from(buf)
+    }
+
+    #[test]
+    fn the_memo_reads_an_item_once_and_never_serves_a_replaced_one() {
+        let first = item(&page("first"));
+        let read = recent(&first);
+        assert_eq!(read, page("first"));
+        // Read from this thread's copy, not from the item.
+        let within = |b: &Bytes, item: &Bytes| {
+            let at = b.as_ptr() as usize;
+            let start = item.as_ptr() as usize;
+            (start..start + item.len()).contains(&at)
+        };
+        assert!(!within(body(&read), &first));
+        // The same item again: the very entry the memo kept (the same copy), equal to a read.
+        let again = recent(&first);
+        assert_eq!(again, read);
+        assert_eq!(body(&again).as_ptr(), body(&read).as_ptr());
+        // The same bytes in another item (stored again): read, and equal.
+        let copy = Bytes::copy_from_slice(&first);
+        assert_eq!(recent(&copy), page("first"));
+        // The key written again: the new item is read, whatever the memo holds.
+        let second = item(&page("second"));
+        assert_eq!(recent(&second), page("second"));
+        // More items than the memo has slots: each still reads as itself.
+        let items: Vec<Bytes> = ["a", "b", "c", "d", "e", "f"]
+            .iter()
+            .map(|b| item(&page(b)))
+            .collect();
+        for _ in 0..2 {
+            for (i, b) in items.iter().zip(["a", "b", "c", "d", "e", "f"]) {
+                assert_eq!(recent(i), page(b));
+            }
+        }
+        // A malformed item is an error, and is not remembered.
+        let bad = Bytes::from_static(b"envNP\x02");
+        let format = Format::default();
+        for _ in 0..2 {
+            assert!(
+                Recent::decode_payload(&format, Codec::default(), Payload::Raw, &bad, &bad[3..])
+                    .is_err()
+            );
+        }
+        // A codec's value is not an entry.
+        assert!(
+            Recent::decode_payload(
+                &format,
+                Codec::default(),
+                Payload::Coded,
+                &first,
+                &first[3..]
+            )
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn large_items_are_read_each_time() {
+        static BIG: [u8; MEMO_MAX_ITEM] = [b'x'; MEMO_MAX_ITEM];
+        let big = item(&page(std::str::from_utf8(&BIG).unwrap()));
+        let a = recent(&big);
+        let b = recent(&big);
+        assert_eq!(a, b);
+        // Not a copy: slices of the item itself, each time.
+        assert_eq!(body(&a).as_ptr(), big[big.len() - MEMO_MAX_ITEM..].as_ptr());
+        assert_eq!(body(&b).as_ptr(), body(&a).as_ptr());
     }
 
     #[test]

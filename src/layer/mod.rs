@@ -179,7 +179,7 @@ use http::{Method, Request, Response, StatusCode};
 use http_body::Body as HttpBody;
 use tower::{Layer, Service};
 
-use self::entry::{Body, Entry, Page};
+use self::entry::{Body, Entry, Page, Recent};
 use self::rules::{CacheControl, Uncacheable};
 use crate::async_cache::AsyncCache;
 use crate::async_cache::{Refresh, inline};
@@ -581,12 +581,14 @@ impl Ask<'_> {
         // What was read is counted only if it is served: otherwise the request's future reads
         // it again, and counts it then.
         let mut read = [None, None];
-        let (entry, now) = match cache.served_now::<Entry>(page_key)? {
+        let (entry, now) = match cache.served_now::<Recent>(page_key)? {
             (
-                e @ Entry {
-                    body: Body::Page(_),
-                    ..
-                },
+                Recent(
+                    e @ Entry {
+                        body: Body::Page(_),
+                        ..
+                    },
+                ),
                 stale,
                 now,
             ) => {
@@ -594,21 +596,23 @@ impl Ask<'_> {
                 (e, now)
             }
             (
-                Entry {
+                Recent(Entry {
                     body: Body::Vary { names, generation },
                     ..
-                },
+                }),
                 stale,
                 _,
             ) => {
                 read[0] = Some(stale);
                 let key = rules::variant_key(page_key, generation, &names, &self.parts.headers);
-                match cache.served_now::<Entry>(&key)? {
+                match cache.served_now::<Recent>(&key)? {
                     (
-                        e @ Entry {
-                            body: Body::Page(_),
-                            ..
-                        },
+                        Recent(
+                            e @ Entry {
+                                body: Body::Page(_),
+                                ..
+                            },
+                        ),
                         stale,
                         now,
                     ) => {

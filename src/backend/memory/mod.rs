@@ -30,7 +30,7 @@ pub const DEFAULT_CAPACITY: usize = 64 * 1024 * 1024;
 ///
 /// What the quickstart and the doctests run on. Expiry uses the cache's [`Clock`], so tests can
 /// move time. Memory is bounded ([`DEFAULT_CAPACITY`] unless set): every entry is charged its key,
-/// its value and 64 bytes of bookkeeping, and the charges never exceed the capacity. When a write
+/// its value and 112 bytes of bookkeeping, and the charges never exceed the capacity. When a write
 /// needs room, CLOCK (second chance, an approximation of least-recently-used) evicts: entries
 /// read or written since the eviction hand last passed them stay, the others go, so a small hot
 /// set survives a scan of keys read once.
@@ -39,6 +39,10 @@ pub const DEFAULT_CAPACITY: usize = 64 * 1024 * 1024;
 /// items of the item size (1 MiB unless set): a capacity under 8 MiB has one shard. A value whose
 /// entry does not fit in one shard is refused with a `TooLarge` error, like a value over the item
 /// size.
+///
+/// A read hands out the stored bytes themselves (a shared [`Bytes`](bytes::Bytes), no copy). A
+/// value kept after its entry is replaced, deleted or evicted keeps its entry's bytes alive:
+/// they are no longer charged to the backend, but are not freed before the value is dropped.
 pub struct MemoryBackend {
     shards: Box<[Mutex<Shard>]>,
     hasher: RandomState,
@@ -66,7 +70,7 @@ impl Default for MemoryBackend {
 }
 
 impl MemoryBackend {
-    /// A backend holding at most `capacity` bytes (keys, values and 64 bytes per entry), with
+    /// A backend holding at most `capacity` bytes (keys, values and 112 bytes per entry), with
     /// memcached's default item size (1 MiB), reading time from `clock`.
     pub fn new(capacity: usize, clock: Arc<dyn Clock>) -> Self {
         MemoryBackend::with_item_size(capacity, DEFAULT_ITEM_SIZE, clock)
@@ -153,7 +157,7 @@ impl Backend for MemoryBackend {
         let (hash, shard) = self.locate(key);
         let mut shard = shard.lock();
         Ok(shard.live_mut(hash, key, now).map(|e| Item {
-            value: bytes::Bytes::copy_from_slice(e.value()),
+            value: e.shared_value(),
             flags: e.flags,
             cas: e.cas,
         }))
@@ -279,6 +283,26 @@ mod tests {
     }
 
     #[test]
+    fn a_value_read_is_the_stored_buffer_and_outlives_its_entry() {
+        let (b, _) = backend();
+        b.store(StoreMode::Set, "k", b"first", 0, 0).unwrap();
+        let one = b.get("k").unwrap().unwrap().value;
+        let two = b.get("k").unwrap().unwrap().value;
+        // Not copied: both reads are the stored buffer.
+        assert_eq!(one.as_ptr(), two.as_ptr());
+        // Written again, deleted, flushed: what was read stays as it was read.
+        b.store(StoreMode::Set, "k", b"other", 0, 0).unwrap();
+        let three = b.get("k").unwrap().unwrap().value;
+        assert_ne!(three.as_ptr(), one.as_ptr());
+        assert_eq!(&three[..], b"other");
+        b.delete("k").unwrap();
+        b.flush_all().unwrap();
+        assert_eq!(&one[..], b"first");
+        assert_eq!(&two[..], b"first");
+        assert_eq!(&three[..], b"other");
+    }
+
+    #[test]
     fn add_and_cas() {
         let (b, _) = backend();
         assert_eq!(
@@ -351,10 +375,10 @@ mod tests {
         check(8 * mib, mib, 2, mib - 1 - 64);
         check(8 * mib - 1, mib, 1, mib - 1 - 64);
         // a capacity under the item size bounds the value
-        check(64 * 1024, mib, 1, 64 * 1024 - 1 - 64);
+        check(64 * 1024, mib, 1, 64 * 1024 - 1 - ENTRY_OVERHEAD);
         check(0, mib, 1, 0);
         // nothing fits in a shard smaller than one entry's overhead, not even an empty value
-        let b = MemoryBackend::new(64, MockClock::new());
+        let b = MemoryBackend::new(ENTRY_OVERHEAD, MockClock::new());
         let e = b.store(StoreMode::Set, "k", b"", 0, 0).unwrap_err();
         assert!(e.is_too_large());
         // nor a counter that outgrows it

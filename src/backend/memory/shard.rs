@@ -3,18 +3,21 @@
 
 use std::hash::{BuildHasher, RandomState};
 
+use bytes::Bytes;
 use hashbrown::HashTable;
 
-/// What an entry is charged beside its key and value: its slot (40 bytes), its share of the hash
-/// table (4-byte index and control byte, at most 7/8 full) and the allocator's header and rounding
-/// of its key-and-value allocation. The `memory` bench compares it with the heap really used.
-pub(super) const ENTRY_OVERHEAD: usize = 64;
+/// What an entry is charged beside its key and value: its slot (56 bytes), its share of the hash
+/// table (4-byte index and control byte, at most 7/8 full), the shared buffer's reference count
+/// (24 bytes, allocated when the entry is stored) and the allocator's headers and rounding of the
+/// two allocations. The `memory` bench compares it with the heap really used.
+pub(super) const ENTRY_OVERHEAD: usize = 112;
 
 /// One stored item.
 #[derive(Debug)]
 pub(super) struct Slot {
-    /// The key's bytes, then the value's: one allocation per entry.
-    data: Box<[u8]>,
+    /// The key's bytes, then the value's: one buffer per entry, shared (not copied) with every
+    /// reader of the value.
+    data: Bytes,
     pub(super) cas: u64,
     /// Unix milliseconds at which the item is gone; 0 = never.
     pub(super) deadline_ms: u64,
@@ -31,8 +34,12 @@ impl Slot {
         let mut data = Vec::with_capacity(key.len() + value.len());
         data.extend_from_slice(key.as_bytes());
         data.extend_from_slice(value);
+        let data = Bytes::from(data);
+        // A buffer made from a `Vec` gets its shared reference count at its first clone, which
+        // would make the first read allocate under the shard's lock: make it now.
+        drop(data.clone());
         Slot {
-            data: data.into_boxed_slice(),
+            data,
             cas,
             deadline_ms,
             flags,
@@ -49,6 +56,11 @@ impl Slot {
         &self.data[usize::from(self.key_len)..]
     }
 
+    /// The value, sharing the entry's buffer: no copy.
+    pub(super) fn shared_value(&self) -> Bytes {
+        self.data.slice(usize::from(self.key_len)..)
+    }
+
     fn live(&self, now_ms: u64) -> bool {
         self.deadline_ms == 0 || now_ms < self.deadline_ms
     }
@@ -58,10 +70,10 @@ impl Slot {
     }
 }
 
-// The footprint ENTRY_OVERHEAD charges for: a slot stays 40 bytes (the box's pointer is the niche
-// of the Option) on 64-bit targets.
+// The footprint ENTRY_OVERHEAD charges for: a slot stays 56 bytes (the buffer's vtable pointer is
+// the niche of the Option) on 64-bit targets.
 #[cfg(target_pointer_width = "64")]
-const _: () = assert!(std::mem::size_of::<Option<Slot>>() == 40);
+const _: () = assert!(std::mem::size_of::<Option<Slot>>() == 56);
 
 /// A part of the key space with its own lock and its own share of the capacity.
 #[derive(Debug)]
