@@ -294,7 +294,7 @@ impl Memo {
             r.item.as_ptr() == item.as_ptr() && r.item.len() == item.len() && r.payload == at
         };
         if let Some(r) = self.slots.iter().flatten().find(same) {
-            return Ok(r.entry.clone());
+            return Ok(r.entry.to_serve());
         }
         let entry = Entry::read(&Bytes::copy_from_slice(payload))?;
         self.slots[self.next] = Some(Remembered {
@@ -304,6 +304,29 @@ impl Memo {
         });
         self.next = (self.next + 1) % MEMO_SLOTS;
         Ok(entry)
+    }
+}
+
+impl Entry {
+    /// A copy of this entry, a page's headers with room for the two the cache adds when it
+    /// serves it (`Age`, `X-Cache`), as [`read`](Entry::read) leaves them: a clone's would be
+    /// full, and grow (a reallocation) on the first insert.
+    fn to_serve(&self) -> Entry {
+        let body = match &self.body {
+            Body::Page(p) => {
+                let mut headers = HeaderMap::with_capacity(p.headers.len() + 2);
+                for (name, value) in &p.headers {
+                    headers.append(name.clone(), value.clone());
+                }
+                Body::Page(Page {
+                    headers,
+                    body: p.body.clone(),
+                    ..*p
+                })
+            }
+            other => other.clone(),
+        };
+        Entry { body, ..*self }
     }
 }
 
@@ -434,6 +457,11 @@ mod tests {
         let again = recent(&first);
         assert_eq!(again, read);
         assert_eq!(body(&again).as_ptr(), body(&read).as_ptr());
+        // With room for the two headers a served page gets (a clone would have none).
+        for e in [&read, &again] {
+            let Body::Page(p) = &e.body else { panic!() };
+            assert!(p.headers.capacity() >= p.headers.len() + 2);
+        }
         // The same bytes in another item (stored again): read, and equal.
         let copy = Bytes::copy_from_slice(&first);
         assert_eq!(recent(&copy), page("first"));
