@@ -246,64 +246,58 @@ impl Decode for Entry {
 /// An entry read on the at-once path (a hit on a backend that answers at once: the memory
 /// backend), through a memo of the last entries this thread read there.
 ///
-/// The memory backend hands out its stored buffer itself, not a copy, so the same stored version
-/// of an entry comes back as the same bytes at the same address. The memo keeps, with each entry
-/// it read, a handle on the item it came from: while it holds it, that allocation cannot be
-/// freed or reused, so an item at the same address and of the same length is that very item,
-/// and its entry is the one remembered. A hot page is then read once per thread and cloned on
-/// each hit, instead of having its headers parsed, checked and hashed again. The clone's header
-/// values and body are slices of a copy this thread made: a hit on another core does not touch
-/// their reference count. An item written again is a new allocation, so the memo never
-/// serves a replaced entry; at worst it keeps a few replaced items alive (at most
-/// [`MEMO_SLOTS`] items of at most [`MEMO_MAX_ITEM`] bytes per thread) until newer entries push
-/// them out.
+/// The memo keeps, for each entry it read, its own copy of the payload it was read from, and
+/// the entry read from that copy. A payload with the same bytes is the same entry (its bytes
+/// are all an entry is), so the remembered entry is cloned instead of having its headers
+/// parsed, checked and hashed again: a hot page is read once per thread. The clone's header
+/// values and body are slices of the thread's own copy, so a hit on another core does not
+/// touch their reference count. The memo holds no handle on the backend's items: what it keeps
+/// alive is its copies, at most [`MEMO_SLOTS`] payloads of at most [`MEMO_MAX_PAYLOAD`] bytes
+/// per thread (and the entries read from them), the least recently used pushed out first. A
+/// replaced or invalidated page may stay in a thread's memo, but is served only if the backend
+/// returns those very bytes again.
 #[derive(Debug)]
 pub(crate) struct Recent(pub(crate) Entry);
 
 /// How many entries a thread's memo keeps.
-const MEMO_SLOTS: usize = 4;
-/// Items larger than this are read each time, never kept by a memo.
-const MEMO_MAX_ITEM: usize = 64 * 1024;
+const MEMO_SLOTS: usize = 8;
+/// Larger payloads are read each time, never copied into a memo.
+const MEMO_MAX_PAYLOAD: usize = 32 * 1024;
 
 thread_local! {
-    static MEMO: std::cell::RefCell<Memo> = std::cell::RefCell::new(Memo::default());
+    static MEMO: std::cell::RefCell<Memo> = const { std::cell::RefCell::new(Memo { slots: Vec::new() }) };
 }
 
-#[derive(Default)]
 struct Memo {
-    slots: [Option<Remembered>; MEMO_SLOTS],
-    /// The slot the next new entry takes (oldest first).
-    next: usize,
+    /// Most recently used first; at most [`MEMO_SLOTS`].
+    slots: Vec<Remembered>,
 }
 
 struct Remembered {
-    /// The item the entry was read from: held, so that its address stays its own.
-    item: Bytes,
-    /// Where in the item the payload lay (offset, length).
-    payload: (usize, usize),
+    /// The memo's own copy of the payload the entry was read from.
+    payload: Bytes,
+    /// Read from `payload`: its slices are of that copy.
     entry: Entry,
 }
 
 impl Memo {
-    fn read(&mut self, item: &Bytes, payload: &[u8]) -> Result<Entry> {
-        let at = (
-            payload.as_ptr() as usize - item.as_ptr() as usize,
-            payload.len(),
-        );
-        let same = |r: &&Remembered| {
-            r.item.as_ptr() == item.as_ptr() && r.item.len() == item.len() && r.payload == at
-        };
-        if let Some(r) = self.slots.iter().flatten().find(same) {
-            return Ok(r.entry.to_serve());
+    fn read(&mut self, payload: &[u8]) -> Result<Entry> {
+        if let Some(i) = self.slots.iter().position(|r| r.payload[..] == *payload) {
+            self.slots[..=i].rotate_right(1);
+            return Ok(self.slots[0].entry.to_serve());
         }
-        let entry = Entry::read(&Bytes::copy_from_slice(payload))?;
-        self.slots[self.next] = Some(Remembered {
-            item: item.clone(),
-            payload: at,
-            entry: entry.clone(),
-        });
-        self.next = (self.next + 1) % MEMO_SLOTS;
-        Ok(entry)
+        let copy = Bytes::copy_from_slice(payload);
+        let entry = Entry::read(&copy)?;
+        let served = entry.to_serve();
+        self.slots.truncate(MEMO_SLOTS - 1);
+        self.slots.insert(
+            0,
+            Remembered {
+                payload: copy,
+                entry,
+            },
+        );
+        Ok(served)
     }
 }
 
@@ -343,11 +337,19 @@ impl Decode for Recent {
                 "the stored value is a codec's, not a response-cache entry",
             ));
         }
-        if item.len() > MEMO_MAX_ITEM {
-            return Entry::read(&item.slice_ref(payload)).map(Recent);
+        if payload.len() <= MEMO_MAX_PAYLOAD {
+            // No memo while the thread's locals are being destroyed, nor (it cannot happen:
+            // nothing it runs reads the cache) within a read of it: then read as any entry.
+            let remembered = MEMO.try_with(|memo| {
+                memo.try_borrow_mut()
+                    .map(|mut memo| memo.read(payload))
+                    .ok()
+            });
+            if let Ok(Some(read)) = remembered {
+                return read.map(Recent);
+            }
         }
-        MEMO.with(|memo| memo.borrow_mut().read(item, payload))
-            .map(Recent)
+        Entry::read(&item.slice_ref(payload)).map(Recent)
     }
 }
 
@@ -501,14 +503,17 @@ mod tests {
     }
 
     #[test]
-    fn large_items_are_read_each_time() {
-        static BIG: [u8; MEMO_MAX_ITEM] = [b'x'; MEMO_MAX_ITEM];
+    fn large_payloads_are_read_each_time() {
+        static BIG: [u8; MEMO_MAX_PAYLOAD] = [b'x'; MEMO_MAX_PAYLOAD];
         let big = item(&page(std::str::from_utf8(&BIG).unwrap()));
         let a = recent(&big);
         let b = recent(&big);
         assert_eq!(a, b);
         // Not a copy: slices of the item itself, each time.
-        assert_eq!(body(&a).as_ptr(), big[big.len() - MEMO_MAX_ITEM..].as_ptr());
+        assert_eq!(
+            body(&a).as_ptr(),
+            big[big.len() - MEMO_MAX_PAYLOAD..].as_ptr()
+        );
         assert_eq!(body(&b).as_ptr(), body(&a).as_ptr());
     }
 
@@ -577,5 +582,120 @@ mod tests {
         assert!(e.is_stale(12_000));
         assert_eq!(e.age_secs(13_500), 3);
         assert_eq!(e.age_secs(9_000), 0, "a clock behind the writer's");
+    }
+
+    // ---- Review of the at-once memo (ca52dc1, 50d421a): findings as failing tests. ----
+
+    /// A page whose item (three bytes of envelope, then the entry) is exactly `len` bytes long.
+    fn item_of_len(fill: u8, len: usize) -> Bytes {
+        let with = |n: usize| {
+            let mut e = page("");
+            if let Body::Page(p) = &mut e.body {
+                p.body = Bytes::from(vec![fill; n]);
+            }
+            item(&e)
+        };
+        let overhead = with(0).len();
+        let it = with(len - overhead);
+        assert_eq!(it.len(), len);
+        it
+    }
+
+    /// The memo keeps no handle on the items it read (a backend's stored buffer stays the
+    /// backend's: found by review, when the memo held each item), and at most [`MEMO_SLOTS`]
+    /// copies of at most [`MEMO_MAX_PAYLOAD`] bytes, which the remembered entries' slices are of.
+    #[test]
+    fn the_memo_keeps_no_more_than_its_documented_bytes_alive() {
+        let items: Vec<Bytes> = (0..MEMO_SLOTS + 2)
+            .map(|i| item_of_len(b'a' + i as u8, MEMO_MAX_PAYLOAD + 3))
+            .collect();
+        for it in &items {
+            let read = recent(it);
+            assert_eq!(read, Entry::read(&it.slice(3..)).unwrap());
+        }
+        for it in &items {
+            assert!(it.is_unique(), "the memo holds no item it read");
+        }
+        let held = MEMO.with(|m| {
+            let m = m.borrow();
+            assert_eq!(m.slots.len(), MEMO_SLOTS);
+            let mut held = 0;
+            for r in &m.slots {
+                let b = body(&r.entry);
+                let start = r.payload.as_ptr() as usize;
+                assert!((start..start + r.payload.len()).contains(&(b.as_ptr() as usize)));
+                held += r.payload.len();
+            }
+            held
+        });
+        assert!(
+            held <= MEMO_SLOTS * MEMO_MAX_PAYLOAD,
+            "a thread's memo keeps {held} bytes alive, documented bound {}",
+            MEMO_SLOTS * MEMO_MAX_PAYLOAD
+        );
+    }
+
+    /// A hot page stays remembered whatever else is read between its hits (found by review:
+    /// the memo was first in, first out, so four pages read once pushed out a page read between
+    /// every one of them).
+    #[test]
+    fn a_page_read_between_every_other_stays_remembered() {
+        let hot = item(&page("hot"));
+        let first = recent(&hot);
+        for n in 0..3 * MEMO_SLOTS {
+            let cold = item(&page(
+                ["c1", "c2", "c3", "c4", "c5", "c6", "c7", "c8", "c9"][n % 9],
+            ));
+            drop(recent(&cold));
+            let again = recent(&hot);
+            assert_eq!(
+                body(&again).as_ptr(),
+                body(&first).as_ptr(),
+                "the hot page (read {} times) was read again after {} pages read once",
+                n + 2,
+                n + 1
+            );
+        }
+    }
+
+    /// Entry's own decode works whatever the thread's state; the memo's `MEMO.with` panics
+    /// ("cannot access a Thread Local Storage value during or after destruction") once the
+    /// memo's thread-local has been destroyed, e.g. for a request made from another
+    /// thread-local's destructor at thread exit (destructors run last-registered first). A
+    /// panic there, uncaught, aborts the process.
+    #[test]
+    fn an_at_once_read_works_while_thread_locals_are_destroyed() {
+        use std::sync::atomic::{AtomicU8, Ordering};
+        // 0: not run; 1: Entry read; 2: Entry panicked; +10: Recent read; +20: Recent panicked.
+        static OUTCOME: AtomicU8 = AtomicU8::new(0);
+        struct LateReader;
+        impl Drop for LateReader {
+            fn drop(&mut self) {
+                let it = item(&page("late"));
+                let format = Format::default();
+                let entry = std::panic::catch_unwind(|| {
+                    Entry::decode_payload(&format, Codec::default(), Payload::Raw, &it, &it[3..])
+                        .unwrap()
+                });
+                let memo = std::panic::catch_unwind(|| recent(&it));
+                let code = if entry.is_ok() { 1 } else { 2 } + if memo.is_ok() { 10 } else { 20 };
+                OUTCOME.store(code, Ordering::SeqCst);
+            }
+        }
+        thread_local! {
+            static LATE: LateReader = const { LateReader };
+        }
+        std::thread::spawn(|| {
+            // Registered first, so destroyed after the memo (registered by the read below).
+            LATE.with(|_| {});
+            drop(recent(&item(&page("early"))));
+        })
+        .join()
+        .unwrap();
+        assert_eq!(
+            OUTCOME.load(Ordering::SeqCst),
+            11,
+            "1x: Entry's decode worked; x1: the memo's worked (x2: it panicked)"
+        );
     }
 }

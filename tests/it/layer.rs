@@ -2305,3 +2305,244 @@ where
         body: body.collect().await.expect("the body").to_bytes(),
     }
 }
+
+// ---- Review of the at-once memo (ca52dc1, 50d421a) ----
+
+/// A memory backend seen through a wrapper: it keeps a handle on the last value read (to see who
+/// else holds it).
+#[derive(Debug)]
+struct Watched {
+    inner: newcache::MemoryBackend,
+    last: std::sync::Mutex<Option<Bytes>>,
+}
+
+impl Watched {
+    fn new(clock: Arc<newcache::testing::MockClock>) -> Arc<Watched> {
+        Arc::new(Watched {
+            inner: newcache::MemoryBackend::new(64 << 20, clock),
+            last: std::sync::Mutex::new(None),
+        })
+    }
+}
+
+impl newcache::Backend for Watched {
+    fn get(&self, key: &str) -> newcache::Result<Option<newcache::Item>> {
+        let item = self.inner.get(key)?;
+        if let Some(i) = &item {
+            *self.last.lock().unwrap() = Some(i.value.clone());
+        }
+        Ok(item)
+    }
+    fn store(
+        &self,
+        mode: newcache::StoreMode,
+        key: &str,
+        value: &[u8],
+        flags: u32,
+        exptime: u32,
+    ) -> newcache::Result<newcache::StoreOutcome> {
+        self.inner.store(mode, key, value, flags, exptime)
+    }
+    fn delete(&self, key: &str) -> newcache::Result<bool> {
+        self.inner.delete(key)
+    }
+    fn touch(&self, key: &str, exptime: u32) -> newcache::Result<bool> {
+        self.inner.touch(key, exptime)
+    }
+    fn incr(&self, key: &str, delta: u64) -> newcache::Result<Option<u64>> {
+        self.inner.incr(key, delta)
+    }
+    fn decr(&self, key: &str, delta: u64) -> newcache::Result<Option<u64>> {
+        self.inner.decr(key, delta)
+    }
+    fn flush_all(&self) -> newcache::Result<()> {
+        self.inner.flush_all()
+    }
+    fn max_value_size(&self, key: &str) -> usize {
+        self.inner.max_value_size(key)
+    }
+}
+
+/// Serves a page twice (a miss, then a hit) on this thread, drops the service, the cache, its
+/// backend and the runtime, and says whether anything still holds the page's stored bytes.
+fn page_bytes_left_behind(early_refresh: bool) -> bool {
+    let clock = newcache::testing::MockClock::new();
+    let watched = Watched::new(clock.clone());
+    let mut builder = newcache::Cache::builder()
+        .backend(watched.clone())
+        .clock(clock);
+    if early_refresh {
+        // XFetch on: no at-once path (a draw this small never refreshes early).
+        builder = builder.early_refresh(1e-9);
+    }
+    let cache = builder.build_async().unwrap();
+    let origin = Origin::page("hello", &[("cache-control", "max-age=60")]);
+    let svc = ResponseCacheLayer::new(cache.clone()).layer(origin.service());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        assert_eq!(send(&svc, get("/p")).await.x_cache(), "MISS");
+        assert_eq!(send(&svc, get("/p")).await.x_cache(), "HIT");
+    });
+    let held = watched
+        .last
+        .lock()
+        .unwrap()
+        .take()
+        .expect("the hit read the page");
+    drop((svc, cache, origin, watched, rt));
+    !held.is_unique()
+}
+
+/// The at-once hit path's thread-local memo holds no handle on the memory backend's stored
+/// buffers (found by review: it held each item it read, so a page's stored bytes outlived their
+/// cache on every thread that served it). The async path (XFetch on) is the control.
+#[test]
+fn a_page_served_at_once_is_not_kept_alive_after_its_cache_is_dropped() {
+    assert!(
+        !page_bytes_left_behind(true),
+        "control: after the async path, nothing holds the page"
+    );
+    assert!(
+        !page_bytes_left_behind(false),
+        "after the at-once path, this thread still holds the stored page of a dropped cache"
+    );
+}
+
+/// The at-once path (its memo included) serves exactly what the request's future serves: the
+/// same script on the memory backend, with hits answered at once and with XFetch on at a draw
+/// too small to ever refresh early (no at-once path: every hit decodes the item afresh), gives
+/// the same responses (status, every header, `Age` and `X-Cache` included, body) and the same
+/// counts.
+#[test]
+fn the_memo_serves_what_a_fresh_decode_serves() {
+    /// What a request was, and what it got: status, sorted headers, body.
+    type Served = (String, StatusCode, Vec<(String, String)>, Bytes);
+    fn script(at_once: bool) -> (Vec<Served>, [u64; 3]) {
+        let clock = newcache::testing::MockClock::new();
+        let mut builder = newcache::Cache::builder()
+            .backend(Watched::new(clock.clone()))
+            .clock(clock.clone());
+        if !at_once {
+            builder = builder.early_refresh(1e-9);
+        }
+        let cache = builder.build_async().unwrap();
+        let origin = Origin::new(|req, n| {
+            let lang = req
+                .headers()
+                .get("accept-language")
+                .map_or("none", |v| v.to_str().unwrap())
+                .to_string();
+            match req.uri().path() {
+                "/vary" => response(
+                    StatusCode::OK,
+                    &[("vary", "accept-language"), ("cache-control", "max-age=60")],
+                    format!("{lang}{n}"),
+                ),
+                "/private" => response(StatusCode::OK, &[("cache-control", "private")], "p"),
+                "/gone" => response(
+                    StatusCode::NOT_FOUND,
+                    &[("cache-control", "max-age=60")],
+                    "404",
+                ),
+                _ => {
+                    let etag = format!("\"v{n}\"");
+                    let mut r = response(
+                        StatusCode::OK,
+                        &[
+                            ("cache-control", "max-age=60"),
+                            ("x-multi", "a"),
+                            ("x-multi", "b"),
+                        ],
+                        format!("v{n}"),
+                    );
+                    r.headers_mut().insert("etag", etag.parse().unwrap());
+                    r
+                }
+            }
+        });
+        let mut origin = origin;
+        let gate = Arc::new(Semaphore::new(1 << 20));
+        origin.gate = Some(gate.clone());
+        let svc = ResponseCacheLayer::new(cache.clone()).layer(origin.service());
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let mut seen = Vec::new();
+        rt.block_on(async {
+            let go = |what: &str, req: Request<()>| {
+                let what = what.to_string();
+                let svc = svc.clone();
+                async move {
+                    let s = send(&svc, req).await;
+                    let mut headers: Vec<(String, String)> = s
+                        .headers
+                        .iter()
+                        .map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_string()))
+                        .collect();
+                    headers.sort();
+                    (what, s.status, headers, s.body)
+                }
+            };
+            seen.push(go("miss", get("/page")).await);
+            for _ in 0..3 {
+                seen.push(go("hit", get("/page")).await);
+            }
+            seen.push(go("304", get_with("/page", &[("if-none-match", "\"v1\"")])).await);
+            seen.push(go("not 304", get_with("/page", &[("if-none-match", "\"v0\"")])).await);
+            seen.push(go("HEAD", Request::head("/page").body(()).unwrap()).await);
+            clock.advance(Duration::from_secs(10));
+            seen.push(go("aged", get("/page")).await);
+            for lang in ["en", "en", "fr", "fr", "en", "de"] {
+                seen.push(go(lang, get_with("/vary", &[("accept-language", lang)])).await);
+            }
+            seen.push(go("pass", get("/private")).await);
+            seen.push(go("pass again", get("/private")).await);
+            seen.push(go("404", get("/gone")).await);
+            seen.push(go("404 hit", get("/gone")).await);
+            seen.push(
+                go(
+                    "no-cache",
+                    get_with("/page", &[("cache-control", "no-cache")]),
+                )
+                .await,
+            );
+            seen.push(go("after no-cache", get("/page")).await);
+            clock.advance(Duration::from_secs(65));
+            // A stale page: one request refreshes (held at the gate), others are served it
+            // stale meanwhile (at once).
+            gate.forget_permits(1 << 20);
+            let calls = origin.calls();
+            let refresh = tokio::spawn(go("stale: refresh", get("/page")));
+            while origin.calls() == calls {
+                tokio::task::yield_now().await;
+            }
+            seen.push(go("stale", get("/page")).await);
+            seen.push(go("stale again", get("/page")).await);
+            gate.add_permits(1 << 20);
+            seen.push(refresh.await.unwrap());
+            seen.push(go("refreshed", get("/page")).await);
+            seen.push(go("put", Request::put("/page").body(()).unwrap()).await);
+            seen.push(go("after put", get("/page")).await);
+            seen.push(go("hit after put", get("/page")).await);
+        });
+        let s = cache.stats();
+        (seen, [s.hits, s.misses, s.stale_served])
+    }
+    let (memo, memo_counts) = script(true);
+    let (fresh, fresh_counts) = script(false);
+    if std::env::var_os("SHOW_SCRIPT").is_some() {
+        for m in &memo {
+            eprintln!("{m:?}");
+        }
+        eprintln!("{memo_counts:?}");
+    }
+    for (m, f) in memo.iter().zip(&fresh) {
+        assert_eq!(m, f);
+    }
+    assert_eq!(memo.len(), fresh.len());
+    assert_eq!(memo_counts, fresh_counts, "(hits, misses, stale)");
+}
