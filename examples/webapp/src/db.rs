@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
-use sqlx::{QueryBuilder, Row, SqliteConnection, SqlitePool};
+use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::{Connection, QueryBuilder, Row, SqliteConnection, SqlitePool};
 
 use crate::error::Error;
 
@@ -94,17 +94,18 @@ impl Db {
                 std::io::Error::new(e.kind(), format!("creating {}: {e}", dir.display()))
             })?;
         }
+        // No `journal_mode` here: the pool's connections find WAL in the file, where
+        // `switch_to_wal` put it before any of them opens.
         let options = SqliteConnectOptions::new()
             .filename(path)
             .create_if_missing(true)
-            // WAL: the pool's readers do not block each other, nor a writer (`PUT /users`).
-            .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Normal)
-            .busy_timeout(Duration::from_secs(10));
+            .busy_timeout(BUSY_TIMEOUT);
         let open_error = |source| Error::Open {
             path: path.to_owned(),
             source,
         };
+        switch_to_wal(&options).await.map_err(open_error)?;
         let pool = SqlitePoolOptions::new()
             .max_connections(4)
             .connect_with(options)
@@ -311,6 +312,50 @@ impl Db {
     }
 }
 
+/// How long a connection waits for another's lock (SQLite's busy timeout), and how long
+/// [`switch_to_wal`] keeps retrying.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Puts the database in WAL mode (the pool's readers do not block each other, nor a writer:
+/// `PUT /users`). The mode is kept in the file, so this is done once, on one connection, before
+/// the pool opens any.
+///
+/// Switching a file to WAL needs an exclusive lock that SQLite does not wait for: the
+/// connection already holds a read lock, and the busy handler is not called for that upgrade
+/// (it could deadlock). So when several services create the file at once, all but one can
+/// get SQLITE_BUSY ("database is locked") at once, whatever the busy timeout. That error is
+/// retried here, until [`BUSY_TIMEOUT`]; once one switch is done, the others find WAL in the
+/// file and have nothing to change (no write lock needed). Where WAL cannot be used (no shared
+/// memory), SQLite answers with the mode the file keeps, and the service runs in that.
+async fn switch_to_wal(options: &SqliteConnectOptions) -> Result<(), sqlx::Error> {
+    let mut conn = SqliteConnection::connect_with(options).await?;
+    let deadline = Instant::now() + BUSY_TIMEOUT;
+    let mut pause = Duration::from_millis(1);
+    loop {
+        match sqlx::query_scalar::<_, String>("PRAGMA journal_mode = WAL")
+            .fetch_one(&mut conn)
+            .await
+        {
+            Ok(_) => break,
+            Err(e) if is_busy(&e) && Instant::now() < deadline => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(50));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    conn.close().await
+}
+
+/// Whether `e` is SQLITE_BUSY (any of its extended codes: sqlx reports those).
+fn is_busy(e: &sqlx::Error) -> bool {
+    const SQLITE_BUSY: i32 = 5;
+    e.as_database_error()
+        .and_then(|e| e.code())
+        .and_then(|code| code.parse::<i32>().ok())
+        .is_some_and(|code| code & 0xff == SQLITE_BUSY)
+}
+
 /// The row count of a finished seed, if there is one.
 async fn seeded_rows(conn: &mut SqliteConnection) -> Result<Option<u64>, Error> {
     let meta: Option<(String,)> =
@@ -355,5 +400,66 @@ impl SplitMix64 {
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
         z ^ (z >> 31)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Removes an SQLite file and its WAL companions.
+    fn remove_db(path: &Path) {
+        for suffix in ["", "-wal", "-shm"] {
+            let mut file = path.to_path_buf().into_os_string();
+            file.push(suffix);
+            let _ = std::fs::remove_file(file);
+        }
+    }
+
+    /// Services starting on one new database at once, many times over: every open succeeds,
+    /// exactly one of them seeds, and the file is in WAL mode. Two connections switching a new
+    /// file to WAL at the same moment is a race SQLite does not wait out (the loser gets
+    /// SQLITE_BUSY at once, whatever the busy timeout), so this opens four at once, on a fresh
+    /// file each round: when each connection of the pools switched the mode itself, 20 runs of
+    /// 20 failed ("database is locked"), at rounds 0 to 28.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn concurrent_opens_of_a_new_database_all_succeed_and_seed_once() {
+        const ROUNDS: usize = 50;
+        for round in 0..ROUNDS {
+            let path = std::env::temp_dir().join(format!(
+                "newcache-webapp-unit-{}-{round}.sqlite",
+                std::process::id()
+            ));
+            remove_db(&path);
+            let opens = tokio::join!(
+                Db::open(&path, 200),
+                Db::open(&path, 200),
+                Db::open(&path, 200),
+                Db::open(&path, 200),
+            );
+            let mut seeds = 0;
+            let mut dbs = Vec::new();
+            for open in <[_; 4]>::from(opens) {
+                match open {
+                    Ok(opened) => {
+                        seeds += usize::from(opened.seeded.is_some());
+                        dbs.push(opened.db);
+                    }
+                    Err(e) => panic!("round {round}: {}", crate::error::chain(&e)),
+                }
+            }
+            assert_eq!(seeds, 1, "round {round}");
+            for db in &dbs {
+                let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
+                    .fetch_one(&db.pool)
+                    .await
+                    .unwrap();
+                assert_eq!(mode, "wal", "round {round}");
+            }
+            for db in dbs {
+                db.close().await;
+            }
+            remove_db(&path);
+        }
     }
 }
