@@ -148,10 +148,23 @@ impl Cache {
         io: &I,
         k: &str,
         mode: Mode,
+        settings: Settings,
+        deadline: Option<Instant>,
+    ) -> Result<(Machine, Action, Now)> {
+        let read = io.get(k).await;
+        self.start(read, mode, settings, deadline)
+    }
+
+    /// [`first_read`](Cache::first_read) once the read is back (what a backend that answers at
+    /// once runs without a future: `Cache::served_now`).
+    pub(crate) fn start(
+        &self,
+        read: Result<Option<Item>>,
+        mode: Mode,
         mut settings: Settings,
         deadline: Option<Instant>,
     ) -> Result<(Machine, Action, Now)> {
-        let read = self.absorb_read(io.get(k).await)?;
+        let read = self.absorb_read(read)?;
         // One monotonic read serves the machine's clock and what is left of the deadline.
         let instant = Instant::now();
         let now = self.now_at(instant);

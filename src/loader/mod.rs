@@ -299,14 +299,10 @@ impl Cache {
         let derived = self.keys.make(key).ok()?;
         let span = self.span("get_or_set_with", &derived);
         let _entered = span.enter();
-        let (_, first, now) = crate::cache::io::ready(self.first_read(
-            &self.blocking(),
-            &derived,
-            Mode::Load,
-            self.settings(true),
-            None,
-        ))
-        .ok()?;
+        let read = self.inner.config.backend.get(&derived);
+        let (_, first, now) = self
+            .start(read, Mode::Load, self.settings(true), None)
+            .ok()?;
         let (v, stale) = self.servable(&first)?;
         Some((v, stale, now.wall_ms))
     }
