@@ -261,8 +261,9 @@ pub(crate) struct Recent(pub(crate) Entry);
 
 /// How many entries a thread's memo keeps.
 const MEMO_SLOTS: usize = 8;
-/// Larger payloads are read each time, never copied into a memo.
-const MEMO_MAX_PAYLOAD: usize = 32 * 1024;
+/// Larger payloads are read each time, never copied into a memo: a hit compares the whole
+/// payload, and for a large one that costs more than reading its headers again.
+const MEMO_MAX_PAYLOAD: usize = 8 * 1024;
 
 thread_local! {
     static MEMO: std::cell::RefCell<Memo> = const { std::cell::RefCell::new(Memo { slots: Vec::new() }) };
@@ -697,5 +698,164 @@ mod tests {
             11,
             "1x: Entry's decode worked; x1: the memo's worked (x2: it panicked)"
         );
+    }
+    // ---- Review of bdc5fc5 (helper, no stake): checks that held (passing). ----
+
+    fn order() -> Vec<Bytes> {
+        MEMO.with(|m| m.borrow().slots.iter().map(|r| r.payload.clone()).collect())
+    }
+
+    fn pages(n: usize) -> Vec<Bytes> {
+        (0..n)
+            .map(|i| {
+                let mut e = page("");
+                if let Body::Page(p) = &mut e.body {
+                    p.body = Bytes::from(format!("page {i}"));
+                }
+                item(&e)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_hit_at_every_position_moves_to_the_front_and_keeps_the_rest_in_order() {
+        for at in 0..MEMO_SLOTS {
+            MEMO.with(|m| m.borrow_mut().slots.clear());
+            let items = pages(MEMO_SLOTS);
+            for it in &items {
+                drop(recent(it));
+            }
+            // Most recent first.
+            let mut expect: Vec<Bytes> = items.iter().rev().map(|i| i.slice(3..)).collect();
+            assert_eq!(order(), expect);
+            let hit = expect.remove(at);
+            expect.insert(0, hit);
+            let it = &items[MEMO_SLOTS - 1 - at];
+            assert_eq!(recent(it), Entry::read(&it.slice(3..)).unwrap());
+            assert_eq!(order(), expect, "a hit at {at}");
+            // A new one pushes out the last.
+            let new = item(&page("new"));
+            drop(recent(&new));
+            expect.pop();
+            expect.insert(0, new.slice(3..));
+            assert_eq!(order(), expect, "a new page after a hit at {at}");
+        }
+    }
+
+    #[test]
+    fn a_payload_of_exactly_the_limit_is_remembered_one_byte_more_is_not() {
+        let at = item_of_len(b'q', MEMO_MAX_PAYLOAD + 3);
+        let over = item_of_len(b'r', MEMO_MAX_PAYLOAD + 4);
+        let a = recent(&at);
+        assert_eq!(a, Entry::read(&at.slice(3..)).unwrap());
+        assert_eq!(order(), vec![at.slice(3..)]);
+        let o = recent(&over);
+        assert_eq!(o, Entry::read(&over.slice(3..)).unwrap());
+        assert_eq!(
+            order(),
+            vec![at.slice(3..)],
+            "a payload over the limit is not kept"
+        );
+        assert_eq!(
+            body(&o).as_ptr(),
+            over[over.len() - body(&o).len()..].as_ptr()
+        );
+    }
+
+    #[test]
+    fn a_served_entry_changed_by_its_caller_leaves_the_memo_as_it_was() {
+        let mut e = page("body");
+        if let Body::Page(p) = &mut e.body {
+            p.headers.append("x-multi", HeaderValue::from_static("1"));
+            p.headers.append("x-multi", HeaderValue::from_static("2"));
+        }
+        let it = item(&e);
+        let mut first = recent(&it);
+        if let Body::Page(p) = &mut first.body {
+            p.headers
+                .insert("x-multi", HeaderValue::from_static("changed"));
+            p.headers.insert("age", HeaderValue::from_static("5"));
+            p.headers.remove("content-type");
+            p.body = Bytes::from_static(b"other");
+            p.status = StatusCode::IM_A_TEAPOT;
+            p.origin_age = 9;
+        }
+        first.stored_ms = 99;
+        let again = recent(&it);
+        assert_eq!(again, e);
+        assert_eq!(again, Entry::read(&it.slice(3..)).unwrap());
+    }
+
+    #[test]
+    fn the_memo_serves_headers_in_the_order_a_fresh_read_does() {
+        let mut headers = HeaderMap::new();
+        for (n, v) in [
+            ("link", "</a>"),
+            ("content-type", "text/html"),
+            ("link", "</b>"),
+            ("x-Custom-Name", "1"),
+            ("link", "</c>"),
+            ("vary", "accept"),
+            ("x-custom-name", "2"),
+        ] {
+            headers.append(
+                HeaderName::from_bytes(n.as_bytes()).unwrap(),
+                HeaderValue::from_static(v),
+            );
+        }
+        let e = Entry {
+            stored_ms: 1,
+            fresh: Duration::from_secs(60),
+            body: Body::Page(Page {
+                status: StatusCode::OK,
+                headers,
+                body: Bytes::from_static(b"b"),
+                shared: true,
+                no_stale: true,
+                origin_age: 3,
+            }),
+        };
+        let it = item(&e);
+        let listed = |e: &Entry| -> Vec<(String, Vec<u8>)> {
+            let Body::Page(p) = &e.body else { panic!() };
+            p.headers
+                .iter()
+                .map(|(n, v)| (n.to_string(), v.as_bytes().to_vec()))
+                .collect()
+        };
+        let fresh = Entry::read(&it.slice(3..)).unwrap();
+        for _ in 0..3 {
+            let r = recent(&it);
+            assert_eq!(r, fresh);
+            assert_eq!(listed(&r), listed(&fresh));
+            let Body::Page(p) = &r.body else { panic!() };
+            assert!(p.headers.capacity() >= p.headers.len() + 2);
+        }
+    }
+
+    #[test]
+    fn a_decode_error_is_not_remembered_and_leaves_the_order() {
+        let items = pages(3);
+        for it in &items {
+            drop(recent(it));
+        }
+        let before = order();
+        let format = Format::default();
+        for bad in [&b"envNP\x02"[..], b"envXX\x02", b"envNP\x09"] {
+            let bad = Bytes::copy_from_slice(bad);
+            for _ in 0..2 {
+                assert!(
+                    Recent::decode_payload(
+                        &format,
+                        Codec::default(),
+                        Payload::Raw,
+                        &bad,
+                        &bad[3..]
+                    )
+                    .is_err()
+                );
+            }
+        }
+        assert_eq!(order(), before);
     }
 }

@@ -299,9 +299,11 @@ impl Cache {
         let derived = self.keys.make(key).ok()?;
         let span = self.span("get_or_set_with", &derived);
         let _entered = span.enter();
-        let read = self.inner.config.backend.get(&derived);
+        // A failed read is left to the request's future, which reads again and counts the
+        // failure once (found by review: absorbed here, it was counted twice).
+        let read = self.inner.config.backend.get(&derived).ok()?;
         let (_, first, now) = self
-            .start(read, Mode::Load, self.settings(true), None)
+            .start(Ok(read), Mode::Load, self.settings(true), None)
             .ok()?;
         let (v, stale) = self.servable(&first)?;
         Some((v, stale, now.wall_ms))

@@ -2546,3 +2546,122 @@ fn the_memo_serves_what_a_fresh_decode_serves() {
     assert_eq!(memo.len(), fresh.len());
     assert_eq!(memo_counts, fresh_counts, "(hits, misses, stale)");
 }
+
+// ---- Review of bdc5fc5 / 9b78762 (helper, no stake): findings as failing tests ----
+
+/// A memory backend whose `get` fails (a backend error) while `down` is set.
+#[derive(Debug)]
+struct GetsFail {
+    inner: newcache::MemoryBackend,
+    down: std::sync::atomic::AtomicBool,
+}
+
+impl newcache::Backend for GetsFail {
+    fn get(&self, key: &str) -> newcache::Result<Option<newcache::Item>> {
+        if self.down.load(Ordering::SeqCst) {
+            return Err(std::io::Error::other("the server is down").into());
+        }
+        self.inner.get(key)
+    }
+    fn store(
+        &self,
+        mode: newcache::StoreMode,
+        key: &str,
+        value: &[u8],
+        flags: u32,
+        exptime: u32,
+    ) -> newcache::Result<newcache::StoreOutcome> {
+        self.inner.store(mode, key, value, flags, exptime)
+    }
+    fn delete(&self, key: &str) -> newcache::Result<bool> {
+        self.inner.delete(key)
+    }
+    fn touch(&self, key: &str, exptime: u32) -> newcache::Result<bool> {
+        self.inner.touch(key, exptime)
+    }
+    fn incr(&self, key: &str, delta: u64) -> newcache::Result<Option<u64>> {
+        self.inner.incr(key, delta)
+    }
+    fn decr(&self, key: &str, delta: u64) -> newcache::Result<Option<u64>> {
+        self.inner.decr(key, delta)
+    }
+    fn flush_all(&self) -> newcache::Result<()> {
+        self.inner.flush_all()
+    }
+    fn max_value_size(&self, key: &str) -> usize {
+        self.inner.max_value_size(key)
+    }
+}
+
+/// One GET through the layer while the backend's reads fail, with hits answered at once or
+/// (the control) with XFetch on at a draw too small to ever refresh early: what it counted
+/// (backend errors, of them absorbed, misses, hits) under `policy`.
+fn counts_of_one_request_during_an_outage(
+    at_once: bool,
+    policy: newcache::FailurePolicy,
+) -> [u64; 4] {
+    let clock = newcache::testing::MockClock::new();
+    let backend = Arc::new(GetsFail {
+        inner: newcache::MemoryBackend::new(64 << 20, clock.clone()),
+        down: std::sync::atomic::AtomicBool::new(false),
+    });
+    let mut builder = newcache::Cache::builder()
+        .backend(backend.clone())
+        .clock(clock)
+        .read_failures(policy);
+    if !at_once {
+        builder = builder.early_refresh(1e-9);
+    }
+    let cache = builder.build_async().unwrap();
+    let origin = Origin::page("hello", &[("cache-control", "max-age=60")]);
+    let svc = ResponseCacheLayer::new(cache.clone()).layer(origin.service());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        assert_eq!(send(&svc, get("/p")).await.x_cache(), "MISS");
+        assert_eq!(send(&svc, get("/p")).await.x_cache(), "HIT");
+        backend.down.store(true, Ordering::SeqCst);
+        let before = cache.stats();
+        let _ = send(&svc, get("/p")).await;
+        let after = cache.stats();
+        [
+            after.backend_errors - before.backend_errors,
+            after.backend_errors_absorbed - before.backend_errors_absorbed,
+            after.misses - before.misses,
+            after.hits - before.hits,
+        ]
+    })
+}
+
+/// `served_now` is documented to count nothing when it does not serve ("having changed
+/// nothing and counted nothing ... one that does not goes the whole way, which reads and counts
+/// again"), but its read goes through `absorb_read` (in `Cache::start`, as it went through
+/// `first_read` before 9b78762), which counts the failed read in `backend_errors` (and the
+/// per-server metric) and, absorbed, in `backend_errors_absorbed`; the request's future then
+/// reads again and counts it again. One request during an outage counts two backend errors on
+/// the at-once path, one on the request's future (XFetch on: no at-once path).
+#[test]
+fn a_failed_read_on_the_at_once_path_is_counted_once_not_twice() {
+    let seen: Vec<_> = [
+        newcache::FailurePolicy::Absorb,
+        newcache::FailurePolicy::Propagate,
+    ]
+    .into_iter()
+    .map(|policy| {
+        (
+            policy,
+            counts_of_one_request_during_an_outage(true, policy),
+            counts_of_one_request_during_an_outage(false, policy),
+        )
+    })
+    .collect();
+    for (policy, at_once, fresh) in &seen {
+        assert_eq!(
+            at_once, fresh,
+            "{policy:?}: (backend errors, absorbed, misses, hits) of one request, at-once path \
+             vs the request's future (all: {seen:?})"
+        );
+    }
+}
