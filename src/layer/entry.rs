@@ -234,13 +234,19 @@ impl Decode for Entry {
         item: &Bytes,
         payload: &[u8],
     ) -> Result<Entry> {
-        if how != Payload::Raw {
-            return Err(Error::decode(
-                "the stored value is a codec's, not a response-cache entry",
-            ));
-        }
+        raw_only(how)?;
         Entry::read(&item.slice_ref(payload))
     }
+}
+
+/// An entry is stored raw: a codec's value under its key is not one.
+fn raw_only(how: Payload) -> Result<()> {
+    if how != Payload::Raw {
+        return Err(Error::decode(
+            "the stored value is a codec's, not a response-cache entry",
+        ));
+    }
+    Ok(())
 }
 
 /// An entry read on the at-once path (a hit on a backend that answers at once: the memory
@@ -333,11 +339,7 @@ impl Decode for Recent {
         item: &Bytes,
         payload: &[u8],
     ) -> Result<Recent> {
-        if how != Payload::Raw {
-            return Err(Error::decode(
-                "the stored value is a codec's, not a response-cache entry",
-            ));
-        }
+        raw_only(how)?;
         if payload.len() <= MEMO_MAX_PAYLOAD {
             // No memo while the thread's locals are being destroyed, nor (it cannot happen:
             // nothing it runs reads the cache) within a read of it: then read as any entry.

@@ -581,49 +581,17 @@ impl Ask<'_> {
         // What was read is counted only if it is served: otherwise the request's future reads
         // it again, and counts it then.
         let mut read = [None, None];
-        let (entry, now) = match cache.served_now::<Recent>(page_key)? {
-            (
-                Recent(
-                    e @ Entry {
-                        body: Body::Page(_),
-                        ..
-                    },
-                ),
-                stale,
-                now,
-            ) => {
-                read[0] = Some(stale);
-                (e, now)
-            }
-            (
-                Recent(Entry {
-                    body: Body::Vary { names, generation },
-                    ..
-                }),
-                stale,
-                _,
-            ) => {
-                read[0] = Some(stale);
-                let key = rules::variant_key(page_key, generation, &names, &self.parts.headers);
-                match cache.served_now::<Recent>(&key)? {
-                    (
-                        Recent(
-                            e @ Entry {
-                                body: Body::Page(_),
-                                ..
-                            },
-                        ),
-                        stale,
-                        now,
-                    ) => {
-                        read[1] = Some(stale);
-                        (e, now)
-                    }
-                    _ => return None,
-                }
-            }
-            _ => return None,
-        };
+        let (Recent(mut entry), stale, mut now) = cache.served_now::<Recent>(page_key)?;
+        read[0] = Some(stale);
+        if let Body::Vary { names, generation } = &entry.body {
+            let key = rules::variant_key(page_key, *generation, names, &self.parts.headers);
+            let (Recent(variant), stale, at) = cache.served_now::<Recent>(&key)?;
+            read[1] = Some(stale);
+            (entry, now) = (variant, at);
+        }
+        if !matches!(entry.body, Body::Page(_)) {
+            return None;
+        }
         if self.wants_revalidation(&entry, now) {
             return None;
         }

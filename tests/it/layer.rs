@@ -2309,11 +2309,12 @@ where
 // ---- Review of the at-once memo (ca52dc1, 50d421a) ----
 
 /// A memory backend seen through a wrapper: it keeps a handle on the last value read (to see who
-/// else holds it).
+/// else holds it), and its reads fail (a backend error) while `down` is set.
 #[derive(Debug)]
 struct Watched {
     inner: newcache::MemoryBackend,
     last: std::sync::Mutex<Option<Bytes>>,
+    down: std::sync::atomic::AtomicBool,
 }
 
 impl Watched {
@@ -2321,12 +2322,16 @@ impl Watched {
         Arc::new(Watched {
             inner: newcache::MemoryBackend::new(64 << 20, clock),
             last: std::sync::Mutex::new(None),
+            down: std::sync::atomic::AtomicBool::new(false),
         })
     }
 }
 
 impl newcache::Backend for Watched {
     fn get(&self, key: &str) -> newcache::Result<Option<newcache::Item>> {
+        if self.down.load(Ordering::SeqCst) {
+            return Err(std::io::Error::other("the server is down").into());
+        }
         let item = self.inner.get(key)?;
         if let Some(i) = &item {
             *self.last.lock().unwrap() = Some(i.value.clone());
@@ -2549,50 +2554,6 @@ fn the_memo_serves_what_a_fresh_decode_serves() {
 
 // ---- Review of bdc5fc5 / 9b78762 (helper, no stake): findings as failing tests ----
 
-/// A memory backend whose `get` fails (a backend error) while `down` is set.
-#[derive(Debug)]
-struct GetsFail {
-    inner: newcache::MemoryBackend,
-    down: std::sync::atomic::AtomicBool,
-}
-
-impl newcache::Backend for GetsFail {
-    fn get(&self, key: &str) -> newcache::Result<Option<newcache::Item>> {
-        if self.down.load(Ordering::SeqCst) {
-            return Err(std::io::Error::other("the server is down").into());
-        }
-        self.inner.get(key)
-    }
-    fn store(
-        &self,
-        mode: newcache::StoreMode,
-        key: &str,
-        value: &[u8],
-        flags: u32,
-        exptime: u32,
-    ) -> newcache::Result<newcache::StoreOutcome> {
-        self.inner.store(mode, key, value, flags, exptime)
-    }
-    fn delete(&self, key: &str) -> newcache::Result<bool> {
-        self.inner.delete(key)
-    }
-    fn touch(&self, key: &str, exptime: u32) -> newcache::Result<bool> {
-        self.inner.touch(key, exptime)
-    }
-    fn incr(&self, key: &str, delta: u64) -> newcache::Result<Option<u64>> {
-        self.inner.incr(key, delta)
-    }
-    fn decr(&self, key: &str, delta: u64) -> newcache::Result<Option<u64>> {
-        self.inner.decr(key, delta)
-    }
-    fn flush_all(&self) -> newcache::Result<()> {
-        self.inner.flush_all()
-    }
-    fn max_value_size(&self, key: &str) -> usize {
-        self.inner.max_value_size(key)
-    }
-}
-
 /// One GET through the layer while the backend's reads fail, with hits answered at once or
 /// (the control) with XFetch on at a draw too small to ever refresh early: what it counted
 /// (backend errors, of them absorbed, misses, hits) under `policy`.
@@ -2601,10 +2562,7 @@ fn counts_of_one_request_during_an_outage(
     policy: newcache::FailurePolicy,
 ) -> [u64; 4] {
     let clock = newcache::testing::MockClock::new();
-    let backend = Arc::new(GetsFail {
-        inner: newcache::MemoryBackend::new(64 << 20, clock.clone()),
-        down: std::sync::atomic::AtomicBool::new(false),
-    });
+    let backend = Watched::new(clock.clone());
     let mut builder = newcache::Cache::builder()
         .backend(backend.clone())
         .clock(clock)
