@@ -533,13 +533,17 @@ macro_rules! on_backend {
 }
 
 /// A backend that forwards to another and lets a test observe and steer it: counts the calls
-/// that make a round trip (`calls`), slows the next `get` down (`slow_get`), and runs
-/// `after_get` after every `get` (to act between a reader's read and its claim).
+/// that make a round trip (`calls`), slows the next `get` down (`slow_get`), runs `after_get`
+/// after every `get` (to act between a reader's read and its claim), fails every `get` with a
+/// backend error while `gets_fail` is set, and keeps a handle on the last value a `get` returned
+/// (`last_get`: to see who else holds it).
 pub struct Hooked {
     pub inner: Arc<dyn Backend>,
     pub calls: AtomicU64,
     pub slow_get: std::sync::Mutex<Option<Duration>>,
     pub after_get: Box<dyn Fn() + Send + Sync>,
+    pub gets_fail: std::sync::atomic::AtomicBool,
+    pub last_get: std::sync::Mutex<Option<bytes::Bytes>>,
 }
 
 impl Hooked {
@@ -549,6 +553,8 @@ impl Hooked {
             calls: AtomicU64::new(0),
             slow_get: std::sync::Mutex::new(None),
             after_get: Box::new(|| {}),
+            gets_fail: std::sync::atomic::AtomicBool::new(false),
+            last_get: std::sync::Mutex::new(None),
         }
     }
 
@@ -576,7 +582,13 @@ impl Backend for Hooked {
         if let Some(d) = self.slow_get.lock().unwrap().take() {
             std::thread::sleep(d);
         }
+        if self.gets_fail.load(Ordering::SeqCst) {
+            return Err(std::io::Error::other("the server is down").into());
+        }
         let r = self.inner.get(key);
+        if let Ok(Some(item)) = &r {
+            *self.last_get.lock().unwrap() = Some(item.value.clone());
+        }
         (self.after_get)();
         r
     }

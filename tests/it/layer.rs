@@ -20,7 +20,7 @@ use newcache::layer::{CookiePolicy, HostPolicy, ResponseCacheBuilder, ResponseCa
 use tokio::sync::{Barrier, Semaphore};
 use tower::{Layer, Service, ServiceExt};
 
-use crate::fixture::Env;
+use crate::fixture::{Env, Hooked};
 
 macro_rules! on_every_backend_async {
     ($($name:ident),* $(,)?) => {
@@ -2308,71 +2308,19 @@ where
 
 // ---- Review of the at-once memo (ca52dc1, 50d421a) ----
 
-/// A memory backend seen through a wrapper: it keeps a handle on the last value read (to see who
-/// else holds it), and its reads fail (a backend error) while `down` is set.
-#[derive(Debug)]
-struct Watched {
-    inner: newcache::MemoryBackend,
-    last: std::sync::Mutex<Option<Bytes>>,
-    down: std::sync::atomic::AtomicBool,
-}
-
-impl Watched {
-    fn new(clock: Arc<newcache::testing::MockClock>) -> Arc<Watched> {
-        Arc::new(Watched {
-            inner: newcache::MemoryBackend::new(64 << 20, clock),
-            last: std::sync::Mutex::new(None),
-            down: std::sync::atomic::AtomicBool::new(false),
-        })
-    }
-}
-
-impl newcache::Backend for Watched {
-    fn get(&self, key: &str) -> newcache::Result<Option<newcache::Item>> {
-        if self.down.load(Ordering::SeqCst) {
-            return Err(std::io::Error::other("the server is down").into());
-        }
-        let item = self.inner.get(key)?;
-        if let Some(i) = &item {
-            *self.last.lock().unwrap() = Some(i.value.clone());
-        }
-        Ok(item)
-    }
-    fn store(
-        &self,
-        mode: newcache::StoreMode,
-        key: &str,
-        value: &[u8],
-        flags: u32,
-        exptime: u32,
-    ) -> newcache::Result<newcache::StoreOutcome> {
-        self.inner.store(mode, key, value, flags, exptime)
-    }
-    fn delete(&self, key: &str) -> newcache::Result<bool> {
-        self.inner.delete(key)
-    }
-    fn touch(&self, key: &str, exptime: u32) -> newcache::Result<bool> {
-        self.inner.touch(key, exptime)
-    }
-    fn incr(&self, key: &str, delta: u64) -> newcache::Result<Option<u64>> {
-        self.inner.incr(key, delta)
-    }
-    fn decr(&self, key: &str, delta: u64) -> newcache::Result<Option<u64>> {
-        self.inner.decr(key, delta)
-    }
-    fn flush_all(&self) -> newcache::Result<()> {
-        self.inner.flush_all()
-    }
-    fn max_value_size(&self, key: &str) -> usize {
-        self.inner.max_value_size(key)
-    }
+/// A memory backend on `clock`, seen and steered through the fixture's [`Hooked`].
+fn watched(clock: Arc<newcache::testing::MockClock>) -> Arc<Hooked> {
+    Arc::new(Hooked::new(Arc::new(newcache::MemoryBackend::new(
+        64 << 20,
+        clock,
+    ))))
 }
 
 /// Serves a page twice (a miss, then a hit) on this thread, drops the service, the cache, its
 /// backend and the runtime, and says whether anything still holds the page's stored bytes.
 fn page_bytes_left_behind(early_refresh: bool) -> bool {
     let clock = newcache::testing::MockClock::new();
-    let watched = Watched::new(clock.clone());
+    let watched = watched(clock.clone());
     let mut builder = newcache::Cache::builder()
         .backend(watched.clone())
         .clock(clock);
@@ -2392,7 +2340,7 @@ fn page_bytes_left_behind(early_refresh: bool) -> bool {
         assert_eq!(send(&svc, get("/p")).await.x_cache(), "HIT");
     });
     let held = watched
-        .last
+        .last_get
         .lock()
         .unwrap()
         .take()
@@ -2428,7 +2376,7 @@ fn the_memo_serves_what_a_fresh_decode_serves() {
     fn script(at_once: bool) -> (Vec<Served>, [u64; 3]) {
         let clock = newcache::testing::MockClock::new();
         let mut builder = newcache::Cache::builder()
-            .backend(Watched::new(clock.clone()))
+            .backend(watched(clock.clone()))
             .clock(clock.clone());
         if !at_once {
             builder = builder.early_refresh(1e-9);
@@ -2562,7 +2510,7 @@ fn counts_of_one_request_during_an_outage(
     policy: newcache::FailurePolicy,
 ) -> [u64; 4] {
     let clock = newcache::testing::MockClock::new();
-    let backend = Watched::new(clock.clone());
+    let backend = watched(clock.clone());
     let mut builder = newcache::Cache::builder()
         .backend(backend.clone())
         .clock(clock)
@@ -2580,7 +2528,7 @@ fn counts_of_one_request_during_an_outage(
     rt.block_on(async {
         assert_eq!(send(&svc, get("/p")).await.x_cache(), "MISS");
         assert_eq!(send(&svc, get("/p")).await.x_cache(), "HIT");
-        backend.down.store(true, Ordering::SeqCst);
+        backend.gets_fail.store(true, Ordering::SeqCst);
         let before = cache.stats();
         let _ = send(&svc, get("/p")).await;
         let after = cache.stats();
