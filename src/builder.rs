@@ -471,7 +471,9 @@ impl CacheBuilder {
     }
 
     /// Seeds the random source of XFetch draws and wait jitter (for reproducible tests);
-    /// default: seeded from the clock and the process id.
+    /// default: seeded from the clock and the process id. Claim tokens never come from it:
+    /// they are drawn from OS entropy and the process id, so processes built with one seed
+    /// still elect one loader per key.
     pub fn random_seed(mut self, seed: u64) -> Self {
         self.seed = Some(seed);
         self
@@ -660,7 +662,7 @@ impl CacheBuilder {
         };
         let seed = self.seed.unwrap_or_else(|| {
             // Nanoseconds and the process id: caches built in the same millisecond (or in
-            // processes started together) draw different claim tokens.
+            // processes started together) draw differently (claim tokens never use this seed).
             let nanos = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_nanos() as u64);

@@ -69,6 +69,9 @@ pub(crate) struct Settings {
     pub(crate) max_load_ms: u64,
     /// XFetch parameters, in `Load` and `Batch` modes.
     pub(crate) xfetch: Option<Xfetch>,
+    /// The seed of this caller's wait jitter (from the cache's seeded random source; never
+    /// the claim token, which no seed reaches).
+    pub(crate) jitter: u64,
 }
 
 /// What to do next.
@@ -180,7 +183,7 @@ impl Machine {
             rereads: 0,
             saw_holder: false,
             poll_ms: FIRST_POLL_MS,
-            jitter: token | 1,
+            jitter: settings.jitter | 1,
         }
     }
 
@@ -451,9 +454,7 @@ impl Machine {
             return Action::Done(Found::TimedOut);
         }
         // xorshift: 50-100 % of the current step, steps 2 ms -> 10 ms.
-        self.jitter ^= self.jitter << 13;
-        self.jitter ^= self.jitter >> 7;
-        self.jitter ^= self.jitter << 17;
+        self.jitter = crate::rng::xorshift(self.jitter);
         let frac = 0.5 + (self.jitter >> 11) as f64 / (1u64 << 54) as f64;
         let left = self.s.max_wait_ms - now.mono_ms.saturating_sub(self.start_mono_ms);
         let pause = ((self.poll_ms as f64 * frac) as u64).clamp(1, left.max(1));
@@ -619,6 +620,7 @@ mod tests {
         max_wait_ms: 1_000,
         max_load_ms: 60_000,
         xfetch: None,
+        jitter: 0x5EED,
     };
 
     fn at(ms: u64) -> Now {

@@ -1,5 +1,5 @@
-//! The random source for XFetch draws, wait jitter and claim tokens: a lock-free SplitMix64
-//! stream, seedable so that tests are exact.
+//! The random sources: a lock-free SplitMix64 stream for XFetch draws and wait jitter, seedable
+//! so that tests are exact, and the process's entropy for claim tokens, which no seed reaches.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -28,6 +28,31 @@ impl Rng {
     }
 }
 
+/// One xorshift64 step: never reaches 0 from a non-zero state.
+pub(crate) fn xorshift(mut x: u64) -> u64 {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    x
+}
+
+/// A number no other process (nor another call in this one) is likely to draw: the OS's
+/// entropy (std's `RandomState` keys, read from the OS once per thread and stepped per call),
+/// mixed with the process id, the thread and the clock. For claim tokens, which must differ
+/// across processes even when every cache shares one `random_seed`.
+pub(crate) fn entropy() -> u64 {
+    use std::hash::{BuildHasher, Hash, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    std::thread::current().id().hash(&mut h);
+    h.finish()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -42,5 +67,11 @@ mod tests {
         }
         let mean: f64 = (0..10_000).map(|_| a.draw()).sum::<f64>() / 10_000.0;
         assert!((0.48..0.52).contains(&mean), "{mean}");
+    }
+
+    #[test]
+    fn entropy_differs_per_call() {
+        let drawn: std::collections::HashSet<u64> = (0..1000).map(|_| entropy()).collect();
+        assert_eq!(drawn.len(), 1000);
     }
 }

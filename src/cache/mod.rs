@@ -210,16 +210,34 @@ impl Cache {
                 }),
                 _ => None,
             },
+            jitter: self.jitter(),
         }
     }
 
     /// A claim token, unique among concurrent claimants of every process with overwhelming
-    /// probability. Drawn from a per-thread stream (seeded once from the cache's), so the read
-    /// path touches no shared state for it.
+    /// probability, whatever [`random_seed`](crate::CacheBuilder::random_seed) says: two
+    /// processes built with one seed must never elect two loaders. Drawn from a per-thread
+    /// stream seeded once from OS entropy, the process id and the clock (never from the cache's
+    /// seed), so the read path touches no shared state for it.
     pub(crate) fn token(&self) -> u64 {
-        // Each thread's stream starts from a distinct point: a process-wide sequence number
-        // (threads of one process never share a start, even when caches share a seed) mixed with
-        // the cache's random source (processes differ).
+        thread_local! {
+            static STATE: Cell<u64> = const { Cell::new(0) };
+        }
+        STATE.with(|s| {
+            let mut x = s.get();
+            if x == 0 {
+                x = crate::rng::entropy() | 1;
+            }
+            x = crate::rng::xorshift(x);
+            s.set(x);
+            x
+        })
+    }
+
+    /// The seed of a waiting machine's jitter: a per-thread stream started from the cache's
+    /// random source (seeded by `random_seed`), so that a seeded cache's waits are
+    /// reproducible on one thread; distinct threads start at distinct points.
+    fn jitter(&self) -> u64 {
         static THREADS: AtomicU64 = AtomicU64::new(0);
         thread_local! {
             static STATE: Cell<u64> = const { Cell::new(0) };
@@ -232,10 +250,7 @@ impl Cache {
                     .next_u64()
                     | 1;
             }
-            // xorshift64: never reaches 0 from a non-zero state.
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            x = crate::rng::xorshift(x);
             s.set(x);
             x
         })

@@ -19,5 +19,6 @@ mod memcached;
 mod memory;
 mod obs;
 mod partial;
+mod processes;
 mod props;
 mod values;
