@@ -291,6 +291,16 @@ fn fields_len(fields: u8) -> usize {
         + FIXED_LEN
 }
 
+/// How many bytes the header of `item` (as this build wrote it) may still grow by in later
+/// steps of the protocol: a claim adds its deadline and token, a `touch` of a value that never
+/// expired adds a soft and a hard expiry. A write leaves this much room under the item limit,
+/// so that whatever `set` stores can still be claimed, renewed, touched and released.
+pub(crate) fn growth(item: &[u8]) -> usize {
+    item.get(6).map_or(MAX_HEADER_LEN, |&len| {
+        MAX_HEADER_LEN.saturating_sub(usize::from(len))
+    })
+}
+
 /// A copy of a value's item with a new soft expiry and hard expiry (`touch`); the claim, the
 /// payload and everything else untouched. `None` if `bytes` is not an item of this format.
 pub(crate) fn retime(bytes: &[u8], soft_expiry_ms: u64, expires_ms: u64) -> Option<Vec<u8>> {

@@ -160,10 +160,11 @@ pub(crate) struct Machine {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Pending {
     None,
-    /// A claim keeping the value (stale, early, or past its bound).
+    /// A claim keeping the value (stale, early, or past its bound), lasting until `until_ms`.
     Claim {
         early: bool,
         expired: bool,
+        until_ms: u64,
     },
     /// A placeholder (`add`, or `cas` over a dead claim, an over-age value or foreign bytes).
     Placeholder,
@@ -288,6 +289,41 @@ impl Machine {
         Action::Done(Found::Unavailable)
     }
 
+    /// The backend refused the pending write as too large, before sending anything. A claim
+    /// re-stores the value with a longer header, and an item written at the size limit (by
+    /// another build, or a process with a larger item size) has no room for it: the key is
+    /// taken over with a placeholder instead (`cas` against the value read, as over a dead
+    /// claim), lasting what the claim would have. Still one holder; the stale value is not
+    /// served meanwhile (callers wait for the load, or miss). A fresh value that XFetch wanted
+    /// to refresh early is served as it is, unrefreshed.
+    pub(crate) fn on_too_large(&mut self, now: Now) -> Action {
+        let pending = std::mem::replace(&mut self.pending, Pending::None);
+        let Some(item) = self.last.take() else {
+            return Action::Done(Found::Unavailable);
+        };
+        match pending {
+            Pending::Claim { early: true, .. } => match envelope::decode(item.flags, &item.value) {
+                Ok(Parsed::Item(header, payload)) => {
+                    let offset = item.value.len() - payload.len();
+                    let held = Held {
+                        item,
+                        offset,
+                        header,
+                        early: false,
+                        expired: false,
+                    };
+                    Action::Done(Found::Value { held, stale: false })
+                }
+                _ => Action::Done(Found::Unavailable),
+            },
+            Pending::Claim { until_ms, .. } => {
+                self.placeholder_until(now, StoreMode::Cas(item.cas), until_ms)
+            }
+            // A placeholder is a bare header: only a backend whose limit is below it refuses it.
+            Pending::Placeholder | Pending::None => Action::Done(Found::Unavailable),
+        }
+    }
+
     /// The front end could not use the value it was given (its payload does not decode as the
     /// requested type, or the bytes are foreign) and its policy is to overwrite it: take the key
     /// over with a placeholder, as for a dead claim. In `Lookup` mode: a miss.
@@ -390,6 +426,7 @@ impl Machine {
         self.pending = Pending::Claim {
             early: held.early,
             expired: held.expired,
+            until_ms: until,
         };
         self.last = Some(held.item);
         Action::StoreThenRead {
@@ -401,7 +438,10 @@ impl Machine {
 
     /// Writes a placeholder with `mode` (`Add` on a missing key, `Cas` over a dead one).
     fn placeholder(&mut self, now: Now, mode: StoreMode) -> Action {
-        let until = now.wall_ms.saturating_add(self.s.lease_ms);
+        self.placeholder_until(now, mode, now.wall_ms.saturating_add(self.s.lease_ms))
+    }
+
+    fn placeholder_until(&mut self, now: Now, mode: StoreMode, until: u64) -> Action {
         let header = Header::placeholder(now.wall_ms, until, self.token);
         self.pending = Pending::Placeholder;
         Action::StoreThenRead {
@@ -432,7 +472,7 @@ impl Machine {
             renew_until_ms: now.mono_ms.saturating_add(self.s.max_load_ms),
         };
         let held = match pending {
-            Pending::Claim { early, expired } => Some(Held {
+            Pending::Claim { early, expired, .. } => Some(Held {
                 item,
                 offset,
                 header: h,
@@ -773,6 +813,65 @@ mod tests {
         // someone deleted the key: the claim is lost
         assert_eq!(g.lease.on_renewed(None, false), Renewal::Lost);
         assert!(g.lease.renewal(at(60_020)).is_none(), "not past max_load");
+    }
+
+    #[test]
+    fn a_claim_with_no_room_takes_the_key_over_with_a_placeholder() {
+        for mode in [Mode::Lookup, Mode::Load, Mode::Batch] {
+            let mut m = Machine::new(mode, SETTINGS, TOKEN, at(0));
+            let claim = m.on_read(at(20), Some(value(10, 1)));
+            assert!(matches!(claim, Action::StoreThenRead { .. }), "{claim:?}");
+            // refused as too large: a placeholder over the value read, by cas
+            let a = m.on_too_large(at(20));
+            let Action::StoreThenRead {
+                mode: StoreMode::Cas(1),
+                ref value,
+                ..
+            } = a
+            else {
+                panic!("{a:?}")
+            };
+            let Ok(Parsed::Item(h, _)) = envelope::decode(envelope::FLAGS, value) else {
+                panic!()
+            };
+            assert_eq!((h.kind, h.token), (Kind::Placeholder, TOKEN));
+            let back = stored(&a, 2);
+            match (mode, m.on_stored(at(20), StoreOutcome::Stored, Some(back))) {
+                (Mode::Lookup, Action::Done(Found::Miss { claimed: true })) => {}
+                (Mode::Load | Mode::Batch, Action::Load(g)) => {
+                    assert!(g.held.is_none());
+                    assert_eq!(g.lease.store_mode(), StoreMode::Cas(2));
+                }
+                (_, other) => panic!("{mode:?}: {other:?}"),
+            }
+        }
+        // a fresh value XFetch wanted to refresh early is served as it is
+        let early = Settings {
+            xfetch: Some(Xfetch {
+                beta: 1e9,
+                draw: 0.5,
+            }),
+            ..SETTINGS
+        };
+        let mut m = Machine::new(Mode::Load, early, TOKEN, at(0));
+        let item = Item {
+            value: {
+                let mut b = Vec::new();
+                Header::value(1_000_000 + 10_000, 1_000_000, 100, 60_000).write(&mut b);
+                b.extend_from_slice(b"v");
+                b.into()
+            },
+            flags: envelope::FLAGS,
+            cas: 1,
+        };
+        assert!(matches!(
+            m.on_read(at(0), Some(item)),
+            Action::StoreThenRead { .. }
+        ));
+        assert!(matches!(
+            m.on_too_large(at(0)),
+            Action::Done(Found::Value { stale: false, .. })
+        ));
     }
 
     #[test]

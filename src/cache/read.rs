@@ -66,9 +66,14 @@ impl Cache {
                     if guard.is_none() {
                         guard = Some(io.guard_claims(vec![(k.to_string(), m.token())]));
                     }
-                    match self.absorb_read(io.store_then_get(w).await)? {
-                        Some((outcome, after)) => m.on_stored(self.now(), outcome, after),
-                        None => m.on_failed(self.now()),
+                    match io.store_then_get(w).await {
+                        // Refused before anything was sent (an item at the size limit has no
+                        // room for a claim's header): the machine takes another way.
+                        Err(e) if e.is_too_large() => m.on_too_large(self.now()),
+                        r => match self.absorb_read(r)? {
+                            Some((outcome, after)) => m.on_stored(self.now(), outcome, after),
+                            None => m.on_failed(self.now()),
+                        },
                     }
                 }
                 Action::Sleep(pause) => {
@@ -259,6 +264,13 @@ impl Cache {
         }
     }
 
+    /// A key of a batch that failed on its own (not its server): left out of the answer as a
+    /// miss, and logged, so that the other keys are still served.
+    pub(crate) fn batch_key_failed(&self, e: &Error) {
+        Counters::bump(&self.inner.stats.misses);
+        tracing::debug!(error = %e, "newcache: a key of a batch failed alone; it is left out");
+    }
+
     /// Applies the decode policy: the error, or a counted miss.
     pub(crate) fn decode_failed<T>(&self, e: Error) -> Result<Option<T>> {
         Counters::bump(&self.inner.stats.decode_errors);
@@ -291,6 +303,11 @@ impl Cache {
     /// whose server failed is left out like a miss, and the keys of the live servers are
     /// returned: one dead server costs only its own keys. With `Propagate`, such a partial batch
     /// is an error naming the failed keys ([`Error::failed_keys`]).
+    ///
+    /// A key whose bytes do not decode as a `T` (another client's, another type's) is left out
+    /// and counted in [`Stats::decode_errors`](crate::Stats::decode_errors), whatever the decode
+    /// policy: one key never fails the others ([`get`](Cache::get) of that key returns the
+    /// error).
     pub fn get_many<T: DeserializeOwned>(
         &self,
         keys: &[impl AsRef<str>],
@@ -319,13 +336,26 @@ impl Cache {
                 let first = m.on_read(now, Some(item));
                 let found = match first {
                     Action::Done(found) => found,
-                    action => match self.drive_on(io, k, &mut m, action).await? {
-                        Step::Done(found) => found,
-                        Step::Load(_) => continue,
+                    action => match self.drive_on(io, k, &mut m, action).await {
+                        Ok(Step::Done(found)) => found,
+                        Ok(Step::Load(_)) => continue,
+                        // A failed server under `Propagate` fails the batch, as a failed read
+                        // does; any other failure is this key's alone: a counted miss.
+                        Err(e) if e.is_backend() => return Err(e),
+                        Err(e) => {
+                            self.batch_key_failed(&e);
+                            continue;
+                        }
                     },
                 };
-                if let Some(v) = self.looked_up(found)? {
-                    out.insert(user_key.as_ref().to_string(), v);
+                match self.looked_up(found) {
+                    Ok(Some(v)) => {
+                        out.insert(user_key.as_ref().to_string(), v);
+                    }
+                    Ok(None) => {}
+                    // Undecodable (counted in `decode_errors`): this key alone is left out.
+                    Err(e) if e.is_decode() => {}
+                    Err(e) => return Err(e),
                 }
             }
             Ok(out)

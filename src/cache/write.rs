@@ -12,7 +12,7 @@ use super::{Cache, Herd};
 use crate::backend::{Item, StoreMode, StoreOutcome, Write};
 use crate::codec::{Encode, Payload};
 use crate::envelope::{self, Header, Kind, Parsed};
-use crate::error::Result;
+use crate::error::{Error, ErrorKind, Result};
 use crate::herd::{self, Verdict};
 use crate::stats::Counters;
 use crate::ttl::{self, Lifetime, Ttl};
@@ -50,6 +50,24 @@ impl Cache {
             Payload::Raw => envelope::mark_raw(&mut buf),
         }
         Ok((buf, ttl::exptime(life, padding, now / 1000)))
+    }
+
+    /// Refuses an envelope that would leave no room under `max` (the backend's limit for its
+    /// key) for what later steps of the protocol add to its header ([`envelope::growth`]): a
+    /// value `set` stores can always be claimed and touched.
+    pub(crate) fn check_room(&self, bytes: &[u8], max: usize) -> Result<()> {
+        let room = envelope::growth(bytes);
+        if bytes.len().saturating_add(room) <= max {
+            return Ok(());
+        }
+        Err(Error::new(
+            ErrorKind::TooLarge,
+            format!(
+                "the encoded value is {} bytes; with the {room} bytes a claim or a touch may add \
+                 to its header, the backend stores at most {max} under this key",
+                bytes.len()
+            ),
+        ))
     }
 
     /// How long memcached keeps a herd-protected value past its ttl: the herd timeout, or longer
@@ -105,6 +123,7 @@ impl Cache {
                 return self.absorb_write(io.delete(&k).await).map(|_| ());
             }
             let (bytes, exptime) = self.encode(value, life, herd, 0)?;
+            self.check_room(&bytes, io.max_value_size(&k))?;
             let w = Write {
                 mode: StoreMode::Set,
                 key: &k,
@@ -167,6 +186,7 @@ impl Cache {
             return Ok(false);
         }
         let (bytes, exptime) = self.encode(value, life, herd, 0)?;
+        self.check_room(&bytes, io.max_value_size(&k))?;
         let w = Write {
             mode: StoreMode::Cas(item.cas),
             key: &k,
@@ -217,6 +237,7 @@ impl Cache {
                 return Ok(outcome == StoreOutcome::Stored);
             }
             let (bytes, exptime) = self.encode(value, life, Herd::Protected, 0)?;
+            self.check_room(&bytes, io.max_value_size(k))?;
             for _ in 0..3 {
                 let w = Write::new(StoreMode::Add, k, &bytes, envelope::FLAGS, exptime);
                 if io.store(w).await? == StoreOutcome::Stored {
@@ -363,7 +384,7 @@ impl Cache {
             let mut writes = Vec::with_capacity(encoded.len());
             let mut at = Vec::with_capacity(encoded.len());
             for (i, (k, v)) in encoded.iter().enumerate() {
-                if v.len() > io.max_value_size(k) {
+                if self.check_room(v, io.max_value_size(k)).is_err() {
                     Counters::bump(&self.inner.stats.too_large);
                     failed.push(names[i].clone());
                     continue;

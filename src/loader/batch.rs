@@ -13,7 +13,7 @@ use tracing::Instrument;
 use super::driver::{Claim, Driver};
 use super::lease::Completed;
 use super::load_ms;
-use crate::backend::Write;
+use crate::backend::{StoreOutcome, Write};
 use crate::cache::io::{Disarm, ready};
 use crate::cache::read::Fetched;
 use crate::cache::{Cache, DecodePolicy, Herd};
@@ -152,10 +152,12 @@ impl Cache {
                                             });
                                             out.insert(p.key, v);
                                         }
-                                        Err(e) => self.undecodable(e, p, &mut writing)?,
+                                        Err(e) => self.undecodable(e, p, &mut writing, &mut wanted),
                                     }
                                 }
-                                Found::Foreign(e) => self.undecodable(e, p, &mut writing)?,
+                                Found::Foreign(e) => {
+                                    self.undecodable(e, p, &mut writing, &mut wanted)
+                                }
                                 // Someone else is loading it, or the backend failed: load, don't store.
                                 Found::Busy
                                 | Found::Unavailable
@@ -225,7 +227,10 @@ impl Cache {
                     }
                     Err(e) => return Err(e),
                 };
-                if bytes.len() > d.max_value_size(lease.key()) {
+                if self
+                    .check_room(&bytes, d.max_value_size(lease.key()))
+                    .is_err()
+                {
                     self.loaded_too_large(lease.key(), bytes.len());
                     continue;
                 }
@@ -268,15 +273,25 @@ impl Cache {
         .await
     }
 
-    /// A key whose bytes do not decode: the decode policy's error, or take it over.
-    fn undecodable(&self, e: Error, mut p: Pending, writing: &mut Vec<Pending>) -> Result<()> {
+    /// A key whose bytes do not decode: under `DecodePolicy::Miss` it is taken over; under
+    /// `Error` it is loaded without a claim and not stored over the bytes (which `get` of that
+    /// key reports), so that one key never fails the batch's others.
+    fn undecodable(
+        &self,
+        e: Error,
+        mut p: Pending,
+        writing: &mut Vec<Pending>,
+        wanted: &mut Vec<String>,
+    ) {
         Counters::bump(&self.inner.stats.decode_errors);
         match self.inner.config.decode_policy {
-            DecodePolicy::Error => Err(e),
+            DecodePolicy::Error => {
+                tracing::debug!(error = %e, "newcache: a batch key does not decode; loaded, not stored");
+                wanted.push(p.key);
+            }
             DecodePolicy::Miss => {
                 p.action = p.machine.take_over(self.now());
                 writing.push(p);
-                Ok(())
             }
         }
     }
@@ -312,6 +327,7 @@ impl Cache {
             .collect();
         let policy = self.inner.config.read_failures;
         let mut guard_until_read = None;
+        let mut too_large = vec![false; writes_at.len()];
         let stored = if writes.is_empty() {
             Vec::new()
         } else {
@@ -321,8 +337,16 @@ impl Cache {
                     .map(|p| (p.derived.clone(), p.machine.token()))
                     .collect(),
             );
-            let results = d.store_many(&writes).await;
+            let mut results = d.store_many(&writes).await;
             guard_until_read = Some(guard);
+            // Refused before anything was sent (an item at the size limit has no room for a
+            // claim's header): that machine takes another way in the next round.
+            for (r, refused) in results.iter_mut().zip(&mut too_large) {
+                if matches!(r, Err(e) if e.is_too_large()) {
+                    *refused = true;
+                    *r = Ok(StoreOutcome::NotStored);
+                }
+            }
             self.absorb_each(results, policy, |i| writes_at[i].key.clone())?
         };
         drop(writes);
@@ -341,9 +365,15 @@ impl Cache {
         let now = self.now();
         let mut items = after.into_iter();
         let mut outcomes = stored.into_iter();
-        for mut p in writes_at {
+        for (mut p, refused) in writes_at.into_iter().zip(too_large) {
             let item = items.next().flatten();
-            p.action = match (outcomes.next().flatten(), item) {
+            let outcome = outcomes.next().flatten();
+            if refused {
+                p.action = p.machine.on_too_large(now);
+                next.push(p);
+                continue;
+            }
+            p.action = match (outcome, item) {
                 (Some(o), Some(item)) => p.machine.on_stored(now, o, item),
                 (None, Some(item)) => p.machine.on_read(now, item),
                 (_, None) => p.machine.on_failed(now),

@@ -574,7 +574,10 @@ impl Cache {
             }
             Err(e) => return Err(e),
         };
-        if bytes.len() > d.max_value_size(lease.key()) {
+        if self
+            .check_room(&bytes, d.max_value_size(lease.key()))
+            .is_err()
+        {
             self.loaded_too_large(lease.key(), bytes.len());
             return Ok(v);
         }

@@ -22,7 +22,10 @@ crate::on_every_backend!(
     an_over_long_derived_key_never_reaches_the_server,
     far_ttls_are_kept,
     touch_gives_a_value_a_new_lifetime,
-    set_many_returns_the_keys_it_could_not_store
+    set_many_returns_the_keys_it_could_not_store,
+    a_value_at_the_size_limit_goes_through_every_step_of_the_protocol,
+    an_item_written_at_the_size_limit_is_taken_over_by_one_loader,
+    one_undecodable_key_leaves_the_rest_of_a_batch
 );
 
 fn values_larger_in_memory_than_the_item_size_round_trip(env: &Env) {
@@ -262,6 +265,174 @@ fn set_many_returns_the_keys_it_could_not_store(env: &Env) {
     assert_eq!(failed, vec!["big".to_string()]);
     let got = cache.get_many::<Vec<u8>>(&["a", "b", "big"]).unwrap();
     assert_eq!((got.len(), got.get("a")), (2, Some(&small)));
+}
+
+/// The longest string `set` stores under `key` (a binary search over what it accepts).
+fn longest_storable(cache: &crate::front::TestCache, key: &str, ttl: Ttl) -> usize {
+    let (mut ok, mut refused) = (0usize, 2usize << 20);
+    while refused - ok > 1 {
+        let mid = (ok + refused) / 2;
+        match cache.set(key, &"x".repeat(mid), ttl) {
+            Ok(()) => ok = mid,
+            Err(e) if e.is_too_large() => refused = mid,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    ok
+}
+
+fn a_value_at_the_size_limit_goes_through_every_step_of_the_protocol(env: &Env) {
+    // Once stale, the largest value `set` took was claimed with a longer header and refused as
+    // too large: `get`, `get_or_set_with` and a `get_many` including it failed for the whole
+    // herd window.
+    let cache = env.cache();
+    let n = longest_storable(&cache, "big", Ttl::After(S(10)));
+    let big = "x".repeat(n);
+    cache.set("big", &big, S(10)).unwrap();
+    cache.set("small", &1u8, S(600)).unwrap();
+    env.advance(S(11));
+    // the first reader claims it (a miss, to recompute) and the batch's other key is there
+    let got = cache.get_many::<String>(&["big", "small"]).unwrap();
+    assert!(!got.contains_key("big"), "claimed by this reader");
+    // everyone else is served the stale value while it is recomputed
+    assert_eq!(cache.get::<String>("big").unwrap().as_deref(), Some(&*big));
+    let served: String = cache
+        .get_or_set_with("big", S(10), || -> Result<String, std::io::Error> {
+            panic!("another caller holds the claim: no load")
+        })
+        .unwrap();
+    assert_eq!(served, big);
+    // touch re-times it (its header gains fields)
+    assert!(cache.touch("big", S(60)).unwrap());
+    assert_eq!(cache.get::<String>("big").unwrap().as_deref(), Some(&*big));
+    // a value that never expires gains a soft and a hard expiry when touched
+    let m = longest_storable(&cache, "forever", Ttl::Never);
+    cache.set("forever", &"y".repeat(m), Ttl::Never).unwrap();
+    let refused = cache.stats().too_large;
+    assert!(cache.touch("forever", S(10)).unwrap());
+    env.advance(S(11));
+    // stale now: a loader claims it, serves it to others meanwhile, and stores its result
+    let loads = AtomicUsize::new(0);
+    let v: String = cache
+        .get_or_set_with("forever", S(60), || {
+            loads.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, std::io::Error>("z".repeat(m))
+        })
+        .unwrap();
+    assert_eq!((v.len(), loads.load(Ordering::SeqCst)), (m, 1));
+    assert_eq!(
+        cache.get::<String>("forever").unwrap().map(|s| s.len()),
+        Some(m)
+    );
+    assert_eq!(cache.stats().too_large, refused, "{:?}", cache.stats());
+}
+
+/// The envelope `set` wrote for a long string, re-written with the string grown so that the
+/// item is exactly `len` bytes: what a build with a larger item size (or without room for a
+/// claim) leaves in the cache. The payload is MessagePack's str32: 0xdb, a big-endian length.
+fn grown_to(stored: &[u8], len: usize) -> Vec<u8> {
+    let header = usize::from(stored[6]);
+    assert_eq!(stored[header], 0xdb, "a str32 payload");
+    let n = len - header - 5;
+    let mut out = stored[..header].to_vec();
+    out.push(0xdb);
+    out.extend_from_slice(&(n as u32).to_be_bytes());
+    out.resize(len, b'x');
+    out
+}
+
+fn an_item_written_at_the_size_limit_is_taken_over_by_one_loader(env: &Env) {
+    // An item at the very limit (written by another build, or a process with a larger item
+    // size): no room for a claim. A claim falls back to a placeholder over it (cas): one
+    // loader, and no reader sees `TooLarge` for a value it did not write.
+    let cache = env.cache();
+    let k = cache.make_key("full");
+    cache.set("full", &"x".repeat(100_000), S(10)).unwrap();
+    let limit = env.backend().max_value_size(&k);
+    let full = grown_to(&env.raw_get(&k).unwrap(), limit);
+    env.raw_set(&k, &full, newcache::__private::FLAGS);
+    assert_eq!(
+        cache.get::<String>("full").unwrap().map(|s| s.len()),
+        Some(limit - full[6] as usize - 5)
+    );
+    cache.set("other", &2u8, S(600)).unwrap();
+    env.advance(S(11));
+    // a batch that includes it answers for its other keys
+    let got = cache.get_many::<String>(&["full"]).unwrap();
+    assert!(got.is_empty(), "this reader took it over to recompute");
+    let got = cache.get_many::<u8>(&["other", "full"]).unwrap();
+    assert_eq!(got.get("other"), Some(&2));
+    // a plain reader, then loaders: one load among them
+    env.raw_set(&k, &full, newcache::__private::FLAGS);
+    assert_eq!(
+        cache.get::<String>("full").unwrap(),
+        None,
+        "claimed: recompute"
+    );
+    env.raw_set(&k, &full, newcache::__private::FLAGS);
+    let loads = AtomicUsize::new(0);
+    let gate = std::sync::Barrier::new(8);
+    std::thread::scope(|s| {
+        for _ in 0..8 {
+            s.spawn(|| {
+                gate.wait();
+                let v: String = cache
+                    .get_or_set_with("full", S(60), || {
+                        loads.fetch_add(1, Ordering::SeqCst);
+                        std::thread::sleep(Duration::from_millis(50));
+                        Ok::<_, std::io::Error>("fresh".to_string())
+                    })
+                    .unwrap();
+                assert_eq!(v, "fresh");
+            });
+        }
+    });
+    assert_eq!(loads.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        cache.get::<String>("full").unwrap().as_deref(),
+        Some("fresh")
+    );
+    // the batch loader too
+    env.raw_set(&k, &full, newcache::__private::FLAGS);
+    cache.set("name", "ann", S(600)).unwrap();
+    let got = cache
+        .get_many_or_set_with(&["full", "name"], S(60), |keys| {
+            assert_eq!(keys, ["full".to_string()]);
+            Ok::<_, std::io::Error>(
+                keys.iter()
+                    .map(|k| (k.clone(), "again".to_string()))
+                    .collect(),
+            )
+        })
+        .unwrap();
+    assert_eq!(got["full"], "again");
+    assert_eq!(
+        cache.get::<String>("full").unwrap().as_deref(),
+        Some("again")
+    );
+    assert_eq!(cache.stats().too_large, 0, "{:?}", cache.stats());
+}
+
+fn one_undecodable_key_leaves_the_rest_of_a_batch(env: &Env) {
+    let cache = env.cache();
+    cache.set("good", &1u8, S(60)).unwrap();
+    env.raw_set(&cache.make_key("bad"), b"not an envelope", 0);
+    // the bad key alone is left out (counted); the good one is served
+    let got = cache.get_many::<u8>(&["good", "bad"]).unwrap();
+    assert_eq!((got.len(), got.get("good")), (1, Some(&1)));
+    assert_eq!(cache.stats().decode_errors, 1);
+    // the batch loader loads it without storing over the foreign bytes
+    let got = cache
+        .get_many_or_set_with(&["good", "bad", "new"], S(60), |keys| {
+            Ok::<_, std::io::Error>(keys.iter().map(|k| (k.clone(), 9u8)).collect())
+        })
+        .unwrap();
+    assert_eq!((got["good"], got["bad"], got["new"]), (1, 9, 9));
+    assert_eq!(cache.get::<u8>("new").unwrap(), Some(9));
+    assert!(
+        cache.get::<u8>("bad").unwrap_err().is_decode(),
+        "not overwritten"
+    );
 }
 
 /// Keys from a custom key function that passes user input through share long suffixes: finding
