@@ -6,6 +6,7 @@
 //! different codecs (two builds in a rolling deploy) read each other's values.
 
 mod bounded;
+mod charge;
 mod msgpack;
 
 use bytes::Bytes;
@@ -194,6 +195,19 @@ impl Format {
         value: &T,
         out: &mut Vec<u8>,
     ) -> Result<bool> {
+        // Before any byte is written: a value its own type could not decode under the limit is
+        // refused, however small it encodes (zeros compress to nothing and decode to 8 bytes
+        // each).
+        if !charge::within(value, self.max_decode, self.codec == Codec::MessagePack) {
+            return Err(Error::new(
+                ErrorKind::TooLarge,
+                format!(
+                    "decoding this value would allocate more than the decode limit of {} bytes \
+                     (CacheBuilder::max_decode_size): it could never be read back",
+                    self.max_decode
+                ),
+            ));
+        }
         let start = out.len();
         match self.codec {
             Codec::Bincode => {

@@ -25,7 +25,8 @@ crate::on_every_backend!(
     set_many_returns_the_keys_it_could_not_store,
     a_value_at_the_size_limit_goes_through_every_step_of_the_protocol,
     an_item_written_at_the_size_limit_is_taken_over_by_one_loader,
-    one_undecodable_key_leaves_the_rest_of_a_batch
+    one_undecodable_key_leaves_the_rest_of_a_batch,
+    a_value_its_type_could_not_decode_is_never_stored
 );
 
 fn values_larger_in_memory_than_the_item_size_round_trip(env: &Env) {
@@ -411,6 +412,55 @@ fn an_item_written_at_the_size_limit_is_taken_over_by_one_loader(env: &Env) {
         Some("again")
     );
     assert_eq!(cache.stats().too_large, 0, "{:?}", cache.stats());
+}
+
+fn a_value_its_type_could_not_decode_is_never_stored(env: &Env) {
+    // Compressed, nine million zeros take 35 KB; decoded, 72 MB, over the 64 MiB decode limit:
+    // `set` stored them and every `get` failed.
+    let lz4 = env
+        .builder()
+        .compression(Compression::Lz4 { min_size: 1024 })
+        .build_front(env.front);
+    let zeros = vec![0u64; 9_000_000];
+    let e = lz4.set("zeros", &zeros, S(60)).unwrap_err();
+    assert!(
+        e.is_too_large() && e.to_string().contains("decode limit"),
+        "{e}"
+    );
+    assert_eq!(
+        lz4.get::<Vec<u64>>("zeros").unwrap(),
+        None,
+        "nothing stored"
+    );
+    // a loader's value is returned, not stored
+    let loads = AtomicUsize::new(0);
+    let got: Vec<u64> = lz4
+        .get_or_set_with("zeros", S(60), || {
+            loads.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, std::io::Error>(zeros.clone())
+        })
+        .unwrap();
+    assert_eq!((got.len(), loads.load(Ordering::SeqCst)), (zeros.len(), 1));
+    assert_eq!(lz4.get::<Vec<u64>>("zeros").unwrap(), None);
+    assert_eq!(lz4.stats().too_large, 1);
+    // a lowered limit, without compression: 20,000 zeros are 20 KB encoded, 160 KB decoded
+    let tight = env
+        .builder()
+        .max_decode_size(100_000)
+        .build_front(env.front);
+    let e = tight.set("small", &vec![0u64; 20_000], S(60)).unwrap_err();
+    assert!(e.is_too_large() && e.to_string().contains("100000"), "{e}");
+    assert!(
+        tight
+            .set_many([("small", &vec![0u64; 20_000])], S(60))
+            .is_err()
+    );
+    // what fits the limit is stored and read back
+    tight.set("small", &vec![0u64; 10_000], S(60)).unwrap();
+    assert_eq!(
+        tight.get::<Vec<u64>>("small").unwrap().map(|v| v.len()),
+        Some(10_000)
+    );
 }
 
 fn one_undecodable_key_leaves_the_rest_of_a_batch(env: &Env) {
