@@ -521,7 +521,7 @@ mod tests {
     #[test]
     fn a_value_over_the_limit_is_found_before_encoding() {
         let zeros = vec![0u64; 1 << 20];
-        assert!(within(&zeros, 8 << 20 + 24, false));
+        assert!(within(&zeros, (8 << 20) + 24, false));
         assert!(!within(&zeros, 8 << 20, false));
     }
 }
