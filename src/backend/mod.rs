@@ -167,7 +167,11 @@ pub struct Item {
     pub value: Bytes,
     /// memcached's client flags.
     pub flags: u32,
-    /// The CAS token of this version of the item (memcached's `gets`).
+    /// The CAS token of this version of the item (memcached's `gets`). 0 means the backend
+    /// has no CAS for it (memcached started with `-C` reports 0 for every item, and a CAS-enabled
+    /// memcached never issues 0): a backend refuses a [`StoreMode::Cas`] of 0 with an
+    /// [`is_unsupported`](crate::Error::is_unsupported) error before sending anything, and
+    /// newcache's herd protection, which needs CAS, fails with that error.
     pub cas: u64,
 }
 
@@ -343,6 +347,24 @@ pub fn note_server(addr: &str) {
         {
             span.record("server", addr);
         }
+    }
+}
+
+/// The error for a `cas` store with token 0, which no CAS-enabled server issues: the server
+/// (named, when the backend knows it) runs without CAS, and the herd protection needs it.
+pub(crate) fn no_cas(server: Option<&str>) -> crate::Error {
+    use crate::error::{Error, ErrorKind};
+    let at = server.map_or_else(|| "the backend".to_owned(), |s| format!("memcached at {s}"));
+    let e = Error::new(
+        ErrorKind::Unsupported,
+        format!(
+            "{at} reports no CAS tokens (memcached started with -C, CAS disabled): claims, \
+             placeholders and a loader's fenced store need CAS; restart it without -C"
+        ),
+    );
+    match server {
+        Some(s) => e.at_server(s),
+        None => e,
     }
 }
 

@@ -11,7 +11,7 @@ use tracing::Instrument;
 
 use super::io::{Disarm, Io, ready};
 use super::{Cache, DecodePolicy};
-use crate::backend::{Item, Write};
+use crate::backend::{Item, StoreMode, Write};
 use crate::codec::{Decode, Payload};
 use crate::envelope;
 use crate::error::{Error, Result};
@@ -85,6 +85,13 @@ impl Cache {
                     m.on_wake(self.now())
                 }
                 Action::Load(grant) => {
+                    if grant.lease.store_mode() == StoreMode::Cas(0) {
+                        let e = self.without_cas(io, &[k]).await;
+                        if let Some(g) = guard {
+                            g.disarm();
+                        }
+                        return Err(e);
+                    }
                     if let Some(g) = guard {
                         g.disarm();
                     }
@@ -97,6 +104,20 @@ impl Cache {
                     return Ok(Step::Done(found));
                 }
             }
+        }
+    }
+
+    /// This caller holds `keys` under placeholders it cannot fence: their read-back reported
+    /// CAS 0 (memcached started with `-C`). They are removed with a plain `delete`, all `-C`
+    /// allows (a write another client made in between goes too), so that nothing keeps other
+    /// callers waiting; the call fails with the backend's own error for a `cas` it cannot send
+    /// (it names the server), which nothing reaches the wire for.
+    pub(crate) async fn without_cas<I: Io>(&self, io: &I, keys: &[&str]) -> Error {
+        let _ = io.delete_many(keys).await;
+        let probe = Write::new(StoreMode::Cas(0), keys[0], b"", envelope::FLAGS, 0);
+        match io.store(probe).await {
+            Err(e) if e.is_unsupported() => e,
+            _ => crate::backend::no_cas(None),
         }
     }
 

@@ -13,7 +13,7 @@ use tracing::Instrument;
 use super::driver::{Claim, Driver};
 use super::lease::Completed;
 use super::load_ms;
-use crate::backend::{StoreOutcome, Write};
+use crate::backend::{StoreMode, StoreOutcome, Write};
 use crate::cache::io::{Disarm, ready};
 use crate::cache::read::Fetched;
 use crate::cache::{Cache, DecodePolicy, Herd};
@@ -118,6 +118,8 @@ impl Cache {
                     action,
                 });
             }
+            // Keys held under placeholders a server without CAS cannot fence (memcached -C).
+            let mut unfenced: Vec<String> = Vec::new();
             for _ in 0..MAX_ROUNDS {
                 if pending.is_empty() {
                     break;
@@ -129,6 +131,9 @@ impl Cache {
                         Action::StoreThenRead { .. } => {
                             p.action = action;
                             writing.push(p);
+                        }
+                        Action::Load(grant) if grant.lease.store_mode() == StoreMode::Cas(0) => {
+                            unfenced.push(p.derived);
                         }
                         Action::Load(grant) => {
                             if let Some(h) = &grant.held {
@@ -179,6 +184,11 @@ impl Cache {
                     }
                 }
                 pending = self.write_round(d, writing).await?;
+            }
+            if !unfenced.is_empty() {
+                drop(leases);
+                let keys: Vec<&str> = unfenced.iter().map(String::as_str).collect();
+                return Err(self.without_cas(d, &keys).await);
             }
             // Keys still contended after every round: load them, don't store them.
             wanted.extend(pending.into_iter().map(|p| p.key));

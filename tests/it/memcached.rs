@@ -528,3 +528,67 @@ fn a_tokio_task_making_many_sync_calls_while_another_thread_works_finishes() {
         "2000 sync gets from one tokio task did not finish in 20 s"
     );
 }
+
+/// memcached started with `-C` reports cas 0 for every item and answers EXISTS to every `cas`:
+/// each load used to be returned and never stored, its placeholder left to keep other
+/// processes waiting until `max_wait`, and `touch` said `false`. Now what needs CAS fails with
+/// an error that names the server and `-C`, nothing is left behind, and the rest works.
+#[test]
+fn a_server_without_cas_fails_clearly_and_blocks_no_one() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use crate::front::{BuildFor, Front};
+
+    let server = Memcached::start_with(&["-C"]);
+    let addr = server.addr();
+    let raw = memcache::connect(format!("memcache://{addr}?protocol=ascii")).unwrap();
+    for front in [Front::Sync, Front::Async] {
+        let clock = newcache::testing::MockClock::new();
+        let cache = Cache::builder()
+            .memcached([addr.as_str()])
+            .flavor(unique_flavor("nocas"))
+            .clock(clock.clone())
+            .build_front(front);
+        let no_cas = |e: newcache::Error| {
+            assert!(
+                e.is_unsupported() && e.to_string().contains("-C") && e.server() == Some(&addr),
+                "{front:?}: {e}"
+            );
+        };
+        // what needs no CAS works
+        cache.set("k", &1u8, S(60)).unwrap();
+        assert_eq!(cache.get::<u8>("k").unwrap(), Some(1));
+        assert!(cache.delete("k").unwrap());
+        cache.set_counter("n", 1, S(60)).unwrap();
+        assert_eq!(cache.incr("n", 2).unwrap(), 3);
+        // a load: the error before the loader runs, and no placeholder left behind
+        let loads = AtomicUsize::new(0);
+        let e = cache
+            .get_or_set_with("k", S(60), || {
+                loads.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, std::io::Error>(5u8)
+            })
+            .unwrap_err();
+        no_cas(e);
+        assert_eq!(loads.load(Ordering::SeqCst), 0);
+        assert_eq!(raw.get::<Vec<u8>>(&cache.make_key("k")).unwrap(), None);
+        // the batch loader too
+        let e = cache
+            .get_many_or_set_with(&["x", "y"], S(60), |keys| {
+                loads.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, std::io::Error>(keys.iter().map(|k| (k.clone(), 1u8)).collect())
+            })
+            .unwrap_err();
+        no_cas(e);
+        assert_eq!(loads.load(Ordering::SeqCst), 0);
+        for k in ["x", "y"] {
+            assert_eq!(raw.get::<Vec<u8>>(&cache.make_key(k)).unwrap(), None);
+        }
+        // touch, a stale read's claim, an add over a stale value
+        cache.set("old", &2u8, S(10)).unwrap();
+        no_cas(cache.touch("old", S(60)).unwrap_err());
+        clock.advance(S(11));
+        no_cas(cache.get::<u8>("old").unwrap_err());
+        no_cas(cache.add("old", &3u8, S(60)).unwrap_err());
+    }
+}

@@ -430,6 +430,18 @@ impl Engine {
         })
     }
 
+    /// Refuses a `cas` with token 0 (a server without CAS reported it), naming the server.
+    fn check_cas(&self, w: &Write<'_>) -> Result<()> {
+        if w.mode != super::StoreMode::Cas(0) {
+            return Ok(());
+        }
+        let now = self.settings.now_ms();
+        let i = self
+            .routing
+            .route(w.key, |i| self.servers[i].health.routable(now));
+        Err(super::no_cas(Some(&self.servers[i].addr)))
+    }
+
     /// The server to send `key` to now.
     fn route(&self, key: &str) -> &Arc<Server> {
         let now = self.settings.now_ms();
@@ -599,6 +611,7 @@ impl AsyncBackend for Engine {
     fn store<'a>(&'a self, w: Write<'a>) -> BoxFuture<'a, Result<StoreOutcome>> {
         Box::pin(async move {
             let mut bytes = Vec::new();
+            self.check_cas(&w)?;
             wire::encode_store(&mut bytes, &w, self.max_value_size(w.key))?;
             match self.route(w.key).cmd(bytes, Parse::Store).await? {
                 Reply::Store(o) => Ok(o),
@@ -613,6 +626,7 @@ impl AsyncBackend for Engine {
     ) -> BoxFuture<'a, Result<(StoreOutcome, Option<Item>)>> {
         Box::pin(async move {
             let mut bytes = Vec::new();
+            self.check_cas(&w)?;
             wire::encode_store(&mut bytes, &w, self.max_value_size(w.key))?;
             wire::encode_gets(&mut bytes, &[w.key])?;
             let parse = Parse::StoreThenGet(w.key.to_owned());
@@ -633,6 +647,7 @@ impl AsyncBackend for Engine {
             |i| {
                 let mut bytes = Vec::new();
                 let w = &writes[i];
+                self.check_cas(w)?;
                 wire::encode_store(&mut bytes, w, self.max_value_size(w.key))?;
                 Ok((bytes, Parse::Store))
             },

@@ -638,6 +638,10 @@ impl MemcachedBackend {
     /// exptime, and the value's size (`TooLarge`, nothing sent).
     fn check_write(&self, w: &Write<'_>) -> Result<()> {
         wire::check_key(w.key)?;
+        if w.mode == StoreMode::Cas(0) {
+            let server = &self.servers[self.server_index(w.key)].addr;
+            return Err(super::no_cas(Some(server)));
+        }
         wire::check_exptime(w.exptime)?;
         wire::check_value(w.value.len(), self.max_value_size(w.key))
     }

@@ -102,6 +102,9 @@ pub(crate) fn encode_store(out: &mut Vec<u8>, w: &Write<'_>, max_value: usize) -
         out,
         || {
             check_key(w.key)?;
+            if w.mode == StoreMode::Cas(0) {
+                return Err(crate::backend::no_cas(None));
+            }
             check_exptime(w.exptime)?;
             check_value(w.value.len(), max_value)
         },

@@ -172,6 +172,9 @@ impl Backend for MemoryBackend {
         exptime: u32,
     ) -> Result<StoreOutcome> {
         crate::key::check_len(key)?;
+        if mode == StoreMode::Cas(0) {
+            return Err(crate::backend::no_cas(None));
+        }
         let max = self.max_value_size(key);
         // The second test catches a key that alone (with its overhead) overflows a tiny shard.
         if value.len() > max || key.len() + value.len() + ENTRY_OVERHEAD > self.shard_capacity {
