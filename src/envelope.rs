@@ -410,6 +410,28 @@ mod tests {
     }
 
     #[test]
+    fn growth_is_what_later_steps_can_add() {
+        let mut h = Header::value(2_000, 1_000, 0, 60_000);
+        h.expires_ms = 0;
+        let set = item(h, b"payload");
+        // a claim, then a touch of a value that never expired
+        let claimed = restamp(&set, 5_000, 9).unwrap();
+        let touched = retime(&claimed, 3_000, 4_000).unwrap();
+        let with_load = item(
+            Header {
+                load_ms: 5,
+                ..Header::value(2_000, 1_000, 0, 60_000)
+            },
+            b"payload",
+        );
+        let full = restamp(&retime(&with_load, 3_000, 4_000).unwrap(), 5_000, 9).unwrap();
+        assert_eq!(growth(&full), 0);
+        assert!(touched.len() - set.len() <= growth(&set));
+        assert_eq!(set.len() + growth(&set), full.len());
+        assert_eq!(growth(b""), MAX_HEADER_LEN);
+    }
+
+    #[test]
     fn restamp_changes_only_the_claim() {
         let h = Header::value(10, 5, 3, 1000);
         let b = item(h, b"xyz");

@@ -389,13 +389,17 @@ mod tests {
                 max_decode: 40_000, // 10,000 u64s need 80,000 bytes
                 ..format(c)
             };
+            // written by a build with a larger limit
             let e = f
-                .decode::<Vec<u64>>(c, false, &encode(&f, &numbers))
+                .decode::<Vec<u64>>(c, false, &encode(&format(c), &numbers))
                 .unwrap_err();
             assert!(
                 e.is_decode() && e.to_string().contains("decode limit"),
                 "{e}"
             );
+            // this build refuses to write it
+            let e = f.encode_into(&numbers, &mut Vec::new()).unwrap_err();
+            assert!(e.is_too_large() && e.to_string().contains("40000"), "{e}");
         }
     }
 
