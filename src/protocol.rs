@@ -117,6 +117,28 @@ pub(crate) struct Held {
     pub(crate) expired: bool,
 }
 
+/// Why a backend refused a write before sending it ([`Machine::on_refused`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// Over the item limit (`is_too_large`).
+    TooLarge,
+    /// A `cas` on a server without CAS (memcached `-C`, `is_unsupported`).
+    NoCas,
+}
+
+impl Refusal {
+    /// The refusal `e` is, if it is one.
+    pub(crate) fn of(e: &Error) -> Option<Refusal> {
+        if e.is_too_large() {
+            Some(Refusal::TooLarge)
+        } else if e.is_unsupported() {
+            Some(Refusal::NoCas)
+        } else {
+            None
+        }
+    }
+}
+
 /// How a machine finished.
 #[derive(Debug)]
 pub(crate) enum Found {
@@ -153,6 +175,9 @@ pub(crate) struct Machine {
     rereads: u32,
     /// A live holder was seen: this caller waits, and never loads while it may be alive.
     saw_holder: bool,
+    /// The value a pending placeholder replaces (a claim that had no room), and whether it was
+    /// past its staleness bound: the holder keeps it, and gives it back if its load fails.
+    displaced: Option<(Item, bool)>,
     poll_ms: u64,
     jitter: u64,
 }
@@ -183,9 +208,15 @@ impl Machine {
             races: 0,
             rereads: 0,
             saw_holder: false,
+            displaced: None,
             poll_ms: FIRST_POLL_MS,
             jitter: settings.jitter | 1,
         }
+    }
+
+    /// What the caller wants from the key.
+    pub(crate) fn mode(&self) -> Mode {
+        self.mode
     }
 
     /// The token this machine's claims and placeholders carry.
@@ -289,38 +320,61 @@ impl Machine {
         Action::Done(Found::Unavailable)
     }
 
-    /// The backend refused the pending write as too large, before sending anything. A claim
-    /// re-stores the value with a longer header, and an item written at the size limit (by
-    /// another build, or a process with a larger item size) has no room for it: the key is
-    /// taken over with a placeholder instead (`cas` against the value read, as over a dead
-    /// claim), lasting what the claim would have. Still one holder; the stale value is not
-    /// served meanwhile (callers wait for the load, or miss). A fresh value that XFetch wanted
-    /// to refresh early is served as it is, unrefreshed.
-    pub(crate) fn on_too_large(&mut self, now: Now) -> Action {
+    /// The backend refused the pending write before sending anything, for `why`. A claim
+    /// re-stores the value with a longer header: an item written at the size limit (by another
+    /// build, or a process with a larger item size) has no room for it, and a server without
+    /// CAS cannot take a `cas` at all.
+    ///
+    /// - A fresh value XFetch wanted to refresh early is served as it is, unrefreshed.
+    /// - `Lookup` (`get`) serves the stale value unclaimed while it may be served (a `get`
+    ///   never takes a value away from other readers to recompute it): only a loader refreshes
+    ///   it.
+    /// - `Load` and `Batch`, too large: the key is taken over with a placeholder by `cas` against
+    ///   the value read, lasting what the claim would have (still one holder). The holder keeps
+    ///   the displaced value (its followers and its `serve_stale_on_error` are served it), and a
+    ///   failed load puts it back (`Lease::release`); other processes wait meanwhile, as for a
+    ///   missing key.
+    /// - `Load` and `Batch`, no CAS: nothing can be fenced; the backend is unavailable for this
+    ///   key (a batch loads it without storing; the single-key loader fails first).
+    pub(crate) fn on_refused(&mut self, now: Now, why: Refusal) -> Action {
         let pending = std::mem::replace(&mut self.pending, Pending::None);
         let Some(item) = self.last.take() else {
             return Action::Done(Found::Unavailable);
         };
-        match pending {
-            Pending::Claim { early: true, .. } => match envelope::decode(item.flags, &item.value) {
-                Ok(Parsed::Item(header, payload)) => {
-                    let offset = item.value.len() - payload.len();
-                    let held = Held {
-                        item,
-                        offset,
-                        header,
-                        early: false,
-                        expired: false,
-                    };
-                    Action::Done(Found::Value { held, stale: false })
-                }
-                _ => Action::Done(Found::Unavailable),
-            },
-            Pending::Claim { until_ms, .. } => {
-                self.placeholder_until(now, StoreMode::Cas(item.cas), until_ms)
+        let Pending::Claim {
+            early,
+            expired,
+            until_ms,
+        } = pending
+        else {
+            // A placeholder is a bare header: only a backend whose limit is below it, or one
+            // without CAS (over a dead claim), refuses it.
+            return Action::Done(Found::Unavailable);
+        };
+        let served = |item: Item, stale: bool| match envelope::decode(item.flags, &item.value) {
+            Ok(Parsed::Item(header, payload)) => {
+                let offset = item.value.len() - payload.len();
+                let held = Held {
+                    item,
+                    offset,
+                    header,
+                    early: false,
+                    expired: false,
+                };
+                Action::Done(Found::Value { held, stale })
             }
-            // A placeholder is a bare header: only a backend whose limit is below it refuses it.
-            Pending::Placeholder | Pending::None => Action::Done(Found::Unavailable),
+            _ => Action::Done(Found::Unavailable),
+        };
+        match (self.mode, why) {
+            _ if early => served(item, false),
+            (Mode::Lookup, _) if expired => Action::Done(Found::Miss { claimed: false }),
+            (Mode::Lookup, _) => served(item, true),
+            (_, Refusal::NoCas) => Action::Done(Found::Unavailable),
+            (_, Refusal::TooLarge) => {
+                let mode = StoreMode::Cas(item.cas);
+                self.displaced = Some((item, expired));
+                self.placeholder_until(now, mode, until_ms)
+            }
         }
     }
 
@@ -463,6 +517,7 @@ impl Machine {
         if self.mode == Mode::Lookup {
             return Action::Done(Found::Miss { claimed: true });
         }
+        let displaced = self.displaced.take();
         let lease = Lease {
             token: self.token,
             cas: item.cas,
@@ -470,7 +525,24 @@ impl Machine {
             header: h,
             lease_ms: self.s.lease_ms,
             renew_until_ms: now.mono_ms.saturating_add(self.s.max_load_ms),
+            restore: displaced.as_ref().map(|(i, _)| i.clone()),
         };
+        if let Some((item, expired)) = displaced {
+            if let Ok(Parsed::Item(header, payload)) = envelope::decode(item.flags, &item.value) {
+                let offset = item.value.len() - payload.len();
+                let held = Held {
+                    item,
+                    offset,
+                    header,
+                    early: false,
+                    expired,
+                };
+                return Action::Load(Grant {
+                    lease,
+                    held: Some(held),
+                });
+            }
+        }
         let held = match pending {
             Pending::Claim { early, expired, .. } => Some(Held {
                 item,
@@ -551,6 +623,7 @@ pub(crate) fn release_abandoned(item: &Item, token: u64, now: Now) -> Option<Act
         header,
         lease_ms: 0,
         renew_until_ms: 0,
+        restore: None,
     };
     Some(lease.release(now))
 }
@@ -567,6 +640,9 @@ pub(crate) struct Lease {
     lease_ms: u64,
     /// Monotonic ms after which the claim is no longer renewed.
     renew_until_ms: u64,
+    /// The value this placeholder displaced (a claim that had no room for its header): put
+    /// back, unclaimed, if the load fails.
+    restore: Option<Item>,
 }
 
 impl Lease {
@@ -634,6 +710,17 @@ impl Lease {
     /// sit out the deadline: the next caller retries the load at once, one at a time.
     pub(crate) fn release(&self, now: Now) -> Action {
         let mode = StoreMode::Cas(self.cas);
+        if let Some(item) = &self.restore {
+            // The displaced value goes back as it was (it fit before), unclaimed.
+            if let Ok(Parsed::Item(h, _)) = envelope::decode(item.flags, &item.value) {
+                return Action::StoreThenRead {
+                    mode,
+                    exptime: hold_exptime(&h, now.wall_ms, now.wall_ms),
+                    value: envelope::restamp(&item.value, 0, 0)
+                        .unwrap_or_else(|| item.value.to_vec()),
+                };
+            }
+        }
         match self.header.kind {
             Kind::Placeholder => Action::StoreThenRead {
                 mode,
@@ -817,12 +904,12 @@ mod tests {
 
     #[test]
     fn a_claim_with_no_room_takes_the_key_over_with_a_placeholder() {
-        for mode in [Mode::Lookup, Mode::Load, Mode::Batch] {
+        for mode in [Mode::Load, Mode::Batch] {
             let mut m = Machine::new(mode, SETTINGS, TOKEN, at(0));
             let claim = m.on_read(at(20), Some(value(10, 1)));
             assert!(matches!(claim, Action::StoreThenRead { .. }), "{claim:?}");
             // refused as too large: a placeholder over the value read, by cas
-            let a = m.on_too_large(at(20));
+            let a = m.on_refused(at(20), Refusal::TooLarge);
             let Action::StoreThenRead {
                 mode: StoreMode::Cas(1),
                 ref value,
@@ -836,15 +923,42 @@ mod tests {
             };
             assert_eq!((h.kind, h.token), (Kind::Placeholder, TOKEN));
             let back = stored(&a, 2);
-            match (mode, m.on_stored(at(20), StoreOutcome::Stored, Some(back))) {
-                (Mode::Lookup, Action::Done(Found::Miss { claimed: true })) => {}
-                (Mode::Load | Mode::Batch, Action::Load(g)) => {
-                    assert!(g.held.is_none());
-                    assert_eq!(g.lease.store_mode(), StoreMode::Cas(2));
-                }
-                (_, other) => panic!("{mode:?}: {other:?}"),
-            }
+            let Action::Load(g) = m.on_stored(at(20), StoreOutcome::Stored, Some(back)) else {
+                panic!("{mode:?}")
+            };
+            // the holder keeps the displaced value, and a failed load puts it back unclaimed
+            let held = g.held.as_ref().expect("the displaced value");
+            assert_eq!(&held.item.value[held.offset..], b"v");
+            assert_eq!(g.lease.store_mode(), StoreMode::Cas(2));
+            let r = g.lease.release(at(21));
+            let Action::StoreThenRead {
+                mode: StoreMode::Cas(2),
+                ref value,
+                ..
+            } = r
+            else {
+                panic!("{r:?}")
+            };
+            let Ok(Parsed::Item(h, payload)) = envelope::decode(envelope::FLAGS, value) else {
+                panic!()
+            };
+            assert_eq!((h.kind, h.token, payload), (Kind::Value, 0, &b"v"[..]));
         }
+        // a `get` serves it stale, unclaimed, in either case; a loader without CAS is told
+        for why in [Refusal::TooLarge, Refusal::NoCas] {
+            let mut m = Machine::new(Mode::Lookup, SETTINGS, TOKEN, at(0));
+            let _ = m.on_read(at(20), Some(value(10, 1)));
+            assert!(matches!(
+                m.on_refused(at(20), why),
+                Action::Done(Found::Value { stale: true, .. })
+            ));
+        }
+        let mut m = Machine::new(Mode::Batch, SETTINGS, TOKEN, at(0));
+        let _ = m.on_read(at(20), Some(value(10, 1)));
+        assert!(matches!(
+            m.on_refused(at(20), Refusal::NoCas),
+            Action::Done(Found::Unavailable)
+        ));
         // a fresh value XFetch wanted to refresh early is served as it is
         let early = Settings {
             xfetch: Some(Xfetch {
@@ -869,7 +983,7 @@ mod tests {
             Action::StoreThenRead { .. }
         ));
         assert!(matches!(
-            m.on_too_large(at(0)),
+            m.on_refused(at(0), Refusal::TooLarge),
             Action::Done(Found::Value { stale: false, .. })
         ));
     }

@@ -37,6 +37,8 @@ pub(crate) struct Inner {
     started: Instant,
     /// Whether a loaded value too large to cache was logged yet (it is logged once).
     warned_too_large: AtomicBool,
+    /// Whether a batch's keys on a server without CAS were logged yet (once).
+    pub(crate) warned_no_cas: AtomicBool,
 }
 
 /// A typed, herd-safe cache.
@@ -90,6 +92,7 @@ impl Cache {
                 rng,
                 started: Instant::now(),
                 warned_too_large: AtomicBool::new(false),
+                warned_no_cas: AtomicBool::new(false),
             }),
             keys,
         }

@@ -16,7 +16,7 @@ use crate::codec::{Decode, Payload};
 use crate::envelope;
 use crate::error::{Error, Result};
 use crate::key::{Derived, KeyHash};
-use crate::protocol::{Action, Found, Grant, Held, Machine, Mode, Now, Settings};
+use crate::protocol::{Action, Found, Grant, Held, Machine, Mode, Now, Refusal, Settings};
 use crate::stats::Counters;
 
 /// Where a sync run of the protocol stopped.
@@ -66,11 +66,20 @@ impl Cache {
                     if guard.is_none() {
                         guard = Some(io.guard_claims(vec![(k.to_string(), m.token())]));
                     }
-                    match io.store_then_get(w).await {
-                        // Refused before anything was sent (an item at the size limit has no
-                        // room for a claim's header): the machine takes another way.
-                        Err(e) if e.is_too_large() => m.on_too_large(self.now()),
-                        r => match self.absorb_read(r)? {
+                    let r = io.store_then_get(w).await;
+                    // Refused before anything was sent (an item at the size limit has no room
+                    // for a claim's header; a server without CAS takes no `cas`): the machine
+                    // takes another way, except a loader, which cannot fence its store on a
+                    // server without CAS and says so.
+                    match r.as_ref().err().and_then(Refusal::of) {
+                        Some(Refusal::NoCas) if m.mode() == Mode::Load => {
+                            if let Some(g) = guard {
+                                g.disarm();
+                            }
+                            return Err(r.err().unwrap_or_else(|| crate::backend::no_cas(None)));
+                        }
+                        Some(why) => m.on_refused(self.now(), why),
+                        None => match self.absorb_read(r)? {
                             Some((outcome, after)) => m.on_stored(self.now(), outcome, after),
                             None => m.on_failed(self.now()),
                         },

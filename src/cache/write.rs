@@ -512,6 +512,14 @@ impl Cache {
                         exptime,
                     })
                     .await;
+                if matches!(&stored, Err(e) if e.is_too_large()) {
+                    // An item another build wrote at the size limit has no room for the
+                    // re-timed header: memcached's own touch gives it the new hard expiry (its
+                    // soft expiry stays; when it goes, the key is a herd-protected miss).
+                    return Ok(self
+                        .absorb_write(io.touch(&k, exptime).await)?
+                        .unwrap_or(false));
+                }
                 match self.absorb_write(stored)? {
                     Some(StoreOutcome::Stored) => return Ok(true),
                     Some(StoreOutcome::NotFound) | None => return Ok(false),

@@ -5,48 +5,46 @@
 //! A serde `Serializer` that writes nothing and charges what the bounded decoder charges, at the
 //! same points: every value a seed would decode (the whole value, each element of a sequence,
 //! each key and value of a map, each field of a struct, each variant's identifier and newtype
-//! payload) its `size_of` (at least 1), and each string and byte string its length. For owned
-//! types (the usual cached value: `Vec<T>`, `String`, structs of them) the count is the decoder's
-//! to the byte; a borrowed one (`&str` read back as a `String`) is counted at its own size.
+//! payload) its `size_of` (at least 1), and each string and byte string its length; and it
+//! refuses what nests deeper than the decoder goes.
+//!
+//! Exact where serde hands the walk the value's own type: the whole value, struct fields,
+//! tuple and array elements, `Some`'s content. A sequence's and a map's elements come as
+//! references (`&T`), whose `size_of` is not the decoded type's: there each element's size is
+//! estimated from what it serializes as (a `u64` 8, a string 24 and its bytes, a struct its
+//! fields' sizes padded to the largest one's alignment, `Some(v)` `v`'s size and a tag below 24
+//! bytes, `None` 24), and every element of one sequence is charged the largest estimate among
+//! them, since they share one type. What stays estimated: an enum is charged its variant's
+//! payload, so a sequence that holds only unit variants of an enum with data variants is
+//! under-counted; serde's buffered shapes (untagged and internally tagged enums,
+//! `#[serde(flatten)]`) decode each element through a 32-byte buffer the walk does not charge.
 
 use std::fmt;
 
 use serde::ser::{self, Serialize};
 
-/// Whether decoding `value` would allocate more than `limit` bytes (as `bounded.rs` counts),
-/// for `codec`'s shape of a struct: MessagePack writes structs as maps (each field's name is
+use super::bounded::MAX_DEPTH;
+
+/// What the walk found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Walk {
+    /// Decoding stays within the limit (or the value's `Serialize` failed: the encoder then
+    /// reports that error itself).
+    Fits,
+    /// Decoding would allocate more than the limit.
+    Over,
+    /// The value nests deeper than the decoder's [`MAX_DEPTH`].
+    TooDeep,
+}
+
+/// What decoding `value` would allocate against `limit` bytes (as `bounded.rs` counts), for
+/// `codec`'s shape of a struct: MessagePack writes structs as maps (each field's name is
 /// decoded too), bincode as tuples.
-pub(crate) fn within<T: Serialize + ?Sized>(value: &T, limit: usize, struct_keys: bool) -> bool {
-    Charge::new(limit, struct_keys).value(value).is_ok()
-}
-
-struct Charge {
-    left: usize,
-    struct_keys: bool,
-    /// The value being walked was reached through a reference (serde hands a sequence's
-    /// elements on as `&T`) or is unsized (`str`, a slice): its `size_of` is not the decoded
-    /// type's, which its first serializer call then estimates by kind instead.
-    unknown: bool,
-    /// For each open struct or tuple: whether its own size is unknown, so that each member's
-    /// size is charged once more (a struct's size is about the sum of its fields').
-    compounds: Vec<bool>,
-}
-
-/// Past the limit (the walk stops there).
-#[derive(Debug)]
-struct Over;
-
-impl fmt::Display for Over {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("over the decode limit")
-    }
-}
-
-impl std::error::Error for Over {}
-
-impl ser::Error for Over {
-    fn custom<M: fmt::Display>(_: M) -> Self {
-        Over
+pub(crate) fn walk<T: Serialize + ?Sized>(value: &T, limit: usize, struct_keys: bool) -> Walk {
+    match Charge::new(limit, struct_keys).value(value) {
+        Ok(()) | Err(Stop::Failed) => Walk::Fits,
+        Err(Stop::Over) => Walk::Over,
+        Err(Stop::Deep) => Walk::TooDeep,
     }
 }
 
@@ -54,66 +52,236 @@ impl ser::Error for Over {
 const VEC: usize = size_of::<Vec<u8>>();
 /// A map's owner as decoded (`HashMap`, the larger of std's two).
 const MAP: usize = size_of::<std::collections::HashMap<u8, u8>>();
+/// A `None` whose `Option`'s size nothing else tells: an `Option` of a pointer-sized or
+/// two-word value, or of a `String` or `Vec`.
+const NONE: usize = 24;
+
+/// Why the walk stopped.
+#[derive(Debug)]
+enum Stop {
+    Over,
+    Deep,
+    /// The value's own `Serialize` failed.
+    Failed,
+}
+
+impl fmt::Display for Stop {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Stop::Over => "over the decode limit",
+            Stop::Deep => "nested too deep",
+            Stop::Failed => "the value's Serialize failed",
+        })
+    }
+}
+
+impl std::error::Error for Stop {}
+
+impl ser::Error for Stop {
+    fn custom<M: fmt::Display>(_: M) -> Self {
+        Stop::Failed
+    }
+}
+
+/// Sizes of elements that share one type, charged their largest when they end.
+#[derive(Debug, Default)]
+struct Same {
+    n: usize,
+    charged: usize,
+    max: usize,
+    /// `None`s, each charged 1 so far: they are their siblings' size, or [`NONE`].
+    nones: usize,
+}
+
+impl Same {
+    fn add(&mut self, size: usize) {
+        self.n += 1;
+        self.charged += size;
+        self.max = self.max.max(size);
+    }
+
+    /// What is still owed for each element to be charged the largest size.
+    fn owed(&self) -> usize {
+        let none = if self.max > 0 { self.max } else { NONE };
+        self.n.saturating_mul(self.max).saturating_sub(self.charged)
+            + self.nones.saturating_mul(none - 1)
+    }
+}
+
+/// An open value with members.
+#[derive(Debug)]
+enum Frame {
+    /// A struct, tuple or variant. `own`: its own size was unknown (it was reached through a
+    /// reference), and is its members' sizes padded to the largest one's alignment, charged
+    /// when it closes.
+    Compound { own: bool, sum: usize, align: usize },
+    /// A sequence: its elements share one type.
+    Seq(Same),
+    /// A map: its keys share one type, and its values another. `value`: a key was just given.
+    Map {
+        keys: Same,
+        values: Same,
+        value: bool,
+    },
+}
+
+struct Charge {
+    left: usize,
+    struct_keys: bool,
+    depth: usize,
+    /// The value being walked came through a reference (or is unsized: `str`, a slice), so its
+    /// `size_of` is not the decoded type's: its first serializer call estimates it by kind.
+    unknown: bool,
+    frames: Vec<Frame>,
+}
+
+/// The alignment a value of `size` bytes likely has (a power of two, at most 8).
+fn align_of_size(size: usize) -> usize {
+    match size {
+        0 | 1 => 1,
+        2..=3 => 2,
+        4..=7 => 4,
+        _ => 8,
+    }
+}
+
+/// The tag an `Option` or enum adds to a payload of `size` bytes: none for 24 bytes and more
+/// (a `String`, a `Vec`: their niche holds it), else the payload's alignment.
+fn tagged(size: usize) -> usize {
+    if size >= 24 {
+        size
+    } else {
+        size + align_of_size(size.max(1))
+    }
+}
 
 impl Charge {
     fn new(limit: usize, struct_keys: bool) -> Charge {
         Charge {
             left: limit,
             struct_keys,
+            depth: 0,
             unknown: false,
-            compounds: Vec::new(),
+            frames: Vec::new(),
         }
     }
 
-    fn charge(&mut self, n: usize) -> Result<(), Over> {
-        self.left = self.left.checked_sub(n).ok_or(Over)?;
+    fn charge(&mut self, n: usize) -> Result<(), Stop> {
+        self.left = self.left.checked_sub(n).ok_or(Stop::Over)?;
         Ok(())
+    }
+
+    /// One level deeper for `f`, as the decoder goes one deeper for every seed, `Some` and
+    /// newtype.
+    fn deeper(&mut self, f: impl FnOnce(&mut Self) -> Result<(), Stop>) -> Result<(), Stop> {
+        if self.depth >= MAX_DEPTH {
+            return Err(Stop::Deep);
+        }
+        self.depth += 1;
+        let r = f(self);
+        self.depth -= 1;
+        r
     }
 
     /// A value a seed decodes: its own size (now, or by kind when it is unknown), then what it
     /// holds.
-    fn value<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), Over> {
-        let name = std::any::type_name::<T>();
-        if name.starts_with(['&', '[']) || name == "str" {
-            self.unknown = true;
-        } else {
-            self.unknown = false;
-            self.charge(size_of_val(v).max(1))?;
-        }
-        self.member(size_of_val(v))?;
-        v.serialize(&mut *self)
+    fn value<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), Stop> {
+        self.deeper(|c| {
+            let name = std::any::type_name::<T>();
+            if name.starts_with(['&', '[']) || name == "str" {
+                c.unknown = true;
+            } else {
+                c.unknown = false;
+                let size = size_of_val(v).max(1);
+                c.charge(size)?;
+                c.member(size);
+            }
+            v.serialize(&mut *c)
+        })
     }
 
-    /// A member of an open struct or tuple whose own size is unknown: charged once more, as
-    /// part of that size.
-    fn member(&mut self, n: usize) -> Result<(), Over> {
-        if self.compounds.last() == Some(&true) {
-            self.charge(n)?;
+    /// Tells the open frame a member's size.
+    fn member(&mut self, size: usize) {
+        match self.frames.last_mut() {
+            Some(Frame::Compound { sum, align, .. }) => {
+                *sum += size;
+                *align = (*align).max(align_of_size(size));
+            }
+            Some(Frame::Seq(same)) => same.add(size),
+            Some(Frame::Map {
+                keys,
+                values,
+                value,
+            }) => {
+                if *value {
+                    values.add(size)
+                } else {
+                    keys.add(size)
+                }
+            }
+            None => {}
         }
-        Ok(())
     }
 
     /// The size of a value whose `size_of` was unknown, estimated from its kind.
-    fn own(&mut self, n: usize) -> Result<(), Over> {
+    fn own(&mut self, size: usize) -> Result<(), Stop> {
         if std::mem::take(&mut self.unknown) {
-            self.charge(n.max(1))?;
+            let size = size.max(1);
+            self.charge(size)?;
+            self.member(size);
         }
         Ok(())
     }
 
-    /// A struct or tuple opens: its size is the sum of its members' when it was unknown.
+    /// A struct, tuple or variant opens.
     fn open(&mut self) {
-        let unknown = std::mem::take(&mut self.unknown);
-        self.compounds.push(unknown);
+        let own = std::mem::take(&mut self.unknown);
+        self.frames.push(Frame::Compound {
+            own,
+            sum: 0,
+            align: 1,
+        });
     }
 
-    fn close(&mut self) {
-        self.compounds.pop();
+    /// A sequence or map opens (its own size charged first).
+    fn open_seq(&mut self, frame: Frame, size: usize) -> Result<(), Stop> {
+        self.own(size)?;
+        self.frames.push(frame);
+        Ok(())
+    }
+
+    /// The open frame closes: what it still owes is charged.
+    fn close(&mut self) -> Result<(), Stop> {
+        match self.frames.pop() {
+            Some(Frame::Compound {
+                own: true,
+                sum,
+                align,
+            }) => {
+                let size = sum.div_ceil(align).saturating_mul(align).max(1);
+                self.charge(size)?;
+                self.member(size);
+            }
+            Some(Frame::Seq(same)) => self.charge(same.owed())?,
+            Some(Frame::Map { keys, values, .. }) => {
+                self.charge(keys.owed())?;
+                self.charge(values.owed())?;
+            }
+            Some(Frame::Compound { .. }) | None => {}
+        }
+        Ok(())
+    }
+
+    /// A map's key or value is next.
+    fn map_next(&mut self, is_value: bool) {
+        if let Some(Frame::Map { value, .. }) = self.frames.last_mut() {
+            *value = is_value;
+        }
     }
 
     /// A field name or variant identifier: serde's derived identifiers are a byte, and a
     /// MessagePack reader decodes the name's string too.
-    fn identifier(&mut self, name: &str) -> Result<(), Over> {
+    fn identifier(&mut self, name: &str) -> Result<(), Stop> {
         self.charge(1)?;
         if self.struct_keys {
             self.charge(name.len())?;
@@ -124,7 +292,7 @@ impl Charge {
 
 macro_rules! primitive {
     ($($method:ident($ty:ty);)*) => {$(
-        fn $method(self, _: $ty) -> Result<(), Over> {
+        fn $method(self, _: $ty) -> Result<(), Stop> {
             self.own(size_of::<$ty>())
         }
     )*};
@@ -132,7 +300,7 @@ macro_rules! primitive {
 
 impl ser::Serializer for &mut Charge {
     type Ok = ();
-    type Error = Over;
+    type Error = Stop;
     type SerializeSeq = Self;
     type SerializeTuple = Self;
     type SerializeTupleStruct = Self;
@@ -157,36 +325,47 @@ impl ser::Serializer for &mut Charge {
         serialize_f64(f64);
     }
     // MessagePack writes a char as a string.
-    fn serialize_char(self, v: char) -> Result<(), Over> {
+    fn serialize_char(self, v: char) -> Result<(), Stop> {
         self.own(size_of::<char>())?;
         self.charge(v.len_utf8())
     }
-    fn serialize_str(self, v: &str) -> Result<(), Over> {
+    fn serialize_str(self, v: &str) -> Result<(), Stop> {
         self.own(VEC)?;
         self.charge(v.len())
     }
-    fn serialize_bytes(self, v: &[u8]) -> Result<(), Over> {
+    fn serialize_bytes(self, v: &[u8]) -> Result<(), Stop> {
         self.own(VEC)?;
         self.charge(v.len())
     }
-    fn serialize_none(self) -> Result<(), Over> {
-        self.own(1)
+    fn serialize_none(self) -> Result<(), Stop> {
+        if !std::mem::take(&mut self.unknown) {
+            return Ok(());
+        }
+        // An element's `None`: its `Option` is its siblings' size (known when the sequence
+        // closes), else a guess.
+        self.charge(1)?;
+        match self.frames.last_mut() {
+            Some(Frame::Seq(same)) => same.nones += 1,
+            Some(Frame::Map { values, .. }) => values.nones += 1,
+            _ => {
+                self.charge(NONE - 1)?;
+                self.member(NONE);
+            }
+        }
+        Ok(())
     }
     // The decoder reads an `Option`'s and a newtype's content in place, without a seed.
-    fn serialize_some<T: Serialize + ?Sized>(self, v: &T) -> Result<(), Over> {
-        // An `Option` is its content and, unless the content has a niche, a tag padded to its
-        // alignment (at most 8).
-        let n = size_of_val(v);
-        self.own(n + n.clamp(1, 8))?;
-        v.serialize(self)
+    fn serialize_some<T: Serialize + ?Sized>(self, v: &T) -> Result<(), Stop> {
+        self.own(tagged(size_of_val(v)))?;
+        self.deeper(|c| v.serialize(c))
     }
-    fn serialize_unit(self) -> Result<(), Over> {
+    fn serialize_unit(self) -> Result<(), Stop> {
         self.own(1)
     }
-    fn serialize_unit_struct(self, _: &'static str) -> Result<(), Over> {
+    fn serialize_unit_struct(self, _: &'static str) -> Result<(), Stop> {
         self.own(1)
     }
-    fn serialize_unit_variant(self, _: &'static str, _: u32, v: &'static str) -> Result<(), Over> {
+    fn serialize_unit_variant(self, _: &'static str, _: u32, v: &'static str) -> Result<(), Stop> {
         self.own(1)?;
         self.identifier(v)
     }
@@ -194,9 +373,9 @@ impl ser::Serializer for &mut Charge {
         self,
         _: &'static str,
         v: &T,
-    ) -> Result<(), Over> {
+    ) -> Result<(), Stop> {
         self.own(size_of_val(v))?;
-        v.serialize(self)
+        self.deeper(|c| v.serialize(c))
     }
     fn serialize_newtype_variant<T: Serialize + ?Sized>(
         self,
@@ -204,20 +383,20 @@ impl ser::Serializer for &mut Charge {
         _: u32,
         variant: &'static str,
         v: &T,
-    ) -> Result<(), Over> {
-        self.own(size_of_val(v) + 8)?;
+    ) -> Result<(), Stop> {
+        self.own(tagged(size_of_val(v)))?;
         self.identifier(variant)?;
         self.value(v)
     }
-    fn serialize_seq(self, _: Option<usize>) -> Result<Self, Over> {
-        self.own(VEC)?;
+    fn serialize_seq(self, _: Option<usize>) -> Result<Self, Stop> {
+        self.open_seq(Frame::Seq(Same::default()), VEC)?;
         Ok(self)
     }
-    fn serialize_tuple(self, _: usize) -> Result<Self, Over> {
+    fn serialize_tuple(self, _: usize) -> Result<Self, Stop> {
         self.open();
         Ok(self)
     }
-    fn serialize_tuple_struct(self, _: &'static str, _: usize) -> Result<Self, Over> {
+    fn serialize_tuple_struct(self, _: &'static str, _: usize) -> Result<Self, Stop> {
         self.open();
         Ok(self)
     }
@@ -227,17 +406,21 @@ impl ser::Serializer for &mut Charge {
         _: u32,
         variant: &'static str,
         _: usize,
-    ) -> Result<Self, Over> {
-        let unknown = std::mem::take(&mut self.unknown);
+    ) -> Result<Self, Stop> {
+        self.open();
         self.identifier(variant)?;
-        self.compounds.push(unknown);
         Ok(self)
     }
-    fn serialize_map(self, _: Option<usize>) -> Result<Self, Over> {
-        self.own(MAP)?;
+    fn serialize_map(self, _: Option<usize>) -> Result<Self, Stop> {
+        let frame = Frame::Map {
+            keys: Same::default(),
+            values: Same::default(),
+            value: false,
+        };
+        self.open_seq(frame, MAP)?;
         Ok(self)
     }
-    fn serialize_struct(self, _: &'static str, _: usize) -> Result<Self, Over> {
+    fn serialize_struct(self, _: &'static str, _: usize) -> Result<Self, Stop> {
         self.open();
         Ok(self)
     }
@@ -247,10 +430,9 @@ impl ser::Serializer for &mut Charge {
         _: u32,
         variant: &'static str,
         _: usize,
-    ) -> Result<Self, Over> {
-        let unknown = std::mem::take(&mut self.unknown);
+    ) -> Result<Self, Stop> {
+        self.open();
         self.identifier(variant)?;
-        self.compounds.push(unknown);
         Ok(self)
     }
     fn is_human_readable(&self) -> bool {
@@ -260,113 +442,69 @@ impl ser::Serializer for &mut Charge {
     }
 }
 
-impl ser::SerializeSeq for &mut Charge {
-    type Ok = ();
-    type Error = Over;
-    fn serialize_element<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), Over> {
-        // A sequence's elements are not members of an enclosing struct's size.
-        self.compounds.push(false);
-        let r = self.value(v);
-        self.compounds.pop();
-        r
-    }
-    fn end(self) -> Result<(), Over> {
-        Ok(())
-    }
+macro_rules! members {
+    ($($trait:ident :: $method:ident;)*) => {$(
+        impl ser::$trait for &mut Charge {
+            type Ok = ();
+            type Error = Stop;
+            fn $method<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), Stop> {
+                self.value(v)
+            }
+            fn end(self) -> Result<(), Stop> {
+                self.close()
+            }
+        }
+    )*};
 }
 
-impl ser::SerializeTuple for &mut Charge {
-    type Ok = ();
-    type Error = Over;
-    fn serialize_element<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), Over> {
-        self.value(v)
-    }
-    fn end(self) -> Result<(), Over> {
-        self.close();
-        Ok(())
-    }
-}
-
-impl ser::SerializeTupleStruct for &mut Charge {
-    type Ok = ();
-    type Error = Over;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), Over> {
-        self.value(v)
-    }
-    fn end(self) -> Result<(), Over> {
-        self.close();
-        Ok(())
-    }
-}
-
-impl ser::SerializeTupleVariant for &mut Charge {
-    type Ok = ();
-    type Error = Over;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), Over> {
-        self.value(v)
-    }
-    fn end(self) -> Result<(), Over> {
-        self.close();
-        Ok(())
-    }
+members! {
+    SerializeSeq::serialize_element;
+    SerializeTuple::serialize_element;
+    SerializeTupleStruct::serialize_field;
+    SerializeTupleVariant::serialize_field;
 }
 
 impl ser::SerializeMap for &mut Charge {
     type Ok = ();
-    type Error = Over;
-    fn serialize_key<T: Serialize + ?Sized>(&mut self, k: &T) -> Result<(), Over> {
-        self.compounds.push(false);
-        let r = self.value(k);
-        self.compounds.pop();
-        r
+    type Error = Stop;
+    fn serialize_key<T: Serialize + ?Sized>(&mut self, k: &T) -> Result<(), Stop> {
+        self.map_next(false);
+        self.value(k)
     }
-    fn serialize_value<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), Over> {
-        self.compounds.push(false);
-        let r = self.value(v);
-        self.compounds.pop();
-        r
+    fn serialize_value<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), Stop> {
+        self.map_next(true);
+        self.value(v)
     }
-    fn end(self) -> Result<(), Over> {
-        Ok(())
+    fn end(self) -> Result<(), Stop> {
+        self.close()
     }
 }
 
-impl ser::SerializeStruct for &mut Charge {
-    type Ok = ();
-    type Error = Over;
-    fn serialize_field<T: Serialize + ?Sized>(
-        &mut self,
-        name: &'static str,
-        v: &T,
-    ) -> Result<(), Over> {
-        if self.struct_keys {
-            self.identifier(name)?;
+macro_rules! fields {
+    ($($trait:ident;)*) => {$(
+        impl ser::$trait for &mut Charge {
+            type Ok = ();
+            type Error = Stop;
+            fn serialize_field<T: Serialize + ?Sized>(
+                &mut self,
+                name: &'static str,
+                v: &T,
+            ) -> Result<(), Stop> {
+                if self.struct_keys {
+                    self.identifier(name)?;
+                }
+                self.value(v)
+            }
+            fn end(self) -> Result<(), Stop> {
+                self.close()
+            }
         }
-        self.value(v)
-    }
-    fn end(self) -> Result<(), Over> {
-        self.close();
-        Ok(())
-    }
+    )*};
 }
 
-impl ser::SerializeStructVariant for &mut Charge {
-    type Ok = ();
-    type Error = Over;
-    fn serialize_field<T: Serialize + ?Sized>(
-        &mut self,
-        name: &'static str,
-        v: &T,
-    ) -> Result<(), Over> {
-        if self.struct_keys {
-            self.identifier(name)?;
-        }
-        self.value(v)
-    }
-    fn end(self) -> Result<(), Over> {
-        self.close();
-        Ok(())
-    }
+fields! {
+    SerializeStruct;
+    SerializeStructVariant;
 }
 
 #[cfg(test)]
@@ -382,6 +520,7 @@ mod tests {
     fn charged<T: Serialize>(v: &T, struct_keys: bool) -> usize {
         let mut c = Charge::new(usize::MAX, struct_keys);
         c.value(v).unwrap();
+        assert!(c.frames.is_empty());
         usize::MAX - c.left
     }
 
@@ -521,7 +660,7 @@ mod tests {
     #[test]
     fn a_value_over_the_limit_is_found_before_encoding() {
         let zeros = vec![0u64; 1 << 20];
-        assert!(within(&zeros, (8 << 20) + 24, false));
-        assert!(!within(&zeros, 8 << 20, false));
+        assert_eq!(walk(&zeros, (8 << 20) + 24, false), Walk::Fits);
+        assert_eq!(walk(&zeros, 8 << 20, false), Walk::Over);
     }
 }

@@ -198,15 +198,28 @@ impl Format {
         // Before any byte is written: a value its own type could not decode under the limit is
         // refused, however small it encodes (zeros compress to nothing and decode to 8 bytes
         // each).
-        if !charge::within(value, self.max_decode, self.codec == Codec::MessagePack) {
-            return Err(Error::new(
-                ErrorKind::TooLarge,
-                format!(
-                    "decoding this value would allocate more than the decode limit of {} bytes \
-                     (CacheBuilder::max_decode_size): it could never be read back",
-                    self.max_decode
-                ),
-            ));
+        match charge::walk(value, self.max_decode, self.codec == Codec::MessagePack) {
+            charge::Walk::Fits => {}
+            charge::Walk::Over => {
+                return Err(Error::new(
+                    ErrorKind::TooLarge,
+                    format!(
+                        "decoding this value would allocate more than the decode limit of {} \
+                         bytes (CacheBuilder::max_decode_size): it could never be read back",
+                        self.max_decode
+                    ),
+                ));
+            }
+            charge::Walk::TooDeep => {
+                return Err(Error::new(
+                    ErrorKind::Encode,
+                    format!(
+                        "the value nests deeper than {} levels, more than a read decodes: it \
+                         could never be read back",
+                        bounded::MAX_DEPTH
+                    ),
+                ));
+            }
         }
         let start = out.len();
         match self.codec {

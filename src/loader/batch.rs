@@ -19,7 +19,7 @@ use crate::cache::read::Fetched;
 use crate::cache::{Cache, DecodePolicy, Herd};
 use crate::envelope;
 use crate::error::{BoxError, Error, Result};
-use crate::protocol::{Action, Found, Machine, Mode};
+use crate::protocol::{Action, Found, Machine, Mode, Refusal};
 use crate::stats::Counters;
 use crate::ttl::{Lifetime, Ttl};
 
@@ -119,7 +119,7 @@ impl Cache {
                 });
             }
             // Keys held under placeholders a server without CAS cannot fence (memcached -C).
-            let mut unfenced: Vec<String> = Vec::new();
+            let mut unfenced: Vec<(String, String)> = Vec::new();
             for _ in 0..MAX_ROUNDS {
                 if pending.is_empty() {
                     break;
@@ -133,7 +133,7 @@ impl Cache {
                             writing.push(p);
                         }
                         Action::Load(grant) if grant.lease.store_mode() == StoreMode::Cas(0) => {
-                            unfenced.push(p.derived);
+                            unfenced.push((p.key, p.derived));
                         }
                         Action::Load(grant) => {
                             if let Some(h) = &grant.held {
@@ -186,9 +186,12 @@ impl Cache {
                 pending = self.write_round(d, writing).await?;
             }
             if !unfenced.is_empty() {
-                drop(leases);
-                let keys: Vec<&str> = unfenced.iter().map(String::as_str).collect();
-                return Err(self.without_cas(d, &keys).await);
+                // A server without CAS: those keys are loaded and not stored (nothing could
+                // fence their store), as a failed server's keys are; the batch's others go on.
+                let keys: Vec<&str> = unfenced.iter().map(|p| p.1.as_str()).collect();
+                let e = self.without_cas(d, &keys).await;
+                self.no_cas_in_batch(&e);
+                wanted.extend(unfenced.into_iter().map(|p| p.0));
             }
             // Keys still contended after every round: load them, don't store them.
             wanted.extend(pending.into_iter().map(|p| p.key));
@@ -283,6 +286,20 @@ impl Cache {
         .await
     }
 
+    /// A batch key on a server without CAS (memcached `-C`): loaded and not stored. Counted
+    /// as a backend error of that server, and logged once per cache (the single-key loader
+    /// fails with this error instead).
+    fn no_cas_in_batch(&self, e: &Error) {
+        self.inner.stats.backend_error(e);
+        if !self
+            .inner
+            .warned_no_cas
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            tracing::warn!(error = %e, "newcache: a batch's keys are loaded but not stored (logged once)");
+        }
+    }
+
     /// A key whose bytes do not decode: under `DecodePolicy::Miss` it is taken over; under
     /// `Error` it is loaded without a claim and not stored over the bytes (which `get` of that
     /// key reports), so that one key never fails the batch's others.
@@ -337,7 +354,7 @@ impl Cache {
             .collect();
         let policy = self.inner.config.read_failures;
         let mut guard_until_read = None;
-        let mut too_large = vec![false; writes_at.len()];
+        let mut refusals: Vec<Option<Refusal>> = vec![None; writes_at.len()];
         let stored = if writes.is_empty() {
             Vec::new()
         } else {
@@ -350,10 +367,16 @@ impl Cache {
             let mut results = d.store_many(&writes).await;
             guard_until_read = Some(guard);
             // Refused before anything was sent (an item at the size limit has no room for a
-            // claim's header): that machine takes another way in the next round.
-            for (r, refused) in results.iter_mut().zip(&mut too_large) {
-                if matches!(r, Err(e) if e.is_too_large()) {
-                    *refused = true;
+            // claim's header; a server without CAS takes no `cas`): that machine takes another
+            // way, and the batch's other keys go on.
+            for (r, refused) in results.iter_mut().zip(&mut refusals) {
+                if let Some(why) = r.as_ref().err().and_then(Refusal::of) {
+                    if why == Refusal::NoCas {
+                        if let Err(e) = r {
+                            self.no_cas_in_batch(e);
+                        }
+                    }
+                    *refused = Some(why);
                     *r = Ok(StoreOutcome::NotStored);
                 }
             }
@@ -375,11 +398,11 @@ impl Cache {
         let now = self.now();
         let mut items = after.into_iter();
         let mut outcomes = stored.into_iter();
-        for (mut p, refused) in writes_at.into_iter().zip(too_large) {
+        for (mut p, refused) in writes_at.into_iter().zip(refusals) {
             let item = items.next().flatten();
             let outcome = outcomes.next().flatten();
-            if refused {
-                p.action = p.machine.on_too_large(now);
+            if let Some(why) = refused {
+                p.action = p.machine.on_refused(now, why);
                 next.push(p);
                 continue;
             }

@@ -14,6 +14,7 @@ mod herd;
 mod in_tokio;
 #[cfg(feature = "tower")]
 mod layer;
+mod limits;
 mod loader;
 mod memcached;
 mod memory;

@@ -12,6 +12,7 @@ use newcache::{
 };
 
 use crate::fixture::{Hooked, Memcached, memcached_backend, shared_server, unique_flavor};
+use crate::front::{BuildFor, Front};
 
 const S: fn(u64) -> Duration = Duration::from_secs;
 
@@ -572,23 +573,112 @@ fn a_server_without_cas_fails_clearly_and_blocks_no_one() {
         no_cas(e);
         assert_eq!(loads.load(Ordering::SeqCst), 0);
         assert_eq!(raw.get::<Vec<u8>>(&cache.make_key("k")).unwrap(), None);
-        // the batch loader too
-        let e = cache
+        // the batch loader loads its keys without storing them (as a failed server's): the
+        // batch's other keys go on
+        let got = cache
             .get_many_or_set_with(&["x", "y"], S(60), |keys| {
                 loads.fetch_add(1, Ordering::SeqCst);
                 Ok::<_, std::io::Error>(keys.iter().map(|k| (k.clone(), 1u8)).collect())
             })
-            .unwrap_err();
-        no_cas(e);
-        assert_eq!(loads.load(Ordering::SeqCst), 0);
+            .unwrap();
+        assert_eq!(
+            (got["x"], got["y"], loads.load(Ordering::SeqCst)),
+            (1, 1, 1)
+        );
         for k in ["x", "y"] {
             assert_eq!(raw.get::<Vec<u8>>(&cache.make_key(k)).unwrap(), None);
         }
-        // touch, a stale read's claim, an add over a stale value
+        // touch, and an add over a stale value, need CAS; a stale read is served unclaimed
         cache.set("old", &2u8, S(10)).unwrap();
         no_cas(cache.touch("old", S(60)).unwrap_err());
         clock.advance(S(11));
-        no_cas(cache.get::<u8>("old").unwrap_err());
+        assert_eq!(cache.get::<u8>("old").unwrap(), Some(2));
+        assert_eq!(cache.get_many::<u8>(&["old"]).unwrap().get("old"), Some(&2));
         no_cas(cache.add("old", &3u8, S(60)).unwrap_err());
+        let e = cache
+            .get_or_set_with("old", S(60), || Ok::<_, std::io::Error>(9u8))
+            .unwrap_err();
+        no_cas(e);
+    }
+}
+
+// A batch on a -C server with one stale key and one
+// missing key: the stale key's claim (cas 0) is refused with Unsupported, `absorb_each` makes that
+// the batch's error, and the missing key's placeholder (`add`, which -C allows) was sent in the
+// same round and is never removed: other callers wait on it, the very symptom 00e2271 fixes.
+#[test]
+fn a_batch_on_a_server_without_cas_leaves_no_placeholder() {
+    let server = Memcached::start_with(&["-C"]);
+    let addr = server.addr();
+    let raw = memcache::connect(format!("memcache://{addr}?protocol=ascii")).unwrap();
+    for front in [Front::Sync, Front::Async] {
+        let clock = newcache::testing::MockClock::new();
+        let cache = Cache::builder()
+            .memcached([addr.as_str()])
+            .flavor(unique_flavor("nocas-batch"))
+            .clock(clock.clone())
+            .build_front(front);
+        cache.set("stale", &1u8, S(10)).unwrap();
+        clock.advance(S(11));
+        // both keys are loaded (nothing can fence their store) and not stored
+        let got = cache
+            .get_many_or_set_with(&["stale", "missing"], S(60), |keys| {
+                Ok::<_, std::io::Error>(keys.iter().map(|k| (k.clone(), 2u8)).collect())
+            })
+            .unwrap();
+        assert_eq!((got["stale"], got["missing"]), (2, 2), "{front:?}");
+        assert_eq!(
+            raw.get::<Vec<u8>>(&cache.make_key("missing")).unwrap(),
+            None,
+            "{front:?}: the batch left a placeholder under the missing key"
+        );
+    }
+}
+
+// Two servers, one restarted with -C: every batch that touches a
+// key of the -C server fails whole, the healthy server's keys included (their loads are not run,
+// their values not returned). The invariant is "a failed server fails its own keys, never the
+// batch's other keys", and 00e2271's claim "one key's failure (refused) never fails a
+// get_many_or_set_with's other keys".
+#[test]
+fn a_server_without_cas_fails_only_its_own_keys_in_a_batch() {
+    let good = Memcached::start();
+    let nocas = Memcached::start_with(&["-C"]);
+    let addrs = [good.addr(), nocas.addr()];
+    let raw_good = memcache::connect(format!("memcache://{}?protocol=ascii", addrs[0])).unwrap();
+    let cache = Cache::builder()
+        .memcached(addrs.iter().map(String::as_str))
+        .flavor(unique_flavor("nocas-mixed"))
+        .build()
+        .unwrap();
+    // one key on each server
+    let (mut on_good, mut on_nocas) = (None, None);
+    for i in 0..64 {
+        let k = format!("k{i}");
+        cache.set(&k, &0u8, S(60)).unwrap();
+        if raw_good
+            .get::<Vec<u8>>(&cache.make_key(&k))
+            .unwrap()
+            .is_some()
+        {
+            on_good.get_or_insert(k);
+        } else {
+            on_nocas.get_or_insert(k);
+        }
+    }
+    let (a, b) = (on_good.unwrap(), on_nocas.unwrap());
+    cache.delete_many(&[&a, &b]).unwrap();
+    // the good server's key alone loads and stores
+    let alone: u8 = cache
+        .get_or_set_with(&a, S(60), || Ok::<_, std::io::Error>(1u8))
+        .unwrap();
+    assert_eq!(alone, 1);
+    cache.delete(&a).unwrap();
+    let got = cache.get_many_or_set_with(&[&a, &b], S(60), |keys| {
+        Ok::<_, std::io::Error>(keys.iter().map(|k| (k.clone(), 7u8)).collect())
+    });
+    match got {
+        Ok(m) => assert_eq!(m.get(&a), Some(&7)),
+        Err(e) => panic!("the -C server's key failed the healthy server's key too: {e}"),
     }
 }

@@ -358,18 +358,18 @@ fn an_item_written_at_the_size_limit_is_taken_over_by_one_loader(env: &Env) {
     );
     cache.set("other", &2u8, S(600)).unwrap();
     env.advance(S(11));
-    // a batch that includes it answers for its other keys
+    // a reader cannot claim it (no room for the claim's header): it is served stale, in a
+    // batch too, and left to a loader
+    let stale = limit - full[6] as usize - 5;
     let got = cache.get_many::<String>(&["full"]).unwrap();
-    assert!(got.is_empty(), "this reader took it over to recompute");
+    assert_eq!(got.get("full").map(String::len), Some(stale));
     let got = cache.get_many::<u8>(&["other", "full"]).unwrap();
     assert_eq!(got.get("other"), Some(&2));
-    // a plain reader, then loaders: one load among them
-    env.raw_set(&k, &full, newcache::__private::FLAGS);
     assert_eq!(
-        cache.get::<String>("full").unwrap(),
-        None,
-        "claimed: recompute"
+        cache.get::<String>("full").unwrap().map(|s| s.len()),
+        Some(stale)
     );
+    // loaders: one load among them
     env.raw_set(&k, &full, newcache::__private::FLAGS);
     let loads = AtomicUsize::new(0);
     let gate = std::sync::Barrier::new(8);
@@ -384,7 +384,8 @@ fn an_item_written_at_the_size_limit_is_taken_over_by_one_loader(env: &Env) {
                         Ok::<_, std::io::Error>("fresh".to_string())
                     })
                     .unwrap();
-                assert_eq!(v, "fresh");
+                // the loader's value, or the displaced one its holder keeps for the others
+                assert!(v == "fresh" || v.len() == stale, "{} bytes", v.len());
             });
         }
     });

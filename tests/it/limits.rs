@@ -1,0 +1,445 @@
+//! The size limit and the decode limit at their edges: items another build wrote at the item
+//! limit (no room for a claim's header), and values whose decoding `set` must count before it
+//! stores them.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use newcache::{Cache, Compression, Ttl};
+use serde::{Deserialize, Serialize};
+
+use crate::fixture::{Env, unique_flavor};
+use crate::front::BuildFor;
+use std::sync::{Arc, Barrier, Mutex};
+
+use newcache::{Backend, Item, MemoryBackend, StoreMode, StoreOutcome, Write};
+
+use crate::fixture::Kind;
+
+const S: fn(u64) -> Duration = Duration::from_secs;
+
+crate::on_every_backend!(
+    a_get_of_a_stale_item_at_the_limit_keeps_it_for_loaders,
+    serve_stale_on_error_still_serves_a_stale_item_at_the_limit,
+    touch_of_an_item_another_build_wrote_at_the_limit_is_not_too_large,
+);
+
+/// As `values.rs`'s helper: the envelope `set` wrote for a long string, the string grown so that
+/// the item is exactly `len` bytes (what a build with a larger item size leaves in the cache).
+fn grown_to(stored: &[u8], len: usize) -> Vec<u8> {
+    let header = usize::from(stored[6]);
+    assert_eq!(stored[header], 0xdb, "a str32 payload");
+    let n = len - header - 5;
+    let mut out = stored[..header].to_vec();
+    out.push(0xdb);
+    out.extend_from_slice(&(n as u32).to_be_bytes());
+    out.resize(len, b'x');
+    out
+}
+
+/// Writes `key` as an item at the backend's very limit, soft-expiring in 10 s (or never).
+fn write_full(env: &Env, cache: &crate::front::TestCache, key: &str, ttl: Ttl) -> usize {
+    let k = cache.make_key(key);
+    cache.set(key, &"x".repeat(100_000), ttl).unwrap();
+    let limit = env.backend().max_value_size(&k);
+    let full = grown_to(&env.raw_get(&k).unwrap(), limit);
+    env.raw_set(&k, &full, newcache::__private::FLAGS);
+    limit - usize::from(full[6]) - 5
+}
+
+// A plain `get` of a stale item with no room for a
+// claim replaces the value with a placeholder lasting the herd timeout (60 s by default). With a
+// value that has room, loaders are then served it stale (`Recomputing`); here every
+// `get_or_set_with` on the key waits `max_wait` and fails, until the `get` caller sets the key
+// (if ever) or the herd timeout passes. values.rs's test re-writes the item after its `get`
+// (`env.raw_set(&k, &full, ..)`), so it never sees this.
+fn a_get_of_a_stale_item_at_the_limit_keeps_it_for_loaders(env: &Env) {
+    let cache = env
+        .builder()
+        .max_wait(Duration::from_millis(300))
+        .build_front(env.front);
+    let n = write_full(env, &cache, "full", Ttl::After(S(10)));
+    env.advance(S(11));
+    // a `get` cannot claim it (no room): it serves it stale, and leaves it to a loader
+    assert_eq!(
+        cache.get::<String>("full").unwrap().map(|s| s.len()),
+        Some(n)
+    );
+    let loads = AtomicUsize::new(0);
+    let got = cache.get_or_set_with("full", S(60), || {
+        loads.fetch_add(1, Ordering::SeqCst);
+        Ok::<_, std::io::Error>("fresh".to_string())
+    });
+    match got {
+        Ok(v) => assert_eq!((v.as_str(), loads.load(Ordering::SeqCst)), ("fresh", 1)),
+        Err(e) => panic!(
+            "a loader after a plain get of a stale value at the limit: {e} (wait timeout: {}; \
+             a value with room is served stale here)",
+            e.is_wait_timeout()
+        ),
+    }
+}
+
+// The placeholder that replaces a stale value at the limit
+// holds no value: the holder's serve_stale_on_error(max_age) has nothing to serve, and a failed
+// load's release removes the placeholder, so the stale value is gone for everyone. ARCHITECTURE
+// says a failed load unclaims a value "its bytes kept", and serve_stale_on_error is "the one
+// exception" to the staleness bound.
+fn serve_stale_on_error_still_serves_a_stale_item_at_the_limit(env: &Env) {
+    let cache = env
+        .builder()
+        .serve_stale_on_error(S(3600))
+        .build_front(env.front);
+    // control: a value with room is served stale when its refresh fails
+    cache.set("small", &"s".repeat(100), S(10)).unwrap();
+    let n = write_full(env, &cache, "full", Ttl::After(S(10)));
+    env.advance(S(11));
+    let failing = || Err::<String, _>(std::io::Error::other("the database is down"));
+    let small = cache.get_or_set_with("small", S(60), failing).unwrap();
+    assert_eq!(small.len(), 100);
+    let full = cache.get_or_set_with("full", S(60), failing);
+    assert_eq!(
+        full.as_ref().map(String::len).map_err(ToString::to_string),
+        Ok(n),
+        "a stale value at the limit, its refresh failed"
+    );
+}
+
+// `touch` of an item another build wrote at the limit with no expiry re-times it with
+// a header 12 bytes longer, which the backend refuses: `touch` fails with TooLarge for a value
+// this caller did not write (the claim path got a fallback, touch did not).
+fn touch_of_an_item_another_build_wrote_at_the_limit_is_not_too_large(env: &Env) {
+    let cache = env.cache();
+    write_full(env, &cache, "forever", Ttl::Never);
+    match cache.touch("forever", S(60)) {
+        Ok(_) => {}
+        Err(e) => panic!(
+            "touch of a value at the limit: {e} (too large: {})",
+            e.is_too_large()
+        ),
+    }
+}
+
+// ---- codec/charge.rs: what `set` charges against what decoding needs ----
+
+fn memory_with_limit(limit: usize) -> Cache {
+    Cache::builder()
+        .flavor(unique_flavor("charge"))
+        .max_decode_size(limit)
+        .build()
+        .unwrap()
+}
+
+/// `set` stored it, so `get` must read it back.
+#[track_caller]
+fn stored_reads_back<T>(cache: &Cache, v: &T)
+where
+    T: Serialize + for<'de> Deserialize<'de> + PartialEq + std::fmt::Debug,
+{
+    match cache.set("v", v, S(60)) {
+        Err(e) => assert!(e.is_too_large(), "{e}"),
+        Ok(()) => match cache.get::<T>("v") {
+            Ok(Some(back)) => assert!(&back == v),
+            other => panic!(
+                "`set` stored a {} that `get` cannot read: {:?}",
+                std::any::type_name::<T>(),
+                other.map(|o| o.is_some()).map_err(|e| e.to_string())
+            ),
+        },
+    }
+}
+
+// A `None` reached through a reference (every element
+// of a Vec, every map value) is charged 1 byte; decoding charges the Option's size (16 for
+// Option<u64>, 24 for Option<String>). Nine million of them compress to ~35 KB and need 144 MB
+// decoded: exactly the bug 0f3e70d fixes for zeros, still there for `None`s.
+#[test]
+fn nine_million_nones_are_refused_or_readable() {
+    let lz4 = Cache::builder()
+        .flavor(unique_flavor("nones"))
+        .compression(Compression::Lz4 { min_size: 1024 })
+        .build()
+        .unwrap();
+    stored_reads_back(&lz4, &vec![None::<u64>; 9_000_000]);
+}
+
+#[test]
+fn charge_counts_none_in_a_vec() {
+    stored_reads_back(&memory_with_limit(100_000), &vec![None::<u64>; 20_000]);
+}
+
+#[test]
+fn charge_counts_none_in_a_map() {
+    let m: HashMap<String, Option<u64>> = (0..3000).map(|i| (i.to_string(), None)).collect();
+    stored_reads_back(&memory_with_limit(100_000), &m);
+}
+
+// A struct or tuple reached through a reference (a Vec<Row>) is estimated as the sum
+// of its fields; decoding charges its size_of, padding included: (u8, u64) is 16, not 9.
+#[derive(Serialize, Deserialize, PartialEq, Debug, Clone)]
+struct Row {
+    flag: u8,
+    id: u64,
+}
+
+#[test]
+fn charge_counts_padded_structs_in_a_vec() {
+    stored_reads_back(
+        &memory_with_limit(280_000),
+        &vec![Row { flag: 1, id: 2 }; 10_000],
+    );
+}
+
+// `Some` of a type with a niche (String,
+// Vec, Box) is charged a tag it does not have: 8 bytes over per element, so a value that decodes
+// well under the limit is refused.
+#[test]
+fn charge_does_not_refuse_a_decodable_vec_of_some_strings() {
+    let cache = memory_with_limit(300_000);
+    let v = vec![Some(String::new()); 10_000];
+    // decoding it needs 240,024 bytes of the 300,000
+    cache
+        .set("v", &v, S(60))
+        .unwrap_or_else(|e| panic!("refused a value that decodes under the limit: {e}"));
+}
+
+// A value whose Serialize fails is reported by the charge walk as
+// over the decode limit: `set` says TooLarge ("decoding this value would allocate more than the
+// decode limit") instead of an encode error, and a loader's such value is returned and counted
+// as too large (loader/mod.rs:571) where it used to be the encode error.
+struct Unserializable;
+
+impl Serialize for Unserializable {
+    fn serialize<S: serde::Serializer>(&self, _: S) -> Result<S::Ok, S::Error> {
+        Err(serde::ser::Error::custom("this value cannot be serialized"))
+    }
+}
+
+#[test]
+fn a_value_that_cannot_serialize_is_an_encode_error() {
+    let cache = memory_with_limit(64 << 20);
+    let e = cache.set("v", &Unserializable, S(60)).unwrap_err();
+    assert!(e.is_encode(), "is_too_large: {}, {e}", e.is_too_large());
+}
+
+// Nesting: bounded.rs refuses values nested deeper than 256; the walk has no
+// depth limit, so such a value is still stored and never read.
+#[derive(Serialize, Deserialize, PartialEq, Debug)]
+enum Chain {
+    End,
+    Link(Box<Chain>),
+}
+
+#[test]
+fn a_value_nested_past_the_decode_depth_is_refused_or_readable() {
+    let cache = memory_with_limit(64 << 20);
+    let chain = |n| {
+        let mut c = Chain::End;
+        for _ in 0..n {
+            c = Chain::Link(Box::new(c));
+        }
+        c
+    };
+    let e = cache.set("v", &chain(300), S(60)).unwrap_err();
+    assert!(e.is_encode() && e.to_string().contains("256 levels"), "{e}");
+    // as deep as a read goes is stored and read back
+    stored_reads_back(&cache, &chain(120));
+    // dropping 300 boxes recursively is fine
+}
+
+/// Runs `hook` once, right after the next read (single or batch) returns: between a reader's
+/// read and its claim, which the refused claim and the placeholder `cas` both follow.
+struct Racer {
+    inner: Arc<MemoryBackend>,
+    hook: Mutex<Option<Box<dyn FnOnce(&MemoryBackend) + Send>>>,
+}
+
+impl std::fmt::Debug for Racer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Racer")
+    }
+}
+
+impl Racer {
+    fn fire(&self) {
+        if let Some(h) = self.hook.lock().unwrap().take() {
+            h(&self.inner);
+        }
+    }
+}
+
+impl Backend for Racer {
+    fn get(&self, key: &str) -> newcache::Result<Option<Item>> {
+        let r = self.inner.get(key);
+        self.fire();
+        r
+    }
+    fn get_many(&self, keys: &[&str]) -> Vec<newcache::Result<Option<Item>>> {
+        let r = self.inner.get_many(keys);
+        self.fire();
+        r
+    }
+    fn store(
+        &self,
+        m: StoreMode,
+        k: &str,
+        v: &[u8],
+        f: u32,
+        e: u32,
+    ) -> newcache::Result<StoreOutcome> {
+        self.inner.store(m, k, v, f, e)
+    }
+    fn store_then_get(&self, w: Write<'_>) -> newcache::Result<(StoreOutcome, Option<Item>)> {
+        self.inner.store_then_get(w)
+    }
+    fn store_many(&self, w: &[Write<'_>]) -> Vec<newcache::Result<StoreOutcome>> {
+        self.inner.store_many(w)
+    }
+    fn delete(&self, key: &str) -> newcache::Result<bool> {
+        self.inner.delete(key)
+    }
+    fn touch(&self, key: &str, exptime: u32) -> newcache::Result<bool> {
+        self.inner.touch(key, exptime)
+    }
+    fn incr(&self, key: &str, d: u64) -> newcache::Result<Option<u64>> {
+        self.inner.incr(key, d)
+    }
+    fn decr(&self, key: &str, d: u64) -> newcache::Result<Option<u64>> {
+        self.inner.decr(key, d)
+    }
+    fn flush_all(&self) -> newcache::Result<()> {
+        self.inner.flush_all()
+    }
+    fn max_value_size(&self, key: &str) -> usize {
+        self.inner.max_value_size(key)
+    }
+}
+
+#[test]
+fn a_write_between_the_refused_claim_and_the_placeholder_wins() {
+    for (mode, write) in ["lookup", "load", "batch"]
+        .into_iter()
+        .flat_map(|m| [(m, "set"), (m, "delete")])
+    {
+        let clock = newcache::testing::MockClock::new();
+        let memory = Arc::new(MemoryBackend::new(64 << 20, clock.clone()));
+        let racer = Arc::new(Racer {
+            inner: memory.clone(),
+            hook: Mutex::new(None),
+        });
+        let cache = Cache::builder()
+            .flavor(unique_flavor("race"))
+            .clock(clock.clone())
+            .backend(racer.clone())
+            .build()
+            .unwrap();
+        let k = cache.make_key("full");
+        cache.set("full", &"x".repeat(100_000), S(10)).unwrap();
+        let stored = memory.get(&k).unwrap().unwrap().value.to_vec();
+        let full = grown_to(&stored, memory.max_value_size(&k));
+        memory
+            .store(StoreMode::Set, &k, &full, newcache::__private::FLAGS, 0)
+            .unwrap();
+        // theirs: a fresh value written by another client, as newcache writes it
+        let other = Cache::builder()
+            .flavor("unused")
+            .clock(clock.clone())
+            .backend(memory.clone())
+            .build()
+            .unwrap();
+        other.set("theirs", "theirs", S(600)).unwrap();
+        let theirs = memory
+            .get(&other.make_key("theirs"))
+            .unwrap()
+            .unwrap()
+            .value
+            .to_vec();
+        clock.advance(S(11));
+        let key = k.clone();
+        *racer.hook.lock().unwrap() = Some(match write {
+            "set" => Box::new(move |m: &MemoryBackend| {
+                m.store(StoreMode::Set, &key, &theirs, newcache::__private::FLAGS, 0)
+                    .unwrap();
+            }),
+            _ => Box::new(move |m: &MemoryBackend| {
+                m.delete(&key).unwrap();
+            }),
+        });
+        let loads = AtomicUsize::new(0);
+        let load = || {
+            loads.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, std::io::Error>("loaded".to_string())
+        };
+        let got: Option<String> = match mode {
+            "lookup" => cache.get("full").unwrap(),
+            "load" => Some(cache.get_or_set_with("full", S(60), load).unwrap()),
+            _ => cache
+                .get_many_or_set_with(&["full"], S(60), |keys| {
+                    load().map(|v| keys.iter().map(|k| (k.clone(), v.clone())).collect())
+                })
+                .unwrap()
+                .remove("full"),
+        };
+        let after: Option<String> = cache.get("full").unwrap();
+        let ctx = format!("{mode}, {write} in between");
+        match write {
+            "set" => {
+                if mode != "lookup" {
+                    assert_eq!(got.as_deref(), Some("theirs"), "{ctx}");
+                }
+                assert_eq!(loads.load(Ordering::SeqCst), 0, "{ctx}");
+                assert_eq!(after.as_deref(), Some("theirs"), "{ctx}: the set stands");
+            }
+            _ => {
+                // the delete stands: nothing stale is served; a loader loads anew
+                assert_ne!(got.as_deref().map(str::len), Some(full.len() - 33), "{ctx}");
+                if mode == "lookup" {
+                    assert_eq!(after, None, "{ctx}");
+                } else {
+                    assert_eq!(loads.load(Ordering::SeqCst), 1, "{ctx}");
+                    assert_eq!(after.as_deref(), Some("loaded"), "{ctx}");
+                }
+            }
+        }
+    }
+}
+
+/// Eight caches (eight coalescers: as eight processes) on one memcached, a stale item at the
+/// limit: the placeholder takeover elects one loader. values.rs's version of this test shares one
+/// cache among its threads, whose coalescer alone makes one load.
+#[test]
+fn eight_processes_take_an_item_at_the_limit_over_with_one_loader() {
+    let env = Env::new(Kind::Memcached, "eight");
+    let caches: Vec<Cache> = (0..8).map(|_| env.sync_cache()).collect();
+    let k = caches[0].make_key("full");
+    caches[0].set("full", &"x".repeat(100_000), S(10)).unwrap();
+    let limit = env.backend().max_value_size(&k);
+    let full = grown_to(&env.raw_get(&k).unwrap(), limit);
+    for round in 0..5 {
+        env.raw_set(&k, &full, newcache::__private::FLAGS);
+        if round == 0 {
+            env.advance(S(11));
+        }
+        let loads = AtomicUsize::new(0);
+        let gate = Barrier::new(8);
+        std::thread::scope(|s| {
+            for c in &caches {
+                let (loads, gate) = (&loads, &gate);
+                s.spawn(move || {
+                    gate.wait();
+                    let v: String = c
+                        .get_or_set_with("full", S(60), || {
+                            loads.fetch_add(1, Ordering::SeqCst);
+                            std::thread::sleep(Duration::from_millis(50));
+                            Ok::<_, std::io::Error>("fresh".to_string())
+                        })
+                        .unwrap();
+                    assert_eq!(v, "fresh");
+                });
+            }
+        });
+        assert_eq!(loads.load(Ordering::SeqCst), 1, "round {round}");
+    }
+    let _ = Ttl::Never;
+}
