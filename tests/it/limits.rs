@@ -248,11 +248,13 @@ fn a_value_nested_past_the_decode_depth_is_refused_or_readable() {
     // dropping 300 boxes recursively is fine
 }
 
+type Hook = Box<dyn FnOnce(&MemoryBackend) + Send>;
+
 /// Runs `hook` once, right after the next read (single or batch) returns: between a reader's
 /// read and its claim, which the refused claim and the placeholder `cas` both follow.
 struct Racer {
     inner: Arc<MemoryBackend>,
-    hook: Mutex<Option<Box<dyn FnOnce(&MemoryBackend) + Send>>>,
+    hook: Mutex<Option<Hook>>,
 }
 
 impl std::fmt::Debug for Racer {
