@@ -298,7 +298,8 @@ impl CacheBuilder {
     }
 
     /// memcached: the longest one operation's I/O may take, however slowly the server sends
-    /// (one deadline for all of it, a batch included); default 500 ms. Must not be zero.
+    /// (one deadline for all of it; a large batch has one per round of up to 2,048 keys, from
+    /// when that round is sent); default 500 ms. Must not be zero.
     pub fn io_timeout(mut self, timeout: Duration) -> Self {
         self.memcached_only.push("io_timeout");
         self.io_timeout = timeout;

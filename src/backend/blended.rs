@@ -292,7 +292,7 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use super::*;
-    use crate::backend::engine::tests::{Memcached, config};
+    use crate::backend::engine::tests::{Bursty, Memcached, config};
 
     fn blended(addr: String) -> Blended {
         Blended::new(config(&[addr], |_| {}), 2).unwrap()
@@ -411,6 +411,101 @@ mod tests {
         );
         let e = b.store(StoreMode::Set, "k", b"v", 0, 0).unwrap_err();
         assert!(e.is_timeout() || e.is_outcome_unknown(), "{e}");
+    }
+
+    /// On one engine connection, for callers that overlap others, in a sync `Cache` whose
+    /// server one transport fault would mark dead (for a minute).
+    fn on_one_engine_connection(addr: String) -> Blended {
+        let tune = |c: &mut MemcachedConfig| {
+            c.io_timeout = Duration::from_secs(5);
+            c.failure_limit = 1;
+            c.retry_interval = Duration::from_secs(60);
+        };
+        Blended::new(config(&[addr], tune), 1).unwrap()
+    }
+
+    /// No engine connection died, and the server is not marked dead (one fault would have
+    /// done it: this write would fail fast).
+    fn still_healthy(b: &Blended) {
+        let lane = b.lane.get().expect("the engine served");
+        assert_eq!(lane.engine.poisonings(), 0, "an engine connection died");
+        set(b, "after", b"v");
+        assert_eq!(value(b, "after").as_deref(), Some(&b"v"[..]));
+    }
+
+    /// A 40 KB read on the engine: its reader keeps the buffer grown for it, so that its later
+    /// reads take thousands of short replies at once.
+    fn read_a_large_value(b: &Blended) {
+        let large = vec![b'L'; 40 * 1024];
+        set(b, "large", &large);
+        assert_eq!(value(b, "large"), Some(large));
+    }
+
+    fn keys(prefix: &str, n: usize) -> Vec<String> {
+        (0..n).map(|i| format!("{prefix}{i}")).collect()
+    }
+
+    /// Issue "Edges, round two", 3, on the sync `Cache`'s pipelined path: after a 40 KB read,
+    /// deletes of 20,000 absent keys whose replies come in bursts (the relay); then batches of
+    /// 100,000 keys, straight to memcached and through the relay: every key answered, no
+    /// connection lost, the server never blamed.
+    #[test]
+    fn engine_callers_get_whole_batches_of_100k_keys_whatever_the_read_sizes() {
+        let m = Memcached::start();
+        let relay = Bursty::new(&m.addr());
+        let n = 100_000;
+        let keys = keys("b:", n);
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        for addr in [relay.addr(), m.addr()] {
+            let b = on_one_engine_connection(addr);
+            let _busy = Busy::new(&b);
+            read_a_large_value(&b);
+            let absent = self::keys("absent:", 20_000);
+            let absent: Vec<&str> = absent.iter().map(String::as_str).collect();
+            let deleted = b.delete_many(&absent);
+            let failed = deleted.iter().filter(|r| r.is_err()).count();
+            assert_eq!(failed, 0, "{:?}", deleted.iter().find(|r| r.is_err()));
+            assert!(deleted.iter().all(|r| matches!(r, Ok(false))));
+            let writes: Vec<Write<'_>> = refs
+                .iter()
+                .map(|k| Write::new(StoreMode::Set, k, k.as_bytes(), 0, 0))
+                .collect();
+            let stored = b.store_many(&writes);
+            assert!(stored.iter().all(|r| matches!(r, Ok(StoreOutcome::Stored))));
+            let got = b.get_many(&refs);
+            assert!(
+                got.iter()
+                    .zip(&refs)
+                    .all(|(r, k)| matches!(r, Ok(Some(i)) if i.value[..] == *k.as_bytes()))
+            );
+            let deleted = b.delete_many(&refs);
+            assert!(deleted.iter().all(|r| matches!(r, Ok(true))));
+            still_healthy(&b);
+        }
+    }
+
+    /// The same 20,000 deletes on the engine, sent to a server paused for 300 ms (well within
+    /// `io_timeout`): their replies come in bursts once it resumes.
+    #[test]
+    fn an_engine_callers_batch_outlasts_a_paused_server() {
+        let m = Memcached::start();
+        let relay = Bursty::new(&m.addr());
+        let b = on_one_engine_connection(relay.addr());
+        let _busy = Busy::new(&b);
+        read_a_large_value(&b);
+        let absent = keys("absent:", 20_000);
+        let absent: Vec<&str> = absent.iter().map(String::as_str).collect();
+        m.signal("STOP");
+        let deleted = std::thread::scope(|s| {
+            let batch = s.spawn(|| b.delete_many(&absent));
+            std::thread::sleep(Duration::from_millis(300));
+            m.signal("CONT");
+            batch.join().unwrap()
+        });
+        let failed = deleted.iter().filter(|r| r.is_err()).count();
+        assert_eq!(failed, 0, "{:?}", deleted.iter().find(|r| r.is_err()));
+        assert!(deleted.iter().all(|r| matches!(r, Ok(false))));
+        still_healthy(&b);
     }
 
     #[test]

@@ -3,12 +3,15 @@
 //! A caller that finds the connection idle writes its op itself (the direct path).
 //!
 //! ```text
-//!  callers ──Op──► [queue] ──► writer: take one op, then all queued (≤ 64 KiB); merge runs of
-//!     │                                gets; push the expectations to the reader; write
+//!  callers ──Op──► [queue] ──► writer: wait while a round is unanswered beyond the one on the
+//!     │                                wire; take one op, then all queued (≤ 64 KiB, ≤ 2,048
+//!     │                                keys or commands); merge runs of gets; push the
+//!     │                                expectations to the reader; write
 //!     │ idle: push the expectation,   │ Batch (sent time, expectations, in write order)
 //!     │ then try_write (no await)     ▼
-//!     └──────────────────────► reader: buffer bytes; while the oldest expectation's reply is
-//!                                      whole (wire::reply_len), parse it, answer its waiters
+//!     └──────────────────────► reader: take every batch pushed; buffer bytes; while the oldest
+//!                                      expectation's reply is whole (wire::reply_len), parse
+//!                                      it, answer its waiters; wake a writer waiting for room
 //! ```
 //!
 //! The direct path and the writer never interleave bytes or reorder expectations: each pushes
@@ -18,6 +21,12 @@
 //! section only ever holds pending ops. An op queued before a direct one is therefore written
 //! before it (a set queued and not awaited, then a get: the get sees the set). A direct write the
 //! socket takes only in part queues its rest, first in the queue, for the writer.
+//!
+//! A batch of any size goes out in rounds, as the blocking pool's do: the writer starts a round
+//! only while at most [`ROUND`] keys and commands are unanswered (one round on the wire, the
+//! next being written), so that what is in flight, and what the reader holds, stays bounded,
+//! and each round is stamped when it is written: its `io_timeout` counts from then, not from
+//! the start of a batch that may take many times that to answer.
 //!
 //! Either task ending wakes the other: the reader holds the writer's `kill` sender, the writer
 //! the reader's `writer_done` one. Whoever hits a fault first poisons the [`Link`] (the first
@@ -36,7 +45,7 @@ use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::mpsc::error::{TryRecvError, TrySendError};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Notify, mpsc, oneshot};
 
 use super::Server;
 use crate::backend::memcached::wire::{self, Shape, Slot};
@@ -49,13 +58,14 @@ pub(super) const KEYS_PER_LINE: usize = 128;
 const LINE_BYTES: usize = 16 * 1024;
 /// The writer stops taking queued ops once a write holds this many bytes (one op may exceed it).
 const WRITE_BYTES: usize = 64 * 1024;
+/// Keys and commands per round (a `gets` line counts its keys): the writer stops taking queued
+/// ops once a write asks for this many replies (one op may take it past, by at most
+/// [`KEYS_PER_LINE`]), as the blocking pool writes 2,048 keys at a time.
+pub(super) const ROUND: usize = 2048;
 /// Ops queued per connection before callers wait to submit.
 pub(super) const QUEUE: usize = 1024;
 /// Written batches the reader has not taken yet.
 const BATCHES_QUEUED: usize = 64;
-/// Replies awaited per connection; the writer waits beyond this (backpressure, not a timeout:
-/// the oldest one's deadline still runs).
-const MAX_IN_FLIGHT: usize = 4096;
 /// The reader's buffer grows by this much when it runs low.
 const READ_CHUNK: usize = 16 * 1024;
 /// A buffer kept past a large reply is given back once it is empty.
@@ -129,6 +139,16 @@ pub(super) enum Reply {
 }
 
 impl Op {
+    /// The replies it asks for, as the writer counts a round: a get's keys, one per command,
+    /// none for a rest (its expectation is counted already).
+    fn asks(&self) -> usize {
+        match self {
+            Op::Get { keys, .. } => keys.len(),
+            Op::Cmd { .. } => 1,
+            Op::Rest(_) => 0,
+        }
+    }
+
     /// Answers an op that was never written with `e`.
     fn fail(self, e: &Error) {
         match self {
@@ -166,6 +186,15 @@ enum Expect {
 }
 
 impl Expect {
+    /// What it counts toward the connection's in-flight total: a line's distinct keys, or one
+    /// command (so that a round of 16 lines weighs what 2,048 single gets do).
+    fn weight(&self) -> usize {
+        match self {
+            Expect::Gets { keys, .. } => keys.len(),
+            Expect::Cmd { .. } => 1,
+        }
+    }
+
     fn shape(&self) -> Shape {
         match self {
             Expect::Gets { .. } => Shape::Values,
@@ -217,8 +246,12 @@ pub(super) struct Batch {
 /// slot holds this) and no queue sender (the writer ends when the last one is dropped).
 pub(super) struct Conn {
     flow: Mutex<Flow>,
-    /// Replies expected and not yet read (the writers add, the reader subtracts).
+    /// Replies expected and not yet read, by [`Expect::weight`] (the writers add, the reader
+    /// subtracts).
     in_flight: AtomicUsize,
+    /// Signalled by the reader when `in_flight` falls to [`ROUND`]: the writer waits for it
+    /// before a round while more is unanswered.
+    room: Notify,
 }
 
 /// What the direct path and the writer task order themselves by.
@@ -273,7 +306,7 @@ impl Flow {
         };
         let expects = std::mem::take(&mut round.expects);
         if !expects.is_empty() {
-            in_flight.fetch_add(expects.len(), Ordering::Relaxed);
+            in_flight.fetch_add(expects.iter().map(Expect::weight).sum(), Ordering::Relaxed);
             expect.send(Batch {
                 sent: Instant::now(),
                 expects,
@@ -314,6 +347,7 @@ impl Conn {
         Conn {
             flow: Mutex::new(Flow::default()),
             in_flight: AtomicUsize::new(0),
+            room: Notify::new(),
         }
     }
 
@@ -367,10 +401,19 @@ impl Conn {
         });
     }
 
-    /// What the reader does on answering an expectation.
+    /// What the reader does on answering an expectation of one key or command.
     #[cfg(test)]
     pub(super) fn answered_for_test(&self) {
-        self.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.answered(1);
+    }
+
+    /// The reader read the reply to an expectation of `weight`: wakes the writer if it waits
+    /// for room and this made it (the writer checks again, so a wake-up too many costs a loop).
+    fn answered(&self, weight: usize) {
+        let before = self.in_flight.fetch_sub(weight, Ordering::Relaxed);
+        if before > ROUND && before - weight <= ROUND {
+            self.room.notify_one();
+        }
     }
 
     /// The writer wrote `n` pending ops.
@@ -611,9 +654,18 @@ async fn close_queue(ops: &mut mpsc::Receiver<Op>, e: &Error) {
     }
 }
 
-/// Takes one op, then whatever else is queued, and writes them as one batch; never waits for
-/// replies (many batches are in flight). Returns when the queue's senders are all gone or the
-/// reader ended (`kill`); a write error poisons the link.
+/// Takes one op, then whatever else is queued (a round: at most [`WRITE_BYTES`] and [`ROUND`]
+/// keys or commands, one op past either), and writes them as one batch. Never waits for a
+/// round's replies before writing the next (two are in flight), but waits before a round while
+/// more than [`ROUND`] are unanswered: backpressure, which bounds what the server, the socket
+/// and the reader hold, and keeps each round's deadline its own (stamped as it is written, it
+/// is not spent waiting behind a whole batch's earlier rounds). Returns when the queue's
+/// senders are all gone or the reader ended (`kill`); a write error poisons the link.
+///
+/// The wait cannot hold up the reader: every reply it counts was asked for by bytes written
+/// whole (this task's earlier rounds), but for a direct write's rest, which is queued only
+/// while its own op is all that is in flight (far below the cap), so it never waits here.
+/// Callers waiting for room in the queue meanwhile are not failed; they wait (cancel-safely).
 ///
 /// There is no batching timer. An op on an idle connection does not come here: its caller
 /// writes it ([`Conn::submit`]). An op queued while no reply is outstanding (behind a
@@ -637,6 +689,15 @@ async fn write_loop(
     let conn = &*link.conn;
     let mut round = Round::default();
     loop {
+        // The reader signals `room` when it brings the count down to `ROUND`: one made while
+        // this task is between the check and the await is kept for it (`notify_one`).
+        while conn.in_flight.load(Ordering::Relaxed) > ROUND {
+            tokio::select! {
+                biased;
+                _ = &mut *kill => return,
+                () = conn.room.notified() => {}
+            }
+        }
         let first = tokio::select! {
             biased;
             _ = &mut *kill => return,
@@ -652,12 +713,14 @@ async fn write_loop(
             // is written at once.
             tokio::task::yield_now().await;
         }
+        let mut asks = first.asks();
         round.push(first, server);
         // Every op taken stays pending (the direct path stays shut) until written.
         let mut taken = 1;
-        while round.out.len() < WRITE_BYTES {
+        while round.out.len() < WRITE_BYTES && asks < ROUND {
             match ops.try_recv() {
                 Ok(op) => {
+                    asks += op.asks();
                     round.push(op, server);
                     taken += 1;
                 }
@@ -670,12 +733,13 @@ async fn write_loop(
             conn.written(taken);
             continue;
         }
-        conn.in_flight
-            .fetch_add(round.expects.len(), Ordering::Relaxed);
-        let batch = Batch {
-            sent: Instant::now(),
-            expects: std::mem::take(&mut round.expects),
-        };
+        let expects = std::mem::take(&mut round.expects);
+        let weight = expects.iter().map(Expect::weight).sum();
+        conn.in_flight.fetch_add(weight, Ordering::Relaxed);
+        #[cfg(test)]
+        server
+            .counters
+            .note_in_flight(conn.in_flight.load(Ordering::Relaxed));
         // `reserve` is cancel-safe: if the reader is gone, the batch is failed here, unwritten.
         let permit = tokio::select! {
             biased;
@@ -684,10 +748,14 @@ async fn write_loop(
         };
         let Ok(permit) = permit else {
             let e = link.poison(wire::closed(), false);
-            batch.expects.into_iter().for_each(|x| x.fail(&e, false));
+            expects.into_iter().for_each(|x| x.fail(&e, false));
             return;
         };
-        permit.send(batch);
+        // Stamped as its bytes go out: this round's deadline, whatever came before it.
+        permit.send(Batch {
+            sent: Instant::now(),
+            expects,
+        });
         #[cfg(test)]
         server.counters.note_write();
         tokio::select! {
@@ -762,14 +830,12 @@ async fn read_loop(
     tokio::pin!(sleep);
     let mut armed = false;
     let end = 'conn: loop {
-        // The writer pushes a batch before writing it, so a reply's expectation is here or in
-        // the channel.
-        while !writer_gone && in_flight.len() < MAX_IN_FLIGHT {
-            match batches.try_recv() {
-                Ok(b) => in_flight.extend(b.expects.into_iter().map(|x| (b.sent, x))),
-                Err(TryRecvError::Empty) => break,
-                Err(TryRecvError::Disconnected) => writer_gone = true,
-            }
+        // The writer pushes a batch before writing it, so the expectation of every byte read
+        // so far is here or in the channel: all of it is taken before any byte is judged
+        // (bytes beyond what is taken would be declared unasked for). The writer's
+        // backpressure bounds how much that is.
+        if !writer_gone {
+            writer_gone = take_all(&mut batches, &mut in_flight);
         }
         let mut answered = false;
         while let Some((_, front)) = in_flight.front() {
@@ -781,7 +847,7 @@ async fn read_loop(
             };
             // Before answering: a caller woken by this reply that queues its next op must find
             // the connection idle (no batching turn for a lone caller).
-            link.conn.in_flight.fetch_sub(1, Ordering::Relaxed);
+            link.conn.answered(expect.weight());
             let reply = &buf[start..start + n];
             start += n;
             answered = true;
@@ -812,6 +878,7 @@ async fn read_loop(
                 }
                 break End::Done;
             }
+            // Every expectation pushed before these bytes were read was taken above.
             None if start < buf.len() => {
                 break End::Dead {
                     error: wire::protocol_error("the server sent bytes no request asked for"),
@@ -883,6 +950,21 @@ async fn read_loop(
         }
         for (_, x) in in_flight {
             x.fail(&e, true);
+        }
+    }
+}
+
+/// Moves every batch the channel holds to `in_flight`, in order; whether the writer is gone (the
+/// channel closed and empty).
+fn take_all(
+    batches: &mut mpsc::Receiver<Batch>,
+    in_flight: &mut VecDeque<(Instant, Expect)>,
+) -> bool {
+    loop {
+        match batches.try_recv() {
+            Ok(b) => in_flight.extend(b.expects.into_iter().map(|x| (b.sent, x))),
+            Err(TryRecvError::Empty) => return false,
+            Err(TryRecvError::Disconnected) => return true,
         }
     }
 }

@@ -2,9 +2,11 @@
 //!
 //! Per server, a few long-lived connections (round-robin while busy; an idle one is kept), each
 //! a writer task and a reader task (`conn.rs`). Callers encode and validate their command, queue
-//! it on a connection and await a oneshot; the writer writes everything queued in one go,
-//! merging runs of gets into one `gets` line, and never waits for replies before writing more;
-//! the reader answers whole replies in order. There is no batching timer: on an idle connection
+//! it on a connection and await a oneshot; the writer writes what is queued in rounds (up to
+//! 2,048 keys or commands), merging runs of gets into one `gets` line, and writes the next round
+//! while one is unanswered, not more (so a batch of any size is in flight a round or two at a
+//! time, and each round's `io_timeout` counts from its own write); the reader answers whole
+//! replies in order. There is no batching timer: on an idle connection
 //! (nothing queued, nothing in flight) the caller writes its op itself, so a lone caller pays no
 //! hand-off to the writer; while replies are outstanding the writer lets the ready callers run
 //! one scheduler turn first, so that under load their ops share writes and lines. Placement
@@ -13,7 +15,7 @@
 //! # Faults
 //!
 //! A connection dies on a transport fault (an I/O error, a reply the parsers reject, no whole
-//! reply to its oldest request within `io_timeout`): every caller in flight or queued on it
+//! reply to its oldest request within `io_timeout` of that request's round being written): every caller in flight or queued on it
 //! fails at once (a written command with [`Error::is_outcome_unknown`]), and the server's
 //! health records one fault. The next op reconnects through the health gate: while a server is
 //! dead its ops fail fast and one probe per `retry_interval` connects.

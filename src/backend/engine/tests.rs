@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use super::conn::ROUND;
 use super::*;
 use crate::backend::memcached::ServerSpec;
 use crate::backend::{DEFAULT_ITEM_SIZE, StoreMode};
@@ -33,6 +34,8 @@ pub(super) struct Counters {
     poisonings: AtomicU64,
     /// Bytes the readers read.
     read: AtomicU64,
+    /// The most keys and commands in flight on a connection once a round was counted.
+    peak: AtomicU64,
 }
 
 impl Counters {
@@ -61,6 +64,9 @@ impl Counters {
     pub(super) fn note_orphans(&self, n: usize) {
         self.orphans.fetch_add(n as u64, Ordering::Relaxed);
     }
+    pub(super) fn note_in_flight(&self, n: usize) {
+        self.peak.fetch_max(n as u64, Ordering::Relaxed);
+    }
 }
 
 impl Engine {
@@ -85,8 +91,16 @@ impl Engine {
     fn read(&self) -> u64 {
         self.sum(|c| &c.read)
     }
-    fn poisonings(&self) -> u64 {
+    /// Connections that died (for the sync backend's tests too).
+    pub(crate) fn poisonings(&self) -> u64 {
         self.sum(|c| &c.poisonings)
+    }
+    fn peak(&self) -> u64 {
+        self.servers
+            .iter()
+            .map(|s| s.counters.peak.load(Ordering::Relaxed))
+            .max()
+            .unwrap_or(0)
     }
     fn connects(&self, server: usize) -> u64 {
         self.servers[server]
@@ -249,6 +263,95 @@ fn server_pid(port: u16) -> Option<u32> {
         if let Some(pid) = line.strip_prefix("STAT pid ") {
             return pid.trim().parse().ok();
         }
+    }
+}
+
+/// A relay in front of a server: requests pass at once, the server's replies are held until it
+/// has sent nothing for 10 ms (or 1 MiB is held) and then passed on in one write. What a reader
+/// starved for a moment finds, deterministically: thousands of short replies in one read. (A
+/// copy of the integration fixture's.) Stops accepting when dropped; each connection ends with
+/// its client's.
+pub(crate) struct Bursty {
+    addr: String,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Bursty {
+    pub(crate) fn new(upstream: &str) -> Bursty {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("a free loopback port");
+        listener.set_nonblocking(true).unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (upstream, stopped) = (upstream.to_owned(), stop.clone());
+        std::thread::spawn(move || {
+            while !stopped.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((client, _)) => {
+                        client.set_nonblocking(false).unwrap();
+                        let server = TcpStream::connect(&upstream).expect("the upstream server");
+                        Bursty::relay(client, server);
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        std::thread::sleep(Duration::from_millis(2));
+                    }
+                    Err(_) => return,
+                }
+            }
+        });
+        Bursty { addr, stop }
+    }
+
+    pub(crate) fn addr(&self) -> String {
+        self.addr.clone()
+    }
+
+    fn relay(client: TcpStream, server: TcpStream) {
+        use std::io::{Read, Write as _};
+        let (mut from_client, mut to_server) =
+            (client.try_clone().unwrap(), server.try_clone().unwrap());
+        std::thread::spawn(move || {
+            let _ = std::io::copy(&mut from_client, &mut to_server);
+            let _ = to_server.shutdown(std::net::Shutdown::Write);
+        });
+        let (mut from_server, mut to_client) = (server, client);
+        std::thread::spawn(move || {
+            const QUIET: Duration = Duration::from_millis(10);
+            const MAX: usize = 1 << 20;
+            let mut held = Vec::with_capacity(MAX);
+            let mut chunk = vec![0; 64 * 1024];
+            loop {
+                // The first bytes of a burst: waited for as long as it takes.
+                let _ = from_server.set_read_timeout(None);
+                let n = match from_server.read(&mut chunk) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => n,
+                };
+                held.extend_from_slice(&chunk[..n]);
+                let _ = from_server.set_read_timeout(Some(QUIET));
+                let mut eof = false;
+                while held.len() < MAX {
+                    match from_server.read(&mut chunk) {
+                        Ok(0) => {
+                            eof = true;
+                            break;
+                        }
+                        Ok(n) => held.extend_from_slice(&chunk[..n]),
+                        Err(_) => break,
+                    }
+                }
+                if to_client.write_all(&held).is_err() || eof {
+                    break;
+                }
+                held.clear();
+            }
+            let _ = to_client.shutdown(std::net::Shutdown::Write);
+        });
+    }
+}
+
+impl Drop for Bursty {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
     }
 }
 
@@ -1026,6 +1129,53 @@ async fn direct_and_queued_ops_never_cross_replies_current_thread() {
 /// Test 6, a stopped server: a second batch is written while the first is unanswered;
 /// then everything in flight fails together within about io_timeout (a written store as
 /// outcome unknown); after SIGCONT it serves again.
+/// Batches of 100,000 keys (set, get, delete) on one connection after a 40 KB read (the reader's
+/// buffer grown), straight to memcached and through a relay that passes replies on in bursts:
+/// written in rounds of at most `ROUND` keys or commands, at most two rounds in flight, every
+/// key answered, no connection lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_of_100k_go_in_bounded_rounds_whatever_the_read_sizes() {
+    let mc = Memcached::start();
+    let relay = Bursty::new(&mc.addr());
+    let n = 100_000;
+    let keys: Vec<String> = (0..n).map(|i| format!("br:{i}")).collect();
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let values: Vec<Vec<u8>> = keys.iter().map(|k| value_of(k)).collect();
+    for addr in [mc.addr(), relay.addr()] {
+        let e = engine(&[addr], 1, |c| c.io_timeout = Duration::from_secs(5));
+        let large = vec![b'L'; 40 * 1024];
+        e.store(set("br:large", &large)).await.unwrap();
+        assert_eq!(value(&e.get("br:large").await), Some(&large[..]));
+        let absent: Vec<String> = (0..20_000).map(|i| format!("br:absent:{i}")).collect();
+        let absent: Vec<&str> = absent.iter().map(String::as_str).collect();
+        let deleted = e.delete_many(&absent).await;
+        assert!(
+            deleted.iter().all(|r| matches!(r, Ok(false))),
+            "{:?}",
+            deleted.iter().find(|r| r.is_err())
+        );
+        let writes: Vec<Write<'_>> = refs.iter().zip(&values).map(|(k, v)| set(k, v)).collect();
+        let stored = e.store_many(&writes).await;
+        assert!(stored.iter().all(|r| matches!(r, Ok(StoreOutcome::Stored))));
+        let got = e.get_many(&refs).await;
+        assert!(
+            got.iter()
+                .zip(&values)
+                .all(|(r, v)| value(r) == Some(&v[..]))
+        );
+        let deleted = e.delete_many(&refs).await;
+        assert!(deleted.iter().all(|r| matches!(r, Ok(true))));
+        assert_eq!(e.poisonings(), 0);
+        let (writes, peak) = (e.writes() as usize, e.peak() as usize);
+        assert!(
+            writes >= (20_000 + 3 * n) / (ROUND + KEYS_PER_LINE),
+            "{writes} writes"
+        );
+        assert!(peak <= 2 * ROUND + KEYS_PER_LINE, "{peak} in flight");
+        assert!(peak > ROUND, "{peak}: the rounds overlapped");
+    }
+}
+
 #[tokio::test]
 async fn a_stopped_server_fails_its_waiters_at_once_then_serves_again() {
     let io_timeout = Duration::from_millis(1000);

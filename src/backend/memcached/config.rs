@@ -97,7 +97,9 @@ pub struct MemcachedConfig {
     pub connect_timeout: Duration,
     /// How long an operation may take to send its request and read its replies: one deadline for
     /// the whole operation, however slowly the server sends (a batch: one deadline for all its
-    /// servers, per round of up to 512 writes or 2048 keys per server). Above zero.
+    /// servers, per round of up to 512 writes or 2048 keys per server; on the pipelined
+    /// connections, per round of up to 2048 keys or commands, from when it is written). Above
+    /// zero.
     pub io_timeout: Duration,
     /// Connections per server.
     pub pool_size: u32,
