@@ -331,7 +331,8 @@ fn an_async_ping_behind_a_full_queue_stays_within_its_bound() {
     let (_hung, hung_addr) = hung_server();
     let (_hung2, hung2_addr) = hung_server();
     let live = shared_server();
-    let io = Duration::from_millis(400);
+    // Long enough that a loaded machine's delays stay well below a second io_timeout.
+    let io = Duration::from_millis(1000);
     let cache = Cache::builder()
         .memcached([hung_addr.as_str(), hung2_addr.as_str(), live])
         .io_timeout(io)
@@ -356,8 +357,9 @@ fn an_async_ping_behind_a_full_queue_stays_within_its_bound() {
         for t in tasks {
             let _ = t.await;
         }
+        // one io_timeout, not one per hung server (2 s)
         assert!(
-            took < io + Duration::from_millis(200),
+            took < io + io * 7 / 10,
             "ping took {took:?} (io_timeout {io:?})"
         );
     });
