@@ -20,7 +20,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         .flavor("quickstart")
         .herd_timeout(Duration::from_secs(10));
     let (cache, backend) = match std::env::var("MEMCACHED_SERVERS") {
-        Ok(list) if !list.trim().is_empty() => (builder.memcached(list.split(',')).build()?, list),
+        Ok(list) if !list.trim().is_empty() => (builder.memcached_list(&list).build()?, list),
         _ => (builder.in_memory().build()?, "memory".to_string()),
     };
     println!("backend: {backend}");

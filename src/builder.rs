@@ -187,6 +187,30 @@ impl CacheBuilder {
         self
     }
 
+    /// Uses memcached with the servers of a list as an environment variable holds one
+    /// (`MEMCACHED_SERVERS="10.0.0.1:11211,10.0.0.2:11211"`): separated by `,`, `;` or
+    /// whitespace ([`ServerSpec::parse_list`]); a malformed list fails at `build()`.
+    ///
+    /// ```
+    /// let cache = newcache::Cache::builder()
+    ///     .memcached_list("127.0.0.1:11211, 127.0.0.1:11212")
+    ///     .build()?; // never connects
+    /// # Ok::<(), newcache::Error>(())
+    /// ```
+    pub fn memcached_list(self, servers: &str) -> Self {
+        match ServerSpec::parse_list(servers) {
+            Ok(specs) => self.memcached(specs.iter().map(ServerSpec::addr)),
+            // The first bad entry (or the empty list) is kept, so that build() reports it.
+            Err(_) => {
+                let bad = servers
+                    .split(|c: char| c == ',' || c == ';' || c.is_whitespace())
+                    .find(|e| !e.is_empty() && ServerSpec::parse(e).is_err())
+                    .unwrap_or(servers);
+                self.memcached([bad])
+            }
+        }
+    }
+
     /// Uses memcached with weighted servers: `(address, weight)`; a server's share of the keys is
     /// its weight over the total.
     pub fn memcached_weighted<I, S>(mut self, servers: I) -> Self

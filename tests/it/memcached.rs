@@ -682,3 +682,40 @@ fn a_server_without_cas_fails_only_its_own_keys_in_a_batch() {
         Err(e) => panic!("the -C server's key failed the healthy server's key too: {e}"),
     }
 }
+
+/// A server list from an environment variable: `.memcached([list])` built as one server named
+/// `127.0.0.1:21311,127.0.0.1` and failed at the first write; it is refused at `build()` now,
+/// and `memcached_list` splits it (keys placed as on the same servers given one by one).
+#[test]
+fn a_server_list_is_split_by_memcached_list_and_refused_whole() {
+    let e = Cache::builder()
+        .memcached(["127.0.0.1:21311,127.0.0.1:21312"])
+        .build()
+        .unwrap_err();
+    assert!(e.is_config() && e.to_string().contains("parse_list"), "{e}");
+    for bad in ["tcp://127.0.0.1:11211", "unix:/tmp/mc.sock"] {
+        let e = Cache::builder().memcached([bad]).build().unwrap_err();
+        assert!(e.is_config(), "{bad}: {e}");
+    }
+    let e = Cache::builder()
+        .memcached_list("127.0.0.1:1, nohost")
+        .build()
+        .unwrap_err();
+    assert!(e.is_config() && e.to_string().contains("nohost"), "{e}");
+    let (a, b) = (Memcached::start(), Memcached::start());
+    let flavor = unique_flavor("list");
+    let listed = Cache::builder()
+        .memcached_list(&format!(" {}, {} ", a.addr(), b.addr()))
+        .flavor(&flavor)
+        .build()
+        .unwrap();
+    let one_by_one = Cache::builder()
+        .memcached([a.addr(), b.addr()])
+        .flavor(&flavor)
+        .build()
+        .unwrap();
+    for i in 0..20 {
+        listed.set(&format!("k{i}"), &i, S(60)).unwrap();
+        assert_eq!(one_by_one.get::<i32>(&format!("k{i}")).unwrap(), Some(i));
+    }
+}

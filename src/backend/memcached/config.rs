@@ -43,12 +43,31 @@ pub struct ServerSpec {
 }
 
 impl ServerSpec {
-    /// Parses `host:port`, `memcache://host:port` or `[v6addr]:port` (weight 1).
+    /// Parses one server: `host:port`, `memcache://host:port` or `[v6addr]:port` (weight 1).
+    /// The host is kept as written, byte for byte (ketama names its points `host:port-i`:
+    /// another spelling of one host would move its keys).
+    ///
+    /// A list (`a:11211,b:11211`), another scheme (`tcp://`, `unix:`) or a bare IPv6 address is
+    /// an error that says so: split lists with [`ServerSpec::parse_list`].
     pub fn parse(s: &str) -> Result<ServerSpec> {
         let rest = s.trim();
         let rest = rest.strip_prefix("memcache://").unwrap_or(rest);
         let rest = rest.trim_end_matches('/');
         let bad = |why: &str| Error::config(format!("bad memcached server {s:?}: {why}"));
+        if rest.contains([',', ';']) || rest.contains(char::is_whitespace) {
+            return Err(bad(
+                "one server per entry; split a list of servers with ServerSpec::parse_list \
+                 (or CacheBuilder::memcached_list)",
+            ));
+        }
+        if let Some((scheme, _)) = rest.split_once("://") {
+            return Err(bad(&format!(
+                "scheme {scheme}:// is not supported (write host:port, or memcache://host:port)"
+            )));
+        }
+        if rest.starts_with("unix:") || rest.starts_with('/') {
+            return Err(bad("unix sockets are not supported: write host:port"));
+        }
         let (host, port) = if let Some(v6) = rest.strip_prefix('[') {
             let (h, p) = v6
                 .split_once("]:")
@@ -61,6 +80,9 @@ impl ServerSpec {
         if host.is_empty() || host.contains(char::is_whitespace) {
             return Err(bad("empty or malformed host"));
         }
+        if host.contains(':') && !rest.starts_with('[') {
+            return Err(bad("an IPv6 address is written in brackets: [addr]:port"));
+        }
         let port: u16 = port.parse().map_err(|_| bad("the port is not a number"))?;
         if port == 0 {
             return Err(bad("port 0"));
@@ -70,6 +92,31 @@ impl ServerSpec {
             port,
             weight: 1,
         })
+    }
+
+    /// Parses a list of servers as Django's `LOCATION` and pylibmc users write one in an
+    /// environment variable: separated by `,`, `;` or whitespace, each as [`parse`] takes it
+    /// (`[::1]:11211` included). Empty entries are skipped; an empty list is an error.
+    ///
+    /// ```
+    /// use newcache::ServerSpec;
+    /// let servers = ServerSpec::parse_list("10.0.0.1:11211, 10.0.0.2:11211;[::1]:11211")?;
+    /// assert_eq!(servers.len(), 3);
+    /// assert!(ServerSpec::parse("10.0.0.1:11211,10.0.0.2:11211").is_err());
+    /// # Ok::<(), newcache::Error>(())
+    /// ```
+    ///
+    /// [`parse`]: ServerSpec::parse
+    pub fn parse_list(s: &str) -> Result<Vec<ServerSpec>> {
+        let specs = s
+            .split(|c: char| c == ',' || c == ';' || c.is_whitespace())
+            .filter(|e| !e.is_empty())
+            .map(ServerSpec::parse)
+            .collect::<Result<Vec<_>>>()?;
+        if specs.is_empty() {
+            return Err(Error::config(format!("no memcached server in {s:?}")));
+        }
+        Ok(specs)
     }
 
     /// The same server with another weight (its share of keys is weight / total weight).
@@ -183,8 +230,36 @@ mod tests {
             ":11211",
             "host:0",
             "host:70000",
+            "127.0.0.1:21311,127.0.0.1:21312",
+            "a:1;b:2",
+            "a:1 b:2",
+            "tcp://host:11211",
+            "unix:/tmp/memcached.sock",
+            "/tmp/memcached.sock",
+            "::1:11211",
         ] {
             assert!(ServerSpec::parse(bad).unwrap_err().is_config(), "{bad}");
         }
+        let e = ServerSpec::parse("127.0.0.1:21311,127.0.0.1:21312").unwrap_err();
+        assert!(e.to_string().contains("parse_list"), "{e}");
+    }
+
+    #[test]
+    fn server_lists() {
+        let addrs = |s: &str| -> Vec<String> {
+            ServerSpec::parse_list(s)
+                .unwrap()
+                .iter()
+                .map(ServerSpec::addr)
+                .collect()
+        };
+        assert_eq!(
+            addrs(" a:1, b:2;c:3\td:4\n[::1]:11211 ,, "),
+            ["a:1", "b:2", "c:3", "d:4", "[::1]:11211"]
+        );
+        // spellings are kept as written: ketama places by them
+        assert_eq!(addrs("Cache-1.Example:11211"), ["Cache-1.Example:11211"]);
+        assert!(ServerSpec::parse_list(" ,; ").unwrap_err().is_config());
+        assert!(ServerSpec::parse_list("a:1,b").unwrap_err().is_config());
     }
 }
