@@ -36,6 +36,12 @@ pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(5);
 pub const MIN_LEASE_TTL: Duration = Duration::from_secs(2);
 /// Default bound on waiting for another caller's load: 5 s.
 pub const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(5);
+/// The smallest `item_size`: a 250-byte key, memcached's per-item overhead (64 bytes), the
+/// largest envelope header (48 bytes) and room for a small value.
+pub const MIN_ITEM_SIZE: usize = 512;
+/// The largest `item_size`: memcached's own ceiling (`-I 1024m`).
+pub const MAX_ITEM_SIZE: usize = 1 << 30;
+
 /// Default longest time a load keeps its claim alive: 60 s (the default herd timeout).
 pub const DEFAULT_MAX_LOAD_TIME: Duration = Duration::from_secs(60);
 
@@ -80,6 +86,28 @@ enum BackendChoice {
 /// assert!(cache.make_key("k").starts_with("prod-3-"));
 /// # Ok::<(), newcache::Error>(())
 /// ```
+///
+/// # Valid ranges
+///
+/// `build()` refuses, with an `is_config()` error that names the setting, a value outside its
+/// range (a setting that could not work, accepted, fails later on every call):
+///
+/// | setting | default | valid |
+/// |---|---|---|
+/// | `item_size` | 1 MiB | [`MIN_ITEM_SIZE`] (512 B: a 250-byte key, memcached's per-item overhead, the largest envelope header and a small value) to 1 GiB (memcached's own ceiling) |
+/// | `memory_capacity` | 64 MiB | any (a value larger than the whole capacity is refused, as memcached refuses one over `-I`) |
+/// | `default_ttl` | 300 s | any (zero: `Ttl::Default` values expire at once, as Django's `TIMEOUT = 0`) |
+/// | `herd_timeout` | 60 s | above zero, under 49 days |
+/// | `lease_ttl` | 5 s | at least [`MIN_LEASE_TTL`] (2 s) |
+/// | `max_wait` | 5 s | above zero (zero fails every caller behind a load at once) |
+/// | `max_load_time` | 60 s | above zero |
+/// | `max_decode_size` | 64 MiB | above zero |
+/// | `early_refresh` β | off | finite and above zero |
+/// | `connect_timeout`, `io_timeout` | 500 ms | above zero |
+/// | `retry_interval` | 1 s | at most a day |
+/// | `pool_size`, `async_connections`, `failure_limit` | 2, 2, 2 | at least 1 |
+/// | `flavor` | `""` | what starts a memcached key (no whitespace or control bytes) |
+/// | `name` | `"default"` | not empty |
 #[must_use]
 #[derive(Clone)]
 pub struct CacheBuilder {
@@ -508,9 +536,9 @@ impl CacheBuilder {
     /// made on first use), so it does not block on an unreachable server.
     ///
     /// # Errors
-    /// `is_config()` for an empty or malformed server list, a flavor that breaks memcached's key
-    /// rules, a zero herd timeout, a `lease_ttl` under [`MIN_LEASE_TTL`], or a non-positive
-    /// early-refresh β.
+    /// `is_config()` for an empty or malformed server list, and for a setting outside its range
+    /// (the table in [`CacheBuilder`]'s docs: a zero `item_size` or `max_wait`, a flavor that
+    /// breaks memcached's key rules, a `lease_ttl` under [`MIN_LEASE_TTL`], ...).
     ///
     /// A setting only another kind of backend uses (say `pool_size` with the memory backend, or
     /// `memory_capacity` with memcached) is not an error: one configuration often serves a
@@ -647,6 +675,27 @@ impl CacheBuilder {
         if self.name.is_empty() {
             return Err(Error::config("the cache's name must not be empty"));
         }
+        if !(MIN_ITEM_SIZE..=MAX_ITEM_SIZE).contains(&self.item_size) {
+            return Err(Error::config(format!(
+                "item_size must be {MIN_ITEM_SIZE} bytes to 1 GiB (a 250-byte key, memcached's \
+                 item overhead, the largest envelope header and a small value), got {}",
+                self.item_size
+            )));
+        }
+        for (setting, d) in [
+            ("max_wait", self.max_wait),
+            ("max_load_time", self.max_load_time),
+        ] {
+            if d.is_zero() {
+                return Err(Error::config(format!("{setting} must be more than zero")));
+            }
+        }
+        if self.format.max_decode == 0 {
+            return Err(Error::config("max_decode_size must be more than zero"));
+        }
+        if self.failure_limit == 0 {
+            return Err(Error::config("failure_limit must be at least 1"));
+        }
         if self.herd_timeout.is_zero() {
             return Err(Error::config("herd_timeout must be more than zero"));
         }
@@ -722,6 +771,40 @@ impl CacheBuilder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn settings_outside_their_range_are_refused_at_build() {
+        let refused = |b: CacheBuilder, setting: &str| {
+            let e = b.build().unwrap_err();
+            assert!(
+                e.is_config() && e.to_string().contains(setting),
+                "{setting}: {e}"
+            );
+        };
+        refused(Cache::builder().item_size(0), "item_size");
+        refused(Cache::builder().item_size(MIN_ITEM_SIZE - 1), "item_size");
+        refused(Cache::builder().item_size(MAX_ITEM_SIZE + 1), "item_size");
+        refused(
+            Cache::builder().memcached(["127.0.0.1:1"]).item_size(0),
+            "item_size",
+        );
+        refused(Cache::builder().max_wait(Duration::ZERO), "max_wait");
+        refused(
+            Cache::builder().max_load_time(Duration::ZERO),
+            "max_load_time",
+        );
+        refused(Cache::builder().max_decode_size(0), "max_decode_size");
+        refused(Cache::builder().failure_limit(0), "failure_limit");
+        // the bounds themselves build
+        assert!(Cache::builder().item_size(MIN_ITEM_SIZE).build().is_ok());
+        let cache = Cache::builder()
+            .memory_capacity(MIN_ITEM_SIZE * 16)
+            .item_size(MIN_ITEM_SIZE)
+            .build()
+            .unwrap();
+        cache.set("k", &1u8, Duration::from_secs(60)).unwrap();
+        assert_eq!(cache.get::<u8>("k").unwrap(), Some(1));
+    }
 
     #[test]
     fn rejects_bad_configuration() {

@@ -174,7 +174,7 @@ pub use backend::memory::MemoryBackend;
 pub use backend::{Backend, Item, StoreMode, StoreOutcome, Write};
 pub use builder::{
     CacheBuilder, DEFAULT_HERD_TIMEOUT, DEFAULT_LEASE_TTL, DEFAULT_MAX_LOAD_TIME, DEFAULT_MAX_WAIT,
-    DEFAULT_NAME, DEFAULT_TTL, MIN_LEASE_TTL,
+    DEFAULT_NAME, DEFAULT_TTL, MAX_ITEM_SIZE, MIN_ITEM_SIZE, MIN_LEASE_TTL,
 };
 pub use cache::{Cache, DecodePolicy, FailurePolicy, Herd};
 pub use clock::{Clock, SystemClock};
