@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::fixture::{Env, unique_flavor};
 use crate::front::BuildFor;
+use crate::values::grown_to;
 use std::sync::{Arc, Barrier, Mutex};
 
 use newcache::{Backend, Item, MemoryBackend, StoreMode, StoreOutcome, Write};
@@ -24,19 +25,6 @@ crate::on_every_backend!(
     serve_stale_on_error_still_serves_a_stale_item_at_the_limit,
     touch_of_an_item_another_build_wrote_at_the_limit_is_not_too_large,
 );
-
-/// As `values.rs`'s helper: the envelope `set` wrote for a long string, the string grown so that
-/// the item is exactly `len` bytes (what a build with a larger item size leaves in the cache).
-fn grown_to(stored: &[u8], len: usize) -> Vec<u8> {
-    let header = usize::from(stored[6]);
-    assert_eq!(stored[header], 0xdb, "a str32 payload");
-    let n = len - header - 5;
-    let mut out = stored[..header].to_vec();
-    out.push(0xdb);
-    out.extend_from_slice(&(n as u32).to_be_bytes());
-    out.resize(len, b'x');
-    out
-}
 
 /// Writes `key` as an item at the backend's very limit, soft-expiring in 10 s (or never).
 fn write_full(env: &Env, cache: &crate::front::TestCache, key: &str, ttl: Ttl) -> usize {

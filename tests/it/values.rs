@@ -331,7 +331,7 @@ fn a_value_at_the_size_limit_goes_through_every_step_of_the_protocol(env: &Env) 
 /// The envelope `set` wrote for a long string, re-written with the string grown so that the
 /// item is exactly `len` bytes: what a build with a larger item size (or without room for a
 /// claim) leaves in the cache. The payload is MessagePack's str32: 0xdb, a big-endian length.
-fn grown_to(stored: &[u8], len: usize) -> Vec<u8> {
+pub(crate) fn grown_to(stored: &[u8], len: usize) -> Vec<u8> {
     let header = usize::from(stored[6]);
     assert_eq!(stored[header], 0xdb, "a str32 payload");
     let n = len - header - 5;
