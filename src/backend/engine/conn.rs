@@ -801,7 +801,8 @@ enum End {
 
 /// Reads replies and answers their waiters, oldest first, until the writer is gone and nothing
 /// is in flight, or the connection dies: a transport error, the server closing it, a reply the
-/// parsers reject, or no whole reply to the oldest request within `io_timeout` of its write.
+/// parsers reject, or no whole reply to the oldest request within `io_timeout` of its write or
+/// of the last whole reply, whichever is later.
 ///
 /// Expectations are taken when their replies' bytes arrive, not when they are pushed: a push
 /// wakes this task only when no deadline is armed (a lone caller's request costs no extra
@@ -829,6 +830,11 @@ async fn read_loop(
     let sleep = tokio::time::sleep(settings.io_timeout);
     tokio::pin!(sleep);
     let mut armed = false;
+    // When the last whole reply was answered: the oldest request's deadline counts from its
+    // write or from this, whichever is later, so a round written while the one before it was
+    // still being answered gets its own io_timeout (a slow link's rounds each have one, as the
+    // pool's do), and a server that stops answering fails everything within one.
+    let mut progress = Instant::now();
     let end = 'conn: loop {
         // The writer pushes a batch before writing it, so the expectation of every byte read
         // so far is here or in the channel: all of it is taken before any byte is judged
@@ -856,6 +862,7 @@ async fn read_loop(
             }
         }
         if answered {
+            progress = Instant::now();
             link.server.answered(link.probe);
         }
         if start == buf.len() {
@@ -905,7 +912,9 @@ async fn read_loop(
         }
         if !armed {
             if let Some((sent, _)) = in_flight.front() {
-                sleep.as_mut().reset((*sent + settings.io_timeout).into());
+                sleep
+                    .as_mut()
+                    .reset(((*sent).max(progress) + settings.io_timeout).into());
                 armed = true;
             }
         }
@@ -929,7 +938,7 @@ async fn read_loop(
                 armed = false;
                 let late = in_flight
                     .front()
-                    .is_some_and(|(sent, _)| sent.elapsed() >= settings.io_timeout);
+                    .is_some_and(|(sent, _)| (*sent).max(progress).elapsed() >= settings.io_timeout);
                 if late {
                     break End::Dead {
                         error: Error::new(

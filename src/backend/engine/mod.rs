@@ -767,7 +767,10 @@ impl AsyncBackend for Engine {
     }
 
     /// A queued write is written and answered within `io_timeout` of reaching its socket, or
-    /// its connection is given up; it may wait its turn behind a connect first.
+    /// its connection is given up; it may wait its turn behind a connect first. Behind another
+    /// caller's large batch it also waits for that batch's rounds: it may land later than this
+    /// (its claim then lapses after `lease_ttl`, as ARCHITECTURE.md's cancellation invariant
+    /// says of writes that land late).
     fn settle_time(&self) -> Duration {
         self.settings
             .connect_timeout

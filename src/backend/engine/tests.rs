@@ -1042,9 +1042,6 @@ async fn direct_and_queued_ops_never_cross_replies_current_thread() {
     assert_eq!(e.poisonings(), 0);
 }
 
-/// Test 6, a stopped server: a second batch is written while the first is unanswered;
-/// then everything in flight fails together within about io_timeout (a written store as
-/// outcome unknown); after SIGCONT it serves again.
 /// Batches of 100,000 keys (set, get, delete) on one connection after a 40 KB read (the reader's
 /// buffer grown), straight to memcached and through a relay that passes replies on in bursts:
 /// written in rounds of at most `ROUND` keys or commands, at most two rounds in flight, every
@@ -1092,6 +1089,9 @@ async fn batches_of_100k_go_in_bounded_rounds_whatever_the_read_sizes() {
     }
 }
 
+/// Test 6, a stopped server: a second batch is written while the first is unanswered;
+/// then everything in flight fails together within about io_timeout (a written store as
+/// outcome unknown); after SIGCONT it serves again.
 #[tokio::test]
 async fn a_stopped_server_fails_its_waiters_at_once_then_serves_again() {
     let io_timeout = Duration::from_millis(1000);
@@ -1679,4 +1679,152 @@ fn measure() {
             engine_lat.0.as_secs_f64() / bare_lat.0.as_secs_f64()
         );
     }
+}
+
+/// A relay in front of a server that passes its replies on at `rate` bytes a second (a slow
+/// link: a healthy server behind it, every reply coming, at that pace); requests pass at once.
+/// Stops accepting when dropped; each connection ends with its client's.
+pub(crate) struct Paced {
+    addr: String,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Paced {
+    pub(crate) fn new(upstream: &str, rate: f64) -> Paced {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("a free loopback port");
+        listener.set_nonblocking(true).unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (upstream, stopped) = (upstream.to_owned(), stop.clone());
+        std::thread::spawn(move || {
+            while !stopped.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((client, _)) => {
+                        client.set_nonblocking(false).unwrap();
+                        let server = TcpStream::connect(&upstream).expect("the upstream server");
+                        Paced::relay(client, server, rate);
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        std::thread::sleep(Duration::from_millis(2));
+                    }
+                    Err(_) => return,
+                }
+            }
+        });
+        Paced { addr, stop }
+    }
+
+    pub(crate) fn addr(&self) -> String {
+        self.addr.clone()
+    }
+
+    fn relay(client: TcpStream, server: TcpStream, rate: f64) {
+        use std::io::{Read, Write as _};
+        let (mut from_client, mut to_server) =
+            (client.try_clone().unwrap(), server.try_clone().unwrap());
+        std::thread::spawn(move || {
+            let _ = std::io::copy(&mut from_client, &mut to_server);
+            let _ = to_server.shutdown(std::net::Shutdown::Write);
+        });
+        let (mut from_server, mut to_client) = (server, client);
+        std::thread::spawn(move || {
+            let mut chunk = vec![0; 16 * 1024];
+            let mut next = Instant::now();
+            loop {
+                let n = match from_server.read(&mut chunk) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => n,
+                };
+                // A token bucket without burst: this chunk goes when the link has carried it.
+                next = next.max(Instant::now()) + Duration::from_secs_f64(n as f64 / rate);
+                std::thread::sleep(next.saturating_duration_since(Instant::now()));
+                if to_client.write_all(&chunk[..n]).is_err() {
+                    break;
+                }
+            }
+            let _ = to_client.shutdown(std::net::Shutdown::Write);
+        });
+    }
+}
+
+impl Drop for Paced {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// `n` keys under `prefix` with values of `size` bytes, stored straight on `addr`.
+fn populate_sized(
+    rt: &tokio::runtime::Runtime,
+    addr: &str,
+    prefix: &str,
+    n: usize,
+    size: usize,
+) -> Vec<String> {
+    let keys: Vec<String> = (0..n).map(|i| format!("{prefix}:{i}")).collect();
+    let value = vec![b'v'; size];
+    let e = engine(&[addr.to_owned()], 1, |_| {});
+    rt.block_on(async {
+        let writes: Vec<Write<'_>> = keys.iter().map(|k| set(k, &value)).collect();
+        for r in e.store_many(&writes).await {
+            assert_eq!(r.unwrap(), StoreOutcome::Stored);
+        }
+    });
+    keys
+}
+
+/// The bytes of one round's replies (`ROUND` keys of `size`-byte values, as `gets` answers).
+fn round_bytes(prefix: &str, size: usize) -> f64 {
+    (ROUND * (format!("VALUE {prefix}:12345 7 {size} 123456\r\n").len() + size + 2)) as f64
+}
+
+fn two_workers() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Review: a healthy server on a slow link, each round of 2,048 keys taking 0.6 x io_timeout to
+/// arrive. The pool (one round in flight, each under its own io_timeout) serves a get of three
+/// rounds. The engine writes (and stamps) its second round at once, behind the first, so that
+/// round's io_timeout must cover both rounds' replies: 1.2 x io_timeout, and the connection
+/// dies ("each round's io_timeout counts from its own write, as the pool's rounds do").
+#[test]
+fn a_slow_link_the_pool_serves_is_served_by_the_engine() {
+    use crate::backend::Backend;
+    use crate::backend::memcached::MemcachedBackend;
+    let io_timeout = Duration::from_secs(1);
+    let size = 1000;
+    let mc = Memcached::start();
+    let rt = two_workers();
+    let keys = populate_sized(&rt, &mc.addr(), "slow", 3 * ROUND, size);
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let rate = round_bytes("slow", size) / (0.6 * io_timeout.as_secs_f64());
+    let relay = Paced::new(&mc.addr(), rate);
+    let tune = |c: &mut MemcachedConfig| c.io_timeout = io_timeout;
+    let pool = MemcachedBackend::new(config(&[relay.addr()], tune)).unwrap();
+    let t = Instant::now();
+    let got = pool.get_many(&refs);
+    let pool_took = t.elapsed();
+    let pool_failed = got.iter().filter(|r| r.is_err()).count();
+    assert_eq!(
+        pool_failed, 0,
+        "the pool: {pool_failed} failed in {pool_took:?}"
+    );
+    let e = engine(&[relay.addr()], 1, tune);
+    let t = Instant::now();
+    let got = rt.block_on(e.get_many(&refs));
+    let took = t.elapsed();
+    let failed = got.iter().filter(|r| r.is_err()).count();
+    assert_eq!(
+        failed,
+        0,
+        "the engine: {failed} of {} keys failed in {took:?} (the pool served them all in \
+         {pool_took:?}): {:?}",
+        refs.len(),
+        got.iter()
+            .find_map(|r| r.as_ref().err().map(ToString::to_string))
+    );
 }
