@@ -292,7 +292,7 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use super::*;
-    use crate::backend::engine::tests::{Bursty, Memcached, config};
+    use crate::backend::engine::tests::{Memcached, Relay, config};
 
     fn blended(addr: String) -> Blended {
         Blended::new(config(&[addr], |_| {}), 2).unwrap()
@@ -452,7 +452,7 @@ mod tests {
     #[test]
     fn engine_callers_get_whole_batches_of_100k_keys_whatever_the_read_sizes() {
         let m = Memcached::start();
-        let relay = Bursty::new(&m.addr());
+        let relay = Relay::bursty(&m.addr());
         let n = 100_000;
         let keys = keys("b:", n);
         let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
@@ -489,7 +489,7 @@ mod tests {
     #[test]
     fn an_engine_callers_batch_outlasts_a_paused_server() {
         let m = Memcached::start();
-        let relay = Bursty::new(&m.addr());
+        let relay = Relay::bursty(&m.addr());
         let b = on_one_engine_connection(relay.addr());
         let _busy = Busy::new(&b);
         read_a_large_value(&b);

@@ -198,7 +198,8 @@ impl Cache {
         }
     }
 
-    /// The protocol's settings for one call.
+    /// The protocol's settings for one call; `xfetch`: a loader's call (it may refresh early, and
+    /// wait).
     pub(crate) fn settings(&self, xfetch: bool) -> Settings {
         let i = &self.inner;
         Settings {
@@ -213,7 +214,8 @@ impl Cache {
                 }),
                 _ => None,
             },
-            jitter: self.jitter(),
+            // Only a loader's call waits (a `get` never does): no draw on the read path.
+            jitter: if xfetch { self.jitter() } else { 0 },
         }
     }
 

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use newcache::{AsyncCache, Cache, FailurePolicy, Ttl};
 
-use crate::fixture::{Bursty, Memcached};
+use crate::fixture::{Memcached, Relay};
 
 /// An `incr` sent to a server that stopped answering: both front ends say the outcome is
 /// unknown (the counter may have moved; do not retry blindly).
@@ -288,7 +288,7 @@ fn ok<T>(r: newcache::Result<T>) -> T {
 #[test]
 fn a_burst_of_short_replies_after_a_large_read_keeps_the_connection() {
     let server = Memcached::start();
-    let relay = Bursty::new(&server.addr());
+    let relay = Relay::bursty(&server.addr());
     let cache = on_one_connection(&relay.addr(), Duration::from_secs(5));
     two_workers().block_on(async {
         read_a_large_value(&cache).await;
@@ -302,7 +302,7 @@ fn a_burst_of_short_replies_after_a_large_read_keeps_the_connection() {
 #[test]
 fn a_burst_of_replies_after_a_pause_keeps_the_connection() {
     let server = Memcached::start();
-    let relay = Bursty::new(&server.addr());
+    let relay = Relay::bursty(&server.addr());
     let cache = Arc::new(on_one_connection(&relay.addr(), Duration::from_secs(3)));
     let rt = two_workers();
     rt.block_on(read_a_large_value(&cache));
@@ -323,7 +323,7 @@ fn a_burst_of_replies_after_a_pause_keeps_the_connection() {
 #[test]
 fn batches_of_100k_keys_on_one_connection_succeed() {
     let server = Memcached::start();
-    let relay = Bursty::new(&server.addr());
+    let relay = Relay::bursty(&server.addr());
     let n = 100_000;
     let keys = keys("k", n);
     let values: Vec<u32> = (0..n as u32).collect();

@@ -10,12 +10,12 @@ use std::time::{Duration, Instant};
 use newcache::testing::MockClock;
 use newcache::{Backend, Cache, CacheBuilder, MemoryBackend, StoreMode};
 
-#[path = "bursty.rs"]
-mod bursty;
-// The benches include this file for its memcached alone.
 pub use crate::front::{BuildFor, Front, TestCache};
-#[allow(unused_imports)]
-pub use bursty::Bursty;
+
+#[path = "relay.rs"]
+mod relay;
+#[allow(unused_imports)] // the benches include this file for its memcached alone
+pub use relay::Relay;
 
 /// A `MemcachedBackend` on `addrs`, its config adjusted by `tune` (for tests that drive the
 /// backend directly).

@@ -36,12 +36,8 @@ fn write_full(env: &Env, cache: &crate::front::TestCache, key: &str, ttl: Ttl) -
     limit - usize::from(full[6]) - 5
 }
 
-// A plain `get` of a stale item with no room for a
-// claim replaces the value with a placeholder lasting the herd timeout (60 s by default). With a
-// value that has room, loaders are then served it stale (`Recomputing`); here every
-// `get_or_set_with` on the key waits `max_wait` and fails, until the `get` caller sets the key
-// (if ever) or the herd timeout passes. values.rs's test re-writes the item after its `get`
-// (`env.raw_set(&k, &full, ..)`), so it never sees this.
+/// A `get` of a stale item with no room for a claim serves it stale, unclaimed: a loader after it
+/// is not kept waiting (a placeholder of the herd timeout's length timed every loader out).
 fn a_get_of_a_stale_item_at_the_limit_keeps_it_for_loaders(env: &Env) {
     let cache = env
         .builder()
@@ -69,11 +65,8 @@ fn a_get_of_a_stale_item_at_the_limit_keeps_it_for_loaders(env: &Env) {
     }
 }
 
-// The placeholder that replaces a stale value at the limit
-// holds no value: the holder's serve_stale_on_error(max_age) has nothing to serve, and a failed
-// load's release removes the placeholder, so the stale value is gone for everyone. ARCHITECTURE
-// says a failed load unclaims a value "its bytes kept", and serve_stale_on_error is "the one
-// exception" to the staleness bound.
+/// A loader's placeholder over a stale value at the limit keeps that value: its
+/// `serve_stale_on_error` serves it when the refresh fails, as for a value with room.
 fn serve_stale_on_error_still_serves_a_stale_item_at_the_limit(env: &Env) {
     let cache = env
         .builder()
@@ -94,9 +87,8 @@ fn serve_stale_on_error_still_serves_a_stale_item_at_the_limit(env: &Env) {
     );
 }
 
-// `touch` of an item another build wrote at the limit with no expiry re-times it with
-// a header 12 bytes longer, which the backend refuses: `touch` fails with TooLarge for a value
-// this caller did not write (the claim path got a fallback, touch did not).
+/// `touch` of an item another build wrote at the limit (no room for a re-timed header) falls back
+/// to memcached's own touch: never `TooLarge` for a value this caller did not write.
 fn touch_of_an_item_another_build_wrote_at_the_limit_is_not_too_large(env: &Env) {
     let cache = env.cache();
     write_full(env, &cache, "forever", Ttl::Never);
@@ -138,10 +130,8 @@ where
     }
 }
 
-// A `None` reached through a reference (every element
-// of a Vec, every map value) is charged 1 byte; decoding charges the Option's size (16 for
-// Option<u64>, 24 for Option<String>). Nine million of them compress to ~35 KB and need 144 MB
-// decoded: exactly the bug 0f3e70d fixes for zeros, still there for `None`s.
+/// `None`s in a sequence are charged their `Option`'s size (16 for `Option<u64>`): nine million
+/// compress to ~35 KB and need 144 MB decoded, over the default limit.
 #[test]
 fn nine_million_nones_are_refused_or_readable() {
     let lz4 = Cache::builder()
@@ -163,8 +153,7 @@ fn charge_counts_none_in_a_map() {
     stored_reads_back(&memory_with_limit(100_000), &m);
 }
 
-// A struct or tuple reached through a reference (a Vec<Row>) is estimated as the sum
-// of its fields; decoding charges its size_of, padding included: (u8, u64) is 16, not 9.
+/// A struct in a `Vec` is charged its size with padding: `(u8, u64)` is 16, not 9.
 #[derive(Serialize, Deserialize, PartialEq, Debug, Clone)]
 struct Row {
     flag: u8,
@@ -179,9 +168,8 @@ fn charge_counts_padded_structs_in_a_vec() {
     );
 }
 
-// `Some` of a type with a niche (String,
-// Vec, Box) is charged a tag it does not have: 8 bytes over per element, so a value that decodes
-// well under the limit is refused.
+/// `Some` of a type with a niche (`String`, `Vec`, `Box`) is charged no tag: a value that decodes
+/// under the limit is stored.
 #[test]
 fn charge_does_not_refuse_a_decodable_vec_of_some_strings() {
     let cache = memory_with_limit(300_000);
@@ -192,10 +180,7 @@ fn charge_does_not_refuse_a_decodable_vec_of_some_strings() {
         .unwrap_or_else(|e| panic!("refused a value that decodes under the limit: {e}"));
 }
 
-// A value whose Serialize fails is reported by the charge walk as
-// over the decode limit: `set` says TooLarge ("decoding this value would allocate more than the
-// decode limit") instead of an encode error, and a loader's such value is returned and counted
-// as too large (loader/mod.rs:571) where it used to be the encode error.
+/// A value whose `Serialize` fails is an encode error, not `TooLarge`.
 struct Unserializable;
 
 impl Serialize for Unserializable {
@@ -211,8 +196,7 @@ fn a_value_that_cannot_serialize_is_an_encode_error() {
     assert!(e.is_encode(), "is_too_large: {}, {e}", e.is_too_large());
 }
 
-// Nesting: bounded.rs refuses values nested deeper than 256; the walk has no
-// depth limit, so such a value is still stored and never read.
+/// A value nested deeper than the 256 levels a read decodes is refused at `set`.
 #[derive(Serialize, Deserialize, PartialEq, Debug)]
 enum Chain {
     End,
@@ -396,8 +380,8 @@ fn a_write_between_the_refused_claim_and_the_placeholder_wins() {
 }
 
 /// Eight caches (eight coalescers: as eight processes) on one memcached, a stale item at the
-/// limit: the placeholder takeover elects one loader. values.rs's version of this test shares one
-/// cache among its threads, whose coalescer alone makes one load.
+/// limit: the placeholder takeover elects one loader (within one cache, its coalescer alone
+/// would make one load).
 #[test]
 fn eight_processes_take_an_item_at_the_limit_over_with_one_loader() {
     let env = Env::new(Kind::Memcached, "eight");

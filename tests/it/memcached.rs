@@ -530,6 +530,20 @@ fn a_tokio_task_making_many_sync_calls_while_another_thread_works_finishes() {
     );
 }
 
+/// A cache of `front` on `addr` with a flavor of its own, and the mock clock it runs on.
+fn on_mock_clock(
+    addr: &str,
+    front: Front,
+) -> (crate::front::TestCache, Arc<newcache::testing::MockClock>) {
+    let clock = newcache::testing::MockClock::new();
+    let cache = Cache::builder()
+        .memcached([addr])
+        .flavor(unique_flavor("nocas"))
+        .clock(clock.clone())
+        .build_front(front);
+    (cache, clock)
+}
+
 /// memcached started with `-C` reports cas 0 for every item and answers EXISTS to every `cas`:
 /// each load used to be returned and never stored, its placeholder left to keep other
 /// processes waiting until `max_wait`, and `touch` said `false`. Now what needs CAS fails with
@@ -538,18 +552,11 @@ fn a_tokio_task_making_many_sync_calls_while_another_thread_works_finishes() {
 fn a_server_without_cas_fails_clearly_and_blocks_no_one() {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    use crate::front::{BuildFor, Front};
-
     let server = Memcached::start_with(&["-C"]);
     let addr = server.addr();
     let raw = memcache::connect(format!("memcache://{addr}?protocol=ascii")).unwrap();
     for front in [Front::Sync, Front::Async] {
-        let clock = newcache::testing::MockClock::new();
-        let cache = Cache::builder()
-            .memcached([addr.as_str()])
-            .flavor(unique_flavor("nocas"))
-            .clock(clock.clone())
-            .build_front(front);
+        let (cache, clock) = on_mock_clock(&addr, front);
         let no_cas = |e: newcache::Error| {
             assert!(
                 e.is_unsupported() && e.to_string().contains("-C") && e.server() == Some(&addr),
@@ -602,22 +609,15 @@ fn a_server_without_cas_fails_clearly_and_blocks_no_one() {
     }
 }
 
-// A batch on a -C server with one stale key and one
-// missing key: the stale key's claim (cas 0) is refused with Unsupported, `absorb_each` makes that
-// the batch's error, and the missing key's placeholder (`add`, which -C allows) was sent in the
-// same round and is never removed: other callers wait on it, the very symptom 00e2271 fixes.
+/// A batch on a `-C` server with one stale key and one missing key: both are loaded, neither is
+/// stored, and no placeholder is left under the missing key (other callers would wait on it).
 #[test]
 fn a_batch_on_a_server_without_cas_leaves_no_placeholder() {
     let server = Memcached::start_with(&["-C"]);
     let addr = server.addr();
     let raw = memcache::connect(format!("memcache://{addr}?protocol=ascii")).unwrap();
     for front in [Front::Sync, Front::Async] {
-        let clock = newcache::testing::MockClock::new();
-        let cache = Cache::builder()
-            .memcached([addr.as_str()])
-            .flavor(unique_flavor("nocas-batch"))
-            .clock(clock.clone())
-            .build_front(front);
+        let (cache, clock) = on_mock_clock(&addr, front);
         cache.set("stale", &1u8, S(10)).unwrap();
         clock.advance(S(11));
         // both keys are loaded (nothing can fence their store) and not stored
@@ -635,11 +635,8 @@ fn a_batch_on_a_server_without_cas_leaves_no_placeholder() {
     }
 }
 
-// Two servers, one restarted with -C: every batch that touches a
-// key of the -C server fails whole, the healthy server's keys included (their loads are not run,
-// their values not returned). The invariant is "a failed server fails its own keys, never the
-// batch's other keys", and 00e2271's claim "one key's failure (refused) never fails a
-// get_many_or_set_with's other keys".
+/// Two servers, one with `-C`: a batch over both loads and stores the healthy server's keys; the
+/// `-C` server's keys are loaded unstored, never the batch's error.
 #[test]
 fn a_server_without_cas_fails_only_its_own_keys_in_a_batch() {
     let good = Memcached::start();

@@ -267,9 +267,9 @@ fn server_pid(port: u16) -> Option<u32> {
 }
 
 // The integration tests' relay, one file for both.
-#[path = "../../../tests/it/bursty.rs"]
-mod bursty;
-pub(crate) use bursty::Bursty;
+#[path = "../../../tests/it/relay.rs"]
+mod relay;
+pub(crate) use relay::Relay;
 
 pub(crate) fn config(addrs: &[String], tune: impl FnOnce(&mut MemcachedConfig)) -> MemcachedConfig {
     let specs = addrs
@@ -1049,7 +1049,7 @@ async fn direct_and_queued_ops_never_cross_replies_current_thread() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batches_of_100k_go_in_bounded_rounds_whatever_the_read_sizes() {
     let mc = Memcached::start();
-    let relay = Bursty::new(&mc.addr());
+    let relay = Relay::bursty(&mc.addr());
     let n = 100_000;
     let keys: Vec<String> = (0..n).map(|i| format!("br:{i}")).collect();
     let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
@@ -1681,78 +1681,6 @@ fn measure() {
     }
 }
 
-/// A relay in front of a server that passes its replies on at `rate` bytes a second (a slow
-/// link: a healthy server behind it, every reply coming, at that pace); requests pass at once.
-/// Stops accepting when dropped; each connection ends with its client's.
-pub(crate) struct Paced {
-    addr: String,
-    stop: Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl Paced {
-    pub(crate) fn new(upstream: &str, rate: f64) -> Paced {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("a free loopback port");
-        listener.set_nonblocking(true).unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (upstream, stopped) = (upstream.to_owned(), stop.clone());
-        std::thread::spawn(move || {
-            while !stopped.load(Ordering::Relaxed) {
-                match listener.accept() {
-                    Ok((client, _)) => {
-                        client.set_nonblocking(false).unwrap();
-                        let server = TcpStream::connect(&upstream).expect("the upstream server");
-                        Paced::relay(client, server, rate);
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                        std::thread::sleep(Duration::from_millis(2));
-                    }
-                    Err(_) => return,
-                }
-            }
-        });
-        Paced { addr, stop }
-    }
-
-    pub(crate) fn addr(&self) -> String {
-        self.addr.clone()
-    }
-
-    fn relay(client: TcpStream, server: TcpStream, rate: f64) {
-        use std::io::{Read, Write as _};
-        let (mut from_client, mut to_server) =
-            (client.try_clone().unwrap(), server.try_clone().unwrap());
-        std::thread::spawn(move || {
-            let _ = std::io::copy(&mut from_client, &mut to_server);
-            let _ = to_server.shutdown(std::net::Shutdown::Write);
-        });
-        let (mut from_server, mut to_client) = (server, client);
-        std::thread::spawn(move || {
-            let mut chunk = vec![0; 16 * 1024];
-            let mut next = Instant::now();
-            loop {
-                let n = match from_server.read(&mut chunk) {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => n,
-                };
-                // A token bucket without burst: this chunk goes when the link has carried it.
-                next = next.max(Instant::now()) + Duration::from_secs_f64(n as f64 / rate);
-                std::thread::sleep(next.saturating_duration_since(Instant::now()));
-                if to_client.write_all(&chunk[..n]).is_err() {
-                    break;
-                }
-            }
-            let _ = to_client.shutdown(std::net::Shutdown::Write);
-        });
-    }
-}
-
-impl Drop for Paced {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-    }
-}
-
 /// `n` keys under `prefix` with values of `size` bytes, stored straight on `addr`.
 fn populate_sized(
     rt: &tokio::runtime::Runtime,
@@ -1786,11 +1714,10 @@ fn two_workers() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
-/// Review: a healthy server on a slow link, each round of 2,048 keys taking 0.6 x io_timeout to
-/// arrive. The pool (one round in flight, each under its own io_timeout) serves a get of three
-/// rounds. The engine writes (and stamps) its second round at once, behind the first, so that
-/// round's io_timeout must cover both rounds' replies: 1.2 x io_timeout, and the connection
-/// dies ("each round's io_timeout counts from its own write, as the pool's rounds do").
+/// A healthy server on a slow link, each round of 2,048 keys taking 0.6 x io_timeout to arrive:
+/// the pool (one round in flight, each under its own io_timeout) and the engine (two in flight,
+/// the oldest's io_timeout counted from its write or the last whole reply) both serve a get of
+/// three rounds, with no fault counted.
 #[test]
 fn a_slow_link_the_pool_serves_is_served_by_the_engine() {
     use crate::backend::Backend;
@@ -1802,7 +1729,7 @@ fn a_slow_link_the_pool_serves_is_served_by_the_engine() {
     let keys = populate_sized(&rt, &mc.addr(), "slow", 3 * ROUND, size);
     let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
     let rate = round_bytes("slow", size) / (0.6 * io_timeout.as_secs_f64());
-    let relay = Paced::new(&mc.addr(), rate);
+    let relay = Relay::paced(&mc.addr(), rate);
     let tune = |c: &mut MemcachedConfig| c.io_timeout = io_timeout;
     let pool = MemcachedBackend::new(config(&[relay.addr()], tune)).unwrap();
     let t = Instant::now();
