@@ -106,6 +106,7 @@ enum BackendChoice {
 /// | `connect_timeout`, `io_timeout` | 500 ms | above zero |
 /// | `retry_interval` | 1 s | at most a day |
 /// | `pool_size`, `async_connections`, `failure_limit` | 2, 2, 2 | at least 1 |
+/// | `replay_capacity` | 10,000 keys per server | any (0: judge a revived server's older values stale) |
 /// | `flavor` | `""` | what starts a memcached key (no whitespace or control bytes) |
 /// | `name` | `"default"` | not empty |
 #[must_use]
@@ -134,6 +135,7 @@ pub struct CacheBuilder {
     write_failures: FailurePolicy,
     decode_policy: DecodePolicy,
     failure_limit: u32,
+    replay_capacity: usize,
     retry_interval: Duration,
     dead_servers: DeadServerPolicy,
     lease_ttl: Duration,
@@ -169,6 +171,7 @@ impl Default for CacheBuilder {
             write_failures: FailurePolicy::Propagate,
             decode_policy: DecodePolicy::Error,
             failure_limit: DEFAULT_FAILURE_LIMIT,
+            replay_capacity: crate::backend::memcached::outage::DEFAULT_REPLAY_CAPACITY,
             retry_interval: DEFAULT_RETRY_INTERVAL,
             dead_servers: DeadServerPolicy::FailFast,
             lease_ttl: DEFAULT_LEASE_TTL,
@@ -408,6 +411,18 @@ impl CacheBuilder {
         self
     }
 
+    /// memcached: how many keys per server this process remembers having invalidated while that
+    /// server was out of reach (deleted, written to another server under
+    /// [`DeadServerPolicy::Remap`], or failed to write), to delete them there before it serves
+    /// this process again; default 10,000. Past it, the values that server holds from before
+    /// are judged stale when read (one herd-protected reload each) instead of served as fresh.
+    /// See the README's "Outages".
+    pub fn replay_capacity(mut self, keys: usize) -> Self {
+        self.memcached_only.push("replay_capacity");
+        self.replay_capacity = keys;
+        self
+    }
+
     /// memcached: how long a dead server is left alone before one caller probes it; default 1 s.
     pub fn retry_interval(mut self, interval: Duration) -> Self {
         self.memcached_only.push("retry_interval");
@@ -636,6 +651,7 @@ impl CacheBuilder {
         config.pool_size = self.pool_size;
         config.item_size = self.item_size;
         config.failure_limit = self.failure_limit;
+        config.replay_capacity = self.replay_capacity;
         config.retry_interval = self.retry_interval;
         config.dead_servers = self.dead_servers;
         Ok(config)

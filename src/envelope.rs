@@ -310,6 +310,28 @@ pub(crate) fn retime(bytes: &[u8], soft_expiry_ms: u64, expires_ms: u64) -> Opti
     })
 }
 
+/// A copy of a value's item judged stale from `before_ms` on, if it was written before then
+/// (an unknown write time counts as before): its soft expiry moved back to `before_ms` (a plain
+/// value becomes a value stale from then, with no herd window). `None` when the item is left as
+/// it is: written at or after `before_ms`, already stale by then, a placeholder, or not an item
+/// of this format.
+pub(crate) fn stale_from(bytes: &[u8], before_ms: u64) -> Option<Vec<u8>> {
+    let Ok(Parsed::Item(h, _)) = decode(FLAGS, bytes) else {
+        return None;
+    };
+    let already = h.kind == Kind::Value && h.soft_expiry_ms != 0 && h.soft_expiry_ms <= before_ms;
+    if h.written_ms >= before_ms || h.kind == Kind::Placeholder || already {
+        return None;
+    }
+    rewrite(bytes, |h| {
+        if h.kind == Kind::Plain {
+            h.kind = Kind::Value;
+            h.herd_ms = 0;
+        }
+        h.soft_expiry_ms = before_ms;
+    })
+}
+
 /// Marks an item's payload as compressed (flags bit 0), after the payload was written.
 pub(crate) fn mark_compressed(item: &mut [u8]) {
     item[5] |= 1;
@@ -543,5 +565,35 @@ mod tests {
             decode(FLAGS, &newer).unwrap(),
             Parsed::Newer(FORMAT_VERSION)
         );
+    }
+
+    #[test]
+    fn values_written_before_a_lost_invalidation_are_judged_stale() {
+        use crate::herd::{Verdict, judge};
+        let before = 1_000_000;
+        let stale = |h: Header| {
+            let b = stale_from(&item(h, b"p"), before)?;
+            let Parsed::Item(h, payload) = decode(FLAGS, &b).unwrap() else {
+                panic!("newer")
+            };
+            assert_eq!(payload, b"p");
+            Some(h)
+        };
+        // a fresh value that never expires, written before: stale from `before` on
+        let h = stale(Header::value(0, before - 1, 0, 60_000)).unwrap();
+        assert_eq!(h.soft_expiry_ms, before);
+        assert_eq!(h.written_ms, before - 1, "its write time is kept");
+        assert_eq!(judge(&h, before + 10, None), Verdict::Stale);
+        // one fresh until later: the same
+        let h = stale(Header::value(before + 5_000, before - 1, 0, 60_000)).unwrap();
+        assert_eq!(judge(&h, before + 10, None), Verdict::Stale);
+        // a plain value: not servable at all
+        let h = stale(Header::plain(before - 1)).unwrap();
+        assert_eq!(judge(&h, before + 10, None), Verdict::Expired);
+        // written at or after, already stale, a placeholder: left alone
+        assert!(stale(Header::value(0, before, 0, 60_000)).is_none());
+        assert!(stale(Header::value(before - 5, 1, 0, 60_000)).is_none());
+        assert!(stale(Header::placeholder(1, before * 2, 7)).is_none());
+        assert!(stale_from(b"foreign", before).is_none());
     }
 }

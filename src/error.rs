@@ -195,6 +195,13 @@ impl Error {
         e
     }
 
+    /// This error with `note` added to what it says (same kind, source and server).
+    pub(crate) fn with_note(mut self, note: &str) -> Self {
+        self.message.push_str("; ");
+        self.message.push_str(note);
+        self
+    }
+
     /// Names the server this error happened at ([`Error::server`]).
     pub(crate) fn at_server(mut self, addr: &str) -> Self {
         Arc::make_mut(self.details.get_or_insert_default()).server = Some(addr.to_owned());

@@ -151,6 +151,15 @@ stats! {
     loads_superseded => "newcache_loads_superseded_total",
     /// Loaded values too large to cache: returned to their callers, not stored.
     too_large => "newcache_too_large_total",
+    /// Deletes replayed on memcached servers that came back, before they served again: keys
+    /// this process invalidated while it could not reach them (the README's "Outages").
+    replayed_deletes,
+    /// Keys not recorded for replay because their server's record was full
+    /// (`replay_capacity`): that server's values from before are judged stale instead.
+    replay_overflows,
+    /// Replays that failed part way (a server that went away again): their keys are kept
+    /// for the next attempt, and the server serves nothing before it.
+    replays_failed,
 }
 
 impl Counters {

@@ -256,7 +256,9 @@ impl AsyncCache {
 
     /// What this cache (and its clones and versions) did so far: [`Cache::stats`].
     pub fn stats(&self) -> Stats {
-        self.cache.stats()
+        let mut stats = self.cache.inner.stats.snapshot();
+        self.shared.backend.report(&mut stats);
+        stats
     }
 
     /// Waits until the background refreshes started by

@@ -279,6 +279,11 @@ impl Backend for Blended {
         self.pool.max_value_size(key)
     }
 
+    /// The pool's records are the engine's too (one per server).
+    fn report(&self, stats: &mut crate::Stats) {
+        self.pool.report(stats);
+    }
+
     fn ping(&self) -> std::result::Result<(), crate::ping::PingError> {
         // Every server at once in one round, from this thread: the pool's way.
         self.pool.ping()

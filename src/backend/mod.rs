@@ -79,6 +79,10 @@ mod nonblocking {
         fn settle_time(&self) -> std::time::Duration {
             std::time::Duration::ZERO
         }
+        /// [`Backend::report`](super::Backend::report).
+        fn report(&self, stats: &mut crate::Stats) {
+            let _ = stats;
+        }
         /// Whether every call completes when made, through the sync backend beneath (the
         /// memory backend): the response cache then answers a hit without a future.
         fn answers_at_once(&self) -> bool {
@@ -145,6 +149,9 @@ mod nonblocking {
         fn ping(&self) -> BoxFuture<'_, std::result::Result<(), crate::ping::PingError>> {
             let r = self.0.ping();
             Box::pin(async move { r })
+        }
+        fn report(&self, stats: &mut crate::Stats) {
+            self.0.report(stats);
         }
         fn answers_at_once(&self) -> bool {
             true
@@ -309,6 +316,14 @@ pub trait Backend: Debug + Send + Sync {
     /// The largest value, in bytes, that can be stored under `key`; larger values are refused with
     /// a `TooLarge` error before anything is sent.
     fn max_value_size(&self, key: &str) -> usize;
+
+    /// Adds this backend's own counts to a snapshot of the cache's, for
+    /// [`Cache::stats`](crate::Cache::stats): the memcached backend's replays of invalidations
+    /// its servers missed (`replayed_deletes`, `replay_overflows`, `replays_failed`). The
+    /// default adds nothing.
+    fn report(&self, stats: &mut crate::Stats) {
+        let _ = stats;
+    }
 
     /// Asks every server whether it answers: what [`Cache::ping`](crate::Cache::ping) returns.
     ///

@@ -116,7 +116,9 @@ impl Cache {
 
     /// A snapshot of the counters.
     pub fn stats(&self) -> Stats {
-        self.inner.stats.snapshot()
+        let mut stats = self.inner.stats.snapshot();
+        self.inner.config.backend.report(&mut stats);
+        stats
     }
 
     /// Asks every server whether it answers: a readiness check (a `/healthz` route).

@@ -19,6 +19,7 @@ mod loader;
 mod memcached;
 mod memory;
 mod obs;
+mod outage;
 mod partial;
 mod processes;
 mod props;

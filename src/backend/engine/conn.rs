@@ -38,7 +38,7 @@ use std::hash::{BuildHasher, RandomState};
 use std::io;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use tokio::io::AsyncReadExt;
@@ -48,6 +48,7 @@ use tokio::sync::mpsc::error::{TryRecvError, TrySendError};
 use tokio::sync::{Notify, mpsc, oneshot};
 
 use super::Server;
+use crate::backend::memcached::outage::{self, Taken};
 use crate::backend::memcached::wire::{self, Shape, Slot};
 use crate::backend::{Item, StoreOutcome};
 use crate::error::{Error, ErrorKind, Result};
@@ -592,6 +593,7 @@ pub(super) async fn run(
     mut ops: mpsc::Receiver<Op>,
     probe: bool,
     conn: Arc<Conn>,
+    replay: Option<Taken>,
 ) {
     let closing = Closing(&conn);
     #[cfg(test)]
@@ -610,15 +612,42 @@ pub(super) async fn run(
             format!("could not connect in time ({:?})", settings.connect_timeout),
         )),
     };
-    let stream = match stream {
+    let capacity = settings.replay_capacity;
+    let mut stream = match stream {
         Ok(s) => s,
         Err(e) => {
             let e = server.annotate(e);
+            if let Some(taken) = replay {
+                server.health.missed.restore(taken, capacity);
+            }
             server.fault(probe, &e);
             close_queue(&mut ops, &e).await;
             return;
         }
     };
+    // What the server missed is deleted before any op is written (those queued wait).
+    if let Some(taken) = replay {
+        let missed = &server.health.missed;
+        match delete_all(&mut stream, &taken, settings.io_timeout).await {
+            Ok(()) => outage::replayed(
+                &server.addr,
+                missed,
+                &taken,
+                |j| {
+                    let there = &server.peers[j];
+                    (!Arc::ptr_eq(there, &server.health)).then_some(&there.missed)
+                },
+                capacity,
+            ),
+            Err(e) => {
+                let e = server.annotate(e);
+                outage::failed(&server.addr, missed, taken, &e, capacity);
+                server.fault(probe, &e);
+                close_queue(&mut ops, &e).await;
+                return;
+            }
+        }
+    }
     let (rd, wr) = stream.into_split();
     let wr = Arc::new(wr);
     let link = Arc::new(Link {
@@ -644,6 +673,48 @@ pub(super) async fn run(
     close_queue(&mut ops, &e).await;
     // The reader answers what is in flight (or fails it) before it ends.
     let _ = reader.await;
+}
+
+/// Deletes every key of `taken` on a connection not yet serving (pipelined, [`ROUND`] per
+/// exchange, each exchange within `io_timeout`), whether or not it exists.
+async fn delete_all(stream: &mut TcpStream, taken: &Taken, io_timeout: Duration) -> Result<()> {
+    use tokio::io::AsyncWriteExt;
+    for part in taken.chunks(ROUND) {
+        let mut out = Vec::new();
+        for (key, _) in part {
+            wire::encode_delete(&mut out, key)?;
+        }
+        let exchange = async {
+            stream.write_all(&out).await?;
+            // A delete's reply is one line: read until every line is in.
+            let mut buf = Vec::with_capacity(part.len() * 12);
+            let mut lines = 0;
+            while lines < part.len() {
+                let before = buf.len();
+                if stream.read_buf(&mut buf).await? == 0 {
+                    return Err(wire::closed());
+                }
+                lines += buf[before..].iter().filter(|&&b| b == b'\n').count();
+            }
+            let mut r = io::Cursor::new(&buf[..]);
+            for _ in part {
+                wire::read_delete(&mut r)?;
+            }
+            if usize::try_from(r.position()).ok() != Some(buf.len()) {
+                return Err(wire::protocol_error("bytes after the last delete's reply"));
+            }
+            Ok(())
+        };
+        tokio::time::timeout(io_timeout, exchange)
+            .await
+            .map_err(|_| {
+                Error::new(
+                    ErrorKind::Timeout,
+                    format!("no reply to a replay of deletes within {io_timeout:?}"),
+                )
+            })??;
+    }
+    Ok(())
 }
 
 /// Refuses new ops (senders see the queue closed and reconnect) and fails the queued ones.

@@ -50,6 +50,7 @@ use tokio::task::JoinHandle;
 use self::conn::{Conn, KEYS_PER_LINE, Op, Parse, QUEUE, Reply};
 use super::memcached::MemcachedConfig;
 use super::memcached::health::{Gate, Health};
+use super::memcached::outage;
 use super::memcached::routing::Routing;
 use super::memcached::wire::{self, Slot};
 use super::{AsyncBackend, BoxFuture, Item, StoreOutcome, Write, max_value_size};
@@ -64,6 +65,8 @@ struct Settings {
     item_size: usize,
     failure_limit: u32,
     retry_interval: Duration,
+    /// Keys per server recorded for replay (`outage.rs`).
+    replay_capacity: usize,
     /// The origin of the health clock (milliseconds since).
     started: Instant,
 }
@@ -103,6 +106,9 @@ struct Server {
     /// `host:port`, resolved on every connect.
     addr: String,
     health: Arc<Health>,
+    /// Every server's health record, in configuration order (a replay hands the copies written
+    /// elsewhere on to their servers' records).
+    peers: Arc<[Arc<Health>]>,
     settings: Settings,
     /// `connections_per_server` connections. A short lock: taken to queue an op (`try_send`)
     /// or replace the connection, never across an await.
@@ -216,8 +222,15 @@ impl Server {
             }
             let (ops, conn) = {
                 let mut live = self.slots[slot].lock();
+                // Keys this server missed are replayed by a fresh connection before it serves.
                 let l = match &*live {
-                    Some(l) if gate == Gate::Go && !l.ops.is_closed() => l,
+                    Some(l)
+                        if gate == Gate::Go
+                            && !l.ops.is_closed()
+                            && !self.health.missed.pending() =>
+                    {
+                        l
+                    }
                     _ => live.insert(self.open(gate == Gate::Probe)?),
                 };
                 match l.conn.submit(&l.ops, op, self) {
@@ -251,7 +264,8 @@ impl Server {
         )))
     }
 
-    /// Starts a connection's task on the current runtime; it connects, then serves the queue.
+    /// Starts a connection's task on the current runtime; it connects, replays what the server
+    /// missed (if anything), then serves the queue.
     fn open(self: &Arc<Self>, probe: bool) -> Result<Live> {
         let rt = tokio::runtime::Handle::try_current().map_err(|_| {
             Error::config(
@@ -261,7 +275,8 @@ impl Server {
         })?;
         let (ops, queue) = mpsc::channel(QUEUE);
         let conn = Arc::new(Conn::new());
-        let task = rt.spawn(conn::run(self.clone(), queue, probe, conn.clone()));
+        let replay = self.health.missed.take();
+        let task = rt.spawn(conn::run(self.clone(), queue, probe, conn.clone(), replay));
         Ok(Live { ops, conn, task })
     }
 
@@ -399,21 +414,31 @@ impl Engine {
             item_size: config.item_size,
             failure_limit: config.failure_limit.max(1),
             retry_interval: config.retry_interval,
+            replay_capacity: config.replay_capacity,
             started: shared
                 .as_ref()
                 .map_or_else(Instant::now, |(_, started)| *started),
         };
         let mut records = shared.map(|(records, _)| records.into_iter());
+        let peers: Arc<[Arc<Health>]> = config
+            .servers
+            .iter()
+            .map(|_| {
+                records
+                    .as_mut()
+                    .and_then(Iterator::next)
+                    .unwrap_or_default()
+            })
+            .collect();
         let servers = config
             .servers
             .iter()
-            .map(|spec| {
+            .zip(peers.iter())
+            .map(|(spec, health)| {
                 Arc::new(Server {
                     addr: spec.addr(),
-                    health: records
-                        .as_mut()
-                        .and_then(Iterator::next)
-                        .unwrap_or_default(),
+                    health: health.clone(),
+                    peers: peers.clone(),
                     settings,
                     slots: (0..connections_per_server)
                         .map(|_| Mutex::new(None))
@@ -446,12 +471,54 @@ impl Engine {
 
     /// The server to send `key` to now.
     fn route(&self, key: &str) -> &Arc<Server> {
+        &self.servers[self.route_index(key)]
+    }
+
+    fn route_index(&self, key: &str) -> usize {
         let now = self.settings.now_ms();
         let i = self
             .routing
             .route(key, |i| self.servers[i].health.routable(now));
         super::note_server(&self.servers[i].addr);
-        &self.servers[i]
+        i
+    }
+
+    fn missed(&self, server: usize) -> &outage::Missed {
+        &self.servers[server].health.missed
+    }
+
+    /// Sends a write of `key` with `send` to the server it routes to, recording it for replay
+    /// on its home server where that one may miss it ([`outage::after_write`]).
+    async fn write<'s, T, F>(
+        &'s self,
+        key: &str,
+        send: impl FnOnce(&'s Arc<Server>) -> F,
+    ) -> Result<T>
+    where
+        F: Future<Output = Result<T>>,
+    {
+        let home = self.routing.home(key);
+        let i = self.route_index(key);
+        let elsewhere = (i != home).then_some(i);
+        let capacity = self.settings.replay_capacity;
+        if elsewhere.is_some() {
+            self.missed(home).note(key, elsewhere, capacity);
+        }
+        let r = send(&self.servers[i]).await;
+        outage::after_write(self.missed(home), elsewhere, key, r, capacity)
+    }
+
+    /// Judges an item read for `key` by its home server's record ([`outage::distrust`]).
+    fn distrust(&self, key: &str, item: Option<&mut Item>) {
+        let Some(item) = item else { return };
+        if self
+            .servers
+            .iter()
+            .all(|s| s.health.missed.stale_before_ms() == 0)
+        {
+            return;
+        }
+        outage::distrust(item, self.missed(self.routing.home(key)).stale_before_ms());
     }
 
     /// Groups positions `0..n` (those `check` passes; the others get its error) by server:
@@ -506,7 +573,18 @@ impl Engine {
                 }
             }
         }
-        let groups = self.by_server(n, key, |_| Ok(()), &mut out);
+        let groups = self.by_server(n, &key, |_| Ok(()), &mut out);
+        // (position, home, server sent to) of every command sent: each is a write.
+        let capacity = self.settings.replay_capacity;
+        let sent: Vec<(usize, usize, usize)> = groups
+            .iter()
+            .flat_map(|(s, ps)| ps.iter().map(|&p| (p, self.routing.home(key(p)), *s)))
+            .collect();
+        for &(p, home, s) in &sent {
+            if s != home {
+                self.missed(home).note(key(p), Some(s), capacity);
+            }
+        }
         let mut pending = Vec::new();
         for (s, positions) in groups {
             let server = &self.servers[s];
@@ -523,6 +601,18 @@ impl Engine {
         }
         for (s, p, rx) in pending {
             out[p] = Some(self.servers[s].cmd_reply(rx).await.and_then(&unpack));
+        }
+        for (p, home, s) in sent {
+            if let Some(r) = out[p].take() {
+                let elsewhere = (s != home).then_some(s);
+                out[p] = Some(outage::after_write(
+                    self.missed(home),
+                    elsewhere,
+                    key(p),
+                    r,
+                    capacity,
+                ));
+            }
         }
         out.into_iter()
             .map(|o| o.unwrap_or_else(|| Err(Error::backend("no reply for this entry"))))
@@ -567,12 +657,18 @@ impl Drop for Engine {
 }
 
 impl AsyncBackend for Engine {
+    fn report(&self, stats: &mut crate::Stats) {
+        outage::report(self.servers.iter().map(|s| &s.health.missed), stats);
+    }
+
     fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Item>>> {
         Box::pin(async move {
             wire::check_key(key)?;
             let server = self.route(key);
             let mut slots = server.get_on(server.pick(), &[key]).await;
-            slots.pop().unwrap_or(Ok(None))
+            let mut item = slots.pop().unwrap_or(Ok(None))?;
+            self.distrust(key, item.as_mut());
+            Ok(item)
         })
     }
 
@@ -605,7 +701,13 @@ impl AsyncBackend for Engine {
                 }
             }
             out.into_iter()
-                .map(|o| o.unwrap_or_else(|| Err(Error::backend("no reply for this key"))))
+                .zip(keys)
+                .map(|(o, key)| {
+                    let mut item =
+                        o.unwrap_or_else(|| Err(Error::backend("no reply for this key")))?;
+                    self.distrust(key, item.as_mut());
+                    Ok(item)
+                })
                 .collect()
         })
     }
@@ -615,7 +717,7 @@ impl AsyncBackend for Engine {
             let mut bytes = Vec::new();
             self.check_cas(&w)?;
             wire::encode_store(&mut bytes, &w, self.max_value_size(w.key))?;
-            match self.route(w.key).cmd(bytes, Parse::Store).await? {
+            match self.write(w.key, |s| s.cmd(bytes, Parse::Store)).await? {
                 Reply::Store(o) => Ok(o),
                 other => Err(mismatch(other)),
             }
@@ -632,8 +734,11 @@ impl AsyncBackend for Engine {
             wire::encode_store(&mut bytes, &w, self.max_value_size(w.key))?;
             wire::encode_gets(&mut bytes, &[w.key])?;
             let parse = Parse::StoreThenGet(w.key.to_owned());
-            match self.route(w.key).cmd(bytes, parse).await? {
-                Reply::StoreThenGet(o, item) => Ok((o, item)),
+            match self.write(w.key, |s| s.cmd(bytes, parse)).await? {
+                Reply::StoreThenGet(o, mut item) => {
+                    self.distrust(w.key, item.as_mut());
+                    Ok((o, item))
+                }
                 other => Err(mismatch(other)),
             }
         })
@@ -664,7 +769,7 @@ impl AsyncBackend for Engine {
         Box::pin(async move {
             let mut bytes = Vec::new();
             wire::encode_delete(&mut bytes, key)?;
-            match self.route(key).cmd(bytes, Parse::Delete).await? {
+            match self.write(key, |s| s.cmd(bytes, Parse::Delete)).await? {
                 Reply::Found(f) => Ok(f),
                 other => Err(mismatch(other)),
             }
@@ -691,7 +796,7 @@ impl AsyncBackend for Engine {
         Box::pin(async move {
             let mut bytes = Vec::new();
             wire::encode_touch(&mut bytes, key, exptime)?;
-            match self.route(key).cmd(bytes, Parse::Touch).await? {
+            match self.write(key, |s| s.cmd(bytes, Parse::Touch)).await? {
                 Reply::Found(f) => Ok(f),
                 other => Err(mismatch(other)),
             }

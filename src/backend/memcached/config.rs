@@ -163,6 +163,13 @@ pub struct MemcachedConfig {
     pub retry_interval: Duration,
     /// Fail fast or remap the keys of a dead server.
     pub dead_servers: DeadServerPolicy,
+    /// How many keys per server this process remembers having invalidated while that server
+    /// was out of reach (deleted, written to another server under `Remap`, or failed to
+    /// write), to delete them there before it serves again; 10,000 by default
+    /// ([`DEFAULT_REPLAY_CAPACITY`](super::DEFAULT_REPLAY_CAPACITY)). Past it, values
+    /// that server holds from before are judged stale instead (one reload each). 0 records
+    /// nothing: every outage then judges the server's older values stale.
+    pub replay_capacity: usize,
 }
 
 impl MemcachedConfig {
@@ -198,6 +205,7 @@ impl MemcachedConfig {
             pool_size: DEFAULT_POOL_SIZE,
             item_size: DEFAULT_ITEM_SIZE,
             failure_limit: DEFAULT_FAILURE_LIMIT,
+            replay_capacity: super::outage::DEFAULT_REPLAY_CAPACITY,
             retry_interval: DEFAULT_RETRY_INTERVAL,
             dead_servers: DeadServerPolicy::FailFast,
         }

@@ -304,6 +304,16 @@ impl Conn {
         self.write_exchange(|b| wire::encode_delete(b, key), wire::read_delete)
     }
 
+    /// Deletes every key (pipelined, [`PIPELINE_CHUNK`] per exchange), whether or not it exists.
+    pub(crate) fn delete_all(&mut self, keys: &[&str]) -> Result<()> {
+        keys.chunks(PIPELINE_CHUNK).try_for_each(|part| {
+            self.write_exchange(
+                |b| part.iter().try_for_each(|k| wire::encode_delete(b, k)),
+                |r| part.iter().try_for_each(|_| wire::read_delete(r).map(drop)),
+            )
+        })
+    }
+
     pub(crate) fn store(&mut self, w: &Write<'_>, max_value: usize) -> Result<StoreOutcome> {
         self.write_exchange(|b| wire::encode_store(b, w, max_value), wire::read_store)
     }

@@ -49,6 +49,8 @@ pub(crate) struct Health {
     level: AtomicU32,
     /// When it last came back (0: never died).
     revived_ms: AtomicU64,
+    /// The invalidations it missed, replayed before it serves again.
+    pub(crate) missed: super::outage::Missed,
 }
 
 impl Health {

@@ -4,6 +4,7 @@
 mod config;
 mod conn;
 pub(crate) mod health;
+pub(crate) mod outage;
 mod ring;
 pub(crate) mod routing;
 mod server;
@@ -13,6 +14,7 @@ pub use self::config::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_FAILURE_LIMIT, DEFAULT_IO_TIMEOUT, DEFAULT_POOL_SIZE,
     DEFAULT_RETRY_INTERVAL, DeadServerPolicy, MemcachedConfig, ServerSpec,
 };
+pub use self::outage::DEFAULT_REPLAY_CAPACITY;
 
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -39,6 +41,7 @@ pub struct MemcachedBackend {
     io_timeout: Duration,
     failure_limit: u32,
     retry_interval: Duration,
+    replay_capacity: usize,
     started: Instant,
 }
 
@@ -140,6 +143,7 @@ impl MemcachedBackend {
             io_timeout: config.io_timeout,
             failure_limit: config.failure_limit.max(1),
             retry_interval: config.retry_interval,
+            replay_capacity: config.replay_capacity,
             started: Instant::now(),
         })
     }
@@ -248,7 +252,7 @@ impl MemcachedBackend {
             }
         };
         conn.answered = false;
-        let r = op(&mut conn);
+        let r = self.replay(i, &mut conn).and_then(|()| op(&mut conn));
         let (fault, answered) = (self.counts(i, &conn, r.as_ref().err()), conn.answered);
         drop(conn);
         match &r {
@@ -263,6 +267,75 @@ impl MemcachedBackend {
         let i = self.server_index(key);
         super::note_server(&self.servers[i].addr);
         self.run(i, op)
+    }
+
+    /// [`on_key`](Self::on_key) for a write (a store, a delete, a touch): one that may not reach
+    /// the key's home server, or that lands on another, is recorded for replay there.
+    fn on_write<T>(&self, key: &str, op: impl FnOnce(&mut Conn) -> Result<T>) -> Result<T> {
+        let home = self.routing.home(key);
+        let i = self.server_index(key);
+        super::note_server(&self.servers[i].addr);
+        if i != home {
+            self.missed(home).note(key, Some(i), self.replay_capacity);
+        }
+        let r = self.run(i, op);
+        self.after_write(home, i, key, r)
+    }
+
+    /// [`outage::after_write`] for a write to `key` (home server `home`) sent to `sent`.
+    fn after_write<T>(&self, home: usize, sent: usize, key: &str, r: Result<T>) -> Result<T> {
+        let elsewhere = (sent != home).then_some(sent);
+        outage::after_write(self.missed(home), elsewhere, key, r, self.replay_capacity)
+    }
+
+    fn missed(&self, server: usize) -> &outage::Missed {
+        &self.servers[server].health.missed
+    }
+
+    /// Deletes on server `i`, over `conn`, the keys it missed while out of reach (before
+    /// anything else is done there), then hands the copies written elsewhere meanwhile on to
+    /// their servers' records. A replay that fails keeps its keys for the next attempt.
+    fn replay(&self, i: usize, conn: &mut Conn) -> Result<()> {
+        let missed = self.missed(i);
+        let Some(taken) = missed.take() else {
+            return Ok(());
+        };
+        let keys: Vec<&str> = taken.iter().map(|(k, _)| &**k).collect();
+        match conn.delete_all(&keys) {
+            Ok(()) => {
+                outage::replayed(
+                    &self.servers[i].addr,
+                    missed,
+                    &taken,
+                    |j| (j != i).then(|| self.missed(j)),
+                    self.replay_capacity,
+                );
+                Ok(())
+            }
+            Err(e) => {
+                outage::failed(
+                    &self.servers[i].addr,
+                    missed,
+                    taken,
+                    &e,
+                    self.replay_capacity,
+                );
+                Err(e)
+            }
+        }
+    }
+
+    /// Judges an item read for `key` by its home server's record ([`outage::distrust`]).
+    fn distrust(&self, key: &str, item: Option<&mut Item>) {
+        let Some(item) = item else { return };
+        if self
+            .servers
+            .iter()
+            .all(|s| s.health.missed.stale_before_ms() == 0)
+        {
+            return;
+        }
+        outage::distrust(item, self.missed(self.routing.home(key)).stale_before_ms());
     }
 
     /// A batch over `n` entries: entries that fail `check` are answered with that error and never
@@ -293,7 +366,26 @@ impl MemcachedBackend {
         for p in groups.iter_mut().flat_map(|(_, ps)| ps.iter_mut()) {
             *p = sendable[*p];
         }
-        self.run_legs(writes, out, groups, chunk, encode, decode, None)
+        if !writes {
+            return self.run_legs(writes, out, groups, chunk, encode, decode, None);
+        }
+        // (position, home, server sent to) of every write sent.
+        let sent: Vec<(usize, usize, usize)> = groups
+            .iter()
+            .flat_map(|(s, ps)| ps.iter().map(|&p| (p, self.routing.home(key(p)), *s)))
+            .collect();
+        for &(p, home, s) in &sent {
+            if s != home {
+                self.missed(home)
+                    .note(key(p), Some(s), self.replay_capacity);
+            }
+        }
+        let mut results = self.run_legs(writes, out, groups, chunk, encode, decode, None);
+        for (p, home, s) in sent {
+            let r = std::mem::replace(&mut results[p], Err(Error::backend("")));
+            results[p] = self.after_write(home, s, key(p), r);
+        }
+        results
     }
 
     /// The I/O of a [`batch`](Self::batch) whose entries are grouped by server already:
@@ -331,6 +423,9 @@ impl MemcachedBackend {
                 Ok((probe, mut conn)) => {
                     conn.answered = false;
                     leg.probe = probe;
+                    if let Err(e) = self.replay(leg.server, &mut conn) {
+                        leg.error = Some(e);
+                    }
                     leg.conn = Some(conn);
                 }
                 Err(r) => {
@@ -488,6 +583,10 @@ impl MemcachedBackend {
 }
 
 impl Backend for MemcachedBackend {
+    fn report(&self, stats: &mut crate::Stats) {
+        outage::report(self.servers.iter().map(|s| &s.health.missed), stats);
+    }
+
     /// Every server asked in one round, one `io_timeout` for all; behind twemproxy, the proxy and the
     /// server [`PING_KEY`] maps to.
     fn ping(&self) -> std::result::Result<(), PingError> {
@@ -497,12 +596,14 @@ impl Backend for MemcachedBackend {
     fn get(&self, key: &str) -> Result<Option<Item>> {
         wire::check_key(key)?;
         let max = self.item_size;
-        self.on_key(key, |c| c.get(key, max))
+        let mut item = self.on_key(key, |c| c.get(key, max))?;
+        self.distrust(key, item.as_mut());
+        Ok(item)
     }
 
     fn get_many(&self, keys: &[&str]) -> Vec<Result<Option<Item>>> {
         let max = self.item_size;
-        self.batch(
+        let mut items = self.batch(
             false,
             keys.len(),
             |i| wire::check_key(keys[i]),
@@ -526,7 +627,13 @@ impl Backend for MemcachedBackend {
                 }
                 Ok(())
             },
-        )
+        );
+        for (key, item) in keys.iter().zip(&mut items) {
+            if let Ok(item) = item {
+                self.distrust(key, item.as_mut());
+            }
+        }
+        items
     }
 
     fn store(
@@ -546,13 +653,15 @@ impl Backend for MemcachedBackend {
         };
         self.check_write(&w)?;
         let max = self.max_value_size(key);
-        self.on_key(key, |c| c.store(&w, max))
+        self.on_write(key, |c| c.store(&w, max))
     }
 
     fn store_then_get(&self, w: Write<'_>) -> Result<(StoreOutcome, Option<Item>)> {
         self.check_write(&w)?;
         let (max, item_size) = (self.max_value_size(w.key), self.item_size);
-        self.on_key(w.key, |c| c.store_then_get(&w, max, item_size))
+        let (outcome, mut item) = self.on_write(w.key, |c| c.store_then_get(&w, max, item_size))?;
+        self.distrust(w.key, item.as_mut());
+        Ok((outcome, item))
     }
 
     /// Pipelined writes, one result each: an invalid write (key, exptime, size) fails alone and
@@ -585,7 +694,7 @@ impl Backend for MemcachedBackend {
 
     fn delete(&self, key: &str) -> Result<bool> {
         wire::check_key(key)?;
-        self.on_key(key, |c| c.delete(key))
+        self.on_write(key, |c| c.delete(key))
     }
 
     fn delete_many(&self, keys: &[&str]) -> Vec<Result<bool>> {
@@ -611,7 +720,7 @@ impl Backend for MemcachedBackend {
     fn touch(&self, key: &str, exptime: u32) -> Result<bool> {
         wire::check_key(key)?;
         wire::check_exptime(exptime)?;
-        self.on_key(key, |c| c.touch(key, exptime))
+        self.on_write(key, |c| c.touch(key, exptime))
     }
 
     fn incr(&self, key: &str, delta: u64) -> Result<Option<u64>> {

@@ -1,0 +1,419 @@
+//! Invalidations survive an outage: a memcached server this process could not reach while it
+//! deleted or replaced keys never serves those keys' old values to it when it is back. Real
+//! memcached processes, stopped (SIGSTOP) and resumed, or killed and restarted; both front ends.
+
+use std::io::{BufRead, BufReader, Write as _};
+use std::process::{Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use newcache::{
+    AsyncCache, Cache, CacheBuilder, DeadServerPolicy, Error, FailurePolicy, Stats, Ttl,
+};
+
+use crate::fixture::{Memcached, unique_flavor};
+
+const MS: fn(u64) -> Duration = Duration::from_millis;
+const RETRY: Duration = Duration::from_millis(300);
+
+/// One front end, called the same way whichever it is.
+enum Front {
+    Sync(Cache),
+    Async(AsyncCache, tokio::runtime::Runtime),
+}
+
+impl Front {
+    fn build(builder: CacheBuilder, asynch: bool) -> Front {
+        if !asynch {
+            return Front::Sync(builder.build().unwrap());
+        }
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        Front::Async(builder.build_async().unwrap(), rt)
+    }
+
+    fn get(&self, k: &str) -> Result<Option<String>, Error> {
+        match self {
+            Front::Sync(c) => c.get(k),
+            Front::Async(c, rt) => rt.block_on(c.get(k)),
+        }
+    }
+
+    fn set(&self, k: &str, v: &str) -> Result<(), Error> {
+        match self {
+            Front::Sync(c) => c.set(k, v, Ttl::Never),
+            Front::Async(c, rt) => rt.block_on(c.set(k, v, Ttl::Never)),
+        }
+    }
+
+    fn delete(&self, k: &str) -> Result<bool, Error> {
+        match self {
+            Front::Sync(c) => c.delete(k),
+            Front::Async(c, rt) => rt.block_on(c.delete(k)),
+        }
+    }
+
+    fn load(&self, k: &str, v: &str, loads: &mut u32) -> String {
+        let mut loader = || {
+            *loads += 1;
+            Ok::<_, std::io::Error>(v.to_owned())
+        };
+        match self {
+            Front::Sync(c) => c
+                .get_or_set_with(k, Duration::from_secs(60), loader)
+                .unwrap(),
+            Front::Async(c, rt) => rt
+                .block_on(c.get_or_set_with(k, Duration::from_secs(60), || {
+                    let v = loader();
+                    async move { v }
+                }))
+                .unwrap(),
+        }
+    }
+
+    fn stats(&self) -> Stats {
+        match self {
+            Front::Sync(c) => c.stats(),
+            Front::Async(c, _) => c.stats(),
+        }
+    }
+
+    fn make_key(&self, k: &str) -> String {
+        match self {
+            Front::Sync(c) => c.make_key(k),
+            Front::Async(c, _) => c.make_key(k),
+        }
+    }
+}
+
+fn builder(addrs: &[String], tag: &str) -> CacheBuilder {
+    Cache::builder()
+        .memcached(addrs)
+        .read_failures(FailurePolicy::Propagate)
+        .flavor(unique_flavor(tag))
+        .failure_limit(1)
+        .retry_interval(RETRY)
+        .io_timeout(MS(200))
+        .connect_timeout(MS(200))
+}
+
+/// A client of the server at `addr` alone: what it holds, by derived key.
+fn raw(addr: &str) -> memcache::Client {
+    memcache::connect(format!("memcache://{addr}?protocol=ascii&timeout=2")).unwrap()
+}
+
+fn holds(addr: &str, derived: &str) -> bool {
+    raw(addr).get::<Vec<u8>>(derived).unwrap().is_some()
+}
+
+/// `n` user keys whose home is the server at `addr` (of `front`'s servers).
+fn keys_on(front: &Front, addr: &str, n: usize) -> Vec<String> {
+    let mut found = Vec::new();
+    for i in 0.. {
+        let k = format!("k{i}");
+        front.set(&k, "probe").unwrap();
+        if holds(addr, &front.make_key(&k)) {
+            found.push(k);
+            if found.len() == n {
+                return found;
+            }
+        }
+    }
+    unreachable!()
+}
+
+/// Calls `op` until the server it goes to is marked dead (its failure ejects it): at most a
+/// few timed-out calls, then one that fails fast or (under `Remap`) succeeds elsewhere.
+fn until_ejected(mut op: impl FnMut() -> Result<(), Error>) {
+    let mut failed = false;
+    for _ in 0..10 {
+        match op() {
+            Err(e) if e.to_string().contains("marked dead") => return,
+            Err(_) => failed = true,
+            Ok(()) if failed => return,
+            Ok(()) => {}
+        }
+    }
+    panic!("the stopped server was never marked dead");
+}
+
+/// Waits out the retry interval, then reads `k` until `replayed` deletes were counted: every
+/// read after the server is resumed must be `want` (never an invalidated value).
+fn after_revival(front: &Front, k: &str, want: Option<&str>, replayed: u64) {
+    thread::sleep(RETRY + MS(100));
+    let t = Instant::now();
+    loop {
+        if let Ok(v) = front.get(k) {
+            assert_eq!(v.as_deref(), want, "{k} read after its server came back");
+            if front.stats().replayed_deletes >= replayed {
+                return;
+            }
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "no replay: {:?}",
+            front.stats()
+        );
+        thread::sleep(MS(20));
+    }
+}
+
+/// The reproduction: two servers, `Remap`. Server A holds k1 and k2; A stops; this
+/// process deletes k1 and replaces k2 (both land on B); A resumes and is probed back. It used
+/// to serve k1 and k2's old values as fresh for as long as they lived; now both are deleted on A
+/// before A serves again, and the copy of k2 written to B goes too.
+fn remap_revival(asynch: bool) {
+    let servers = [Memcached::start(), Memcached::start()];
+    let addrs: Vec<String> = servers.iter().map(Memcached::addr).collect();
+    let b = builder(&addrs, "outage-remap").dead_servers(DeadServerPolicy::Remap);
+    let front = Front::build(b, asynch);
+    let ks = keys_on(&front, &addrs[0], 2);
+    let (k1, k2) = (&ks[0], &ks[1]);
+    let on_b = keys_on(&front, &addrs[1], 1).remove(0);
+    front.set(k1, "v1").unwrap();
+    front.set(k2, "v1").unwrap();
+    servers[0].signal("STOP");
+    until_ejected(|| front.get(k1).map(drop));
+    assert!(!front.delete(k1).unwrap(), "on B, which never held it");
+    front.set(k2, "v2").unwrap();
+    assert_eq!(front.get(k2).unwrap().as_deref(), Some("v2"), "served by B");
+    assert!(holds(&addrs[1], &front.make_key(k2)));
+    servers[0].signal("CONT");
+    after_revival(&front, k1, None, 2);
+    assert_eq!(front.get(k2).unwrap(), None, "v1 was deleted on A");
+    assert!(!holds(&addrs[0], &front.make_key(k1)));
+    assert!(!holds(&addrs[0], &front.make_key(k2)));
+    // B's copy is deleted by B's next call (the replay's copies are handed on to B's record).
+    front.get(&on_b).unwrap();
+    assert!(
+        !holds(&addrs[1], &front.make_key(k2)),
+        "the copy written to B while A was out is gone (it would come back at A's next outage): {:?}",
+        front.stats()
+    );
+    let s = front.stats();
+    // k1 and k2 on A; then on B both (k1's delete and k2's write landed there)
+    assert_eq!((s.replayed_deletes, s.replay_overflows), (4, 0), "{s:?}");
+}
+
+#[test]
+fn remap_a_revived_server_never_serves_what_was_deleted_or_replaced() {
+    remap_revival(false);
+}
+
+#[test]
+fn remap_a_revived_server_never_serves_what_was_deleted_or_replaced_async() {
+    remap_revival(true);
+}
+
+/// `FailFast` (the default): a delete while the key's server is stopped fails, and says it was
+/// queued; when the server is back, this process never reads the deleted value from it.
+fn fail_fast_revival(asynch: bool) {
+    let server = Memcached::start();
+    let addrs = vec![server.addr()];
+    let front = Front::build(builder(&addrs, "outage-failfast"), asynch);
+    front.set("k", "v1").unwrap();
+    server.signal("STOP");
+    let e = front.delete("k").unwrap_err();
+    assert!(e.to_string().contains("queued for replay"), "{e}");
+    until_ejected(|| front.delete("k").map(drop));
+    let e = front.delete("k").unwrap_err();
+    assert!(
+        e.to_string().contains("marked dead") && e.to_string().contains("queued for replay"),
+        "{e}"
+    );
+    server.signal("CONT");
+    after_revival(&front, "k", None, 1);
+    assert!(!holds(&addrs[0], &front.make_key("k")));
+    assert_eq!(front.stats().replayed_deletes, 1, "one key, once");
+}
+
+#[test]
+fn fail_fast_a_delete_during_an_outage_is_replayed() {
+    fail_fast_revival(false);
+}
+
+#[test]
+fn fail_fast_a_delete_during_an_outage_is_replayed_async() {
+    fail_fast_revival(true);
+}
+
+/// Killed and restarted (empty) under `Remap`: a key written while A was dead went to B. When A
+/// is back the key maps to A again, and B's copy is deleted; so when A dies again, B does not
+/// serve that older copy in place of what was written to A meanwhile.
+fn restart_fallback_copies(asynch: bool) {
+    let mut servers = [Memcached::start(), Memcached::start()];
+    let addrs: Vec<String> = servers.iter().map(Memcached::addr).collect();
+    let b = builder(&addrs, "outage-restart").dead_servers(DeadServerPolicy::Remap);
+    let front = Front::build(b, asynch);
+    let k = keys_on(&front, &addrs[0], 1).remove(0);
+    let on_b = keys_on(&front, &addrs[1], 1).remove(0);
+    servers[0].kill();
+    until_ejected(|| front.get(&k).map(drop));
+    front.set(&k, "v2").unwrap();
+    assert!(holds(&addrs[1], &front.make_key(&k)), "written to B");
+    servers[0].restart();
+    after_revival(&front, &k, None, 1);
+    front.set(&k, "v3").unwrap();
+    assert!(holds(&addrs[0], &front.make_key(&k)), "written to A");
+    front.get(&on_b).unwrap();
+    servers[0].kill();
+    until_ejected(|| front.get(&k).map(drop));
+    assert_eq!(
+        front.get(&k).unwrap(),
+        None,
+        "B's copy from A's first outage is gone"
+    );
+}
+
+#[test]
+fn restart_a_copy_written_elsewhere_never_comes_back() {
+    restart_fallback_copies(false);
+}
+
+#[test]
+fn restart_a_copy_written_elsewhere_never_comes_back_async() {
+    restart_fallback_copies(true);
+}
+
+/// A record too small for the outage: the keys past it are not replayed, but the values the
+/// server holds from before the overflow are judged stale: one herd-protected reload each, and
+/// no old value served as fresh. A value written after the server is back is fresh.
+fn overflow(asynch: bool) {
+    let server = Memcached::start();
+    let addrs = vec![server.addr()];
+    let front = Front::build(
+        builder(&addrs, "outage-overflow").replay_capacity(2),
+        asynch,
+    );
+    let keys: Vec<String> = (0..6).map(|i| format!("k{i}")).collect();
+    for k in &keys {
+        front.set(k, "v1").unwrap();
+    }
+    server.signal("STOP");
+    let said: Vec<String> = keys
+        .iter()
+        .map(|k| front.delete(k).unwrap_err().to_string())
+        .collect();
+    assert!(
+        said[..2].iter().all(|e| e.contains("queued for replay")),
+        "{said:?}"
+    );
+    assert!(
+        said[2..].iter().all(|e| e.contains("queue is full")),
+        "{said:?}"
+    );
+    server.signal("CONT");
+    after_revival(&front, &keys[0], None, 2);
+    let mut loads = 0;
+    for k in &keys {
+        assert_eq!(front.load(k, "v2", &mut loads), "v2", "{k}: never v1");
+    }
+    assert_eq!(loads, 6, "one reload per key");
+    for k in &keys {
+        assert_eq!(front.get(k).unwrap().as_deref(), Some("v2"), "fresh now");
+    }
+    front.set("later", "fresh").unwrap();
+    assert_eq!(front.get("later").unwrap().as_deref(), Some("fresh"));
+    let s = front.stats();
+    assert_eq!((s.replayed_deletes, s.replay_overflows), (2, 4), "{s:?}");
+}
+
+#[test]
+fn an_overflowing_record_judges_older_values_stale() {
+    overflow(false);
+}
+
+#[test]
+fn an_overflowing_record_judges_older_values_stale_async() {
+    overflow(true);
+}
+
+const CHILD_ADDR: &str = "NEWCACHE_TEST_OUTAGE_ADDR";
+const CHILD_FLAVOR: &str = "NEWCACHE_TEST_OUTAGE_FLAVOR";
+
+/// The other process: reads `k` each time the parent writes a line, and answers with what it
+/// read. Without the parent's environment: nothing.
+#[test]
+#[ignore = "run by another_process_sees_the_replay_once_it_is_made"]
+fn outage_child() {
+    let (Ok(addr), Ok(flavor)) = (std::env::var(CHILD_ADDR), std::env::var(CHILD_FLAVOR)) else {
+        return;
+    };
+    let cache = Cache::builder()
+        .memcached([addr.as_str()])
+        .flavor(flavor)
+        .build()
+        .unwrap();
+    let mut out = std::io::stdout();
+    for line in std::io::stdin().lock().lines() {
+        if line.unwrap().is_empty() {
+            break;
+        }
+        let v: Option<String> = cache.get("k").unwrap();
+        writeln!(out, "read={}", v.as_deref().unwrap_or("none")).unwrap();
+        out.flush().unwrap();
+    }
+}
+
+/// What another process sees: it never saw the outage, so it has nothing to replay. After the
+/// server resumes, it reads the old value until this process (which deleted it during the
+/// outage) makes its first call there and replays the delete; from then on, it reads nothing.
+#[test]
+fn another_process_sees_the_replay_once_it_is_made() {
+    let server = Memcached::start();
+    let addrs = vec![server.addr()];
+    let flavor = unique_flavor("outage-procs");
+    let front = Front::build(builder(&addrs, "unused").flavor(flavor.clone()), false);
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "outage::outage_child",
+            "--ignored",
+            "--nocapture",
+        ])
+        .args(["--test-threads", "1"])
+        .env(CHILD_ADDR, server.addr())
+        .env(CHILD_FLAVOR, &flavor)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut to_child = child.stdin.take().unwrap();
+    let mut from_child = BufReader::new(child.stdout.take().unwrap());
+    let mut child_reads = || {
+        writeln!(to_child, "read").unwrap();
+        to_child.flush().unwrap();
+        let mut line = String::new();
+        loop {
+            line.clear();
+            assert!(
+                from_child.read_line(&mut line).unwrap() > 0,
+                "the child ended"
+            );
+            // (libtest's "test outage::outage_child ... " may start the first line)
+            if let Some((_, v)) = line.trim().split_once("read=") {
+                return v.to_owned();
+            }
+        }
+    };
+    front.set("k", "v1").unwrap();
+    assert_eq!(child_reads(), "v1");
+    server.signal("STOP");
+    // A read ejects the server, so that the delete is never sent (one sent while the server is
+    // stopped would be applied when it resumes).
+    until_ejected(|| front.get("k").map(drop));
+    let e = front.delete("k").unwrap_err();
+    assert!(e.to_string().contains("marked dead"), "{e}");
+    server.signal("CONT");
+    assert_eq!(
+        child_reads(),
+        "v1",
+        "the other process never saw the outage: it reads the old value until the replay"
+    );
+    after_revival(&front, "k", None, 1);
+    assert_eq!(child_reads(), "none", "the replay reached the server");
+    drop(to_child);
+    let _ = child.wait();
+}
