@@ -243,11 +243,7 @@ impl AsyncCache {
     /// # Cancel safety
     /// Cancel-safe: a dropped ping leaves its `get`s to be answered and discarded.
     pub async fn ping(&self) -> std::result::Result<(), crate::PingError> {
-        let span = tracing::debug_span!(
-            "newcache",
-            op = "ping",
-            cache = &*self.cache.inner.stats.name
-        );
+        let span = tracing::debug_span!("newcache", op = "ping", cache = &*self.cache.stats.name);
         // The backend's future is made inside the span too: a backend may do work (or
         // record its server) when it makes it.
         let ping = async { self.shared.backend.ping().await };
