@@ -117,7 +117,8 @@
 //!   `newcache_stale_on_error_total`, `newcache_decode_errors_total`,
 //!   `newcache_newer_format_total`, `newcache_wait_timeouts_total`,
 //!   `newcache_loads_superseded_total`, `newcache_too_large_total`. They count what
-//!   [`Cache::stats`] counts. Install the recorder before building the cache: the handles are
+//!   [`Cache::stats`] counts. A response cache (`layer::ResponseCacheLayer`) counts its pages
+//!   apart: its series carry `layer` (its namespace) beside `cache`, and are its own `stats()`. Install the recorder before building the cache: the handles are
 //!   registered when it is built (the per-server error counters too, for each configured server
 //!   and `unknown`).
 //! - `tracing` spans at DEBUG, one per operation, named `newcache`, with the fields `op`

@@ -76,8 +76,28 @@ macro_rules! stats {
         /// A snapshot of a cache's counters, from [`Cache::stats`](crate::Cache::stats).
         ///
         /// Counts since the cache was built, shared by every clone and every
-        /// [`with_version`](crate::Cache::with_version) view of it.
-        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+        /// [`with_version`](crate::Cache::with_version) view of it. They count the calls made
+        /// on the cache (and its loaders), never a response cache's: a
+        /// `ResponseCacheLayer` over it (feature `tower`) counts its page reads and origin
+        /// fills in its own `Stats`, from `ResponseCacheLayer::stats`, with the fields read the
+        /// same way for pages.
+        ///
+        /// `Serialize` (serde): an object of the counters by field name, for a `/stats`
+        /// route.
+        ///
+        /// ```
+        /// let cache = newcache::Cache::builder().in_memory().build()?;
+        /// let n: u32 = cache.get_or_set_with("k", newcache::Ttl::Default, || {
+        ///     Ok::<_, std::io::Error>(1)
+        /// })?;
+        /// let s = cache.stats();
+        /// assert_eq!((n, s.misses, s.loader_calls), (1, 1, 1));
+        /// // serde: e.g. `serde_json::to_string(&s)` gives {"hits":0,"misses":1,...}.
+        /// # fn is_serialize<T: serde::Serialize>(_: &T) {}
+        /// # is_serialize(&s);
+        /// # Ok::<(), newcache::Error>(())
+        /// ```
+        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
         #[non_exhaustive]
         pub struct Stats {
             $($(#[$doc])* pub $name: u64,)*
@@ -88,10 +108,24 @@ macro_rules! stats {
             /// for a backend that names no server); with the `metrics` feature, their handles
             /// are registered with the recorder installed now.
             pub(crate) fn new(name: &str, servers: &[String]) -> Counters {
+                Counters::labelled(name, servers, None)
+            }
+
+            /// The counters of a response cache over the cache called `name`, whose page keys
+            /// are under `namespace`: with the `metrics` feature, labelled `layer=namespace`
+            /// beside `cache=name`, series apart from the cache's own.
+            #[cfg(feature = "tower")]
+            pub(crate) fn for_layer(name: &str, servers: &[String], namespace: &str) -> Counters {
+                Counters::labelled(name, servers, Some(namespace))
+            }
+
+            fn labelled(name: &str, servers: &[String], layer: Option<&str>) -> Counters {
                 #[cfg(not(feature = "metrics"))]
-                let _ = servers;
+                let _ = (servers, layer);
                 #[cfg(feature = "metrics")]
-                let label = [metrics::Label::new("cache", name.to_owned())];
+                let label: Vec<metrics::Label> = std::iter::once(metrics::Label::new("cache", name.to_owned()))
+                    .chain(layer.map(|l| metrics::Label::new("layer", l.to_owned())))
+                    .collect();
                 Counters {
                     $($name: Counter {
                         n: Default::default(),
@@ -102,7 +136,7 @@ macro_rules! stats {
                     #[cfg(feature = "metrics")]
                     load_duration: metrics::histogram!("newcache_load_duration_seconds", label.iter()),
                     #[cfg(feature = "metrics")]
-                    by_server: ByServer::new(name, servers),
+                    by_server: ByServer::new(&label, servers),
                 }
             }
 
@@ -125,7 +159,11 @@ stats! {
     /// Callers that waited for another caller's load (in this process, or a placeholder or
     /// claim of another process).
     lease_waits => "newcache_lease_waits_total",
-    /// Loader calls made by `get_or_set_with` and friends.
+    /// Loader calls: each time `get_or_set_with`, `get_or_set_with_background` or
+    /// `get_many_or_set_with` (one call per batch) ran the loader it was given, because the
+    /// value was missing, stale and claimed by this caller, or refreshed early. A caller served
+    /// another's load runs none (it counts in `lease_waits`). A response cache's origin calls
+    /// are its own `loader_calls`, not the cache's.
     loader_calls => "newcache_loads_total",
     /// Loader calls that returned an error or panicked (a call cut short because its caller's
     /// future was dropped is neither: it counts in `loader_calls` only).
@@ -220,13 +258,14 @@ struct ByServer {
 
 #[cfg(feature = "metrics")]
 impl ByServer {
-    fn new(name: &str, servers: &[String]) -> ByServer {
+    fn new(labels: &[metrics::Label], servers: &[String]) -> ByServer {
         let handle = |server: &str| {
-            metrics::counter!(
-                "newcache_backend_errors_total",
-                "cache" => name.to_owned(),
-                "server" => server.to_owned()
-            )
+            let labels: Vec<metrics::Label> = labels
+                .iter()
+                .cloned()
+                .chain([metrics::Label::new("server", server.to_owned())])
+                .collect();
+            metrics::counter!("newcache_backend_errors_total", labels)
         };
         ByServer {
             servers: servers

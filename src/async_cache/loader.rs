@@ -307,6 +307,43 @@ impl AsyncCache {
     /// across processes, bounded waits, invalidations win). The loader is an async closure, so
     /// it can run an sqlx query; it need not be `'static`.
     ///
+    /// # Concurrent calls on the same key
+    ///
+    /// One caller loads (in this process, and across processes sharing the backend); the
+    /// others wait for its value, at most the cache's `max_wait`. Once the value is stale, one
+    /// caller reloads while the others are served the stale value at once.
+    ///
+    /// ```
+    /// # #[tokio::main]
+    /// # async fn main() -> Result<(), newcache::Error> {
+    /// use std::sync::Arc;
+    /// use std::sync::atomic::{AtomicUsize, Ordering};
+    /// use std::time::Duration;
+    ///
+    /// let cache = newcache::Cache::builder().in_memory().build_async()?;
+    /// let loads = Arc::new(AtomicUsize::new(0));
+    /// let tasks: Vec<_> = (0..16)
+    ///     .map(|_| {
+    ///         let (cache, loads) = (cache.clone(), loads.clone());
+    ///         tokio::spawn(async move {
+    ///             cache
+    ///                 .get_or_set_with("report:1", Duration::from_secs(60), || async move {
+    ///                     loads.fetch_add(1, Ordering::SeqCst);
+    ///                     tokio::time::sleep(Duration::from_millis(20)).await; // the query
+    ///                     Ok::<_, std::io::Error>(42u64)
+    ///                 })
+    ///                 .await
+    ///         })
+    ///     })
+    ///     .collect();
+    /// for t in tasks {
+    ///     assert_eq!(t.await.expect("no panic")?, 42);
+    /// }
+    /// assert_eq!(loads.load(Ordering::SeqCst), 1, "one load for 16 callers");
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
     /// # Cancel safety
     ///
     /// Dropping this future is safe. If it was loading for other tasks of this process, they
@@ -341,6 +378,31 @@ impl AsyncCache {
     /// key waits for a load. A missing key is still loaded in the foreground. The refresh keeps
     /// its claim alive and stores with `cas`; [`shutdown`](AsyncCache::shutdown) waits for the
     /// refreshes still running.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), newcache::Error> {
+    /// use std::time::Duration;
+    ///
+    /// let cache = newcache::Cache::builder().in_memory().build_async()?;
+    /// let load = || async { Ok::<_, std::io::Error>("fresh".to_string()) };
+    /// // A missing key is loaded in the foreground; a stale one is refreshed in a task.
+    /// let v = cache.get_or_set_with_background("k", Duration::from_secs(60), load).await?;
+    /// assert_eq!(v, "fresh");
+    /// cache.shutdown().await; // waits for refreshes still running (none here)
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`get_or_set_with`](AsyncCache::get_or_set_with) for a foreground load. A background
+    /// refresh has no caller to return an error to: it is counted in the stats'
+    /// `loader_errors`, and the stale value stays.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`get_or_set_with`](AsyncCache::get_or_set_with); a refresh already spawned runs on.
     pub async fn get_or_set_with_background<T, F, Fut, E>(
         &self,
         key: &str,
@@ -362,7 +424,39 @@ impl AsyncCache {
     /// The batch form of [`get_or_set_with`](AsyncCache::get_or_set_with):
     /// [`Cache::get_many_or_set_with`] for tasks. The loader gets the keys it must compute (an
     /// owned `Vec`, so the future it returns may own it) and returns a map from those keys to
-    /// values.
+    /// values. Fresh keys are read in one round trip per server, the loader is called once for
+    /// all the others (missing, or stale and claimed by this caller), and its values are stored
+    /// in one round trip; a key another caller is loading is loaded here too, unstored (a batch
+    /// never waits).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), newcache::Error> {
+    /// use std::collections::HashMap;
+    /// use std::time::Duration;
+    ///
+    /// let cache = newcache::Cache::builder().in_memory().build_async()?;
+    /// cache.set("user:1", "ann", Duration::from_secs(60)).await?;
+    /// let users: HashMap<String, String> = cache
+    ///     .get_many_or_set_with(&["user:1", "user:2"], Duration::from_secs(60), |wanted| async move {
+    ///         assert_eq!(wanted, ["user:2"], "only what is missing"); // one query for all of them
+    ///         Ok::<_, std::io::Error>(wanted.into_iter().map(|k| (k, "bob".to_string())).collect())
+    ///     })
+    ///     .await?;
+    /// assert_eq!((users["user:1"].as_str(), users["user:2"].as_str()), ("ann", "bob"));
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`Cache::get_many_or_set_with`]: the loader's error is
+    /// [`is_loader`](crate::Error::is_loader), and a failed load stores nothing.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping this future is safe: the claims it holds are given back, as for
+    /// [`get_or_set_with`](AsyncCache::get_or_set_with).
     pub async fn get_many_or_set_with<T, K, F, Fut, E>(
         &self,
         keys: &[K],

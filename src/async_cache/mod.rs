@@ -104,12 +104,61 @@ impl AsyncCache {
         loader::AsyncDriver(self)
     }
 
-    /// Reads a value: [`Cache::get`], awaited.
+    /// Reads a value: the async [`Cache::get`].
+    ///
+    /// `None` when the key is missing, when another caller is loading it, or when this caller is
+    /// the one reader that claimed a stale entry (it should recompute the value and
+    /// [`set`](AsyncCache::set) it; every other reader keeps getting the stale value meanwhile, at
+    /// most until the soft expiry plus the herd timeout). Where an invalidation must not be lost,
+    /// prefer [`get_or_set_with`](AsyncCache::get_or_set_with), which stores with `cas`.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), newcache::Error> {
+    /// let cache = newcache::Cache::builder().in_memory().build_async()?;
+    /// assert_eq!(cache.get::<String>("greeting").await?, None);
+    /// cache.set("greeting", "hello", std::time::Duration::from_secs(60)).await?;
+    /// assert_eq!(cache.get::<String>("greeting").await?.as_deref(), Some("hello"));
+    /// # Ok(())
+    /// # }
+    /// ```
+    /// # Errors
+    /// A decode error ([`is_decode`](crate::Error::is_decode)) if the bytes under the key are not a
+    /// `T` written by newcache (unless the decode policy is `Miss`); a backend error if the backend
+    /// failed and the read failure policy is `Propagate` (by default a failure reads as a miss). An
+    /// item of a newer envelope format is a counted miss, never an error.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: a dropped read changes nothing.
     pub async fn get<T: DeserializeOwned>(&self, key: &str) -> Result<Option<T>> {
         self.cache.get_on(&self.io(), key).await
     }
 
-    /// Stores a value with the herd protection: [`Cache::set`], awaited.
+    /// Stores a value with the herd protection: the async [`Cache::set`].
+    ///
+    /// The value is fresh for `ttl`, then stale: the first reader to see it stale recomputes while
+    /// the others get the stale value, for up to the herd timeout; after that nobody is served it. A
+    /// zero `ttl` deletes the key. A `set` that lands while a loader of this key runs wins: the
+    /// load's result is not stored over it.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), newcache::Error> {
+    /// let cache = newcache::Cache::builder().in_memory().build_async()?;
+    /// cache.set("user:7", &vec![1u32, 2, 3], std::time::Duration::from_secs(60)).await?;
+    /// assert_eq!(cache.get::<Vec<u32>>("user:7").await?, Some(vec![1, 2, 3]));
+    /// # Ok(())
+    /// # }
+    /// ```
+    /// # Errors
+    /// An invalid key ([`is_invalid_key`](crate::Error::is_invalid_key)), a value that cannot be
+    /// encoded ([`is_encode`](crate::Error::is_encode)) or is too large for the backend
+    /// ([`is_too_large`](crate::Error::is_too_large)); a backend error under the default write
+    /// policy (`Propagate`).
+    ///
+    /// # Cancel safety
+    /// Dropping the future is safe, but a write already handed to a connection may still be
+    /// applied.
     pub async fn set<T: Serialize + Sync + ?Sized>(
         &self,
         key: &str,
@@ -122,7 +171,27 @@ impl AsyncCache {
             .await
     }
 
-    /// Stores a value, choosing whether it gets the herd protection: [`Cache::set_with`].
+    /// Stores a value, choosing whether it gets the herd protection: the async
+    /// [`Cache::set_with`]. [`Herd::Protected`] is [`set`](AsyncCache::set); [`Herd::Off`] stores it
+    /// for exactly `ttl` (no stale window: once expired it is gone, and readers miss together).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), newcache::Error> {
+    /// use newcache::Herd;
+    ///
+    /// let cache = newcache::Cache::builder().in_memory().build_async()?;
+    /// cache.set_with("session:1", "token", std::time::Duration::from_secs(600), Herd::Off).await?;
+    /// assert_eq!(cache.get::<String>("session:1").await?.as_deref(), Some("token"));
+    /// # Ok(())
+    /// # }
+    /// ```
+    /// # Errors
+    /// As [`set`](AsyncCache::set).
+    ///
+    /// # Cancel safety
+    /// Dropping the future is safe, but a write already handed to a connection may still be
+    /// applied.
     pub async fn set_with<T: Serialize + Sync + ?Sized>(
         &self,
         key: &str,
@@ -134,7 +203,28 @@ impl AsyncCache {
         self.cache.set_on(&self.io(), key, value, ttl, herd).await
     }
 
-    /// Stores a value only if the key holds no live value: [`Cache::add`], awaited.
+    /// Stores a value only if the key holds no live value; `true` if it was stored: the async
+    /// [`Cache::add`]. A stale value, or the placeholder of a load in progress, does not count as
+    /// live: it is replaced through CAS, so two concurrent `add`s still store at most once.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), newcache::Error> {
+    /// use std::time::Duration;
+    ///
+    /// let cache = newcache::Cache::builder().in_memory().build_async()?;
+    /// assert!(cache.add("lock:job", "me", Duration::from_secs(30)).await?);
+    /// assert!(!cache.add("lock:job", "you", Duration::from_secs(30)).await?, "already there");
+    /// assert_eq!(cache.get::<String>("lock:job").await?.as_deref(), Some("me"));
+    /// # Ok(())
+    /// # }
+    /// ```
+    /// # Errors
+    /// As [`set`](AsyncCache::set).
+    ///
+    /// # Cancel safety
+    /// Dropping the future is safe, but a write already handed to a connection may still be
+    /// applied.
     pub async fn add<T: Serialize + Sync + ?Sized>(
         &self,
         key: &str,
@@ -145,12 +235,57 @@ impl AsyncCache {
         self.cache.add_on(&self.io(), key, value, ttl).await
     }
 
-    /// Deletes a key; `true` if something was there: [`Cache::delete`], awaited.
+    /// Deletes a key; `true` if something was there: the async [`Cache::delete`]. "Something"
+    /// includes the placeholder of a load in progress: the delete removes it, and that load's result
+    /// is then not stored.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), newcache::Error> {
+    /// let cache = newcache::Cache::builder().in_memory().build_async()?;
+    /// cache.set("k", &1u32, std::time::Duration::from_secs(60)).await?;
+    /// assert!(cache.delete("k").await?);
+    /// assert!(!cache.delete("k").await?, "nothing left");
+    /// # Ok(())
+    /// # }
+    /// ```
+    /// # Errors
+    /// An invalid key; a backend error under the default write policy (`Propagate`).
+    ///
+    /// # Cancel safety
+    /// Dropping the future is safe, but a write already handed to a connection may still be
+    /// applied.
     pub async fn delete(&self, key: &str) -> Result<bool> {
         self.cache.delete_on(&self.io(), key).await
     }
 
-    /// Reads several values, one round trip per server: [`Cache::get_many`], awaited.
+    /// Reads several values, one round trip per server: the async [`Cache::get_many`]. The map
+    /// holds the keys that were found (by the caller's key names); a missing key, one being loaded,
+    /// or the stale key this caller claimed is left out, as [`get`](AsyncCache::get) would answer
+    /// `None`.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), newcache::Error> {
+    /// use std::time::Duration;
+    ///
+    /// let cache = newcache::Cache::builder().in_memory().build_async()?;
+    /// cache.set("a", &1u32, Duration::from_secs(60)).await?;
+    /// cache.set("b", &2u32, Duration::from_secs(60)).await?;
+    /// let found = cache.get_many::<u32>(&["a", "b", "c"]).await?;
+    /// assert_eq!((found.len(), found["a"], found["b"]), (2, 1, 2));
+    /// # Ok(())
+    /// # }
+    /// ```
+    /// # Errors
+    /// An invalid key (nothing is read). With the default read policy
+    /// ([`FailurePolicy::Absorb`](crate::FailurePolicy)) a key whose server failed is left out
+    /// like a miss; with `Propagate` such a batch is an error naming the failed keys
+    /// ([`Error::failed_keys`](crate::Error::failed_keys)). A key whose bytes do not decode is
+    /// left out and counted in `decode_errors`, whatever the decode policy.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: a dropped read changes nothing.
     pub async fn get_many<T: DeserializeOwned>(
         &self,
         keys: &[impl AsRef<str> + Sync],
@@ -158,8 +293,32 @@ impl AsyncCache {
         self.cache.get_many_on(&self.io(), keys).await
     }
 
-    /// Stores several values, one round trip per server; returns the keys that could not be
-    /// stored: [`Cache::set_many`], awaited.
+    /// Stores several values with the herd protection, one round trip per server; returns the
+    /// keys that could not be stored: the async [`Cache::set_many`]. Every value gets the expiry
+    /// [`set`](AsyncCache::set) would give it.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), newcache::Error> {
+    /// let cache = newcache::Cache::builder().in_memory().build_async()?;
+    /// let failed = cache
+    ///     .set_many([("a", &1u32), ("b", &2u32)], std::time::Duration::from_secs(60))
+    ///     .await?;
+    /// assert!(failed.is_empty());
+    /// assert_eq!(cache.get::<u32>("b").await?, Some(2));
+    /// # Ok(())
+    /// # }
+    /// ```
+    /// # Errors
+    /// Nothing is written if a key is invalid or a value cannot be encoded. A value too large for
+    /// the backend is not stored, and its key is returned. A key whose server failed is returned
+    /// too under [`FailurePolicy::Absorb`](crate::FailurePolicy); under the default write policy
+    /// (`Propagate`) the batch is an error naming the failed keys
+    /// ([`Error::failed_keys`](crate::Error::failed_keys)), the other keys being stored.
+    ///
+    /// # Cancel safety
+    /// Dropping the future is safe, but a write already handed to a connection may still be
+    /// applied.
     #[must_use = "set_many returns the keys it could not store"]
     pub async fn set_many<'v, K, T, I>(&self, items: I, ttl: impl Into<Ttl>) -> Result<Vec<String>>
     where
@@ -174,45 +333,196 @@ impl AsyncCache {
         self.cache.set_many_on(&self.io(), encoded?, life).await
     }
 
-    /// Deletes several keys; returns how many existed: [`Cache::delete_many`], awaited.
+    /// Deletes several keys, one round trip per server; returns how many existed: the async
+    /// [`Cache::delete_many`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), newcache::Error> {
+    /// use std::time::Duration;
+    ///
+    /// let cache = newcache::Cache::builder().in_memory().build_async()?;
+    /// cache.set("a", &1u32, Duration::from_secs(60)).await?;
+    /// assert_eq!(cache.delete_many(&["a", "never-set"]).await?, 1);
+    /// # Ok(())
+    /// # }
+    /// ```
+    /// # Errors
+    /// As [`set_many`](AsyncCache::set_many): an invalid key deletes nothing; under the default
+    /// write policy a key whose server failed makes the batch an error naming the failed keys (the
+    /// other keys were deleted).
+    ///
+    /// # Cancel safety
+    /// Dropping the future is safe, but a write already handed to a connection may still be
+    /// applied.
     pub async fn delete_many(&self, keys: &[impl AsRef<str> + Sync]) -> Result<usize> {
         self.cache.delete_many_on(&self.io(), keys).await
     }
 
-    /// Gives an existing value a new lifetime without recomputing it: [`Cache::touch`].
+    /// Gives an existing value a new lifetime without recomputing it: the async [`Cache::touch`].
+    /// It is fresh for `ttl` from now, then stale for the herd timeout, as if `set` had just stored
+    /// it; `true` if it re-timed a value. A zero `ttl` deletes the key. `false` when there is nothing
+    /// a reader would be served (no key, a value past its staleness bound, a key being loaded).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), newcache::Error> {
+    /// use std::time::Duration;
+    ///
+    /// let cache = newcache::Cache::builder().in_memory().build_async()?;
+    /// cache.set("k", &1u32, Duration::from_secs(60)).await?;
+    /// assert!(cache.touch("k", Duration::from_secs(3600)).await?);
+    /// assert!(!cache.touch("missing", Duration::from_secs(3600)).await?);
+    /// # Ok(())
+    /// # }
+    /// ```
+    /// # Errors
+    /// An invalid key; a backend error under the default write policy (`Propagate`).
+    ///
+    /// # Cancel safety
+    /// Dropping the future is safe, but a write already handed to a connection may still be
+    /// applied.
     pub async fn touch(&self, key: &str, ttl: impl Into<Ttl>) -> Result<bool> {
         let ttl = ttl.into();
         self.cache.touch_on(&self.io(), key, ttl).await
     }
 
-    /// Stores a counter: [`Cache::set_counter`], awaited.
+    /// Stores a counter in memcached's plain decimal form (no envelope, no herd padding), so
+    /// that [`incr`](AsyncCache::incr) and [`decr`](AsyncCache::decr) work on it: the async
+    /// [`Cache::set_counter`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), newcache::Error> {
+    /// let cache = newcache::Cache::builder().in_memory().build_async()?;
+    /// cache.set_counter("hits", 10, std::time::Duration::from_secs(3600)).await?;
+    /// assert_eq!(cache.get_counter("hits").await?, Some(10));
+    /// # Ok(())
+    /// # }
+    /// ```
+    /// # Errors
+    /// An invalid key; a backend error.
+    ///
+    /// # Cancel safety
+    /// Dropping the future is safe, but a write already handed to a connection may still be
+    /// applied.
     pub async fn set_counter(&self, key: &str, value: u64, ttl: impl Into<Ttl>) -> Result<()> {
         let ttl = ttl.into();
         self.cache.set_counter_on(&self.io(), key, value, ttl).await
     }
 
-    /// Adds to a counter: [`Cache::incr`], awaited.
+    /// Adds `delta` to a counter and returns the new value (wrapping at 2^64, as memcached does):
+    /// the async [`Cache::incr`]. The counter must exist ([`set_counter`](AsyncCache::set_counter)).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), newcache::Error> {
+    /// let cache = newcache::Cache::builder().in_memory().build_async()?;
+    /// assert!(cache.incr("visits", 1).await.unwrap_err().is_not_found(), "never created implicitly");
+    /// cache.set_counter("visits", 0, std::time::Duration::from_secs(3600)).await?;
+    /// assert_eq!(cache.incr("visits", 5).await?, 5);
+    /// # Ok(())
+    /// # }
+    /// ```
+    /// # Errors
+    /// [`is_not_found`](crate::Error::is_not_found) if the counter does not exist;
+    /// [`is_not_a_counter`](crate::Error::is_not_a_counter) if the key holds something else; a
+    /// backend error.
+    ///
+    /// # Cancel safety
+    /// Dropping the future is safe, but a write already handed to a connection may still be
+    /// applied.
     pub async fn incr(&self, key: &str, delta: u64) -> Result<u64> {
         self.cache.arith_on(&self.io(), key, delta, true).await
     }
 
-    /// Subtracts from a counter: [`Cache::decr`], awaited.
+    /// Subtracts `delta` from a counter and returns the new value; memcached clamps at zero: the
+    /// async [`Cache::decr`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), newcache::Error> {
+    /// let cache = newcache::Cache::builder().in_memory().build_async()?;
+    /// cache.set_counter("stock", 3, std::time::Duration::from_secs(3600)).await?;
+    /// assert_eq!(cache.decr("stock", 2).await?, 1);
+    /// assert_eq!(cache.decr("stock", 5).await?, 0, "clamped at zero");
+    /// # Ok(())
+    /// # }
+    /// ```
+    /// # Errors
+    /// As [`incr`](AsyncCache::incr).
+    ///
+    /// # Cancel safety
+    /// Dropping the future is safe, but a write already handed to a connection may still be
+    /// applied.
     pub async fn decr(&self, key: &str, delta: u64) -> Result<u64> {
         self.cache.arith_on(&self.io(), key, delta, false).await
     }
 
-    /// Reads a counter: [`Cache::get_counter`], awaited.
+    /// Reads a counter; `None` if it does not exist: the async [`Cache::get_counter`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), newcache::Error> {
+    /// let cache = newcache::Cache::builder().in_memory().build_async()?;
+    /// assert_eq!(cache.get_counter("jobs").await?, None);
+    /// cache.set_counter("jobs", 2, std::time::Duration::from_secs(3600)).await?;
+    /// assert_eq!(cache.get_counter("jobs").await?, Some(2));
+    /// # Ok(())
+    /// # }
+    /// ```
+    /// # Errors
+    /// [`is_not_a_counter`](crate::Error::is_not_a_counter) if the key holds something that is not
+    /// a decimal counter; a backend error, whatever the read policy (a counter's absence is
+    /// an answer, not a miss to absorb).
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: a dropped read changes nothing.
     pub async fn get_counter(&self, key: &str) -> Result<Option<u64>> {
         self.cache.get_counter_on(&self.io(), key).await
     }
 
-    /// Removes everything from the backend: [`Cache::clear`], awaited.
+    /// Removes everything from the backend (memcached's `flush_all` on every server): the async
+    /// [`Cache::clear`]. Every version and flavor is affected, and so is every other client of
+    /// those servers.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), newcache::Error> {
+    /// use std::time::Duration;
+    ///
+    /// let cache = newcache::Cache::builder().in_memory().build_async()?;
+    /// cache.set("a", &1u32, Duration::from_secs(60)).await?;
+    /// cache.clear().await?;
+    /// assert_eq!(cache.get::<u32>("a").await?, None);
+    /// # Ok(())
+    /// # }
+    /// ```
+    /// # Errors
+    /// A backend error if a server failed.
+    ///
+    /// # Cancel safety
+    /// Dropping the future is safe, but a write already handed to a connection may still be
+    /// applied.
     pub async fn clear(&self) -> Result<()> {
         self.cache.clear_on(&self.io()).await
     }
 
-    /// A view of the same cache whose keys carry another version (bumping it invalidates
-    /// everything at once): [`Cache::with_version`].
+    /// A view of the same cache (backend, stats) whose keys carry another version: bumping it
+    /// makes every key written under the old one unreachable at once ([`Cache::with_version`]).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), newcache::Error> {
+    /// use std::time::Duration;
+    ///
+    /// let cache = newcache::Cache::builder().in_memory().build_async()?;
+    /// cache.set("k", &1u32, Duration::from_secs(60)).await?;
+    /// let v2 = cache.with_version(2);
+    /// assert_eq!(v2.get::<u32>("k").await?, None, "a new version sees none of the old keys");
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn with_version(&self, version: u64) -> AsyncCache {
         AsyncCache {
             cache: self.cache.with_version(version),
@@ -220,7 +530,14 @@ impl AsyncCache {
         }
     }
 
-    /// The key as stored in the backend: [`Cache::make_key`].
+    /// The key as stored in the backend (`{flavor}-{version}-{sha1 hex}` by default):
+    /// [`Cache::make_key`].
+    ///
+    /// ```
+    /// let cache = newcache::Cache::builder().in_memory().flavor("prod").build_async()?;
+    /// assert_eq!(cache.make_key("foo"), "prod-1-0beec7b5ea3f0fdbc95d0dd47f3c5bc275da8a33");
+    /// # Ok::<(), newcache::Error>(())
+    /// ```
     pub fn make_key(&self, key: &str) -> String {
         self.cache.make_key(key)
     }
@@ -243,20 +560,34 @@ impl AsyncCache {
     /// # Cancel safety
     /// Cancel-safe: a dropped ping leaves its `get`s to be answered and discarded.
     pub async fn ping(&self) -> std::result::Result<(), crate::PingError> {
-        let span = tracing::debug_span!(
-            "newcache",
-            op = "ping",
-            cache = &*self.cache.inner.stats.name
-        );
+        let span = tracing::debug_span!("newcache", op = "ping", cache = &*self.cache.stats.name);
         // The backend's future is made inside the span too: a backend may do work (or
         // record its server) when it makes it.
         let ping = async { self.shared.backend.ping().await };
         tracing::Instrument::instrument(ping, span).await
     }
 
-    /// What this cache (and its clones and versions) did so far: [`Cache::stats`].
+    /// A snapshot of what this cache (its clones and versions) did so far: the counters of
+    /// [`Cache::stats`], for this cache's calls. A response cache over it counts its pages
+    /// apart (`ResponseCacheLayer::stats`).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), newcache::Error> {
+    /// use std::time::Duration;
+    ///
+    /// let cache = newcache::Cache::builder().in_memory().build_async()?;
+    /// let v: u32 = cache
+    ///     .get_or_set_with("k", Duration::from_secs(60), || async { Ok::<_, std::io::Error>(1) })
+    ///     .await?;
+    /// assert_eq!(cache.get::<u32>("k").await?, Some(v));
+    /// let s = cache.stats();
+    /// assert_eq!((s.misses, s.loader_calls, s.hits), (1, 1, 1));
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn stats(&self) -> Stats {
-        let mut stats = self.cache.inner.stats.snapshot();
+        let mut stats = self.cache.stats.snapshot();
         self.shared.backend.report(&mut stats);
         stats
     }
@@ -267,6 +598,17 @@ impl AsyncCache {
     /// afterwards (it reconnects). Without it, dropping the runtime cancels refreshes still
     /// running: their claims lapse after `lease_ttl`, and the next reader of the key refreshes
     /// it.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), newcache::Error> {
+    /// let cache = newcache::Cache::builder().in_memory().build_async()?;
+    /// // ... serve, then on a shutdown signal:
+    /// cache.shutdown().await;
+    /// assert_eq!(cache.get::<u32>("k").await?, None, "still usable");
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn shutdown(&self) {
         loop {
             let drained = self.shared.drained.notified();

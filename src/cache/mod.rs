@@ -29,7 +29,6 @@ pub use self::policy::{DecodePolicy, FailurePolicy, Herd};
 pub(crate) struct Inner {
     /// The settings it was built with (`keys` there is the builder's; views carry their own).
     pub(crate) config: Config,
-    pub(crate) stats: Counters,
     pub(crate) coalescer: Coalescer,
     pub(crate) renewer: Renewer,
     pub(crate) rng: Rng,
@@ -62,6 +61,10 @@ pub(crate) struct Inner {
 pub struct Cache {
     pub(crate) inner: Arc<Inner>,
     pub(crate) keys: KeyMaker,
+    /// Where this handle's operations are counted: the cache's counters, shared by its clones
+    /// and version views; a response cache's handle counts in the layer's own
+    /// ([`counting_in`](Cache::counting_in)).
+    pub(crate) stats: Arc<Counters>,
 }
 
 impl fmt::Debug for Cache {
@@ -82,11 +85,10 @@ impl Cache {
         let renewer = Renewer::new(config.backend.clone(), config.clock.clone());
         let rng = Rng::new(config.seed);
         let keys = config.keys.clone();
-        let stats = Counters::new(&config.name, &config.servers);
+        let stats = Arc::new(Counters::new(&config.name, &config.servers));
         Cache {
             inner: Arc::new(Inner {
                 config,
-                stats,
                 coalescer: Coalescer::default(),
                 renewer,
                 rng,
@@ -95,6 +97,7 @@ impl Cache {
                 warned_no_cas: AtomicBool::new(false),
             }),
             keys,
+            stats,
         }
     }
 
@@ -111,12 +114,25 @@ impl Cache {
         Cache {
             inner: self.inner.clone(),
             keys,
+            stats: self.stats.clone(),
+        }
+    }
+
+    /// The same cache (backend, keys, coalescer), its operations counted in `stats` instead
+    /// of the cache's counters: the response cache's handle, so that its page reads and
+    /// fills are not the application's own (`Cache::stats` counts those only).
+    #[cfg(feature = "tower")]
+    pub(crate) fn counting_in(&self, stats: Arc<Counters>) -> Cache {
+        Cache {
+            inner: self.inner.clone(),
+            keys: self.keys.clone(),
+            stats,
         }
     }
 
     /// A snapshot of the counters.
     pub fn stats(&self) -> Stats {
-        let mut stats = self.inner.stats.snapshot();
+        let mut stats = self.stats.snapshot();
         self.inner.config.backend.report(&mut stats);
         stats
     }
@@ -151,7 +167,7 @@ impl Cache {
     /// # Errors
     /// A [`PingError`] listing the servers that did not answer.
     pub fn ping(&self) -> std::result::Result<(), PingError> {
-        let span = tracing::debug_span!("newcache", op = "ping", cache = &*self.inner.stats.name);
+        let span = tracing::debug_span!("newcache", op = "ping", cache = &*self.stats.name);
         let _entered = span.enter();
         self.inner.config.backend.ping()
     }
@@ -164,7 +180,7 @@ impl Cache {
         tracing::debug_span!(
             "newcache",
             op,
-            cache = &*self.inner.stats.name,
+            cache = &*self.stats.name,
             key,
             server = tracing::field::Empty
         )
@@ -172,7 +188,7 @@ impl Cache {
 
     /// The span of a batch (or of `clear`): the number of keys instead of each key.
     pub(crate) fn batch_span(&self, op: &'static str, keys: usize) -> tracing::Span {
-        tracing::debug_span!("newcache", op, cache = &*self.inner.stats.name, keys)
+        tracing::debug_span!("newcache", op, cache = &*self.stats.name, keys)
     }
 
     /// The sync backend as the facade's [`io::Io`].
@@ -275,7 +291,7 @@ impl Cache {
     /// A loaded value too large for the backend: returned to the callers, not cached; counted
     /// every time, logged once per cache.
     pub(crate) fn loaded_too_large(&self, key: &str, len: usize) {
-        Counters::bump(&self.inner.stats.too_large);
+        Counters::bump(&self.stats.too_large);
         if !self.inner.warned_too_large.swap(true, Ordering::Relaxed) {
             tracing::warn!(
                 key,
@@ -310,7 +326,7 @@ impl Cache {
                 // lower than ours) is that key's problem alone: a counted miss for reads, a
                 // failed key for writes, under either policy.
                 Err(e) if e.is_too_large() => {
-                    Counters::bump(&self.inner.stats.too_large);
+                    Counters::bump(&self.stats.too_large);
                     failed.push(name(i));
                     out.push(None);
                 }
@@ -332,9 +348,9 @@ impl Cache {
         // One failed batch counts once in `stats()`, however many keys its failed servers
         // held; the metric counts it once under each failed server.
         if !by_server.is_empty() {
-            self.inner.stats.batch_failed(&by_server);
+            self.stats.batch_failed(&by_server);
             if !fatal {
-                Counters::bump(&self.inner.stats.backend_errors_absorbed);
+                Counters::bump(&self.stats.backend_errors_absorbed);
             }
         }
         if fatal {
@@ -348,9 +364,9 @@ impl Cache {
         match r {
             Ok(v) => Ok(Some(v)),
             Err(e) if e.is_backend() => {
-                self.inner.stats.backend_error(&e);
+                self.stats.backend_error(&e);
                 if policy == FailurePolicy::Absorb {
-                    Counters::bump(&self.inner.stats.backend_errors_absorbed);
+                    Counters::bump(&self.stats.backend_errors_absorbed);
                     Ok(None)
                 } else {
                     Err(e)

@@ -88,7 +88,7 @@ impl Cache {
                 Action::Sleep(pause) => {
                     if !waited {
                         waited = true;
-                        Counters::bump(&self.inner.stats.lease_waits);
+                        Counters::bump(&self.stats.lease_waits);
                     }
                     io.sleep(pause).await;
                     m.on_wake(self.now())
@@ -216,7 +216,7 @@ impl Cache {
 
     /// What a `Lookup` found, decoded and counted.
     fn looked_up<T: Decode>(&self, found: Found) -> Result<Option<T>> {
-        let s = &self.inner.stats;
+        let s = &self.stats;
         match found {
             Found::Value { held, stale } => match self.decode_held::<T>(&held) {
                 Ok(v) => {
@@ -297,17 +297,17 @@ impl Cache {
     /// A key of a batch that failed on its own (not its server): left out of the answer as a
     /// miss, and logged, so that the other keys are still served.
     pub(crate) fn batch_key_failed(&self, e: &Error) {
-        Counters::bump(&self.inner.stats.misses);
+        Counters::bump(&self.stats.misses);
         tracing::debug!(error = %e, "newcache: a key of a batch failed alone; it is left out");
     }
 
     /// Applies the decode policy: the error, or a counted miss.
     pub(crate) fn decode_failed<T>(&self, e: Error) -> Result<Option<T>> {
-        Counters::bump(&self.inner.stats.decode_errors);
+        Counters::bump(&self.stats.decode_errors);
         match self.inner.config.decode_policy {
             DecodePolicy::Error => Err(e),
             DecodePolicy::Miss => {
-                Counters::bump(&self.inner.stats.misses);
+                Counters::bump(&self.stats.misses);
                 Ok(None)
             }
         }
@@ -420,11 +420,11 @@ impl Cache {
                 match r {
                     Some(Some(item)) => Fetched::Item(item),
                     Some(None) => {
-                        Counters::bump(&self.inner.stats.misses);
+                        Counters::bump(&self.stats.misses);
                         Fetched::Missing
                     }
                     None => {
-                        Counters::bump(&self.inner.stats.misses);
+                        Counters::bump(&self.stats.misses);
                         Fetched::Failed
                     }
                 }

@@ -385,7 +385,7 @@ impl Cache {
             let mut at = Vec::with_capacity(encoded.len());
             for (i, (k, v)) in encoded.iter().enumerate() {
                 if self.check_room(v, io.max_value_size(k)).is_err() {
-                    Counters::bump(&self.inner.stats.too_large);
+                    Counters::bump(&self.stats.too_large);
                     failed.push(names[i].clone());
                     continue;
                 }
@@ -541,7 +541,7 @@ impl Cache {
     }
 
     pub(crate) async fn clear_on<I: Io>(&self, io: &I) -> Result<()> {
-        let span = tracing::debug_span!("newcache", op = "clear", cache = &*self.inner.stats.name);
+        let span = tracing::debug_span!("newcache", op = "clear", cache = &*self.stats.name);
         async { io.flush_all().await }.instrument(span).await
     }
 }

@@ -19,6 +19,10 @@ pub const DEFAULT_MAX_BODY_SIZE: usize = 512 << 10;
 /// The default [`ResponseCacheBuilder::revalidate_after`]: 1 s.
 pub const DEFAULT_REVALIDATE_AFTER: Duration = Duration::from_secs(1);
 
+/// The default of [`ResponseCacheBuilder::ignore_params`]' list: the query parameters left
+/// out of page keys (`utm_*` is a prefix).
+pub const DEFAULT_IGNORED_PARAMS: [&str; 4] = ["utm_*", "_", "fbclid", "gclid"];
+
 /// What the response cache does with a request that carries a `Cookie` header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
@@ -44,7 +48,9 @@ pub enum HostPolicy {
     /// the key, so one layer may serve several sites. A request whose host holds characters an
     /// authority cannot (`/`, `?`, `@`, a space...), with two `Host` headers, or in absolute
     /// form with an authority other than its `Host`, is passed to the origin uncached. The
-    /// default.
+    /// default. [`invalidate`](ResponseCacheLayer::invalidate) then needs the host: an
+    /// absolute URL, or a path with the hosts listed in
+    /// [`served_hosts`](ResponseCacheBuilder::served_hosts).
     #[default]
     Key,
     /// The host is left out of the key: for an application that serves one site under several
@@ -68,6 +74,8 @@ pub(crate) struct Settings {
     pub(crate) revalidate_after: Duration,
     pub(crate) namespace: String,
     pub(crate) hosts: HostPolicy,
+    /// [`ResponseCacheBuilder::served_hosts`], lowercased by `build`.
+    pub(crate) served_hosts: Vec<String>,
 }
 
 /// Builds a [`ResponseCacheLayer`]: [`ResponseCacheLayer::builder`]. Each setter says its
@@ -87,12 +95,13 @@ impl ResponseCacheBuilder {
                 ttl: DEFAULT_PAGE_TTL,
                 statuses: vec![StatusCode::OK],
                 max_body_size: DEFAULT_MAX_BODY_SIZE,
-                ignored_params: ["utm_*", "_", "fbclid", "gclid"].map(String::from).to_vec(),
+                ignored_params: DEFAULT_IGNORED_PARAMS.map(String::from).to_vec(),
                 cookies: CookiePolicy::Pass,
                 hit_for_pass: DEFAULT_HIT_FOR_PASS,
                 revalidate_after: DEFAULT_REVALIDATE_AFTER,
                 namespace: "page".to_string(),
                 hosts: HostPolicy::Key,
+                served_hosts: Vec::new(),
             },
         }
     }
@@ -121,9 +130,25 @@ impl ResponseCacheBuilder {
         self
     }
 
-    /// Query parameters left out of the key (cache-busters and trackers): exact names, or
-    /// prefixes ending in `*`. Default `["utm_*", "_", "fbclid", "gclid"]`. Replaces the list.
+    /// More query parameters to leave out of the key (cache-busters and trackers): exact
+    /// names, or prefixes ending in `*`. **Adds to** the list, whose default is
+    /// [`DEFAULT_IGNORED_PARAMS`] (`utm_*`, `_`, `fbclid`, `gclid`): `.ignore_params(["ref"])`
+    /// ignores `ref` and those four. To replace the list, use
+    /// [`ignore_only_params`](Self::ignore_only_params).
     pub fn ignore_params<S: Into<String>>(mut self, params: impl IntoIterator<Item = S>) -> Self {
+        self.settings
+            .ignored_params
+            .extend(params.into_iter().map(Into::into));
+        self
+    }
+
+    /// The query parameters left out of the key, and no others: **replaces** the list
+    /// (default [`DEFAULT_IGNORED_PARAMS`]; `ignore_only_params::<&str>([])` keys every
+    /// parameter). To add to it, use [`ignore_params`](Self::ignore_params).
+    pub fn ignore_only_params<S: Into<String>>(
+        mut self,
+        params: impl IntoIterator<Item = S>,
+    ) -> Self {
         self.settings.ignored_params = params.into_iter().map(Into::into).collect();
         self
     }
@@ -161,6 +186,32 @@ impl ResponseCacheBuilder {
         self
     }
 
+    /// The hosts this layer serves pages under, as clients send them in `Host` (the port
+    /// included when it is not the scheme's default: `localhost:3101`; matched case-blind);
+    /// default none. Only [`invalidate`](ResponseCacheLayer::invalidate) reads it: with
+    /// [`HostPolicy::Key`] pages are stored per host, and memcached cannot list keys, so a path
+    /// alone (`/page/7`) reaches the pages of these hosts, each of them. Without a list, a path
+    /// alone is refused there (give an absolute URL). Requests for a host not listed are
+    /// still served and stored as before. Unused with [`HostPolicy::Ignore`]. Replaces the
+    /// list.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), newcache::Error> {
+    /// let cache = newcache::Cache::builder().in_memory().build_async()?;
+    /// let pages = newcache::layer::ResponseCacheLayer::builder(cache)
+    ///     .served_hosts(["example.com", "localhost:3101"])
+    ///     .build()?;
+    /// // The page of /page/7 under each host; false: none was stored.
+    /// assert!(!pages.invalidate("/page/7").await?);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn served_hosts<S: Into<String>>(mut self, hosts: impl IntoIterator<Item = S>) -> Self {
+        self.settings.served_hosts = hosts.into_iter().map(Into::into).collect();
+        self
+    }
+
     /// The prefix of every page key, so that pages never collide with the application's own
     /// keys in the same cache; default `"page"`.
     pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
@@ -173,8 +224,18 @@ impl ResponseCacheBuilder {
     /// # Errors
     ///
     /// [`is_config`](Error::is_config): a zero `ttl` or `hit_for_pass`, no status, or an empty
-    /// namespace or one containing `:` (the separator of the key's parts).
-    pub fn build(self) -> Result<ResponseCacheLayer> {
+    /// namespace or one containing `:` (the separator of the key's parts), a
+    /// [served host](Self::served_hosts) that is empty or holds a character a `Host` cannot
+    /// (`/`, `?`, `@`, a space...).
+    pub fn build(mut self) -> Result<ResponseCacheLayer> {
+        for host in &mut self.settings.served_hosts {
+            if host.is_empty() || !super::rules::valid_host(host) {
+                return Err(Error::config(format!(
+                    "the response cache's served_hosts holds {host:?}, which is not a host"
+                )));
+            }
+            host.make_ascii_lowercase();
+        }
         let s = &self.settings;
         if s.ttl.is_zero() {
             return Err(Error::config("the response cache's ttl must be above zero"));

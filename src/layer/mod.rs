@@ -185,12 +185,13 @@ use crate::async_cache::AsyncCache;
 use crate::async_cache::{Refresh, inline};
 use crate::cache::Herd;
 use crate::error::{Error, ErrorKind, Result};
+use crate::stats::{Counters, Stats};
 
 pub use self::body::ResponseBody;
 use self::config::Settings;
 pub use self::config::{
-    CookiePolicy, DEFAULT_HIT_FOR_PASS, DEFAULT_MAX_BODY_SIZE, DEFAULT_PAGE_TTL,
-    DEFAULT_REVALIDATE_AFTER, HostPolicy, ResponseCacheBuilder,
+    CookiePolicy, DEFAULT_HIT_FOR_PASS, DEFAULT_IGNORED_PARAMS, DEFAULT_MAX_BODY_SIZE,
+    DEFAULT_PAGE_TTL, DEFAULT_REVALIDATE_AFTER, HostPolicy, ResponseCacheBuilder,
 };
 
 /// The header that says where a response came from: `HIT`, `STALE`, `MISS` or `PASS`.
@@ -240,6 +241,13 @@ impl ResponseCacheLayer {
     }
 
     pub(crate) fn from_parts(cache: AsyncCache, settings: Settings) -> ResponseCacheLayer {
+        let config = &cache.cache.inner.config;
+        let counters = Counters::for_layer(&config.name, &config.servers, &settings.namespace);
+        // The layer's reads and fills are counted apart from the application's own calls.
+        let cache = AsyncCache {
+            cache: cache.cache.counting_in(Arc::new(counters)),
+            shared: cache.shared,
+        };
         ResponseCacheLayer {
             shared: Arc::new(Shared {
                 answers_at_once: cache.shared.backend.answers_at_once(),
@@ -249,6 +257,44 @@ impl ResponseCacheLayer {
         }
     }
 
+    /// What this layer (every service it made, and their clones) did with the cache so far,
+    /// counted apart from the [`AsyncCache`]'s own [`stats`](AsyncCache::stats), which count
+    /// the application's calls only. The fields read as for a cache, of pages:
+    /// `hits` and `stale_served` are entries served (a page, and each vary record, variant or
+    /// hit-for-pass marker read on the way), `misses` entries found missing,
+    /// `loader_calls` origin calls made to fill the cache (a `MISS`, a refresh, a
+    /// revalidation; not a `PASS`), `loader_errors` those that failed (an origin error, a
+    /// `5xx`), `lease_waits` requests that waited for another's fill, and the backend's
+    /// errors those of the layer's own reads and writes. With the `metrics` feature the same
+    /// counts go to the `newcache_*` metrics labelled `cache` (the cache's name) and `layer`
+    /// (the [namespace](ResponseCacheBuilder::namespace)).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::convert::Infallible;
+    ///
+    /// use http::{Request, Response};
+    /// use newcache::layer::ResponseCacheLayer;
+    /// use tower::{Layer, ServiceExt};
+    ///
+    /// let cache = newcache::Cache::builder().in_memory().build_async()?;
+    /// let pages = ResponseCacheLayer::new(cache.clone());
+    /// let svc = pages.layer(tower::service_fn(|_req: Request<()>| async {
+    ///     Ok::<_, Infallible>(Response::new(http_body_util::Full::new(bytes::Bytes::from("hi"))))
+    /// }));
+    /// svc.clone().oneshot(Request::get("/a").body(())?).await?; // MISS: one fill
+    /// svc.oneshot(Request::get("/a").body(())?).await?; // HIT
+    /// let s = pages.stats();
+    /// assert_eq!((s.loader_calls, s.misses, s.hits), (1, 1, 1));
+    /// assert_eq!(cache.stats().loader_calls, 0, "the application loaded nothing");
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn stats(&self) -> Stats {
+        self.shared.cache.stats()
+    }
+
     /// A builder, to change the defaults.
     pub fn builder(cache: AsyncCache) -> ResponseCacheBuilder {
         ResponseCacheBuilder::new(cache)
@@ -256,7 +302,9 @@ impl ResponseCacheLayer {
 
     /// Removes the stored page of a URL, as a successful `POST`, `PUT`, `PATCH` or `DELETE`
     /// through the layer does for its own URL: for an application whose change shows on other
-    /// pages (`PUT /users/7` changes `/page/7`). The next request fetches the page again. A
+    /// pages (`PUT /users/7` changes `/page/7`). `true` if something was stored there (a page,
+    /// a vary record, a hit-for-pass marker, or the placeholder of a fill under way), as
+    /// [`AsyncCache::delete`] says. The next request fetches the page again. A
     /// fill already under way when this runs stores with `cas` against its claim, which the
     /// removal took away: its (older) page is not stored, as with `AsyncCache::delete` during a
     /// `get_or_set_with`; a `no-cache` revalidation under way writes only over the page it
@@ -264,19 +312,40 @@ impl ResponseCacheLayer {
     /// neither stores either. A request that arrives after this returned does not join a fill
     /// from before it.
     ///
-    /// `uri` is what a request line holds: a path and query (`/page/7?lang=en`; the query is
-    /// normalised as the layer's keys are), or an absolute URL whose authority is the host. With
-    /// [`HostPolicy::Key`] (the default) a page is stored per host: a path alone reaches the
-    /// page of requests that had no host, so give the absolute URL of each host the page is
-    /// served under, or build a single-site layer with [`HostPolicy::Ignore`], where a path
-    /// reaches the page whatever the host. Every variant of a page that varies (`Vary`) is
-    /// invalidated with it. Pages stored per cookie ([`CookiePolicy::Key`]) are not reached.
+    /// `uri` is a path and query (`/page/7?lang=en`; the query is normalised as the layer's
+    /// keys are), or an absolute URL (`http://localhost:3101/page/7`) whose authority is the
+    /// host the page was served under (its `Host`, matched case-blind; the port is part of it).
+    /// Pages are keyed per host under [`HostPolicy::Key`] (the default), and memcached cannot
+    /// list keys, so a path alone cannot find every host's page: there it reaches the page
+    /// of each host given to [`served_hosts`](ResponseCacheBuilder::served_hosts) (`true` if
+    /// any was there), and without that list it is an error. Under [`HostPolicy::Ignore`] a
+    /// path reaches the one page whatever the host. Every variant of a page that varies
+    /// (`Vary`) is invalidated with it. Pages stored per cookie ([`CookiePolicy::Key`]) are
+    /// not reached.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use newcache::layer::{HostPolicy, ResponseCacheLayer};
+    ///
+    /// let cache = newcache::Cache::builder().in_memory().build_async()?;
+    /// let pages = ResponseCacheLayer::new(cache.clone()); // HostPolicy::Key
+    /// assert!(pages.invalidate("/page/7").await.unwrap_err().is_invalid_key());
+    /// assert!(!pages.invalidate("http://localhost:3101/page/7").await?); // nothing there
+    ///
+    /// let single_site = ResponseCacheLayer::builder(cache).hosts(HostPolicy::Ignore).build()?;
+    /// assert!(!single_site.invalidate("/page/7").await?);
+    /// # Ok(())
+    /// # }
+    /// ```
     ///
     /// # Errors
-    /// An `InvalidKey` error for a `uri` that does not parse, has no path starting with `/`,
-    /// or has a host the layer would refuse; the cache's error if the delete fails (with the
-    /// default write policy).
-    pub async fn invalidate(&self, uri: &str) -> Result<()> {
+    /// An `InvalidKey` error ([`is_invalid_key`](Error::is_invalid_key)) for a `uri` that does
+    /// not parse, has no path starting with `/`, or has a host the layer would refuse; and,
+    /// under [`HostPolicy::Key`] with no [`served_hosts`](ResponseCacheBuilder::served_hosts),
+    /// for a path without a host. The cache's error if a delete fails (with the default write
+    /// policy; with several hosts, the first failure, after every delete was tried).
+    pub async fn invalidate(&self, uri: &str) -> Result<bool> {
         let invalid = |why: &str| {
             Error::new(
                 ErrorKind::InvalidKey,
@@ -289,15 +358,32 @@ impl ResponseCacheLayer {
         }
         let s = &self.shared.settings;
         let no_headers = HeaderMap::new();
-        let host = match s.hosts {
-            HostPolicy::Key => {
-                Some(rules::key_host(&uri, &no_headers).ok_or_else(|| invalid("its host"))?)
+        let hosts: Vec<Option<String>> = match s.hosts {
+            HostPolicy::Ignore => vec![None],
+            HostPolicy::Key if uri.authority().is_some() => {
+                let host = rules::key_host(&uri, &no_headers).ok_or_else(|| invalid("its host"))?;
+                vec![Some(host.into_owned())]
             }
-            HostPolicy::Ignore => None,
+            HostPolicy::Key if s.served_hosts.is_empty() => {
+                return Err(invalid(
+                    "pages are keyed per host (HostPolicy::Key), and a path names none: pass \
+                     the absolute URL the page was served under (http://host:port/path, its \
+                     Host), list the hosts with ResponseCacheBuilder::served_hosts, or build \
+                     the layer with HostPolicy::Ignore",
+                ));
+            }
+            HostPolicy::Key => s.served_hosts.iter().cloned().map(Some).collect(),
         };
-        let key = rules::page_key(&s.namespace, host.as_deref(), &uri, &s.ignored_params);
         let cache = &self.shared.cache;
-        cache.cache.invalidate_on(&cache.io(), &key).await.map(drop)
+        let (mut any, mut failed) = (false, None);
+        for host in hosts {
+            let key = rules::page_key(&s.namespace, host.as_deref(), &uri, &s.ignored_params);
+            match cache.cache.invalidate_on(&cache.io(), &key).await {
+                Ok(there) => any |= there,
+                Err(e) => failed = failed.or(Some(e)),
+            }
+        }
+        failed.map_or(Ok(any), Err)
     }
 }
 

@@ -88,7 +88,7 @@ impl Cache {
     {
         let span = self.batch_span("get_many_or_set_with", keys.len());
         async {
-            let s = &self.inner.stats;
+            let s = &self.stats;
             let (derived, fetched) = self.read_many(d, keys).await?;
             let mut out = HashMap::with_capacity(keys.len());
             // The keys to load, each once and in the caller's order, and the claims held on them.
@@ -290,7 +290,7 @@ impl Cache {
     /// as a backend error of that server, and logged once per cache (the single-key loader
     /// fails with this error instead).
     fn no_cas_in_batch(&self, e: &Error) {
-        self.inner.stats.backend_error(e);
+        self.stats.backend_error(e);
         if !self
             .inner
             .warned_no_cas
@@ -310,7 +310,7 @@ impl Cache {
         writing: &mut Vec<Pending>,
         wanted: &mut Vec<String>,
     ) {
-        Counters::bump(&self.inner.stats.decode_errors);
+        Counters::bump(&self.stats.decode_errors);
         match self.inner.config.decode_policy {
             DecodePolicy::Error => {
                 tracing::debug!(error = %e, "newcache: a batch key does not decode; loaded, not stored");

@@ -276,7 +276,7 @@ impl Cache {
 
     /// Counts a value served by the fast path (a hit, or a stale value served).
     pub(crate) fn count_served(&self, stale: bool) {
-        let s = &self.inner.stats;
+        let s = &self.stats;
         Counters::bump(if stale { &s.stale_served } else { &s.hits });
     }
 
@@ -347,7 +347,7 @@ impl Cache {
                 }
                 Role::Follower(slot) => {
                     first = None;
-                    Counters::bump(&self.inner.stats.lease_waits);
+                    Counters::bump(&self.stats.lease_waits);
                     match d.wait_for(&slot, deadline).await {
                         Outcome::Value(v) => match v.downcast_ref::<T>() {
                             Some(v) => return Ok(v.clone()),
@@ -364,7 +364,7 @@ impl Cache {
                         },
                         Outcome::Failed(e) => {
                             if e.is_wait_timeout() {
-                                Counters::bump(&self.inner.stats.wait_timeouts);
+                                Counters::bump(&self.stats.wait_timeouts);
                             }
                             return Err(e);
                         }
@@ -388,7 +388,7 @@ impl Cache {
     }
 
     fn waited_out(&self) -> Error {
-        Counters::bump(&self.inner.stats.wait_timeouts);
+        Counters::bump(&self.stats.wait_timeouts);
         Error::wait_timeout(self.inner.config.max_wait)
     }
 
@@ -412,7 +412,7 @@ impl Cache {
         D: Driver,
         L: Load<T, D>,
     {
-        let s = &self.inner.stats;
+        let s = &self.stats;
         loop {
             let found = match self.drive_on(d, derived, &mut m, action).await? {
                 Step::Load(grant) => {
@@ -467,7 +467,7 @@ impl Cache {
         D: Driver,
         L: Load<T, D>,
     {
-        let s = &self.inner.stats;
+        let s = &self.stats;
         if grant.held.is_some() {
             Counters::bump(&s.claims_won);
         }
@@ -546,7 +546,7 @@ impl Cache {
         D: Driver,
         L: Load<T, D>,
     {
-        let s = &self.inner.stats;
+        let s = &self.stats;
         let load = s.load_started();
         let v = lease.renewing(load.run(|| loader.call())).await;
         let started = load.started();
@@ -600,7 +600,7 @@ impl Cache {
 
     /// A load with no claim (the backend is down): nothing is stored.
     async fn load_unclaimed<T, D: Driver, L: Load<T, D>>(&self, loader: L) -> Result<T> {
-        let s = &self.inner.stats;
+        let s = &self.stats;
         let load = s.load_started();
         let v = load.run(|| loader.call()).await;
         load.finished(v.is_ok());

@@ -95,6 +95,10 @@ on_every_backend_async!(
     hop_by_hop_headers_are_not_stored,
     invalidate_removes_a_page_and_its_variants,
     a_single_site_layer_keys_no_host,
+    invalidate_of_a_path_is_refused_where_pages_are_keyed_per_host,
+    invalidate_of_a_path_reaches_every_host_the_layer_was_told,
+    ignore_only_params_replaces_the_default_list,
+    the_layers_fills_are_not_counted_as_the_users_loads,
 );
 
 type B = BoxBody<Bytes, Infallible>;
@@ -301,10 +305,12 @@ async fn a_page_is_fetched_once_then_served_with_its_age(env: Env) {
     assert_eq!(origin.calls(), 2);
 }
 
+/// The query is sorted; `ignore_params` adds to the default list (`utm_*`, `_`, `fbclid`,
+/// `gclid` stay ignored).
 async fn the_query_is_normalised_and_cache_busters_ignored(env: Env) {
     let origin = Origin::page("list", &[]);
     let svc = layer(&env)
-        .ignore_params(["utm_*", "_", "ref"])
+        .ignore_params(["ref"])
         .build()
         .unwrap()
         .layer(origin.service());
@@ -313,6 +319,7 @@ async fn the_query_is_normalised_and_cache_busters_ignored(env: Env) {
         "/list?a=1&b=2",
         "/list?utm_source=mail&b=2&a=1&utm_medium=x",
         "/list?_=1700000000&a=1&b=2",
+        "/list?a=1&fbclid=abc&b=2&gclid=def",
         "/list?a=1&ref=home&b=2",
     ] {
         assert_eq!(send(&svc, get(uri)).await.x_cache(), "HIT", "{uri}");
@@ -707,8 +714,12 @@ async fn two_processes_share_one_fetch_per_expiry(env: Env) {
     origin.gate = Some(gate.clone());
     // Two caches over one backend stand in for two processes.
     let (cache_a, cache_b) = (cache(&env), cache(&env));
-    let a = ResponseCacheLayer::new(cache_a.clone()).layer(origin.service());
-    let b = ResponseCacheLayer::new(cache_b.clone()).layer(origin.service());
+    let (pages_a, pages_b) = (
+        ResponseCacheLayer::new(cache_a),
+        ResponseCacheLayer::new(cache_b),
+    );
+    let a = pages_a.layer(origin.service());
+    let b = pages_b.layer(origin.service());
     let both = |i: usize| if i % 2 == 0 { a.clone() } else { b.clone() };
     let svcs: Vec<_> = (0..32).map(both).collect();
     let run = |svcs: Vec<_>| async move {
@@ -732,7 +743,7 @@ async fn two_processes_share_one_fetch_per_expiry(env: Env) {
     // The fetch is held in the origin until every other request waits for it (15 in each
     // process behind its own leader; the other process's leader polls the placeholder), or
     // until a second origin call shows the herd got through.
-    let (sa, sb, calls) = (cache_a.clone(), cache_b.clone(), origin.clone());
+    let (sa, sb, calls) = (pages_a.clone(), pages_b.clone(), origin.clone());
     release_when(gate.clone(), move || {
         calls.calls() > 1 || (sa.stats().lease_waits >= 15 && sb.stats().lease_waits >= 15)
     });
@@ -748,9 +759,9 @@ async fn two_processes_share_one_fetch_per_expiry(env: Env) {
         // The refresh is held in the origin until the 31 others were served the stale page.
         gate.forget_permits(gate.available_permits());
         // Each was served it at once, or waited for its process's claimant to hand it over.
-        let served = |c: &AsyncCache| c.stats().stale_served + c.stats().lease_waits;
-        let before = served(&cache_a) + served(&cache_b);
-        let (sa, sb, calls) = (cache_a.clone(), cache_b.clone(), origin.clone());
+        let served = |c: &ResponseCacheLayer| c.stats().stale_served + c.stats().lease_waits;
+        let before = served(&pages_a) + served(&pages_b);
+        let (sa, sb, calls) = (pages_a.clone(), pages_b.clone(), origin.clone());
         release_when(gate.clone(), move || {
             calls.calls() > expiry || served(&sa) + served(&sb) >= before + 31
         });
@@ -810,7 +821,8 @@ async fn a_flood_of_no_cache_requests_revalidates_once(env: Env) {
     let gate = Arc::new(Semaphore::new(1));
     origin.gate = Some(gate.clone());
     let cache = cache(&env);
-    let svc = ResponseCacheLayer::new(cache.clone()).layer(origin.service());
+    let pages = ResponseCacheLayer::new(cache.clone());
+    let svc = pages.layer(origin.service());
     let reload = || get_with("/r", &[("cache-control", "no-cache")]);
     let max_age_0 = || get_with("/r", &[("cache-control", "max-age=0")]);
     assert_eq!(send(&svc, get("/r")).await.body, "v1");
@@ -820,8 +832,8 @@ async fn a_flood_of_no_cache_requests_revalidates_once(env: Env) {
     env.advance(Duration::from_secs(5));
     // The revalidation is held in the origin until the 31 other reloads wait for it (or a
     // second origin call shows they did not).
-    let (stats, calls) = (cache.clone(), origin.clone());
-    let waits_before = cache.stats().lease_waits;
+    let (stats, calls) = (pages.clone(), origin.clone());
+    let waits_before = pages.stats().lease_waits;
     release_when(gate, move || {
         calls.calls() > 2 || stats.stats().lease_waits >= waits_before + 31
     });
@@ -913,6 +925,8 @@ fn bad_settings_are_config_errors() {
         ("statuses", b().statuses([]).build()),
         ("namespace", b().namespace("").build()),
         ("namespace", b().namespace("a:b").build()),
+        ("served_hosts", b().served_hosts(["a/b"]).build()),
+        ("served_hosts", b().served_hosts([""]).build()),
     ] {
         let e = r.expect_err(what);
         assert!(e.is_config(), "{what}: {e}");
@@ -1206,7 +1220,8 @@ async fn must_revalidate_is_never_served_stale(env: Env) {
     let gate = Arc::new(Semaphore::new(1));
     origin.gate = Some(gate.clone());
     let cache = cache(&env);
-    let svc = ResponseCacheLayer::new(cache.clone()).layer(origin.service());
+    let pages = ResponseCacheLayer::new(cache.clone());
+    let svc = pages.layer(origin.service());
     send(&svc, get("/mr")).await;
     env.advance(Duration::from_secs(61));
     let refresh = {
@@ -1218,8 +1233,8 @@ async fn must_revalidate_is_never_served_stale(env: Env) {
     }
     // The refresh is held in the origin until the other request waits for it (or a third
     // origin call shows it did not).
-    let (stats, calls) = (cache.clone(), origin.clone());
-    let waits = cache.stats().lease_waits;
+    let (stats, calls) = (pages.clone(), origin.clone());
+    let waits = pages.stats().lease_waits;
     release_when(gate, move || {
         calls.calls() > 2 || stats.stats().lease_waits > waits
     });
@@ -1518,11 +1533,12 @@ async fn invalidate_removes_a_page_and_its_variants(env: Env) {
     });
     let layer = layer(&env).build().unwrap();
     let svc = layer.layer(origin.service());
-    let lang = |l| get_with("/iv?b=1&a=2", &[("accept-language", l)]);
+    let lang = |l| get_with("/iv?b=1&a=2", &[("accept-language", l), ("host", "c.org")]);
     send(&svc, lang("en")).await;
     send(&svc, lang("fr")).await;
     assert_eq!(send(&svc, lang("fr")).await.x_cache(), "HIT");
-    layer.invalidate("/iv?a=2&b=1&utm_source=x").await.unwrap();
+    let there = layer.invalidate("http://c.org/iv?a=2&b=1&utm_source=x");
+    assert!(there.await.unwrap(), "a vary record was there");
     for l in ["fr", "en"] {
         let seen = send(&svc, lang(l)).await;
         assert_eq!(seen.x_cache(), "MISS", "{l}");
@@ -1532,7 +1548,8 @@ async fn invalidate_removes_a_page_and_its_variants(env: Env) {
     let hosted = |h| get_with("/iv", &[("host", h)]);
     send(&svc, hosted("a.org")).await;
     send(&svc, hosted("b.org")).await;
-    layer.invalidate("http://A.org/iv").await.unwrap();
+    assert!(layer.invalidate("http://A.org/iv").await.unwrap());
+    assert!(!layer.invalidate("http://a.org/iv").await.unwrap(), "gone");
     assert_eq!(send(&svc, hosted("a.org")).await.x_cache(), "MISS");
     assert_eq!(send(&svc, hosted("b.org")).await.x_cache(), "HIT");
     for bad in ["http://u@a/x", "/a b"] {
@@ -1550,9 +1567,130 @@ async fn a_single_site_layer_keys_no_host(env: Env) {
     let hosted = |h| get_with("/one", &[("host", h)]);
     assert_eq!(send(&svc, hosted("localhost:3000")).await.x_cache(), "MISS");
     assert_eq!(send(&svc, hosted("127.0.0.1:3000")).await.x_cache(), "HIT");
-    layer.invalidate("/one").await.unwrap();
+    assert!(layer.invalidate("/one").await.unwrap());
     let seen = send(&svc, hosted("127.0.0.1:3000")).await;
     assert_eq!((seen.x_cache(), &seen.body[..]), ("MISS", &b"v2"[..]));
+}
+
+/// The issue's afternoon: a page served under `Host: localhost:3101` by a layer with the
+/// default `HostPolicy::Key`. `invalidate` of its path alone cannot name the host: an
+/// `InvalidKey` error that says why, not an `Ok` that left the page a `HIT`. The absolute URL
+/// of the host the page was served under removes it, and says it was there.
+async fn invalidate_of_a_path_is_refused_where_pages_are_keyed_per_host(env: Env) {
+    let origin = Origin::new(|_, n| response(StatusCode::OK, &[], format!("v{n}")));
+    let layer = layer(&env).build().unwrap();
+    let svc = layer.layer(origin.service());
+    let page = || get_with("/page/1", &[("host", "localhost:3101")]);
+    assert_eq!(send(&svc, page()).await.x_cache(), "MISS");
+    assert_eq!(send(&svc, page()).await.x_cache(), "HIT");
+    let e = layer.invalidate("/page/1").await.unwrap_err();
+    assert!(e.is_invalid_key(), "{e}");
+    let msg = e.to_string();
+    for part in ["per host", "http://", "HostPolicy::Ignore"] {
+        assert!(msg.contains(part), "{part:?} not in {msg:?}");
+    }
+    assert_eq!(send(&svc, page()).await.x_cache(), "HIT", "nothing removed");
+    assert!(
+        layer
+            .invalidate("http://localhost:3101/page/1")
+            .await
+            .unwrap()
+    );
+    let seen = send(&svc, page()).await;
+    assert_eq!((seen.x_cache(), &seen.body[..]), ("MISS", &b"v2"[..]));
+    assert!(
+        !layer
+            .invalidate("http://localhost:3101/other")
+            .await
+            .unwrap()
+    );
+}
+
+/// A layer told the hosts it serves (`served_hosts`): `invalidate` of a path reaches the page
+/// of each of them (`true`: one was there), and no other host's.
+async fn invalidate_of_a_path_reaches_every_host_the_layer_was_told(env: Env) {
+    let origin = Origin::new(|_, n| response(StatusCode::OK, &[], format!("v{n}")));
+    let layer = layer(&env)
+        .served_hosts(["Example.com", "localhost:3101"])
+        .build()
+        .unwrap();
+    let svc = layer.layer(origin.service());
+    let hosted = |h| get_with("/p?b=1&a=2", &[("host", h)]);
+    let hosts = ["example.com", "localhost:3101", "other.org"];
+    for h in hosts {
+        assert_eq!(send(&svc, hosted(h)).await.x_cache(), "MISS", "{h}");
+    }
+    assert!(layer.invalidate("/p?a=2&b=1").await.unwrap());
+    let after: Vec<String> = {
+        let mut v = Vec::new();
+        for h in hosts {
+            v.push(send(&svc, hosted(h)).await.x_cache().to_string());
+        }
+        v
+    };
+    assert_eq!(after, ["MISS", "MISS", "HIT"]);
+    // Only one listed host's page is there now: still `true`.
+    assert!(
+        layer
+            .invalidate("http://localhost:3101/p?a=2&b=1")
+            .await
+            .unwrap()
+    );
+    assert!(layer.invalidate("/p?a=2&b=1").await.unwrap());
+    assert!(!layer.invalidate("/p?a=2&b=1").await.unwrap(), "gone");
+}
+
+/// `ignore_only_params` replaces the default list: a tracker the default ignores keys pages
+/// apart again, and only the names given are left out.
+async fn ignore_only_params_replaces_the_default_list(env: Env) {
+    let origin = Origin::page("list", &[]);
+    let svc = layer(&env)
+        .ignore_only_params(["ref"])
+        .build()
+        .unwrap()
+        .layer(origin.service());
+    assert_eq!(send(&svc, get("/l?a=1")).await.x_cache(), "MISS");
+    assert_eq!(send(&svc, get("/l?a=1&ref=x")).await.x_cache(), "HIT");
+    assert_eq!(
+        send(&svc, get("/l?a=1&utm_source=x")).await.x_cache(),
+        "MISS"
+    );
+    assert_eq!(send(&svc, get("/l?a=1&fbclid=x")).await.x_cache(), "MISS");
+    assert_eq!(origin.calls(), 3);
+}
+
+/// One cache, used by the layer and by the application's own loader: the cache's stats count
+/// the application's calls only (one load, one miss, one hit), and the layer's own stats count
+/// its pages (two fills, two misses, one hit).
+async fn the_layers_fills_are_not_counted_as_the_users_loads(env: Env) {
+    let origin = Origin::new(|_, n| response(StatusCode::OK, &[], format!("v{n}")));
+    let cache = cache(&env);
+    let layer = ResponseCacheLayer::new(cache.clone());
+    let svc = layer.layer(origin.service());
+    assert_eq!(send(&svc, get("/a")).await.x_cache(), "MISS");
+    assert_eq!(send(&svc, get("/b")).await.x_cache(), "MISS");
+    assert_eq!(send(&svc, get("/a")).await.x_cache(), "HIT");
+    let user: u64 = cache
+        .get_or_set_with("user:1", Duration::from_secs(60), || async {
+            Ok::<_, Infallible>(7)
+        })
+        .await
+        .unwrap();
+    assert_eq!(user, 7);
+    assert_eq!(cache.get::<u64>("user:1").await.unwrap(), Some(7));
+    let s = cache.stats();
+    assert_eq!(
+        (s.loader_calls, s.misses, s.hits, s.stale_served),
+        (1, 1, 1, 0),
+        "the cache's own counts: {s:?}"
+    );
+    let p = layer.stats();
+    assert_eq!(
+        (p.loader_calls, p.misses, p.hits, p.stale_served),
+        (2, 2, 1, 0),
+        "the layer's counts: {p:?}"
+    );
+    assert_eq!(origin.calls(), 2);
 }
 
 /// A refresh of a stored page answered with a status the layer does not store (a 404: the page
@@ -1850,14 +1988,14 @@ on_backend_async!(
     early_refresh_is_drawn_once_per_request
 );
 
-/// (hits, misses, stale_served) counted by `cache` while `f` runs.
+/// (hits, misses, stale_served) counted by the layer `pages` while `f` runs.
 async fn counted<F: std::future::Future<Output = Seen>>(
-    cache: &AsyncCache,
+    pages: &ResponseCacheLayer,
     f: F,
 ) -> (Seen, (u64, u64, u64)) {
-    let before = cache.stats();
+    let before = pages.stats();
     let seen = f.await;
-    (seen, read_counts(&before, &cache.stats()))
+    (seen, read_counts(&before, &pages.stats()))
 }
 
 /// (hits, misses, stale_served) from `before` to `after`.
@@ -1879,9 +2017,10 @@ async fn a_pass_marker_read_counts_one_hit(env: Env) {
         )
     });
     let cache = cache(&env);
-    let svc = ResponseCacheLayer::new(cache.clone()).layer(origin.service());
+    let pages = ResponseCacheLayer::new(cache.clone());
+    let svc = pages.layer(origin.service());
     assert_eq!(send(&svc, get("/me")).await.x_cache(), "PASS");
-    let (seen, counts) = counted(&cache, send(&svc, get("/me"))).await;
+    let (seen, counts) = counted(&pages, send(&svc, get("/me"))).await;
     assert_eq!(seen.x_cache(), "PASS");
     assert_eq!(
         counts,
@@ -1904,10 +2043,11 @@ async fn a_vary_record_read_counts_one_hit(env: Env) {
         )
     });
     let cache = cache(&env);
-    let svc = ResponseCacheLayer::new(cache.clone()).layer(origin.service());
+    let pages = ResponseCacheLayer::new(cache.clone());
+    let svc = pages.layer(origin.service());
     let lang = |l| get_with("/v", &[("accept-language", l)]);
     assert_eq!(send(&svc, lang("en")).await.x_cache(), "MISS");
-    let (seen, counts) = counted(&cache, send(&svc, lang("fr"))).await;
+    let (seen, counts) = counted(&pages, send(&svc, lang("fr"))).await;
     assert_eq!(seen.x_cache(), "MISS");
     assert_eq!(
         counts,
@@ -1920,11 +2060,12 @@ async fn a_vary_record_read_counts_one_hit(env: Env) {
 async fn a_revalidated_page_read_counts_one_hit(env: Env) {
     let origin = Origin::new(|_, n| response(StatusCode::OK, &[], format!("v{n}")));
     let cache = cache(&env);
-    let svc = ResponseCacheLayer::new(cache.clone()).layer(origin.service());
+    let pages = ResponseCacheLayer::new(cache.clone());
+    let svc = pages.layer(origin.service());
     assert_eq!(send(&svc, get("/r")).await.x_cache(), "MISS");
     env.advance(Duration::from_secs(5));
     let (seen, counts) = counted(
-        &cache,
+        &pages,
         send(&svc, get_with("/r", &[("cache-control", "no-cache")])),
     )
     .await;
@@ -2153,8 +2294,9 @@ async fn waiters_holding_the_origins_permits_share_one_fill(env: Env) {
     origin.gate = Some(gate.clone());
     let sem = Arc::new(Semaphore::new(8));
     let cache = env.builder().build_async().unwrap();
-    let svc = ResponseCacheLayer::new(cache.clone()).layer(limited(&origin, &sem));
-    let waiting = cache.clone();
+    let pages = ResponseCacheLayer::new(cache.clone());
+    let svc = pages.layer(limited(&origin, &sem));
+    let waiting = pages.clone();
     release_when(gate, move || waiting.stats().lease_waits >= 7);
     let mut tasks = Vec::new();
     for _ in 0..8 {
@@ -2171,7 +2313,7 @@ async fn waiters_holding_the_origins_permits_share_one_fill(env: Env) {
     assert_eq!(origin.calls(), 1, "one fill for eight requests: {got:?}");
     assert!(got.iter().all(|(_, body)| &body[..] == b"v1"), "{got:?}");
     assert!(
-        cache.stats().lease_waits >= 7,
+        pages.stats().lease_waits >= 7,
         "the seven others waited for the fill"
     );
 }
@@ -2229,7 +2371,8 @@ async fn counts_agree_on_every_backend(env: Env) {
     let gate = Arc::new(Semaphore::new(5));
     origin.gate = Some(gate.clone());
     let cache = cache(&env);
-    let svc = ResponseCacheLayer::new(cache.clone()).layer(origin.service());
+    let pages = ResponseCacheLayer::new(cache.clone());
+    let svc = pages.layer(origin.service());
     let en = || get_with("/vary", &[("accept-language", "en")]);
     send(&svc, get("/page")).await;
     send(&svc, get("/private")).await;
@@ -2249,12 +2392,12 @@ async fn counts_agree_on_every_backend(env: Env) {
             get_with("/page", &[("if-none-match", "*")]),
         ),
     ] {
-        let (seen, c) = counted(&cache, send(&svc, req)).await;
+        let (seen, c) = counted(&pages, send(&svc, req)).await;
         got.push((what, seen.x_cache().to_string(), c));
     }
     // A stale page: one request refreshes (held at the gate), another is served it stale.
     env.advance(Duration::from_secs(61));
-    let before = cache.stats();
+    let before = pages.stats();
     let refresh = {
         let svc = svc.clone();
         tokio::spawn(async move { send(&svc, get("/page")).await })
@@ -2262,8 +2405,8 @@ async fn counts_agree_on_every_backend(env: Env) {
     while origin.calls() < 6 {
         tokio::task::yield_now().await;
     }
-    let mid = cache.stats();
-    let (stale, c) = counted(&cache, send(&svc, get("/page"))).await;
+    let mid = pages.stats();
+    let (stale, c) = counted(&pages, send(&svc, get("/page"))).await;
     got.push(("stale page", stale.x_cache().to_string(), c));
     gate.add_permits(1 << 20);
     let refreshed = refresh.await.unwrap();
@@ -2419,7 +2562,8 @@ fn the_memo_serves_what_a_fresh_decode_serves() {
         let mut origin = origin;
         let gate = Arc::new(Semaphore::new(1 << 20));
         origin.gate = Some(gate.clone());
-        let svc = ResponseCacheLayer::new(cache.clone()).layer(origin.service());
+        let pages = ResponseCacheLayer::new(cache.clone());
+        let svc = pages.layer(origin.service());
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -2482,7 +2626,7 @@ fn the_memo_serves_what_a_fresh_decode_serves() {
             seen.push(go("after put", get("/page")).await);
             seen.push(go("hit after put", get("/page")).await);
         });
-        let s = cache.stats();
+        let s = pages.stats();
         (seen, [s.hits, s.misses, s.stale_served])
     }
     let (memo, memo_counts) = script(true);
@@ -2520,7 +2664,8 @@ fn counts_of_one_request_during_an_outage(
     }
     let cache = builder.build_async().unwrap();
     let origin = Origin::page("hello", &[("cache-control", "max-age=60")]);
-    let svc = ResponseCacheLayer::new(cache.clone()).layer(origin.service());
+    let pages = ResponseCacheLayer::new(cache.clone());
+    let svc = pages.layer(origin.service());
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -2529,9 +2674,9 @@ fn counts_of_one_request_during_an_outage(
         assert_eq!(send(&svc, get("/p")).await.x_cache(), "MISS");
         assert_eq!(send(&svc, get("/p")).await.x_cache(), "HIT");
         backend.gets_fail.store(true, Ordering::SeqCst);
-        let before = cache.stats();
+        let before = pages.stats();
         let _ = send(&svc, get("/p")).await;
-        let after = cache.stats();
+        let after = pages.stats();
         [
             after.backend_errors - before.backend_errors,
             after.backend_errors_absorbed - before.backend_errors_absorbed,

@@ -308,6 +308,23 @@ fn a_panicking_loader_counts_as_a_load_error() {
     assert_eq!((s.loader_calls, s.loader_errors), (1, 1));
 }
 
+/// `Stats` serializes (serde) as an object of its counters by field name, for a `/stats`
+/// route: `serde_json::to_value(cache.stats())`.
+#[test]
+fn stats_serialize_by_field_name() {
+    let cache = Cache::builder().in_memory().build().unwrap();
+    let v: u32 = cache
+        .get_or_set_with("k", Duration::from_secs(60), || Ok::<_, std::io::Error>(1))
+        .unwrap();
+    assert_eq!(v, 1);
+    let json = serde_json::to_value(cache.stats()).unwrap();
+    assert_eq!(json["loader_calls"], 1, "{json}");
+    assert_eq!(json["misses"], 1, "{json}");
+    assert_eq!(json["hits"], 0, "{json}");
+    let fields = json.as_object().unwrap();
+    assert!(fields.values().all(serde_json::Value::is_u64), "{json}");
+}
+
 /// A ping's `Display` names each failing server once, with its causes (the pool's connect
 /// failure is not annotated twice).
 #[test]
@@ -510,6 +527,67 @@ mod metrics_tests {
                 other => panic!("{name} is not a counter: {other:?}"),
             }
         }
+    }
+
+    /// A response cache's reads and fills are its own series, labelled `layer` (its namespace)
+    /// beside `cache`: the cache's own series count the application's calls only, as
+    /// `stats()` does.
+    #[cfg(feature = "tower")]
+    #[test]
+    fn a_response_caches_counts_carry_its_layer_label() {
+        use tower::{Layer, ServiceExt};
+        let recorder = DebuggingRecorder::new();
+        let snap = recorder.snapshotter();
+        let (cache, pages) = metrics::with_local_recorder(&recorder, || {
+            let cache = Cache::builder()
+                .in_memory()
+                .name("site")
+                .build_async()
+                .unwrap();
+            let pages = newcache::layer::ResponseCacheLayer::builder(cache.clone())
+                .namespace("pages")
+                .build()
+                .unwrap();
+            (cache, pages)
+        });
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let svc = pages.layer(tower::service_fn(|_req: http::Request<()>| async {
+                let body = http_body_util::Full::new(bytes::Bytes::from("page"));
+                Ok::<_, std::convert::Infallible>(http::Response::new(body))
+            }));
+            let req = http::Request::get("/a").body(()).unwrap();
+            let resp = svc.oneshot(req).await.unwrap();
+            assert_eq!(resp.headers()["x-cache"], "MISS");
+            assert_eq!(cache.get::<u32>("k").await.unwrap(), None);
+        });
+        let m = metrics(&snap);
+        // Exactly these labels (`Metrics::counter` matches a superset).
+        let exact = |name: &str, labels: &[(&str, &str)]| -> u64 {
+            m.0.iter()
+                .filter(|(n, ls, _)| {
+                    n == name
+                        && ls.len() == labels.len()
+                        && labels
+                            .iter()
+                            .all(|(k, v)| ls.iter().any(|(lk, lv)| lk == k && lv == v))
+                })
+                .map(|(.., v)| match v {
+                    DebugValue::Counter(n) => *n,
+                    other => panic!("{name} is not a counter: {other:?}"),
+                })
+                .sum()
+        };
+        let own = [("cache", "site")];
+        let layer = [("cache", "site"), ("layer", "pages")];
+        assert_eq!(exact("newcache_loads_total", &own), 0);
+        assert_eq!(exact("newcache_misses_total", &own), 1);
+        assert_eq!(exact("newcache_loads_total", &layer), 1);
+        assert_eq!(exact("newcache_misses_total", &layer), 1);
+        assert_eq!((cache.stats().misses, pages.stats().misses), (1, 1));
     }
 
     /// A hit, a miss, a load, a failing load, a stale entry (claimed once, served stale once)

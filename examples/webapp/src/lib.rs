@@ -25,7 +25,7 @@
 //! | `GET /users/{id}` | a user record, through `get_or_set_with` |
 //! | `PUT /users/{id}` | updates the row (JSON `{"name": .., "email": ..}`), then deletes its key and invalidates `/page/{id}` |
 //! | `GET /page/{id}` | an HTML page: the user and their latest orders |
-//! | `GET /stats` | `db_queries`, `requests` and the cache's `stats()` fields, as JSON |
+//! | `GET /stats` | `db_queries`, `requests`, the cache's `stats()` (`cache`) and the response cache's (`pages`), as JSON |
 //! | `GET /metrics` | Prometheus text |
 //! | `GET /healthz` | `cache.ping()`: 200, or 503 naming the server that did not answer, as JSON |
 //! | `GET /static` | a constant body: the bench's ceiling |

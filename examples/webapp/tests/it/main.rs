@@ -46,7 +46,8 @@ on_both_backends!(
 );
 
 /// `/page/{id}` through the response cache: a miss queries the database (two queries), then hits
-/// are served whole from the cache with `Age`, and an `If-None-Match` of its ETag gets a 304.
+/// are served whole from the cache with `Age`, and an `If-None-Match` of its ETag gets a 304;
+/// `/stats` counts the page's fill and hits under `pages`, none of them under `cache`.
 async fn pages_are_cached_whole_with_their_headers(backend: Backend) {
     let svc = Service::start(backend).await;
     let before = svc.db_queries().await;
@@ -71,6 +72,11 @@ async fn pages_are_cached_whole_with_their_headers(backend: Backend) {
         .await
         .unwrap();
     assert_eq!(r.status(), 304, "answered from the entry");
+    // The page's fill is the response cache's, not one of the service's own loads.
+    let stats = svc.get_json("/stats").await;
+    assert_eq!(stats["pages"]["loader_calls"], 1, "{stats}");
+    assert_eq!(stats["pages"]["hits"], 6, "{stats}");
+    assert_eq!(stats["cache"]["loader_calls"], 0, "{stats}");
     svc.stop().await;
 }
 
