@@ -242,7 +242,7 @@ impl ResponseCacheLayer {
     pub(crate) fn from_parts(cache: AsyncCache, settings: Settings) -> ResponseCacheLayer {
         ResponseCacheLayer {
             shared: Arc::new(Shared {
-                answers_at_once: cache.shared.backend.answers_at_once(),
+                answers_at_once: cache.shared().backend.answers_at_once(),
                 cache,
                 settings,
             }),

@@ -23,3 +23,4 @@ mod partial;
 mod processes;
 mod props;
 mod values;
+mod views;
