@@ -228,10 +228,14 @@ enum OnRuntime {
 /// first, and on these runtimes needs that thread): it loads itself and returns, and the task's
 /// load is the one stored. Bounded: a call that waits fails the test instead of hanging it.
 fn a_sync_call_on_a_runtime_thread_never_waits_for_a_task(
+    builder: fn() -> CacheBuilder,
     runtime: tokio::runtime::Runtime,
     how: OnRuntime,
 ) {
-    let sync = memory().max_wait(Duration::from_secs(120)).build().unwrap();
+    let sync = builder()
+        .max_wait(Duration::from_secs(120))
+        .build()
+        .unwrap();
     let tasks = sync.to_async();
     let (done_tx, done_rx) = std::sync::mpsc::channel();
     let check = sync.clone();
@@ -294,12 +298,18 @@ fn one_worker() -> tokio::runtime::Runtime {
 
 #[test]
 fn a_sync_call_in_a_current_thread_runtime_never_waits_for_a_task() {
-    a_sync_call_on_a_runtime_thread_never_waits_for_a_task(current_thread(), OnRuntime::BlockOn);
-    a_sync_call_on_a_runtime_thread_never_waits_for_a_task(current_thread(), OnRuntime::Task);
+    for builder in [memory, memcached] {
+        for how in [OnRuntime::BlockOn, OnRuntime::Task] {
+            a_sync_call_on_a_runtime_thread_never_waits_for_a_task(builder, current_thread(), how);
+        }
+    }
 }
 
 #[test]
 fn a_sync_call_on_a_one_worker_runtime_never_waits_for_a_task() {
-    a_sync_call_on_a_runtime_thread_never_waits_for_a_task(one_worker(), OnRuntime::Task);
-    a_sync_call_on_a_runtime_thread_never_waits_for_a_task(one_worker(), OnRuntime::BlockInPlace);
+    for builder in [memory, memcached] {
+        for how in [OnRuntime::Task, OnRuntime::BlockInPlace] {
+            a_sync_call_on_a_runtime_thread_never_waits_for_a_task(builder, one_worker(), how);
+        }
+    }
 }
