@@ -55,9 +55,30 @@ impl Cache {
 impl BackendChoice {
     fn name(&self) -> &'static str {
         match self {
-            BackendChoice::Memory => "memory (in-process: one cache per process)",
+            BackendChoice::Memory => {
+                "memory (in-process, private to this cache: another build is another store; \
+                 share it with Cache::to_async / AsyncCache::to_sync)"
+            }
             BackendChoice::Memcached { .. } => "memcached",
             BackendChoice::Custom(_) => "custom",
+        }
+    }
+}
+
+/// The one store as each front end reaches it.
+struct Backends {
+    sync: Arc<dyn Backend>,
+    #[cfg(feature = "tokio")]
+    nonblocking: Arc<dyn crate::backend::AsyncBackend>,
+}
+
+impl Backends {
+    /// An in-process store (memory, custom): the async front end calls the same one.
+    fn in_process(sync: Arc<dyn Backend>) -> Backends {
+        Backends {
+            #[cfg(feature = "tokio")]
+            nonblocking: Arc::new(crate::backend::Immediate(sync.clone())),
+            sync,
         }
     }
 }
@@ -265,8 +286,23 @@ impl CacheBuilder {
         self
     }
 
-    /// Uses the in-process memory backend (the default): memcached's semantics, no server, one
-    /// cache per process. Keeps a [`memory_capacity`](Self::memory_capacity) set before.
+    /// Uses the in-process memory backend (the default): memcached's semantics, no server. The
+    /// store is private to the cache built from it: every [`build`](Self::build) or
+    /// [`build_async`](Self::build_async) makes a new, empty one, so two builds from one
+    /// builder are two stores, and other processes never see it. To use one store from sync
+    /// and async code, build once and take the other front end's view of it
+    /// ([`Cache::to_async`](crate::Cache::to_async), [`AsyncCache::to_sync`](crate::AsyncCache::to_sync)),
+    /// which shares the entries, the stats and the coalescer. Keeps a
+    /// [`memory_capacity`](Self::memory_capacity) set before.
+    ///
+    /// ```
+    /// let builder = newcache::Cache::builder().in_memory();
+    /// let one = builder.clone().build()?;
+    /// let other = builder.build()?;
+    /// one.set("k", &1u32, std::time::Duration::from_secs(60))?;
+    /// assert_eq!(other.get::<u32>("k")?, None, "two builds, two stores");
+    /// # Ok::<(), newcache::Error>(())
+    /// ```
     pub fn in_memory(mut self) -> Self {
         self.backend = BackendChoice::Memory;
         self
@@ -299,6 +335,12 @@ impl CacheBuilder {
     /// cache of a process its own (`"users"`, `"reports"`) to tell them apart on a dashboard.
     /// Not part of the keys: caches of different names share entries when their flavor and
     /// version agree.
+    ///
+    /// Two caches built with one name (a sync and an async one, say) add up in the metrics,
+    /// which are labelled by name, but each [`stats`](crate::Cache::stats) counts its own calls.
+    /// Views of one cache ([`Cache::to_async`](crate::Cache::to_async),
+    /// [`AsyncCache::to_sync`](crate::AsyncCache::to_sync)) share one count: `stats()` of
+    /// either is the whole cache's.
     ///
     /// # Errors
     /// [`build`](Self::build) refuses an empty name (`is_config()`).
@@ -372,7 +414,9 @@ impl CacheBuilder {
     /// server (default 2), and the sync [`Cache`] for its concurrent callers (see
     /// [`pipelined_sync`](CacheBuilder::pipelined_sync)). Every caller's requests share them;
     /// concurrent gets are merged into multi-key lines, so a few connections serve thousands of
-    /// tasks. memcached only.
+    /// tasks. A sync cache's async view ([`Cache::to_async`](crate::Cache::to_async)) uses them
+    /// too, so [`build`](Self::build) refuses 0 with or without `pipelined_sync`. memcached
+    /// only.
     pub fn async_connections(mut self, connections: u32) -> Self {
         self.memcached_only.push("async_connections");
         self.async_connections = connections;
@@ -584,56 +628,54 @@ impl CacheBuilder {
     /// must not block (an in-process store is fine; for a blocking one, use
     /// [`build`](CacheBuilder::build) and `spawn_blocking`).
     ///
+    /// The same as `build()?.to_async()`: the cache's async view
+    /// ([`Cache::to_async`](crate::Cache::to_async)); [`AsyncCache::to_sync`](crate::AsyncCache::to_sync)
+    /// gives its sync one.
+    ///
     /// # Errors
-    /// As [`build`](CacheBuilder::build); and a configuration error for zero
-    /// `async_connections`.
+    /// As [`build`](CacheBuilder::build).
     #[cfg(feature = "tokio")]
     pub fn build_async(self) -> Result<crate::AsyncCache> {
-        use crate::backend::{AsyncBackend, Immediate};
         self.warn_unused();
-        let engine = match &self.backend {
-            BackendChoice::Custom(_) | BackendChoice::Memory => None,
-            BackendChoice::Memcached { .. } => {
-                if self.async_connections == 0 {
-                    return Err(Error::config("async_connections must be at least 1"));
-                }
-                Some((self.memcached_config()?, self.async_connections as usize))
-            }
-        };
-        let (backend_name, flavor, version) =
-            (self.backend.name(), self.flavor.clone(), self.version);
-        let config = self.into_config()?;
-        let backend: Arc<dyn AsyncBackend> = match engine {
-            Some((mc, connections)) => {
-                Arc::new(crate::backend::engine::Engine::new(&mc, connections)?)
-            }
-            None => Arc::new(Immediate(config.backend.clone())),
-        };
-        let cache = crate::AsyncCache::new(Cache::from_config(config), backend);
-        tracing::info!(
-            backend = backend_name,
-            flavor,
-            version,
-            "newcache: async cache built"
-        );
+        let (backend, flavor, version) = (self.backend.name(), self.flavor.clone(), self.version);
+        let cache = self.into_config().map(Cache::from_config)?.to_async();
+        tracing::info!(backend, flavor, version, "newcache: async cache built");
         Ok(cache)
     }
 
-    /// The sync cache's memcached backend: the pool, and the engine for concurrent callers when
-    /// [`pipelined_sync`](CacheBuilder::pipelined_sync) is on.
-    fn memcached_backend(&self) -> Result<Arc<dyn Backend>> {
+    /// The memcached backends: the sync cache's (the pool, and the engine for concurrent callers
+    /// when [`pipelined_sync`](CacheBuilder::pipelined_sync) is on) and, with `tokio`, the async
+    /// front end's engine, which keeps the sync backend's health records (one per server): a
+    /// server marked dead through either view is dead for both.
+    fn memcached_backends(&self) -> Result<Backends> {
         let config = self.memcached_config()?;
         #[cfg(feature = "tokio")]
-        if self.sync_pipelining {
+        {
+            // Both views' engines use it (the sync view's only with `pipelined_sync`).
             if self.async_connections == 0 {
                 return Err(Error::config("async_connections must be at least 1"));
             }
-            return Ok(Arc::new(crate::backend::blended::Blended::new(
-                config,
-                self.async_connections as usize,
-            )?));
+            let connections = self.async_connections as usize;
+            let (sync, health): (Arc<dyn Backend>, _) = if self.sync_pipelining {
+                let b = crate::backend::blended::Blended::new(config.clone(), connections)?;
+                let health = b.health();
+                (Arc::new(b), health)
+            } else {
+                let b = MemcachedBackend::new(config.clone())?;
+                let health = b.health();
+                (Arc::new(b), health)
+            };
+            let engine =
+                crate::backend::engine::Engine::sharing(&config, connections, Some(health))?;
+            Ok(Backends {
+                sync,
+                nonblocking: Arc::new(engine),
+            })
         }
-        Ok(Arc::new(MemcachedBackend::new(config)?))
+        #[cfg(not(feature = "tokio"))]
+        Ok(Backends {
+            sync: Arc::new(MemcachedBackend::new(config)?),
+        })
     }
 
     /// The memcached backend's settings (servers parsed).
@@ -741,14 +783,14 @@ impl CacheBuilder {
                 .collect(),
             BackendChoice::Memory | BackendChoice::Custom(_) => Vec::new(),
         };
-        let backend: Arc<dyn Backend> = match self.backend {
-            BackendChoice::Custom(b) => b,
-            BackendChoice::Memory => Arc::new(MemoryBackend::with_item_size(
+        let backends = match self.backend {
+            BackendChoice::Custom(b) => Backends::in_process(b),
+            BackendChoice::Memory => Backends::in_process(Arc::new(MemoryBackend::with_item_size(
                 self.memory_capacity,
                 self.item_size,
                 self.clock.clone(),
-            )),
-            BackendChoice::Memcached { .. } => self.memcached_backend()?,
+            ))),
+            BackendChoice::Memcached { .. } => self.memcached_backends()?,
         };
         let seed = self.seed.unwrap_or_else(|| {
             // Nanoseconds and the process id: caches built in the same millisecond (or in
@@ -759,7 +801,9 @@ impl CacheBuilder {
             nanos ^ (u64::from(std::process::id()) << 32) ^ 0x6E63_6163_6865
         });
         Ok(Config {
-            backend,
+            backend: backends.sync,
+            #[cfg(feature = "tokio")]
+            async_backend: backends.nonblocking,
             servers,
             clock: self.clock,
             name: self.name,
@@ -916,7 +960,9 @@ mod tests {
                 .unwrap();
         });
         assert!(
-            logs.contains("memory (in-process: one cache per process)"),
+            logs.contains(
+                "memory (in-process, private to this cache: another build is another store"
+            ),
             "{logs}"
         );
         assert!(logs.contains("WARN") && logs.contains("ignored"), "{logs}");

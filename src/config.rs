@@ -14,6 +14,11 @@ use crate::key::KeyMaker;
 #[derive(Debug)]
 pub(crate) struct Config {
     pub(crate) backend: Arc<dyn Backend>,
+    /// The same store for the async front end: the sync backend itself, called on the task's
+    /// thread (memory, custom), or the pipelined engine over the same servers, sharing the sync
+    /// backend's health records (memcached). Made at build, unconnected.
+    #[cfg(feature = "tokio")]
+    pub(crate) async_backend: Arc<dyn crate::backend::AsyncBackend>,
     /// The memcached servers' addresses (`host:port`, as errors name them); empty for the
     /// memory backend and a custom one.
     pub(crate) servers: Vec<String>,

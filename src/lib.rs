@@ -61,7 +61,12 @@
 //!   callers that overlap ([`CacheBuilder::pipelined_sync`]), ketama placement compatible with
 //!   libmemcached, batches in one pipelined round trip per server. `build()` never connects;
 //!   every wait is bounded.
-//! - memory ([`CacheBuilder::in_memory`], the default): the same semantics in process, bounded.
+//! - memory ([`CacheBuilder::in_memory`], the default): the same semantics in process, bounded;
+//!   private to the cache built from it (two builds are two stores).
+//!
+//! A `Cache` and an `AsyncCache` are two views of one cache: [`Cache::to_async`] and
+//! [`AsyncCache::to_sync`] share the store, the stats, the coalescer (a sync and an async caller of
+//! one key elect one loader) and the servers' health, each view doing its own I/O.
 //! - your own: implement [`Backend`] on bytes, flags and CAS tokens.
 //!
 //! # Wire format

@@ -22,7 +22,7 @@ use crate::cache::Cache;
 use crate::cache::io::{Disarm, Io};
 use crate::error::{BoxError, Result};
 use crate::loader::Load;
-use crate::loader::coalesce::{Outcome, Slot};
+use crate::loader::coalesce::{Leading, Outcome, Slot};
 use crate::loader::driver::{Claim, Driver};
 use crate::loader::lease::Completed;
 use crate::protocol::Lease;
@@ -42,64 +42,64 @@ impl Io for AsyncDriver<'_> {
         }
     }
     fn get<'a>(&'a self, key: &'a str) -> impl Future<Output = Result<Option<Item>>> + Send + 'a {
-        self.0.shared.backend.get(key)
+        self.0.shared().backend.get(key)
     }
     fn get_many<'a>(
         &'a self,
         keys: &'a [&'a str],
     ) -> impl Future<Output = Vec<Result<Option<Item>>>> + Send + 'a {
-        self.0.shared.backend.get_many(keys)
+        self.0.shared().backend.get_many(keys)
     }
     fn store<'a>(&'a self, w: Write<'a>) -> impl Future<Output = Result<StoreOutcome>> + Send + 'a {
-        self.0.shared.backend.store(w)
+        self.0.shared().backend.store(w)
     }
     fn store_then_get<'a>(
         &'a self,
         w: Write<'a>,
     ) -> impl Future<Output = Result<(StoreOutcome, Option<Item>)>> + Send + 'a {
-        self.0.shared.backend.store_then_get(w)
+        self.0.shared().backend.store_then_get(w)
     }
     fn store_many<'a>(
         &'a self,
         writes: &'a [Write<'a>],
     ) -> impl Future<Output = Vec<Result<StoreOutcome>>> + Send + 'a {
-        self.0.shared.backend.store_many(writes)
+        self.0.shared().backend.store_many(writes)
     }
     fn delete<'a>(&'a self, key: &'a str) -> impl Future<Output = Result<bool>> + Send + 'a {
-        self.0.shared.backend.delete(key)
+        self.0.shared().backend.delete(key)
     }
     fn delete_many<'a>(
         &'a self,
         keys: &'a [&'a str],
     ) -> impl Future<Output = Vec<Result<bool>>> + Send + 'a {
-        self.0.shared.backend.delete_many(keys)
+        self.0.shared().backend.delete_many(keys)
     }
     fn touch<'a>(
         &'a self,
         key: &'a str,
         exptime: u32,
     ) -> impl Future<Output = Result<bool>> + Send + 'a {
-        self.0.shared.backend.touch(key, exptime)
+        self.0.shared().backend.touch(key, exptime)
     }
     fn incr<'a>(
         &'a self,
         key: &'a str,
         delta: u64,
     ) -> impl Future<Output = Result<Option<u64>>> + Send + 'a {
-        self.0.shared.backend.incr(key, delta)
+        self.0.shared().backend.incr(key, delta)
     }
     fn decr<'a>(
         &'a self,
         key: &'a str,
         delta: u64,
     ) -> impl Future<Output = Result<Option<u64>>> + Send + 'a {
-        self.0.shared.backend.decr(key, delta)
+        self.0.shared().backend.decr(key, delta)
     }
     fn flush_all<'a>(&'a self) -> impl Future<Output = Result<()>> + Send + 'a {
-        self.0.shared.backend.flush_all()
+        self.0.shared().backend.flush_all()
     }
     fn max_value_size(&self, key: &str) -> usize {
-        self.0.shared.backend.max_value_size(key)
+        self.0.shared().backend.max_value_size(key)
     }
     fn sleep<'a>(&'a self, d: std::time::Duration) -> impl Future<Output = ()> + Send + 'a {
         tokio::time::sleep(d)
@@ -110,7 +110,16 @@ impl Driver for AsyncDriver<'_> {
     type Held = AsyncLease;
 
     fn hold(&self, cache: &Cache, derived: &str, lease: Lease) -> AsyncLease {
-        AsyncLease::new(cache, self.0.shared.backend.clone(), derived, lease)
+        AsyncLease::new(cache, self.0.shared().backend.clone(), derived, lease)
+    }
+
+    fn leading(&self) -> Leading {
+        Leading::Task(std::thread::current().id())
+    }
+
+    /// An await blocks no thread: whoever leads makes progress meanwhile.
+    fn may_wait_for(&self, _: &Slot) -> bool {
+        true
     }
 
     fn wait_for(&self, slot: &Slot, deadline: Instant) -> impl Future<Output = Outcome> + Send {
@@ -129,7 +138,7 @@ impl Driver for AsyncDriver<'_> {
         &self,
         batch: Vec<(AsyncLease, Vec<u8>, u32)>,
     ) -> impl Future<Output = Vec<Result<Completed>>> + Send {
-        AsyncLease::complete_many(&*self.0.shared.backend, batch)
+        AsyncLease::complete_many(&*self.0.shared().backend, batch)
     }
 }
 
@@ -169,7 +178,7 @@ impl Drop for ClaimGuard {
         if let Some(cache) = self.cache.take() {
             give_back(
                 &cache.cache,
-                &cache.shared.backend,
+                &cache.shared().backend,
                 std::mem::take(&mut self.claims),
             );
         }
@@ -288,15 +297,15 @@ struct Running(AsyncCache);
 
 impl Running {
     fn start(cache: &AsyncCache) -> Running {
-        cache.shared.background.fetch_add(1, Ordering::AcqRel);
+        cache.shared().background.fetch_add(1, Ordering::AcqRel);
         Running(cache.clone())
     }
 }
 
 impl Drop for Running {
     fn drop(&mut self) {
-        if self.0.shared.background.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.0.shared.drained.notify_waiters();
+        if self.0.shared().background.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.shared().drained.notify_waiters();
         }
     }
 }
@@ -528,7 +537,7 @@ mod tests {
             for _ in 0..100 {
                 tokio::task::yield_now().await;
             }
-            let left = cache.shared.backend.get(&k).await.unwrap();
+            let left = cache.shared().backend.get(&k).await.unwrap();
             assert_eq!(left.is_none(), dropped, "dropped: {dropped}");
         }
     }

@@ -2,7 +2,9 @@
 //! once, generic over [`Io`](crate::cache::io::Io)) awaited on an async backend: the memory
 //! backend, or the pipelined memcached engine (`backend/engine/`). The herd protocol's machine,
 //! the keys, the envelope and the stats are the same objects, so a sync `Cache` and an
-//! `AsyncCache` over the same servers interoperate.
+//! `AsyncCache` over the same servers interoperate, and an `AsyncCache` is a `Cache` (its core:
+//! store, stats, coalescer, keys) seen through the async backend the core keeps for its async
+//! views (`Cache::to_async`, `AsyncCache::to_sync`).
 
 #[cfg(test)]
 mod cancel_tests;
@@ -14,12 +16,14 @@ pub(crate) use loader::{Refresh, inline};
 
 use std::collections::HashMap;
 use std::fmt;
+#[cfg(test)]
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+#[cfg(test)]
 use crate::backend::AsyncBackend;
 use crate::cache::{Cache, Herd};
 use crate::error::Result;
@@ -27,7 +31,10 @@ use crate::stats::Stats;
 use crate::ttl::Ttl;
 
 /// A thundering-herd-safe cache for async code (tokio): the same cache as [`Cache`], with
-/// `async` methods. Build one with [`CacheBuilder::build_async`](crate::CacheBuilder::build_async).
+/// `async` methods. Build one with [`CacheBuilder::build_async`](crate::CacheBuilder::build_async),
+/// or take a `Cache`'s async view ([`Cache::to_async`]); [`to_sync`](AsyncCache::to_sync) gives
+/// its sync view. Views of one cache share everything but their I/O: the store, the stats, the
+/// in-process coalescer, the keys and the servers' health.
 ///
 /// `AsyncCache` is `Clone + Send + Sync + 'static` (clones share everything), and every future it
 /// returns is `Send`: use it from axum handlers and `tokio::spawn`ed tasks alike. It needs a
@@ -68,36 +75,101 @@ use crate::ttl::Ttl;
 /// write already handed to a connection may still be applied.
 #[derive(Clone)]
 pub struct AsyncCache {
+    /// The core every view shares, and this view's key maker (its version).
     pub(crate) cache: Cache,
-    pub(crate) shared: Arc<Shared>,
-}
-
-pub(crate) struct Shared {
-    pub(crate) backend: Arc<dyn AsyncBackend>,
-    /// Background refreshes running (`get_or_set_with_background`), for `shutdown`.
-    pub(crate) background: AtomicUsize,
-    pub(crate) drained: tokio::sync::Notify,
 }
 
 impl fmt::Debug for AsyncCache {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AsyncCache")
             .field("cache", &self.cache)
-            .field("backend", &self.shared.backend)
+            .field("backend", &self.shared().backend)
             .finish()
     }
 }
 
-impl AsyncCache {
-    pub(crate) fn new(cache: Cache, backend: Arc<dyn AsyncBackend>) -> AsyncCache {
+impl Cache {
+    /// This cache for tokio tasks: an [`AsyncCache`] view of the same cache. A cheap handle (an
+    /// `Arc` clone); every view, sync or async, shares the store (the memory backend's entries,
+    /// or memcached's servers and their health: a server marked dead through one view is dead
+    /// for all), the [`stats`](Cache::stats), the in-process coalescer (a sync and an async
+    /// caller of one key elect one loader) and the keys (this view's version). The async view
+    /// does its own I/O: on memcached, the pipelined engine
+    /// ([`async_connections`](crate::CacheBuilder::async_connections)) on the caller's runtime,
+    /// made at build and connected on first use; the sync view keeps its pool (and its engine's
+    /// thread).
+    ///
+    /// [`AsyncCache::to_sync`] goes back. Named as the Rust API guidelines name a conversion from
+    /// a borrow to an owned value (`to_`): both are handles onto one core, as redis-rs gives sync
+    /// and async connections from one `Client`.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), newcache::Error> {
+    /// use std::time::Duration;
+    ///
+    /// let cache = newcache::Cache::builder().in_memory().build()?;
+    /// let tasks = cache.to_async();
+    /// cache.set("greeting", "hello", Duration::from_secs(60))?;
+    /// assert_eq!(tasks.get::<String>("greeting").await?.as_deref(), Some("hello"));
+    /// assert_eq!(tasks.stats().hits, cache.stats().hits); // one cache, one count
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn to_async(&self) -> AsyncCache {
         AsyncCache {
-            cache,
-            shared: Arc::new(Shared {
-                backend,
-                background: AtomicUsize::new(0),
-                drained: tokio::sync::Notify::new(),
-            }),
+            cache: self.clone(),
         }
+    }
+}
+
+impl AsyncCache {
+    /// A cache on `backend` for the async view (a test's async backend over the sync one).
+    #[cfg(test)]
+    pub(crate) fn new(mut cache: Cache, backend: Arc<dyn AsyncBackend>) -> AsyncCache {
+        Arc::get_mut(&mut cache.inner)
+            .expect("a cache no other handle shares")
+            .async_io
+            .backend = backend;
+        cache.to_async()
+    }
+
+    /// This cache for threads: a [`Cache`] view of the same cache, sharing everything but the
+    /// I/O with this one (see [`Cache::to_async`], which comes back). On memcached, the sync
+    /// view runs on its own connection pool (and, for concurrent callers, its own engine on a
+    /// thread of its own), never on this view's runtime.
+    ///
+    /// # Calling it from a task
+    ///
+    /// The sync view blocks its thread: call it from a thread of your own or through
+    /// `spawn_blocking`. Called on a runtime's thread anyway, it never waits for an async
+    /// task's load of the same key (the task may need that very thread to finish): inside a
+    /// runtime's context (a task, `block_in_place`, `spawn_blocking`), a sync call whose key a
+    /// task of this process is loading goes on as a caller in another process that never
+    /// waits: it claims the key itself if the task has not yet (the task then waits for its
+    /// value), or runs its own loader and stores nothing (the task's load stores). On a thread
+    /// of its own, it waits for the task's load as for any caller's.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    ///
+    /// let cache = newcache::Cache::builder().in_memory().build_async()?;
+    /// cache.set("k", &1u32, Duration::from_secs(60)).await?;
+    /// let sync = cache.to_sync();
+    /// let v = tokio::task::spawn_blocking(move || sync.get::<u32>("k")).await??;
+    /// assert_eq!(v, Some(1));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn to_sync(&self) -> Cache {
+        self.cache.clone()
+    }
+
+    /// The async I/O every async view of this cache shares.
+    pub(crate) fn shared(&self) -> &crate::cache::AsyncIo {
+        &self.cache.inner.async_io
     }
 
     pub(crate) fn io(&self) -> loader::AsyncDriver<'_> {
@@ -526,7 +598,6 @@ impl AsyncCache {
     pub fn with_version(&self, version: u64) -> AsyncCache {
         AsyncCache {
             cache: self.cache.with_version(version),
-            shared: self.shared.clone(),
         }
     }
 
@@ -563,7 +634,7 @@ impl AsyncCache {
         let span = tracing::debug_span!("newcache", op = "ping", cache = &*self.cache.stats.name);
         // The backend's future is made inside the span too: a backend may do work (or
         // record its server) when it makes it.
-        let ping = async { self.shared.backend.ping().await };
+        let ping = async { self.shared().backend.ping().await };
         tracing::Instrument::instrument(ping, span).await
     }
 
@@ -587,9 +658,8 @@ impl AsyncCache {
     /// # }
     /// ```
     pub fn stats(&self) -> Stats {
-        let mut stats = self.cache.stats.snapshot();
-        self.shared.backend.report(&mut stats);
-        stats
+        // The sync view's backend shares its servers' records with this view's engine.
+        self.cache.stats()
     }
 
     /// Waits until the background refreshes started by
@@ -611,14 +681,14 @@ impl AsyncCache {
     /// ```
     pub async fn shutdown(&self) {
         loop {
-            let drained = self.shared.drained.notified();
+            let drained = self.shared().drained.notified();
             tokio::pin!(drained);
             drained.as_mut().enable();
-            if self.shared.background.load(Ordering::Acquire) == 0 {
+            if self.shared().background.load(Ordering::Acquire) == 0 {
                 break;
             }
             drained.await;
         }
-        self.shared.backend.shutdown().await;
+        self.shared().backend.shutdown().await;
     }
 }

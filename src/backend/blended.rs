@@ -86,6 +86,12 @@ impl Blended {
         })
     }
 
+    /// Every server's health record and the origin of its clock: one with the pool, its own
+    /// engine's and any other engine built with them (`Engine::sharing`).
+    pub(crate) fn health(&self) -> (Vec<Arc<super::memcached::health::Health>>, Instant) {
+        self.pool.health()
+    }
+
     /// Whether the engine's thread has been started (for tests).
     #[cfg(test)]
     pub(crate) fn engine_started(&self) -> bool {

@@ -38,6 +38,22 @@ pub(crate) struct Inner {
     warned_too_large: AtomicBool,
     /// Whether a batch's keys on a server without CAS were logged yet (once).
     pub(crate) warned_no_cas: AtomicBool,
+    /// What the async views of this cache use (`AsyncCache`, however made: `build_async`,
+    /// `Cache::to_async`): one engine, one count of background refreshes.
+    #[cfg(feature = "tokio")]
+    pub(crate) async_io: AsyncIo,
+}
+
+/// The async front end's own I/O and bookkeeping, in the core so that every async view of a
+/// cache shares them.
+#[cfg(feature = "tokio")]
+pub(crate) struct AsyncIo {
+    /// The same store as the sync backend's: itself (memory, custom), or the pipelined engine
+    /// over the same servers with the same health records.
+    pub(crate) backend: Arc<dyn crate::backend::AsyncBackend>,
+    /// Background refreshes running (`get_or_set_with_background`), for `shutdown`.
+    pub(crate) background: std::sync::atomic::AtomicUsize,
+    pub(crate) drained: tokio::sync::Notify,
 }
 
 /// A typed, herd-safe cache.
@@ -46,6 +62,10 @@ pub(crate) struct Inner {
 /// pools and the stats. Build one per application with [`Cache::builder`] and hand clones to every
 /// thread. `Cache` is `Send + Sync`. It never needs an async runtime, and may be called from
 /// inside one through `tokio::task::spawn_blocking` (its calls block).
+///
+/// For async code, take its async view with [`to_async`](Cache::to_async) (feature `tokio`):
+/// the same cache (store, stats, coalescer, keys, servers' health) with `async` methods and I/O
+/// of its own.
 ///
 /// ```
 /// use std::time::Duration;
@@ -86,6 +106,12 @@ impl Cache {
         let rng = Rng::new(config.seed);
         let keys = config.keys.clone();
         let stats = Arc::new(Counters::new(&config.name, &config.servers));
+        #[cfg(feature = "tokio")]
+        let async_io = AsyncIo {
+            backend: config.async_backend.clone(),
+            background: std::sync::atomic::AtomicUsize::new(0),
+            drained: tokio::sync::Notify::new(),
+        };
         Cache {
             inner: Arc::new(Inner {
                 config,
@@ -95,6 +121,8 @@ impl Cache {
                 started: Instant::now(),
                 warned_too_large: AtomicBool::new(false),
                 warned_no_cas: AtomicBool::new(false),
+                #[cfg(feature = "tokio")]
+                async_io,
             }),
             keys,
             stats,

@@ -246,11 +246,10 @@ impl ResponseCacheLayer {
         // The layer's reads and fills are counted apart from the application's own calls.
         let cache = AsyncCache {
             cache: cache.cache.counting_in(Arc::new(counters)),
-            shared: cache.shared,
         };
         ResponseCacheLayer {
             shared: Arc::new(Shared {
-                answers_at_once: cache.shared.backend.answers_at_once(),
+                answers_at_once: cache.shared().backend.answers_at_once(),
                 cache,
                 settings,
             }),

@@ -27,8 +27,20 @@ pub(crate) enum Outcome {
     Abandoned,
 }
 
-#[derive(Default)]
+/// Who leads a call: what a follower's wait depends on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Leading {
+    /// A sync caller: its own thread runs the load, whoever waits for it.
+    Thread,
+    /// An async task, polled on `ThreadId` when it took the lead: it needs its runtime's threads
+    /// to make progress (on a current-thread runtime, that one).
+    #[cfg(feature = "tokio")]
+    Task(std::thread::ThreadId),
+}
+
 pub(crate) struct Slot {
+    /// Who leads this call.
+    pub(crate) leading: Leading,
     outcome: Mutex<Option<Outcome>>,
     ready: Condvar,
     /// Wakes the followers of `AsyncCache` (the sync ones wait on `ready`).
@@ -37,6 +49,16 @@ pub(crate) struct Slot {
 }
 
 impl Slot {
+    fn new(leading: Leading) -> Slot {
+        Slot {
+            leading,
+            outcome: Mutex::default(),
+            ready: Condvar::new(),
+            #[cfg(feature = "tokio")]
+            notify: tokio::sync::Notify::new(),
+        }
+    }
+
     /// Waits for the leader's outcome until `deadline`; `Pending` if the wait timed out.
     pub(crate) fn wait(&self, deadline: Instant) -> Outcome {
         let mut o = self.outcome.lock();
@@ -90,13 +112,13 @@ pub(crate) enum Role<'a> {
 }
 
 impl Coalescer {
-    /// Joins the call for `key`: the first caller leads, the rest follow.
-    pub(crate) fn join(&self, key: &str) -> Role<'_> {
+    /// Joins the call for `key`: the first caller leads (as `leading` says), the rest follow.
+    pub(crate) fn join(&self, key: &str, leading: Leading) -> Role<'_> {
         let mut slots = self.slots.lock();
         if let Some(slot) = slots.get(key) {
             return Role::Follower(slot.clone());
         }
-        let slot = Arc::new(Slot::default());
+        let slot = Arc::new(Slot::new(leading));
         slots.insert(key.to_string(), slot.clone());
         Role::Leader(Leader {
             coalescer: self,
@@ -165,11 +187,11 @@ mod tests {
     #[test]
     fn one_leader_many_followers() {
         let c = Coalescer::default();
-        let Role::Leader(mut leader) = c.join("k") else {
+        let Role::Leader(mut leader) = c.join("k", Leading::Thread) else {
             panic!("first caller leads")
         };
         let followers: Vec<_> = (0..4)
-            .map(|_| match c.join("k") {
+            .map(|_| match c.join("k", Leading::Thread) {
                 Role::Follower(s) => s,
                 Role::Leader(_) => panic!("second caller must follow"),
             })
@@ -182,7 +204,7 @@ mod tests {
             assert_eq!(v.downcast_ref::<u32>(), Some(&7));
         }
         assert!(
-            matches!(c.join("k"), Role::Leader(_)),
+            matches!(c.join("k", Leading::Thread), Role::Leader(_)),
             "a new call after publishing"
         );
     }
@@ -191,10 +213,10 @@ mod tests {
     fn a_panicking_leader_wakes_its_followers() {
         let c = Coalescer::default();
         let follower = std::thread::scope(|s| {
-            let Role::Leader(leader) = c.join("k") else {
+            let Role::Leader(leader) = c.join("k", Leading::Thread) else {
                 panic!()
             };
-            let Role::Follower(slot) = c.join("k") else {
+            let Role::Follower(slot) = c.join("k", Leading::Thread) else {
                 panic!()
             };
             let r = s.spawn(move || {
@@ -215,8 +237,8 @@ mod tests {
     #[test]
     fn waits_are_bounded() {
         let c = Coalescer::default();
-        let _leader = c.join("k");
-        let Role::Follower(slot) = c.join("k") else {
+        let _leader = c.join("k", Leading::Thread);
+        let Role::Follower(slot) = c.join("k", Leading::Thread) else {
             panic!()
         };
         let t = Instant::now();

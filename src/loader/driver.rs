@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::time::Instant;
 
-use super::coalesce::{Outcome, Slot};
+use super::coalesce::{Leading, Outcome, Slot};
 use super::lease::{Completed, HeldLease};
 use crate::cache::Cache;
 use crate::cache::io::{Blocking, Io};
@@ -21,6 +21,10 @@ pub(crate) trait Driver: Io {
     type Held: Claim;
     /// Holds `lease` on `derived` until it is completed or dropped (dropped: released).
     fn hold(&self, cache: &Cache, derived: &str, lease: Lease) -> Self::Held;
+    /// What this caller is if it leads a coalesced call.
+    fn leading(&self) -> Leading;
+    /// Whether this caller may wait for `slot`'s leader without keeping it from finishing.
+    fn may_wait_for(&self, slot: &Slot) -> bool;
     /// Waits for an in-process leader's outcome, up to `deadline`.
     fn wait_for(&self, slot: &Slot, deadline: Instant) -> impl Future<Output = Outcome> + Send;
     /// Runs `work` (a batch's loader) while every claim in `held` is kept alive.
@@ -54,6 +58,28 @@ impl Driver for Blocking<'_> {
 
     fn hold(&self, cache: &Cache, derived: &str, lease: Lease) -> HeldLease {
         cache.inner.renewer.hold(derived, lease)
+    }
+
+    fn leading(&self) -> Leading {
+        Leading::Thread
+    }
+
+    /// A sync leader runs on its own thread: always. A task's load needs its runtime's threads,
+    /// and this wait blocks the caller's: only on a thread outside every runtime's context
+    /// (none of a task, `block_in_place` or `spawn_blocking`, where no runtime can need it),
+    /// and not the thread the task took the lead on (a current-thread runtime's, between two
+    /// `block_on`s). Inside a context this thread may be the one the task needs (a worker, a
+    /// current-thread runtime's own; even the task itself, `join!`ed with this call), and tokio
+    /// says not which: so it never waits there.
+    fn may_wait_for(&self, slot: &Slot) -> bool {
+        match slot.leading {
+            Leading::Thread => true,
+            #[cfg(feature = "tokio")]
+            Leading::Task(thread) => {
+                thread != std::thread::current().id()
+                    && tokio::runtime::Handle::try_current().is_err()
+            }
+        }
     }
 
     fn wait_for(&self, slot: &Slot, deadline: Instant) -> impl Future<Output = Outcome> + Send {

@@ -328,7 +328,7 @@ impl Cache {
         let mut first = Some(first);
         let mut loader = Some(loader);
         loop {
-            match self.inner.coalescer.join(derived) {
+            match self.inner.coalescer.join(derived, d.leading()) {
                 Role::Leader(mut leader) => {
                     let (m, action) = first
                         .take()
@@ -347,6 +347,20 @@ impl Cache {
                 }
                 Role::Follower(slot) => {
                     first = None;
+                    if !d.may_wait_for(&slot) {
+                        // A sync caller on a thread the leading task may need: no in-process
+                        // wait. The protocol instead, as a caller of another process that
+                        // never waits: it claims the key if the task has not yet (the task
+                        // then waits for this load), or loads and stores nothing (the task's
+                        // load stores).
+                        let Some(loader) = loader.take() else {
+                            return Err(self.waited_out());
+                        };
+                        let m = self.machine(Mode::Batch, deadline);
+                        return self
+                            .lead(d, derived, ttl, loader, None, m, Action::Read)
+                            .await;
+                    }
                     Counters::bump(&self.stats.lease_waits);
                     match d.wait_for(&slot, deadline).await {
                         Outcome::Value(v) => match v.downcast_ref::<T>() {
@@ -380,11 +394,16 @@ impl Cache {
 
     /// A `Load` machine whose waits end at `deadline` (what is left of this call's max_wait).
     fn load_machine(&self, deadline: Instant) -> Machine {
+        self.machine(Mode::Load, deadline)
+    }
+
+    /// A loader's machine in `mode`, its waits ending at `deadline`.
+    fn machine(&self, mode: Mode, deadline: Instant) -> Machine {
         let mut settings = self.settings(true);
         settings.max_wait_ms = deadline
             .saturating_duration_since(Instant::now())
             .as_millis() as u64;
-        Machine::new(Mode::Load, settings, self.token(), self.now())
+        Machine::new(mode, settings, self.token(), self.now())
     }
 
     fn waited_out(&self) -> Error {

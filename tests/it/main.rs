@@ -24,3 +24,4 @@ mod partial;
 mod processes;
 mod props;
 mod values;
+mod views;

@@ -474,13 +474,14 @@ fn pipelined_sync_needs_a_connection() {
         .build()
         .unwrap_err();
     assert!(err.is_config(), "{err}");
-    // Without it, the pool alone serves and the setting is not used.
-    Cache::builder()
+    // Without it too: the cache's async view (`to_async`) uses them.
+    let err = Cache::builder()
         .memcached([shared_server()])
         .async_connections(0)
         .pipelined_sync(false)
         .build()
-        .unwrap();
+        .unwrap_err();
+    assert!(err.is_config(), "{err}");
 }
 
 /// Review: the sync `Cache` called from a tokio task (a `#[tokio::main]` body, say) while

@@ -392,6 +392,7 @@ impl Engine {
     /// A configuration error (`is_config()`) for what `MemcachedBackend::new` refuses (no
     /// server, a zero timeout, a `retry_interval` over a day) or zero connections per server.
     /// `pool_size` is the blocking backend's and is not used.
+    #[cfg(test)]
     pub(crate) fn new(config: &MemcachedConfig, connections_per_server: usize) -> Result<Engine> {
         Engine::sharing(config, connections_per_server, None)
     }
