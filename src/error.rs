@@ -384,7 +384,9 @@ impl Error {
         self.kind == ErrorKind::Unsupported
     }
 
-    /// The loader failed; [`std::error::Error::source`] is the loader's own error.
+    /// The loader failed; [`std::error::Error::source`] is the loader's own error. The loader
+    /// methods give it typed ([`LoadError::Loader`]); an `Error` of this kind is what `?` makes
+    /// of that, or what a caller gets whose loader's error type is not the one that failed.
     pub fn is_loader(&self) -> bool {
         self.kind == ErrorKind::Loader
     }
