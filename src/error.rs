@@ -1,5 +1,7 @@
-//! The crate's one error type and its `Result` alias.
+//! The crate's error type and its `Result` alias, and [`LoadError`]: a loader call's error,
+//! the loader's own error typed.
 
+use std::any::Any;
 use std::error::Error as StdError;
 use std::fmt;
 use std::sync::Arc;
@@ -18,18 +20,36 @@ type Source = Arc<dyn StdError + Send + Sync + 'static>;
 /// Match on [`Error::kind`] or, simpler, ask with the `is_*` predicates. Client-library types never
 /// appear in the payload, so the backend can change without breaking callers.
 ///
-/// `Display` gives the kind and what happened; the cause, when there is one, is
-/// [`source()`](std::error::Error::source) and is not repeated in the message. `Error` is `Clone`:
-/// the callers that waited for one failed load each get it, with the same source.
+/// `Display` says, on one line, the kind, where (the server, for a backend error) and what
+/// went wrong there: `backend error: memcached at 127.0.0.1:11211: could not connect`, or
+/// `timed out: memcached at 127.0.0.1:11211: no reply within io_timeout (500ms)`. The cause
+/// below that, when there is one (the I/O error, the loader's own error, the fault that marked
+/// a server dead), is [`source()`](std::error::Error::source) and is not repeated in the
+/// message, so each level of the chain says its part once: anyhow's `{:#}` prints
+/// `backend error: memcached at 127.0.0.1:11211: could not connect: Connection refused (os
+/// error 111)`. `Error` is `Clone`: the callers that waited for one failed load each get it,
+/// with the same source.
 #[derive(Debug, Clone)]
 pub struct Error {
     kind: ErrorKind,
     message: String,
     source: Option<Source>,
     outcome_unknown: bool,
+    shown: Shown,
     /// What only some errors carry, behind one thin pointer so that every `Result` stays small
     /// (a batch holds one per key).
     details: Option<Arc<Details>>,
+}
+
+/// How an [`Error`] prints: whole, or as the source of another `Error` that already says
+/// its kind (and, for a last fault, its server).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Shown {
+    Whole,
+    /// The first failure of a batch: the batch's error says the kind.
+    Cause,
+    /// The fault that marked a server dead: the "marked dead" error says the kind and server.
+    LastFault,
 }
 
 /// An [`Error`]'s rarer facts.
@@ -37,11 +57,37 @@ pub struct Error {
 struct Details {
     failed_keys: Vec<String>,
     server: Option<String>,
+    /// Where it happened (`memcached at host:port`), printed before the message.
+    context: Option<String>,
+    /// A loader's error as the loader returned it (an `Arc<E>`), for
+    /// [`LoadError::Loader`](crate::LoadError::Loader).
+    typed: Option<Typed>,
+    /// The source is the fault that marked this error's server dead.
+    last_fault: bool,
+}
+
+/// A loader's `Arc<E>`, kept as `Any` so that the caller who knows `E` gets it back.
+#[derive(Clone)]
+struct Typed(Arc<dyn Any + Send + Sync>);
+
+impl fmt::Debug for Typed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Typed(..)")
+    }
 }
 
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.kind, self.message)
+        match self.shown {
+            Shown::Whole => write!(f, "{}: ", self.kind)?,
+            Shown::Cause => {}
+            Shown::LastFault => f.write_str("last fault: ")?,
+        }
+        let context = self.details.as_deref().and_then(|d| d.context.as_deref());
+        match context {
+            Some(c) if self.shown != Shown::LastFault => write!(f, "{c}: {}", self.message),
+            _ => f.write_str(&self.message),
+        }
     }
 }
 
@@ -112,6 +158,7 @@ impl Error {
             message: message.into(),
             source: None,
             outcome_unknown: false,
+            shown: Shown::Whole,
             details: None,
         }
     }
@@ -126,6 +173,7 @@ impl Error {
             message: message.into(),
             source: Some(Arc::from(source.into())),
             outcome_unknown: false,
+            shown: Shown::Whole,
             details: None,
         }
     }
@@ -143,11 +191,17 @@ impl Error {
                 shown.join(", ")
             ),
             outcome_unknown: first.outcome_unknown,
+            shown: Shown::Whole,
             details: Some(Arc::new(Details {
                 failed_keys: failed,
                 server: first.server().map(str::to_owned),
+                ..Details::default()
             })),
-            source: Some(Arc::new(first)),
+            // Same kind: the batch's message says it, the first failure says the rest.
+            source: Some(Arc::new(Error {
+                shown: Shown::Cause,
+                ..first
+            })),
         }
     }
 
@@ -169,9 +223,61 @@ impl Error {
         Error::new(ErrorKind::Config, message)
     }
 
-    /// Wraps a loader's error; `source()` returns it unchanged, and the message does not repeat it.
-    pub(crate) fn loader(source: BoxError) -> Self {
-        Error::with_source(ErrorKind::Loader, "the loader returned an error", source)
+    /// Wraps a loader's error; `source()` returns it unchanged, and the message does not repeat
+    /// it. The `Arc<E>` is kept too, for [`LoadError::Loader`](crate::LoadError::Loader).
+    pub(crate) fn loader<E: StdError + Send + Sync + 'static>(source: Arc<E>) -> Self {
+        let mut e = Error::new(ErrorKind::Loader, "the loader returned an error");
+        e.details = Some(Arc::new(Details {
+            typed: Some(Typed(source.clone())),
+            ..Details::default()
+        }));
+        e.source = Some(source);
+        e
+    }
+
+    /// The loader's own error, if this is a loader error and the loader's error type is `E`.
+    pub(crate) fn typed_loader<E: Send + Sync + 'static>(&self) -> Option<Arc<E>> {
+        let typed = self.details.as_deref()?.typed.as_ref()?;
+        typed.0.clone().downcast::<E>().ok()
+    }
+
+    /// A call refused at once because server `addr` is marked dead; its source is the fault
+    /// that marked it (the last one seen), when the health record has it.
+    pub(crate) fn marked_dead(addr: &str, last_fault: Option<Error>) -> Self {
+        let mut e = Error::new(
+            ErrorKind::Backend,
+            format!("memcached at {addr} is marked dead (probed again later)"),
+        )
+        .at_server(addr);
+        if let Some(fault) = last_fault {
+            e.source = Some(Arc::new(fault));
+            Arc::make_mut(e.details.get_or_insert_default()).last_fault = true;
+        }
+        e
+    }
+
+    /// This error as a server's last fault, to be the source of its "marked dead" errors: its
+    /// kind, message and cause, printed without the kind and server (that error says them).
+    pub(crate) fn as_last_fault(&self) -> Error {
+        Error {
+            kind: self.kind,
+            message: self.message.clone(),
+            source: self.source.clone(),
+            outcome_unknown: false,
+            shown: Shown::LastFault,
+            details: None,
+        }
+    }
+
+    /// For an error refusing a call because its server is marked dead, the transport fault
+    /// that marked it: a refused connect ([`is_backend`](Error::is_backend)), a timeout
+    /// ([`is_timeout`](Error::is_timeout)), with its own cause as `source()`. It is also this
+    /// error's `source()`. `None` for other errors.
+    pub fn last_fault(&self) -> Option<&Error> {
+        if !self.details.as_deref()?.last_fault {
+            return None;
+        }
+        self.source.as_deref()?.downcast_ref::<Error>()
     }
 
     /// A wait for another caller's load that ran out.
@@ -182,17 +288,16 @@ impl Error {
         )
     }
 
-    /// This error as the source of one that says where it happened (same kind; an unknown
-    /// outcome stays unknown).
-    pub(crate) fn in_context(self, message: impl Into<String>) -> Self {
-        let unknown = self.outcome_unknown;
-        let server = self.server().map(str::to_owned);
-        let mut e = Error::with_source(self.kind, message, self);
-        e.outcome_unknown = unknown;
-        if let Some(server) = server {
-            e = e.at_server(&server);
-        }
-        e
+    /// Says where this error happened (`memcached at host:port`), before its message: one
+    /// level still, so the kind is said once and the source stays the cause.
+    pub(crate) fn in_context(mut self, context: impl Into<String>) -> Self {
+        let context = context.into();
+        let d = Arc::make_mut(self.details.get_or_insert_default());
+        d.context = Some(match d.context.take() {
+            Some(inner) => format!("{context}: {inner}"),
+            None => context,
+        });
+        self
     }
 
     /// This error with `note` added to what it says (same kind, source and server).
@@ -286,7 +391,9 @@ impl Error {
         self.kind == ErrorKind::Unsupported
     }
 
-    /// The loader failed; [`std::error::Error::source`] is the loader's own error.
+    /// The loader failed; [`std::error::Error::source`] is the loader's own error. The loader
+    /// methods give it typed ([`LoadError::Loader`]); an `Error` of this kind is what `?` makes
+    /// of that, or what a caller gets whose loader's error type is not the one that failed.
     pub fn is_loader(&self) -> bool {
         self.kind == ErrorKind::Loader
     }
@@ -301,11 +408,152 @@ impl Error {
 impl From<std::io::Error> for Error {
     fn from(e: std::io::Error) -> Self {
         use std::io::ErrorKind as Io;
-        let kind = match e.kind() {
-            Io::TimedOut | Io::WouldBlock => ErrorKind::Timeout,
-            _ => ErrorKind::Backend,
+        let (kind, message) = match e.kind() {
+            Io::TimedOut | Io::WouldBlock => (ErrorKind::Timeout, "no reply in time"),
+            _ => (ErrorKind::Backend, "i/o error talking to the server"),
         };
-        Error::with_source(kind, "i/o error talking to the server", e)
+        Error::with_source(kind, message, e)
+    }
+}
+
+impl Error {
+    /// An I/O error while doing something this message names (`could not connect`): the kind
+    /// from the I/O error's kind, the I/O error as the source.
+    pub(crate) fn io(e: std::io::Error, doing: &str) -> Self {
+        let mut out = Error::from(e);
+        out.message = doing.to_owned();
+        out
+    }
+}
+
+/// The error of a loader call (`get_or_set_with` and friends): the loader's own error, typed,
+/// or the cache's.
+///
+/// The loader's error is shared (`Arc<E>`, as moka's `try_get_with` gives it): the callers of
+/// this process that waited for the same load get the same one. Match on it, or ask with
+/// [`loader`](LoadError::loader); `?` into [`newcache::Result`](crate::Result) (or anyhow)
+/// converts it into an [`Error`] with [`is_loader`](Error::is_loader) whose `source()` is the
+/// loader's error.
+///
+/// ```
+/// use std::time::Duration;
+/// use newcache::LoadError;
+///
+/// #[derive(Debug, thiserror::Error)]
+/// enum AppError {
+///     #[error("no such user")]
+///     NotFound,
+/// }
+///
+/// let cache = newcache::Cache::builder().build()?;
+/// let got = cache.get_or_set_with::<String, _, _>("user:7", Duration::from_secs(60), || {
+///     Err(AppError::NotFound)
+/// });
+/// match got {
+///     Err(LoadError::Loader(e)) => assert!(matches!(*e, AppError::NotFound)), // a 404
+///     Err(e) => panic!("the cache failed: {e}"),                              // a 500
+///     Ok(name) => println!("{name}"),
+/// }
+/// # Ok::<(), newcache::Error>(())
+/// ```
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum LoadError<E> {
+    /// The loader (this caller's, or the in-process leader's it waited for) returned this
+    /// error. Nothing was cached.
+    Loader(Arc<E>),
+    /// The cache failed: the backend, a wait that ran out, a value that does not decode. Also
+    /// a loader's error this caller cannot type: the load of another process, or of an
+    /// in-process leader with another error type ([`Error::is_loader`], its `source()` the
+    /// loader's error).
+    Cache(Error),
+}
+
+impl<E> LoadError<E> {
+    /// The loader's error, if the loader failed (and this caller can type its error).
+    pub fn loader(&self) -> Option<&E> {
+        match self {
+            LoadError::Loader(e) => Some(e),
+            LoadError::Cache(_) => None,
+        }
+    }
+
+    /// The cache's error, if the cache failed.
+    pub fn cache(&self) -> Option<&Error> {
+        match self {
+            LoadError::Loader(_) => None,
+            LoadError::Cache(e) => Some(e),
+        }
+    }
+
+    /// The loader's shared error, or this as the cache's error.
+    pub fn into_loader(self) -> std::result::Result<Arc<E>, Error>
+    where
+        E: StdError + Send + Sync + 'static,
+    {
+        match self {
+            LoadError::Loader(e) => Ok(e),
+            LoadError::Cache(e) => Err(e),
+        }
+    }
+
+    /// This as an [`Error`] (what `?` does): a loader's error becomes an
+    /// [`is_loader`](Error::is_loader) error whose `source()` is the loader's error.
+    pub fn into_cache_error(self) -> Error
+    where
+        E: StdError + Send + Sync + 'static,
+    {
+        self.into()
+    }
+
+    /// The call's error from the cache's: the loader's own error when it is of type `E`.
+    pub(crate) fn from_error(e: Error) -> Self
+    where
+        E: Send + Sync + 'static,
+    {
+        match e.typed_loader::<E>() {
+            Some(typed) => LoadError::Loader(typed),
+            None => LoadError::Cache(e),
+        }
+    }
+}
+
+impl<E> Clone for LoadError<E> {
+    fn clone(&self) -> Self {
+        match self {
+            LoadError::Loader(e) => LoadError::Loader(e.clone()),
+            LoadError::Cache(e) => LoadError::Cache(e.clone()),
+        }
+    }
+}
+
+/// A loader's error prints `loader failed`, its `source()` the loader's error; the cache's
+/// prints as the [`Error`] it is (its message says what failed and why, its `source()` the
+/// cause), so no level of the chain is said twice.
+impl<E> fmt::Display for LoadError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LoadError::Loader(_) => f.write_str("loader failed"),
+            LoadError::Cache(e) => fmt::Display::fmt(e, f),
+        }
+    }
+}
+
+impl<E: StdError + 'static> StdError for LoadError<E> {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        match self {
+            LoadError::Loader(e) => Some(&**e),
+            LoadError::Cache(e) => e.source(),
+        }
+    }
+}
+
+impl<E: StdError + Send + Sync + 'static> From<LoadError<E>> for Error {
+    fn from(e: LoadError<E>) -> Self {
+        match e {
+            LoadError::Loader(e) => Error::loader(e),
+            LoadError::Cache(e) => e,
+        }
     }
 }
 
@@ -327,7 +575,7 @@ mod tests {
     #[test]
     fn loader_error_keeps_source_and_names_it_once() {
         let io = std::io::Error::other("db down");
-        let e = Error::loader(Box::new(io));
+        let e = Error::loader(Arc::new(io));
         assert!(e.is_loader());
         assert!(!e.to_string().contains("db down"), "{e}");
         let src = StdError::source(&e).expect("source");
@@ -354,6 +602,63 @@ mod tests {
             (batch.server(), batch.failed_keys()),
             (Some("a:1"), &["k".to_owned()][..])
         );
+    }
+
+    /// Each level of a chain says its part once: the context joins the message (one level),
+    /// a batch's first failure and a server's last fault print without the kind their parent
+    /// says.
+    #[test]
+    fn each_level_says_its_part_once() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        let e = Error::io(io, "could not connect")
+            .in_context("memcached at a:1")
+            .at_server("a:1");
+        assert_eq!(
+            e.to_string(),
+            "backend error: memcached at a:1: could not connect"
+        );
+        assert_eq!(StdError::source(&e).unwrap().to_string(), "refused");
+        let batch = Error::partial(vec!["k".into()], 2, e.clone());
+        let first = StdError::source(&batch).unwrap();
+        assert_eq!(first.to_string(), "memcached at a:1: could not connect");
+        let dead = Error::marked_dead("a:1", Some(e.as_last_fault()));
+        let fault = dead.last_fault().expect("the last fault");
+        assert!(std::ptr::addr_eq(fault, StdError::source(&dead).unwrap()));
+        assert_eq!(fault.to_string(), "last fault: could not connect");
+        assert_eq!(StdError::source(fault).unwrap().to_string(), "refused");
+        assert!(Error::marked_dead("a:1", None).last_fault().is_none());
+        assert!(batch.last_fault().is_none());
+    }
+
+    #[test]
+    fn a_load_error_round_trips_through_error() {
+        #[derive(Debug, PartialEq)]
+        struct Mine;
+        impl fmt::Display for Mine {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("mine")
+            }
+        }
+        impl StdError for Mine {}
+        let arc = Arc::new(Mine);
+        let e: Error = LoadError::Loader(arc.clone()).into();
+        assert!(e.is_loader());
+        assert_eq!(StdError::source(&e).unwrap().to_string(), "mine");
+        match LoadError::<Mine>::from_error(e.clone()) {
+            LoadError::Loader(back) => assert!(Arc::ptr_eq(&back, &arc)),
+            other => panic!("{other:?}"),
+        }
+        // another type: the cache's error, still is_loader
+        let other = LoadError::<std::io::Error>::from_error(e);
+        assert!(other.cache().is_some_and(Error::is_loader));
+        assert_eq!(
+            other.to_string(),
+            "loader failed: the loader returned an error"
+        );
+        let l = LoadError::Loader(arc);
+        assert_eq!(l.to_string(), "loader failed");
+        assert_eq!(StdError::source(&l).unwrap().to_string(), "mine");
+        assert_eq!(l.clone().loader(), Some(&Mine));
     }
 
     #[test]

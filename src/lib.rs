@@ -185,7 +185,7 @@ pub use builder::{
 pub use cache::{Cache, DecodePolicy, FailurePolicy, Herd};
 pub use clock::{Clock, SystemClock};
 pub use codec::{Codec, Compression, DEFAULT_MAX_DECODE_SIZE};
-pub use error::{Error, ErrorKind, Result};
+pub use error::{Error, ErrorKind, LoadError, Result};
 pub use key::{KeyFunction, MAX_KEY_LEN, default_key, validate_key};
 pub use ping::{PING_KEY, PingError, PingFailure};
 pub use stats::Stats;

@@ -9,6 +9,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
@@ -20,7 +21,7 @@ use super::lease::{AsyncLease, give_back};
 use crate::backend::{Item, StoreOutcome, Write};
 use crate::cache::Cache;
 use crate::cache::io::{Disarm, Io};
-use crate::error::{BoxError, Result};
+use crate::error::{Error, LoadError, Result};
 use crate::loader::Load;
 use crate::loader::coalesce::{Leading, Outcome, Slot};
 use crate::loader::driver::{Claim, Driver};
@@ -217,11 +218,11 @@ impl<'d, T, F, Fut, E> Load<T, AsyncDriver<'d>> for Told<F>
 where
     F: FnOnce(Refresh) -> Fut,
     Fut: Future<Output = std::result::Result<T, E>>,
-    E: Into<BoxError>,
+    E: std::error::Error + Send + Sync + 'static,
 {
-    fn call(self) -> impl Future<Output = std::result::Result<T, BoxError>> {
+    fn call(self) -> impl Future<Output = Result<T>> {
         let fut = (self.0)(self.1);
-        async move { fut.await.map_err(Into::into) }
+        async move { fut.await.map_err(|e| Error::loader(Arc::new(e))) }
     }
     fn refresh_in_background(
         self,
@@ -239,11 +240,11 @@ impl<'d, T, F, Fut, E> Load<T, AsyncDriver<'d>> for Inline<F>
 where
     F: FnOnce() -> Fut,
     Fut: Future<Output = std::result::Result<T, E>>,
-    E: Into<BoxError>,
+    E: std::error::Error + Send + Sync + 'static,
 {
-    fn call(self) -> impl Future<Output = std::result::Result<T, BoxError>> {
+    fn call(self) -> impl Future<Output = Result<T>> {
         let fut = (self.0)();
-        async move { fut.await.map_err(Into::into) }
+        async move { fut.await.map_err(|e| Error::loader(Arc::new(e))) }
     }
     fn refresh_in_background(
         self,
@@ -264,9 +265,9 @@ where
     T: Serialize + Send + 'static,
     F: FnOnce() -> Fut + Send + 'static,
     Fut: Future<Output = std::result::Result<T, E>> + Send + 'static,
-    E: Into<BoxError> + 'static,
+    E: std::error::Error + Send + Sync + 'static,
 {
-    fn call(self) -> impl Future<Output = std::result::Result<T, BoxError>> {
+    fn call(self) -> impl Future<Output = Result<T>> {
         Inline(self.0).call()
     }
     fn refresh_in_background(
@@ -361,24 +362,74 @@ impl AsyncCache {
     ///
     /// # Errors
     ///
-    /// As [`Cache::get_or_set_with`]: a loader error is
-    /// [`is_loader`](crate::Error::is_loader) (shared with the waiting tasks), a wait that ran
-    /// out is [`is_wait_timeout`](crate::Error::is_wait_timeout).
+    /// As [`Cache::get_or_set_with`]: the loader's error is [`LoadError::Loader`] (an
+    /// `Arc<E>`, shared with the tasks of this process that waited for this load, when their
+    /// loader's error type is `E` too; one with another error type gets [`LoadError::Cache`]
+    /// with [`is_loader`](crate::Error::is_loader)), a wait that ran out is
+    /// [`is_wait_timeout`](crate::Error::is_wait_timeout).
+    ///
+    /// A loader that cannot fail: [`get_or_set`](AsyncCache::get_or_set).
     pub async fn get_or_set_with<T, F, Fut, E>(
         &self,
         key: &str,
         ttl: impl Into<Ttl>,
         loader: F,
-    ) -> Result<T>
+    ) -> Result<T, LoadError<E>>
     where
         T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
         F: FnOnce() -> Fut + Send,
         Fut: Future<Output = std::result::Result<T, E>> + Send,
-        E: Into<BoxError>,
+        E: std::error::Error + Send + Sync + 'static,
     {
         let ttl = ttl.into();
         self.cache
             .coalesced(&AsyncDriver(self), key, ttl, Inline(loader))
+            .await
+            .map_err(LoadError::from_error)
+    }
+
+    /// [`get_or_set_with`](AsyncCache::get_or_set_with) for a value that is computed, not
+    /// loaded from something that can fail: the future `compute` returns yields the value
+    /// itself, so no error type is named ([`Cache::get_or_set`] for tasks).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> newcache::Result<()> {
+    /// use std::time::Duration;
+    ///
+    /// let cache = newcache::Cache::builder().build_async()?;
+    /// let n = cache
+    ///     .get_or_set("answer", Duration::from_secs(60), || async { 42u64 })
+    ///     .await?;
+    /// assert_eq!(n, 42);
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`get_or_set_with`](AsyncCache::get_or_set_with).
+    ///
+    /// # Errors
+    ///
+    /// The cache's only: never [`is_loader`](crate::Error::is_loader).
+    pub async fn get_or_set<T, F, Fut>(
+        &self,
+        key: &str,
+        ttl: impl Into<Ttl>,
+        compute: F,
+    ) -> Result<T>
+    where
+        T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
+        F: FnOnce() -> Fut + Send,
+        Fut: Future<Output = T> + Send,
+    {
+        let loader = move || {
+            let fut = compute();
+            async move { Ok::<T, std::convert::Infallible>(fut.await) }
+        };
+        self.cache
+            .coalesced(&AsyncDriver(self), key, ttl.into(), Inline(loader))
             .await
     }
 
@@ -417,17 +468,18 @@ impl AsyncCache {
         key: &str,
         ttl: impl Into<Ttl>,
         loader: F,
-    ) -> Result<T>
+    ) -> Result<T, LoadError<E>>
     where
         T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
         F: FnOnce() -> Fut + Send + 'static,
         Fut: Future<Output = std::result::Result<T, E>> + Send + 'static,
-        E: Into<BoxError> + 'static,
+        E: std::error::Error + Send + Sync + 'static,
     {
         let ttl = ttl.into();
         self.cache
             .coalesced(&AsyncDriver(self), key, ttl, Background(loader))
             .await
+            .map_err(LoadError::from_error)
     }
 
     /// The batch form of [`get_or_set_with`](AsyncCache::get_or_set_with):
@@ -459,8 +511,8 @@ impl AsyncCache {
     ///
     /// # Errors
     ///
-    /// As [`Cache::get_many_or_set_with`]: the loader's error is
-    /// [`is_loader`](crate::Error::is_loader), and a failed load stores nothing.
+    /// As [`Cache::get_many_or_set_with`]: the loader's error comes back typed
+    /// ([`LoadError::Loader`](crate::LoadError::Loader)), and a failed load stores nothing.
     ///
     /// # Cancel safety
     ///
@@ -471,22 +523,23 @@ impl AsyncCache {
         keys: &[K],
         ttl: impl Into<Ttl>,
         loader: F,
-    ) -> Result<HashMap<String, T>>
+    ) -> Result<HashMap<String, T>, LoadError<E>>
     where
         T: Serialize + DeserializeOwned + Send,
         K: AsRef<str> + Sync,
         F: FnOnce(Vec<String>) -> Fut + Send,
         Fut: Future<Output = std::result::Result<HashMap<String, T>, E>> + Send,
-        E: Into<BoxError>,
+        E: std::error::Error + Send + Sync + 'static,
     {
         let ttl = ttl.into();
         let loader = |wanted: &[String]| {
             let fut = loader(wanted.to_vec());
-            async move { fut.await.map_err(Into::into) }
+            async move { fut.await.map_err(|e| Error::loader(Arc::new(e))) }
         };
         self.cache
             .many_or_set_on(&AsyncDriver(self), keys, ttl, loader)
             .await
+            .map_err(LoadError::from_error)
     }
 }
 

@@ -5,6 +5,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
+use std::sync::Arc;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -18,7 +19,7 @@ use crate::cache::io::{Disarm, ready};
 use crate::cache::read::Fetched;
 use crate::cache::{Cache, DecodePolicy, Herd};
 use crate::envelope;
-use crate::error::{BoxError, Error, Result};
+use crate::error::{Error, LoadError, Result};
 use crate::protocol::{Action, Found, Machine, Mode, Refusal};
 use crate::stats::Counters;
 use crate::ttl::{Lifetime, Ttl};
@@ -51,23 +52,28 @@ impl Cache {
     /// returned, but not stored. Batches are not coalesced in-process.
     ///
     /// # Errors
-    /// As [`get_or_set_with`](Cache::get_or_set_with). If the loader fails, a batch that held
-    /// stale values for every key it had to compute returns them when
+    /// As [`get_or_set_with`](Cache::get_or_set_with): the loader's error is
+    /// [`LoadError::Loader`] (batches are not coalesced, so it is always this caller's
+    /// loader's). If the loader fails, a batch that held stale values for every key it had to
+    /// compute returns them when
     /// [`serve_stale_on_error`](crate::CacheBuilder::serve_stale_on_error) allows.
     pub fn get_many_or_set_with<T, K, F, E>(
         &self,
         keys: &[K],
         ttl: impl Into<Ttl>,
         loader: F,
-    ) -> Result<HashMap<String, T>>
+    ) -> Result<HashMap<String, T>, LoadError<E>>
     where
         T: Serialize + DeserializeOwned,
         K: AsRef<str>,
         F: FnOnce(&[String]) -> std::result::Result<HashMap<String, T>, E>,
-        E: Into<BoxError>,
+        E: std::error::Error + Send + Sync + 'static,
     {
-        let loader = |keys: &[String]| std::future::ready(loader(keys).map_err(Into::into));
+        let loader = |keys: &[String]| {
+            std::future::ready(loader(keys).map_err(|e| Error::loader(Arc::new(e))))
+        };
         ready(self.many_or_set_on(&self.blocking(), keys, ttl.into(), loader))
+            .map_err(LoadError::from_error)
     }
 
     /// `get_many_or_set_with` on any front end. `loader` is called once, with the keys to
@@ -84,7 +90,7 @@ impl Cache {
         K: AsRef<str>,
         D: Driver,
         L: FnOnce(&[String]) -> Fut,
-        Fut: Future<Output = std::result::Result<HashMap<String, T>, BoxError>>,
+        Fut: Future<Output = Result<HashMap<String, T>>>,
     {
         let span = self.batch_span("get_many_or_set_with", keys.len());
         async {
@@ -218,7 +224,7 @@ impl Cache {
                         }
                         return Ok(out);
                     }
-                    return Err(Error::loader(e));
+                    return Err(e);
                 }
             };
             let life = ttl.resolve(self.inner.config.default_ttl);

@@ -24,7 +24,7 @@ use crate::cache::io::{Blocking, ready};
 use crate::cache::read::Step;
 use crate::cache::{Cache, DecodePolicy, Herd};
 use crate::codec::{Decode, Encode};
-use crate::error::{BoxError, Error, Result};
+use crate::error::{Error, LoadError, Result};
 use crate::protocol::{Action, Found, Grant, Machine, Mode};
 use crate::stats::Counters;
 use crate::ttl::{Lifetime, Ttl};
@@ -32,8 +32,9 @@ use crate::ttl::{Lifetime, Ttl};
 /// A loader as the shared logic sees it: called (inline, or awaited), or handed with its claim
 /// to the background when the front end allows it.
 pub(crate) trait Load<T, D: Driver>: Sized {
-    /// Runs the loader.
-    fn call(self) -> impl Future<Output = std::result::Result<T, BoxError>>;
+    /// Runs the loader; its error comes back as an [`Error::loader`] (keeping the typed
+    /// `Arc<E>`).
+    fn call(self) -> impl Future<Output = Result<T>>;
     /// Hands the refresh of a claimed stale entry to the background (a thread, or a task);
     /// gives the loader and the claim back if this kind of loader runs inline.
     fn refresh_in_background(
@@ -51,10 +52,10 @@ pub(crate) struct Inline<F>(pub(crate) F);
 impl<'d, T, E, F> Load<T, Blocking<'d>> for Inline<F>
 where
     F: FnOnce() -> std::result::Result<T, E>,
-    E: Into<BoxError>,
+    E: std::error::Error + Send + Sync + 'static,
 {
-    fn call(self) -> impl Future<Output = std::result::Result<T, BoxError>> {
-        std::future::ready((self.0)().map_err(Into::into))
+    fn call(self) -> impl Future<Output = Result<T>> {
+        std::future::ready((self.0)().map_err(|e| Error::loader(Arc::new(e))))
     }
     fn refresh_in_background(
         self,
@@ -74,9 +75,9 @@ impl<'d, T, E, F> Load<T, Blocking<'d>> for Background<F>
 where
     T: Serialize + Send + 'static,
     F: FnOnce() -> std::result::Result<T, E> + Send + 'static,
-    E: Into<BoxError>,
+    E: std::error::Error + Send + Sync + 'static,
 {
-    fn call(self) -> impl Future<Output = std::result::Result<T, BoxError>> {
+    fn call(self) -> impl Future<Output = Result<T>> {
         Inline(self.0).call()
     }
     fn refresh_in_background(
@@ -163,25 +164,73 @@ impl Cache {
     ///
     /// # Errors
     ///
-    /// A loader error comes back as an error whose [`is_loader`](Error::is_loader) is true and
-    /// whose `source()` is the loader's own error; nothing is cached. Callers of this process
-    /// that were waiting for that load get the same error (sharing its source). With
+    /// [`LoadError::Loader`] with the loader's own error (an `Arc<E>`); nothing is cached.
+    /// Callers of this process that were waiting for that load (threads joined on the same
+    /// key) get the same `Arc`, if their loader's error type is `E` too; one whose loader has
+    /// another error type gets [`LoadError::Cache`] with an error whose
+    /// [`is_loader`](Error::is_loader) is true and whose `source()` is the loader's error. A
+    /// caller of another process that waited for a load that failed there learns nothing of its
+    /// error: it finds the key free and loads itself. With
     /// [`serve_stale_on_error`](crate::CacheBuilder::serve_stale_on_error), a claimant whose
-    /// loader fails returns the stale value instead, if it is young enough. A wait that ran out is
-    /// [`is_wait_timeout`](Error::is_wait_timeout). Decode and invalid-key errors are returned as
-    /// by [`get`](Cache::get).
+    /// loader fails returns the stale value instead, if it is young enough.
+    ///
+    /// Everything else is [`LoadError::Cache`]: a wait that ran out is
+    /// [`is_wait_timeout`](Error::is_wait_timeout); decode and invalid-key errors are returned
+    /// as by [`get`](Cache::get). `?` into [`newcache::Result`](crate::Result) turns a
+    /// `LoadError` into an [`Error`] (a loader's with `is_loader()` and the loader's error as
+    /// `source()`).
+    ///
+    /// A loader that cannot fail: [`get_or_set`](Cache::get_or_set).
     ///
     /// # Panics
     ///
     /// A panic in the loader propagates to this caller. Nobody is left waiting: the placeholder
     /// is removed and the callers waiting in this process retry (one of them loads).
-    pub fn get_or_set_with<T, F, E>(&self, key: &str, ttl: impl Into<Ttl>, loader: F) -> Result<T>
+    pub fn get_or_set_with<T, F, E>(
+        &self,
+        key: &str,
+        ttl: impl Into<Ttl>,
+        loader: F,
+    ) -> Result<T, LoadError<E>>
     where
         T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
         F: FnOnce() -> std::result::Result<T, E>,
-        E: Into<BoxError>,
+        E: std::error::Error + Send + Sync + 'static,
     {
         ready(self.coalesced(&self.blocking(), key, ttl.into(), Inline(loader)))
+            .map_err(LoadError::from_error)
+    }
+
+    /// [`get_or_set_with`](Cache::get_or_set_with) for a value that is computed, not loaded
+    /// from something that can fail: `compute` returns the value itself (Django's
+    /// `get_or_set` takes such a callable default), so no error type is named. The same
+    /// guarantees (one computation per expiry across processes, bounded waits, invalidations
+    /// win); errors are the cache's only.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// let cache = newcache::Cache::builder().build()?;
+    /// let n = cache.get_or_set("answer", Duration::from_secs(60), || 42u64)?;
+    /// assert_eq!(n, 42);
+    /// # Ok::<(), newcache::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`get`](Cache::get), and a wait that ran out
+    /// ([`is_wait_timeout`](Error::is_wait_timeout)); never [`is_loader`](Error::is_loader).
+    ///
+    /// # Panics
+    ///
+    /// As [`get_or_set_with`](Cache::get_or_set_with).
+    pub fn get_or_set<T, F>(&self, key: &str, ttl: impl Into<Ttl>, compute: F) -> Result<T>
+    where
+        T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
+        F: FnOnce() -> T,
+    {
+        let loader = Inline(move || Ok::<T, std::convert::Infallible>(compute()));
+        ready(self.coalesced(&self.blocking(), key, ttl.into(), loader))
     }
 
     /// As [`get_or_set_with`](Cache::get_or_set_with), but the claimant of a stale entry returns
@@ -189,18 +238,24 @@ impl Cache {
     /// key waits for a load. A missing key is still loaded in the foreground (there is nothing to
     /// serve meanwhile). The background load keeps its claim alive and stores with `cas`, as in
     /// the foreground.
+    ///
+    /// # Errors
+    ///
+    /// As [`get_or_set_with`](Cache::get_or_set_with). A background load's error reaches no
+    /// caller (it is counted in [`stats`](Cache::stats)).
     pub fn get_or_set_with_background<T, F, E>(
         &self,
         key: &str,
         ttl: impl Into<Ttl>,
         loader: F,
-    ) -> Result<T>
+    ) -> Result<T, LoadError<E>>
     where
         T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
         F: FnOnce() -> std::result::Result<T, E> + Send + 'static,
-        E: Into<BoxError>,
+        E: std::error::Error + Send + Sync + 'static,
     {
         ready(self.coalesced(&self.blocking(), key, ttl.into(), Background(loader)))
+            .map_err(LoadError::from_error)
     }
 
     /// `get_or_set_with` on any front end: the fast path, then the in-process coalescer, then
@@ -574,7 +629,7 @@ impl Cache {
             Ok(v) => v,
             Err(e) => {
                 // Dropping the lease gives the key back.
-                return Err(Error::loader(e));
+                return Err(e);
             }
         };
         // A value may choose its own lifetime (a page: its response's max-age, or a short
@@ -623,6 +678,6 @@ impl Cache {
         let load = s.load_started();
         let v = load.run(|| loader.call()).await;
         load.finished(v.is_ok());
-        v.map_err(Error::loader)
+        v
     }
 }

@@ -236,6 +236,7 @@ async fn load_paused(
             Ok::<_, std::io::Error>(row)
         })
         .await
+        .map_err(newcache::Error::from)
     });
     started.await.expect("the loader started");
     (go, task)
@@ -326,7 +327,7 @@ async fn a_loader_error_reaches_every_waiter(env: Env) {
     }
     for t in tasks {
         let e = t.await.unwrap().unwrap_err();
-        assert!(e.is_loader(), "{e}");
+        assert!(e.loader().is_some(), "{e}");
     }
     assert_eq!(cache.get::<Row>("k").await.unwrap(), None, "nothing cached");
 }

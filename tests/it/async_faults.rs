@@ -397,3 +397,108 @@ fn a_batch_longer_than_io_timeout_succeeds_when_each_round_is_answered_in_time()
     assert!(keys.iter().zip(&values).all(|(k, v)| got.get(k) == Some(v)));
     rt.block_on(still_healthy(&cache));
 }
+
+/// The levels of an error's chain, as anyhow's `{:#}` joins them.
+fn levels(e: &newcache::Error) -> Vec<String> {
+    let mut out = vec![e.to_string()];
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        out.push(c.to_string());
+        cause = c.source();
+    }
+    out
+}
+
+/// Each level of `e`'s chain says its part once: through anyhow's `{:#}`, the kind and the
+/// server appear once, and no level repeats another's text. Returns that one line.
+#[track_caller]
+fn said_once(e: &newcache::Error, addr: &str) -> String {
+    let line = format!("{:#}", anyhow::Error::from(e.clone()));
+    assert_eq!(line, levels(e).join(": "));
+    for phrase in ["backend error", "timed out:", addr] {
+        assert!(
+            line.matches(phrase).count() <= 1,
+            "{phrase:?} twice: {line}"
+        );
+    }
+    let levels = levels(e);
+    for (i, a) in levels.iter().enumerate() {
+        for b in &levels[i + 1..] {
+            assert!(!a.contains(b.as_str()), "{a:?} repeats {b:?}: {line}");
+        }
+    }
+    line
+}
+
+/// Issue "A new user's afternoon", 4: `{e}` alone says what failed and why (the server, and
+/// that it could not connect or got no reply), anyhow's `{:#}` says each level once, and once
+/// the server is marked dead its fail-fast error's source is the fault that marked it: a
+/// refused connect and a hung server are told apart (`last_fault().is_timeout()`), on both
+/// front ends.
+#[test]
+fn errors_say_what_failed_and_why_once_and_a_dead_server_its_last_fault() {
+    use crate::fixture::unique_flavor;
+    use crate::front::{BuildFor, Front};
+    for front in [Front::Sync, Front::Async] {
+        for hung in [false, true] {
+            let mut server = Memcached::start();
+            let addr = server.addr();
+            let cache = Cache::builder()
+                .memcached([addr.as_str()])
+                .flavor(unique_flavor("why"))
+                .read_failures(FailurePolicy::Propagate)
+                .connect_timeout(Duration::from_millis(500))
+                .io_timeout(Duration::from_millis(200))
+                .failure_limit(2)
+                .retry_interval(Duration::from_secs(60))
+                .build_front(front);
+            let case = format!("{front:?}, hung {hung}");
+            if hung {
+                server.signal("STOP");
+            } else {
+                server.kill(); // a closed port: every connect is refused
+            }
+            let first = cache.get::<String>("k").unwrap_err();
+            let shown = first.to_string();
+            assert!(shown.contains(&addr), "{case}: {shown}");
+            if hung {
+                assert!(first.is_timeout(), "{case}: {shown}");
+                assert!(shown.contains("no reply"), "{case}: {shown}");
+            } else {
+                assert!(first.is_backend() && !first.is_timeout(), "{case}: {shown}");
+                assert!(shown.contains("could not connect"), "{case}: {shown}");
+                let line = said_once(&first, &addr);
+                assert!(line.to_lowercase().contains("refused"), "{case}: {line}");
+            }
+            said_once(&first, &addr);
+            // the second fault marks it dead; the next call fails fast
+            let _ = cache.get::<String>("k").unwrap_err();
+            let dead = cache.get::<String>("k").unwrap_err();
+            let line = said_once(&dead, &addr);
+            assert!(dead.to_string().contains("marked dead"), "{case}: {line}");
+            let fault = std::error::Error::source(&dead)
+                .and_then(|s| s.downcast_ref::<newcache::Error>())
+                .unwrap_or_else(|| panic!("{case}: the last fault is the source: {line}"));
+            assert!(
+                std::ptr::eq(dead.last_fault().expect("last_fault"), fault),
+                "{case}"
+            );
+            assert_eq!(fault.is_timeout(), hung, "{case}: {line}");
+            assert!(
+                line.contains(if hung {
+                    "no reply"
+                } else {
+                    "could not connect"
+                }),
+                "{case}: {line}"
+            );
+            eprintln!(
+                "{case}:\n  {first}\n  {:#}\n  {line}",
+                anyhow::Error::from(first.clone())
+            );
+            if hung {
+                server.signal("CONT");
+            }
+        }
+    }
+}

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
-use newcache::{AsyncCache, Cache, CacheBuilder, Herd, Result, Stats, Ttl};
+use newcache::{AsyncCache, Cache, CacheBuilder, Herd, LoadError, Result, Stats, Ttl};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -230,11 +230,16 @@ impl TestCache {
     /// The loader is a sync closure that may block (sleep, wait on a barrier). The async front
     /// end runs it on a thread of its own and awaits its result, as an async loader awaits a
     /// database, so that the future keeps being polled meanwhile (claims are renewed inside it).
-    pub fn get_or_set_with<T, F, E>(&self, key: &str, ttl: impl Into<Ttl>, loader: F) -> Result<T>
+    pub fn get_or_set_with<T, F, E>(
+        &self,
+        key: &str,
+        ttl: impl Into<Ttl>,
+        loader: F,
+    ) -> Result<T, LoadError<E>>
     where
         T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
         F: FnOnce() -> std::result::Result<T, E> + Send,
-        E: Into<Box<dyn std::error::Error + Send + Sync>> + Send + 'static,
+        E: std::error::Error + Send + Sync + 'static,
     {
         match self {
             TestCache::Sync(c) => c.get_or_set_with(key, ttl, loader),
@@ -250,11 +255,11 @@ impl TestCache {
         key: &str,
         ttl: impl Into<Ttl>,
         loader: F,
-    ) -> Result<T>
+    ) -> Result<T, LoadError<E>>
     where
         T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
         F: FnOnce() -> std::result::Result<T, E> + Send + 'static,
-        E: Into<Box<dyn std::error::Error + Send + Sync>> + Send + 'static,
+        E: std::error::Error + Send + Sync + 'static,
     {
         match self {
             TestCache::Sync(c) => c.get_or_set_with_background(key, ttl, loader),
@@ -272,12 +277,12 @@ impl TestCache {
         keys: &[K],
         ttl: impl Into<Ttl>,
         loader: F,
-    ) -> Result<HashMap<String, T>>
+    ) -> Result<HashMap<String, T>, LoadError<E>>
     where
         T: Serialize + DeserializeOwned + Send + 'static,
         K: AsRef<str> + Sync,
         F: FnOnce(&[String]) -> std::result::Result<HashMap<String, T>, E> + Send,
-        E: Into<Box<dyn std::error::Error + Send + Sync>> + Send + 'static,
+        E: std::error::Error + Send + Sync + 'static,
     {
         match self {
             TestCache::Sync(c) => c.get_many_or_set_with(keys, ttl, loader),

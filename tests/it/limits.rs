@@ -60,7 +60,7 @@ fn a_get_of_a_stale_item_at_the_limit_keeps_it_for_loaders(env: &Env) {
         Err(e) => panic!(
             "a loader after a plain get of a stale value at the limit: {e} (wait timeout: {}; \
              a value with room is served stale here)",
-            e.is_wait_timeout()
+            e.cache().is_some_and(newcache::Error::is_wait_timeout)
         ),
     }
 }

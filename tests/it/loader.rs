@@ -24,6 +24,7 @@ crate::on_every_backend!(
     one_load_across_four_caches_sharing_a_backend,
     one_load_among_32_threads_for_a_stale_key,
     loader_error_is_typed_and_nothing_is_cached,
+    a_loaders_own_error_comes_back_typed_to_its_followers,
     waiters_of_a_failed_load_get_the_error,
     a_panicking_loader_leaves_no_one_waiting,
     lease_takeover_after_a_dead_holder,
@@ -149,6 +150,12 @@ fn loader_error_is_typed_and_nothing_is_cached(env: &Env) {
     let e = cache
         .get_or_set_with::<String, _, _>("k", S(60), || Err(io::Error::other("db down")))
         .unwrap_err();
+    let newcache::LoadError::Loader(typed) = &e else {
+        panic!("the loader's error, typed: {e}")
+    };
+    assert_eq!(typed.to_string(), "db down");
+    // `?` into newcache::Result: an is_loader error whose source is the loader's
+    let e = newcache::Error::from(e);
     assert!(e.is_loader(), "{e}");
     let source = std::error::Error::source(&e).expect("the loader's error");
     assert_eq!(source.to_string(), "db down");
@@ -162,6 +169,103 @@ fn loader_error_is_typed_and_nothing_is_cached(env: &Env) {
     assert_eq!(cache.stats().loader_errors, 1);
 }
 
+/// A service's own error type, as a loader returns it.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+enum AppError {
+    #[error("no such user")]
+    NotFound,
+}
+
+/// Issue "A new user's afternoon", 5: a loader's `AppError::NotFound` comes back typed (no
+/// `source()` downcast) to the caller and to the threads of this process that joined its load
+/// (the same `Arc`); a follower whose loader has another error type gets the cache's
+/// `is_loader()` error, its source the `AppError`; converted with `?` (into newcache's `Error`,
+/// then anyhow), the `AppError` is still found by downcasting along the chain.
+fn a_loaders_own_error_comes_back_typed_to_its_followers(env: &Env) {
+    let cache = env.cache();
+    let calls = AtomicUsize::new(0);
+    let followers = 7;
+    let results = herd(followers + 1, |i| {
+        let load = || {
+            calls.fetch_add(1, Ordering::SeqCst);
+            // Hold the load until every other caller waits on it (a lease wait each).
+            let deadline = Instant::now() + S(10);
+            while (cache.stats().lease_waits as usize) < followers && Instant::now() < deadline {
+                thread::sleep(MS(1));
+            }
+            Err(AppError::NotFound)
+        };
+        if i == 0 {
+            // another error type, joining the load once it runs
+            assert!(wait_for(&calls, 1), "the load started");
+            let r = cache.get_or_set_with::<String, _, _>("user:7", S(60), || {
+                load().map_err(|_| io::Error::other("never"))
+            });
+            Err(r.unwrap_err().into_cache_error())
+        } else {
+            Ok(cache.get_or_set_with::<String, _, _>("user:7", S(60), load))
+        }
+    });
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "one load");
+    let mut typed: Vec<Arc<AppError>> = Vec::new();
+    for r in results {
+        match r {
+            Ok(Err(newcache::LoadError::Loader(e))) => typed.push(e),
+            Ok(other) => panic!("the loader's error, typed: {other:?}"),
+            Err(e) => {
+                // the follower with io::Error as its type: the cache's error, the AppError in it
+                assert!(e.is_loader(), "{e}");
+                let source = std::error::Error::source(&e).expect("the loader's error");
+                assert_eq!(source.downcast_ref::<AppError>(), Some(&AppError::NotFound));
+            }
+        }
+    }
+    assert_eq!(
+        typed.len(),
+        followers,
+        "the leader and its AppError followers"
+    );
+    assert!(typed.iter().all(|e| **e == AppError::NotFound));
+    assert!(
+        typed.windows(2).all(|w| Arc::ptr_eq(&w[0], &w[1])),
+        "one shared error"
+    );
+    assert_eq!(
+        cache.get::<String>("user:7").unwrap(),
+        None,
+        "nothing cached"
+    );
+
+    // `?` into newcache::Result, then into anyhow: the AppError is on the chain
+    let via =
+        |r: Result<String, newcache::LoadError<AppError>>| -> newcache::Result<String> { Ok(r?) };
+    let e = via(cache.get_or_set_with("user:8", S(60), || Err(AppError::NotFound))).unwrap_err();
+    assert!(e.is_loader(), "{e}");
+    let source = std::error::Error::source(&e).expect("the loader's error");
+    assert_eq!(source.downcast_ref::<AppError>(), Some(&AppError::NotFound));
+    let any = anyhow::Error::from(e);
+    assert_eq!(
+        any.chain().find_map(|c| c.downcast_ref::<AppError>()),
+        Some(&AppError::NotFound)
+    );
+    assert_eq!(
+        format!("{any:#}"),
+        "loader failed: the loader returned an error: no such user"
+    );
+    // a LoadError itself through anyhow: downcast to it, or find the AppError on the chain
+    let r = cache.get_or_set_with::<String, _, _>("user:9", S(60), || Err(AppError::NotFound));
+    let any = anyhow::Error::from(r.unwrap_err());
+    let back = any
+        .downcast_ref::<newcache::LoadError<AppError>>()
+        .expect("a LoadError");
+    assert_eq!(back.loader(), Some(&AppError::NotFound));
+    assert_eq!(
+        any.chain().find_map(|c| c.downcast_ref::<AppError>()),
+        Some(&AppError::NotFound)
+    );
+    assert_eq!(format!("{any:#}"), "loader failed: no such user");
+}
+
 fn waiters_of_a_failed_load_get_the_error(env: &Env) {
     let cache = env.cache();
     let calls = AtomicUsize::new(0);
@@ -173,10 +277,8 @@ fn waiters_of_a_failed_load_get_the_error(env: &Env) {
         })
     });
     assert!(results.iter().all(|r| {
-        r.as_ref().is_err_and(|e| {
-            e.is_loader()
-                && std::error::Error::source(e).is_some_and(|s| s.to_string() == "db down")
-        })
+        r.as_ref()
+            .is_err_and(|e| e.loader().is_some_and(|s| s.to_string() == "db down"))
     }));
     // In-process waiters share the failure; a caller that arrived after the lease was released
     // may load once more (serially, never as a herd).
@@ -271,7 +373,7 @@ fn wait_bound_is_an_error_not_a_second_load(env: &Env) {
         "no loader runs under a live holder"
     );
     for r in &got {
-        let e = r.as_ref().unwrap_err();
+        let e = r.as_ref().unwrap_err().cache().expect("the cache's error");
         assert!(e.is_wait_timeout() && !e.is_backend(), "{e}");
     }
     // gave up at max_wait (measured in whole milliseconds), not at once, and not much later
@@ -383,7 +485,7 @@ fn serve_stale_on_error_is_bounded(env: &Env) {
     );
     env.advance(S(20));
     let e = cache.get_or_set_with("k", S(10), failing).unwrap_err();
-    assert!(e.is_loader(), "age 36 s > 30 s: {e}");
+    assert!(e.loader().is_some(), "age 36 s > 30 s: {e}");
     // without the option the error comes back at once
     let strict = env.cache();
     strict.set("j", "old", S(10)).unwrap();
@@ -392,7 +494,8 @@ fn serve_stale_on_error_is_bounded(env: &Env) {
         strict
             .get_or_set_with("j", S(10), failing)
             .unwrap_err()
-            .is_loader()
+            .loader()
+            .is_some()
     );
 }
 

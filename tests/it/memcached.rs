@@ -578,7 +578,7 @@ fn a_server_without_cas_fails_clearly_and_blocks_no_one() {
                 Ok::<_, std::io::Error>(5u8)
             })
             .unwrap_err();
-        no_cas(e);
+        no_cas(e.into());
         assert_eq!(loads.load(Ordering::SeqCst), 0);
         assert_eq!(raw.get::<Vec<u8>>(&cache.make_key("k")).unwrap(), None);
         // the batch loader loads its keys without storing them (as a failed server's): the
@@ -606,7 +606,7 @@ fn a_server_without_cas_fails_clearly_and_blocks_no_one() {
         let e = cache
             .get_or_set_with("old", S(60), || Ok::<_, std::io::Error>(9u8))
             .unwrap_err();
-        no_cas(e);
+        no_cas(e.into());
     }
 }
 

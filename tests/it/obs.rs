@@ -617,7 +617,7 @@ mod metrics_tests {
                 Err::<u32, _>(std::io::Error::other("db down"))
             })
             .unwrap_err(); // a miss, then a failing load
-        assert!(e.is_loader());
+        assert!(e.loader().is_some());
         cache.set("aging", "old", Duration::from_secs(1)).unwrap();
         env.advance(Duration::from_secs(2));
         // The first reader of a stale entry claims it (a miss: it recomputes); the next is
@@ -642,6 +642,7 @@ mod metrics_tests {
             .get_or_set_with("busy", Duration::from_secs(60), || {
                 Ok::<_, std::io::Error>(1)
             })
+            .map_err(newcache::Error::from)
             .unwrap_err();
         assert!(e.is_wait_timeout(), "{e}");
 

@@ -122,11 +122,13 @@ pub async fn read_async(
             .get_or_set_with_background(key, ttl, move || async move {
                 loader.load(&AtomicBool::new(false)).await
             })
-            .await;
+            .await
+            .map_err(Into::into);
     }
     cache
         .get_or_set_with(key, ttl, || loader.load(loaded))
         .await
+        .map_err(Into::into)
 }
 
 /// The memcached counter that counts a run's loads.
@@ -290,10 +292,14 @@ impl Reader<'_> {
                     }
                 }
             }
-            Mode::Default | Mode::Early => cache.get_or_set_with(key, ttl, || self.loader.load()),
+            Mode::Default | Mode::Early => cache
+                .get_or_set_with(key, ttl, || self.loader.load())
+                .map_err(Into::into),
             Mode::Background => {
                 let loader = self.loader.clone();
-                cache.get_or_set_with_background(key, ttl, move || loader.load())
+                cache
+                    .get_or_set_with_background(key, ttl, move || loader.load())
+                    .map_err(Into::into)
             }
             Mode::Async | Mode::AsyncBackground => Err(newcache::Error::from(
                 std::io::Error::other("async modes read through AsyncReader"),

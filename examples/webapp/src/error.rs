@@ -101,6 +101,14 @@ impl From<newcache::Error> for Error {
     }
 }
 
+/// A cached call's error: the loader's own (this crate's `Error`, shared with the requests
+/// that waited for the same load) keeps its status through `Error::Cache`'s `is_loader` form.
+impl From<newcache::LoadError<Error>> for Error {
+    fn from(e: newcache::LoadError<Error>) -> Self {
+        Error::Cache(e.into())
+    }
+}
+
 impl From<std::io::Error> for Error {
     fn from(e: std::io::Error) -> Self {
         Error::Io(e)

@@ -606,7 +606,7 @@ pub(super) async fn run(
     .await
     {
         Ok(Ok(s)) => s.set_nodelay(true).map(|()| s).map_err(Error::from),
-        Ok(Err(e)) => Err(Error::from(e)),
+        Ok(Err(e)) => Err(Error::io(e, "could not connect")),
         Err(_) => Err(Error::new(
             ErrorKind::Timeout,
             format!("could not connect in time ({:?})", settings.connect_timeout),

@@ -54,7 +54,7 @@ use super::memcached::outage;
 use super::memcached::routing::Routing;
 use super::memcached::wire::{self, Slot};
 use super::{AsyncBackend, BoxFuture, Item, StoreOutcome, Write, max_value_size};
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, Result};
 use crate::ping::{PING_KEY, PingError, PingFailure};
 
 /// The settings a connection needs, copied from the configuration.
@@ -156,6 +156,7 @@ impl Server {
     /// in-flight ops still get answers, then they end; the next ops fail fast until a probe.
     fn fault(&self, probe: bool, e: &Error) {
         let s = &self.settings;
+        self.health.note_fault(e);
         if self
             .health
             .failure(s.now_ms(), s.failure_limit, s.retry_interval, probe)
@@ -211,14 +212,7 @@ impl Server {
                 .health
                 .gate(self.settings.now_ms(), self.settings.retry_interval);
             if gate == Gate::FailFast {
-                return Err(Error::new(
-                    ErrorKind::Backend,
-                    format!(
-                        "memcached at {} is marked dead (probed again later)",
-                        self.addr
-                    ),
-                )
-                .at_server(&self.addr));
+                return Err(self.health.dead_error(&self.addr));
             }
             let (ops, conn) = {
                 let mut live = self.slots[slot].lock();

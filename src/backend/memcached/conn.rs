@@ -161,9 +161,7 @@ impl Conn {
     ) -> Result<Conn> {
         let addrs: Vec<SocketAddr> = addr
             .to_socket_addrs()
-            .map_err(|e| {
-                Error::with_source(ErrorKind::Backend, format!("cannot resolve {addr}"), e)
-            })?
+            .map_err(|e| Error::with_source(ErrorKind::Backend, "cannot resolve its address", e))?
             .collect();
         let started = Instant::now();
         let mut last = None;
@@ -196,10 +194,10 @@ impl Conn {
             || {
                 Error::new(
                     ErrorKind::Timeout,
-                    format!("could not connect to {addr} in time"),
+                    format!("could not connect in time ({connect_timeout:?})"),
                 )
             },
-            Error::from,
+            |e| Error::io(e, "could not connect"),
         ))
     }
 

@@ -20,6 +20,8 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
+use crate::error::Error;
+
 /// A duration in whole milliseconds, at least 1, saturating.
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
@@ -51,6 +53,26 @@ pub(crate) struct Health {
     revived_ms: AtomicU64,
     /// The invalidations it missed, replayed before it serves again.
     pub(crate) missed: super::outage::Missed,
+    /// The last transport fault, for the errors of the calls refused while it is dead.
+    last_fault: LastFault,
+}
+
+/// The last transport fault seen on a server: what its "marked dead" errors give as their
+/// source, so a caller can tell a refused connect from a timeout.
+#[derive(Debug, Default)]
+pub(crate) struct LastFault(parking_lot::Mutex<Option<Error>>);
+
+impl Health {
+    /// Remembers `e` as the server's last fault (call it with every [`failure`](Health::failure)).
+    pub(crate) fn note_fault(&self, e: &Error) {
+        *self.last_fault.0.lock() = Some(e.as_last_fault());
+    }
+
+    /// The error for a call refused because the server at `addr` is marked dead, its source
+    /// the last fault.
+    pub(crate) fn dead_error(&self, addr: &str) -> Error {
+        Error::marked_dead(addr, self.last_fault.0.lock().clone())
+    }
 }
 
 impl Health {

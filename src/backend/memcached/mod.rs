@@ -24,7 +24,7 @@ use self::health::Gate;
 use self::routing::Routing;
 use self::server::{CheckoutError, Pooled, Server};
 use super::{Backend, Item, StoreMode, StoreOutcome, Write, max_value_size};
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, Result};
 use crate::ping::{PING_KEY, PingError, PingFailure};
 
 /// memcached over its text protocol (which proxies such as twemproxy and mcrouter also speak).
@@ -170,14 +170,7 @@ impl MemcachedBackend {
                 return Err(Refused {
                     probe: false,
                     connect_fault: false,
-                    error: Error::new(
-                        ErrorKind::Backend,
-                        format!(
-                            "memcached at {} is marked dead (probed again later)",
-                            server.addr
-                        ),
-                    )
-                    .at_server(&server.addr),
+                    error: server.health.dead_error(&server.addr),
                 });
             }
             Gate::Probe => true,
@@ -206,6 +199,7 @@ impl MemcachedBackend {
         let server = &self.servers[i];
         let now = self.now_ms();
         if let Some(e) = fault {
+            server.health.note_fault(e);
             if server
                 .health
                 .failure(now, self.failure_limit, self.retry_interval, probe)
