@@ -190,6 +190,12 @@ pub(crate) enum Parsed<'a> {
 /// header, the 0.1.0 format) is a decode error that says what it saw. A newer format is not an
 /// error: readers count it as a miss, so a rolling deploy never turns reads into errors.
 pub(crate) fn decode(flags: u32, bytes: &[u8]) -> Result<Parsed<'_>> {
+    if flags == COUNTER_FLAGS && crate::backend::parse_counter(bytes).is_some() {
+        return Err(Error::decode(
+            "a counter, not a value: memcached flags 0 and decimal digits (read it with \
+             get_counter, change it with incr or incr_or_create)",
+        ));
+    }
     if flags != FLAGS {
         return Err(Error::decode(format!(
             "not a newcache item: memcached flags are {flags:#x} (another client wrote this key?)"
@@ -507,6 +513,10 @@ mod tests {
         rejects(FLAGS, b"\x80\x04\x95\x00"); // a pickle
         rejects(FLAGS, b"a:1:{s:1:\"x\";i:1;}"); // PHP serialize
         rejects(1, &good); // right bytes, foreign flags
+        let counter = decode(COUNTER_FLAGS, b"42 ").unwrap_err();
+        assert!(counter.to_string().contains("get_counter"), "{counter}");
+        let other = decode(COUNTER_FLAGS, b"text").unwrap_err();
+        assert!(other.to_string().contains("another client"), "{other}");
         rejects(FLAGS, b"NC\x01\x01\x00\x00"); // the 0.1.0 format
         rejects(FLAGS, &good[..good.len() - 2]); // truncated
         let mut bad = good.clone();
