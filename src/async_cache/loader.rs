@@ -219,6 +219,7 @@ where
         _: &Cache,
         _: &AsyncDriver<'d>,
         held: AsyncLease,
+        _: &str,
         _: Ttl,
     ) -> Option<(Self, AsyncLease)> {
         // Called only for a held value that others are being served: the refresh runs inline.
@@ -241,6 +242,7 @@ where
         _: &Cache,
         _: &AsyncDriver<'d>,
         held: AsyncLease,
+        _: &str,
         _: Ttl,
     ) -> Option<(Self, AsyncLease)> {
         Some((self, held))
@@ -265,6 +267,7 @@ where
         cache: &Cache,
         driver: &AsyncDriver<'d>,
         held: AsyncLease,
+        key: &str,
         ttl: Ttl,
     ) -> Option<(Self, AsyncLease)> {
         // Without a runtime to spawn on, the refresh runs inline.
@@ -273,10 +276,11 @@ where
         };
         let running = Running::start(driver.0);
         let cache = cache.clone();
+        let key = key.to_string();
         rt.spawn(async move {
             let d = AsyncDriver(&running.0);
             // A failed refresh (counted in stats) gives the claim back: the next reader retries.
-            let _ = cache.run_loader(&d, held, ttl, Inline(self.0)).await;
+            let _ = cache.run_loader(&d, held, &key, ttl, Inline(self.0)).await;
             drop(running);
         });
         None

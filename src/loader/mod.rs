@@ -41,6 +41,7 @@ pub(crate) trait Load<T, D: Driver>: Sized {
         cache: &Cache,
         driver: &D,
         held: D::Held,
+        key: &str,
         ttl: Ttl,
     ) -> Option<(Self, D::Held)>;
 }
@@ -61,6 +62,7 @@ where
         _: &Cache,
         _: &Blocking<'d>,
         held: <Blocking<'d> as Driver>::Held,
+        _: &str,
         _: Ttl,
     ) -> Option<(Self, <Blocking<'d> as Driver>::Held)> {
         Some((self, held))
@@ -84,16 +86,18 @@ where
         cache: &Cache,
         _: &Blocking<'d>,
         held: <Blocking<'d> as Driver>::Held,
+        key: &str,
         ttl: Ttl,
     ) -> Option<(Self, <Blocking<'d> as Driver>::Held)> {
         let cache = cache.clone();
+        let key = key.to_string();
         // A failed refresh (counted in stats) lets the claim lapse, and the entry is claimed again
         // after lease_ttl; so does a thread that could not be spawned (the lease is dropped).
         let _ = thread::Builder::new()
             .name("newcache-refresh".into())
             .spawn(move || {
                 let io = cache.blocking();
-                ready(cache.run_loader(&io, held, ttl, Inline(self.0)))
+                ready(cache.run_loader(&io, held, &key, ttl, Inline(self.0)))
             });
         None
     }
@@ -252,7 +256,8 @@ impl Cache {
             }
             // Everything past a hit is boxed: the future of a hit stays small (every caller
             // moves it, and a web framework boxes it per request).
-            Box::pin(self.coalesce_or_lead(d, &derived, ttl, loader, deadline, (m, first))).await
+            let keys = (key, derived.as_str());
+            Box::pin(self.coalesce_or_lead(d, keys, ttl, loader, deadline, (m, first))).await
         }
         .instrument(span)
         .await
@@ -314,7 +319,7 @@ impl Cache {
     async fn coalesce_or_lead<T, D, L>(
         &self,
         d: &D,
-        derived: &str,
+        keys: (&str, &str),
         ttl: Ttl,
         loader: L,
         deadline: Instant,
@@ -328,7 +333,7 @@ impl Cache {
         let mut first = Some(first);
         let mut loader = Some(loader);
         loop {
-            match self.inner.coalescer.join(derived) {
+            match self.inner.coalescer.join(keys.1) {
                 Role::Leader(mut leader) => {
                     let (m, action) = first
                         .take()
@@ -337,7 +342,7 @@ impl Cache {
                         return Err(self.waited_out());
                     };
                     let r = self
-                        .lead(d, derived, ttl, loader, Some(&mut leader), m, action)
+                        .lead(d, keys, ttl, loader, Some(&mut leader), m, action)
                         .await;
                     leader.publish(match &r {
                         Ok(v) => Outcome::Value(Arc::new(v.clone())),
@@ -358,7 +363,7 @@ impl Cache {
                                     return Err(self.waited_out());
                                 };
                                 return self
-                                    .lead(d, derived, ttl, loader, None, m, Action::Read)
+                                    .lead(d, keys, ttl, loader, None, m, Action::Read)
                                     .await;
                             }
                         },
@@ -400,7 +405,7 @@ impl Cache {
     async fn lead<T, D, L>(
         &self,
         d: &D,
-        derived: &str,
+        keys: (&str, &str),
         ttl: Ttl,
         loader: L,
         leader: Option<&mut Leader<'_>>,
@@ -414,11 +419,9 @@ impl Cache {
     {
         let s = &self.inner.stats;
         loop {
-            let found = match self.drive_on(d, derived, &mut m, action).await? {
+            let found = match self.drive_on(d, keys.1, &mut m, action).await? {
                 Step::Load(grant) => {
-                    return self
-                        .load_granted(d, derived, ttl, loader, grant, leader)
-                        .await;
+                    return self.load_granted(d, keys, ttl, loader, grant, leader).await;
                 }
                 Step::Done(found) => found,
             };
@@ -435,6 +438,12 @@ impl Cache {
                 Found::Newer => {
                     Counters::bump(&s.newer_format);
                     Counters::bump(&s.misses);
+                    return self.load_unclaimed(loader).await;
+                }
+                // The last load's value could not be stored: load it at once, unclaimed.
+                Found::NotStorable => {
+                    Counters::bump(&s.misses);
+                    Counters::bump(&s.not_storable_loads);
                     return self.load_unclaimed(loader).await;
                 }
                 // The backend is down (and the read policy absorbed it): nothing can be claimed.
@@ -456,7 +465,7 @@ impl Cache {
     async fn load_granted<T, D, L>(
         &self,
         d: &D,
-        derived: &str,
+        (key, derived): (&str, &str),
         ttl: Ttl,
         loader: L,
         grant: Grant,
@@ -481,7 +490,7 @@ impl Cache {
             Some((v, header, _, true)) => {
                 let written_ms = header.written_ms;
                 Counters::bump(&s.misses);
-                return match self.run_loader(d, lease, ttl, loader).await {
+                return match self.run_loader(d, lease, key, ttl, loader).await {
                     Err(e) if e.is_loader() && self.young_enough(written_ms) => {
                         Counters::bump(&s.stale_on_error);
                         Ok(v)
@@ -492,7 +501,7 @@ impl Cache {
             Some((v, header, early, false)) => (v, header, early),
             None => {
                 Counters::bump(&s.misses);
-                return self.run_loader(d, lease, ttl, loader).await;
+                return self.run_loader(d, lease, key, ttl, loader).await;
             }
         };
         Counters::bump(if early { &s.early_refreshes } else { &s.misses });
@@ -500,10 +509,10 @@ impl Cache {
         if let Some(l) = leader {
             l.publish(Outcome::Value(Arc::new(v.clone())));
         }
-        let Some((loader, lease)) = loader.refresh_in_background(self, d, lease, ttl) else {
+        let Some((loader, lease)) = loader.refresh_in_background(self, d, lease, key, ttl) else {
             return Ok(v);
         };
-        match self.run_loader(d, lease, ttl, loader).await {
+        match self.run_loader(d, lease, key, ttl, loader).await {
             Ok(fresh) => Ok(fresh),
             // An early refresh failed: the value we hold is served while it may be.
             Err(e) if e.is_loader() && early && self.still_servable(&held_header) => Ok(v),
@@ -538,6 +547,7 @@ impl Cache {
         &self,
         d: &D,
         mut lease: D::Held,
+        key: &str,
         ttl: Ttl,
         loader: L,
     ) -> Result<T>
@@ -567,27 +577,32 @@ impl Cache {
             return Ok(v);
         }
         let (bytes, exptime) = match self.encode(&v, life, Herd::Protected, load_ms(started)) {
-            Ok(encoded) => encoded,
+            Ok(encoded)
+                if self
+                    .check_room(&encoded.0, d.max_value_size(lease.key()))
+                    .is_ok() =>
+            {
+                encoded
+            }
+            // Too large to store: the claim is completed with a "not storable" marker instead
+            // (the same fenced `cas`), so that every caller loads it at once, not in turn.
+            Ok((bytes, _)) => {
+                self.loaded_too_large(lease.key(), key, bytes.len());
+                self.not_storable_marker(life)
+            }
             Err(e) if e.is_too_large() => {
-                self.loaded_too_large(lease.key(), 0);
-                return Ok(v);
+                self.loaded_too_large(lease.key(), key, 0);
+                self.not_storable_marker(life)
             }
             Err(e) => return Err(e),
         };
-        if self
-            .check_room(&bytes, d.max_value_size(lease.key()))
-            .is_err()
-        {
-            self.loaded_too_large(lease.key(), bytes.len());
-            return Ok(v);
-        }
         let key_of_lease = lease.key().to_string();
         match lease.complete(&bytes, exptime).await {
             Ok(Completed::Stored) => {}
             Ok(Completed::Superseded) => Counters::bump(&s.loads_superseded),
             // The caller has its value: a store that failed (the guard, dropped, released the
             // claim) is counted, not returned.
-            Err(e) if e.is_too_large() => self.loaded_too_large(&key_of_lease, bytes.len()),
+            Err(e) if e.is_too_large() => self.loaded_too_large(&key_of_lease, key, bytes.len()),
             Err(e) => {
                 s.backend_error(&e);
                 if e.is_backend() {

@@ -168,6 +168,18 @@ impl Buf {
     }
 }
 
+/// Every event a subscriber at `level` on this thread writes while `f` runs.
+pub(crate) fn logs_at(level: tracing::Level, f: impl FnOnce()) -> String {
+    let buf = Buf::default();
+    let writer = buf.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(level)
+        .with_writer(move || writer.clone())
+        .finish();
+    tracing::subscriber::with_default(subscriber, f);
+    buf.text()
+}
+
 /// Everything a TRACE subscriber on this thread writes while `f` runs: every event, and every
 /// span when it is created, entered, exited and closed, with all its fields.
 fn traces_of(f: impl FnOnce()) -> String {
