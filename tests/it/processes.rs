@@ -1,5 +1,6 @@
 //! Several processes on one memcached: the test binary runs copies of itself as the other
-//! processes (a child runs `processes::child` or `processes::unstorable_child` with the parent's instructions in its environment).
+//! processes (a child runs `processes::child` or `processes::unstorable_child` with the
+//! parent's instructions in its environment).
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
