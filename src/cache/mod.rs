@@ -403,3 +403,47 @@ impl Cache {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::WARNED_KEYS;
+
+    #[derive(Clone, Default)]
+    struct Buf(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Buf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn too_large_is_warned_once_per_key_up_to_a_bound() {
+        let cache = super::Cache::builder().in_memory().build().unwrap();
+        let buf = Buf::default();
+        let writer = buf.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::WARN)
+            .with_writer(move || writer.clone())
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            for _ in 0..2 {
+                for i in 0..WARNED_KEYS + 10 {
+                    cache.loaded_too_large(&format!("d{i}"), "alice@example.com", 1);
+                }
+            }
+        });
+        let logs = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        assert_eq!(logs.lines().count(), WARNED_KEYS);
+        assert_eq!(logs.matches("the last key logged").count(), 1);
+        assert!(!logs.contains("alice"));
+        assert_eq!(cache.inner.warned_too_large.lock().len(), WARNED_KEYS);
+        assert_eq!(cache.stats().too_large, 2 * (WARNED_KEYS as u64 + 10));
+    }
+}

@@ -199,8 +199,10 @@ fn a_loaded_value_too_large_to_cache_is_returned(env: &Env) {
             .unwrap();
     });
     assert!(debug.contains("bob-7f3") && debug.contains(&cache.make_key("bob-7f3")));
-    // a get sees a miss; a set replaces the marker
+    // a get sees a miss; an add (or a set) replaces the marker
     assert_eq!(cache.get::<Vec<u8>>(USER_KEY).unwrap(), None);
+    assert!(cache.add(USER_KEY, &vec![2u8], S(60)).unwrap());
+    assert_eq!(cache.get::<Vec<u8>>(USER_KEY).unwrap(), Some(vec![2u8]));
     cache.set(USER_KEY, &vec![1u8], S(60)).unwrap();
     let v: Vec<u8> = cache
         .get_or_set_with(USER_KEY, S(60), || Ok::<_, std::io::Error>(big.clone()))
