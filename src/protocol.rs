@@ -682,6 +682,25 @@ impl Lease {
         self.token
     }
 
+    /// Whether this claim holds a value other readers are served meanwhile (a stale value
+    /// within its bound, claimed or displaced by a placeholder): a load whose result cannot be
+    /// stored then gives it back (`release`) rather than replacing it with a "not storable"
+    /// marker, so that readers keep being served it and one caller refreshes it at a time.
+    pub(crate) fn serves_others(&self, now_ms: u64) -> bool {
+        let header = match &self.restore {
+            Some(item) => match envelope::decode(item.flags, &item.value) {
+                Ok(Parsed::Item(h, _)) => h,
+                _ => return false,
+            },
+            None => self.header,
+        };
+        let unclaimed = Header {
+            claim_until_ms: 0,
+            ..header
+        };
+        header.kind != Kind::Placeholder && herd::servable(herd::judge(&unclaimed, now_ms, None))
+    }
+
     /// How often a running load renews its claim: a third of the lease, so that two renewals
     /// can fail before it lapses.
     pub(crate) fn renew_every(&self) -> Duration {
@@ -840,6 +859,10 @@ mod tests {
             panic!()
         };
         assert!(g.held.is_none());
+        assert!(
+            !g.lease.serves_others(1_000_000),
+            "a placeholder serves nobody"
+        );
         assert_eq!(g.lease.store_mode(), StoreMode::Cas(7));
         // a failed load removes the placeholder at once
         assert!(matches!(
@@ -908,6 +931,14 @@ mod tests {
         };
         let held = g.held.as_ref().expect("the stale value");
         assert_eq!(&held.item.value[held.offset..], b"v");
+        assert!(
+            g.lease.serves_others(1_000_020),
+            "a stale value others are served"
+        );
+        assert!(
+            !g.lease.serves_others(1_060_010),
+            "past its bound it serves nobody"
+        );
         // a failed load unclaims the stale value, keeping it
         let r = g.lease.release(at(21));
         let back = stored(&r, 3);

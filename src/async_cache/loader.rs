@@ -137,6 +137,9 @@ impl Claim for AsyncLease {
     fn key(&self) -> &str {
         AsyncLease::key(self)
     }
+    fn serves_others(&self, now_ms: u64) -> bool {
+        AsyncLease::serves_others(self, now_ms)
+    }
     fn renewing<F: Future>(&mut self, work: F) -> impl Future<Output = F::Output> {
         AsyncLease::renewing_all(vec![self], work)
     }

@@ -445,5 +445,20 @@ mod tests {
         assert!(!logs.contains("alice"));
         assert_eq!(cache.inner.warned_too_large.lock().len(), WARNED_KEYS);
         assert_eq!(cache.stats().too_large, 2 * (WARNED_KEYS as u64 + 10));
+        // at DEBUG, every occurrence, with the user key beside the derived one
+        let buf = Buf::default();
+        let writer = buf.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::DEBUG)
+            .with_writer(move || writer.clone())
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            cache.loaded_too_large("d1", "bob@example.com", 1);
+        });
+        let logs = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        assert!(
+            logs.contains("bob@example.com") && logs.contains("d1"),
+            "{logs}"
+        );
     }
 }

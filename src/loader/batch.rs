@@ -241,17 +241,21 @@ impl Cache {
                 let (bytes, exptime) = match self.encode(v, life, Herd::Protected, load_ms(started))
                 {
                     Ok(encoded) if self.check_room(&encoded.0, limit).is_ok() => encoded,
-                    // Too large: its claim is completed with a "not storable" marker instead.
                     Ok((bytes, _)) => {
                         self.loaded_too_large(lease.key(), k, bytes.len());
-                        self.not_storable_marker(life)
+                        self.too_large_marker(&lease, life)
                     }
                     Err(e) if e.is_too_large() => {
                         self.loaded_too_large(lease.key(), k, 0);
-                        self.not_storable_marker(life)
+                        self.too_large_marker(&lease, life)
                     }
                     Err(e) => return Err(e),
                 };
+                // Too large over a stale value others are served: dropping the lease gives
+                // it back unclaimed (as `get_or_set_with` does).
+                if bytes.is_empty() {
+                    continue;
+                }
                 names.push((k.as_str(), lease.key().to_string()));
                 batch.push((lease, bytes, exptime));
             }
@@ -289,6 +293,15 @@ impl Cache {
         }
         .instrument(span)
         .await
+    }
+
+    /// What a batch stores for a value too large to store: a "not storable" marker, or
+    /// nothing (empty bytes) when the claim holds a stale value others are served.
+    fn too_large_marker<C: Claim>(&self, lease: &C, life: Lifetime) -> (Vec<u8>, u32) {
+        if lease.serves_others(self.now_ms()) {
+            return (Vec::new(), 0);
+        }
+        self.not_storable_marker(life)
     }
 
     /// A batch key on a server without CAS (memcached `-C`): loaded and not stored. Counted

@@ -582,25 +582,29 @@ impl Cache {
             // A zero ttl stores nothing; the placeholder goes.
             return Ok(v);
         }
-        let (bytes, exptime) = match self.encode(&v, life, Herd::Protected, load_ms(started)) {
-            Ok(encoded)
-                if self
-                    .check_room(&encoded.0, d.max_value_size(lease.key()))
-                    .is_ok() =>
-            {
-                encoded
-            }
-            // Too large to store: the claim is completed with a "not storable" marker instead
-            // (the same fenced `cas`), so that every caller loads it at once, not in turn.
+        let limit = d.max_value_size(lease.key());
+        let encoded = match self.encode(&v, life, Herd::Protected, load_ms(started)) {
+            Ok(encoded) if self.check_room(&encoded.0, limit).is_ok() => Some(encoded),
             Ok((bytes, _)) => {
                 self.loaded_too_large(lease.key(), key, bytes.len());
-                self.not_storable_marker(life)
+                None
             }
             Err(e) if e.is_too_large() => {
                 self.loaded_too_large(lease.key(), key, 0);
-                self.not_storable_marker(life)
+                None
             }
             Err(e) => return Err(e),
+        };
+        let (bytes, exptime) = match encoded {
+            Some(encoded) => encoded,
+            // Too large to store, over a stale value others are served: dropping the lease
+            // gives it back unclaimed, and one caller at a time refreshes it while it may be
+            // served.
+            None if lease.serves_others(self.now_ms()) => return Ok(v),
+            // Too large, and nothing servable: the claim is completed with a "not storable"
+            // marker instead (the same fenced `cas`), so that callers load it at once rather
+            // than in turn behind each other's placeholders.
+            None => self.not_storable_marker(life),
         };
         let key_of_lease = lease.key().to_string();
         match lease.complete(&bytes, exptime).await {

@@ -20,6 +20,7 @@ crate::on_every_backend!(
     compressed_values_are_read_by_every_build,
     a_loaded_value_too_large_to_cache_is_returned,
     waiters_behind_an_unstorable_load_each_load_at_once,
+    a_stale_value_whose_refresh_is_too_large_is_still_served,
     an_over_long_derived_key_never_reaches_the_server,
     far_ttls_are_kept,
     touch_gives_a_value_a_new_lifetime,
@@ -161,6 +162,17 @@ fn a_loaded_value_too_large_to_cache_is_returned(env: &Env) {
     let cache = env.cache();
     let big = vec![7u8; 2 << 20];
     const USER_KEY: &str = "report:alice@example.com";
+    // tracing caches each callsite's interest when it is first hit: a first hit racing with
+    // the registration of this test's subscriber (tests run in parallel) could leave the
+    // warning unseen by it. Hit it once first, on a cache of its own.
+    let primer = newcache::Cache::builder()
+        .in_memory()
+        .item_size(1024)
+        .build()
+        .unwrap();
+    let _: Vec<u8> = primer
+        .get_or_set_with("primer", S(60), || Ok::<_, std::io::Error>(vec![0u8; 4096]))
+        .unwrap();
     let calls = AtomicUsize::new(0);
     let warnings = crate::obs::logs_at(tracing::Level::WARN, || {
         for _ in 0..3 {
@@ -192,13 +204,7 @@ fn a_loaded_value_too_large_to_cache_is_returned(env: &Env) {
         "{stats:?}"
     );
     assert_eq!(stats.lease_waits, 0, "{stats:?}");
-    // the user key is logged at DEBUG, for whoever traces a key there
-    let debug = crate::obs::logs_at(tracing::Level::DEBUG, || {
-        cache
-            .get_or_set_with("bob-7f3", S(60), || Ok::<_, std::io::Error>(big.clone()))
-            .unwrap();
-    });
-    assert!(debug.contains("bob-7f3") && debug.contains(&cache.make_key("bob-7f3")));
+    // (that the user key is logged at DEBUG is a unit test: cache::tests)
     // a get sees a miss; an add (or a set) replaces the marker
     assert_eq!(cache.get::<Vec<u8>>(USER_KEY).unwrap(), None);
     assert!(cache.add(USER_KEY, &vec![2u8], S(60)).unwrap());
@@ -232,9 +238,41 @@ fn a_loaded_value_too_large_to_cache_is_returned(env: &Env) {
     let stats = cache.stats();
     assert_eq!(
         (stats.too_large, stats.not_storable_loads),
-        (3, 3),
+        (2, 3),
         "{stats:?}"
     );
+}
+
+fn a_stale_value_whose_refresh_is_too_large_is_still_served(env: &Env) {
+    let cache = env.cache();
+    cache.set("k", &vec![1u8], S(10)).unwrap();
+    env.advance(S(11));
+    let big = vec![7u8; 2 << 20];
+    let v: Vec<u8> = cache
+        .get_or_set_with("k", S(10), || Ok::<_, std::io::Error>(big.clone()))
+        .unwrap();
+    assert_eq!(v.len(), big.len(), "the refresher gets its value");
+    // the stale value stays (given back unclaimed; the async front end gives it back from a
+    // task): a reader may claim it, the others are served it
+    let mut served = None;
+    for _ in 0..200 {
+        served = cache.get::<Vec<u8>>("k").unwrap();
+        if served.is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(served, Some(vec![1u8]));
+    // a batch that refreshes it (or is served it) leaves it too
+    let got = cache
+        .get_many_or_set_with(&["k"], S(10), |keys| {
+            Ok::<_, std::io::Error>(keys.iter().map(|k| (k.clone(), big.clone())).collect())
+        })
+        .unwrap();
+    assert!(got["k"] == vec![1u8] || got["k"].len() == big.len());
+    let stats = cache.stats();
+    assert_eq!(stats.not_storable_loads, 0, "no marker: {stats:?}");
+    assert!(stats.too_large >= 1, "{stats:?}");
 }
 
 /// Callers of two other processes wait behind one caller's placeholder; its value turns out
