@@ -47,8 +47,9 @@
 //! invalidation. Claims compare wall clocks across processes: processes sharing a cache are
 //! assumed to have clocks within a fraction of [`CacheBuilder::lease_ttl`] of each other.
 //!
-//! A loaded value too large for the backend is returned but cannot be stored: its holder
-//! stores a small *not storable* marker instead (by `cas` against its claim, as it would the
+//! A loaded value too large for the backend is returned but cannot be stored: unless it
+//! refreshes a stale value others are served (which stays, unclaimed), its holder stores a
+//! small *not storable* marker instead (by `cas` against its claim, as it would the
 //! value), for the value's ttl but at most a minute. While it lives, every caller loads the
 //! key itself at once, without claiming or waiting (callers of one process still share one
 //! load), and [`Cache::get`] reports a miss; a `set`, `add` or `delete` replaces it. The first

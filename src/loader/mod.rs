@@ -161,8 +161,9 @@ impl Cache {
     /// - **Early refresh** (off by default, [`early_refresh`](crate::CacheBuilder::early_refresh)):
     ///   a reader may claim a still-fresh entry shortly before its soft expiry (XFetch), so a
     ///   steady hot key is almost never seen stale.
-    /// - **A value too large to store** is returned, and its holder stores a small "not
-    ///   storable" marker instead (for the ttl, at most a minute): meanwhile every caller
+    /// - **A value too large to store** is returned. A stale value it was to replace stays
+    ///   (served to the others, unclaimed); otherwise its holder stores a small "not
+    ///   storable" marker (for the ttl, at most a minute): meanwhile every caller
     ///   (across processes; one per process, coalesced) loads the key at once, without waiting
     ///   for another's load, and stores nothing. Counted in
     ///   [`Stats::too_large`](crate::Stats::too_large) and
