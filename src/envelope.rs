@@ -66,6 +66,12 @@ pub(crate) struct Header {
     /// Whether the payload is a type's own bytes, not a codec's (flags bit 1): the response
     /// cache's pages.
     pub(crate) raw: bool,
+    /// A "not storable" marker (flags bit 2, on a placeholder with no claim): the last load's
+    /// value was too large to store, so every caller loads the key itself, unclaimed and
+    /// without waiting, until `expires_ms`. A build that does not know the bit reads the
+    /// item as a newer build's (a miss, loaded unclaimed, never overwritten by a load): the
+    /// same. A new kind byte would have been corrupt ("unknown envelope kind") to it.
+    pub(crate) not_storable: bool,
     /// Unix ms after which the value is stale; 0 = never.
     pub(crate) soft_expiry_ms: u64,
     /// Unix ms at which the value was computed (kept across claims).
@@ -93,6 +99,7 @@ impl Header {
             codec: Codec::Bincode,
             compressed: false,
             raw: false,
+            not_storable: false,
             soft_expiry_ms,
             written_ms,
             load_ms,
@@ -121,6 +128,16 @@ impl Header {
         }
     }
 
+    /// A "not storable" marker written at `now_ms`, live until `until_ms`: no claim, no value.
+    pub(crate) fn not_storable(now_ms: u64, until_ms: u64) -> Self {
+        Header {
+            kind: Kind::Placeholder,
+            not_storable: true,
+            expires_ms: until_ms,
+            ..Header::value(0, now_ms, 0, 0)
+        }
+    }
+
     /// Appends the header's bytes to `out` (the payload follows). Only non-zero fields are
     /// written; timestamps take 6 bytes and saturate in the year 10889.
     pub(crate) fn write(&self, out: &mut Vec<u8>) {
@@ -129,7 +146,9 @@ impl Header {
         buf[2] = FORMAT_VERSION;
         buf[3] = self.kind.byte();
         buf[4] = self.codec.id();
-        buf[5] = u8::from(self.compressed) | (u8::from(self.raw) << 1);
+        buf[5] = u8::from(self.compressed)
+            | (u8::from(self.raw) << 1)
+            | (u8::from(self.not_storable) << 2);
         let mut at = FIXED_LEN;
         let mut fields = 0;
         let mut put = |bit: u8, bytes: &[u8]| {
@@ -190,6 +209,12 @@ pub(crate) enum Parsed<'a> {
 /// header, the 0.1.0 format) is a decode error that says what it saw. A newer format is not an
 /// error: readers count it as a miss, so a rolling deploy never turns reads into errors.
 pub(crate) fn decode(flags: u32, bytes: &[u8]) -> Result<Parsed<'_>> {
+    if flags == COUNTER_FLAGS && crate::backend::parse_counter(bytes).is_some() {
+        return Err(Error::decode(
+            "a counter, not a value: memcached flags 0 and decimal digits (read it with \
+             get_counter, change it with incr or incr_or_create)",
+        ));
+    }
     if flags != FLAGS {
         return Err(Error::decode(format!(
             "not a newcache item: memcached flags are {flags:#x} (another client wrote this key?)"
@@ -225,7 +250,7 @@ pub(crate) fn decode(flags: u32, bytes: &[u8]) -> Result<Parsed<'_>> {
         return Ok(Parsed::Newer(version));
     };
     let fields = bytes[7];
-    if bytes[5] & !3 != 0 || fields & !field::KNOWN != 0 {
+    if bytes[5] & !7 != 0 || fields & !field::KNOWN != 0 {
         return Ok(Parsed::Newer(version));
     }
     let header_len = usize::from(bytes[6]);
@@ -263,6 +288,7 @@ pub(crate) fn decode(flags: u32, bytes: &[u8]) -> Result<Parsed<'_>> {
         codec,
         compressed: bytes[5] & 1 != 0,
         raw: bytes[5] & 2 != 0,
+        not_storable: bytes[5] & 4 != 0,
         soft_expiry_ms,
         written_ms,
         load_ms,
@@ -485,6 +511,22 @@ mod tests {
     }
 
     #[test]
+    fn a_not_storable_marker_round_trips_and_is_newer_to_a_build_without_the_bit() {
+        let b = Header::not_storable(1_000, 61_000).to_bytes();
+        assert_eq!(b[5], 4, "flags bit 2");
+        let Parsed::Item(h, rest) = decode(FLAGS, &b).unwrap() else {
+            panic!()
+        };
+        assert!(h.not_storable && rest.is_empty());
+        assert_eq!(
+            (h.kind, h.claim_until_ms, h.token, h.expires_ms),
+            (Kind::Placeholder, 0, 0, 61_000)
+        );
+        // What a build that knows flag bits 0 and 1 only does with it (its check, verbatim).
+        assert!(b[5] & !3 != 0, "read as a newer build's item: a miss");
+    }
+
+    #[test]
     fn a_longer_header_is_skipped() {
         let h = Header::value(1, 2, 3, 4);
         let mut b = item(h, b"");
@@ -529,6 +571,10 @@ mod tests {
         rejects(FLAGS, b"\x80\x04\x95\x00"); // a pickle
         rejects(FLAGS, b"a:1:{s:1:\"x\";i:1;}"); // PHP serialize
         rejects(1, &good); // right bytes, foreign flags
+        let counter = decode(COUNTER_FLAGS, b"42 ").unwrap_err();
+        assert!(counter.to_string().contains("get_counter"), "{counter}");
+        let other = decode(COUNTER_FLAGS, b"text").unwrap_err();
+        assert!(other.to_string().contains("another client"), "{other}");
         rejects(FLAGS, b"NC\x01\x01\x00\x00"); // the 0.1.0 format
         rejects(FLAGS, &good[..good.len() - 2]); // truncated
         let mut bad = good.clone();
@@ -542,7 +588,7 @@ mod tests {
         rejects(FLAGS, &bad);
         // A codec or flag bit this build does not know: written by a newer build, a miss.
         let mut newer = good.clone();
-        newer[5] = 0x04; // the first flag bit after compressed (0) and raw (1)
+        newer[5] = 0x08; // the first flag bit after compressed (0), raw (1), not storable (2)
         assert_eq!(
             decode(FLAGS, &newer).unwrap(),
             Parsed::Newer(FORMAT_VERSION)

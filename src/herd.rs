@@ -21,6 +21,9 @@ pub(crate) enum Verdict {
     Loading,
     /// Nothing servable and no live claim (a dead holder, a value past its bound): claim it to load.
     Expired,
+    /// A live "not storable" marker: the last load's value was too large to store. Nobody is
+    /// loading it and nobody waits: every caller loads it itself, unclaimed, and stores nothing.
+    NotStorable,
 }
 
 /// XFetch (Vattani, Chierichetti, Lowenstein, VLDB 2015) parameters for one read.
@@ -43,6 +46,15 @@ pub(crate) struct Xfetch {
 ///   (which wrote the deadline) with the reader's: processes sharing a cache are assumed to have
 ///   clocks within a fraction of the lease of each other.
 pub(crate) fn judge(h: &Header, now_ms: u64, xfetch: Option<Xfetch>) -> Verdict {
+    if h.not_storable {
+        // Past its deadline the marker is a dead placeholder: one caller claims the key and
+        // tries to store again (the value may have shrunk).
+        return if now_ms < h.expires_ms {
+            Verdict::NotStorable
+        } else {
+            Verdict::Expired
+        };
+    }
     let claimed = now_ms < h.claim_until_ms;
     let loading = if claimed {
         Verdict::Loading
@@ -161,6 +173,15 @@ mod tests {
             None,
             Verdict::Recomputing,
         );
+        // a not-storable marker: load it yourself until its deadline, then claim it
+        check(
+            Header::not_storable(0, 500),
+            499,
+            None,
+            Verdict::NotStorable,
+        );
+        check(Header::not_storable(0, 500), 500, None, Verdict::Expired);
+        assert!(!servable(Verdict::NotStorable));
         // placeholders
         check(Header::placeholder(0, 500, 9), 499, None, Verdict::Loading);
         check(Header::placeholder(0, 500, 9), 500, None, Verdict::Expired);

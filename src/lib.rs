@@ -47,6 +47,15 @@
 //! invalidation. Claims compare wall clocks across processes: processes sharing a cache are
 //! assumed to have clocks within a fraction of [`CacheBuilder::lease_ttl`] of each other.
 //!
+//! A loaded value too large for the backend is returned but cannot be stored: unless it
+//! refreshes a stale value others are served (which stays, unclaimed), its holder stores a
+//! small *not storable* marker instead (by `cas` against its claim, as it would the
+//! value), for the value's ttl but at most a minute. While it lives, every caller loads the
+//! key itself at once, without claiming or waiting (callers of one process still share one
+//! load), and [`Cache::get`] reports a miss; a `set`, `add` or `delete` replaces it. The first
+//! time per key, a warning names the derived key ([`Cache::make_key`] maps a user key to it;
+//! the user key is logged at DEBUG only).
+//!
 //! # Keys and versions
 //!
 //! A user key becomes `{flavor}-{version}-{sha1 hex of its UTF-8 bytes}`, byte for byte as
@@ -80,7 +89,7 @@
 //! | 2 | 1 | format version, `2`; a reader treats a newer one as a (counted) miss |
 //! | 3 | 1 | kind: `1` value, `2` plain value (`Herd::Off`), `3` placeholder (being loaded) |
 //! | 4 | 1 | codec of the payload: `0` bincode 2 (standard configuration), `1` MessagePack (`rmp-serde`, structs as maps with named fields, byte sequences as `bin`) |
-//! | 5 | 1 | flags: bit 0 compressed: the payload is the uncompressed length (`u32`) then an LZ4 block; bit 1 raw: the payload is not a codec's (the response cache's pages, feature `tower`) |
+//! | 5 | 1 | flags: bit 0 compressed: the payload is the uncompressed length (`u32`) then an LZ4 block; bit 1 raw: the payload is not a codec's (the response cache's pages, feature `tower`); bit 2 not storable: a placeholder with no claim saying the last load's value was too large to store (every caller loads it itself, until the expiry field) |
 //! | 6 | 1 | header length; readers skip to it, so fields can be appended |
 //! | 7 | 1 | which fields follow, one bit each, in the order below; a field left out is `0` |
 //! | 8 | … | the fields present, then the payload |
@@ -121,7 +130,8 @@
 //!   `newcache_backend_errors_absorbed_total`, `newcache_early_refreshes_total`,
 //!   `newcache_stale_on_error_total`, `newcache_decode_errors_total`,
 //!   `newcache_newer_format_total`, `newcache_wait_timeouts_total`,
-//!   `newcache_loads_superseded_total`, `newcache_too_large_total`. They count what
+//!   `newcache_loads_superseded_total`, `newcache_too_large_total`,
+//!   `newcache_not_storable_loads_total`. They count what
 //!   [`Cache::stats`] counts. A response cache (`layer::ResponseCacheLayer`) counts its pages
 //!   apart: its series carry `layer` (its namespace) beside `cache`, and are its own `stats()`. Install the recorder before building the cache: the handles are
 //!   registered when it is built (the per-server error counters too, for each configured server

@@ -155,6 +155,9 @@ pub(crate) enum Found {
     Foreign(Error),
     /// An item of a newer format (`Lookup` mode): a counted miss.
     Newer,
+    /// A "not storable" marker (`Load` and `Batch` modes; `Lookup` reports a miss): load the
+    /// key now, unclaimed, without waiting, and store nothing.
+    NotStorable,
     /// The backend failed mid-protocol and there is nothing to serve.
     Unavailable,
 }
@@ -438,6 +441,10 @@ impl Machine {
                 let early = verdict == Verdict::EarlyRefresh;
                 self.claim(now, held(early, false))
             }
+            Verdict::NotStorable => match self.mode {
+                Mode::Lookup => Action::Done(Found::Miss { claimed: false }),
+                Mode::Load | Mode::Batch => Action::Done(Found::NotStorable),
+            },
             Verdict::Loading => match self.mode {
                 Mode::Lookup | Mode::Batch => Action::Done(Found::Busy),
                 Mode::Load => {
@@ -575,6 +582,29 @@ impl Machine {
     }
 }
 
+/// The longest a "not storable" marker lives. A value too large to store is most likely as
+/// large on its next load, so for this long every caller loads it at once, unclaimed (no herd
+/// protection: the value cannot be shared through the backend anyway, and callers of one
+/// process still share one load); after it, one caller claims the key and tries to store
+/// again, so a value that shrank is cached within a minute, and waiters sit behind at most one
+/// load per minute and key. Shorter if the value's own ttl is: it would have expired by then.
+pub(crate) const NOT_STORABLE_FOR: Duration = Duration::from_secs(60);
+
+/// The marker a holder stores (by `cas` against its claim, as it would its value) when the
+/// loaded value is too large: its bytes and memcached `exptime`, for a value meant to live
+/// `life`.
+pub(crate) fn not_storable(now_ms: u64, life: Lifetime) -> (Vec<u8>, u32) {
+    let lasts = match life {
+        Lifetime::For(d) => d.min(NOT_STORABLE_FOR),
+        Lifetime::Forever | Lifetime::Expired => NOT_STORABLE_FOR,
+    };
+    let until = now_ms.saturating_add(lasts.as_millis() as u64);
+    let header = Header::not_storable(now_ms, until);
+    // One second of slack over memcached's one-second clock: readers go by `until`.
+    let exptime = ttl::exptime(Lifetime::For(lasts), Duration::from_secs(1), now_ms / 1000);
+    (header.to_bytes(), exptime)
+}
+
 /// memcached's `exptime` for an item re-stored by a claim: it must stay until `until_ms` (the
 /// claim's deadline: a claim must not vanish mid-load, or a second caller would load at once),
 /// and a value at least as long as its writer meant it to (a claim never shortens an item's life:
@@ -650,6 +680,25 @@ impl Lease {
     #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
     pub(crate) fn token(&self) -> u64 {
         self.token
+    }
+
+    /// Whether this claim holds a value other readers are served meanwhile (a stale value
+    /// within its bound, claimed or displaced by a placeholder): a load whose result cannot be
+    /// stored then gives it back (`release`) rather than replacing it with a "not storable"
+    /// marker, so that readers keep being served it and one caller refreshes it at a time.
+    pub(crate) fn serves_others(&self, now_ms: u64) -> bool {
+        let header = match &self.restore {
+            Some(item) => match envelope::decode(item.flags, &item.value) {
+                Ok(Parsed::Item(h, _)) => h,
+                _ => return false,
+            },
+            None => self.header,
+        };
+        let unclaimed = Header {
+            claim_until_ms: 0,
+            ..header
+        };
+        header.kind != Kind::Placeholder && herd::servable(herd::judge(&unclaimed, now_ms, None))
     }
 
     /// How often a running load renews its claim: a third of the lease, so that two renewals
@@ -810,6 +859,10 @@ mod tests {
             panic!()
         };
         assert!(g.held.is_none());
+        assert!(
+            !g.lease.serves_others(1_000_000),
+            "a placeholder serves nobody"
+        );
         assert_eq!(g.lease.store_mode(), StoreMode::Cas(7));
         // a failed load removes the placeholder at once
         assert!(matches!(
@@ -878,6 +931,14 @@ mod tests {
         };
         let held = g.held.as_ref().expect("the stale value");
         assert_eq!(&held.item.value[held.offset..], b"v");
+        assert!(
+            g.lease.serves_others(1_000_020),
+            "a stale value others are served"
+        );
+        assert!(
+            !g.lease.serves_others(1_060_010),
+            "past its bound it serves nobody"
+        );
         // a failed load unclaims the stale value, keeping it
         let r = g.lease.release(at(21));
         let back = stored(&r, 3);
@@ -1048,6 +1109,45 @@ mod tests {
             g.held.unwrap().expired,
             "kept only for serve-stale-on-error"
         );
+    }
+
+    #[test]
+    fn a_not_storable_marker_is_loaded_by_every_caller_at_once() {
+        let (bytes, exptime) = not_storable(1_000_000, Lifetime::For(Duration::from_secs(600)));
+        assert_eq!(
+            exptime, 61,
+            "capped at NOT_STORABLE_FOR, plus a second of slack"
+        );
+        let marker = Item {
+            value: bytes.into(),
+            flags: envelope::FLAGS,
+            cas: 4,
+        };
+        let expect = |mode, now, want: &dyn Fn(&Action) -> bool| {
+            let mut m = Machine::new(mode, SETTINGS, TOKEN, at(0));
+            let a = m.on_read(at(now), Some(marker.clone()));
+            assert!(want(&a), "{mode:?} at {now}: {a:?}");
+        };
+        expect(Mode::Lookup, 0, &|a| {
+            matches!(a, Action::Done(Found::Miss { claimed: false }))
+        });
+        for mode in [Mode::Load, Mode::Batch] {
+            // no wait, no claim: load it yourself
+            expect(mode, 0, &|a| matches!(a, Action::Done(Found::NotStorable)));
+            // past its deadline: taken over by cas, as a dead placeholder
+            expect(mode, 60_000, &|a| {
+                matches!(
+                    a,
+                    Action::StoreThenRead {
+                        mode: StoreMode::Cas(4),
+                        ..
+                    }
+                )
+            });
+        }
+        // a short ttl makes a short marker
+        let (_, exptime) = not_storable(1_000_000, Lifetime::For(Duration::from_secs(5)));
+        assert_eq!(exptime, 6);
     }
 
     #[test]

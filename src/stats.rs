@@ -187,8 +187,12 @@ stats! {
     /// Loads whose result was not stored because the key was written, deleted or taken over
     /// while they ran (the newer state was kept).
     loads_superseded => "newcache_loads_superseded_total",
-    /// Loaded values too large to cache: returned to their callers, not stored.
+    /// Loaded values too large to cache: returned to their callers, not stored (a "not
+    /// storable" marker is stored instead, for a while).
     too_large => "newcache_too_large_total",
+    /// Loads run at once, unclaimed and unstored, because the key holds a "not storable"
+    /// marker (the last load's value was too large to cache): nobody waited for them.
+    not_storable_loads => "newcache_not_storable_loads_total",
     /// Deletes replayed on memcached servers that came back, before they served again: keys
     /// this process invalidated while it could not reach them (the README's "Outages").
     replayed_deletes,

@@ -51,6 +51,11 @@ impl AsyncLease {
         &self.key
     }
 
+    /// Whether the claim holds a value others are served ([`Lease::serves_others`]).
+    pub(crate) fn serves_others(&self, now_ms: u64) -> bool {
+        self.lease.serves_others(now_ms)
+    }
+
     /// Renews the claim if a renewal is due.
     async fn renew(&mut self) {
         if self.idle || self.next > Instant::now() {

@@ -147,6 +147,9 @@ impl Claim for AsyncLease {
     fn key(&self) -> &str {
         AsyncLease::key(self)
     }
+    fn serves_others(&self, now_ms: u64) -> bool {
+        AsyncLease::serves_others(self, now_ms)
+    }
     fn renewing<F: Future>(&mut self, work: F) -> impl Future<Output = F::Output> {
         AsyncLease::renewing_all(vec![self], work)
     }
@@ -229,6 +232,7 @@ where
         _: &Cache,
         _: &AsyncDriver<'d>,
         held: AsyncLease,
+        _: &str,
         _: Ttl,
     ) -> Option<(Self, AsyncLease)> {
         // Called only for a held value that others are being served: the refresh runs inline.
@@ -251,6 +255,7 @@ where
         _: &Cache,
         _: &AsyncDriver<'d>,
         held: AsyncLease,
+        _: &str,
         _: Ttl,
     ) -> Option<(Self, AsyncLease)> {
         Some((self, held))
@@ -275,6 +280,7 @@ where
         cache: &Cache,
         driver: &AsyncDriver<'d>,
         held: AsyncLease,
+        key: &str,
         ttl: Ttl,
     ) -> Option<(Self, AsyncLease)> {
         // Without a runtime to spawn on, the refresh runs inline.
@@ -283,10 +289,11 @@ where
         };
         let running = Running::start(driver.0);
         let cache = cache.clone();
+        let key = key.to_string();
         rt.spawn(async move {
             let d = AsyncDriver(&running.0);
             // A failed refresh (counted in stats) gives the claim back: the next reader retries.
-            let _ = cache.run_loader(&d, held, ttl, Inline(self.0)).await;
+            let _ = cache.run_loader(&d, held, &key, ttl, Inline(self.0)).await;
             drop(running);
         });
         None

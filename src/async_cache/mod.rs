@@ -508,6 +508,17 @@ impl AsyncCache {
         self.cache.arith_on(&self.io(), key, delta, true).await
     }
 
+    /// Adds to a counter, creating it if it is missing: [`Cache::incr_or_create`], awaited.
+    ///
+    /// # Cancel safety
+    /// A future dropped after its `incr` or `add` was written may have incremented or created
+    /// the counter without returning the value (as a dropped `incr` may have incremented it).
+    pub async fn incr_or_create(&self, key: &str, delta: u64, ttl: impl Into<Ttl>) -> Result<u64> {
+        self.cache
+            .incr_or_create_on(&self.io(), key, delta, ttl.into())
+            .await
+    }
+
     /// Subtracts `delta` from a counter and returns the new value; memcached clamps at zero: the
     /// async [`Cache::decr`].
     ///

@@ -79,10 +79,6 @@ mod nonblocking {
         fn settle_time(&self) -> std::time::Duration {
             std::time::Duration::ZERO
         }
-        /// [`Backend::report`](super::Backend::report).
-        fn report(&self, stats: &mut crate::Stats) {
-            let _ = stats;
-        }
         /// Whether every call completes when made, through the sync backend beneath (the
         /// memory backend): the response cache then answers a hit without a future.
         fn answers_at_once(&self) -> bool {
@@ -149,9 +145,6 @@ mod nonblocking {
         fn ping(&self) -> BoxFuture<'_, std::result::Result<(), crate::ping::PingError>> {
             let r = self.0.ping();
             Box::pin(async move { r })
-        }
-        fn report(&self, stats: &mut crate::Stats) {
-            self.0.report(stats);
         }
         fn answers_at_once(&self) -> bool {
             true

@@ -8,9 +8,12 @@ pub(crate) mod read;
 mod write;
 
 use std::cell::Cell;
+use std::collections::HashSet;
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use parking_lot::Mutex;
 use std::time::Instant;
 
 use crate::config::Config;
@@ -25,6 +28,11 @@ use crate::stats::{Counters, Stats};
 
 pub use self::policy::{DecodePolicy, FailurePolicy, Herd};
 
+/// How many derived keys a cache remembers having warned about (a value too large to cache):
+/// each is logged once; past this many, further keys are counted in `Stats::too_large` only
+/// (a bound on the memory and on the log).
+const WARNED_KEYS: usize = 4096;
+
 /// What every clone and version view of a cache shares.
 pub(crate) struct Inner {
     /// The settings it was built with (`keys` there is the builder's; views carry their own).
@@ -34,8 +42,9 @@ pub(crate) struct Inner {
     pub(crate) rng: Rng,
     /// The origin of the monotonic times handed to the protocol.
     started: Instant,
-    /// Whether a loaded value too large to cache was logged yet (it is logged once).
-    warned_too_large: AtomicBool,
+    /// The derived keys whose loaded value was logged as too large to cache (each once), up
+    /// to [`WARNED_KEYS`].
+    warned_too_large: Mutex<HashSet<String>>,
     /// Whether a batch's keys on a server without CAS were logged yet (once).
     pub(crate) warned_no_cas: AtomicBool,
     /// What the async views of this cache use (`AsyncCache`, however made: `build_async`,
@@ -119,7 +128,7 @@ impl Cache {
                 renewer,
                 rng,
                 started: Instant::now(),
-                warned_too_large: AtomicBool::new(false),
+                warned_too_large: Mutex::default(),
                 warned_no_cas: AtomicBool::new(false),
                 #[cfg(feature = "tokio")]
                 async_io,
@@ -316,19 +325,55 @@ impl Cache {
         self.absorb(r, self.inner.config.write_failures)
     }
 
-    /// A loaded value too large for the backend: returned to the callers, not cached; counted
-    /// every time, logged once per cache.
-    pub(crate) fn loaded_too_large(&self, key: &str, len: usize) {
+    /// A loaded value too large for the backend, under derived key `derived` (user key
+    /// `key`): returned to the callers, not cached (a "not storable" marker takes its place);
+    /// counted every time, logged at WARN once per derived key (up to [`WARNED_KEYS`] keys).
+    /// The warning names the derived key only (user keys may hold personal data): the user key
+    /// is logged at DEBUG, and [`Cache::make_key`] maps a user key to its derived key.
+    pub(crate) fn loaded_too_large(&self, derived: &str, key: &str, len: usize) {
         Counters::bump(&self.stats.too_large);
-        if !self.inner.warned_too_large.swap(true, Ordering::Relaxed) {
-            tracing::warn!(
-                key,
+        let limit = self.inner.config.backend.max_value_size(derived);
+        tracing::debug!(
+            key,
+            derived,
+            bytes = len,
+            limit,
+            "newcache: a loaded value is too large to cache"
+        );
+        let first = {
+            let mut warned = self.inner.warned_too_large.lock();
+            match warned.len() {
+                n if n < WARNED_KEYS => warned.insert(derived.to_string()).then_some(n),
+                _ => None,
+            }
+        };
+        match first {
+            Some(n) if n + 1 == WARNED_KEYS => tracing::warn!(
+                derived,
                 bytes = len,
-                limit = self.inner.config.backend.max_value_size(key),
-                "newcache: a loaded value is too large to cache; it is returned but not stored \
-                 (counted in Stats::too_large; logged once)"
-            );
+                limit,
+                "newcache: a loaded value is too large to cache; it is returned but not stored, \
+                 and its callers load it themselves for a while (counted in Stats::too_large; \
+                 this is the last key logged: {WARNED_KEYS} keys were; Cache::make_key maps a \
+                 user key to its derived key, logged with it at DEBUG)"
+            ),
+            Some(_) => tracing::warn!(
+                derived,
+                bytes = len,
+                limit,
+                "newcache: a loaded value is too large to cache; it is returned but not stored, \
+                 and its callers load it themselves for a while (counted in Stats::too_large; \
+                 logged once per key; Cache::make_key maps a user key to its derived key, \
+                 logged with it at DEBUG)"
+            ),
+            None => {}
         }
+    }
+
+    /// The "not storable" marker a holder stores in place of a value too large to cache,
+    /// meant to live `life` ([`protocol::not_storable`](crate::protocol::not_storable)).
+    pub(crate) fn not_storable_marker(&self, life: crate::ttl::Lifetime) -> (Vec<u8>, u32) {
+        crate::protocol::not_storable(self.now_ms(), life)
     }
 
     /// Per-key results of a batch under `policy`. Under `Absorb` a key whose server failed is
@@ -402,5 +447,64 @@ impl Cache {
             }
             Err(e) => Err(e),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::WARNED_KEYS;
+
+    #[derive(Clone, Default)]
+    struct Buf(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Buf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn too_large_is_warned_once_per_key_up_to_a_bound() {
+        let cache = super::Cache::builder().in_memory().build().unwrap();
+        let buf = Buf::default();
+        let writer = buf.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::WARN)
+            .with_writer(move || writer.clone())
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            for _ in 0..2 {
+                for i in 0..WARNED_KEYS + 10 {
+                    cache.loaded_too_large(&format!("d{i}"), "alice@example.com", 1);
+                }
+            }
+        });
+        let logs = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        assert_eq!(logs.lines().count(), WARNED_KEYS);
+        assert_eq!(logs.matches("the last key logged").count(), 1);
+        assert!(!logs.contains("alice"));
+        assert_eq!(cache.inner.warned_too_large.lock().len(), WARNED_KEYS);
+        assert_eq!(cache.stats().too_large, 2 * (WARNED_KEYS as u64 + 10));
+        // at DEBUG, every occurrence, with the user key beside the derived one
+        let buf = Buf::default();
+        let writer = buf.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::DEBUG)
+            .with_writer(move || writer.clone())
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            cache.loaded_too_large("d1", "bob@example.com", 1);
+        });
+        let logs = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        assert!(
+            logs.contains("bob@example.com") && logs.contains("d1"),
+            "{logs}"
+        );
     }
 }

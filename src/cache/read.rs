@@ -238,7 +238,7 @@ impl Cache {
                 Ok(None)
             }
             Found::Foreign(e) => self.decode_failed(e),
-            Found::Busy | Found::TimedOut | Found::Unavailable => {
+            Found::Busy | Found::TimedOut | Found::Unavailable | Found::NotStorable => {
                 Counters::bump(&s.misses);
                 Ok(None)
             }

@@ -169,6 +169,12 @@ impl Cache {
                                 Found::Foreign(e) => {
                                     self.undecodable(e, p, &mut writing, &mut wanted)
                                 }
+                                // The last load's value could not be stored: load it, unstored.
+                                Found::NotStorable => {
+                                    Counters::bump(&s.misses);
+                                    Counters::bump(&s.not_storable_loads);
+                                    wanted.push(p.key);
+                                }
                                 // Someone else is loading it, or the backend failed: load, don't store.
                                 Found::Busy
                                 | Found::Unavailable
@@ -237,24 +243,27 @@ impl Cache {
                 if life == Lifetime::Expired {
                     continue; // dropping the lease removes the placeholder
                 }
+                let limit = d.max_value_size(lease.key());
                 let (bytes, exptime) = match self.encode(v, life, Herd::Protected, load_ms(started))
                 {
-                    Ok(encoded) => encoded,
+                    Ok(encoded) if self.check_room(&encoded.0, limit).is_ok() => encoded,
+                    Ok((bytes, _)) => {
+                        self.loaded_too_large(lease.key(), k, bytes.len());
+                        self.too_large_marker(&lease, life)
+                    }
                     Err(e) if e.is_too_large() => {
-                        self.loaded_too_large(lease.key(), 0);
-                        continue;
+                        self.loaded_too_large(lease.key(), k, 0);
+                        self.too_large_marker(&lease, life)
                     }
                     Err(e) => return Err(e),
                 };
-                if self
-                    .check_room(&bytes, d.max_value_size(lease.key()))
-                    .is_err()
-                {
-                    self.loaded_too_large(lease.key(), bytes.len());
+                // Too large over a stale value others are served: dropping the lease gives
+                // it back unclaimed (as `get_or_set_with` does).
+                if bytes.is_empty() {
                     continue;
                 }
+                names.push((k.as_str(), lease.key().to_string()));
                 batch.push((lease, bytes, exptime));
-                names.push(k.clone());
             }
             // Leases of keys the loader left out are dropped here (their placeholders go).
             drop(leases);
@@ -263,11 +272,11 @@ impl Cache {
                 // failure is counted (and its claim released, or left to lapse), never the result.
                 let done = d.complete_many(batch).await;
                 let mut failed: Vec<Error> = Vec::new();
-                for (c, name) in done.into_iter().zip(&names) {
+                for (c, (name, derived)) in done.into_iter().zip(&names) {
                     match c {
                         Ok(Completed::Stored) => {}
                         Ok(Completed::Superseded) => Counters::bump(&s.loads_superseded),
-                        Err(e) if e.is_too_large() => self.loaded_too_large(name, 0),
+                        Err(e) if e.is_too_large() => self.loaded_too_large(derived, name, 0),
                         Err(e) => {
                             if !failed.iter().any(|f| f.server() == e.server()) {
                                 failed.push(e);
@@ -290,6 +299,15 @@ impl Cache {
         }
         .instrument(span)
         .await
+    }
+
+    /// What a batch stores for a value too large to store: a "not storable" marker, or
+    /// nothing (empty bytes) when the claim holds a stale value others are served.
+    fn too_large_marker<C: Claim>(&self, lease: &C, life: Lifetime) -> (Vec<u8>, u32) {
+        if lease.serves_others(self.now_ms()) {
+            return (Vec::new(), 0);
+        }
+        self.not_storable_marker(life)
     }
 
     /// A batch key on a server without CAS (memcached `-C`): loaded and not stored. Counted

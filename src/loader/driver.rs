@@ -44,6 +44,9 @@ pub(crate) trait Driver: Io {
 pub(crate) trait Claim: Send + Sized {
     /// The derived key claimed.
     fn key(&self) -> &str;
+    /// Whether the claim holds a value other readers are served meanwhile
+    /// ([`Lease::serves_others`]).
+    fn serves_others(&self, now_ms: u64) -> bool;
     /// Runs `work` (the loader) while the claim is kept alive.
     fn renewing<F: Future>(&mut self, work: F) -> impl Future<Output = F::Output>;
     /// Stores the loaded value with `cas` against the claim.
@@ -106,6 +109,10 @@ impl Driver for Blocking<'_> {
 impl Claim for HeldLease {
     fn key(&self) -> &str {
         HeldLease::key(self)
+    }
+
+    fn serves_others(&self, now_ms: u64) -> bool {
+        HeldLease::serves_others(self, now_ms)
     }
 
     fn renewing<F: Future>(&mut self, work: F) -> impl Future<Output = F::Output> {

@@ -304,6 +304,11 @@ impl HeldLease {
         &self.slot.key
     }
 
+    /// Whether the claim holds a value others are served ([`Lease::serves_others`]).
+    pub(crate) fn serves_others(&self, now_ms: u64) -> bool {
+        self.slot.lease.lock().lease.serves_others(now_ms)
+    }
+
     /// Gives the key back after a failed load (what dropping an unfinished lease does): a
     /// placeholder is removed, a value unclaimed, so the next caller retries at once.
     fn release_now(&self) {

@@ -42,6 +42,7 @@ pub(crate) trait Load<T, D: Driver>: Sized {
         cache: &Cache,
         driver: &D,
         held: D::Held,
+        key: &str,
         ttl: Ttl,
     ) -> Option<(Self, D::Held)>;
 }
@@ -62,6 +63,7 @@ where
         _: &Cache,
         _: &Blocking<'d>,
         held: <Blocking<'d> as Driver>::Held,
+        _: &str,
         _: Ttl,
     ) -> Option<(Self, <Blocking<'d> as Driver>::Held)> {
         Some((self, held))
@@ -85,16 +87,18 @@ where
         cache: &Cache,
         _: &Blocking<'d>,
         held: <Blocking<'d> as Driver>::Held,
+        key: &str,
         ttl: Ttl,
     ) -> Option<(Self, <Blocking<'d> as Driver>::Held)> {
         let cache = cache.clone();
+        let key = key.to_string();
         // A failed refresh (counted in stats) lets the claim lapse, and the entry is claimed again
         // after lease_ttl; so does a thread that could not be spawned (the lease is dropped).
         let _ = thread::Builder::new()
             .name("newcache-refresh".into())
             .spawn(move || {
                 let io = cache.blocking();
-                ready(cache.run_loader(&io, held, ttl, Inline(self.0)))
+                ready(cache.run_loader(&io, held, &key, ttl, Inline(self.0)))
             });
         None
     }
@@ -158,6 +162,13 @@ impl Cache {
     /// - **Early refresh** (off by default, [`early_refresh`](crate::CacheBuilder::early_refresh)):
     ///   a reader may claim a still-fresh entry shortly before its soft expiry (XFetch), so a
     ///   steady hot key is almost never seen stale.
+    /// - **A value too large to store** is returned. A stale value it was to replace stays
+    ///   (served to the others, unclaimed); otherwise its holder stores a small "not
+    ///   storable" marker (for the ttl, at most a minute): meanwhile every caller
+    ///   (across processes; one per process, coalesced) loads the key at once, without waiting
+    ///   for another's load, and stores nothing. Counted in
+    ///   [`Stats::too_large`](crate::Stats::too_large) and
+    ///   [`Stats::not_storable_loads`](crate::Stats::not_storable_loads), logged once per key.
     /// - **The backend down**: nothing can be claimed. Each call (coalesced in this process) runs
     ///   the loader and stores nothing, with the default read policy; with
     ///   `read_failures(Propagate)` it returns the backend error.
@@ -307,7 +318,8 @@ impl Cache {
             }
             // Everything past a hit is boxed: the future of a hit stays small (every caller
             // moves it, and a web framework boxes it per request).
-            Box::pin(self.coalesce_or_lead(d, &derived, ttl, loader, deadline, (m, first))).await
+            let keys = (key, derived.as_str());
+            Box::pin(self.coalesce_or_lead(d, keys, ttl, loader, deadline, (m, first))).await
         }
         .instrument(span)
         .await
@@ -369,7 +381,7 @@ impl Cache {
     async fn coalesce_or_lead<T, D, L>(
         &self,
         d: &D,
-        derived: &str,
+        keys: (&str, &str),
         ttl: Ttl,
         loader: L,
         deadline: Instant,
@@ -383,7 +395,7 @@ impl Cache {
         let mut first = Some(first);
         let mut loader = Some(loader);
         loop {
-            match self.inner.coalescer.join(derived, d.leading()) {
+            match self.inner.coalescer.join(keys.1, d.leading()) {
                 Role::Leader(mut leader) => {
                     let (m, action) = first
                         .take()
@@ -392,7 +404,7 @@ impl Cache {
                         return Err(self.waited_out());
                     };
                     let r = self
-                        .lead(d, derived, ttl, loader, Some(&mut leader), m, action)
+                        .lead(d, keys, ttl, loader, Some(&mut leader), m, action)
                         .await;
                     leader.publish(match &r {
                         Ok(v) => Outcome::Value(Arc::new(v.clone())),
@@ -412,9 +424,7 @@ impl Cache {
                             return Err(self.waited_out());
                         };
                         let m = self.machine(Mode::Batch, deadline);
-                        return self
-                            .lead(d, derived, ttl, loader, None, m, Action::Read)
-                            .await;
+                        return self.lead(d, keys, ttl, loader, None, m, Action::Read).await;
                     }
                     Counters::bump(&self.stats.lease_waits);
                     match d.wait_for(&slot, deadline).await {
@@ -427,7 +437,7 @@ impl Cache {
                                     return Err(self.waited_out());
                                 };
                                 return self
-                                    .lead(d, derived, ttl, loader, None, m, Action::Read)
+                                    .lead(d, keys, ttl, loader, None, m, Action::Read)
                                     .await;
                             }
                         },
@@ -474,7 +484,7 @@ impl Cache {
     async fn lead<T, D, L>(
         &self,
         d: &D,
-        derived: &str,
+        keys: (&str, &str),
         ttl: Ttl,
         loader: L,
         leader: Option<&mut Leader<'_>>,
@@ -488,11 +498,9 @@ impl Cache {
     {
         let s = &self.stats;
         loop {
-            let found = match self.drive_on(d, derived, &mut m, action).await? {
+            let found = match self.drive_on(d, keys.1, &mut m, action).await? {
                 Step::Load(grant) => {
-                    return self
-                        .load_granted(d, derived, ttl, loader, grant, leader)
-                        .await;
+                    return self.load_granted(d, keys, ttl, loader, grant, leader).await;
                 }
                 Step::Done(found) => found,
             };
@@ -509,6 +517,12 @@ impl Cache {
                 Found::Newer => {
                     Counters::bump(&s.newer_format);
                     Counters::bump(&s.misses);
+                    return self.load_unclaimed(loader).await;
+                }
+                // The last load's value could not be stored: load it at once, unclaimed.
+                Found::NotStorable => {
+                    Counters::bump(&s.misses);
+                    Counters::bump(&s.not_storable_loads);
                     return self.load_unclaimed(loader).await;
                 }
                 // The backend is down (and the read policy absorbed it): nothing can be claimed.
@@ -530,7 +544,7 @@ impl Cache {
     async fn load_granted<T, D, L>(
         &self,
         d: &D,
-        derived: &str,
+        (key, derived): (&str, &str),
         ttl: Ttl,
         loader: L,
         grant: Grant,
@@ -555,7 +569,7 @@ impl Cache {
             Some((v, header, _, true)) => {
                 let written_ms = header.written_ms;
                 Counters::bump(&s.misses);
-                return match self.run_loader(d, lease, ttl, loader).await {
+                return match self.run_loader(d, lease, key, ttl, loader).await {
                     Err(e) if e.is_loader() && self.young_enough(written_ms) => {
                         Counters::bump(&s.stale_on_error);
                         Ok(v)
@@ -566,7 +580,7 @@ impl Cache {
             Some((v, header, early, false)) => (v, header, early),
             None => {
                 Counters::bump(&s.misses);
-                return self.run_loader(d, lease, ttl, loader).await;
+                return self.run_loader(d, lease, key, ttl, loader).await;
             }
         };
         Counters::bump(if early { &s.early_refreshes } else { &s.misses });
@@ -574,10 +588,10 @@ impl Cache {
         if let Some(l) = leader {
             l.publish(Outcome::Value(Arc::new(v.clone())));
         }
-        let Some((loader, lease)) = loader.refresh_in_background(self, d, lease, ttl) else {
+        let Some((loader, lease)) = loader.refresh_in_background(self, d, lease, key, ttl) else {
             return Ok(v);
         };
-        match self.run_loader(d, lease, ttl, loader).await {
+        match self.run_loader(d, lease, key, ttl, loader).await {
             Ok(fresh) => Ok(fresh),
             // An early refresh failed: the value we hold is served while it may be.
             Err(e) if e.is_loader() && early && self.still_servable(&held_header) => Ok(v),
@@ -612,6 +626,7 @@ impl Cache {
         &self,
         d: &D,
         mut lease: D::Held,
+        key: &str,
         ttl: Ttl,
         loader: L,
     ) -> Result<T>
@@ -640,28 +655,37 @@ impl Cache {
             // A zero ttl stores nothing; the placeholder goes.
             return Ok(v);
         }
-        let (bytes, exptime) = match self.encode(&v, life, Herd::Protected, load_ms(started)) {
-            Ok(encoded) => encoded,
+        let limit = d.max_value_size(lease.key());
+        let encoded = match self.encode(&v, life, Herd::Protected, load_ms(started)) {
+            Ok(encoded) if self.check_room(&encoded.0, limit).is_ok() => Some(encoded),
+            Ok((bytes, _)) => {
+                self.loaded_too_large(lease.key(), key, bytes.len());
+                None
+            }
             Err(e) if e.is_too_large() => {
-                self.loaded_too_large(lease.key(), 0);
-                return Ok(v);
+                self.loaded_too_large(lease.key(), key, 0);
+                None
             }
             Err(e) => return Err(e),
         };
-        if self
-            .check_room(&bytes, d.max_value_size(lease.key()))
-            .is_err()
-        {
-            self.loaded_too_large(lease.key(), bytes.len());
-            return Ok(v);
-        }
+        let (bytes, exptime) = match encoded {
+            Some(encoded) => encoded,
+            // Too large to store, over a stale value others are served: dropping the lease
+            // gives it back unclaimed, and one caller at a time refreshes it while it may be
+            // served.
+            None if lease.serves_others(self.now_ms()) => return Ok(v),
+            // Too large, and nothing servable: the claim is completed with a "not storable"
+            // marker instead (the same fenced `cas`), so that callers load it at once rather
+            // than in turn behind each other's placeholders.
+            None => self.not_storable_marker(life),
+        };
         let key_of_lease = lease.key().to_string();
         match lease.complete(&bytes, exptime).await {
             Ok(Completed::Stored) => {}
             Ok(Completed::Superseded) => Counters::bump(&s.loads_superseded),
             // The caller has its value: a store that failed (the guard, dropped, released the
             // claim) is counted, not returned.
-            Err(e) if e.is_too_large() => self.loaded_too_large(&key_of_lease, bytes.len()),
+            Err(e) if e.is_too_large() => self.loaded_too_large(&key_of_lease, key, bytes.len()),
             Err(e) => {
                 s.backend_error(&e);
                 if e.is_backend() {

@@ -47,6 +47,10 @@ crate::on_every_backend!(
     delete_and_delete_many,
     counters,
     counters_and_envelopes_do_not_mix,
+    incr_or_create_creates_then_increments,
+    incr_or_create_sets_the_ttl_at_creation_only,
+    incr_or_create_from_16_threads_sums_exactly,
+    a_counter_read_as_a_value_points_to_get_counter,
     foreign_and_corrupt_bytes,
     oversized_values_are_refused_and_the_cache_stays_usable,
     hostile_keys_round_trip,
@@ -358,6 +362,84 @@ fn counters_and_envelopes_do_not_mix(env: &Env) {
     assert!(cache.get::<u64>("n").unwrap_err().is_decode());
     // the cache is still usable after both errors
     assert_eq!(cache.incr("n", 1).unwrap(), 6);
+}
+
+fn incr_or_create_creates_then_increments(env: &Env) {
+    let cache = env.cache();
+    // missing: created holding delta (incr alone fails with not found)
+    assert!(cache.incr("visits", 1).unwrap_err().is_not_found());
+    assert_eq!(cache.incr_or_create("visits", 5, S(60)).unwrap(), 5);
+    assert_eq!(cache.get_counter("visits").unwrap(), Some(5));
+    // present: incremented, and incr sees it as a counter
+    assert_eq!(cache.incr_or_create("visits", 2, S(60)).unwrap(), 7);
+    assert_eq!(cache.incr("visits", 1).unwrap(), 8);
+    // wraps at 2^64 as incr does
+    cache.set_counter("max", u64::MAX, S(60)).unwrap();
+    assert_eq!(cache.incr_or_create("max", 1, S(60)).unwrap(), 0);
+    // after a delete it is created again
+    assert!(cache.delete("visits").unwrap());
+    assert_eq!(cache.incr_or_create("visits", 3, Ttl::Never).unwrap(), 3);
+    // a key holding a value is not a counter, and stays as it was
+    cache.set("obj", &5u64, S(60)).unwrap();
+    let e = cache.incr_or_create("obj", 1, S(60)).unwrap_err();
+    assert!(e.is_not_a_counter(), "{e}");
+    assert_eq!(cache.get::<u64>("obj").unwrap(), Some(5));
+}
+
+fn incr_or_create_sets_the_ttl_at_creation_only(env: &Env) {
+    let cache = env.timed_builder().build_front(env.front);
+    assert_eq!(cache.incr_or_create("short", 1, S(2)).unwrap(), 1);
+    // an increment with a long ttl does not extend the counter's life
+    assert_eq!(cache.incr_or_create("short", 1, S(3600)).unwrap(), 2);
+    assert_eq!(cache.incr_or_create("long", 1, S(3600)).unwrap(), 1);
+    env.pass(S(4));
+    assert_eq!(
+        cache.get_counter("short").unwrap(),
+        None,
+        "expired after 2 s"
+    );
+    assert_eq!(cache.get_counter("long").unwrap(), Some(1));
+    assert_eq!(
+        cache.incr_or_create("short", 1, S(2)).unwrap(),
+        1,
+        "created again"
+    );
+}
+
+fn incr_or_create_from_16_threads_sums_exactly(env: &Env) {
+    let cache = env.cache();
+    let barrier = Barrier::new(16);
+    let results: Vec<u64> = thread::scope(|s| {
+        let handles: Vec<_> = (0..16)
+            .map(|_| {
+                s.spawn(|| {
+                    barrier.wait();
+                    (0..10)
+                        .map(|_| cache.incr_or_create("race", 1, S(60)).unwrap())
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect()
+    });
+    assert_eq!(cache.get_counter("race").unwrap(), Some(160));
+    // every caller saw a distinct value: one creation, 159 increments
+    let mut sorted = results;
+    sorted.sort_unstable();
+    assert_eq!(sorted, (1..=160).collect::<Vec<u64>>());
+}
+
+fn a_counter_read_as_a_value_points_to_get_counter(env: &Env) {
+    let cache = env.cache();
+    cache.incr_or_create("hits", 1, S(60)).unwrap();
+    let e = cache.get::<u64>("hits").unwrap_err();
+    assert!(e.is_decode(), "{e}");
+    let msg = e.to_string();
+    assert!(msg.contains("get_counter"), "{msg}");
+    assert!(!msg.contains("another client"), "{msg}");
 }
 
 fn foreign_and_corrupt_bytes(env: &Env) {

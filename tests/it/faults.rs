@@ -501,6 +501,7 @@ fn a_dead_server_logs_once_and_once_more_when_back() {
         .connect_timeout(MS(100))
         .build()
         .unwrap();
+    let _one_at_a_time = crate::obs::scoped_subscribers();
     tracing::subscriber::with_default(Counter(warnings.clone()), || {
         cache.set("k", "v", Ttl::Never).unwrap();
         server.kill();

@@ -185,6 +185,13 @@ impl TestCache {
         }
     }
 
+    pub fn incr_or_create(&self, key: &str, delta: u64, ttl: impl Into<Ttl>) -> Result<u64> {
+        match self {
+            TestCache::Sync(c) => c.incr_or_create(key, delta, ttl),
+            TestCache::Async(c) => wait(c.incr_or_create(key, delta, ttl)),
+        }
+    }
+
     pub fn decr(&self, key: &str, delta: u64) -> Result<u64> {
         match self {
             TestCache::Sync(c) => c.decr(key, delta),

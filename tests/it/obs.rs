@@ -148,6 +148,15 @@ fn a_custom_backend_pings_with_a_get_by_default() {
 
 // ---- traces ----
 
+/// Held while a test's scoped subscriber is alive. tracing caches each callsite's interest,
+/// rebuilt whenever a subscriber is registered; two registrations racing on other threads can
+/// leave a callsite cached with the view of a subscriber that ignores it (one filtering on
+/// the `app` target), and the other test then misses its events. One at a time, they cannot.
+pub(crate) fn scoped_subscribers() -> std::sync::MutexGuard<'static, ()> {
+    static ONE: Mutex<()> = Mutex::new(());
+    ONE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// What a test subscriber writes, shared with the test.
 #[derive(Clone, Default)]
 struct Buf(Arc<Mutex<Vec<u8>>>);
@@ -168,6 +177,19 @@ impl Buf {
     }
 }
 
+/// Every event a subscriber at `level` on this thread writes while `f` runs.
+pub(crate) fn logs_at(level: tracing::Level, f: impl FnOnce()) -> String {
+    let buf = Buf::default();
+    let writer = buf.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(level)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _one_at_a_time = scoped_subscribers();
+    tracing::subscriber::with_default(subscriber, f);
+    buf.text()
+}
+
 /// Everything a TRACE subscriber on this thread writes while `f` runs: every event, and every
 /// span when it is created, entered, exited and closed, with all its fields.
 fn traces_of(f: impl FnOnce()) -> String {
@@ -178,6 +200,7 @@ fn traces_of(f: impl FnOnce()) -> String {
         .with_span_events(tracing_subscriber::fmt::format::FmtSpan::FULL)
         .with_writer(move || writer.clone())
         .finish();
+    let _one_at_a_time = scoped_subscribers();
     tracing::subscriber::with_default(subscriber, f);
     buf.text()
 }
@@ -266,6 +289,7 @@ fn loader_span_under(level: tracing::Level) -> (bool, Option<String>) {
         .with_max_level(level)
         .with_writer(std::io::sink)
         .finish();
+    let _one_at_a_time = scoped_subscribers();
     tracing::subscriber::with_default(subscriber, || {
         cache
             .get_or_set_with("k", Duration::from_secs(60), || {
@@ -899,6 +923,7 @@ fn the_server_is_recorded_only_on_newcache_spans() {
         .memcached([shared_server()])
         .build()
         .unwrap();
+    let _one_at_a_time = scoped_subscribers();
     tracing::subscriber::with_default(subscriber, || {
         let request = tracing::debug_span!(target: "app", "request", server = "web-1");
         let _in = request.enter();
@@ -936,6 +961,7 @@ fn a_custom_backend_names_its_server_safely() {
         tracing_subscriber::filter::Targets::new().with_target("app", tracing::Level::DEBUG);
     let subscriber = tracing_subscriber::registry()
         .with(tracing_subscriber::Layer::with_filter(layer, only_app));
+    let _one_at_a_time = scoped_subscribers();
     tracing::subscriber::with_default(subscriber, || {
         let request = tracing::debug_span!(target: "app", "request", server = "web-1");
         let _in = request.enter();

@@ -1,5 +1,6 @@
 //! Several processes on one memcached: the test binary runs copies of itself as the other
-//! processes (a child runs `processes::child` with the parent's instructions in its environment).
+//! processes (a child runs `processes::child` or `processes::unstorable_child` with the
+//! parent's instructions in its environment).
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -91,4 +92,105 @@ fn two_processes_with_one_seed_elect_one_loader() {
         total += loads;
     }
     assert_eq!(total, KEYS, "one load per key across both processes");
+}
+
+/// Where an `unstorable_child` finds its memcached.
+const UNSTORABLE_ADDR: &str = "NEWCACHE_TEST_UNSTORABLE_ADDR";
+const BIG: usize = 2 << 20;
+
+fn unstorable_cache(addr: &str) -> Cache {
+    Cache::builder()
+        .memcached([addr])
+        .flavor("unstorable")
+        .max_wait(Duration::from_secs(30))
+        .build()
+        .unwrap()
+}
+
+/// A child: says it is ready, then loads key `k` (which the parent holds) with a loader that
+/// waits up to 5 s for the other child's loader to run too, and prints whether it did.
+#[test]
+#[ignore = "run by waiters_in_two_processes_behind_an_unstorable_load_each_load_at_once"]
+fn unstorable_child() {
+    let Ok(addr) = std::env::var(UNSTORABLE_ADDR) else {
+        return;
+    };
+    let cache = unstorable_cache(&addr);
+    cache
+        .incr_or_create("ready", 1, Duration::from_secs(60))
+        .unwrap();
+    let v: Vec<u8> = cache
+        .get_or_set_with("k", Duration::from_secs(60), || {
+            cache.incr_or_create("arrived", 1, Duration::from_secs(60))?;
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            while cache.get_counter("arrived")? < Some(2) {
+                if std::time::Instant::now() > deadline {
+                    return Ok::<_, newcache::Error>(Vec::new());
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Ok(vec![1u8; BIG])
+        })
+        .unwrap();
+    println!("\nmet={}", v.len() == BIG);
+}
+
+/// The parent holds a placeholder while two other processes wait behind it; its value is too
+/// large to store. Both then load at once (their loaders meet), instead of one loading behind
+/// the other's placeholder in turn.
+#[test]
+fn waiters_in_two_processes_behind_an_unstorable_load_each_load_at_once() {
+    let server = Memcached::start();
+    let holder = unstorable_cache(&server.addr());
+    let exe = std::env::current_exe().unwrap();
+    let (started_tx, started_rx) = std::sync::mpsc::channel::<()>();
+    let (finish_tx, finish_rx) = std::sync::mpsc::channel::<()>();
+    std::thread::scope(|s| {
+        let h = s.spawn(|| {
+            holder
+                .get_or_set_with("k", Duration::from_secs(60), move || {
+                    started_tx.send(()).unwrap();
+                    finish_rx.recv().unwrap();
+                    Ok::<_, std::io::Error>(vec![7u8; BIG])
+                })
+                .unwrap()
+        });
+        started_rx.recv().unwrap();
+        let children: Vec<_> = (0..2)
+            .map(|_| {
+                Command::new(&exe)
+                    .args(["--exact", "processes::unstorable_child", "--ignored"])
+                    .args(["--nocapture", "--test-threads", "1"])
+                    .env(UNSTORABLE_ADDR, server.addr())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::inherit())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while holder.get_counter("ready").unwrap() < Some(2) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the children never started"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // Let them reach their wait (not needed for the outcome: a late one finds the marker).
+        std::thread::sleep(Duration::from_millis(300));
+        finish_tx.send(()).unwrap();
+        assert_eq!(h.join().unwrap().len(), BIG);
+        for c in children {
+            let out = c.wait_with_output().unwrap();
+            assert!(out.status.success(), "a child failed");
+            let text = String::from_utf8(out.stdout).unwrap();
+            assert!(
+                text.lines().any(|l| l.trim() == "met=true"),
+                "a child's loader ran alone: {}",
+                text.lines()
+                    .find(|l| l.starts_with("met="))
+                    .unwrap_or("no answer")
+            );
+        }
+    });
 }

@@ -19,6 +19,8 @@ crate::on_every_backend!(
     bincode_and_message_pack_builds_read_each_other,
     compressed_values_are_read_by_every_build,
     a_loaded_value_too_large_to_cache_is_returned,
+    waiters_behind_an_unstorable_load_each_load_at_once,
+    a_stale_value_whose_refresh_is_too_large_is_still_served,
     an_over_long_derived_key_never_reaches_the_server,
     far_ttls_are_kept,
     touch_gives_a_value_a_new_lifetime,
@@ -159,28 +161,73 @@ fn compressed_values_are_read_by_every_build(env: &Env) {
 fn a_loaded_value_too_large_to_cache_is_returned(env: &Env) {
     let cache = env.cache();
     let big = vec![7u8; 2 << 20];
-    for round in 1..=2u64 {
-        let calls = AtomicUsize::new(0);
-        let v: Vec<u8> = cache
-            .get_or_set_with("big", S(60), || {
-                calls.fetch_add(1, Ordering::SeqCst);
-                Ok::<_, std::io::Error>(big.clone())
+    const USER_KEY: &str = "report:alice@example.com";
+    // tracing caches each callsite's interest when it is first hit: a first hit racing with
+    // the registration of this test's subscriber (tests run in parallel) could leave the
+    // warning unseen by it. Hit it once first, on a cache of its own.
+    let primer = newcache::Cache::builder()
+        .in_memory()
+        .item_size(1024)
+        .build()
+        .unwrap();
+    let _: Vec<u8> = primer
+        .get_or_set_with("primer", S(60), || Ok::<_, std::io::Error>(vec![0u8; 4096]))
+        .unwrap();
+    let calls = AtomicUsize::new(0);
+    let warnings = crate::obs::logs_at(tracing::Level::WARN, || {
+        for _ in 0..3 {
+            let v: Vec<u8> = cache
+                .get_or_set_with(USER_KEY, S(60), || {
+                    calls.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, std::io::Error>(big.clone())
+                })
+                .unwrap();
+            assert_eq!(v.len(), big.len());
+        }
+    });
+    // returned on every call, loaded on every call (it cannot be shared through the backend)
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+    // one warning, naming the derived key and how to find it, never the user key
+    assert_eq!(
+        warnings.matches("too large to cache").count(),
+        1,
+        "{warnings}"
+    );
+    assert!(warnings.contains(&cache.make_key(USER_KEY)), "{warnings}");
+    assert!(warnings.contains("make_key"), "{warnings}");
+    assert!(!warnings.contains("alice"), "{warnings}");
+    // the first was refused as too large; the next two loaded at once behind its marker
+    let stats = cache.stats();
+    assert_eq!(
+        (stats.too_large, stats.not_storable_loads),
+        (1, 2),
+        "{stats:?}"
+    );
+    assert_eq!(stats.lease_waits, 0, "{stats:?}");
+    // (that the user key is logged at DEBUG is a unit test: cache::tests)
+    // a get sees a miss; an add (or a set) replaces the marker
+    assert_eq!(cache.get::<Vec<u8>>(USER_KEY).unwrap(), None);
+    assert!(cache.add(USER_KEY, &vec![2u8], S(60)).unwrap());
+    assert_eq!(cache.get::<Vec<u8>>(USER_KEY).unwrap(), Some(vec![2u8]));
+    cache.set(USER_KEY, &vec![1u8], S(60)).unwrap();
+    let v: Vec<u8> = cache
+        .get_or_set_with(USER_KEY, S(60), || Ok::<_, std::io::Error>(big.clone()))
+        .unwrap();
+    assert_eq!(v, vec![1u8], "the set's value is served");
+    // the batch form too: the marked key is loaded unstored, the others stored
+    cache.delete(USER_KEY).unwrap();
+    for _ in 0..2 {
+        let got = cache
+            .get_many_or_set_with(&["big", "small"], S(60), |keys| {
+                Ok::<_, std::io::Error>(
+                    keys.iter()
+                        .map(|k| (k.clone(), if k == "big" { big.clone() } else { vec![1] }))
+                        .collect(),
+                )
             })
             .unwrap();
-        assert_eq!((v.len(), calls.load(Ordering::SeqCst)), (big.len(), 1));
-        assert_eq!(cache.stats().too_large, round);
+        assert_eq!(got["big"].len(), big.len());
     }
-    // the batch form too
-    let got = cache
-        .get_many_or_set_with(&["big", "small"], S(60), |keys| {
-            Ok::<_, std::io::Error>(
-                keys.iter()
-                    .map(|k| (k.clone(), if k == "big" { big.clone() } else { vec![1] }))
-                    .collect(),
-            )
-        })
-        .unwrap();
-    assert_eq!(got["big"].len(), big.len());
     assert_eq!(
         cache.get::<Vec<u8>>("small").unwrap(),
         Some(vec![1]),
@@ -188,6 +235,107 @@ fn a_loaded_value_too_large_to_cache_is_returned(env: &Env) {
         cache.stats()
     );
     assert_eq!(cache.get::<Vec<u8>>("big").unwrap(), None);
+    let stats = cache.stats();
+    assert_eq!(
+        (stats.too_large, stats.not_storable_loads),
+        (2, 3),
+        "{stats:?}"
+    );
+}
+
+fn a_stale_value_whose_refresh_is_too_large_is_still_served(env: &Env) {
+    let cache = env.cache();
+    cache.set("k", &vec![1u8], S(10)).unwrap();
+    env.advance(S(11));
+    let big = vec![7u8; 2 << 20];
+    let v: Vec<u8> = cache
+        .get_or_set_with("k", S(10), || Ok::<_, std::io::Error>(big.clone()))
+        .unwrap();
+    assert_eq!(v.len(), big.len(), "the refresher gets its value");
+    // the stale value stays (given back unclaimed; the async front end gives it back from a
+    // task): a reader may claim it, the others are served it
+    let mut served = None;
+    for _ in 0..200 {
+        served = cache.get::<Vec<u8>>("k").unwrap();
+        if served.is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(served, Some(vec![1u8]));
+    // a batch that refreshes it (or is served it) leaves it too
+    let got = cache
+        .get_many_or_set_with(&["k"], S(10), |keys| {
+            Ok::<_, std::io::Error>(keys.iter().map(|k| (k.clone(), big.clone())).collect())
+        })
+        .unwrap();
+    assert!(got["k"] == vec![1u8] || got["k"].len() == big.len());
+    let stats = cache.stats();
+    assert_eq!(stats.not_storable_loads, 0, "no marker: {stats:?}");
+    assert!(stats.too_large >= 1, "{stats:?}");
+}
+
+/// Callers of two other processes wait behind one caller's placeholder; its value turns out
+/// too large to store. Each of them then loads at once (their loaders meet), instead of one
+/// loading behind the other's placeholder while the other waits.
+fn waiters_behind_an_unstorable_load_each_load_at_once(env: &Env) {
+    let build = || env.builder().max_wait(S(30)).build_front(env.front);
+    let (holder, a, b) = (build(), build(), build());
+    let big = vec![7u8; 2 << 20];
+    let (started_tx, started_rx) = std::sync::mpsc::channel::<()>();
+    let (finish_tx, finish_rx) = std::sync::mpsc::channel::<()>();
+    let met = std::sync::Mutex::new(0usize);
+    let arrived = std::sync::Condvar::new();
+    // A waiter's loader: arrives, then waits (up to 5 s) for the other waiter's to arrive.
+    let meet = || {
+        let mut n = met.lock().unwrap();
+        *n += 1;
+        arrived.notify_all();
+        let (n, timeout) = arrived
+            .wait_timeout_while(n, Duration::from_secs(5), |n| *n < 2)
+            .unwrap();
+        assert!(
+            !timeout.timed_out(),
+            "the other waiter did not load meanwhile ({})",
+            *n
+        );
+        Ok::<_, std::io::Error>(vec![1u8; 2 << 20])
+    };
+    std::thread::scope(|s| {
+        let (holder, big) = (&holder, &big);
+        let h = s.spawn(move || {
+            holder
+                .get_or_set_with("k", S(60), move || {
+                    started_tx.send(()).unwrap();
+                    finish_rx.recv().unwrap();
+                    Ok::<_, std::io::Error>(big.clone())
+                })
+                .unwrap()
+        });
+        started_rx.recv().unwrap();
+        let wa = s.spawn(|| a.get_or_set_with("k", S(60), meet).unwrap());
+        let wb = s.spawn(|| b.get_or_set_with("k", S(60), meet).unwrap());
+        // both wait behind the holder's placeholder before its load ends
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while a.stats().lease_waits + b.stats().lease_waits < 2 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the waiters never waited"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        finish_tx.send(()).unwrap();
+        assert_eq!(h.join().unwrap().len(), big.len());
+        assert_eq!(wa.join().unwrap().len(), 2 << 20);
+        assert_eq!(wb.join().unwrap().len(), 2 << 20);
+    });
+    assert_eq!(*met.lock().unwrap(), 2);
+    let (sa, sb) = (a.stats(), b.stats());
+    assert_eq!(
+        sa.not_storable_loads + sb.not_storable_loads,
+        2,
+        "{sa:?} {sb:?}"
+    );
 }
 
 fn an_over_long_derived_key_never_reaches_the_server(env: &Env) {

@@ -652,10 +652,6 @@ impl Drop for Engine {
 }
 
 impl AsyncBackend for Engine {
-    fn report(&self, stats: &mut crate::Stats) {
-        outage::report(self.servers.iter().map(|s| &s.health.missed), stats);
-    }
-
     fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Item>>> {
         Box::pin(async move {
             wire::check_key(key)?;
