@@ -492,8 +492,11 @@ impl Engine {
     where
         F: Future<Output = Result<T>>,
     {
-        let home = self.routing.home(key);
-        let i = self.route_index(key);
+        let now = self.settings.now_ms();
+        let (home, i) = self
+            .routing
+            .home_and_route(key, |i| self.servers[i].health.routable(now));
+        super::note_server(&self.servers[i].addr);
         let elsewhere = (i != home).then_some(i);
         let capacity = self.settings.replay_capacity;
         if elsewhere.is_some() {
@@ -568,12 +571,29 @@ impl Engine {
                 }
             }
         }
+        let all_up = || {
+            let now = self.settings.now_ms();
+            self.servers.iter().all(|s| s.health.routable(now))
+        };
+        let up_before = all_up();
         let groups = self.by_server(n, &key, |_| Ok(()), &mut out);
-        // (position, home, server sent to) of every command sent: each is a write.
+        // (position, home, server sent to) of every command sent: each is a write. With every
+        // server up, each key went to its home (no second hash).
+        let remapped = !(up_before && all_up());
         let capacity = self.settings.replay_capacity;
         let sent: Vec<(usize, usize, usize)> = groups
             .iter()
-            .flat_map(|(s, ps)| ps.iter().map(|&p| (p, self.routing.home(key(p)), *s)))
+            .flat_map(|(s, ps)| {
+                let key = &key;
+                ps.iter().map(move |&p| {
+                    let home = if remapped {
+                        self.routing.home(key(p))
+                    } else {
+                        *s
+                    };
+                    (p, home, *s)
+                })
+            })
             .collect();
         for &(p, home, s) in &sent {
             if s != home {

@@ -266,8 +266,7 @@ impl MemcachedBackend {
     /// [`on_key`](Self::on_key) for a write (a store, a delete, a touch): one that may not reach
     /// the key's home server, or that lands on another, is recorded for replay there.
     fn on_write<T>(&self, key: &str, op: impl FnOnce(&mut Conn) -> Result<T>) -> Result<T> {
-        let home = self.routing.home(key);
-        let i = self.server_index(key);
+        let (home, i) = self.routing.home_and_route(key, self.routable());
         super::note_server(&self.servers[i].addr);
         if i != home {
             self.missed(home).note(key, Some(i), self.replay_capacity);
@@ -353,6 +352,8 @@ impl MemcachedBackend {
         let out: Vec<Option<Result<T>>> = (0..n).map(|i| check(i).err().map(Err)).collect();
         let mut sendable: Vec<usize> = Vec::with_capacity(n);
         sendable.extend((0..n).filter(|&i| out[i].is_none()));
+        let all_up = || (0..self.servers.len()).all(self.routable());
+        let up_before = all_up();
         let mut groups = self
             .routing
             .by_server(sendable.iter().map(|&i| key(i)), self.routable());
@@ -363,10 +364,22 @@ impl MemcachedBackend {
         if !writes {
             return self.run_legs(writes, out, groups, chunk, encode, decode, None);
         }
-        // (position, home, server sent to) of every write sent.
+        // (position, home, server sent to) of every write sent. With every server up, each
+        // key went to its home (no second hash).
+        let remapped = !(up_before && all_up());
         let sent: Vec<(usize, usize, usize)> = groups
             .iter()
-            .flat_map(|(s, ps)| ps.iter().map(|&p| (p, self.routing.home(key(p)), *s)))
+            .flat_map(|(s, ps)| {
+                let key = &key;
+                ps.iter().map(move |&p| {
+                    let home = if remapped {
+                        self.routing.home(key(p))
+                    } else {
+                        *s
+                    };
+                    (p, home, *s)
+                })
+            })
             .collect();
         for &(p, home, s) in &sent {
             if s != home {

@@ -57,6 +57,26 @@ impl Routing {
         self.home(key)
     }
 
+    /// `(home, route)`: [`home`](Self::home) and [`route`](Self::route) of `key`, hashing it once
+    /// when no server is remapped.
+    pub(crate) fn home_and_route(
+        &self,
+        key: &str,
+        routable: impl Fn(usize) -> bool,
+    ) -> (usize, usize) {
+        if self.nodes.len() == 1 {
+            return (0, 0);
+        }
+        let home = self.home(key);
+        if self.policy == DeadServerPolicy::Remap && !(0..self.nodes.len()).all(&routable) {
+            return (
+                home,
+                self.remapped(key, (0..self.nodes.len()).map(routable).collect()),
+            );
+        }
+        (home, home)
+    }
+
     fn remapped(&self, key: &str, live: Vec<bool>) -> usize {
         let cached = {
             let c = self.live_ring.read();
