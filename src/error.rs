@@ -435,6 +435,11 @@ impl Error {
 /// converts it into an [`Error`] with [`is_loader`](Error::is_loader) whose `source()` is the
 /// loader's error.
 ///
+/// The loader's error type must be a [`std::error::Error`] (so that it can be the source of
+/// that `Error`). An `anyhow::Error`, a `String` or a `Box<dyn Error>` is not: wrap it in a
+/// type of your own, or with `.map_err(std::io::Error::other)` (then read it back with
+/// `e.get_ref()` on the `io::Error`).
+///
 /// ```
 /// use std::time::Duration;
 /// use newcache::LoadError;
