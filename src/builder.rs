@@ -665,6 +665,7 @@ impl CacheBuilder {
                 let health = b.health();
                 (Arc::new(b), health)
             };
+            self.clock_records(&health.0);
             let engine =
                 crate::backend::engine::Engine::sharing(&config, connections, Some(health))?;
             Ok(Backends {
@@ -673,9 +674,19 @@ impl CacheBuilder {
             })
         }
         #[cfg(not(feature = "tokio"))]
-        Ok(Backends {
-            sync: Arc::new(MemcachedBackend::new(config)?),
-        })
+        {
+            let b = MemcachedBackend::new(config)?;
+            self.clock_records(&b.health().0);
+            Ok(Backends { sync: Arc::new(b) })
+        }
+    }
+
+    /// Puts the servers' replay records on the cache's clock (their stale-before times are
+    /// compared with the write times of values, which are on it).
+    fn clock_records(&self, records: &[Arc<crate::backend::memcached::health::Health>]) {
+        for r in records {
+            r.missed.use_clock(self.clock.clone());
+        }
     }
 
     /// The memcached backend's settings (servers parsed).

@@ -438,7 +438,18 @@ impl Error {
 /// The loader's error type must be a [`std::error::Error`] (so that it can be the source of
 /// that `Error`). An `anyhow::Error`, a `String` or a `Box<dyn Error>` is not: wrap it in a
 /// type of your own, or with `.map_err(std::io::Error::other)` (then read it back with
-/// `e.get_ref()` on the `io::Error`).
+/// `e.get_ref()` on the `io::Error`):
+///
+/// ```
+/// # use std::time::Duration;
+/// # let cache = newcache::Cache::builder().build()?;
+/// let fetch = || -> anyhow::Result<u64> { anyhow::bail!("the database is down") };
+/// let got = cache.get_or_set_with("n", Duration::from_secs(60), || {
+///     fetch().map_err(std::io::Error::other)
+/// });
+/// assert_eq!(got.unwrap_err().loader().unwrap().to_string(), "the database is down");
+/// # Ok::<(), newcache::Error>(())
+/// ```
 ///
 /// ```
 /// use std::time::Duration;

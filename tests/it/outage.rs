@@ -208,25 +208,29 @@ fn remap_a_revived_server_never_serves_what_was_deleted_or_replaced_async() {
 }
 
 /// `FailFast` (the default): a delete while the key's server is stopped fails, and says it was
-/// queued; when the server is back, this process never reads the deleted value from it.
+/// queued; when the server is back, this process never reads the deleted value from it. (The
+/// server is ejected by a read first, so that the delete of `k` is never sent: one sent to a
+/// stopped server waits in its socket and is applied when it resumes.)
 fn fail_fast_revival(asynch: bool) {
     let server = Memcached::start();
     let addrs = vec![server.addr()];
     let front = Front::build(builder(&addrs, "outage-failfast"), asynch);
     front.set("k", "v1").unwrap();
+    front.set("sent", "v1").unwrap();
     server.signal("STOP");
-    let e = front.delete("k").unwrap_err();
-    assert!(e.to_string().contains("queued for replay"), "{e}");
-    until_ejected(|| front.delete("k").map(drop));
+    let e = front.delete("sent").unwrap_err();
+    assert!(e.is_timeout() && e.to_string().contains("queued for replay"), "{e}");
+    until_ejected(|| front.get("k").map(drop));
     let e = front.delete("k").unwrap_err();
     assert!(
         e.to_string().contains("marked dead") && e.to_string().contains("queued for replay"),
         "{e}"
     );
     server.signal("CONT");
-    after_revival(&front, "k", None, 1);
+    after_revival(&front, "k", None, 2);
     assert!(!holds(&addrs[0], &front.make_key("k")));
-    assert_eq!(front.stats().replayed_deletes, 1, "one key, once");
+    assert_eq!(front.get("sent").unwrap(), None);
+    assert_eq!(front.stats().replayed_deletes, 2, "two keys, once each");
 }
 
 #[test]
@@ -416,4 +420,322 @@ fn another_process_sees_the_replay_once_it_is_made() {
     assert_eq!(child_reads(), "none", "the replay reached the server");
     drop(to_child);
     let _ = child.wait();
+}
+
+/// A `Clock` an hour behind the system's (what `CacheBuilder::clock` accepts).
+#[derive(Debug)]
+struct Behind;
+
+impl newcache::Clock for Behind {
+    fn now_ms(&self) -> u64 {
+        newcache::Clock::now_ms(&newcache::SystemClock) - 3_600_000
+    }
+}
+
+/// The overflow test with the cache on its own clock (an hour behind the system's): a full
+/// record's stale-before time is on the clock the values' write times are on, so the old values
+/// are judged stale, not served as fresh.
+fn overflow_on_a_clock(asynch: bool) {
+    let server = Memcached::start();
+    let addrs = vec![server.addr()];
+    let front = Front::build(
+        builder(&addrs, "outage-overflow-clock")
+            .replay_capacity(2)
+            .clock(std::sync::Arc::new(Behind)),
+        asynch,
+    );
+    let keys: Vec<String> = (0..6).map(|i| format!("k{i}")).collect();
+    for k in &keys {
+        front.set(k, "v1").unwrap();
+    }
+    server.signal("STOP");
+    for k in &keys {
+        let _ = front.delete(k);
+    }
+    server.signal("CONT");
+    after_revival(&front, &keys[0], None, 2);
+    let mut loads = 0;
+    for k in &keys {
+        assert_eq!(front.load(k, "v2", &mut loads), "v2", "{k}: never v1");
+    }
+}
+
+#[test]
+fn an_overflowing_record_is_on_the_cache_clock() {
+    overflow_on_a_clock(false);
+}
+
+#[test]
+fn an_overflowing_record_is_on_the_cache_clock_async() {
+    overflow_on_a_clock(true);
+}
+
+/// The engine hands a replay to a connection's task: a task dropped before it ran (its runtime
+/// shut down) gives the keys back, and the next connection replays them before it serves.
+#[test]
+fn a_replay_dropped_with_its_runtime_is_kept_async() {
+    let server = Memcached::start();
+    let addrs = vec![server.addr()];
+    let cache = builder(&addrs, "outage-rtdrop").build_async().unwrap();
+    let rt = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    async fn get(c: &AsyncCache, k: &str) -> Result<Option<String>, Error> {
+        c.get(k).await
+    }
+    let rt1 = rt();
+    rt1.block_on(cache.set("k", "v1", Ttl::Never)).unwrap();
+    server.signal("STOP");
+    // Ejected by reads of another key: nothing of k's is sent.
+    until_ejected(|| rt1.block_on(get(&cache, "other")).map(drop));
+    let e = rt1.block_on(cache.delete("k")).unwrap_err();
+    assert!(e.to_string().contains("queued for replay"), "{e}");
+    server.signal("CONT");
+    thread::sleep(RETRY + MS(100));
+    // The probe opens its connection (taking the record); its runtime ends before the task runs.
+    rt1.block_on(async {
+        tokio::select! {
+            biased;
+            _ = get(&cache, "other") => {}
+            () = async {} => {}
+        }
+    });
+    drop(rt1);
+    let rt2 = rt();
+    let t = Instant::now();
+    loop {
+        if let Ok(v) = rt2.block_on(get(&cache, "k")) {
+            assert_eq!(v, None, "k was deleted while its server was stopped");
+            return;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "never revived");
+        thread::sleep(MS(50));
+    }
+}
+
+/// A forwarder to a server that can be cut (every connection closed, new ones closed at once,
+/// nothing forwarded) and restored: this process loses the server while it keeps its data and
+/// other clients could still reach it (a partition, not a stopped process).
+struct Switch {
+    addr: String,
+    on: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    conns: std::sync::Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
+}
+
+impl Switch {
+    fn new(upstream: String) -> Switch {
+        use std::sync::atomic::Ordering;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let on = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let conns = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (on2, conns2) = (on.clone(), conns.clone());
+        thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { continue };
+                if !on2.load(Ordering::SeqCst) {
+                    drop(client);
+                    continue;
+                }
+                let server = std::net::TcpStream::connect(&upstream).unwrap();
+                let _ = client.set_nodelay(true);
+                let _ = server.set_nodelay(true);
+                {
+                    let mut c = conns2.lock().unwrap();
+                    c.push(client.try_clone().unwrap());
+                    c.push(server.try_clone().unwrap());
+                }
+                for (mut from, mut to) in [
+                    (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                    (server, client),
+                ] {
+                    thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(std::net::Shutdown::Both);
+                    });
+                }
+            }
+        });
+        Switch { addr, on, conns }
+    }
+
+    fn cut(&self) {
+        self.on.store(false, std::sync::atomic::Ordering::SeqCst);
+        for c in self.conns.lock().unwrap().drain(..) {
+            let _ = c.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    fn restore(&self) {
+        self.on.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Concurrent callers after a partition heals, the server never marked dead (a high
+/// `failure_limit`): one caller replays the whole record on its connection; the others wait for
+/// that replay to end before they read, so none reads a deleted value.
+fn concurrent_readers_after_a_partition(asynch: bool) {
+    let server = Memcached::start();
+    let switch = Switch::new(server.addr());
+    let addrs = vec![switch.addr.clone()];
+    let b = builder(&addrs, "outage-partition")
+        .failure_limit(1_000_000)
+        .pipelined_sync(false);
+    let front = Front::build(b, asynch);
+    front.set("k", "v1").unwrap();
+    switch.cut();
+    // k's delete and many others never reach the server: each is recorded.
+    let e = front.delete("k").unwrap_err();
+    assert!(e.to_string().contains("queued for replay"), "{e}");
+    let others: Vec<String> = (0..8_000).map(|i| format!("f{i}")).collect();
+    match &front {
+        Front::Sync(c) => drop(c.delete_many(&others)),
+        Front::Async(c, rt) => drop(rt.block_on(c.delete_many(&others))),
+    }
+    assert!(holds(&server.addr(), &front.make_key("k")), "never deleted");
+    switch.restore();
+    let seen: Vec<Option<String>> = match &front {
+        Front::Sync(c) => thread::scope(|s| {
+            let readers: Vec<_> = (0..6).map(|_| s.spawn(|| c.get::<String>("k"))).collect();
+            readers
+                .into_iter()
+                .filter_map(|r| r.join().unwrap().ok())
+                .collect()
+        }),
+        Front::Async(c, rt) => rt.block_on(async {
+            let (a, b, d, e) = tokio::join!(
+                c.get::<String>("x"),
+                c.get::<String>("k"),
+                c.get::<String>("k"),
+                c.get::<String>("k")
+            );
+            drop(a);
+            [b, d, e].into_iter().filter_map(Result::ok).collect()
+        }),
+    };
+    let later = front.get("k").unwrap();
+    assert!(
+        seen.iter().all(Option::is_none),
+        "k was deleted while the server was out of reach, read after: {seen:?} (then {later:?}, \
+         once the replay is done)"
+    );
+}
+
+#[test]
+fn concurrent_readers_after_a_partition_wait_for_the_replay() {
+    concurrent_readers_after_a_partition(false);
+}
+
+#[test]
+fn concurrent_readers_after_a_partition_wait_for_the_replay_async() {
+    concurrent_readers_after_a_partition(true);
+}
+
+/// Behind twemproxy, a replay's delete of a key whose backend is down is answered
+/// `SERVER_ERROR` by the proxy: that key is passed over (an outage behind the proxy is the
+/// proxy's), and the calls for keys on the backends that are up go on.
+#[test]
+fn a_replay_behind_twemproxy_with_a_backend_down_fails_no_call() {
+    replay_behind_twemproxy(false);
+}
+
+#[test]
+fn a_replay_behind_twemproxy_with_a_backend_down_fails_no_call_async() {
+    replay_behind_twemproxy(true);
+}
+
+fn replay_behind_twemproxy(asynch: bool) {
+    let mut m1 = Memcached::start();
+    let m2 = Memcached::start();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dir = std::env::temp_dir().join(format!("newcache-outage-twem-{port}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let conf = dir.join("nutcracker.yml");
+    std::fs::write(
+        &conf,
+        format!(
+            "r:\n  listen: 127.0.0.1:{port}\n  hash: fnv1a_64\n  distribution: ketama\n  \
+             auto_eject_hosts: false\n  timeout: 400\n  \
+             servers:\n   - {}:1\n   - {}:1\n",
+            m1.addr(),
+            m2.addr()
+        ),
+    )
+    .unwrap();
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _proxy = Kill(
+        Command::new("nutcracker")
+            .args(["-c", conf.to_str().unwrap(), "-a", "127.0.0.1", "-s"])
+            .arg(
+                std::net::TcpListener::bind("127.0.0.1:0")
+                    .unwrap()
+                    .local_addr()
+                    .unwrap()
+                    .port()
+                    .to_string(),
+            )
+            .arg("-o")
+            .arg(dir.join("log"))
+            .arg("-p")
+            .arg(dir.join("pid"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let t = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "nutcracker did not start"
+        );
+        thread::sleep(MS(10));
+    }
+    let switch = Switch::new(format!("127.0.0.1:{port}"));
+    let b = builder(std::slice::from_ref(&switch.addr), "outage-twem")
+        .failure_limit(1_000_000)
+        .pipelined_sync(false);
+    let front = Front::build(b, asynch);
+    let (mut on1, mut on2) = (None, None);
+    for i in 0.. {
+        let k = format!("t{i}");
+        front.set(&k, "v1").unwrap();
+        if holds(&m1.addr(), &front.make_key(&k)) {
+            on1.get_or_insert(k);
+        } else {
+            on2.get_or_insert(k);
+        }
+        if on1.is_some() && on2.is_some() {
+            break;
+        }
+    }
+    let (on1, on2) = (on1.unwrap(), on2.unwrap());
+    switch.cut();
+    let e = front.delete(&on1).unwrap_err();
+    assert!(e.to_string().contains("queued for replay"), "{e}");
+    switch.restore();
+    m1.kill();
+    let got: Vec<_> = (0..5)
+        .map(|_| front.get(&on2).map_err(|e| format!("{e:?}").len()))
+        .collect();
+    let s = front.stats();
+    assert!(
+        got.iter()
+            .all(|g| g.as_ref().is_ok_and(|v| v.as_deref() == Some("v1"))),
+        "a key on the backend that is up: {got:?} (error lengths), replays failed: {}",
+        s.replays_failed
+    );
 }

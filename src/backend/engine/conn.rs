@@ -47,8 +47,9 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::mpsc::error::{TryRecvError, TrySendError};
 use tokio::sync::{Notify, mpsc, oneshot};
 
+use super::MissedOf;
 use super::Server;
-use crate::backend::memcached::outage::{self, Taken};
+use crate::backend::memcached::outage::{self, Replay};
 use crate::backend::memcached::wire::{self, Shape, Slot};
 use crate::backend::{Item, StoreOutcome};
 use crate::error::{Error, ErrorKind, Result};
@@ -593,7 +594,7 @@ pub(super) async fn run(
     mut ops: mpsc::Receiver<Op>,
     probe: bool,
     conn: Arc<Conn>,
-    replay: Option<Taken>,
+    replay: Option<Replay<MissedOf>>,
 ) {
     let closing = Closing(&conn);
     #[cfg(test)]
@@ -617,8 +618,8 @@ pub(super) async fn run(
         Ok(s) => s,
         Err(e) => {
             let e = server.annotate(e);
-            if let Some(taken) = replay {
-                server.health.missed.restore(taken, capacity);
+            if let Some(r) = replay {
+                r.failed(&server.addr, &e, capacity);
             }
             server.fault(probe, &e);
             close_queue(&mut ops, &e).await;
@@ -626,13 +627,13 @@ pub(super) async fn run(
         }
     };
     // What the server missed is deleted before any op is written (those queued wait).
-    if let Some(taken) = replay {
-        let missed = &server.health.missed;
-        match delete_all(&mut stream, &taken, settings.io_timeout).await {
-            Ok(()) => outage::replayed(
+    if let Some(r) = replay {
+        let keys: Vec<&str> = r.keys().collect();
+        let deleted = delete_all(&mut stream, &keys, settings.io_timeout).await;
+        drop(keys);
+        match deleted {
+            Ok(()) => r.done(
                 &server.addr,
-                missed,
-                &taken,
                 |j| {
                     let there = &server.peers[j];
                     (!Arc::ptr_eq(there, &server.health)).then_some(&there.missed)
@@ -641,7 +642,7 @@ pub(super) async fn run(
             ),
             Err(e) => {
                 let e = server.annotate(e);
-                outage::failed(&server.addr, missed, taken, &e, capacity);
+                r.failed(&server.addr, &e, capacity);
                 server.fault(probe, &e);
                 close_queue(&mut ops, &e).await;
                 return;
@@ -677,11 +678,11 @@ pub(super) async fn run(
 
 /// Deletes every key of `taken` on a connection not yet serving (pipelined, [`ROUND`] per
 /// exchange, each exchange within `io_timeout`), whether or not it exists.
-async fn delete_all(stream: &mut TcpStream, taken: &Taken, io_timeout: Duration) -> Result<()> {
+async fn delete_all(stream: &mut TcpStream, keys: &[&str], io_timeout: Duration) -> Result<()> {
     use tokio::io::AsyncWriteExt;
-    for part in taken.chunks(ROUND) {
+    for part in keys.chunks(ROUND) {
         let mut out = Vec::new();
-        for (key, _) in part {
+        for key in part {
             wire::encode_delete(&mut out, key)?;
         }
         let exchange = async {
@@ -698,7 +699,10 @@ async fn delete_all(stream: &mut TcpStream, taken: &Taken, io_timeout: Duration)
             }
             let mut r = io::Cursor::new(&buf[..]);
             for _ in part {
-                wire::read_delete(&mut r)?;
+                match wire::read_delete(&mut r) {
+                    Err(e) if !outage::refused(&e) => return Err(e),
+                    _ => {}
+                }
             }
             if usize::try_from(r.position()).ok() != Some(buf.len()) {
                 return Err(wire::protocol_error("bytes after the last delete's reply"));

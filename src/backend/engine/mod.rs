@@ -50,7 +50,7 @@ use tokio::task::JoinHandle;
 use self::conn::{Conn, KEYS_PER_LINE, Op, Parse, QUEUE, Reply};
 use super::memcached::MemcachedConfig;
 use super::memcached::health::{Gate, Health};
-use super::memcached::outage;
+use super::memcached::outage::{self, Begin, Missed, Replay};
 use super::memcached::routing::Routing;
 use super::memcached::wire::{self, Slot};
 use super::{AsyncBackend, BoxFuture, Item, StoreOutcome, Write, max_value_size};
@@ -98,6 +98,18 @@ impl fmt::Debug for Engine {
             .field("servers", &addrs)
             .field("item_size", &self.settings.item_size)
             .finish_non_exhaustive()
+    }
+}
+
+/// A server's record of missed invalidations, held by a replay that outlives the caller (it
+/// runs in a connection's task).
+pub(super) struct MissedOf(Arc<Health>);
+
+impl std::ops::Deref for MissedOf {
+    type Target = Missed;
+
+    fn deref(&self) -> &Missed {
+        &self.0.missed
     }
 }
 
@@ -214,24 +226,20 @@ impl Server {
             if gate == Gate::FailFast {
                 return Err(self.health.dead_error(&self.addr));
             }
+            // Keys this server missed are deleted there first, by a fresh connection, before it
+            // writes anything (this op included); while another caller's replay runs, wait.
+            let replay = self.replay_first().await?;
             let (ops, conn) = {
                 let mut live = self.slots[slot].lock();
-                // Keys this server missed are replayed by a fresh connection before it serves.
                 let l = match &*live {
-                    Some(l)
-                        if gate == Gate::Go
-                            && !l.ops.is_closed()
-                            && !self.health.missed.pending() =>
-                    {
-                        l
-                    }
-                    _ => live.insert(self.open(gate == Gate::Probe)?),
+                    Some(l) if gate == Gate::Go && !l.ops.is_closed() && replay.is_none() => l,
+                    _ => live.insert(self.open(gate == Gate::Probe, replay)?),
                 };
                 match l.conn.submit(&l.ops, op, self) {
                     Ok(()) => return Ok(()),
                     Err(TrySendError::Full(o)) if full == WhenFull::OwnConnection => {
                         // Dropping `own` closes its queue: its task answers `o`, then ends.
-                        let own = self.open(gate == Gate::Probe)?;
+                        let own = self.open(gate == Gate::Probe, None)?;
                         return own.conn.submit(&own.ops, o, self).map_err(|_| {
                             self.annotate(Error::backend("a new connection refused a request"))
                         });
@@ -258,9 +266,35 @@ impl Server {
         )))
     }
 
-    /// Starts a connection's task on the current runtime; it connects, replays what the server
-    /// missed (if anything), then serves the queue.
-    fn open(self: &Arc<Self>, probe: bool) -> Result<Live> {
+    /// The replay this caller must run first, if the server's record holds keys: `None` when
+    /// it holds none (or another caller's replay of them ended while this one waited).
+    async fn replay_first(self: &Arc<Self>) -> Result<Option<Replay<MissedOf>>> {
+        let missed = &self.health.missed;
+        while missed.pending() {
+            match Missed::begin(MissedOf(self.health.clone())) {
+                Begin::Clear => break,
+                Begin::Mine(r) => return Ok(Some(r)),
+                Begin::Busy => {
+                    let s = &self.settings;
+                    let bound = s
+                        .connect_timeout
+                        .saturating_add(s.io_timeout.saturating_mul(2));
+                    if !missed.wait_async(bound).await {
+                        return Err(self.annotate(Error::backend(
+                            "another caller's replay of the invalidations it missed is still \
+                             running",
+                        )));
+                    }
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// Starts a connection's task on the current runtime; it connects, runs `replay` (deletes
+    /// what the server missed), then serves the queue. A replay that never runs (no runtime,
+    /// the task dropped) gives its keys back.
+    fn open(self: &Arc<Self>, probe: bool, replay: Option<Replay<MissedOf>>) -> Result<Live> {
         let rt = tokio::runtime::Handle::try_current().map_err(|_| {
             Error::config(
                 "an AsyncCache needs a tokio runtime with I/O and timers enabled \
@@ -269,7 +303,6 @@ impl Server {
         })?;
         let (ops, queue) = mpsc::channel(QUEUE);
         let conn = Arc::new(Conn::new());
-        let replay = self.health.missed.take();
         let task = rt.spawn(conn::run(self.clone(), queue, probe, conn.clone(), replay));
         Ok(Live { ops, conn, task })
     }

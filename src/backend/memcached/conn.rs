@@ -302,12 +302,18 @@ impl Conn {
         self.write_exchange(|b| wire::encode_delete(b, key), wire::read_delete)
     }
 
-    /// Deletes every key (pipelined, [`PIPELINE_CHUNK`] per exchange), whether or not it exists.
+    /// Deletes every key (pipelined, [`PIPELINE_CHUNK`] per exchange), whether or not it exists;
+    /// a key the server refuses with an error reply is passed over.
     pub(crate) fn delete_all(&mut self, keys: &[&str]) -> Result<()> {
         keys.chunks(PIPELINE_CHUNK).try_for_each(|part| {
             self.write_exchange(
                 |b| part.iter().try_for_each(|k| wire::encode_delete(b, k)),
-                |r| part.iter().try_for_each(|_| wire::read_delete(r).map(drop)),
+                |r| {
+                    part.iter().try_for_each(|_| match wire::read_delete(r) {
+                        Err(e) if !super::outage::refused(&e) => Err(e),
+                        _ => Ok(()),
+                    })
+                },
             )
         })
     }

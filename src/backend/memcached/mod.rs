@@ -287,33 +287,40 @@ impl MemcachedBackend {
 
     /// Deletes on server `i`, over `conn`, the keys it missed while out of reach (before
     /// anything else is done there), then hands the copies written elsewhere meanwhile on to
-    /// their servers' records. A replay that fails keeps its keys for the next attempt.
+    /// their servers' records. While another caller replays them, waits for it (at most twice
+    /// `io_timeout` per try). A replay that fails keeps its keys for the next attempt.
     fn replay(&self, i: usize, conn: &mut Conn) -> Result<()> {
         let missed = self.missed(i);
-        let Some(taken) = missed.take() else {
-            return Ok(());
-        };
-        let keys: Vec<&str> = taken.iter().map(|(k, _)| &**k).collect();
-        match conn.delete_all(&keys) {
-            Ok(()) => {
-                outage::replayed(
-                    &self.servers[i].addr,
-                    missed,
-                    &taken,
-                    |j| (j != i).then(|| self.missed(j)),
-                    self.replay_capacity,
-                );
-                Ok(())
-            }
-            Err(e) => {
-                outage::failed(
-                    &self.servers[i].addr,
-                    missed,
-                    taken,
-                    &e,
-                    self.replay_capacity,
-                );
-                Err(e)
+        let server = &self.servers[i];
+        loop {
+            match outage::Missed::begin(missed) {
+                outage::Begin::Clear => return Ok(()),
+                outage::Begin::Busy => {
+                    if !missed.wait(self.io_timeout.saturating_mul(2)) {
+                        return Err(Error::backend(
+                            "another caller's replay of the invalidations it missed is still \
+                             running",
+                        )
+                        .at_server(&server.addr));
+                    }
+                }
+                outage::Begin::Mine(replay) => {
+                    let keys: Vec<&str> = replay.keys().collect();
+                    return match conn.delete_all(&keys) {
+                        Ok(()) => {
+                            replay.done(
+                                &server.addr,
+                                |j| (j != i).then(|| self.missed(j)),
+                                self.replay_capacity,
+                            );
+                            Ok(())
+                        }
+                        Err(e) => {
+                            replay.failed(&server.addr, &e, self.replay_capacity);
+                            Err(e)
+                        }
+                    };
+                }
             }
         }
     }
@@ -531,7 +538,6 @@ impl MemcachedBackend {
 
     /// Every server's health record and the origin of its clock, in configuration order: an
     /// engine built with them (`Engine::sharing`) keeps one record with this pool.
-    #[cfg(feature = "tokio")]
     pub(crate) fn health(&self) -> (Vec<std::sync::Arc<health::Health>>, Instant) {
         let records = self.servers.iter().map(|s| s.health.clone()).collect();
         (records, self.started)

@@ -10,13 +10,17 @@
 //! applied by [`distrust`]).
 
 use std::collections::HashMap;
+use std::fmt;
+use std::ops::Deref;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 
 use super::wire;
 use crate::backend::Item;
+use crate::clock::Clock;
 use crate::envelope;
 use crate::error::{Error, Result};
 
@@ -33,22 +37,42 @@ pub(crate) enum Noted {
 }
 
 /// One server's record of missed invalidations.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub(crate) struct Missed {
-    /// Some key is recorded (read on every operation: one load, no lock).
+    /// Some key is recorded, or a replay is in flight: a caller that sees it replays, or waits
+    /// for the replay, before anything else on the server (one load, no lock, when clear).
     pending: AtomicBool,
-    /// Unix ms before which this server's values are judged stale (0: none): the latest time a
-    /// key did not fit the record.
+    /// A caller holds the replay ([`Missed::begin`]); the others wait for it to end.
+    replaying: AtomicBool,
+    /// Ms (on the cache's clock) before which this server's values are judged stale (0: none):
+    /// the latest time a key did not fit the record.
     stale_before_ms: AtomicU64,
     /// Each recorded key, with the other servers that may hold a copy written while this one was
     /// out (`DeadServerPolicy::Remap`).
     keys: Mutex<HashMap<Box<str>, Vec<usize>>>,
+    /// The cache's clock (the one its values' write times are on); the system's until set.
+    clock: OnceLock<Arc<dyn Clock>>,
+    /// Wakes the blocking callers waiting for a replay to end.
+    ended: Condvar,
+    ended_lock: Mutex<()>,
+    /// Wakes the tasks waiting for a replay to end.
+    #[cfg(feature = "tokio")]
+    ended_tasks: tokio::sync::Notify,
     /// Deletes replayed on this server.
     pub(crate) replayed: AtomicU64,
     /// Keys the record could not hold.
     pub(crate) overflowed: AtomicU64,
     /// Replays that failed part way (their keys kept for the next one).
     pub(crate) incomplete: AtomicU64,
+}
+
+impl fmt::Debug for Missed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Missed")
+            .field("pending", &self.pending())
+            .field("stale_before_ms", &self.stale_before_ms())
+            .finish_non_exhaustive()
+    }
 }
 
 /// The keys taken for one replay.
@@ -60,7 +84,36 @@ fn unix_now_ms() -> u64 {
         .map_or(1, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
+/// What a caller about to use a server must do first ([`Missed::begin`]).
+pub(crate) enum Begin<M: Deref<Target = Missed>> {
+    /// Nothing to replay: go on.
+    Clear,
+    /// Delete these keys there first, then settle the replay ([`Replay::done`] or
+    /// [`Replay::failed`]; dropped unsettled, it gives the keys back).
+    Mine(Replay<M>),
+    /// Another caller is replaying: wait for it ([`Missed::wait`], [`Missed::wait_async`]).
+    Busy,
+}
+
+/// One caller's replay of a record: the keys it took. Ends the replay when dropped (other
+/// callers go on), giving the keys back unless it was settled.
+pub(crate) struct Replay<M: Deref<Target = Missed>> {
+    missed: M,
+    taken: Taken,
+    settled: bool,
+}
+
 impl Missed {
+    /// Puts this record's time stamps on the cache's `clock` (the one its values' write times
+    /// are on). Once; later calls are ignored.
+    pub(crate) fn use_clock(&self, clock: Arc<dyn Clock>) {
+        let _ = self.clock.set(clock);
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.clock.get().map_or_else(unix_now_ms, |c| c.now_ms())
+    }
+
     /// Records `key` (latest wins: a key is held once), and `elsewhere`, a server that may hold
     /// a copy of it written while this one was out.
     pub(crate) fn note(&self, key: &str, elsewhere: Option<usize>, capacity: usize) -> Noted {
@@ -73,40 +126,85 @@ impl Missed {
             keys.insert(key.into(), copies);
         } else {
             drop(keys);
-            let first = self.overflowed.fetch_add(1, Ordering::Relaxed) == 0;
-            self.stale_before_ms
-                .fetch_max(unix_now_ms(), Ordering::AcqRel);
-            if first {
-                tracing::warn!(
-                    capacity,
-                    "newcache: a memcached server's record of missed invalidations is full; \
-                     values it holds from before now are judged stale when it is back"
-                );
-            }
+            self.overflow();
             return Noted::Full;
         }
         self.pending.store(true, Ordering::Release);
         Noted::Queued
     }
 
-    /// Whether some key waits to be replayed.
+    /// A key did not fit: this server's values from before now are judged stale.
+    fn overflow(&self) {
+        let first = self.overflowed.fetch_add(1, Ordering::Relaxed) == 0;
+        self.stale_before_ms
+            .fetch_max(self.now_ms(), Ordering::AcqRel);
+        if first {
+            tracing::warn!(
+                "newcache: a memcached server's record of missed invalidations is full \
+                 (replay_capacity); values it holds from before now are judged stale"
+            );
+        }
+    }
+
+    /// Whether some key waits to be replayed, or a replay is in flight.
     pub(crate) fn pending(&self) -> bool {
         self.pending.load(Ordering::Acquire)
     }
 
-    /// Takes every recorded key, if any: the caller replays them, then hands the copies on
-    /// ([`Missed::note`] on each other server), or gives them back ([`Missed::restore`]).
-    pub(crate) fn take(&self) -> Option<Taken> {
-        if !self.pending() {
-            return None;
+    /// What a caller about to use the server must do first: nothing, replay the keys it takes
+    /// (through `handle`, this record), or wait for the caller replaying them.
+    pub(crate) fn begin<M: Deref<Target = Missed>>(handle: M) -> Begin<M> {
+        if !handle.pending() {
+            return Begin::Clear;
         }
-        let mut keys = self.keys.lock();
-        self.pending.store(false, Ordering::Release);
-        (!keys.is_empty()).then(|| keys.drain().collect())
+        if handle
+            .replaying
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return Begin::Busy;
+        }
+        let taken: Taken = handle.keys.lock().drain().collect();
+        let replay = Replay {
+            missed: handle,
+            taken,
+            settled: false,
+        };
+        if replay.taken.is_empty() {
+            // Another caller's replay ended between the two loads.
+            drop(replay);
+            return Begin::Clear;
+        }
+        Begin::Mine(replay)
     }
 
-    /// Gives back keys a replay could not delete (recorded again, within the capacity).
-    pub(crate) fn restore(&self, taken: Taken, capacity: usize) {
+    /// Blocks until no replay is in flight, or `timeout` passes: `true` if none is.
+    pub(crate) fn wait(&self, timeout: Duration) -> bool {
+        let until = Instant::now() + timeout;
+        let mut g = self.ended_lock.lock();
+        while self.replaying.load(Ordering::Acquire) {
+            if self.ended.wait_until(&mut g, until).timed_out() {
+                return !self.replaying.load(Ordering::Acquire);
+            }
+        }
+        true
+    }
+
+    /// [`wait`](Missed::wait), awaited.
+    #[cfg(feature = "tokio")]
+    pub(crate) async fn wait_async(&self, timeout: Duration) -> bool {
+        let ended = self.ended_tasks.notified();
+        tokio::pin!(ended);
+        ended.as_mut().enable();
+        if !self.replaying.load(Ordering::Acquire) {
+            return true;
+        }
+        let _ = tokio::time::timeout(timeout, ended).await;
+        !self.replaying.load(Ordering::Acquire)
+    }
+
+    /// Records again keys a replay could not delete (within the capacity).
+    fn restore(&self, taken: Taken, capacity: usize) {
         self.incomplete.fetch_add(1, Ordering::Relaxed);
         for (key, copies) in taken {
             if copies.is_empty() {
@@ -118,10 +216,94 @@ impl Missed {
         }
     }
 
-    /// Unix ms before which this server's values are judged stale (0: never).
+    /// Ends a replay: clear unless keys were recorded meanwhile (or given back); wakes waiters.
+    fn end(&self) {
+        {
+            let keys = self.keys.lock();
+            self.pending.store(!keys.is_empty(), Ordering::Release);
+            self.replaying.store(false, Ordering::Release);
+        }
+        drop(self.ended_lock.lock());
+        self.ended.notify_all();
+        #[cfg(feature = "tokio")]
+        self.ended_tasks.notify_waiters();
+    }
+
+    /// Ms (on the cache's clock) before which this server's values are judged stale (0: never).
     pub(crate) fn stale_before_ms(&self) -> u64 {
         self.stale_before_ms.load(Ordering::Acquire)
     }
+}
+
+impl<M: Deref<Target = Missed>> Replay<M> {
+    /// The keys to delete.
+    pub(crate) fn keys(&self) -> impl Iterator<Item = &str> {
+        self.taken.iter().map(|(k, _)| &**k)
+    }
+
+    /// The keys were deleted on the server at `addr`: counts them, and hands each copy written
+    /// elsewhere on to that server's record (`other(j)`: server `j`'s, if it is another); a
+    /// copy that does not fit there makes this server's older values stale instead.
+    pub(crate) fn done<'a>(
+        mut self,
+        addr: &str,
+        other: impl Fn(usize) -> Option<&'a Missed>,
+        capacity: usize,
+    ) {
+        self.settled = true;
+        let missed = &*self.missed;
+        missed
+            .replayed
+            .fetch_add(self.taken.len() as u64, Ordering::Relaxed);
+        for (key, copies) in &self.taken {
+            for &j in copies {
+                if let Some(there) = other(j) {
+                    if there.note(key, None, capacity) == Noted::Full {
+                        missed.overflow();
+                    }
+                }
+            }
+        }
+        tracing::info!(
+            server = %addr,
+            deletes = self.taken.len(),
+            "newcache: replayed the invalidations a memcached server missed while out of reach"
+        );
+    }
+
+    /// The replay on the server at `addr` failed with `e`: its keys are recorded again, for the
+    /// next attempt; warns.
+    pub(crate) fn failed(mut self, addr: &str, e: &Error, capacity: usize) {
+        self.settled = true;
+        tracing::warn!(
+            server = %addr,
+            error = %e,
+            deletes = self.taken.len(),
+            "newcache: could not replay the invalidations a memcached server missed; \
+             kept for the next attempt (this process reads nothing there before)"
+        );
+        let taken = std::mem::take(&mut self.taken);
+        self.missed.restore(taken, capacity);
+    }
+}
+
+impl<M: Deref<Target = Missed>> Drop for Replay<M> {
+    fn drop(&mut self) {
+        if !self.settled && !self.taken.is_empty() {
+            // Dropped mid-way (a cancelled future, a task whose runtime shut down): the keys
+            // are kept. Unbounded here: they were in the record a moment ago.
+            let taken = std::mem::take(&mut self.taken);
+            self.missed.restore(taken, usize::MAX);
+        }
+        self.missed.end();
+    }
+}
+
+/// Whether a delete's failure `e` leaves the key as it was and the connection usable (an error
+/// reply: twemproxy's `SERVER_ERROR` for a backend it ejected): the replay goes on without that
+/// key (an outage behind the proxy is the proxy's) instead of failing every call.
+pub(crate) fn refused(e: &Error) -> bool {
+    wire::is_server_reply(e) && wire::leaves_connection_usable(e)
 }
 
 /// Whether a write that failed with `e` may have missed its server (a transport fault, a
@@ -164,49 +346,6 @@ pub(crate) fn say_noted(e: Error, noted: Noted) -> Error {
     })
 }
 
-/// Counts a replay that deleted `taken` on the server at `addr`, and hands each copy written
-/// elsewhere on to that server's record (`other(j)`: server `j`'s record, if it is another);
-/// a copy that does not fit there makes this server's older values stale instead.
-pub(crate) fn replayed<'a>(
-    addr: &str,
-    missed: &Missed,
-    taken: &Taken,
-    other: impl Fn(usize) -> Option<&'a Missed>,
-    capacity: usize,
-) {
-    missed
-        .replayed
-        .fetch_add(taken.len() as u64, Ordering::Relaxed);
-    for (key, copies) in taken {
-        for &j in copies {
-            if let Some(there) = other(j) {
-                if there.note(key, None, capacity) == Noted::Full {
-                    missed
-                        .stale_before_ms
-                        .fetch_max(unix_now_ms(), Ordering::AcqRel);
-                }
-            }
-        }
-    }
-    tracing::info!(
-        server = %addr,
-        deletes = taken.len(),
-        "newcache: replayed the invalidations a memcached server missed while out of reach"
-    );
-}
-
-/// Gives back the keys of a replay that failed with `e` on the server at `addr`, and warns.
-pub(crate) fn failed(addr: &str, missed: &Missed, taken: Taken, e: &Error, capacity: usize) {
-    tracing::warn!(
-        server = %addr,
-        error = %e,
-        deletes = taken.len(),
-        "newcache: could not replay the invalidations a memcached server missed; \
-         kept for the next attempt (it serves nothing before)"
-    );
-    missed.restore(taken, capacity);
-}
-
 fn add(copies: &mut Vec<usize>, elsewhere: Option<usize>) {
     if let Some(s) = elsewhere {
         if !copies.contains(&s) {
@@ -242,6 +381,20 @@ pub(crate) fn distrust(item: &mut Item, stale_before_ms: u64) {
 mod tests {
     use super::*;
 
+    fn mine(m: &Missed) -> Replay<&Missed> {
+        match Missed::begin(m) {
+            Begin::Mine(r) => r,
+            Begin::Clear => panic!("nothing to replay"),
+            Begin::Busy => panic!("busy"),
+        }
+    }
+
+    fn sorted(r: &Replay<&Missed>) -> Taken {
+        let mut t = r.taken.clone();
+        t.sort();
+        t
+    }
+
     #[test]
     fn latest_wins_and_copies_accumulate() {
         let m = Missed::default();
@@ -251,15 +404,23 @@ mod tests {
         assert_eq!(m.note("a", Some(2), 10), Noted::Queued);
         assert_eq!(m.note("b", Some(1), 10), Noted::Queued);
         assert!(m.pending());
-        let mut taken = m.take().unwrap();
-        taken.sort();
+        let r = mine(&m);
         assert_eq!(
-            taken,
+            sorted(&r),
             vec![("a".into(), vec![2]), ("b".into(), vec![1])],
             "each key once, with the servers that may hold a copy"
         );
+        assert!(m.pending(), "pending until the replay ends");
+        assert!(
+            matches!(Missed::begin(&m), Begin::Busy),
+            "one replay at a time"
+        );
+        assert!(!m.wait(Duration::from_millis(5)), "still in flight");
+        r.done("a:1", |_| None, 10);
         assert!(!m.pending());
-        assert!(m.take().is_none());
+        assert!(m.wait(Duration::ZERO));
+        assert!(matches!(Missed::begin(&m), Begin::Clear));
+        assert_eq!(m.replayed.load(Ordering::Relaxed), 2);
     }
 
     #[test]
@@ -279,16 +440,33 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_replay_gives_its_keys_back() {
+    fn a_failed_or_dropped_replay_gives_its_keys_back() {
         let m = Missed::default();
         m.note("a", Some(1), 10);
         m.note("b", None, 10);
-        let taken = m.take().unwrap();
-        m.restore(taken, 10);
+        let r = mine(&m);
+        let e = Error::backend("gone");
+        r.failed("a:1", &e, 10);
         assert!(m.pending());
-        let mut again = m.take().unwrap();
-        again.sort();
-        assert_eq!(again, vec![("a".into(), vec![1]), ("b".into(), vec![])]);
-        assert_eq!(m.incomplete.load(Ordering::Relaxed), 1);
+        let r = mine(&m);
+        assert_eq!(
+            sorted(&r),
+            vec![("a".into(), vec![1]), ("b".into(), vec![])]
+        );
+        drop(r); // a cancelled future, a task dropped with its runtime
+        assert!(m.pending());
+        assert_eq!(sorted(&mine(&m)).len(), 2, "kept");
+        assert_eq!(m.incomplete.load(Ordering::Relaxed), 2);
+    }
+
+    #[test]
+    fn a_key_recorded_during_a_replay_is_replayed_next() {
+        let m = Missed::default();
+        m.note("a", None, 10);
+        let r = mine(&m);
+        m.note("b", None, 10);
+        r.done("a:1", |_| None, 10);
+        assert!(m.pending());
+        assert_eq!(sorted(&mine(&m)), vec![("b".into(), vec![])]);
     }
 }
