@@ -75,7 +75,8 @@
 //!
 //! A `Cache` and an `AsyncCache` are two views of one cache: [`Cache::to_async`] and
 //! [`AsyncCache::to_sync`] share the store, the stats, the coalescer (a sync and an async caller of
-//! one key elect one loader) and the servers' health, each view doing its own I/O.
+//! one key elect one loader; a sync call inside a tokio context never waits for a task's load,
+//! and may load too) and the servers' health, each view doing its own I/O.
 //! - your own: implement [`Backend`] on bytes, flags and CAS tokens.
 //!
 //! # Wire format

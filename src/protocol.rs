@@ -683,10 +683,12 @@ impl Lease {
     }
 
     /// Whether this claim holds a value other readers are served meanwhile (a stale value
-    /// within its bound, claimed or displaced by a placeholder): a load whose result cannot be
-    /// stored then gives it back (`release`) rather than replacing it with a "not storable"
-    /// marker, so that readers keep being served it and one caller refreshes it at a time.
-    pub(crate) fn serves_others(&self, now_ms: u64) -> bool {
+    /// within its bound, claimed or displaced by a placeholder), or one kept for
+    /// `serve_stale_on_error` (computed at most `kept_ms` ago; 0: none is kept): a load whose
+    /// result cannot be stored then gives it back (`release`) rather than replacing it with a
+    /// "not storable" marker, so that readers keep being served it (or a failed refresh falls
+    /// back to it) and one caller refreshes it at a time.
+    pub(crate) fn serves_others(&self, now_ms: u64, kept_ms: u64) -> bool {
         let header = match &self.restore {
             Some(item) => match envelope::decode(item.flags, &item.value) {
                 Ok(Parsed::Item(h, _)) => h,
@@ -698,7 +700,9 @@ impl Lease {
             claim_until_ms: 0,
             ..header
         };
-        header.kind != Kind::Placeholder && herd::servable(herd::judge(&unclaimed, now_ms, None))
+        let kept = kept_ms > 0 && now_ms.saturating_sub(header.written_ms) <= kept_ms;
+        header.kind != Kind::Placeholder
+            && (kept || herd::servable(herd::judge(&unclaimed, now_ms, None)))
     }
 
     /// How often a running load renews its claim: a third of the lease, so that two renewals
@@ -860,7 +864,7 @@ mod tests {
         };
         assert!(g.held.is_none());
         assert!(
-            !g.lease.serves_others(1_000_000),
+            !g.lease.serves_others(1_000_000, 0),
             "a placeholder serves nobody"
         );
         assert_eq!(g.lease.store_mode(), StoreMode::Cas(7));
@@ -932,11 +936,11 @@ mod tests {
         let held = g.held.as_ref().expect("the stale value");
         assert_eq!(&held.item.value[held.offset..], b"v");
         assert!(
-            g.lease.serves_others(1_000_020),
+            g.lease.serves_others(1_000_020, 0),
             "a stale value others are served"
         );
         assert!(
-            !g.lease.serves_others(1_060_010),
+            !g.lease.serves_others(1_060_010, 0),
             "past its bound it serves nobody"
         );
         // a failed load unclaims the stale value, keeping it

@@ -52,8 +52,8 @@ impl AsyncLease {
     }
 
     /// Whether the claim holds a value others are served ([`Lease::serves_others`]).
-    pub(crate) fn serves_others(&self, now_ms: u64) -> bool {
-        self.lease.serves_others(now_ms)
+    pub(crate) fn serves_others(&self, now_ms: u64, kept_ms: u64) -> bool {
+        self.lease.serves_others(now_ms, kept_ms)
     }
 
     /// Renews the claim if a renewal is due.

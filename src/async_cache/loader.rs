@@ -147,8 +147,8 @@ impl Claim for AsyncLease {
     fn key(&self) -> &str {
         AsyncLease::key(self)
     }
-    fn serves_others(&self, now_ms: u64) -> bool {
-        AsyncLease::serves_others(self, now_ms)
+    fn serves_others(&self, now_ms: u64, kept_ms: u64) -> bool {
+        AsyncLease::serves_others(self, now_ms, kept_ms)
     }
     fn renewing<F: Future>(&mut self, work: F) -> impl Future<Output = F::Output> {
         AsyncLease::renewing_all(vec![self], work)
@@ -419,7 +419,8 @@ impl AsyncCache {
     ///
     /// # Errors
     ///
-    /// The cache's only: never [`is_loader`](crate::Error::is_loader).
+    /// The cache's; and, for a caller that waited for another caller's `get_or_set_with` of the
+    /// same key whose loader failed, that error ([`is_loader`](crate::Error::is_loader)).
     pub async fn get_or_set<T, F, Fut>(
         &self,
         key: &str,

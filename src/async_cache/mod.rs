@@ -93,7 +93,9 @@ impl Cache {
     /// `Arc` clone); every view, sync or async, shares the store (the memory backend's entries,
     /// or memcached's servers and their health: a server marked dead through one view is dead
     /// for all), the [`stats`](Cache::stats), the in-process coalescer (a sync and an async
-    /// caller of one key elect one loader) and the keys (this view's version). The async view
+    /// caller of one key elect one loader, except that a sync call made inside a tokio context,
+    /// `spawn_blocking` or `block_in_place`, never waits for a task's load: it may load too) and
+    /// the keys (this view's version). The async view
     /// does its own I/O: on memcached, the pipelined engine
     /// ([`async_connections`](crate::CacheBuilder::async_connections)) on the caller's runtime,
     /// made at build and connected on first use; the sync view keeps its pool (and its engine's

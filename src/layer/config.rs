@@ -190,7 +190,8 @@ impl ResponseCacheBuilder {
     /// included when it is not the scheme's default: `localhost:3101`; matched case-blind);
     /// default none. Only [`invalidate`](ResponseCacheLayer::invalidate) reads it: with
     /// [`HostPolicy::Key`] pages are stored per host, and memcached cannot list keys, so a path
-    /// alone (`/page/7`) reaches the pages of these hosts, each of them. Without a list, a path
+    /// alone (`/page/7`) reaches the pages of these hosts, each of them (and the page of a
+    /// request that sent no `Host`, stored under the empty host). Without a list, a path
     /// alone is refused there (give an absolute URL). Requests for a host not listed are
     /// still served and stored as before. Unused with [`HostPolicy::Ignore`]. Replaces the
     /// list.

@@ -291,7 +291,8 @@ impl ResponseCacheLayer {
     /// # }
     /// ```
     pub fn stats(&self) -> Stats {
-        self.shared.cache.stats()
+        // The layer's own counts only: the backend's (replays) are the cache's.
+        self.shared.cache.cache.stats.snapshot()
     }
 
     /// A builder, to change the defaults.
@@ -371,7 +372,15 @@ impl ResponseCacheLayer {
                      the layer with HostPolicy::Ignore",
                 ));
             }
-            HostPolicy::Key => s.served_hosts.iter().cloned().map(Some).collect(),
+            // The listed hosts, and the pages of requests that sent no Host (HTTP/1.0, a
+            // test's `oneshot`), stored under the empty host.
+            HostPolicy::Key => s
+                .served_hosts
+                .iter()
+                .cloned()
+                .chain([String::new()])
+                .map(Some)
+                .collect(),
         };
         let cache = &self.shared.cache;
         let (mut any, mut failed) = (false, None);

@@ -304,7 +304,7 @@ impl Cache {
     /// What a batch stores for a value too large to store: a "not storable" marker, or
     /// nothing (empty bytes) when the claim holds a stale value others are served.
     fn too_large_marker<C: Claim>(&self, lease: &C, life: Lifetime) -> (Vec<u8>, u32) {
-        if lease.serves_others(self.now_ms()) {
+        if lease.serves_others(self.now_ms(), self.kept_ms()) {
             return (Vec::new(), 0);
         }
         self.not_storable_marker(life)

@@ -46,7 +46,7 @@ pub(crate) trait Claim: Send + Sized {
     fn key(&self) -> &str;
     /// Whether the claim holds a value other readers are served meanwhile
     /// ([`Lease::serves_others`]).
-    fn serves_others(&self, now_ms: u64) -> bool;
+    fn serves_others(&self, now_ms: u64, kept_ms: u64) -> bool;
     /// Runs `work` (the loader) while the claim is kept alive.
     fn renewing<F: Future>(&mut self, work: F) -> impl Future<Output = F::Output>;
     /// Stores the loaded value with `cas` against the claim.
@@ -111,8 +111,8 @@ impl Claim for HeldLease {
         HeldLease::key(self)
     }
 
-    fn serves_others(&self, now_ms: u64) -> bool {
-        HeldLease::serves_others(self, now_ms)
+    fn serves_others(&self, now_ms: u64, kept_ms: u64) -> bool {
+        HeldLease::serves_others(self, now_ms, kept_ms)
     }
 
     fn renewing<F: Future>(&mut self, work: F) -> impl Future<Output = F::Output> {

@@ -305,8 +305,8 @@ impl HeldLease {
     }
 
     /// Whether the claim holds a value others are served ([`Lease::serves_others`]).
-    pub(crate) fn serves_others(&self, now_ms: u64) -> bool {
-        self.slot.lease.lock().lease.serves_others(now_ms)
+    pub(crate) fn serves_others(&self, now_ms: u64, kept_ms: u64) -> bool {
+        self.slot.lease.lock().lease.serves_others(now_ms, kept_ms)
     }
 
     /// Gives the key back after a failed load (what dropping an unfinished lease does): a

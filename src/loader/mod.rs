@@ -230,7 +230,9 @@ impl Cache {
     /// # Errors
     ///
     /// As [`get`](Cache::get), and a wait that ran out
-    /// ([`is_wait_timeout`](Error::is_wait_timeout)); never [`is_loader`](Error::is_loader).
+    /// ([`is_wait_timeout`](Error::is_wait_timeout)). Its own compute cannot fail, but a caller
+    /// that waited for another caller's `get_or_set_with` of the same key whose loader failed
+    /// gets that error ([`is_loader`](Error::is_loader)).
     ///
     /// # Panics
     ///
@@ -612,6 +614,15 @@ impl Cache {
         crate::herd::servable(crate::herd::judge(&unclaimed, self.now_ms(), None))
     }
 
+    /// How old (ms) a value may be and still be served when its refresh fails
+    /// ([`serve_stale_on_error`](crate::CacheBuilder::serve_stale_on_error)); 0: never.
+    pub(crate) fn kept_ms(&self) -> u64 {
+        self.inner
+            .config
+            .stale_on_error
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    }
+
     /// Whether a value computed at `written_ms` may be served when its refresh failed.
     pub(crate) fn young_enough(&self, written_ms: u64) -> bool {
         self.inner.config.stale_on_error.is_some_and(|max_age| {
@@ -673,7 +684,7 @@ impl Cache {
             // Too large to store, over a stale value others are served: dropping the lease
             // gives it back unclaimed, and one caller at a time refreshes it while it may be
             // served.
-            None if lease.serves_others(self.now_ms()) => return Ok(v),
+            None if lease.serves_others(self.now_ms(), self.kept_ms()) => return Ok(v),
             // Too large, and nothing servable: the claim is completed with a "not storable"
             // marker instead (the same fenced `cas`), so that callers load it at once rather
             // than in turn behind each other's placeholders.

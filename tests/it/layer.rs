@@ -2716,3 +2716,46 @@ fn a_failed_read_on_the_at_once_path_is_counted_once_not_twice() {
         );
     }
 }
+
+/// Under `HostPolicy::Key` a request without `Host` (HTTP/1.0, or a tower `oneshot` in a
+/// test) is stored under the empty host: a path-only `invalidate` with `served_hosts` reaches
+/// it too.
+#[test]
+fn the_page_of_a_request_without_host_can_still_be_invalidated() {
+    use http::{Request, Response};
+    use newcache::layer::ResponseCacheLayer;
+    use tower::{Layer, ServiceExt};
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let cache = newcache::Cache::builder()
+            .in_memory()
+            .build_async()
+            .unwrap();
+        let pages = ResponseCacheLayer::builder(cache)
+            .served_hosts(["example.com"])
+            .build()
+            .unwrap();
+        let svc = pages.layer(tower::service_fn(|_req: Request<()>| async {
+            Ok::<_, std::convert::Infallible>(Response::new(http_body_util::Full::new(
+                bytes::Bytes::from("hi"),
+            )))
+        }));
+        let x_cache = |r: &Response<_>| r.headers()["x-cache"].to_str().unwrap().to_owned();
+        let r = svc
+            .clone()
+            .oneshot(Request::get("/a").body(()).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(x_cache(&r), "MISS");
+        let _ = pages.invalidate("/a").await;
+        let r = svc
+            .clone()
+            .oneshot(Request::get("/a").body(()).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(x_cache(&r), "MISS", "the page of /a was not invalidated");
+    });
+}

@@ -219,7 +219,10 @@ fn fail_fast_revival(asynch: bool) {
     front.set("sent", "v1").unwrap();
     server.signal("STOP");
     let e = front.delete("sent").unwrap_err();
-    assert!(e.is_timeout() && e.to_string().contains("queued for replay"), "{e}");
+    assert!(
+        e.is_timeout() && e.to_string().contains("queued for replay"),
+        "{e}"
+    );
     until_ejected(|| front.get("k").map(drop));
     let e = front.delete("k").unwrap_err();
     assert!(

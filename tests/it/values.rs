@@ -663,3 +663,38 @@ fn custom_keys_sharing_a_suffix_batch_in_linear_time() {
         "10,000 keys {small:?}, 100,000 keys {large:?}"
     );
 }
+
+/// A value past its staleness bound is still kept, claimed, for its claimant's
+/// `serve_stale_on_error` (up to `max_age`): a refresh whose result is too large gives the claim
+/// back (no "not storable" marker over it), so a later failing load still falls back on it.
+#[test]
+fn a_too_large_refresh_keeps_the_value_kept_for_serve_stale_on_error() {
+    use crate::fixture::{Env, Kind};
+    use std::time::Duration;
+    let env = Env::new(Kind::Memory, "stale-kept");
+    let cache = env
+        .builder()
+        .herd_timeout(Duration::from_secs(1))
+        .serve_stale_on_error(Duration::from_secs(120))
+        .build()
+        .unwrap();
+    cache.set("j", "v", Duration::from_secs(1)).unwrap();
+    env.advance(Duration::from_millis(2500)); // past soft expiry + herd timeout: over-age
+    let big = "x".repeat(2 << 20);
+    let got: String = cache
+        .get_or_set_with("j", Duration::from_secs(1), || {
+            Ok::<_, std::io::Error>(big.clone())
+        })
+        .unwrap();
+    assert_eq!(got.len(), big.len());
+    env.advance(Duration::from_millis(1500));
+    let failing = || Err::<String, _>(std::io::Error::other("db is down"));
+    let after = cache
+        .get_or_set_with("j", Duration::from_secs(1), failing)
+        .map_err(|e| e.to_string());
+    assert_eq!(
+        after,
+        Ok("v".to_string()),
+        "the 4 s old value (max_age 120 s) is gone"
+    );
+}
