@@ -126,7 +126,7 @@ enum BackendChoice {
 /// | `early_refresh` β | off | finite and above zero |
 /// | `connect_timeout`, `io_timeout` | 500 ms | above zero |
 /// | `retry_interval` | 1 s | at most a day |
-/// | `pool_size`, `async_connections`, `failure_limit` | 2, 2, 2 | at least 1 |
+/// | `pool_size`, `async_connections`, `failure_limit` | 16, 2, 2 | at least 1 |
 /// | `replay_capacity` | 10,000 keys per server | any (0: judge a revived server's older values stale) |
 /// | `flavor` | `""` | what starts a memcached key (no whitespace or control bytes) |
 /// | `name` | `"default"` | not empty |
