@@ -455,8 +455,11 @@ mod tests {
         );
         drop(r); // a cancelled future, a task dropped with its runtime
         assert!(m.pending());
-        assert_eq!(sorted(&mine(&m)).len(), 2, "kept");
         assert_eq!(m.incomplete.load(Ordering::Relaxed), 2);
+        let kept = mine(&m);
+        assert_eq!(sorted(&kept).len(), 2, "kept");
+        kept.done("a:1", |_| None, 10);
+        assert!(!m.pending());
     }
 
     #[test]
