@@ -49,7 +49,9 @@ impl PingFailure {
 /// assert_eq!(err.servers(), 1);
 /// assert_eq!(err.failures()[0].server, "127.0.0.1:1");
 /// assert!(err.failures()[0].error.is_backend());
-/// assert!(err.to_string().starts_with("1 of 1 servers did not answer: 127.0.0.1:1: "));
+/// let said = err.to_string();
+/// assert!(said.starts_with("1 of 1 servers did not answer: "), "{said}");
+/// assert_eq!(said.matches("127.0.0.1:1").count(), 1, "the server named once: {said}");
 /// # }
 /// ```
 #[derive(Debug, Clone)]
@@ -96,7 +98,12 @@ impl fmt::Display for PingError {
         )?;
         for (i, failure) in self.failures.iter().enumerate() {
             let sep = if i == 0 { ": " } else { "; " };
-            write!(f, "{sep}{}: {}", failure.server, failure.error)?;
+            // An error that names its server already says where (each part said once).
+            if failure.error.server() == Some(failure.server.as_str()) {
+                write!(f, "{sep}{}", failure.error)?;
+            } else {
+                write!(f, "{sep}{}: {}", failure.server, failure.error)?;
+            }
             let mut cause = failure.error.source();
             while let Some(c) = cause {
                 write!(f, ": {c}")?;
