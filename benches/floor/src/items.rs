@@ -99,13 +99,12 @@ impl Items {
             let reply = servers[server_of(i)].exchange(req)?;
             let stored = stored_len(reply)?;
             let data = reply.iter().position(|&b| b == b'\n').map_or(0, |n| n + 1);
-            let header = reply
-                .get(data + 6)
-                .copied()
-                .ok_or("a reply without a header")?;
+            let item = reply
+                .get(data..data + stored)
+                .ok_or("a reply shorter than its item")?;
+            value_lens.push(value_len(item)?);
             reply_lens.push(reply.len());
             stored_lens.push(stored);
-            value_lens.push(stored - usize::from(header));
         }
         Ok(Items {
             user,
