@@ -1,0 +1,535 @@
+//! Each path: its client run and its floor run, as closures the rounds call, and the rows they
+//! make.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use hdrhistogram::Histogram;
+
+use crate::items::{Bare, Blocking, BoxError, FLAVOR, Items, VERSION, Value};
+use crate::stats::Row;
+
+/// The hot keys of the single-key paths.
+pub const KEYS: usize = 1000;
+/// The keys of a `get_many`.
+pub const BATCH: usize = 100;
+/// The tasks of the concurrent path.
+pub const TASKS: usize = 64;
+
+/// What one run measured: wall time per call and, for the concurrent path, the p99 latency.
+#[derive(Debug, Clone, Copy)]
+pub struct Run {
+    pub us_per_op: f64,
+    pub p99_us: f64,
+}
+
+impl Run {
+    fn timed(start: Instant, ops: usize) -> Run {
+        Run {
+            us_per_op: start.elapsed().as_secs_f64() * 1e6 / ops as f64,
+            p99_us: f64::NAN,
+        }
+    }
+}
+
+/// A side of a path: one run of `ops` calls.
+pub type Side<'a> = Box<dyn FnMut(usize) -> Result<Run, BoxError> + 'a>;
+
+/// Runs every side once per round, in the order given in even rounds and reversed in odd ones,
+/// after one uncounted warm-up run of each (a tenth of the calls). With `slices` above 1, a
+/// round's calls are cut into that many slices and the order alternates slice by slice as well
+/// (A B, B A, A B, ...), so that both sides of a round see the same mix of the machine's fast
+/// and slow spells; a side's figure is its total time over its total calls (its p99: the
+/// median of its slices' p99s). Returns the runs by side, then by round.
+pub fn interleave(
+    name: &str,
+    rounds: usize,
+    ops: usize,
+    slices: usize,
+    sides: &mut [Side<'_>],
+) -> Result<Vec<Vec<Run>>, BoxError> {
+    for side in sides.iter_mut() {
+        side((ops / 10).max(1))?;
+    }
+    let per_slice = (ops / slices).max(1);
+    let mut runs = vec![Vec::with_capacity(rounds); sides.len()];
+    for round in 0..rounds {
+        let mut parts: Vec<Vec<Run>> = vec![Vec::with_capacity(slices); sides.len()];
+        for slice in 0..slices {
+            let mut order: Vec<usize> = (0..sides.len()).collect();
+            if (round + slice) % 2 == 1 {
+                order.reverse();
+            }
+            for &s in &order {
+                parts[s].push(sides[s](per_slice)?);
+            }
+        }
+        for (s, parts) in parts.iter().enumerate() {
+            let p99s: Vec<f64> = parts.iter().map(|r| r.p99_us).collect();
+            runs[s].push(Run {
+                us_per_op: parts.iter().map(|r| r.us_per_op).sum::<f64>() / parts.len() as f64,
+                p99_us: crate::stats::quantile(&p99s, 0.5),
+            });
+        }
+        let figures: Vec<String> = runs
+            .iter()
+            .map(|r| format!("{:.2}", r[round].us_per_op))
+            .collect();
+        eprintln!(
+            "{name} round {}/{rounds}: us/op {}",
+            round + 1,
+            figures.join(" / ")
+        );
+    }
+    Ok(runs)
+}
+
+fn us(runs: &[Run]) -> Vec<f64> {
+    runs.iter().map(|r| r.us_per_op).collect()
+}
+
+/// The servers and the sync caches over them, filled.
+pub struct Setup {
+    pub addrs: Vec<String>,
+    /// One server (`addrs[0]`), keys `k0`..`k999`.
+    pub single: newcache::Cache,
+    pub single_items: Arc<Items>,
+    /// Three servers, keys `m0`..`m99`.
+    pub multi: newcache::Cache,
+    pub multi_items: Items,
+    /// The server each of `multi_items` lives on.
+    pub multi_owner: Vec<usize>,
+}
+
+fn builder() -> newcache::CacheBuilder {
+    newcache::Cache::builder().flavor(FLAVOR).version(VERSION)
+}
+
+impl Setup {
+    pub fn new(addrs: Vec<String>) -> Result<Setup, BoxError> {
+        let single = builder().memcached([addrs[0].as_str()]).build()?;
+        let single_items = Items::fill(&single, "k", KEYS, &mut Blocking::connect(&addrs[0])?)?;
+
+        let multi = builder()
+            .memcached(addrs.iter().map(String::as_str))
+            .build()?;
+        let user: Vec<String> = (0..BATCH).map(|i| format!("m{i}")).collect();
+        for (i, k) in user.iter().enumerate() {
+            multi.set(k, &Value::new(i), crate::items::TTL)?;
+        }
+        // Which server holds each key, asked of the servers themselves.
+        let mut socks = addrs
+            .iter()
+            .map(|a| Blocking::connect(a))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut multi_owner = Vec::with_capacity(BATCH);
+        for k in &user {
+            let req = format!("get {}\r\n", multi.make_key(k)).into_bytes();
+            let mut owners = Vec::new();
+            for (s, sock) in socks.iter_mut().enumerate() {
+                if sock.exchange(&req)? != b"END\r\n" {
+                    owners.push(s);
+                }
+            }
+            match owners[..] {
+                [s] => multi_owner.push(s),
+                _ => return Err(format!("{k} is on servers {owners:?}").into()),
+            }
+        }
+        let multi_items = Items::learn(&multi, user, &mut socks, |i| multi_owner[i])?;
+        Ok(Setup {
+            addrs,
+            single,
+            single_items: Arc::new(single_items),
+            multi,
+            multi_items,
+            multi_owner,
+        })
+    }
+}
+
+/// sync `Cache::get` hit from one thread against a blocking socket's `get` of the same item.
+pub fn sync_get(s: &Setup, rounds: usize, ops: usize, slices: usize) -> Result<Vec<Row>, BoxError> {
+    let items = &s.single_items;
+    let cache = &s.single;
+    let mut floor = Blocking::connect(&s.addrs[0])?;
+    let client: Side<'_> = Box::new(move |n| {
+        let t = Instant::now();
+        for j in 0..n {
+            let i = j % KEYS;
+            Value::check(cache.get::<Value>(&items.user[i])?, i)?;
+        }
+        Ok(Run::timed(t, n))
+    });
+    let bare: Side<'_> = Box::new(move |n| {
+        let t = Instant::now();
+        for j in 0..n {
+            let i = j % KEYS;
+            floor.send(&items.requests[i])?;
+            floor.recv(items.reply_lens[i])?;
+        }
+        Ok(Run::timed(t, n))
+    });
+    let runs = interleave("sync-get", rounds, ops, slices, &mut [client, bare])?;
+    Ok(vec![Row::new(
+        "sync Cache::get hit, one thread",
+        "blocking socket get (nodelay, SO_RCVTIMEO/SO_SNDTIMEO 500 ms)",
+        "us",
+        us(&runs[0]),
+        us(&runs[1]),
+    )])
+}
+
+/// sync `Cache::get_many` of 100 keys over 3 servers against F (one `get` line per server on 3
+/// sockets, all written, then all read) and C (the same call on the memory backend).
+pub fn sync_get_many(
+    s: &Setup,
+    rounds: usize,
+    ops: usize,
+    slices: usize,
+) -> Result<Vec<Row>, BoxError> {
+    let items = &s.multi_items;
+    let cache = &s.multi;
+    let memory = builder().in_memory().build()?;
+    for (i, k) in items.user.iter().enumerate() {
+        memory.set(k, &Value::new(i), crate::items::TTL)?;
+    }
+    // F's requests: one `get` line per server holding any of the keys, and its reply's length.
+    let mut socks = s
+        .addrs
+        .iter()
+        .map(|a| Blocking::connect(a))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut lines: Vec<(usize, Vec<u8>, usize)> = Vec::new();
+    for (server, sock) in socks.iter_mut().enumerate() {
+        let mine: Vec<&str> = (0..BATCH)
+            .filter(|&i| s.multi_owner[i] == server)
+            .map(|i| items.derived[i].as_str())
+            .collect();
+        if !mine.is_empty() {
+            let line = format!("get {}\r\n", mine.join(" ")).into_bytes();
+            let len = sock.exchange(&line)?.len();
+            lines.push((server, line, len));
+        }
+    }
+    let per_server: Vec<usize> = (0..s.addrs.len())
+        .map(|srv| s.multi_owner.iter().filter(|&&o| o == srv).count())
+        .collect();
+    eprintln!("sync-get-many: keys per server {per_server:?}");
+
+    let check = |found: std::collections::HashMap<String, Value>| -> Result<(), BoxError> {
+        match found.len() {
+            BATCH => Ok(()),
+            n => Err(format!("get_many found {n} of {BATCH}").into()),
+        }
+    };
+    let user = &items.user;
+    let client: Side<'_> = Box::new(move |n| {
+        let t = Instant::now();
+        for _ in 0..n {
+            check(cache.get_many::<Value>(user)?)?;
+        }
+        Ok(Run::timed(t, n))
+    });
+    let wire: Side<'_> = Box::new(move |n| {
+        let t = Instant::now();
+        for _ in 0..n {
+            for (server, line, _) in &lines {
+                socks[*server].send(line)?;
+            }
+            for (server, _, len) in &lines {
+                socks[*server].recv(*len)?;
+            }
+        }
+        Ok(Run::timed(t, n))
+    });
+    let memory = &memory;
+    let in_process: Side<'_> = Box::new(move |n| {
+        let t = Instant::now();
+        for _ in 0..n {
+            check(memory.get_many::<Value>(user)?)?;
+        }
+        Ok(Run::timed(t, n))
+    });
+    let runs = interleave(
+        "sync-get-many",
+        rounds,
+        (ops / 10).max(1),
+        slices,
+        &mut [client, wire, in_process],
+    )?;
+    let (a, f, c) = (us(&runs[0]), us(&runs[1]), us(&runs[2]));
+    let f_plus_c: Vec<f64> = f.iter().zip(&c).map(|(f, c)| f + c).collect();
+    let path = "sync Cache::get_many, 100 keys, 3 servers";
+    Ok(vec![
+        Row::new(path, "F + C", "us", a.clone(), f_plus_c),
+        Row::new(path, "F: a get line per server, 3 sockets", "us", a, f),
+        Row::new(
+            "  C: Cache::get_many on the memory backend",
+            "(in-process work; ratio to F)",
+            "us",
+            c,
+            us(&runs[1]),
+        ),
+    ])
+}
+
+/// A runtime of the kind `multi` names (2 workers, or the current thread).
+pub fn runtime(multi: bool) -> Result<tokio::runtime::Runtime, BoxError> {
+    Ok(match multi {
+        true => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?,
+        false => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?,
+    })
+}
+
+/// `AsyncCache::get` from one task against a bare tokio socket's `get` of the same item, both
+/// spawned on `rt`, timed inside the task.
+pub fn async_get(
+    s: &Setup,
+    rt: &tokio::runtime::Runtime,
+    cache: &newcache::AsyncCache,
+    name: &str,
+    rounds: usize,
+    ops: usize,
+    slices: usize,
+) -> Result<Vec<Row>, BoxError> {
+    let items = &s.single_items;
+    let mut floor = Some(rt.block_on(Bare::connect(&s.addrs[0]))?);
+    let client: Side<'_> = Box::new(|n| {
+        let (cache, items) = (cache.clone(), Arc::clone(items));
+        rt.block_on(rt.spawn(async move {
+            let t = Instant::now();
+            for j in 0..n {
+                let i = j % KEYS;
+                Value::check(cache.get::<Value>(&items.user[i]).await?, i)?;
+            }
+            Ok::<_, BoxError>(Run::timed(t, n))
+        }))?
+    });
+    let bare: Side<'_> = Box::new(|n| {
+        let (mut sock, items) = (floor.take().ok_or("floor socket lost")?, Arc::clone(items));
+        let (sock, run) = rt.block_on(rt.spawn(async move {
+            let t = Instant::now();
+            for j in 0..n {
+                let i = j % KEYS;
+                if let Err(e) = sock.get(&items.requests[i], items.reply_lens[i]).await {
+                    return (sock, Err(e));
+                }
+            }
+            (sock, Ok(Run::timed(t, n)))
+        }))?;
+        floor = Some(sock);
+        run
+    });
+    let flavor = match name.ends_with("multi") {
+        true => "multi-thread runtime (2 workers)",
+        false => "current-thread runtime",
+    };
+    let runs = interleave(name, rounds, ops, slices, &mut [client, bare])?;
+    Ok(vec![Row::new(
+        format!("AsyncCache::get, one task, {flavor}"),
+        "bare tokio socket get (nodelay), same runtime",
+        "us",
+        us(&runs[0]),
+        us(&runs[1]),
+    )])
+}
+
+/// The longest latency the histograms resolve.
+const MAX_NS: u64 = 10_000_000_000;
+
+/// SplitMix64 over the hot keys; task `t` of either side gets the same sequence.
+struct Rng(u64);
+
+impl Rng {
+    fn key(&mut self) -> usize {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        ((z ^ (z >> 31)) % KEYS as u64) as usize
+    }
+}
+
+/// One task's client in the concurrent path: a checked get of hot key `i`.
+trait Getter: Send + 'static {
+    fn get(&mut self, i: usize) -> impl Future<Output = Result<(), BoxError>> + Send;
+}
+
+/// A clone of the shared `AsyncCache`.
+struct CacheGetter {
+    cache: newcache::AsyncCache,
+    items: Arc<Items>,
+}
+
+impl Getter for CacheGetter {
+    async fn get(&mut self, i: usize) -> Result<(), BoxError> {
+        Value::check(self.cache.get::<Value>(&self.items.user[i]).await?, i)
+    }
+}
+
+/// One `async_memcached::Client` (one connection) per task, reading the same derived keys.
+struct McGetter {
+    client: async_memcached::Client,
+    items: Arc<Items>,
+}
+
+impl Getter for McGetter {
+    async fn get(&mut self, i: usize) -> Result<(), BoxError> {
+        use async_memcached::AsciiProtocol;
+        let found = self.client.get(&self.items.derived[i]).await?;
+        match found.and_then(|v| v.data).map(|d| d.len()) {
+            Some(len) if len == self.items.stored_lens[i] => Ok(()),
+            Some(len) => Err(format!("{len} bytes under key {i}").into()),
+            None => Err(format!("miss on key {i}").into()),
+        }
+    }
+}
+
+/// Runs one task per getter, each doing `per_task` gets of random hot keys (recording each
+/// latency), and returns the getters, the wall time per get and the merged p99.
+async fn run_tasks<G: Getter>(getters: Vec<G>, per_task: usize) -> Result<(Vec<G>, Run), BoxError> {
+    let hists: Vec<Histogram<u64>> = (0..getters.len())
+        .map(|_| Histogram::new_with_bounds(1, MAX_NS, 3))
+        .collect::<Result<_, _>>()?;
+    let n = getters.len();
+    let t = Instant::now();
+    let tasks: Vec<_> = getters
+        .into_iter()
+        .zip(hists)
+        .enumerate()
+        .map(|(task, (mut g, mut hist))| {
+            tokio::spawn(async move {
+                let mut rng = Rng(task as u64 * 0xA076_1D64_78BD_642F);
+                for _ in 0..per_task {
+                    let i = rng.key();
+                    let t0 = Instant::now();
+                    if let Err(e) = g.get(i).await {
+                        return (g, hist, Err(e));
+                    }
+                    hist.saturating_record(t0.elapsed().as_nanos() as u64);
+                }
+                (g, hist, Ok(()))
+            })
+        })
+        .collect();
+    let mut getters = Vec::with_capacity(n);
+    let mut merged = Histogram::<u64>::new_with_bounds(1, MAX_NS, 3)?;
+    let mut first_error = None;
+    for task in tasks {
+        let (g, hist, r) = task.await?;
+        getters.push(g);
+        merged.add(&hist)?;
+        first_error = first_error.or(r.err());
+    }
+    let wall = t.elapsed();
+    if let Some(e) = first_error {
+        return Err(e);
+    }
+    let run = Run {
+        us_per_op: wall.as_secs_f64() * 1e6 / (n * per_task) as f64,
+        p99_us: merged.value_at_quantile(0.99) as f64 / 1e3,
+    };
+    Ok((getters, run))
+}
+
+/// `AsyncCache::get` from 64 tasks (one shared cache) against async-memcached 0.9 with a
+/// client per task, on the 2-worker runtime; `ops` gets per run, spread over the tasks.
+pub fn async_get_64(
+    s: &Setup,
+    rt: &tokio::runtime::Runtime,
+    cache: &newcache::AsyncCache,
+    rounds: usize,
+    ops: usize,
+    slices: usize,
+) -> Result<Vec<Row>, BoxError> {
+    let items = &s.single_items;
+    let mut ours: Option<Vec<CacheGetter>> = Some(
+        (0..TASKS)
+            .map(|_| CacheGetter {
+                cache: cache.clone(),
+                items: Arc::clone(items),
+            })
+            .collect(),
+    );
+    let theirs: Vec<McGetter> = rt.block_on(async {
+        let mut v = Vec::with_capacity(TASKS);
+        for _ in 0..TASKS {
+            let client = async_memcached::Client::new(format!("tcp://{}", s.addrs[0])).await?;
+            v.push(McGetter {
+                client,
+                items: Arc::clone(items),
+            });
+        }
+        Ok::<_, BoxError>(v)
+    })?;
+    let mut theirs = Some(theirs);
+    let client: Side<'_> = Box::new(|n| {
+        let getters = ours.take().ok_or("getters lost")?;
+        let (getters, run) = rt.block_on(run_tasks(getters, (n / TASKS).max(1)))?;
+        ours = Some(getters);
+        Ok(run)
+    });
+    let floor: Side<'_> = Box::new(|n| {
+        let getters = theirs.take().ok_or("getters lost")?;
+        let (getters, run) = rt.block_on(run_tasks(getters, (n / TASKS).max(1)))?;
+        theirs = Some(getters);
+        Ok(run)
+    });
+    let runs = interleave("async-get-64", rounds, ops, slices, &mut [client, floor])?;
+    let rate = |runs: &[Run]| -> Vec<f64> { runs.iter().map(|r| 1e6 / r.us_per_op).collect() };
+    let p99 = |runs: &[Run]| -> Vec<f64> { runs.iter().map(|r| r.p99_us).collect() };
+    let path = "AsyncCache::get, 64 tasks, 1,000 hot keys, multi-thread (2 workers)";
+    let floor = "async-memcached 0.9, a client per task";
+    Ok(vec![
+        Row::new(path, floor, "gets/s", rate(&runs[0]), rate(&runs[1])),
+        Row::new(
+            "  the same, p99 latency",
+            floor,
+            "us p99",
+            p99(&runs[0]),
+            p99(&runs[1]),
+        ),
+    ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+
+    #[test]
+    fn rounds_and_slices_alternate_the_order() {
+        let log = RefCell::new(Vec::new());
+        let side = |name: char, us: f64| -> Side<'_> {
+            let log = &log;
+            Box::new(move |n| {
+                log.borrow_mut().push((name, n));
+                Ok(Run {
+                    us_per_op: us,
+                    p99_us: us * 10.0,
+                })
+            })
+        };
+        let runs = interleave("t", 2, 1000, 2, &mut [side('a', 2.0), side('b', 1.0)]).unwrap();
+        let order: String = log.borrow().iter().map(|(c, _)| c).collect();
+        // Warm-up a b; round 0: ab ba; round 1: ba ab.
+        assert_eq!(order, "ababbabaab");
+        assert!(
+            log.borrow()[..2].iter().all(|&(_, n)| n == 100),
+            "warm-up: a tenth"
+        );
+        assert!(
+            log.borrow()[2..].iter().all(|&(_, n)| n == 500),
+            "a slice: half a round"
+        );
+        assert_eq!(runs.len(), 2);
+        assert!(runs.iter().all(|r| r.len() == 2));
+        assert_eq!((runs[0][1].us_per_op, runs[0][1].p99_us), (2.0, 20.0));
+    }
+}
