@@ -459,8 +459,9 @@ impl CacheBuilder {
     /// server was out of reach (deleted, written to another server under
     /// [`DeadServerPolicy::Remap`], or failed to write), to delete them there before it serves
     /// this process again; default 10,000. Past it, the values that server holds from before
-    /// are judged stale when read (one herd-protected reload each) instead of served as fresh.
-    /// See the README's "Outages".
+    /// are judged stale or expired when read (reloaded: one loader per key through
+    /// `get_or_set_with`) instead of served as fresh.
+    /// See the README's "Invalidations survive an outage".
     pub fn replay_capacity(mut self, keys: usize) -> Self {
         self.memcached_only.push("replay_capacity");
         self.replay_capacity = keys;

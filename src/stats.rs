@@ -194,7 +194,7 @@ stats! {
     /// marker (the last load's value was too large to cache): nobody waited for them.
     not_storable_loads => "newcache_not_storable_loads_total",
     /// Deletes replayed on memcached servers that came back, before they served again: keys
-    /// this process invalidated while it could not reach them (the README's "Outages").
+    /// this process invalidated while it could not reach them (the README's "Invalidations survive an outage").
     replayed_deletes,
     /// Keys not recorded for replay because their server's record was full
     /// (`replay_capacity`): that server's values from before are judged stale instead.

@@ -24,6 +24,7 @@ mod args;
 mod items;
 mod paths;
 mod report;
+#[path = "../../hot/src/server.rs"]
 mod server;
 mod stats;
 
@@ -40,7 +41,7 @@ fn main() -> Result<(), BoxError> {
         .map_or(0.0, |d| d.as_secs_f64());
     let loadavg_start = report::loadavg();
     let servers = (0..3)
-        .map(|_| Memcached::start(args.memcached_threads))
+        .map(|_| Memcached::start(args.memcached_threads, 64))
         .collect::<Result<Vec<_>, _>>()?;
     let addrs: Vec<String> = servers.iter().map(|m| m.addr().to_string()).collect();
     eprintln!("memcached on {addrs:?}; load {loadavg_start}");

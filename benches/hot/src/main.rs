@@ -47,7 +47,7 @@ fn main() -> Result<(), BoxError> {
     let addr = match &args.server {
         Some(addr) => addr.clone(),
         None => {
-            started = Memcached::start()?;
+            started = Memcached::start(4, 256)?;
             eprintln!("memcached started on {}", started.addr());
             started.addr().to_string()
         }

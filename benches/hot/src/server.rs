@@ -1,5 +1,5 @@
-//! The memcached the harness starts when no `--server` is given: a free loopback port, stopped
-//! on drop.
+//! The memcached a harness starts (this one when no `--server` is given; `benches/floor`'s too,
+//! which includes this file): a free loopback port, stopped on drop.
 
 use std::io;
 use std::net::{TcpListener, TcpStream};
@@ -16,12 +16,13 @@ pub struct Memcached {
 }
 
 impl Memcached {
-    /// Starts `memcached -l 127.0.0.1 -p PORT -t 4 -U 0 -m 256` on a free port and waits until
-    /// it accepts connections. A port taken between the probe and memcached's bind is retried.
-    pub fn start() -> io::Result<Memcached> {
+    /// Starts `memcached -l 127.0.0.1 -p PORT -t THREADS -U 0 -m MEGABYTES` on a free port and
+    /// waits until it accepts connections. A port taken between the probe and memcached's bind
+    /// is retried.
+    pub fn start(threads: usize, megabytes: usize) -> io::Result<Memcached> {
         let mut last = None;
         for _ in 0..3 {
-            match Self::try_start() {
+            match Self::try_start(threads, megabytes) {
                 Ok(server) => return Ok(server),
                 Err(e) => last = Some(e),
             }
@@ -29,11 +30,12 @@ impl Memcached {
         Err(last.expect("tried at least once"))
     }
 
-    fn try_start() -> io::Result<Memcached> {
+    fn try_start(threads: usize, megabytes: usize) -> io::Result<Memcached> {
         let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let mut cmd = Command::new("memcached");
         cmd.args(["-l", "127.0.0.1", "-p", &port.to_string()])
-            .args(["-t", "4", "-U", "0", "-m", "256"]);
+            .args(["-t", &threads.to_string(), "-U", "0"])
+            .args(["-m", &megabytes.to_string()]);
         // memcached refuses to run as root without being told which user to be.
         if std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0) {
             cmd.args(["-u", "root"]);

@@ -541,15 +541,8 @@ impl Engine {
 
     /// Judges an item read for `key` by its home server's record ([`outage::distrust`]).
     fn distrust(&self, key: &str, item: Option<&mut Item>) {
-        let Some(item) = item else { return };
-        if self
-            .servers
-            .iter()
-            .all(|s| s.health.missed.stale_before_ms() == 0)
-        {
-            return;
-        }
-        outage::distrust(item, self.missed(self.routing.home(key)).stale_before_ms());
+        let records = self.servers.iter().map(|s| &s.health.missed);
+        outage::distrust_read(item, records, || self.missed(self.routing.home(key)));
     }
 
     /// Groups positions `0..n` (those `check` passes; the others get its error) by server:
@@ -610,29 +603,17 @@ impl Engine {
         };
         let up_before = all_up();
         let groups = self.by_server(n, &key, |_| Ok(()), &mut out);
-        // (position, home, server sent to) of every command sent: each is a write. With every
-        // server up, each key went to its home (no second hash).
-        let remapped = !(up_before && all_up());
+        // Each command is a write.
         let capacity = self.settings.replay_capacity;
-        let sent: Vec<(usize, usize, usize)> = groups
-            .iter()
-            .flat_map(|(s, ps)| {
-                let key = &key;
-                ps.iter().map(move |&p| {
-                    let home = if remapped {
-                        self.routing.home(key(p))
-                    } else {
-                        *s
-                    };
-                    (p, home, *s)
-                })
-            })
-            .collect();
-        for &(p, home, s) in &sent {
-            if s != home {
-                self.missed(home).note(key(p), Some(s), capacity);
-            }
-        }
+        let remapped = !(up_before && all_up());
+        let sent = outage::SentWrites::note(
+            &groups,
+            remapped,
+            &key,
+            |k| self.routing.home(k),
+            |i| self.missed(i),
+            capacity,
+        );
         let mut pending = Vec::new();
         for (s, positions) in groups {
             let server = &self.servers[s];
@@ -650,18 +631,7 @@ impl Engine {
         for (s, p, rx) in pending {
             out[p] = Some(self.servers[s].cmd_reply(rx).await.and_then(&unpack));
         }
-        for (p, home, s) in sent {
-            if let Some(r) = out[p].take() {
-                let elsewhere = (s != home).then_some(s);
-                out[p] = Some(outage::after_write(
-                    self.missed(home),
-                    elsewhere,
-                    key(p),
-                    r,
-                    capacity,
-                ));
-            }
-        }
+        sent.settle(&mut out, Option::as_mut, &key, |i| self.missed(i), capacity);
         out.into_iter()
             .map(|o| o.unwrap_or_else(|| Err(Error::backend("no reply for this entry"))))
             .collect()

@@ -272,12 +272,7 @@ impl MemcachedBackend {
             self.missed(home).note(key, Some(i), self.replay_capacity);
         }
         let r = self.run(i, op);
-        self.after_write(home, i, key, r)
-    }
-
-    /// [`outage::after_write`] for a write to `key` (home server `home`) sent to `sent`.
-    fn after_write<T>(&self, home: usize, sent: usize, key: &str, r: Result<T>) -> Result<T> {
-        let elsewhere = (sent != home).then_some(sent);
+        let elsewhere = (i != home).then_some(i);
         outage::after_write(self.missed(home), elsewhere, key, r, self.replay_capacity)
     }
 
@@ -327,15 +322,8 @@ impl MemcachedBackend {
 
     /// Judges an item read for `key` by its home server's record ([`outage::distrust`]).
     fn distrust(&self, key: &str, item: Option<&mut Item>) {
-        let Some(item) = item else { return };
-        if self
-            .servers
-            .iter()
-            .all(|s| s.health.missed.stale_before_ms() == 0)
-        {
-            return;
-        }
-        outage::distrust(item, self.missed(self.routing.home(key)).stale_before_ms());
+        let records = self.servers.iter().map(|s| &s.health.missed);
+        outage::distrust_read(item, records, || self.missed(self.routing.home(key)));
     }
 
     /// A batch over `n` entries: entries that fail `check` are answered with that error and never
@@ -371,34 +359,24 @@ impl MemcachedBackend {
         if !writes {
             return self.run_legs(writes, out, groups, chunk, encode, decode, None);
         }
-        // (position, home, server sent to) of every write sent. With every server up, each
-        // key went to its home (no second hash).
+        let capacity = self.replay_capacity;
         let remapped = !(up_before && all_up());
-        let sent: Vec<(usize, usize, usize)> = groups
-            .iter()
-            .flat_map(|(s, ps)| {
-                let key = &key;
-                ps.iter().map(move |&p| {
-                    let home = if remapped {
-                        self.routing.home(key(p))
-                    } else {
-                        *s
-                    };
-                    (p, home, *s)
-                })
-            })
-            .collect();
-        for &(p, home, s) in &sent {
-            if s != home {
-                self.missed(home)
-                    .note(key(p), Some(s), self.replay_capacity);
-            }
-        }
+        let sent = outage::SentWrites::note(
+            &groups,
+            remapped,
+            &key,
+            |k| self.routing.home(k),
+            |i| self.missed(i),
+            capacity,
+        );
         let mut results = self.run_legs(writes, out, groups, chunk, encode, decode, None);
-        for (p, home, s) in sent {
-            let r = std::mem::replace(&mut results[p], Err(Error::backend("")));
-            results[p] = self.after_write(home, s, key(p), r);
-        }
+        sent.settle(
+            &mut results,
+            |r| Some(r),
+            &key,
+            |i| self.missed(i),
+            capacity,
+        );
         results
     }
 

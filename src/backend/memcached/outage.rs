@@ -332,6 +332,55 @@ pub(crate) fn after_write<T>(
     })
 }
 
+/// A batch's writes as sent: `(position, home server, server sent to)` of each, for
+/// [`after_write`] once answered. The pool's and the engine's batches both keep one.
+pub(crate) struct SentWrites(Vec<(usize, usize, usize)>);
+
+impl SentWrites {
+    /// The writes of `groups` (`(server, positions)`), each copy sent to another server than
+    /// its key's home recorded on the home's record (`missed(home)`) before it is sent. With
+    /// no server remapped (`remapped` false), each key went to its home: no second hash.
+    pub(crate) fn note<'a, 'k>(
+        groups: &[(usize, Vec<usize>)],
+        remapped: bool,
+        key: impl Fn(usize) -> &'k str,
+        home: impl Fn(&str) -> usize,
+        missed: impl Fn(usize) -> &'a Missed,
+        capacity: usize,
+    ) -> SentWrites {
+        let mut sent = Vec::new();
+        for (s, positions) in groups {
+            for &p in positions {
+                let h = if remapped { home(key(p)) } else { *s };
+                if h != *s {
+                    missed(h).note(key(p), Some(*s), capacity);
+                }
+                sent.push((p, h, *s));
+            }
+        }
+        SentWrites(sent)
+    }
+
+    /// Runs [`after_write`] on each write's result in `results` (`slot`: the result an entry
+    /// holds, if any).
+    pub(crate) fn settle<'a, 'k, R, T>(
+        self,
+        results: &mut [R],
+        slot: impl Fn(&mut R) -> Option<&mut Result<T>>,
+        key: impl Fn(usize) -> &'k str,
+        missed: impl Fn(usize) -> &'a Missed,
+        capacity: usize,
+    ) {
+        for (p, home, s) in self.0 {
+            if let Some(r) = slot(&mut results[p]) {
+                let taken = std::mem::replace(r, Err(Error::backend("")));
+                let elsewhere = (s != home).then_some(s);
+                *r = after_write(missed(home), elsewhere, key(p), taken, capacity);
+            }
+        }
+    }
+}
+
 /// `e`, saying what became of the write it failed.
 pub(crate) fn say_noted(e: Error, noted: Noted) -> Error {
     e.with_note(match noted {
@@ -363,9 +412,23 @@ pub(crate) fn report<'a>(records: impl Iterator<Item = &'a Missed>, stats: &mut 
     }
 }
 
+/// [`distrust`] for an item read for a key: `records` are every server's (one load each: nothing
+/// more unless one of them ever overflowed), `home` gives the key's home server's.
+pub(crate) fn distrust_read<'a>(
+    item: Option<&mut Item>,
+    mut records: impl Iterator<Item = &'a Missed>,
+    home: impl FnOnce() -> &'a Missed,
+) {
+    let Some(item) = item else { return };
+    if records.all(|m| m.stale_before_ms() == 0) {
+        return;
+    }
+    distrust(item, home().stale_before_ms());
+}
+
 /// Judges `item` by the record of its key's home server: a newcache value written before
 /// `stale_before_ms` (a key of that server's outage did not fit its record) is given a soft
-/// expiry no later than that time, so that readers judge it stale (one herd-protected reload)
+/// expiry no later than that time, so that readers judge it stale or expired (reloaded)
 /// instead of serving it as fresh. Placeholders, values written later and foreign bytes are
 /// left as they are.
 pub(crate) fn distrust(item: &mut Item, stale_before_ms: u64) {
