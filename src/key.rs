@@ -28,16 +28,31 @@ pub type KeyFunction = Arc<dyn Fn(&str, u64, &str) -> String + Send + Sync>;
 /// );
 /// ```
 pub fn default_key(flavor: &str, version: u64, key: &str) -> String {
-    let prefix = default_prefix(flavor, version);
-    let mut out = Vec::with_capacity(prefix.len() + 40);
-    default_key_into(prefix.as_bytes(), key, &mut out);
+    let mut out = Vec::with_capacity(default_key_len(flavor, version));
+    push_prefix(flavor, version, &mut out);
+    push_digest_hex(key, &mut out);
     // Only the flavor (a `str`), digits, '-' and hex went in.
     String::from_utf8(out).unwrap_or_default()
 }
 
-/// `{flavor}-{version}-`: what every default key of this flavor and version starts with.
-fn default_prefix(flavor: &str, version: u64) -> String {
-    format!("{flavor}-{version}-")
+/// Appends `{flavor}-{version}-`, what every default key of this flavor and version starts
+/// with (no allocation: this runs once per single-key call).
+fn push_prefix(flavor: &str, version: u64, out: &mut Vec<u8>) {
+    out.extend_from_slice(flavor.as_bytes());
+    out.push(b'-');
+    let mut digits = [0u8; 20];
+    let mut n = digits.len();
+    let mut v = version;
+    loop {
+        n -= 1;
+        digits[n] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[n..]);
+    out.push(b'-');
 }
 
 /// The length of every key [`default_key`] derives for this flavor and version.
@@ -58,15 +73,14 @@ const HEX_PAIRS: [[u8; 2]; 256] = {
     t
 };
 
-/// [`default_key`] after its `prefix` ([`default_prefix`]), appended to `out` as bytes:
-/// batches derive every key into one buffer and check it is UTF-8 once, not once per key.
-fn default_key_into(prefix: &[u8], key: &str, out: &mut Vec<u8>) {
+/// Appends the forty lowercase hex digits of the SHA-1 of `key`: the part of a default key
+/// that differs from key to key.
+fn push_digest_hex(key: &str, out: &mut Vec<u8>) {
     let digest = Sha1::digest(key.as_bytes());
     let mut hex = [0u8; 40];
     for (pair, b) in hex.chunks_exact_mut(2).zip(digest.iter()) {
         pair.copy_from_slice(&HEX_PAIRS[usize::from(*b)]);
     }
-    out.extend_from_slice(prefix);
     out.extend_from_slice(&hex);
 }
 
@@ -173,9 +187,11 @@ impl KeyMaker {
             None => {
                 // One length check and one prefix cover every key of the batch.
                 self.check_default_len()?;
-                let prefix = default_prefix(&self.flavor, self.version);
+                let mut prefix = Vec::with_capacity(self.flavor.len() + 22);
+                push_prefix(&self.flavor, self.version, &mut prefix);
                 for k in keys {
-                    default_key_into(prefix.as_bytes(), k.as_ref(), &mut buf);
+                    buf.extend_from_slice(&prefix);
+                    push_digest_hex(k.as_ref(), &mut buf);
                     ends.push(buf.len());
                 }
             }
