@@ -96,7 +96,7 @@ pub fn validate_key(key: &str) -> Result<()> {
     }
     check_len(key)?;
     // The common case, every derived key: printable ASCII. A fold without early exit, so that
-    // the compiler can check many bytes at a time (this runs twice per key of every batch).
+    // the compiler can check many bytes at a time (a batch checks every key of it).
     if key
         .bytes()
         .fold(true, |ok, b| ok & (b.wrapping_sub(0x21) < 0x7f - 0x21))
