@@ -188,6 +188,8 @@ mod ttl;
 pub use async_cache::AsyncCache;
 pub use backend::memcached::{DeadServerPolicy, MemcachedBackend, MemcachedConfig, ServerSpec};
 pub use backend::memory::MemoryBackend;
+#[cfg(feature = "redis")]
+pub use backend::redis::{RedisBackend, RedisConfig};
 pub use backend::{Backend, Item, StoreMode, StoreOutcome, Write};
 pub use builder::{
     CacheBuilder, DEFAULT_HERD_TIMEOUT, DEFAULT_LEASE_TTL, DEFAULT_MAX_LOAD_TIME, DEFAULT_MAX_WAIT,

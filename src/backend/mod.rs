@@ -15,6 +15,8 @@ pub(crate) mod blended;
 pub(crate) mod engine;
 pub mod memcached;
 pub mod memory;
+#[cfg(feature = "redis")]
+pub mod redis;
 
 #[cfg(feature = "tokio")]
 pub(crate) use self::nonblocking::{AsyncBackend, BoxFuture};

@@ -1,0 +1,198 @@
+//! The sync backend's pool of blocking connections: at most `pool_size` open at once, each
+//! under `io_timeout` per operation; a connection that met a fault is dropped, not returned.
+
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+use redis::{ConnectionLike, Value};
+
+use super::RedisConfig;
+use crate::error::{Error, ErrorKind};
+
+/// Why no connection was checked out.
+pub(super) enum Checkout {
+    /// Every connection was in use for `connect_timeout`: a local wait, nothing against the
+    /// server.
+    Busy(Error),
+    /// Connecting failed: a transport fault.
+    Connect(Error),
+}
+
+pub(super) struct Pool {
+    client: redis::Client,
+    connect_timeout: Duration,
+    io_timeout: Duration,
+    size: usize,
+    state: Mutex<State>,
+    freed: Condvar,
+}
+
+#[derive(Default)]
+struct State {
+    idle: Vec<redis::Connection>,
+    /// Connections open (idle or checked out).
+    open: usize,
+    /// Raised by `clear`: connections checked out before it are not given back.
+    generation: u64,
+}
+
+impl Pool {
+    pub(super) fn new(client: redis::Client, config: &RedisConfig) -> Pool {
+        Pool {
+            client,
+            connect_timeout: config.connect_timeout,
+            io_timeout: config.io_timeout,
+            size: config.pool_size as usize,
+            state: Mutex::new(State::default()),
+            freed: Condvar::new(),
+        }
+    }
+
+    /// An idle connection, or a new one while fewer than `size` are open; otherwise waits up to
+    /// `connect_timeout` for one to be given back.
+    pub(super) fn checkout(&self) -> Result<Pooled<'_>, Checkout> {
+        let deadline = Instant::now() + self.connect_timeout;
+        let mut state = self.state.lock();
+        loop {
+            let generation = state.generation;
+            if let Some(conn) = state.idle.pop() {
+                return Ok(Pooled::new(self, conn, generation));
+            }
+            if state.open < self.size {
+                state.open += 1;
+                drop(state);
+                return match self.connect() {
+                    Ok(conn) => Ok(Pooled::new(self, conn, generation)),
+                    Err(e) => {
+                        self.closed(generation);
+                        Err(Checkout::Connect(e))
+                    }
+                };
+            }
+            if self.freed.wait_until(&mut state, deadline).timed_out() {
+                return Err(Checkout::Busy(Error::new(
+                    ErrorKind::Timeout,
+                    format!(
+                        "all {} pooled connections stayed busy for connect_timeout ({:?})",
+                        self.size, self.connect_timeout
+                    ),
+                )));
+            }
+        }
+    }
+
+    fn connect(&self) -> Result<redis::Connection, Error> {
+        let conn = self
+            .client
+            .get_connection_with_timeout(self.connect_timeout)
+            .map_err(|e| {
+                let kind = if e.is_timeout() {
+                    ErrorKind::Timeout
+                } else {
+                    ErrorKind::Backend
+                };
+                Error::with_source(kind, "could not connect", e)
+            })?;
+        let timeouts = conn
+            .set_read_timeout(Some(self.io_timeout))
+            .and_then(|()| conn.set_write_timeout(Some(self.io_timeout)));
+        timeouts.map_err(|e| Error::with_source(ErrorKind::Backend, "could not connect", e))?;
+        Ok(conn)
+    }
+
+    /// A checked-out connection was dropped (not given back).
+    fn closed(&self, generation: u64) {
+        let mut state = self.state.lock();
+        if state.generation == generation {
+            state.open -= 1;
+        }
+        drop(state);
+        self.freed.notify_one();
+    }
+
+    fn give_back(&self, conn: redis::Connection, generation: u64) {
+        let mut state = self.state.lock();
+        if state.generation == generation {
+            state.idle.push(conn);
+        }
+        drop(state);
+        self.freed.notify_one();
+    }
+
+    /// Drops every idle connection and forgets those checked out (the server was marked dead:
+    /// they are not given back).
+    pub(super) fn clear(&self) {
+        let mut state = self.state.lock();
+        state.idle.clear();
+        state.open = 0;
+        state.generation += 1;
+        drop(state);
+        self.freed.notify_all();
+    }
+}
+
+/// A checked-out connection: dropped on drop unless [`keep`](Pooled::keep) was called (after a
+/// whole answer: the connection is in step with the server).
+pub(super) struct Pooled<'a> {
+    pool: &'a Pool,
+    conn: Option<redis::Connection>,
+    generation: u64,
+    keep: bool,
+}
+
+impl<'a> Pooled<'a> {
+    fn new(pool: &'a Pool, conn: redis::Connection, generation: u64) -> Pooled<'a> {
+        Pooled {
+            pool,
+            conn: Some(conn),
+            generation,
+            keep: false,
+        }
+    }
+
+    pub(super) fn keep(&mut self) {
+        self.keep = true;
+    }
+
+    fn conn(&mut self) -> &mut redis::Connection {
+        self.conn
+            .as_mut()
+            .expect("a pooled connection until dropped")
+    }
+
+    /// One command, one reply (an error reply as `Err`).
+    pub(super) fn req(&mut self, cmd: &redis::Cmd) -> redis::RedisResult<Value> {
+        match self.conn().req_command(cmd)? {
+            Value::ServerError(e) => Err(e.into()),
+            v => Ok(v),
+        }
+    }
+
+    /// Two commands pipelined (one round trip), both replies.
+    pub(super) fn req_pair(
+        &mut self,
+        a: &redis::Cmd,
+        b: &redis::Cmd,
+    ) -> redis::RedisResult<(Value, Value)> {
+        let mut pipe = redis::pipe();
+        pipe.add_command(a.clone()).add_command(b.clone());
+        let mut vs = self
+            .conn()
+            .req_packed_commands(&pipe.get_packed_pipeline(), 0, 2)?;
+        let second = vs.pop().unwrap_or(Value::Nil);
+        let first = vs.pop().unwrap_or(Value::Nil);
+        Ok((first, second))
+    }
+}
+
+impl Drop for Pooled<'_> {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            if self.keep && conn.is_open() {
+                self.pool.give_back(conn, self.generation);
+            } else {
+                self.pool.closed(self.generation);
+            }
+        }
+    }
+}
