@@ -847,9 +847,16 @@ impl CacheBuilder {
             ))),
             BackendChoice::Memcached { .. } => self.memcached_backends()?,
             #[cfg(feature = "redis")]
-            BackendChoice::Redis { .. } => Backends::in_process(Arc::new(
-                crate::backend::redis::RedisBackend::new(self.redis_config()?)?,
-            )),
+            BackendChoice::Redis { .. } => {
+                let sync = crate::backend::redis::RedisBackend::new(self.redis_config()?)?;
+                Backends {
+                    #[cfg(feature = "tokio")]
+                    nonblocking: Arc::new(crate::backend::redis::nonblocking::AsyncRedis::new(
+                        sync.shared(),
+                    )?),
+                    sync: Arc::new(sync),
+                }
+            }
         };
         let seed = self.seed.unwrap_or_else(|| {
             // Nanoseconds and the process id: caches built in the same millisecond (or in

@@ -635,6 +635,10 @@ macro_rules! on_every_backend {
         $crate::on_backend!(redis, Redis, Sync, $($name),*);
         #[cfg(feature = "redis")]
         $crate::on_backend!(valkey, Valkey, Sync, $($name),*);
+        #[cfg(feature = "redis")]
+        $crate::on_backend!(async_redis, Redis, Async, $($name),*);
+        #[cfg(feature = "redis")]
+        $crate::on_backend!(async_valkey, Valkey, Async, $($name),*);
         $crate::on_backend!(async_memory, Memory, Async, $($name),*);
         $crate::on_backend!(async_memcached, Memcached, Async, $($name),*);
         $crate::on_backend!(async_twemproxy, Twemproxy, Async, $($name),*);

@@ -6,17 +6,8 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 use redis::{ConnectionLike, Value};
 
-use super::RedisConfig;
+use super::{Failure, RedisConfig, failure_of};
 use crate::error::{Error, ErrorKind};
-
-/// Why no connection was checked out.
-pub(super) enum Checkout {
-    /// Every connection was in use for `connect_timeout`: a local wait, nothing against the
-    /// server.
-    Busy(Error),
-    /// Connecting failed: a transport fault.
-    Connect(Error),
-}
 
 pub(super) struct Pool {
     client: redis::Client,
@@ -50,7 +41,7 @@ impl Pool {
 
     /// An idle connection, or a new one while fewer than `size` are open; otherwise waits up to
     /// `connect_timeout` for one to be given back.
-    pub(super) fn checkout(&self) -> Result<Pooled<'_>, Checkout> {
+    pub(super) fn checkout(&self) -> Result<Pooled<'_>, Failure> {
         let deadline = Instant::now() + self.connect_timeout;
         let mut state = self.state.lock();
         loop {
@@ -65,12 +56,13 @@ impl Pool {
                     Ok(conn) => Ok(Pooled::new(self, conn, generation)),
                     Err(e) => {
                         self.closed(generation);
-                        Err(Checkout::Connect(e))
+                        Err(Failure::Fault(e))
                     }
                 };
             }
             if self.freed.wait_until(&mut state, deadline).timed_out() {
-                return Err(Checkout::Busy(Error::new(
+                // A local wait: nothing against the server.
+                return Err(Failure::Local(Error::new(
                     ErrorKind::Timeout,
                     format!(
                         "all {} pooled connections stayed busy for connect_timeout ({:?})",
@@ -160,28 +152,24 @@ impl<'a> Pooled<'a> {
             .expect("a pooled connection until dropped")
     }
 
-    /// One command, one reply (an error reply as `Err`).
-    pub(super) fn req(&mut self, cmd: &redis::Cmd) -> redis::RedisResult<Value> {
-        match self.conn().req_command(cmd)? {
-            Value::ServerError(e) => Err(e.into()),
-            v => Ok(v),
-        }
-    }
-
-    /// Two commands pipelined (one round trip), both replies.
-    pub(super) fn req_pair(
+    /// The replies to `cmds`, pipelined (one round trip), error replies inline.
+    pub(super) fn send(
         &mut self,
-        a: &redis::Cmd,
-        b: &redis::Cmd,
-    ) -> redis::RedisResult<(Value, Value)> {
-        let mut pipe = redis::pipe();
-        pipe.add_command(a.clone()).add_command(b.clone());
-        let mut vs = self
-            .conn()
-            .req_packed_commands(&pipe.get_packed_pipeline(), 0, 2)?;
-        let second = vs.pop().unwrap_or(Value::Nil);
-        let first = vs.pop().unwrap_or(Value::Nil);
-        Ok((first, second))
+        cmds: &[&redis::Cmd],
+        write: bool,
+    ) -> Result<Vec<Value>, Failure> {
+        let conn = self.conn();
+        let sent = match cmds {
+            [one] => conn.req_command(one).map(|v| vec![v]),
+            many => {
+                let mut pipe = redis::pipe();
+                for c in many {
+                    pipe.add_command((*c).clone());
+                }
+                conn.req_packed_commands(&pipe.get_packed_pipeline(), 0, many.len())
+            }
+        };
+        sent.map_err(|e| failure_of(e, write))
     }
 }
 
