@@ -309,6 +309,108 @@ pub fn redis_cmd(bin: &str, port: u16) -> String {
     )
 }
 
+/// A Redis-protocol server of a test's own on 127.0.0.1:port (to kill, stop or restart),
+/// killed when dropped.
+#[cfg(feature = "redis")]
+pub struct RedisServer {
+    pub port: u16,
+    bin: String,
+    child: Option<Child>,
+}
+
+#[cfg(feature = "redis")]
+impl RedisServer {
+    /// `redis-server` (Redis 7) or `valkey_server()` (Valkey 9) on a free port, accepting
+    /// connections.
+    pub fn start(bin: &str) -> RedisServer {
+        let mut s = RedisServer {
+            port: free_port(),
+            bin: bin.to_owned(),
+            child: None,
+        };
+        s.spawn();
+        s
+    }
+
+    fn spawn(&mut self) {
+        let child = Command::new(&self.bin)
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server / valkey-server is installed (see .ci/run)");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(Instant::now() < deadline, "{} did not come up", self.bin);
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(|c| c.id()).unwrap_or(0)
+    }
+
+    /// SIGSTOP / SIGCONT, returning once every thread took it.
+    pub fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .args([&format!("-{sig}"), &self.pid().to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill -{sig}");
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while threads_stopped(self.pid()) != (sig == "STOP") {
+            assert!(Instant::now() < deadline, "{} did not take SIG{sig}", self.bin);
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Kills it and starts it again, empty, on the same port.
+    pub fn restart(&mut self) {
+        self.kill();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while TcpListener::bind(("127.0.0.1", self.port)).is_err() {
+            assert!(Instant::now() < deadline, "port {} stayed taken", self.port);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.spawn();
+    }
+}
+
+#[cfg(feature = "redis")]
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Whether every thread of process `pid` is stopped (SIGSTOP taken).
+#[cfg(feature = "redis")]
+fn threads_stopped(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().all(|t| {
+        std::fs::read_to_string(t.path().join("stat"))
+            .ok()
+            .and_then(|st| st.rsplit_once(") ").map(|(_, rest)| rest.starts_with('T')))
+            .unwrap_or(false)
+    })
+}
+
 /// One Redis 7 (Debian's `redis-server`) shared by this binary's tests, as `redis://` URL.
 #[cfg(feature = "redis")]
 pub fn shared_redis() -> &'static str {

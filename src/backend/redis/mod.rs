@@ -46,6 +46,8 @@ pub(crate) struct Shared {
     stamps: Rng,
     /// The origin of the health clock.
     started: Instant,
+    /// Set once the eviction policy was asked for.
+    policy_checked: std::sync::atomic::AtomicBool,
 }
 
 impl Shared {
@@ -84,6 +86,35 @@ impl Shared {
         }
     }
 
+    /// Whether this caller is the first to reach the server (it then checks its eviction
+    /// policy, once).
+    fn first_answer(&self) -> bool {
+        !self.policy_checked.swap(true, std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Warns about an eviction policy that breaks a cache's expectations.
+    fn judge_policy(&self, policy: Option<&str>) {
+        match policy {
+            Some("noeviction") => tracing::warn!(
+                server = %self.addr,
+                "newcache: redis maxmemory-policy is noeviction: once memory is full every write \
+                 fails (the cache stops storing, placeholders and claims included); set \
+                 maxmemory-policy allkeys-lru (or allkeys-lfu) for a cache"
+            ),
+            Some(p) if p.starts_with("volatile") => tracing::warn!(
+                server = %self.addr,
+                policy = p,
+                "newcache: redis maxmemory-policy evicts only keys with an expiry: values stored \
+                 with Ttl::Never are never evicted; allkeys-lru (or allkeys-lfu) suits a cache"
+            ),
+            Some(_) => {}
+            None => tracing::debug!(
+                server = %self.addr,
+                "newcache: CONFIG GET maxmemory-policy refused; eviction policy not checked"
+            ),
+        }
+    }
+
     /// A transport fault; `true` if it marked the server dead (the caller drops its
     /// connections).
     fn fault(&self, probe: bool, e: &Error) -> bool {
@@ -104,6 +135,15 @@ impl Shared {
         }
         dead
     }
+}
+
+/// `flush_all`'s refusal.
+fn refuse_flush() -> Error {
+    Error::new(
+        ErrorKind::Unsupported,
+        "newcache never sends FLUSHDB or FLUSHALL to redis (other keys share the database): \
+         Cache::clear removes the cache's own keys",
+    )
 }
 
 /// Why a request got no answer.
@@ -180,6 +220,7 @@ impl RedisBackend {
             },
             stamps: Rng::new(entropy()),
             started: Instant::now(),
+            policy_checked: Default::default(),
             config,
         });
         Ok(RedisBackend {
@@ -200,7 +241,7 @@ impl RedisBackend {
         let req = req?;
         super::note_server(&s.addr);
         let probe = s.gate()?;
-        let replies = self.send(&req, probe).map_err(|f| match f {
+        let replies = self.send(&req).map_err(|f| match f {
             Failure::Fault(e) => {
                 let e = s.annotate(e);
                 if s.fault(probe, &e) {
@@ -211,13 +252,17 @@ impl RedisBackend {
             Failure::Local(e) => s.annotate(e),
         })?;
         s.answered(probe);
+        if s.first_answer() {
+            let policy = self.send(&s.requests.policy()).ok();
+            let policy = policy.and_then(|r| (s.requests.policy().read)(r).ok().flatten());
+            s.judge_policy(policy.as_deref());
+        }
         (req.read)(replies).map_err(|e| s.annotate(e))
     }
 
     /// The replies to `req`'s commands (a script the server did not know sent again with its
     /// source: `NOSCRIPT` means nothing ran).
-    fn send<T>(&self, req: &Request<T>, probe: bool) -> std::result::Result<Vec<Value>, Failure> {
-        let _ = probe;
+    fn send<T>(&self, req: &Request<T>) -> std::result::Result<Vec<Value>, Failure> {
         let mut conn = self.pool.checkout()?;
         let cmds: Vec<&redis::Cmd> = req.commands.iter().map(|c| &c.cmd).collect();
         let mut replies = conn.send(&cmds, req.write)?;
@@ -282,8 +327,19 @@ impl Backend for RedisBackend {
         self.run(self.shared.requests.store_then_get(&w, self.shared.stamp()))
     }
 
+    fn store_many(&self, writes: &[Write<'_>]) -> Vec<Result<StoreOutcome>> {
+        let s = &self.shared;
+        let batch = s.requests.store_many(writes, || s.stamp());
+        crate::cache::io::ready(batch.answer(|r| std::future::ready(self.run(Ok(r)))))
+    }
+
     fn delete(&self, key: &str) -> Result<bool> {
         self.run(self.shared.requests.delete(key))
+    }
+
+    fn delete_many(&self, keys: &[&str]) -> Vec<Result<bool>> {
+        let batch = self.shared.requests.delete_many(keys);
+        crate::cache::io::ready(batch.answer(|r| std::future::ready(self.run(Ok(r)))))
     }
 
     fn touch(&self, key: &str, exptime: u32) -> Result<bool> {
@@ -300,11 +356,26 @@ impl Backend for RedisBackend {
         self.run(s.requests.arith(key, delta, false, s.stamp()))
     }
 
+    /// Refused: it would empty the whole database, other applications' keys included; the
+    /// cache's `clear` removes its own keys instead.
     fn flush_all(&self) -> Result<()> {
-        Err(Error::new(
-            ErrorKind::Unsupported,
-            "flush_all on redis is not built yet: clear() will remove this cache's keys by prefix",
-        ))
+        Err(refuse_flush())
+    }
+
+    fn clear(&self, prefix: Option<&str>) -> Result<()> {
+        let b = &self.shared.requests;
+        let pattern = request::prefix_pattern(prefix.ok_or_else(request::no_prefix)?);
+        let mut cursor = 0;
+        loop {
+            let (next, keys) = self.run(Ok(b.scan(cursor, &pattern)))?;
+            if !keys.is_empty() {
+                self.run(Ok(b.unlink(&keys)))?;
+            }
+            if next == 0 {
+                return Ok(());
+            }
+            cursor = next;
+        }
     }
 
     fn max_value_size(&self, key: &str) -> usize {

@@ -14,13 +14,15 @@ use redis::Value;
 use redis::aio::MultiplexedConnection;
 use tokio::task::JoinHandle;
 
-use super::request::{Request, noscript_retry};
+use super::request::{self, Request, noscript_retry};
 use super::{Failure, Shared, failure_of};
 use crate::backend::{AsyncBackend, BoxFuture, Item, StoreOutcome, Write};
 use crate::error::{Error, ErrorKind, Result};
 
 /// An open connection and its driver task.
 struct Live {
+    /// Which connection this is (a fault is counted once, by the caller that retires it).
+    id: u64,
     conn: MultiplexedConnection,
     driver: JoinHandle<()>,
 }
@@ -38,6 +40,8 @@ pub(crate) struct AsyncRedis {
     live: parking_lot::Mutex<Option<Live>>,
     /// One connect at a time; the others wait for it.
     connecting: tokio::sync::Mutex<()>,
+    /// Connections opened so far.
+    opened: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for AsyncRedis {
@@ -57,19 +61,20 @@ impl AsyncRedis {
             info,
             live: parking_lot::Mutex::new(None),
             connecting: tokio::sync::Mutex::new(()),
+            opened: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
     /// The open connection (`None` if it has none or its driver ended).
-    fn current(&self) -> Option<MultiplexedConnection> {
+    fn current(&self) -> Option<(u64, MultiplexedConnection)> {
         let live = self.live.lock();
         live.as_ref()
             .filter(|l| !l.driver.is_finished())
-            .map(|l| l.conn.clone())
+            .map(|l| (l.id, l.conn.clone()))
     }
 
     /// The open connection, or a new one on the current runtime.
-    async fn connection(&self) -> std::result::Result<MultiplexedConnection, Failure> {
+    async fn connection(&self) -> std::result::Result<(u64, MultiplexedConnection), Failure> {
         if let Some(c) = self.current() {
             return Ok(c);
         }
@@ -125,16 +130,36 @@ impl AsyncRedis {
             }
         };
         let driver = rt.spawn(driver);
+        let id = self.opened.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         *self.live.lock() = Some(Live {
+            id,
             conn: conn.clone(),
             driver,
         });
-        Ok(conn)
+        Ok((id, conn))
     }
 
-    /// Drops the connection (after a fault, or when the server was marked dead).
+    /// Drops the connection (on shutdown).
     fn drop_connection(&self) {
         drop(self.live.lock().take());
+    }
+
+    /// Drops connection `id` after a fault on it: `(retired, orphaned)`: whether this caller
+    /// retired it (the others in flight on it find it gone: one fault per connection, not per
+    /// waiter), and whether its driver had ended (its runtime shut down: not the server's
+    /// fault).
+    fn retire(&self, id: Option<u64>) -> (bool, bool) {
+        let mut live = self.live.lock();
+        match (&*live, id) {
+            (Some(l), Some(id)) if l.id == id => {
+                let orphaned = l.driver.is_finished();
+                drop(live.take());
+                (true, orphaned)
+            }
+            // A failed connect (no id) is a fault of its own.
+            (_, None) => (true, false),
+            _ => (false, false),
+        }
     }
 
     /// Sends `req` through the health gate and reads its answer.
@@ -148,16 +173,11 @@ impl AsyncRedis {
             tries += 1;
             match self.send(&req).await {
                 Ok(replies) => break replies,
-                Err(Failure::Local(e)) => return Err(s.annotate(e)),
-                Err(Failure::Fault(e)) => {
+                Err((_, Failure::Local(e))) => return Err(s.annotate(e)),
+                Err((id, Failure::Fault(e))) => {
+                    let (retired, orphaned) = self.retire(id);
                     // Its runtime shut down under it: the server is not to blame; a read is
                     // sent again on a connection of this runtime.
-                    let orphaned = self
-                        .live
-                        .lock()
-                        .as_ref()
-                        .is_some_and(|l| l.driver.is_finished());
-                    self.drop_connection();
                     if orphaned {
                         if !req.write && tries < 3 {
                             continue;
@@ -165,25 +185,38 @@ impl AsyncRedis {
                         return Err(s.annotate(e));
                     }
                     let e = s.annotate(e);
-                    s.fault(probe, &e);
+                    if retired {
+                        s.fault(probe, &e);
+                    }
                     return Err(e);
                 }
             }
         };
         s.answered(probe);
+        if s.first_answer() {
+            let ask = s.requests.policy();
+            let policy = self.send(&ask).await.ok();
+            let policy = policy.and_then(|r| (ask.read)(r).ok().flatten());
+            s.judge_policy(policy.as_deref());
+        }
         (req.read)(replies).map_err(|e| s.annotate(e))
     }
 
     /// The replies to `req`'s commands (a script the server did not know sent again with its
     /// source).
-    async fn send<T>(&self, req: &Request<T>) -> std::result::Result<Vec<Value>, Failure> {
-        let mut conn = self.connection().await?;
+    /// On failure, which connection it met (`None`: connecting failed).
+    async fn send<T>(
+        &self,
+        req: &Request<T>,
+    ) -> std::result::Result<Vec<Value>, (Option<u64>, Failure)> {
+        let (id, mut conn) = self.connection().await.map_err(|f| (None, f))?;
+        let on = |f| (Some(id), f);
         let cmds: Vec<&redis::Cmd> = req.commands.iter().map(|c| &c.cmd).collect();
-        let mut replies = send_on(&mut conn, &cmds, req.write).await?;
+        let mut replies = send_on(&mut conn, &cmds, req.write).await.map_err(on)?;
         let retry = noscript_retry(req, &replies, &self.shared.requests.scripts);
         if !retry.is_empty() {
             let again: Vec<&redis::Cmd> = retry.iter().map(|(_, c)| c).collect();
-            let answers = send_on(&mut conn, &again, req.write).await?;
+            let answers = send_on(&mut conn, &again, req.write).await.map_err(on)?;
             for ((i, _), v) in retry.iter().zip(answers) {
                 replies[*i] = v;
             }
@@ -272,11 +305,9 @@ impl AsyncBackend for AsyncRedis {
         writes: &'a [Write<'a>],
     ) -> BoxFuture<'a, Vec<Result<StoreOutcome>>> {
         Box::pin(async move {
-            let mut out = Vec::with_capacity(writes.len());
-            for w in writes {
-                out.push(self.store(*w).await);
-            }
-            out
+            let s = &self.shared;
+            let batch = s.requests.store_many(writes, || s.stamp());
+            batch.answer(|r| self.run(Ok(r))).await
         })
     }
 
@@ -286,11 +317,8 @@ impl AsyncBackend for AsyncRedis {
 
     fn delete_many<'a>(&'a self, keys: &'a [&'a str]) -> BoxFuture<'a, Vec<Result<bool>>> {
         Box::pin(async move {
-            let mut out = Vec::with_capacity(keys.len());
-            for k in keys {
-                out.push(self.delete(k).await);
-            }
-            out
+            let batch = self.shared.requests.delete_many(keys);
+            batch.answer(|r| self.run(Ok(r))).await
         })
     }
 
@@ -315,12 +343,24 @@ impl AsyncBackend for AsyncRedis {
     }
 
     fn flush_all(&self) -> BoxFuture<'_, Result<()>> {
-        Box::pin(async {
-            Err(Error::new(
-                ErrorKind::Unsupported,
-                "flush_all on redis is not built yet: clear() will remove this cache's keys by \
-                 prefix",
-            ))
+        Box::pin(async { Err(super::refuse_flush()) })
+    }
+
+    fn clear<'a>(&'a self, prefix: Option<&'a str>) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            let b = &self.shared.requests;
+            let pattern = request::prefix_pattern(prefix.ok_or_else(request::no_prefix)?);
+            let mut cursor = 0;
+            loop {
+                let (next, keys) = self.run(Ok(b.scan(cursor, &pattern))).await?;
+                if !keys.is_empty() {
+                    self.run(Ok(b.unlink(&keys))).await?;
+                }
+                if next == 0 {
+                    return Ok(());
+                }
+                cursor = next;
+            }
         })
     }
 

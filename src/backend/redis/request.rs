@@ -170,6 +170,66 @@ fn found(vs: Vec<Value>) -> Result<bool> {
     only(vs).and_then(int_of).map(|n| n > 0)
 }
 
+/// A batch: the request of the items that may be sent, and the errors of those refused before.
+pub(super) struct Batch<T> {
+    /// One per item, in order: `Some` for an item refused before sending.
+    pub(super) refused: Vec<Option<Error>>,
+    /// One command per item not refused; answers one result each, in order.
+    pub(super) request: Request<Vec<Result<T>>>,
+}
+
+impl<T> Batch<T> {
+    /// Sends the batch with `send` (not at all if every item was refused) and answers one
+    /// result per item: the refusals, and the request's results (or its error, for every item
+    /// sent).
+    pub(super) async fn answer<F>(self, send: impl FnOnce(Request<Vec<Result<T>>>) -> F) -> Vec<Result<T>>
+    where
+        F: std::future::Future<Output = Result<Vec<Result<T>>>>,
+    {
+        let n = self.request.commands.len();
+        let sent = if n == 0 { Ok(Vec::new()) } else { send(self.request).await };
+        let mut sent = match sent {
+            Ok(rs) if rs.len() == n => rs.into_iter(),
+            Ok(_) => vec![Err(Error::backend("another count of replies than commands")); n].into_iter(),
+            Err(e) => vec![Err(e); n].into_iter(),
+        };
+        self.refused
+            .into_iter()
+            .map(|r| match r {
+                Some(e) => Err(e),
+                None => sent
+                    .next()
+                    .unwrap_or_else(|| Err(Error::backend("no reply for this item"))),
+            })
+            .collect()
+    }
+}
+
+/// Keys `SCAN` looks at per step of a `clear`.
+const CLEAR_STEP: u32 = 1000;
+
+/// The `SCAN` pattern of the keys starting with `prefix` (its glob characters escaped).
+pub(super) fn prefix_pattern(prefix: &str) -> String {
+    let mut out = String::with_capacity(prefix.len() + 2);
+    for c in prefix.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push('*');
+    out
+}
+
+/// The error of a `clear` without a prefix.
+pub(super) fn no_prefix() -> Error {
+    Error::new(
+        ErrorKind::Unsupported,
+        "clear() on redis removes the cache's own keys by their prefix, and a cache with a custom \
+         key function has none: delete its keys one by one, or give them a common prefix",
+    )
+}
+
 /// What the requests are built from: the limits and the scripts.
 #[derive(Debug)]
 pub(super) struct Builder {
@@ -318,6 +378,59 @@ impl Builder {
         })
     }
 
+    /// Every write of a batch, pipelined (one round trip); the writes refused before sending
+    /// (a bad key, a value over the limit) are left out and keep their error.
+    pub(super) fn store_many(
+        &self,
+        writes: &[Write<'_>],
+        mut stamp: impl FnMut() -> u64,
+    ) -> Batch<StoreOutcome> {
+        let mut refused = Vec::with_capacity(writes.len());
+        let mut commands = Vec::new();
+        for w in writes {
+            match self.store_command(w, stamp(), false) {
+                Ok(c) => {
+                    commands.push(c);
+                    refused.push(None);
+                }
+                Err(e) => refused.push(Some(e)),
+            }
+        }
+        Batch {
+            refused,
+            request: Request {
+                commands,
+                write: true,
+                read: |vs| Ok(vs.into_iter().map(store_outcome).collect()),
+            },
+        }
+    }
+
+    /// An `UNLINK` per key, pipelined.
+    pub(super) fn delete_many(&self, keys: &[&str]) -> Batch<bool> {
+        let mut refused = Vec::with_capacity(keys.len());
+        let mut commands = Vec::new();
+        for k in keys {
+            match self.check_key(k) {
+                Ok(()) => {
+                    let mut cmd = redis::cmd("UNLINK");
+                    cmd.arg(*k);
+                    commands.push(Command { cmd, script: None });
+                    refused.push(None);
+                }
+                Err(e) => refused.push(Some(e)),
+            }
+        }
+        Batch {
+            refused,
+            request: Request {
+                commands,
+                write: true,
+                read: |vs| Ok(vs.into_iter().map(|v| int_of(v).map(|n| n > 0)).collect()),
+            },
+        }
+    }
+
     pub(super) fn delete(&self, key: &str) -> Result<Request<bool>> {
         self.check_key(key)?;
         let mut cmd = redis::cmd("UNLINK");
@@ -362,6 +475,64 @@ impl Builder {
             }
         };
         Ok(Request::one(cmd, None, true, found))
+    }
+
+    /// `CONFIG GET maxmemory-policy`: the policy, or `None` where `CONFIG` is refused (managed
+    /// services rename or forbid it).
+    pub(super) fn policy(&self) -> Request<Option<String>> {
+        let mut cmd = redis::cmd("CONFIG");
+        cmd.arg("GET").arg("maxmemory-policy");
+        Request::one(cmd, None, false, |vs| {
+            Ok(match vs.into_iter().next() {
+                Some(Value::Array(pair)) => match pair.get(1) {
+                    Some(Value::BulkString(b)) => Some(String::from_utf8_lossy(b).into_owned()),
+                    _ => None,
+                },
+                Some(Value::Map(pairs)) => pairs.into_iter().find_map(|(_, v)| match v {
+                    Value::BulkString(b) => Some(String::from_utf8_lossy(&b).into_owned()),
+                    _ => None,
+                }),
+                _ => None,
+            })
+        })
+    }
+
+    /// One `SCAN` step over the keys matching `pattern`: the next cursor (0: done) and the keys.
+    pub(super) fn scan(&self, cursor: u64, pattern: &str) -> Request<(u64, Vec<Vec<u8>>)> {
+        let mut cmd = redis::cmd("SCAN");
+        cmd.arg(cursor).arg("MATCH").arg(pattern).arg("COUNT").arg(CLEAR_STEP);
+        Request::one(cmd, None, false, |vs| match only(vs)? {
+            Value::Array(mut pair) if pair.len() == 2 => {
+                let keys = match pair.pop() {
+                    Some(Value::Array(keys)) => keys
+                        .into_iter()
+                        .filter_map(|k| match k {
+                            Value::BulkString(b) => Some(b),
+                            _ => None,
+                        })
+                        .collect(),
+                    _ => return Err(Error::backend("SCAN answered no key list")),
+                };
+                let cursor = match pair.pop() {
+                    Some(Value::BulkString(b)) => std::str::from_utf8(&b)
+                        .ok()
+                        .and_then(|s| s.parse().ok())
+                        .ok_or_else(|| Error::backend("SCAN answered no cursor"))?,
+                    _ => return Err(Error::backend("SCAN answered no cursor")),
+                };
+                Ok((cursor, keys))
+            }
+            other => Err(Error::backend(format!("SCAN answered {other:?}"))),
+        })
+    }
+
+    /// `UNLINK` of keys `SCAN` found.
+    pub(super) fn unlink(&self, keys: &[Vec<u8>]) -> Request<i64> {
+        let mut cmd = redis::cmd("UNLINK");
+        for k in keys {
+            cmd.arg(k);
+        }
+        Request::one(cmd, None, true, |vs| only(vs).and_then(int_of))
     }
 
     /// `incr` (`up`) or `decr` by `delta`, through the counter script.
@@ -412,4 +583,15 @@ pub(super) fn noscript_retry<T>(
             _ => None,
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_prefix_matches_only_itself() {
+        assert_eq!(prefix_pattern("prod-3-"), "prod-3-*");
+        assert_eq!(prefix_pattern("a*b?[c]\\-1-"), "a\\*b\\?\\[c\\]\\\\-1-*");
+    }
 }
