@@ -261,28 +261,17 @@ pub(crate) fn decode(flags: u32, bytes: &[u8]) -> Result<Parsed<'_>> {
             bytes.len()
         )));
     }
-    // Every read below is within known_len <= header_len <= bytes.len().
+    // Every read below is within known_len <= header_len <= bytes.len(). Fixed-size reads
+    // (a const length each) so that the compiler inlines them: this runs once per key read.
     let mut at = FIXED_LEN;
-    let mut take = |bit: u8, n: usize| -> u64 {
-        if fields & bit == 0 {
-            return 0;
-        }
-        let mut le = [0u8; 8];
-        le[..n].copy_from_slice(&bytes[at..at + n]);
-        at += n;
-        u64::from_le_bytes(le)
-    };
-    let soft_expiry_ms = take(field::SOFT_EXPIRY, 6);
-    let written_ms = take(field::WRITTEN, 6);
-    let load_ms = take(field::LOAD, 4) as u32;
-    let herd_ms = take(field::HERD, 4) as u32;
-    let claim_until_ms = take(field::CLAIM, 6);
-    let token = if fields & field::CLAIM != 0 {
-        take(field::CLAIM, 8)
-    } else {
-        0
-    };
-    let expires_ms = take(field::EXPIRES, 6);
+    let soft_expiry_ms = le::<6>(bytes, &mut at, fields & field::SOFT_EXPIRY != 0);
+    let written_ms = le::<6>(bytes, &mut at, fields & field::WRITTEN != 0);
+    let load_ms = le::<4>(bytes, &mut at, fields & field::LOAD != 0) as u32;
+    let herd_ms = le::<4>(bytes, &mut at, fields & field::HERD != 0) as u32;
+    let claimed = fields & field::CLAIM != 0;
+    let claim_until_ms = le::<6>(bytes, &mut at, claimed);
+    let token = le::<8>(bytes, &mut at, claimed);
+    let expires_ms = le::<6>(bytes, &mut at, fields & field::EXPIRES != 0);
     let header = Header {
         kind,
         codec,
@@ -302,19 +291,26 @@ pub(crate) fn decode(flags: u32, bytes: &[u8]) -> Result<Parsed<'_>> {
 
 /// The length of a header with `fields` (byte 7) and nothing appended.
 fn fields_len(fields: u8) -> usize {
-    [
-        (field::SOFT_EXPIRY, 6),
-        (field::WRITTEN, 6),
-        (field::LOAD, 4),
-        (field::HERD, 4),
-        (field::CLAIM, 14),
-        (field::EXPIRES, 6),
-    ]
-    .iter()
-    .filter(|(bit, _)| fields & bit != 0)
-    .map(|(_, n)| n)
-    .sum::<usize>()
-        + FIXED_LEN
+    let has = |bit: u8| usize::from(fields & bit != 0);
+    FIXED_LEN
+        + 6 * has(field::SOFT_EXPIRY)
+        + 6 * has(field::WRITTEN)
+        + 4 * has(field::LOAD)
+        + 4 * has(field::HERD)
+        + 14 * has(field::CLAIM)
+        + 6 * has(field::EXPIRES)
+}
+
+/// The `N`-byte little-endian field at `*at` if `present` (moving `*at` past it), else 0. The
+/// caller has checked that the header's fields lie within `bytes`.
+fn le<const N: usize>(bytes: &[u8], at: &mut usize, present: bool) -> u64 {
+    if !present {
+        return 0;
+    }
+    let mut word = [0u8; 8];
+    word[..N].copy_from_slice(&bytes[*at..*at + N]);
+    *at += N;
+    u64::from_le_bytes(word)
 }
 
 /// How many bytes the header of `item` (as this build wrote it) may still grow by in later

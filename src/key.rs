@@ -28,9 +28,31 @@ pub type KeyFunction = Arc<dyn Fn(&str, u64, &str) -> String + Send + Sync>;
 /// );
 /// ```
 pub fn default_key(flavor: &str, version: u64, key: &str) -> String {
-    let mut out = String::with_capacity(flavor.len() + 62);
-    default_key_into(flavor, version, key, &mut out);
-    out
+    let mut out = Vec::with_capacity(default_key_len(flavor, version));
+    push_prefix(flavor, version, &mut out);
+    push_digest_hex(key, &mut out);
+    // Only the flavor (a `str`), digits, '-' and hex went in.
+    String::from_utf8(out).unwrap_or_default()
+}
+
+/// Appends `{flavor}-{version}-`, what every default key of this flavor and version starts
+/// with (no allocation: this runs once per single-key call).
+fn push_prefix(flavor: &str, version: u64, out: &mut Vec<u8>) {
+    out.extend_from_slice(flavor.as_bytes());
+    out.push(b'-');
+    let mut digits = [0u8; 20];
+    let mut n = digits.len();
+    let mut v = version;
+    loop {
+        n -= 1;
+        digits[n] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[n..]);
+    out.push(b'-');
 }
 
 /// The length of every key [`default_key`] derives for this flavor and version.
@@ -39,33 +61,27 @@ fn default_key_len(flavor: &str, version: u64) -> usize {
     flavor.len() + 1 + digits + 1 + 40
 }
 
-/// [`default_key`], appended to `out` (batches derive every key into one buffer).
-fn default_key_into(flavor: &str, version: u64, key: &str, out: &mut String) {
+/// Each byte's two lowercase hex digits.
+const HEX_PAIRS: [[u8; 2]; 256] = {
     const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut t = [[0u8; 2]; 256];
+    let mut i = 0;
+    while i < 256 {
+        t[i] = [HEX[i >> 4], HEX[i & 0xf]];
+        i += 1;
+    }
+    t
+};
+
+/// Appends the forty lowercase hex digits of the SHA-1 of `key`: the part of a default key
+/// that differs from key to key.
+fn push_digest_hex(key: &str, out: &mut Vec<u8>) {
     let digest = Sha1::digest(key.as_bytes());
-    // `-{version}-{40 hex}` in a stack buffer, then one copy: this runs once per key per call.
-    let mut buf = [0u8; 1 + 20 + 1 + 40];
-    let mut n = buf.len() - 40;
-    for (i, b) in digest.iter().enumerate() {
-        buf[n + 2 * i] = HEX[usize::from(b >> 4)];
-        buf[n + 2 * i + 1] = HEX[usize::from(b & 0xf)];
+    let mut hex = [0u8; 40];
+    for (pair, b) in hex.chunks_exact_mut(2).zip(digest.iter()) {
+        pair.copy_from_slice(&HEX_PAIRS[usize::from(*b)]);
     }
-    n -= 1;
-    buf[n] = b'-';
-    let mut v = version;
-    loop {
-        n -= 1;
-        buf[n] = b'0' + (v % 10) as u8;
-        v /= 10;
-        if v == 0 {
-            break;
-        }
-    }
-    n -= 1;
-    buf[n] = b'-';
-    out.push_str(flavor);
-    // Only ASCII digits, '-' and hex went into buf.
-    out.push_str(std::str::from_utf8(&buf[n..]).unwrap_or_default());
+    out.extend_from_slice(&hex);
 }
 
 /// Checks a derived key against memcached's rules: 1 to 250 bytes, no whitespace, no control bytes.
@@ -80,7 +96,7 @@ pub fn validate_key(key: &str) -> Result<()> {
     }
     check_len(key)?;
     // The common case, every derived key: printable ASCII. A fold without early exit, so that
-    // the compiler can check many bytes at a time (this runs twice per key of every batch).
+    // the compiler can check many bytes at a time (a batch checks every key of it).
     if key
         .bytes()
         .fold(true, |ok, b| ok & (b.wrapping_sub(0x21) < 0x7f - 0x21))
@@ -173,24 +189,31 @@ impl KeyMaker {
     /// Every key of a batch derived and validated, into one buffer (one allocation, not one per
     /// key: batches derive a hundred keys per call).
     pub(crate) fn make_all<K: AsRef<str>>(&self, keys: &[K]) -> Result<Derived> {
-        let mut d = Derived {
-            buf: String::with_capacity(keys.len() * (self.flavor.len() + 64)),
-            ends: Vec::with_capacity(keys.len()),
-        };
-        for k in keys {
-            match &self.function {
-                None => {
-                    if d.ends.is_empty() {
-                        // One length check covers every key of the batch.
-                        self.check_default_len()?;
-                    }
-                    default_key_into(&self.flavor, self.version, k.as_ref(), &mut d.buf);
+        let mut buf = Vec::with_capacity(keys.len() * (self.flavor.len() + 64));
+        let mut ends = Vec::with_capacity(keys.len());
+        match &self.function {
+            None if keys.is_empty() => {}
+            None => {
+                // One length check and one prefix cover every key of the batch.
+                self.check_default_len()?;
+                let mut prefix = Vec::with_capacity(self.flavor.len() + 22);
+                push_prefix(&self.flavor, self.version, &mut prefix);
+                for k in keys {
+                    buf.extend_from_slice(&prefix);
+                    push_digest_hex(k.as_ref(), &mut buf);
+                    ends.push(buf.len());
                 }
-                Some(_) => d.buf.push_str(&self.make(k.as_ref())?),
             }
-            d.ends.push(d.buf.len());
+            Some(_) => {
+                for k in keys {
+                    buf.extend_from_slice(self.make(k.as_ref())?.as_bytes());
+                    ends.push(buf.len());
+                }
+            }
         }
-        Ok(d)
+        // Every key in it is a `str`, and each ends on a key's boundary.
+        let buf = String::from_utf8(buf).unwrap_or_default();
+        Ok(Derived { buf, ends })
     }
 
     /// The derived key without validation (for display through `Cache::make_key`).

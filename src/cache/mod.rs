@@ -387,21 +387,23 @@ impl Cache {
         name: impl Fn(usize) -> String,
     ) -> Result<Vec<Option<T>>> {
         let total = results.len();
-        let mut out = Vec::with_capacity(total);
         let mut failed = Vec::new();
         let mut first: Option<Error> = None;
         let mut by_server: Vec<Error> = Vec::new();
         let mut fatal = false;
-        for (i, r) in results.into_iter().enumerate() {
-            match r {
-                Ok(v) => out.push(Some(v)),
+        // Mapped in place (`collect` reuses the results' buffer): batches run this per call.
+        let out: Vec<Option<T>> = results
+            .into_iter()
+            .enumerate()
+            .map(|(i, r)| match r {
+                Ok(v) => Some(v),
                 // A value over the item size (another client wrote it, or a server's limit is
                 // lower than ours) is that key's problem alone: a counted miss for reads, a
                 // failed key for writes, under either policy.
                 Err(e) if e.is_too_large() => {
                     Counters::bump(&self.stats.too_large);
                     failed.push(name(i));
-                    out.push(None);
+                    None
                 }
                 Err(e) => {
                     fatal |= !e.is_backend() || policy == FailurePolicy::Propagate;
@@ -411,10 +413,10 @@ impl Cache {
                         by_server.push(e.clone());
                     }
                     first.get_or_insert(e);
-                    out.push(None);
+                    None
                 }
-            }
-        }
+            })
+            .collect();
         let Some(e) = first else {
             return Ok(out);
         };

@@ -410,10 +410,11 @@ impl Cache {
             keys[i].as_ref().to_string()
         })?;
         let mut seen = HashSet::with_capacity_and_hasher(refs.len(), KeyHash::for_keys(&self.keys));
-        let fetched = refs
-            .iter()
-            .zip(read)
-            .map(|(k, r)| {
+        // Mapped in place, as `absorb_each` is (one buffer for the batch's items).
+        let fetched = read
+            .into_iter()
+            .zip(&refs)
+            .map(|(r, k)| {
                 if !seen.insert(*k) {
                     return Fetched::Duplicate;
                 }

@@ -84,15 +84,19 @@ pub(crate) fn encode_gets(out: &mut Vec<u8>, keys: &[&str]) -> Result<()> {
             }
             keys.iter().try_for_each(|k| check_key(k))
         },
-        |out| {
-            out.extend_from_slice(b"gets");
-            for k in keys {
-                out.push(b' ');
-                out.extend_from_slice(k.as_bytes());
-            }
-            out.extend_from_slice(b"\r\n");
-        },
+        |out| write_gets(out, keys.iter().copied()),
     )
+}
+
+/// [`encode_gets`] of keys the caller has checked already ([`check_key`]), at least one: a
+/// batch checks each key once, before grouping them by server.
+pub(crate) fn write_gets<'k>(out: &mut Vec<u8>, keys: impl Iterator<Item = &'k str>) {
+    out.extend_from_slice(b"gets");
+    for k in keys {
+        out.push(b' ');
+        out.extend_from_slice(k.as_bytes());
+    }
+    out.extend_from_slice(b"\r\n");
 }
 
 /// `set|add|cas key flags exptime bytes [cas]\r\n<data>\r\n`, or nothing and an error if the key,

@@ -56,9 +56,13 @@ impl Slot {
         &self.data[usize::from(self.key_len)..]
     }
 
-    /// The value, sharing the entry's buffer: no copy.
-    pub(super) fn shared_value(&self) -> Bytes {
-        self.data.slice(usize::from(self.key_len)..)
+    /// What a read of this entry returns: its value (shared, not copied), flags and CAS.
+    pub(super) fn item(&self) -> crate::backend::Item {
+        crate::backend::Item {
+            value: self.data.slice(usize::from(self.key_len)..),
+            flags: self.flags,
+            cas: self.cas,
+        }
     }
 
     fn live(&self, now_ms: u64) -> bool {
