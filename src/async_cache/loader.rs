@@ -96,7 +96,10 @@ impl Io for AsyncDriver<'_> {
     ) -> impl Future<Output = Result<Option<u64>>> + Send + 'a {
         self.0.shared().backend.decr(key, delta)
     }
-    fn clear<'a>(&'a self, prefix: Option<&'a str>) -> impl Future<Output = Result<()>> + Send + 'a {
+    fn clear<'a>(
+        &'a self,
+        prefix: Option<&'a str>,
+    ) -> impl Future<Output = Result<()>> + Send + 'a {
         self.0.shared().backend.clear(prefix)
     }
     fn max_value_size(&self, key: &str) -> usize {

@@ -366,7 +366,11 @@ impl RedisServer {
         assert!(ok, "kill -{sig}");
         let deadline = Instant::now() + Duration::from_secs(2);
         while threads_stopped(self.pid()) != (sig == "STOP") {
-            assert!(Instant::now() < deadline, "{} did not take SIG{sig}", self.bin);
+            assert!(
+                Instant::now() < deadline,
+                "{} did not take SIG{sig}",
+                self.bin
+            );
             std::thread::sleep(Duration::from_millis(2));
         }
     }

@@ -115,8 +115,16 @@ fn clear_removes_this_caches_keys_and_nothing_else() {
         cache.clear().unwrap();
         assert_eq!(cache.get::<u32>("k1").unwrap(), None);
         assert_eq!(cache.get::<u32>("k2499").unwrap(), None);
-        assert_eq!(other.get::<u32>("k1").unwrap(), Some(1), "another flavor stays");
-        assert_eq!(newer.get::<u32>("k1").unwrap(), Some(1), "another version stays");
+        assert_eq!(
+            other.get::<u32>("k1").unwrap(),
+            Some(1),
+            "another flavor stays"
+        );
+        assert_eq!(
+            newer.get::<u32>("k1").unwrap(),
+            Some(1),
+            "another version stays"
+        );
         let theirs: Option<String> = redis::cmd("GET")
             .arg("someone-elses")
             .query(&mut raw(server))
@@ -168,7 +176,11 @@ fn a_noeviction_policy_is_warned_about_once() {
             cache.set("a", &1u32, S(60)).unwrap();
             cache.set("b", &1u32, S(60)).unwrap();
         });
-        assert_eq!(logs.matches("maxmemory-policy is noeviction").count(), 1, "{logs}");
+        assert_eq!(
+            logs.matches("maxmemory-policy is noeviction").count(),
+            1,
+            "{logs}"
+        );
         let () = redis::cmd("CONFIG")
             .arg("SET")
             .arg("maxmemory-policy")

@@ -89,7 +89,9 @@ impl Shared {
     /// Whether this caller is the first to reach the server (it then checks its eviction
     /// policy, once).
     fn first_answer(&self) -> bool {
-        !self.policy_checked.swap(true, std::sync::atomic::Ordering::Relaxed)
+        !self
+            .policy_checked
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Warns about an eviction policy that breaks a cache's expectations.

@@ -130,7 +130,9 @@ impl AsyncRedis {
             }
         };
         let driver = rt.spawn(driver);
-        let id = self.opened.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let id = self
+            .opened
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         *self.live.lock() = Some(Live {
             id,
             conn: conn.clone(),

@@ -182,16 +182,32 @@ impl<T> Batch<T> {
     /// Sends the batch with `send` (not at all if every item was refused) and answers one
     /// result per item: the refusals, and the request's results (or its error, for every item
     /// sent).
-    pub(super) async fn answer<F>(self, send: impl FnOnce(Request<Vec<Result<T>>>) -> F) -> Vec<Result<T>>
+    pub(super) async fn answer<F>(
+        self,
+        send: impl FnOnce(Request<Vec<Result<T>>>) -> F,
+    ) -> Vec<Result<T>>
     where
         F: std::future::Future<Output = Result<Vec<Result<T>>>>,
     {
         let n = self.request.commands.len();
-        let sent = if n == 0 { Ok(Vec::new()) } else { send(self.request).await };
+        let sent = if n == 0 {
+            Ok(Vec::new())
+        } else {
+            send(self.request).await
+        };
         let mut sent = match sent {
             Ok(rs) if rs.len() == n => rs.into_iter(),
-            Ok(_) => vec![Err(Error::backend("another count of replies than commands")); n].into_iter(),
-            Err(e) => vec![Err(e); n].into_iter(),
+            Ok(_) => {
+                let e = Error::backend("another count of replies than commands");
+                (0..n)
+                    .map(|_| Err(e.clone()))
+                    .collect::<Vec<_>>()
+                    .into_iter()
+            }
+            Err(e) => (0..n)
+                .map(|_| Err(e.clone()))
+                .collect::<Vec<_>>()
+                .into_iter(),
         };
         self.refused
             .into_iter()
@@ -500,7 +516,11 @@ impl Builder {
     /// One `SCAN` step over the keys matching `pattern`: the next cursor (0: done) and the keys.
     pub(super) fn scan(&self, cursor: u64, pattern: &str) -> Request<(u64, Vec<Vec<u8>>)> {
         let mut cmd = redis::cmd("SCAN");
-        cmd.arg(cursor).arg("MATCH").arg(pattern).arg("COUNT").arg(CLEAR_STEP);
+        cmd.arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(CLEAR_STEP);
         Request::one(cmd, None, false, |vs| match only(vs)? {
             Value::Array(mut pair) if pair.len() == 2 => {
                 let keys = match pair.pop() {
