@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use newcache::{Cache, DecodePolicy};
+use newcache::{Backend, Cache, DecodePolicy, FailurePolicy, RedisBackend, RedisConfig, StoreMode};
 
 use crate::fixture::{RedisServer, unique_flavor, valkey_server};
 
@@ -48,6 +48,7 @@ fn a_killed_server_fails_fast_and_serves_again_once_restarted() {
         let started = Instant::now();
         let e = cache.set("k", &2u32, S(60)).unwrap_err();
         assert!(e.is_backend(), "{e}");
+        assert!(e.to_string().contains("redis at"), "{e}");
         assert!(e.to_string().contains("marked dead"), "{e}");
         assert!(started.elapsed() < Duration::from_millis(100), "fails fast");
         server.restart();
@@ -193,4 +194,118 @@ fn a_noeviction_policy_is_warned_about_once() {
         });
         assert!(!logs.contains("maxmemory-policy"), "{logs}");
     });
+}
+
+#[test]
+fn a_connection_the_server_closed_while_idle_is_replaced_without_a_fault() {
+    on_both(|server| {
+        let cache = Cache::builder()
+            .redis(server.url())
+            .read_failures(FailurePolicy::Propagate)
+            .build()
+            .unwrap();
+        // Several pooled connections.
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    for _ in 0..50 {
+                        cache.set("k", &1u32, S(60)).unwrap();
+                    }
+                });
+            }
+        });
+        // The server closes clients idle for a second (its `timeout`, as managed services set).
+        let () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("timeout")
+            .arg("1")
+            .query(&mut raw(server))
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(2500));
+        for _ in 0..4 {
+            assert_eq!(cache.get::<u32>("k").unwrap(), Some(1));
+        }
+        // After a restart too: the first write goes through, and is not outcome-unknown.
+        server.restart();
+        cache.set("k", &2u32, S(60)).unwrap();
+        cache.set("k", &3u32, S(60)).unwrap();
+        assert_eq!(cache.get::<u32>("k").unwrap(), Some(3));
+    });
+}
+
+#[test]
+fn a_password_in_the_url_is_never_printed() {
+    let config = RedisConfig::new("redis://user:s3cret@127.0.0.1:1/0");
+    assert!(!format!("{config:?}").contains("s3cret"), "{config:?}");
+    for url in [
+        "rediss://user:s3cret@127.0.0.1:1/0",
+        "redis://user:s3cret@127.0.0.1:notaport/0",
+    ] {
+        let e = Cache::builder().redis(url).build().unwrap_err();
+        assert!(e.is_config(), "{e}");
+        assert!(!e.to_string().contains("s3cret"), "{e}");
+        assert!(!format!("{e:?}").contains("s3cret"), "{e:?}");
+    }
+    // A cache on it names the server by host and port only.
+    let cache = Cache::builder()
+        .redis("redis://user:s3cret@127.0.0.1:1/0")
+        .connect_timeout(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    let e = cache.set("k", &1u32, S(60)).unwrap_err();
+    assert!(!e.to_string().contains("s3cret"), "{e}");
+    assert!(!format!("{cache:?}").contains("s3cret"));
+}
+
+#[test]
+fn clear_leaves_a_flavor_that_starts_like_this_one() {
+    on_both(|server| {
+        let app = Cache::builder()
+            .redis(server.url())
+            .flavor("app")
+            .build()
+            .unwrap();
+        let app1 = Cache::builder()
+            .redis(server.url())
+            .flavor("app-1")
+            .build()
+            .unwrap();
+        app.set("k", &1u32, S(60)).unwrap();
+        app1.set("k", &1u32, S(60)).unwrap();
+        app.clear().unwrap();
+        assert_eq!(app.get::<u32>("k").unwrap(), None);
+        assert_eq!(
+            app1.get::<u32>("k").unwrap(),
+            Some(1),
+            "app's clear took app-1's key"
+        );
+    });
+}
+
+#[test]
+fn bytes_that_look_like_an_item_with_stamp_zero_are_foreign() {
+    let server = RedisServer::start("redis-server");
+    let b = RedisBackend::new(RedisConfig::new(server.url())).unwrap();
+    let mut bytes = vec![0xA1u8];
+    bytes.extend_from_slice(&[0u8; 12]);
+    let () = redis::cmd("SET")
+        .arg("z")
+        .arg(&bytes)
+        .query(&mut raw(&server))
+        .unwrap();
+    let item = b.get("z").unwrap().unwrap();
+    assert_eq!(item.value.len(), 13, "read whole, as foreign bytes");
+    assert_ne!(item.cas, 0);
+    // Its token replaces exactly it; token 0 is refused before anything is sent.
+    assert!(
+        b.store(StoreMode::Cas(0), "z", b"x", 0, 0)
+            .unwrap_err()
+            .is_unsupported()
+    );
+    assert_eq!(
+        b.store(StoreMode::Cas(item.cas), "z", b"mine", 0, 0)
+            .unwrap(),
+        newcache::StoreOutcome::Stored
+    );
+    assert_eq!(&b.get("z").unwrap().unwrap().value[..], b"mine");
 }

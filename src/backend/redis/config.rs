@@ -17,7 +17,7 @@ pub const DEFAULT_KEY_LIMIT: usize = crate::key::MAX_KEY_LEN;
 /// Settings of a [`RedisBackend`](super::RedisBackend): what
 /// [`CacheBuilder::redis`](crate::CacheBuilder::redis) fills in. The timeouts, pool size and
 /// health limits mean what they mean for memcached, with the same defaults.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 #[non_exhaustive]
 pub struct RedisConfig {
     /// `redis://[user:password@]host:port/db` (the `redis` crate's reading).
@@ -40,6 +40,42 @@ pub struct RedisConfig {
     pub key_limit: usize,
 }
 
+impl std::fmt::Debug for RedisConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisConfig")
+            .field("url", &redacted(&self.url))
+            .field("connect_timeout", &self.connect_timeout)
+            .field("io_timeout", &self.io_timeout)
+            .field("pool_size", &self.pool_size)
+            .field("failure_limit", &self.failure_limit)
+            .field("retry_interval", &self.retry_interval)
+            .field("item_size", &self.item_size)
+            .field("key_limit", &self.key_limit)
+            .finish()
+    }
+}
+
+/// `text` with the user and password of `url` (if it has them) hidden.
+fn hide_userinfo(url: &str, text: &str) -> String {
+    let userinfo = url
+        .split_once("://")
+        .and_then(|(_, rest)| rest.rsplit_once('@'))
+        .map(|(info, _)| info)
+        .filter(|info| !info.is_empty());
+    match userinfo {
+        Some(info) => text.replace(info, "***"),
+        None => text.to_owned(),
+    }
+}
+
+/// `url` with its user and password (what comes before `@`) hidden.
+pub(crate) fn redacted(url: &str) -> String {
+    match (url.split_once("://"), url.rsplit_once('@')) {
+        (Some((scheme, _)), Some((_, host))) => format!("{scheme}://***@{host}"),
+        _ => url.to_owned(),
+    }
+}
+
 impl RedisConfig {
     /// The defaults, on the server at `url`.
     pub fn new(url: impl Into<String>) -> RedisConfig {
@@ -57,7 +93,8 @@ impl RedisConfig {
 
     /// The `redis` crate's client for the URL, after checking every setting.
     pub(crate) fn client(&self) -> Result<redis::Client> {
-        let bad = |why: String| Error::config(format!("bad redis URL {:?}: {why}", self.url));
+        let bad =
+            |why: String| Error::config(format!("bad redis URL {:?}: {why}", redacted(&self.url)));
         if !self.url.starts_with("redis://") {
             return Err(bad(
                 "expected redis://[user:password@]host:port/db (rediss:// and unix sockets are \
@@ -65,7 +102,9 @@ impl RedisConfig {
                     .into(),
             ));
         }
-        let client = redis::Client::open(self.url.as_str()).map_err(|e| bad(e.to_string()))?;
+        // The crate's message may quote the URL: its user and password are hidden there too.
+        let client = redis::Client::open(self.url.as_str())
+            .map_err(|e| bad(hide_userinfo(&self.url, &e.to_string())))?;
         if self.pool_size == 0 {
             return Err(Error::config("pool_size must be at least 1"));
         }
@@ -92,7 +131,7 @@ impl RedisConfig {
                 redis::ConnectionAddr::Tcp(h, p) => format!("{h}:{p}"),
                 other => other.to_string(),
             },
-            Err(_) => self.url.clone(),
+            Err(_) => redacted(&self.url),
         }
     }
 }

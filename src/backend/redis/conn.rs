@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 use redis::{ConnectionLike, Value};
 
-use super::{Failure, RedisConfig, failure_of};
+use super::{Failure, RedisConfig};
 use crate::error::{Error, ErrorKind};
 
 pub(super) struct Pool {
@@ -47,16 +47,16 @@ impl Pool {
         loop {
             let generation = state.generation;
             if let Some(conn) = state.idle.pop() {
-                return Ok(Pooled::new(self, conn, generation));
+                return Ok(Pooled::new(self, conn, generation, true));
             }
             if state.open < self.size {
                 state.open += 1;
                 drop(state);
                 return match self.connect() {
-                    Ok(conn) => Ok(Pooled::new(self, conn, generation)),
-                    Err(e) => {
+                    Ok(conn) => Ok(Pooled::new(self, conn, generation, false)),
+                    Err(f) => {
                         self.closed(generation);
-                        Err(Failure::Fault(e))
+                        Err(f)
                     }
                 };
             }
@@ -73,7 +73,7 @@ impl Pool {
         }
     }
 
-    fn connect(&self) -> Result<redis::Connection, Error> {
+    fn connect(&self) -> Result<redis::Connection, Failure> {
         let conn = self
             .client
             .get_connection_with_timeout(self.connect_timeout)
@@ -83,12 +83,25 @@ impl Pool {
                 } else {
                     ErrorKind::Backend
                 };
-                Error::with_source(kind, "could not connect", e)
+                // The server answered the set-up (AUTH, SELECT) with an error: it is up.
+                let answered = e.code().is_some();
+                let e = Error::with_source(kind, "could not connect", e);
+                if answered {
+                    Failure::Local(e)
+                } else {
+                    Failure::Fault(e)
+                }
             })?;
         let timeouts = conn
             .set_read_timeout(Some(self.io_timeout))
             .and_then(|()| conn.set_write_timeout(Some(self.io_timeout)));
-        timeouts.map_err(|e| Error::with_source(ErrorKind::Backend, "could not connect", e))?;
+        timeouts.map_err(|e| {
+            Failure::Fault(Error::with_source(
+                ErrorKind::Backend,
+                "could not connect",
+                e,
+            ))
+        })?;
         Ok(conn)
     }
 
@@ -111,6 +124,17 @@ impl Pool {
         self.freed.notify_one();
     }
 
+    /// Drops the idle connections (one was found closed by the server: the others, idle as
+    /// long, likely are too).
+    pub(super) fn drop_idle(&self) {
+        let mut state = self.state.lock();
+        let n = state.idle.len();
+        state.idle.clear();
+        state.open -= n;
+        drop(state);
+        self.freed.notify_all();
+    }
+
     /// Drops every idle connection and forgets those checked out (the server was marked dead:
     /// they are not given back).
     pub(super) fn clear(&self) {
@@ -130,16 +154,24 @@ pub(super) struct Pooled<'a> {
     conn: Option<redis::Connection>,
     generation: u64,
     keep: bool,
+    /// Taken from the idle list (it may have been closed by the server meanwhile).
+    reused: bool,
 }
 
 impl<'a> Pooled<'a> {
-    fn new(pool: &'a Pool, conn: redis::Connection, generation: u64) -> Pooled<'a> {
+    fn new(pool: &'a Pool, conn: redis::Connection, generation: u64, reused: bool) -> Pooled<'a> {
         Pooled {
             pool,
             conn: Some(conn),
             generation,
             keep: false,
+            reused,
         }
+    }
+
+    /// Whether it came from the idle list rather than a fresh connect.
+    pub(super) fn reused(&self) -> bool {
+        self.reused
     }
 
     pub(super) fn keep(&mut self) {
@@ -153,13 +185,9 @@ impl<'a> Pooled<'a> {
     }
 
     /// The replies to `cmds`, pipelined (one round trip), error replies inline.
-    pub(super) fn send(
-        &mut self,
-        cmds: &[&redis::Cmd],
-        write: bool,
-    ) -> Result<Vec<Value>, Failure> {
+    pub(super) fn send(&mut self, cmds: &[&redis::Cmd]) -> redis::RedisResult<Vec<Value>> {
         let conn = self.conn();
-        let sent = match cmds {
+        match cmds {
             [one] => conn.req_command(one).map(|v| vec![v]),
             many => {
                 let mut pipe = redis::pipe();
@@ -168,8 +196,7 @@ impl<'a> Pooled<'a> {
                 }
                 conn.req_packed_commands(&pipe.get_packed_pipeline(), 0, many.len())
             }
-        };
-        sent.map_err(|e| failure_of(e, write))
+        }
     }
 }
 

@@ -44,7 +44,8 @@ pub(crate) fn decode(stored: &[u8]) -> Option<(u64, u32)> {
     }
     let stamp = u64::from_be_bytes(stored[1..9].try_into().ok()?);
     let flags = u32::from_be_bytes(stored[9..13].try_into().ok()?);
-    Some((stamp, flags))
+    // newcache never writes a stamp of 0 nor one with the top bit (a foreign token's).
+    (stamp != 0 && stamp & FOREIGN == 0).then_some((stamp, flags))
 }
 
 /// The top bit of a token: set for a foreign value's digest, clear for newcache's stamps.

@@ -6,9 +6,9 @@
 //! server in a one-key Lua script (`script.rs`). Placeholders are `SET … NX`; counters keep
 //! memcached's rules through a script. No `WATCH`/`MULTI`.
 //!
-//! Every operation is a [`Request`](request::Request) built once (`request.rs`); the sync
+//! Every operation is a `Request` built once (`request.rs`); the sync
 //! backend sends it on a pooled blocking connection (`conn.rs`), the async one on a multiplexed
-//! tokio connection (`nonblocking.rs`). Both share one [`Shared`]: the limits, the scripts, and
+//! tokio connection (`nonblocking.rs`). Both share one `Shared`: the limits, the scripts, and
 //! the server's health (memcached's `health.rs`: transport faults mark it dead after
 //! `failure_limit` in a row, one caller probes it every `retry_interval`), so a server marked
 //! dead through one view is dead for both.
@@ -73,7 +73,7 @@ impl Shared {
     /// The health gate: `Ok(probe)`, or the error of a call refused while the server is dead.
     fn gate(&self) -> Result<bool> {
         match self.health.gate(self.now_ms(), self.config.retry_interval) {
-            Gate::FailFast => Err(self.health.dead_error(&self.addr)),
+            Gate::FailFast => Err(self.health.dead_error_on("redis", &self.addr)),
             Gate::Probe => Ok(true),
             Gate::Go => Ok(false),
         }
@@ -264,14 +264,28 @@ impl RedisBackend {
 
     /// The replies to `req`'s commands (a script the server did not know sent again with its
     /// source: `NOSCRIPT` means nothing ran).
+    ///
+    /// A pooled connection the server closed while it sat idle (its `timeout`, a proxy, a
+    /// restart) fails at once with a dropped connection: nothing reached the server, so the
+    /// idle connections are dropped and the request goes once more on a fresh one, with no
+    /// fault counted (as the memcached pool does with a stale connection).
     fn send<T>(&self, req: &Request<T>) -> std::result::Result<Vec<Value>, Failure> {
-        let mut conn = self.pool.checkout()?;
         let cmds: Vec<&redis::Cmd> = req.commands.iter().map(|c| &c.cmd).collect();
-        let mut replies = conn.send(&cmds, req.write)?;
+        let mut conn = self.pool.checkout()?;
+        let mut replies = match conn.send(&cmds) {
+            Ok(r) => r,
+            Err(e) if conn.reused() && e.is_connection_dropped() => {
+                drop(conn);
+                self.pool.drop_idle();
+                conn = self.pool.checkout()?;
+                conn.send(&cmds).map_err(|e| failure_of(e, req.write))?
+            }
+            Err(e) => return Err(failure_of(e, req.write)),
+        };
         let retry = noscript_retry(req, &replies, &self.shared.requests.scripts);
         if !retry.is_empty() {
             let again: Vec<&redis::Cmd> = retry.iter().map(|(_, c)| c).collect();
-            let answers = conn.send(&again, req.write)?;
+            let answers = conn.send(&again).map_err(|e| failure_of(e, req.write))?;
             for ((i, _), v) in retry.iter().zip(answers) {
                 replies[*i] = v;
             }

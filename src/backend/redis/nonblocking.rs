@@ -6,7 +6,11 @@
 //! shuts down, the driver ends: the next call sees it finished and reconnects on its own runtime
 //! (not a fault of the server); a read in flight then is sent again once, a write fails with
 //! [`is_outcome_unknown`](crate::Error::is_outcome_unknown). Dropping a call's future is safe:
-//! the driver reads and discards its reply (a write already sent may still be applied).
+//! the driver reads and discards its reply (a write already sent may still be applied). As with
+//! the memcached engine, a runtime that is alive but no longer driven (a current-thread runtime
+//! outside `block_on`) holds the connection it opened: callers on other runtimes time out on it
+//! (one `io_timeout`, one fault) before one of them reconnects; do not share an `AsyncCache`
+//! with such a runtime.
 
 use std::sync::Arc;
 

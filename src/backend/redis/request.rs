@@ -224,16 +224,18 @@ impl<T> Batch<T> {
 /// Keys `SCAN` looks at per step of a `clear`.
 const CLEAR_STEP: u32 = 1000;
 
-/// The `SCAN` pattern of the keys starting with `prefix` (its glob characters escaped).
+/// The `SCAN` pattern of the cache's keys: `prefix` (its glob characters escaped) and exactly
+/// the 40 characters of a SHA-1 in hex, so that another flavor that starts like this one
+/// (`app-1` beside `app`: `app-1-1-…` starts with `app-1-`) is left alone.
 pub(super) fn prefix_pattern(prefix: &str) -> String {
-    let mut out = String::with_capacity(prefix.len() + 2);
+    let mut out = String::with_capacity(prefix.len() + 48);
     for c in prefix.chars() {
         if matches!(c, '*' | '?' | '[' | ']' | '\\') {
             out.push('\\');
         }
         out.push(c);
     }
-    out.push('*');
+    out.push_str(&"?".repeat(40));
     out
 }
 
@@ -312,6 +314,14 @@ impl Builder {
         let expiry = Expiry::from_exptime(w.exptime);
         let stored = item::encode(stamp, w.flags, w.value);
         Ok(match w.mode {
+            // No item of this backend has token 0 (stamps and foreign digests never are).
+            StoreMode::Cas(0) => {
+                return Err(Error::new(
+                    ErrorKind::Unsupported,
+                    "a cas with token 0: no item on redis has that token (it is the token of \
+                     a server without CAS)",
+                ));
+            }
             StoreMode::Cas(token) => {
                 let (mode, n) = expiry.script_args();
                 let mut c = evalsha(&self.scripts.cas, w.key);
@@ -611,7 +621,11 @@ mod tests {
 
     #[test]
     fn a_prefix_matches_only_itself() {
-        assert_eq!(prefix_pattern("prod-3-"), "prod-3-*");
-        assert_eq!(prefix_pattern("a*b?[c]\\-1-"), "a\\*b\\?\\[c\\]\\\\-1-*");
+        let any40 = "?".repeat(40);
+        assert_eq!(prefix_pattern("prod-3-"), format!("prod-3-{any40}"));
+        assert_eq!(
+            prefix_pattern("a*b?[c]\\-1-"),
+            format!("a\\*b\\?\\[c\\]\\\\-1-{any40}")
+        );
     }
 }

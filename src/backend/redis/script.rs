@@ -36,8 +36,11 @@ local outcome = 'STORED'
 if not cur then
   outcome = 'NOT_FOUND'
 else
+  -- As item.rs decodes: the tag, and a stamp that is neither 0 nor has the top bit set.
   local ours = string.len(cur) >= 13 and string.byte(cur, 1) == 161
-  local seen = string.sub(cur, 1, 9)
+    and string.byte(cur, 2) < 128 and string.sub(cur, 2, 9) ~= string.rep(string.char(0), 8)
+  local seen = ''
+  if ours then seen = string.sub(cur, 1, 9) end
   if string.len(ARGV[1]) == 16 then
     local h = redis.sha1hex(cur)
     seen = string.format('%x', tonumber(string.sub(h, 1, 1), 16) % 8) .. string.sub(h, 2, 16)
