@@ -60,6 +60,8 @@ impl BackendChoice {
                  share it with Cache::to_async / AsyncCache::to_sync)"
             }
             BackendChoice::Memcached { .. } => "memcached",
+            #[cfg(feature = "redis")]
+            BackendChoice::Redis { .. } => "redis",
             BackendChoice::Custom(_) => "custom",
         }
     }
@@ -89,6 +91,10 @@ enum BackendChoice {
     Memcached {
         servers: Vec<String>,
         weighted: Vec<ServerSpec>,
+    },
+    #[cfg(feature = "redis")]
+    Redis {
+        url: String,
     },
     Custom(Arc<dyn Backend>),
 }
@@ -236,6 +242,23 @@ impl CacheBuilder {
                 .collect(),
             weighted: Vec::new(),
         };
+        self
+    }
+
+    /// Uses one Redis or Valkey server (feature `redis`): `redis://[user:password@]host:port/db`.
+    /// Keys, envelope and herd protection are memcached's; items are stored as Redis strings
+    /// with a small header (see the crate docs' "Redis"). The timeouts, `pool_size`, health
+    /// limits and `item_size` apply as on memcached. `build()` never connects.
+    ///
+    /// ```
+    /// let cache = newcache::Cache::builder()
+    ///     .redis("redis://127.0.0.1:6379/0")
+    ///     .build()?;
+    /// # Ok::<(), newcache::Error>(())
+    /// ```
+    #[cfg(feature = "redis")]
+    pub fn redis(mut self, url: impl Into<String>) -> Self {
+        self.backend = BackendChoice::Redis { url: url.into() };
         self
     }
 
@@ -711,11 +734,29 @@ impl CacheBuilder {
         Ok(config)
     }
 
+    /// The Redis backend's settings.
+    #[cfg(feature = "redis")]
+    fn redis_config(&self) -> Result<crate::backend::redis::RedisConfig> {
+        let BackendChoice::Redis { url } = &self.backend else {
+            return Err(Error::config("not a redis backend"));
+        };
+        let mut config = crate::backend::redis::RedisConfig::new(url.clone());
+        config.connect_timeout = self.connect_timeout;
+        config.io_timeout = self.io_timeout;
+        config.pool_size = self.pool_size;
+        config.item_size = self.item_size;
+        config.failure_limit = self.failure_limit;
+        config.retry_interval = self.retry_interval;
+        Ok(config)
+    }
+
     /// The settings given explicitly that the chosen backend does not use.
     fn unused(&self) -> Vec<&'static str> {
         let mut unused: Vec<&'static str> = match self.backend {
             BackendChoice::Memory => self.memcached_only.clone(),
             BackendChoice::Memcached { .. } => self.memory_only.clone(),
+            #[cfg(feature = "redis")]
+            BackendChoice::Redis { .. } => self.memory_only.clone(),
             BackendChoice::Custom(_) => [&self.memcached_only[..], &self.memory_only[..]].concat(),
         };
         unused.sort_unstable();
@@ -793,6 +834,8 @@ impl CacheBuilder {
                 .iter()
                 .map(ServerSpec::addr)
                 .collect(),
+            #[cfg(feature = "redis")]
+            BackendChoice::Redis { .. } => vec![self.redis_config()?.addr()],
             BackendChoice::Memory | BackendChoice::Custom(_) => Vec::new(),
         };
         let backends = match self.backend {
@@ -803,6 +846,17 @@ impl CacheBuilder {
                 self.clock.clone(),
             ))),
             BackendChoice::Memcached { .. } => self.memcached_backends()?,
+            #[cfg(feature = "redis")]
+            BackendChoice::Redis { .. } => {
+                let sync = crate::backend::redis::RedisBackend::new(self.redis_config()?)?;
+                Backends {
+                    #[cfg(feature = "tokio")]
+                    nonblocking: Arc::new(crate::backend::redis::nonblocking::AsyncRedis::new(
+                        sync.shared(),
+                    )?),
+                    sync: Arc::new(sync),
+                }
+            }
         };
         let seed = self.seed.unwrap_or_else(|| {
             // Nanoseconds and the process id: caches built in the same millisecond (or in

@@ -244,9 +244,14 @@ impl Error {
     /// A call refused at once because server `addr` is marked dead; its source is the fault
     /// that marked it (the last one seen), when the health record has it.
     pub(crate) fn marked_dead(addr: &str, last_fault: Option<Error>) -> Self {
+        Error::marked_dead_on("memcached", addr, last_fault)
+    }
+
+    /// [`marked_dead`](Error::marked_dead) for a server of another kind (`redis`).
+    pub(crate) fn marked_dead_on(kind: &str, addr: &str, last_fault: Option<Error>) -> Self {
         let mut e = Error::new(
             ErrorKind::Backend,
-            format!("memcached at {addr} is marked dead (probed again later)"),
+            format!("{kind} at {addr} is marked dead (probed again later)"),
         )
         .at_server(addr);
         if let Some(fault) = last_fault {

@@ -144,6 +144,15 @@ pub(crate) struct KeyMaker {
 }
 
 impl KeyMaker {
+    /// What every derived key starts with (`{flavor}-{version}-`), or `None` with a custom key
+    /// function (its keys have no known shape).
+    pub(crate) fn prefix(&self) -> Option<String> {
+        match &self.function {
+            None => Some(format!("{}-{}-", self.flavor, self.version)),
+            Some(_) => None,
+        }
+    }
+
     /// The derived key, validated: no key that breaks memcached's rules ever reaches a backend
     /// (`with_version(u64::MAX)` on a long flavor would otherwise derive a 262-byte key).
     pub(crate) fn make(&self, key: &str) -> Result<String> {

@@ -72,6 +72,10 @@
 //!   every wait is bounded.
 //! - memory ([`CacheBuilder::in_memory`], the default): the same semantics in process, bounded;
 //!   private to the cache built from it (two builds are two stores).
+//! - Redis and Valkey (feature `redis`, `CacheBuilder::redis`): one server, the same keys,
+//!   envelope and herd protocol; each item a Redis string with a 13-byte header (tag `0xA1`, a
+//!   random 63-bit stamp that is its CAS token, the flags, big-endian), fenced writes in a one-key
+//!   Lua script comparing the stamp.
 //!
 //! A `Cache` and an `AsyncCache` are two views of one cache: [`Cache::to_async`] and
 //! [`AsyncCache::to_sync`] share the store, the stats, the coalescer (a sync and an async caller of
@@ -154,10 +158,12 @@
 //! - `metrics` (off by default): the metrics above, through the `metrics` crate.
 //! - `tower` (off by default; implies `tokio`): [`layer::ResponseCacheLayer`], a herd-safe HTTP
 //!   response cache for tower and axum 0.8 (http 1.x types).
+//! - `redis` (off by default): the Redis / Valkey backend, on the `redis` crate.
 //!
 //! # Minimum supported Rust version
 //!
-//! 1.85 (edition 2024), as `rust-version` in Cargo.toml says.
+//! 1.85 (edition 2024), as `rust-version` in Cargo.toml says; 1.88 with the `redis` feature
+//! (the `redis` crate's).
 
 #![deny(missing_docs)]
 #![warn(missing_debug_implementations)]
@@ -188,6 +194,8 @@ mod ttl;
 pub use async_cache::AsyncCache;
 pub use backend::memcached::{DeadServerPolicy, MemcachedBackend, MemcachedConfig, ServerSpec};
 pub use backend::memory::MemoryBackend;
+#[cfg(feature = "redis")]
+pub use backend::redis::{RedisBackend, RedisConfig};
 pub use backend::{Backend, Item, StoreMode, StoreOutcome, Write};
 pub use builder::{
     CacheBuilder, DEFAULT_HERD_TIMEOUT, DEFAULT_LEASE_TTL, DEFAULT_MAX_LOAD_TIME, DEFAULT_MAX_WAIT,

@@ -96,8 +96,11 @@ impl Io for AsyncDriver<'_> {
     ) -> impl Future<Output = Result<Option<u64>>> + Send + 'a {
         self.0.shared().backend.decr(key, delta)
     }
-    fn flush_all<'a>(&'a self) -> impl Future<Output = Result<()>> + Send + 'a {
-        self.0.shared().backend.flush_all()
+    fn clear<'a>(
+        &'a self,
+        prefix: Option<&'a str>,
+    ) -> impl Future<Output = Result<()>> + Send + 'a {
+        self.0.shared().backend.clear(prefix)
     }
     fn max_value_size(&self, key: &str) -> usize {
         self.0.shared().backend.max_value_size(key)

@@ -15,6 +15,8 @@ pub(crate) mod blended;
 pub(crate) mod engine;
 pub mod memcached;
 pub mod memory;
+#[cfg(feature = "redis")]
+pub mod redis;
 
 #[cfg(feature = "tokio")]
 pub(crate) use self::nonblocking::{AsyncBackend, BoxFuture};
@@ -55,6 +57,11 @@ mod nonblocking {
         fn incr<'a>(&'a self, key: &'a str, delta: u64) -> BoxFuture<'a, Result<Option<u64>>>;
         fn decr<'a>(&'a self, key: &'a str, delta: u64) -> BoxFuture<'a, Result<Option<u64>>>;
         fn flush_all(&self) -> BoxFuture<'_, Result<()>>;
+        /// [`Backend::clear`](super::Backend::clear), whose default this is too.
+        fn clear<'a>(&'a self, prefix: Option<&'a str>) -> BoxFuture<'a, Result<()>> {
+            let _ = prefix;
+            self.flush_all()
+        }
         fn max_value_size(&self, key: &str) -> usize;
         /// Asks every server whether it answers ([`Backend::ping`](super::Backend::ping), whose
         /// default this is too).
@@ -138,6 +145,10 @@ mod nonblocking {
         }
         fn flush_all(&self) -> BoxFuture<'_, Result<()>> {
             let r = self.0.flush_all();
+            Box::pin(async move { r })
+        }
+        fn clear<'a>(&'a self, prefix: Option<&'a str>) -> BoxFuture<'a, Result<()>> {
+            let r = self.0.clear(prefix);
             Box::pin(async move { r })
         }
         fn max_value_size(&self, key: &str) -> usize {
@@ -306,6 +317,16 @@ pub trait Backend: Debug + Send + Sync {
 
     /// Removes everything (memcached's `flush_all` on every server).
     fn flush_all(&self) -> Result<()>;
+
+    /// Removes one cache's items: those whose keys start with `prefix` (`{flavor}-{version}-`),
+    /// or, with `None`, those of a cache whose keys come from a custom key function (no prefix
+    /// known). What [`Cache::clear`](crate::Cache::clear) calls. The default is
+    /// [`flush_all`](Backend::flush_all): memcached cannot list its keys, so everything goes,
+    /// every flavor and version, as Django's `clear` does.
+    fn clear(&self, prefix: Option<&str>) -> Result<()> {
+        let _ = prefix;
+        self.flush_all()
+    }
 
     /// The largest value, in bytes, that can be stored under `key`; larger values are refused with
     /// a `TooLarge` error before anything is sent.

@@ -49,7 +49,8 @@ pub(crate) trait Io: Sync {
         key: &'a str,
         delta: u64,
     ) -> impl Future<Output = Result<Option<u64>>> + Send + 'a;
-    fn flush_all<'a>(&'a self) -> impl Future<Output = Result<()>> + Send + 'a;
+    fn clear<'a>(&'a self, prefix: Option<&'a str>)
+    -> impl Future<Output = Result<()>> + Send + 'a;
     fn max_value_size(&self, key: &str) -> usize;
     /// Armed while claims (derived key, token) are being written: if the future is dropped
     /// before their outcome is known, the claims that landed are given back (the async front
@@ -136,8 +137,11 @@ impl Io for Blocking<'_> {
     ) -> impl Future<Output = Result<Option<u64>>> + Send + 'a {
         std::future::ready(self.0.decr(key, delta))
     }
-    fn flush_all<'a>(&'a self) -> impl Future<Output = Result<()>> + Send + 'a {
-        std::future::ready(self.0.flush_all())
+    fn clear<'a>(
+        &'a self,
+        prefix: Option<&'a str>,
+    ) -> impl Future<Output = Result<()>> + Send + 'a {
+        std::future::ready(self.0.clear(prefix))
     }
     fn max_value_size(&self, key: &str) -> usize {
         self.0.max_value_size(key)

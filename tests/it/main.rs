@@ -23,5 +23,7 @@ mod outage;
 mod partial;
 mod processes;
 mod props;
+#[cfg(feature = "redis")]
+mod redis;
 mod values;
 mod views;

@@ -278,8 +278,19 @@ fn shared_addr(kind: Kind) -> &'static str {
     match kind {
         Kind::Memcached => shared_server(),
         Kind::Twemproxy => crate::fixture::shared_twemproxy(),
+        #[cfg(feature = "redis")]
+        Kind::Redis => host_port(crate::fixture::shared_redis()),
+        #[cfg(feature = "redis")]
+        Kind::Valkey => host_port(crate::fixture::shared_valkey()),
         Kind::Memory => unreachable!(),
     }
+}
+
+/// `host:port` of a `redis://host:port/db` URL.
+#[cfg(feature = "redis")]
+fn host_port(url: &'static str) -> &'static str {
+    let rest = url.trim_start_matches("redis://");
+    rest.split('/').next().unwrap_or(rest)
 }
 
 /// Whether the span current inside a loader is enabled, and its name, under a subscriber that

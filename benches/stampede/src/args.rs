@@ -64,6 +64,10 @@ pub struct Args {
     /// memcached servers (comma-separated or repeated) [default: $MEMCACHED_SERVERS]
     #[arg(long, value_name = "HOST:PORT", value_delimiter = ',')]
     pub servers: Vec<String>,
+    /// a Redis or Valkey server instead of memcached: redis://host:port/db [default: $REDIS_URL
+    /// when no memcached server is given]
+    #[arg(long, value_name = "URL")]
+    pub redis: Option<String>,
     /// a memcached server on 127.0.0.1 (repeatable; added after --servers)
     #[arg(long = "port", value_name = "PORT")]
     pub ports: Vec<u16>,
@@ -125,17 +129,21 @@ impl Args {
         let mut args = Self::parse();
         let ports = args.ports.iter().map(|p| format!("127.0.0.1:{p}"));
         args.servers.extend(ports);
-        if args.servers.is_empty() {
+        if args.servers.is_empty() && args.redis.is_none() {
             if let Ok(list) = std::env::var("MEMCACHED_SERVERS") {
                 let list = list.split(',').filter(|s| !s.is_empty());
                 args.servers = list.map(str::to_string).collect();
             }
         }
-        if args.servers.is_empty() {
+        if args.servers.is_empty() && args.redis.is_none() {
+            args.redis = std::env::var("REDIS_URL").ok().filter(|u| !u.is_empty());
+        }
+        if args.servers.is_empty() == args.redis.is_none() {
             Self::command()
                 .error(
                     ErrorKind::MissingRequiredArgument,
-                    "--servers HOST:PORT[,HOST:PORT] (or MEMCACHED_SERVERS) is required",
+                    "either --servers HOST:PORT[,HOST:PORT] (or MEMCACHED_SERVERS) or --redis URL \
+                     (or REDIS_URL) is required, not both",
                 )
                 .exit();
         }

@@ -7,7 +7,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use newcache::{
-    AsyncCache, Backend, Cache, Herd, MemcachedBackend, MemcachedConfig, ServerSpec, StoreMode,
+    AsyncCache, Backend, Cache, Herd, MemcachedBackend, MemcachedConfig, RedisBackend, RedisConfig,
+    ServerSpec, StoreMode,
 };
 use serde::{Deserialize, Serialize};
 
@@ -39,8 +40,7 @@ pub struct Value {
 
 /// The cache a mode reads through (`early` turns on XFetch early refresh).
 pub fn cache_for(args: &Args, mode: Mode) -> Result<Cache, newcache::Error> {
-    let builder = Cache::builder()
-        .memcached(&args.servers)
+    let builder = on_server(args)
         .flavor("stampede")
         .lease_ttl(Duration::from_secs(5))
         .pool_size(args.threads as u32 + 4);
@@ -54,11 +54,18 @@ pub fn cache_for(args: &Args, mode: Mode) -> Result<Cache, newcache::Error> {
 
 /// The async cache of the `async` modes, with the settings of [`cache_for`].
 pub fn async_cache_for(args: &Args) -> Result<AsyncCache, newcache::Error> {
-    Cache::builder()
-        .memcached(&args.servers)
+    on_server(args)
         .flavor("stampede")
         .lease_ttl(Duration::from_secs(5))
         .build_async()
+}
+
+/// A builder on the run's server: memcached (`--servers`) or Redis (`--redis`).
+fn on_server(args: &Args) -> newcache::CacheBuilder {
+    match &args.redis {
+        Some(url) => Cache::builder().redis(url.clone()),
+        None => Cache::builder().memcached(&args.servers),
+    }
 }
 
 /// The loader of the async modes: sleeps (a tokio timer), then counts itself in memcached.
@@ -198,16 +205,24 @@ impl Loader {
 /// How long django-newcache keeps a stale value for the herd while one reader reloads.
 const HERD_TIMEOUT_S: u64 = 60;
 
-/// django-newcache's algorithm on raw memcached, for comparison: it stores (soft expiry in whole
-/// seconds, value); the first reader past the soft expiry re-sets it for the herd timeout without
-/// CAS and reloads.
+/// django-newcache's algorithm on raw memcached (or Redis), for comparison: it stores (soft
+/// expiry in whole seconds, value); the first reader past the soft expiry re-sets it for the herd
+/// timeout without CAS and reloads.
 pub struct OriginalNewcache {
-    backend: MemcachedBackend,
+    backend: Box<dyn Backend>,
     key: String,
 }
 
 impl OriginalNewcache {
     pub fn new(args: &Args, cache: &Cache, key: &str) -> Result<Self, Box<dyn Error>> {
+        if let Some(url) = &args.redis {
+            let mut cfg = RedisConfig::new(url.clone());
+            cfg.pool_size = args.threads as u32 + 4;
+            return Ok(OriginalNewcache {
+                backend: Box::new(RedisBackend::new(cfg)?),
+                key: cache.make_key(key),
+            });
+        }
         let specs = args
             .servers
             .iter()
@@ -216,7 +231,7 @@ impl OriginalNewcache {
         let mut cfg = MemcachedConfig::new(specs);
         cfg.pool_size = args.threads as u32 + 4;
         Ok(OriginalNewcache {
-            backend: MemcachedBackend::new(cfg)?,
+            backend: Box::new(MemcachedBackend::new(cfg)?),
             key: cache.make_key(key),
         })
     }

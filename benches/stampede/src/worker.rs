@@ -59,10 +59,13 @@ pub fn run_all(
     let exe = std::env::current_exe()?;
     let children = (0..args.procs)
         .map(|_| {
-            Command::new(&exe)
-                .args(["--worker", "--mode", mode.name(), "--key", key])
-                .args(["--servers", &args.servers.join(",")])
-                .args(["--threads", &args.threads.to_string()])
+            let mut cmd = Command::new(&exe);
+            cmd.args(["--worker", "--mode", mode.name(), "--key", key]);
+            match &args.redis {
+                Some(url) => cmd.args(["--redis", url]),
+                None => cmd.args(["--servers", &args.servers.join(",")]),
+            };
+            cmd.args(["--threads", &args.threads.to_string()])
                 .args(["--loader-ms", &args.loader_ms.to_string()])
                 .args(["--ttl", &args.ttl.to_string()])
                 .args(["--duration", &args.duration.to_string()])

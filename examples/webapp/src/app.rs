@@ -66,13 +66,14 @@ pub struct Startup {
     pub seeded: Option<Duration>,
     /// How long the expensive query (`/report/1`, uncached) took: the fastest of three runs.
     pub report_query: Duration,
-    /// The cache backend: `memory`, or `memcached host:port,...`.
+    /// The cache backend: `memory`, `memcached host:port,...` or `redis URL`.
     pub backend: String,
 }
 
 impl App {
     /// Opens (seeding on first start) the database, measures the expensive query, and builds
-    /// the cache: memcached when `config` names servers, else the memory backend.
+    /// the cache: memcached when `config` names servers, else Redis when it names a URL, else
+    /// the memory backend.
     ///
     /// # Errors
     /// [`Error::Db`] or [`Error::Io`] if the database cannot be opened or seeded,
@@ -85,11 +86,21 @@ impl App {
             .flavor("webapp")
             .name("webapp")
             .default_ttl(config.ttl());
-        let (builder, backend) = if servers.is_empty() {
-            (builder.in_memory(), "memory".to_string())
-        } else {
-            let named = format!("memcached {}", servers.join(","));
-            (builder.memcached(&servers), named)
+        let (builder, backend) = match (servers.is_empty(), config.redis()) {
+            (false, _) => {
+                let named = format!("memcached {}", servers.join(","));
+                (builder.memcached(&servers), named)
+            }
+            (true, Some(url)) => {
+                // Named without its user and password.
+                let at = url
+                    .rsplit('@')
+                    .next()
+                    .unwrap_or(url)
+                    .trim_start_matches("redis://");
+                (builder.redis(url), format!("redis {at}"))
+            }
+            (true, None) => (builder.in_memory(), "memory".to_string()),
         };
         // Built before seeding, so that a bad address fails at once.
         let cache = builder.build_async()?;

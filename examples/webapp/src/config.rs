@@ -37,6 +37,10 @@ pub struct Config {
         value_delimiter = ','
     )]
     pub memcached_servers: Vec<String>,
+
+    /// A Redis or Valkey server instead, redis://host:port/db (memcached wins if both are set).
+    #[arg(long = "redis-url", env = "REDIS_URL")]
+    pub redis_url: Option<String>,
 }
 
 impl Config {
@@ -54,6 +58,14 @@ impl Config {
             root.join("target/webapp")
                 .join(format!("webapp-{}.sqlite", self.rows))
         })
+    }
+
+    /// The Redis URL, if one is set and not empty.
+    pub fn redis(&self) -> Option<&str> {
+        self.redis_url
+            .as_deref()
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
     }
 
     /// The memcached servers named, without empty entries (`MEMCACHED_SERVERS=""` is unset).

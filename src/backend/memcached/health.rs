@@ -73,6 +73,12 @@ impl Health {
     pub(crate) fn dead_error(&self, addr: &str) -> Error {
         Error::marked_dead(addr, self.last_fault.0.lock().clone())
     }
+
+    /// [`dead_error`](Health::dead_error) naming the kind of server (`redis`).
+    #[cfg(feature = "redis")]
+    pub(crate) fn dead_error_on(&self, kind: &str, addr: &str) -> Error {
+        Error::marked_dead_on(kind, addr, self.last_fault.0.lock().clone())
+    }
 }
 
 impl Health {

@@ -1,0 +1,137 @@
+//! The Redis backend's settings: the server's URL, timeouts, pool size, health limits, limits on
+//! keys and values.
+
+use std::time::Duration;
+
+use crate::backend::DEFAULT_ITEM_SIZE;
+use crate::backend::memcached::{
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_FAILURE_LIMIT, DEFAULT_IO_TIMEOUT, DEFAULT_POOL_SIZE,
+    DEFAULT_RETRY_INTERVAL, MAX_RETRY_INTERVAL,
+};
+use crate::error::{Error, Result};
+
+/// The longest key the Redis backend takes by default: memcached's limit, so that a cache moves
+/// between the two backends unchanged.
+pub const DEFAULT_KEY_LIMIT: usize = crate::key::MAX_KEY_LEN;
+
+/// Settings of a [`RedisBackend`](super::RedisBackend): what
+/// [`CacheBuilder::redis`](crate::CacheBuilder::redis) fills in. The timeouts, pool size and
+/// health limits mean what they mean for memcached, with the same defaults.
+#[derive(Clone)]
+#[non_exhaustive]
+pub struct RedisConfig {
+    /// `redis://[user:password@]host:port/db` (the `redis` crate's reading).
+    pub url: String,
+    /// Limit on getting a connection (default 500 ms).
+    pub connect_timeout: Duration,
+    /// Limit on one operation's I/O (default 500 ms).
+    pub io_timeout: Duration,
+    /// Blocking connections kept for the sync `Cache` (default 16).
+    pub pool_size: u32,
+    /// Consecutive transport faults after which the server is marked dead (default 2).
+    pub failure_limit: u32,
+    /// Time a dead server is left alone before one caller probes it (default 1 s, doubling
+    /// while it flaps).
+    pub retry_interval: Duration,
+    /// The largest item (value and key and overhead), as memcached's `-I` (default 1 MiB): a
+    /// larger value is refused before anything is sent.
+    pub item_size: usize,
+    /// The longest key (default [`DEFAULT_KEY_LIMIT`], 250 bytes).
+    pub key_limit: usize,
+}
+
+impl std::fmt::Debug for RedisConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisConfig")
+            .field("url", &redacted(&self.url))
+            .field("connect_timeout", &self.connect_timeout)
+            .field("io_timeout", &self.io_timeout)
+            .field("pool_size", &self.pool_size)
+            .field("failure_limit", &self.failure_limit)
+            .field("retry_interval", &self.retry_interval)
+            .field("item_size", &self.item_size)
+            .field("key_limit", &self.key_limit)
+            .finish()
+    }
+}
+
+/// `text` with the user and password of `url` (if it has them) hidden.
+fn hide_userinfo(url: &str, text: &str) -> String {
+    let userinfo = url
+        .split_once("://")
+        .and_then(|(_, rest)| rest.rsplit_once('@'))
+        .map(|(info, _)| info)
+        .filter(|info| !info.is_empty());
+    match userinfo {
+        Some(info) => text.replace(info, "***"),
+        None => text.to_owned(),
+    }
+}
+
+/// `url` with its user and password (what comes before `@`) hidden.
+pub(crate) fn redacted(url: &str) -> String {
+    match (url.split_once("://"), url.rsplit_once('@')) {
+        (Some((scheme, _)), Some((_, host))) => format!("{scheme}://***@{host}"),
+        _ => url.to_owned(),
+    }
+}
+
+impl RedisConfig {
+    /// The defaults, on the server at `url`.
+    pub fn new(url: impl Into<String>) -> RedisConfig {
+        RedisConfig {
+            url: url.into(),
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            io_timeout: DEFAULT_IO_TIMEOUT,
+            pool_size: DEFAULT_POOL_SIZE,
+            failure_limit: DEFAULT_FAILURE_LIMIT,
+            retry_interval: DEFAULT_RETRY_INTERVAL,
+            item_size: DEFAULT_ITEM_SIZE,
+            key_limit: DEFAULT_KEY_LIMIT,
+        }
+    }
+
+    /// The `redis` crate's client for the URL, after checking every setting.
+    pub(crate) fn client(&self) -> Result<redis::Client> {
+        let bad =
+            |why: String| Error::config(format!("bad redis URL {:?}: {why}", redacted(&self.url)));
+        if !self.url.starts_with("redis://") {
+            return Err(bad(
+                "expected redis://[user:password@]host:port/db (rediss:// and unix sockets are \
+                 not supported yet)"
+                    .into(),
+            ));
+        }
+        // The crate's message may quote the URL: its user and password are hidden there too.
+        let client = redis::Client::open(self.url.as_str())
+            .map_err(|e| bad(hide_userinfo(&self.url, &e.to_string())))?;
+        if self.pool_size == 0 {
+            return Err(Error::config("pool_size must be at least 1"));
+        }
+        if self.connect_timeout.is_zero() || self.io_timeout.is_zero() {
+            return Err(Error::config(
+                "connect_timeout and io_timeout must be above zero",
+            ));
+        }
+        if self.retry_interval.is_zero() || self.retry_interval > MAX_RETRY_INTERVAL {
+            return Err(Error::config(format!(
+                "retry_interval must be above zero and at most {MAX_RETRY_INTERVAL:?}"
+            )));
+        }
+        if self.key_limit == 0 {
+            return Err(Error::config("key_limit must be at least 1"));
+        }
+        Ok(client)
+    }
+
+    /// `host:port`, as errors, spans and `ping` name the server.
+    pub(crate) fn addr(&self) -> String {
+        match redis::Client::open(self.url.as_str()) {
+            Ok(c) => match c.get_connection_info().addr() {
+                redis::ConnectionAddr::Tcp(h, p) => format!("{h}:{p}"),
+                other => other.to_string(),
+            },
+            Err(_) => redacted(&self.url),
+        }
+    }
+}

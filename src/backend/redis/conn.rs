@@ -1,0 +1,213 @@
+//! The sync backend's pool of blocking connections: at most `pool_size` open at once, each
+//! under `io_timeout` per operation; a connection that met a fault is dropped, not returned.
+
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+use redis::{ConnectionLike, Value};
+
+use super::{Failure, RedisConfig};
+use crate::error::{Error, ErrorKind};
+
+pub(super) struct Pool {
+    client: redis::Client,
+    connect_timeout: Duration,
+    io_timeout: Duration,
+    size: usize,
+    state: Mutex<State>,
+    freed: Condvar,
+}
+
+#[derive(Default)]
+struct State {
+    idle: Vec<redis::Connection>,
+    /// Connections open (idle or checked out).
+    open: usize,
+    /// Raised by `clear`: connections checked out before it are not given back.
+    generation: u64,
+}
+
+impl Pool {
+    pub(super) fn new(client: redis::Client, config: &RedisConfig) -> Pool {
+        Pool {
+            client,
+            connect_timeout: config.connect_timeout,
+            io_timeout: config.io_timeout,
+            size: config.pool_size as usize,
+            state: Mutex::new(State::default()),
+            freed: Condvar::new(),
+        }
+    }
+
+    /// An idle connection, or a new one while fewer than `size` are open; otherwise waits up to
+    /// `connect_timeout` for one to be given back.
+    pub(super) fn checkout(&self) -> Result<Pooled<'_>, Failure> {
+        let deadline = Instant::now() + self.connect_timeout;
+        let mut state = self.state.lock();
+        loop {
+            let generation = state.generation;
+            if let Some(conn) = state.idle.pop() {
+                return Ok(Pooled::new(self, conn, generation, true));
+            }
+            if state.open < self.size {
+                state.open += 1;
+                drop(state);
+                return match self.connect() {
+                    Ok(conn) => Ok(Pooled::new(self, conn, generation, false)),
+                    Err(f) => {
+                        self.closed(generation);
+                        Err(f)
+                    }
+                };
+            }
+            if self.freed.wait_until(&mut state, deadline).timed_out() {
+                // A local wait: nothing against the server.
+                return Err(Failure::Local(Error::new(
+                    ErrorKind::Timeout,
+                    format!(
+                        "all {} pooled connections stayed busy for connect_timeout ({:?})",
+                        self.size, self.connect_timeout
+                    ),
+                )));
+            }
+        }
+    }
+
+    fn connect(&self) -> Result<redis::Connection, Failure> {
+        let conn = self
+            .client
+            .get_connection_with_timeout(self.connect_timeout)
+            .map_err(|e| {
+                let kind = if e.is_timeout() {
+                    ErrorKind::Timeout
+                } else {
+                    ErrorKind::Backend
+                };
+                // The server answered the set-up (AUTH, SELECT) with an error: it is up.
+                let answered = e.code().is_some();
+                let e = Error::with_source(kind, "could not connect", e);
+                if answered {
+                    Failure::Local(e)
+                } else {
+                    Failure::Fault(e)
+                }
+            })?;
+        let timeouts = conn
+            .set_read_timeout(Some(self.io_timeout))
+            .and_then(|()| conn.set_write_timeout(Some(self.io_timeout)));
+        timeouts.map_err(|e| {
+            Failure::Fault(Error::with_source(
+                ErrorKind::Backend,
+                "could not connect",
+                e,
+            ))
+        })?;
+        Ok(conn)
+    }
+
+    /// A checked-out connection was dropped (not given back).
+    fn closed(&self, generation: u64) {
+        let mut state = self.state.lock();
+        if state.generation == generation {
+            state.open -= 1;
+        }
+        drop(state);
+        self.freed.notify_one();
+    }
+
+    fn give_back(&self, conn: redis::Connection, generation: u64) {
+        let mut state = self.state.lock();
+        if state.generation == generation {
+            state.idle.push(conn);
+        }
+        drop(state);
+        self.freed.notify_one();
+    }
+
+    /// Drops the idle connections (one was found closed by the server: the others, idle as
+    /// long, likely are too).
+    pub(super) fn drop_idle(&self) {
+        let mut state = self.state.lock();
+        let n = state.idle.len();
+        state.idle.clear();
+        state.open -= n;
+        drop(state);
+        self.freed.notify_all();
+    }
+
+    /// Drops every idle connection and forgets those checked out (the server was marked dead:
+    /// they are not given back).
+    pub(super) fn clear(&self) {
+        let mut state = self.state.lock();
+        state.idle.clear();
+        state.open = 0;
+        state.generation += 1;
+        drop(state);
+        self.freed.notify_all();
+    }
+}
+
+/// A checked-out connection: dropped on drop unless [`keep`](Pooled::keep) was called (after a
+/// whole answer: the connection is in step with the server).
+pub(super) struct Pooled<'a> {
+    pool: &'a Pool,
+    conn: Option<redis::Connection>,
+    generation: u64,
+    keep: bool,
+    /// Taken from the idle list (it may have been closed by the server meanwhile).
+    reused: bool,
+}
+
+impl<'a> Pooled<'a> {
+    fn new(pool: &'a Pool, conn: redis::Connection, generation: u64, reused: bool) -> Pooled<'a> {
+        Pooled {
+            pool,
+            conn: Some(conn),
+            generation,
+            keep: false,
+            reused,
+        }
+    }
+
+    /// Whether it came from the idle list rather than a fresh connect.
+    pub(super) fn reused(&self) -> bool {
+        self.reused
+    }
+
+    pub(super) fn keep(&mut self) {
+        self.keep = true;
+    }
+
+    fn conn(&mut self) -> &mut redis::Connection {
+        self.conn
+            .as_mut()
+            .expect("a pooled connection until dropped")
+    }
+
+    /// The replies to `cmds`, pipelined (one round trip), error replies inline.
+    pub(super) fn send(&mut self, cmds: &[&redis::Cmd]) -> redis::RedisResult<Vec<Value>> {
+        let conn = self.conn();
+        match cmds {
+            [one] => conn.req_command(one).map(|v| vec![v]),
+            many => {
+                let mut pipe = redis::pipe();
+                for c in many {
+                    pipe.add_command((*c).clone());
+                }
+                conn.req_packed_commands(&pipe.get_packed_pipeline(), 0, many.len())
+            }
+        }
+    }
+}
+
+impl Drop for Pooled<'_> {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            if self.keep && conn.is_open() {
+                self.pool.give_back(conn, self.generation);
+            } else {
+                self.pool.closed(self.generation);
+            }
+        }
+    }
+}

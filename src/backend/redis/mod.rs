@@ -1,0 +1,400 @@
+//! The Redis / Valkey backend (feature `redis`): memcached's storage semantics on one Redis or
+//! Valkey server, through the `redis` crate (redis-rs).
+//!
+//! Items are stored as Redis strings with a small header (`item.rs`: a tag, the item's stamp,
+//! the flags); the stamp is the item's CAS token, and every fenced write compares it on the
+//! server in a one-key Lua script (`script.rs`). Placeholders are `SET … NX`; counters keep
+//! memcached's rules through a script. No `WATCH`/`MULTI`.
+//!
+//! Every operation is a `Request` built once (`request.rs`); the sync
+//! backend sends it on a pooled blocking connection (`conn.rs`), the async one on a multiplexed
+//! tokio connection (`nonblocking.rs`). Both share one `Shared`: the limits, the scripts, and
+//! the server's health (memcached's `health.rs`: transport faults mark it dead after
+//! `failure_limit` in a row, one caller probes it every `retry_interval`), so a server marked
+//! dead through one view is dead for both.
+
+mod config;
+mod conn;
+mod item;
+#[cfg(feature = "tokio")]
+pub(crate) mod nonblocking;
+mod request;
+mod script;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use redis::Value;
+
+pub use self::config::{DEFAULT_KEY_LIMIT, RedisConfig};
+use self::conn::Pool;
+use self::request::{Request, noscript_retry};
+use self::script::Scripts;
+use super::memcached::health::{Gate, Health};
+use super::{Backend, Item, StoreMode, StoreOutcome, Write};
+use crate::error::{Error, ErrorKind, Result};
+use crate::rng::{Rng, entropy};
+
+/// What both views of one Redis server share.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    config: RedisConfig,
+    /// `host:port`.
+    addr: String,
+    health: Arc<Health>,
+    requests: request::Builder,
+    stamps: Rng,
+    /// The origin of the health clock.
+    started: Instant,
+    /// Set once the eviction policy was asked for.
+    policy_checked: std::sync::atomic::AtomicBool,
+}
+
+impl Shared {
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// A fresh stamp for a write.
+    fn stamp(&self) -> u64 {
+        item::stamp_of(self.stamps.next_u64())
+    }
+
+    /// Names the server in an error that does not name one yet.
+    fn annotate(&self, e: Error) -> Error {
+        if e.server().is_none() {
+            e.in_context(format!("redis at {}", self.addr))
+                .at_server(&self.addr)
+        } else {
+            e
+        }
+    }
+
+    /// The health gate: `Ok(probe)`, or the error of a call refused while the server is dead.
+    fn gate(&self) -> Result<bool> {
+        match self.health.gate(self.now_ms(), self.config.retry_interval) {
+            Gate::FailFast => Err(self.health.dead_error_on("redis", &self.addr)),
+            Gate::Probe => Ok(true),
+            Gate::Go => Ok(false),
+        }
+    }
+
+    /// The server answered.
+    fn answered(&self, probe: bool) {
+        if self.health.success(self.now_ms(), probe) {
+            tracing::warn!(server = %self.addr, "newcache: redis server is back");
+        }
+    }
+
+    /// Whether this caller is the first to reach the server (it then checks its eviction
+    /// policy, once).
+    fn first_answer(&self) -> bool {
+        !self
+            .policy_checked
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Warns about an eviction policy that breaks a cache's expectations.
+    fn judge_policy(&self, policy: Option<&str>) {
+        match policy {
+            Some("noeviction") => tracing::warn!(
+                server = %self.addr,
+                "newcache: redis maxmemory-policy is noeviction: once memory is full every write \
+                 fails (the cache stops storing, placeholders and claims included); set \
+                 maxmemory-policy allkeys-lru (or allkeys-lfu) for a cache"
+            ),
+            Some(p) if p.starts_with("volatile") => tracing::warn!(
+                server = %self.addr,
+                policy = p,
+                "newcache: redis maxmemory-policy evicts only keys with an expiry: values stored \
+                 with Ttl::Never are never evicted; allkeys-lru (or allkeys-lfu) suits a cache"
+            ),
+            Some(_) => {}
+            None => tracing::debug!(
+                server = %self.addr,
+                "newcache: CONFIG GET maxmemory-policy refused; eviction policy not checked"
+            ),
+        }
+    }
+
+    /// A transport fault; `true` if it marked the server dead (the caller drops its
+    /// connections).
+    fn fault(&self, probe: bool, e: &Error) -> bool {
+        self.health.note_fault(e);
+        let c = &self.config;
+        let dead = self
+            .health
+            .failure(self.now_ms(), c.failure_limit, c.retry_interval, probe);
+        if dead {
+            tracing::warn!(
+                server = %self.addr,
+                error = %e,
+                "newcache: redis server marked dead after {} consecutive failures; probing it \
+                 again after {:?} (doubling while probes fail)",
+                c.failure_limit,
+                c.retry_interval
+            );
+        }
+        dead
+    }
+}
+
+/// `flush_all`'s refusal.
+fn refuse_flush() -> Error {
+    Error::new(
+        ErrorKind::Unsupported,
+        "newcache never sends FLUSHDB or FLUSHALL to redis (other keys share the database): \
+         Cache::clear removes the cache's own keys",
+    )
+}
+
+/// Why a request got no answer.
+pub(crate) enum Failure {
+    /// A transport fault (I/O, timeout, a dropped connection): it counts against the server.
+    Fault(Error),
+    /// Nothing against the server (a local wait, a connection whose runtime ended).
+    Local(Error),
+}
+
+/// A `redis` crate error as a transport fault (`write`: the command may have run) or an answer.
+pub(crate) fn failure_of(e: redis::RedisError, write: bool) -> Failure {
+    if e.code().is_some() {
+        // An error reply (the client libraries give most inline, as `Value::ServerError`): the
+        // server answered.
+        return Failure::Local(Error::with_source(
+            ErrorKind::Backend,
+            "the server refused the command",
+            e,
+        ));
+    }
+    let kind = if e.is_timeout() {
+        ErrorKind::Timeout
+    } else {
+        ErrorKind::Backend
+    };
+    let message = if e.is_timeout() {
+        "no reply in time"
+    } else {
+        "i/o error talking to the server"
+    };
+    let fault = Error::with_source(kind, message, e);
+    // A write whose reply never came may have been applied: never retried.
+    Failure::Fault(if write {
+        fault.with_outcome_unknown()
+    } else {
+        fault
+    })
+}
+
+/// A [`Backend`] on one Redis or Valkey server (feature `redis`).
+///
+/// Built by [`CacheBuilder::redis`](crate::CacheBuilder::redis) (or `RedisBackend::new` with a
+/// [`RedisConfig`]); it never connects until the first call.
+pub struct RedisBackend {
+    shared: Arc<Shared>,
+    pool: Pool,
+}
+
+impl std::fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisBackend")
+            .field("server", &self.shared.addr)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisBackend {
+    /// Sets up the pool (without connecting).
+    ///
+    /// # Errors
+    ///
+    /// A configuration error (`is_config()`) for a URL the `redis` crate cannot read, a scheme
+    /// other than `redis://`, a zero pool size or a zero timeout.
+    pub fn new(config: RedisConfig) -> Result<RedisBackend> {
+        let client = config.client()?;
+        let shared = Arc::new(Shared {
+            addr: config.addr(),
+            health: Arc::new(Health::default()),
+            requests: request::Builder {
+                item_size: config.item_size,
+                key_limit: config.key_limit,
+                scripts: Scripts::new(),
+            },
+            stamps: Rng::new(entropy()),
+            started: Instant::now(),
+            policy_checked: Default::default(),
+            config,
+        });
+        Ok(RedisBackend {
+            pool: Pool::new(client, &shared.config),
+            shared,
+        })
+    }
+
+    /// What the async view shares with this one.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn shared(&self) -> Arc<Shared> {
+        self.shared.clone()
+    }
+
+    /// Sends `req` on a pooled connection through the health gate and reads its answer.
+    fn run<T>(&self, req: Result<Request<T>>) -> Result<T> {
+        let s = &self.shared;
+        let req = req?;
+        super::note_server(&s.addr);
+        let probe = s.gate()?;
+        let replies = self.send(&req).map_err(|f| match f {
+            Failure::Fault(e) => {
+                let e = s.annotate(e);
+                if s.fault(probe, &e) {
+                    self.pool.clear();
+                }
+                e
+            }
+            Failure::Local(e) => s.annotate(e),
+        })?;
+        s.answered(probe);
+        if s.first_answer() {
+            let policy = self.send(&s.requests.policy()).ok();
+            let policy = policy.and_then(|r| (s.requests.policy().read)(r).ok().flatten());
+            s.judge_policy(policy.as_deref());
+        }
+        (req.read)(replies).map_err(|e| s.annotate(e))
+    }
+
+    /// The replies to `req`'s commands (a script the server did not know sent again with its
+    /// source: `NOSCRIPT` means nothing ran).
+    ///
+    /// A pooled connection the server closed while it sat idle (its `timeout`, a proxy, a
+    /// restart) fails at once with a dropped connection: nothing reached the server, so the
+    /// idle connections are dropped and the request goes once more on a fresh one, with no
+    /// fault counted (as the memcached pool does with a stale connection).
+    fn send<T>(&self, req: &Request<T>) -> std::result::Result<Vec<Value>, Failure> {
+        let cmds: Vec<&redis::Cmd> = req.commands.iter().map(|c| &c.cmd).collect();
+        let mut conn = self.pool.checkout()?;
+        let mut replies = match conn.send(&cmds) {
+            Ok(r) => r,
+            Err(e) if conn.reused() && e.is_connection_dropped() => {
+                drop(conn);
+                self.pool.drop_idle();
+                conn = self.pool.checkout()?;
+                conn.send(&cmds).map_err(|e| failure_of(e, req.write))?
+            }
+            Err(e) => return Err(failure_of(e, req.write)),
+        };
+        let retry = noscript_retry(req, &replies, &self.shared.requests.scripts);
+        if !retry.is_empty() {
+            let again: Vec<&redis::Cmd> = retry.iter().map(|(_, c)| c).collect();
+            let answers = conn.send(&again).map_err(|e| failure_of(e, req.write))?;
+            for ((i, _), v) in retry.iter().zip(answers) {
+                replies[*i] = v;
+            }
+        }
+        conn.keep();
+        Ok(replies)
+    }
+}
+
+impl Backend for RedisBackend {
+    fn get(&self, key: &str) -> Result<Option<Item>> {
+        self.run(self.shared.requests.get(key))
+    }
+
+    fn get_many(&self, keys: &[&str]) -> Vec<Result<Option<Item>>> {
+        let b = &self.shared.requests;
+        let mut out: Vec<Option<Result<Option<Item>>>> =
+            keys.iter().map(|k| b.check_key(k).err().map(Err)).collect();
+        let valid: Vec<&str> = keys
+            .iter()
+            .zip(&out)
+            .filter(|(_, r)| r.is_none())
+            .map(|(k, _)| *k)
+            .collect();
+        if valid.is_empty() {
+            return out.into_iter().map(|r| r.unwrap_or(Ok(None))).collect();
+        }
+        let answers = match self.run(Ok(b.mget(&valid))) {
+            Ok(items) if items.len() == valid.len() => items,
+            Ok(_) => {
+                vec![Err(Error::backend("MGET answered another count of values")); valid.len()]
+            }
+            Err(e) => vec![Err(e); valid.len()],
+        };
+        let mut answers = answers.into_iter();
+        for slot in out.iter_mut().filter(|s| s.is_none()) {
+            *slot = answers.next();
+        }
+        out.into_iter().map(|r| r.unwrap_or(Ok(None))).collect()
+    }
+
+    fn store(
+        &self,
+        mode: StoreMode,
+        key: &str,
+        value: &[u8],
+        flags: u32,
+        exptime: u32,
+    ) -> Result<StoreOutcome> {
+        let w = Write::new(mode, key, value, flags, exptime);
+        self.run(self.shared.requests.store(&w, self.shared.stamp()))
+    }
+
+    fn store_then_get(&self, w: Write<'_>) -> Result<(StoreOutcome, Option<Item>)> {
+        self.run(self.shared.requests.store_then_get(&w, self.shared.stamp()))
+    }
+
+    fn store_many(&self, writes: &[Write<'_>]) -> Vec<Result<StoreOutcome>> {
+        let s = &self.shared;
+        let batch = s.requests.store_many(writes, || s.stamp());
+        crate::cache::io::ready(batch.answer(|r| std::future::ready(self.run(Ok(r)))))
+    }
+
+    fn delete(&self, key: &str) -> Result<bool> {
+        self.run(self.shared.requests.delete(key))
+    }
+
+    fn delete_many(&self, keys: &[&str]) -> Vec<Result<bool>> {
+        let batch = self.shared.requests.delete_many(keys);
+        crate::cache::io::ready(batch.answer(|r| std::future::ready(self.run(Ok(r)))))
+    }
+
+    fn touch(&self, key: &str, exptime: u32) -> Result<bool> {
+        self.run(self.shared.requests.touch(key, exptime))
+    }
+
+    fn incr(&self, key: &str, delta: u64) -> Result<Option<u64>> {
+        let s = &self.shared;
+        self.run(s.requests.arith(key, delta, true, s.stamp()))
+    }
+
+    fn decr(&self, key: &str, delta: u64) -> Result<Option<u64>> {
+        let s = &self.shared;
+        self.run(s.requests.arith(key, delta, false, s.stamp()))
+    }
+
+    /// Refused: it would empty the whole database, other applications' keys included; the
+    /// cache's `clear` removes its own keys instead.
+    fn flush_all(&self) -> Result<()> {
+        Err(refuse_flush())
+    }
+
+    fn clear(&self, prefix: Option<&str>) -> Result<()> {
+        let b = &self.shared.requests;
+        let pattern = request::prefix_pattern(prefix.ok_or_else(request::no_prefix)?);
+        let mut cursor = 0;
+        loop {
+            let (next, keys) = self.run(Ok(b.scan(cursor, &pattern)))?;
+            if !keys.is_empty() {
+                self.run(Ok(b.unlink(&keys)))?;
+            }
+            if next == 0 {
+                return Ok(());
+            }
+            cursor = next;
+        }
+    }
+
+    fn max_value_size(&self, key: &str) -> usize {
+        self.shared.requests.max_value_size(key)
+    }
+}

@@ -1,0 +1,631 @@
+//! Every operation of the Redis backend as a [`Request`]: the commands to send (pipelined, one
+//! round trip) and how to read their replies into the storage interface's answer. Built and read
+//! here once; the blocking pool (`conn.rs`) and the async connection (`nonblocking.rs`) only
+//! send them. No I/O.
+
+use bytes::Bytes;
+use redis::Value;
+
+use super::item::{self, Expiry};
+use super::script::{Script, Scripts};
+use crate::backend::{Item, StoreMode, StoreOutcome, Write};
+use crate::error::{Error, ErrorKind, Result};
+
+/// Which script a command runs (`EVALSHA`), so that a `NOSCRIPT` answer can be sent again as
+/// `EVAL` with the source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ScriptId {
+    Cas,
+    Arith,
+}
+
+impl ScriptId {
+    pub(super) fn of(self, scripts: &Scripts) -> &Script {
+        match self {
+            ScriptId::Cas => &scripts.cas,
+            ScriptId::Arith => &scripts.arith,
+        }
+    }
+}
+
+/// One command and the script it runs, if any.
+pub(super) struct Command {
+    pub(super) cmd: redis::Cmd,
+    pub(super) script: Option<ScriptId>,
+}
+
+/// Commands sent in one round trip, and how their replies (error replies inline, as
+/// `Value::ServerError`) become the answer.
+pub(super) struct Request<T> {
+    pub(super) commands: Vec<Command>,
+    /// Whether a reply that never came leaves the outcome unknown (the command may have run).
+    pub(super) write: bool,
+    pub(super) read: fn(Vec<Value>) -> Result<T>,
+}
+
+impl<T> Request<T> {
+    fn one(
+        cmd: redis::Cmd,
+        script: Option<ScriptId>,
+        write: bool,
+        read: fn(Vec<Value>) -> Result<T>,
+    ) -> Self {
+        Request {
+            commands: vec![Command { cmd, script }],
+            write,
+            read,
+        }
+    }
+}
+
+/// `EVALSHA sha 1 key` (the arguments follow).
+fn evalsha(s: &Script, key: &str) -> redis::Cmd {
+    let mut c = redis::cmd("EVALSHA");
+    c.arg(&s.sha).arg(1).arg(key);
+    c
+}
+
+/// The same call as `EVAL source ...`.
+pub(super) fn with_source(cmd: &redis::Cmd, s: &Script) -> redis::Cmd {
+    let mut c = redis::cmd("EVAL");
+    c.arg(s.source);
+    // After `EVALSHA` and the SHA: the key count, the key, the arguments.
+    for a in cmd.args_iter().skip(2) {
+        if let redis::Arg::Simple(bytes) = a {
+            c.arg(bytes);
+        }
+    }
+    c
+}
+
+/// Whether a reply is `NOSCRIPT` (the server ran nothing).
+pub(super) fn is_noscript(v: &Value) -> bool {
+    matches!(v, Value::ServerError(e) if e.code() == "NOSCRIPT")
+}
+
+/// The single reply of a one-command request.
+fn only(mut vs: Vec<Value>) -> Result<Value> {
+    match (vs.pop(), vs.is_empty()) {
+        (Some(Value::ServerError(e)), true) => Err(refused(e)),
+        (Some(v), true) => Ok(v),
+        _ => Err(Error::backend("expected one reply")),
+    }
+}
+
+/// An error reply: the server answered (out of memory, a wrong type, ...), nothing against it.
+fn refused(e: redis::ServerError) -> Error {
+    if e.code() == "NOTCOUNTER" {
+        return Error::new(
+            ErrorKind::NotACounter,
+            "the value is not a counter newcache wrote (decimal digits in its item format)",
+        );
+    }
+    Error::with_source(
+        ErrorKind::Backend,
+        "the server refused the command",
+        redis::RedisError::from(e),
+    )
+}
+
+/// An item from stored bytes: newcache's (header stripped, its stamp the token) or a foreign
+/// value (whole, flags 0, its digest the token).
+fn item_of(v: Value) -> Result<Option<Item>> {
+    let bytes = match v {
+        Value::Nil => return Ok(None),
+        Value::BulkString(b) => Bytes::from(b),
+        Value::ServerError(e) => return Err(refused(e)),
+        other => {
+            return Err(Error::backend(format!(
+                "expected a string or nil, the server answered {other:?}"
+            )));
+        }
+    };
+    Ok(Some(match item::decode(&bytes) {
+        Some((stamp, flags)) => Item {
+            value: bytes.slice(item::HEADER..),
+            flags,
+            cas: stamp,
+        },
+        None => Item {
+            cas: item::foreign_token(&bytes),
+            value: bytes,
+            flags: 0,
+        },
+    }))
+}
+
+/// A store's outcome: `SET` answers `OK`, or nil for an add that found the key (`SET NX` answers
+/// nil only then); the script answers its word.
+fn store_outcome(v: Value) -> Result<StoreOutcome> {
+    Ok(match v {
+        Value::Okay => StoreOutcome::Stored,
+        Value::SimpleString(s) if s == "OK" => StoreOutcome::Stored,
+        Value::Nil => StoreOutcome::NotStored,
+        Value::BulkString(b) => match &b[..] {
+            b"STORED" => StoreOutcome::Stored,
+            b"EXISTS" => StoreOutcome::Exists,
+            b"NOT_FOUND" => StoreOutcome::NotFound,
+            _ => return Err(Error::backend("the store script answered an unknown word")),
+        },
+        Value::ServerError(e) => return Err(refused(e)),
+        other => {
+            return Err(Error::backend(format!(
+                "a store answered {other:?}, not OK, nil or an outcome"
+            )));
+        }
+    })
+}
+
+fn int_of(v: Value) -> Result<i64> {
+    match v {
+        Value::Int(n) => Ok(n),
+        Value::ServerError(e) => Err(refused(e)),
+        other => Err(Error::backend(format!(
+            "expected an integer, the server answered {other:?}"
+        ))),
+    }
+}
+
+fn found(vs: Vec<Value>) -> Result<bool> {
+    only(vs).and_then(int_of).map(|n| n > 0)
+}
+
+/// A batch: the request of the items that may be sent, and the errors of those refused before.
+pub(super) struct Batch<T> {
+    /// One per item, in order: `Some` for an item refused before sending.
+    pub(super) refused: Vec<Option<Error>>,
+    /// One command per item not refused; answers one result each, in order.
+    pub(super) request: Request<Vec<Result<T>>>,
+}
+
+impl<T> Batch<T> {
+    /// Sends the batch with `send` (not at all if every item was refused) and answers one
+    /// result per item: the refusals, and the request's results (or its error, for every item
+    /// sent).
+    pub(super) async fn answer<F>(
+        self,
+        send: impl FnOnce(Request<Vec<Result<T>>>) -> F,
+    ) -> Vec<Result<T>>
+    where
+        F: std::future::Future<Output = Result<Vec<Result<T>>>>,
+    {
+        let n = self.request.commands.len();
+        let sent = if n == 0 {
+            Ok(Vec::new())
+        } else {
+            send(self.request).await
+        };
+        let mut sent = match sent {
+            Ok(rs) if rs.len() == n => rs.into_iter(),
+            Ok(_) => {
+                let e = Error::backend("another count of replies than commands");
+                (0..n)
+                    .map(|_| Err(e.clone()))
+                    .collect::<Vec<_>>()
+                    .into_iter()
+            }
+            Err(e) => (0..n)
+                .map(|_| Err(e.clone()))
+                .collect::<Vec<_>>()
+                .into_iter(),
+        };
+        self.refused
+            .into_iter()
+            .map(|r| match r {
+                Some(e) => Err(e),
+                None => sent
+                    .next()
+                    .unwrap_or_else(|| Err(Error::backend("no reply for this item"))),
+            })
+            .collect()
+    }
+}
+
+/// Keys `SCAN` looks at per step of a `clear`.
+const CLEAR_STEP: u32 = 1000;
+
+/// The `SCAN` pattern of the cache's keys: `prefix` (its glob characters escaped) and exactly
+/// the 40 characters of a SHA-1 in hex, so that another flavor that starts like this one
+/// (`app-1` beside `app`: `app-1-1-…` starts with `app-1-`) is left alone.
+pub(super) fn prefix_pattern(prefix: &str) -> String {
+    let mut out = String::with_capacity(prefix.len() + 48);
+    for c in prefix.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push_str(&"?".repeat(40));
+    out
+}
+
+/// The error of a `clear` without a prefix.
+pub(super) fn no_prefix() -> Error {
+    Error::new(
+        ErrorKind::Unsupported,
+        "clear() on redis removes the cache's own keys by their prefix, and a cache with a custom \
+         key function has none: delete its keys one by one, or give them a common prefix",
+    )
+}
+
+/// What the requests are built from: the limits and the scripts.
+#[derive(Debug)]
+pub(super) struct Builder {
+    pub(super) item_size: usize,
+    pub(super) key_limit: usize,
+    pub(super) scripts: Scripts,
+}
+
+impl Builder {
+    /// Refuses an empty key or one over the limit, before anything is sent.
+    pub(super) fn check_key(&self, key: &str) -> Result<()> {
+        if key.is_empty() || key.len() > self.key_limit {
+            return Err(Error::new(
+                ErrorKind::InvalidKey,
+                format!(
+                    "a key must be 1 to {} bytes (RedisConfig::key_limit); this one is {}",
+                    self.key_limit,
+                    key.len()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    pub(super) fn max_value_size(&self, key: &str) -> usize {
+        crate::backend::max_value_size(self.item_size, key)
+    }
+
+    pub(super) fn get(&self, key: &str) -> Result<Request<Option<Item>>> {
+        self.check_key(key)?;
+        let mut cmd = redis::cmd("GET");
+        cmd.arg(key);
+        Ok(Request::one(cmd, None, false, |vs| {
+            only(vs).and_then(item_of)
+        }))
+    }
+
+    /// One `MGET` of `keys` (checked by the caller): one answer per key, in order.
+    pub(super) fn mget(&self, keys: &[&str]) -> Request<Vec<Result<Option<Item>>>> {
+        let mut cmd = redis::cmd("MGET");
+        for k in keys {
+            cmd.arg(*k);
+        }
+        Request::one(cmd, None, false, |vs| match only(vs)? {
+            Value::Array(vs) => Ok(vs.into_iter().map(item_of).collect()),
+            other => Err(Error::backend(format!("MGET answered {other:?}"))),
+        })
+    }
+
+    /// One write's command: `SET` (`NX` for an add), or the fenced-write script for a `cas`;
+    /// `stamp` is the new item's.
+    fn store_command(&self, w: &Write<'_>, stamp: u64, read_back: bool) -> Result<Command> {
+        self.check_key(w.key)?;
+        let max = self.max_value_size(w.key);
+        if w.value.len() > max {
+            return Err(Error::new(
+                ErrorKind::TooLarge,
+                format!(
+                    "a value of {} bytes is over the {max}-byte limit (item_size)",
+                    w.value.len()
+                ),
+            ));
+        }
+        let expiry = Expiry::from_exptime(w.exptime);
+        let stored = item::encode(stamp, w.flags, w.value);
+        Ok(match w.mode {
+            // No item of this backend has token 0 (stamps and foreign digests never are).
+            StoreMode::Cas(0) => {
+                return Err(Error::new(
+                    ErrorKind::Unsupported,
+                    "a cas with token 0: no item on redis has that token (it is the token of \
+                     a server without CAS)",
+                ));
+            }
+            StoreMode::Cas(token) => {
+                let (mode, n) = expiry.script_args();
+                let mut c = evalsha(&self.scripts.cas, w.key);
+                c.arg(item::fence(token))
+                    .arg(stored)
+                    .arg(mode)
+                    .arg(n)
+                    .arg(if read_back { "1" } else { "0" });
+                Command {
+                    cmd: c,
+                    script: Some(ScriptId::Cas),
+                }
+            }
+            mode => {
+                let mut c = redis::cmd("SET");
+                c.arg(w.key).arg(stored);
+                if mode == StoreMode::Add {
+                    c.arg("NX");
+                }
+                if let Some((unit, n)) = expiry.set_args() {
+                    c.arg(unit).arg(n);
+                }
+                Command {
+                    cmd: c,
+                    script: None,
+                }
+            }
+        })
+    }
+
+    pub(super) fn store(&self, w: &Write<'_>, stamp: u64) -> Result<Request<StoreOutcome>> {
+        let c = self.store_command(w, stamp, false)?;
+        Ok(Request {
+            commands: vec![c],
+            write: true,
+            read: |vs| only(vs).and_then(store_outcome),
+        })
+    }
+
+    /// The write, then what the key holds: in the script itself for a `cas` (one step on the
+    /// server), else `SET` and `GET` pipelined.
+    pub(super) fn store_then_get(
+        &self,
+        w: &Write<'_>,
+        stamp: u64,
+    ) -> Result<Request<(StoreOutcome, Option<Item>)>> {
+        let c = self.store_command(w, stamp, true)?;
+        if c.script.is_some() {
+            return Ok(Request {
+                commands: vec![c],
+                write: true,
+                read: |vs| match only(vs)? {
+                    Value::Array(mut pair) if pair.len() == 2 => {
+                        let now = pair.pop().unwrap_or(Value::Nil);
+                        let outcome = pair.pop().unwrap_or(Value::Nil);
+                        Ok((store_outcome(outcome)?, item_of(now)?))
+                    }
+                    other => Err(Error::backend(format!(
+                        "the store script answered {other:?}"
+                    ))),
+                },
+            });
+        }
+        let mut get = redis::cmd("GET");
+        get.arg(w.key);
+        Ok(Request {
+            commands: vec![
+                c,
+                Command {
+                    cmd: get,
+                    script: None,
+                },
+            ],
+            write: true,
+            read: |mut vs| {
+                let now = vs.pop().unwrap_or(Value::Nil);
+                let outcome = vs.pop().unwrap_or(Value::Nil);
+                Ok((store_outcome(outcome)?, item_of(now)?))
+            },
+        })
+    }
+
+    /// Every write of a batch, pipelined (one round trip); the writes refused before sending
+    /// (a bad key, a value over the limit) are left out and keep their error.
+    pub(super) fn store_many(
+        &self,
+        writes: &[Write<'_>],
+        mut stamp: impl FnMut() -> u64,
+    ) -> Batch<StoreOutcome> {
+        let mut refused = Vec::with_capacity(writes.len());
+        let mut commands = Vec::new();
+        for w in writes {
+            match self.store_command(w, stamp(), false) {
+                Ok(c) => {
+                    commands.push(c);
+                    refused.push(None);
+                }
+                Err(e) => refused.push(Some(e)),
+            }
+        }
+        Batch {
+            refused,
+            request: Request {
+                commands,
+                write: true,
+                read: |vs| Ok(vs.into_iter().map(store_outcome).collect()),
+            },
+        }
+    }
+
+    /// An `UNLINK` per key, pipelined.
+    pub(super) fn delete_many(&self, keys: &[&str]) -> Batch<bool> {
+        let mut refused = Vec::with_capacity(keys.len());
+        let mut commands = Vec::new();
+        for k in keys {
+            match self.check_key(k) {
+                Ok(()) => {
+                    let mut cmd = redis::cmd("UNLINK");
+                    cmd.arg(*k);
+                    commands.push(Command { cmd, script: None });
+                    refused.push(None);
+                }
+                Err(e) => refused.push(Some(e)),
+            }
+        }
+        Batch {
+            refused,
+            request: Request {
+                commands,
+                write: true,
+                read: |vs| Ok(vs.into_iter().map(|v| int_of(v).map(|n| n > 0)).collect()),
+            },
+        }
+    }
+
+    pub(super) fn delete(&self, key: &str) -> Result<Request<bool>> {
+        self.check_key(key)?;
+        let mut cmd = redis::cmd("UNLINK");
+        cmd.arg(key);
+        Ok(Request::one(cmd, None, true, found))
+    }
+
+    /// `PEXPIRE` / `EXPIREAT`, or for no expiry `PERSIST` with `EXISTS` (`PERSIST` answers 0 for
+    /// a key that exists without an expiry).
+    pub(super) fn touch(&self, key: &str, exptime: u32) -> Result<Request<bool>> {
+        self.check_key(key)?;
+        let cmd = match Expiry::from_exptime(exptime) {
+            Expiry::Never => {
+                let mut persist = redis::cmd("PERSIST");
+                persist.arg(key);
+                let mut exists = redis::cmd("EXISTS");
+                exists.arg(key);
+                return Ok(Request {
+                    commands: vec![
+                        Command {
+                            cmd: persist,
+                            script: None,
+                        },
+                        Command {
+                            cmd: exists,
+                            script: None,
+                        },
+                    ],
+                    write: true,
+                    read: |mut vs| int_of(vs.pop().unwrap_or(Value::Nil)).map(|n| n > 0),
+                });
+            }
+            Expiry::In(ms) => {
+                let mut c = redis::cmd("PEXPIRE");
+                c.arg(key).arg(ms);
+                c
+            }
+            Expiry::At(s) => {
+                let mut c = redis::cmd("EXPIREAT");
+                c.arg(key).arg(s);
+                c
+            }
+        };
+        Ok(Request::one(cmd, None, true, found))
+    }
+
+    /// `CONFIG GET maxmemory-policy`: the policy, or `None` where `CONFIG` is refused (managed
+    /// services rename or forbid it).
+    pub(super) fn policy(&self) -> Request<Option<String>> {
+        let mut cmd = redis::cmd("CONFIG");
+        cmd.arg("GET").arg("maxmemory-policy");
+        Request::one(cmd, None, false, |vs| {
+            Ok(match vs.into_iter().next() {
+                Some(Value::Array(pair)) => match pair.get(1) {
+                    Some(Value::BulkString(b)) => Some(String::from_utf8_lossy(b).into_owned()),
+                    _ => None,
+                },
+                Some(Value::Map(pairs)) => pairs.into_iter().find_map(|(_, v)| match v {
+                    Value::BulkString(b) => Some(String::from_utf8_lossy(&b).into_owned()),
+                    _ => None,
+                }),
+                _ => None,
+            })
+        })
+    }
+
+    /// One `SCAN` step over the keys matching `pattern`: the next cursor (0: done) and the keys.
+    pub(super) fn scan(&self, cursor: u64, pattern: &str) -> Request<(u64, Vec<Vec<u8>>)> {
+        let mut cmd = redis::cmd("SCAN");
+        cmd.arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(CLEAR_STEP);
+        Request::one(cmd, None, false, |vs| match only(vs)? {
+            Value::Array(mut pair) if pair.len() == 2 => {
+                let keys = match pair.pop() {
+                    Some(Value::Array(keys)) => keys
+                        .into_iter()
+                        .filter_map(|k| match k {
+                            Value::BulkString(b) => Some(b),
+                            _ => None,
+                        })
+                        .collect(),
+                    _ => return Err(Error::backend("SCAN answered no key list")),
+                };
+                let cursor = match pair.pop() {
+                    Some(Value::BulkString(b)) => std::str::from_utf8(&b)
+                        .ok()
+                        .and_then(|s| s.parse().ok())
+                        .ok_or_else(|| Error::backend("SCAN answered no cursor"))?,
+                    _ => return Err(Error::backend("SCAN answered no cursor")),
+                };
+                Ok((cursor, keys))
+            }
+            other => Err(Error::backend(format!("SCAN answered {other:?}"))),
+        })
+    }
+
+    /// `UNLINK` of keys `SCAN` found.
+    pub(super) fn unlink(&self, keys: &[Vec<u8>]) -> Request<i64> {
+        let mut cmd = redis::cmd("UNLINK");
+        for k in keys {
+            cmd.arg(k);
+        }
+        Request::one(cmd, None, true, |vs| only(vs).and_then(int_of))
+    }
+
+    /// `incr` (`up`) or `decr` by `delta`, through the counter script.
+    pub(super) fn arith(
+        &self,
+        key: &str,
+        delta: u64,
+        up: bool,
+        stamp: u64,
+    ) -> Result<Request<Option<u64>>> {
+        self.check_key(key)?;
+        let mut cmd = evalsha(&self.scripts.arith, key);
+        cmd.arg(delta.to_string())
+            .arg(if up { "+" } else { "-" })
+            .arg(&stamp.to_be_bytes()[..]);
+        Ok(Request::one(
+            cmd,
+            Some(ScriptId::Arith),
+            true,
+            |vs| match only(vs)? {
+                Value::Nil => Ok(None),
+                Value::BulkString(b) => std::str::from_utf8(&b)
+                    .ok()
+                    .and_then(|s| s.parse().ok())
+                    .map(Some)
+                    .ok_or_else(|| Error::backend("the counter script answered no number")),
+                other => Err(Error::backend(format!(
+                    "the counter script answered {other:?}"
+                ))),
+            },
+        ))
+    }
+}
+
+/// The commands of `req` to send again after `replies` (one per command): those whose script the
+/// server did not know, as `EVAL` with the source, with their positions.
+pub(super) fn noscript_retry<T>(
+    req: &Request<T>,
+    replies: &[Value],
+    scripts: &Scripts,
+) -> Vec<(usize, redis::Cmd)> {
+    req.commands
+        .iter()
+        .zip(replies)
+        .enumerate()
+        .filter_map(|(i, (c, v))| match c.script {
+            Some(id) if is_noscript(v) => Some((i, with_source(&c.cmd, id.of(scripts)))),
+            _ => None,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_prefix_matches_only_itself() {
+        let any40 = "?".repeat(40);
+        assert_eq!(prefix_pattern("prod-3-"), format!("prod-3-{any40}"));
+        assert_eq!(
+            prefix_pattern("a*b?[c]\\-1-"),
+            format!("a\\*b\\?\\[c\\]\\\\-1-{any40}")
+        );
+    }
+}

@@ -1,0 +1,311 @@
+//! What only the Redis backend has, on Debian's Redis 7 and Valkey 9, each on a server of the
+//! test's own: faults (a killed, hung and restarted server), `clear` by the cache's prefix,
+//! values another client wrote, the eviction policy check. The behaviour, herd, limits, loader,
+//! values and obs suites run on both servers through `on_every_backend!`.
+
+use std::time::{Duration, Instant};
+
+use newcache::{Backend, Cache, DecodePolicy, FailurePolicy, RedisBackend, RedisConfig, StoreMode};
+
+use crate::fixture::{RedisServer, unique_flavor, valkey_server};
+
+const S: fn(u64) -> Duration = Duration::from_secs;
+
+/// Runs `test` on a Redis 7 of its own, then on a Valkey 9 of its own.
+fn on_both(test: impl Fn(&mut RedisServer)) {
+    for bin in ["redis-server".to_owned(), valkey_server()] {
+        let mut server = RedisServer::start(&bin);
+        test(&mut server);
+    }
+}
+
+fn cache_on(server: &RedisServer) -> Cache {
+    Cache::builder()
+        .redis(server.url())
+        .flavor(unique_flavor("redis"))
+        .io_timeout(Duration::from_millis(300))
+        .retry_interval(Duration::from_millis(200))
+        .build()
+        .unwrap()
+}
+
+fn raw(server: &RedisServer) -> redis::Connection {
+    redis::Client::open(server.url())
+        .and_then(|c| c.get_connection())
+        .unwrap()
+}
+
+#[test]
+fn a_killed_server_fails_fast_and_serves_again_once_restarted() {
+    on_both(|server| {
+        let cache = cache_on(server);
+        cache.set("k", &1u32, S(60)).unwrap();
+        server.kill();
+        // Two transport faults mark it dead (failure_limit 2); then calls fail fast.
+        for _ in 0..2 {
+            assert!(cache.set("k", &2u32, S(60)).unwrap_err().is_backend());
+        }
+        let started = Instant::now();
+        let e = cache.set("k", &2u32, S(60)).unwrap_err();
+        assert!(e.is_backend(), "{e}");
+        assert!(e.to_string().contains("redis at"), "{e}");
+        assert!(e.to_string().contains("marked dead"), "{e}");
+        assert!(started.elapsed() < Duration::from_millis(100), "fails fast");
+        server.restart();
+        // After retry_interval a probe brings it back (empty: the restart lost the data).
+        let deadline = Instant::now() + S(10);
+        loop {
+            match cache.set("k", &3u32, S(60)) {
+                Ok(()) => break,
+                Err(e) => assert!(Instant::now() < deadline, "never back: {e}"),
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert_eq!(cache.get::<u32>("k").unwrap(), Some(3));
+    });
+}
+
+#[test]
+fn a_hung_server_costs_one_io_timeout_per_call_and_recovers() {
+    on_both(|server| {
+        let cache = cache_on(server);
+        cache.set("k", &1u32, S(60)).unwrap();
+        server.signal("STOP");
+        let started = Instant::now();
+        let e = cache.set("k", &2u32, S(60)).unwrap_err();
+        assert!(e.is_timeout(), "{e}");
+        assert!(e.is_outcome_unknown(), "a write without its reply: {e}");
+        // A generous bound: one io_timeout (300 ms), not a hang.
+        assert!(started.elapsed() < S(3), "{:?}", started.elapsed());
+        server.signal("CONT");
+        let deadline = Instant::now() + S(10);
+        loop {
+            match cache.get::<u32>("k") {
+                Ok(v) => {
+                    // The timed-out set may have landed after all.
+                    assert!(matches!(v, Some(1 | 2)), "{v:?}");
+                    break;
+                }
+                Err(e) => assert!(Instant::now() < deadline, "never back: {e}"),
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    });
+}
+
+#[test]
+fn clear_removes_this_caches_keys_and_nothing_else() {
+    on_both(|server| {
+        let cache = cache_on(server);
+        let other = Cache::builder()
+            .redis(server.url())
+            .flavor(unique_flavor("other"))
+            .build()
+            .unwrap();
+        let newer = cache.with_version(2);
+        for i in 0..2_500 {
+            cache.set(&format!("k{i}"), &i, S(60)).unwrap();
+        }
+        other.set("k1", &1u32, S(60)).unwrap();
+        newer.set("k1", &1u32, S(60)).unwrap();
+        let () = redis::cmd("SET")
+            .arg("someone-elses")
+            .arg("x")
+            .query(&mut raw(server))
+            .unwrap();
+        cache.clear().unwrap();
+        assert_eq!(cache.get::<u32>("k1").unwrap(), None);
+        assert_eq!(cache.get::<u32>("k2499").unwrap(), None);
+        assert_eq!(
+            other.get::<u32>("k1").unwrap(),
+            Some(1),
+            "another flavor stays"
+        );
+        assert_eq!(
+            newer.get::<u32>("k1").unwrap(),
+            Some(1),
+            "another version stays"
+        );
+        let theirs: Option<String> = redis::cmd("GET")
+            .arg("someone-elses")
+            .query(&mut raw(server))
+            .unwrap();
+        assert_eq!(theirs.as_deref(), Some("x"), "another client's key stays");
+        let custom = Cache::builder()
+            .redis(server.url())
+            .key_function(|_, _, k| k.to_owned())
+            .build()
+            .unwrap();
+        assert!(custom.clear().unwrap_err().is_unsupported());
+    });
+}
+
+#[test]
+fn a_value_another_client_wrote_is_a_decode_error_and_a_loader_can_replace_it() {
+    on_both(|server| {
+        let cache = cache_on(server);
+        let key = cache.make_key("k");
+        let () = redis::cmd("SET")
+            .arg(&key)
+            .arg("plain text")
+            .query(&mut raw(server))
+            .unwrap();
+        assert!(cache.get::<u32>("k").unwrap_err().is_decode());
+        // Under DecodePolicy::Miss a loader replaces exactly that foreign value.
+        let miss = Cache::builder()
+            .redis(server.url())
+            .key_function({
+                let key = key.clone();
+                move |_, _, _| key.clone()
+            })
+            .decode_policy(DecodePolicy::Miss)
+            .build()
+            .unwrap();
+        let v: u32 = miss
+            .get_or_set_with("anything", S(60), || Ok::<_, std::io::Error>(7))
+            .unwrap();
+        assert_eq!(v, 7);
+        assert_eq!(miss.get::<u32>("anything").unwrap(), Some(7));
+    });
+}
+
+#[test]
+fn a_noeviction_policy_is_warned_about_once() {
+    on_both(|server| {
+        let cache = cache_on(server);
+        let logs = crate::obs::logs_at(tracing::Level::WARN, || {
+            cache.set("a", &1u32, S(60)).unwrap();
+            cache.set("b", &1u32, S(60)).unwrap();
+        });
+        assert_eq!(
+            logs.matches("maxmemory-policy is noeviction").count(),
+            1,
+            "{logs}"
+        );
+        let () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("maxmemory-policy")
+            .arg("allkeys-lru")
+            .query(&mut raw(server))
+            .unwrap();
+        let fine = cache_on(server);
+        let logs = crate::obs::logs_at(tracing::Level::WARN, || {
+            fine.set("a", &1u32, S(60)).unwrap();
+        });
+        assert!(!logs.contains("maxmemory-policy"), "{logs}");
+    });
+}
+
+#[test]
+fn a_connection_the_server_closed_while_idle_is_replaced_without_a_fault() {
+    on_both(|server| {
+        let cache = Cache::builder()
+            .redis(server.url())
+            .read_failures(FailurePolicy::Propagate)
+            .build()
+            .unwrap();
+        // Several pooled connections.
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    for _ in 0..50 {
+                        cache.set("k", &1u32, S(60)).unwrap();
+                    }
+                });
+            }
+        });
+        // The server closes clients idle for a second (its `timeout`, as managed services set).
+        let () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("timeout")
+            .arg("1")
+            .query(&mut raw(server))
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(2500));
+        for _ in 0..4 {
+            assert_eq!(cache.get::<u32>("k").unwrap(), Some(1));
+        }
+        // After a restart too: the first write goes through, and is not outcome-unknown.
+        server.restart();
+        cache.set("k", &2u32, S(60)).unwrap();
+        cache.set("k", &3u32, S(60)).unwrap();
+        assert_eq!(cache.get::<u32>("k").unwrap(), Some(3));
+    });
+}
+
+#[test]
+fn a_password_in_the_url_is_never_printed() {
+    let config = RedisConfig::new("redis://user:s3cret@127.0.0.1:1/0");
+    assert!(!format!("{config:?}").contains("s3cret"), "{config:?}");
+    for url in [
+        "rediss://user:s3cret@127.0.0.1:1/0",
+        "redis://user:s3cret@127.0.0.1:notaport/0",
+    ] {
+        let e = Cache::builder().redis(url).build().unwrap_err();
+        assert!(e.is_config(), "{e}");
+        assert!(!e.to_string().contains("s3cret"), "{e}");
+        assert!(!format!("{e:?}").contains("s3cret"), "{e:?}");
+    }
+    // A cache on it names the server by host and port only.
+    let cache = Cache::builder()
+        .redis("redis://user:s3cret@127.0.0.1:1/0")
+        .connect_timeout(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    let e = cache.set("k", &1u32, S(60)).unwrap_err();
+    assert!(!e.to_string().contains("s3cret"), "{e}");
+    assert!(!format!("{cache:?}").contains("s3cret"));
+}
+
+#[test]
+fn clear_leaves_a_flavor_that_starts_like_this_one() {
+    on_both(|server| {
+        let app = Cache::builder()
+            .redis(server.url())
+            .flavor("app")
+            .build()
+            .unwrap();
+        let app1 = Cache::builder()
+            .redis(server.url())
+            .flavor("app-1")
+            .build()
+            .unwrap();
+        app.set("k", &1u32, S(60)).unwrap();
+        app1.set("k", &1u32, S(60)).unwrap();
+        app.clear().unwrap();
+        assert_eq!(app.get::<u32>("k").unwrap(), None);
+        assert_eq!(
+            app1.get::<u32>("k").unwrap(),
+            Some(1),
+            "app's clear took app-1's key"
+        );
+    });
+}
+
+#[test]
+fn bytes_that_look_like_an_item_with_stamp_zero_are_foreign() {
+    let server = RedisServer::start("redis-server");
+    let b = RedisBackend::new(RedisConfig::new(server.url())).unwrap();
+    let mut bytes = vec![0xA1u8];
+    bytes.extend_from_slice(&[0u8; 12]);
+    let () = redis::cmd("SET")
+        .arg("z")
+        .arg(&bytes)
+        .query(&mut raw(&server))
+        .unwrap();
+    let item = b.get("z").unwrap().unwrap();
+    assert_eq!(item.value.len(), 13, "read whole, as foreign bytes");
+    assert_ne!(item.cas, 0);
+    // Its token replaces exactly it; token 0 is refused before anything is sent.
+    assert!(
+        b.store(StoreMode::Cas(0), "z", b"x", 0, 0)
+            .unwrap_err()
+            .is_unsupported()
+    );
+    assert_eq!(
+        b.store(StoreMode::Cas(item.cas), "z", b"mine", 0, 0)
+            .unwrap(),
+        newcache::StoreOutcome::Stored
+    );
+    assert_eq!(&b.get("z").unwrap().unwrap().value[..], b"mine");
+}
