@@ -309,3 +309,150 @@ fn bytes_that_look_like_an_item_with_stamp_zero_are_foreign() {
     );
     assert_eq!(&b.get("z").unwrap().unwrap().value[..], b"mine");
 }
+
+fn async_cache_on(server: &RedisServer) -> newcache::AsyncCache {
+    Cache::builder()
+        .redis(server.url())
+        .flavor(unique_flavor("redis-async"))
+        .io_timeout(Duration::from_millis(300))
+        .connect_timeout(Duration::from_millis(300))
+        .retry_interval(Duration::from_millis(200))
+        .read_failures(FailurePolicy::Propagate)
+        .build_async()
+        .unwrap()
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn a_read_that_times_out_is_not_outcome_unknown_and_a_write_is() {
+    on_both(|server| {
+        let mut config = RedisConfig::new(server.url());
+        config.io_timeout = Duration::from_millis(300);
+        let b = RedisBackend::new(config).unwrap();
+        b.store(StoreMode::Set, "k", b"v", 0, 0).unwrap();
+        server.signal("STOP");
+        // The write on the open pooled connection: sent, no reply.
+        let write = b.store(StoreMode::Set, "k", b"w", 0, 0).unwrap_err();
+        // The read: on a new connection, whose set-up gets no reply either.
+        let read = b.get("k").unwrap_err();
+        server.signal("CONT");
+        assert!(read.is_timeout() && !read.is_outcome_unknown(), "{read}");
+        assert!(write.is_outcome_unknown(), "{write}");
+    });
+}
+
+#[test]
+fn async_calls_on_a_hung_server_time_out_as_one_fault_and_recover() {
+    on_both(|server| {
+        let cache = async_cache_on(server);
+        runtime().block_on(async {
+            cache.set("k", &1u32, S(60)).await.unwrap();
+            server.signal("STOP");
+            let started = Instant::now();
+            let waiters: Vec<_> = (0..50)
+                .map(|_| {
+                    let c = cache.clone();
+                    tokio::spawn(async move { c.get::<u32>("k").await })
+                })
+                .collect();
+            for w in waiters {
+                let e = w.await.unwrap().unwrap_err();
+                assert!(e.is_backend() || e.is_timeout(), "{e}");
+                assert!(!e.is_outcome_unknown(), "a read: {e}");
+            }
+            // One io_timeout for all of them (a generous bound), not one each.
+            assert!(started.elapsed() < S(5), "{:?}", started.elapsed());
+            // 50 waiters on one connection are one fault: the server is not dead yet, the
+            // next call tries it again (and times out: still stopped).
+            let e = cache.get::<u32>("k").await.unwrap_err();
+            assert!(!e.to_string().contains("marked dead"), "{e}");
+            server.signal("CONT");
+            let deadline = Instant::now() + S(10);
+            loop {
+                match cache.get::<u32>("k").await {
+                    Ok(v) => break assert_eq!(v, Some(1)),
+                    Err(e) => assert!(Instant::now() < deadline, "never back: {e}"),
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        });
+    });
+}
+
+#[test]
+fn async_calls_fail_fast_on_a_killed_server_and_serve_once_it_is_restarted() {
+    on_both(|server| {
+        let cache = async_cache_on(server);
+        let rt = runtime();
+        rt.block_on(async { cache.set("k", &1u32, S(60)).await.unwrap() });
+        server.kill();
+        rt.block_on(async {
+            for _ in 0..2 {
+                assert!(cache.set("k", &2u32, S(60)).await.is_err());
+            }
+            let e = cache.set("k", &2u32, S(60)).await.unwrap_err();
+            assert!(e.to_string().contains("redis at"), "{e}");
+            assert!(e.to_string().contains("marked dead"), "{e}");
+        });
+        server.restart();
+        rt.block_on(async {
+            let deadline = Instant::now() + S(10);
+            loop {
+                match cache.set("k", &3u32, S(60)).await {
+                    Ok(()) => break,
+                    Err(e) => assert!(Instant::now() < deadline, "never back: {e}"),
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            assert_eq!(cache.get::<u32>("k").await.unwrap(), Some(3));
+        });
+    });
+}
+
+#[test]
+fn dropped_async_calls_never_cross_replies() {
+    on_both(|server| {
+        let cache = async_cache_on(server);
+        runtime().block_on(async {
+            for i in 0..200u32 {
+                cache.set(&format!("k{i}"), &i, S(60)).await.unwrap();
+            }
+            for round in 0..400u32 {
+                let c = cache.clone();
+                let k = format!("k{}", round % 200);
+                let dropped = tokio::spawn(async move { c.get::<u32>(&k).await });
+                if round % 2 == 0 {
+                    tokio::task::yield_now().await;
+                    dropped.abort();
+                }
+                let next = (round + 1) % 200;
+                let v = cache.get::<u32>(&format!("k{next}")).await.unwrap();
+                assert_eq!(v, Some(next), "round {round}");
+            }
+        });
+    });
+}
+
+#[test]
+fn an_async_cache_moves_to_a_new_runtime_when_its_first_one_ends() {
+    on_both(|server| {
+        let cache = async_cache_on(server);
+        for i in 0..5u32 {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                cache.set("k", &i, S(60)).await.unwrap();
+                assert_eq!(cache.get::<u32>("k").await.unwrap(), Some(i));
+            });
+        }
+    });
+}

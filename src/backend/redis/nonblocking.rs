@@ -31,6 +31,21 @@ struct Live {
     driver: JoinHandle<()>,
 }
 
+impl Live {
+    /// Whether its driver task was cancelled: its runtime shut down (a driver that ended by
+    /// itself met the connection's end: the server's doing).
+    fn cancelled(mut self) -> bool {
+        if !self.driver.is_finished() {
+            return false;
+        }
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        matches!(
+            std::pin::Pin::new(&mut self.driver).poll(&mut cx),
+            std::task::Poll::Ready(Err(e)) if e.is_cancelled()
+        )
+    }
+}
+
 impl Drop for Live {
     fn drop(&mut self) {
         self.driver.abort();
@@ -152,14 +167,13 @@ impl AsyncRedis {
 
     /// Drops connection `id` after a fault on it: `(retired, orphaned)`: whether this caller
     /// retired it (the others in flight on it find it gone: one fault per connection, not per
-    /// waiter), and whether its driver had ended (its runtime shut down: not the server's
+    /// waiter), and whether its driver was cancelled (its runtime shut down: not the server's
     /// fault).
     fn retire(&self, id: Option<u64>) -> (bool, bool) {
         let mut live = self.live.lock();
         match (&*live, id) {
             (Some(l), Some(id)) if l.id == id => {
-                let orphaned = l.driver.is_finished();
-                drop(live.take());
+                let orphaned = live.take().is_some_and(Live::cancelled);
                 (true, orphaned)
             }
             // A failed connect (no id) is a fault of its own.
