@@ -149,20 +149,7 @@ impl Memcached {
 
     /// Sends a signal (SIGSTOP/SIGCONT) to the server.
     pub fn signal(&self, sig: &str) {
-        let ok = Command::new("kill")
-            .args([&format!("-{sig}"), &self.pid().to_string()])
-            .status()
-            .map(|s| s.success())
-            .unwrap_or(false);
-        assert!(ok, "kill -{sig}");
-        // The signal is queued when kill returns; wait until every thread is (or is no longer)
-        // stopped, so that the test does not race the server.
-        let want_stopped = sig == "STOP";
-        let deadline = Instant::now() + Duration::from_secs(2);
-        while self.all_threads_stopped() != want_stopped {
-            assert!(Instant::now() < deadline, "memcached did not take SIG{sig}");
-            std::thread::sleep(Duration::from_millis(2));
-        }
+        signal_and_wait(self.pid(), sig, "memcached");
     }
 
     /// A counter of the server's own `stats` (`cmd_get`, `delete_misses`...): how far a batch
@@ -171,18 +158,6 @@ impl Memcached {
         server_stat(self.port, name)
             .and_then(|v| v.parse().ok())
             .unwrap_or_else(|| panic!("memcached on port {} reports {name}", self.port))
-    }
-
-    fn all_threads_stopped(&self) -> bool {
-        let Ok(tasks) = std::fs::read_dir(format!("/proc/{}/task", self.pid())) else {
-            return false;
-        };
-        tasks.flatten().all(|t| {
-            std::fs::read_to_string(t.path().join("stat"))
-                .ok()
-                .and_then(|st| st.rsplit_once(") ").map(|(_, rest)| rest.starts_with('T')))
-                .unwrap_or(false)
-        })
     }
 
     /// Kills the server now and waits for it to exit.
@@ -359,20 +334,7 @@ impl RedisServer {
 
     /// SIGSTOP / SIGCONT, returning once every thread took it.
     pub fn signal(&self, sig: &str) {
-        let ok = Command::new("kill")
-            .args([&format!("-{sig}"), &self.pid().to_string()])
-            .status()
-            .is_ok_and(|s| s.success());
-        assert!(ok, "kill -{sig}");
-        let deadline = Instant::now() + Duration::from_secs(2);
-        while threads_stopped(self.pid()) != (sig == "STOP") {
-            assert!(
-                Instant::now() < deadline,
-                "{} did not take SIG{sig}",
-                self.bin
-            );
-            std::thread::sleep(Duration::from_millis(2));
-        }
+        signal_and_wait(self.pid(), sig, &self.bin);
     }
 
     pub fn kill(&mut self) {
@@ -401,8 +363,23 @@ impl Drop for RedisServer {
     }
 }
 
+/// Sends `sig` (STOP or CONT) to process `pid` (a server named `what`) and returns once every
+/// thread of it is (or is no longer) stopped, so that a test does not race the server.
+fn signal_and_wait(pid: u32, sig: &str, what: &str) {
+    let ok = Command::new("kill")
+        .args([&format!("-{sig}"), &pid.to_string()])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "kill -{sig}");
+    let want_stopped = sig == "STOP";
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while threads_stopped(pid) != want_stopped {
+        assert!(Instant::now() < deadline, "{what} did not take SIG{sig}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
 /// Whether every thread of process `pid` is stopped (SIGSTOP taken).
-#[cfg(feature = "redis")]
 fn threads_stopped(pid: u32) -> bool {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return false;

@@ -277,24 +277,7 @@ fn main() -> Result<(), BoxError> {
                 let started = Instant::now();
                 for i in 0..ops {
                     let k = &keys[i % KEYS];
-                    match side {
-                        0 => {
-                            bare.write_all(&get_request(k)).await.expect("write");
-                            bare.read_exact(&mut buf).await.expect("read");
-                        }
-                        1 => {
-                            let v: Vec<u8> = redis::cmd("GET")
-                                .arg(k)
-                                .query_async(&mut multiplexed)
-                                .await
-                                .expect("GET");
-                            assert_eq!(v.len(), VALUE_LEN);
-                        }
-                        _ => {
-                            let v: Vec<u8> = fred.get(k).await.expect("GET");
-                            assert_eq!(v.len(), VALUE_LEN);
-                        }
-                    }
+                    get_async(side, Some(&mut bare), &mut buf, k, &mut multiplexed, &fred).await;
                 }
                 started.elapsed().as_secs_f64() * 1e6 / ops as f64
             }))?;
@@ -347,6 +330,32 @@ fn read_reply(s: &mut TcpStream) {
     s.read_exact(&mut buf[..reply_len()]).expect("read");
 }
 
+/// One `GET` of `key` on `side`: 0 the bare socket (`bare`, exact-length read into `buf`),
+/// 1 redis-rs, 2 fred; the value's length checked.
+async fn get_async(
+    side: usize,
+    bare: Option<&mut tokio::net::TcpStream>,
+    buf: &mut [u8],
+    key: &str,
+    multiplexed: &mut redis::aio::MultiplexedConnection,
+    fred: &fred::clients::Client,
+) {
+    let v: Vec<u8> = match (side, bare) {
+        (0, Some(s)) => {
+            s.write_all(&get_request(key)).await.expect("write");
+            s.read_exact(buf).await.expect("read");
+            return;
+        }
+        (1, _) => redis::cmd("GET")
+            .arg(key)
+            .query_async(multiplexed)
+            .await
+            .expect("GET"),
+        _ => fred.get(key).await.expect("GET"),
+    };
+    assert_eq!(v.len(), VALUE_LEN);
+}
+
 /// `tasks` tasks sharing `ops` gets on `side`: (gets/s, p99 us).
 async fn many_tasks(
     side: usize,
@@ -383,24 +392,7 @@ async fn many_tasks(
                 for _ in 0..per_task {
                     let k = &keys[seq.next()];
                     let t0 = Instant::now();
-                    match bare.as_mut() {
-                        Some(s) => {
-                            s.write_all(&get_request(k)).await.expect("write");
-                            s.read_exact(&mut buf).await.expect("read");
-                        }
-                        None if side == 1 => {
-                            let v: Vec<u8> = redis::cmd("GET")
-                                .arg(k)
-                                .query_async(&mut multiplexed)
-                                .await
-                                .expect("GET");
-                            assert_eq!(v.len(), VALUE_LEN);
-                        }
-                        None => {
-                            let v: Vec<u8> = fred.get(k).await.expect("GET");
-                            assert_eq!(v.len(), VALUE_LEN);
-                        }
-                    }
+                    get_async(side, bare.as_mut(), &mut buf, k, &mut multiplexed, &fred).await;
                     hist.record(t0.elapsed().as_micros() as u64)
                         .expect("record");
                 }

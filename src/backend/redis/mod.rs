@@ -301,30 +301,8 @@ impl Backend for RedisBackend {
     }
 
     fn get_many(&self, keys: &[&str]) -> Vec<Result<Option<Item>>> {
-        let b = &self.shared.requests;
-        let mut out: Vec<Option<Result<Option<Item>>>> =
-            keys.iter().map(|k| b.check_key(k).err().map(Err)).collect();
-        let valid: Vec<&str> = keys
-            .iter()
-            .zip(&out)
-            .filter(|(_, r)| r.is_none())
-            .map(|(k, _)| *k)
-            .collect();
-        if valid.is_empty() {
-            return out.into_iter().map(|r| r.unwrap_or(Ok(None))).collect();
-        }
-        let answers = match self.run(Ok(b.mget(&valid))) {
-            Ok(items) if items.len() == valid.len() => items,
-            Ok(_) => {
-                vec![Err(Error::backend("MGET answered another count of values")); valid.len()]
-            }
-            Err(e) => vec![Err(e); valid.len()],
-        };
-        let mut answers = answers.into_iter();
-        for slot in out.iter_mut().filter(|s| s.is_none()) {
-            *slot = answers.next();
-        }
-        out.into_iter().map(|r| r.unwrap_or(Ok(None))).collect()
+        let batch = self.shared.requests.get_many(keys);
+        crate::cache::io::ready(batch.answer(|r| std::future::ready(self.run(Ok(r)))))
     }
 
     fn store(

@@ -276,30 +276,8 @@ impl AsyncBackend for AsyncRedis {
 
     fn get_many<'a>(&'a self, keys: &'a [&'a str]) -> BoxFuture<'a, Vec<Result<Option<Item>>>> {
         Box::pin(async move {
-            let b = &self.shared.requests;
-            let mut out: Vec<Option<Result<Option<Item>>>> =
-                keys.iter().map(|k| b.check_key(k).err().map(Err)).collect();
-            let valid: Vec<&str> = keys
-                .iter()
-                .zip(&out)
-                .filter(|(_, r)| r.is_none())
-                .map(|(k, _)| *k)
-                .collect();
-            if !valid.is_empty() {
-                let answers = match self.run(Ok(b.mget(&valid))).await {
-                    Ok(items) if items.len() == valid.len() => items,
-                    Ok(_) => vec![
-                        Err(Error::backend("MGET answered another count of values"));
-                        valid.len()
-                    ],
-                    Err(e) => vec![Err(e); valid.len()],
-                };
-                let mut answers = answers.into_iter();
-                for slot in out.iter_mut().filter(|s| s.is_none()) {
-                    *slot = answers.next();
-                }
-            }
-            out.into_iter().map(|r| r.unwrap_or(Ok(None))).collect()
+            let batch = self.shared.requests.get_many(keys);
+            batch.answer(|r| self.run(Ok(r))).await
         })
     }
 

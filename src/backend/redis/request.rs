@@ -174,7 +174,7 @@ fn found(vs: Vec<Value>) -> Result<bool> {
 pub(super) struct Batch<T> {
     /// One per item, in order: `Some` for an item refused before sending.
     pub(super) refused: Vec<Option<Error>>,
-    /// One command per item not refused; answers one result each, in order.
+    /// Answers one result per item not refused, in order (a command each, or one `MGET`).
     pub(super) request: Request<Vec<Result<T>>>,
 }
 
@@ -189,7 +189,7 @@ impl<T> Batch<T> {
     where
         F: std::future::Future<Output = Result<Vec<Result<T>>>>,
     {
-        let n = self.request.commands.len();
+        let n = self.refused.iter().filter(|r| r.is_none()).count();
         let sent = if n == 0 {
             Ok(Vec::new())
         } else {
@@ -198,7 +198,7 @@ impl<T> Batch<T> {
         let mut sent = match sent {
             Ok(rs) if rs.len() == n => rs.into_iter(),
             Ok(_) => {
-                let e = Error::backend("another count of replies than commands");
+                let e = Error::backend("another count of replies than items sent");
                 (0..n)
                     .map(|_| Err(e.clone()))
                     .collect::<Vec<_>>()
@@ -285,16 +285,26 @@ impl Builder {
         }))
     }
 
-    /// One `MGET` of `keys` (checked by the caller): one answer per key, in order.
-    pub(super) fn mget(&self, keys: &[&str]) -> Request<Vec<Result<Option<Item>>>> {
+    /// One `MGET` of the keys that pass the checks: one answer per key, in order.
+    pub(super) fn get_many(&self, keys: &[&str]) -> Batch<Option<Item>> {
         let mut cmd = redis::cmd("MGET");
-        for k in keys {
-            cmd.arg(*k);
+        let refused = keys
+            .iter()
+            .map(|k| {
+                let refused = self.check_key(k).err();
+                if refused.is_none() {
+                    cmd.arg(*k);
+                }
+                refused
+            })
+            .collect();
+        Batch {
+            refused,
+            request: Request::one(cmd, None, false, |vs| match only(vs)? {
+                Value::Array(vs) => Ok(vs.into_iter().map(item_of).collect()),
+                other => Err(Error::backend(format!("MGET answered {other:?}"))),
+            }),
         }
-        Request::one(cmd, None, false, |vs| match only(vs)? {
-            Value::Array(vs) => Ok(vs.into_iter().map(item_of).collect()),
-            other => Err(Error::backend(format!("MGET answered {other:?}"))),
-        })
     }
 
     /// One write's command: `SET` (`NX` for an add), or the fenced-write script for a `cas`;
