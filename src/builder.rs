@@ -747,6 +747,7 @@ impl CacheBuilder {
         config.item_size = self.item_size;
         config.failure_limit = self.failure_limit;
         config.retry_interval = self.retry_interval;
+        config.replay_capacity = self.replay_capacity;
         Ok(config)
     }
 
@@ -849,6 +850,7 @@ impl CacheBuilder {
             #[cfg(feature = "redis")]
             BackendChoice::Redis { .. } => {
                 let sync = crate::backend::redis::RedisBackend::new(self.redis_config()?)?;
+                self.clock_records(std::slice::from_ref(sync.health()));
                 Backends {
                     #[cfg(feature = "tokio")]
                     nonblocking: Arc::new(crate::backend::redis::nonblocking::AsyncRedis::new(

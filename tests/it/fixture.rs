@@ -290,6 +290,8 @@ pub fn redis_cmd(bin: &str, port: u16) -> String {
 pub struct RedisServer {
     pub port: u16,
     bin: String,
+    /// Settings after the defaults (later ones win), kept across restarts.
+    extra: Vec<String>,
     child: Option<Child>,
 }
 
@@ -298,9 +300,16 @@ impl RedisServer {
     /// `redis-server` (Redis 7) or `valkey_server()` (Valkey 9) on a free port, accepting
     /// connections.
     pub fn start(bin: &str) -> RedisServer {
+        RedisServer::start_with(bin, &[])
+    }
+
+    /// [`start`](RedisServer::start) with more settings (`["--appendonly", "yes"]`), which
+    /// override the defaults (no persistence) and are kept across restarts.
+    pub fn start_with(bin: &str, extra: &[&str]) -> RedisServer {
         let mut s = RedisServer {
             port: free_port(),
             bin: bin.to_owned(),
+            extra: extra.iter().map(|a| a.to_string()).collect(),
             child: None,
         };
         s.spawn();
@@ -311,6 +320,7 @@ impl RedisServer {
         let child = Command::new(&self.bin)
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
+            .args(&self.extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -344,7 +354,8 @@ impl RedisServer {
         }
     }
 
-    /// Kills it and starts it again, empty, on the same port.
+    /// Kills it (SIGKILL) and starts it again on the same port: empty, unless its settings
+    /// persist the data.
     pub fn restart(&mut self) {
         self.kill();
         let deadline = Instant::now() + Duration::from_secs(5);

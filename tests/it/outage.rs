@@ -1,6 +1,7 @@
-//! Invalidations survive an outage: a memcached server this process could not reach while it
-//! deleted or replaced keys never serves those keys' old values to it when it is back. Real
-//! memcached processes, stopped (SIGSTOP) and resumed, or killed and restarted; both front ends.
+//! Invalidations survive an outage: a memcached or Redis server this process could not reach
+//! while it deleted or replaced keys never serves those keys' old values to it when it is back.
+//! Real memcached and Redis processes, stopped (SIGSTOP) and resumed, partitioned, or killed and
+//! restarted (Redis with its data, from its append-only file); both front ends.
 
 use std::io::{BufRead, BufReader, Write as _};
 use std::process::{Command, Stdio};
@@ -89,9 +90,13 @@ impl Front {
 }
 
 fn builder(addrs: &[String], tag: &str) -> CacheBuilder {
-    Cache::builder()
-        .memcached(addrs)
-        .read_failures(FailurePolicy::Propagate)
+    outage_settings(Cache::builder().memcached(addrs), tag)
+}
+
+/// The settings of every test here: errors propagated, one fault marks a server dead, short
+/// timeouts.
+fn outage_settings(b: CacheBuilder, tag: &str) -> CacheBuilder {
+    b.read_failures(FailurePolicy::Propagate)
         .flavor(unique_flavor(tag))
         .failure_limit(1)
         .retry_interval(RETRY)
@@ -122,6 +127,71 @@ fn keys_on(front: &Front, addr: &str, n: usize) -> Vec<String> {
         }
     }
     unreachable!()
+}
+
+/// One server an outage test stops and resumes: memcached, or Redis 7.
+enum Server {
+    Memcached(Memcached),
+    #[cfg(feature = "redis")]
+    Redis(crate::fixture::RedisServer),
+}
+
+impl Server {
+    fn memcached() -> Server {
+        Server::Memcached(Memcached::start())
+    }
+
+    #[cfg(feature = "redis")]
+    fn redis() -> Server {
+        Server::Redis(crate::fixture::RedisServer::start("redis-server"))
+    }
+
+    /// `host:port`.
+    fn addr(&self) -> String {
+        match self {
+            Server::Memcached(m) => m.addr(),
+            #[cfg(feature = "redis")]
+            Server::Redis(r) => format!("127.0.0.1:{}", r.port),
+        }
+    }
+
+    /// A cache on this kind of server at `addr` (this one's, or a forwarder's to it).
+    fn builder_at(&self, addr: &str, tag: &str) -> CacheBuilder {
+        match self {
+            Server::Memcached(_) => builder(&[addr.to_owned()], tag),
+            #[cfg(feature = "redis")]
+            Server::Redis(_) => {
+                outage_settings(Cache::builder().redis(format!("redis://{addr}/0")), tag)
+            }
+        }
+    }
+
+    fn builder(&self, tag: &str) -> CacheBuilder {
+        self.builder_at(&self.addr(), tag)
+    }
+
+    fn signal(&self, sig: &str) {
+        match self {
+            Server::Memcached(m) => m.signal(sig),
+            #[cfg(feature = "redis")]
+            Server::Redis(r) => r.signal(sig),
+        }
+    }
+
+    /// Whether the server holds `derived`, asked by a client of its own.
+    fn holds(&self, derived: &str) -> bool {
+        match self {
+            Server::Memcached(m) => holds(&m.addr(), derived),
+            #[cfg(feature = "redis")]
+            Server::Redis(r) => {
+                let mut c = redis::Client::open(r.url())
+                    .unwrap()
+                    .get_connection()
+                    .unwrap();
+                redis::cmd("EXISTS").arg(derived).query(&mut c).unwrap()
+            }
+        }
+    }
 }
 
 /// Calls `op` until the server it goes to is marked dead (its failure ejects it): at most a
@@ -211,10 +281,8 @@ fn remap_a_revived_server_never_serves_what_was_deleted_or_replaced_async() {
 /// queued; when the server is back, this process never reads the deleted value from it. (The
 /// server is ejected by a read first, so that the delete of `k` is never sent: one sent to a
 /// stopped server waits in its socket and is applied when it resumes.)
-fn fail_fast_revival(asynch: bool) {
-    let server = Memcached::start();
-    let addrs = vec![server.addr()];
-    let front = Front::build(builder(&addrs, "outage-failfast"), asynch);
+fn fail_fast_revival(server: Server, asynch: bool) {
+    let front = Front::build(server.builder("outage-failfast"), asynch);
     front.set("k", "v1").unwrap();
     front.set("sent", "v1").unwrap();
     server.signal("STOP");
@@ -231,19 +299,89 @@ fn fail_fast_revival(asynch: bool) {
     );
     server.signal("CONT");
     after_revival(&front, "k", None, 2);
-    assert!(!holds(&addrs[0], &front.make_key("k")));
+    assert!(!server.holds(&front.make_key("k")));
     assert_eq!(front.get("sent").unwrap(), None);
     assert_eq!(front.stats().replayed_deletes, 2, "two keys, once each");
 }
 
 #[test]
 fn fail_fast_a_delete_during_an_outage_is_replayed() {
-    fail_fast_revival(false);
+    fail_fast_revival(Server::memcached(), false);
 }
 
 #[test]
 fn fail_fast_a_delete_during_an_outage_is_replayed_async() {
-    fail_fast_revival(true);
+    fail_fast_revival(Server::memcached(), true);
+}
+
+#[cfg(feature = "redis")]
+#[test]
+fn redis_a_delete_during_an_outage_is_replayed() {
+    fail_fast_revival(Server::redis(), false);
+}
+
+#[cfg(feature = "redis")]
+#[test]
+fn redis_a_delete_during_an_outage_is_replayed_async() {
+    fail_fast_revival(Server::redis(), true);
+}
+
+/// Redis keeps its data across a restart (here an append-only file, synced at every write): a
+/// key deleted while the server was down is back when it restarts, and this process deletes it
+/// there before it reads anything, instead of serving the old value as fresh.
+#[cfg(feature = "redis")]
+fn redis_restart_with_data(asynch: bool) {
+    let dir = std::env::temp_dir().join(format!(
+        "newcache-outage-aof-{}-{asynch}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut redis = crate::fixture::RedisServer::start_with(
+        "redis-server",
+        &[
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+            "--dir",
+            dir.to_str().unwrap(),
+        ],
+    );
+    let url = redis.url();
+    let front = Front::build(
+        outage_settings(Cache::builder().redis(&url), "outage-aof"),
+        asynch,
+    );
+    front.set("k", "v1").unwrap();
+    front.set("kept", "v1").unwrap();
+    redis.kill();
+    let e = front.delete("k").unwrap_err();
+    assert!(e.to_string().contains("queued for replay"), "{e}");
+    redis.restart();
+    let server = Server::Redis(redis);
+    assert!(
+        server.holds(&front.make_key("k")),
+        "the restarted server has its data back"
+    );
+    after_revival(&front, "k", None, 1);
+    assert!(!server.holds(&front.make_key("k")));
+    assert_eq!(front.get("kept").unwrap().as_deref(), Some("v1"), "only k");
+    assert_eq!(front.stats().replayed_deletes, 1);
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[cfg(feature = "redis")]
+#[test]
+fn redis_a_restarted_server_never_serves_a_key_deleted_while_it_was_down() {
+    redis_restart_with_data(false);
+}
+
+#[cfg(feature = "redis")]
+#[test]
+fn redis_a_restarted_server_never_serves_a_key_deleted_while_it_was_down_async() {
+    redis_restart_with_data(true);
 }
 
 /// Killed and restarted (empty) under `Remap`: a key written while A was dead went to B. When A
@@ -287,13 +425,8 @@ fn restart_a_copy_written_elsewhere_never_comes_back_async() {
 /// A record too small for the outage: the keys past it are not replayed, but the values the
 /// server holds from before the overflow are judged stale: one herd-protected reload each, and
 /// no old value served as fresh. A value written after the server is back is fresh.
-fn overflow(asynch: bool) {
-    let server = Memcached::start();
-    let addrs = vec![server.addr()];
-    let front = Front::build(
-        builder(&addrs, "outage-overflow").replay_capacity(2),
-        asynch,
-    );
+fn overflow(server: Server, asynch: bool) {
+    let front = Front::build(server.builder("outage-overflow").replay_capacity(2), asynch);
     let keys: Vec<String> = (0..6).map(|i| format!("k{i}")).collect();
     for k in &keys {
         front.set(k, "v1").unwrap();
@@ -329,12 +462,24 @@ fn overflow(asynch: bool) {
 
 #[test]
 fn an_overflowing_record_judges_older_values_stale() {
-    overflow(false);
+    overflow(Server::memcached(), false);
 }
 
 #[test]
 fn an_overflowing_record_judges_older_values_stale_async() {
-    overflow(true);
+    overflow(Server::memcached(), true);
+}
+
+#[cfg(feature = "redis")]
+#[test]
+fn redis_an_overflowing_record_judges_older_values_stale() {
+    overflow(Server::redis(), false);
+}
+
+#[cfg(feature = "redis")]
+#[test]
+fn redis_an_overflowing_record_judges_older_values_stale_async() {
+    overflow(Server::redis(), true);
 }
 
 const CHILD_ADDR: &str = "NEWCACHE_TEST_OUTAGE_ADDR";
@@ -580,13 +725,14 @@ impl Switch {
 /// Concurrent callers after a partition heals, the server never marked dead (a high
 /// `failure_limit`): one caller replays the whole record on its connection; the others wait for
 /// that replay to end before they read, so none reads a deleted value.
-fn concurrent_readers_after_a_partition(asynch: bool) {
-    let server = Memcached::start();
+fn concurrent_readers_after_a_partition(server: Server, asynch: bool) {
     let switch = Switch::new(server.addr());
-    let addrs = vec![switch.addr.clone()];
-    let b = builder(&addrs, "outage-partition")
-        .failure_limit(1_000_000)
-        .pipelined_sync(false);
+    let mut b = server
+        .builder_at(&switch.addr, "outage-partition")
+        .failure_limit(1_000_000);
+    if let Server::Memcached(_) = server {
+        b = b.pipelined_sync(false);
+    }
     let front = Front::build(b, asynch);
     front.set("k", "v1").unwrap();
     switch.cut();
@@ -598,7 +744,7 @@ fn concurrent_readers_after_a_partition(asynch: bool) {
         Front::Sync(c) => drop(c.delete_many(&others)),
         Front::Async(c, rt) => drop(rt.block_on(c.delete_many(&others))),
     }
-    assert!(holds(&server.addr(), &front.make_key("k")), "never deleted");
+    assert!(server.holds(&front.make_key("k")), "never deleted");
     switch.restore();
     let seen: Vec<Option<String>> = match &front {
         Front::Sync(c) => thread::scope(|s| {
@@ -629,12 +775,24 @@ fn concurrent_readers_after_a_partition(asynch: bool) {
 
 #[test]
 fn concurrent_readers_after_a_partition_wait_for_the_replay() {
-    concurrent_readers_after_a_partition(false);
+    concurrent_readers_after_a_partition(Server::memcached(), false);
 }
 
 #[test]
 fn concurrent_readers_after_a_partition_wait_for_the_replay_async() {
-    concurrent_readers_after_a_partition(true);
+    concurrent_readers_after_a_partition(Server::memcached(), true);
+}
+
+#[cfg(feature = "redis")]
+#[test]
+fn redis_concurrent_readers_after_a_partition_wait_for_the_replay() {
+    concurrent_readers_after_a_partition(Server::redis(), false);
+}
+
+#[cfg(feature = "redis")]
+#[test]
+fn redis_concurrent_readers_after_a_partition_wait_for_the_replay_async() {
+    concurrent_readers_after_a_partition(Server::redis(), true);
 }
 
 /// Behind twemproxy, a replay's delete of a key whose backend is down is answered

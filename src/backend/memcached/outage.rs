@@ -1,7 +1,7 @@
 //! What a server missed while this process could not reach it: the keys it invalidated there
 //! (deleted, wrote to another server instead, failed to write), deleted on that server before it
 //! serves this process again ("replayed"). Shared, with the rest of a server's health record, by
-//! the blocking pool and the async engine.
+//! the blocking pool and the async engine, and by the Redis backend's two views.
 //!
 //! Only deletes are replayed: re-sending a write could overwrite a newer one another process made
 //! after the server came back. The record is bounded ([`Missed::note`] refuses keys past its
@@ -140,7 +140,7 @@ impl Missed {
             .fetch_max(self.now_ms(), Ordering::AcqRel);
         if first {
             tracing::warn!(
-                "newcache: a memcached server's record of missed invalidations is full \
+                "newcache: a server's record of missed invalidations is full \
                  (replay_capacity); values it holds from before now are judged stale"
             );
         }
@@ -267,7 +267,7 @@ impl<M: Deref<Target = Missed>> Replay<M> {
         tracing::info!(
             server = %addr,
             deletes = self.taken.len(),
-            "newcache: replayed the invalidations a memcached server missed while out of reach"
+            "newcache: replayed the invalidations a server missed while out of reach"
         );
     }
 
@@ -279,7 +279,7 @@ impl<M: Deref<Target = Missed>> Replay<M> {
             server = %addr,
             error = %e,
             deletes = self.taken.len(),
-            "newcache: could not replay the invalidations a memcached server missed; \
+            "newcache: could not replay the invalidations a server missed; \
              kept for the next attempt (this process reads nothing there before)"
         );
         let taken = std::mem::take(&mut self.taken);

@@ -38,6 +38,11 @@ pub struct RedisConfig {
     pub item_size: usize,
     /// The longest key (default [`DEFAULT_KEY_LIMIT`], 250 bytes).
     pub key_limit: usize,
+    /// Keys whose invalidation may have missed the server (a delete or a write that failed on
+    /// a transport fault or while it was marked dead) kept to be deleted there before it serves
+    /// this process again (default 10,000; past it, the server's older values are judged
+    /// stale): memcached's `replay_capacity`.
+    pub replay_capacity: usize,
 }
 
 impl std::fmt::Debug for RedisConfig {
@@ -51,6 +56,7 @@ impl std::fmt::Debug for RedisConfig {
             .field("retry_interval", &self.retry_interval)
             .field("item_size", &self.item_size)
             .field("key_limit", &self.key_limit)
+            .field("replay_capacity", &self.replay_capacity)
             .finish()
     }
 }
@@ -88,6 +94,7 @@ impl RedisConfig {
             retry_interval: DEFAULT_RETRY_INTERVAL,
             item_size: DEFAULT_ITEM_SIZE,
             key_limit: DEFAULT_KEY_LIMIT,
+            replay_capacity: crate::backend::memcached::DEFAULT_REPLAY_CAPACITY,
         }
     }
 

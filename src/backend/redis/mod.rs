@@ -11,7 +11,11 @@
 //! tokio connection (`nonblocking.rs`). Both share one `Shared`: the limits, the scripts, and
 //! the server's health (memcached's `health.rs`: transport faults mark it dead after
 //! `failure_limit` in a row, one caller probes it every `retry_interval`), so a server marked
-//! dead through one view is dead for both.
+//! dead through one view is dead for both. The health record holds memcached's record of
+//! missed invalidations too (`outage.rs`): a write or delete that may have missed the server is
+//! recorded, and the keys are deleted there before anything else is sent (the replay), so that
+//! a server back from a partition, a pause or a restart with its data (Redis persists) never
+//! serves this process a value it invalidated meanwhile.
 
 mod config;
 mod conn;
@@ -31,6 +35,7 @@ use self::conn::Pool;
 use self::request::{Request, noscript_retry};
 use self::script::Scripts;
 use super::memcached::health::{Gate, Health};
+use super::memcached::outage::{self, Begin, Missed, Replay};
 use super::{Backend, Item, StoreMode, StoreOutcome, Write};
 use crate::error::{Error, ErrorKind, Result};
 use crate::rng::{Rng, entropy};
@@ -117,6 +122,78 @@ impl Shared {
         }
     }
 
+    /// The invalidations the server missed.
+    fn missed(&self) -> &Missed {
+        &self.health.missed
+    }
+
+    /// What a write to `key` that failed with `r`'s error leaves: if it may have missed the
+    /// server, the key is recorded for the replay (and its error says so).
+    fn after_write<T>(&self, key: &str, r: Result<T>) -> Result<T> {
+        outage::after_write(self.missed(), None, key, r, self.config.replay_capacity)
+    }
+
+    /// [`after_write`](Shared::after_write) for each write of a batch (`keys` in order).
+    fn after_writes<'k, T>(
+        &self,
+        keys: impl Iterator<Item = &'k str>,
+        results: Vec<Result<T>>,
+    ) -> Vec<Result<T>> {
+        results
+            .into_iter()
+            .zip(keys)
+            .map(|(r, k)| self.after_write(k, r))
+            .collect()
+    }
+
+    /// Judges an item read by the record: a value written before a key did not fit it is made
+    /// stale (`outage::distrust`).
+    fn distrust(&self, item: Option<&mut Item>) {
+        if let Some(item) = item {
+            outage::distrust(item, self.missed().stale_before_ms());
+        }
+    }
+
+    /// [`distrust`](Shared::distrust) for each read of a batch.
+    fn distrust_all(&self, mut items: Vec<Result<Option<Item>>>) -> Vec<Result<Option<Item>>> {
+        if self.missed().stale_before_ms() != 0 {
+            for item in items.iter_mut().filter_map(|r| r.as_mut().ok()) {
+                self.distrust(item.as_mut());
+            }
+        }
+        items
+    }
+
+    /// How long a caller waits for another's replay before it gives up.
+    fn replay_wait(&self) -> std::time::Duration {
+        self.config.io_timeout.saturating_mul(2)
+    }
+
+    /// The error of a caller that waited for another's replay in vain.
+    fn replay_busy(&self) -> Failure {
+        Failure::Local(Error::backend(
+            "another caller's replay of the invalidations it missed is still running",
+        ))
+    }
+
+    /// The keys of `replay` were deleted (`refused` commands passed over).
+    fn replayed(&self, replay: Replay<&Missed>, refused: usize) {
+        if refused > 0 {
+            tracing::warn!(
+                server = %self.addr,
+                refused,
+                "newcache: the redis server refused some of the replayed deletes; their keys \
+                 are passed over"
+            );
+        }
+        replay.done(&self.addr, |_| None, self.config.replay_capacity);
+    }
+
+    /// `replay` failed with `f`: its keys are kept for the next attempt.
+    fn replay_failed(&self, replay: Replay<&Missed>, f: &Failure) {
+        replay.failed(&self.addr, f.error(), self.config.replay_capacity);
+    }
+
     /// A transport fault; `true` if it marked the server dead (the caller drops its
     /// connections).
     fn fault(&self, probe: bool, e: &Error) -> bool {
@@ -154,6 +231,14 @@ pub(crate) enum Failure {
     Fault(Error),
     /// Nothing against the server (a local wait, a connection whose runtime ended).
     Local(Error),
+}
+
+impl Failure {
+    fn error(&self) -> &Error {
+        match self {
+            Failure::Fault(e) | Failure::Local(e) => e,
+        }
+    }
 }
 
 /// A `redis` crate error as a transport fault (`write`: the command may have run) or an answer.
@@ -231,6 +316,12 @@ impl RedisBackend {
         })
     }
 
+    /// The server's health record (its record of missed invalidations put on the cache's
+    /// clock by the builder).
+    pub(crate) fn health(&self) -> &Arc<Health> {
+        &self.shared.health
+    }
+
     /// What the async view shares with this one.
     #[cfg(feature = "tokio")]
     pub(crate) fn shared(&self) -> Arc<Shared> {
@@ -243,7 +334,8 @@ impl RedisBackend {
         let req = req?;
         super::note_server(&s.addr);
         let probe = s.gate()?;
-        let replies = self.send(&req).map_err(|f| match f {
+        let replies = self.replay().and_then(|()| self.send(&req));
+        let replies = replies.map_err(|f| match f {
             Failure::Fault(e) => {
                 let e = s.annotate(e);
                 if s.fault(probe, &e) {
@@ -260,6 +352,40 @@ impl RedisBackend {
             s.judge_policy(policy.as_deref());
         }
         (req.read)(replies).map_err(|e| s.annotate(e))
+    }
+
+    /// Deletes the keys the server missed while out of reach, before anything else is sent
+    /// (or waits for the caller doing it). A replay that fails keeps its keys for the next one.
+    fn replay(&self) -> std::result::Result<(), Failure> {
+        let s = &self.shared;
+        loop {
+            match Missed::begin(s.missed()) {
+                Begin::Clear => return Ok(()),
+                Begin::Busy => {
+                    if !s.missed().wait(s.replay_wait()) {
+                        return Err(s.replay_busy());
+                    }
+                }
+                Begin::Mine(replay) => {
+                    let keys: Vec<&str> = replay.keys().collect();
+                    let req = s.requests.replay(&keys);
+                    drop(keys);
+                    let r = self
+                        .send(&req)
+                        .and_then(|vs| (req.read)(vs).map_err(Failure::Fault));
+                    return match r {
+                        Ok(refused) => {
+                            s.replayed(replay, refused);
+                            Ok(())
+                        }
+                        Err(f) => {
+                            s.replay_failed(replay, &f);
+                            Err(f)
+                        }
+                    };
+                }
+            }
+        }
     }
 
     /// The replies to `req`'s commands (a script the server did not know sent again with its
@@ -297,12 +423,15 @@ impl RedisBackend {
 
 impl Backend for RedisBackend {
     fn get(&self, key: &str) -> Result<Option<Item>> {
-        self.run(self.shared.requests.get(key))
+        let mut item = self.run(self.shared.requests.get(key))?;
+        self.shared.distrust(item.as_mut());
+        Ok(item)
     }
 
     fn get_many(&self, keys: &[&str]) -> Vec<Result<Option<Item>>> {
         let batch = self.shared.requests.get_many(keys);
-        crate::cache::io::ready(batch.answer(|r| std::future::ready(self.run(Ok(r)))))
+        let items = crate::cache::io::ready(batch.answer(|r| std::future::ready(self.run(Ok(r)))));
+        self.shared.distrust_all(items)
     }
 
     fn store(
@@ -313,31 +442,41 @@ impl Backend for RedisBackend {
         flags: u32,
         exptime: u32,
     ) -> Result<StoreOutcome> {
+        let s = &self.shared;
         let w = Write::new(mode, key, value, flags, exptime);
-        self.run(self.shared.requests.store(&w, self.shared.stamp()))
+        s.after_write(key, self.run(s.requests.store(&w, s.stamp())))
     }
 
     fn store_then_get(&self, w: Write<'_>) -> Result<(StoreOutcome, Option<Item>)> {
-        self.run(self.shared.requests.store_then_get(&w, self.shared.stamp()))
+        let s = &self.shared;
+        let r = self.run(s.requests.store_then_get(&w, s.stamp()));
+        let (outcome, mut item) = s.after_write(w.key, r)?;
+        s.distrust(item.as_mut());
+        Ok((outcome, item))
     }
 
     fn store_many(&self, writes: &[Write<'_>]) -> Vec<Result<StoreOutcome>> {
         let s = &self.shared;
         let batch = s.requests.store_many(writes, || s.stamp());
-        crate::cache::io::ready(batch.answer(|r| std::future::ready(self.run(Ok(r)))))
+        let rs = crate::cache::io::ready(batch.answer(|r| std::future::ready(self.run(Ok(r)))));
+        s.after_writes(writes.iter().map(|w| w.key), rs)
     }
 
     fn delete(&self, key: &str) -> Result<bool> {
-        self.run(self.shared.requests.delete(key))
+        let s = &self.shared;
+        s.after_write(key, self.run(s.requests.delete(key)))
     }
 
     fn delete_many(&self, keys: &[&str]) -> Vec<Result<bool>> {
-        let batch = self.shared.requests.delete_many(keys);
-        crate::cache::io::ready(batch.answer(|r| std::future::ready(self.run(Ok(r)))))
+        let s = &self.shared;
+        let batch = s.requests.delete_many(keys);
+        let rs = crate::cache::io::ready(batch.answer(|r| std::future::ready(self.run(Ok(r)))));
+        s.after_writes(keys.iter().copied(), rs)
     }
 
     fn touch(&self, key: &str, exptime: u32) -> Result<bool> {
-        self.run(self.shared.requests.touch(key, exptime))
+        let s = &self.shared;
+        s.after_write(key, self.run(s.requests.touch(key, exptime)))
     }
 
     fn incr(&self, key: &str, delta: u64) -> Result<Option<u64>> {
@@ -374,5 +513,11 @@ impl Backend for RedisBackend {
 
     fn max_value_size(&self, key: &str) -> usize {
         self.shared.requests.max_value_size(key)
+    }
+
+    /// The replays of invalidations the server missed (`replayed_deletes`, `replay_overflows`,
+    /// `replays_failed`), through either view.
+    fn report(&self, stats: &mut crate::Stats) {
+        outage::report(std::iter::once(self.shared.missed()), stats);
     }
 }

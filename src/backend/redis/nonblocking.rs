@@ -20,6 +20,7 @@ use tokio::task::JoinHandle;
 
 use super::request::{self, Request, noscript_retry};
 use super::{Failure, Shared, failure_of};
+use crate::backend::memcached::outage::{Begin, Missed};
 use crate::backend::{AsyncBackend, BoxFuture, Item, StoreOutcome, Write};
 use crate::error::{Error, ErrorKind, Result};
 
@@ -191,7 +192,11 @@ impl AsyncRedis {
         let mut tries = 0;
         let replies = loop {
             tries += 1;
-            match self.send(&req).await {
+            let sent = match self.replay().await {
+                Ok(()) => self.send(&req).await,
+                Err(e) => Err(e),
+            };
+            match sent {
                 Ok(replies) => break replies,
                 Err((_, Failure::Local(e))) => return Err(s.annotate(e)),
                 Err((id, Failure::Fault(e))) => {
@@ -220,6 +225,43 @@ impl AsyncRedis {
             s.judge_policy(policy.as_deref());
         }
         (req.read)(replies).map_err(|e| s.annotate(e))
+    }
+
+    /// Deletes the keys the server missed while out of reach, before anything else is sent
+    /// (or waits for the caller doing it). A replay that fails, or whose future is dropped,
+    /// keeps its keys for the next one.
+    async fn replay(&self) -> std::result::Result<(), (Option<u64>, Failure)> {
+        let s = &self.shared;
+        loop {
+            match Missed::begin(s.missed()) {
+                Begin::Clear => return Ok(()),
+                Begin::Busy => {
+                    if !s.missed().wait_async(s.replay_wait()).await {
+                        return Err((None, s.replay_busy()));
+                    }
+                }
+                Begin::Mine(replay) => {
+                    let req = {
+                        let keys: Vec<&str> = replay.keys().collect();
+                        s.requests.replay(&keys)
+                    };
+                    let r = match self.send(&req).await {
+                        Ok(vs) => (req.read)(vs).map_err(|e| (None, Failure::Fault(e))),
+                        Err(x) => Err(x),
+                    };
+                    return match r {
+                        Ok(refused) => {
+                            s.replayed(replay, refused);
+                            Ok(())
+                        }
+                        Err((id, f)) => {
+                            s.replay_failed(replay, &f);
+                            Err((id, f))
+                        }
+                    };
+                }
+            }
+        }
     }
 
     /// The replies to `req`'s commands (a script the server did not know sent again with its
@@ -271,20 +313,25 @@ async fn send_on(
 
 impl AsyncBackend for AsyncRedis {
     fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Item>>> {
-        Box::pin(async move { self.run(self.shared.requests.get(key)).await })
+        Box::pin(async move {
+            let mut item = self.run(self.shared.requests.get(key)).await?;
+            self.shared.distrust(item.as_mut());
+            Ok(item)
+        })
     }
 
     fn get_many<'a>(&'a self, keys: &'a [&'a str]) -> BoxFuture<'a, Vec<Result<Option<Item>>>> {
         Box::pin(async move {
             let batch = self.shared.requests.get_many(keys);
-            batch.answer(|r| self.run(Ok(r))).await
+            let items = batch.answer(|r| self.run(Ok(r))).await;
+            self.shared.distrust_all(items)
         })
     }
 
     fn store<'a>(&'a self, w: Write<'a>) -> BoxFuture<'a, Result<StoreOutcome>> {
         Box::pin(async move {
             let s = &self.shared;
-            self.run(s.requests.store(&w, s.stamp())).await
+            s.after_write(w.key, self.run(s.requests.store(&w, s.stamp())).await)
         })
     }
 
@@ -294,7 +341,10 @@ impl AsyncBackend for AsyncRedis {
     ) -> BoxFuture<'a, Result<(StoreOutcome, Option<Item>)>> {
         Box::pin(async move {
             let s = &self.shared;
-            self.run(s.requests.store_then_get(&w, s.stamp())).await
+            let r = self.run(s.requests.store_then_get(&w, s.stamp())).await;
+            let (outcome, mut item) = s.after_write(w.key, r)?;
+            s.distrust(item.as_mut());
+            Ok((outcome, item))
         })
     }
 
@@ -305,23 +355,32 @@ impl AsyncBackend for AsyncRedis {
         Box::pin(async move {
             let s = &self.shared;
             let batch = s.requests.store_many(writes, || s.stamp());
-            batch.answer(|r| self.run(Ok(r))).await
+            let rs = batch.answer(|r| self.run(Ok(r))).await;
+            s.after_writes(writes.iter().map(|w| w.key), rs)
         })
     }
 
     fn delete<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool>> {
-        Box::pin(async move { self.run(self.shared.requests.delete(key)).await })
+        Box::pin(async move {
+            let s = &self.shared;
+            s.after_write(key, self.run(s.requests.delete(key)).await)
+        })
     }
 
     fn delete_many<'a>(&'a self, keys: &'a [&'a str]) -> BoxFuture<'a, Vec<Result<bool>>> {
         Box::pin(async move {
-            let batch = self.shared.requests.delete_many(keys);
-            batch.answer(|r| self.run(Ok(r))).await
+            let s = &self.shared;
+            let batch = s.requests.delete_many(keys);
+            let rs = batch.answer(|r| self.run(Ok(r))).await;
+            s.after_writes(keys.iter().copied(), rs)
         })
     }
 
     fn touch<'a>(&'a self, key: &'a str, exptime: u32) -> BoxFuture<'a, Result<bool>> {
-        Box::pin(async move { self.run(self.shared.requests.touch(key, exptime)).await })
+        Box::pin(async move {
+            let s = &self.shared;
+            s.after_write(key, self.run(s.requests.touch(key, exptime)).await)
+        })
     }
 
     fn incr<'a>(&'a self, key: &'a str, delta: u64) -> BoxFuture<'a, Result<Option<u64>>> {

@@ -575,6 +575,43 @@ impl Builder {
         Request::one(cmd, None, true, |vs| only(vs).and_then(int_of))
     }
 
+    /// The deletes of a replay (the keys the server missed while out of reach): `UNLINK`s of up
+    /// to [`CLEAR_STEP`] keys each, pipelined. Not a write in the sense of `write`: deleting a
+    /// key again is harmless, so a replay whose reply never came is simply made again. Answers
+    /// how many commands the server refused with an error reply (their keys are passed over,
+    /// as memcached's replay passes over a delete its proxy refuses).
+    pub(super) fn replay(&self, keys: &[&str]) -> Request<usize> {
+        let commands = keys
+            .chunks(CLEAR_STEP as usize)
+            .map(|chunk| {
+                let mut cmd = redis::cmd("UNLINK");
+                for k in chunk {
+                    cmd.arg(*k);
+                }
+                Command { cmd, script: None }
+            })
+            .collect();
+        Request {
+            commands,
+            write: false,
+            read: |vs| {
+                let mut refused = 0;
+                for v in vs {
+                    match v {
+                        Value::Int(_) => {}
+                        Value::ServerError(_) => refused += 1,
+                        other => {
+                            return Err(Error::backend(format!(
+                                "a replayed UNLINK answered {other:?}, not a count"
+                            )));
+                        }
+                    }
+                }
+                Ok(refused)
+            },
+        }
+    }
+
     /// `incr` (`up`) or `decr` by `delta`, through the counter script.
     pub(super) fn arith(
         &self,
@@ -637,5 +674,26 @@ mod tests {
             prefix_pattern("a*b?[c]\\-1-"),
             format!("a\\*b\\?\\[c\\]\\\\-1-{any40}")
         );
+    }
+    #[test]
+    fn a_replay_unlinks_in_steps_and_passes_over_refusals() {
+        let b = Builder {
+            item_size: 1 << 20,
+            key_limit: 250,
+            scripts: Scripts::new(),
+        };
+        let keys: Vec<String> = (0..2_500).map(|i| format!("k{i}")).collect();
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let req = b.replay(&keys);
+        assert_eq!(req.commands.len(), 3, "1,000 keys a command");
+        assert!(
+            !req.write,
+            "a delete made again is harmless: retried like a read"
+        );
+        let refusal = redis::parse_redis_value(b"-NOPERM no permission\r\n").unwrap();
+        assert!(matches!(refusal, Value::ServerError(_)), "{refusal:?}");
+        let refused = (req.read)(vec![Value::Int(1000), refusal, Value::Int(3)]).unwrap();
+        assert_eq!(refused, 1);
+        assert!((req.read)(vec![Value::Okay]).is_err(), "not a count");
     }
 }
