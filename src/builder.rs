@@ -478,8 +478,8 @@ impl CacheBuilder {
         self
     }
 
-    /// memcached: how many keys per server this process remembers having invalidated while that
-    /// server was out of reach (deleted, written to another server under
+    /// memcached and Redis: how many keys per server this process remembers having invalidated
+    /// while that server was out of reach (deleted, written to another server under
     /// [`DeadServerPolicy::Remap`], or failed to write), to delete them there before it serves
     /// this process again; default 10,000. Past it, the values that server holds from before
     /// are judged stale or expired when read (reloaded: one loader per key through
