@@ -458,3 +458,50 @@ fn an_async_cache_moves_to_a_new_runtime_when_its_first_one_ends() {
         }
     });
 }
+
+/// An invalidation another client makes while a load runs (`DEL`, or a `SET` of its own bytes,
+/// as from `redis-cli`) is never overwritten by that load's store: on a cold key (the load
+/// holds a placeholder) and on a stale one (it holds a claim over the old value).
+#[test]
+fn an_invalidation_by_another_client_during_a_load_is_never_overwritten() {
+    on_both(|server| {
+        let cache = cache_on(server);
+        for stale in [false, true] {
+            for by_set in [false, true] {
+                let k = format!("k-{stale}-{by_set}");
+                let key = cache.make_key(&k);
+                if stale {
+                    // Fresh for 1 s of a 60 s life; the cache's clock moves past it.
+                    cache.set(&k, &1u32, Duration::from_secs(1)).unwrap();
+                    std::thread::sleep(Duration::from_millis(1_100));
+                }
+                let v: u32 = cache
+                    .get_or_set_with(&k, S(60), || {
+                        let mut c = raw(server);
+                        if by_set {
+                            let () = redis::cmd("SET")
+                                .arg(&key)
+                                .arg("theirs")
+                                .query(&mut c)
+                                .unwrap();
+                        } else {
+                            let _: i64 = redis::cmd("DEL").arg(&key).query(&mut c).unwrap();
+                        }
+                        Ok::<_, std::io::Error>(2)
+                    })
+                    .unwrap();
+                assert_eq!(v, 2, "the caller gets what it loaded");
+                let held: Option<Vec<u8>> =
+                    redis::cmd("GET").arg(&key).query(&mut raw(server)).unwrap();
+                match by_set {
+                    true => assert_eq!(
+                        held.as_deref(),
+                        Some(&b"theirs"[..]),
+                        "stale {stale}: their SET stays"
+                    ),
+                    false => assert_eq!(held, None, "stale {stale}: their DEL stays"),
+                }
+            }
+        }
+    });
+}
