@@ -505,3 +505,45 @@ fn an_invalidation_by_another_client_during_a_load_is_never_overwritten() {
         }
     });
 }
+
+/// What `clear()` costs, as the README says: it walks the whole database, one `SCAN` round
+/// trip per step of about 1,000 keys (this cache's or not), and one `UNLINK` per step that found
+/// some of its keys; the other keys stay.
+#[test]
+fn clear_walks_the_database_a_thousand_keys_a_step() {
+    let server = RedisServer::start("redis-server");
+    let cache = cache_on(&server);
+    let mut c = raw(&server);
+    let mut pipe = redis::pipe();
+    for i in 0..20_000 {
+        pipe.cmd("SET").arg(format!("other:{i}")).arg("x").ignore();
+    }
+    let () = pipe.query(&mut c).unwrap();
+    for i in 0..500 {
+        cache.set(&format!("k{i}"), &i, S(60)).unwrap();
+    }
+    let () = redis::cmd("CONFIG").arg("RESETSTAT").query(&mut c).unwrap();
+    let t = Instant::now();
+    cache.clear().unwrap();
+    let took = t.elapsed();
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut c)
+        .unwrap();
+    let calls = |cmd: &str| -> u64 {
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("cmdstat_{cmd}:calls=")))
+            .and_then(|rest| rest.split(',').next())
+            .map_or(0, |n| n.parse().unwrap())
+    };
+    let (scans, unlinks) = (calls("scan"), calls("unlink"));
+    eprintln!("clear() of 500 keys among 20,500: {scans} SCAN, {unlinks} UNLINK, {took:?}");
+    assert!(
+        (20..=30).contains(&scans),
+        "{scans} SCAN calls for 20,500 keys"
+    );
+    assert!((1..=scans).contains(&unlinks), "{unlinks} UNLINK calls");
+    let left: u64 = redis::cmd("DBSIZE").query(&mut c).unwrap();
+    assert_eq!(left, 20_000, "only the cache's keys went");
+}
