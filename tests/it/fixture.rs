@@ -290,7 +290,20 @@ pub fn redis_cmd(bin: &str, port: u16) -> String {
 pub struct RedisServer {
     pub port: u16,
     bin: String,
+    /// TLS only, on `port` (`--port 0`): the server's files.
+    tls: Option<RedisTlsFiles>,
     child: Option<Child>,
+}
+
+/// What a TLS server is started with: its certificate and key, the CA it checks clients
+/// against, and whether it requires clients to present a certificate (`--tls-auth-clients`).
+#[cfg(feature = "redis")]
+#[derive(Debug, Clone)]
+pub struct RedisTlsFiles {
+    pub cert: std::path::PathBuf,
+    pub key: std::path::PathBuf,
+    pub ca: std::path::PathBuf,
+    pub auth_clients: bool,
 }
 
 #[cfg(feature = "redis")]
@@ -301,6 +314,20 @@ impl RedisServer {
         let mut s = RedisServer {
             port: free_port(),
             bin: bin.to_owned(),
+            tls: None,
+            child: None,
+        };
+        s.spawn();
+        s
+    }
+
+    /// A server that speaks TLS only, on a free port (`rediss://`).
+    #[allow(dead_code)] // used by the redis-tls suite only
+    pub fn start_tls(bin: &str, files: &RedisTlsFiles) -> RedisServer {
+        let mut s = RedisServer {
+            port: free_port(),
+            bin: bin.to_owned(),
+            tls: Some(files.clone()),
             child: None,
         };
         s.spawn();
@@ -308,8 +335,25 @@ impl RedisServer {
     }
 
     fn spawn(&mut self) {
-        let child = Command::new(&self.bin)
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+        let port = self.port.to_string();
+        let mut cmd = Command::new(&self.bin);
+        match &self.tls {
+            None => cmd.args(["--port", &port]),
+            Some(t) => cmd
+                .args(["--port", "0", "--tls-port", &port])
+                .arg("--tls-cert-file")
+                .arg(&t.cert)
+                .arg("--tls-key-file")
+                .arg(&t.key)
+                .arg("--tls-ca-cert-file")
+                .arg(&t.ca)
+                .args([
+                    "--tls-auth-clients",
+                    if t.auth_clients { "yes" } else { "no" },
+                ]),
+        };
+        let child = cmd
+            .args(["--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -324,8 +368,14 @@ impl RedisServer {
         }
     }
 
+    /// `redis://127.0.0.1:port/0`, or `rediss://` for a TLS server.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/0", self.port)
+        let scheme = if self.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
+        format!("{scheme}://127.0.0.1:{}/0", self.port)
     }
 
     pub fn pid(&self) -> u32 {
