@@ -172,6 +172,8 @@ pub struct CacheBuilder {
     stale_on_error: Option<Duration>,
     seed: Option<u64>,
     format: Format,
+    #[cfg(feature = "redis-tls")]
+    redis_tls: Option<crate::backend::redis::RedisTls>,
 }
 
 impl Default for CacheBuilder {
@@ -208,6 +210,8 @@ impl Default for CacheBuilder {
             stale_on_error: None,
             seed: None,
             format: Format::default(),
+            #[cfg(feature = "redis-tls")]
+            redis_tls: None,
         }
     }
 }
@@ -245,10 +249,17 @@ impl CacheBuilder {
         self
     }
 
-    /// Uses one Redis or Valkey server (feature `redis`): `redis://[user:password@]host:port/db`.
+    /// Uses one Redis or Valkey server (feature `redis`): `redis://[user:password@]host:port/db`,
+    /// or `rediss://` for TLS (feature `redis-tls`; see [`redis_tls`](Self::redis_tls)).
     /// Keys, envelope and herd protection are memcached's; items are stored as Redis strings
     /// with a small header (see the crate docs' "Redis"). The timeouts, `pool_size`, health
     /// limits and `item_size` apply as on memcached. `build()` never connects.
+    ///
+    /// An ACL user and its password go in the URL (`redis://newcache:secret@host:6379/0`); it
+    /// needs `GET`, `MGET`, `SET`, `EXISTS`, `PERSIST`, `PEXPIRE`, `EXPIREAT`, `UNLINK`, `SCAN`,
+    /// `EVAL` and `EVALSHA` on the cache's keys. A refused password or command is an
+    /// [`is_denied`](crate::Error::is_denied) error that does not count against the server. The
+    /// password is never printed: not in `Debug`, not in an error.
     ///
     /// ```
     /// let cache = newcache::Cache::builder()
@@ -256,9 +267,39 @@ impl CacheBuilder {
     ///     .build()?;
     /// # Ok::<(), newcache::Error>(())
     /// ```
+    ///
+    /// # Errors
+    ///
+    /// `build()` refuses (`is_config()`) a URL the `redis` crate cannot read, a scheme other than
+    /// `redis://` and `rediss://`, and `rediss://` in a build without the `redis-tls` feature.
     #[cfg(feature = "redis")]
     pub fn redis(mut self, url: impl Into<String>) -> Self {
         self.backend = BackendChoice::Redis { url: url.into() };
+        self
+    }
+
+    /// The TLS settings of a `rediss://` server (feature `redis-tls`): the CA that signed its
+    /// certificate (default: the system's trusted roots), and a client certificate for mutual
+    /// TLS (default none). The server's certificate is always verified, host name included.
+    ///
+    /// ```
+    /// # let ca_pem = Vec::<u8>::new();
+    /// use newcache::{Cache, RedisTls};
+    /// let e = Cache::builder()
+    ///     .redis("rediss://127.0.0.1:6380/0")
+    ///     .redis_tls(RedisTls::new().ca_pem(ca_pem))
+    ///     .build()
+    ///     .unwrap_err();
+    /// assert!(e.is_config(), "{e}"); // an empty PEM: no CA in it
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// `build()` refuses (`is_config()`) a PEM without a certificate, a client key that does not
+    /// parse or does not match its certificate, and TLS settings for a `redis://` URL.
+    #[cfg(feature = "redis-tls")]
+    pub fn redis_tls(mut self, tls: crate::backend::redis::RedisTls) -> Self {
+        self.redis_tls = Some(tls);
         self
     }
 
@@ -748,6 +789,10 @@ impl CacheBuilder {
         config.failure_limit = self.failure_limit;
         config.retry_interval = self.retry_interval;
         config.replay_capacity = self.replay_capacity;
+        #[cfg(feature = "redis-tls")]
+        {
+            config.tls = self.redis_tls.clone();
+        }
         Ok(config)
     }
 
@@ -760,6 +805,10 @@ impl CacheBuilder {
             BackendChoice::Redis { .. } => self.memory_only.clone(),
             BackendChoice::Custom(_) => [&self.memcached_only[..], &self.memory_only[..]].concat(),
         };
+        #[cfg(feature = "redis-tls")]
+        if self.redis_tls.is_some() && !matches!(self.backend, BackendChoice::Redis { .. }) {
+            unused.push("redis_tls");
+        }
         unused.sort_unstable();
         unused.dedup();
         unused

@@ -123,6 +123,10 @@ pub enum ErrorKind {
     Backend,
     /// The backend did not answer within the configured timeout.
     Timeout,
+    /// The server refused this client: its credentials (a wrong user or password: Redis's
+    /// `WRONGPASS`, `NOAUTH`) or a command its ACL user may not run (`NOPERM`). Also a backend
+    /// error ([`Error::is_backend`]), but not a fault: the server is never marked dead for it.
+    Denied,
     /// The backend refused a command it does not support (e.g. `flush_all` behind twemproxy).
     Unsupported,
     /// The loader passed to a `get_or_set_with` call failed; the source is its error.
@@ -144,6 +148,7 @@ impl fmt::Display for ErrorKind {
             ErrorKind::Config => "invalid configuration",
             ErrorKind::Backend => "backend error",
             ErrorKind::Timeout => "timed out",
+            ErrorKind::Denied => "denied by the server",
             ErrorKind::Unsupported => "unsupported by the backend",
             ErrorKind::Loader => "loader failed",
             ErrorKind::WaitTimeout => "gave up waiting for another caller's load",
@@ -381,9 +386,20 @@ impl Error {
         self.kind == ErrorKind::Config
     }
 
-    /// The backend failed or timed out (a timeout is also a backend error).
+    /// The backend failed, timed out or refused this client (a timeout and a denial are also
+    /// backend errors).
     pub fn is_backend(&self) -> bool {
-        matches!(self.kind, ErrorKind::Backend | ErrorKind::Timeout)
+        matches!(
+            self.kind,
+            ErrorKind::Backend | ErrorKind::Timeout | ErrorKind::Denied
+        )
+    }
+
+    /// The server refused this client's credentials or its ACL user's permission for a
+    /// command (Redis's `WRONGPASS`, `NOAUTH`, `NOPERM`): the server is up, the configuration
+    /// (the URL's user and password, or the user's ACL) is what to fix.
+    pub fn is_denied(&self) -> bool {
+        self.kind == ErrorKind::Denied
     }
 
     /// The backend did not answer in time.

@@ -75,7 +75,9 @@
 //! - Redis and Valkey (feature `redis`, `CacheBuilder::redis`): one server, the same keys,
 //!   envelope and herd protocol; each item a Redis string with a 13-byte header (tag `0xA1`, a
 //!   random 63-bit stamp that is its CAS token, the flags, big-endian), fenced writes in a one-key
-//!   Lua script comparing the stamp.
+//!   Lua script comparing the stamp. ACL users in the URL (`redis://user:password@host/0`);
+//!   `rediss://` for TLS (feature `redis-tls`), with a CA of your own and client certificates
+//!   (`CacheBuilder::redis_tls`).
 //!
 //! A `Cache` and an `AsyncCache` are two views of one cache: [`Cache::to_async`] and
 //! [`AsyncCache::to_sync`] share the store, the stats, the coalescer (a sync and an async caller of
@@ -159,6 +161,10 @@
 //! - `tower` (off by default; implies `tokio`): [`layer::ResponseCacheLayer`], a herd-safe HTTP
 //!   response cache for tower and axum 0.8 (http 1.x types).
 //! - `redis` (off by default): the Redis / Valkey backend, on the `redis` crate.
+//! - `redis-tls` (off by default; implies `redis`): `rediss://` URLs and `RedisTls` (a CA,
+//!   client certificates), on rustls with its ring crypto provider. Connections use the
+//!   process's rustls `CryptoProvider`; when none is installed, the first TLS connection
+//!   installs ring's (which rustls itself does when ring is its only provider built in).
 //!
 //! # Minimum supported Rust version
 //!
@@ -194,6 +200,8 @@ mod ttl;
 pub use async_cache::AsyncCache;
 pub use backend::memcached::{DeadServerPolicy, MemcachedBackend, MemcachedConfig, ServerSpec};
 pub use backend::memory::MemoryBackend;
+#[cfg(feature = "redis-tls")]
+pub use backend::redis::RedisTls;
 #[cfg(feature = "redis")]
 pub use backend::redis::{RedisBackend, RedisConfig};
 pub use backend::{Backend, Item, StoreMode, StoreOutcome, Write};

@@ -292,7 +292,20 @@ pub struct RedisServer {
     bin: String,
     /// Settings after the defaults (later ones win), kept across restarts.
     extra: Vec<String>,
+    /// TLS only, on `port` (`--port 0`): the server's files.
+    tls: Option<RedisTlsFiles>,
     child: Option<Child>,
+}
+
+/// What a TLS server is started with: its certificate and key, the CA it checks clients
+/// against, and whether it requires clients to present a certificate (`--tls-auth-clients`).
+#[cfg(feature = "redis")]
+#[derive(Debug, Clone)]
+pub struct RedisTlsFiles {
+    pub cert: std::path::PathBuf,
+    pub key: std::path::PathBuf,
+    pub ca: std::path::PathBuf,
+    pub auth_clients: bool,
 }
 
 #[cfg(feature = "redis")]
@@ -310,6 +323,21 @@ impl RedisServer {
             port: free_port(),
             bin: bin.to_owned(),
             extra: extra.iter().map(|a| a.to_string()).collect(),
+            tls: None,
+            child: None,
+        };
+        s.spawn();
+        s
+    }
+
+    /// A server that speaks TLS only, on a free port (`rediss://`).
+    #[allow(dead_code)] // used by the redis-tls suite only
+    pub fn start_tls(bin: &str, files: &RedisTlsFiles) -> RedisServer {
+        let mut s = RedisServer {
+            port: free_port(),
+            bin: bin.to_owned(),
+            tls: Some(files.clone()),
+            extra: Vec::new(),
             child: None,
         };
         s.spawn();
@@ -317,8 +345,25 @@ impl RedisServer {
     }
 
     fn spawn(&mut self) {
-        let child = Command::new(&self.bin)
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+        let port = self.port.to_string();
+        let mut cmd = Command::new(&self.bin);
+        match &self.tls {
+            None => cmd.args(["--port", &port]),
+            Some(t) => cmd
+                .args(["--port", "0", "--tls-port", &port])
+                .arg("--tls-cert-file")
+                .arg(&t.cert)
+                .arg("--tls-key-file")
+                .arg(&t.key)
+                .arg("--tls-ca-cert-file")
+                .arg(&t.ca)
+                .args([
+                    "--tls-auth-clients",
+                    if t.auth_clients { "yes" } else { "no" },
+                ]),
+        };
+        let child = cmd
+            .args(["--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
             .args(&self.extra)
             .stdin(Stdio::null())
@@ -334,8 +379,14 @@ impl RedisServer {
         }
     }
 
+    /// `redis://127.0.0.1:port/0`, or `rediss://` for a TLS server.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/0", self.port)
+        let scheme = if self.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
+        format!("{scheme}://127.0.0.1:{}/0", self.port)
     }
 
     pub fn pid(&self) -> u32 {

@@ -25,5 +25,7 @@ mod processes;
 mod props;
 #[cfg(feature = "redis")]
 mod redis;
+#[cfg(feature = "redis-tls")]
+mod redis_tls;
 mod values;
 mod views;

@@ -240,8 +240,9 @@ fn a_password_in_the_url_is_never_printed() {
     let config = RedisConfig::new("redis://user:s3cret@127.0.0.1:1/0");
     assert!(!format!("{config:?}").contains("s3cret"), "{config:?}");
     for url in [
-        "rediss://user:s3cret@127.0.0.1:1/0",
         "redis://user:s3cret@127.0.0.1:notaport/0",
+        "rediss://user:s3cret@127.0.0.1:1/0#insecure",
+        "redis+unix://user:s3cret@127.0.0.1:1/0",
     ] {
         let e = Cache::builder().redis(url).build().unwrap_err();
         assert!(e.is_config(), "{e}");
@@ -546,4 +547,155 @@ fn clear_walks_the_database_a_thousand_keys_a_step() {
     assert!((1..=scans).contains(&unlinks), "{unlinks} UNLINK calls");
     let left: u64 = redis::cmd("DBSIZE").query(&mut c).unwrap();
     assert_eq!(left, 20_000, "only the cache's keys went");
+}
+
+#[cfg(not(feature = "redis-tls"))]
+#[test]
+fn a_rediss_url_without_the_tls_feature_names_the_feature() {
+    let e = Cache::builder()
+        .redis("rediss://user:s3cret@127.0.0.1:1/0")
+        .build()
+        .unwrap_err();
+    assert!(
+        e.is_config() && e.to_string().contains("`redis-tls`"),
+        "{e}"
+    );
+    assert!(!e.to_string().contains("s3cret"), "{e}");
+}
+
+/// Creates ACL user `user` with password `secret` and the rules `rules` (after `on`).
+fn acl_user(server: &RedisServer, user: &str, rules: &[&str]) {
+    let () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg(user)
+        .arg("on")
+        .arg(">secret")
+        .arg(rules)
+        .query(&mut raw(server))
+        .unwrap();
+}
+
+fn as_user(server: &RedisServer, user: &str, password: &str) -> newcache::CacheBuilder {
+    Cache::builder()
+        .redis(format!(
+            "redis://{user}:{password}@127.0.0.1:{}/0",
+            server.port
+        ))
+        .flavor(unique_flavor("acl"))
+        .retry_interval(Duration::from_millis(200))
+        .read_failures(FailurePolicy::Propagate)
+}
+
+#[test]
+fn an_acl_user_in_the_url_works_sync_and_async() {
+    on_both(|server| {
+        acl_user(server, "newcache-user", &["~*", "&*", "+@all"]);
+        let cache = as_user(server, "newcache-user", "secret").build().unwrap();
+        cache.set("k", &1u32, S(60)).unwrap();
+        assert_eq!(cache.get::<u32>("k").unwrap(), Some(1));
+        let v: u32 = cache
+            .get_or_set_with("loaded", S(60), || Ok::<_, std::io::Error>(2))
+            .unwrap();
+        assert_eq!(v, 2);
+        let cache = as_user(server, "newcache-user", "secret")
+            .build_async()
+            .unwrap();
+        runtime().block_on(async {
+            cache.set("k", &3u32, S(60)).await.unwrap();
+            assert_eq!(cache.get::<u32>("k").await.unwrap(), Some(3));
+            let v: u32 = cache
+                .get_or_set_with("loaded", S(60), || async { Ok::<_, std::io::Error>(4) })
+                .await
+                .unwrap();
+            assert_eq!(v, 4);
+        });
+    });
+}
+
+#[test]
+fn a_wrong_password_is_denied_without_marking_the_server_dead_or_printing_it() {
+    on_both(|server| {
+        acl_user(server, "newcache-user", &["~*", "&*", "+@all"]);
+        let check = |e: newcache::Error| {
+            assert!(e.is_denied() && e.is_backend(), "{e}");
+            assert!(e.to_string().contains("user and password"), "{e}");
+            // failure_limit is 2: a fault each time would have marked it dead by the third.
+            assert!(!e.to_string().contains("marked dead"), "{e}");
+            assert!(!format!("{e} {e:?}").contains("n0t-the-s3cret"), "{e:?}");
+        };
+        let cache = as_user(server, "newcache-user", "n0t-the-s3cret")
+            .build()
+            .unwrap();
+        for _ in 0..4 {
+            check(cache.get::<u32>("k").unwrap_err());
+        }
+        let cache = as_user(server, "newcache-user", "n0t-the-s3cret")
+            .build_async()
+            .unwrap();
+        runtime().block_on(async {
+            for _ in 0..4 {
+                check(cache.get::<u32>("k").await.unwrap_err());
+            }
+        });
+    });
+}
+
+#[test]
+fn a_user_without_scripting_is_denied_its_fenced_writes_and_still_reads() {
+    on_both(|server| {
+        acl_user(server, "no-scripts", &["~*", "&*", "+@all", "-@scripting"]);
+        let url = format!("redis://no-scripts:secret@127.0.0.1:{}/0", server.port);
+        // On the backend: a plain set works, the fenced write (a script) is denied by name.
+        let b = RedisBackend::new(RedisConfig::new(&url)).unwrap();
+        b.store(StoreMode::Set, "k", b"v", 0, 0).unwrap();
+        let cas = b.get("k").unwrap().unwrap().cas;
+        for _ in 0..3 {
+            let e = b.store(StoreMode::Cas(cas), "k", b"w", 0, 0).unwrap_err();
+            assert!(e.is_denied(), "{e}");
+            assert!(!e.is_outcome_unknown(), "the server answered: {e}");
+            let shown = e.to_string();
+            assert!(shown.contains("NOPERM") && shown.contains("evalsha"), "{e}");
+        }
+        // Not marked dead: reads go on.
+        assert_eq!(&b.get("k").unwrap().unwrap().value[..], b"v");
+
+        // What a cache's user sees. A counter is a script: denied, by name, every time.
+        // A loader's value is returned; its store (a fenced write) is denied and counted, and
+        // the warning (once, for the cache) names the permission.
+        let cache = as_user(server, "no-scripts", "secret").build().unwrap();
+        let logs = crate::obs::logs_at(tracing::Level::WARN, || {
+            let v = cache
+                .get_or_set_with("loaded", S(60), || Ok::<_, std::io::Error>(2u32))
+                .unwrap();
+            assert_eq!(v, 2);
+            for _ in 0..3 {
+                let e = cache.incr("n", 1).unwrap_err();
+                assert!(e.is_denied() && e.to_string().contains("NOPERM"), "{e}");
+            }
+        });
+        assert_eq!(
+            logs.matches("redis refused this client").count(),
+            1,
+            "{logs}"
+        );
+        assert!(
+            logs.contains("NOPERM") && logs.contains("evalsha"),
+            "{logs}"
+        );
+        assert!(cache.stats().backend_errors_absorbed >= 1);
+        // Never marked dead: plain writes and reads go on.
+        cache.set("plain", &1u32, S(60)).unwrap();
+        assert_eq!(cache.get::<u32>("plain").unwrap(), Some(1));
+        let cache = as_user(server, "no-scripts", "secret")
+            .build_async()
+            .unwrap();
+        runtime().block_on(async {
+            for _ in 0..3 {
+                let e = cache.incr("n", 1).await.unwrap_err();
+                assert!(e.is_denied() && e.to_string().contains("NOPERM"), "{e}");
+            }
+            cache.set("plain", &3u32, S(60)).await.unwrap();
+            assert_eq!(cache.get::<u32>("plain").await.unwrap(), Some(3));
+        });
+    });
 }

@@ -20,7 +20,8 @@ pub const DEFAULT_KEY_LIMIT: usize = crate::key::MAX_KEY_LEN;
 #[derive(Clone)]
 #[non_exhaustive]
 pub struct RedisConfig {
-    /// `redis://[user:password@]host:port/db` (the `redis` crate's reading).
+    /// `redis://[user:password@]host:port/db` (the `redis` crate's reading), or `rediss://` for
+    /// TLS (feature `redis-tls`).
     pub url: String,
     /// Limit on getting a connection (default 500 ms).
     pub connect_timeout: Duration,
@@ -43,12 +44,16 @@ pub struct RedisConfig {
     /// this process again (default 10,000; past it, the server's older values are judged
     /// stale): memcached's `replay_capacity`.
     pub replay_capacity: usize,
+    /// A `rediss://` server's CA and client certificate (feature `redis-tls`; default `None`:
+    /// the system's trusted roots, no client certificate). Refused with a `redis://` URL.
+    #[cfg(feature = "redis-tls")]
+    pub tls: Option<super::RedisTls>,
 }
 
 impl std::fmt::Debug for RedisConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisConfig")
-            .field("url", &redacted(&self.url))
+        let mut f = f.debug_struct("RedisConfig");
+        f.field("url", &redacted(&self.url))
             .field("connect_timeout", &self.connect_timeout)
             .field("io_timeout", &self.io_timeout)
             .field("pool_size", &self.pool_size)
@@ -56,8 +61,10 @@ impl std::fmt::Debug for RedisConfig {
             .field("retry_interval", &self.retry_interval)
             .field("item_size", &self.item_size)
             .field("key_limit", &self.key_limit)
-            .field("replay_capacity", &self.replay_capacity)
-            .finish()
+            .field("replay_capacity", &self.replay_capacity);
+        #[cfg(feature = "redis-tls")]
+        f.field("tls", &self.tls);
+        f.finish()
     }
 }
 
@@ -95,6 +102,8 @@ impl RedisConfig {
             item_size: DEFAULT_ITEM_SIZE,
             key_limit: DEFAULT_KEY_LIMIT,
             replay_capacity: crate::backend::memcached::DEFAULT_REPLAY_CAPACITY,
+            #[cfg(feature = "redis-tls")]
+            tls: None,
         }
     }
 
@@ -102,16 +111,24 @@ impl RedisConfig {
     pub(crate) fn client(&self) -> Result<redis::Client> {
         let bad =
             |why: String| Error::config(format!("bad redis URL {:?}: {why}", redacted(&self.url)));
-        if !self.url.starts_with("redis://") {
+        let tls = self.url.starts_with("rediss://");
+        if !tls && !self.url.starts_with("redis://") {
             return Err(bad(
-                "expected redis://[user:password@]host:port/db (rediss:// and unix sockets are \
-                 not supported yet)"
+                "expected redis://[user:password@]host:port/db, or rediss:// for TLS (unix \
+                 sockets are not supported yet)"
                     .into(),
+            ));
+        }
+        if tls && !cfg!(feature = "redis-tls") {
+            return Err(bad(
+                "rediss:// (TLS) needs newcache's cargo feature `redis-tls`".into(),
             ));
         }
         // The crate's message may quote the URL: its user and password are hidden there too.
         let client = redis::Client::open(self.url.as_str())
             .map_err(|e| bad(hide_userinfo(&self.url, &e.to_string())))?;
+        #[cfg(feature = "redis-tls")]
+        let client = self.with_tls(client)?;
         if self.pool_size == 0 {
             return Err(Error::config("pool_size must be at least 1"));
         }
@@ -131,11 +148,39 @@ impl RedisConfig {
         Ok(client)
     }
 
+    /// The client of a `rediss://` URL with the CA and client certificate of [`tls`](Self::tls)
+    /// (checked); a `redis://` URL given TLS settings, or `#insecure`, is refused.
+    #[cfg(feature = "redis-tls")]
+    fn with_tls(&self, client: redis::Client) -> Result<redis::Client> {
+        let info = client.get_connection_info();
+        match (info.addr(), &self.tls) {
+            (redis::ConnectionAddr::TcpTls { insecure: true, .. }, _) => Err(Error::config(
+                "a rediss:// URL with #insecure (no certificate verification) is not supported: \
+                 give the server's CA with RedisTls::ca_pem",
+            )),
+            (redis::ConnectionAddr::TcpTls { host, .. }, tls) => {
+                super::tls::server_name(host)?;
+                let Some(tls) = tls else {
+                    return Ok(client);
+                };
+                tls.check()?;
+                redis::Client::build_with_tls(info.clone(), tls.certificates()).map_err(|e| {
+                    Error::config(format!("the redis crate refused the TLS settings: {e}"))
+                })
+            }
+            (_, Some(_)) => Err(Error::config(
+                "TLS settings (redis_tls) were given for a redis:// URL: use rediss:// for TLS",
+            )),
+            _ => Ok(client),
+        }
+    }
+
     /// `host:port`, as errors, spans and `ping` name the server.
     pub(crate) fn addr(&self) -> String {
         match redis::Client::open(self.url.as_str()) {
             Ok(c) => match c.get_connection_info().addr() {
                 redis::ConnectionAddr::Tcp(h, p) => format!("{h}:{p}"),
+                redis::ConnectionAddr::TcpTls { host, port, .. } => format!("{host}:{port}"),
                 other => other.to_string(),
             },
             Err(_) => redacted(&self.url),

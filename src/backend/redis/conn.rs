@@ -74,24 +74,18 @@ impl Pool {
     }
 
     fn connect(&self) -> Result<redis::Connection, Failure> {
+        #[cfg(feature = "redis-tls")]
+        if matches!(
+            self.client.get_connection_info().addr(),
+            redis::ConnectionAddr::TcpTls { .. }
+        ) {
+            // redis-rs's rustls connections take the process's crypto provider.
+            super::tls::provider();
+        }
         let conn = self
             .client
             .get_connection_with_timeout(self.connect_timeout)
-            .map_err(|e| {
-                let kind = if e.is_timeout() {
-                    ErrorKind::Timeout
-                } else {
-                    ErrorKind::Backend
-                };
-                // The server answered the set-up (AUTH, SELECT) with an error: it is up.
-                let answered = e.code().is_some();
-                let e = Error::with_source(kind, "could not connect", e);
-                if answered {
-                    Failure::Local(e)
-                } else {
-                    Failure::Fault(e)
-                }
-            })?;
+            .map_err(super::connect_failure)?;
         let timeouts = conn
             .set_read_timeout(Some(self.io_timeout))
             .and_then(|()| conn.set_write_timeout(Some(self.io_timeout)));

@@ -24,6 +24,8 @@ mod item;
 pub(crate) mod nonblocking;
 mod request;
 mod script;
+#[cfg(feature = "redis-tls")]
+mod tls;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -34,6 +36,8 @@ pub use self::config::{DEFAULT_KEY_LIMIT, RedisConfig};
 use self::conn::Pool;
 use self::request::{Request, noscript_retry};
 use self::script::Scripts;
+#[cfg(feature = "redis-tls")]
+pub use self::tls::RedisTls;
 use super::memcached::health::{Gate, Health};
 use super::memcached::outage::{self, Begin, Missed, Replay};
 use super::{Backend, Item, StoreMode, StoreOutcome, Write};
@@ -53,6 +57,8 @@ pub(crate) struct Shared {
     started: Instant,
     /// Set once the eviction policy was asked for.
     policy_checked: std::sync::atomic::AtomicBool,
+    /// Set once a refusal of this client (credentials, ACL) was warned about.
+    denial_warned: std::sync::atomic::AtomicBool,
 }
 
 impl Shared {
@@ -73,6 +79,28 @@ impl Shared {
         } else {
             e
         }
+    }
+
+    /// An answer's error, named after the server; a refusal of this client (a wrong password,
+    /// a command the ACL user may not run) is warned about once: under the default failure
+    /// policy a refused read is a miss and a loader's refused store is counted, so the warning
+    /// may be the only sign of it.
+    fn answer_error(&self, e: Error) -> Error {
+        let e = self.annotate(e);
+        if e.is_denied()
+            && !self
+                .denial_warned
+                .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            tracing::warn!(
+                server = %self.addr,
+                error = %e,
+                "newcache: redis refused this client (warned once); what it refuses fails, or is \
+                 absorbed by the failure policy, until the URL's user and password or the \
+                 user's ACL are fixed"
+            );
+        }
+        e
     }
 
     /// The health gate: `Ok(probe)`, or the error of a call refused while the server is dead.
@@ -130,7 +158,11 @@ impl Shared {
     /// What a write to `key` that failed with `r`'s error leaves: if it may have missed the
     /// server, the key is recorded for the replay (and its error says so).
     fn after_write<T>(&self, key: &str, r: Result<T>) -> Result<T> {
-        outage::after_write(self.missed(), None, key, r, self.config.replay_capacity)
+        match r {
+            // The server answered (an error reply, a denial): it missed nothing.
+            Err(e) if answered(&e) => Err(e),
+            r => outage::after_write(self.missed(), None, key, r, self.config.replay_capacity),
+        }
     }
 
     /// [`after_write`](Shared::after_write) for each write of a batch (`keys` in order).
@@ -243,24 +275,51 @@ impl Failure {
 
 /// A `redis` crate error as a transport fault (`write`: the command may have run) or an answer.
 pub(crate) fn failure_of(e: redis::RedisError, write: bool) -> Failure {
+    classify(e, false, write)
+}
+
+/// A failed connect (with its set-up: the TLS handshake, `AUTH`, `SELECT`): a transport fault
+/// unless the server answered (refused the credentials, the handshake, the database).
+pub(crate) fn connect_failure(e: redis::RedisError) -> Failure {
+    classify(e, true, false)
+}
+
+fn classify(e: redis::RedisError, connect: bool, write: bool) -> Failure {
+    // The server answered, and said no: the configuration, not the server, is at fault.
+    if e.kind() == redis::ErrorKind::AuthenticationFailed {
+        return Failure::Local(Error::new(
+            ErrorKind::Denied,
+            "the server refused the URL's user and password (AUTH failed: a wrong password, \
+             an unknown or disabled user)",
+        ));
+    }
+    if let Some(denied) = e.code().and_then(|code| denial(code, e.detail())) {
+        return Failure::Local(denied);
+    }
+    #[cfg(feature = "redis-tls")]
+    if let Some(why) = tls::refusal(&e) {
+        let e = Error::backend(why);
+        return Failure::Local(if write { e.with_outcome_unknown() } else { e });
+    }
     if e.code().is_some() {
         // An error reply (the client libraries give most inline, as `Value::ServerError`): the
         // server answered.
-        return Failure::Local(Error::with_source(
-            ErrorKind::Backend,
-            "the server refused the command",
-            e,
-        ));
+        let message = if connect {
+            "could not connect"
+        } else {
+            "the server refused the command"
+        };
+        return Failure::Local(Error::with_source(ErrorKind::Backend, message, e));
     }
     let kind = if e.is_timeout() {
         ErrorKind::Timeout
     } else {
         ErrorKind::Backend
     };
-    let message = if e.is_timeout() {
-        "no reply in time"
-    } else {
-        "i/o error talking to the server"
+    let message = match (connect, e.is_timeout()) {
+        (true, _) => "could not connect",
+        (false, true) => "no reply in time",
+        (false, false) => "i/o error talking to the server",
     };
     let fault = Error::with_source(kind, message, e);
     // A write whose reply never came may have been applied: never retried.
@@ -269,6 +328,43 @@ pub(crate) fn failure_of(e: redis::RedisError, write: bool) -> Failure {
     } else {
         fault
     })
+}
+
+/// The error of a server's refusal by its error code (`code`, then `detail`), if it is one of
+/// credentials or permission: `NOPERM` names the command the user's ACL lacks.
+pub(super) fn denial(code: &str, detail: Option<&str>) -> Option<Error> {
+    let detail = detail.unwrap_or_default();
+    let message = match code {
+        "NOPERM" => format!(
+            "NOPERM {detail} (newcache needs GET, MGET, SET, EXISTS, PERSIST, PEXPIRE, \
+             EXPIREAT, UNLINK, SCAN, and EVAL and EVALSHA for its fenced writes and counters)"
+        ),
+        "WRONGPASS" => "the server refused the URL's user and password (WRONGPASS)".to_owned(),
+        "NOAUTH" => "the server requires a password (NOAUTH): give it in the URL, \
+                     redis://user:password@host:port/db"
+            .to_owned(),
+        _ => return None,
+    };
+    Some(Error::new(ErrorKind::Denied, message))
+}
+
+/// Whether `e` is the server's own error reply (a refusal, a denial): the command reached it
+/// and was answered, so nothing is to be replayed for it.
+fn answered(e: &Error) -> bool {
+    if e.is_denied() {
+        return true;
+    }
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        if s.downcast_ref::<redis::ServerError>().is_some()
+            || s.downcast_ref::<redis::RedisError>()
+                .is_some_and(|r| r.code().is_some())
+        {
+            return true;
+        }
+        source = s.source();
+    }
+    false
 }
 
 /// A [`Backend`] on one Redis or Valkey server (feature `redis`).
@@ -308,6 +404,7 @@ impl RedisBackend {
             stamps: Rng::new(entropy()),
             started: Instant::now(),
             policy_checked: Default::default(),
+            denial_warned: Default::default(),
             config,
         });
         Ok(RedisBackend {
@@ -343,7 +440,7 @@ impl RedisBackend {
                 }
                 e
             }
-            Failure::Local(e) => s.annotate(e),
+            Failure::Local(e) => s.answer_error(e),
         })?;
         s.answered(probe);
         if s.first_answer() {
@@ -351,7 +448,7 @@ impl RedisBackend {
             let policy = policy.and_then(|r| (s.requests.policy().read)(r).ok().flatten());
             s.judge_policy(policy.as_deref());
         }
-        (req.read)(replies).map_err(|e| s.annotate(e))
+        (req.read)(replies).map_err(|e| s.answer_error(e))
     }
 
     /// Deletes the keys the server missed while out of reach, before anything else is sent

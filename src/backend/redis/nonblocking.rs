@@ -19,7 +19,7 @@ use redis::aio::MultiplexedConnection;
 use tokio::task::JoinHandle;
 
 use super::request::{self, Request, noscript_retry};
-use super::{Failure, Shared, failure_of};
+use super::{Failure, Shared, connect_failure, failure_of};
 use crate::backend::memcached::outage::{Begin, Missed};
 use crate::backend::{AsyncBackend, BoxFuture, Item, StoreOutcome, Write};
 use crate::error::{Error, ErrorKind, Result};
@@ -57,6 +57,9 @@ impl Drop for Live {
 pub(crate) struct AsyncRedis {
     shared: Arc<Shared>,
     info: redis::ConnectionInfo,
+    /// A `rediss://` server's handshake.
+    #[cfg(feature = "redis-tls")]
+    tls: Option<super::tls::Handshake>,
     live: parking_lot::Mutex<Option<Live>>,
     /// One connect at a time; the others wait for it.
     connecting: tokio::sync::Mutex<()>,
@@ -77,6 +80,8 @@ impl AsyncRedis {
     pub(crate) fn new(shared: Arc<Shared>) -> Result<AsyncRedis> {
         let info = shared.config.client()?.get_connection_info().clone();
         Ok(AsyncRedis {
+            #[cfg(feature = "redis-tls")]
+            tls: super::tls::Handshake::of(&info, shared.config.tls.as_ref())?,
             shared,
             info,
             live: parking_lot::Mutex::new(None),
@@ -134,6 +139,43 @@ impl AsyncRedis {
                 )));
             }
         };
+        #[cfg(feature = "redis-tls")]
+        if let Some(tls) = &self.tls {
+            let settings = tls.config().map_err(Failure::Local)?;
+            let handshake = tls.run(settings, stream);
+            let stream = match tokio::time::timeout(connect_timeout, handshake).await {
+                Ok(Ok(stream)) => stream,
+                Ok(Err(e)) => {
+                    return Err(match super::tls::refusal(&e) {
+                        // The server answered: it is up, and refused (or was refused).
+                        Some(why) => Failure::Local(Error::backend(why)),
+                        None => cant(Error::io(e, "could not connect (TLS handshake)")),
+                    });
+                }
+                Err(_) => {
+                    return Err(cant(Error::new(
+                        ErrorKind::Timeout,
+                        "the TLS handshake did not end within connect_timeout",
+                    )));
+                }
+            };
+            return self.open(rt, stream, config).await;
+        }
+        self.open(rt, stream, config).await
+    }
+
+    /// A multiplexed connection on `stream` (its set-up: `AUTH`, `SELECT`), its driver spawned
+    /// on `rt`.
+    async fn open<C>(
+        &self,
+        rt: tokio::runtime::Handle,
+        stream: C,
+        config: redis::AsyncConnectionConfig,
+    ) -> std::result::Result<(u64, MultiplexedConnection), Failure>
+    where
+        C: Unpin + tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + 'static,
+    {
+        let connect_timeout = self.shared.config.connect_timeout;
         let (conn, driver) = match tokio::time::timeout(
             connect_timeout,
             MultiplexedConnection::new_with_config(self.info.redis_settings(), stream, config),
@@ -141,9 +183,9 @@ impl AsyncRedis {
         .await
         {
             Ok(Ok(made)) => made,
-            Ok(Err(e)) => return Err(failure_of(e, false)),
+            Ok(Err(e)) => return Err(connect_failure(e)),
             Err(_) => {
-                return Err(cant(Error::new(
+                return Err(Failure::Fault(Error::new(
                     ErrorKind::Timeout,
                     "the connection's set-up (AUTH, SELECT) did not end within connect_timeout",
                 )));
@@ -198,7 +240,7 @@ impl AsyncRedis {
             };
             match sent {
                 Ok(replies) => break replies,
-                Err((_, Failure::Local(e))) => return Err(s.annotate(e)),
+                Err((_, Failure::Local(e))) => return Err(s.answer_error(e)),
                 Err((id, Failure::Fault(e))) => {
                     let (retired, orphaned) = self.retire(id);
                     // Its runtime shut down under it: the server is not to blame; a read is
@@ -224,7 +266,7 @@ impl AsyncRedis {
             let policy = policy.and_then(|r| (ask.read)(r).ok().flatten());
             s.judge_policy(policy.as_deref());
         }
-        (req.read)(replies).map_err(|e| s.annotate(e))
+        (req.read)(replies).map_err(|e| s.answer_error(e))
     }
 
     /// Deletes the keys the server missed while out of reach, before anything else is sent

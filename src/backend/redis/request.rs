@@ -92,8 +92,12 @@ fn only(mut vs: Vec<Value>) -> Result<Value> {
     }
 }
 
-/// An error reply: the server answered (out of memory, a wrong type, ...), nothing against it.
+/// An error reply: the server answered (out of memory, a wrong type, a command the ACL user
+/// may not run, ...), nothing against it.
 fn refused(e: redis::ServerError) -> Error {
+    if let Some(denied) = super::denial(e.code(), e.details()) {
+        return denied;
+    }
     if e.code() == "NOTCOUNTER" {
         return Error::new(
             ErrorKind::NotACounter,
