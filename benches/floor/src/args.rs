@@ -1,10 +1,13 @@
-//! The command line: how many rounds, how long each is, which paths, where the raw rounds go.
+//! The command line: how many rounds, how long each is, which paths, on which servers, where the
+//! raw rounds go.
 
 use std::path::PathBuf;
 
 use clap::{Parser, ValueEnum};
 
-/// A headline path of the README, measured through the public API beside its floor.
+/// A headline path of the README, measured through the public API beside its floor. On Redis
+/// (`--redis-server-bin`, `--redis`) every path but `sync-get-many` runs, each beside redis-rs's
+/// own `GET` and a bare socket's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Path {
     /// sync `Cache::get` hit, one thread; floor: a blocking socket's `get` of the same item
@@ -34,6 +37,11 @@ impl Path {
             Path::AsyncGet64 => "async-get-64",
         }
     }
+
+    /// Whether it runs on Redis as well as on memcached.
+    pub fn on_redis(self) -> bool {
+        self != Path::SyncGetMany
+    }
 }
 
 /// newcache's headline paths through the public API (`Cache`, `AsyncCache`) on the mission's
@@ -43,6 +51,11 @@ impl Path {
 ///
 /// Starts three memcached (`-t 2`) on free loopback ports and stops them on exit. Prints one
 /// table on stdout; progress on stderr.
+///
+/// With `--redis-server-bin` or `--redis`, the paths run on each Redis / Valkey server instead
+/// (no memcached), each beside redis-rs's own `GET` of the same stored bytes (the client the
+/// backend is built on, with the backend's connection settings) and a bare socket's: one table
+/// per server.
 #[derive(Debug, Clone, Parser)]
 #[command(name = "floor")]
 pub struct Args {
@@ -57,9 +70,8 @@ pub struct Args {
     /// by slice too (1: one run of each side per round)
     #[arg(long, default_value_t = 10)]
     pub slices: usize,
-    /// a path to run (repeatable) [default: all]
-    #[arg(long = "path", value_name = "PATH", value_enum, hide_default_value = true,
-          default_values_t = Path::value_variants().to_vec())]
+    /// a path to run (repeatable) [default: all; on Redis, all but sync-get-many]
+    #[arg(long = "path", value_name = "PATH", value_enum)]
     pub paths: Vec<Path>,
     /// also write every round's figures, the summary and the machine's load to this file
     #[arg(long, value_name = "FILE")]
@@ -67,6 +79,15 @@ pub struct Args {
     /// memcached worker threads (`-t`)
     #[arg(long, default_value_t = 2)]
     pub memcached_threads: usize,
+    /// start this `redis-server` / `valkey-server` on a free loopback port (`--save ''
+    /// --appendonly no`) and measure the paths on it instead of memcached (repeatable: one
+    /// server after another)
+    #[arg(long, value_name = "PATH")]
+    pub redis_server_bin: Vec<String>,
+    /// measure the paths on this running Redis / Valkey server instead of memcached
+    /// (`redis://host:port/db`; repeatable)
+    #[arg(long, value_name = "URL")]
+    pub redis: Vec<String>,
 }
 
 impl Args {
@@ -82,6 +103,23 @@ impl Args {
         args
     }
 
+    /// Whether the paths run on Redis servers rather than memcached.
+    pub fn on_redis(&self) -> bool {
+        !self.redis_server_bin.is_empty() || !self.redis.is_empty()
+    }
+
+    /// The paths to run: those named, or all the mode's.
+    pub fn paths(&self) -> Vec<Path> {
+        match self.paths.is_empty() {
+            true => Path::value_variants()
+                .iter()
+                .copied()
+                .filter(|p| !self.on_redis() || p.on_redis())
+                .collect(),
+            false => self.paths.clone(),
+        }
+    }
+
     fn check(&self) -> Result<(), String> {
         if self.rounds == 0 || self.slices == 0 || self.memcached_threads == 0 {
             return Err("--rounds, --slices and --memcached-threads must be at least 1".into());
@@ -89,6 +127,9 @@ impl Args {
         // A get_many slice makes ops / 10 / slices calls.
         if self.ops < 100 * self.slices {
             return Err("--ops must be at least 100 per slice".into());
+        }
+        if self.on_redis() && self.paths.contains(&Path::SyncGetMany) {
+            return Err("--path sync-get-many runs on memcached only (3 servers)".into());
         }
         Ok(())
     }
@@ -108,12 +149,38 @@ mod tests {
     fn defaults_and_names() {
         let args = Args::try_parse_from(["floor"]).unwrap();
         assert_eq!((args.rounds, args.ops, args.slices), (9, 20_000, 10));
-        assert_eq!(args.paths, Path::value_variants());
+        assert_eq!(args.paths(), Path::value_variants());
+        assert!(!args.on_redis());
         assert!(args.check().is_ok());
         for path in Path::value_variants() {
             assert_eq!(path.to_possible_value().unwrap().get_name(), path.name());
         }
         let args = Args::try_parse_from(["floor", "--ops", "10"]).unwrap();
         assert!(args.check().is_err());
+    }
+
+    #[test]
+    fn redis_mode_runs_the_single_server_paths() {
+        let args = Args::try_parse_from(["floor", "--redis-server-bin", "redis-server"]).unwrap();
+        assert!(args.on_redis() && args.check().is_ok());
+        assert!(!args.paths().contains(&Path::SyncGetMany));
+        assert_eq!(args.paths().len(), Path::value_variants().len() - 1);
+        let named = [
+            "floor",
+            "--redis",
+            "redis://127.0.0.1:6379/0",
+            "--path",
+            "sync-get",
+        ];
+        let args = Args::try_parse_from(named).unwrap();
+        assert_eq!(args.paths(), [Path::SyncGet]);
+        let many = [
+            "floor",
+            "--redis",
+            "redis://h:1/0",
+            "--path",
+            "sync-get-many",
+        ];
+        assert!(Args::try_parse_from(many).unwrap().check().is_err());
     }
 }

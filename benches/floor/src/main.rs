@@ -8,9 +8,15 @@
 //! | `AsyncCache::get`, one task, multi-thread (2 workers) and current-thread runtimes | a bare tokio socket's `get` on the same runtime |
 //! | `AsyncCache::get`, 64 tasks, 1,000 hot keys, multi-thread | async-memcached 0.9, a client per task |
 //!
+//! On Redis / Valkey (`--redis-server-bin PATH` starts one, `--redis URL` uses a running one;
+//! each repeatable), the same paths but `get_many` run on the Redis backend, each beside
+//! redis-rs's own `GET` of the same stored bytes (a `Connection` with the backend's timeouts;
+//! a `MultiplexedConnection` as the async backend opens it, one shared by the 64 tasks) and a
+//! bare socket's RESP `GET` (a socket per task for 64 tasks).
+//!
 //! ```text
 //! cargo run --release -p newcache-floor -- [--rounds 9] [--ops 20000] [--slices 10]
-//!     [--path NAME ...] [--json FILE]
+//!     [--path NAME ...] [--json FILE] [--redis-server-bin PATH ...] [--redis URL ...]
 //! ```
 //!
 //! Per path: one uncounted warm-up run of each side, then `--rounds` rounds; a round runs the
@@ -23,6 +29,8 @@
 mod args;
 mod items;
 mod paths;
+mod redis;
+mod redis_paths;
 mod report;
 #[path = "../../hot/src/server.rs"]
 mod server;
@@ -40,29 +48,86 @@ fn main() -> Result<(), BoxError> {
         .duration_since(UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64());
     let loadavg_start = report::loadavg();
-    let servers = (0..3)
-        .map(|_| Memcached::start(args.memcached_threads, 64))
-        .collect::<Result<Vec<_>, _>>()?;
-    let addrs: Vec<String> = servers.iter().map(|m| m.addr().to_string()).collect();
-    eprintln!("memcached on {addrs:?}; load {loadavg_start}");
-    let memcached = memcached_version(&addrs[0])?;
-    let setup = paths::Setup::new(addrs)?;
+    let (memcached, rows, redis, items) = match args.on_redis() {
+        false => {
+            let (version, rows, items) = on_memcached(&args, &loadavg_start)?;
+            (Some(version), rows, Vec::new(), items)
+        }
+        true => {
+            let (redis, items) = on_redis(&args, &loadavg_start)?;
+            (None, Vec::new(), redis, items)
+        }
+    };
+    let rounds = args.rounds;
+    let loadavg_end = report::loadavg();
+    if !rows.is_empty() {
+        println!("{}", report::table(&rows, rounds));
+    }
+    for server in &redis {
+        println!("### {} ({})\n", server.server, server.url);
+        println!("{}", report::table(&server.rows, rounds));
+    }
+    println!("load average: {loadavg_start} at the start, {loadavg_end} at the end");
+    if let Some(file) = &args.json {
+        let run = report::Run {
+            command: std::env::args().collect::<Vec<_>>().join(" "),
+            started_unix_s,
+            rounds,
+            ops: args.ops,
+            slices: args.slices,
+            memcached,
+            machine: report::Machine {
+                cpus: std::thread::available_parallelism().map_or(0, usize::from),
+                cpu_model: report::cpu_model(),
+                loadavg_start,
+                loadavg_end,
+            },
+            items,
+            rows,
+            redis,
+        };
+        std::fs::write(file, serde_json::to_string_pretty(&run)? + "\n")?;
+    }
+    Ok(())
+}
+
+/// The sizes of a set of items as stored.
+fn item_sizes(items: &items::Items) -> report::ItemSizes {
     let sizes = |v: &[usize]| {
         let mut v = v.to_vec();
         v.sort_unstable();
         v.dedup();
         v
     };
-    let stored = sizes(&setup.single_items.stored_lens);
-    let values = sizes(&setup.single_items.value_lens);
+    let sizes = report::ItemSizes {
+        key_bytes: items.derived[0].len(),
+        value_encoded_bytes: sizes(&items.value_lens),
+        stored_bytes: sizes(&items.stored_lens),
+    };
     eprintln!(
-        "items: {}-byte keys, {stored:?} bytes stored, of which {values:?} the encoded value",
-        setup.single_items.derived[0].len(),
+        "items: {}-byte keys, {:?} bytes stored, of which {:?} the encoded value",
+        sizes.key_bytes, sizes.stored_bytes, sizes.value_encoded_bytes,
     );
+    sizes
+}
+
+/// Every path on three memcached: their version, the rows, the items' sizes.
+fn on_memcached(
+    args: &Args,
+    load: &str,
+) -> Result<(String, Vec<stats::Row>, report::ItemSizes), BoxError> {
+    let servers = (0..3)
+        .map(|_| Memcached::start(args.memcached_threads, 64))
+        .collect::<Result<Vec<_>, _>>()?;
+    let addrs: Vec<String> = servers.iter().map(|m| m.addr().to_string()).collect();
+    eprintln!("memcached on {addrs:?}; load {load}");
+    let memcached = memcached_version(&addrs[0])?;
+    let setup = paths::Setup::new(addrs)?;
+    let sizes = item_sizes(&setup.single_items);
 
     let (rounds, ops, slices) = (args.rounds, args.ops, args.slices);
     let mut rows = Vec::new();
-    for &path in &args.paths {
+    for path in args.paths() {
         match path {
             Path::SyncGet => rows.extend(paths::sync_get(&setup, rounds, ops, slices)?),
             Path::SyncGetMany => rows.extend(paths::sync_get_many(&setup, rounds, ops, slices)?),
@@ -85,35 +150,62 @@ fn main() -> Result<(), BoxError> {
             }
         }
     }
+    Ok((memcached, rows, sizes))
+}
 
-    let table = report::table(&rows, rounds);
-    let loadavg_end = report::loadavg();
-    println!("{table}");
-    println!("load average: {loadavg_start} at the start, {loadavg_end} at the end");
-    if let Some(file) = &args.json {
-        let run = report::Run {
-            command: std::env::args().collect::<Vec<_>>().join(" "),
-            started_unix_s,
-            rounds,
-            ops,
-            slices,
-            memcached,
-            machine: report::Machine {
-                cpus: std::thread::available_parallelism().map_or(0, usize::from),
-                cpu_model: report::cpu_model(),
-                loadavg_start,
-                loadavg_end,
-            },
-            items: report::ItemSizes {
-                key_bytes: setup.single_items.derived[0].len(),
-                value_encoded_bytes: values,
-                stored_bytes: stored,
-            },
+/// The paths on each Redis / Valkey server, one after another (those started here are stopped
+/// once measured): each server's rows, the items' sizes (the first server's).
+fn on_redis(
+    args: &Args,
+    load: &str,
+) -> Result<(Vec<report::RedisRows>, report::ItemSizes), BoxError> {
+    let mut servers: Vec<(Option<String>, String)> = args
+        .redis_server_bin
+        .iter()
+        .map(|bin| (Some(bin.clone()), String::new()))
+        .collect();
+    servers.extend(args.redis.iter().map(|url| (None, url.clone())));
+    let (rounds, ops, slices) = (args.rounds, args.ops, args.slices);
+    let (mut out, mut sizes) = (Vec::new(), None);
+    for (bin, url) in servers {
+        let started = bin.as_deref().map(redis::Server::start).transpose()?;
+        let url = started.as_ref().map_or(url, redis::Server::url);
+        let setup = redis_paths::Setup::new(&url)?;
+        eprintln!("{} on {url}; load {load}", setup.version);
+        let these = item_sizes(&setup.items);
+        sizes.get_or_insert(these);
+        let mut rows = Vec::new();
+        for path in args.paths() {
+            match path {
+                Path::SyncGet => rows.extend(redis_paths::sync_get(&setup, rounds, ops, slices)?),
+                Path::SyncGetMany => unreachable!("refused by Args::check"),
+                Path::AsyncGetMulti | Path::AsyncGetCurrent | Path::AsyncGet64 => {
+                    let multi = path != Path::AsyncGetCurrent;
+                    let rt = paths::runtime(multi)?;
+                    let cache = setup.async_cache(&rt)?;
+                    rows.extend(match path {
+                        Path::AsyncGet64 => redis_paths::async_get_64(
+                            &setup,
+                            &rt,
+                            &cache,
+                            rounds,
+                            ops * 10,
+                            slices,
+                        )?,
+                        _ => {
+                            redis_paths::async_get(&setup, &rt, &cache, multi, rounds, ops, slices)?
+                        }
+                    });
+                }
+            }
+        }
+        out.push(report::RedisRows {
+            server: setup.version.clone(),
+            url,
             rows,
-        };
-        std::fs::write(file, serde_json::to_string_pretty(&run)? + "\n")?;
+        });
     }
-    Ok(())
+    Ok((out, sizes.ok_or("no server")?))
 }
 
 /// The server's `version` reply.

@@ -24,7 +24,7 @@ pub struct Run {
 }
 
 impl Run {
-    fn timed(start: Instant, ops: usize) -> Run {
+    pub fn timed(start: Instant, ops: usize) -> Run {
         Run {
             us_per_op: start.elapsed().as_secs_f64() * 1e6 / ops as f64,
             p99_us: f64::NAN,
@@ -84,7 +84,7 @@ pub fn interleave(
     Ok(runs)
 }
 
-fn us(runs: &[Run]) -> Vec<f64> {
+pub fn us(runs: &[Run]) -> Vec<f64> {
     runs.iter().map(|r| r.us_per_op).collect()
 }
 
@@ -357,14 +357,14 @@ impl Rng {
 }
 
 /// One task's client in the concurrent path: a checked get of hot key `i`.
-trait Getter: Send + 'static {
+pub trait Getter: Send + 'static {
     fn get(&mut self, i: usize) -> impl Future<Output = Result<(), BoxError>> + Send;
 }
 
 /// A clone of the shared `AsyncCache`.
-struct CacheGetter {
-    cache: newcache::AsyncCache,
-    items: Arc<Items>,
+pub struct CacheGetter {
+    pub cache: newcache::AsyncCache,
+    pub items: Arc<Items>,
 }
 
 impl Getter for CacheGetter {
@@ -393,7 +393,10 @@ impl Getter for McGetter {
 
 /// Runs one task per getter, each doing `per_task` gets of random hot keys (recording each
 /// latency), and returns the getters, the wall time per get and the merged p99.
-async fn run_tasks<G: Getter>(getters: Vec<G>, per_task: usize) -> Result<(Vec<G>, Run), BoxError> {
+pub async fn run_tasks<G: Getter>(
+    getters: Vec<G>,
+    per_task: usize,
+) -> Result<(Vec<G>, Run), BoxError> {
     let hists: Vec<Histogram<u64>> = (0..getters.len())
         .map(|_| Histogram::new_with_bounds(1, MAX_NS, 3))
         .collect::<Result<_, _>>()?;

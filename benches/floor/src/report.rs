@@ -14,9 +14,25 @@ pub struct Run {
     pub rounds: usize,
     pub ops: usize,
     pub slices: usize,
-    pub memcached: String,
+    /// The memcached version (the memcached paths).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memcached: Option<String>,
     pub machine: Machine,
     pub items: ItemSizes,
+    /// The memcached paths' rows.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub rows: Vec<Row>,
+    /// With `--redis-server-bin` / `--redis`: each server's rows.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub redis: Vec<RedisRows>,
+}
+
+/// One Redis / Valkey server's rows.
+#[derive(Debug, Serialize)]
+pub struct RedisRows {
+    /// `redis 7.0.15`, `valkey 9.1.2`.
+    pub server: String,
+    pub url: String,
     pub rows: Vec<Row>,
 }
 
