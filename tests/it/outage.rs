@@ -384,6 +384,88 @@ fn redis_a_restarted_server_never_serves_a_key_deleted_while_it_was_down_async()
     redis_restart_with_data(true);
 }
 
+/// A Redis server restarted with a dataset it takes a while to load answers `-LOADING` to
+/// every command meanwhile, the replay's `UNLINK`s included. That refusal is not the server
+/// passing over a key for good (as twemproxy's for a backend it ejected): the key deleted while
+/// the server was down must still be deleted there once it has loaded, not served as fresh.
+/// (`key-load-delay`, a Redis test setting, stretches the load of a few thousand keys to
+/// seconds.)
+#[cfg(feature = "redis")]
+fn redis_restart_while_loading(asynch: bool) {
+    let dir = std::env::temp_dir().join(format!(
+        "newcache-outage-loading-{}-{asynch}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut redis = crate::fixture::RedisServer::start_with(
+        "redis-server",
+        &[
+            "--dir",
+            dir.to_str().unwrap(),
+            "--key-load-delay",
+            "100",
+            "--loading-process-events-interval-bytes",
+            "1024",
+        ],
+    );
+    let url = redis.url();
+    let front = Front::build(
+        outage_settings(Cache::builder().redis(&url), "outage-loading"),
+        asynch,
+    );
+    front.set("k", "v1").unwrap();
+    {
+        let mut c = redis::Client::open(url.as_str())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        let mut fill = redis::pipe();
+        for i in 0..20_000 {
+            fill.cmd("SET").arg(format!("fill{i}")).arg("x").ignore();
+        }
+        let () = fill.query(&mut c).unwrap();
+        let () = redis::cmd("SAVE").query(&mut c).unwrap();
+    }
+    redis.kill();
+    let e = front.delete("k").unwrap_err();
+    assert!(e.to_string().contains("queued for replay"), "{e}");
+    redis.restart();
+    let t = Instant::now();
+    let mut loading = 0;
+    let v = loop {
+        match front.get("k") {
+            Ok(v) => break v,
+            Err(e) => {
+                if format!("{e:?}").to_lowercase().contains("loading") {
+                    loading += 1;
+                }
+            }
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "never back");
+        thread::sleep(MS(20));
+    };
+    assert!(
+        loading > 0,
+        "the server was read while it loaded (else this proves nothing)"
+    );
+    assert_eq!(v, None, "k was deleted while the server was down");
+    assert!(!Server::Redis(redis).holds(&front.make_key("k")));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[cfg(feature = "redis")]
+#[test]
+fn redis_a_replay_refused_while_the_server_loads_its_data_is_kept() {
+    redis_restart_while_loading(false);
+}
+
+#[cfg(feature = "redis")]
+#[test]
+fn redis_a_replay_refused_while_the_server_loads_its_data_is_kept_async() {
+    redis_restart_while_loading(true);
+}
+
 /// Killed and restarted (empty) under `Remap`: a key written while A was dead went to B. When A
 /// is back the key maps to A again, and B's copy is deleted; so when A dies again, B does not
 /// serve that older copy in place of what was written to A meanwhile.
