@@ -982,3 +982,60 @@ fn replay_behind_twemproxy(asynch: bool) {
         s.replays_failed
     );
 }
+
+/// A call's future polled once, as the record is replayed, and then held without being polled
+/// (a future pinned outside a `select!` loop whose other arm awaits the cache): the replay it
+/// began must not hold up every other call, async or sync, until it is polled again. On
+/// memcached the replay belongs to the connection's task, not to the caller.
+fn a_parked_call_holds_up_no_other(server: Server) {
+    let switch = Switch::new(server.addr());
+    let b = server
+        .builder_at(&switch.addr, "outage-parked")
+        .failure_limit(1_000_000);
+    let cache = b.build_async().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(cache.set("k", "v1", Ttl::Never)).unwrap();
+    switch.cut();
+    let e = rt.block_on(cache.delete("k")).unwrap_err();
+    assert!(e.to_string().contains("queued for replay"), "{e}");
+    switch.restore();
+    let mut parked = Box::pin(cache.get::<String>("other"));
+    rt.block_on(std::future::poll_fn(|cx| {
+        let _ = std::future::Future::poll(parked.as_mut(), cx);
+        std::task::Poll::Ready(())
+    }));
+    let sync = cache.to_sync();
+    let t = Instant::now();
+    let mut errors = Vec::new();
+    loop {
+        match (
+            rt.block_on(cache.get::<String>("k")),
+            sync.get::<String>("k"),
+        ) {
+            (Ok(a), Ok(s)) => {
+                assert_eq!((a, s), (None, None), "k was deleted while out of reach");
+                break;
+            }
+            (a, s) => errors.push(format!("{:?} / {:?}", a.err(), s.err())),
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "every call failed while another call's future sat unpolled: {errors:?}"
+        );
+    }
+    drop(parked);
+}
+
+#[test]
+fn a_parked_call_holds_up_no_other_call() {
+    a_parked_call_holds_up_no_other(Server::memcached());
+}
+
+#[cfg(feature = "redis")]
+#[test]
+fn redis_a_parked_call_holds_up_no_other_call() {
+    a_parked_call_holds_up_no_other(Server::redis());
+}
