@@ -1039,3 +1039,51 @@ fn a_parked_call_holds_up_no_other_call() {
 fn redis_a_parked_call_holds_up_no_other_call() {
     a_parked_call_holds_up_no_other(Server::redis());
 }
+
+/// A write the server refuses with an error reply (here `-READONLY`: the URL names a replica)
+/// did not miss the server: it answered, and the key holds what it held. Such a refusal is not
+/// queued for replay, and no replay is counted (none deletes anything: the replica refuses the
+/// `UNLINK` too).
+#[cfg(feature = "redis")]
+fn redis_refused_write(asynch: bool) {
+    let nobody = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let master = nobody.local_addr().unwrap().port().to_string();
+    drop(nobody);
+    let replica = crate::fixture::RedisServer::start_with(
+        "redis-server",
+        &["--replicaof", "127.0.0.1", &master],
+    );
+    let front = Front::build(
+        outage_settings(Cache::builder().redis(replica.url()), "outage-refused"),
+        asynch,
+    );
+    for k in ["a", "b", "c"] {
+        let e = front.set(k, "v").unwrap_err();
+        assert!(
+            format!("{e:?}").to_lowercase().contains("read only"),
+            "{e:?}"
+        );
+        assert!(!e.to_string().contains("queued for replay"), "{e}");
+        let e = front.delete(k).unwrap_err();
+        assert!(!e.to_string().contains("queued for replay"), "{e}");
+        assert_eq!(front.get(k).unwrap(), None);
+    }
+    let s = front.stats();
+    assert_eq!(
+        (s.replayed_deletes, s.replays_failed),
+        (0, 0),
+        "nothing was deleted: {s:?}"
+    );
+}
+
+#[cfg(feature = "redis")]
+#[test]
+fn redis_a_write_the_server_refuses_is_not_queued_for_replay() {
+    redis_refused_write(false);
+}
+
+#[cfg(feature = "redis")]
+#[test]
+fn redis_a_write_the_server_refuses_is_not_queued_for_replay_async() {
+    redis_refused_write(true);
+}
