@@ -1087,3 +1087,154 @@ fn redis_a_write_the_server_refuses_is_not_queued_for_replay() {
 fn redis_a_write_the_server_refuses_is_not_queued_for_replay_async() {
     redis_refused_write(true);
 }
+
+/// A forwarder whose partition delays what this process sent instead of losing it, as TCP does:
+/// while cut, the bytes its connections send are held (none forwarded, none answered); when
+/// the partition heals, new connections go through at once, and the held bytes reach the
+/// server only when [`deliver_late`](Hold::deliver_late) is called (a retransmission after the
+/// backoff of a connection this process has already closed).
+struct Hold {
+    addr: String,
+    cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    late: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Hold {
+    fn new(upstream: String) -> Hold {
+        use std::io::Read as _;
+        use std::sync::atomic::Ordering;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let cut = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let late = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (cut2, late2) = (cut.clone(), late.clone());
+        thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(mut client) = client else { continue };
+                let server = std::net::TcpStream::connect(&upstream).unwrap();
+                let _ = client.set_nodelay(true);
+                let _ = server.set_nodelay(true);
+                let (mut back_from, mut back_to) =
+                    (server.try_clone().unwrap(), client.try_clone().unwrap());
+                thread::spawn(move || {
+                    let _ = std::io::copy(&mut back_from, &mut back_to);
+                });
+                let (cut, late) = (cut2.clone(), late2.clone());
+                let mut server = server;
+                thread::spawn(move || {
+                    let mut held: Option<Vec<u8>> = None;
+                    let mut buf = [0u8; 16 * 1024];
+                    client
+                        .set_read_timeout(Some(Duration::from_millis(10)))
+                        .unwrap();
+                    let mut closed = false;
+                    loop {
+                        if held.is_some() && late.load(Ordering::SeqCst) {
+                            let _ = server.write_all(&held.take().unwrap());
+                        }
+                        if closed {
+                            if held.is_none() {
+                                let _ = server.shutdown(std::net::Shutdown::Write);
+                                return;
+                            }
+                            thread::sleep(MS(10));
+                            continue;
+                        }
+                        let n = match client.read(&mut buf) {
+                            Ok(0) => {
+                                closed = true;
+                                continue;
+                            }
+                            Ok(n) => n,
+                            Err(e)
+                                if matches!(
+                                    e.kind(),
+                                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                                ) =>
+                            {
+                                continue;
+                            }
+                            Err(_) => {
+                                closed = true;
+                                continue;
+                            }
+                        };
+                        if held.is_none() && cut.load(Ordering::SeqCst) {
+                            held = Some(Vec::new());
+                        }
+                        match &mut held {
+                            Some(h) => h.extend_from_slice(&buf[..n]),
+                            None => {
+                                if server.write_all(&buf[..n]).is_err() {
+                                    return;
+                                }
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        Hold { addr, cut, late }
+    }
+
+    /// The partition: from now on, what this process sends is held.
+    fn cut(&self) {
+        self.cut.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// It heals: connections opened from now on go through.
+    fn heal(&self) {
+        self.cut.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// The bytes held during the partition reach the server.
+    fn deliver_late(&self) {
+        self.late.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// A set whose reply never came (a partition) and a delete of the same key while the server
+/// is marked dead: the delete is replayed when the partition heals. The set's bytes, delayed
+/// in the network, reach the server after that replay, on the connection this process closed
+/// when the set timed out: the server then holds the value this process deleted after writing
+/// it, and serves it to this process as fresh.
+fn delayed_write(server: Server, asynch: bool) {
+    let hold = Hold::new(server.addr());
+    let front = Front::build(server.builder_at(&hold.addr, "outage-delayed"), asynch);
+    front.set("k", "v1").unwrap();
+    hold.cut();
+    let e = front.set("k", "v2").unwrap_err();
+    assert!(e.is_outcome_unknown(), "{e}");
+    let e = front.delete("k").unwrap_err();
+    assert!(e.to_string().contains("marked dead"), "{e}");
+    assert!(e.to_string().contains("queued for replay"), "{e}");
+    hold.heal();
+    after_revival(&front, "k", None, 1);
+    hold.deliver_late();
+    let t = Instant::now();
+    while t.elapsed() < MS(500) {
+        assert_eq!(
+            front.get("k").unwrap(),
+            None,
+            "k was deleted after its set, read after the set's bytes reached the server"
+        );
+        thread::sleep(MS(20));
+    }
+}
+
+#[test]
+fn a_write_delayed_past_the_replay_never_brings_back_a_deleted_key() {
+    delayed_write(Server::memcached(), false);
+}
+
+#[cfg(feature = "redis")]
+#[test]
+fn redis_a_write_delayed_past_the_replay_never_brings_back_a_deleted_key() {
+    delayed_write(Server::redis(), false);
+}
+
+#[cfg(feature = "redis")]
+#[test]
+fn redis_a_write_delayed_past_the_replay_never_brings_back_a_deleted_key_async() {
+    delayed_write(Server::redis(), true);
+}
