@@ -370,9 +370,12 @@ impl RedisBackend {
                     let keys: Vec<&str> = replay.keys().collect();
                     let req = s.requests.replay(&keys);
                     drop(keys);
-                    let r = self
-                        .send(&req)
-                        .and_then(|vs| (req.read)(vs).map_err(Failure::Fault));
+                    let r = self.send(&req).and_then(|vs| match (req.read)(vs) {
+                        Ok(Ok(refused)) => Ok(refused),
+                        // Not serving yet: nothing against it, and the keys are kept.
+                        Ok(Err(e)) => Err(Failure::Local(e)),
+                        Err(e) => Err(Failure::Fault(e)),
+                    });
                     return match r {
                         Ok(refused) => {
                             s.replayed(replay, refused);
