@@ -128,9 +128,14 @@ impl Shared {
     }
 
     /// What a write to `key` that failed with `r`'s error leaves: if it may have missed the
-    /// server, the key is recorded for the replay (and its error says so).
+    /// server, the key is recorded for the replay (and its error says so). An error reply
+    /// did not miss it (the key holds what it held: `READONLY`, `OOM`, ...), unless the
+    /// server is not serving yet (`request::not_serving_yet`: loading its data).
     fn after_write<T>(&self, key: &str, r: Result<T>) -> Result<T> {
-        outage::after_write(self.missed(), None, key, r, self.config.replay_capacity)
+        match &r {
+            Err(e) if request::refusal_code(e).is_some_and(|c| !request::not_serving_yet(c)) => r,
+            _ => outage::after_write(self.missed(), None, key, r, self.config.replay_capacity),
+        }
     }
 
     /// [`after_write`](Shared::after_write) for each write of a batch (`keys` in order).

@@ -116,6 +116,13 @@ pub(super) fn not_serving_yet(code: &str) -> bool {
     matches!(code, "LOADING" | "BUSY" | "MASTERDOWN")
 }
 
+/// The code of the error reply `e` reports (`READONLY`, `LOADING`, ...), if it reports one.
+pub(super) fn refusal_code(e: &Error) -> Option<&str> {
+    std::error::Error::source(e)
+        .and_then(|s| s.downcast_ref::<redis::RedisError>())
+        .and_then(redis::RedisError::code)
+}
+
 /// An item from stored bytes: newcache's (header stripped, its stamp the token) or a foreign
 /// value (whole, flags 0, its digest the token).
 fn item_of(v: Value) -> Result<Option<Item>> {
