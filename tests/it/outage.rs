@@ -1238,3 +1238,110 @@ fn redis_a_write_delayed_past_the_replay_never_brings_back_a_deleted_key() {
 fn redis_a_write_delayed_past_the_replay_never_brings_back_a_deleted_key_async() {
     delayed_write(Server::redis(), true);
 }
+
+/// A forwarder that answers new connections late: what a connection sends in its first
+/// `delay` (set with [`set_delay`](Slow::set_delay)) reaches the server only then (a server
+/// slow to accept, a long path); after that it is forwarded at once.
+struct Slow {
+    addr: String,
+    delay_ms: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Slow {
+    fn new(upstream: String) -> Slow {
+        use std::sync::atomic::Ordering;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let delay_ms = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let delay2 = delay_ms.clone();
+        thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { continue };
+                let delay = MS(delay2.load(Ordering::SeqCst));
+                let upstream = upstream.clone();
+                thread::spawn(move || {
+                    thread::sleep(delay);
+                    let Ok(server) = std::net::TcpStream::connect(&upstream) else {
+                        return;
+                    };
+                    let _ = client.set_nodelay(true);
+                    let _ = server.set_nodelay(true);
+                    for (mut from, mut to) in [
+                        (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                        (server, client),
+                    ] {
+                        thread::spawn(move || {
+                            let _ = std::io::copy(&mut from, &mut to);
+                            let _ = to.shutdown(std::net::Shutdown::Both);
+                        });
+                    }
+                });
+            }
+        });
+        Slow { addr, delay_ms }
+    }
+
+    fn set_delay(&self, d: Duration) {
+        self.delay_ms
+            .store(d.as_millis() as u64, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Concurrent callers after a partition heals, the replaying caller's connect slow (600 ms,
+/// well within `connect_timeout`, three times `io_timeout`): the others wait for that replay as
+/// long as it may take, and read after it, instead of failing with "another caller's replay
+/// ... is still running".
+#[cfg(feature = "redis")]
+fn redis_callers_wait_out_a_slow_replay(asynch: bool) {
+    let server = Server::redis();
+    let switch = Switch::new(server.addr());
+    let slow = Slow::new(switch.addr.clone());
+    let b = server
+        .builder_at(&slow.addr, "outage-slow-replay")
+        .failure_limit(1_000_000)
+        .connect_timeout(Duration::from_secs(3));
+    let front = Front::build(b, asynch);
+    front.set("k", "v1").unwrap();
+    switch.cut();
+    let e = front.delete("k").unwrap_err();
+    assert!(e.to_string().contains("queued for replay"), "{e}");
+    slow.set_delay(MS(600));
+    switch.restore();
+    let seen: Vec<Result<Option<String>, String>> = match &front {
+        Front::Sync(c) => thread::scope(|s| {
+            let readers: Vec<_> = (0..4).map(|_| s.spawn(|| c.get::<String>("k"))).collect();
+            readers
+                .into_iter()
+                .map(|r| r.join().unwrap().map_err(|e| e.to_string()))
+                .collect()
+        }),
+        Front::Async(c, rt) => rt.block_on(async {
+            let (a, b, d, e) = tokio::join!(
+                c.get::<String>("k"),
+                c.get::<String>("k"),
+                c.get::<String>("k"),
+                c.get::<String>("k")
+            );
+            [a, b, d, e]
+                .into_iter()
+                .map(|r| r.map_err(|e| e.to_string()))
+                .collect()
+        }),
+    };
+    assert!(
+        seen.iter().all(|r| matches!(r, Ok(None))),
+        "every caller reads k deleted, after the one replay: {seen:?}"
+    );
+}
+
+#[cfg(feature = "redis")]
+#[test]
+fn redis_concurrent_callers_wait_out_a_replay_that_connects_slowly() {
+    redis_callers_wait_out_a_slow_replay(false);
+}
+
+#[cfg(feature = "redis")]
+#[test]
+fn redis_concurrent_callers_wait_out_a_replay_that_connects_slowly_async() {
+    redis_callers_wait_out_a_slow_replay(true);
+}
