@@ -169,9 +169,15 @@ impl Shared {
         items
     }
 
-    /// How long a caller waits for another's replay before it gives up.
+    /// How long a caller waits for another's replay before it gives up: as long as that
+    /// replay may take, its connect included (a wait for the pool or for another caller's
+    /// connect, the connect, the connection's set-up: a `connect_timeout` each) and its
+    /// `UNLINK`s (an `io_timeout`; the sync pool's one retry on a stale connection, another).
     fn replay_wait(&self) -> std::time::Duration {
-        self.config.io_timeout.saturating_mul(2)
+        let c = &self.config;
+        c.connect_timeout
+            .saturating_mul(3)
+            .saturating_add(c.io_timeout.saturating_mul(2))
     }
 
     /// The error of a caller that waited for another's replay in vain.
