@@ -665,11 +665,10 @@ impl newcache::Clock for Behind {
 /// The overflow test with the cache on its own clock (an hour behind the system's): a full
 /// record's stale-before time is on the clock the values' write times are on, so the old values
 /// are judged stale, not served as fresh.
-fn overflow_on_a_clock(asynch: bool) {
-    let server = Memcached::start();
-    let addrs = vec![server.addr()];
+fn overflow_on_a_clock(server: Server, asynch: bool) {
     let front = Front::build(
-        builder(&addrs, "outage-overflow-clock")
+        server
+            .builder("outage-overflow-clock")
             .replay_capacity(2)
             .clock(std::sync::Arc::new(Behind)),
         asynch,
@@ -692,12 +691,24 @@ fn overflow_on_a_clock(asynch: bool) {
 
 #[test]
 fn an_overflowing_record_is_on_the_cache_clock() {
-    overflow_on_a_clock(false);
+    overflow_on_a_clock(Server::memcached(), false);
 }
 
 #[test]
 fn an_overflowing_record_is_on_the_cache_clock_async() {
-    overflow_on_a_clock(true);
+    overflow_on_a_clock(Server::memcached(), true);
+}
+
+#[cfg(feature = "redis")]
+#[test]
+fn redis_an_overflowing_record_is_on_the_cache_clock() {
+    overflow_on_a_clock(Server::redis(), false);
+}
+
+#[cfg(feature = "redis")]
+#[test]
+fn redis_an_overflowing_record_is_on_the_cache_clock_async() {
+    overflow_on_a_clock(Server::redis(), true);
 }
 
 /// The engine hands a replay to a connection's task: a task dropped before it ran (its runtime
