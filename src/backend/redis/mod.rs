@@ -156,7 +156,9 @@ impl Shared {
     }
 
     /// What a write to `key` that failed with `r`'s error leaves: if it may have missed the
-    /// server, the key is recorded for the replay (and its error says so).
+    /// server, the key is recorded for the replay (and its error says so). An error reply
+    /// did not miss it (the key holds what it held: `READONLY`, `OOM`, ...), unless the
+    /// server is not serving yet (`request::not_serving_yet`: loading its data).
     fn after_write<T>(&self, key: &str, r: Result<T>) -> Result<T> {
         match r {
             // The server answered (an error reply, a denial): it missed nothing.
@@ -196,9 +198,15 @@ impl Shared {
         items
     }
 
-    /// How long a caller waits for another's replay before it gives up.
+    /// How long a caller waits for another's replay before it gives up: as long as that
+    /// replay may take, its connect included (a wait for the pool or for another caller's
+    /// connect, the connect, the connection's set-up: a `connect_timeout` each) and its
+    /// `UNLINK`s (an `io_timeout`; the sync pool's one retry on a stale connection, another).
     fn replay_wait(&self) -> std::time::Duration {
-        self.config.io_timeout.saturating_mul(2)
+        let c = &self.config;
+        c.connect_timeout
+            .saturating_mul(3)
+            .saturating_add(c.io_timeout.saturating_mul(2))
     }
 
     /// The error of a caller that waited for another's replay in vain.
@@ -348,23 +356,11 @@ pub(super) fn denial(code: &str, detail: Option<&str>) -> Option<Error> {
     Some(Error::new(ErrorKind::Denied, message))
 }
 
-/// Whether `e` is the server's own error reply (a refusal, a denial): the command reached it
-/// and was answered, so nothing is to be replayed for it.
+/// Whether `e` is the server's own answer (an error reply, a denial) by a server that serves:
+/// the command reached it and was refused, so nothing is to be replayed for it. A server not
+/// serving yet (`LOADING`, ...) missed the command as one out of reach would.
 fn answered(e: &Error) -> bool {
-    if e.is_denied() {
-        return true;
-    }
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        if s.downcast_ref::<redis::ServerError>().is_some()
-            || s.downcast_ref::<redis::RedisError>()
-                .is_some_and(|r| r.code().is_some())
-        {
-            return true;
-        }
-        source = s.source();
-    }
-    false
+    e.is_denied() || request::refusal_code(e).is_some_and(|c| !request::not_serving_yet(c))
 }
 
 /// A [`Backend`] on one Redis or Valkey server (feature `redis`).
@@ -467,9 +463,12 @@ impl RedisBackend {
                     let keys: Vec<&str> = replay.keys().collect();
                     let req = s.requests.replay(&keys);
                     drop(keys);
-                    let r = self
-                        .send(&req)
-                        .and_then(|vs| (req.read)(vs).map_err(Failure::Fault));
+                    let r = self.send(&req).and_then(|vs| match (req.read)(vs) {
+                        Ok(Ok(refused)) => Ok(refused),
+                        // Not serving yet: nothing against it, and the keys are kept.
+                        Ok(Err(e)) => Err(Failure::Local(e)),
+                        Err(e) => Err(Failure::Fault(e)),
+                    });
                     return match r {
                         Ok(refused) => {
                             s.replayed(replay, refused);

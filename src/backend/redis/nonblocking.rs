@@ -288,7 +288,12 @@ impl AsyncRedis {
                         s.requests.replay(&keys)
                     };
                     let r = match self.send(&req).await {
-                        Ok(vs) => (req.read)(vs).map_err(|e| (None, Failure::Fault(e))),
+                        Ok(vs) => match (req.read)(vs) {
+                            Ok(Ok(refused)) => Ok(refused),
+                            // Not serving yet: nothing against it, and the keys are kept.
+                            Ok(Err(e)) => Err((None, Failure::Local(e))),
+                            Err(e) => Err((None, Failure::Fault(e))),
+                        },
                         Err(x) => Err(x),
                     };
                     return match r {

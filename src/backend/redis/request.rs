@@ -111,6 +111,22 @@ fn refused(e: redis::ServerError) -> Error {
     )
 }
 
+/// Whether an error reply's `code` says the server is not serving yet: it is loading its data
+/// (`LOADING`, after a restart), running a script past its time limit (`BUSY`), or a replica
+/// that lost its master (`MASTERDOWN`). It refuses every command meanwhile, reads included,
+/// and serves again later with the data it holds: a write or delete it refused this way
+/// missed it, as one sent while it was out of reach did.
+pub(super) fn not_serving_yet(code: &str) -> bool {
+    matches!(code, "LOADING" | "BUSY" | "MASTERDOWN")
+}
+
+/// The code of the error reply `e` reports (`READONLY`, `LOADING`, ...), if it reports one.
+pub(super) fn refusal_code(e: &Error) -> Option<&str> {
+    std::error::Error::source(e)
+        .and_then(|s| s.downcast_ref::<redis::RedisError>())
+        .and_then(redis::RedisError::code)
+}
+
 /// An item from stored bytes: newcache's (header stripped, its stamp the token) or a foreign
 /// value (whole, flags 0, its digest the token).
 fn item_of(v: Value) -> Result<Option<Item>> {
@@ -583,8 +599,10 @@ impl Builder {
     /// to [`CLEAR_STEP`] keys each, pipelined. Not a write in the sense of `write`: deleting a
     /// key again is harmless, so a replay whose reply never came is simply made again. Answers
     /// how many commands the server refused with an error reply (their keys are passed over,
-    /// as memcached's replay passes over a delete its proxy refuses).
-    pub(super) fn replay(&self, keys: &[&str]) -> Request<usize> {
+    /// as memcached's replay passes over a delete its proxy refuses), or, inside, the refusal
+    /// of a server not serving yet ([`not_serving_yet`]: loading its data, say), whose keys
+    /// are kept for the next replay.
+    pub(super) fn replay(&self, keys: &[&str]) -> Request<Result<usize>> {
         let commands = keys
             .chunks(CLEAR_STEP as usize)
             .map(|chunk| {
@@ -603,6 +621,9 @@ impl Builder {
                 for v in vs {
                     match v {
                         Value::Int(_) => {}
+                        Value::ServerError(e) if not_serving_yet(e.code()) => {
+                            return Ok(Err(self::refused(e)));
+                        }
                         Value::ServerError(_) => refused += 1,
                         other => {
                             return Err(Error::backend(format!(
@@ -611,7 +632,7 @@ impl Builder {
                         }
                     }
                 }
-                Ok(refused)
+                Ok(Ok(refused))
             },
         }
     }
@@ -697,7 +718,13 @@ mod tests {
         let refusal = redis::parse_redis_value(b"-NOPERM no permission\r\n").unwrap();
         assert!(matches!(refusal, Value::ServerError(_)), "{refusal:?}");
         let refused = (req.read)(vec![Value::Int(1000), refusal, Value::Int(3)]).unwrap();
-        assert_eq!(refused, 1);
+        assert_eq!(refused.unwrap(), 1);
         assert!((req.read)(vec![Value::Okay]).is_err(), "not a count");
+        let loading =
+            redis::parse_redis_value(b"-LOADING Redis is loading the dataset in memory\r\n")
+                .unwrap();
+        let kept = (req.read)(vec![Value::Int(1000), loading, Value::Int(3)]).unwrap();
+        let e = kept.unwrap_err();
+        assert!(format!("{e:?}").contains("loading the dataset"), "{e:?}");
     }
 }
