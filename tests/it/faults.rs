@@ -492,53 +492,37 @@ fn a_dead_server_logs_once_and_once_more_when_back() {
         fn exit(&self, _: &span::Id) {}
     }
 
-    let warnings = Arc::new(Warnings::default());
-    let mut server = Memcached::start();
-    let cache = Cache::builder()
-        .memcached([server.addr()])
-        .flavor(unique_flavor("log"))
-        .retry_interval(MS(200))
-        .connect_timeout(MS(100))
-        .build()
-        .unwrap();
-    let warned = || warnings.0.lock().unwrap().len();
-    logs_once_each_way(
-        &cache,
-        Counter(warnings.clone()),
-        warned,
-        &mut |up| match up {
-            false => server.kill(),
-            true => server.restart(),
-        },
-    );
-    assert_eq!(warned(), 2, "and one when it is back");
-
-    #[cfg(feature = "redis")]
-    {
+    // One warning when it goes bad, one when it is back: on memcached, and on Redis (with an
+    // eviction policy fit for a cache, so that the check on first contact says nothing).
+    let on = |b: newcache::CacheBuilder, switch: &mut dyn FnMut(bool)| {
         let warnings = Arc::new(Warnings::default());
-        // An eviction policy fit for a cache: the check on first contact says nothing.
-        let mut server = crate::fixture::RedisServer::start_with(
-            "redis-server",
-            &["--maxmemory-policy", "allkeys-lru"],
-        );
-        let cache = Cache::builder()
-            .redis(server.url())
+        let cache = b
             .flavor(unique_flavor("log"))
             .retry_interval(MS(200))
             .connect_timeout(MS(100))
             .build()
             .unwrap();
         let warned = || warnings.0.lock().unwrap().len();
-        logs_once_each_way(
-            &cache,
-            Counter(warnings.clone()),
-            warned,
-            &mut |up| match up {
-                false => server.kill(),
-                true => server.restart(),
-            },
+        logs_once_each_way(&cache, Counter(warnings.clone()), warned, switch);
+        assert_eq!(warned(), 2, "and one when it is back");
+    };
+    let mut server = Memcached::start();
+    let b = Cache::builder().memcached([server.addr()]);
+    on(b, &mut |up| match up {
+        false => server.kill(),
+        true => server.restart(),
+    });
+    #[cfg(feature = "redis")]
+    {
+        let mut server = crate::fixture::RedisServer::start_with(
+            "redis-server",
+            &["--maxmemory-policy", "allkeys-lru"],
         );
-        assert_eq!(warned(), 2, "redis: and one when it is back");
+        let b = Cache::builder().redis(server.url());
+        on(b, &mut |up| match up {
+            false => server.kill(),
+            true => server.restart(),
+        });
     }
 }
 

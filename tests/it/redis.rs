@@ -325,7 +325,8 @@ fn async_cache_on(server: &RedisServer) -> newcache::AsyncCache {
         .unwrap()
 }
 
-fn runtime() -> tokio::runtime::Runtime {
+/// A 2-worker multi-thread runtime (the redis-tls suite's too).
+pub(crate) fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -115,13 +115,7 @@ fn builder(url: &str, tls: Option<RedisTls>) -> CacheBuilder {
     }
 }
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
+use crate::redis::runtime;
 
 /// set, get and a loader's round trip on the sync cache.
 fn round_trip(cache: &Cache) {
