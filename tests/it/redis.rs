@@ -733,8 +733,21 @@ fn a_denied_fenced_store_leaves_no_placeholder_to_wait_behind() {
             .unwrap();
         assert_eq!(v, 7);
         quick(started);
+        // A batch's placeholders go too.
+        let got = cache
+            .get_many_or_set_with(&["b1", "b2"], S(60), |keys| {
+                Ok::<_, std::io::Error>(keys.iter().map(|k| (k.clone(), 1u32)).collect())
+            })
+            .unwrap();
+        assert_eq!(got.len(), 2);
+        let started = Instant::now();
+        let v = cache
+            .get_or_set_with("b1", S(60), || Ok::<_, std::io::Error>(2u32))
+            .unwrap();
+        assert_eq!(v, 2);
+        quick(started);
         let st = cache.stats();
-        assert_eq!((st.loader_calls, st.lease_waits), (5, 0), "{st:?}");
+        assert_eq!((st.loader_calls, st.lease_waits), (7, 0), "{st:?}");
         assert_eq!(st.wait_timeouts, 0, "{st:?}");
 
         let cache = builder().build_async().unwrap();
@@ -763,6 +776,20 @@ fn a_denied_fenced_store_leaves_no_placeholder_to_wait_behind() {
                 .await
                 .unwrap();
             assert_eq!(v, 7);
+            quick(started);
+            let got = cache
+                .get_many_or_set_with(&["b1", "b2"], S(60), |keys| async move {
+                    Ok::<_, std::io::Error>(keys.into_iter().map(|k| (k, 1u32)).collect())
+                })
+                .await
+                .unwrap();
+            assert_eq!(got.len(), 2);
+            let started = Instant::now();
+            let v = cache
+                .get_or_set_with("b1", S(60), || async { Ok::<_, std::io::Error>(2u32) })
+                .await
+                .unwrap();
+            assert_eq!(v, 2);
             quick(started);
             assert_eq!(cache.stats().wait_timeouts, 0);
         });
