@@ -188,7 +188,18 @@ impl Server {
                     .unwrap()
                     .get_connection()
                     .unwrap();
-                redis::cmd("EXISTS").arg(derived).query(&mut c).unwrap()
+                // A server just restarted with its data accepts connections before it has
+                // loaded them, and answers LOADING meanwhile.
+                let deadline = Instant::now() + Duration::from_secs(10);
+                loop {
+                    match redis::cmd("EXISTS").arg(derived).query(&mut c) {
+                        Err(e) if e.code() == Some("LOADING") => {
+                            assert!(Instant::now() < deadline, "still loading: {e}");
+                            thread::sleep(MS(20));
+                        }
+                        r => return r.unwrap(),
+                    }
+                }
             }
         }
     }
