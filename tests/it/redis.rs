@@ -928,3 +928,55 @@ fn ping_with_a_denied_user_says_denied_not_down() {
         }
     });
 }
+
+/// Without `EVAL`/`EVALSHA`, herd protection across processes is reduced to turns: a call of
+/// another process (here another cache on the same flavor) that comes while a load runs waits
+/// for it, and once that load's store is denied (its placeholder deleted) loads in turn, at
+/// once, not after `max_wait`.
+#[test]
+fn without_scripting_another_process_waits_for_the_load_then_loads_in_turn() {
+    on_both(|server| {
+        acl_user(server, "no-scripts", &["~*", "&*", "+@all", "-@scripting"]);
+        let flavor = unique_flavor("acl-turns");
+        let build = || {
+            as_user(server, "no-scripts", "secret")
+                .flavor(flavor.clone())
+                .max_wait(S(5))
+                .build()
+                .unwrap()
+        };
+        let (a, b) = (build(), build());
+        let (started_tx, started) = std::sync::mpsc::channel();
+        let (release, release_rx) = std::sync::mpsc::channel::<()>();
+        std::thread::scope(|s| {
+            let a = &a;
+            let first = s.spawn(move || {
+                a.get_or_set_with("k", S(60), || {
+                    started_tx.send(()).unwrap();
+                    release_rx.recv().unwrap();
+                    Ok::<_, std::io::Error>(1u32)
+                })
+                .unwrap()
+            });
+            started.recv().unwrap();
+            let second = s.spawn(|| {
+                b.get_or_set_with("k", S(60), || Ok::<_, std::io::Error>(2u32))
+                    .unwrap()
+            });
+            // The second call waits behind the first's placeholder (herd protection) ...
+            let deadline = Instant::now() + S(4);
+            while b.stats().lease_waits == 0 {
+                assert!(Instant::now() < deadline, "never waited: {:?}", b.stats());
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            let released = Instant::now();
+            release.send(()).unwrap();
+            assert_eq!(first.join().unwrap(), 1);
+            // ... then, the first's store denied and its placeholder gone, loads its own.
+            assert_eq!(second.join().unwrap(), 2);
+            assert!(released.elapsed() < S(2), "{:?}", released.elapsed());
+        });
+        let st = b.stats();
+        assert_eq!((st.loader_calls, st.wait_timeouts), (1, 0), "{st:?}");
+    });
+}
