@@ -163,6 +163,8 @@ impl AsyncLease {
     }
 
     /// Stores the loaded value with `cas` against the claim (nothing if the claim was lost).
+    /// On a denial (`is_denied`) the key is deleted before it returns; on another error,
+    /// dropping the lease gives the claim back.
     pub(crate) async fn complete(mut self, value: &[u8], exptime: u32) -> Result<Completed> {
         if self.lost {
             self.done = true;

@@ -238,7 +238,8 @@ pub(crate) enum Completed {
 
 impl HeldLease {
     /// Stores the loaded `value` with `cas` against the claim.
-    /// On an error the claim is still held, and dropping the guard releases it.
+    /// On an error the claim is still held, and dropping the guard releases it; on a denial
+    /// (`is_denied`) the key is deleted at once.
     pub(crate) fn complete(self, value: &[u8], exptime: u32) -> Result<Completed> {
         let mut l = self.slot.lease.lock();
         l.idle = true;
