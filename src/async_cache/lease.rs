@@ -163,6 +163,8 @@ impl AsyncLease {
     }
 
     /// Stores the loaded value with `cas` against the claim (nothing if the claim was lost).
+    /// On a denial (`is_denied`) the key is deleted before it returns; on another error,
+    /// dropping the lease gives the claim back.
     pub(crate) async fn complete(mut self, value: &[u8], exptime: u32) -> Result<Completed> {
         if self.lost {
             self.done = true;
@@ -175,7 +177,17 @@ impl AsyncLease {
             flags: envelope::FLAGS,
             exptime,
         };
-        let outcome = self.backend.store(w).await?;
+        let outcome = match self.backend.store(w).await {
+            // Refused to this client (its ACL): no store of this claim, nor its fenced release,
+            // can ever happen, so it goes by a plain delete, before the caller returns (safe
+            // for invalidation: at most an extra load), and nobody waits behind it.
+            Err(e) if e.is_denied() => {
+                let _ = self.backend.delete(&self.key).await;
+                self.done = true;
+                return Err(e);
+            }
+            r => r?,
+        };
         self.done = true;
         Ok(completed(outcome))
     }
@@ -248,6 +260,11 @@ async fn release_if_ours(cache: &Cache, backend: &dyn AsyncBackend, key: &str, t
         exptime,
     };
     // A release that lost to a write of ours still on its way (a renewal queued on another
-    // connection, which moved the CAS token) is looked at again after the settle time.
-    matches!(backend.store(w).await, Ok(StoreOutcome::Stored))
+    // connection, which moved the CAS token) is looked at again after the settle time. One
+    // denied (the client may not run the fenced write) is a plain delete instead.
+    match backend.store(w).await {
+        Ok(StoreOutcome::Stored) => true,
+        Err(e) if e.is_denied() => backend.delete(key).await.is_ok(),
+        _ => false,
+    }
 }

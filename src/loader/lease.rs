@@ -238,7 +238,8 @@ pub(crate) enum Completed {
 
 impl HeldLease {
     /// Stores the loaded `value` with `cas` against the claim.
-    /// On an error the claim is still held, and dropping the guard releases it.
+    /// On an error the claim is still held, and dropping the guard releases it; on a denial
+    /// (`is_denied`) the key is deleted at once.
     pub(crate) fn complete(self, value: &[u8], exptime: u32) -> Result<Completed> {
         let mut l = self.slot.lease.lock();
         l.idle = true;
@@ -252,7 +253,19 @@ impl HeldLease {
             value,
             envelope::FLAGS,
             exptime,
-        )?;
+        );
+        let outcome = match outcome {
+            // The fenced write is refused to this client (its ACL): no store of this claim, nor
+            // its fenced release, can ever happen, so it goes by a plain delete (safe for
+            // invalidation: at most an extra load of a value written meanwhile), and nobody
+            // waits behind it.
+            Err(e) if e.is_denied() => {
+                let _ = self.shared.backend.delete(&self.slot.key);
+                l.done = true;
+                return Err(e);
+            }
+            r => r?,
+        };
         l.done = true;
         Ok(completed(outcome))
     }
@@ -327,11 +340,15 @@ impl HeldLease {
             exptime,
         } = l.lease.release(self.shared.now())
         {
-            // Best effort: if it fails, the claim lapses at its deadline.
-            let _ =
+            // Best effort: if it fails, the claim lapses at its deadline; if it is denied (the
+            // client may not run the fenced write), a plain delete gives the key back instead.
+            let r =
                 self.shared
                     .backend
                     .store(mode, &self.slot.key, &value, envelope::FLAGS, exptime);
+            if r.is_err_and(|e| e.is_denied()) {
+                let _ = self.shared.backend.delete(&self.slot.key);
+            }
         }
     }
 }

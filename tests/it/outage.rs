@@ -188,7 +188,18 @@ impl Server {
                     .unwrap()
                     .get_connection()
                     .unwrap();
-                redis::cmd("EXISTS").arg(derived).query(&mut c).unwrap()
+                // A server just restarted with its data accepts connections before it has
+                // loaded them, and answers LOADING meanwhile.
+                let deadline = Instant::now() + Duration::from_secs(10);
+                loop {
+                    match redis::cmd("EXISTS").arg(derived).query(&mut c) {
+                        Err(e) if e.code() == Some("LOADING") => {
+                            assert!(Instant::now() < deadline, "still loading: {e}");
+                            thread::sleep(MS(20));
+                        }
+                        r => return r.unwrap(),
+                    }
+                }
             }
         }
     }
@@ -930,17 +941,17 @@ fn replay_behind_twemproxy(asynch: bool) {
             let _ = self.0.wait();
         }
     }
+    // A statement of its own: a listener made inside the spawning statement lives until it
+    // ends, and nutcracker, once running, could find its stats port still taken.
+    let stats_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let _proxy = Kill(
         Command::new("nutcracker")
             .args(["-c", conf.to_str().unwrap(), "-a", "127.0.0.1", "-s"])
-            .arg(
-                std::net::TcpListener::bind("127.0.0.1:0")
-                    .unwrap()
-                    .local_addr()
-                    .unwrap()
-                    .port()
-                    .to_string(),
-            )
+            .arg(stats_port.to_string())
             .arg("-o")
             .arg(dir.join("log"))
             .arg("-p")

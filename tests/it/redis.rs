@@ -700,3 +700,283 @@ fn a_user_without_scripting_is_denied_its_fenced_writes_and_still_reads() {
         });
     });
 }
+
+/// A loader's store the user may not run (`EVALSHA`, `EVAL`: the fenced write) leaves no
+/// placeholder behind: the next call of that key loads at once, sync and async, rather than
+/// waiting out `max_wait` (5 s here, as long as the claim) behind a holder that never stores.
+#[test]
+fn a_denied_fenced_store_leaves_no_placeholder_to_wait_behind() {
+    on_both(|server| {
+        acl_user(server, "no-scripts", &["~*", "&*", "+@all", "-@scripting"]);
+        let builder = || as_user(server, "no-scripts", "secret").max_wait(S(5));
+        // Well under max_wait: a call that waited behind the placeholder takes 5 s.
+        let quick = |started: Instant| {
+            assert!(started.elapsed() < S(2), "waited {:?}", started.elapsed());
+        };
+        let cache = builder().build().unwrap();
+        for want in 1..=3u32 {
+            let started = Instant::now();
+            let v = cache
+                .get_or_set_with("k", S(60), || Ok::<_, std::io::Error>(want))
+                .unwrap();
+            assert_eq!(v, want, "each call loads (nothing can be stored)");
+            quick(started);
+        }
+        // A failed load's placeholder goes too.
+        let e = cache
+            .get_or_set_with("f", S(60), || Err::<u32, _>(std::io::Error::other("no")))
+            .unwrap_err();
+        assert!(e.loader().is_some(), "{e}");
+        let started = Instant::now();
+        let v = cache
+            .get_or_set_with("f", S(60), || Ok::<_, std::io::Error>(7u32))
+            .unwrap();
+        assert_eq!(v, 7);
+        quick(started);
+        // A batch's placeholders go too.
+        let got = cache
+            .get_many_or_set_with(&["b1", "b2"], S(60), |keys| {
+                Ok::<_, std::io::Error>(keys.iter().map(|k| (k.clone(), 1u32)).collect())
+            })
+            .unwrap();
+        assert_eq!(got.len(), 2);
+        let started = Instant::now();
+        let v = cache
+            .get_or_set_with("b1", S(60), || Ok::<_, std::io::Error>(2u32))
+            .unwrap();
+        assert_eq!(v, 2);
+        quick(started);
+        let st = cache.stats();
+        assert_eq!((st.loader_calls, st.lease_waits), (7, 0), "{st:?}");
+        assert_eq!(st.wait_timeouts, 0, "{st:?}");
+
+        let cache = builder().build_async().unwrap();
+        runtime().block_on(async {
+            for want in 1..=3u32 {
+                let started = Instant::now();
+                let v = cache
+                    .get_or_set_with("k", S(60), || async move { Ok::<_, std::io::Error>(want) })
+                    .await
+                    .unwrap();
+                assert_eq!(v, want, "each call loads (nothing can be stored)");
+                quick(started);
+            }
+            let st = cache.stats();
+            assert_eq!((st.loader_calls, st.lease_waits), (3, 0), "{st:?}");
+            let e = cache
+                .get_or_set_with("f", S(60), || async {
+                    Err::<u32, _>(std::io::Error::other("no"))
+                })
+                .await
+                .unwrap_err();
+            assert!(e.loader().is_some(), "{e}");
+            let started = Instant::now();
+            let v = cache
+                .get_or_set_with("f", S(60), || async { Ok::<_, std::io::Error>(7u32) })
+                .await
+                .unwrap();
+            assert_eq!(v, 7);
+            quick(started);
+            let got = cache
+                .get_many_or_set_with(&["b1", "b2"], S(60), |keys| async move {
+                    Ok::<_, std::io::Error>(keys.into_iter().map(|k| (k, 1u32)).collect())
+                })
+                .await
+                .unwrap();
+            assert_eq!(got.len(), 2);
+            let started = Instant::now();
+            let v = cache
+                .get_or_set_with("b1", S(60), || async { Ok::<_, std::io::Error>(2u32) })
+                .await
+                .unwrap();
+            assert_eq!(v, 2);
+            quick(started);
+            assert_eq!(cache.stats().wait_timeouts, 0);
+        });
+    });
+}
+
+/// What a server marked dead says once it is back refusing this client's credentials (here
+/// restarted without the ACL user): the probe's denial brings it back, and every call then
+/// says it is denied, not "marked dead".
+#[test]
+fn a_dead_server_back_refusing_the_password_is_denied_not_marked_dead() {
+    let denied = |e: &newcache::Error| {
+        assert!(e.is_denied(), "{e}");
+        assert!(!e.to_string().contains("marked dead"), "{e}");
+        assert!(e.to_string().contains("user and password"), "{e}");
+    };
+    on_both(|server| {
+        acl_user(server, "newcache-user", &["~*", "&*", "+@all"]);
+        let cache = as_user(server, "newcache-user", "secret")
+            .io_timeout(Duration::from_millis(300))
+            .connect_timeout(Duration::from_millis(300))
+            .build()
+            .unwrap();
+        // A view of the same cache: one health record.
+        let async_cache = cache.to_async();
+        let rt = runtime();
+        cache.set("k", &1u32, S(60)).unwrap();
+        rt.block_on(async { async_cache.set("k", &1u32, S(60)).await.unwrap() });
+        server.kill();
+        // failure_limit 2: marked dead by the third call (both views share the record).
+        for _ in 0..3 {
+            let _ = cache.set("k", &2u32, S(60));
+        }
+        let e = cache.set("k", &2u32, S(60)).unwrap_err();
+        assert!(e.to_string().contains("marked dead"), "{e}");
+        // Restarted empty: the user is gone, so its password is refused.
+        server.restart();
+        let deadline = Instant::now() + S(10);
+        loop {
+            match cache.set("k", &3u32, S(60)) {
+                Err(e) if e.is_denied() => break,
+                Err(e) => assert!(Instant::now() < deadline, "never denied: {e}"),
+                Ok(()) => panic!("stored with a refused password"),
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        // The server is back: every call, through either view, names the refusal.
+        for _ in 0..3 {
+            denied(&cache.set("k", &3u32, S(60)).unwrap_err());
+            denied(&cache.get::<u32>("k").unwrap_err());
+        }
+        denied(&cache.ping().unwrap_err().failures()[0].error);
+        rt.block_on(async {
+            for _ in 0..3 {
+                denied(&async_cache.set("k", &3u32, S(60)).await.unwrap_err());
+                denied(&async_cache.get::<u32>("k").await.unwrap_err());
+            }
+            denied(&async_cache.ping().await.unwrap_err().failures()[0].error);
+        });
+    });
+}
+
+/// The same, found by the async view first.
+#[test]
+fn a_dead_server_back_refusing_the_password_is_denied_async() {
+    on_both(|server| {
+        acl_user(server, "newcache-user", &["~*", "&*", "+@all"]);
+        let cache = as_user(server, "newcache-user", "secret")
+            .io_timeout(Duration::from_millis(300))
+            .connect_timeout(Duration::from_millis(300))
+            .build_async()
+            .unwrap();
+        let rt = runtime();
+        rt.block_on(async { cache.set("k", &1u32, S(60)).await.unwrap() });
+        server.kill();
+        rt.block_on(async {
+            for _ in 0..3 {
+                let _ = cache.set("k", &2u32, S(60)).await;
+            }
+            let e = cache.set("k", &2u32, S(60)).await.unwrap_err();
+            assert!(e.to_string().contains("marked dead"), "{e}");
+        });
+        server.restart();
+        rt.block_on(async {
+            let deadline = Instant::now() + S(10);
+            loop {
+                match cache.set("k", &3u32, S(60)).await {
+                    Err(e) if e.is_denied() => break,
+                    Err(e) => assert!(Instant::now() < deadline, "never denied: {e}"),
+                    Ok(()) => panic!("stored with a refused password"),
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            for _ in 0..3 {
+                let e = cache.get::<u32>("k").await.unwrap_err();
+                assert!(
+                    e.is_denied() && !e.to_string().contains("marked dead"),
+                    "{e}"
+                );
+            }
+        });
+    });
+}
+
+/// `ping()` with a refused password, or a user that may not `GET`, says denied (and names
+/// the refusal), not that the server is down; it never marks the server dead.
+#[test]
+fn ping_with_a_denied_user_says_denied_not_down() {
+    on_both(|server| {
+        acl_user(server, "newcache-user", &["~*", "&*", "+@all"]);
+        acl_user(server, "no-get", &["~*", "&*", "+@all", "-get"]);
+        for (user, password, says) in [
+            ("newcache-user", "n0t-the-s3cret", "user and password"),
+            ("no-get", "secret", "NOPERM"),
+        ] {
+            let check = |e: &newcache::PingError| {
+                let f = &e.failures()[0];
+                assert!(f.error.is_denied(), "{e}");
+                let shown = e.to_string();
+                assert!(
+                    shown.contains(says) && !shown.contains("marked dead"),
+                    "{e}"
+                );
+                assert!(!shown.contains("n0t-the-s3cret"), "{e}");
+            };
+            let cache = as_user(server, user, password).build().unwrap();
+            for _ in 0..4 {
+                check(&cache.ping().unwrap_err());
+            }
+            let cache = as_user(server, user, password).build_async().unwrap();
+            runtime().block_on(async {
+                for _ in 0..4 {
+                    check(&cache.ping().await.unwrap_err());
+                }
+            });
+        }
+    });
+}
+
+/// Without `EVAL`/`EVALSHA`, herd protection across processes is reduced to turns: a call of
+/// another process (here another cache on the same flavor) that comes while a load runs waits
+/// for it, and once that load's store is denied (its placeholder deleted) loads in turn, at
+/// once, not after `max_wait`.
+#[test]
+fn without_scripting_another_process_waits_for_the_load_then_loads_in_turn() {
+    on_both(|server| {
+        acl_user(server, "no-scripts", &["~*", "&*", "+@all", "-@scripting"]);
+        let flavor = unique_flavor("acl-turns");
+        let build = || {
+            as_user(server, "no-scripts", "secret")
+                .flavor(flavor.clone())
+                .max_wait(S(5))
+                .build()
+                .unwrap()
+        };
+        let (a, b) = (build(), build());
+        let (started_tx, started) = std::sync::mpsc::channel();
+        let (release, release_rx) = std::sync::mpsc::channel::<()>();
+        std::thread::scope(|s| {
+            let a = &a;
+            let first = s.spawn(move || {
+                a.get_or_set_with("k", S(60), || {
+                    started_tx.send(()).unwrap();
+                    release_rx.recv().unwrap();
+                    Ok::<_, std::io::Error>(1u32)
+                })
+                .unwrap()
+            });
+            started.recv().unwrap();
+            let second = s.spawn(|| {
+                b.get_or_set_with("k", S(60), || Ok::<_, std::io::Error>(2u32))
+                    .unwrap()
+            });
+            // The second call waits behind the first's placeholder (herd protection) ...
+            let deadline = Instant::now() + S(4);
+            while b.stats().lease_waits == 0 {
+                assert!(Instant::now() < deadline, "never waited: {:?}", b.stats());
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            let released = Instant::now();
+            release.send(()).unwrap();
+            assert_eq!(first.join().unwrap(), 1);
+            // ... then, the first's store denied and its placeholder gone, loads its own.
+            assert_eq!(second.join().unwrap(), 2);
+            assert!(released.elapsed() < S(2), "{:?}", released.elapsed());
+        });
+        let st = b.stats();
+        assert_eq!((st.loader_calls, st.wait_timeouts), (1, 0), "{st:?}");
+    });
+}

@@ -103,6 +103,17 @@ impl Shared {
         e
     }
 
+    /// The error of a request that failed without a fault ([`Failure::Local`]). A denial or
+    /// an error reply is the server's answer: it is up, so it counts as one (a probe's brings a
+    /// server marked dead back, and the calls after it say what was refused, not "marked
+    /// dead").
+    fn local_failure(&self, probe: bool, e: Error) -> Error {
+        if answered(&e) {
+            self.answered(probe);
+        }
+        self.answer_error(e)
+    }
+
     /// The health gate: `Ok(probe)`, or the error of a call refused while the server is dead.
     fn gate(&self) -> Result<bool> {
         match self.health.gate(self.now_ms(), self.config.retry_interval) {
@@ -436,7 +447,7 @@ impl RedisBackend {
                 }
                 e
             }
-            Failure::Local(e) => s.answer_error(e),
+            Failure::Local(e) => s.local_failure(probe, e),
         })?;
         s.answered(probe);
         if s.first_answer() {

@@ -240,7 +240,7 @@ impl AsyncRedis {
             };
             match sent {
                 Ok(replies) => break replies,
-                Err((_, Failure::Local(e))) => return Err(s.answer_error(e)),
+                Err((_, Failure::Local(e))) => return Err(s.local_failure(probe, e)),
                 Err((id, Failure::Fault(e))) => {
                     let (retired, orphaned) = self.retire(id);
                     // Its runtime shut down under it: the server is not to blame; a read is
