@@ -992,6 +992,10 @@ fn replay_behind_twemproxy(asynch: bool) {
         "a key on the backend that is up: {got:?} (error lengths), replays failed: {}",
         s.replays_failed
     );
+    assert_eq!(
+        s.replayed_deletes, 0,
+        "the proxy refused the one replayed delete: nothing was deleted"
+    );
 }
 
 /// A call's future polled once, as the record is replayed, and then held without being polled
@@ -1098,6 +1102,57 @@ fn redis_a_write_the_server_refuses_is_not_queued_for_replay() {
 #[test]
 fn redis_a_write_the_server_refuses_is_not_queued_for_replay_async() {
     redis_refused_write(true);
+}
+
+/// A replayed `UNLINK` the server refuses with an error reply (here `NOPERM`: the URL's user
+/// may not run `UNLINK`) is passed over: the replay does not fail, and `replayed_deletes`
+/// counts none of its keys, since none was deleted.
+#[cfg(feature = "redis")]
+fn redis_refused_replay(asynch: bool) {
+    let server = crate::fixture::RedisServer::start("redis-server");
+    let mut admin = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("no-unlink")
+        .arg(&["on", ">secret", "~*", "&*", "+@all", "-unlink"])
+        .query(&mut admin)
+        .unwrap();
+    let switch = Switch::new(format!("127.0.0.1:{}", server.port));
+    let url = format!("redis://no-unlink:secret@{}/0", switch.addr);
+    let b = outage_settings(Cache::builder().redis(url), "outage-refused-replay")
+        .failure_limit(1_000_000);
+    let front = Front::build(b, asynch);
+    front.set("k", "v1").unwrap();
+    switch.cut();
+    let e = front.delete("k").unwrap_err();
+    assert!(e.to_string().contains("queued for replay"), "{e}");
+    switch.restore();
+    assert_eq!(
+        front.get("k").unwrap().as_deref(),
+        Some("v1"),
+        "the replayed UNLINK was refused: k is still there"
+    );
+    let s = front.stats();
+    assert_eq!(
+        (s.replayed_deletes, s.replays_failed),
+        (0, 0),
+        "the one replayed delete was refused (passed over, not deleted): {s:?}"
+    );
+}
+
+#[cfg(feature = "redis")]
+#[test]
+fn redis_a_replayed_delete_the_server_refuses_is_not_counted() {
+    redis_refused_replay(false);
+}
+
+#[cfg(feature = "redis")]
+#[test]
+fn redis_a_replayed_delete_the_server_refuses_is_not_counted_async() {
+    redis_refused_replay(true);
 }
 
 /// A forwarder whose partition delays what this process sent instead of losing it, as TCP does:
