@@ -216,17 +216,22 @@ impl Shared {
         ))
     }
 
-    /// The keys of `replay` were deleted (`refused` commands passed over).
-    fn replayed(&self, replay: Replay<&Missed>, refused: usize) {
-        if refused > 0 {
+    /// The keys of `replay` were deleted, as `done` says (refused ones passed over).
+    fn replayed(&self, replay: Replay<&Missed>, done: &request::Replayed) {
+        if done.refused > 0 {
             tracing::warn!(
                 server = %self.addr,
-                refused,
+                refused = done.refused,
                 "newcache: the redis server refused some of the replayed deletes; their keys \
                  are passed over"
             );
         }
-        replay.done(&self.addr, |_| None, self.config.replay_capacity);
+        replay.done(
+            &self.addr,
+            done.refused,
+            |_| None,
+            self.config.replay_capacity,
+        );
     }
 
     /// `replay` failed with `f`: its keys are kept for the next attempt.
@@ -463,15 +468,15 @@ impl RedisBackend {
                     let keys: Vec<&str> = replay.keys().collect();
                     let req = s.requests.replay(&keys);
                     drop(keys);
-                    let r = self.send(&req).and_then(|vs| match (req.read)(vs) {
-                        Ok(Ok(refused)) => Ok(refused),
+                    let r = self.send(&req.request).and_then(|vs| match req.read(vs) {
+                        Ok(Ok(done)) => Ok(done),
                         // Not serving yet: nothing against it, and the keys are kept.
                         Ok(Err(e)) => Err(Failure::Local(e)),
                         Err(e) => Err(Failure::Fault(e)),
                     });
                     return match r {
-                        Ok(refused) => {
-                            s.replayed(replay, refused);
+                        Ok(done) => {
+                            s.replayed(replay, &done);
                             Ok(())
                         }
                         Err(f) => {

@@ -287,9 +287,9 @@ impl AsyncRedis {
                         let keys: Vec<&str> = replay.keys().collect();
                         s.requests.replay(&keys)
                     };
-                    let r = match self.send(&req).await {
-                        Ok(vs) => match (req.read)(vs) {
-                            Ok(Ok(refused)) => Ok(refused),
+                    let r = match self.send(&req.request).await {
+                        Ok(vs) => match req.read(vs) {
+                            Ok(Ok(done)) => Ok(done),
                             // Not serving yet: nothing against it, and the keys are kept.
                             Ok(Err(e)) => Err((None, Failure::Local(e))),
                             Err(e) => Err((None, Failure::Fault(e))),
@@ -297,8 +297,8 @@ impl AsyncRedis {
                         Err(x) => Err(x),
                     };
                     return match r {
-                        Ok(refused) => {
-                            s.replayed(replay, refused);
+                        Ok(done) => {
+                            s.replayed(replay, &done);
                             Ok(())
                         }
                         Err((id, f)) => {

@@ -58,6 +58,56 @@ impl<T> Request<T> {
     }
 }
 
+/// A replay's commands ([`Builder::replay`]), and what their replies say ([`ReplayRequest::read`]).
+pub(super) struct ReplayRequest {
+    /// The commands; its replies come back as they are.
+    pub(super) request: Request<Vec<Value>>,
+    /// How many keys each `UNLINK` names, in order.
+    unlinks: Vec<usize>,
+}
+
+/// What a replay's replies said.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct Replayed {
+    /// Keys the server deleted or did not hold (their `UNLINK` answered with a count).
+    pub(super) deleted: usize,
+    /// Keys whose `UNLINK` the server refused with an error reply: passed over (as memcached's
+    /// replay passes over a delete its proxy refuses).
+    pub(super) refused: usize,
+}
+
+impl ReplayRequest {
+    /// The answer to the replies `vs`: what was deleted and passed over, or, inside, the
+    /// refusal of a server not serving yet ([`not_serving_yet`]: loading its data, say), whose
+    /// keys are kept for the next replay.
+    pub(super) fn read(&self, vs: Vec<Value>) -> Result<Result<Replayed>> {
+        if vs.len() != self.unlinks.len() {
+            return Err(Error::backend(
+                "a replay's replies do not match its commands",
+            ));
+        }
+        let mut done = Replayed {
+            deleted: 0,
+            refused: 0,
+        };
+        for (v, &keys) in vs.into_iter().zip(&self.unlinks) {
+            match v {
+                Value::Int(_) => done.deleted += keys,
+                Value::ServerError(e) if not_serving_yet(e.code()) => {
+                    return Ok(Err(refused(e)));
+                }
+                Value::ServerError(_) => done.refused += keys,
+                other => {
+                    return Err(Error::backend(format!(
+                        "a replayed UNLINK answered {other:?}, not a count"
+                    )));
+                }
+            }
+        }
+        Ok(Ok(done))
+    }
+}
+
 /// `EVALSHA sha 1 key` (the arguments follow).
 fn evalsha(s: &Script, key: &str) -> redis::Cmd {
     let mut c = redis::cmd("EVALSHA");
@@ -597,14 +647,11 @@ impl Builder {
 
     /// The deletes of a replay (the keys the server missed while out of reach): `UNLINK`s of up
     /// to [`CLEAR_STEP`] keys each, pipelined. Not a write in the sense of `write`: deleting a
-    /// key again is harmless, so a replay whose reply never came is simply made again. Answers
-    /// how many commands the server refused with an error reply (their keys are passed over,
-    /// as memcached's replay passes over a delete its proxy refuses), or, inside, the refusal
-    /// of a server not serving yet ([`not_serving_yet`]: loading its data, say), whose keys
-    /// are kept for the next replay.
-    pub(super) fn replay(&self, keys: &[&str]) -> Request<Result<usize>> {
-        let commands = keys
-            .chunks(CLEAR_STEP as usize)
+    /// key again is harmless, so a replay whose reply never came is simply made again.
+    pub(super) fn replay(&self, keys: &[&str]) -> ReplayRequest {
+        let chunks = keys.chunks(CLEAR_STEP as usize);
+        let sizes = chunks.clone().map(<[&str]>::len).collect();
+        let commands = chunks
             .map(|chunk| {
                 let mut cmd = redis::cmd("UNLINK");
                 for k in chunk {
@@ -613,27 +660,13 @@ impl Builder {
                 Command { cmd, script: None }
             })
             .collect();
-        Request {
-            commands,
-            write: false,
-            read: |vs| {
-                let mut refused = 0;
-                for v in vs {
-                    match v {
-                        Value::Int(_) => {}
-                        Value::ServerError(e) if not_serving_yet(e.code()) => {
-                            return Ok(Err(self::refused(e)));
-                        }
-                        Value::ServerError(_) => refused += 1,
-                        other => {
-                            return Err(Error::backend(format!(
-                                "a replayed UNLINK answered {other:?}, not a count"
-                            )));
-                        }
-                    }
-                }
-                Ok(Ok(refused))
+        ReplayRequest {
+            request: Request {
+                commands,
+                write: false,
+                read: Ok,
             },
+            unlinks: sizes,
         }
     }
 
@@ -710,20 +743,34 @@ mod tests {
         let keys: Vec<String> = (0..2_500).map(|i| format!("k{i}")).collect();
         let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
         let req = b.replay(&keys);
-        assert_eq!(req.commands.len(), 3, "1,000 keys a command");
+        assert_eq!(req.request.commands.len(), 3, "1,000 keys a command");
         assert!(
-            !req.write,
+            !req.request.write,
             "a delete made again is harmless: retried like a read"
         );
         let refusal = redis::parse_redis_value(b"-NOPERM no permission\r\n").unwrap();
         assert!(matches!(refusal, Value::ServerError(_)), "{refusal:?}");
-        let refused = (req.read)(vec![Value::Int(1000), refusal, Value::Int(3)]).unwrap();
-        assert_eq!(refused.unwrap(), 1);
-        assert!((req.read)(vec![Value::Okay]).is_err(), "not a count");
+        let refused = req.read(vec![Value::Int(1000), Value::Int(3), refusal.clone()]);
+        assert_eq!(
+            refused.unwrap().unwrap(),
+            Replayed {
+                deleted: 2_000,
+                refused: 500
+            },
+            "the refused command's keys are passed over, not counted as deleted"
+        );
+        assert!(
+            req.read(vec![Value::Okay, Value::Int(1), Value::Int(1)])
+                .is_err(),
+            "not a count"
+        );
+        assert!(req.read(vec![Value::Int(1)]).is_err(), "a reply missing");
         let loading =
             redis::parse_redis_value(b"-LOADING Redis is loading the dataset in memory\r\n")
                 .unwrap();
-        let kept = (req.read)(vec![Value::Int(1000), loading, Value::Int(3)]).unwrap();
+        let kept = req
+            .read(vec![Value::Int(1000), loading, Value::Int(3)])
+            .unwrap();
         let e = kept.unwrap_err();
         assert!(format!("{e:?}").contains("loading the dataset"), "{e:?}");
     }
