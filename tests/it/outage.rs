@@ -1051,7 +1051,6 @@ fn a_parked_call_holds_up_no_other_call() {
 
 #[cfg(feature = "redis")]
 #[test]
-#[ignore = "known gap, fails: the Redis async replay runs in the caller's future (memcached's runs on the connection's task)"]
 fn redis_a_parked_call_holds_up_no_other_call() {
     a_parked_call_holds_up_no_other(Server::redis());
 }
