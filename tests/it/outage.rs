@@ -711,13 +711,22 @@ fn redis_an_overflowing_record_is_on_the_cache_clock_async() {
     overflow_on_a_clock(Server::redis(), true);
 }
 
-/// The engine hands a replay to a connection's task: a task dropped before it ran (its runtime
-/// shut down) gives the keys back, and the next connection replays them before it serves.
+/// The engine hands a replay to a connection's task, the Redis async view to a task of its
+/// own: a task dropped before it ran (its runtime shut down) gives the keys back, and the next
+/// caller (on another runtime) replays them before it reads.
 #[test]
 fn a_replay_dropped_with_its_runtime_is_kept_async() {
-    let server = Memcached::start();
-    let addrs = vec![server.addr()];
-    let cache = builder(&addrs, "outage-rtdrop").build_async().unwrap();
+    replay_dropped_with_its_runtime(Server::memcached());
+}
+
+#[cfg(feature = "redis")]
+#[test]
+fn redis_a_replay_dropped_with_its_runtime_is_kept_async() {
+    replay_dropped_with_its_runtime(Server::redis());
+}
+
+fn replay_dropped_with_its_runtime(server: Server) {
+    let cache = server.builder("outage-rtdrop").build_async().unwrap();
     let rt = || {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()

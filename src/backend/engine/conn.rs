@@ -47,8 +47,8 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::mpsc::error::{TryRecvError, TrySendError};
 use tokio::sync::{Notify, mpsc, oneshot};
 
-use super::MissedOf;
 use super::Server;
+use crate::backend::memcached::health::MissedOf;
 use crate::backend::memcached::outage::{self, Replay};
 use crate::backend::memcached::wire::{self, Shape, Slot};
 use crate::backend::{Item, StoreOutcome};

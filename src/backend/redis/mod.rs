@@ -27,6 +27,7 @@ mod script;
 #[cfg(feature = "redis-tls")]
 mod tls;
 
+use std::ops::Deref;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -217,7 +218,7 @@ impl Shared {
     }
 
     /// The keys of `replay` were deleted, as `done` says (refused ones passed over).
-    fn replayed(&self, replay: Replay<&Missed>, done: &request::Replayed) {
+    fn replayed<M: Deref<Target = Missed>>(&self, replay: Replay<M>, done: &request::Replayed) {
         if done.refused > 0 {
             tracing::warn!(
                 server = %self.addr,
@@ -235,7 +236,7 @@ impl Shared {
     }
 
     /// `replay` failed with `f`: its keys are kept for the next attempt.
-    fn replay_failed(&self, replay: Replay<&Missed>, f: &Failure) {
+    fn replay_failed<M: Deref<Target = Missed>>(&self, replay: Replay<M>, f: &Failure) {
         replay.failed(&self.addr, f.error(), self.config.replay_capacity);
     }
 

@@ -20,7 +20,8 @@ use tokio::task::JoinHandle;
 
 use super::request::{self, Request, noscript_retry};
 use super::{Failure, Shared, connect_failure, failure_of};
-use crate::backend::memcached::outage::{Begin, Missed};
+use crate::backend::memcached::health::MissedOf;
+use crate::backend::memcached::outage::{Begin, Missed, Replay};
 use crate::backend::{AsyncBackend, BoxFuture, Item, StoreOutcome, Write};
 use crate::error::{Error, ErrorKind, Result};
 
@@ -54,7 +55,21 @@ impl Drop for Live {
 }
 
 /// The async view of a Redis server (shares [`Shared`] with the sync backend).
-pub(crate) struct AsyncRedis {
+///
+/// A handle on its state: a replay runs on a task of its own, which holds the state too
+/// ([`Inner::replay`]). The calls are `Inner`'s, reached through `Deref`.
+pub(crate) struct AsyncRedis(Arc<Inner>);
+
+impl std::ops::Deref for AsyncRedis {
+    type Target = Arc<Inner>;
+
+    fn deref(&self) -> &Arc<Inner> {
+        &self.0
+    }
+}
+
+/// The async view's state: the server's [`Shared`], its connection and how to open one.
+pub(crate) struct Inner {
     shared: Arc<Shared>,
     info: redis::ConnectionInfo,
     /// A `rediss://` server's handshake.
@@ -79,7 +94,7 @@ impl AsyncRedis {
     /// The async view of `shared`'s server. Never connects.
     pub(crate) fn new(shared: Arc<Shared>) -> Result<AsyncRedis> {
         let info = shared.config.client()?.get_connection_info().clone();
-        Ok(AsyncRedis {
+        Ok(AsyncRedis(Arc::new(Inner {
             #[cfg(feature = "redis-tls")]
             tls: super::tls::Handshake::of(&info, shared.config.tls.as_ref())?,
             shared,
@@ -87,9 +102,11 @@ impl AsyncRedis {
             live: parking_lot::Mutex::new(None),
             connecting: tokio::sync::Mutex::new(()),
             opened: std::sync::atomic::AtomicU64::new(0),
-        })
+        })))
     }
+}
 
+impl Inner {
     /// The open connection (`None` if it has none or its driver ended).
     fn current(&self) -> Option<(u64, MultiplexedConnection)> {
         let live = self.live.lock();
@@ -114,12 +131,7 @@ impl AsyncRedis {
         if let Some(c) = self.current() {
             return Ok(c);
         }
-        let rt = tokio::runtime::Handle::try_current().map_err(|_| {
-            Failure::Local(Error::config(
-                "an AsyncCache needs a tokio runtime with I/O and timers enabled \
-                 (Builder::enable_all); none is running on this thread",
-            ))
-        })?;
+        let rt = runtime()?;
         let config = redis::AsyncConnectionConfig::new()
             .set_connection_timeout(Some(connect_timeout))
             .set_response_timeout(Some(s.config.io_timeout));
@@ -226,7 +238,7 @@ impl AsyncRedis {
     }
 
     /// Sends `req` through the health gate and reads its answer.
-    async fn run<T>(&self, req: Result<Request<T>>) -> Result<T> {
+    async fn run<T>(self: &Arc<Self>, req: Result<Request<T>>) -> Result<T> {
         let s = &self.shared;
         let req = req?;
         crate::backend::note_server(&s.addr);
@@ -270,12 +282,18 @@ impl AsyncRedis {
     }
 
     /// Deletes the keys the server missed while out of reach, before anything else is sent
-    /// (or waits for the caller doing it). A replay that fails, or whose future is dropped,
-    /// keeps its keys for the next one.
-    async fn replay(&self) -> std::result::Result<(), (Option<u64>, Failure)> {
+    /// (or waits for the caller doing it).
+    ///
+    /// The replay (with the connect it may need) runs on a task of its own, which this caller
+    /// awaits: a caller whose future is dropped, or parked unpolled, never holds it up (others
+    /// wait for its end, not for the caller). A replay that fails, or whose task is dropped
+    /// unfinished (its runtime shut down), keeps its keys for the next one. A fault it meets is
+    /// counted by the caller awaiting it (none if that caller went away: the next call meets
+    /// the connection's state itself).
+    async fn replay(self: &Arc<Self>) -> std::result::Result<(), (Option<u64>, Failure)> {
         let s = &self.shared;
         loop {
-            match Missed::begin(s.missed()) {
+            match Missed::begin(MissedOf(s.health.clone())) {
                 Begin::Clear => return Ok(()),
                 Begin::Busy => {
                     if !s.missed().wait_async(s.replay_wait()).await {
@@ -283,30 +301,55 @@ impl AsyncRedis {
                     }
                 }
                 Begin::Mine(replay) => {
-                    let req = {
-                        let keys: Vec<&str> = replay.keys().collect();
-                        s.requests.replay(&keys)
-                    };
-                    let r = match self.send(&req.request).await {
-                        Ok(vs) => match req.read(vs) {
-                            Ok(Ok(done)) => Ok(done),
-                            // Not serving yet: nothing against it, and the keys are kept.
-                            Ok(Err(e)) => Err((None, Failure::Local(e))),
-                            Err(e) => Err((None, Failure::Fault(e))),
-                        },
-                        Err(x) => Err(x),
-                    };
-                    return match r {
-                        Ok(done) => {
-                            s.replayed(replay, &done);
-                            Ok(())
-                        }
-                        Err((id, f)) => {
-                            s.replay_failed(replay, &f);
-                            Err((id, f))
-                        }
+                    let rt = runtime().map_err(|f| (None, f))?;
+                    let this = self.clone();
+                    let task = rt.spawn(async move { this.replay_now(replay).await });
+                    return match task.await {
+                        Ok(r) => r,
+                        // The runtime is shutting down (the task was dropped with it: its keys
+                        // are kept), or the task panicked.
+                        Err(e) => Err((
+                            None,
+                            Failure::Local(Error::with_source(
+                                ErrorKind::Backend,
+                                "the replay of the invalidations the server missed ended \
+                                 unfinished (its keys are kept)",
+                                e,
+                            )),
+                        )),
                     };
                 }
+            }
+        }
+    }
+
+    /// Runs `replay`: its `UNLINK`s, on the open connection or a new one.
+    async fn replay_now(
+        &self,
+        replay: Replay<MissedOf>,
+    ) -> std::result::Result<(), (Option<u64>, Failure)> {
+        let s = &self.shared;
+        let req = {
+            let keys: Vec<&str> = replay.keys().collect();
+            s.requests.replay(&keys)
+        };
+        let r = match self.send(&req.request).await {
+            Ok(vs) => match req.read(vs) {
+                Ok(Ok(done)) => Ok(done),
+                // Not serving yet: nothing against it, and the keys are kept.
+                Ok(Err(e)) => Err((None, Failure::Local(e))),
+                Err(e) => Err((None, Failure::Fault(e))),
+            },
+            Err(x) => Err(x),
+        };
+        match r {
+            Ok(done) => {
+                s.replayed(replay, &done);
+                Ok(())
+            }
+            Err((id, f)) => {
+                s.replay_failed(replay, &f);
+                Err((id, f))
             }
         }
     }
@@ -332,6 +375,16 @@ impl AsyncRedis {
         }
         Ok(replies)
     }
+}
+
+/// The runtime current on this thread.
+fn runtime() -> std::result::Result<tokio::runtime::Handle, Failure> {
+    tokio::runtime::Handle::try_current().map_err(|_| {
+        Failure::Local(Error::config(
+            "an AsyncCache needs a tokio runtime with I/O and timers enabled \
+             (Builder::enable_all); none is running on this thread",
+        ))
+    })
 }
 
 /// `cmds` pipelined on `conn`, error replies inline.
