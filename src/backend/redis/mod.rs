@@ -17,6 +17,7 @@
 //! a server back from a partition, a pause or a restart with its data (Redis persists) never
 //! serves this process a value it invalidated meanwhile.
 
+mod clients;
 mod config;
 mod conn;
 mod item;
@@ -52,6 +53,8 @@ pub(crate) struct Shared {
     /// `host:port`.
     addr: String,
     health: Arc<Health>,
+    /// This process's connections to the server that a replay is to close first.
+    clients: Arc<clients::Clients>,
     requests: request::Builder,
     stamps: Rng,
     /// The origin of the health clock.
@@ -201,13 +204,20 @@ impl Shared {
 
     /// How long a caller waits for another's replay before it gives up: as long as that
     /// replay may take, its connect included (a wait for the pool or for another caller's
-    /// connect, the connect, the connection's set-up: a `connect_timeout` each) and its
-    /// `UNLINK`s (an `io_timeout`; the sync pool's one retry on a stale connection, another).
+    /// connect, the connect, the connection's set-up: a `connect_timeout` each; its
+    /// `CLIENT INFO`: an `io_timeout`) and its `UNLINK`s (an `io_timeout`; the sync pool's one
+    /// retry on a stale connection, another).
     fn replay_wait(&self) -> std::time::Duration {
         let c = &self.config;
         c.connect_timeout
             .saturating_mul(3)
-            .saturating_add(c.io_timeout.saturating_mul(2))
+            .saturating_add(c.io_timeout.saturating_mul(3))
+    }
+
+    /// The request of a replay of `keys`: first the `CLIENT KILL`s of this process's
+    /// connections dropped with a request perhaps still in the network.
+    fn replay_request(&self, keys: &[&str]) -> request::ReplayRequest {
+        self.requests.replay(self.clients.to_close(), keys)
     }
 
     /// The error of a caller that waited for another's replay in vain.
@@ -217,8 +227,18 @@ impl Shared {
         ))
     }
 
-    /// The keys of `replay` were deleted, as `done` says (refused ones passed over).
-    fn replayed<M: Deref<Target = Missed>>(&self, replay: Replay<M>, done: &request::Replayed) {
+    /// The keys of `replay` were deleted by `req`, as `done` says (refused ones passed over),
+    /// and the connections it was to close are closed (or the server refused to: warned once).
+    fn replayed<M: Deref<Target = Missed>>(
+        &self,
+        replay: Replay<M>,
+        req: &request::ReplayRequest,
+        done: &request::Replayed,
+    ) {
+        if let Some((code, detail)) = &done.kill_refused {
+            self.clients.refused(code, detail.as_deref());
+        }
+        self.clients.closed(&req.kills);
         if done.refused > 0 {
             tracing::warn!(
                 server = %self.addr,
@@ -395,9 +415,11 @@ impl RedisBackend {
     /// other than `redis://`, a zero pool size or a zero timeout.
     pub fn new(config: RedisConfig) -> Result<RedisBackend> {
         let client = config.client()?;
+        let clients = Arc::new(clients::Clients::new(config.addr()));
         let shared = Arc::new(Shared {
             addr: config.addr(),
             health: Arc::new(Health::default()),
+            clients: clients.clone(),
             requests: request::Builder {
                 item_size: config.item_size,
                 key_limit: config.key_limit,
@@ -410,7 +432,7 @@ impl RedisBackend {
             config,
         });
         Ok(RedisBackend {
-            pool: Pool::new(client, &shared.config),
+            pool: Pool::new(client, &shared.config, clients),
             shared,
         })
     }
@@ -467,7 +489,7 @@ impl RedisBackend {
                 }
                 Begin::Mine(replay) => {
                     let keys: Vec<&str> = replay.keys().collect();
-                    let req = s.requests.replay(&keys);
+                    let req = s.replay_request(&keys);
                     drop(keys);
                     let r = self.send(&req.request).and_then(|vs| match req.read(vs) {
                         Ok(Ok(done)) => Ok(done),
@@ -477,7 +499,7 @@ impl RedisBackend {
                     });
                     return match r {
                         Ok(done) => {
-                            s.replayed(replay, &done);
+                            s.replayed(replay, &req, &done);
                             Ok(())
                         }
                         Err(f) => {

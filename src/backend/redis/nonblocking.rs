@@ -18,6 +18,7 @@ use redis::Value;
 use redis::aio::MultiplexedConnection;
 use tokio::task::JoinHandle;
 
+use super::clients::{self, ClientId};
 use super::request::{self, Request, noscript_retry};
 use super::{Failure, Shared, connect_failure, failure_of};
 use crate::backend::memcached::health::MissedOf;
@@ -31,6 +32,8 @@ struct Live {
     id: u64,
     conn: MultiplexedConnection,
     driver: JoinHandle<()>,
+    /// Who it is to the server (if it said): closed by the next replay once retired.
+    client: Option<ClientId>,
 }
 
 impl Live {
@@ -177,7 +180,8 @@ impl Inner {
     }
 
     /// A multiplexed connection on `stream` (its set-up: `AUTH`, `SELECT`), its driver spawned
-    /// on `rt`.
+    /// on `rt`, its id on the server learned (`CLIENT INFO`: one round trip more; none if the
+    /// server refuses the command).
     async fn open<C>(
         &self,
         rt: tokio::runtime::Handle,
@@ -204,14 +208,29 @@ impl Inner {
             }
         };
         let driver = rt.spawn(driver);
+        let mut conn = conn;
+        let info = conn.send_packed_command(&clients::info()).await;
+        let client = match self.shared.clients.learned(info) {
+            Ok(client) => client,
+            Err(e) => {
+                driver.abort();
+                return Err(connect_failure(e));
+            }
+        };
         let id = self
             .opened
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        *self.live.lock() = Some(Live {
+        let replaced = self.live.lock().replace(Live {
             id,
             conn: conn.clone(),
             driver,
+            client,
         });
+        // Its driver ended (the server's doing, or its runtime's): bytes of a request on it
+        // may still be on their way.
+        if let Some(old) = replaced {
+            self.shared.clients.dropped(old.client.clone());
+        }
         Ok((id, conn))
     }
 
@@ -228,8 +247,9 @@ impl Inner {
         let mut live = self.live.lock();
         match (&*live, id) {
             (Some(l), Some(id)) if l.id == id => {
-                let orphaned = live.take().is_some_and(Live::cancelled);
-                (true, orphaned)
+                let retired = live.take().expect("matched");
+                self.shared.clients.dropped(retired.client.clone());
+                (true, retired.cancelled())
             }
             // A failed connect (no id) is a fault of its own.
             (_, None) => (true, false),
@@ -331,7 +351,7 @@ impl Inner {
         let s = &self.shared;
         let req = {
             let keys: Vec<&str> = replay.keys().collect();
-            s.requests.replay(&keys)
+            s.replay_request(&keys)
         };
         let r = match self.send(&req.request).await {
             Ok(vs) => match req.read(vs) {
@@ -344,7 +364,7 @@ impl Inner {
         };
         match r {
             Ok(done) => {
-                s.replayed(replay, &done);
+                s.replayed(replay, &req, &done);
                 Ok(())
             }
             Err((id, f)) => {

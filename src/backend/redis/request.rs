@@ -6,6 +6,7 @@
 use bytes::Bytes;
 use redis::Value;
 
+use super::clients::{self, ClientId};
 use super::item::{self, Expiry};
 use super::script::{Script, Scripts};
 use crate::backend::{Item, StoreMode, StoreOutcome, Write};
@@ -62,7 +63,9 @@ impl<T> Request<T> {
 pub(super) struct ReplayRequest {
     /// The commands; its replies come back as they are.
     pub(super) request: Request<Vec<Value>>,
-    /// How many keys each `UNLINK` names, in order.
+    /// The connections its `CLIENT KILL`s close, sent first.
+    pub(super) kills: Vec<ClientId>,
+    /// How many keys each `UNLINK` names, in order, sent after.
     unlinks: Vec<usize>,
 }
 
@@ -74,6 +77,9 @@ pub(super) struct Replayed {
     /// Keys whose `UNLINK` the server refused with an error reply: passed over (as memcached's
     /// replay passes over a delete its proxy refuses).
     pub(super) refused: usize,
+    /// The error code and detail of a refused `CLIENT KILL` (`NOPERM`, ...), if one was: the
+    /// replay goes on without it.
+    pub(super) kill_refused: Option<(String, Option<String>)>,
 }
 
 impl ReplayRequest {
@@ -81,7 +87,7 @@ impl ReplayRequest {
     /// refusal of a server not serving yet ([`not_serving_yet`]: loading its data, say), whose
     /// keys are kept for the next replay.
     pub(super) fn read(&self, vs: Vec<Value>) -> Result<Result<Replayed>> {
-        if vs.len() != self.unlinks.len() {
+        if vs.len() != self.kills.len() + self.unlinks.len() {
             return Err(Error::backend(
                 "a replay's replies do not match its commands",
             ));
@@ -89,8 +95,25 @@ impl ReplayRequest {
         let mut done = Replayed {
             deleted: 0,
             refused: 0,
+            kill_refused: None,
         };
-        for (v, &keys) in vs.into_iter().zip(&self.unlinks) {
+        let mut vs = vs.into_iter();
+        for v in vs.by_ref().take(self.kills.len()) {
+            match v {
+                // How many it closed (0: gone already), or `+OK`.
+                Value::Int(_) | Value::Okay => {}
+                Value::ServerError(e) => {
+                    let why = (e.code().to_owned(), e.details().map(str::to_owned));
+                    done.kill_refused.get_or_insert(why);
+                }
+                other => {
+                    return Err(Error::backend(format!(
+                        "a replay's CLIENT KILL answered {other:?}"
+                    )));
+                }
+            }
+        }
+        for (v, &keys) in vs.zip(&self.unlinks) {
             match v {
                 Value::Int(_) => done.deleted += keys,
                 Value::ServerError(e) if not_serving_yet(e.code()) => {
@@ -648,17 +671,25 @@ impl Builder {
     /// The deletes of a replay (the keys the server missed while out of reach): `UNLINK`s of up
     /// to [`CLEAR_STEP`] keys each, pipelined. Not a write in the sense of `write`: deleting a
     /// key again is harmless, so a replay whose reply never came is simply made again.
-    pub(super) fn replay(&self, keys: &[&str]) -> ReplayRequest {
+    ///
+    /// First, in the same round trip, a `CLIENT KILL` of each connection in `kills` (this
+    /// process's, dropped with a request perhaps still in the network: `clients.rs`), so that
+    /// no write delayed past the replay lands on one of them.
+    pub(super) fn replay(&self, kills: Vec<ClientId>, keys: &[&str]) -> ReplayRequest {
         let chunks = keys.chunks(CLEAR_STEP as usize);
         let sizes = chunks.clone().map(<[&str]>::len).collect();
-        let commands = chunks
-            .map(|chunk| {
-                let mut cmd = redis::cmd("UNLINK");
-                for k in chunk {
-                    cmd.arg(*k);
-                }
-                Command { cmd, script: None }
-            })
+        let unlinks = chunks.map(|chunk| {
+            let mut cmd = redis::cmd("UNLINK");
+            for k in chunk {
+                cmd.arg(*k);
+            }
+            cmd
+        });
+        let commands = kills
+            .iter()
+            .map(clients::kill)
+            .chain(unlinks)
+            .map(|cmd| Command { cmd, script: None })
             .collect();
         ReplayRequest {
             request: Request {
@@ -666,6 +697,7 @@ impl Builder {
                 write: false,
                 read: Ok,
             },
+            kills,
             unlinks: sizes,
         }
     }
@@ -742,7 +774,7 @@ mod tests {
         };
         let keys: Vec<String> = (0..2_500).map(|i| format!("k{i}")).collect();
         let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-        let req = b.replay(&keys);
+        let req = b.replay(Vec::new(), &keys);
         assert_eq!(req.request.commands.len(), 3, "1,000 keys a command");
         assert!(
             !req.request.write,
@@ -755,7 +787,8 @@ mod tests {
             refused.unwrap().unwrap(),
             Replayed {
                 deleted: 2_000,
-                refused: 500
+                refused: 500,
+                kill_refused: None,
             },
             "the refused command's keys are passed over, not counted as deleted"
         );
