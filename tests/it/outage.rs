@@ -1338,6 +1338,68 @@ fn valkey_a_write_delayed_past_the_replay_never_brings_back_a_deleted_key_async(
     delayed_write(Server::valkey(), true);
 }
 
+/// A user the server does not let run `CLIENT KILL` (`-client|kill`; it is `@admin
+/// @dangerous`): the replay goes on without it (the deleted key is gone after it), warned
+/// once; a write delayed past the replay then lands, as the README says.
+#[cfg(feature = "redis")]
+fn redis_delayed_write_without_client_kill(asynch: bool) {
+    let server = crate::fixture::RedisServer::start("redis-server");
+    let mut admin = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("no-kill")
+        .arg(&["on", ">secret", "~*", "&*", "+@all", "-client|kill"])
+        .query(&mut admin)
+        .unwrap();
+    let hold = Hold::new(format!("127.0.0.1:{}", server.port));
+    let url = format!("redis://no-kill:secret@{}/0", hold.addr);
+    let logs = crate::obs::logs_at(tracing::Level::WARN, || {
+        let front = Front::build(
+            outage_settings(Cache::builder().redis(url), "outage-no-kill"),
+            asynch,
+        );
+        front.set("k", "v1").unwrap();
+        hold.cut();
+        assert!(front.set("k", "v2").unwrap_err().is_outcome_unknown());
+        let e = front.delete("k").unwrap_err();
+        assert!(e.to_string().contains("queued for replay"), "{e}");
+        hold.heal();
+        after_revival(&front, "k", None, 1);
+        assert_eq!(front.stats().replays_failed, 0);
+        hold.deliver_late();
+        let t = Instant::now();
+        while front.get("k").unwrap().is_none() {
+            assert!(
+                t.elapsed() < Duration::from_secs(5),
+                "the set's late bytes never landed"
+            );
+            thread::sleep(MS(20));
+        }
+    });
+    assert_eq!(
+        logs.matches("redis refused CLIENT INFO or CLIENT KILL")
+            .count(),
+        1,
+        "{logs}"
+    );
+    assert!(logs.contains("NOPERM"), "{logs}");
+}
+
+#[cfg(feature = "redis")]
+#[test]
+fn redis_a_replay_without_client_kill_permission_still_deletes() {
+    redis_delayed_write_without_client_kill(false);
+}
+
+#[cfg(feature = "redis")]
+#[test]
+fn redis_a_replay_without_client_kill_permission_still_deletes_async() {
+    redis_delayed_write_without_client_kill(true);
+}
+
 /// A forwarder that answers new connections late: what a connection sends in its first
 /// `delay` (set with [`set_delay`](Slow::set_delay)) reaches the server only then (a server
 /// slow to accept, a long path); after that it is forwarded at once.
