@@ -196,7 +196,23 @@ impl Server {
                     .unwrap()
                     .get_connection()
                     .unwrap();
-                redis::cmd("EXISTS").arg(derived).query(&mut c).unwrap()
+                // A server just restarted with its data accepts connections while it still
+                // loads them (`LOADING`): ask again until it has.
+                let t = Instant::now();
+                loop {
+                    match redis::cmd("EXISTS").arg(derived).query(&mut c) {
+                        Err(e)
+                            if e.kind()
+                                == redis::ErrorKind::Server(
+                                    redis::ServerErrorKind::BusyLoading,
+                                )
+                                && t.elapsed() < Duration::from_secs(5) =>
+                        {
+                            thread::sleep(MS(10));
+                        }
+                        r => return r.unwrap(),
+                    }
+                }
             }
         }
     }

@@ -11,6 +11,11 @@
 //! outside `block_on`) holds the connection it opened: callers on other runtimes time out on it
 //! (one `io_timeout`, one fault) before one of them reconnects; do not share an `AsyncCache`
 //! with such a runtime.
+//!
+//! The replay of what the server missed while out of reach runs on a task of its own on the
+//! caller's runtime (with the connect it may need), which the caller awaits: the first caller
+//! after an outage starts it, the others wait for its end, and none of them can hold it up by
+//! being dropped or left unpolled (its runtime, though, must be driven, as above).
 
 use std::sync::Arc;
 
