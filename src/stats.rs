@@ -193,8 +193,10 @@ stats! {
     /// Loads run at once, unclaimed and unstored, because the key holds a "not storable"
     /// marker (the last load's value was too large to cache): nobody waited for them.
     not_storable_loads => "newcache_not_storable_loads_total",
-    /// Deletes replayed on memcached servers that came back, before they served again: keys
-    /// this process invalidated while it could not reach them (the README's "Invalidations survive an outage").
+    /// Deletes replayed on memcached or Redis servers that came back, before they served
+    /// again: keys this process invalidated while it could not reach them (the README's
+    /// "Invalidations survive an outage"), each deleted there or found missing (a delete the
+    /// server or its proxy refused with an error reply is passed over, not counted).
     replayed_deletes,
     /// Keys not recorded for replay because their server's record was full
     /// (`replay_capacity`): that server's values from before are judged stale instead.

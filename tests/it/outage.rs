@@ -146,6 +146,14 @@ impl Server {
         Server::Redis(crate::fixture::RedisServer::start("redis-server"))
     }
 
+    /// Valkey 9 (the Redis protocol).
+    #[cfg(feature = "redis")]
+    fn valkey() -> Server {
+        Server::Redis(crate::fixture::RedisServer::start(
+            &crate::fixture::valkey_server(),
+        ))
+    }
+
     /// `host:port`.
     fn addr(&self) -> String {
         match self {
@@ -722,13 +730,22 @@ fn redis_an_overflowing_record_is_on_the_cache_clock_async() {
     overflow_on_a_clock(Server::redis(), true);
 }
 
-/// The engine hands a replay to a connection's task: a task dropped before it ran (its runtime
-/// shut down) gives the keys back, and the next connection replays them before it serves.
+/// The engine hands a replay to a connection's task, the Redis async view to a task of its
+/// own: a task dropped before it ran (its runtime shut down) gives the keys back, and the next
+/// caller (on another runtime) replays them before it reads.
 #[test]
 fn a_replay_dropped_with_its_runtime_is_kept_async() {
-    let server = Memcached::start();
-    let addrs = vec![server.addr()];
-    let cache = builder(&addrs, "outage-rtdrop").build_async().unwrap();
+    replay_dropped_with_its_runtime(Server::memcached());
+}
+
+#[cfg(feature = "redis")]
+#[test]
+fn redis_a_replay_dropped_with_its_runtime_is_kept_async() {
+    replay_dropped_with_its_runtime(Server::redis());
+}
+
+fn replay_dropped_with_its_runtime(server: Server) {
+    let cache = server.builder("outage-rtdrop").build_async().unwrap();
     let rt = || {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -1003,6 +1020,10 @@ fn replay_behind_twemproxy(asynch: bool) {
         "a key on the backend that is up: {got:?} (error lengths), replays failed: {}",
         s.replays_failed
     );
+    assert_eq!(
+        s.replayed_deletes, 0,
+        "the proxy refused the one replayed delete: nothing was deleted"
+    );
 }
 
 /// A call's future polled once, as the record is replayed, and then held without being polled
@@ -1058,7 +1079,6 @@ fn a_parked_call_holds_up_no_other_call() {
 
 #[cfg(feature = "redis")]
 #[test]
-#[ignore = "known gap, fails: the Redis async replay runs in the caller's future (memcached's runs on the connection's task)"]
 fn redis_a_parked_call_holds_up_no_other_call() {
     a_parked_call_holds_up_no_other(Server::redis());
 }
@@ -1109,6 +1129,57 @@ fn redis_a_write_the_server_refuses_is_not_queued_for_replay() {
 #[test]
 fn redis_a_write_the_server_refuses_is_not_queued_for_replay_async() {
     redis_refused_write(true);
+}
+
+/// A replayed `UNLINK` the server refuses with an error reply (here `NOPERM`: the URL's user
+/// may not run `UNLINK`) is passed over: the replay does not fail, and `replayed_deletes`
+/// counts none of its keys, since none was deleted.
+#[cfg(feature = "redis")]
+fn redis_refused_replay(asynch: bool) {
+    let server = crate::fixture::RedisServer::start("redis-server");
+    let mut admin = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("no-unlink")
+        .arg(&["on", ">secret", "~*", "&*", "+@all", "-unlink"])
+        .query(&mut admin)
+        .unwrap();
+    let switch = Switch::new(format!("127.0.0.1:{}", server.port));
+    let url = format!("redis://no-unlink:secret@{}/0", switch.addr);
+    let b = outage_settings(Cache::builder().redis(url), "outage-refused-replay")
+        .failure_limit(1_000_000);
+    let front = Front::build(b, asynch);
+    front.set("k", "v1").unwrap();
+    switch.cut();
+    let e = front.delete("k").unwrap_err();
+    assert!(e.to_string().contains("queued for replay"), "{e}");
+    switch.restore();
+    assert_eq!(
+        front.get("k").unwrap().as_deref(),
+        Some("v1"),
+        "the replayed UNLINK was refused: k is still there"
+    );
+    let s = front.stats();
+    assert_eq!(
+        (s.replayed_deletes, s.replays_failed),
+        (0, 0),
+        "the one replayed delete was refused (passed over, not deleted): {s:?}"
+    );
+}
+
+#[cfg(feature = "redis")]
+#[test]
+fn redis_a_replayed_delete_the_server_refuses_is_not_counted() {
+    redis_refused_replay(false);
+}
+
+#[cfg(feature = "redis")]
+#[test]
+fn redis_a_replayed_delete_the_server_refuses_is_not_counted_async() {
+    redis_refused_replay(true);
 }
 
 /// A forwarder whose partition delays what this process sent instead of losing it, as TCP does:
@@ -1246,23 +1317,98 @@ fn delayed_write(server: Server, asynch: bool) {
 }
 
 #[test]
-#[ignore = "known gap, fails: a write delayed in the network past the replay lands after it"]
+#[ignore = "known gap, fails: a write delayed in the network past the replay lands after it (memcached has no command to close another connection)"]
 fn a_write_delayed_past_the_replay_never_brings_back_a_deleted_key() {
     delayed_write(Server::memcached(), false);
 }
 
+/// On Redis and Valkey the replay first closes (`CLIENT KILL ID ... ADDR ...`) the
+/// connections this process dropped with a request unanswered: the set's bytes reach a
+/// connection the server no longer has.
 #[cfg(feature = "redis")]
 #[test]
-#[ignore = "known gap, fails: a write delayed in the network past the replay lands after it"]
 fn redis_a_write_delayed_past_the_replay_never_brings_back_a_deleted_key() {
     delayed_write(Server::redis(), false);
 }
 
 #[cfg(feature = "redis")]
 #[test]
-#[ignore = "known gap, fails: a write delayed in the network past the replay lands after it"]
 fn redis_a_write_delayed_past_the_replay_never_brings_back_a_deleted_key_async() {
     delayed_write(Server::redis(), true);
+}
+
+#[cfg(feature = "redis")]
+#[test]
+fn valkey_a_write_delayed_past_the_replay_never_brings_back_a_deleted_key() {
+    delayed_write(Server::valkey(), false);
+}
+
+#[cfg(feature = "redis")]
+#[test]
+fn valkey_a_write_delayed_past_the_replay_never_brings_back_a_deleted_key_async() {
+    delayed_write(Server::valkey(), true);
+}
+
+/// A user the server does not let run `CLIENT KILL` (`-client|kill`; it is `@admin
+/// @dangerous`): the replay goes on without it (the deleted key is gone after it), warned
+/// once; a write delayed past the replay then lands, as the README says.
+#[cfg(feature = "redis")]
+fn redis_delayed_write_without_client_kill(asynch: bool) {
+    let server = crate::fixture::RedisServer::start("redis-server");
+    let mut admin = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("no-kill")
+        .arg(&["on", ">secret", "~*", "&*", "+@all", "-client|kill"])
+        .query(&mut admin)
+        .unwrap();
+    let hold = Hold::new(format!("127.0.0.1:{}", server.port));
+    let url = format!("redis://no-kill:secret@{}/0", hold.addr);
+    let logs = crate::obs::logs_at(tracing::Level::WARN, || {
+        let front = Front::build(
+            outage_settings(Cache::builder().redis(url), "outage-no-kill"),
+            asynch,
+        );
+        front.set("k", "v1").unwrap();
+        hold.cut();
+        assert!(front.set("k", "v2").unwrap_err().is_outcome_unknown());
+        let e = front.delete("k").unwrap_err();
+        assert!(e.to_string().contains("queued for replay"), "{e}");
+        hold.heal();
+        after_revival(&front, "k", None, 1);
+        assert_eq!(front.stats().replays_failed, 0);
+        hold.deliver_late();
+        let t = Instant::now();
+        while front.get("k").unwrap().is_none() {
+            assert!(
+                t.elapsed() < Duration::from_secs(5),
+                "the set's late bytes never landed"
+            );
+            thread::sleep(MS(20));
+        }
+    });
+    assert_eq!(
+        logs.matches("redis refused CLIENT INFO or CLIENT KILL")
+            .count(),
+        1,
+        "{logs}"
+    );
+    assert!(logs.contains("NOPERM"), "{logs}");
+}
+
+#[cfg(feature = "redis")]
+#[test]
+fn redis_a_replay_without_client_kill_permission_still_deletes() {
+    redis_delayed_write_without_client_kill(false);
+}
+
+#[cfg(feature = "redis")]
+#[test]
+fn redis_a_replay_without_client_kill_permission_still_deletes_async() {
+    redis_delayed_write_without_client_kill(true);
 }
 
 /// A forwarder that answers new connections late: what a connection sends in its first

@@ -47,8 +47,8 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::mpsc::error::{TryRecvError, TrySendError};
 use tokio::sync::{Notify, mpsc, oneshot};
 
-use super::MissedOf;
 use super::Server;
+use crate::backend::memcached::health::MissedOf;
 use crate::backend::memcached::outage::{self, Replay};
 use crate::backend::memcached::wire::{self, Shape, Slot};
 use crate::backend::{Item, StoreOutcome};
@@ -632,8 +632,9 @@ pub(super) async fn run(
         let deleted = delete_all(&mut stream, &keys, settings.io_timeout).await;
         drop(keys);
         match deleted {
-            Ok(()) => r.done(
+            Ok(refused) => r.done(
                 &server.addr,
+                refused,
                 |j| {
                     let there = &server.peers[j];
                     (!Arc::ptr_eq(there, &server.health)).then_some(&there.missed)
@@ -677,9 +678,11 @@ pub(super) async fn run(
 }
 
 /// Deletes every key of `taken` on a connection not yet serving (pipelined, [`ROUND`] per
-/// exchange, each exchange within `io_timeout`), whether or not it exists.
-async fn delete_all(stream: &mut TcpStream, keys: &[&str], io_timeout: Duration) -> Result<()> {
+/// exchange, each exchange within `io_timeout`), whether or not it exists: how many deletes
+/// the server refused with an error reply (passed over).
+async fn delete_all(stream: &mut TcpStream, keys: &[&str], io_timeout: Duration) -> Result<usize> {
     use tokio::io::AsyncWriteExt;
+    let mut refused = 0;
     for part in keys.chunks(ROUND) {
         let mut out = Vec::new();
         for key in part {
@@ -698,18 +701,20 @@ async fn delete_all(stream: &mut TcpStream, keys: &[&str], io_timeout: Duration)
                 lines += buf[before..].iter().filter(|&&b| b == b'\n').count();
             }
             let mut r = io::Cursor::new(&buf[..]);
+            let mut refused = 0;
             for _ in part {
                 match wire::read_delete(&mut r) {
-                    Err(e) if !outage::refused(&e) => return Err(e),
-                    _ => {}
+                    Err(e) if outage::refused(&e) => refused += 1,
+                    Err(e) => return Err(e),
+                    Ok(_) => {}
                 }
             }
             if usize::try_from(r.position()).ok() != Some(buf.len()) {
                 return Err(wire::protocol_error("bytes after the last delete's reply"));
             }
-            Ok(())
+            Ok(refused)
         };
-        tokio::time::timeout(io_timeout, exchange)
+        refused += tokio::time::timeout(io_timeout, exchange)
             .await
             .map_err(|_| {
                 Error::new(
@@ -718,7 +723,7 @@ async fn delete_all(stream: &mut TcpStream, keys: &[&str], io_timeout: Duration)
                 )
             })??;
     }
-    Ok(())
+    Ok(refused)
 }
 
 /// Refuses new ops (senders see the queue closed and reconnect) and fails the queued ones.

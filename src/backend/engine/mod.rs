@@ -49,7 +49,7 @@ use tokio::task::JoinHandle;
 
 use self::conn::{Conn, KEYS_PER_LINE, Op, Parse, QUEUE, Reply};
 use super::memcached::MemcachedConfig;
-use super::memcached::health::{Gate, Health};
+use super::memcached::health::{Gate, Health, MissedOf};
 use super::memcached::outage::{self, Begin, Missed, Replay};
 use super::memcached::routing::Routing;
 use super::memcached::wire::{self, Slot};
@@ -98,18 +98,6 @@ impl fmt::Debug for Engine {
             .field("servers", &addrs)
             .field("item_size", &self.settings.item_size)
             .finish_non_exhaustive()
-    }
-}
-
-/// A server's record of missed invalidations, held by a replay that outlives the caller (it
-/// runs in a connection's task).
-pub(super) struct MissedOf(Arc<Health>);
-
-impl std::ops::Deref for MissedOf {
-    type Target = Missed;
-
-    fn deref(&self) -> &Missed {
-        &self.0.missed
     }
 }
 

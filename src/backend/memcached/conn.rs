@@ -304,18 +304,25 @@ impl Conn {
 
     /// Deletes every key (pipelined, [`PIPELINE_CHUNK`] per exchange), whether or not it exists;
     /// a key the server refuses with an error reply is passed over.
-    pub(crate) fn delete_all(&mut self, keys: &[&str]) -> Result<()> {
-        keys.chunks(PIPELINE_CHUNK).try_for_each(|part| {
-            self.write_exchange(
+    pub(crate) fn delete_all(&mut self, keys: &[&str]) -> Result<usize> {
+        let mut refused = 0;
+        for part in keys.chunks(PIPELINE_CHUNK) {
+            refused += self.write_exchange(
                 |b| part.iter().try_for_each(|k| wire::encode_delete(b, k)),
                 |r| {
-                    part.iter().try_for_each(|_| match wire::read_delete(r) {
-                        Err(e) if !super::outage::refused(&e) => Err(e),
-                        _ => Ok(()),
-                    })
+                    let mut refused = 0;
+                    for _ in part {
+                        match wire::read_delete(r) {
+                            Err(e) if super::outage::refused(&e) => refused += 1,
+                            Err(e) => return Err(e),
+                            Ok(_) => {}
+                        }
+                    }
+                    Ok(refused)
                 },
-            )
-        })
+            )?;
+        }
+        Ok(refused)
     }
 
     pub(crate) fn store(&mut self, w: &Write<'_>, max_value: usize) -> Result<StoreOutcome> {

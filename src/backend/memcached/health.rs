@@ -57,6 +57,20 @@ pub(crate) struct Health {
     last_fault: LastFault,
 }
 
+/// A server's record of missed invalidations, held by a replay that outlives its caller (it
+/// runs in a task: the engine's connection's, the Redis async view's replay).
+#[cfg(feature = "tokio")]
+pub(crate) struct MissedOf(pub(crate) std::sync::Arc<Health>);
+
+#[cfg(feature = "tokio")]
+impl std::ops::Deref for MissedOf {
+    type Target = super::outage::Missed;
+
+    fn deref(&self) -> &super::outage::Missed {
+        &self.0.missed
+    }
+}
+
 /// The last transport fault seen on a server: what its "marked dead" errors give as their
 /// source, so a caller can tell a refused connect from a timeout.
 #[derive(Debug, Default)]

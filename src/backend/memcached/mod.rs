@@ -302,9 +302,10 @@ impl MemcachedBackend {
                 outage::Begin::Mine(replay) => {
                     let keys: Vec<&str> = replay.keys().collect();
                     return match conn.delete_all(&keys) {
-                        Ok(()) => {
+                        Ok(refused) => {
                             replay.done(
                                 &server.addr,
+                                refused,
                                 |j| (j != i).then(|| self.missed(j)),
                                 self.replay_capacity,
                             );

@@ -241,20 +241,21 @@ impl<M: Deref<Target = Missed>> Replay<M> {
         self.taken.iter().map(|(k, _)| &**k)
     }
 
-    /// The keys were deleted on the server at `addr`: counts them, and hands each copy written
-    /// elsewhere on to that server's record (`other(j)`: server `j`'s, if it is another); a
-    /// copy that does not fit there makes this server's older values stale instead.
+    /// The keys were deleted on the server at `addr`, but for `refused` of them, whose delete
+    /// it refused with an error reply (passed over): counts those deleted, and hands each copy
+    /// written elsewhere on to that server's record (`other(j)`: server `j`'s, if it is
+    /// another); a copy that does not fit there makes this server's older values stale instead.
     pub(crate) fn done<'a>(
         mut self,
         addr: &str,
+        refused: usize,
         other: impl Fn(usize) -> Option<&'a Missed>,
         capacity: usize,
     ) {
         self.settled = true;
         let missed = &*self.missed;
-        missed
-            .replayed
-            .fetch_add(self.taken.len() as u64, Ordering::Relaxed);
+        let deleted = self.taken.len().saturating_sub(refused);
+        missed.replayed.fetch_add(deleted as u64, Ordering::Relaxed);
         for (key, copies) in &self.taken {
             for &j in copies {
                 if let Some(there) = other(j) {
@@ -266,7 +267,8 @@ impl<M: Deref<Target = Missed>> Replay<M> {
         }
         tracing::info!(
             server = %addr,
-            deletes = self.taken.len(),
+            deletes = deleted,
+            refused,
             "newcache: replayed the invalidations a server missed while out of reach"
         );
     }
@@ -479,7 +481,7 @@ mod tests {
             "one replay at a time"
         );
         assert!(!m.wait(Duration::from_millis(5)), "still in flight");
-        r.done("a:1", |_| None, 10);
+        r.done("a:1", 0, |_| None, 10);
         assert!(!m.pending());
         assert!(m.wait(Duration::ZERO));
         assert!(matches!(Missed::begin(&m), Begin::Clear));
@@ -521,7 +523,7 @@ mod tests {
         assert_eq!(m.incomplete.load(Ordering::Relaxed), 2);
         let kept = mine(&m);
         assert_eq!(sorted(&kept).len(), 2, "kept");
-        kept.done("a:1", |_| None, 10);
+        kept.done("a:1", 0, |_| None, 10);
         assert!(!m.pending());
     }
 
@@ -531,7 +533,7 @@ mod tests {
         m.note("a", None, 10);
         let r = mine(&m);
         m.note("b", None, 10);
-        r.done("a:1", |_| None, 10);
+        r.done("a:1", 0, |_| None, 10);
         assert!(m.pending());
         assert_eq!(sorted(&mine(&m)), vec![("b".into(), vec![])]);
     }

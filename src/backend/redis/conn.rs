@@ -1,11 +1,14 @@
 //! The sync backend's pool of blocking connections: at most `pool_size` open at once, each
-//! under `io_timeout` per operation; a connection that met a fault is dropped, not returned.
+//! under `io_timeout` per operation; a connection that met a fault is dropped, not returned
+//! (and remembered, by its id on the server, for the next replay to close).
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 use redis::{ConnectionLike, Value};
 
+use super::clients::{self, ClientId, Clients};
 use super::{Failure, RedisConfig};
 use crate::error::{Error, ErrorKind};
 
@@ -16,11 +19,18 @@ pub(super) struct Pool {
     size: usize,
     state: Mutex<State>,
     freed: Condvar,
+    clients: Arc<Clients>,
+}
+
+/// An open connection, and who it is to the server (if it said).
+struct Open {
+    conn: redis::Connection,
+    client: Option<ClientId>,
 }
 
 #[derive(Default)]
 struct State {
-    idle: Vec<redis::Connection>,
+    idle: Vec<Open>,
     /// Connections open (idle or checked out).
     open: usize,
     /// Raised by `clear`: connections checked out before it are not given back.
@@ -28,8 +38,9 @@ struct State {
 }
 
 impl Pool {
-    pub(super) fn new(client: redis::Client, config: &RedisConfig) -> Pool {
+    pub(super) fn new(client: redis::Client, config: &RedisConfig, clients: Arc<Clients>) -> Pool {
         Pool {
+            clients,
             client,
             connect_timeout: config.connect_timeout,
             io_timeout: config.io_timeout,
@@ -73,7 +84,9 @@ impl Pool {
         }
     }
 
-    fn connect(&self) -> Result<redis::Connection, Failure> {
+    /// A new connection, its set-up done (`AUTH`, `SELECT`), and its id learned (`CLIENT
+    /// INFO`: one round trip more; none if the server refuses the command).
+    fn connect(&self) -> Result<Open, Failure> {
         #[cfg(feature = "redis-tls")]
         if matches!(
             self.client.get_connection_info().addr(),
@@ -96,7 +109,12 @@ impl Pool {
                 e,
             ))
         })?;
-        Ok(conn)
+        let mut conn = conn;
+        let client = self
+            .clients
+            .learned(conn.req_command(&clients::info()))
+            .map_err(super::connect_failure)?;
+        Ok(Open { conn, client })
     }
 
     /// A checked-out connection was dropped (not given back).
@@ -109,7 +127,7 @@ impl Pool {
         self.freed.notify_one();
     }
 
-    fn give_back(&self, conn: redis::Connection, generation: u64) {
+    fn give_back(&self, conn: Open, generation: u64) {
         let mut state = self.state.lock();
         if state.generation == generation {
             state.idle.push(conn);
@@ -145,7 +163,7 @@ impl Pool {
 /// whole answer: the connection is in step with the server).
 pub(super) struct Pooled<'a> {
     pool: &'a Pool,
-    conn: Option<redis::Connection>,
+    conn: Option<Open>,
     generation: u64,
     keep: bool,
     /// Taken from the idle list (it may have been closed by the server meanwhile).
@@ -153,7 +171,7 @@ pub(super) struct Pooled<'a> {
 }
 
 impl<'a> Pooled<'a> {
-    fn new(pool: &'a Pool, conn: redis::Connection, generation: u64, reused: bool) -> Pooled<'a> {
+    fn new(pool: &'a Pool, conn: Open, generation: u64, reused: bool) -> Pooled<'a> {
         Pooled {
             pool,
             conn: Some(conn),
@@ -173,9 +191,11 @@ impl<'a> Pooled<'a> {
     }
 
     fn conn(&mut self) -> &mut redis::Connection {
-        self.conn
+        &mut self
+            .conn
             .as_mut()
             .expect("a pooled connection until dropped")
+            .conn
     }
 
     /// The replies to `cmds`, pipelined (one round trip), error replies inline.
@@ -197,9 +217,11 @@ impl<'a> Pooled<'a> {
 impl Drop for Pooled<'_> {
     fn drop(&mut self) {
         if let Some(conn) = self.conn.take() {
-            if self.keep && conn.is_open() {
+            if self.keep && conn.conn.is_open() {
                 self.pool.give_back(conn, self.generation);
             } else {
+                // Its request's bytes may still be on their way: the next replay closes it.
+                self.pool.clients.dropped(conn.client);
                 self.pool.closed(self.generation);
             }
         }

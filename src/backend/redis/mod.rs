@@ -17,6 +17,7 @@
 //! a server back from a partition, a pause or a restart with its data (Redis persists) never
 //! serves this process a value it invalidated meanwhile.
 
+mod clients;
 mod config;
 mod conn;
 mod item;
@@ -27,6 +28,7 @@ mod script;
 #[cfg(feature = "redis-tls")]
 mod tls;
 
+use std::ops::Deref;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -51,6 +53,8 @@ pub(crate) struct Shared {
     /// `host:port`.
     addr: String,
     health: Arc<Health>,
+    /// This process's connections to the server that a replay is to close first.
+    clients: Arc<clients::Clients>,
     requests: request::Builder,
     stamps: Rng,
     /// The origin of the health clock.
@@ -211,13 +215,20 @@ impl Shared {
 
     /// How long a caller waits for another's replay before it gives up: as long as that
     /// replay may take, its connect included (a wait for the pool or for another caller's
-    /// connect, the connect, the connection's set-up: a `connect_timeout` each) and its
-    /// `UNLINK`s (an `io_timeout`; the sync pool's one retry on a stale connection, another).
+    /// connect, the connect, the connection's set-up: a `connect_timeout` each; its
+    /// `CLIENT INFO`: an `io_timeout`) and its `UNLINK`s (an `io_timeout`; the sync pool's one
+    /// retry on a stale connection, another).
     fn replay_wait(&self) -> std::time::Duration {
         let c = &self.config;
         c.connect_timeout
             .saturating_mul(3)
-            .saturating_add(c.io_timeout.saturating_mul(2))
+            .saturating_add(c.io_timeout.saturating_mul(3))
+    }
+
+    /// The request of a replay of `keys`: first the `CLIENT KILL`s of this process's
+    /// connections dropped with a request perhaps still in the network.
+    fn replay_request(&self, keys: &[&str]) -> request::ReplayRequest {
+        self.requests.replay(self.clients.to_close(), keys)
     }
 
     /// The error of a caller that waited for another's replay in vain.
@@ -227,21 +238,36 @@ impl Shared {
         ))
     }
 
-    /// The keys of `replay` were deleted (`refused` commands passed over).
-    fn replayed(&self, replay: Replay<&Missed>, refused: usize) {
-        if refused > 0 {
+    /// The keys of `replay` were deleted by `req`, as `done` says (refused ones passed over),
+    /// and the connections it was to close are closed (or the server refused to: warned once).
+    fn replayed<M: Deref<Target = Missed>>(
+        &self,
+        replay: Replay<M>,
+        req: &request::ReplayRequest,
+        done: &request::Replayed,
+    ) {
+        if let Some((code, detail)) = &done.kill_refused {
+            self.clients.refused(code, detail.as_deref());
+        }
+        self.clients.closed(&req.kills);
+        if done.refused > 0 {
             tracing::warn!(
                 server = %self.addr,
-                refused,
+                refused = done.refused,
                 "newcache: the redis server refused some of the replayed deletes; their keys \
                  are passed over"
             );
         }
-        replay.done(&self.addr, |_| None, self.config.replay_capacity);
+        replay.done(
+            &self.addr,
+            done.refused,
+            |_| None,
+            self.config.replay_capacity,
+        );
     }
 
     /// `replay` failed with `f`: its keys are kept for the next attempt.
-    fn replay_failed(&self, replay: Replay<&Missed>, f: &Failure) {
+    fn replay_failed<M: Deref<Target = Missed>>(&self, replay: Replay<M>, f: &Failure) {
         replay.failed(&self.addr, f.error(), self.config.replay_capacity);
     }
 
@@ -400,9 +426,11 @@ impl RedisBackend {
     /// other than `redis://`, a zero pool size or a zero timeout.
     pub fn new(config: RedisConfig) -> Result<RedisBackend> {
         let client = config.client()?;
+        let clients = Arc::new(clients::Clients::new(config.addr()));
         let shared = Arc::new(Shared {
             addr: config.addr(),
             health: Arc::new(Health::default()),
+            clients: clients.clone(),
             requests: request::Builder {
                 item_size: config.item_size,
                 key_limit: config.key_limit,
@@ -415,7 +443,7 @@ impl RedisBackend {
             config,
         });
         Ok(RedisBackend {
-            pool: Pool::new(client, &shared.config),
+            pool: Pool::new(client, &shared.config, clients),
             shared,
         })
     }
@@ -472,17 +500,17 @@ impl RedisBackend {
                 }
                 Begin::Mine(replay) => {
                     let keys: Vec<&str> = replay.keys().collect();
-                    let req = s.requests.replay(&keys);
+                    let req = s.replay_request(&keys);
                     drop(keys);
-                    let r = self.send(&req).and_then(|vs| match (req.read)(vs) {
-                        Ok(Ok(refused)) => Ok(refused),
+                    let r = self.send(&req.request).and_then(|vs| match req.read(vs) {
+                        Ok(Ok(done)) => Ok(done),
                         // Not serving yet: nothing against it, and the keys are kept.
                         Ok(Err(e)) => Err(Failure::Local(e)),
                         Err(e) => Err(Failure::Fault(e)),
                     });
                     return match r {
-                        Ok(refused) => {
-                            s.replayed(replay, refused);
+                        Ok(done) => {
+                            s.replayed(replay, &req, &done);
                             Ok(())
                         }
                         Err(f) => {

@@ -11,6 +11,11 @@
 //! outside `block_on`) holds the connection it opened: callers on other runtimes time out on it
 //! (one `io_timeout`, one fault) before one of them reconnects; do not share an `AsyncCache`
 //! with such a runtime.
+//!
+//! The replay of what the server missed while out of reach runs on a task of its own on the
+//! caller's runtime (with the connect it may need), which the caller awaits: the first caller
+//! after an outage starts it, the others wait for its end, and none of them can hold it up by
+//! being dropped or left unpolled (its runtime, though, must be driven, as above).
 
 use std::sync::Arc;
 
@@ -18,9 +23,11 @@ use redis::Value;
 use redis::aio::MultiplexedConnection;
 use tokio::task::JoinHandle;
 
+use super::clients::{self, ClientId};
 use super::request::{self, Request, noscript_retry};
 use super::{Failure, Shared, connect_failure, failure_of};
-use crate::backend::memcached::outage::{Begin, Missed};
+use crate::backend::memcached::health::MissedOf;
+use crate::backend::memcached::outage::{Begin, Missed, Replay};
 use crate::backend::{AsyncBackend, BoxFuture, Item, StoreOutcome, Write};
 use crate::error::{Error, ErrorKind, Result};
 
@@ -30,6 +37,8 @@ struct Live {
     id: u64,
     conn: MultiplexedConnection,
     driver: JoinHandle<()>,
+    /// Who it is to the server (if it said): closed by the next replay once retired.
+    client: Option<ClientId>,
 }
 
 impl Live {
@@ -54,7 +63,21 @@ impl Drop for Live {
 }
 
 /// The async view of a Redis server (shares [`Shared`] with the sync backend).
-pub(crate) struct AsyncRedis {
+///
+/// A handle on its state: a replay runs on a task of its own, which holds the state too
+/// ([`Inner::replay`]). The calls are `Inner`'s, reached through `Deref`.
+pub(crate) struct AsyncRedis(Arc<Inner>);
+
+impl std::ops::Deref for AsyncRedis {
+    type Target = Arc<Inner>;
+
+    fn deref(&self) -> &Arc<Inner> {
+        &self.0
+    }
+}
+
+/// The async view's state: the server's [`Shared`], its connection and how to open one.
+pub(crate) struct Inner {
     shared: Arc<Shared>,
     info: redis::ConnectionInfo,
     /// A `rediss://` server's handshake.
@@ -79,7 +102,7 @@ impl AsyncRedis {
     /// The async view of `shared`'s server. Never connects.
     pub(crate) fn new(shared: Arc<Shared>) -> Result<AsyncRedis> {
         let info = shared.config.client()?.get_connection_info().clone();
-        Ok(AsyncRedis {
+        Ok(AsyncRedis(Arc::new(Inner {
             #[cfg(feature = "redis-tls")]
             tls: super::tls::Handshake::of(&info, shared.config.tls.as_ref())?,
             shared,
@@ -87,9 +110,11 @@ impl AsyncRedis {
             live: parking_lot::Mutex::new(None),
             connecting: tokio::sync::Mutex::new(()),
             opened: std::sync::atomic::AtomicU64::new(0),
-        })
+        })))
     }
+}
 
+impl Inner {
     /// The open connection (`None` if it has none or its driver ended).
     fn current(&self) -> Option<(u64, MultiplexedConnection)> {
         let live = self.live.lock();
@@ -114,12 +139,7 @@ impl AsyncRedis {
         if let Some(c) = self.current() {
             return Ok(c);
         }
-        let rt = tokio::runtime::Handle::try_current().map_err(|_| {
-            Failure::Local(Error::config(
-                "an AsyncCache needs a tokio runtime with I/O and timers enabled \
-                 (Builder::enable_all); none is running on this thread",
-            ))
-        })?;
+        let rt = runtime()?;
         let config = redis::AsyncConnectionConfig::new()
             .set_connection_timeout(Some(connect_timeout))
             .set_response_timeout(Some(s.config.io_timeout));
@@ -165,7 +185,8 @@ impl AsyncRedis {
     }
 
     /// A multiplexed connection on `stream` (its set-up: `AUTH`, `SELECT`), its driver spawned
-    /// on `rt`.
+    /// on `rt`, its id on the server learned (`CLIENT INFO`: one round trip more; none if the
+    /// server refuses the command).
     async fn open<C>(
         &self,
         rt: tokio::runtime::Handle,
@@ -192,14 +213,29 @@ impl AsyncRedis {
             }
         };
         let driver = rt.spawn(driver);
+        let mut conn = conn;
+        let info = conn.send_packed_command(&clients::info()).await;
+        let client = match self.shared.clients.learned(info) {
+            Ok(client) => client,
+            Err(e) => {
+                driver.abort();
+                return Err(connect_failure(e));
+            }
+        };
         let id = self
             .opened
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        *self.live.lock() = Some(Live {
+        let replaced = self.live.lock().replace(Live {
             id,
             conn: conn.clone(),
             driver,
+            client,
         });
+        // Its driver ended (the server's doing, or its runtime's): bytes of a request on it
+        // may still be on their way.
+        if let Some(old) = replaced {
+            self.shared.clients.dropped(old.client.clone());
+        }
         Ok((id, conn))
     }
 
@@ -216,8 +252,9 @@ impl AsyncRedis {
         let mut live = self.live.lock();
         match (&*live, id) {
             (Some(l), Some(id)) if l.id == id => {
-                let orphaned = live.take().is_some_and(Live::cancelled);
-                (true, orphaned)
+                let retired = live.take().expect("matched");
+                self.shared.clients.dropped(retired.client.clone());
+                (true, retired.cancelled())
             }
             // A failed connect (no id) is a fault of its own.
             (_, None) => (true, false),
@@ -226,7 +263,7 @@ impl AsyncRedis {
     }
 
     /// Sends `req` through the health gate and reads its answer.
-    async fn run<T>(&self, req: Result<Request<T>>) -> Result<T> {
+    async fn run<T>(self: &Arc<Self>, req: Result<Request<T>>) -> Result<T> {
         let s = &self.shared;
         let req = req?;
         crate::backend::note_server(&s.addr);
@@ -270,12 +307,18 @@ impl AsyncRedis {
     }
 
     /// Deletes the keys the server missed while out of reach, before anything else is sent
-    /// (or waits for the caller doing it). A replay that fails, or whose future is dropped,
-    /// keeps its keys for the next one.
-    async fn replay(&self) -> std::result::Result<(), (Option<u64>, Failure)> {
+    /// (or waits for the caller doing it).
+    ///
+    /// The replay (with the connect it may need) runs on a task of its own, which this caller
+    /// awaits: a caller whose future is dropped, or parked unpolled, never holds it up (others
+    /// wait for its end, not for the caller). A replay that fails, or whose task is dropped
+    /// unfinished (its runtime shut down), keeps its keys for the next one. A fault it meets is
+    /// counted by the caller awaiting it (none if that caller went away: the next call meets
+    /// the connection's state itself).
+    async fn replay(self: &Arc<Self>) -> std::result::Result<(), (Option<u64>, Failure)> {
         let s = &self.shared;
         loop {
-            match Missed::begin(s.missed()) {
+            match Missed::begin(MissedOf(s.health.clone())) {
                 Begin::Clear => return Ok(()),
                 Begin::Busy => {
                     if !s.missed().wait_async(s.replay_wait()).await {
@@ -283,30 +326,55 @@ impl AsyncRedis {
                     }
                 }
                 Begin::Mine(replay) => {
-                    let req = {
-                        let keys: Vec<&str> = replay.keys().collect();
-                        s.requests.replay(&keys)
-                    };
-                    let r = match self.send(&req).await {
-                        Ok(vs) => match (req.read)(vs) {
-                            Ok(Ok(refused)) => Ok(refused),
-                            // Not serving yet: nothing against it, and the keys are kept.
-                            Ok(Err(e)) => Err((None, Failure::Local(e))),
-                            Err(e) => Err((None, Failure::Fault(e))),
-                        },
-                        Err(x) => Err(x),
-                    };
-                    return match r {
-                        Ok(refused) => {
-                            s.replayed(replay, refused);
-                            Ok(())
-                        }
-                        Err((id, f)) => {
-                            s.replay_failed(replay, &f);
-                            Err((id, f))
-                        }
+                    let rt = runtime().map_err(|f| (None, f))?;
+                    let this = self.clone();
+                    let task = rt.spawn(async move { this.replay_now(replay).await });
+                    return match task.await {
+                        Ok(r) => r,
+                        // The runtime is shutting down (the task was dropped with it: its keys
+                        // are kept), or the task panicked.
+                        Err(e) => Err((
+                            None,
+                            Failure::Local(Error::with_source(
+                                ErrorKind::Backend,
+                                "the replay of the invalidations the server missed ended \
+                                 unfinished (its keys are kept)",
+                                e,
+                            )),
+                        )),
                     };
                 }
+            }
+        }
+    }
+
+    /// Runs `replay`: its `UNLINK`s, on the open connection or a new one.
+    async fn replay_now(
+        &self,
+        replay: Replay<MissedOf>,
+    ) -> std::result::Result<(), (Option<u64>, Failure)> {
+        let s = &self.shared;
+        let req = {
+            let keys: Vec<&str> = replay.keys().collect();
+            s.replay_request(&keys)
+        };
+        let r = match self.send(&req.request).await {
+            Ok(vs) => match req.read(vs) {
+                Ok(Ok(done)) => Ok(done),
+                // Not serving yet: nothing against it, and the keys are kept.
+                Ok(Err(e)) => Err((None, Failure::Local(e))),
+                Err(e) => Err((None, Failure::Fault(e))),
+            },
+            Err(x) => Err(x),
+        };
+        match r {
+            Ok(done) => {
+                s.replayed(replay, &req, &done);
+                Ok(())
+            }
+            Err((id, f)) => {
+                s.replay_failed(replay, &f);
+                Err((id, f))
             }
         }
     }
@@ -332,6 +400,16 @@ impl AsyncRedis {
         }
         Ok(replies)
     }
+}
+
+/// The runtime current on this thread.
+fn runtime() -> std::result::Result<tokio::runtime::Handle, Failure> {
+    tokio::runtime::Handle::try_current().map_err(|_| {
+        Failure::Local(Error::config(
+            "an AsyncCache needs a tokio runtime with I/O and timers enabled \
+             (Builder::enable_all); none is running on this thread",
+        ))
+    })
 }
 
 /// `cmds` pipelined on `conn`, error replies inline.

@@ -6,6 +6,7 @@
 use bytes::Bytes;
 use redis::Value;
 
+use super::clients::{self, ClientId};
 use super::item::{self, Expiry};
 use super::script::{Script, Scripts};
 use crate::backend::{Item, StoreMode, StoreOutcome, Write};
@@ -55,6 +56,78 @@ impl<T> Request<T> {
             write,
             read,
         }
+    }
+}
+
+/// A replay's commands ([`Builder::replay`]), and what their replies say ([`ReplayRequest::read`]).
+pub(super) struct ReplayRequest {
+    /// The commands; its replies come back as they are.
+    pub(super) request: Request<Vec<Value>>,
+    /// The connections its `CLIENT KILL`s close, sent first.
+    pub(super) kills: Vec<ClientId>,
+    /// How many keys each `UNLINK` names, in order, sent after.
+    unlinks: Vec<usize>,
+}
+
+/// What a replay's replies said.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct Replayed {
+    /// Keys the server deleted or did not hold (their `UNLINK` answered with a count).
+    pub(super) deleted: usize,
+    /// Keys whose `UNLINK` the server refused with an error reply: passed over (as memcached's
+    /// replay passes over a delete its proxy refuses).
+    pub(super) refused: usize,
+    /// The error code and detail of a refused `CLIENT KILL` (`NOPERM`, ...), if one was: the
+    /// replay goes on without it.
+    pub(super) kill_refused: Option<(String, Option<String>)>,
+}
+
+impl ReplayRequest {
+    /// The answer to the replies `vs`: what was deleted and passed over, or, inside, the
+    /// refusal of a server not serving yet ([`not_serving_yet`]: loading its data, say), whose
+    /// keys are kept for the next replay.
+    pub(super) fn read(&self, vs: Vec<Value>) -> Result<Result<Replayed>> {
+        if vs.len() != self.kills.len() + self.unlinks.len() {
+            return Err(Error::backend(
+                "a replay's replies do not match its commands",
+            ));
+        }
+        let mut done = Replayed {
+            deleted: 0,
+            refused: 0,
+            kill_refused: None,
+        };
+        let mut vs = vs.into_iter();
+        for v in vs.by_ref().take(self.kills.len()) {
+            match v {
+                // How many it closed (0: gone already), or `+OK`.
+                Value::Int(_) | Value::Okay => {}
+                Value::ServerError(e) => {
+                    let why = (e.code().to_owned(), e.details().map(str::to_owned));
+                    done.kill_refused.get_or_insert(why);
+                }
+                other => {
+                    return Err(Error::backend(format!(
+                        "a replay's CLIENT KILL answered {other:?}"
+                    )));
+                }
+            }
+        }
+        for (v, &keys) in vs.zip(&self.unlinks) {
+            match v {
+                Value::Int(_) => done.deleted += keys,
+                Value::ServerError(e) if not_serving_yet(e.code()) => {
+                    return Ok(Err(refused(e)));
+                }
+                Value::ServerError(_) => done.refused += keys,
+                other => {
+                    return Err(Error::backend(format!(
+                        "a replayed UNLINK answered {other:?}, not a count"
+                    )));
+                }
+            }
+        }
+        Ok(Ok(done))
     }
 }
 
@@ -597,43 +670,35 @@ impl Builder {
 
     /// The deletes of a replay (the keys the server missed while out of reach): `UNLINK`s of up
     /// to [`CLEAR_STEP`] keys each, pipelined. Not a write in the sense of `write`: deleting a
-    /// key again is harmless, so a replay whose reply never came is simply made again. Answers
-    /// how many commands the server refused with an error reply (their keys are passed over,
-    /// as memcached's replay passes over a delete its proxy refuses), or, inside, the refusal
-    /// of a server not serving yet ([`not_serving_yet`]: loading its data, say), whose keys
-    /// are kept for the next replay.
-    pub(super) fn replay(&self, keys: &[&str]) -> Request<Result<usize>> {
-        let commands = keys
-            .chunks(CLEAR_STEP as usize)
-            .map(|chunk| {
-                let mut cmd = redis::cmd("UNLINK");
-                for k in chunk {
-                    cmd.arg(*k);
-                }
-                Command { cmd, script: None }
-            })
+    /// key again is harmless, so a replay whose reply never came is simply made again.
+    ///
+    /// First, in the same round trip, a `CLIENT KILL` of each connection in `kills` (this
+    /// process's, dropped with a request perhaps still in the network: `clients.rs`), so that
+    /// no write delayed past the replay lands on one of them.
+    pub(super) fn replay(&self, kills: Vec<ClientId>, keys: &[&str]) -> ReplayRequest {
+        let chunks = keys.chunks(CLEAR_STEP as usize);
+        let sizes = chunks.clone().map(<[&str]>::len).collect();
+        let unlinks = chunks.map(|chunk| {
+            let mut cmd = redis::cmd("UNLINK");
+            for k in chunk {
+                cmd.arg(*k);
+            }
+            cmd
+        });
+        let commands = kills
+            .iter()
+            .map(clients::kill)
+            .chain(unlinks)
+            .map(|cmd| Command { cmd, script: None })
             .collect();
-        Request {
-            commands,
-            write: false,
-            read: |vs| {
-                let mut refused = 0;
-                for v in vs {
-                    match v {
-                        Value::Int(_) => {}
-                        Value::ServerError(e) if not_serving_yet(e.code()) => {
-                            return Ok(Err(self::refused(e)));
-                        }
-                        Value::ServerError(_) => refused += 1,
-                        other => {
-                            return Err(Error::backend(format!(
-                                "a replayed UNLINK answered {other:?}, not a count"
-                            )));
-                        }
-                    }
-                }
-                Ok(Ok(refused))
+        ReplayRequest {
+            request: Request {
+                commands,
+                write: false,
+                read: Ok,
             },
+            kills,
+            unlinks: sizes,
         }
     }
 
@@ -709,21 +774,36 @@ mod tests {
         };
         let keys: Vec<String> = (0..2_500).map(|i| format!("k{i}")).collect();
         let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-        let req = b.replay(&keys);
-        assert_eq!(req.commands.len(), 3, "1,000 keys a command");
+        let req = b.replay(Vec::new(), &keys);
+        assert_eq!(req.request.commands.len(), 3, "1,000 keys a command");
         assert!(
-            !req.write,
+            !req.request.write,
             "a delete made again is harmless: retried like a read"
         );
         let refusal = redis::parse_redis_value(b"-NOPERM no permission\r\n").unwrap();
         assert!(matches!(refusal, Value::ServerError(_)), "{refusal:?}");
-        let refused = (req.read)(vec![Value::Int(1000), refusal, Value::Int(3)]).unwrap();
-        assert_eq!(refused.unwrap(), 1);
-        assert!((req.read)(vec![Value::Okay]).is_err(), "not a count");
+        let refused = req.read(vec![Value::Int(1000), Value::Int(3), refusal.clone()]);
+        assert_eq!(
+            refused.unwrap().unwrap(),
+            Replayed {
+                deleted: 2_000,
+                refused: 500,
+                kill_refused: None,
+            },
+            "the refused command's keys are passed over, not counted as deleted"
+        );
+        assert!(
+            req.read(vec![Value::Okay, Value::Int(1), Value::Int(1)])
+                .is_err(),
+            "not a count"
+        );
+        assert!(req.read(vec![Value::Int(1)]).is_err(), "a reply missing");
         let loading =
             redis::parse_redis_value(b"-LOADING Redis is loading the dataset in memory\r\n")
                 .unwrap();
-        let kept = (req.read)(vec![Value::Int(1000), loading, Value::Int(3)]).unwrap();
+        let kept = req
+            .read(vec![Value::Int(1000), loading, Value::Int(3)])
+            .unwrap();
         let e = kept.unwrap_err();
         assert!(format!("{e:?}").contains("loading the dataset"), "{e:?}");
     }
