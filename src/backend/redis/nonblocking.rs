@@ -56,6 +56,14 @@ impl Drop for Live {
 /// The async view of a Redis server (shares [`Shared`] with the sync backend).
 pub(crate) struct AsyncRedis {
     shared: Arc<Shared>,
+    link: Arc<Link>,
+    /// Each command is sent after `ASKING` (a cluster node's view for the keys of a slot being
+    /// imported, to follow an `ASK` redirect).
+    asking: bool,
+}
+
+/// The connection of an async view (shared by its asking view).
+struct Link {
     info: redis::ConnectionInfo,
     /// A `rediss://` server's handshake.
     #[cfg(feature = "redis-tls")]
@@ -80,19 +88,42 @@ impl AsyncRedis {
     pub(crate) fn new(shared: Arc<Shared>) -> Result<AsyncRedis> {
         let info = shared.config.client()?.get_connection_info().clone();
         Ok(AsyncRedis {
-            #[cfg(feature = "redis-tls")]
-            tls: super::tls::Handshake::of(&info, shared.config.tls.as_ref())?,
+            link: Arc::new(Link {
+                #[cfg(feature = "redis-tls")]
+                tls: super::tls::Handshake::of(&info, shared.config.tls.as_ref())?,
+                info,
+                live: parking_lot::Mutex::new(None),
+                connecting: tokio::sync::Mutex::new(()),
+                opened: std::sync::atomic::AtomicU64::new(0),
+            }),
             shared,
-            info,
-            live: parking_lot::Mutex::new(None),
-            connecting: tokio::sync::Mutex::new(()),
-            opened: std::sync::atomic::AtomicU64::new(0),
+            asking: false,
         })
+    }
+
+    /// This view, each command sent after `ASKING` (same server, connection and health).
+    pub(super) fn asking(&self) -> AsyncRedis {
+        AsyncRedis {
+            shared: self.shared.clone(),
+            link: self.link.clone(),
+            asking: true,
+        }
+    }
+
+    /// `PING`, through the health gate.
+    pub(super) async fn ping_node(&self) -> Result<()> {
+        self.run(Ok(self.shared.requests.ping())).await
+    }
+
+    /// The slot map, as this node sees it.
+    pub(super) async fn slots(&self) -> Result<Vec<super::slots::Range>> {
+        let reply = self.run(Ok(self.shared.requests.cluster_slots())).await?;
+        super::slots::parse_slots(reply, &self.shared.addr).map_err(|e| self.shared.annotate(e))
     }
 
     /// The open connection (`None` if it has none or its driver ended).
     fn current(&self) -> Option<(u64, MultiplexedConnection)> {
-        let live = self.live.lock();
+        let live = self.link.live.lock();
         live.as_ref()
             .filter(|l| !l.driver.is_finished())
             .map(|l| (l.id, l.conn.clone()))
@@ -105,7 +136,7 @@ impl AsyncRedis {
         }
         let s = &self.shared;
         let connect_timeout = s.config.connect_timeout;
-        let Ok(_one) = tokio::time::timeout(connect_timeout, self.connecting.lock()).await else {
+        let Ok(_one) = tokio::time::timeout(connect_timeout, self.link.connecting.lock()).await else {
             return Err(Failure::Local(Error::new(
                 ErrorKind::Timeout,
                 "another call's connect did not end within connect_timeout",
@@ -140,7 +171,7 @@ impl AsyncRedis {
             }
         };
         #[cfg(feature = "redis-tls")]
-        if let Some(tls) = &self.tls {
+        if let Some(tls) = &self.link.tls {
             let settings = tls.config().map_err(Failure::Local)?;
             let handshake = tls.run(settings, stream);
             let stream = match tokio::time::timeout(connect_timeout, handshake).await {
@@ -178,7 +209,7 @@ impl AsyncRedis {
         let connect_timeout = self.shared.config.connect_timeout;
         let (conn, driver) = match tokio::time::timeout(
             connect_timeout,
-            MultiplexedConnection::new_with_config(self.info.redis_settings(), stream, config),
+            MultiplexedConnection::new_with_config(self.link.info.redis_settings(), stream, config),
         )
         .await
         {
@@ -193,9 +224,10 @@ impl AsyncRedis {
         };
         let driver = rt.spawn(driver);
         let id = self
+            .link
             .opened
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        *self.live.lock() = Some(Live {
+        *self.link.live.lock() = Some(Live {
             id,
             conn: conn.clone(),
             driver,
@@ -205,7 +237,7 @@ impl AsyncRedis {
 
     /// Drops the connection (on shutdown).
     fn drop_connection(&self) {
-        drop(self.live.lock().take());
+        drop(self.link.live.lock().take());
     }
 
     /// Drops connection `id` after a fault on it: `(retired, orphaned)`: whether this caller
@@ -213,7 +245,7 @@ impl AsyncRedis {
     /// waiter), and whether its driver was cancelled (its runtime shut down: not the server's
     /// fault).
     fn retire(&self, id: Option<u64>) -> (bool, bool) {
-        let mut live = self.live.lock();
+        let mut live = self.link.live.lock();
         match (&*live, id) {
             (Some(l), Some(id)) if l.id == id => {
                 let orphaned = live.take().is_some_and(Live::cancelled);
@@ -321,16 +353,42 @@ impl AsyncRedis {
         let (id, mut conn) = self.connection().await.map_err(|f| (None, f))?;
         let on = |f| (Some(id), f);
         let cmds: Vec<&redis::Cmd> = req.commands.iter().map(|c| &c.cmd).collect();
-        let mut replies = send_on(&mut conn, &cmds, req.write).await.map_err(on)?;
+        let mut replies = self
+            .exchange(&mut conn, &cmds, req.write)
+            .await
+            .map_err(on)?;
         let retry = noscript_retry(req, &replies, &self.shared.requests.scripts);
         if !retry.is_empty() {
             let again: Vec<&redis::Cmd> = retry.iter().map(|(_, c)| c).collect();
-            let answers = send_on(&mut conn, &again, req.write).await.map_err(on)?;
+            let answers = self
+                .exchange(&mut conn, &again, req.write)
+                .await
+                .map_err(on)?;
             for ((i, _), v) in retry.iter().zip(answers) {
                 replies[*i] = v;
             }
         }
         Ok(replies)
+    }
+}
+
+impl AsyncRedis {
+    /// The replies to `cmds` on `conn` (each after `ASKING` for an asking view: its replies
+    /// left out).
+    async fn exchange(
+        &self,
+        conn: &mut MultiplexedConnection,
+        cmds: &[&redis::Cmd],
+        write: bool,
+    ) -> std::result::Result<Vec<Value>, Failure> {
+        if !self.asking {
+            return send_on(conn, cmds, write).await;
+        }
+        let asking = request::asking();
+        let asked = request::after_asking(&asking, cmds);
+        send_on(conn, &asked, write)
+            .await
+            .map(request::asking_answered)
     }
 }
 
