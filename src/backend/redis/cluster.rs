@@ -590,7 +590,6 @@ fn finish<T>(out: Vec<Option<Result<T>>>) -> Vec<Result<T>> {
 
 impl Backend for RedisCluster {
     fn get(&self, key: &str) -> Result<Option<Item>> {
-        crate::backend::note_server(key_server(&self.router, key).as_deref().unwrap_or(""));
         self.one(key, |n| n.get(key))
     }
 
@@ -682,12 +681,6 @@ impl Backend for RedisCluster {
             Err(PingError::new(failures, map.masters.len()))
         }
     }
-}
-
-/// The master the map names for `key`, if a map is known (for the operation's span).
-fn key_server(router: &Router, key: &str) -> Option<String> {
-    let map = router.current()?;
-    Router::route(&map, key).ok().map(|(_, n)| n.addr().to_owned())
 }
 
 /// A ping whose map no node gave: every seed named.

@@ -39,10 +39,10 @@ pub(super) fn slot_of(key: &[u8]) -> u16 {
 
 /// One range of `CLUSTER SLOTS`: `first..=last` served by the master at `addr` (`host:port`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Range {
-    pub(super) first: u16,
-    pub(super) last: u16,
-    pub(super) addr: String,
+pub(crate) struct Range {
+    pub(crate) first: u16,
+    pub(crate) last: u16,
+    pub(crate) addr: String,
 }
 
 /// `host:port`, the host in brackets if it is an IPv6 address.
