@@ -660,7 +660,10 @@ impl RedisCluster {
         let deadline = Instant::now() + Duration::from_secs(10);
         for &p in &cluster.ports {
             while TcpStream::connect(("127.0.0.1", p)).is_err() {
-                assert!(Instant::now() < deadline, "cluster node {p} did not come up");
+                assert!(
+                    Instant::now() < deadline,
+                    "cluster node {p} did not come up"
+                );
                 std::thread::sleep(Duration::from_millis(10));
             }
         }
@@ -726,10 +729,8 @@ pub fn shared_redis_cluster() -> &'static [String] {
     &SEEDS
         .get_or_init(|| {
             let ports = cluster_ports(6);
-            let dir = std::env::temp_dir().join(format!(
-                "newcache-shared-cluster-{}",
-                std::process::id()
-            ));
+            let dir = std::env::temp_dir()
+                .join(format!("newcache-shared-cluster-{}", std::process::id()));
             let mut script = String::new();
             let mut pids = Vec::new();
             for (i, &p) in ports.iter().enumerate() {

@@ -21,7 +21,12 @@ fn node(port: u16) -> redis::Connection {
 
 /// The port in a `redis://127.0.0.1:port` URL.
 fn port_of(url: &str) -> u16 {
-    url.rsplit(':').next().unwrap().trim_end_matches('/').parse().unwrap()
+    url.rsplit(':')
+        .next()
+        .unwrap()
+        .trim_end_matches('/')
+        .parse()
+        .unwrap()
 }
 
 /// The hash slot of `key`, as the cluster computes it (`CLUSTER KEYSLOT`).
@@ -111,7 +116,10 @@ fn keys_spread_over_every_master() {
 #[test]
 fn a_seed_with_a_database_other_than_0_or_no_seed_is_refused_at_build() {
     let e = Cache::builder()
-        .redis_cluster(["redis://127.0.0.1:7000", "redis://u:hunter2@127.0.0.1:7001/3"])
+        .redis_cluster([
+            "redis://127.0.0.1:7000",
+            "redis://u:hunter2@127.0.0.1:7001/3",
+        ])
         .build()
         .unwrap_err();
     let text = format!("{e} {e:?}");
@@ -215,10 +223,7 @@ fn a_moved_slot_keeps_being_served() {
         let got = cache.get_many::<String>(&keys).unwrap();
         assert_eq!(got.len(), 20, "{front:?}: {got:?}");
         cache.set("k0", "again", S(600)).unwrap();
-        assert_eq!(
-            cache.get::<String>("k0").unwrap().as_deref(),
-            Some("again")
-        );
+        assert_eq!(cache.get::<String>("k0").unwrap().as_deref(), Some("again"));
         assert!(holds(to, &derived), "written on the slot's new master");
         let loaded = cache
             .get_or_set_with("k0-loaded", S(600), || Ok::<_, std::io::Error>(7u32))
@@ -254,9 +259,7 @@ fn a_migrating_slot_is_followed_by_ask() {
             Some("before"),
             "{front:?}: the source answers ASK, the target serves it after ASKING"
         );
-        let got = cache
-            .get_many::<String>(&["moving", "other"])
-            .unwrap();
+        let got = cache.get_many::<String>(&["moving", "other"]).unwrap();
         assert_eq!(got.len(), 2, "{front:?}: {got:?}");
         cache.set("moving", "during", S(600)).unwrap();
         assert!(holds(to, &derived), "the write followed the ASK");

@@ -21,8 +21,8 @@ use std::time::Instant;
 
 use parking_lot::{Mutex, RwLock};
 
-use super::RedisConfig;
 use super::RedisBackend;
+use super::RedisConfig;
 use super::config::redacted;
 use super::slots::{self, Redirect};
 use crate::backend::memcached::health::Health;
@@ -118,7 +118,9 @@ fn redirect_of(e: &Error) -> Option<Redirect> {
 
 /// Whether `e` may mean the node is gone (a transport fault, a dead node): not an answer.
 fn is_fault(e: &Error) -> bool {
-    (e.is_backend() || e.is_timeout()) && !e.is_denied() && super::request::refusal_code(e).is_none()
+    (e.is_backend() || e.is_timeout())
+        && !e.is_denied()
+        && super::request::refusal_code(e).is_none()
 }
 
 /// The error of a key whose slot no master serves (a map not known yet, or a cluster missing
@@ -303,9 +305,10 @@ impl Router {
 
     /// The error of a refresh no node answered.
     fn no_map(errors: Vec<Error>) -> Error {
-        errors.into_iter().last().unwrap_or_else(|| {
-            Error::backend("no redis cluster node to ask for the slot map")
-        })
+        errors
+            .into_iter()
+            .last()
+            .unwrap_or_else(|| Error::backend("no redis cluster node to ask for the slot map"))
     }
 }
 
@@ -432,7 +435,11 @@ impl RedisCluster {
         let (_, mut node) = Router::route(&*self.map()?, key)?;
         let mut asking = false;
         for _ in 0..=MAX_REDIRECTS {
-            let view = if asking { &node.sync_asking } else { &node.sync };
+            let view = if asking {
+                &node.sync_asking
+            } else {
+                &node.sync
+            };
             let r = op(view);
             let Err(e) = &r else { return r };
             match redirect_of(e) {
@@ -471,7 +478,11 @@ impl RedisCluster {
             let mut round_of = Round::default();
             for (node, asking, at) in group(hops) {
                 let part: Vec<I> = at.iter().map(|&i| items[i]).collect();
-                let view = if asking { &node.sync_asking } else { &node.sync };
+                let view = if asking {
+                    &node.sync_asking
+                } else {
+                    &node.sync
+                };
                 let results = op(view, &part);
                 round_of.judge(&self.router, &node, at, results, round, &mut out);
             }
@@ -492,20 +503,11 @@ impl RedisCluster {
 
 /// What one round of a batch left: the items to send again, a node a `MOVED` named (to refresh
 /// the map from), the nodes that failed.
+#[derive(Default)]
 struct Round {
     next: Vec<Hop>,
     moved: Option<String>,
     failed: Vec<(Arc<Node>, Error)>,
-}
-
-impl Default for Round {
-    fn default() -> Round {
-        Round {
-            next: Vec::new(),
-            moved: None,
-            failed: Vec::new(),
-        }
-    }
 }
 
 impl Round {
@@ -698,7 +700,7 @@ mod nonblocking {
     use std::sync::Arc;
 
     use super::{
-        MAX_REDIRECTS, Map, Node, Redirect, Round, Router, first_hops, finish, group, is_fault,
+        MAX_REDIRECTS, Map, Node, Redirect, Round, Router, finish, first_hops, group, is_fault,
         no_map_ping, redirect_of, too_many_redirects,
     };
     use crate::backend::engine::join_all;
@@ -916,7 +918,11 @@ mod nonblocking {
                     Ok(m) => m,
                     Err(e) => return Err(no_map_ping(&self.router, e)),
                 };
-                let pings = map.masters.iter().map(|n| n.nonblocking.ping_node()).collect();
+                let pings = map
+                    .masters
+                    .iter()
+                    .map(|n| n.nonblocking.ping_node())
+                    .collect();
                 let failures: Vec<PingFailure> = join_all(pings)
                     .await
                     .into_iter()
@@ -939,7 +945,6 @@ mod nonblocking {
                 }
             })
         }
-
     }
 }
 
@@ -957,7 +962,10 @@ mod tests {
             "redis://10.0.0.2:7001"
         );
         assert_eq!(
-            node_url("rediss://user:p%40ss@seed:7000/0?protocol=resp3", "10.0.0.2:7001"),
+            node_url(
+                "rediss://user:p%40ss@seed:7000/0?protocol=resp3",
+                "10.0.0.2:7001"
+            ),
             "rediss://user:p%40ss@10.0.0.2:7001/0?protocol=resp3"
         );
     }

@@ -564,7 +564,11 @@ impl RedisBackend {
 
     /// The replies to `cmds` on `conn` (each after `ASKING` for an asking view: its replies
     /// left out).
-    fn exchange(&self, conn: &mut conn::Pooled<'_>, cmds: &[&redis::Cmd]) -> redis::RedisResult<Vec<Value>> {
+    fn exchange(
+        &self,
+        conn: &mut conn::Pooled<'_>,
+        cmds: &[&redis::Cmd],
+    ) -> redis::RedisResult<Vec<Value>> {
         if !self.asking {
             return conn.send(cmds);
         }

@@ -136,7 +136,8 @@ impl AsyncRedis {
         }
         let s = &self.shared;
         let connect_timeout = s.config.connect_timeout;
-        let Ok(_one) = tokio::time::timeout(connect_timeout, self.link.connecting.lock()).await else {
+        let Ok(_one) = tokio::time::timeout(connect_timeout, self.link.connecting.lock()).await
+        else {
             return Err(Failure::Local(Error::new(
                 ErrorKind::Timeout,
                 "another call's connect did not end within connect_timeout",

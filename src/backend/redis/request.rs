@@ -736,7 +736,10 @@ pub(super) fn asking() -> redis::Cmd {
 }
 
 /// `cmds`, each after `asking` (`ASKING` is good for one command).
-pub(super) fn after_asking<'a>(asking: &'a redis::Cmd, cmds: &[&'a redis::Cmd]) -> Vec<&'a redis::Cmd> {
+pub(super) fn after_asking<'a>(
+    asking: &'a redis::Cmd,
+    cmds: &[&'a redis::Cmd],
+) -> Vec<&'a redis::Cmd> {
     cmds.iter().flat_map(|c| [asking, *c]).collect()
 }
 
