@@ -187,7 +187,18 @@ fn end_migration(slot: u16, to: u16, masters: &[u16]) {
 
 #[test]
 fn a_moved_slot_keeps_being_served() {
-    let cluster = RedisCluster::start("redis-server");
+    moved_slot_served("redis-server");
+}
+
+/// Valkey 9 (`redis-cli --cluster create` makes its cluster too): the behaviour suites run on
+/// the Redis cluster; this checks the routing and `MOVED` on Valkey's.
+#[test]
+fn a_moved_slot_keeps_being_served_on_valkey() {
+    moved_slot_served(&crate::fixture::valkey_server());
+}
+
+fn moved_slot_served(bin: &str) {
+    let cluster = RedisCluster::start(bin);
     let seeds = cluster.seeds();
     let masters = cluster.masters();
     let ports: Vec<u16> = masters.iter().map(|(p, _)| *p).collect();
