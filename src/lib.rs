@@ -78,6 +78,9 @@
 //!   Lua script comparing the stamp. ACL users in the URL (`redis://user:password@host/0`);
 //!   `rediss://` for TLS (feature `redis-tls`), with a CA of your own and client certificates
 //!   (`CacheBuilder::redis_tls`).
+//! - Redis Cluster (feature `redis`, `CacheBuilder::redis_cluster`): each key on the master of
+//!   its hash slot (no hash tags: every herd write touches one key), `MOVED` and `ASK`
+//!   followed, batches split by master, one master down failing only its own keys.
 //!
 //! A `Cache` and an `AsyncCache` are two views of one cache: [`Cache::to_async`] and
 //! [`AsyncCache::to_sync`] share the store, the stats, the coalescer (a sync and an async caller of
