@@ -375,3 +375,27 @@ fn a_killed_master_fails_only_its_own_keys() {
     let got = lenient.get_many::<String>(&keys).unwrap();
     assert_eq!(got.len(), 60 - dead.len());
 }
+
+#[test]
+fn clear_removes_this_caches_keys_on_every_master() {
+    let seeds = shared_redis_cluster();
+    for front in [Front::Sync, Front::Async] {
+        let cache = cache_on(seeds, &unique_flavor("clear"), front);
+        let other = cache_on(seeds, &unique_flavor("clear-other"), front);
+        let keys: Vec<String> = (0..300).map(|i| format!("k{i}")).collect();
+        cache
+            .set_many(keys.iter().map(|k| (k.as_str(), k)), S(600))
+            .unwrap();
+        other.set("k1", "theirs", S(600)).unwrap();
+        cache.clear().unwrap();
+        assert!(
+            cache.get_many::<String>(&keys).unwrap().is_empty(),
+            "{front:?}: every master's keys of this cache are gone"
+        );
+        assert_eq!(
+            other.get::<String>("k1").unwrap().as_deref(),
+            Some("theirs"),
+            "{front:?}: another flavor stays"
+        );
+    }
+}
