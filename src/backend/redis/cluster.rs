@@ -176,11 +176,13 @@ impl Router {
 
     fn make_node(config: RedisConfig) -> Result<Node> {
         let sync = RedisBackend::node(config)?;
+        #[cfg(feature = "tokio")]
+        let nonblocking = super::nonblocking::AsyncRedis::new(sync.shared())?;
         Ok(Node {
             #[cfg(feature = "tokio")]
-            nonblocking: super::nonblocking::AsyncRedis::new(sync.shared())?,
+            nonblocking_asking: nonblocking.asking(),
             #[cfg(feature = "tokio")]
-            nonblocking_asking: super::nonblocking::AsyncRedis::new(sync.shared())?.asking(),
+            nonblocking,
             sync_asking: sync.asking(),
             sync,
         })
