@@ -505,6 +505,10 @@ fn cluster_node_args(port: u16) -> Vec<String> {
         "nodes.conf",
         "--cluster-node-timeout",
         "2000",
+        // A replica's first sync starts at once (not 5 s later): a replica that never synced
+        // may not take over from its master.
+        "--repl-diskless-sync-delay",
+        "0",
         "--save",
         "",
         "--appendonly",
@@ -555,6 +559,30 @@ fn create_cluster(ports: &[u16]) {
         String::from_utf8_lossy(&out.stdout)
     );
     wait_cluster_ok(ports, Duration::from_secs(30));
+    wait_replicas_synced(ports, Duration::from_secs(30));
+}
+
+/// Waits until every replica among `ports` has synced with its master (`master_link_status:up`).
+#[cfg(feature = "redis")]
+fn wait_replicas_synced(ports: &[u16], within: Duration) {
+    let deadline = Instant::now() + within;
+    for &p in ports {
+        loop {
+            let info: Option<String> = redis::Client::open(format!("redis://127.0.0.1:{p}/"))
+                .ok()
+                .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(2)).ok())
+                .and_then(|mut c| redis::cmd("INFO").arg("replication").query(&mut c).ok());
+            let info = info.unwrap_or_default();
+            if info.contains("role:master") || info.contains("master_link_status:up") {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the replica on {p} did not sync: {info}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
 }
 
 /// Waits until every node of `ports` answers `cluster_state:ok` and the same masters' slots.
@@ -681,13 +709,17 @@ impl RedisCluster {
 
     /// The ports of the masters now, by the first node that answers: each with its slot ranges.
     pub fn masters(&self) -> Vec<(u16, Vec<(u16, u16)>)> {
+        self.try_masters().expect("a node of the cluster answers")
+    }
+
+    /// [`masters`](RedisCluster::masters), or `None` while no live node says its state is ok.
+    pub fn try_masters(&self) -> Option<Vec<(u16, Vec<(u16, u16)>)>> {
         let view = self
             .ports
             .iter()
             .zip(&self.children)
             .filter(|(_, c)| c.is_some())
-            .find_map(|(&p, _)| cluster_view(p))
-            .expect("a node of the cluster answers");
+            .find_map(|(&p, _)| cluster_view(p))?;
         let mut masters: Vec<(u16, Vec<(u16, u16)>)> = Vec::new();
         for (a, b, p) in view {
             let p = p as u16;
@@ -696,7 +728,7 @@ impl RedisCluster {
                 None => masters.push((p, vec![(a as u16, b as u16)])),
             }
         }
-        masters
+        Some(masters)
     }
 
     /// Kills the node on `port` (SIGKILL).

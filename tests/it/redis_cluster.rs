@@ -400,3 +400,72 @@ fn clear_removes_this_caches_keys_on_every_master() {
         );
     }
 }
+
+/// A master killed, its replica promoted: a node's fault asks for the map again (at most once
+/// per `retry_interval`), so the cache finds the new master and serves its slots again. (No
+/// load, no count of what was lost: replication is asynchronous.)
+#[test]
+fn after_a_failover_the_new_master_serves_its_slots() {
+    let mut cluster = RedisCluster::start("redis-server");
+    let seeds = cluster.seeds();
+    let masters = cluster.masters();
+    let flavor = unique_flavor("failover");
+    let keys: Vec<String> = (0..30).map(|i| format!("k{i}")).collect();
+    let build = |front| {
+        Cache::builder()
+            .redis_cluster(seeds.iter().cloned())
+            .flavor(flavor.as_str())
+            .read_failures(FailurePolicy::Propagate)
+            .retry_interval(Duration::from_millis(200))
+            .build_front(front)
+    };
+    let caches = [build(Front::Sync), build(Front::Async)];
+    caches[0]
+        .set_many(keys.iter().map(|k| (k.as_str(), k)), S(600))
+        .unwrap();
+    for c in &caches {
+        assert!(c.get_many::<String>(&keys).is_ok(), "the map is known");
+    }
+    let victim = masters[0].0;
+    cluster.kill(victim);
+    let live: Vec<u16> = cluster
+        .ports
+        .iter()
+        .copied()
+        .filter(|&p| p != victim)
+        .collect();
+    // Until a replica took over (the node timeout is 2 s) and every live node agrees.
+    let deadline = std::time::Instant::now() + S(60);
+    while cluster
+        .try_masters()
+        .is_none_or(|m| m.iter().any(|(p, _)| *p == victim))
+    {
+        if std::time::Instant::now() > deadline {
+            let nodes: String = redis::cmd("CLUSTER")
+                .arg("NODES")
+                .query(&mut node(live[0]))
+                .unwrap();
+            panic!("no replica took over: {nodes}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    crate::fixture::wait_cluster_ok(&live, S(60));
+    for c in &caches {
+        let deadline = std::time::Instant::now() + S(30);
+        loop {
+            match c.get_many::<String>(&keys) {
+                Ok(_) => break,
+                Err(e) => assert!(
+                    std::time::Instant::now() < deadline,
+                    "the cache never found the new master: {e}"
+                ),
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        c.set("after", "failover", S(600)).unwrap();
+        assert_eq!(
+            c.get::<String>("after").unwrap().as_deref(),
+            Some("failover")
+        );
+    }
+}
