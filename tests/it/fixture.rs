@@ -647,6 +647,10 @@ fn slots_loosely(v: redis::Value) -> Vec<(i64, i64, i64)> {
         .collect()
 }
 
+/// Each master's port with the slot ranges it serves.
+#[cfg(feature = "redis")]
+pub type Masters = Vec<(u16, Vec<(u16, u16)>)>;
+
 /// A Redis Cluster of a test's own (3 masters, 3 replicas) of `redis-server` (Redis 7) or
 /// `valkey_server()` (Valkey 9), on loopback ports below 55000 whose bus ports are free too;
 /// every node killed and its directory removed on drop.
@@ -708,19 +712,19 @@ impl RedisCluster {
     }
 
     /// The ports of the masters now, by the first node that answers: each with its slot ranges.
-    pub fn masters(&self) -> Vec<(u16, Vec<(u16, u16)>)> {
+    pub fn masters(&self) -> Masters {
         self.try_masters().expect("a node of the cluster answers")
     }
 
     /// [`masters`](RedisCluster::masters), or `None` while no live node says its state is ok.
-    pub fn try_masters(&self) -> Option<Vec<(u16, Vec<(u16, u16)>)>> {
+    pub fn try_masters(&self) -> Option<Masters> {
         let view = self
             .ports
             .iter()
             .zip(&self.children)
             .filter(|(_, c)| c.is_some())
             .find_map(|(&p, _)| cluster_view(p))?;
-        let mut masters: Vec<(u16, Vec<(u16, u16)>)> = Vec::new();
+        let mut masters: Masters = Vec::new();
         for (a, b, p) in view {
             let p = p as u16;
             match masters.iter_mut().find(|(q, _)| *q == p) {
