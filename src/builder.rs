@@ -62,6 +62,8 @@ impl BackendChoice {
             BackendChoice::Memcached { .. } => "memcached",
             #[cfg(feature = "redis")]
             BackendChoice::Redis { .. } => "redis",
+            #[cfg(feature = "redis")]
+            BackendChoice::RedisCluster { .. } => "redis cluster",
             BackendChoice::Custom(_) => "custom",
         }
     }
@@ -95,6 +97,10 @@ enum BackendChoice {
     #[cfg(feature = "redis")]
     Redis {
         url: String,
+    },
+    #[cfg(feature = "redis")]
+    RedisCluster {
+        seeds: Vec<String>,
     },
     Custom(Arc<dyn Backend>),
 }
@@ -275,6 +281,38 @@ impl CacheBuilder {
     #[cfg(feature = "redis")]
     pub fn redis(mut self, url: impl Into<String>) -> Self {
         self.backend = BackendChoice::Redis { url: url.into() };
+        self
+    }
+
+    /// Uses a Redis Cluster (feature `redis`), reached first through its `seeds`
+    /// (`redis://[user:password@]host:port`, one or more of its nodes): the slot map is asked
+    /// of them on first use, and each master is reached with the first seed's scheme, user and
+    /// password. Keys go to their hash slot's master (no hash tags are added: each claim,
+    /// placeholder and fenced store touches one key); reads and writes go to masters only. A
+    /// batch is split by node, and a node down fails only its own keys. The timeouts,
+    /// `pool_size`, health limits and `item_size` apply to each node. `build()` never
+    /// connects.
+    ///
+    /// ```
+    /// let cache = newcache::Cache::builder()
+    ///     .redis_cluster(["redis://127.0.0.1:7000", "redis://127.0.0.1:7001"])
+    ///     .build()?;
+    /// # Ok::<(), newcache::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// `build()` refuses (`is_config()`) an empty list of seeds, a seed URL with a database
+    /// other than 0 (a cluster has database 0 only), and what [`redis`](Self::redis) refuses.
+    #[cfg(feature = "redis")]
+    pub fn redis_cluster<I>(mut self, seeds: I) -> Self
+    where
+        I: IntoIterator,
+        I::Item: Into<String>,
+    {
+        self.backend = BackendChoice::RedisCluster {
+            seeds: seeds.into_iter().map(Into::into).collect(),
+        };
         self
     }
 
@@ -781,7 +819,22 @@ impl CacheBuilder {
         let BackendChoice::Redis { url } = &self.backend else {
             return Err(Error::config("not a redis backend"));
         };
-        let mut config = crate::backend::redis::RedisConfig::new(url.clone());
+        Ok(self.redis_config_for(url))
+    }
+
+    /// The settings of each seed of a Redis Cluster.
+    #[cfg(feature = "redis")]
+    fn redis_cluster_configs(&self) -> Result<Vec<crate::backend::redis::RedisConfig>> {
+        let BackendChoice::RedisCluster { seeds } = &self.backend else {
+            return Err(Error::config("not a redis cluster backend"));
+        };
+        Ok(seeds.iter().map(|u| self.redis_config_for(u)).collect())
+    }
+
+    /// The Redis settings of the server at `url`.
+    #[cfg(feature = "redis")]
+    fn redis_config_for(&self, url: &str) -> crate::backend::redis::RedisConfig {
+        let mut config = crate::backend::redis::RedisConfig::new(url.to_owned());
         config.connect_timeout = self.connect_timeout;
         config.io_timeout = self.io_timeout;
         config.pool_size = self.pool_size;
@@ -793,7 +846,7 @@ impl CacheBuilder {
         {
             config.tls = self.redis_tls.clone();
         }
-        Ok(config)
+        config
     }
 
     /// The settings given explicitly that the chosen backend does not use.
@@ -802,11 +855,18 @@ impl CacheBuilder {
             BackendChoice::Memory => self.memcached_only.clone(),
             BackendChoice::Memcached { .. } => self.memory_only.clone(),
             #[cfg(feature = "redis")]
-            BackendChoice::Redis { .. } => self.memory_only.clone(),
+            BackendChoice::Redis { .. } | BackendChoice::RedisCluster { .. } => {
+                self.memory_only.clone()
+            }
             BackendChoice::Custom(_) => [&self.memcached_only[..], &self.memory_only[..]].concat(),
         };
         #[cfg(feature = "redis-tls")]
-        if self.redis_tls.is_some() && !matches!(self.backend, BackendChoice::Redis { .. }) {
+        if self.redis_tls.is_some()
+            && !matches!(
+                self.backend,
+                BackendChoice::Redis { .. } | BackendChoice::RedisCluster { .. }
+            )
+        {
             unused.push("redis_tls");
         }
         unused.sort_unstable();
@@ -886,6 +946,12 @@ impl CacheBuilder {
                 .collect(),
             #[cfg(feature = "redis")]
             BackendChoice::Redis { .. } => vec![self.redis_config()?.addr()],
+            #[cfg(feature = "redis")]
+            BackendChoice::RedisCluster { .. } => self
+                .redis_cluster_configs()?
+                .iter()
+                .map(crate::backend::redis::RedisConfig::addr)
+                .collect(),
             BackendChoice::Memory | BackendChoice::Custom(_) => Vec::new(),
         };
         let backends = match self.backend {
@@ -905,6 +971,16 @@ impl CacheBuilder {
                     nonblocking: Arc::new(crate::backend::redis::nonblocking::AsyncRedis::new(
                         sync.shared(),
                     )?),
+                    sync: Arc::new(sync),
+                }
+            }
+            #[cfg(feature = "redis")]
+            BackendChoice::RedisCluster { .. } => {
+                let sync = crate::backend::redis::RedisCluster::new(self.redis_cluster_configs()?)?;
+                sync.use_clock(self.clock.clone());
+                Backends {
+                    #[cfg(feature = "tokio")]
+                    nonblocking: Arc::new(sync.to_async()),
                     sync: Arc::new(sync),
                 }
             }

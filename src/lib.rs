@@ -78,6 +78,9 @@
 //!   Lua script comparing the stamp. ACL users in the URL (`redis://user:password@host/0`);
 //!   `rediss://` for TLS (feature `redis-tls`), with a CA of your own and client certificates
 //!   (`CacheBuilder::redis_tls`).
+//! - Redis Cluster (feature `redis`, `CacheBuilder::redis_cluster`): each key on the master of
+//!   its hash slot (no hash tags: every herd write touches one key), `MOVED` and `ASK`
+//!   followed, batches split by master, one master down failing only its own keys.
 //!
 //! A `Cache` and an `AsyncCache` are two views of one cache: [`Cache::to_async`] and
 //! [`AsyncCache::to_sync`] share the store, the stats, the coalescer (a sync and an async caller of
@@ -203,7 +206,7 @@ pub use backend::memory::MemoryBackend;
 #[cfg(feature = "redis-tls")]
 pub use backend::redis::RedisTls;
 #[cfg(feature = "redis")]
-pub use backend::redis::{RedisBackend, RedisConfig};
+pub use backend::redis::{RedisBackend, RedisCluster, RedisConfig};
 pub use backend::{Backend, Item, StoreMode, StoreOutcome, Write};
 pub use builder::{
     CacheBuilder, DEFAULT_HERD_TIMEOUT, DEFAULT_LEASE_TTL, DEFAULT_MAX_LOAD_TIME, DEFAULT_MAX_WAIT,

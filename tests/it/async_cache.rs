@@ -26,6 +26,8 @@ macro_rules! on_every_backend_async {
         on_backend_async!(memory, Memory, $($name),*);
         on_backend_async!(memcached, Memcached, $($name),*);
         on_backend_async!(twemproxy, Twemproxy, $($name),*);
+        #[cfg(feature = "redis")]
+        on_backend_async!(redis_cluster, RedisCluster, $($name),*);
     };
 }
 

@@ -490,6 +490,315 @@ pub fn shared_valkey() -> &'static str {
     .0
 }
 
+/// The settings of one node of a test cluster on `port` (its `nodes.conf` in the working
+/// directory): no persistence, a short node timeout (2 s: a failover within seconds).
+#[cfg(feature = "redis")]
+fn cluster_node_args(port: u16) -> Vec<String> {
+    [
+        "--port",
+        &port.to_string(),
+        "--bind",
+        "127.0.0.1",
+        "--cluster-enabled",
+        "yes",
+        "--cluster-config-file",
+        "nodes.conf",
+        "--cluster-node-timeout",
+        "2000",
+        // A replica's first sync starts at once (not 5 s later): a replica that never synced
+        // may not take over from its master.
+        "--repl-diskless-sync-delay",
+        "0",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--protected-mode",
+        "no",
+        "--loglevel",
+        "warning",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+/// `n` ports below 55000 free now, each with its cluster bus port (port + 10000) free too.
+#[cfg(feature = "redis")]
+fn cluster_ports(n: usize) -> Vec<u16> {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let base = 20_000 + (u64::from(std::process::id()) * 97) % 20_000;
+    let mut ports = Vec::with_capacity(n);
+    while ports.len() < n {
+        let i = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = (base + i % 25_000) as u16;
+        let port = if port >= 45_000 { port - 25_000 } else { port };
+        let free = |p: u16| TcpListener::bind(("127.0.0.1", p)).is_ok();
+        if free(port) && free(port + 10_000) {
+            ports.push(port);
+        }
+    }
+    ports
+}
+
+/// `redis-cli --cluster create` over `ports` (3 masters, a replica each), then waits until
+/// every node says `cluster_state:ok` and all agree on who serves which slots.
+#[cfg(feature = "redis")]
+fn create_cluster(ports: &[u16]) {
+    let nodes: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    let out = Command::new("redis-cli")
+        .args(["--cluster", "create"])
+        .args(&nodes)
+        .args(["--cluster-replicas", "1", "--cluster-yes"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("redis-cli is installed (Debian's redis-tools, see .ci/run)");
+    assert!(
+        out.status.success(),
+        "redis-cli --cluster create failed: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    wait_cluster_ok(ports, Duration::from_secs(30));
+    wait_replicas_synced(ports, Duration::from_secs(30));
+}
+
+/// Waits until every replica among `ports` has synced with its master (`master_link_status:up`).
+#[cfg(feature = "redis")]
+fn wait_replicas_synced(ports: &[u16], within: Duration) {
+    let deadline = Instant::now() + within;
+    for &p in ports {
+        loop {
+            let info: Option<String> = redis::Client::open(format!("redis://127.0.0.1:{p}/"))
+                .ok()
+                .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(2)).ok())
+                .and_then(|mut c| redis::cmd("INFO").arg("replication").query(&mut c).ok());
+            let info = info.unwrap_or_default();
+            if info.contains("role:master") || info.contains("master_link_status:up") {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the replica on {p} did not sync: {info}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// Waits until every node of `ports` answers `cluster_state:ok` and the same masters' slots.
+#[cfg(feature = "redis")]
+pub fn wait_cluster_ok(ports: &[u16], within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let views: Vec<Option<Vec<(i64, i64, i64)>>> =
+            ports.iter().map(|&p| cluster_view(p)).collect();
+        let agreed = views.iter().all(|v| v.is_some() && v == &views[0]);
+        if agreed {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the test cluster on {ports:?} did not settle: {views:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// What the node on `port` says: `None` unless its state is ok; else each slot range with its
+/// master's port, sorted.
+#[cfg(feature = "redis")]
+fn cluster_view(port: u16) -> Option<Vec<(i64, i64, i64)>> {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).ok()?;
+    let mut conn = client
+        .get_connection_with_timeout(Duration::from_secs(2))
+        .ok()?;
+    let info: String = redis::cmd("CLUSTER").arg("INFO").query(&mut conn).ok()?;
+    if !info.contains("cluster_state:ok") {
+        return None;
+    }
+    let slots: redis::Value = redis::cmd("CLUSTER").arg("SLOTS").query(&mut conn).ok()?;
+    let mut view = slots_loosely(slots);
+    view.sort_unstable();
+    (view.iter().map(|(a, b, _)| b - a + 1).sum::<i64>() == 16_384).then_some(view)
+}
+
+/// `CLUSTER SLOTS` as (first, last, master's port): entries carry the node id and more after
+/// host and port.
+#[cfg(feature = "redis")]
+fn slots_loosely(v: redis::Value) -> Vec<(i64, i64, i64)> {
+    use redis::Value;
+    let Value::Array(ranges) = v else {
+        return Vec::new();
+    };
+    ranges
+        .into_iter()
+        .filter_map(|r| {
+            let Value::Array(r) = r else { return None };
+            let (Some(Value::Int(a)), Some(Value::Int(b)), Some(Value::Array(m))) =
+                (r.first(), r.get(1), r.get(2))
+            else {
+                return None;
+            };
+            let Some(Value::Int(p)) = m.get(1) else {
+                return None;
+            };
+            Some((*a, *b, *p))
+        })
+        .collect()
+}
+
+/// Each master's port with the slot ranges it serves.
+#[cfg(feature = "redis")]
+pub type Masters = Vec<(u16, Vec<(u16, u16)>)>;
+
+/// A Redis Cluster of a test's own (3 masters, 3 replicas) of `redis-server` (Redis 7) or
+/// `valkey_server()` (Valkey 9), on loopback ports below 55000 whose bus ports are free too;
+/// every node killed and its directory removed on drop.
+#[cfg(feature = "redis")]
+pub struct RedisCluster {
+    pub ports: Vec<u16>,
+    dir: std::path::PathBuf,
+    children: Vec<Option<Child>>,
+}
+
+#[cfg(feature = "redis")]
+impl RedisCluster {
+    pub fn start(bin: &str) -> RedisCluster {
+        let ports = cluster_ports(6);
+        let dir = std::env::temp_dir().join(format!(
+            "newcache-cluster-{}-{}",
+            std::process::id(),
+            ports[0]
+        ));
+        let mut children = Vec::new();
+        for &p in &ports {
+            let node_dir = dir.join(p.to_string());
+            std::fs::create_dir_all(&node_dir).expect("cluster node dir");
+            let child = Command::new(bin)
+                .args(cluster_node_args(p))
+                .current_dir(&node_dir)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("redis-server / valkey-server is installed (see .ci/run)");
+            children.push(Some(child));
+        }
+        let cluster = RedisCluster {
+            ports,
+            dir,
+            children,
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for &p in &cluster.ports {
+            while TcpStream::connect(("127.0.0.1", p)).is_err() {
+                assert!(
+                    Instant::now() < deadline,
+                    "cluster node {p} did not come up"
+                );
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        create_cluster(&cluster.ports);
+        cluster
+    }
+
+    /// The seed URLs (every node).
+    pub fn seeds(&self) -> Vec<String> {
+        self.ports
+            .iter()
+            .map(|p| format!("redis://127.0.0.1:{p}"))
+            .collect()
+    }
+
+    /// The ports of the masters now, by the first node that answers: each with its slot ranges.
+    pub fn masters(&self) -> Masters {
+        self.try_masters().expect("a node of the cluster answers")
+    }
+
+    /// [`masters`](RedisCluster::masters), or `None` while no live node says its state is ok.
+    pub fn try_masters(&self) -> Option<Masters> {
+        let view = self
+            .ports
+            .iter()
+            .zip(&self.children)
+            .filter(|(_, c)| c.is_some())
+            .find_map(|(&p, _)| cluster_view(p))?;
+        let mut masters: Masters = Vec::new();
+        for (a, b, p) in view {
+            let p = p as u16;
+            match masters.iter_mut().find(|(q, _)| *q == p) {
+                Some((_, r)) => r.push((a as u16, b as u16)),
+                None => masters.push((p, vec![(a as u16, b as u16)])),
+            }
+        }
+        Some(masters)
+    }
+
+    /// Kills the node on `port` (SIGKILL).
+    pub fn kill(&mut self, port: u16) {
+        let i = self.ports.iter().position(|&p| p == port).expect("a node");
+        if let Some(mut c) = self.children[i].take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+#[cfg(feature = "redis")]
+impl Drop for RedisCluster {
+    fn drop(&mut self) {
+        for c in self.children.iter_mut().filter_map(Option::take) {
+            let mut c = c;
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// One Redis 7 cluster (3 masters, 3 replicas) shared by this binary's tests: its seed URLs.
+/// Its nodes stop, and their directory goes, when the binary exits.
+#[cfg(feature = "redis")]
+pub fn shared_redis_cluster() -> &'static [String] {
+    static SEEDS: OnceLock<(Vec<String>, Child)> = OnceLock::new();
+    &SEEDS
+        .get_or_init(|| {
+            let ports = cluster_ports(6);
+            let dir = std::env::temp_dir()
+                .join(format!("newcache-shared-cluster-{}", std::process::id()));
+            let mut script = String::new();
+            let mut pids = Vec::new();
+            for (i, &p) in ports.iter().enumerate() {
+                let node_dir = dir.join(p.to_string());
+                std::fs::create_dir_all(&node_dir).expect("cluster node dir");
+                let args: Vec<String> = cluster_node_args(p)
+                    .into_iter()
+                    .map(|a| if a.is_empty() { "''".to_owned() } else { a })
+                    .collect();
+                script.push_str(&format!(
+                    "(cd {} && exec redis-server {}) & p{i}=$!; ",
+                    node_dir.display(),
+                    args.join(" ")
+                ));
+                pids.push(format!("$p{i}"));
+            }
+            script.push_str(&format!(
+                "cat >/dev/null; kill {}; wait; rm -rf {}",
+                pids.join(" "),
+                dir.display()
+            ));
+            let child = spawn_watched(&script, &ports);
+            create_cluster(&ports);
+            let seeds = ports
+                .iter()
+                .map(|p| format!("redis://127.0.0.1:{p}"))
+                .collect();
+            (seeds, child)
+        })
+        .0
+}
+
 /// twemproxy (Debian's nutcracker) in front of two memcached, shared by this binary's tests. ketama,
 /// auto-eject on, as large deployments run it.
 pub fn shared_twemproxy() -> &'static str {
@@ -551,6 +860,9 @@ pub enum Kind {
     /// Valkey 9.
     #[cfg(feature = "redis")]
     Valkey,
+    /// A Redis 7 cluster: 3 masters, 3 replicas.
+    #[cfg(feature = "redis")]
+    RedisCluster,
 }
 
 impl Kind {
@@ -558,7 +870,7 @@ impl Kind {
     pub fn is_redis(self) -> bool {
         #[cfg(feature = "redis")]
         {
-            matches!(self, Kind::Redis | Kind::Valkey)
+            matches!(self, Kind::Redis | Kind::Valkey | Kind::RedisCluster)
         }
         #[cfg(not(feature = "redis"))]
         {
@@ -597,6 +909,8 @@ impl Env {
             Kind::Redis => (None, Some(shared_redis().to_string())),
             #[cfg(feature = "redis")]
             Kind::Valkey => (None, Some(shared_valkey().to_string())),
+            #[cfg(feature = "redis")]
+            Kind::RedisCluster => (None, Some(shared_redis_cluster()[0].clone())),
         };
         Env {
             kind,
@@ -615,6 +929,10 @@ impl Env {
             .clock(self.clock.clone());
         match (&self.memory, &self.addr) {
             (Some(m), _) => b.backend(m.clone()),
+            #[cfg(feature = "redis")]
+            (None, Some(_)) if self.kind == Kind::RedisCluster => b
+                .redis_cluster(shared_redis_cluster().iter().cloned())
+                .io_timeout(Duration::from_secs(5)),
             #[cfg(feature = "redis")]
             (None, Some(url)) if self.kind.is_redis() => {
                 b.redis(url.clone()).io_timeout(Duration::from_secs(5))
@@ -691,6 +1009,16 @@ impl Env {
     pub fn backend(&self) -> Arc<dyn Backend> {
         match (&self.memory, &self.addr) {
             (Some(m), _) => m.clone(),
+            #[cfg(feature = "redis")]
+            (None, Some(_)) if self.kind == Kind::RedisCluster => Arc::new(
+                newcache::RedisCluster::new(
+                    shared_redis_cluster()
+                        .iter()
+                        .map(|u| newcache::RedisConfig::new(u.clone()))
+                        .collect(),
+                )
+                .expect("backend"),
+            ),
             #[cfg(feature = "redis")]
             (None, Some(url)) if self.kind.is_redis() => Arc::new(
                 newcache::RedisBackend::new(newcache::RedisConfig::new(url.clone()))
@@ -784,6 +1112,10 @@ macro_rules! on_every_backend {
         $crate::on_backend!(async_redis, Redis, Async, $($name),*);
         #[cfg(feature = "redis")]
         $crate::on_backend!(async_valkey, Valkey, Async, $($name),*);
+        #[cfg(feature = "redis")]
+        $crate::on_backend!(redis_cluster, RedisCluster, Sync, $($name),*);
+        #[cfg(feature = "redis")]
+        $crate::on_backend!(async_redis_cluster, RedisCluster, Async, $($name),*);
         $crate::on_backend!(async_memory, Memory, Async, $($name),*);
         $crate::on_backend!(async_memcached, Memcached, Async, $($name),*);
         $crate::on_backend!(async_twemproxy, Twemproxy, Async, $($name),*);
@@ -932,6 +1264,21 @@ mod redis_raw {
             .expect("redis client connects")
     }
 
+    /// `cmd` on the server at `url`, or, on a cluster, on the node a `MOVED` names.
+    pub fn query<T: redis::FromRedisValue>(url: &str, cmd: &redis::Cmd) -> redis::RedisResult<T> {
+        match cmd.query(&mut connect(url)) {
+            Err(e) if e.code() == Some("MOVED") => {
+                let addr = e
+                    .detail()
+                    .and_then(|d| d.split_once(' '))
+                    .map(|(_, a)| a.to_owned())
+                    .expect("MOVED names a node");
+                cmd.query(&mut connect(&format!("redis://{addr}/")))
+            }
+            r => r,
+        }
+    }
+
     pub fn set(url: &str, key: &str, bytes: &[u8], flags: u32, exptime: u32) {
         let mut stored = vec![0xA1];
         stored.extend_from_slice(&0x5EED_u64.to_be_bytes());
@@ -948,23 +1295,17 @@ mod redis_raw {
                 cmd.arg("EXAT").arg(s);
             }
         }
-        let () = cmd
-            .query(&mut connect(url))
-            .expect("raw set through the redis crate");
+        let () = query(url, &cmd).expect("raw set through the redis crate");
     }
 
     pub fn get(url: &str, key: &str) -> Option<Vec<u8>> {
-        let v: Option<Vec<u8>> = redis::cmd("GET")
-            .arg(key)
-            .query(&mut connect(url))
-            .expect("raw get through the redis crate");
+        let v: Option<Vec<u8>> =
+            query(url, redis::cmd("GET").arg(key)).expect("raw get through the redis crate");
         v.map(|v| v.get(13..).map(<[u8]>::to_vec).unwrap_or(v))
     }
 
     pub fn delete(url: &str, key: &str) {
-        let _: i64 = redis::cmd("DEL")
-            .arg(key)
-            .query(&mut connect(url))
-            .expect("raw delete through the redis crate");
+        let _: i64 =
+            query(url, redis::cmd("DEL").arg(key)).expect("raw delete through the redis crate");
     }
 }

@@ -135,6 +135,14 @@ impl TestCache {
         }
     }
 
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub fn clear(&self) -> Result<()> {
+        match self {
+            TestCache::Sync(c) => c.clear(),
+            TestCache::Async(c) => wait(c.clear()),
+        }
+    }
+
     pub fn get_many<T: DeserializeOwned>(
         &self,
         keys: &[impl AsRef<str> + Sync],

@@ -282,6 +282,8 @@ fn shared_addr(kind: Kind) -> &'static str {
         Kind::Redis => host_port(crate::fixture::shared_redis()),
         #[cfg(feature = "redis")]
         Kind::Valkey => host_port(crate::fixture::shared_valkey()),
+        #[cfg(feature = "redis")]
+        Kind::RedisCluster => host_port(&crate::fixture::shared_redis_cluster()[0]),
         Kind::Memory => unreachable!(),
     }
 }

@@ -891,7 +891,7 @@ impl AsyncBackend for Engine {
 
 /// Polls every future until all are done; their outputs in order. Each is polled only while
 /// pending, so one waiting (for room in a full queue, for its reply) holds up none of the others.
-async fn join_all<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
+pub(crate) async fn join_all<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
     let mut futures: Vec<Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
     let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
     std::future::poll_fn(|cx| {

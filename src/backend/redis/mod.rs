@@ -18,6 +18,7 @@
 //! serves this process a value it invalidated meanwhile.
 
 mod clients;
+mod cluster;
 mod config;
 mod conn;
 mod item;
@@ -25,6 +26,7 @@ mod item;
 pub(crate) mod nonblocking;
 mod request;
 mod script;
+mod slots;
 #[cfg(feature = "redis-tls")]
 mod tls;
 
@@ -34,6 +36,7 @@ use std::time::Instant;
 
 use redis::Value;
 
+pub use self::cluster::RedisCluster;
 pub use self::config::{DEFAULT_KEY_LIMIT, RedisConfig};
 use self::conn::Pool;
 use self::request::{Request, noscript_retry};
@@ -406,7 +409,10 @@ fn answered(e: &Error) -> bool {
 /// [`RedisConfig`]); it never connects until the first call.
 pub struct RedisBackend {
     shared: Arc<Shared>,
-    pool: Pool,
+    pool: Arc<Pool>,
+    /// Each command is sent after `ASKING` (a cluster node's view for the keys of a slot being
+    /// imported, to follow an `ASK` redirect).
+    asking: bool,
 }
 
 impl std::fmt::Debug for RedisBackend {
@@ -425,6 +431,15 @@ impl RedisBackend {
     /// A configuration error (`is_config()`) for a URL the `redis` crate cannot read, a scheme
     /// other than `redis://`, a zero pool size or a zero timeout.
     pub fn new(config: RedisConfig) -> Result<RedisBackend> {
+        RedisBackend::with(config, false)
+    }
+
+    /// A view of one node of a Redis Cluster: its batches name one key per command.
+    pub(super) fn node(config: RedisConfig) -> Result<RedisBackend> {
+        RedisBackend::with(config, true)
+    }
+
+    fn with(config: RedisConfig, cluster: bool) -> Result<RedisBackend> {
         let client = config.client()?;
         let clients = Arc::new(clients::Clients::new(config.addr()));
         let shared = Arc::new(Shared {
@@ -435,6 +450,7 @@ impl RedisBackend {
                 item_size: config.item_size,
                 key_limit: config.key_limit,
                 scripts: Scripts::new(),
+                cluster,
             },
             stamps: Rng::new(entropy()),
             started: Instant::now(),
@@ -443,9 +459,35 @@ impl RedisBackend {
             config,
         });
         Ok(RedisBackend {
-            pool: Pool::new(client, &shared.config, clients),
+            pool: Arc::new(Pool::new(client, &shared.config, clients)),
             shared,
+            asking: false,
         })
+    }
+
+    /// This view, each command sent after `ASKING` (same server, same pool and health).
+    pub(super) fn asking(&self) -> RedisBackend {
+        RedisBackend {
+            shared: self.shared.clone(),
+            pool: self.pool.clone(),
+            asking: true,
+        }
+    }
+
+    /// `host:port`.
+    pub(super) fn addr(&self) -> &str {
+        &self.shared.addr
+    }
+
+    /// `PING`, through the health gate.
+    pub(super) fn ping_node(&self) -> Result<()> {
+        self.run(Ok(self.shared.requests.ping()))
+    }
+
+    /// The slot map, as this node sees it.
+    pub(super) fn slots(&self) -> Result<Vec<slots::Range>> {
+        let reply = self.run(Ok(self.shared.requests.cluster_slots()))?;
+        slots::parse_slots(reply, &self.shared.addr).map_err(|e| self.shared.annotate(e))
     }
 
     /// The server's health record (its record of missed invalidations put on the cache's
@@ -532,27 +574,46 @@ impl RedisBackend {
     /// fault counted (as the memcached pool does with a stale connection).
     fn send<T>(&self, req: &Request<T>) -> std::result::Result<Vec<Value>, Failure> {
         let cmds: Vec<&redis::Cmd> = req.commands.iter().map(|c| &c.cmd).collect();
+        let cmds = &cmds[..];
         let mut conn = self.pool.checkout()?;
-        let mut replies = match conn.send(&cmds) {
+        let mut replies = match self.exchange(&mut conn, cmds) {
             Ok(r) => r,
             Err(e) if conn.reused() && e.is_connection_dropped() => {
                 drop(conn);
                 self.pool.drop_idle();
                 conn = self.pool.checkout()?;
-                conn.send(&cmds).map_err(|e| failure_of(e, req.write))?
+                self.exchange(&mut conn, cmds)
+                    .map_err(|e| failure_of(e, req.write))?
             }
             Err(e) => return Err(failure_of(e, req.write)),
         };
         let retry = noscript_retry(req, &replies, &self.shared.requests.scripts);
         if !retry.is_empty() {
             let again: Vec<&redis::Cmd> = retry.iter().map(|(_, c)| c).collect();
-            let answers = conn.send(&again).map_err(|e| failure_of(e, req.write))?;
+            let answers = self
+                .exchange(&mut conn, &again)
+                .map_err(|e| failure_of(e, req.write))?;
             for ((i, _), v) in retry.iter().zip(answers) {
                 replies[*i] = v;
             }
         }
         conn.keep();
         Ok(replies)
+    }
+
+    /// The replies to `cmds` on `conn` (each after `ASKING` for an asking view: its replies
+    /// left out).
+    fn exchange(
+        &self,
+        conn: &mut conn::Pooled<'_>,
+        cmds: &[&redis::Cmd],
+    ) -> redis::RedisResult<Vec<Value>> {
+        if !self.asking {
+            return conn.send(cmds);
+        }
+        let asking = request::asking();
+        let asked = request::after_asking(&asking, cmds);
+        conn.send(&asked).map(request::asking_answered)
     }
 }
 

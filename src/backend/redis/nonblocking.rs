@@ -79,6 +79,14 @@ impl std::ops::Deref for AsyncRedis {
 /// The async view's state: the server's [`Shared`], its connection and how to open one.
 pub(crate) struct Inner {
     shared: Arc<Shared>,
+    link: Arc<Link>,
+    /// Each command is sent after `ASKING` (a cluster node's view for the keys of a slot being
+    /// imported, to follow an `ASK` redirect).
+    asking: bool,
+}
+
+/// The connection of an async view (shared by its asking view).
+struct Link {
     info: redis::ConnectionInfo,
     /// A `rediss://` server's handshake.
     #[cfg(feature = "redis-tls")]
@@ -103,21 +111,44 @@ impl AsyncRedis {
     pub(crate) fn new(shared: Arc<Shared>) -> Result<AsyncRedis> {
         let info = shared.config.client()?.get_connection_info().clone();
         Ok(AsyncRedis(Arc::new(Inner {
-            #[cfg(feature = "redis-tls")]
-            tls: super::tls::Handshake::of(&info, shared.config.tls.as_ref())?,
+            link: Arc::new(Link {
+                #[cfg(feature = "redis-tls")]
+                tls: super::tls::Handshake::of(&info, shared.config.tls.as_ref())?,
+                info,
+                live: parking_lot::Mutex::new(None),
+                connecting: tokio::sync::Mutex::new(()),
+                opened: std::sync::atomic::AtomicU64::new(0),
+            }),
             shared,
-            info,
-            live: parking_lot::Mutex::new(None),
-            connecting: tokio::sync::Mutex::new(()),
-            opened: std::sync::atomic::AtomicU64::new(0),
+            asking: false,
         })))
+    }
+
+    /// This view, each command sent after `ASKING` (same server, connection and health).
+    pub(super) fn asking(&self) -> AsyncRedis {
+        AsyncRedis(Arc::new(Inner {
+            shared: self.shared.clone(),
+            link: self.link.clone(),
+            asking: true,
+        }))
     }
 }
 
 impl Inner {
+    /// `PING`, through the health gate.
+    pub(super) async fn ping_node(self: &Arc<Self>) -> Result<()> {
+        self.run(Ok(self.shared.requests.ping())).await
+    }
+
+    /// The slot map, as this node sees it.
+    pub(super) async fn slots(self: &Arc<Self>) -> Result<Vec<super::slots::Range>> {
+        let reply = self.run(Ok(self.shared.requests.cluster_slots())).await?;
+        super::slots::parse_slots(reply, &self.shared.addr).map_err(|e| self.shared.annotate(e))
+    }
+
     /// The open connection (`None` if it has none or its driver ended).
     fn current(&self) -> Option<(u64, MultiplexedConnection)> {
-        let live = self.live.lock();
+        let live = self.link.live.lock();
         live.as_ref()
             .filter(|l| !l.driver.is_finished())
             .map(|l| (l.id, l.conn.clone()))
@@ -130,7 +161,8 @@ impl Inner {
         }
         let s = &self.shared;
         let connect_timeout = s.config.connect_timeout;
-        let Ok(_one) = tokio::time::timeout(connect_timeout, self.connecting.lock()).await else {
+        let Ok(_one) = tokio::time::timeout(connect_timeout, self.link.connecting.lock()).await
+        else {
             return Err(Failure::Local(Error::new(
                 ErrorKind::Timeout,
                 "another call's connect did not end within connect_timeout",
@@ -160,7 +192,7 @@ impl Inner {
             }
         };
         #[cfg(feature = "redis-tls")]
-        if let Some(tls) = &self.tls {
+        if let Some(tls) = &self.link.tls {
             let settings = tls.config().map_err(Failure::Local)?;
             let handshake = tls.run(settings, stream);
             let stream = match tokio::time::timeout(connect_timeout, handshake).await {
@@ -199,7 +231,7 @@ impl Inner {
         let connect_timeout = self.shared.config.connect_timeout;
         let (conn, driver) = match tokio::time::timeout(
             connect_timeout,
-            MultiplexedConnection::new_with_config(self.info.redis_settings(), stream, config),
+            MultiplexedConnection::new_with_config(self.link.info.redis_settings(), stream, config),
         )
         .await
         {
@@ -223,9 +255,10 @@ impl Inner {
             }
         };
         let id = self
+            .link
             .opened
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let replaced = self.live.lock().replace(Live {
+        let replaced = self.link.live.lock().replace(Live {
             id,
             conn: conn.clone(),
             driver,
@@ -241,7 +274,7 @@ impl Inner {
 
     /// Drops the connection (on shutdown).
     fn drop_connection(&self) {
-        drop(self.live.lock().take());
+        drop(self.link.live.lock().take());
     }
 
     /// Drops connection `id` after a fault on it: `(retired, orphaned)`: whether this caller
@@ -249,7 +282,7 @@ impl Inner {
     /// waiter), and whether its driver was cancelled (its runtime shut down: not the server's
     /// fault).
     fn retire(&self, id: Option<u64>) -> (bool, bool) {
-        let mut live = self.live.lock();
+        let mut live = self.link.live.lock();
         match (&*live, id) {
             (Some(l), Some(id)) if l.id == id => {
                 let retired = live.take().expect("matched");
@@ -389,11 +422,17 @@ impl Inner {
         let (id, mut conn) = self.connection().await.map_err(|f| (None, f))?;
         let on = |f| (Some(id), f);
         let cmds: Vec<&redis::Cmd> = req.commands.iter().map(|c| &c.cmd).collect();
-        let mut replies = send_on(&mut conn, &cmds, req.write).await.map_err(on)?;
+        let mut replies = self
+            .exchange(&mut conn, &cmds, req.write)
+            .await
+            .map_err(on)?;
         let retry = noscript_retry(req, &replies, &self.shared.requests.scripts);
         if !retry.is_empty() {
             let again: Vec<&redis::Cmd> = retry.iter().map(|(_, c)| c).collect();
-            let answers = send_on(&mut conn, &again, req.write).await.map_err(on)?;
+            let answers = self
+                .exchange(&mut conn, &again, req.write)
+                .await
+                .map_err(on)?;
             for ((i, _), v) in retry.iter().zip(answers) {
                 replies[*i] = v;
             }
@@ -410,6 +449,26 @@ fn runtime() -> std::result::Result<tokio::runtime::Handle, Failure> {
              (Builder::enable_all); none is running on this thread",
         ))
     })
+}
+
+impl Inner {
+    /// The replies to `cmds` on `conn` (each after `ASKING` for an asking view: its replies
+    /// left out).
+    async fn exchange(
+        &self,
+        conn: &mut MultiplexedConnection,
+        cmds: &[&redis::Cmd],
+        write: bool,
+    ) -> std::result::Result<Vec<Value>, Failure> {
+        if !self.asking {
+            return send_on(conn, cmds, write).await;
+        }
+        let asking = request::asking();
+        let asked = request::after_asking(&asking, cmds);
+        send_on(conn, &asked, write)
+            .await
+            .map(request::asking_answered)
+    }
 }
 
 /// `cmds` pipelined on `conn`, error replies inline.

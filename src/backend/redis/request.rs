@@ -347,6 +347,9 @@ pub(super) struct Builder {
     pub(super) item_size: usize,
     pub(super) key_limit: usize,
     pub(super) scripts: Scripts,
+    /// A node of a Redis Cluster: no command names keys of two slots (`CROSSSLOT`), so a batch
+    /// is one command per key, pipelined, rather than one `MGET` or one `UNLINK` of many.
+    pub(super) cluster: bool,
 }
 
 impl Builder {
@@ -378,8 +381,12 @@ impl Builder {
         }))
     }
 
-    /// One `MGET` of the keys that pass the checks: one answer per key, in order.
+    /// One `MGET` of the keys that pass the checks (a `GET` per key, pipelined, on a cluster
+    /// node): one answer per key, in order.
     pub(super) fn get_many(&self, keys: &[&str]) -> Batch<Option<Item>> {
+        if self.cluster {
+            return self.get_each(keys);
+        }
         let mut cmd = redis::cmd("MGET");
         let refused = keys
             .iter()
@@ -398,6 +405,49 @@ impl Builder {
                 other => Err(Error::backend(format!("MGET answered {other:?}"))),
             }),
         }
+    }
+
+    /// A `GET` per key that passes the checks, pipelined: each reply read alone (a node of a
+    /// cluster may redirect some keys and serve the others).
+    fn get_each(&self, keys: &[&str]) -> Batch<Option<Item>> {
+        let mut refused = Vec::with_capacity(keys.len());
+        let mut commands = Vec::new();
+        for k in keys {
+            match self.check_key(k) {
+                Ok(()) => {
+                    let mut cmd = redis::cmd("GET");
+                    cmd.arg(*k);
+                    commands.push(Command { cmd, script: None });
+                    refused.push(None);
+                }
+                Err(e) => refused.push(Some(e)),
+            }
+        }
+        Batch {
+            refused,
+            request: Request {
+                commands,
+                write: false,
+                read: |vs| Ok(vs.into_iter().map(item_of).collect()),
+            },
+        }
+    }
+
+    /// `PING`: whether the server answers.
+    pub(super) fn ping(&self) -> Request<()> {
+        Request::one(redis::cmd("PING"), None, false, |vs| only(vs).map(drop))
+    }
+
+    /// `CLUSTER SLOTS`: which master serves which slots.
+    pub(super) fn cluster_slots(&self) -> Request<Value> {
+        let mut cmd = redis::cmd("CLUSTER");
+        cmd.arg("SLOTS");
+        Request::one(cmd, None, false, only)
+    }
+
+    /// The keys of one command of a multi-key deletion: all of them, or one on a cluster node.
+    fn unlink_step(&self) -> usize {
+        if self.cluster { 1 } else { CLEAR_STEP as usize }
     }
 
     /// One write's command: `SET` (`NX` for an add), or the fenced-write script for a `cas`;
@@ -659,24 +709,35 @@ impl Builder {
         })
     }
 
-    /// `UNLINK` of keys `SCAN` found.
+    /// `UNLINK` of keys `SCAN` found (an `UNLINK` per key, pipelined, on a cluster node): how
+    /// many it removed.
     pub(super) fn unlink(&self, keys: &[Vec<u8>]) -> Request<i64> {
-        let mut cmd = redis::cmd("UNLINK");
-        for k in keys {
-            cmd.arg(k);
+        let commands = keys
+            .chunks(self.unlink_step())
+            .map(|chunk| {
+                let mut cmd = redis::cmd("UNLINK");
+                for k in chunk {
+                    cmd.arg(k);
+                }
+                Command { cmd, script: None }
+            })
+            .collect();
+        Request {
+            commands,
+            write: true,
+            read: |vs| vs.into_iter().map(int_of).sum(),
         }
-        Request::one(cmd, None, true, |vs| only(vs).and_then(int_of))
     }
 
     /// The deletes of a replay (the keys the server missed while out of reach): `UNLINK`s of up
-    /// to [`CLEAR_STEP`] keys each, pipelined. Not a write in the sense of `write`: deleting a
+    /// to [`CLEAR_STEP`] keys each (one each on a cluster node), pipelined. Not a write in the sense of `write`: deleting a
     /// key again is harmless, so a replay whose reply never came is simply made again.
     ///
     /// First, in the same round trip, a `CLIENT KILL` of each connection in `kills` (this
     /// process's, dropped with a request perhaps still in the network: `clients.rs`), so that
     /// no write delayed past the replay lands on one of them.
     pub(super) fn replay(&self, kills: Vec<ClientId>, keys: &[&str]) -> ReplayRequest {
-        let chunks = keys.chunks(CLEAR_STEP as usize);
+        let chunks = keys.chunks(self.unlink_step());
         let sizes = chunks.clone().map(<[&str]>::len).collect();
         let unlinks = chunks.map(|chunk| {
             let mut cmd = redis::cmd("UNLINK");
@@ -734,6 +795,24 @@ impl Builder {
     }
 }
 
+/// `ASKING`: the next command may touch a key of a slot this node is importing.
+pub(super) fn asking() -> redis::Cmd {
+    redis::cmd("ASKING")
+}
+
+/// `cmds`, each after `asking` (`ASKING` is good for one command).
+pub(super) fn after_asking<'a>(
+    asking: &'a redis::Cmd,
+    cmds: &[&'a redis::Cmd],
+) -> Vec<&'a redis::Cmd> {
+    cmds.iter().flat_map(|c| [asking, *c]).collect()
+}
+
+/// The replies of commands sent [`after_asking`], those of the `ASKING`s left out.
+pub(super) fn asking_answered(replies: Vec<Value>) -> Vec<Value> {
+    replies.into_iter().skip(1).step_by(2).collect()
+}
+
 /// The commands of `req` to send again after `replies` (one per command): those whose script the
 /// server did not know, as `EVAL` with the source, with their positions.
 pub(super) fn noscript_retry<T>(
@@ -771,6 +850,7 @@ mod tests {
             item_size: 1 << 20,
             key_limit: 250,
             scripts: Scripts::new(),
+            cluster: false,
         };
         let keys: Vec<String> = (0..2_500).map(|i| format!("k{i}")).collect();
         let keys: Vec<&str> = keys.iter().map(String::as_str).collect();

@@ -1,0 +1,974 @@
+//! Redis Cluster (feature `redis`): a router over one single-node view per master.
+//!
+//! Each master the slot map names is reached through a [`RedisBackend`] of its own (and its
+//! async view), with its own `Shared`: its own health record, replay record of missed
+//! invalidations and connections, so a node down costs only its slots' keys, and nothing of
+//! the herd protocol, the health rules or the stored format is written twice. Every claim,
+//! placeholder and fenced store touches one key, so each runs on one node as it is.
+//!
+//! The slot map comes from `CLUSTER SLOTS`, asked of the seeds on first use. A `MOVED` reply
+//! (nothing was run) patches the map, sends the command again to the node it names and
+//! refreshes the whole map; an `ASK` reply sends `ASKING` and the command to the node it names,
+//! once, the map unchanged. A node's transport fault refreshes the map at most once per
+//! `retry_interval` (a failover changes it). A batch is split by node; each node's part goes
+//! through the single-node batch code (one command per key on a cluster node), its redirected
+//! keys sent again where they now live; a node's failure fails only its own keys.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use parking_lot::{Mutex, RwLock};
+
+use super::RedisBackend;
+use super::RedisConfig;
+use super::config::redacted;
+use super::slots::{self, Redirect};
+use crate::backend::memcached::health::Health;
+use crate::backend::memcached::outage;
+use crate::backend::{Backend, Item, StoreMode, StoreOutcome, Write};
+use crate::clock::Clock;
+use crate::error::{Error, Result};
+use crate::ping::{PingError, PingFailure};
+
+/// How many redirects one command follows before it fails (a slot moved on while it was sent
+/// again: a resharding in progress).
+const MAX_REDIRECTS: usize = 5;
+
+/// No master serves this slot.
+const NONE: u16 = u16::MAX;
+
+/// One master's views: sync and async, each also as an asking view (same connections).
+struct Node {
+    sync: RedisBackend,
+    sync_asking: RedisBackend,
+    #[cfg(feature = "tokio")]
+    nonblocking: super::nonblocking::AsyncRedis,
+    #[cfg(feature = "tokio")]
+    nonblocking_asking: super::nonblocking::AsyncRedis,
+}
+
+impl Node {
+    fn addr(&self) -> &str {
+        self.sync.addr()
+    }
+
+    fn health(&self) -> &Arc<Health> {
+        self.sync.health()
+    }
+}
+
+/// Which master serves each slot.
+struct Map {
+    /// Per slot, the index of its master in `masters` (or [`NONE`]).
+    slots: Vec<u16>,
+    masters: Vec<Arc<Node>>,
+}
+
+impl Map {
+    fn node_of(&self, slot: u16) -> Option<&Arc<Node>> {
+        match self.slots[slot as usize] {
+            NONE => None,
+            i => self.masters.get(i as usize),
+        }
+    }
+}
+
+/// What the sync and async views of one cluster share: the nodes met so far (each kept, with
+/// its health and replay record, for the life of the cache) and the slot map.
+struct Router {
+    /// The first seed's settings: every node's, its address put in the URL.
+    template: RedisConfig,
+    /// The seeds' `host:port`.
+    seeds: Vec<String>,
+    nodes: Mutex<HashMap<String, Arc<Node>>>,
+    map: RwLock<Option<Arc<Map>>>,
+    /// Set while a caller refreshes the map after a `MOVED` (the others go on with the patched
+    /// map rather than ask too).
+    refreshing: AtomicBool,
+    /// When a node's fault last refreshed the map.
+    fault_refresh: Mutex<Option<Instant>>,
+    /// The cache's clock, for every node's replay record.
+    clock: Mutex<Option<Arc<dyn Clock>>>,
+}
+
+/// The URL of the node at `addr`: `template`'s, its `host:port` replaced (scheme, user and
+/// password kept).
+fn node_url(template: &str, addr: &str) -> String {
+    let (scheme, rest) = template.split_once("://").unwrap_or(("redis", template));
+    let (userinfo, hostpart) = match rest.rsplit_once('@') {
+        Some((info, host)) => (Some(info), host),
+        None => (None, rest),
+    };
+    let tail = hostpart
+        .find(['/', '?', '#'])
+        .map_or("", |i| &hostpart[i..]);
+    match userinfo {
+        Some(info) => format!("{scheme}://{info}@{addr}{tail}"),
+        None => format!("{scheme}://{addr}{tail}"),
+    }
+}
+
+/// The redirect `e` reports, if it is one (`MOVED`, `ASK`).
+fn redirect_of(e: &Error) -> Option<Redirect> {
+    let r = std::error::Error::source(e).and_then(|s| s.downcast_ref::<redis::RedisError>())?;
+    slots::redirect(r.code()?, r.detail())
+}
+
+/// Whether `e` may mean the node is gone (a transport fault, a dead node): not an answer.
+fn is_fault(e: &Error) -> bool {
+    (e.is_backend() || e.is_timeout())
+        && !e.is_denied()
+        && super::request::refusal_code(e).is_none()
+}
+
+/// The error of a key whose slot no master serves (a map not known yet, or a cluster missing
+/// slots).
+fn unserved(slot: u16) -> Error {
+    Error::backend(format!(
+        "no redis cluster master serves slot {slot} (the slot map has no node for it)"
+    ))
+}
+
+fn too_many_redirects() -> Error {
+    Error::backend(format!(
+        "redis cluster: still redirected after {MAX_REDIRECTS} redirects (a resharding in \
+         progress)"
+    ))
+}
+
+impl Router {
+    fn new(configs: Vec<RedisConfig>) -> Result<Router> {
+        let Some(template) = configs.first().cloned() else {
+            return Err(Error::config(
+                "a redis cluster needs at least one seed URL (redis://host:port)",
+            ));
+        };
+        let mut seeds = Vec::with_capacity(configs.len());
+        let mut nodes = HashMap::new();
+        for c in configs {
+            let client = c.client()?;
+            let db = client.get_connection_info().redis_settings().db();
+            if db != 0 {
+                return Err(Error::config(format!(
+                    "redis cluster seed {}: database {db}, but a Redis Cluster has database 0 \
+                     only (drop the /{db} from the URL)",
+                    redacted(&c.url)
+                )));
+            }
+            let addr = c.addr();
+            if !nodes.contains_key(&addr) {
+                nodes.insert(addr.clone(), Arc::new(Router::make_node(c)?));
+                seeds.push(addr);
+            }
+        }
+        Ok(Router {
+            template,
+            seeds,
+            nodes: Mutex::new(nodes),
+            map: RwLock::new(None),
+            refreshing: AtomicBool::new(false),
+            fault_refresh: Mutex::new(None),
+            clock: Mutex::new(None),
+        })
+    }
+
+    fn make_node(config: RedisConfig) -> Result<Node> {
+        let sync = RedisBackend::node(config)?;
+        #[cfg(feature = "tokio")]
+        let nonblocking = super::nonblocking::AsyncRedis::new(sync.shared())?;
+        Ok(Node {
+            #[cfg(feature = "tokio")]
+            nonblocking_asking: nonblocking.asking(),
+            #[cfg(feature = "tokio")]
+            nonblocking,
+            sync_asking: sync.asking(),
+            sync,
+        })
+    }
+
+    /// The node at `addr` (met before, or a new one on the template's settings).
+    fn node(&self, addr: &str) -> Result<Arc<Node>> {
+        let mut nodes = self.nodes.lock();
+        if let Some(n) = nodes.get(addr) {
+            return Ok(n.clone());
+        }
+        let mut config = self.template.clone();
+        config.url = node_url(&self.template.url, addr);
+        let node = Arc::new(Router::make_node(config)?);
+        if let Some(clock) = &*self.clock.lock() {
+            node.health().missed.use_clock(clock.clone());
+        }
+        nodes.insert(addr.to_owned(), node.clone());
+        Ok(node)
+    }
+
+    fn current(&self) -> Option<Arc<Map>> {
+        self.map.read().clone()
+    }
+
+    /// Puts the map of `ranges` in place.
+    fn install(&self, ranges: Vec<slots::Range>) -> Result<Arc<Map>> {
+        let mut slots = vec![NONE; slots::SLOTS];
+        let mut masters: Vec<Arc<Node>> = Vec::new();
+        for r in ranges {
+            let i = match masters.iter().position(|m| m.addr() == r.addr) {
+                Some(i) => i,
+                None => {
+                    masters.push(self.node(&r.addr)?);
+                    masters.len() - 1
+                }
+            };
+            let i = u16::try_from(i).map_err(|_| Error::backend("too many cluster masters"))?;
+            slots[r.first as usize..=r.last as usize].fill(i);
+        }
+        let map = Arc::new(Map { slots, masters });
+        *self.map.write() = Some(map.clone());
+        Ok(map)
+    }
+
+    /// A `MOVED`: `slot` is served at `addr` now; the node to send the command to.
+    fn patch(&self, slot: u16, addr: &str) -> Result<Arc<Node>> {
+        let node = self.node(addr)?;
+        let mut map = self.map.write();
+        let (mut slots, mut masters) = match &*map {
+            Some(m) => (m.slots.clone(), m.masters.clone()),
+            None => (vec![NONE; slots::SLOTS], Vec::new()),
+        };
+        let i = match masters.iter().position(|m| m.addr() == addr) {
+            Some(i) => i,
+            None => {
+                masters.push(node.clone());
+                masters.len() - 1
+            }
+        };
+        slots[slot as usize] = u16::try_from(i).unwrap_or(NONE);
+        *map = Some(Arc::new(Map { slots, masters }));
+        Ok(node)
+    }
+
+    /// The nodes to ask for the map, in order: `first`, the masters, the seeds (each once),
+    /// `last` at the end (a node that just failed).
+    fn candidates(&self, first: Option<&str>, last: Option<&str>) -> Vec<Arc<Node>> {
+        let mut addrs: Vec<String> = first.into_iter().map(str::to_owned).collect();
+        if let Some(m) = self.current() {
+            addrs.extend(m.masters.iter().map(|n| n.addr().to_owned()));
+        }
+        addrs.extend(self.seeds.iter().cloned());
+        let mut seen = std::collections::HashSet::new();
+        addrs.retain(|a| Some(a.as_str()) != last && seen.insert(a.clone()));
+        addrs.extend(last.map(str::to_owned));
+        addrs.iter().filter_map(|a| self.node(a).ok()).collect()
+    }
+
+    /// Whether a node's fault is to refresh the map now (at most once per `retry_interval`).
+    fn fault_refresh_due(&self) -> bool {
+        let mut last = self.fault_refresh.lock();
+        let now = Instant::now();
+        match *last {
+            Some(t) if now.duration_since(t) < self.template.retry_interval => false,
+            _ => {
+                *last = Some(now);
+                true
+            }
+        }
+    }
+
+    /// Claims the one refresh after a `MOVED` (`None` if another caller is doing it).
+    fn claim_refresh(&self) -> Option<RefreshGuard<'_>> {
+        (!self.refreshing.swap(true, Ordering::AcqRel)).then_some(RefreshGuard(self))
+    }
+
+    /// The slot of `key`, and its master in `map`.
+    fn route(map: &Map, key: &str) -> Result<(u16, Arc<Node>)> {
+        let slot = slots::slot_of(key.as_bytes());
+        map.node_of(slot)
+            .cloned()
+            .map(|n| (slot, n))
+            .ok_or_else(|| unserved(slot))
+    }
+
+    fn use_clock(&self, clock: Arc<dyn Clock>) {
+        for n in self.nodes.lock().values() {
+            n.health().missed.use_clock(clock.clone());
+        }
+        *self.clock.lock() = Some(clock);
+    }
+
+    fn max_value_size(&self, key: &str) -> usize {
+        crate::backend::max_value_size(self.template.item_size, key)
+    }
+
+    fn report(&self, stats: &mut crate::Stats) {
+        let nodes = self.nodes.lock();
+        outage::report(nodes.values().map(|n| &n.health().missed), stats);
+    }
+
+    /// The error of a refresh no node answered.
+    fn no_map(errors: Vec<Error>) -> Error {
+        errors
+            .into_iter()
+            .last()
+            .unwrap_or_else(|| Error::backend("no redis cluster node to ask for the slot map"))
+    }
+}
+
+/// Releases the refresh claim on drop.
+struct RefreshGuard<'a>(&'a Router);
+
+impl Drop for RefreshGuard<'_> {
+    fn drop(&mut self) {
+        self.0.refreshing.store(false, Ordering::Release);
+    }
+}
+
+/// Where one item of a batch goes next.
+struct Hop {
+    /// Its position in the batch.
+    at: usize,
+    node: Arc<Node>,
+    asking: bool,
+}
+
+/// The items of a batch grouped by node and view (in order of first appearance).
+fn group(hops: Vec<Hop>) -> Vec<(Arc<Node>, bool, Vec<usize>)> {
+    let mut groups: Vec<(Arc<Node>, bool, Vec<usize>)> = Vec::new();
+    for h in hops {
+        match groups
+            .iter_mut()
+            .find(|(n, a, _)| Arc::ptr_eq(n, &h.node) && *a == h.asking)
+        {
+            Some((_, _, at)) => at.push(h.at),
+            None => groups.push((h.node, h.asking, vec![h.at])),
+        }
+    }
+    groups
+}
+
+/// A [`Backend`] on a Redis Cluster (feature `redis`): keys routed by hash slot to their
+/// master, one single-node view per master.
+///
+/// Built by [`CacheBuilder::redis_cluster`](crate::CacheBuilder::redis_cluster) (or
+/// `RedisCluster::new` with one [`RedisConfig`] per seed); it never connects until the first
+/// call, which asks a seed for the slot map (`CLUSTER SLOTS`). Reads and writes go to masters
+/// only. The nodes the map names are reached with the first seed's settings (its scheme, user
+/// and password, timeouts, limits), their address put in its URL.
+pub struct RedisCluster {
+    router: Arc<Router>,
+}
+
+impl std::fmt::Debug for RedisCluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisCluster")
+            .field("seeds", &self.router.seeds)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisCluster {
+    /// Sets up the cluster's views from its seeds (without connecting).
+    ///
+    /// # Errors
+    ///
+    /// A configuration error (`is_config()`) for an empty list of seeds, a seed URL with a
+    /// database other than 0 (a cluster has only database 0), and whatever
+    /// [`RedisBackend::new`] refuses.
+    pub fn new(seeds: Vec<RedisConfig>) -> Result<RedisCluster> {
+        Ok(RedisCluster {
+            router: Arc::new(Router::new(seeds)?),
+        })
+    }
+
+    /// Puts every node's record of missed invalidations on the cache's clock.
+    pub(crate) fn use_clock(&self, clock: Arc<dyn Clock>) {
+        self.router.use_clock(clock);
+    }
+
+    /// The async view of the same cluster (same nodes, same map).
+    #[cfg(feature = "tokio")]
+    pub(crate) fn to_async(&self) -> AsyncRedisCluster {
+        AsyncRedisCluster {
+            router: self.router.clone(),
+        }
+    }
+
+    /// The map in place, or one asked of the nodes.
+    fn map(&self) -> Result<Arc<Map>> {
+        match self.router.current() {
+            Some(m) => Ok(m),
+            None => self.refresh(None, None),
+        }
+    }
+
+    /// Asks the nodes (`first` first, `last` last) for the map until one answers.
+    fn refresh(&self, first: Option<&str>, last: Option<&str>) -> Result<Arc<Map>> {
+        let mut errors = Vec::new();
+        for node in self.router.candidates(first, last) {
+            match node.sync.slots() {
+                Ok(ranges) if !ranges.is_empty() => return self.router.install(ranges),
+                Ok(_) => errors.push(Error::backend(format!(
+                    "redis at {} serves no slots (not a cluster node yet?)",
+                    node.addr()
+                ))),
+                Err(e) => errors.push(e),
+            }
+        }
+        Err(Router::no_map(errors))
+    }
+
+    /// After `MOVED` to `addr`: the whole map again, unless another caller is asking for it.
+    fn refresh_after_move(&self, addr: &str) {
+        if let Some(_one) = self.router.claim_refresh() {
+            let _ = self.refresh(Some(addr), None);
+        }
+    }
+
+    /// After `e` from `node`: the map again if it was a fault (at most once per
+    /// `retry_interval`).
+    fn after_failure(&self, node: &Node, e: &Error) {
+        if is_fault(e) && self.router.fault_refresh_due() {
+            let _ = self.refresh(None, Some(node.addr()));
+        }
+    }
+
+    /// `op` on `key`'s master, following redirects.
+    fn one<T>(&self, key: &str, op: impl Fn(&RedisBackend) -> Result<T>) -> Result<T> {
+        let (_, mut node) = Router::route(&*self.map()?, key)?;
+        let mut asking = false;
+        for _ in 0..=MAX_REDIRECTS {
+            let view = if asking {
+                &node.sync_asking
+            } else {
+                &node.sync
+            };
+            let r = op(view);
+            let Err(e) = &r else { return r };
+            match redirect_of(e) {
+                Some(Redirect::Moved { slot, addr }) => {
+                    node = self.router.patch(slot, &addr)?;
+                    self.refresh_after_move(&addr);
+                    asking = false;
+                }
+                Some(Redirect::Ask { addr }) => {
+                    node = self.router.node(&addr)?;
+                    asking = true;
+                }
+                None => {
+                    self.after_failure(&node, e);
+                    return r;
+                }
+            }
+        }
+        Err(too_many_redirects())
+    }
+
+    /// `op` on each node's part of a batch, one node after another (each part one pipelined
+    /// round trip), redirected items sent again where they live now: one result per item.
+    fn many<I: Copy, T>(
+        &self,
+        items: &[I],
+        key: impl Fn(&I) -> &str,
+        op: impl Fn(&RedisBackend, &[I]) -> Vec<Result<T>>,
+    ) -> Vec<Result<T>> {
+        let mut out: Vec<Option<Result<T>>> = items.iter().map(|_| None).collect();
+        let mut hops = match self.map() {
+            Ok(map) => first_hops(&map, items, &key, &mut out),
+            Err(e) => return items.iter().map(|_| Err(e.clone())).collect(),
+        };
+        for round in 0..=MAX_REDIRECTS {
+            let mut round_of = Round::default();
+            for (node, asking, at) in group(hops) {
+                let part: Vec<I> = at.iter().map(|&i| items[i]).collect();
+                let view = if asking {
+                    &node.sync_asking
+                } else {
+                    &node.sync
+                };
+                let results = op(view, &part);
+                round_of.judge(&self.router, &node, at, results, round, &mut out);
+            }
+            if let Some(addr) = &round_of.moved {
+                self.refresh_after_move(addr);
+            }
+            for (node, e) in &round_of.failed {
+                self.after_failure(node, e);
+            }
+            if round_of.next.is_empty() {
+                break;
+            }
+            hops = round_of.next;
+        }
+        finish(out)
+    }
+}
+
+/// What one round of a batch left: the items to send again, a node a `MOVED` named (to refresh
+/// the map from), the nodes that failed.
+#[derive(Default)]
+struct Round {
+    next: Vec<Hop>,
+    moved: Option<String>,
+    failed: Vec<(Arc<Node>, Error)>,
+}
+
+impl Round {
+    /// Takes `node`'s results for the items at `at` in redirect round `round`: a final result
+    /// into `out`, a redirected item into `next`.
+    fn judge<T>(
+        &mut self,
+        router: &Router,
+        node: &Arc<Node>,
+        at: Vec<usize>,
+        results: Vec<Result<T>>,
+        round: usize,
+        out: &mut [Option<Result<T>>],
+    ) {
+        let mut failed = None;
+        for (i, r) in at.into_iter().zip(results) {
+            let redirect = match &r {
+                Ok(_) => None,
+                Err(e) => redirect_of(e),
+            };
+            let hop = match redirect {
+                None => {
+                    if let Err(e) = &r {
+                        if failed.is_none() && is_fault(e) {
+                            failed = Some(e.clone());
+                        }
+                    }
+                    out[i] = Some(r);
+                    continue;
+                }
+                Some(_) if round == MAX_REDIRECTS => Err(too_many_redirects()),
+                Some(Redirect::Moved { slot, addr }) => {
+                    let node = router.patch(slot, &addr);
+                    self.moved = Some(addr);
+                    node.map(|node| (node, false))
+                }
+                Some(Redirect::Ask { addr }) => router.node(&addr).map(|node| (node, true)),
+            };
+            match hop {
+                Ok((node, asking)) => self.next.push(Hop {
+                    at: i,
+                    node,
+                    asking,
+                }),
+                Err(e) => out[i] = Some(Err(e)),
+            }
+        }
+        if let Some(e) = failed {
+            self.failed.push((node.clone(), e));
+        }
+    }
+}
+
+/// Each item's first hop by `map` (an item whose slot no master serves gets its error in
+/// `out`).
+fn first_hops<I, T>(
+    map: &Map,
+    items: &[I],
+    key: &impl Fn(&I) -> &str,
+    out: &mut [Option<Result<T>>],
+) -> Vec<Hop> {
+    let mut hops = Vec::with_capacity(items.len());
+    for (at, item) in items.iter().enumerate() {
+        match Router::route(map, key(item)) {
+            Ok((_, node)) => hops.push(Hop {
+                at,
+                node,
+                asking: false,
+            }),
+            Err(e) => out[at] = Some(Err(e)),
+        }
+    }
+    hops
+}
+
+/// The results of a batch, in order.
+fn finish<T>(out: Vec<Option<Result<T>>>) -> Vec<Result<T>> {
+    out.into_iter()
+        .map(|r| r.unwrap_or_else(|| Err(Error::backend("no reply for this item"))))
+        .collect()
+}
+
+impl Backend for RedisCluster {
+    fn get(&self, key: &str) -> Result<Option<Item>> {
+        self.one(key, |n| n.get(key))
+    }
+
+    fn get_many(&self, keys: &[&str]) -> Vec<Result<Option<Item>>> {
+        self.many(keys, |k| *k, |n, part| n.get_many(part))
+    }
+
+    fn store(
+        &self,
+        mode: StoreMode,
+        key: &str,
+        value: &[u8],
+        flags: u32,
+        exptime: u32,
+    ) -> Result<StoreOutcome> {
+        self.one(key, |n| n.store(mode, key, value, flags, exptime))
+    }
+
+    fn store_then_get(&self, w: Write<'_>) -> Result<(StoreOutcome, Option<Item>)> {
+        self.one(w.key, |n| n.store_then_get(w))
+    }
+
+    fn store_many(&self, writes: &[Write<'_>]) -> Vec<Result<StoreOutcome>> {
+        self.many(writes, |w| w.key, |n, part| n.store_many(part))
+    }
+
+    fn delete(&self, key: &str) -> Result<bool> {
+        self.one(key, |n| n.delete(key))
+    }
+
+    fn delete_many(&self, keys: &[&str]) -> Vec<Result<bool>> {
+        self.many(keys, |k| *k, |n, part| n.delete_many(part))
+    }
+
+    fn touch(&self, key: &str, exptime: u32) -> Result<bool> {
+        self.one(key, |n| n.touch(key, exptime))
+    }
+
+    fn incr(&self, key: &str, delta: u64) -> Result<Option<u64>> {
+        self.one(key, |n| n.incr(key, delta))
+    }
+
+    fn decr(&self, key: &str, delta: u64) -> Result<Option<u64>> {
+        self.one(key, |n| n.decr(key, delta))
+    }
+
+    /// Refused, as on one Redis server: the cache's `clear` removes its own keys instead.
+    fn flush_all(&self) -> Result<()> {
+        Err(super::refuse_flush())
+    }
+
+    /// `SCAN`s every master for the cache's keys and removes them.
+    fn clear(&self, prefix: Option<&str>) -> Result<()> {
+        let map = self.map()?;
+        for node in &map.masters {
+            node.sync.clear(prefix)?;
+        }
+        Ok(())
+    }
+
+    fn max_value_size(&self, key: &str) -> usize {
+        self.router.max_value_size(key)
+    }
+
+    /// The replays of invalidations the nodes missed, summed over every node.
+    fn report(&self, stats: &mut crate::Stats) {
+        self.router.report(stats);
+    }
+
+    /// Asks every master (`PING`), each named in a failure.
+    fn ping(&self) -> std::result::Result<(), PingError> {
+        let map = match self.map() {
+            Ok(m) => m,
+            Err(e) => return Err(no_map_ping(&self.router, e)),
+        };
+        let failures: Vec<PingFailure> = map
+            .masters
+            .iter()
+            .filter_map(|n| {
+                n.sync
+                    .ping_node()
+                    .err()
+                    .map(|e| PingFailure::new(n.addr(), e))
+            })
+            .collect();
+        if failures.is_empty() {
+            Ok(())
+        } else {
+            Err(PingError::new(failures, map.masters.len()))
+        }
+    }
+}
+
+/// A ping whose map no node gave: every seed named.
+fn no_map_ping(router: &Router, e: Error) -> PingError {
+    let failures = router
+        .seeds
+        .iter()
+        .map(|s| PingFailure::new(s.clone(), e.clone()))
+        .collect();
+    PingError::new(failures, router.seeds.len())
+}
+
+#[cfg(feature = "tokio")]
+mod nonblocking {
+    use std::sync::Arc;
+
+    use super::{
+        MAX_REDIRECTS, Map, Node, Redirect, Round, Router, finish, first_hops, group, is_fault,
+        no_map_ping, redirect_of, too_many_redirects,
+    };
+    use crate::backend::engine::join_all;
+    use crate::backend::{AsyncBackend, BoxFuture, Item, StoreOutcome, Write};
+    use crate::error::{Error, Result};
+    use crate::ping::{PingError, PingFailure};
+
+    /// The async view of a [`RedisCluster`](super::RedisCluster): the same nodes and map, each
+    /// node's async view; a batch's nodes asked concurrently.
+    pub(crate) struct AsyncRedisCluster {
+        pub(super) router: Arc<Router>,
+    }
+
+    impl std::fmt::Debug for AsyncRedisCluster {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("AsyncRedisCluster")
+                .field("seeds", &self.router.seeds)
+                .finish_non_exhaustive()
+        }
+    }
+
+    /// `$call` (an async view's future, `$n` the view) on `$key`'s master, following
+    /// redirects: the sync view's `one`, awaited (a macro: the future borrows a node the loop
+    /// owns).
+    macro_rules! one {
+        ($self:ident, $key:expr, |$n:ident| $call:expr) => {
+            Box::pin(async move {
+                let (_, mut node) = Router::route(&*$self.map().await?, $key)?;
+                let mut asking = false;
+                for _ in 0..=MAX_REDIRECTS {
+                    let r = {
+                        let $n = if asking {
+                            &node.nonblocking_asking
+                        } else {
+                            &node.nonblocking
+                        };
+                        $call.await
+                    };
+                    let Err(e) = &r else { return r };
+                    match redirect_of(e) {
+                        Some(Redirect::Moved { slot, addr }) => {
+                            node = $self.router.patch(slot, &addr)?;
+                            $self.refresh_after_move(&addr).await;
+                            asking = false;
+                        }
+                        Some(Redirect::Ask { addr }) => {
+                            node = $self.router.node(&addr)?;
+                            asking = true;
+                        }
+                        None => {
+                            $self.after_failure(&node, e).await;
+                            return r;
+                        }
+                    }
+                }
+                Err(too_many_redirects())
+            })
+        };
+    }
+
+    /// `$call` (`$n` a node's async view, `$part` its items) on each node's part of the batch
+    /// `$items`, the nodes concurrently, redirected items sent again: the sync view's `many`.
+    macro_rules! many {
+        ($self:ident, $items:expr, |$it:ident| $key:expr, |$n:ident, $part:ident| $call:expr) => {
+            Box::pin(async move {
+                let items = $items;
+                let mut out: Vec<Option<Result<_>>> = items.iter().map(|_| None).collect();
+                let mut hops = match $self.map().await {
+                    Ok(map) => first_hops(&map, items, &|$it: &_| $key, &mut out),
+                    Err(e) => return items.iter().map(|_| Err(e.clone())).collect(),
+                };
+                for round in 0..=MAX_REDIRECTS {
+                    let groups = group(hops);
+                    let parts: Vec<Vec<_>> = groups
+                        .iter()
+                        .map(|(_, _, at)| at.iter().map(|&i| items[i]).collect())
+                        .collect();
+                    let calls = groups
+                        .iter()
+                        .zip(&parts)
+                        .map(|((node, asking, _), $part)| {
+                            let $n = if *asking {
+                                &node.nonblocking_asking
+                            } else {
+                                &node.nonblocking
+                            };
+                            $call
+                        })
+                        .collect();
+                    let answers = join_all(calls).await;
+                    let mut round_of = Round::default();
+                    for ((node, _, at), results) in groups.into_iter().zip(answers) {
+                        round_of.judge(&$self.router, &node, at, results, round, &mut out);
+                    }
+                    if let Some(addr) = &round_of.moved {
+                        $self.refresh_after_move(addr).await;
+                    }
+                    for (node, e) in &round_of.failed {
+                        $self.after_failure(node, e).await;
+                    }
+                    if round_of.next.is_empty() {
+                        break;
+                    }
+                    hops = round_of.next;
+                }
+                finish(out)
+            })
+        };
+    }
+
+    impl AsyncRedisCluster {
+        async fn map(&self) -> Result<Arc<Map>> {
+            match self.router.current() {
+                Some(m) => Ok(m),
+                None => self.refresh(None, None).await,
+            }
+        }
+
+        async fn refresh(&self, first: Option<&str>, last: Option<&str>) -> Result<Arc<Map>> {
+            let mut errors = Vec::new();
+            for node in self.router.candidates(first, last) {
+                match node.nonblocking.slots().await {
+                    Ok(ranges) if !ranges.is_empty() => return self.router.install(ranges),
+                    Ok(_) => errors.push(Error::backend(format!(
+                        "redis at {} serves no slots (not a cluster node yet?)",
+                        node.addr()
+                    ))),
+                    Err(e) => errors.push(e),
+                }
+            }
+            Err(Router::no_map(errors))
+        }
+
+        async fn refresh_after_move(&self, addr: &str) {
+            if let Some(_one) = self.router.claim_refresh() {
+                let _ = self.refresh(Some(addr), None).await;
+            }
+        }
+
+        async fn after_failure(&self, node: &Node, e: &Error) {
+            if is_fault(e) && self.router.fault_refresh_due() {
+                let _ = self.refresh(None, Some(node.addr())).await;
+            }
+        }
+    }
+
+    impl AsyncBackend for AsyncRedisCluster {
+        fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Item>>> {
+            one!(self, key, |n| n.get(key))
+        }
+
+        fn get_many<'a>(&'a self, keys: &'a [&'a str]) -> BoxFuture<'a, Vec<Result<Option<Item>>>> {
+            many!(self, keys, |k| *k, |n, part| n.get_many(part))
+        }
+
+        fn store<'a>(&'a self, w: Write<'a>) -> BoxFuture<'a, Result<StoreOutcome>> {
+            one!(self, w.key, |n| n.store(w))
+        }
+
+        fn store_then_get<'a>(
+            &'a self,
+            w: Write<'a>,
+        ) -> BoxFuture<'a, Result<(StoreOutcome, Option<Item>)>> {
+            one!(self, w.key, |n| n.store_then_get(w))
+        }
+
+        fn store_many<'a>(
+            &'a self,
+            writes: &'a [Write<'a>],
+        ) -> BoxFuture<'a, Vec<Result<StoreOutcome>>> {
+            many!(self, writes, |w| w.key, |n, part| n.store_many(part))
+        }
+
+        fn delete<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool>> {
+            one!(self, key, |n| n.delete(key))
+        }
+
+        fn delete_many<'a>(&'a self, keys: &'a [&'a str]) -> BoxFuture<'a, Vec<Result<bool>>> {
+            many!(self, keys, |k| *k, |n, part| n.delete_many(part))
+        }
+
+        fn touch<'a>(&'a self, key: &'a str, exptime: u32) -> BoxFuture<'a, Result<bool>> {
+            one!(self, key, |n| n.touch(key, exptime))
+        }
+
+        fn incr<'a>(&'a self, key: &'a str, delta: u64) -> BoxFuture<'a, Result<Option<u64>>> {
+            one!(self, key, |n| n.incr(key, delta))
+        }
+
+        fn decr<'a>(&'a self, key: &'a str, delta: u64) -> BoxFuture<'a, Result<Option<u64>>> {
+            one!(self, key, |n| n.decr(key, delta))
+        }
+
+        fn flush_all(&self) -> BoxFuture<'_, Result<()>> {
+            Box::pin(async { Err(crate::backend::redis::refuse_flush()) })
+        }
+
+        fn clear<'a>(&'a self, prefix: Option<&'a str>) -> BoxFuture<'a, Result<()>> {
+            Box::pin(async move {
+                let map = self.map().await?;
+                for node in &map.masters {
+                    node.nonblocking.clear(prefix).await?;
+                }
+                Ok(())
+            })
+        }
+
+        fn max_value_size(&self, key: &str) -> usize {
+            self.router.max_value_size(key)
+        }
+
+        fn ping(&self) -> BoxFuture<'_, std::result::Result<(), PingError>> {
+            Box::pin(async move {
+                let map = match self.map().await {
+                    Ok(m) => m,
+                    Err(e) => return Err(no_map_ping(&self.router, e)),
+                };
+                let pings = map
+                    .masters
+                    .iter()
+                    .map(|n| n.nonblocking.ping_node())
+                    .collect();
+                let failures: Vec<PingFailure> = join_all(pings)
+                    .await
+                    .into_iter()
+                    .zip(&map.masters)
+                    .filter_map(|(r, n)| r.err().map(|e| PingFailure::new(n.addr(), e)))
+                    .collect();
+                if failures.is_empty() {
+                    Ok(())
+                } else {
+                    Err(PingError::new(failures, map.masters.len()))
+                }
+            })
+        }
+
+        fn shutdown(&self) -> BoxFuture<'_, ()> {
+            Box::pin(async move {
+                let nodes: Vec<Arc<Node>> = self.router.nodes.lock().values().cloned().collect();
+                for n in nodes {
+                    n.nonblocking.shutdown().await;
+                }
+            })
+        }
+    }
+}
+
+#[cfg(feature = "tokio")]
+pub(crate) use self::nonblocking::AsyncRedisCluster;
+
+#[cfg(test)]
+mod tests {
+    use super::node_url;
+
+    #[test]
+    fn a_node_url_keeps_the_seeds_scheme_and_credentials() {
+        assert_eq!(
+            node_url("redis://127.0.0.1:7000", "10.0.0.2:7001"),
+            "redis://10.0.0.2:7001"
+        );
+        assert_eq!(
+            node_url(
+                "rediss://user:p%40ss@seed:7000/0?protocol=resp3",
+                "10.0.0.2:7001"
+            ),
+            "rediss://user:p%40ss@10.0.0.2:7001/0?protocol=resp3"
+        );
+    }
+}

@@ -1,0 +1,225 @@
+//! Redis Cluster's key space: a key's hash slot (CRC16 of the key or of its hash tag, mod
+//! 16,384), the slot map `CLUSTER SLOTS` answers (which master serves which slots), and the
+//! redirects (`MOVED`, `ASK`) a node answers for a key it does not serve. No I/O.
+
+use redis::Value;
+
+use crate::error::{Error, Result};
+
+/// The number of hash slots.
+pub(super) const SLOTS: usize = 16_384;
+
+/// CRC16-CCITT (XMODEM: polynomial 0x1021, initial value 0), as the cluster specification's
+/// `HASH_SLOT` uses it.
+fn crc16(bytes: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &b in bytes {
+        crc ^= u16::from(b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
+
+/// The hash slot of `key`: of its hash tag (what lies between the first `{` and the first `}`
+/// after it, if not empty), else of the whole key.
+pub(super) fn slot_of(key: &[u8]) -> u16 {
+    let tagged = key.iter().position(|&b| b == b'{').and_then(|open| {
+        let rest = &key[open + 1..];
+        let close = rest.iter().position(|&b| b == b'}')?;
+        (close > 0).then(|| &rest[..close])
+    });
+    crc16(tagged.unwrap_or(key)) % SLOTS as u16
+}
+
+/// One range of `CLUSTER SLOTS`: `first..=last` served by the master at `addr` (`host:port`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Range {
+    pub(crate) first: u16,
+    pub(crate) last: u16,
+    pub(crate) addr: String,
+}
+
+/// `host:port`, the host in brackets if it is an IPv6 address.
+pub(super) fn addr_of(host: &str, port: u16) -> String {
+    if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+/// The ranges of a `CLUSTER SLOTS` reply (each `[first, last, master, replicas...]`, a node
+/// `[host, port, id, ...]`), masters only. A node that gives no host (`""`, `"?"`: it does not
+/// know its own address) is reached at `asked`'s host, as the specification says.
+pub(super) fn parse_slots(reply: Value, asked: &str) -> Result<Vec<Range>> {
+    let bad = |why: &str| Error::backend(format!("CLUSTER SLOTS answered {why}"));
+    let Value::Array(ranges) = reply else {
+        return Err(bad("no list of ranges"));
+    };
+    let asked_host = asked.rsplit_once(':').map_or(asked, |(h, _)| h);
+    let mut out = Vec::with_capacity(ranges.len());
+    for r in ranges {
+        let Value::Array(r) = r else {
+            return Err(bad("a range that is not a list"));
+        };
+        let int = |v: Option<&Value>| match v {
+            Some(Value::Int(n)) => u16::try_from(*n).ok().filter(|&n| (n as usize) < SLOTS),
+            _ => None,
+        };
+        let (Some(first), Some(last)) = (int(r.first()), int(r.get(1))) else {
+            return Err(bad("a range without its slots"));
+        };
+        let Some(Value::Array(master)) = r.get(2) else {
+            return Err(bad("a range without its master"));
+        };
+        let host = match master.first() {
+            Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+            Some(Value::SimpleString(s)) => s.clone(),
+            _ => return Err(bad("a master without a host")),
+        };
+        let host = if host.is_empty() || host == "?" {
+            asked_host.to_owned()
+        } else {
+            host
+        };
+        let port = match master.get(1) {
+            Some(Value::Int(p)) => u16::try_from(*p).ok(),
+            _ => None,
+        };
+        let Some(port) = port else {
+            return Err(bad("a master without a port"));
+        };
+        if first > last {
+            return Err(bad("a range that ends before it starts"));
+        }
+        out.push(Range {
+            first,
+            last,
+            addr: addr_of(&host, port),
+        });
+    }
+    Ok(out)
+}
+
+/// A redirect a node answered for a key of a slot it does not serve.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Redirect {
+    /// `MOVED slot host:port`: the slot is served there now (the command was not run).
+    Moved { slot: u16, addr: String },
+    /// `ASK slot host:port`: the slot is migrating and the key may be there: send `ASKING` and
+    /// the command to that node, once, without changing the map.
+    Ask { addr: String },
+}
+
+/// The redirect an error reply's `code` and `detail` (`"3999 127.0.0.1:7002"`) make, if it is
+/// one.
+pub(super) fn redirect(code: &str, detail: Option<&str>) -> Option<Redirect> {
+    let (slot, addr) = detail?.trim().split_once(' ')?;
+    let slot: u16 = slot.parse().ok().filter(|&s| (s as usize) < SLOTS)?;
+    let addr = addr.trim();
+    // A node that does not know its own address names it ":port".
+    if addr.is_empty() || addr.starts_with(':') {
+        return None;
+    }
+    match code {
+        "MOVED" => Some(Redirect::Moved {
+            slot,
+            addr: addr.to_owned(),
+        }),
+        "ASK" => Some(Redirect::Ask {
+            addr: addr.to_owned(),
+        }),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[track_caller]
+    fn check(key: &str, slot: u16) {
+        assert_eq!(slot_of(key.as_bytes()), slot, "{key}");
+    }
+
+    #[test]
+    fn slots_are_the_specifications() {
+        // The specification's check value.
+        assert_eq!(crc16(b"123456789"), 0x31C3);
+        check("123456789", 0x31C3); // under 16,384: the slot is the CRC
+        // Values from redis-cli's CLUSTER KEYSLOT.
+        check("foo", 12182);
+        check("bar", 5061);
+        check("", 0);
+        // Hash tags: the first {...} with something inside.
+        check("{user1000}.following", slot_of(b"user1000"));
+        check("foo{}{bar}", slot_of(b"foo{}{bar}"));
+        check("foo{{bar}}zap", slot_of(b"{bar"));
+        check("foo{bar}{zap}", slot_of(b"bar"));
+    }
+
+    #[test]
+    fn redirects_are_read_from_their_detail() {
+        assert_eq!(
+            redirect("MOVED", Some("3999 127.0.0.1:6381")),
+            Some(Redirect::Moved {
+                slot: 3999,
+                addr: "127.0.0.1:6381".into()
+            })
+        );
+        assert_eq!(
+            redirect("ASK", Some("3999 127.0.0.1:6381")),
+            Some(Redirect::Ask {
+                addr: "127.0.0.1:6381".into()
+            })
+        );
+        assert_eq!(redirect("MOVED", Some("3999 :6381")), None);
+        assert_eq!(redirect("MOVED", Some("99999 127.0.0.1:6381")), None);
+        assert_eq!(redirect("ERR", Some("3999 127.0.0.1:6381")), None);
+        assert_eq!(redirect("MOVED", None), None);
+    }
+
+    #[test]
+    fn a_slot_map_names_masters() {
+        let node = |host: &str, port: i64| {
+            Value::Array(vec![
+                Value::BulkString(host.as_bytes().to_vec()),
+                Value::Int(port),
+                Value::BulkString(b"id".to_vec()),
+            ])
+        };
+        let reply = Value::Array(vec![
+            Value::Array(vec![
+                Value::Int(0),
+                Value::Int(5460),
+                node("127.0.0.1", 7000),
+                node("127.0.0.1", 7003),
+            ]),
+            Value::Array(vec![Value::Int(5461), Value::Int(16383), node("", 7001)]),
+        ]);
+        let ranges = parse_slots(reply, "10.0.0.1:7000").unwrap();
+        assert_eq!(
+            ranges,
+            vec![
+                Range {
+                    first: 0,
+                    last: 5460,
+                    addr: "127.0.0.1:7000".into()
+                },
+                Range {
+                    first: 5461,
+                    last: 16383,
+                    addr: "10.0.0.1:7001".into()
+                },
+            ]
+        );
+        assert!(parse_slots(Value::Okay, "a:1").is_err());
+        assert_eq!(addr_of("::1", 7000), "[::1]:7000");
+    }
+}

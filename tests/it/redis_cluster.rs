@@ -1,0 +1,471 @@
+//! The Redis Cluster backend on real clusters (3 masters, 3 replicas, started by the fixture):
+//! keys spread over every master, a slot moved (`MOVED`) and one migrating (`ASK`) under a
+//! cache that keeps serving, a master killed costing only its own keys, and what `build()`
+//! refuses. The behaviour suites run on the shared cluster through `on_every_backend!`.
+
+use std::time::Duration;
+
+use newcache::{Cache, FailurePolicy};
+
+use crate::fixture::{RedisCluster, shared_redis_cluster, unique_flavor};
+use crate::front::{BuildFor, Front, TestCache};
+
+const S: fn(u64) -> Duration = Duration::from_secs;
+
+/// A connection to the node on `port`.
+fn node(port: u16) -> redis::Connection {
+    redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+        .and_then(|c| c.get_connection_with_timeout(S(5)))
+        .expect("a cluster node answers")
+}
+
+/// The port in a `redis://127.0.0.1:port` URL.
+fn port_of(url: &str) -> u16 {
+    url.rsplit(':')
+        .next()
+        .unwrap()
+        .trim_end_matches('/')
+        .parse()
+        .unwrap()
+}
+
+/// The hash slot of `key`, as the cluster computes it (`CLUSTER KEYSLOT`).
+fn slot_of(port: u16, key: &str) -> u16 {
+    redis::cmd("CLUSTER")
+        .arg("KEYSLOT")
+        .arg(key)
+        .query(&mut node(port))
+        .unwrap()
+}
+
+/// The node id of the node on `port`.
+fn id_of(port: u16) -> String {
+    redis::cmd("CLUSTER")
+        .arg("MYID")
+        .query(&mut node(port))
+        .unwrap()
+}
+
+/// The master serving `slot`.
+fn master_of(masters: &[(u16, Vec<(u16, u16)>)], slot: u16) -> u16 {
+    masters
+        .iter()
+        .find(|(_, ranges)| ranges.iter().any(|&(a, b)| (a..=b).contains(&slot)))
+        .map(|(p, _)| *p)
+        .expect("every slot is served")
+}
+
+/// Whether the node on `port` holds `key` itself (a redirect: it does not).
+fn holds(port: u16, key: &str) -> bool {
+    let mut c = node(port);
+    let () = redis::cmd("ASKING").query(&mut c).unwrap();
+    match redis::cmd("EXISTS").arg(key).query::<i64>(&mut c) {
+        Ok(n) => n == 1,
+        Err(e) if matches!(e.code(), Some("MOVED" | "ASK")) => false,
+        Err(e) => panic!("EXISTS on {port}: {e}"),
+    }
+}
+
+fn cache_on(seeds: &[String], flavor: &str, front: Front) -> TestCache {
+    Cache::builder()
+        .redis_cluster(seeds.iter().cloned())
+        .flavor(flavor)
+        .read_failures(FailurePolicy::Propagate)
+        .write_failures(FailurePolicy::Propagate)
+        .io_timeout(S(5))
+        .build_front(front)
+}
+
+#[test]
+fn keys_spread_over_every_master() {
+    let seeds = shared_redis_cluster();
+    let flavor = unique_flavor("spread");
+    let cache = cache_on(seeds, &flavor, Front::Sync);
+    let keys: Vec<String> = (0..100).map(|i| format!("k{i}")).collect();
+    let failed = cache
+        .set_many(keys.iter().map(|k| (k.as_str(), k)), S(600))
+        .unwrap();
+    assert!(failed.is_empty(), "{failed:?}");
+    let got = cache.get_many::<String>(&keys).unwrap();
+    assert_eq!(got.len(), 100);
+    // Count, on each master, the keys of this flavor it holds itself.
+    let ports: Vec<u16> = seeds.iter().map(|u| port_of(u)).collect();
+    let mut per_master = Vec::new();
+    for p in ports {
+        let role: redis::Value = redis::cmd("ROLE").query(&mut node(p)).unwrap();
+        let is_master = matches!(&role, redis::Value::Array(v)
+            if matches!(v.first(), Some(redis::Value::BulkString(b)) if b == b"master"));
+        if !is_master {
+            continue;
+        }
+        let found: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("{flavor}-*"))
+            .query(&mut node(p))
+            .unwrap();
+        per_master.push((p, found.len()));
+    }
+    assert_eq!(per_master.len(), 3, "{per_master:?}");
+    assert_eq!(per_master.iter().map(|(_, n)| n).sum::<usize>(), 100);
+    assert!(
+        per_master.iter().all(|&(_, n)| n > 0),
+        "every master holds some of the keys: {per_master:?}"
+    );
+    assert_eq!(cache.delete_many(&keys).unwrap(), 100);
+}
+
+#[test]
+fn a_seed_with_a_database_other_than_0_or_no_seed_is_refused_at_build() {
+    let e = Cache::builder()
+        .redis_cluster([
+            "redis://127.0.0.1:7000",
+            "redis://u:hunter2@127.0.0.1:7001/3",
+        ])
+        .build()
+        .unwrap_err();
+    let text = format!("{e} {e:?}");
+    assert!(e.is_config(), "{e}");
+    assert!(text.contains("database 3"), "{text}");
+    assert!(text.contains("127.0.0.1:7001"), "the seed is named: {text}");
+    assert!(!text.contains("hunter2"), "no password: {text}");
+    assert!(
+        Cache::builder()
+            .redis_cluster(["redis://127.0.0.1:7000/1"])
+            .build_async()
+            .unwrap_err()
+            .is_config()
+    );
+    let none: [&str; 0] = [];
+    let e = Cache::builder().redis_cluster(none).build().unwrap_err();
+    assert!(e.is_config() && e.to_string().contains("seed"), "{e}");
+}
+
+/// Starts moving `slot` from the master on `from` to the one on `to`: `IMPORTING` on the
+/// target, `MIGRATING` on the source.
+fn begin_migration(slot: u16, from: u16, to: u16) {
+    let () = redis::cmd("CLUSTER")
+        .arg("SETSLOT")
+        .arg(slot)
+        .arg("IMPORTING")
+        .arg(id_of(from))
+        .query(&mut node(to))
+        .unwrap();
+    let () = redis::cmd("CLUSTER")
+        .arg("SETSLOT")
+        .arg(slot)
+        .arg("MIGRATING")
+        .arg(id_of(to))
+        .query(&mut node(from))
+        .unwrap();
+}
+
+/// `MIGRATE`s `keys` from `from` to `to`.
+fn migrate(from: u16, to: u16, keys: &[String]) {
+    let mut cmd = redis::cmd("MIGRATE");
+    cmd.arg("127.0.0.1")
+        .arg(to)
+        .arg("")
+        .arg(0)
+        .arg(5000)
+        .arg("KEYS")
+        .arg(keys);
+    let () = cmd.query(&mut node(from)).unwrap();
+}
+
+/// Ends the move of `slot`: every master told it is `to`'s now.
+fn end_migration(slot: u16, to: u16, masters: &[u16]) {
+    let id = id_of(to);
+    for &p in masters {
+        let () = redis::cmd("CLUSTER")
+            .arg("SETSLOT")
+            .arg(slot)
+            .arg("NODE")
+            .arg(&id)
+            .query(&mut node(p))
+            .unwrap();
+    }
+}
+
+#[test]
+fn a_moved_slot_keeps_being_served() {
+    moved_slot_served("redis-server");
+}
+
+/// Valkey 9 (`redis-cli --cluster create` makes its cluster too): the behaviour suites run on
+/// the Redis cluster; this checks the routing and `MOVED` on Valkey's.
+#[test]
+fn a_moved_slot_keeps_being_served_on_valkey() {
+    moved_slot_served(&crate::fixture::valkey_server());
+}
+
+fn moved_slot_served(bin: &str) {
+    let cluster = RedisCluster::start(bin);
+    let seeds = cluster.seeds();
+    let masters = cluster.masters();
+    let ports: Vec<u16> = masters.iter().map(|(p, _)| *p).collect();
+    for front in [Front::Sync, Front::Async] {
+        let flavor = unique_flavor("moved");
+        let cache = cache_on(&seeds, &flavor, front);
+        let keys: Vec<String> = (0..20).map(|i| format!("k{i}")).collect();
+        cache
+            .set_many(keys.iter().map(|k| (k.as_str(), k)), S(600))
+            .unwrap();
+        // The map is known; now the slot of k0 moves to another master.
+        let derived = cache.make_key("k0");
+        let slot = slot_of(ports[0], &derived);
+        let from = master_of(&cluster.masters(), slot);
+        let to = *ports.iter().find(|&&p| p != from).unwrap();
+        begin_migration(slot, from, to);
+        let in_slot: Vec<String> = redis::cmd("CLUSTER")
+            .arg("GETKEYSINSLOT")
+            .arg(slot)
+            .arg(1000)
+            .query(&mut node(from))
+            .unwrap();
+        migrate(from, to, &in_slot);
+        end_migration(slot, to, &ports);
+        assert!(holds(to, &derived) && !holds(from, &derived));
+
+        // The cache follows the MOVED: batches (first: the map still names the old master),
+        // reads and writes of the moved key work.
+        let got = cache.get_many::<String>(&keys).unwrap();
+        assert_eq!(got.len(), 20, "{front:?}: {got:?}");
+        assert_eq!(
+            cache.get::<String>("k0").unwrap().as_deref(),
+            Some("k0"),
+            "{front:?}"
+        );
+        cache.set("k0", "again", S(600)).unwrap();
+        assert_eq!(cache.get::<String>("k0").unwrap().as_deref(), Some("again"));
+        assert!(holds(to, &derived), "written on the slot's new master");
+        let loaded = cache
+            .get_or_set_with("k0-loaded", S(600), || Ok::<_, std::io::Error>(7u32))
+            .unwrap();
+        assert_eq!(loaded, 7);
+        assert_eq!(cache.delete_many(&keys).unwrap(), 20, "{front:?}");
+        assert!(cache.ping().is_ok(), "{front:?}");
+    }
+}
+
+#[test]
+fn a_migrating_slot_is_followed_by_ask() {
+    let cluster = RedisCluster::start("redis-server");
+    let seeds = cluster.seeds();
+    let masters = cluster.masters();
+    let ports: Vec<u16> = masters.iter().map(|(p, _)| *p).collect();
+    for front in [Front::Sync, Front::Async] {
+        let flavor = unique_flavor("ask");
+        let cache = cache_on(&seeds, &flavor, front);
+        cache.set("moving", "before", S(600)).unwrap();
+        cache.set("other", "stays", S(600)).unwrap();
+        let derived = cache.make_key("moving");
+        let slot = slot_of(ports[0], &derived);
+        let from = master_of(&cluster.masters(), slot);
+        let to = *ports.iter().find(|&&p| p != from).unwrap();
+        // Halfway: the key is on the target, the slot still the source's.
+        begin_migration(slot, from, to);
+        migrate(from, to, std::slice::from_ref(&derived));
+        assert!(holds(to, &derived) && !holds(from, &derived));
+
+        assert_eq!(
+            cache.get::<String>("moving").unwrap().as_deref(),
+            Some("before"),
+            "{front:?}: the source answers ASK, the target serves it after ASKING"
+        );
+        let got = cache.get_many::<String>(&["moving", "other"]).unwrap();
+        assert_eq!(got.len(), 2, "{front:?}: {got:?}");
+        cache.set("moving", "during", S(600)).unwrap();
+        assert!(holds(to, &derived), "the write followed the ASK");
+        assert_eq!(
+            cache.get::<String>("moving").unwrap().as_deref(),
+            Some("during")
+        );
+        // An ASK changes no map: the slot is still the source's, which says so.
+        let back: Option<Vec<u8>> = redis::cmd("GET")
+            .arg(&derived)
+            .query(&mut node(from))
+            .map_err(|e| e.code().map(str::to_owned))
+            .unwrap_or_else(|code| {
+                assert_eq!(code.as_deref(), Some("ASK"));
+                None
+            });
+        assert!(back.is_none());
+        // The move ends: MOVED from then on, and the cache still serves it.
+        end_migration(slot, to, &ports);
+        assert_eq!(
+            cache.get::<String>("moving").unwrap().as_deref(),
+            Some("during")
+        );
+        assert!(cache.delete("moving").unwrap());
+        // Moved back for the other front's turn.
+        begin_migration(slot, to, from);
+        let left: Vec<String> = redis::cmd("CLUSTER")
+            .arg("GETKEYSINSLOT")
+            .arg(slot)
+            .arg(1000)
+            .query(&mut node(to))
+            .unwrap();
+        if !left.is_empty() {
+            migrate(to, from, &left);
+        }
+        end_migration(slot, from, &ports);
+    }
+}
+
+#[test]
+fn a_killed_master_fails_only_its_own_keys() {
+    let mut cluster = RedisCluster::start("redis-server");
+    let seeds = cluster.seeds();
+    let masters = cluster.masters();
+    let flavor = unique_flavor("killed");
+    let keys: Vec<String> = (0..60).map(|i| format!("k{i}")).collect();
+    let sync = cache_on(&seeds, &flavor, Front::Sync);
+    let asynchronous = cache_on(&seeds, &flavor, Front::Async);
+    sync.set_many(keys.iter().map(|k| (k.as_str(), k)), S(600))
+        .unwrap();
+    // Both caches know the map before the kill.
+    assert_eq!(asynchronous.get_many::<String>(&keys).unwrap().len(), 60);
+    let victim = masters[1].0;
+    let dead: Vec<&String> = keys
+        .iter()
+        .filter(|k| master_of(&masters, slot_of(masters[0].0, &sync.make_key(k))) == victim)
+        .collect();
+    assert!(!dead.is_empty() && dead.len() < 60, "{} keys", dead.len());
+    // No failover (that is the next task's test), and the others serve on with a slot range
+    // uncovered: what the test sees does not depend on how fast it runs.
+    for &p in &cluster.ports {
+        for (setting, value) in [
+            ("cluster-replica-no-failover", "yes"),
+            ("cluster-require-full-coverage", "no"),
+        ] {
+            let () = redis::cmd("CONFIG")
+                .arg("SET")
+                .arg(setting)
+                .arg(value)
+                .query(&mut node(p))
+                .unwrap();
+        }
+    }
+    cluster.kill(victim);
+    for cache in [&sync, &asynchronous] {
+        let e = cache.get_many::<String>(&keys).unwrap_err();
+        let mut named: Vec<String> = e.failed_keys().to_vec();
+        named.sort();
+        let mut want: Vec<String> = dead.iter().map(|k| k.to_string()).collect();
+        want.sort();
+        assert_eq!(named, want, "exactly the killed master's keys fail: {e}");
+        let mut chain = e.to_string();
+        let mut source = std::error::Error::source(&e);
+        while let Some(s) = source {
+            chain.push_str(&format!(": {s}"));
+            source = s.source();
+        }
+        assert!(
+            chain.contains(&format!("127.0.0.1:{victim}")),
+            "the failure names the killed master: {chain}"
+        );
+        let ping = cache.ping().unwrap_err();
+        assert_eq!(ping.failures().len(), 1, "{ping}");
+        assert!(ping.to_string().contains(&victim.to_string()), "{ping}");
+    }
+    // Absorbing read failures, the other masters' keys are served.
+    let lenient = Cache::builder()
+        .redis_cluster(seeds.iter().cloned())
+        .flavor(flavor.as_str())
+        .build()
+        .unwrap();
+    let got = lenient.get_many::<String>(&keys).unwrap();
+    assert_eq!(got.len(), 60 - dead.len());
+}
+
+#[test]
+fn clear_removes_this_caches_keys_on_every_master() {
+    let seeds = shared_redis_cluster();
+    for front in [Front::Sync, Front::Async] {
+        let cache = cache_on(seeds, &unique_flavor("clear"), front);
+        let other = cache_on(seeds, &unique_flavor("clear-other"), front);
+        let keys: Vec<String> = (0..300).map(|i| format!("k{i}")).collect();
+        cache
+            .set_many(keys.iter().map(|k| (k.as_str(), k)), S(600))
+            .unwrap();
+        other.set("k1", "theirs", S(600)).unwrap();
+        cache.clear().unwrap();
+        assert!(
+            cache.get_many::<String>(&keys).unwrap().is_empty(),
+            "{front:?}: every master's keys of this cache are gone"
+        );
+        assert_eq!(
+            other.get::<String>("k1").unwrap().as_deref(),
+            Some("theirs"),
+            "{front:?}: another flavor stays"
+        );
+    }
+}
+
+/// A master killed, its replica promoted: a node's fault asks for the map again (at most once
+/// per `retry_interval`), so the cache finds the new master and serves its slots again. (No
+/// load, no count of what was lost: replication is asynchronous.)
+#[test]
+fn after_a_failover_the_new_master_serves_its_slots() {
+    let mut cluster = RedisCluster::start("redis-server");
+    let seeds = cluster.seeds();
+    let masters = cluster.masters();
+    let flavor = unique_flavor("failover");
+    let keys: Vec<String> = (0..30).map(|i| format!("k{i}")).collect();
+    let build = |front| {
+        Cache::builder()
+            .redis_cluster(seeds.iter().cloned())
+            .flavor(flavor.as_str())
+            .read_failures(FailurePolicy::Propagate)
+            .retry_interval(Duration::from_millis(200))
+            .build_front(front)
+    };
+    let caches = [build(Front::Sync), build(Front::Async)];
+    caches[0]
+        .set_many(keys.iter().map(|k| (k.as_str(), k)), S(600))
+        .unwrap();
+    for c in &caches {
+        assert!(c.get_many::<String>(&keys).is_ok(), "the map is known");
+    }
+    let victim = masters[0].0;
+    cluster.kill(victim);
+    let live: Vec<u16> = cluster
+        .ports
+        .iter()
+        .copied()
+        .filter(|&p| p != victim)
+        .collect();
+    // Until a replica took over (the node timeout is 2 s) and every live node agrees.
+    let deadline = std::time::Instant::now() + S(60);
+    while cluster
+        .try_masters()
+        .is_none_or(|m| m.iter().any(|(p, _)| *p == victim))
+    {
+        if std::time::Instant::now() > deadline {
+            let nodes: String = redis::cmd("CLUSTER")
+                .arg("NODES")
+                .query(&mut node(live[0]))
+                .unwrap();
+            panic!("no replica took over: {nodes}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    crate::fixture::wait_cluster_ok(&live, S(60));
+    for c in &caches {
+        let deadline = std::time::Instant::now() + S(30);
+        loop {
+            match c.get_many::<String>(&keys) {
+                Ok(_) => break,
+                Err(e) => assert!(
+                    std::time::Instant::now() < deadline,
+                    "the cache never found the new master: {e}"
+                ),
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        c.set("after", "failover", S(600)).unwrap();
+        assert_eq!(
+            c.get::<String>("after").unwrap().as_deref(),
+            Some("failover")
+        );
+    }
+}
