@@ -25,6 +25,8 @@ mod processes;
 mod props;
 #[cfg(feature = "redis")]
 mod redis;
+#[cfg(feature = "redis")]
+mod redis_batch;
 #[cfg(feature = "redis-tls")]
 mod redis_tls;
 mod values;

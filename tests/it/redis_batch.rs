@@ -1,0 +1,121 @@
+//! `AsyncCache` on Redis / Valkey under concurrency: gets that queue while one is in flight
+//! go out together as one `MGET`, and every caller still gets its own key's value, whatever
+//! the others do (a caller that gives up mid-batch, a key asked twice in one batch).
+
+use std::time::Duration;
+
+use crate::fixture::RedisServer;
+use crate::redis::{async_cache_on, on_both, raw, runtime};
+
+const S: fn(u64) -> Duration = Duration::from_secs;
+const TASKS: u32 = 64;
+const KEYS: u32 = 100;
+
+/// The server's count of calls of `cmd` since its last `CONFIG RESETSTAT`.
+fn calls(server: &RedisServer, cmd: &str) -> u64 {
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut raw(server))
+        .unwrap();
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("cmdstat_{cmd}:calls=")))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+fn reset_stats(server: &RedisServer) {
+    let () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut raw(server))
+        .unwrap();
+}
+
+#[test]
+fn concurrent_async_gets_go_out_as_mgets_and_each_caller_gets_its_own_value() {
+    on_both(|server| {
+        let cache = async_cache_on(server);
+        runtime().block_on(async {
+            for i in 0..KEYS {
+                cache.set(&format!("k{i}"), &i, S(60)).await.unwrap();
+            }
+            reset_stats(server);
+            let per_task = 50;
+            let tasks: Vec<_> = (0..TASKS)
+                .map(|t| {
+                    let c = cache.clone();
+                    tokio::spawn(async move {
+                        for j in 0..per_task {
+                            // Every fourth get is of k0, by every task: one key asked several
+                            // times in one batch.
+                            let i = if j % 4 == 0 { 0 } else { (t * 7 + j) % KEYS };
+                            let v = c.get::<u32>(&format!("k{i}")).await.unwrap();
+                            assert_eq!(v, Some(i), "task {t}, get {j}");
+                        }
+                        // A key nobody stored is a miss, in a batch too.
+                        assert_eq!(c.get::<u32>(&format!("none{t}")).await.unwrap(), None);
+                    })
+                })
+                .collect();
+            for t in tasks {
+                t.await.unwrap();
+            }
+        });
+        let gets = u64::from(TASKS * 51);
+        let (get, mget) = (calls(server, "get"), calls(server, "mget"));
+        eprintln!("{gets} gets from {TASKS} tasks: {get} GET, {mget} MGET");
+        assert!(mget > 0, "no MGET: {get} GET for {gets} gets");
+        assert!(
+            get + mget <= gets / 2,
+            "{get} GET + {mget} MGET for {gets} gets: not batched"
+        );
+    });
+}
+
+#[test]
+fn dropping_async_gets_mid_batch_leaves_every_other_callers_value_right() {
+    on_both(|server| {
+        let cache = async_cache_on(server);
+        runtime().block_on(async {
+            for i in 0..KEYS {
+                cache.set(&format!("k{i}"), &i, S(60)).await.unwrap();
+            }
+            reset_stats(server);
+            for round in 0..40u32 {
+                let tasks: Vec<_> = (0..TASKS)
+                    .map(|t| {
+                        let c = cache.clone();
+                        let i = (round * 13 + t * 3) % KEYS;
+                        let task = tokio::spawn(async move {
+                            let v = c.get::<u32>(&format!("k{i}")).await.unwrap();
+                            assert_eq!(v, Some(i), "round {round}, task {t}");
+                        });
+                        (t, task)
+                    })
+                    .collect();
+                // Let them queue and some batches go out, then drop every third caller's
+                // future wherever it is: queued, in a batch on the wire, or answered.
+                for _ in 0..round % 4 {
+                    tokio::task::yield_now().await;
+                }
+                let mut kept = Vec::new();
+                for (t, task) in tasks {
+                    if t % 3 == round % 3 {
+                        task.abort();
+                    } else {
+                        kept.push(task);
+                    }
+                }
+                for task in kept {
+                    task.await.unwrap();
+                }
+            }
+            // After it all, the connection still pairs every reply with its caller.
+            for i in 0..KEYS {
+                let v = cache.get::<u32>(&format!("k{i}")).await.unwrap();
+                assert_eq!(v, Some(i));
+            }
+        });
+        assert!(calls(server, "mget") > 0, "no batch was dropped into");
+    });
+}
