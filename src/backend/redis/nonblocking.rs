@@ -18,6 +18,7 @@ use redis::Value;
 use redis::aio::MultiplexedConnection;
 use tokio::task::JoinHandle;
 
+use super::batch::Gets;
 use super::request::{self, Request, noscript_retry};
 use super::{Failure, Shared, connect_failure, failure_of};
 use crate::backend::memcached::outage::{Begin, Missed};
@@ -30,6 +31,15 @@ struct Live {
     id: u64,
     conn: MultiplexedConnection,
     driver: JoinHandle<()>,
+    /// Its batcher of plain reads.
+    gets: Arc<Gets>,
+}
+
+/// What a call sends on: a clone of the open connection's handles.
+struct Link {
+    id: u64,
+    conn: MultiplexedConnection,
+    gets: Arc<Gets>,
 }
 
 impl Live {
@@ -90,16 +100,20 @@ impl AsyncRedis {
         })
     }
 
-    /// The open connection (`None` if it has none or its driver ended).
-    fn current(&self) -> Option<(u64, MultiplexedConnection)> {
+    /// The open connection (`None` if it has none or its tasks ended).
+    fn current(&self) -> Option<Link> {
         let live = self.live.lock();
         live.as_ref()
-            .filter(|l| !l.driver.is_finished())
-            .map(|l| (l.id, l.conn.clone()))
+            .filter(|l| !l.driver.is_finished() && !l.gets.is_finished())
+            .map(|l| Link {
+                id: l.id,
+                conn: l.conn.clone(),
+                gets: Arc::clone(&l.gets),
+            })
     }
 
     /// The open connection, or a new one on the current runtime.
-    async fn connection(&self) -> std::result::Result<(u64, MultiplexedConnection), Failure> {
+    async fn connection(&self) -> std::result::Result<Link, Failure> {
         if let Some(c) = self.current() {
             return Ok(c);
         }
@@ -171,7 +185,7 @@ impl AsyncRedis {
         rt: tokio::runtime::Handle,
         stream: C,
         config: redis::AsyncConnectionConfig,
-    ) -> std::result::Result<(u64, MultiplexedConnection), Failure>
+    ) -> std::result::Result<Link, Failure>
     where
         C: Unpin + tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + 'static,
     {
@@ -192,6 +206,7 @@ impl AsyncRedis {
             }
         };
         let driver = rt.spawn(driver);
+        let gets = Arc::new(Gets::start(&rt, conn.clone()));
         let id = self
             .opened
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -199,8 +214,9 @@ impl AsyncRedis {
             id,
             conn: conn.clone(),
             driver,
+            gets: Arc::clone(&gets),
         });
-        Ok((id, conn))
+        Ok(Link { id, conn, gets })
     }
 
     /// Drops the connection (on shutdown).
@@ -318,8 +334,14 @@ impl AsyncRedis {
         &self,
         req: &Request<T>,
     ) -> std::result::Result<Vec<Value>, (Option<u64>, Failure)> {
-        let (id, mut conn) = self.connection().await.map_err(|f| (None, f))?;
+        let Link { id, mut conn, gets } = self.connection().await.map_err(|f| (None, f))?;
         let on = |f| (Some(id), f);
+        if let (true, [one]) = (req.batched, &req.commands[..]) {
+            if let Some(redis::Arg::Simple(key)) = one.cmd.args_iter().nth(1) {
+                let reply = gets.get(&mut conn, key).await;
+                return Ok(vec![reply.map_err(|e| on(failure_of(e, false)))?]);
+            }
+        }
         let cmds: Vec<&redis::Cmd> = req.commands.iter().map(|c| &c.cmd).collect();
         let mut replies = send_on(&mut conn, &cmds, req.write).await.map_err(on)?;
         let retry = noscript_retry(req, &replies, &self.shared.requests.scripts);

@@ -40,6 +40,9 @@ pub(super) struct Request<T> {
     pub(super) commands: Vec<Command>,
     /// Whether a reply that never came leaves the outcome unknown (the command may have run).
     pub(super) write: bool,
+    /// A plain `GET` (its key the command's second argument): the async connection may send
+    /// it in a batch, as an `MGET` with other callers' (`batch.rs`).
+    pub(super) batched: bool,
     pub(super) read: fn(Vec<Value>) -> Result<T>,
 }
 
@@ -53,6 +56,7 @@ impl<T> Request<T> {
         Request {
             commands: vec![Command { cmd, script }],
             write,
+            batched: false,
             read,
         }
     }
@@ -300,9 +304,10 @@ impl Builder {
         self.check_key(key)?;
         let mut cmd = redis::cmd("GET");
         cmd.arg(key);
-        Ok(Request::one(cmd, None, false, |vs| {
-            only(vs).and_then(item_of)
-        }))
+        Ok(Request {
+            batched: true,
+            ..Request::one(cmd, None, false, |vs| only(vs).and_then(item_of))
+        })
     }
 
     /// One `MGET` of the keys that pass the checks: one answer per key, in order.
@@ -387,6 +392,7 @@ impl Builder {
         Ok(Request {
             commands: vec![c],
             write: true,
+            batched: false,
             read: |vs| only(vs).and_then(store_outcome),
         })
     }
@@ -403,6 +409,7 @@ impl Builder {
             return Ok(Request {
                 commands: vec![c],
                 write: true,
+                batched: false,
                 read: |vs| match only(vs)? {
                     Value::Array(mut pair) if pair.len() == 2 => {
                         let now = pair.pop().unwrap_or(Value::Nil);
@@ -426,6 +433,7 @@ impl Builder {
                 },
             ],
             write: true,
+            batched: false,
             read: |mut vs| {
                 let now = vs.pop().unwrap_or(Value::Nil);
                 let outcome = vs.pop().unwrap_or(Value::Nil);
@@ -457,6 +465,7 @@ impl Builder {
             request: Request {
                 commands,
                 write: true,
+                batched: false,
                 read: |vs| Ok(vs.into_iter().map(store_outcome).collect()),
             },
         }
@@ -482,6 +491,7 @@ impl Builder {
             request: Request {
                 commands,
                 write: true,
+                batched: false,
                 read: |vs| Ok(vs.into_iter().map(|v| int_of(v).map(|n| n > 0)).collect()),
             },
         }
@@ -516,6 +526,7 @@ impl Builder {
                         },
                     ],
                     write: true,
+                    batched: false,
                     read: |mut vs| int_of(vs.pop().unwrap_or(Value::Nil)).map(|n| n > 0),
                 });
             }
@@ -616,6 +627,7 @@ impl Builder {
         Request {
             commands,
             write: false,
+            batched: false,
             read: |vs| {
                 let mut refused = 0;
                 for v in vs {
