@@ -119,3 +119,78 @@ fn dropping_async_gets_mid_batch_leaves_every_other_callers_value_right() {
         assert!(calls(server, "mget") > 0, "no batch was dropped into");
     });
 }
+
+/// A server busy in a script refuses every command with `-BUSY`: a batch meeting that refusal
+/// fails each of its callers with it (an answer, not a fault: the server is not marked dead),
+/// nobody waits for a reply that never comes, and once the script is killed every caller
+/// gets its own value again.
+#[test]
+fn a_refused_batch_fails_each_of_its_callers_and_the_next_batches_serve() {
+    on_both(|server| {
+        let cache = newcache::Cache::builder()
+            .redis(server.url())
+            .flavor(crate::fixture::unique_flavor("redis-batch"))
+            .io_timeout(S(3))
+            .failure_limit(1)
+            .read_failures(newcache::FailurePolicy::Propagate)
+            .build_async()
+            .unwrap();
+        let rt = runtime();
+        rt.block_on(async {
+            for i in 0..KEYS {
+                cache.set(&format!("k{i}"), &i, S(60)).await.unwrap();
+            }
+        });
+        let () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("busy-reply-threshold")
+            .arg(50)
+            .query(&mut raw(server))
+            .unwrap();
+        let mut busy = raw(server);
+        let script = std::thread::spawn(move || {
+            let _ = redis::cmd("EVAL")
+                .arg("while true do end")
+                .arg(0)
+                .query::<()>(&mut busy);
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        let crowd = |cache: &newcache::AsyncCache| {
+            let cache = cache.clone();
+            async move {
+                let tasks: Vec<_> = (0..TASKS)
+                    .map(|t| {
+                        let c = cache.clone();
+                        tokio::spawn(async move {
+                            let i = t % KEYS;
+                            (i, c.get::<u32>(&format!("k{i}")).await)
+                        })
+                    })
+                    .collect();
+                let mut out = Vec::new();
+                for t in tasks {
+                    out.push(t.await.unwrap());
+                }
+                out
+            }
+        };
+        let refused = rt.block_on(crowd(&cache));
+        let () = redis::cmd("SCRIPT")
+            .arg("KILL")
+            .query(&mut raw(server))
+            .unwrap();
+        script.join().unwrap();
+        for (i, r) in refused {
+            let e = r.expect_err("the server was busy");
+            assert!(!e.is_timeout(), "k{i}: an answer, not a timeout: {e}");
+            assert!(
+                e.is_backend() && !e.to_string().contains("marked dead"),
+                "k{i}: {e}"
+            );
+        }
+        // Not a fault (failure_limit 1 would have marked it dead): every caller is served.
+        for (i, r) in rt.block_on(crowd(&cache)) {
+            assert_eq!(r.unwrap(), Some(i), "k{i}");
+        }
+    });
+}
