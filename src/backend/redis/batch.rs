@@ -165,6 +165,13 @@ async fn flight(conn: &mut MultiplexedConnection, batch: Vec<Waiter>) {
                 let _ = w.answer.send(Ok(v));
             }
         }
+        // An error reply (`BUSY`, `LOADING`, a denial) refuses every key of it: each caller
+        // reads it as its own `GET`'s.
+        Ok(refused @ Value::ServerError(_)) => {
+            for w in batch {
+                let _ = w.answer.send(Ok(refused.clone()));
+            }
+        }
         Ok(other) => {
             let e = RedisError::from((
                 redis::ErrorKind::Parse,
