@@ -194,3 +194,33 @@ fn a_refused_batch_fails_each_of_its_callers_and_the_next_batches_serve() {
         }
     });
 }
+
+/// A caller alone sends its own `GET`: no batch, no hand-off, even after a crowd has come and
+/// gone.
+#[test]
+fn a_lone_caller_sends_its_own_gets_after_a_crowd() {
+    let server = RedisServer::start("redis-server");
+    let cache = async_cache_on(&server);
+    runtime().block_on(async {
+        for i in 0..KEYS {
+            cache.set(&format!("k{i}"), &i, S(60)).await.unwrap();
+        }
+        let crowd: Vec<_> = (0..TASKS)
+            .map(|t| {
+                let c = cache.clone();
+                tokio::spawn(async move { c.get::<u32>(&format!("k{}", t % KEYS)).await })
+            })
+            .collect();
+        for t in crowd {
+            t.await.unwrap().unwrap();
+        }
+        reset_stats(&server);
+        for i in 0..KEYS {
+            assert_eq!(cache.get::<u32>(&format!("k{i}")).await.unwrap(), Some(i));
+        }
+    });
+    assert_eq!(
+        (calls(&server, "get"), calls(&server, "mget")),
+        (u64::from(KEYS), 0)
+    );
+}
