@@ -1,6 +1,7 @@
 //! The Redis backend for `AsyncCache`: the same [`Request`]s as the sync backend, sent on one
 //! multiplexed tokio connection (redis-rs's `MultiplexedConnection`: concurrent callers'
-//! commands share its writes, replies come back in order to each caller).
+//! commands share its writes, replies come back in order to each caller). Plain gets made
+//! while another read is on the wire go out together as one `MGET` (`batch.rs`).
 //!
 //! The connection's driver task runs on the runtime current when it was opened. If that runtime
 //! shuts down, the driver ends: the next call sees it finished and reconnects on its own runtime
