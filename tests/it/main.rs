@@ -26,6 +26,8 @@ mod props;
 #[cfg(feature = "redis")]
 mod redis;
 #[cfg(feature = "redis")]
+mod redis_batch;
+#[cfg(feature = "redis")]
 mod redis_cluster;
 #[cfg(feature = "redis-tls")]
 mod redis_tls;

@@ -12,7 +12,7 @@ use crate::fixture::{RedisServer, unique_flavor, valkey_server};
 const S: fn(u64) -> Duration = Duration::from_secs;
 
 /// Runs `test` on a Redis 7 of its own, then on a Valkey 9 of its own.
-fn on_both(test: impl Fn(&mut RedisServer)) {
+pub(crate) fn on_both(test: impl Fn(&mut RedisServer)) {
     for bin in ["redis-server".to_owned(), valkey_server()] {
         let mut server = RedisServer::start(&bin);
         test(&mut server);
@@ -29,7 +29,7 @@ fn cache_on(server: &RedisServer) -> Cache {
         .unwrap()
 }
 
-fn raw(server: &RedisServer) -> redis::Connection {
+pub(crate) fn raw(server: &RedisServer) -> redis::Connection {
     redis::Client::open(server.url())
         .and_then(|c| c.get_connection())
         .unwrap()
@@ -313,7 +313,7 @@ fn bytes_that_look_like_an_item_with_stamp_zero_are_foreign() {
     assert_eq!(&b.get("z").unwrap().unwrap().value[..], b"mine");
 }
 
-fn async_cache_on(server: &RedisServer) -> newcache::AsyncCache {
+pub(crate) fn async_cache_on(server: &RedisServer) -> newcache::AsyncCache {
     Cache::builder()
         .redis(server.url())
         .flavor(unique_flavor("redis-async"))

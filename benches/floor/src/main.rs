@@ -27,6 +27,7 @@
 //! on exit.
 
 mod args;
+mod cpu;
 mod items;
 mod paths;
 mod redis;

@@ -53,6 +53,7 @@ pub fn interleave(
     }
     let per_slice = (ops / slices).max(1);
     let mut runs = vec![Vec::with_capacity(rounds); sides.len()];
+    let mut spent = vec![crate::cpu::Spent::default(); sides.len()];
     for round in 0..rounds {
         let mut parts: Vec<Vec<Run>> = vec![Vec::with_capacity(slices); sides.len()];
         for slice in 0..slices {
@@ -61,7 +62,9 @@ pub fn interleave(
                 order.reverse();
             }
             for &s in &order {
+                let before = crate::cpu::now();
                 parts[s].push(sides[s](per_slice)?);
+                spent[s].add(before, crate::cpu::now(), per_slice);
             }
         }
         for (s, parts) in parts.iter().enumerate() {
@@ -80,6 +83,9 @@ pub fn interleave(
             round + 1,
             figures.join(" / ")
         );
+    }
+    for (s, spent) in spent.iter().enumerate() {
+        eprintln!("{name} side {}: {}", s + 1, spent.per_call());
     }
     Ok(runs)
 }

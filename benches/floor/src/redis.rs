@@ -77,7 +77,8 @@ impl Drop for Server {
     }
 }
 
-/// `redis_version` or `valkey_version` from `INFO server`, e.g. `valkey 9.1.2`.
+/// `redis_version` or `valkey_version` from `INFO server`, e.g. `valkey 9.1.2`; its
+/// `process_id` is watched for CPU time from then on (`cpu.rs`).
 pub fn version(url: &str) -> Result<String, BoxError> {
     let mut con = redis::Client::open(url)?.get_connection()?;
     let info: String = redis::cmd("INFO").arg("server").query(&mut con)?;
@@ -85,6 +86,10 @@ pub fn version(url: &str) -> Result<String, BoxError> {
         info.lines()
             .find_map(|l| l.strip_prefix(name).map(|v| v.trim().to_owned()))
     };
+    // Its CPU time is counted beside the client's (a server on this machine).
+    if let Some(pid) = field("process_id:").and_then(|p| p.parse().ok()) {
+        crate::cpu::watch_server(pid);
+    }
     Ok(match (field("valkey_version:"), field("redis_version:")) {
         (Some(v), _) => format!("valkey {v}"),
         (None, Some(v)) => format!("redis {v}"),

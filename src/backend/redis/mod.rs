@@ -17,6 +17,8 @@
 //! a server back from a partition, a pause or a restart with its data (Redis persists) never
 //! serves this process a value it invalidated meanwhile.
 
+#[cfg(feature = "tokio")]
+mod batch;
 mod clients;
 mod cluster;
 mod config;

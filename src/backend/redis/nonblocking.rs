@@ -1,6 +1,7 @@
 //! The Redis backend for `AsyncCache`: the same [`Request`]s as the sync backend, sent on one
 //! multiplexed tokio connection (redis-rs's `MultiplexedConnection`: concurrent callers'
-//! commands share its writes, replies come back in order to each caller).
+//! commands share its writes, replies come back in order to each caller). Plain gets made
+//! while another read is on the wire go out together as one `MGET` (`batch.rs`).
 //!
 //! The connection's driver task runs on the runtime current when it was opened. If that runtime
 //! shuts down, the driver ends: the next call sees it finished and reconnects on its own runtime
@@ -24,6 +25,7 @@ use redis::aio::MultiplexedConnection;
 use tokio::task::JoinHandle;
 
 use super::clients::{self, ClientId};
+use super::batch::Gets;
 use super::request::{self, Request, noscript_retry};
 use super::{Failure, Shared, connect_failure, failure_of};
 use crate::backend::memcached::health::MissedOf;
@@ -39,6 +41,15 @@ struct Live {
     driver: JoinHandle<()>,
     /// Who it is to the server (if it said): closed by the next replay once retired.
     client: Option<ClientId>,
+    /// Its batcher of plain reads.
+    gets: Arc<Gets>,
+}
+
+/// What a call sends on: a clone of the open connection's handles.
+struct Open {
+    id: u64,
+    conn: MultiplexedConnection,
+    gets: Arc<Gets>,
 }
 
 impl Live {
@@ -146,16 +157,20 @@ impl Inner {
         super::slots::parse_slots(reply, &self.shared.addr).map_err(|e| self.shared.annotate(e))
     }
 
-    /// The open connection (`None` if it has none or its driver ended).
-    fn current(&self) -> Option<(u64, MultiplexedConnection)> {
+    /// The open connection (`None` if it has none or its tasks ended).
+    fn current(&self) -> Option<Open> {
         let live = self.link.live.lock();
         live.as_ref()
-            .filter(|l| !l.driver.is_finished())
-            .map(|l| (l.id, l.conn.clone()))
+            .filter(|l| !l.driver.is_finished() && !l.gets.is_finished())
+            .map(|l| Open {
+                id: l.id,
+                conn: l.conn.clone(),
+                gets: Arc::clone(&l.gets),
+            })
     }
 
     /// The open connection, or a new one on the current runtime.
-    async fn connection(&self) -> std::result::Result<(u64, MultiplexedConnection), Failure> {
+    async fn connection(&self) -> std::result::Result<Open, Failure> {
         if let Some(c) = self.current() {
             return Ok(c);
         }
@@ -224,7 +239,7 @@ impl Inner {
         rt: tokio::runtime::Handle,
         stream: C,
         config: redis::AsyncConnectionConfig,
-    ) -> std::result::Result<(u64, MultiplexedConnection), Failure>
+    ) -> std::result::Result<Open, Failure>
     where
         C: Unpin + tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + 'static,
     {
@@ -254,6 +269,7 @@ impl Inner {
                 return Err(connect_failure(e));
             }
         };
+        let gets = Arc::new(Gets::start(&rt, conn.clone()));
         let id = self
             .link
             .opened
@@ -263,13 +279,14 @@ impl Inner {
             conn: conn.clone(),
             driver,
             client,
+            gets: Arc::clone(&gets),
         });
         // Its driver ended (the server's doing, or its runtime's): bytes of a request on it
         // may still be on their way.
         if let Some(old) = replaced {
             self.shared.clients.dropped(old.client.clone());
         }
-        Ok((id, conn))
+        Ok(Open { id, conn, gets })
     }
 
     /// Drops the connection (on shutdown).
@@ -419,8 +436,14 @@ impl Inner {
         &self,
         req: &Request<T>,
     ) -> std::result::Result<Vec<Value>, (Option<u64>, Failure)> {
-        let (id, mut conn) = self.connection().await.map_err(|f| (None, f))?;
+        let Open { id, mut conn, gets } = self.connection().await.map_err(|f| (None, f))?;
         let on = |f| (Some(id), f);
+        if let (true, false, [one]) = (req.batched, self.asking, &req.commands[..]) {
+            if let Some(redis::Arg::Simple(key)) = one.cmd.args_iter().nth(1) {
+                let reply = gets.get(&mut conn, key).await;
+                return Ok(vec![reply.map_err(|e| on(failure_of(e, false)))?]);
+            }
+        }
         let cmds: Vec<&redis::Cmd> = req.commands.iter().map(|c| &c.cmd).collect();
         let mut replies = self
             .exchange(&mut conn, &cmds, req.write)

@@ -41,6 +41,9 @@ pub(super) struct Request<T> {
     pub(super) commands: Vec<Command>,
     /// Whether a reply that never came leaves the outcome unknown (the command may have run).
     pub(super) write: bool,
+    /// A plain `GET` (its key the command's second argument): the async connection may send
+    /// it in a batch, as an `MGET` with other callers' (`batch.rs`).
+    pub(super) batched: bool,
     pub(super) read: fn(Vec<Value>) -> Result<T>,
 }
 
@@ -54,6 +57,7 @@ impl<T> Request<T> {
         Request {
             commands: vec![Command { cmd, script }],
             write,
+            batched: false,
             read,
         }
     }
@@ -376,9 +380,11 @@ impl Builder {
         self.check_key(key)?;
         let mut cmd = redis::cmd("GET");
         cmd.arg(key);
-        Ok(Request::one(cmd, None, false, |vs| {
-            only(vs).and_then(item_of)
-        }))
+        Ok(Request {
+            // Never on a cluster node: an `MGET` of keys of several slots is refused there.
+            batched: !self.cluster,
+            ..Request::one(cmd, None, false, |vs| only(vs).and_then(item_of))
+        })
     }
 
     /// One `MGET` of the keys that pass the checks (a `GET` per key, pipelined, on a cluster
@@ -428,6 +434,7 @@ impl Builder {
             request: Request {
                 commands,
                 write: false,
+                batched: false,
                 read: |vs| Ok(vs.into_iter().map(item_of).collect()),
             },
         }
@@ -510,6 +517,7 @@ impl Builder {
         Ok(Request {
             commands: vec![c],
             write: true,
+            batched: false,
             read: |vs| only(vs).and_then(store_outcome),
         })
     }
@@ -526,6 +534,7 @@ impl Builder {
             return Ok(Request {
                 commands: vec![c],
                 write: true,
+                batched: false,
                 read: |vs| match only(vs)? {
                     Value::Array(mut pair) if pair.len() == 2 => {
                         let now = pair.pop().unwrap_or(Value::Nil);
@@ -549,6 +558,7 @@ impl Builder {
                 },
             ],
             write: true,
+            batched: false,
             read: |mut vs| {
                 let now = vs.pop().unwrap_or(Value::Nil);
                 let outcome = vs.pop().unwrap_or(Value::Nil);
@@ -580,6 +590,7 @@ impl Builder {
             request: Request {
                 commands,
                 write: true,
+                batched: false,
                 read: |vs| Ok(vs.into_iter().map(store_outcome).collect()),
             },
         }
@@ -605,6 +616,7 @@ impl Builder {
             request: Request {
                 commands,
                 write: true,
+                batched: false,
                 read: |vs| Ok(vs.into_iter().map(|v| int_of(v).map(|n| n > 0)).collect()),
             },
         }
@@ -639,6 +651,7 @@ impl Builder {
                         },
                     ],
                     write: true,
+                    batched: false,
                     read: |mut vs| int_of(vs.pop().unwrap_or(Value::Nil)).map(|n| n > 0),
                 });
             }
@@ -725,6 +738,7 @@ impl Builder {
         Request {
             commands,
             write: true,
+            batched: false,
             read: |vs| vs.into_iter().map(int_of).sum(),
         }
     }
@@ -756,6 +770,7 @@ impl Builder {
             request: Request {
                 commands,
                 write: false,
+                batched: false,
                 read: Ok,
             },
             kills,
