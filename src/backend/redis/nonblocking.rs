@@ -24,8 +24,8 @@ use redis::Value;
 use redis::aio::MultiplexedConnection;
 use tokio::task::JoinHandle;
 
-use super::clients::{self, ClientId};
 use super::batch::Gets;
+use super::clients::{self, ClientId};
 use super::request::{self, Request, noscript_retry};
 use super::{Failure, Shared, connect_failure, failure_of};
 use crate::backend::memcached::health::MissedOf;
