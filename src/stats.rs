@@ -206,12 +206,43 @@ stats! {
     replays_failed,
 }
 
+/// Events of one batch counted in place and added to `counter` once, when the tally is
+/// dropped (however the batch ends: a returned error or a dropped future counts what it did):
+/// one atomic add per batch instead of one per key.
+pub(crate) struct Tally<'c> {
+    counter: &'c Counter,
+    n: u64,
+}
+
+impl<'c> Tally<'c> {
+    pub(crate) fn new(counter: &'c Counter) -> Tally<'c> {
+        Tally { counter, n: 0 }
+    }
+
+    pub(crate) fn bump(&mut self) {
+        self.n += 1;
+    }
+}
+
+impl Drop for Tally<'_> {
+    fn drop(&mut self) {
+        if self.n > 0 {
+            Counters::add(self.counter, self.n);
+        }
+    }
+}
+
 impl Counters {
     pub(crate) fn bump(counter: &Counter) {
-        counter.add(1);
+        Counters::add(counter, 1);
+    }
+
+    /// `n` events at once (one atomic add; a batch's [`Tally`]).
+    pub(crate) fn add(counter: &Counter, n: u64) {
+        counter.add(n);
         #[cfg(feature = "metrics")]
         if let Some(m) = &counter.metric {
-            m.increment(1);
+            m.increment(n);
         }
     }
 

@@ -17,7 +17,7 @@ use crate::envelope;
 use crate::error::{Error, Result};
 use crate::key::{Derived, KeyHash};
 use crate::protocol::{Action, Found, Grant, Held, Machine, Mode, Now, Refusal, Settings};
-use crate::stats::Counters;
+use crate::stats::{Counters, Tally};
 
 /// Where a sync run of the protocol stopped.
 #[derive(Debug)]
@@ -217,10 +217,23 @@ impl Cache {
     /// What a `Lookup` found, decoded and counted.
     fn looked_up<T: Decode>(&self, found: Found) -> Result<Option<T>> {
         let s = &self.stats;
+        self.looked_up_with(found, |stale| {
+            Counters::bump(if stale { &s.stale_served } else { &s.hits })
+        })
+    }
+
+    /// [`looked_up`](Cache::looked_up), a value served counted by `served(stale)` (a batch
+    /// tallies its hits: one atomic add for the batch).
+    fn looked_up_with<T: Decode>(
+        &self,
+        found: Found,
+        served: impl FnOnce(bool),
+    ) -> Result<Option<T>> {
+        let s = &self.stats;
         match found {
             Found::Value { held, stale } => match self.decode_held::<T>(&held) {
                 Ok(v) => {
-                    Counters::bump(if stale { &s.stale_served } else { &s.hits });
+                    served(stale);
                     Ok(Some(v))
                 }
                 Err(e) => self.decode_failed(e),
@@ -357,6 +370,10 @@ impl Cache {
             // One clock read, and one set of settings, for the batch.
             let now = self.now();
             let settings = self.settings(false);
+            let (mut hits, mut stale_served) = (
+                Tally::new(&self.stats.hits),
+                Tally::new(&self.stats.stale_served),
+            );
             for (i, (user_key, fetched)) in keys.iter().zip(fetched).enumerate() {
                 let Fetched::Item(item) = fetched else {
                     continue;
@@ -378,7 +395,11 @@ impl Cache {
                         }
                     },
                 };
-                match self.looked_up(found) {
+                let served = |stale| match stale {
+                    true => stale_served.bump(),
+                    false => hits.bump(),
+                };
+                match self.looked_up_with(found, served) {
                     Ok(Some(v)) => {
                         out.insert(user_key.as_ref().to_string(), v);
                     }
@@ -447,4 +468,47 @@ pub(crate) enum Fetched {
     Failed,
     /// The key was asked for earlier in the same batch.
     Duplicate,
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::testing::MockClock;
+
+    #[test]
+    fn a_batch_counts_each_hit_and_stale_value_it_served() {
+        let clock = MockClock::new();
+        let cache = crate::Cache::builder()
+            .in_memory()
+            .clock(clock.clone())
+            .build()
+            .unwrap();
+        let s = Duration::from_secs;
+        cache.set("old", &1u8, s(10)).unwrap();
+        clock.advance(s(10));
+        // Claimed by this `get`: the batch below is served the stale value.
+        assert_eq!(cache.get::<u8>("old").unwrap(), None);
+        for k in ["a", "b", "c"] {
+            cache.set(k, &2u8, s(10)).unwrap();
+        }
+        let before = cache.stats();
+        for _ in 0..2 {
+            let found = cache
+                .get_many::<u8>(&["a", "old", "b", "gone", "c", "a"])
+                .unwrap();
+            assert_eq!(found.len(), 4, "{found:?}");
+        }
+        let after = cache.stats();
+        assert_eq!(
+            (
+                after.hits - before.hits,
+                after.stale_served - before.stale_served,
+                after.misses - before.misses,
+            ),
+            // per batch: a, b, c fresh (the second "a" is the same key, read once), "old"
+            // stale, "gone" missing
+            (6, 2, 2),
+        );
+    }
 }
