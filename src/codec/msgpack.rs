@@ -42,14 +42,21 @@ pub(crate) fn value_len(bytes: &[u8]) -> Option<usize> {
             0xdf => (4, 2 * be(at, 4)?),
             0xc1 => return None,
         };
-        at = at.checked_add(usize::try_from(skip).ok()?)?;
-        if at > bytes.len() {
-            return None;
+        // Most values (a fixint, a key's fixstr) skip bytes or announce values, not both, and
+        // a scalar does neither: each check only where it can fail.
+        if skip > 0 {
+            at = at.checked_add(usize::try_from(skip).ok()?)?;
+            if at > bytes.len() {
+                return None;
+            }
         }
-        pending = pending.checked_add(nested)?;
-        // Every pending value needs at least one byte: a count beyond the input is truncated.
-        if pending > (bytes.len() - at) as u64 {
-            return None;
+        if nested > 0 {
+            pending = pending.checked_add(nested)?;
+            // Every pending value needs at least one byte: a count beyond the input is
+            // truncated.
+            if pending > (bytes.len() - at) as u64 {
+                return None;
+            }
         }
     }
     Some(at)
