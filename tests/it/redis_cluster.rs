@@ -469,3 +469,44 @@ fn after_a_failover_the_new_master_serves_its_slots() {
         );
     }
 }
+
+/// `AsyncCache` batches concurrent gets into one `MGET` on a single server; a cluster node
+/// refuses an `MGET` of keys of several slots (`CROSSSLOT`), so on a cluster each get is its
+/// own `GET`: 64 tasks reading keys of every master each get their own values.
+#[test]
+fn concurrent_async_gets_on_a_cluster_each_get_their_own_value() {
+    let seeds = shared_redis_cluster();
+    let flavor = unique_flavor("cluster-concurrent");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let cache = Cache::builder()
+        .redis_cluster(seeds.iter().cloned())
+        .flavor(flavor)
+        .read_failures(FailurePolicy::Propagate)
+        .io_timeout(S(5))
+        .build_async()
+        .unwrap();
+    rt.block_on(async {
+        for i in 0..100u32 {
+            cache.set(&format!("k{i}"), &i, S(60)).await.unwrap();
+        }
+        let tasks: Vec<_> = (0..64u32)
+            .map(|t| {
+                let c = cache.clone();
+                tokio::spawn(async move {
+                    for j in 0..50u32 {
+                        let i = (t * 7 + j) % 100;
+                        let v = c.get::<u32>(&format!("k{i}")).await.unwrap();
+                        assert_eq!(v, Some(i), "task {t}, get {j}");
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+    });
+}
