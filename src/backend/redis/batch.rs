@@ -18,6 +18,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
 use redis::{RedisError, RedisResult, Value};
@@ -40,16 +41,31 @@ pub(super) struct Gets {
     queue: mpsc::UnboundedSender<Waiter>,
     /// Reads on the wire: lone `GET`s and `MGET`s.
     busy: Arc<AtomicUsize>,
+    /// How long a queued caller waits for its answer at most (see [`Gets::get`]).
+    wait: Duration,
     task: JoinHandle<()>,
 }
 
 impl Gets {
-    /// The batcher of `conn`, its task spawned on `rt`.
-    pub(super) fn start(rt: &tokio::runtime::Handle, conn: MultiplexedConnection) -> Gets {
+    /// The batcher of `conn`, its task spawned on `rt`; each `MGET` answered within
+    /// `io_timeout` (the connection's response timeout).
+    pub(super) fn start(
+        rt: &tokio::runtime::Handle,
+        conn: MultiplexedConnection,
+        io_timeout: Duration,
+    ) -> Gets {
         let (queue, rx) = mpsc::unbounded_channel();
         let busy = Arc::new(AtomicUsize::new(0));
         let task = rt.spawn(batcher(rx, conn, Arc::clone(&busy)));
-        Gets { queue, busy, task }
+        // A queued key waits for a flight to land (an `io_timeout` at most) and for its own
+        // `MGET` (another).
+        let wait = io_timeout.saturating_mul(FLIGHTS as u32);
+        Gets {
+            queue,
+            busy,
+            wait,
+            task,
+        }
     }
 
     /// Whether its task ended (its runtime shut down).
@@ -58,7 +74,9 @@ impl Gets {
     }
 
     /// The reply to `GET key`: sent on `conn` at once while no read is on the wire, else
-    /// queued for the next `MGET`.
+    /// queued for the next `MGET`. A queued caller waits [`FLIGHTS`] `io_timeout`s at most
+    /// (then fails with a timeout): the batcher's task runs on the runtime that opened the
+    /// connection, which may be alive but no longer driven.
     pub(super) async fn get(
         &self,
         conn: &mut MultiplexedConnection,
@@ -73,11 +91,16 @@ impl Gets {
             answer,
         });
         match queued {
-            Ok(()) => match rx.await {
-                Ok(r) => r,
+            Ok(()) => match tokio::time::timeout(self.wait, rx).await {
+                Ok(Ok(r)) => r,
                 // The batcher is gone (its runtime shut down): the connection's own send says
                 // what became of it.
-                Err(_) => alone(conn, &self.busy, key).await,
+                Ok(Err(_)) => alone(conn, &self.busy, key).await,
+                Err(_) => Err(RedisError::from(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "a batched GET was not answered in time (the connection's runtime is not \
+                     driven, or the server did not answer)",
+                ))),
             },
             Err(_) => alone(conn, &self.busy, key).await,
         }

@@ -269,7 +269,11 @@ impl Inner {
                 return Err(connect_failure(e));
             }
         };
-        let gets = Arc::new(Gets::start(&rt, conn.clone()));
+        let gets = Arc::new(Gets::start(
+            &rt,
+            conn.clone(),
+            self.shared.config.io_timeout,
+        ));
         let id = self
             .link
             .opened
