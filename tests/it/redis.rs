@@ -980,3 +980,68 @@ fn without_scripting_another_process_waits_for_the_load_then_loads_in_turn() {
         assert_eq!((st.loader_calls, st.wait_timeouts), (1, 0), "{st:?}");
     });
 }
+
+/// Read-your-writes for a user without scripting: a `set` that lands while a load of the same
+/// key is under way (the set is the newer value; the load's fenced store must lose to it) is
+/// what the next `get` reads. The load's store is denied (a script), and the denied store's
+/// plain `UNLINK` of "its claim" must not delete the value the set wrote meanwhile.
+#[test]
+fn a_set_during_a_denied_load_is_read_back_not_unlinked() {
+    on_both(|server| {
+        acl_user(server, "no-scripts", &["~*", "&*", "+@all", "-@scripting"]);
+        let cache = as_user(server, "no-scripts", "secret").build().unwrap();
+        let (started_tx, started_rx) = std::sync::mpsc::channel();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let loader = {
+            let cache = cache.clone();
+            std::thread::spawn(move || {
+                cache
+                    .get_or_set_with("k", S(60), move || {
+                        started_tx.send(()).unwrap();
+                        go_rx.recv().unwrap();
+                        Ok::<_, std::io::Error>(1u32)
+                    })
+                    .unwrap()
+            })
+        };
+        started_rx.recv().unwrap();
+        cache.set("k", &2u32, S(60)).unwrap();
+        go_tx.send(()).unwrap();
+        assert_eq!(loader.join().unwrap(), 1, "the loader's caller gets its value");
+        assert_eq!(
+            cache.get::<u32>("k").unwrap(),
+            Some(2),
+            "sync: the set that returned before this get is read back"
+        );
+
+        let cache = as_user(server, "no-scripts", "secret")
+            .build_async()
+            .unwrap();
+        runtime().block_on(async {
+            let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+            let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+            let loader = {
+                let cache = cache.clone();
+                tokio::spawn(async move {
+                    cache
+                        .get_or_set_with("a", S(60), move || async move {
+                            started_tx.send(()).unwrap();
+                            go_rx.await.unwrap();
+                            Ok::<_, std::io::Error>(1u32)
+                        })
+                        .await
+                        .unwrap()
+                })
+            };
+            started_rx.await.unwrap();
+            cache.set("a", &2u32, S(60)).await.unwrap();
+            go_tx.send(()).unwrap();
+            assert_eq!(loader.await.unwrap(), 1);
+            assert_eq!(
+                cache.get::<u32>("a").await.unwrap(),
+                Some(2),
+                "async: the set that returned before this get is read back"
+            );
+        });
+    });
+}
