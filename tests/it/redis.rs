@@ -1007,7 +1007,11 @@ fn a_set_during_a_denied_load_is_read_back_not_unlinked() {
         started_rx.recv().unwrap();
         cache.set("k", &2u32, S(60)).unwrap();
         go_tx.send(()).unwrap();
-        assert_eq!(loader.join().unwrap(), 1, "the loader's caller gets its value");
+        assert_eq!(
+            loader.join().unwrap(),
+            1,
+            "the loader's caller gets its value"
+        );
         assert_eq!(
             cache.get::<u32>("k").unwrap(),
             Some(2),
