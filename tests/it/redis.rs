@@ -1049,3 +1049,56 @@ fn a_set_during_a_denied_load_is_read_back_not_unlinked() {
         });
     });
 }
+
+/// Two processes on one key, one of them without scripting: the other's value, loaded and
+/// stored after an invalidation while the first was still loading, is not deleted by the
+/// first one's denied store: the next call is served it, without a second load.
+#[test]
+fn a_denied_store_leaves_another_clients_newer_value() {
+    on_both(|server| {
+        acl_user(server, "no-scripts", &["~*", "&*", "+@all", "-@scripting"]);
+        let flavor = unique_flavor("acl-two");
+        let denied = as_user(server, "no-scripts", "secret")
+            .flavor(flavor.clone())
+            .build()
+            .unwrap();
+        let full = Cache::builder()
+            .redis(server.url())
+            .flavor(flavor)
+            .read_failures(FailurePolicy::Propagate)
+            .build()
+            .unwrap();
+        let (started_tx, started_rx) = std::sync::mpsc::channel();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let slow = {
+            let denied = denied.clone();
+            std::thread::spawn(move || {
+                denied
+                    .get_or_set_with("k", S(60), move || {
+                        started_tx.send(()).unwrap();
+                        go_rx.recv().unwrap();
+                        Ok::<_, std::io::Error>(1u32)
+                    })
+                    .unwrap()
+            })
+        };
+        started_rx.recv().unwrap();
+        // An invalidation lands during the slow load; the other process then loads and stores.
+        full.delete("k").unwrap();
+        let loads = std::sync::atomic::AtomicU32::new(0);
+        let load = || {
+            loads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok::<_, std::io::Error>(2u32)
+        };
+        assert_eq!(full.get_or_set_with("k", S(60), load).unwrap(), 2);
+        go_tx.send(()).unwrap();
+        assert_eq!(slow.join().unwrap(), 1);
+        assert_eq!(full.get_or_set_with("k", S(60), load).unwrap(), 2);
+        assert_eq!(
+            loads.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "the stored value was deleted by the denied store: loaded again"
+        );
+        assert_eq!(full.get::<u32>("k").unwrap(), Some(2));
+    });
+}
