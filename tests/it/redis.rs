@@ -1102,3 +1102,33 @@ fn a_denied_store_leaves_another_clients_newer_value() {
         assert_eq!(full.get::<u32>("k").unwrap(), Some(2));
     });
 }
+
+/// A user allowed `GET` but not `MGET` (`-mget`): concurrent async gets are batched into
+/// `MGET`s behind the user's back; each caller must still get its value as its own `GET`
+/// would, not a denial of a command it never asked for.
+#[test]
+fn concurrent_async_gets_of_a_user_without_mget_are_served() {
+    let server = RedisServer::start("redis-server");
+    acl_user(&server, "no-mget", &["~*", "&*", "+@all", "-mget"]);
+    let cache = as_user(&server, "no-mget", "secret").build_async().unwrap();
+    runtime().block_on(async {
+        for i in 0..64u32 {
+            cache.set(&format!("k{i}"), &i, S(60)).await.unwrap();
+        }
+        let tasks: Vec<_> = (0..64u32)
+            .map(|i| {
+                let c = cache.clone();
+                tokio::spawn(async move { (i, c.get::<u32>(&format!("k{i}")).await) })
+            })
+            .collect();
+        let mut denied = Vec::new();
+        for t in tasks {
+            let (i, r) = t.await.unwrap();
+            match r {
+                Ok(v) => assert_eq!(v, Some(i)),
+                Err(e) => denied.push(format!("k{i}: {e}")),
+            }
+        }
+        assert!(denied.is_empty(), "{} of 64 gets failed: {:?}", denied.len(), denied.first());
+    });
+}
