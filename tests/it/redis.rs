@@ -1129,6 +1129,11 @@ fn concurrent_async_gets_of_a_user_without_mget_are_served() {
                 Err(e) => denied.push(format!("k{i}: {e}")),
             }
         }
-        assert!(denied.is_empty(), "{} of 64 gets failed: {:?}", denied.len(), denied.first());
+        assert!(
+            denied.is_empty(),
+            "{} of 64 gets failed: {:?}",
+            denied.len(),
+            denied.first()
+        );
     });
 }

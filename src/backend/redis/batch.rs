@@ -182,7 +182,17 @@ async fn flight(conn: &mut MultiplexedConnection, batch: Vec<Waiter>) {
     for w in &batch {
         cmd.arg(&w.key[..]);
     }
-    match conn.send_packed_command(&cmd).await {
+    let reply = conn.send_packed_command(&cmd).await;
+    // A user allowed `GET` but not `MGET`: each key gets the `GET` its caller asked for.
+    let no_mget = match &reply {
+        Ok(Value::ServerError(e)) => e.code() == "NOPERM",
+        Err(e) => e.code() == Some("NOPERM"),
+        Ok(_) => false,
+    };
+    if no_mget {
+        return each(conn, batch).await;
+    }
+    match reply {
         Ok(Value::Array(values)) if values.len() == batch.len() => {
             for (w, v) in batch.into_iter().zip(values) {
                 let _ = w.answer.send(Ok(v));
@@ -199,6 +209,30 @@ async fn flight(conn: &mut MultiplexedConnection, batch: Vec<Waiter>) {
             let e = RedisError::from((
                 redis::ErrorKind::Parse,
                 "MGET answered something else than one reply per key",
+                format!("{other:?}"),
+            ));
+            fail(batch, &e);
+        }
+        Err(e) => fail(batch, &e),
+    }
+}
+
+/// A `GET` per key of `batch`, pipelined; each caller gets the reply to its own.
+async fn each(conn: &mut MultiplexedConnection, batch: Vec<Waiter>) {
+    let mut pipe = redis::pipe();
+    for w in &batch {
+        pipe.cmd("GET").arg(&w.key[..]);
+    }
+    match conn.send_packed_commands(&pipe, 0, batch.len()).await {
+        Ok(values) if values.len() == batch.len() => {
+            for (w, v) in batch.into_iter().zip(values) {
+                let _ = w.answer.send(Ok(v));
+            }
+        }
+        Ok(other) => {
+            let e = RedisError::from((
+                redis::ErrorKind::Parse,
+                "a pipeline of GETs answered something else than one reply per key",
                 format!("{other:?}"),
             ));
             fail(batch, &e);
