@@ -8,7 +8,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::backend::{AsyncBackend, StoreOutcome, Write};
+use crate::backend::{AsyncBackend, StoreMode, StoreOutcome, Write};
 use crate::cache::Cache;
 use crate::envelope;
 use crate::error::Result;
@@ -170,8 +170,9 @@ impl AsyncLease {
             self.done = true;
             return Ok(Completed::Superseded);
         }
+        let mode = self.lease.store_mode();
         let w = Write {
-            mode: self.lease.store_mode(),
+            mode,
             key: &self.key,
             value,
             flags: envelope::FLAGS,
@@ -179,10 +180,16 @@ impl AsyncLease {
         };
         let outcome = match self.backend.store(w).await {
             // Refused to this client (its ACL): no store of this claim, nor its fenced release,
-            // can ever happen, so it goes by a plain delete, before the caller returns (safe
-            // for invalidation: at most an extra load), and nobody waits behind it.
+            // can ever happen, so it goes by a plain delete while the key still holds the
+            // claim (a write landed meanwhile is kept), before the caller returns (safe for
+            // invalidation: at most an extra load), and nobody waits behind it.
             Err(e) if e.is_denied() => {
-                let _ = self.backend.delete(&self.key).await;
+                if let StoreMode::Cas(claim) = mode {
+                    if matches!(self.backend.get(&self.key).await, Ok(Some(item)) if item.cas == claim)
+                    {
+                        let _ = self.backend.delete(&self.key).await;
+                    }
+                }
                 self.done = true;
                 return Err(e);
             }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::backend::{Backend, StoreOutcome, Write};
+use crate::backend::{Backend, StoreMode, StoreOutcome, Write};
 use crate::clock::Clock;
 use crate::envelope;
 use crate::error::Result;
@@ -247,20 +247,18 @@ impl HeldLease {
             l.done = true;
             return Ok(Completed::Superseded);
         }
-        let outcome = self.shared.backend.store(
-            l.lease.store_mode(),
-            &self.slot.key,
-            value,
-            envelope::FLAGS,
-            exptime,
-        );
+        let mode = l.lease.store_mode();
+        let outcome =
+            self.shared
+                .backend
+                .store(mode, &self.slot.key, value, envelope::FLAGS, exptime);
         let outcome = match outcome {
             // The fenced write is refused to this client (its ACL): no store of this claim, nor
-            // its fenced release, can ever happen, so it goes by a plain delete (safe for
-            // invalidation: at most an extra load of a value written meanwhile), and nobody
-            // waits behind it.
+            // its fenced release, can ever happen, so it goes by a plain delete while the key
+            // still holds the claim (safe for invalidation: at most an extra load of a value
+            // written between the read and the delete), and nobody waits behind it.
             Err(e) if e.is_denied() => {
-                let _ = self.shared.backend.delete(&self.slot.key);
+                delete_if_claim(&*self.shared.backend, &self.slot.key, mode);
                 l.done = true;
                 return Err(e);
             }
@@ -347,9 +345,20 @@ impl HeldLease {
                     .backend
                     .store(mode, &self.slot.key, &value, envelope::FLAGS, exptime);
             if r.is_err_and(|e| e.is_denied()) {
-                let _ = self.shared.backend.delete(&self.slot.key);
+                delete_if_claim(&*self.shared.backend, &self.slot.key, mode);
             }
         }
+    }
+}
+
+/// A denied fenced write's fallback: deletes `key` if it still holds the claim `mode` was
+/// fenced on (its CAS token), so that a write landed meanwhile (a `set`, an invalidation's
+/// value, another process's store or claim) is not deleted with it. Not atomic: a write that
+/// lands between the read and the delete is still deleted (a miss, an extra load).
+fn delete_if_claim(backend: &dyn Backend, key: &str, mode: StoreMode) {
+    let StoreMode::Cas(claim) = mode else { return };
+    if matches!(backend.get(key), Ok(Some(item)) if item.cas == claim) {
+        let _ = backend.delete(key);
     }
 }
 

@@ -980,3 +980,160 @@ fn without_scripting_another_process_waits_for_the_load_then_loads_in_turn() {
         assert_eq!((st.loader_calls, st.wait_timeouts), (1, 0), "{st:?}");
     });
 }
+
+/// Read-your-writes for a user without scripting: a `set` that lands while a load of the same
+/// key is under way (the set is the newer value; the load's fenced store must lose to it) is
+/// what the next `get` reads. The load's store is denied (a script), and the denied store's
+/// plain `UNLINK` of "its claim" must not delete the value the set wrote meanwhile.
+#[test]
+fn a_set_during_a_denied_load_is_read_back_not_unlinked() {
+    on_both(|server| {
+        acl_user(server, "no-scripts", &["~*", "&*", "+@all", "-@scripting"]);
+        let cache = as_user(server, "no-scripts", "secret").build().unwrap();
+        let (started_tx, started_rx) = std::sync::mpsc::channel();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let loader = {
+            let cache = cache.clone();
+            std::thread::spawn(move || {
+                cache
+                    .get_or_set_with("k", S(60), move || {
+                        started_tx.send(()).unwrap();
+                        go_rx.recv().unwrap();
+                        Ok::<_, std::io::Error>(1u32)
+                    })
+                    .unwrap()
+            })
+        };
+        started_rx.recv().unwrap();
+        cache.set("k", &2u32, S(60)).unwrap();
+        go_tx.send(()).unwrap();
+        assert_eq!(
+            loader.join().unwrap(),
+            1,
+            "the loader's caller gets its value"
+        );
+        assert_eq!(
+            cache.get::<u32>("k").unwrap(),
+            Some(2),
+            "sync: the set that returned before this get is read back"
+        );
+
+        let cache = as_user(server, "no-scripts", "secret")
+            .build_async()
+            .unwrap();
+        runtime().block_on(async {
+            let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+            let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+            let loader = {
+                let cache = cache.clone();
+                tokio::spawn(async move {
+                    cache
+                        .get_or_set_with("a", S(60), move || async move {
+                            started_tx.send(()).unwrap();
+                            go_rx.await.unwrap();
+                            Ok::<_, std::io::Error>(1u32)
+                        })
+                        .await
+                        .unwrap()
+                })
+            };
+            started_rx.await.unwrap();
+            cache.set("a", &2u32, S(60)).await.unwrap();
+            go_tx.send(()).unwrap();
+            assert_eq!(loader.await.unwrap(), 1);
+            assert_eq!(
+                cache.get::<u32>("a").await.unwrap(),
+                Some(2),
+                "async: the set that returned before this get is read back"
+            );
+        });
+    });
+}
+
+/// Two processes on one key, one of them without scripting: the other's value, loaded and
+/// stored after an invalidation while the first was still loading, is not deleted by the
+/// first one's denied store: the next call is served it, without a second load.
+#[test]
+fn a_denied_store_leaves_another_clients_newer_value() {
+    on_both(|server| {
+        acl_user(server, "no-scripts", &["~*", "&*", "+@all", "-@scripting"]);
+        let flavor = unique_flavor("acl-two");
+        let denied = as_user(server, "no-scripts", "secret")
+            .flavor(flavor.clone())
+            .build()
+            .unwrap();
+        let full = Cache::builder()
+            .redis(server.url())
+            .flavor(flavor)
+            .read_failures(FailurePolicy::Propagate)
+            .build()
+            .unwrap();
+        let (started_tx, started_rx) = std::sync::mpsc::channel();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let slow = {
+            let denied = denied.clone();
+            std::thread::spawn(move || {
+                denied
+                    .get_or_set_with("k", S(60), move || {
+                        started_tx.send(()).unwrap();
+                        go_rx.recv().unwrap();
+                        Ok::<_, std::io::Error>(1u32)
+                    })
+                    .unwrap()
+            })
+        };
+        started_rx.recv().unwrap();
+        // An invalidation lands during the slow load; the other process then loads and stores.
+        full.delete("k").unwrap();
+        let loads = std::sync::atomic::AtomicU32::new(0);
+        let load = || {
+            loads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok::<_, std::io::Error>(2u32)
+        };
+        assert_eq!(full.get_or_set_with("k", S(60), load).unwrap(), 2);
+        go_tx.send(()).unwrap();
+        assert_eq!(slow.join().unwrap(), 1);
+        assert_eq!(full.get_or_set_with("k", S(60), load).unwrap(), 2);
+        assert_eq!(
+            loads.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "the stored value was deleted by the denied store: loaded again"
+        );
+        assert_eq!(full.get::<u32>("k").unwrap(), Some(2));
+    });
+}
+
+/// A user allowed `GET` but not `MGET` (`-mget`): concurrent async gets are batched into
+/// `MGET`s behind the user's back; each caller must still get its value as its own `GET`
+/// would, not a denial of a command it never asked for.
+#[test]
+fn concurrent_async_gets_of_a_user_without_mget_are_served() {
+    let server = RedisServer::start("redis-server");
+    acl_user(&server, "no-mget", &["~*", "&*", "+@all", "-mget"]);
+    let cache = as_user(&server, "no-mget", "secret").build_async().unwrap();
+    runtime().block_on(async {
+        for i in 0..64u32 {
+            cache.set(&format!("k{i}"), &i, S(60)).await.unwrap();
+        }
+        let tasks: Vec<_> = (0..64u32)
+            .map(|i| {
+                let c = cache.clone();
+                tokio::spawn(async move { (i, c.get::<u32>(&format!("k{i}")).await) })
+            })
+            .collect();
+        let mut denied = Vec::new();
+        for t in tasks {
+            let (i, r) = t.await.unwrap();
+            match r {
+                Ok(v) => assert_eq!(v, Some(i)),
+                Err(e) => denied.push(format!("k{i}: {e}")),
+            }
+        }
+        assert!(
+            denied.is_empty(),
+            "{} of 64 gets failed: {:?}",
+            denied.len(),
+            denied.first()
+        );
+    });
+}

@@ -224,3 +224,50 @@ fn a_lone_caller_sends_its_own_gets_after_a_crowd() {
         (u64::from(KEYS), 0)
     );
 }
+
+/// The documented limit of a runtime that is alive but no longer driven (a current-thread
+/// runtime outside `block_on`) holding the connection it opened: callers on other runtimes
+/// time out on it (one `io_timeout`) before one of them reconnects. A get that queues for the
+/// batcher (another read is on the wire) waits on the batcher's task, which lives on that
+/// undriven runtime: it must time out too, not wait forever.
+#[test]
+fn a_queued_get_behind_an_undriven_runtime_times_out_and_does_not_hang() {
+    let server = RedisServer::start("redis-server");
+    let cache = async_cache_on(&server); // io_timeout 300 ms
+    // The connection (its driver and its batcher) opened on a current-thread runtime that is
+    // then left alive but undriven.
+    let parked = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    parked.block_on(async {
+        cache.set("k", &1u32, S(60)).await.unwrap();
+        assert_eq!(cache.get::<u32>("k").await.unwrap(), Some(1));
+    });
+    runtime().block_on(async {
+        // The first get is alone on the wire (it waits out its io_timeout on the undriven
+        // driver); the ones after it queue for the batcher.
+        let first = {
+            let c = cache.clone();
+            tokio::spawn(async move { c.get::<u32>("k").await })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let queued: Vec<_> = (0..4)
+            .map(|_| {
+                let c = cache.clone();
+                tokio::spawn(async move { c.get::<u32>("k").await })
+            })
+            .collect();
+        let _ = first.await.unwrap();
+        for (n, q) in queued.into_iter().enumerate() {
+            // 300 ms io_timeout: 20 s is far past any timeout, connect or retry.
+            match tokio::time::timeout(S(20), q).await {
+                Ok(r) => {
+                    let _ = r.unwrap();
+                }
+                Err(_) => panic!("queued get {n} still waiting after 20 s (io_timeout 300 ms)"),
+            }
+        }
+    });
+    drop(parked);
+}

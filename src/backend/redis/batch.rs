@@ -18,6 +18,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
 use redis::{RedisError, RedisResult, Value};
@@ -40,16 +41,31 @@ pub(super) struct Gets {
     queue: mpsc::UnboundedSender<Waiter>,
     /// Reads on the wire: lone `GET`s and `MGET`s.
     busy: Arc<AtomicUsize>,
+    /// How long a queued caller waits for its answer at most (see [`Gets::get`]).
+    wait: Duration,
     task: JoinHandle<()>,
 }
 
 impl Gets {
-    /// The batcher of `conn`, its task spawned on `rt`.
-    pub(super) fn start(rt: &tokio::runtime::Handle, conn: MultiplexedConnection) -> Gets {
+    /// The batcher of `conn`, its task spawned on `rt`; each `MGET` answered within
+    /// `io_timeout` (the connection's response timeout).
+    pub(super) fn start(
+        rt: &tokio::runtime::Handle,
+        conn: MultiplexedConnection,
+        io_timeout: Duration,
+    ) -> Gets {
         let (queue, rx) = mpsc::unbounded_channel();
         let busy = Arc::new(AtomicUsize::new(0));
         let task = rt.spawn(batcher(rx, conn, Arc::clone(&busy)));
-        Gets { queue, busy, task }
+        // A queued key waits for a flight to land (an `io_timeout` at most) and for its own
+        // `MGET` (another).
+        let wait = io_timeout.saturating_mul(FLIGHTS as u32);
+        Gets {
+            queue,
+            busy,
+            wait,
+            task,
+        }
     }
 
     /// Whether its task ended (its runtime shut down).
@@ -58,7 +74,9 @@ impl Gets {
     }
 
     /// The reply to `GET key`: sent on `conn` at once while no read is on the wire, else
-    /// queued for the next `MGET`.
+    /// queued for the next `MGET`. A queued caller waits [`FLIGHTS`] `io_timeout`s at most
+    /// (then fails with a timeout): the batcher's task runs on the runtime that opened the
+    /// connection, which may be alive but no longer driven.
     pub(super) async fn get(
         &self,
         conn: &mut MultiplexedConnection,
@@ -73,11 +91,16 @@ impl Gets {
             answer,
         });
         match queued {
-            Ok(()) => match rx.await {
-                Ok(r) => r,
+            Ok(()) => match tokio::time::timeout(self.wait, rx).await {
+                Ok(Ok(r)) => r,
                 // The batcher is gone (its runtime shut down): the connection's own send says
                 // what became of it.
-                Err(_) => alone(conn, &self.busy, key).await,
+                Ok(Err(_)) => alone(conn, &self.busy, key).await,
+                Err(_) => Err(RedisError::from(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "a batched GET was not answered in time (the connection's runtime is not \
+                     driven, or the server did not answer)",
+                ))),
             },
             Err(_) => alone(conn, &self.busy, key).await,
         }
@@ -159,7 +182,17 @@ async fn flight(conn: &mut MultiplexedConnection, batch: Vec<Waiter>) {
     for w in &batch {
         cmd.arg(&w.key[..]);
     }
-    match conn.send_packed_command(&cmd).await {
+    let reply = conn.send_packed_command(&cmd).await;
+    // A user allowed `GET` but not `MGET`: each key gets the `GET` its caller asked for.
+    let no_mget = match &reply {
+        Ok(Value::ServerError(e)) => e.code() == "NOPERM",
+        Err(e) => e.code() == Some("NOPERM"),
+        Ok(_) => false,
+    };
+    if no_mget {
+        return each(conn, batch).await;
+    }
+    match reply {
         Ok(Value::Array(values)) if values.len() == batch.len() => {
             for (w, v) in batch.into_iter().zip(values) {
                 let _ = w.answer.send(Ok(v));
@@ -176,6 +209,30 @@ async fn flight(conn: &mut MultiplexedConnection, batch: Vec<Waiter>) {
             let e = RedisError::from((
                 redis::ErrorKind::Parse,
                 "MGET answered something else than one reply per key",
+                format!("{other:?}"),
+            ));
+            fail(batch, &e);
+        }
+        Err(e) => fail(batch, &e),
+    }
+}
+
+/// A `GET` per key of `batch`, pipelined; each caller gets the reply to its own.
+async fn each(conn: &mut MultiplexedConnection, batch: Vec<Waiter>) {
+    let mut pipe = redis::pipe();
+    for w in &batch {
+        pipe.cmd("GET").arg(&w.key[..]);
+    }
+    match conn.send_packed_commands(&pipe, 0, batch.len()).await {
+        Ok(values) if values.len() == batch.len() => {
+            for (w, v) in batch.into_iter().zip(values) {
+                let _ = w.answer.send(Ok(v));
+            }
+        }
+        Ok(other) => {
+            let e = RedisError::from((
+                redis::ErrorKind::Parse,
+                "a pipeline of GETs answered something else than one reply per key",
                 format!("{other:?}"),
             ));
             fail(batch, &e);

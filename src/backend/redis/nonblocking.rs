@@ -10,7 +10,8 @@
 //! the driver reads and discards its reply (a write already sent may still be applied). As with
 //! the memcached engine, a runtime that is alive but no longer driven (a current-thread runtime
 //! outside `block_on`) holds the connection it opened: callers on other runtimes time out on it
-//! (one `io_timeout`, one fault) before one of them reconnects; do not share an `AsyncCache`
+//! (one `io_timeout`, two for a get queued for a batch; one fault) before one of them
+//! reconnects; do not share an `AsyncCache`
 //! with such a runtime.
 //!
 //! The replay of what the server missed while out of reach runs on a task of its own on the
@@ -269,7 +270,11 @@ impl Inner {
                 return Err(connect_failure(e));
             }
         };
-        let gets = Arc::new(Gets::start(&rt, conn.clone()));
+        let gets = Arc::new(Gets::start(
+            &rt,
+            conn.clone(),
+            self.shared.config.io_timeout,
+        ));
         let id = self
             .link
             .opened
