@@ -469,3 +469,205 @@ fn after_a_failover_the_new_master_serves_its_slots() {
         );
     }
 }
+
+/// What one key saw during a run under load: loads, and each error with when it came.
+#[derive(Default)]
+struct KeyLog {
+    loads: std::sync::atomic::AtomicU64,
+    /// When the call was made, when it failed, and the error.
+    errors: std::sync::Mutex<Vec<(std::time::Instant, std::time::Instant, String)>>,
+}
+
+/// 16 threads of `get_or_set_with` over keys spread across the masters; one master killed
+/// (SIGKILL), its replica promoted (the node timeout is 2 s). Errors come only for the killed
+/// master's keys, only after the kill, and each thread, once it has been served every key after
+/// the cluster settled, sees no error again; the live masters' keys were loaded once each.
+fn failover_under_load(front: Front) {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Instant;
+
+    const THREADS: usize = 16;
+    let mut cluster = RedisCluster::start("redis-server");
+    let seeds = cluster.seeds();
+    let masters = cluster.masters();
+    let flavor = unique_flavor("failover-load");
+    let cache = Cache::builder()
+        .redis_cluster(seeds.iter().cloned())
+        .flavor(flavor.as_str())
+        .read_failures(FailurePolicy::Propagate)
+        .write_failures(FailurePolicy::Propagate)
+        .retry_interval(Duration::from_millis(200))
+        .io_timeout(S(2))
+        .build_front(front);
+    let keys: Vec<String> = (0..48).map(|i| format!("k{i}")).collect();
+    // Redis's default (`cluster-require-full-coverage yes`) has every node refuse every key
+    // (`CLUSTERDOWN`) from the moment a master is marked failed until its replica took over;
+    // with `no`, the other masters serve on: the setting a user keeping the rest of the cache
+    // up through a failover runs with.
+    for &p in &cluster.ports {
+        let () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("cluster-require-full-coverage")
+            .arg("no")
+            .query(&mut node(p))
+            .unwrap();
+    }
+    let victim = masters[0].0;
+    let on_victim: Vec<bool> = keys
+        .iter()
+        .map(|k| master_of(&masters, slot_of(victim, &cache.make_key(k))) == victim)
+        .collect();
+    assert!(
+        on_victim.iter().any(|&v| v) && !on_victim.iter().all(|&v| v),
+        "keys on the victim and elsewhere"
+    );
+    let logs: Arc<Vec<KeyLog>> = Arc::new(keys.iter().map(|_| KeyLog::default()).collect());
+    let stop = Arc::new(AtomicBool::new(false));
+    // When the cluster settled after the failover (set once, read by the threads).
+    let settled: Arc<std::sync::OnceLock<Instant>> = Arc::new(std::sync::OnceLock::new());
+    let killed_at: Arc<std::sync::OnceLock<Instant>> = Arc::new(std::sync::OnceLock::new());
+    // Per thread: errors seen after it had been served every key once since the cluster settled.
+    let late_errors = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let threads: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let (cache, keys, logs, stop, settled, late) = (
+                cache.clone(),
+                keys.clone(),
+                logs.clone(),
+                stop.clone(),
+                settled.clone(),
+                late_errors.clone(),
+            );
+            std::thread::spawn(move || {
+                let mut served_since_settled = vec![false; keys.len()];
+                let mut rounds_after = 0u64;
+                let mut i = t;
+                while !stop.load(Ordering::Relaxed) {
+                    let k = i % keys.len();
+                    i += 1;
+                    let asked = Instant::now();
+                    let got = cache.get_or_set_with(&keys[k], S(600), || {
+                        logs[k].loads.fetch_add(1, Ordering::Relaxed);
+                        Ok::<_, std::io::Error>(keys[k].clone())
+                    });
+                    let after_settle = settled.get().is_some_and(|&s| asked >= s);
+                    match got {
+                        Ok(v) => {
+                            assert_eq!(v, keys[k], "a key's own value");
+                            if after_settle {
+                                served_since_settled[k] = true;
+                                if served_since_settled.iter().all(|&s| s) {
+                                    rounds_after += 1;
+                                }
+                            }
+                        }
+                        Err(e) => {
+                            if served_since_settled.iter().all(|&s| s) {
+                                late.lock().unwrap().push(format!("{}: {e}", keys[k]));
+                            }
+                            logs[k].errors.lock().unwrap().push((
+                                asked,
+                                Instant::now(),
+                                e.to_string(),
+                            ));
+                        }
+                    }
+                }
+                rounds_after
+            })
+        })
+        .collect();
+    // Load before the kill: every key loaded and served.
+    std::thread::sleep(Duration::from_millis(500));
+    killed_at.set(Instant::now()).unwrap();
+    cluster.kill(victim);
+    let live: Vec<u16> = cluster
+        .ports
+        .iter()
+        .copied()
+        .filter(|&p| p != victim)
+        .collect();
+    let deadline = Instant::now() + S(60);
+    while cluster
+        .try_masters()
+        .is_none_or(|m| m.iter().any(|(p, _)| *p == victim))
+    {
+        assert!(Instant::now() < deadline, "no replica took over");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    crate::fixture::wait_cluster_ok(&live, S(60));
+    settled.set(Instant::now()).unwrap();
+    // Until every thread has been served every key since, and a while of load after that.
+    let deadline = Instant::now() + S(60);
+    loop {
+        let all_served = keys.iter().enumerate().all(|(k, _)| {
+            logs[k]
+                .errors
+                .lock()
+                .unwrap()
+                .last()
+                .is_none_or(|&(at, _, _)| at < *settled.get().unwrap())
+        });
+        if all_served || Instant::now() > deadline {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(S(2));
+    stop.store(true, Ordering::Relaxed);
+    let rounds: Vec<u64> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+
+    let killed = *killed_at.get().unwrap();
+    let mut report = Vec::new();
+    for (k, key) in keys.iter().enumerate() {
+        let loads = logs[k].loads.load(Ordering::Relaxed);
+        let errors = logs[k].errors.lock().unwrap();
+        report.push(format!(
+            "{key}{}: {loads} loads, {} errors",
+            if on_victim[k] { " (victim)" } else { "" },
+            errors.len()
+        ));
+        if !on_victim[k] {
+            assert!(
+                errors.is_empty(),
+                "{front:?}: a live master's key {key} failed: {:?}",
+                errors.first()
+            );
+            assert_eq!(loads, 1, "{front:?}: {key} on a live master loaded once");
+        } else {
+            let early = errors.iter().find(|&&(_, failed, _)| failed < killed);
+            assert!(
+                early.is_none(),
+                "{front:?}: {key} failed before the kill: {early:?}"
+            );
+        }
+    }
+    eprintln!("{front:?} failover under load: {}", report.join("; "));
+    assert!(
+        rounds.iter().all(|&r| r > 0),
+        "{front:?}: every thread was served every key after the failover: {rounds:?}"
+    );
+    let late = late_errors.lock().unwrap();
+    assert!(
+        late.is_empty(),
+        "{front:?}: errors after a thread was served every key again: {late:?}"
+    );
+    assert!(
+        on_victim
+            .iter()
+            .zip(logs.iter())
+            .any(|(&v, l)| v && !l.errors.lock().unwrap().is_empty()),
+        "{front:?}: the kill was seen (some of the victim's keys failed during the switch)"
+    );
+}
+
+#[test]
+fn a_failover_under_load_fails_only_the_killed_masters_keys_during_the_switch() {
+    failover_under_load(Front::Sync);
+}
+
+#[test]
+fn a_failover_under_load_fails_only_the_killed_masters_keys_during_the_switch_async() {
+    failover_under_load(Front::Async);
+}
