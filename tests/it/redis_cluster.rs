@@ -671,3 +671,164 @@ fn a_failover_under_load_fails_only_the_killed_masters_keys_during_the_switch() 
 fn a_failover_under_load_fails_only_the_killed_masters_keys_during_the_switch_async() {
     failover_under_load(Front::Async);
 }
+
+/// Moves `slot` from `from` to `to` key by key (a pause between keys, so callers meet the
+/// half-moved slot and its `ASK`s), then hands it over (`MOVED` from then on).
+fn move_slot_slowly(slot: u16, from: u16, to: u16, masters: &[u16]) {
+    begin_migration(slot, from, to);
+    loop {
+        let left: Vec<String> = redis::cmd("CLUSTER")
+            .arg("GETKEYSINSLOT")
+            .arg(slot)
+            .arg(1)
+            .query(&mut node(from))
+            .unwrap();
+        if left.is_empty() {
+            break;
+        }
+        migrate(from, to, &left);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    end_migration(slot, to, masters);
+}
+
+/// How many `code` error replies (`ASK`, `MOVED`) the nodes on `ports` have sent
+/// (`INFO errorstats`).
+fn replies_of(ports: &[u16], code: &str) -> u64 {
+    ports
+        .iter()
+        .map(|&p| {
+            let info: String = redis::cmd("INFO")
+                .arg("errorstats")
+                .query(&mut node(p))
+                .unwrap();
+            info.lines()
+                .find_map(|l| l.strip_prefix(&format!("errorstat_{code}:count=")))
+                .map_or(0, |n| n.trim().parse().unwrap())
+        })
+        .sum()
+}
+
+/// Slots moved one by one while 16 threads read, load and write their keys: the callers see no
+/// error, a writer always reads back what it wrote last, and each loaded key is loaded once.
+fn resharding_under_load(front: Front) {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+    let cluster = RedisCluster::start("redis-server");
+    let seeds = cluster.seeds();
+    let ports: Vec<u16> = cluster.masters().iter().map(|(p, _)| *p).collect();
+    let flavor = unique_flavor("reshard-load");
+    let cache = cache_on(&seeds, &flavor, front);
+    // Loaded keys (get_or_set_with, 12 threads) and written keys (a writer each, 4 threads).
+    let loaded: Vec<String> = (0..24).map(|i| format!("l{i}")).collect();
+    let written: Vec<String> = (0..4).map(|i| format!("w{i}")).collect();
+    let loads: Arc<Vec<AtomicU64>> = Arc::new(loaded.iter().map(|_| AtomicU64::new(0)).collect());
+    let errors = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut threads = Vec::new();
+    for t in 0..12 {
+        let (cache, keys, loads, errors, stop) = (
+            cache.clone(),
+            loaded.clone(),
+            loads.clone(),
+            errors.clone(),
+            stop.clone(),
+        );
+        threads.push(std::thread::spawn(move || {
+            let mut i = t;
+            while !stop.load(Ordering::Relaxed) {
+                let k = i % keys.len();
+                i += 1;
+                match cache.get_or_set_with(&keys[k], S(600), || {
+                    loads[k].fetch_add(1, Ordering::Relaxed);
+                    Ok::<_, std::io::Error>(keys[k].clone())
+                }) {
+                    Ok(v) => assert_eq!(v, keys[k]),
+                    Err(e) => errors.lock().unwrap().push(format!("{}: {e}", keys[k])),
+                }
+            }
+            0
+        }));
+    }
+    for key in written.clone() {
+        let (cache, errors, stop) = (cache.clone(), errors.clone(), stop.clone());
+        threads.push(std::thread::spawn(move || {
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                n += 1;
+                if let Err(e) = cache.set(&key, &n, S(600)) {
+                    errors.lock().unwrap().push(format!("set {key}: {e}"));
+                    continue;
+                }
+                match cache.get::<u64>(&key) {
+                    Ok(Some(got)) if got == n => {}
+                    Ok(got) => errors
+                        .lock()
+                        .unwrap()
+                        .push(format!("{key}: wrote {n}, read {got:?}")),
+                    Err(e) => errors.lock().unwrap().push(format!("get {key}: {e}")),
+                }
+            }
+            n
+        }));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let (asks, moveds) = (replies_of(&ports, "ASK"), replies_of(&ports, "MOVED"));
+    // Every key's slot moves to the next master, one slot after another.
+    let mut moved = Vec::new();
+    for key in loaded.iter().step_by(3).chain(&written) {
+        let slot = slot_of(ports[0], &cache.make_key(key));
+        if moved.contains(&slot) {
+            continue;
+        }
+        moved.push(slot);
+        let from = master_of(&cluster.masters(), slot);
+        let to = ports[(ports.iter().position(|&p| p == from).unwrap() + 1) % ports.len()];
+        move_slot_slowly(slot, from, to, &ports);
+        assert_eq!(master_of(&cluster.masters(), slot), to);
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        t.join().unwrap();
+    }
+    let asks = replies_of(&ports, "ASK") - asks;
+    let moveds = replies_of(&ports, "MOVED") - moveds;
+    eprintln!(
+        "{front:?}: {} slots moved under load: {asks} ASK and {moveds} MOVED replies followed",
+        moved.len()
+    );
+    assert!(
+        asks > 0 && moveds > 0,
+        "{front:?}: the callers met ASK ({asks}) and MOVED ({moveds})"
+    );
+    let errors = errors.lock().unwrap();
+    assert!(
+        errors.is_empty(),
+        "{front:?}: {} errors while {} slots moved: {:?}",
+        errors.len(),
+        moved.len(),
+        &errors[..errors.len().min(10)]
+    );
+    for (k, key) in loaded.iter().enumerate() {
+        assert_eq!(
+            loads[k].load(Ordering::Relaxed),
+            1,
+            "{front:?}: {key} loaded once across the moves"
+        );
+    }
+    // Every key is where its slot now is, with its value.
+    let got = cache.get_many::<String>(&loaded).unwrap();
+    assert_eq!(got.len(), loaded.len(), "{front:?}: no loaded value lost");
+}
+
+#[test]
+fn slots_moved_under_load_cost_the_callers_no_error_and_no_second_load() {
+    resharding_under_load(Front::Sync);
+}
+
+#[test]
+fn slots_moved_under_load_cost_the_callers_no_error_and_no_second_load_async() {
+    resharding_under_load(Front::Async);
+}
