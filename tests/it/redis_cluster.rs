@@ -832,3 +832,139 @@ fn slots_moved_under_load_cost_the_callers_no_error_and_no_second_load() {
 fn slots_moved_under_load_cost_the_callers_no_error_and_no_second_load_async() {
     resharding_under_load(Front::Async);
 }
+
+/// The port of a replica of the master on `port` (`ROLE`).
+fn replica_of(port: u16) -> u16 {
+    let role: redis::Value = redis::cmd("ROLE").query(&mut node(port)).unwrap();
+    let redis::Value::Array(v) = role else {
+        panic!("ROLE: {role:?}")
+    };
+    let Some(redis::Value::Array(replicas)) = v.get(2) else {
+        panic!("ROLE of a master: {v:?}")
+    };
+    match replicas.first() {
+        Some(redis::Value::Array(r)) => match r.get(1) {
+            Some(redis::Value::BulkString(p)) => std::str::from_utf8(p).unwrap().parse().unwrap(),
+            other => panic!("a replica's port: {other:?}"),
+        },
+        other => panic!("no replica of {port}: {other:?}"),
+    }
+}
+
+/// How many times the nodes on `ports` ran `command` (`INFO commandstats`).
+fn calls_of(ports: &[u16], command: &str) -> u64 {
+    ports
+        .iter()
+        .map(|&p| {
+            let info: String = redis::cmd("INFO")
+                .arg("commandstats")
+                .query(&mut node(p))
+                .unwrap();
+            info.lines()
+                .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
+                .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
+        })
+        .sum()
+}
+
+/// `redis_wait(1, ..)`: each store and delete waits for a replica. Answered, the calls succeed
+/// (and the masters ran the `WAIT`s); with the replica of one master stopped (SIGSTOP), a write
+/// to that master's keys fails with an error that `is_outcome_unknown` and names the shortfall,
+/// the write is on the master, and the other masters' keys are written as before.
+#[test]
+fn redis_wait_waits_for_a_replica_and_a_shortfall_is_an_outcome_unknown_error() {
+    let cluster = RedisCluster::start("redis-server");
+    let seeds = cluster.seeds();
+    let masters = cluster.masters();
+    let ports: Vec<u16> = masters.iter().map(|(p, _)| *p).collect();
+    for front in [Front::Sync, Front::Async] {
+        let flavor = unique_flavor("wait");
+        let cache = Cache::builder()
+            .redis_cluster(seeds.iter().cloned())
+            .flavor(flavor.as_str())
+            // Long enough for a replica on a loaded machine: this part wants the answer.
+            .redis_wait(1, S(10))
+            .read_failures(FailurePolicy::Propagate)
+            .build_front(front);
+        let before = calls_of(&ports, "wait");
+        cache.set("a", "1", S(600)).unwrap();
+        assert!(cache.delete("a").unwrap());
+        let loaded = cache
+            .get_or_set_with("loaded", S(600), || Ok::<_, std::io::Error>(5u32))
+            .unwrap();
+        assert_eq!(loaded, 5);
+        let waits = calls_of(&ports, "wait") - before;
+        assert!(
+            waits >= 4,
+            "{front:?}: a WAIT after the set, the delete, the claim and the store: {waits}"
+        );
+        let keys: Vec<String> = (0..30).map(|i| format!("k{i}")).collect();
+        let failed = cache
+            .set_many(keys.iter().map(|k| (k.as_str(), k)), S(600))
+            .unwrap();
+        assert!(failed.is_empty(), "{front:?}: {failed:?}");
+    }
+
+    // One master's replica stopped: its WAITs time out with 0 replicas.
+    let stalled = ports[0];
+    let replica = replica_of(stalled);
+    cluster.signal(replica, "STOP");
+    for front in [Front::Sync, Front::Async] {
+        let flavor = unique_flavor("wait-short");
+        let cache = Cache::builder()
+            .redis_cluster(seeds.iter().cloned())
+            .flavor(flavor.as_str())
+            .redis_wait(1, Duration::from_millis(200))
+            .build_front(front);
+        let key_on = |want: u16| {
+            (0..)
+                .map(|i| format!("key{i}"))
+                .find(|k| master_of(&masters, slot_of(stalled, &cache.make_key(k))) == want)
+                .unwrap()
+        };
+        let (short, fine) = (key_on(stalled), key_on(ports[1]));
+        let e = cache.set(&short, "v", S(600)).unwrap_err();
+        assert!(e.is_outcome_unknown(), "{front:?}: {e}");
+        let text = format!("{e}");
+        assert!(text.contains("0 of 1 replicas"), "{front:?}: {text}");
+        assert!(
+            text.contains(&format!("127.0.0.1:{stalled}")),
+            "the master is named: {text}"
+        );
+        assert_eq!(
+            cache.get::<String>(&short).unwrap().as_deref(),
+            Some("v"),
+            "{front:?}: the write is on the master"
+        );
+        assert!(cache.delete(&short).unwrap_err().is_outcome_unknown());
+        assert_eq!(cache.get::<String>(&short).unwrap(), None, "{front:?}");
+        cache.set(&fine, "v", S(600)).unwrap();
+        assert!(
+            cache.delete(&fine).unwrap(),
+            "{front:?}: another master's write waits as before"
+        );
+        // Absorbed, a shortfall is counted and the call goes on.
+        let lenient = Cache::builder()
+            .redis_cluster(seeds.iter().cloned())
+            .flavor(flavor.as_str())
+            .redis_wait(1, Duration::from_millis(200))
+            .write_failures(FailurePolicy::Absorb)
+            .build_front(front);
+        lenient.set(&short, "w", S(600)).unwrap();
+        assert!(lenient.stats().backend_errors_absorbed >= 1, "{front:?}");
+        // The server was not marked dead for it: reads go on.
+        assert_eq!(cache.get::<String>(&short).unwrap().as_deref(), Some("w"));
+        assert!(cache.ping().is_ok(), "{front:?}");
+    }
+    cluster.signal(replica, "CONT");
+}
+
+#[test]
+fn a_wait_for_0_replicas_is_refused_at_build() {
+    let e = Cache::builder()
+        .redis_cluster(["redis://127.0.0.1:7000"])
+        .redis_wait(0, S(1))
+        .build()
+        .unwrap_err();
+    assert!(e.is_config() && e.to_string().contains("0 replicas"), "{e}");
+}
