@@ -898,7 +898,8 @@ pub(super) fn noscript_retry<T>(
     replies: &[Value],
     scripts: &Scripts,
 ) -> Vec<(usize, redis::Cmd)> {
-    req.commands
+    let mut retry = req
+        .commands
         .iter()
         .zip(replies)
         .enumerate()
@@ -906,7 +907,14 @@ pub(super) fn noscript_retry<T>(
             Some(id) if is_noscript(v) => Some((i, with_source(&c.cmd, id.of(scripts)))),
             _ => None,
         })
-        .collect()
+        .collect::<Vec<_>>();
+    // The `WAIT` ran before the scripts sent again: it goes again after them.
+    if !retry.is_empty() && req.wait.is_some() {
+        if let Some(last) = req.commands.last() {
+            retry.push((req.commands.len() - 1, last.cmd.clone()));
+        }
+    }
+    retry
 }
 
 #[cfg(test)]
