@@ -931,8 +931,46 @@ mod tests {
         );
     }
     #[test]
+    fn a_wait_short_of_replicas_is_an_outcome_unknown_error_after_the_writes_answer() {
+        let b = Builder {
+            wait: Some(crate::backend::redis::ReplicaWait {
+                replicas: 2,
+                timeout: std::time::Duration::from_millis(50),
+            }),
+            item_size: 1 << 20,
+            key_limit: 250,
+            scripts: Scripts::new(),
+            cluster: false,
+        };
+        let req = b.delete("k").unwrap();
+        let sent: Vec<Vec<u8>> = req
+            .commands
+            .iter()
+            .map(|c| c.cmd.get_packed_command())
+            .collect();
+        assert_eq!(sent.len(), 2);
+        assert_eq!(
+            sent[1],
+            redis::cmd("WAIT").arg(2).arg(50).get_packed_command()
+        );
+        assert_eq!(
+            req.answer(vec![Value::Int(1), Value::Int(2)]).unwrap(),
+            true
+        );
+        let e = req.answer(vec![Value::Int(1), Value::Int(1)]).unwrap_err();
+        assert!(
+            e.is_outcome_unknown() && e.to_string().contains("1 of 2 replicas"),
+            "{e}"
+        );
+        // Without a wait, nothing is added.
+        let plain = Builder { wait: None, ..b };
+        assert_eq!(plain.delete("k").unwrap().commands.len(), 1);
+    }
+
+    #[test]
     fn a_replay_unlinks_in_steps_and_passes_over_refusals() {
         let b = Builder {
+            wait: None,
             item_size: 1 << 20,
             key_limit: 250,
             scripts: Scripts::new(),
