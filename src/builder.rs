@@ -329,14 +329,15 @@ impl CacheBuilder {
     /// use std::time::Duration;
     /// let cache = newcache::Cache::builder()
     ///     .redis_cluster(["redis://127.0.0.1:7000"])
-    ///     .redis_wait(1, Duration::from_millis(100))
+    ///     .redis_wait(1, Duration::from_millis(100)) // io_timeout: 500 ms
     ///     .build()?;
     /// # Ok::<(), newcache::Error>(())
     /// ```
     ///
     /// # Errors
     ///
-    /// `build()` refuses (`is_config()`) 0 replicas. Another backend ignores the setting (a
+    /// `build()` refuses (`is_config()`) 0 replicas and a timeout not shorter than
+    /// [`io_timeout`](Self::io_timeout) (which bounds the wait's reply too). Another backend ignores the setting (a
     /// warning at `build()` names it, as for the other settings it does not use).
     #[cfg(feature = "redis")]
     pub fn redis_wait(mut self, replicas: u32, timeout: Duration) -> Self {

@@ -883,7 +883,8 @@ fn redis_wait_waits_for_a_replica_and_a_shortfall_is_an_outcome_unknown_error() 
             .redis_cluster(seeds.iter().cloned())
             .flavor(flavor.as_str())
             // Long enough for a replica on a loaded machine: this part wants the answer.
-            .redis_wait(1, S(10))
+            .redis_wait(1, S(5))
+            .io_timeout(S(10))
             .read_failures(FailurePolicy::Propagate)
             .build_front(front);
         let before = calls_of(&ports, "wait");
@@ -960,11 +961,18 @@ fn redis_wait_waits_for_a_replica_and_a_shortfall_is_an_outcome_unknown_error() 
 }
 
 #[test]
-fn a_wait_for_0_replicas_is_refused_at_build() {
+fn a_wait_for_0_replicas_or_past_the_io_timeout_is_refused_at_build() {
     let e = Cache::builder()
         .redis_cluster(["redis://127.0.0.1:7000"])
-        .redis_wait(0, S(1))
+        .redis_wait(0, Duration::from_millis(100))
         .build()
         .unwrap_err();
     assert!(e.is_config() && e.to_string().contains("0 replicas"), "{e}");
+    let e = Cache::builder()
+        .redis("redis://127.0.0.1:7000/0")
+        .io_timeout(S(1))
+        .redis_wait(1, S(1))
+        .build()
+        .unwrap_err();
+    assert!(e.is_config() && e.to_string().contains("io_timeout"), "{e}");
 }

@@ -210,6 +210,7 @@ impl RedisConfig {
 pub struct ReplicaWait {
     /// Replicas that must acknowledge (at least 1).
     pub replicas: u32,
-    /// The longest wait (rounded to milliseconds; at least 1 ms: `WAIT`'s 0 is forever).
+    /// The longest wait (rounded to milliseconds; at least 1 ms: `WAIT`'s 0 is forever);
+    /// shorter than `io_timeout`, which also bounds the wait's reply.
     pub timeout: Duration,
 }

@@ -448,6 +448,15 @@ impl RedisBackend {
                 "a WAIT for 0 replicas waits for nothing: ask for 1 or more (or no wait)",
             ));
         }
+        if let Some(w) = config.wait {
+            if w.timeout >= config.io_timeout {
+                return Err(Error::config(format!(
+                    "a WAIT of {:?} is cut off by the io_timeout of {:?} (the reply comes after \
+                     it): make the wait shorter than io_timeout",
+                    w.timeout, config.io_timeout
+                )));
+            }
+        }
         let client = config.client()?;
         let clients = Arc::new(clients::Clients::new(config.addr()));
         let shared = Arc::new(Shared {

@@ -28,7 +28,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 "wait-cost-on"
             } else {
                 "wait-cost-off"
-            });
+            })
+            .io_timeout(Duration::from_secs(2));
         let b = if wait {
             b.redis_wait(1, Duration::from_secs(1))
         } else {
