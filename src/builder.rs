@@ -180,6 +180,8 @@ pub struct CacheBuilder {
     format: Format,
     #[cfg(feature = "redis-tls")]
     redis_tls: Option<crate::backend::redis::RedisTls>,
+    #[cfg(feature = "redis")]
+    redis_wait: Option<crate::backend::redis::ReplicaWait>,
 }
 
 impl Default for CacheBuilder {
@@ -218,6 +220,8 @@ impl Default for CacheBuilder {
             format: Format::default(),
             #[cfg(feature = "redis-tls")]
             redis_tls: None,
+            #[cfg(feature = "redis")]
+            redis_wait: None,
         }
     }
 }
@@ -313,6 +317,31 @@ impl CacheBuilder {
         self.backend = BackendChoice::RedisCluster {
             seeds: seeds.into_iter().map(Into::into).collect(),
         };
+        self
+    }
+
+    /// After each store (claims, placeholders, fenced stores, `set`s) and each delete, waits
+    /// until `replicas` replicas acknowledge it or `timeout` passes (Redis's `WAIT`), on one
+    /// server or a cluster's masters (default: no wait). See [`ReplicaWait`](crate::ReplicaWait)
+    /// for what it guarantees and what a wait that falls short returns.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let cache = newcache::Cache::builder()
+    ///     .redis_cluster(["redis://127.0.0.1:7000"])
+    ///     .redis_wait(1, Duration::from_millis(100)) // io_timeout: 500 ms
+    ///     .build()?;
+    /// # Ok::<(), newcache::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// `build()` refuses (`is_config()`) 0 replicas and a timeout not shorter than
+    /// [`io_timeout`](Self::io_timeout) (which bounds the wait's reply too). Another backend ignores the setting (a
+    /// warning at `build()` names it, as for the other settings it does not use).
+    #[cfg(feature = "redis")]
+    pub fn redis_wait(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.redis_wait = Some(crate::backend::redis::ReplicaWait { replicas, timeout });
         self
     }
 
@@ -842,6 +871,7 @@ impl CacheBuilder {
         config.failure_limit = self.failure_limit;
         config.retry_interval = self.retry_interval;
         config.replay_capacity = self.replay_capacity;
+        config.wait = self.redis_wait;
         #[cfg(feature = "redis-tls")]
         {
             config.tls = self.redis_tls.clone();
@@ -868,6 +898,15 @@ impl CacheBuilder {
             )
         {
             unused.push("redis_tls");
+        }
+        #[cfg(feature = "redis")]
+        if self.redis_wait.is_some()
+            && !matches!(
+                self.backend,
+                BackendChoice::Redis { .. } | BackendChoice::RedisCluster { .. }
+            )
+        {
+            unused.push("redis_wait");
         }
         unused.sort_unstable();
         unused.dedup();

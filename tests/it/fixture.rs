@@ -735,6 +735,18 @@ impl RedisCluster {
         Some(masters)
     }
 
+    /// Sends `signal` (`STOP`, `CONT`) to the node on `port`.
+    pub fn signal(&self, port: u16, signal: &str) {
+        let i = self.ports.iter().position(|&p| p == port).expect("a node");
+        let pid = self.children[i].as_ref().expect("a live node").id();
+        let ok = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(pid.to_string())
+            .status()
+            .expect("kill runs");
+        assert!(ok.success(), "kill -{signal} {pid}");
+    }
+
     /// Kills the node on `port` (SIGKILL).
     pub fn kill(&mut self, port: u16) {
         let i = self.ports.iter().position(|&p| p == port).expect("a node");

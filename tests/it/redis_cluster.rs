@@ -509,4 +509,510 @@ fn concurrent_async_gets_on_a_cluster_each_get_their_own_value() {
             t.await.unwrap();
         }
     });
+
+/// What one key saw during a run under load: loads, and each error with when it came.
+#[derive(Default)]
+struct KeyLog {
+    loads: std::sync::atomic::AtomicU64,
+    /// When the call was made, when it failed, and the error.
+    errors: std::sync::Mutex<Vec<(std::time::Instant, std::time::Instant, String)>>,
+}
+
+/// 16 threads of `get_or_set_with` over keys spread across the masters; one master killed
+/// (SIGKILL), its replica promoted (the node timeout is 2 s). Errors come only for the killed
+/// master's keys, only after the kill, and each thread, once it has been served every key after
+/// the cluster settled, sees no error again; the live masters' keys were loaded once each.
+fn failover_under_load(front: Front) {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Instant;
+
+    const THREADS: usize = 16;
+    let mut cluster = RedisCluster::start("redis-server");
+    let seeds = cluster.seeds();
+    let masters = cluster.masters();
+    let flavor = unique_flavor("failover-load");
+    let cache = Cache::builder()
+        .redis_cluster(seeds.iter().cloned())
+        .flavor(flavor.as_str())
+        .read_failures(FailurePolicy::Propagate)
+        .write_failures(FailurePolicy::Propagate)
+        .retry_interval(Duration::from_millis(200))
+        .io_timeout(S(2))
+        .build_front(front);
+    let keys: Vec<String> = (0..48).map(|i| format!("k{i}")).collect();
+    // Redis's default (`cluster-require-full-coverage yes`) has every node refuse every key
+    // (`CLUSTERDOWN`) from the moment a master is marked failed until its replica took over;
+    // with `no`, the other masters serve on: the setting a user keeping the rest of the cache
+    // up through a failover runs with.
+    for &p in &cluster.ports {
+        let () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("cluster-require-full-coverage")
+            .arg("no")
+            .query(&mut node(p))
+            .unwrap();
+    }
+    let victim = masters[0].0;
+    let on_victim: Vec<bool> = keys
+        .iter()
+        .map(|k| master_of(&masters, slot_of(victim, &cache.make_key(k))) == victim)
+        .collect();
+    assert!(
+        on_victim.iter().any(|&v| v) && !on_victim.iter().all(|&v| v),
+        "keys on the victim and elsewhere"
+    );
+    let logs: Arc<Vec<KeyLog>> = Arc::new(keys.iter().map(|_| KeyLog::default()).collect());
+    let stop = Arc::new(AtomicBool::new(false));
+    // When the cluster settled after the failover (set once, read by the threads).
+    let settled: Arc<std::sync::OnceLock<Instant>> = Arc::new(std::sync::OnceLock::new());
+    let killed_at: Arc<std::sync::OnceLock<Instant>> = Arc::new(std::sync::OnceLock::new());
+    // Per thread: errors seen after it had been served every key once since the cluster settled.
+    let late_errors = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let threads: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let (cache, keys, logs, stop, settled, late) = (
+                cache.clone(),
+                keys.clone(),
+                logs.clone(),
+                stop.clone(),
+                settled.clone(),
+                late_errors.clone(),
+            );
+            std::thread::spawn(move || {
+                let mut served_since_settled = vec![false; keys.len()];
+                let mut rounds_after = 0u64;
+                let mut i = t;
+                while !stop.load(Ordering::Relaxed) {
+                    let k = i % keys.len();
+                    i += 1;
+                    let asked = Instant::now();
+                    let got = cache.get_or_set_with(&keys[k], S(600), || {
+                        logs[k].loads.fetch_add(1, Ordering::Relaxed);
+                        Ok::<_, std::io::Error>(keys[k].clone())
+                    });
+                    let after_settle = settled.get().is_some_and(|&s| asked >= s);
+                    match got {
+                        Ok(v) => {
+                            assert_eq!(v, keys[k], "a key's own value");
+                            if after_settle {
+                                served_since_settled[k] = true;
+                                if served_since_settled.iter().all(|&s| s) {
+                                    rounds_after += 1;
+                                }
+                            }
+                        }
+                        Err(e) => {
+                            if served_since_settled.iter().all(|&s| s) {
+                                late.lock().unwrap().push(format!("{}: {e}", keys[k]));
+                            }
+                            logs[k].errors.lock().unwrap().push((
+                                asked,
+                                Instant::now(),
+                                e.to_string(),
+                            ));
+                        }
+                    }
+                }
+                rounds_after
+            })
+        })
+        .collect();
+    // Load before the kill: every key loaded and served.
+    std::thread::sleep(Duration::from_millis(500));
+    killed_at.set(Instant::now()).unwrap();
+    cluster.kill(victim);
+    let live: Vec<u16> = cluster
+        .ports
+        .iter()
+        .copied()
+        .filter(|&p| p != victim)
+        .collect();
+    let deadline = Instant::now() + S(60);
+    while cluster
+        .try_masters()
+        .is_none_or(|m| m.iter().any(|(p, _)| *p == victim))
+    {
+        assert!(Instant::now() < deadline, "no replica took over");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    crate::fixture::wait_cluster_ok(&live, S(60));
+    settled.set(Instant::now()).unwrap();
+    // Until every thread has been served every key since, and a while of load after that.
+    let deadline = Instant::now() + S(60);
+    loop {
+        let all_served = keys.iter().enumerate().all(|(k, _)| {
+            logs[k]
+                .errors
+                .lock()
+                .unwrap()
+                .last()
+                .is_none_or(|&(at, _, _)| at < *settled.get().unwrap())
+        });
+        if all_served || Instant::now() > deadline {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(S(2));
+    stop.store(true, Ordering::Relaxed);
+    let rounds: Vec<u64> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+
+    let killed = *killed_at.get().unwrap();
+    let mut report = Vec::new();
+    for (k, key) in keys.iter().enumerate() {
+        let loads = logs[k].loads.load(Ordering::Relaxed);
+        let errors = logs[k].errors.lock().unwrap();
+        report.push(format!(
+            "{key}{}: {loads} loads, {} errors",
+            if on_victim[k] { " (victim)" } else { "" },
+            errors.len()
+        ));
+        if !on_victim[k] {
+            assert!(
+                errors.is_empty(),
+                "{front:?}: a live master's key {key} failed: {:?}",
+                errors.first()
+            );
+            assert_eq!(loads, 1, "{front:?}: {key} on a live master loaded once");
+        } else {
+            let early = errors.iter().find(|&&(_, failed, _)| failed < killed);
+            assert!(
+                early.is_none(),
+                "{front:?}: {key} failed before the kill: {early:?}"
+            );
+        }
+    }
+    eprintln!("{front:?} failover under load: {}", report.join("; "));
+    assert!(
+        rounds.iter().all(|&r| r > 0),
+        "{front:?}: every thread was served every key after the failover: {rounds:?}"
+    );
+    let late = late_errors.lock().unwrap();
+    assert!(
+        late.is_empty(),
+        "{front:?}: errors after a thread was served every key again: {late:?}"
+    );
+    assert!(
+        on_victim
+            .iter()
+            .zip(logs.iter())
+            .any(|(&v, l)| v && !l.errors.lock().unwrap().is_empty()),
+        "{front:?}: the kill was seen (some of the victim's keys failed during the switch)"
+    );
+}
+
+#[test]
+fn a_failover_under_load_fails_only_the_killed_masters_keys_during_the_switch() {
+    failover_under_load(Front::Sync);
+}
+
+#[test]
+fn a_failover_under_load_fails_only_the_killed_masters_keys_during_the_switch_async() {
+    failover_under_load(Front::Async);
+}
+
+/// Moves `slot` from `from` to `to` key by key (a pause between keys, so callers meet the
+/// half-moved slot and its `ASK`s), then hands it over (`MOVED` from then on).
+fn move_slot_slowly(slot: u16, from: u16, to: u16, masters: &[u16]) {
+    begin_migration(slot, from, to);
+    loop {
+        let left: Vec<String> = redis::cmd("CLUSTER")
+            .arg("GETKEYSINSLOT")
+            .arg(slot)
+            .arg(1)
+            .query(&mut node(from))
+            .unwrap();
+        if left.is_empty() {
+            break;
+        }
+        migrate(from, to, &left);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    end_migration(slot, to, masters);
+}
+
+/// How many `code` error replies (`ASK`, `MOVED`) the nodes on `ports` have sent
+/// (`INFO errorstats`).
+fn replies_of(ports: &[u16], code: &str) -> u64 {
+    ports
+        .iter()
+        .map(|&p| {
+            let info: String = redis::cmd("INFO")
+                .arg("errorstats")
+                .query(&mut node(p))
+                .unwrap();
+            info.lines()
+                .find_map(|l| l.strip_prefix(&format!("errorstat_{code}:count=")))
+                .map_or(0, |n| n.trim().parse().unwrap())
+        })
+        .sum()
+}
+
+/// Slots moved one by one while 16 threads read, load and write their keys: the callers see no
+/// error, a writer always reads back what it wrote last, and each loaded key is loaded once.
+fn resharding_under_load(front: Front) {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+    let cluster = RedisCluster::start("redis-server");
+    let seeds = cluster.seeds();
+    let ports: Vec<u16> = cluster.masters().iter().map(|(p, _)| *p).collect();
+    let flavor = unique_flavor("reshard-load");
+    let cache = cache_on(&seeds, &flavor, front);
+    // Loaded keys (get_or_set_with, 12 threads) and written keys (a writer each, 4 threads).
+    let loaded: Vec<String> = (0..24).map(|i| format!("l{i}")).collect();
+    let written: Vec<String> = (0..4).map(|i| format!("w{i}")).collect();
+    let loads: Arc<Vec<AtomicU64>> = Arc::new(loaded.iter().map(|_| AtomicU64::new(0)).collect());
+    let errors = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut threads = Vec::new();
+    for t in 0..12 {
+        let (cache, keys, loads, errors, stop) = (
+            cache.clone(),
+            loaded.clone(),
+            loads.clone(),
+            errors.clone(),
+            stop.clone(),
+        );
+        threads.push(std::thread::spawn(move || {
+            let mut i = t;
+            while !stop.load(Ordering::Relaxed) {
+                let k = i % keys.len();
+                i += 1;
+                match cache.get_or_set_with(&keys[k], S(600), || {
+                    loads[k].fetch_add(1, Ordering::Relaxed);
+                    Ok::<_, std::io::Error>(keys[k].clone())
+                }) {
+                    Ok(v) => assert_eq!(v, keys[k]),
+                    Err(e) => errors.lock().unwrap().push(format!("{}: {e}", keys[k])),
+                }
+            }
+            0
+        }));
+    }
+    for key in written.clone() {
+        let (cache, errors, stop) = (cache.clone(), errors.clone(), stop.clone());
+        threads.push(std::thread::spawn(move || {
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                n += 1;
+                if let Err(e) = cache.set(&key, &n, S(600)) {
+                    errors.lock().unwrap().push(format!("set {key}: {e}"));
+                    continue;
+                }
+                match cache.get::<u64>(&key) {
+                    Ok(Some(got)) if got == n => {}
+                    Ok(got) => errors
+                        .lock()
+                        .unwrap()
+                        .push(format!("{key}: wrote {n}, read {got:?}")),
+                    Err(e) => errors.lock().unwrap().push(format!("get {key}: {e}")),
+                }
+            }
+            n
+        }));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let (asks, moveds) = (replies_of(&ports, "ASK"), replies_of(&ports, "MOVED"));
+    // Every key's slot moves to the next master, one slot after another.
+    let mut moved = Vec::new();
+    for key in loaded.iter().step_by(3).chain(&written) {
+        let slot = slot_of(ports[0], &cache.make_key(key));
+        if moved.contains(&slot) {
+            continue;
+        }
+        moved.push(slot);
+        let from = master_of(&cluster.masters(), slot);
+        let to = ports[(ports.iter().position(|&p| p == from).unwrap() + 1) % ports.len()];
+        move_slot_slowly(slot, from, to, &ports);
+        assert_eq!(master_of(&cluster.masters(), slot), to);
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        t.join().unwrap();
+    }
+    let asks = replies_of(&ports, "ASK") - asks;
+    let moveds = replies_of(&ports, "MOVED") - moveds;
+    eprintln!(
+        "{front:?}: {} slots moved under load: {asks} ASK and {moveds} MOVED replies followed",
+        moved.len()
+    );
+    assert!(
+        asks > 0 && moveds > 0,
+        "{front:?}: the callers met ASK ({asks}) and MOVED ({moveds})"
+    );
+    let errors = errors.lock().unwrap();
+    assert!(
+        errors.is_empty(),
+        "{front:?}: {} errors while {} slots moved: {:?}",
+        errors.len(),
+        moved.len(),
+        &errors[..errors.len().min(10)]
+    );
+    for (k, key) in loaded.iter().enumerate() {
+        assert_eq!(
+            loads[k].load(Ordering::Relaxed),
+            1,
+            "{front:?}: {key} loaded once across the moves"
+        );
+    }
+    // Every key is where its slot now is, with its value.
+    let got = cache.get_many::<String>(&loaded).unwrap();
+    assert_eq!(got.len(), loaded.len(), "{front:?}: no loaded value lost");
+}
+
+#[test]
+fn slots_moved_under_load_cost_the_callers_no_error_and_no_second_load() {
+    resharding_under_load(Front::Sync);
+}
+
+#[test]
+fn slots_moved_under_load_cost_the_callers_no_error_and_no_second_load_async() {
+    resharding_under_load(Front::Async);
+}
+
+/// The port of a replica of the master on `port` (`ROLE`).
+fn replica_of(port: u16) -> u16 {
+    let role: redis::Value = redis::cmd("ROLE").query(&mut node(port)).unwrap();
+    let redis::Value::Array(v) = role else {
+        panic!("ROLE: {role:?}")
+    };
+    let Some(redis::Value::Array(replicas)) = v.get(2) else {
+        panic!("ROLE of a master: {v:?}")
+    };
+    match replicas.first() {
+        Some(redis::Value::Array(r)) => match r.get(1) {
+            Some(redis::Value::BulkString(p)) => std::str::from_utf8(p).unwrap().parse().unwrap(),
+            other => panic!("a replica's port: {other:?}"),
+        },
+        other => panic!("no replica of {port}: {other:?}"),
+    }
+}
+
+/// How many times the nodes on `ports` ran `command` (`INFO commandstats`).
+fn calls_of(ports: &[u16], command: &str) -> u64 {
+    ports
+        .iter()
+        .map(|&p| {
+            let info: String = redis::cmd("INFO")
+                .arg("commandstats")
+                .query(&mut node(p))
+                .unwrap();
+            info.lines()
+                .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
+                .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
+        })
+        .sum()
+}
+
+/// `redis_wait(1, ..)`: each store and delete waits for a replica. Answered, the calls succeed
+/// (and the masters ran the `WAIT`s); with the replica of one master stopped (SIGSTOP), a write
+/// to that master's keys fails with an error that `is_outcome_unknown` and names the shortfall,
+/// the write is on the master, and the other masters' keys are written as before.
+#[test]
+fn redis_wait_waits_for_a_replica_and_a_shortfall_is_an_outcome_unknown_error() {
+    let cluster = RedisCluster::start("redis-server");
+    let seeds = cluster.seeds();
+    let masters = cluster.masters();
+    let ports: Vec<u16> = masters.iter().map(|(p, _)| *p).collect();
+    for front in [Front::Sync, Front::Async] {
+        let flavor = unique_flavor("wait");
+        let cache = Cache::builder()
+            .redis_cluster(seeds.iter().cloned())
+            .flavor(flavor.as_str())
+            // Long enough for a replica on a loaded machine: this part wants the answer.
+            .redis_wait(1, S(5))
+            .io_timeout(S(10))
+            .read_failures(FailurePolicy::Propagate)
+            .build_front(front);
+        let before = calls_of(&ports, "wait");
+        cache.set("a", "1", S(600)).unwrap();
+        assert!(cache.delete("a").unwrap());
+        let loaded = cache
+            .get_or_set_with("loaded", S(600), || Ok::<_, std::io::Error>(5u32))
+            .unwrap();
+        assert_eq!(loaded, 5);
+        let waits = calls_of(&ports, "wait") - before;
+        assert!(
+            waits >= 4,
+            "{front:?}: a WAIT after the set, the delete, the claim and the store: {waits}"
+        );
+        let keys: Vec<String> = (0..30).map(|i| format!("k{i}")).collect();
+        let failed = cache
+            .set_many(keys.iter().map(|k| (k.as_str(), k)), S(600))
+            .unwrap();
+        assert!(failed.is_empty(), "{front:?}: {failed:?}");
+    }
+
+    // One master's replica stopped: its WAITs time out with 0 replicas.
+    let stalled = ports[0];
+    let replica = replica_of(stalled);
+    cluster.signal(replica, "STOP");
+    for front in [Front::Sync, Front::Async] {
+        let flavor = unique_flavor("wait-short");
+        let cache = Cache::builder()
+            .redis_cluster(seeds.iter().cloned())
+            .flavor(flavor.as_str())
+            .redis_wait(1, Duration::from_millis(200))
+            .build_front(front);
+        let key_on = |want: u16| {
+            (0..)
+                .map(|i| format!("key{i}"))
+                .find(|k| master_of(&masters, slot_of(stalled, &cache.make_key(k))) == want)
+                .unwrap()
+        };
+        let (short, fine) = (key_on(stalled), key_on(ports[1]));
+        let e = cache.set(&short, "v", S(600)).unwrap_err();
+        assert!(e.is_outcome_unknown(), "{front:?}: {e}");
+        let text = format!("{e}");
+        assert!(text.contains("0 of 1 replicas"), "{front:?}: {text}");
+        assert!(
+            text.contains(&format!("127.0.0.1:{stalled}")),
+            "the master is named: {text}"
+        );
+        assert_eq!(
+            cache.get::<String>(&short).unwrap().as_deref(),
+            Some("v"),
+            "{front:?}: the write is on the master"
+        );
+        assert!(cache.delete(&short).unwrap_err().is_outcome_unknown());
+        assert_eq!(cache.get::<String>(&short).unwrap(), None, "{front:?}");
+        cache.set(&fine, "v", S(600)).unwrap();
+        assert!(
+            cache.delete(&fine).unwrap(),
+            "{front:?}: another master's write waits as before"
+        );
+        // Absorbed, a shortfall is counted and the call goes on.
+        let lenient = Cache::builder()
+            .redis_cluster(seeds.iter().cloned())
+            .flavor(flavor.as_str())
+            .redis_wait(1, Duration::from_millis(200))
+            .write_failures(FailurePolicy::Absorb)
+            .build_front(front);
+        lenient.set(&short, "w", S(600)).unwrap();
+        assert!(lenient.stats().backend_errors_absorbed >= 1, "{front:?}");
+        // The server was not marked dead for it: reads go on.
+        assert_eq!(cache.get::<String>(&short).unwrap().as_deref(), Some("w"));
+        assert!(cache.ping().is_ok(), "{front:?}");
+    }
+    cluster.signal(replica, "CONT");
+}
+
+#[test]
+fn a_wait_for_0_replicas_or_past_the_io_timeout_is_refused_at_build() {
+    let e = Cache::builder()
+        .redis_cluster(["redis://127.0.0.1:7000"])
+        .redis_wait(0, Duration::from_millis(100))
+        .build()
+        .unwrap_err();
+    assert!(e.is_config() && e.to_string().contains("0 replicas"), "{e}");
+    let e = Cache::builder()
+        .redis("redis://127.0.0.1:7000/0")
+        .io_timeout(S(1))
+        .redis_wait(1, S(1))
+        .build()
+        .unwrap_err();
+    assert!(e.is_config() && e.to_string().contains("io_timeout"), "{e}");
 }

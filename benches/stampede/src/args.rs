@@ -68,6 +68,10 @@ pub struct Args {
     /// when no memcached server is given]
     #[arg(long, value_name = "URL")]
     pub redis: Option<String>,
+    /// a Redis Cluster instead: its seed URLs (comma-separated or repeated),
+    /// redis://host:port
+    #[arg(long = "redis-cluster", value_name = "URL", value_delimiter = ',')]
+    pub redis_cluster: Vec<String>,
     /// a memcached server on 127.0.0.1 (repeatable; added after --servers)
     #[arg(long = "port", value_name = "PORT")]
     pub ports: Vec<u16>,
@@ -129,21 +133,26 @@ impl Args {
         let mut args = Self::parse();
         let ports = args.ports.iter().map(|p| format!("127.0.0.1:{p}"));
         args.servers.extend(ports);
-        if args.servers.is_empty() && args.redis.is_none() {
+        if args.servers.is_empty() && args.redis.is_none() && args.redis_cluster.is_empty() {
             if let Ok(list) = std::env::var("MEMCACHED_SERVERS") {
                 let list = list.split(',').filter(|s| !s.is_empty());
                 args.servers = list.map(str::to_string).collect();
             }
         }
-        if args.servers.is_empty() && args.redis.is_none() {
+        if args.servers.is_empty() && args.redis.is_none() && args.redis_cluster.is_empty() {
             args.redis = std::env::var("REDIS_URL").ok().filter(|u| !u.is_empty());
         }
-        if args.servers.is_empty() == args.redis.is_none() {
+        let chosen = [
+            !args.servers.is_empty(),
+            args.redis.is_some(),
+            !args.redis_cluster.is_empty(),
+        ];
+        if chosen.iter().filter(|&&c| c).count() != 1 {
             Self::command()
                 .error(
                     ErrorKind::MissingRequiredArgument,
-                    "either --servers HOST:PORT[,HOST:PORT] (or MEMCACHED_SERVERS) or --redis URL \
-                     (or REDIS_URL) is required, not both",
+                    "one of --servers HOST:PORT[,HOST:PORT] (or MEMCACHED_SERVERS), --redis URL \
+                     (or REDIS_URL) and --redis-cluster URL[,URL] is required, not two",
                 )
                 .exit();
         }

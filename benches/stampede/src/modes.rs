@@ -62,6 +62,9 @@ pub fn async_cache_for(args: &Args) -> Result<AsyncCache, newcache::Error> {
 
 /// A builder on the run's server: memcached (`--servers`) or Redis (`--redis`).
 fn on_server(args: &Args) -> newcache::CacheBuilder {
+    if !args.redis_cluster.is_empty() {
+        return Cache::builder().redis_cluster(args.redis_cluster.iter().cloned());
+    }
     match &args.redis {
         Some(url) => Cache::builder().redis(url.clone()),
         None => Cache::builder().memcached(&args.servers),
@@ -215,6 +218,21 @@ pub struct OriginalNewcache {
 
 impl OriginalNewcache {
     pub fn new(args: &Args, cache: &Cache, key: &str) -> Result<Self, Box<dyn Error>> {
+        if !args.redis_cluster.is_empty() {
+            let seeds = args
+                .redis_cluster
+                .iter()
+                .map(|u| {
+                    let mut cfg = RedisConfig::new(u.clone());
+                    cfg.pool_size = args.threads as u32 + 4;
+                    cfg
+                })
+                .collect();
+            return Ok(OriginalNewcache {
+                backend: Box::new(newcache::RedisCluster::new(seeds)?),
+                key: cache.make_key(key),
+            });
+        }
         if let Some(url) = &args.redis {
             let mut cfg = RedisConfig::new(url.clone());
             cfg.pool_size = args.threads as u32 + 4;

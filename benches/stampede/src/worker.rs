@@ -62,6 +62,9 @@ pub fn run_all(
             let mut cmd = Command::new(&exe);
             cmd.args(["--worker", "--mode", mode.name(), "--key", key]);
             match &args.redis {
+                _ if !args.redis_cluster.is_empty() => {
+                    cmd.args(["--redis-cluster", &args.redis_cluster.join(",")])
+                }
                 Some(url) => cmd.args(["--redis", url]),
                 None => cmd.args(["--servers", &args.servers.join(",")]),
             };

@@ -44,6 +44,9 @@ pub struct RedisConfig {
     /// this process again (default 10,000; past it, the server's older values are judged
     /// stale): memcached's `replay_capacity`.
     pub replay_capacity: usize,
+    /// A `WAIT` for replicas after each store (claims, placeholders, fenced stores, `set`s)
+    /// and each delete (default `None`: none; see [`ReplicaWait`]).
+    pub wait: Option<ReplicaWait>,
     /// A `rediss://` server's CA and client certificate (feature `redis-tls`; default `None`:
     /// the system's trusted roots, no client certificate). Refused with a `redis://` URL.
     #[cfg(feature = "redis-tls")]
@@ -61,7 +64,8 @@ impl std::fmt::Debug for RedisConfig {
             .field("retry_interval", &self.retry_interval)
             .field("item_size", &self.item_size)
             .field("key_limit", &self.key_limit)
-            .field("replay_capacity", &self.replay_capacity);
+            .field("replay_capacity", &self.replay_capacity)
+            .field("wait", &self.wait);
         #[cfg(feature = "redis-tls")]
         f.field("tls", &self.tls);
         f.finish()
@@ -102,6 +106,7 @@ impl RedisConfig {
             item_size: DEFAULT_ITEM_SIZE,
             key_limit: DEFAULT_KEY_LIMIT,
             replay_capacity: crate::backend::memcached::DEFAULT_REPLAY_CAPACITY,
+            wait: None,
             #[cfg(feature = "redis-tls")]
             tls: None,
         }
@@ -186,4 +191,26 @@ impl RedisConfig {
             Err(_) => redacted(&self.url),
         }
     }
+}
+
+/// How many replicas must have each write before it is acknowledged, and how long to wait for
+/// them: Redis's `WAIT replicas timeout`, sent after each store and delete
+/// ([`CacheBuilder::redis_wait`](crate::CacheBuilder::redis_wait)).
+///
+/// Replication is asynchronous: without it an acknowledged delete or claim can vanish when its
+/// master fails before a replica has it (an old value back as fresh, or a second load). With
+/// it, a write the replicas did not all acknowledge in time fails with an error that
+/// [`is_outcome_unknown`](crate::Error::is_outcome_unknown) (the write is on the master, but it
+/// may not outlive a failover), handled by the write failure policy like any other write
+/// error: returned by default (`FailurePolicy::Propagate`), absorbed and counted in
+/// `backend_errors_absorbed` with `FailurePolicy::Absorb`. The server is not marked dead for
+/// it, and no replay deletes the key later (the master has the write). Even acknowledged by a replica, a write can be lost if a replica
+/// that lacks it is promoted: `WAIT` narrows the window, it does not make Redis consistent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReplicaWait {
+    /// Replicas that must acknowledge (at least 1).
+    pub replicas: u32,
+    /// The longest wait (rounded to milliseconds; at least 1 ms: `WAIT`'s 0 is forever);
+    /// shorter than `io_timeout`, which also bounds the wait's reply.
+    pub timeout: Duration,
 }

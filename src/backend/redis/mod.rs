@@ -39,7 +39,7 @@ use std::time::Instant;
 use redis::Value;
 
 pub use self::cluster::RedisCluster;
-pub use self::config::{DEFAULT_KEY_LIMIT, RedisConfig};
+pub use self::config::{DEFAULT_KEY_LIMIT, RedisConfig, ReplicaWait};
 use self::conn::Pool;
 use self::request::{Request, noscript_retry};
 use self::script::Scripts;
@@ -181,8 +181,9 @@ impl Shared {
     /// server is not serving yet (`request::not_serving_yet`: loading its data).
     fn after_write<T>(&self, key: &str, r: Result<T>) -> Result<T> {
         match r {
-            // The server answered (an error reply, a denial): it missed nothing.
-            Err(e) if answered(&e) => Err(e),
+            // The server answered (an error reply, a denial, a `WAIT` short of replicas): it
+            // missed nothing.
+            Err(e) if answered(&e) || e.to_string().contains(request::WAIT_SHORT) => Err(e),
             r => outage::after_write(self.missed(), None, key, r, self.config.replay_capacity),
         }
     }
@@ -442,6 +443,20 @@ impl RedisBackend {
     }
 
     fn with(config: RedisConfig, cluster: bool) -> Result<RedisBackend> {
+        if config.wait.is_some_and(|w| w.replicas == 0) {
+            return Err(Error::config(
+                "a WAIT for 0 replicas waits for nothing: ask for 1 or more (or no wait)",
+            ));
+        }
+        if let Some(w) = config.wait {
+            if w.timeout >= config.io_timeout {
+                return Err(Error::config(format!(
+                    "a WAIT of {:?} is cut off by the io_timeout of {:?} (the reply comes after \
+                     it): make the wait shorter than io_timeout",
+                    w.timeout, config.io_timeout
+                )));
+            }
+        }
         let client = config.client()?;
         let clients = Arc::new(clients::Clients::new(config.addr()));
         let shared = Arc::new(Shared {
@@ -449,6 +464,7 @@ impl RedisBackend {
             health: Arc::new(Health::default()),
             clients: clients.clone(),
             requests: request::Builder {
+                wait: config.wait,
                 item_size: config.item_size,
                 key_limit: config.key_limit,
                 scripts: Scripts::new(),
@@ -527,7 +543,7 @@ impl RedisBackend {
             let policy = policy.and_then(|r| (s.requests.policy().read)(r).ok().flatten());
             s.judge_policy(policy.as_deref());
         }
-        (req.read)(replies).map_err(|e| s.answer_error(e))
+        req.answer(replies).map_err(|e| s.answer_error(e))
     }
 
     /// Deletes the keys the server missed while out of reach, before anything else is sent

@@ -358,7 +358,7 @@ impl Inner {
             let policy = policy.and_then(|r| (ask.read)(r).ok().flatten());
             s.judge_policy(policy.as_deref());
         }
-        (req.read)(replies).map_err(|e| s.answer_error(e))
+        req.answer(replies).map_err(|e| s.answer_error(e))
     }
 
     /// Deletes the keys the server missed while out of reach, before anything else is sent

@@ -44,7 +44,43 @@ pub(super) struct Request<T> {
     /// A plain `GET` (its key the command's second argument): the async connection may send
     /// it in a batch, as an `MGET` with other callers' (`batch.rs`).
     pub(super) batched: bool,
+    /// The replicas a `WAIT` sent last asks for ([`Builder::waited`]): its reply is read here,
+    /// not by `read`.
+    pub(super) wait: Option<u32>,
     pub(super) read: fn(Vec<Value>) -> Result<T>,
+}
+
+/// The start of a [`Request::answer`] error for a `WAIT` that fell short.
+pub(super) const WAIT_SHORT: &str = "WAIT: ";
+
+impl<T> Request<T> {
+    /// The answer to the replies `vs`: `read`'s, after the `WAIT` reply if one was asked for.
+    ///
+    /// A `WAIT` that fell short fails the request with an error that
+    /// [`is_outcome_unknown`](Error::is_outcome_unknown): the write is on the master, but
+    /// whether it outlives a failover is not known.
+    pub(super) fn answer(&self, mut vs: Vec<Value>) -> Result<T> {
+        if let Some(wanted) = self.wait {
+            let acked = match vs.pop() {
+                Some(Value::Int(n)) => n,
+                Some(Value::ServerError(e)) => return Err(refused(e)),
+                other => {
+                    return Err(Error::backend(format!("WAIT answered {other:?}")));
+                }
+            };
+            // The write's own reply comes first: an error reply there is the answer.
+            let answer = (self.read)(vs)?;
+            if acked < i64::from(wanted) {
+                return Err(Error::backend(format!(
+                    "{WAIT_SHORT}{acked} of {wanted} replicas acknowledged the write in time (it \
+                     is on the master; a failover before a replica has it may lose it)"
+                ))
+                .with_outcome_unknown());
+            }
+            return Ok(answer);
+        }
+        (self.read)(vs)
+    }
 }
 
 impl<T> Request<T> {
@@ -58,6 +94,7 @@ impl<T> Request<T> {
             commands: vec![Command { cmd, script }],
             write,
             batched: false,
+            wait: None,
             read,
         }
     }
@@ -348,6 +385,8 @@ pub(super) fn no_prefix() -> Error {
 /// What the requests are built from: the limits and the scripts.
 #[derive(Debug)]
 pub(super) struct Builder {
+    /// `WAIT replicas timeout-ms` after each store and delete ([`RedisConfig::wait`](super::RedisConfig::wait)).
+    pub(super) wait: Option<super::ReplicaWait>,
     pub(super) item_size: usize,
     pub(super) key_limit: usize,
     pub(super) scripts: Scripts,
@@ -357,6 +396,21 @@ pub(super) struct Builder {
 }
 
 impl Builder {
+    /// `req` with a `WAIT` sent last, if the configuration asks for one.
+    fn waited<T>(&self, mut req: Request<T>) -> Request<T> {
+        if let Some(w) = self.wait {
+            let mut cmd = redis::cmd("WAIT");
+            cmd.arg(w.replicas).arg(
+                u64::try_from(w.timeout.as_millis())
+                    .unwrap_or(u64::MAX)
+                    .max(1),
+            );
+            req.commands.push(Command { cmd, script: None });
+            req.wait = Some(w.replicas);
+        }
+        req
+    }
+
     /// Refuses an empty key or one over the limit, before anything is sent.
     pub(super) fn check_key(&self, key: &str) -> Result<()> {
         if key.is_empty() || key.len() > self.key_limit {
@@ -435,6 +489,7 @@ impl Builder {
                 commands,
                 write: false,
                 batched: false,
+                wait: None,
                 read: |vs| Ok(vs.into_iter().map(item_of).collect()),
             },
         }
@@ -514,12 +569,13 @@ impl Builder {
 
     pub(super) fn store(&self, w: &Write<'_>, stamp: u64) -> Result<Request<StoreOutcome>> {
         let c = self.store_command(w, stamp, false)?;
-        Ok(Request {
+        Ok(self.waited(Request {
             commands: vec![c],
             write: true,
             batched: false,
+            wait: None,
             read: |vs| only(vs).and_then(store_outcome),
-        })
+        }))
     }
 
     /// The write, then what the key holds: in the script itself for a `cas` (one step on the
@@ -531,10 +587,11 @@ impl Builder {
     ) -> Result<Request<(StoreOutcome, Option<Item>)>> {
         let c = self.store_command(w, stamp, true)?;
         if c.script.is_some() {
-            return Ok(Request {
+            return Ok(self.waited(Request {
                 commands: vec![c],
                 write: true,
                 batched: false,
+                wait: None,
                 read: |vs| match only(vs)? {
                     Value::Array(mut pair) if pair.len() == 2 => {
                         let now = pair.pop().unwrap_or(Value::Nil);
@@ -545,11 +602,11 @@ impl Builder {
                         "the store script answered {other:?}"
                     ))),
                 },
-            });
+            }));
         }
         let mut get = redis::cmd("GET");
         get.arg(w.key);
-        Ok(Request {
+        Ok(self.waited(Request {
             commands: vec![
                 c,
                 Command {
@@ -559,12 +616,13 @@ impl Builder {
             ],
             write: true,
             batched: false,
+            wait: None,
             read: |mut vs| {
                 let now = vs.pop().unwrap_or(Value::Nil);
                 let outcome = vs.pop().unwrap_or(Value::Nil);
                 Ok((store_outcome(outcome)?, item_of(now)?))
             },
-        })
+        }))
     }
 
     /// Every write of a batch, pipelined (one round trip); the writes refused before sending
@@ -587,12 +645,13 @@ impl Builder {
         }
         Batch {
             refused,
-            request: Request {
+            request: self.waited(Request {
                 commands,
                 write: true,
                 batched: false,
+                wait: None,
                 read: |vs| Ok(vs.into_iter().map(store_outcome).collect()),
-            },
+            }),
         }
     }
 
@@ -613,12 +672,13 @@ impl Builder {
         }
         Batch {
             refused,
-            request: Request {
+            request: self.waited(Request {
                 commands,
                 write: true,
                 batched: false,
+                wait: None,
                 read: |vs| Ok(vs.into_iter().map(|v| int_of(v).map(|n| n > 0)).collect()),
-            },
+            }),
         }
     }
 
@@ -626,7 +686,7 @@ impl Builder {
         self.check_key(key)?;
         let mut cmd = redis::cmd("UNLINK");
         cmd.arg(key);
-        Ok(Request::one(cmd, None, true, found))
+        Ok(self.waited(Request::one(cmd, None, true, found)))
     }
 
     /// `PEXPIRE` / `EXPIREAT`, or for no expiry `PERSIST` with `EXISTS` (`PERSIST` answers 0 for
@@ -652,6 +712,7 @@ impl Builder {
                     ],
                     write: true,
                     batched: false,
+                    wait: None,
                     read: |mut vs| int_of(vs.pop().unwrap_or(Value::Nil)).map(|n| n > 0),
                 });
             }
@@ -739,6 +800,7 @@ impl Builder {
             commands,
             write: true,
             batched: false,
+            wait: None,
             read: |vs| vs.into_iter().map(int_of).sum(),
         }
     }
@@ -771,6 +833,7 @@ impl Builder {
                 commands,
                 write: false,
                 batched: false,
+                wait: None,
                 read: Ok,
             },
             kills,
@@ -835,7 +898,8 @@ pub(super) fn noscript_retry<T>(
     replies: &[Value],
     scripts: &Scripts,
 ) -> Vec<(usize, redis::Cmd)> {
-    req.commands
+    let mut retry = req
+        .commands
         .iter()
         .zip(replies)
         .enumerate()
@@ -843,7 +907,14 @@ pub(super) fn noscript_retry<T>(
             Some(id) if is_noscript(v) => Some((i, with_source(&c.cmd, id.of(scripts)))),
             _ => None,
         })
-        .collect()
+        .collect::<Vec<_>>();
+    // The `WAIT` ran before the scripts sent again: it goes again after them.
+    if !retry.is_empty() && req.wait.is_some() {
+        if let Some(last) = req.commands.last() {
+            retry.push((req.commands.len() - 1, last.cmd.clone()));
+        }
+    }
+    retry
 }
 
 #[cfg(test)]
@@ -860,8 +931,43 @@ mod tests {
         );
     }
     #[test]
+    fn a_wait_short_of_replicas_is_an_outcome_unknown_error_after_the_writes_answer() {
+        let b = Builder {
+            wait: Some(crate::backend::redis::ReplicaWait {
+                replicas: 2,
+                timeout: std::time::Duration::from_millis(50),
+            }),
+            item_size: 1 << 20,
+            key_limit: 250,
+            scripts: Scripts::new(),
+            cluster: false,
+        };
+        let req = b.delete("k").unwrap();
+        let sent: Vec<Vec<u8>> = req
+            .commands
+            .iter()
+            .map(|c| c.cmd.get_packed_command())
+            .collect();
+        assert_eq!(sent.len(), 2);
+        assert_eq!(
+            sent[1],
+            redis::cmd("WAIT").arg(2).arg(50).get_packed_command()
+        );
+        assert!(req.answer(vec![Value::Int(1), Value::Int(2)]).unwrap());
+        let e = req.answer(vec![Value::Int(1), Value::Int(1)]).unwrap_err();
+        assert!(
+            e.is_outcome_unknown() && e.to_string().contains("1 of 2 replicas"),
+            "{e}"
+        );
+        // Without a wait, nothing is added.
+        let plain = Builder { wait: None, ..b };
+        assert_eq!(plain.delete("k").unwrap().commands.len(), 1);
+    }
+
+    #[test]
     fn a_replay_unlinks_in_steps_and_passes_over_refusals() {
         let b = Builder {
+            wait: None,
             item_size: 1 << 20,
             key_limit: 250,
             scripts: Scripts::new(),
