@@ -509,6 +509,7 @@ fn concurrent_async_gets_on_a_cluster_each_get_their_own_value() {
             t.await.unwrap();
         }
     });
+}
 
 /// What one key saw during a run under load: loads, and each error with when it came.
 #[derive(Default)]
