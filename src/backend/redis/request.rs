@@ -42,7 +42,9 @@ pub(super) struct Request<T> {
     /// Whether a reply that never came leaves the outcome unknown (the command may have run).
     pub(super) write: bool,
     /// A plain `GET` (its key the command's second argument): the async connection may send
-    /// it in a batch, as an `MGET` with other callers' (`batch.rs`).
+    /// it in a batch, as an `MGET` with other callers' (`batch.rs`; only the async view,
+    /// feature `tokio`, reads it).
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
     pub(super) batched: bool,
     /// The replicas a `WAIT` sent last asks for ([`Builder::waited`]): its reply is read here,
     /// not by `read`.
