@@ -469,15 +469,15 @@ impl Builder {
         }
     }
 
-    /// A `GET` per key that passes the checks, pipelined: each reply read alone (a node of a
-    /// cluster may redirect some keys and serve the others).
-    fn get_each(&self, keys: &[&str]) -> Batch<Option<Item>> {
+    /// `name key` for each key that passes the checks, and each key's refusal (`None` for a
+    /// key whose command is in the list).
+    fn per_key(&self, name: &str, keys: &[&str]) -> (Vec<Option<Error>>, Vec<Command>) {
         let mut refused = Vec::with_capacity(keys.len());
-        let mut commands = Vec::new();
+        let mut commands = Vec::with_capacity(keys.len());
         for k in keys {
             match self.check_key(k) {
                 Ok(()) => {
-                    let mut cmd = redis::cmd("GET");
+                    let mut cmd = redis::cmd(name);
                     cmd.arg(*k);
                     commands.push(Command { cmd, script: None });
                     refused.push(None);
@@ -485,6 +485,13 @@ impl Builder {
                 Err(e) => refused.push(Some(e)),
             }
         }
+        (refused, commands)
+    }
+
+    /// A `GET` per key that passes the checks, pipelined: each reply read alone (a node of a
+    /// cluster may redirect some keys and serve the others).
+    fn get_each(&self, keys: &[&str]) -> Batch<Option<Item>> {
+        let (refused, commands) = self.per_key("GET", keys);
         Batch {
             refused,
             request: Request {
@@ -659,19 +666,7 @@ impl Builder {
 
     /// An `UNLINK` per key, pipelined.
     pub(super) fn delete_many(&self, keys: &[&str]) -> Batch<bool> {
-        let mut refused = Vec::with_capacity(keys.len());
-        let mut commands = Vec::new();
-        for k in keys {
-            match self.check_key(k) {
-                Ok(()) => {
-                    let mut cmd = redis::cmd("UNLINK");
-                    cmd.arg(*k);
-                    commands.push(Command { cmd, script: None });
-                    refused.push(None);
-                }
-                Err(e) => refused.push(Some(e)),
-            }
-        }
+        let (refused, commands) = self.per_key("UNLINK", keys);
         Batch {
             refused,
             request: self.waited(Request {
