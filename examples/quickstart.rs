@@ -4,6 +4,7 @@
 //! ```text
 //! cargo run --example quickstart                                   # in-process memory backend
 //! MEMCACHED_SERVERS=127.0.0.1:11211 cargo run --example quickstart  # a real memcached
+//! REDIS_URL=redis://127.0.0.1:6379/0 cargo run --features redis --example quickstart  # Redis, Valkey
 //! ```
 
 use std::error::Error;
@@ -15,13 +16,23 @@ use std::time::{Duration, Instant};
 use newcache::Cache;
 
 fn main() -> Result<(), Box<dyn Error>> {
-    // 1. Build a cache: memcached if MEMCACHED_SERVERS is set ("host:port,host:port"), else memory.
+    // 1. Build a cache: memcached if MEMCACHED_SERVERS is set ("host:port,host:port"), Redis or
+    //    Valkey if REDIS_URL is ("redis://host:port/db", with the `redis` feature), else memory.
     let builder = Cache::builder()
         .flavor("quickstart")
         .herd_timeout(Duration::from_secs(10));
-    let (cache, backend) = match std::env::var("MEMCACHED_SERVERS") {
-        Ok(list) if !list.trim().is_empty() => (builder.memcached_list(&list).build()?, list),
-        _ => (builder.in_memory().build()?, "memory".to_string()),
+    let set = |name| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+    let (cache, backend) = match (set("MEMCACHED_SERVERS"), set("REDIS_URL")) {
+        (Some(list), _) => (builder.memcached_list(&list).build()?, list),
+        #[cfg(feature = "redis")]
+        (None, Some(url)) => {
+            // Printed without a password the URL may hold.
+            let at = url.rsplit('@').next().unwrap_or_default().to_string();
+            (builder.redis(url).build()?, at)
+        }
+        #[cfg(not(feature = "redis"))]
+        (None, Some(_)) => return Err("REDIS_URL is set: run with `--features redis`".into()),
+        (None, None) => (builder.in_memory().build()?, "memory".to_string()),
     };
     println!("backend: {backend}");
     // A fresh key version per run, so a memcached kept from an earlier run starts empty here.

@@ -4,7 +4,7 @@
 //! What it shows:
 //! - `GET /report/{id}`: a full-table aggregate (tens of ms) through `get_or_set_with`: one
 //!   database query per expiry however many requests arrive, across every process sharing
-//!   memcached; `?cache=off` runs it every time, for comparison.
+//!   the server; `?cache=off` runs it every time, for comparison.
 //! - `GET /users/{id}` reads a record through the cache; `PUT /users/{id}` updates the row, then
 //!   deletes its key and invalidates `/page/{id}`, and the next `GET` shows the new value.
 //! - `GET /page/{id}`: an HTML page cached whole by newcache's response-cache layer
@@ -23,6 +23,8 @@
 //! cargo run --release --example webapp -- --port 3000 --ttl-secs 60
 //! # over memcached; start a second process on another port to share the herd protection:
 //! MEMCACHED_SERVERS=127.0.0.1:11211 cargo run --release --example webapp -- --port 3000
+//! # over Redis or Valkey (a Redis Cluster is one builder call away: `redis_cluster`)
+//! REDIS_URL=redis://127.0.0.1:6379/0 cargo run --release --example webapp -- --port 3000
 //! ```
 //!
 //! Then try it:
