@@ -438,8 +438,9 @@ impl Builder {
 
     pub(super) fn get(&self, key: &str) -> Result<Request<Option<Item>>> {
         self.check_key(key)?;
-        let mut cmd = redis::cmd("GET");
-        cmd.arg(key);
+        // Sized for its two arguments: no regrowth.
+        let mut cmd = redis::Cmd::with_capacity(2, 3 + key.len());
+        cmd.arg("GET").arg(key);
         Ok(Request {
             // Never on a cluster node: an `MGET` of keys of several slots is refused there.
             batched: !self.cluster,
