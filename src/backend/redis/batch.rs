@@ -73,18 +73,19 @@ impl Gets {
         self.task.is_finished()
     }
 
-    /// The reply to `GET key`: sent on `conn` at once while no read is on the wire, else
-    /// queued for the next `MGET`. A queued caller waits [`FLIGHTS`] `io_timeout`s at most
-    /// (then fails with a timeout): the batcher's task runs on the runtime that opened the
-    /// connection, which may be alive but no longer driven.
+    /// The reply to `get`, a `GET key`: sent on `conn` at once while no read is on the wire,
+    /// else its key queued for the next `MGET`. A queued caller waits [`FLIGHTS`]
+    /// `io_timeout`s at most (then fails with a timeout): the batcher's task runs on the
+    /// runtime that opened the connection, which may be alive but no longer driven.
     pub(super) async fn get(
         &self,
         conn: &mut MultiplexedConnection,
-        key: &[u8],
+        get: &redis::Cmd,
     ) -> RedisResult<Value> {
-        if self.busy.load(Ordering::Acquire) == 0 {
-            return alone(conn, &self.busy, key).await;
-        }
+        let key = match get.args_iter().nth(1) {
+            Some(redis::Arg::Simple(key)) if self.busy.load(Ordering::Acquire) != 0 => key,
+            _ => return alone(conn, &self.busy, get).await,
+        };
         let (answer, rx) = oneshot::channel();
         let queued = self.queue.send(Waiter {
             key: key.to_vec(),
@@ -95,14 +96,14 @@ impl Gets {
                 Ok(Ok(r)) => r,
                 // The batcher is gone (its runtime shut down): the connection's own send says
                 // what became of it.
-                Ok(Err(_)) => alone(conn, &self.busy, key).await,
+                Ok(Err(_)) => alone(conn, &self.busy, get).await,
                 Err(_) => Err(RedisError::from(std::io::Error::new(
                     std::io::ErrorKind::TimedOut,
                     "a batched GET was not answered in time (the connection's runtime is not \
                      driven, or the server did not answer)",
                 ))),
             },
-            Err(_) => alone(conn, &self.busy, key).await,
+            Err(_) => alone(conn, &self.busy, get).await,
         }
     }
 }
@@ -133,12 +134,10 @@ impl Drop for OnWire {
 async fn alone(
     conn: &mut MultiplexedConnection,
     busy: &Arc<AtomicUsize>,
-    key: &[u8],
+    get: &redis::Cmd,
 ) -> RedisResult<Value> {
     let _on = OnWire::enter(busy);
-    let mut cmd = redis::cmd("GET");
-    cmd.arg(key);
-    conn.send_packed_command(&cmd).await
+    conn.send_packed_command(get).await
 }
 
 /// Takes what is queued and sends it as `MGET`s, [`FLIGHTS`] at a time; ends when the

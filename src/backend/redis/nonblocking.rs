@@ -444,10 +444,8 @@ impl Inner {
         let Open { id, mut conn, gets } = self.connection().await.map_err(|f| (None, f))?;
         let on = |f| (Some(id), f);
         if let (true, false, [one]) = (req.batched, self.asking, &req.commands[..]) {
-            if let Some(redis::Arg::Simple(key)) = one.cmd.args_iter().nth(1) {
-                let reply = gets.get(&mut conn, key).await;
-                return Ok(vec![reply.map_err(|e| on(failure_of(e, false)))?]);
-            }
+            let reply = gets.get(&mut conn, &one.cmd).await;
+            return Ok(vec![reply.map_err(|e| on(failure_of(e, false)))?]);
         }
         let cmds: Vec<&redis::Cmd> = req.commands.iter().map(|c| &c.cmd).collect();
         let mut replies = self
