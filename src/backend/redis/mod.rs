@@ -591,8 +591,18 @@ impl RedisBackend {
     /// idle connections are dropped and the request goes once more on a fresh one, with no
     /// fault counted (as the memcached pool does with a stale connection).
     fn send<T>(&self, req: &Request<T>) -> std::result::Result<Vec<Value>, Failure> {
-        let cmds: Vec<&redis::Cmd> = req.commands.iter().map(|c| &c.cmd).collect();
-        let cmds = &cmds[..];
+        // One command (every get) needs no list of its own.
+        let (one, many): ([&redis::Cmd; 1], Vec<&redis::Cmd>);
+        let cmds: &[&redis::Cmd] = match &req.commands[..] {
+            [c] => {
+                one = [&c.cmd];
+                &one
+            }
+            cs => {
+                many = cs.iter().map(|c| &c.cmd).collect();
+                &many
+            }
+        };
         let mut conn = self.pool.checkout()?;
         let mut replies = match self.exchange(&mut conn, cmds) {
             Ok(r) => r,
