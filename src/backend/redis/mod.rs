@@ -142,9 +142,9 @@ impl Shared {
     /// Whether this caller is the first to reach the server (it then checks its eviction
     /// policy, once).
     fn first_answer(&self) -> bool {
-        !self
-            .policy_checked
-            .swap(true, std::sync::atomic::Ordering::Relaxed)
+        use std::sync::atomic::Ordering::Relaxed;
+        // A load first: every call asks, and a swap would write the shared line each time.
+        !self.policy_checked.load(Relaxed) && !self.policy_checked.swap(true, Relaxed)
     }
 
     /// Warns about an eviction policy that breaks a cache's expectations.
