@@ -41,8 +41,11 @@ pub(super) struct Gets {
     queue: mpsc::UnboundedSender<Waiter>,
     /// Reads on the wire: lone `GET`s and `MGET`s.
     busy: Arc<AtomicUsize>,
-    /// How long a queued caller waits for its answer at most (see [`Gets::get`]).
+    /// How long a queued caller on another runtime waits for its answer at most (see
+    /// [`Gets::get`]).
     wait: Duration,
+    /// The runtime its task runs on.
+    runtime: tokio::runtime::Id,
     task: JoinHandle<()>,
 }
 
@@ -64,6 +67,7 @@ impl Gets {
             queue,
             busy,
             wait,
+            runtime: rt.id(),
             task,
         }
     }
@@ -74,9 +78,14 @@ impl Gets {
     }
 
     /// The reply to `get`, a `GET key`: sent on `conn` at once while no read is on the wire,
-    /// else its key queued for the next `MGET`. A queued caller waits [`FLIGHTS`]
-    /// `io_timeout`s at most (then fails with a timeout): the batcher's task runs on the
-    /// runtime that opened the connection, which may be alive but no longer driven.
+    /// else its key queued for the next `MGET`.
+    ///
+    /// A queued caller on another runtime than the batcher's waits [`FLIGHTS`] `io_timeout`s
+    /// at most (then fails with a timeout): the batcher's task runs on the runtime that opened
+    /// the connection, which may be alive but no longer driven. A caller on the batcher's own
+    /// runtime needs no timer of its own: that runtime is driven while the caller is polled,
+    /// and each `MGET` ends within the connection's response timeout (`io_timeout`), so its
+    /// answer comes within [`FLIGHTS`] of them.
     pub(super) async fn get(
         &self,
         conn: &mut MultiplexedConnection,
@@ -91,18 +100,27 @@ impl Gets {
             key: key.to_vec(),
             answer,
         });
-        match queued {
-            Ok(()) => match tokio::time::timeout(self.wait, rx).await {
-                Ok(Ok(r)) => r,
-                // The batcher is gone (its runtime shut down): the connection's own send says
-                // what became of it.
-                Ok(Err(_)) => alone(conn, &self.busy, get).await,
-                Err(_) => Err(RedisError::from(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    "a batched GET was not answered in time (the connection's runtime is not \
-                     driven, or the server did not answer)",
-                ))),
+        if queued.is_err() {
+            return alone(conn, &self.busy, get).await;
+        }
+        let here = tokio::runtime::Handle::try_current().is_ok_and(|h| h.id() == self.runtime);
+        let answered = match here {
+            true => rx.await,
+            false => match tokio::time::timeout(self.wait, rx).await {
+                Ok(answered) => answered,
+                Err(_) => {
+                    return Err(RedisError::from(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "a batched GET was not answered in time (the connection's runtime is \
+                         not driven, or the server did not answer)",
+                    )));
+                }
             },
+        };
+        match answered {
+            Ok(r) => r,
+            // The batcher is gone (its runtime shut down): the connection's own send says what
+            // became of it.
             Err(_) => alone(conn, &self.busy, get).await,
         }
     }
