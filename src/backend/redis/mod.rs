@@ -134,7 +134,10 @@ impl Shared {
 
     /// The server answered.
     fn answered(&self, probe: bool) {
-        if self.health.success(self.now_ms(), probe) {
+        // Only a probe's answer, which may bring the server back, stores the time: the other
+        // calls (every call of a healthy server) read no clock.
+        let now_ms = if probe { self.now_ms() } else { 0 };
+        if self.health.success(now_ms, probe) {
             tracing::warn!(server = %self.addr, "newcache: redis server is back");
         }
     }
