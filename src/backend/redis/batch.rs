@@ -195,7 +195,10 @@ async fn batcher(
 
 /// One `MGET` of `batch`'s keys; each caller gets the reply in its position.
 async fn flight(conn: &mut MultiplexedConnection, batch: Vec<Waiter>) {
-    let mut cmd = redis::cmd("MGET");
+    // Sized for its arguments: no regrowth per key.
+    let bytes = batch.iter().map(|w| w.key.len()).sum::<usize>();
+    let mut cmd = redis::Cmd::with_capacity(batch.len() + 1, 4 + bytes);
+    cmd.arg("MGET");
     for w in &batch {
         cmd.arg(&w.key[..]);
     }
