@@ -53,7 +53,8 @@ impl Pool {
     /// An idle connection, or a new one while fewer than `size` are open; otherwise waits up to
     /// `connect_timeout` for one to be given back.
     pub(super) fn checkout(&self) -> Result<Pooled<'_>, Failure> {
-        let deadline = Instant::now() + self.connect_timeout;
+        // Read the clock only to wait (an idle connection is the common case).
+        let mut deadline = None;
         let mut state = self.state.lock();
         loop {
             let generation = state.generation;
@@ -71,6 +72,7 @@ impl Pool {
                     }
                 };
             }
+            let deadline = *deadline.get_or_insert_with(|| Instant::now() + self.connect_timeout);
             if self.freed.wait_until(&mut state, deadline).timed_out() {
                 // A local wait: nothing against the server.
                 return Err(Failure::Local(Error::new(
