@@ -30,7 +30,8 @@ struct Open {
 
 #[derive(Default)]
 struct State {
-    idle: Vec<Open>,
+    /// Boxed: a connection is large, and moves in and out of the list on every call.
+    idle: Vec<Box<Open>>,
     /// Connections open (idle or checked out).
     open: usize,
     /// Raised by `clear`: connections checked out before it are not given back.
@@ -88,7 +89,7 @@ impl Pool {
 
     /// A new connection, its set-up done (`AUTH`, `SELECT`), and its id learned (`CLIENT
     /// INFO`: one round trip more; none if the server refuses the command).
-    fn connect(&self) -> Result<Open, Failure> {
+    fn connect(&self) -> Result<Box<Open>, Failure> {
         #[cfg(feature = "redis-tls")]
         if matches!(
             self.client.get_connection_info().addr(),
@@ -116,7 +117,7 @@ impl Pool {
             .clients
             .learned(conn.req_command(&clients::info()))
             .map_err(super::connect_failure)?;
-        Ok(Open { conn, client })
+        Ok(Box::new(Open { conn, client }))
     }
 
     /// A checked-out connection was dropped (not given back).
@@ -129,7 +130,7 @@ impl Pool {
         self.freed.notify_one();
     }
 
-    fn give_back(&self, conn: Open, generation: u64) {
+    fn give_back(&self, conn: Box<Open>, generation: u64) {
         let mut state = self.state.lock();
         if state.generation == generation {
             state.idle.push(conn);
@@ -165,7 +166,7 @@ impl Pool {
 /// whole answer: the connection is in step with the server).
 pub(super) struct Pooled<'a> {
     pool: &'a Pool,
-    conn: Option<Open>,
+    conn: Option<Box<Open>>,
     generation: u64,
     keep: bool,
     /// Taken from the idle list (it may have been closed by the server meanwhile).
@@ -173,7 +174,7 @@ pub(super) struct Pooled<'a> {
 }
 
 impl<'a> Pooled<'a> {
-    fn new(pool: &'a Pool, conn: Open, generation: u64, reused: bool) -> Pooled<'a> {
+    fn new(pool: &'a Pool, conn: Box<Open>, generation: u64, reused: bool) -> Pooled<'a> {
         Pooled {
             pool,
             conn: Some(conn),
