@@ -446,7 +446,11 @@ impl Inner {
         &self,
         req: &Request<T>,
     ) -> std::result::Result<Vec<Value>, (Option<u64>, Failure)> {
-        let Open { id, mut conn, gets } = self.connection().await.map_err(|f| (None, f))?;
+        let open = match self.current() {
+            Some(open) => open,
+            None => self.connection().await.map_err(|f| (None, f))?,
+        };
+        let Open { id, mut conn, gets } = open;
         let on = |f| (Some(id), f);
         if let (true, false, [one]) = (req.batched, self.asking, &req.commands[..]) {
             let reply = gets.get(&mut conn, &one.cmd).await;
