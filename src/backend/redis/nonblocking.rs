@@ -328,7 +328,7 @@ impl Inner {
             tries += 1;
             // Nothing missed (every call of a healthy server): no replay to enter.
             let replayed = match s.missed().pending() {
-                true => self.replay().await,
+                true => Box::pin(self.replay()).await,
                 false => Ok(()),
             };
             let sent = match replayed {
@@ -359,7 +359,7 @@ impl Inner {
         s.answered(probe);
         if s.first_answer() {
             let ask = s.requests.policy();
-            let policy = self.send(&ask).await.ok();
+            let policy = Box::pin(self.send(&ask)).await.ok();
             let policy = policy.and_then(|r| (ask.read)(r).ok().flatten());
             s.judge_policy(policy.as_deref());
         }
@@ -448,7 +448,9 @@ impl Inner {
     ) -> std::result::Result<Vec<Value>, (Option<u64>, Failure)> {
         let open = match self.current() {
             Some(open) => open,
-            None => self.connection().await.map_err(|f| (None, f))?,
+            // Boxed: a connect's future is large, and a call's own stays small (a boxed
+            // future's allocation from the allocator's small-size cache).
+            None => Box::pin(self.connection()).await.map_err(|f| (None, f))?,
         };
         let Open { id, mut conn, gets } = open;
         let on = |f| (Some(id), f);
