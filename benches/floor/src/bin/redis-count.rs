@@ -97,15 +97,16 @@ fn main() -> Result<(), BoxError> {
         &mut redis::Resp::connect(&url, config.io_timeout)?,
     )?);
     let mut stats = ::redis::Client::open(url.as_str())?.get_connection()?;
-    let mut counted = |f: &mut dyn FnMut(usize) -> Result<(), BoxError>| -> Result<[u64; 3], BoxError> {
-        f(100)?; // warm-up: lazily made buffers, the first connect
-        let before = commands(&mut stats)?;
-        let allocs = ALLOCS.load(Relaxed);
-        f(calls)?;
-        let allocs = ALLOCS.load(Relaxed) - allocs;
-        let after = commands(&mut stats)?;
-        Ok([after[0] - before[0], after[1] - before[1], allocs])
-    };
+    let mut counted =
+        |f: &mut dyn FnMut(usize) -> Result<(), BoxError>| -> Result<[u64; 3], BoxError> {
+            f(100)?; // warm-up: lazily made buffers, the first connect
+            let before = commands(&mut stats)?;
+            let allocs = ALLOCS.load(Relaxed);
+            f(calls)?;
+            let allocs = ALLOCS.load(Relaxed) - allocs;
+            let after = commands(&mut stats)?;
+            Ok([after[0] - before[0], after[1] - before[1], allocs])
+        };
     let [gets, mgets, allocs] = match path.as_str() {
         "sync" => {
             let mut conn = redis::sync_connection(&url, &config)?;
@@ -130,9 +131,7 @@ fn main() -> Result<(), BoxError> {
             })?;
             let mux = rt.block_on(redis::multiplexed(&url, &config))?;
             let tasks = if path == "tasks64" { TASKS } else { 1 };
-            counted(&mut |n| {
-                rt.block_on(concurrent(side, &acache, &mux, &items, tasks, n))
-            })?
+            counted(&mut |n| rt.block_on(concurrent(side, &acache, &mux, &items, tasks, n)))?
         }
         other => return Err(format!("unknown --path {other:?}").into()),
     };
@@ -187,7 +186,9 @@ async fn concurrent(
                 for j in 0..per_task {
                     let i = (task * 7 + j) % KEYS;
                     match side {
-                        Side::Newcache => Value::check(cache.get::<Value>(&items.user[i]).await?, i)?,
+                        Side::Newcache => {
+                            Value::check(cache.get::<Value>(&items.user[i]).await?, i)?
+                        }
                         Side::RedisRs => {
                             let found: Option<Vec<u8>> = ::redis::cmd("GET")
                                 .arg(&items.derived[i])
