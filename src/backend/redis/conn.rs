@@ -30,7 +30,9 @@ struct Open {
 
 #[derive(Default)]
 struct State {
-    /// Boxed: a connection is large, and moves in and out of the list on every call.
+    /// Boxed: a connection is large, and moves in and out of the list (into a `Pooled` and
+    /// back) on every call.
+    #[allow(clippy::vec_box)]
     idle: Vec<Box<Open>>,
     /// Connections open (idle or checked out).
     open: usize,
