@@ -1245,3 +1245,223 @@ fn the_first_calls_after_a_failover_go_to_the_new_master() {
         }
     }
 }
+
+/// An error's whole chain, each level's text.
+fn chain_of(e: &newcache::Error) -> String {
+    let mut chain = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        chain.push_str(&format!(": {s}"));
+        source = s.source();
+    }
+    chain
+}
+
+/// A slot no master serves (`CLUSTER DELSLOTS` on every node, with
+/// `cluster-require-full-coverage no`: the others serve on): its master answers `CLUSTERDOWN`
+/// for its keys, which fails those keys alone, in batches too, however often, and marks no node
+/// dead; a cache that asks for the map afterwards finds no master for the slot, which fails the
+/// same keys with an error that says so. Under the default read policy those keys are misses.
+#[test]
+fn an_unserved_slot_fails_only_its_own_keys_with_clusterdown() {
+    let cluster = RedisCluster::start("redis-server");
+    let seeds = cluster.seeds();
+    let masters = cluster.masters();
+    for &p in &cluster.ports {
+        let () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("cluster-require-full-coverage")
+            .arg("no")
+            .query(&mut node(p))
+            .unwrap();
+    }
+    let keys: Vec<String> = (0..30).map(|i| format!("k{i}")).collect();
+    for front in [Front::Sync, Front::Async] {
+        let flavor = unique_flavor("unserved");
+        let cache = cache_on(&seeds, &flavor, front);
+        let failed = cache
+            .set_many(keys.iter().map(|k| (k.as_str(), k)), S(600))
+            .unwrap();
+        assert!(failed.is_empty(), "{failed:?}");
+        let down = &keys[0];
+        let slot = slot_of(masters[0].0, &cache.make_key(down));
+        let owner = master_of(&masters, slot);
+        let neighbour = keys
+            .iter()
+            .find(|k| {
+                let s = slot_of(owner, &cache.make_key(k));
+                s != slot && master_of(&masters, s) == owner
+            })
+            .expect("another key of the same master");
+        for &p in &cluster.ports {
+            let () = redis::cmd("CLUSTER")
+                .arg("DELSLOTS")
+                .arg(slot)
+                .query(&mut node(p))
+                .unwrap();
+        }
+        // More rounds than failure_limit: an answer, never a fault.
+        for _ in 0..5 {
+            let e = cache.get_many::<String>(&keys).unwrap_err();
+            assert_eq!(
+                e.failed_keys(),
+                std::slice::from_ref(down),
+                "{front:?}: {e}"
+            );
+            let chain = chain_of(&e);
+            assert!(chain.contains("CLUSTERDOWN"), "{front:?}: {chain}");
+            assert!(
+                chain.contains(&format!("127.0.0.1:{owner}")),
+                "{front:?}: the node is named: {chain}"
+            );
+        }
+        let e = cache.get::<String>(down).unwrap_err();
+        assert!(chain_of(&e).contains("CLUSTERDOWN"), "{front:?}: {e}");
+        // A cache that learns the map now finds no master for the slot.
+        let fresh = cache_on(&seeds, &flavor, front);
+        let e = fresh.get_many::<String>(&keys).unwrap_err();
+        assert_eq!(
+            e.failed_keys(),
+            std::slice::from_ref(down),
+            "{front:?}: {e}"
+        );
+        assert!(
+            chain_of(&e).contains(&format!("no redis cluster master serves slot {slot}")),
+            "{front:?}: {e}"
+        );
+        // The default read policy: those keys are misses.
+        let lenient = Cache::builder()
+            .redis_cluster(seeds.iter().cloned())
+            .flavor(flavor.as_str())
+            .build_front(front);
+        assert_eq!(lenient.get::<String>(down).unwrap(), None, "{front:?}");
+        assert_eq!(lenient.get_many::<String>(&keys).unwrap().len(), 29);
+        let e = cache.set(down, "v", S(600)).unwrap_err();
+        assert!(chain_of(&e).contains("CLUSTERDOWN"), "{front:?}: {e}");
+        assert!(!e.is_outcome_unknown(), "{front:?}: refused, not lost: {e}");
+        let e = cache
+            .set_many(keys.iter().map(|k| (k.as_str(), k)), S(600))
+            .unwrap_err();
+        assert_eq!(
+            e.failed_keys(),
+            std::slice::from_ref(down),
+            "{front:?}: {e}"
+        );
+        let e = cache.delete_many(&keys).unwrap_err();
+        assert_eq!(
+            e.failed_keys(),
+            std::slice::from_ref(down),
+            "{front:?}: {e}"
+        );
+        // The master was not marked dead: its other keys are served, its ping answers.
+        cache.set(neighbour, "here", S(600)).unwrap();
+        assert_eq!(
+            cache.get::<String>(neighbour).unwrap().as_deref(),
+            Some("here"),
+            "{front:?}"
+        );
+        assert!(cache.ping().is_ok(), "{front:?}");
+        // The slot back to its master, for the other front's turn.
+        let () = redis::cmd("CLUSTER")
+            .arg("ADDSLOTS")
+            .arg(slot)
+            .query(&mut node(owner))
+            .unwrap();
+        crate::fixture::wait_cluster_ok(&cluster.ports, S(30));
+    }
+}
+
+/// `TRYAGAIN` is what a node answers a multi-key command whose keys a migration split between
+/// two nodes; newcache sends none to a cluster node (one command per key), so a batch over the
+/// keys of a half-migrated slot, some moved and some not, is served whole: each moved key
+/// through `ASK`, the others where they are.
+#[test]
+fn a_batch_over_a_half_migrated_slot_is_served_whole() {
+    let cluster = RedisCluster::start("redis-server");
+    let seeds = cluster.seeds();
+    let masters = cluster.masters();
+    let ports: Vec<u16> = masters.iter().map(|(p, _)| *p).collect();
+    for front in [Front::Sync, Front::Async] {
+        let flavor = unique_flavor("half-moved");
+        let cache = cache_on(&seeds, &flavor, front);
+        // Two user keys whose derived keys share a slot.
+        let mut seen = std::collections::HashMap::new();
+        let (a, b, slot) = (0..)
+            .find_map(|i| {
+                let k = format!("k{i}");
+                let s = slot_of(ports[0], &cache.make_key(&k));
+                seen.insert(s, k.clone()).map(|other| (other, k, s))
+            })
+            .unwrap();
+        let pair = [a.clone(), b.clone()];
+        cache.set(&a, "a", S(600)).unwrap();
+        cache.set(&b, "b", S(600)).unwrap();
+        let from = master_of(&cluster.masters(), slot);
+        let to = *ports.iter().find(|&&p| p != from).unwrap();
+        begin_migration(slot, from, to);
+        migrate(from, to, &[cache.make_key(&a)]);
+        // What a multi-key command meets here.
+        let mut mget = redis::cmd("MGET");
+        mget.arg(cache.make_key(&a)).arg(cache.make_key(&b));
+        let refused = mget.query::<redis::Value>(&mut node(from)).unwrap_err();
+        assert_eq!(refused.code(), Some("TRYAGAIN"), "{refused}");
+
+        let got = cache.get_many::<String>(&pair).unwrap();
+        assert_eq!(got.get(&a).map(String::as_str), Some("a"), "{front:?}");
+        assert_eq!(got.get(&b).map(String::as_str), Some("b"), "{front:?}");
+        assert_eq!(cache.delete_many(&pair).unwrap(), 2, "{front:?}");
+        assert!(cache.get_many::<String>(&pair).unwrap().is_empty());
+        end_migration(slot, to, &ports);
+    }
+}
+
+/// A fenced store (a `get_or_set_with` miss's `cas`) on a node that forgot the script
+/// (`SCRIPT FLUSH`): `NOSCRIPT`, so the script is sent again with its source (`EVAL`) and,
+/// with `redis_wait` set, its `WAIT` after it: the master ran the placeholder's `WAIT`, the
+/// one after the refused `EVALSHA` and the one after the `EVAL`; the loaded value is stored
+/// and on the replica.
+#[test]
+fn a_script_sent_again_after_noscript_is_waited_for_too() {
+    let cluster = RedisCluster::start("redis-server");
+    let seeds = cluster.seeds();
+    let masters = cluster.masters();
+    for front in [Front::Sync, Front::Async] {
+        let flavor = unique_flavor("noscript-wait");
+        let cache = Cache::builder()
+            .redis_cluster(seeds.iter().cloned())
+            .flavor(flavor.as_str())
+            .redis_wait(1, S(5))
+            .io_timeout(S(10))
+            .read_failures(FailurePolicy::Propagate)
+            .write_failures(FailurePolicy::Propagate)
+            .build_front(front);
+        let key = "loaded";
+        let derived = cache.make_key(key);
+        let master = master_of(&masters, slot_of(masters[0].0, &derived));
+        // The map learnt first (its CLUSTER SLOTS is no write).
+        assert!(cache.ping().is_ok());
+        let () = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query(&mut node(master))
+            .unwrap();
+        let (waits, evals) = (calls_of(&[master], "wait"), calls_of(&[master], "eval"));
+        let v = cache
+            .get_or_set_with(key, S(600), || Ok::<_, std::io::Error>(42u32))
+            .unwrap();
+        assert_eq!(v, 42, "{front:?}");
+        let waits = calls_of(&[master], "wait") - waits;
+        let evals = calls_of(&[master], "eval") - evals;
+        assert_eq!(
+            (evals, waits),
+            (1, 3),
+            "{front:?}: the script sent again once, and a WAIT after the placeholder, after \
+             the refused EVALSHA and after the EVAL"
+        );
+        assert_eq!(cache.get::<u32>(key).unwrap(), Some(42), "{front:?}");
+        let mut replica = node(replica_of(master));
+        let () = redis::cmd("READONLY").query(&mut replica).unwrap();
+        let on_replica: Option<Vec<u8>> =
+            redis::cmd("GET").arg(&derived).query(&mut replica).unwrap();
+        assert!(on_replica.is_some(), "{front:?}: the replica has the value");
+    }
+}

@@ -10,9 +10,17 @@
 //! (nothing was run) patches the map, sends the command again to the node it names and
 //! refreshes the whole map; an `ASK` reply sends `ASKING` and the command to the node it names,
 //! once, the map unchanged. A node's transport fault refreshes the map at most once per
-//! `retry_interval` (a failover changes it). A batch is split by node; each node's part goes
-//! through the single-node batch code (one command per key on a cluster node), its redirected
-//! keys sent again where they now live; a node's failure fails only its own keys.
+//! `retry_interval` (a failover changes it); a call that failed before anything of it was sent
+//! (its node's connect refused or timed out, the node marked dead) goes once to its slot's
+//! master in the refreshed map, if that is another node. A batch is split by node; each node's
+//! part is the single-node batch's request (one command per key on a cluster node), every
+//! node's written, then every reply read; its redirected keys are sent again where they now
+//! live; a node's failure fails only its own keys.
+//!
+//! A node's error replies are answers, per key: `CLUSTERDOWN` (the key's slot unserved, or
+//! the whole cluster down) fails the keys it names and marks no node dead. `TRYAGAIN` never
+//! comes: it answers a multi-key command whose keys a migration split, and no command sent to a
+//! cluster node names two keys.
 
 use std::collections::HashMap;
 use std::sync::Arc;

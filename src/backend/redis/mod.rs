@@ -112,6 +112,15 @@ impl Shared {
         e
     }
 
+    /// [`answer_error`](Shared::answer_error) for each error reply of a batch's items (it
+    /// names the server, as a single key's does).
+    fn answer_errors<T>(&self, results: Vec<Result<T>>) -> Vec<Result<T>> {
+        results
+            .into_iter()
+            .map(|r| r.map_err(|e| self.answer_error(e)))
+            .collect()
+    }
+
     /// The error of a request that failed without a fault ([`Failure::Local`]). A denial or
     /// an error reply is the server's answer: it is up, so it counts as one (a probe's brings a
     /// server marked dead back, and the calls after it say what was refused, not "marked
@@ -608,7 +617,9 @@ impl RedisBackend {
     ) -> Vec<Result<T>> {
         let results = match sent.sent {
             None => Ok(Vec::new()),
-            Some(Ok(sent)) => self.finish(sent, window),
+            Some(Ok(sent)) => self
+                .finish(sent, window)
+                .map(|rs| self.shared.answer_errors(rs)),
             Some(Err(e)) => Err(e),
         };
         (op.after)(&self.shared, items, sent.refused.join(results))

@@ -364,10 +364,13 @@ impl Inner {
 
     /// A batch of `op` over `items`, in one round trip.
     async fn batch<I, T>(self: &Arc<Self>, items: &[I], op: BatchOp<I, T>) -> Vec<Result<T>> {
-        let rs = (op.request)(&self.shared, items)
-            .answer(|r| self.run(Ok(r)))
-            .await;
-        (op.after)(&self.shared, items, rs)
+        let s = &self.shared;
+        let (refused, request) = (op.request)(s, items).split();
+        let sent = match request {
+            Some(r) => self.run(Ok(r)).await.map(|rs| s.answer_errors(rs)),
+            None => Ok(Vec::new()),
+        };
+        (op.after)(s, items, refused.join(sent))
     }
 
     /// Deletes the keys the server missed while out of reach, before anything else is sent

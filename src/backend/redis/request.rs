@@ -214,6 +214,15 @@ fn refused(e: redis::ServerError) -> Error {
     if let Some(denied) = super::denial(e.code(), e.details()) {
         return denied;
     }
+    if e.code() == "CLUSTERDOWN" {
+        // Its keys alone: the node serves the others (`cluster-require-full-coverage no`), or
+        // refuses every key while the cluster is down.
+        return Error::with_source(
+            ErrorKind::Backend,
+            "the cluster refused the command (CLUSTERDOWN: no master serves this key's slot              now, or the cluster is down)",
+            redis::RedisError::from(e),
+        );
+    }
     if e.code() == "NOTCOUNTER" {
         return Error::new(
             ErrorKind::NotACounter,
@@ -315,25 +324,6 @@ pub(super) struct Batch<T> {
 }
 
 impl<T> Batch<T> {
-    /// Sends the batch with `send` (not at all if every item was refused) and answers one
-    /// result per item: the refusals, and the request's results (or its error, for every item
-    /// sent).
-    #[cfg(feature = "tokio")]
-    pub(super) async fn answer<F>(
-        self,
-        send: impl FnOnce(Request<Vec<Result<T>>>) -> F,
-    ) -> Vec<Result<T>>
-    where
-        F: std::future::Future<Output = Result<Vec<Result<T>>>>,
-    {
-        let (refused, request) = self.split();
-        let sent = match request {
-            Some(r) => send(r).await,
-            None => Ok(Vec::new()),
-        };
-        refused.join(sent)
-    }
-
     /// The request of the items to send (`None` if every item was refused), and the
     /// refusals its results are joined with ([`Refused::join`]).
     pub(super) fn split(self) -> (Refused, Option<Request<Vec<Result<T>>>>) {
