@@ -22,10 +22,17 @@ pub(super) struct Pool {
     clients: Arc<Clients>,
 }
 
+/// The largest write buffer a pooled connection keeps (one of a batch of large values is
+/// given back).
+const KEPT_BUFFER: usize = 64 * 1024;
+
 /// An open connection, and who it is to the server (if it said).
 struct Open {
     conn: redis::Connection,
     client: Option<ClientId>,
+    /// The bytes of the commands written last (kept up to [`KEPT_BUFFER`]: a batch's buffer
+    /// grows once per connection, not once per call).
+    packed: Vec<u8>,
 }
 
 #[derive(Default)]
@@ -114,7 +121,11 @@ impl Pool {
             .clients
             .learned(conn.req_command(&clients::info()))
             .map_err(super::connect_failure)?;
-        Ok(Open { conn, client })
+        Ok(Open {
+            conn,
+            client,
+            packed: Vec::new(),
+        })
     }
 
     /// A checked-out connection was dropped (not given back).
@@ -200,11 +211,19 @@ impl<'a> Pooled<'a> {
 
     /// Writes `cmds`, pipelined; [`read`](Pooled::read) reads their replies.
     pub(super) fn write(&mut self, cmds: &[&redis::Cmd]) -> redis::RedisResult<()> {
-        let mut packed = Vec::new();
+        let open = self
+            .conn
+            .as_mut()
+            .expect("a pooled connection until dropped");
+        open.packed.clear();
         for c in cmds {
-            c.write_packed_command(&mut packed);
+            c.write_packed_command(&mut open.packed);
         }
-        self.conn().send_packed_command(&packed)
+        let sent = open.conn.send_packed_command(&open.packed);
+        if open.packed.capacity() > KEPT_BUFFER {
+            open.packed = Vec::new();
+        }
+        sent
     }
 
     /// The replies to the `n` commands written last, error replies inline; each read within
