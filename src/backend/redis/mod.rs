@@ -115,6 +115,9 @@ impl Shared {
     /// [`answer_error`](Shared::answer_error) for each error reply of a batch's items (it
     /// names the server, as a single key's does).
     fn answer_errors<T>(&self, results: Vec<Result<T>>) -> Vec<Result<T>> {
+        if results.iter().all(Result::is_ok) {
+            return results;
+        }
         results
             .into_iter()
             .map(|r| r.map_err(|e| self.answer_error(e)))
