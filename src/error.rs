@@ -64,6 +64,9 @@ struct Details {
     typed: Option<Typed>,
     /// The source is the fault that marked this error's server dead.
     last_fault: bool,
+    /// Nothing of the request was sent ([`Error::unsent`]; only the Redis backend says so).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    unsent: bool,
 }
 
 /// A loader's `Arc<E>`, kept as `Any` so that the caller who knows `E` gets it back.
@@ -330,6 +333,21 @@ impl Error {
     /// for a custom backend's.
     pub fn server(&self) -> Option<&str> {
         self.details.as_deref()?.server.as_deref()
+    }
+
+    /// Marks a failure that struck before any byte of the request was sent (its server marked
+    /// dead, a connect that failed, a replay before it that failed): a router may send it to
+    /// another server, a write included.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn unsent(mut self) -> Self {
+        Arc::make_mut(self.details.get_or_insert_default()).unsent = true;
+        self
+    }
+
+    /// Whether the request failed before any byte of it was sent ([`Error::unsent`]).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn is_unsent(&self) -> bool {
+        self.details.as_deref().is_some_and(|d| d.unsent)
     }
 
     /// Marks a failure that struck after a write was sent: the server may or may not have

@@ -1017,3 +1017,451 @@ fn a_wait_for_0_replicas_or_past_the_io_timeout_is_refused_at_build() {
         .unwrap_err();
     assert!(e.is_config() && e.to_string().contains("io_timeout"), "{e}");
 }
+
+/// This process's sockets (their inodes, from `/proc/self/fd`).
+fn our_sockets() -> std::collections::HashSet<u64> {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter_map(|l| {
+            let l = l.to_str()?.strip_prefix("socket:[")?.strip_suffix(']')?;
+            l.parse().ok()
+        })
+        .collect()
+}
+
+/// Per port of `ports`, the bytes this process wrote to the server there that the server has
+/// not read yet: for each of this process's TCP connections to that port, what waits in the
+/// receive queue of the server's end (`/proc/net/tcp`, Linux).
+fn unread_by(ports: &[u16]) -> Vec<u64> {
+    let ours = our_sockets();
+    // (local port, remote port, receive queue, inode) of every IPv4 socket.
+    let port = |a: &str| u16::from_str_radix(a.rsplit(':').next().unwrap(), 16).unwrap();
+    let table: Vec<(u16, u16, u64, u64)> = std::fs::read_to_string("/proc/net/tcp")
+        .unwrap()
+        .lines()
+        .skip(1)
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let rx = u64::from_str_radix(f[4].split(':').nth(1).unwrap(), 16).unwrap();
+            (port(f[1]), port(f[2]), rx, f[9].parse().unwrap())
+        })
+        .collect();
+    ports
+        .iter()
+        .map(|&p| {
+            table
+                .iter()
+                .filter(|&&(_, remote, _, inode)| remote == p && ours.contains(&inode))
+                .map(|&(local, ..)| {
+                    table
+                        .iter()
+                        .find(|&&(l, r, ..)| l == p && r == local)
+                        .map_or(0, |&(_, _, rx, _)| rx)
+                })
+                .sum()
+        })
+        .collect()
+}
+
+/// A sync batch over the three masters writes every master's part before it reads any reply
+/// (one round trip for the batch, not one per master): with every master stopped (SIGSTOP),
+/// the requests of one `get_many`, `delete_many`, `set_many` or `ping` wait unread at all
+/// three masters at once, where a batch sent one master after another would have written to
+/// one and waited for its reply. Continued, each call gets its answer.
+#[test]
+fn a_sync_batch_writes_to_every_master_before_it_reads_a_reply() {
+    let cluster = RedisCluster::start("redis-server");
+    let seeds = cluster.seeds();
+    let ports: Vec<u16> = cluster.masters().iter().map(|(p, _)| *p).collect();
+    // No failover while the masters are stopped, however long the machine takes.
+    for &p in &cluster.ports {
+        let () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("cluster-replica-no-failover")
+            .arg("yes")
+            .query(&mut node(p))
+            .unwrap();
+    }
+    let cache = Cache::builder()
+        .redis_cluster(seeds.iter().cloned())
+        .flavor(unique_flavor("one-round-trip").as_str())
+        .read_failures(FailurePolicy::Propagate)
+        .write_failures(FailurePolicy::Propagate)
+        .io_timeout(S(60))
+        .build()
+        .unwrap();
+    let keys: Vec<String> = (0..30).map(|i| format!("k{i}")).collect();
+    let set = |c: &Cache| {
+        let failed = c
+            .set_many(keys.iter().map(|k| (k.as_str(), k)), S(600))
+            .unwrap();
+        assert!(failed.is_empty(), "{failed:?}");
+        "set_many".to_owned()
+    };
+    set(&cache);
+    // Every master's pool holds an idle connection now.
+    assert_eq!(cache.get_many::<String>(&keys).unwrap().len(), 30);
+    type Call = Box<dyn Fn(&Cache) -> String + Send + Sync>;
+    let calls: Vec<Call> = vec![
+        Box::new({
+            let keys = keys.clone();
+            move |c| format!("get_many: {}", c.get_many::<String>(&keys).unwrap().len())
+        }),
+        Box::new({
+            let keys = keys.clone();
+            move |c| format!("delete_many: {}", c.delete_many(&keys).unwrap())
+        }),
+        Box::new({
+            let keys = keys.clone();
+            move |c| {
+                let failed = c
+                    .set_many(keys.iter().map(|k| (k.as_str(), k)), S(600))
+                    .unwrap();
+                format!("set_many: {} failed", failed.len())
+            }
+        }),
+        Box::new(|c| format!("ping: {:?}", c.ping().map(drop))),
+    ];
+    let want = [
+        "get_many: 30",
+        "delete_many: 30",
+        "set_many: 0 failed",
+        "ping: Ok(())",
+    ];
+    for (call, want) in calls.into_iter().zip(want) {
+        assert_eq!(unread_by(&ports), vec![0; 3], "nothing in flight before");
+        for &p in &ports {
+            cluster.signal(p, "STOP");
+        }
+        let running = {
+            let cache = cache.clone();
+            std::thread::spawn(move || call(&cache))
+        };
+        let deadline = std::time::Instant::now() + S(20);
+        let mut unread = unread_by(&ports);
+        while unread.contains(&0) && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+            unread = unread_by(&ports);
+        }
+        for &p in &ports {
+            cluster.signal(p, "CONT");
+        }
+        let got = running.join().unwrap();
+        assert!(
+            !unread.contains(&0),
+            "{want}: the call's requests reached every master before any of them answered \
+             (bytes unread per master: {unread:?})"
+        );
+        assert_eq!(got, want);
+    }
+}
+
+/// A master killed and its replica promoted while the caches sat idle: the first call of each
+/// (a single key's write, a batch; sync and async) meets the dead master (a connect refused,
+/// nothing sent), asks the other nodes for the map, and goes to the new master: none fails.
+#[test]
+fn the_first_calls_after_a_failover_go_to_the_new_master() {
+    let mut cluster = RedisCluster::start("redis-server");
+    let seeds = cluster.seeds();
+    let masters = cluster.masters();
+    let victim = masters[0].0;
+    let flavor = unique_flavor("rerouted");
+    let build = |front| {
+        Cache::builder()
+            .redis_cluster(seeds.iter().cloned())
+            .flavor(flavor.as_str())
+            .read_failures(FailurePolicy::Propagate)
+            .write_failures(FailurePolicy::Propagate)
+            .io_timeout(S(5))
+            .build_front(front)
+    };
+    // Every value on a replica before the kill.
+    let writer = Cache::builder()
+        .redis_cluster(seeds.iter().cloned())
+        .flavor(flavor.as_str())
+        .redis_wait(1, S(4))
+        .io_timeout(S(5))
+        .write_failures(FailurePolicy::Propagate)
+        .build()
+        .unwrap();
+    let keys: Vec<String> = (0..30).map(|i| format!("k{i}")).collect();
+    // A cache per first call: (front, single key or batch).
+    let caches: Vec<(Front, bool, TestCache)> = [
+        (Front::Sync, true),
+        (Front::Sync, false),
+        (Front::Async, true),
+        (Front::Async, false),
+    ]
+    .into_iter()
+    .map(|(front, single)| (front, single, build(front)))
+    .collect();
+    let failed = writer
+        .set_many(keys.iter().map(|k| (k.as_str(), k)), S(600))
+        .unwrap();
+    assert!(failed.is_empty(), "{failed:?}");
+    for (_, _, c) in &caches {
+        assert_eq!(
+            c.get_many::<String>(&keys).unwrap().len(),
+            30,
+            "the map known"
+        );
+    }
+    let on_victim = keys
+        .iter()
+        .find(|k| master_of(&masters, slot_of(victim, &caches[0].2.make_key(k))) == victim)
+        .unwrap()
+        .clone();
+    cluster.kill(victim);
+    let live: Vec<u16> = cluster
+        .ports
+        .iter()
+        .copied()
+        .filter(|&p| p != victim)
+        .collect();
+    let deadline = std::time::Instant::now() + S(60);
+    while cluster
+        .try_masters()
+        .is_none_or(|m| m.iter().any(|(p, _)| *p == victim))
+    {
+        assert!(std::time::Instant::now() < deadline, "no replica took over");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    crate::fixture::wait_cluster_ok(&live, S(60));
+    for (front, single, c) in &caches {
+        if *single {
+            c.set(&on_victim, "after", S(600)).unwrap_or_else(|e| {
+                panic!("{front:?}: the first call, a set of a key of the dead master: {e}")
+            });
+            assert_eq!(
+                c.get::<String>(&on_victim).unwrap().as_deref(),
+                Some("after")
+            );
+        } else {
+            let got = c.get_many::<String>(&keys).unwrap_or_else(|e| {
+                panic!("{front:?}: the first call, a batch over every master: {e}")
+            });
+            assert_eq!(got.len(), 30, "{front:?}");
+        }
+    }
+}
+
+/// An error's whole chain, each level's text.
+fn chain_of(e: &newcache::Error) -> String {
+    let mut chain = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        chain.push_str(&format!(": {s}"));
+        source = s.source();
+    }
+    chain
+}
+
+/// A slot no master serves (`CLUSTER DELSLOTS` on every node, with
+/// `cluster-require-full-coverage no`: the others serve on): its master answers `CLUSTERDOWN`
+/// for its keys, which fails those keys alone, in batches too, however often, and marks no node
+/// dead; a cache that asks for the map afterwards finds no master for the slot, which fails the
+/// same keys with an error that says so. Under the default read policy those keys are misses.
+#[test]
+fn an_unserved_slot_fails_only_its_own_keys_with_clusterdown() {
+    let cluster = RedisCluster::start("redis-server");
+    let seeds = cluster.seeds();
+    let masters = cluster.masters();
+    for &p in &cluster.ports {
+        let () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("cluster-require-full-coverage")
+            .arg("no")
+            .query(&mut node(p))
+            .unwrap();
+    }
+    let keys: Vec<String> = (0..30).map(|i| format!("k{i}")).collect();
+    for front in [Front::Sync, Front::Async] {
+        let flavor = unique_flavor("unserved");
+        let cache = cache_on(&seeds, &flavor, front);
+        let failed = cache
+            .set_many(keys.iter().map(|k| (k.as_str(), k)), S(600))
+            .unwrap();
+        assert!(failed.is_empty(), "{failed:?}");
+        let down = &keys[0];
+        let slot = slot_of(masters[0].0, &cache.make_key(down));
+        let owner = master_of(&masters, slot);
+        let neighbour = keys
+            .iter()
+            .find(|k| {
+                let s = slot_of(owner, &cache.make_key(k));
+                s != slot && master_of(&masters, s) == owner
+            })
+            .expect("another key of the same master");
+        for &p in &cluster.ports {
+            let () = redis::cmd("CLUSTER")
+                .arg("DELSLOTS")
+                .arg(slot)
+                .query(&mut node(p))
+                .unwrap();
+        }
+        // More rounds than failure_limit: an answer, never a fault.
+        for _ in 0..5 {
+            let e = cache.get_many::<String>(&keys).unwrap_err();
+            assert_eq!(
+                e.failed_keys(),
+                std::slice::from_ref(down),
+                "{front:?}: {e}"
+            );
+            let chain = chain_of(&e);
+            assert!(chain.contains("CLUSTERDOWN"), "{front:?}: {chain}");
+            assert!(
+                chain.contains(&format!("127.0.0.1:{owner}")),
+                "{front:?}: the node is named: {chain}"
+            );
+        }
+        let e = cache.get::<String>(down).unwrap_err();
+        assert!(chain_of(&e).contains("CLUSTERDOWN"), "{front:?}: {e}");
+        // A cache that learns the map now finds no master for the slot.
+        let fresh = cache_on(&seeds, &flavor, front);
+        let e = fresh.get_many::<String>(&keys).unwrap_err();
+        assert_eq!(
+            e.failed_keys(),
+            std::slice::from_ref(down),
+            "{front:?}: {e}"
+        );
+        assert!(
+            chain_of(&e).contains(&format!("no redis cluster master serves slot {slot}")),
+            "{front:?}: {e}"
+        );
+        // The default read policy: those keys are misses.
+        let lenient = Cache::builder()
+            .redis_cluster(seeds.iter().cloned())
+            .flavor(flavor.as_str())
+            .build_front(front);
+        assert_eq!(lenient.get::<String>(down).unwrap(), None, "{front:?}");
+        assert_eq!(lenient.get_many::<String>(&keys).unwrap().len(), 29);
+        let e = cache.set(down, "v", S(600)).unwrap_err();
+        assert!(chain_of(&e).contains("CLUSTERDOWN"), "{front:?}: {e}");
+        assert!(!e.is_outcome_unknown(), "{front:?}: refused, not lost: {e}");
+        let e = cache
+            .set_many(keys.iter().map(|k| (k.as_str(), k)), S(600))
+            .unwrap_err();
+        assert_eq!(
+            e.failed_keys(),
+            std::slice::from_ref(down),
+            "{front:?}: {e}"
+        );
+        let e = cache.delete_many(&keys).unwrap_err();
+        assert_eq!(
+            e.failed_keys(),
+            std::slice::from_ref(down),
+            "{front:?}: {e}"
+        );
+        // The master was not marked dead: its other keys are served, its ping answers.
+        cache.set(neighbour, "here", S(600)).unwrap();
+        assert_eq!(
+            cache.get::<String>(neighbour).unwrap().as_deref(),
+            Some("here"),
+            "{front:?}"
+        );
+        assert!(cache.ping().is_ok(), "{front:?}");
+        // The slot back to its master, for the other front's turn.
+        let () = redis::cmd("CLUSTER")
+            .arg("ADDSLOTS")
+            .arg(slot)
+            .query(&mut node(owner))
+            .unwrap();
+        crate::fixture::wait_cluster_ok(&cluster.ports, S(30));
+    }
+}
+
+/// `TRYAGAIN` is what a node answers a multi-key command whose keys a migration split between
+/// two nodes; newcache sends none to a cluster node (one command per key), so a batch over the
+/// keys of a half-migrated slot, some moved and some not, is served whole: each moved key
+/// through `ASK`, the others where they are.
+#[test]
+fn a_batch_over_a_half_migrated_slot_is_served_whole() {
+    let cluster = RedisCluster::start("redis-server");
+    let seeds = cluster.seeds();
+    let masters = cluster.masters();
+    let ports: Vec<u16> = masters.iter().map(|(p, _)| *p).collect();
+    for front in [Front::Sync, Front::Async] {
+        let flavor = unique_flavor("half-moved");
+        let cache = cache_on(&seeds, &flavor, front);
+        // Two user keys whose derived keys share a slot.
+        let mut seen = std::collections::HashMap::new();
+        let (a, b, slot) = (0..)
+            .find_map(|i| {
+                let k = format!("k{i}");
+                let s = slot_of(ports[0], &cache.make_key(&k));
+                seen.insert(s, k.clone()).map(|other| (other, k, s))
+            })
+            .unwrap();
+        let pair = [a.clone(), b.clone()];
+        cache.set(&a, "a", S(600)).unwrap();
+        cache.set(&b, "b", S(600)).unwrap();
+        let from = master_of(&cluster.masters(), slot);
+        let to = *ports.iter().find(|&&p| p != from).unwrap();
+        begin_migration(slot, from, to);
+        migrate(from, to, &[cache.make_key(&a)]);
+        // What a multi-key command meets here.
+        let mut mget = redis::cmd("MGET");
+        mget.arg(cache.make_key(&a)).arg(cache.make_key(&b));
+        let refused = mget.query::<redis::Value>(&mut node(from)).unwrap_err();
+        assert_eq!(refused.code(), Some("TRYAGAIN"), "{refused}");
+
+        let got = cache.get_many::<String>(&pair).unwrap();
+        assert_eq!(got.get(&a).map(String::as_str), Some("a"), "{front:?}");
+        assert_eq!(got.get(&b).map(String::as_str), Some("b"), "{front:?}");
+        assert_eq!(cache.delete_many(&pair).unwrap(), 2, "{front:?}");
+        assert!(cache.get_many::<String>(&pair).unwrap().is_empty());
+        end_migration(slot, to, &ports);
+    }
+}
+
+/// A fenced store (a `get_or_set_with` miss's `cas`) on a node that forgot the script
+/// (`SCRIPT FLUSH`): `NOSCRIPT`, so the script is sent again with its source (`EVAL`) and,
+/// with `redis_wait` set, its `WAIT` after it: the master ran the placeholder's `WAIT`, the
+/// one after the refused `EVALSHA` and the one after the `EVAL`; the loaded value is stored
+/// and on the replica.
+#[test]
+fn a_script_sent_again_after_noscript_is_waited_for_too() {
+    let cluster = RedisCluster::start("redis-server");
+    let seeds = cluster.seeds();
+    let masters = cluster.masters();
+    for front in [Front::Sync, Front::Async] {
+        let flavor = unique_flavor("noscript-wait");
+        let cache = Cache::builder()
+            .redis_cluster(seeds.iter().cloned())
+            .flavor(flavor.as_str())
+            .redis_wait(1, S(5))
+            .io_timeout(S(10))
+            .read_failures(FailurePolicy::Propagate)
+            .write_failures(FailurePolicy::Propagate)
+            .build_front(front);
+        let key = "loaded";
+        let derived = cache.make_key(key);
+        let master = master_of(&masters, slot_of(masters[0].0, &derived));
+        // The map learnt first (its CLUSTER SLOTS is no write).
+        assert!(cache.ping().is_ok());
+        let () = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query(&mut node(master))
+            .unwrap();
+        let (waits, evals) = (calls_of(&[master], "wait"), calls_of(&[master], "eval"));
+        let v = cache
+            .get_or_set_with(key, S(600), || Ok::<_, std::io::Error>(42u32))
+            .unwrap();
+        assert_eq!(v, 42, "{front:?}");
+        let waits = calls_of(&[master], "wait") - waits;
+        let evals = calls_of(&[master], "eval") - evals;
+        assert_eq!(
+            (evals, waits),
+            (1, 3),
+            "{front:?}: the script sent again once, and a WAIT after the placeholder, after \
+             the refused EVALSHA and after the EVAL"
+        );
+        assert_eq!(cache.get::<u32>(key).unwrap(), Some(42), "{front:?}");
+        let mut replica = node(replica_of(master));
+        let () = redis::cmd("READONLY").query(&mut replica).unwrap();
+        let on_replica: Option<Vec<u8>> =
+            redis::cmd("GET").arg(&derived).query(&mut replica).unwrap();
+        assert!(on_replica.is_some(), "{front:?}: the replica has the value");
+    }
+}

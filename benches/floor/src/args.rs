@@ -88,6 +88,11 @@ pub struct Args {
     /// (`redis://host:port/db`; repeatable)
     #[arg(long, value_name = "URL")]
     pub redis: Vec<String>,
+    /// measure `sync-get-many` on this running Redis Cluster instead (its seed URLs,
+    /// `redis://host:port`, comma-separated): over its masters, beside a bare socket per
+    /// master (F) and the memory backend (C)
+    #[arg(long, value_name = "URL,URL,...", value_delimiter = ',')]
+    pub redis_cluster: Vec<String>,
 }
 
 impl Args {
@@ -106,6 +111,11 @@ impl Args {
     /// Whether the paths run on Redis servers rather than memcached.
     pub fn on_redis(&self) -> bool {
         !self.redis_server_bin.is_empty() || !self.redis.is_empty()
+    }
+
+    /// Whether `sync-get-many` runs on a Redis Cluster.
+    pub fn on_cluster(&self) -> bool {
+        !self.redis_cluster.is_empty()
     }
 
     /// The paths to run: those named, or all the mode's.
@@ -129,7 +139,19 @@ impl Args {
             return Err("--ops must be at least 100 per slice".into());
         }
         if self.on_redis() && self.paths.contains(&Path::SyncGetMany) {
-            return Err("--path sync-get-many runs on memcached only (3 servers)".into());
+            return Err(
+                "--path sync-get-many runs on memcached or a Redis Cluster (3 servers)".into(),
+            );
+        }
+        if self.on_cluster() {
+            if self.on_redis() {
+                return Err(
+                    "--redis-cluster runs alone (not with --redis, --redis-server-bin)".into(),
+                );
+            }
+            if self.paths.iter().any(|&p| p != Path::SyncGetMany) {
+                return Err("--redis-cluster runs sync-get-many only".into());
+            }
         }
         Ok(())
     }
@@ -182,5 +204,21 @@ mod tests {
             "sync-get-many",
         ];
         assert!(Args::try_parse_from(many).unwrap().check().is_err());
+    }
+
+    #[test]
+    fn cluster_mode_runs_the_batch_path() {
+        let seeds = ["floor", "--redis-cluster", "redis://h:1,redis://h:2"];
+        let args = Args::try_parse_from(seeds).unwrap();
+        assert!(args.on_cluster() && !args.on_redis() && args.check().is_ok());
+        assert_eq!(args.redis_cluster, ["redis://h:1", "redis://h:2"]);
+        let other = [
+            "floor",
+            "--redis-cluster",
+            "redis://h:1",
+            "--path",
+            "sync-get",
+        ];
+        assert!(Args::try_parse_from(other).unwrap().check().is_err());
     }
 }

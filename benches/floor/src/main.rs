@@ -14,9 +14,14 @@
 //! a `MultiplexedConnection` as the async backend opens it, one shared by the 64 tasks) and a
 //! bare socket's RESP `GET` (a socket per task for 64 tasks).
 //!
+//! On a running Redis Cluster (`--redis-cluster URL,URL,...`, its seeds), `sync-get-many`
+//! alone: the same call over the cluster's masters, beside F, a bare socket per master with
+//! its `GET`s pipelined (all written, then all read), and C.
+//!
 //! ```text
 //! cargo run --release -p newcache-floor -- [--rounds 9] [--ops 20000] [--slices 10]
 //!     [--path NAME ...] [--json FILE] [--redis-server-bin PATH ...] [--redis URL ...]
+//!     [--redis-cluster URL,URL,...]
 //! ```
 //!
 //! Per path: one uncounted warm-up run of each side, then `--rounds` rounds; a round runs the
@@ -31,6 +36,7 @@ mod cpu;
 mod items;
 mod paths;
 mod redis;
+mod redis_cluster;
 mod redis_paths;
 mod report;
 #[path = "../../hot/src/server.rs"]
@@ -50,6 +56,10 @@ fn main() -> Result<(), BoxError> {
         .map_or(0.0, |d| d.as_secs_f64());
     let loadavg_start = report::loadavg();
     let (memcached, rows, redis, items) = match args.on_redis() {
+        false if args.on_cluster() => {
+            let (redis, items) = on_redis_cluster(&args, &loadavg_start)?;
+            (None, Vec::new(), redis, items)
+        }
         false => {
             let (version, rows, items) = on_memcached(&args, &loadavg_start)?;
             (Some(version), rows, Vec::new(), items)
@@ -207,6 +217,31 @@ fn on_redis(
         });
     }
     Ok((out, sizes.ok_or("no server")?))
+}
+
+/// `sync-get-many` on the running Redis Cluster of `--redis-cluster`: its rows, the items'
+/// sizes (the batch's, as stored on the cluster).
+fn on_redis_cluster(
+    args: &Args,
+    load: &str,
+) -> Result<(Vec<report::RedisRows>, report::ItemSizes), BoxError> {
+    let seeds = &args.redis_cluster;
+    eprintln!("redis cluster, seeds {seeds:?}; load {load}");
+    let config = newcache::RedisConfig::new(seeds[0].as_str());
+    let (server, rows, sizes) =
+        redis_cluster::sync_get_many(seeds, config.io_timeout, args.rounds, args.ops, args.slices)?;
+    eprintln!(
+        "items: {}-byte keys, {:?} bytes stored, of which {:?} the encoded value",
+        sizes.key_bytes, sizes.stored_bytes, sizes.value_encoded_bytes,
+    );
+    Ok((
+        vec![report::RedisRows {
+            server,
+            url: seeds.join(","),
+            rows,
+        }],
+        sizes,
+    ))
 }
 
 /// The server's `version` reply.

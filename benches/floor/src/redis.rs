@@ -16,7 +16,7 @@ use crate::items::{BoxError, Items, TTL, Value};
 
 /// The Redis backend's header before the envelope: a tag, the stamp, the flags
 /// (`src/backend/redis/item.rs`).
-const REDIS_HEADER: usize = 13;
+pub const REDIS_HEADER: usize = 13;
 
 /// A Redis-protocol server this bench started, killed on drop.
 pub struct Server {
@@ -98,7 +98,7 @@ pub fn version(url: &str) -> Result<String, BoxError> {
 }
 
 /// `GET key` in RESP.
-fn get_request(key: &str) -> Vec<u8> {
+pub fn get_request(key: &str) -> Vec<u8> {
     format!("*2\r\n$3\r\nGET\r\n${}\r\n{key}\r\n", key.len()).into_bytes()
 }
 
@@ -135,7 +135,7 @@ pub fn fill(cache: &newcache::Cache, n: usize, server: &mut Resp) -> Result<Item
 
 /// Where a bulk reply's bytes start and how many there are (`$N\r\n`); an error for a nil or
 /// anything else.
-fn bulk_len(reply: &[u8]) -> Result<(usize, usize), BoxError> {
+pub fn bulk_len(reply: &[u8]) -> Result<(usize, usize), BoxError> {
     let end = reply
         .windows(2)
         .position(|w| w == b"\r\n")
@@ -198,8 +198,29 @@ impl Resp {
         check_reply(&self.buf[..have], len)
     }
 
+    /// Writes `requests` (one `write`), their replies read by [`recv`](Resp::recv).
+    pub fn send(&mut self, requests: &[u8]) -> Result<(), BoxError> {
+        Ok(self.stream.write_all(requests)?)
+    }
+
+    /// Reads replies until `len` bytes came (checked: bulk replies, so the first is a bulk
+    /// string and the last ends in CRLF).
+    pub fn recv(&mut self, len: usize) -> Result<(), BoxError> {
+        if self.buf.len() < len {
+            self.buf.resize(len, 0);
+        }
+        let mut have = 0;
+        while have < len {
+            match self.stream.read(&mut self.buf[have..len])? {
+                0 => return Err("connection closed by the server".into()),
+                n => have += n,
+            }
+        }
+        check_reply(&self.buf[..have], len)
+    }
+
     /// One request and its bulk reply, whatever its length: for learning.
-    fn exchange(&mut self, request: &[u8]) -> Result<&[u8], BoxError> {
+    pub fn exchange(&mut self, request: &[u8]) -> Result<&[u8], BoxError> {
         self.stream.write_all(request)?;
         let mut have = 0;
         while !whole(&self.buf[..have]) {

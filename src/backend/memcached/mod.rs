@@ -15,6 +15,9 @@ pub use self::config::{
     DEFAULT_RETRY_INTERVAL, DeadServerPolicy, MemcachedConfig, ServerSpec,
 };
 pub use self::outage::DEFAULT_REPLAY_CAPACITY;
+// The grace window of servers read late in a batch (the Redis Cluster's batches share it).
+#[cfg(feature = "redis")]
+pub(crate) use self::conn::GRACE;
 
 use std::fmt;
 use std::time::{Duration, Instant};

@@ -10,9 +10,17 @@
 //! (nothing was run) patches the map, sends the command again to the node it names and
 //! refreshes the whole map; an `ASK` reply sends `ASKING` and the command to the node it names,
 //! once, the map unchanged. A node's transport fault refreshes the map at most once per
-//! `retry_interval` (a failover changes it). A batch is split by node; each node's part goes
-//! through the single-node batch code (one command per key on a cluster node), its redirected
-//! keys sent again where they now live; a node's failure fails only its own keys.
+//! `retry_interval` (a failover changes it); a call that failed before anything of it was sent
+//! (its node's connect refused or timed out, the node marked dead) goes once to its slot's
+//! master in the refreshed map, if that is another node. A batch is split by node; each node's
+//! part is the single-node batch's request (one command per key on a cluster node), every
+//! node's written, then every reply read; its redirected keys are sent again where they now
+//! live; a node's failure fails only its own keys.
+//!
+//! A node's error replies are answers, per key: `CLUSTERDOWN` (the key's slot unserved, or
+//! the whole cluster down) fails the keys it names and marks no node dead. `TRYAGAIN` never
+//! comes: it answers a multi-key command whose keys a migration split, and no command sent to a
+//! cluster node names two keys.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -21,10 +29,11 @@ use std::time::Instant;
 
 use parking_lot::{Mutex, RwLock};
 
-use super::RedisBackend;
 use super::RedisConfig;
 use super::config::redacted;
+use super::conn::Window;
 use super::slots::{self, Redirect};
+use super::{BatchOp, RedisBackend};
 use crate::backend::memcached::health::Health;
 use crate::backend::memcached::outage;
 use crate::backend::{Backend, Item, StoreMode, StoreOutcome, Write};
@@ -52,6 +61,15 @@ struct Node {
 impl Node {
     fn addr(&self) -> &str {
         self.sync.addr()
+    }
+
+    /// The sync view, or its asking view.
+    fn view(&self, asking: bool) -> &RedisBackend {
+        if asking {
+            &self.sync_asking
+        } else {
+            &self.sync
+        }
     }
 
     fn health(&self) -> &Arc<Health> {
@@ -262,6 +280,18 @@ impl Router {
         addrs.iter().filter_map(|a| self.node(a).ok()).collect()
     }
 
+    /// Where a call that failed with `e` on `node` for a key of `slot` goes instead: the slot's
+    /// master in the map now, if `e` struck before anything was sent ([`Error::unsent`]: a
+    /// connect that failed, a node marked dead: safe to send elsewhere, a write included) and
+    /// that master is another node (the map was refreshed after a failover).
+    fn rerouted(&self, node: &Arc<Node>, slot: u16, e: &Error) -> Option<Arc<Node>> {
+        if !(e.is_unsent() && is_fault(e)) {
+            return None;
+        }
+        let map = self.current()?;
+        map.node_of(slot).filter(|n| !Arc::ptr_eq(n, node)).cloned()
+    }
+
     /// Whether a node's fault is to refresh the map now (at most once per `retry_interval`).
     fn fault_refresh_due(&self) -> bool {
         let mut last = self.fault_refresh.lock();
@@ -331,9 +361,12 @@ struct Hop {
     asking: bool,
 }
 
+/// A batch's items on one node: the node, whether through its asking view, their positions.
+type Group = (Arc<Node>, bool, Vec<usize>);
+
 /// The items of a batch grouped by node and view (in order of first appearance).
-fn group(hops: Vec<Hop>) -> Vec<(Arc<Node>, bool, Vec<usize>)> {
-    let mut groups: Vec<(Arc<Node>, bool, Vec<usize>)> = Vec::new();
+fn group(hops: Vec<Hop>) -> Vec<Group> {
+    let mut groups: Vec<Group> = Vec::new();
     for h in hops {
         match groups
             .iter_mut()
@@ -344,6 +377,26 @@ fn group(hops: Vec<Hop>) -> Vec<(Arc<Node>, bool, Vec<usize>)> {
         }
     }
     groups
+}
+
+/// `groups` in waves, each naming a node once (a node's asking view after its plain one, as
+/// both take connections of one pool), each wave's nodes in address order (two batches
+/// checking out connections of full pools cannot wait for each other in a cycle).
+fn waves(groups: Vec<Group>) -> Vec<Vec<Group>> {
+    let mut waves: Vec<Vec<Group>> = Vec::new();
+    for g in groups {
+        match waves
+            .iter_mut()
+            .find(|w| !w.iter().any(|(n, _, _)| Arc::ptr_eq(n, &g.0)))
+        {
+            Some(w) => w.push(g),
+            None => waves.push(vec![g]),
+        }
+    }
+    for w in &mut waves {
+        w.sort_by(|a, b| a.0.addr().cmp(b.0.addr()));
+    }
+    waves
 }
 
 /// A [`Backend`] on a Redis Cluster (feature `redis`): keys routed by hash slot to their
@@ -432,10 +485,12 @@ impl RedisCluster {
         }
     }
 
-    /// `op` on `key`'s master, following redirects.
+    /// `op` on `key`'s master, following redirects; sent once to the slot's master in a
+    /// refreshed map if its node could not be reached ([`Router::rerouted`]).
     fn one<T>(&self, key: &str, op: impl Fn(&RedisBackend) -> Result<T>) -> Result<T> {
-        let (_, mut node) = Router::route(&*self.map()?, key)?;
+        let (slot, mut node) = Router::route(&*self.map()?, key)?;
         let mut asking = false;
+        let mut rerouted = false;
         for _ in 0..=MAX_REDIRECTS {
             let view = if asking {
                 &node.sync_asking
@@ -456,37 +511,55 @@ impl RedisCluster {
                 }
                 None => {
                     self.after_failure(&node, e);
-                    return r;
+                    match self.router.rerouted(&node, slot, e) {
+                        Some(next) if !rerouted => {
+                            node = next;
+                            asking = false;
+                            rerouted = true;
+                        }
+                        _ => return r,
+                    }
                 }
             }
         }
         Err(too_many_redirects())
     }
 
-    /// `op` on each node's part of a batch, one node after another (each part one pipelined
-    /// round trip), redirected items sent again where they live now: one result per item.
+    /// `op` on each node's part of a batch, redirected items sent again where they live now:
+    /// one result per item. Every node's part is written, then every reply read (each part one
+    /// pipelined round trip, the nodes' concurrently: a batch over three masters costs one
+    /// round trip, not three), in one window of `io_timeout` ([`Window`]).
     fn many<I: Copy, T>(
         &self,
         items: &[I],
         key: impl Fn(&I) -> &str,
-        op: impl Fn(&RedisBackend, &[I]) -> Vec<Result<T>>,
+        op: BatchOp<I, T>,
     ) -> Vec<Result<T>> {
         let mut out: Vec<Option<Result<T>>> = items.iter().map(|_| None).collect();
+        let mut rerouted = vec![false; items.len()];
         let mut hops = match self.map() {
             Ok(map) => first_hops(&map, items, &key, &mut out),
             Err(e) => return items.iter().map(|_| Err(e.clone())).collect(),
         };
         for round in 0..=MAX_REDIRECTS {
             let mut round_of = Round::default();
-            for (node, asking, at) in group(hops) {
-                let part: Vec<I> = at.iter().map(|&i| items[i]).collect();
-                let view = if asking {
-                    &node.sync_asking
-                } else {
-                    &node.sync
-                };
-                let results = op(view, &part);
-                round_of.judge(&self.router, &node, at, results, round, &mut out);
+            for wave in waves(group(hops)) {
+                let parts: Vec<Vec<I>> = wave
+                    .iter()
+                    .map(|(_, _, at)| at.iter().map(|&i| items[i]).collect())
+                    .collect();
+                let sent: Vec<_> = wave
+                    .iter()
+                    .zip(&parts)
+                    .map(|((node, asking, _), part)| node.view(*asking).begin_batch(part, &op))
+                    .collect();
+                let mut window = Window::new(self.router.template.io_timeout);
+                for (((node, asking, at), part), sent) in wave.iter().zip(&parts).zip(sent) {
+                    let results =
+                        node.view(*asking)
+                            .finish_batch(part, &op, sent, Some(&mut window));
+                    round_of.judge(&self.router, node, at, results, round, &mut out);
+                }
             }
             if let Some(addr) = &round_of.moved {
                 self.refresh_after_move(addr);
@@ -494,6 +567,7 @@ impl RedisCluster {
             for (node, e) in &round_of.failed {
                 self.after_failure(node, e);
             }
+            round_of.reroute(&self.router, items, &key, &mut rerouted, &mut out);
             if round_of.next.is_empty() {
                 break;
             }
@@ -504,28 +578,31 @@ impl RedisCluster {
 }
 
 /// What one round of a batch left: the items to send again, a node a `MOVED` named (to refresh
-/// the map from), the nodes that failed.
+/// the map from), the nodes that failed, the items whose node could not be reached.
 #[derive(Default)]
 struct Round {
     next: Vec<Hop>,
     moved: Option<String>,
     failed: Vec<(Arc<Node>, Error)>,
+    /// Items that failed before anything was sent ([`Error::unsent`]), with their node.
+    unsent: Vec<(usize, Arc<Node>, Error)>,
 }
 
 impl Round {
     /// Takes `node`'s results for the items at `at` in redirect round `round`: a final result
-    /// into `out`, a redirected item into `next`.
+    /// into `out`, a redirected item into `next`, an item its node could not be sent to into
+    /// `unsent`.
     fn judge<T>(
         &mut self,
         router: &Router,
         node: &Arc<Node>,
-        at: Vec<usize>,
+        at: &[usize],
         results: Vec<Result<T>>,
         round: usize,
         out: &mut [Option<Result<T>>],
     ) {
         let mut failed = None;
-        for (i, r) in at.into_iter().zip(results) {
+        for (&i, r) in at.iter().zip(results) {
             let redirect = match &r {
                 Ok(_) => None,
                 Err(e) => redirect_of(e),
@@ -535,6 +612,10 @@ impl Round {
                     if let Err(e) = &r {
                         if failed.is_none() && is_fault(e) {
                             failed = Some(e.clone());
+                        }
+                        if e.is_unsent() && is_fault(e) {
+                            self.unsent.push((i, node.clone(), e.clone()));
+                            continue;
                         }
                     }
                     out[i] = Some(r);
@@ -559,6 +640,33 @@ impl Round {
         }
         if let Some(e) = failed {
             self.failed.push((node.clone(), e));
+        }
+    }
+
+    /// After the map's refresh: each item its node could not be sent to goes, once, to its
+    /// slot's master in the map now if that is another node ([`Router::rerouted`]); the others
+    /// keep their error.
+    fn reroute<I, T>(
+        &mut self,
+        router: &Router,
+        items: &[I],
+        key: &impl Fn(&I) -> &str,
+        rerouted: &mut [bool],
+        out: &mut [Option<Result<T>>],
+    ) {
+        for (i, node, e) in std::mem::take(&mut self.unsent) {
+            let slot = slots::slot_of(key(&items[i]).as_bytes());
+            match router.rerouted(&node, slot, &e) {
+                Some(next) if !rerouted[i] => {
+                    rerouted[i] = true;
+                    self.next.push(Hop {
+                        at: i,
+                        node: next,
+                        asking: false,
+                    });
+                }
+                _ => out[i] = Some(Err(e)),
+            }
         }
     }
 }
@@ -598,7 +706,7 @@ impl Backend for RedisCluster {
     }
 
     fn get_many(&self, keys: &[&str]) -> Vec<Result<Option<Item>>> {
-        self.many(keys, |k| *k, |n, part| n.get_many(part))
+        self.many(keys, |k| *k, super::gets())
     }
 
     fn store(
@@ -617,7 +725,7 @@ impl Backend for RedisCluster {
     }
 
     fn store_many(&self, writes: &[Write<'_>]) -> Vec<Result<StoreOutcome>> {
-        self.many(writes, |w| w.key, |n, part| n.store_many(part))
+        self.many(writes, |w| w.key, super::stores())
     }
 
     fn delete(&self, key: &str) -> Result<bool> {
@@ -625,7 +733,7 @@ impl Backend for RedisCluster {
     }
 
     fn delete_many(&self, keys: &[&str]) -> Vec<Result<bool>> {
-        self.many(keys, |k| *k, |n, part| n.delete_many(part))
+        self.many(keys, |k| *k, super::deletes())
     }
 
     fn touch(&self, key: &str, exptime: u32) -> Result<bool> {
@@ -669,12 +777,19 @@ impl Backend for RedisCluster {
             Ok(m) => m,
             Err(e) => return Err(no_map_ping(&self.router, e)),
         };
-        let failures: Vec<PingFailure> = map
-            .masters
+        // Every master's `PING` written, then every reply read (address order: see `waves`).
+        let mut masters: Vec<&Arc<Node>> = map.masters.iter().collect();
+        masters.sort_by(|a, b| a.addr().cmp(b.addr()));
+        let sent: Vec<_> = masters
             .iter()
-            .filter_map(|n| {
-                n.sync
-                    .ping_node()
+            .map(|n| n.sync.begin(Ok(n.sync.shared.requests.ping())))
+            .collect();
+        let mut window = Window::new(self.router.template.io_timeout);
+        let failures: Vec<PingFailure> = masters
+            .iter()
+            .zip(sent)
+            .filter_map(|(n, sent)| {
+                sent.and_then(|sent| n.sync.finish(sent, Some(&mut window)))
                     .err()
                     .map(|e| PingFailure::new(n.addr(), e))
             })
@@ -730,8 +845,9 @@ mod nonblocking {
     macro_rules! one {
         ($self:ident, $key:expr, |$n:ident| $call:expr) => {
             Box::pin(async move {
-                let (_, mut node) = Router::route(&*$self.map().await?, $key)?;
+                let (slot, mut node) = Router::route(&*$self.map().await?, $key)?;
                 let mut asking = false;
+                let mut rerouted = false;
                 for _ in 0..=MAX_REDIRECTS {
                     let r = {
                         let $n = if asking {
@@ -754,7 +870,14 @@ mod nonblocking {
                         }
                         None => {
                             $self.after_failure(&node, e).await;
-                            return r;
+                            match $self.router.rerouted(&node, slot, e) {
+                                Some(next) if !rerouted => {
+                                    node = next;
+                                    asking = false;
+                                    rerouted = true;
+                                }
+                                _ => return r,
+                            }
                         }
                     }
                 }
@@ -770,6 +893,7 @@ mod nonblocking {
             Box::pin(async move {
                 let items = $items;
                 let mut out: Vec<Option<Result<_>>> = items.iter().map(|_| None).collect();
+                let mut rerouted = vec![false; items.len()];
                 let mut hops = match $self.map().await {
                     Ok(map) => first_hops(&map, items, &|$it: &_| $key, &mut out),
                     Err(e) => return items.iter().map(|_| Err(e.clone())).collect(),
@@ -794,8 +918,8 @@ mod nonblocking {
                         .collect();
                     let answers = join_all(calls).await;
                     let mut round_of = Round::default();
-                    for ((node, _, at), results) in groups.into_iter().zip(answers) {
-                        round_of.judge(&$self.router, &node, at, results, round, &mut out);
+                    for ((node, _, at), results) in groups.iter().zip(answers) {
+                        round_of.judge(&$self.router, node, at, results, round, &mut out);
                     }
                     if let Some(addr) = &round_of.moved {
                         $self.refresh_after_move(addr).await;
@@ -803,6 +927,13 @@ mod nonblocking {
                     for (node, e) in &round_of.failed {
                         $self.after_failure(node, e).await;
                     }
+                    round_of.reroute(
+                        &$self.router,
+                        items,
+                        &|$it: &_| $key,
+                        &mut rerouted,
+                        &mut out,
+                    );
                     if round_of.next.is_empty() {
                         break;
                     }

@@ -22,10 +22,17 @@ pub(super) struct Pool {
     clients: Arc<Clients>,
 }
 
+/// The largest write buffer a pooled connection keeps (one of a batch of large values is
+/// given back).
+const KEPT_BUFFER: usize = 64 * 1024;
+
 /// An open connection, and who it is to the server (if it said).
 struct Open {
     conn: redis::Connection,
     client: Option<ClientId>,
+    /// The bytes of the commands written last (kept up to [`KEPT_BUFFER`]: a batch's buffer
+    /// grows once per connection, not once per call).
+    packed: Vec<u8>,
 }
 
 #[derive(Default)]
@@ -119,7 +126,11 @@ impl Pool {
             .clients
             .learned(conn.req_command(&clients::info()))
             .map_err(super::connect_failure)?;
-        Ok(Box::new(Open { conn, client }))
+        Ok(Box::new(Open {
+            conn,
+            client,
+            packed: Vec::new(),
+        }))
     }
 
     /// A checked-out connection was dropped (not given back).
@@ -203,19 +214,91 @@ impl<'a> Pooled<'a> {
             .conn
     }
 
-    /// The replies to `cmds`, pipelined (one round trip), error replies inline.
-    pub(super) fn send(&mut self, cmds: &[&redis::Cmd]) -> redis::RedisResult<Vec<Value>> {
+    /// Writes `cmds`, pipelined; [`read`](Pooled::read) reads their replies.
+    pub(super) fn write(&mut self, cmds: &[&redis::Cmd]) -> redis::RedisResult<()> {
+        let open = self
+            .conn
+            .as_mut()
+            .expect("a pooled connection until dropped");
+        open.packed.clear();
+        for c in cmds {
+            c.write_packed_command(&mut open.packed);
+        }
+        let sent = open.conn.send_packed_command(&open.packed);
+        if open.packed.capacity() > KEPT_BUFFER {
+            open.packed = Vec::new();
+        }
+        sent
+    }
+
+    /// The replies to the `n` commands written last, error replies inline; each read within
+    /// `timeout` when given (what is left of a batch's window), else `io_timeout`.
+    pub(super) fn read(
+        &mut self,
+        n: usize,
+        timeout: Option<Duration>,
+    ) -> redis::RedisResult<Vec<Value>> {
+        let io_timeout = self.pool.io_timeout;
         let conn = self.conn();
-        match cmds {
-            [one] => conn.req_command(one).map(|v| vec![v]),
-            many => {
-                let mut pipe = redis::pipe();
-                for c in many {
-                    pipe.add_command((*c).clone());
-                }
-                conn.req_packed_commands(&pipe.get_packed_pipeline(), 0, many.len())
+        if let Some(t) = timeout {
+            conn.set_read_timeout(Some(t))?;
+        }
+        let mut replies = Vec::with_capacity(n);
+        while replies.len() < n {
+            match conn.recv_response()? {
+                // RESP3 may put pushed data between replies.
+                Value::Push { .. } => {}
+                v => replies.push(v),
             }
         }
+        if timeout.is_some() {
+            conn.set_read_timeout(Some(io_timeout))?;
+        }
+        Ok(replies)
+    }
+}
+
+/// The time of one exchange with several servers (a cluster's batch: every node's part
+/// written, then every reply read): its replies are read within `io_timeout` of the first read,
+/// and the servers read after that share one grace window ([`GRACE`]), as memcached's batches
+/// do, so one hung server costs the batch one `io_timeout`, not one per server.
+pub(super) struct Window {
+    start: Instant,
+    deadline: Instant,
+    grace: Option<Instant>,
+}
+
+/// The grace window of servers read late (memcached's).
+const GRACE: Duration = crate::backend::memcached::GRACE;
+
+impl Window {
+    pub(super) fn new(io_timeout: Duration) -> Window {
+        let start = Instant::now();
+        Window {
+            start,
+            deadline: start + io_timeout,
+            grace: None,
+        }
+    }
+
+    /// The read timeout of a server read now: `None` (the connection's own `io_timeout`) while
+    /// that ends within [`GRACE`] of the deadline, which spares a batch the system calls that
+    /// change it; else what is left of the window (the grace window, past the deadline).
+    pub(super) fn timeout(&mut self) -> Option<Duration> {
+        let now = Instant::now();
+        if now <= self.start + GRACE {
+            return None;
+        }
+        let end = if now < self.deadline {
+            self.deadline
+        } else {
+            *self.grace.get_or_insert(now + GRACE)
+        };
+        // A zero read timeout is refused: a millisecond at least.
+        Some(
+            end.saturating_duration_since(now)
+                .max(Duration::from_millis(1)),
+        )
     }
 }
 

@@ -40,7 +40,7 @@ use redis::Value;
 
 pub use self::cluster::RedisCluster;
 pub use self::config::{DEFAULT_KEY_LIMIT, RedisConfig, ReplicaWait};
-use self::conn::Pool;
+use self::conn::{Pool, Window};
 use self::request::{Request, noscript_retry};
 use self::script::Scripts;
 #[cfg(feature = "redis-tls")]
@@ -112,6 +112,18 @@ impl Shared {
         e
     }
 
+    /// [`answer_error`](Shared::answer_error) for each error reply of a batch's items (it
+    /// names the server, as a single key's does).
+    fn answer_errors<T>(&self, results: Vec<Result<T>>) -> Vec<Result<T>> {
+        if results.iter().all(Result::is_ok) {
+            return results;
+        }
+        results
+            .into_iter()
+            .map(|r| r.map_err(|e| self.answer_error(e)))
+            .collect()
+    }
+
     /// The error of a request that failed without a fault ([`Failure::Local`]). A denial or
     /// an error reply is the server's answer: it is up, so it counts as one (a probe's brings a
     /// server marked dead back, and the calls after it say what was refused, not "marked
@@ -126,7 +138,7 @@ impl Shared {
     /// The health gate: `Ok(probe)`, or the error of a call refused while the server is dead.
     fn gate(&self) -> Result<bool> {
         match self.health.gate(self.now_ms(), self.config.retry_interval) {
-            Gate::FailFast => Err(self.health.dead_error_on("redis", &self.addr)),
+            Gate::FailFast => Err(self.health.dead_error_on("redis", &self.addr).unsent()),
             Gate::Probe => Ok(true),
             Gate::Go => Ok(false),
         }
@@ -325,6 +337,14 @@ impl Failure {
             Failure::Fault(e) | Failure::Local(e) => e,
         }
     }
+
+    /// This failure, nothing of the request sent ([`Error::unsent`]).
+    pub(crate) fn unsent(self) -> Failure {
+        match self {
+            Failure::Fault(e) => Failure::Fault(e.unsent()),
+            Failure::Local(e) => Failure::Local(e.unsent()),
+        }
+    }
 }
 
 /// A `redis` crate error as a transport fault (`write`: the command may have run) or an answer.
@@ -500,11 +520,6 @@ impl RedisBackend {
         &self.shared.addr
     }
 
-    /// `PING`, through the health gate.
-    pub(super) fn ping_node(&self) -> Result<()> {
-        self.run(Ok(self.shared.requests.ping()))
-    }
-
     /// The slot map, as this node sees it.
     pub(super) fn slots(&self) -> Result<Vec<slots::Range>> {
         let reply = self.run(Ok(self.shared.requests.cluster_slots()))?;
@@ -525,12 +540,51 @@ impl RedisBackend {
 
     /// Sends `req` on a pooled connection through the health gate and reads its answer.
     fn run<T>(&self, req: Result<Request<T>>) -> Result<T> {
+        let sent = self.begin(req)?;
+        self.finish(sent, None)
+    }
+
+    /// The first half of [`run`](RedisBackend::run): through the health gate, the replay of
+    /// what the server missed, a connection checked out and `req` written on it. A failure is
+    /// judged here (a fault counted); one before any byte of `req` was written is
+    /// [`unsent`](Error::unsent).
+    fn begin<T>(&self, req: Result<Request<T>>) -> Result<Sent<'_, T>> {
         let s = &self.shared;
         let req = req?;
         super::note_server(&s.addr);
         let probe = s.gate()?;
-        let replies = self.replay().and_then(|()| self.send(&req));
-        let replies = replies.map_err(|f| match f {
+        let conn = self
+            .replay()
+            .map_err(Failure::unsent)
+            .and_then(|()| self.write(&req));
+        match conn {
+            Ok(conn) => Ok(Sent { req, probe, conn }),
+            Err(f) => Err(self.judge(probe, f)),
+        }
+    }
+
+    /// The second half of [`run`](RedisBackend::run): the replies to `sent` read (each read
+    /// within what is left of `window`, when given) and judged, the answer made.
+    fn finish<T>(&self, sent: Sent<'_, T>, window: Option<&mut Window>) -> Result<T> {
+        let s = &self.shared;
+        let Sent { req, probe, conn } = sent;
+        let replies = self
+            .read(&req, conn, window)
+            .map_err(|f| self.judge(probe, f))?;
+        s.answered(probe);
+        if s.first_answer() {
+            let policy = self.send(&s.requests.policy()).ok();
+            let policy = policy.and_then(|r| (s.requests.policy().read)(r).ok().flatten());
+            s.judge_policy(policy.as_deref());
+        }
+        req.answer(replies).map_err(|e| s.answer_error(e))
+    }
+
+    /// The error of a request that failed with `f`: a fault is counted (and the pool dropped
+    /// if it marked the server dead).
+    fn judge(&self, probe: bool, f: Failure) -> Error {
+        let s = &self.shared;
+        match f {
             Failure::Fault(e) => {
                 let e = s.annotate(e);
                 if s.fault(probe, &e) {
@@ -539,14 +593,42 @@ impl RedisBackend {
                 e
             }
             Failure::Local(e) => s.local_failure(probe, e),
-        })?;
-        s.answered(probe);
-        if s.first_answer() {
-            let policy = self.send(&s.requests.policy()).ok();
-            let policy = policy.and_then(|r| (s.requests.policy().read)(r).ok().flatten());
-            s.judge_policy(policy.as_deref());
         }
-        req.answer(replies).map_err(|e| s.answer_error(e))
+    }
+
+    /// A batch of `op` over `items`, in one round trip.
+    fn batch<I, T>(&self, items: &[I], op: BatchOp<I, T>) -> Vec<Result<T>> {
+        let sent = self.begin_batch(items, &op);
+        self.finish_batch(items, &op, sent, None)
+    }
+
+    /// The first half of [`batch`](RedisBackend::batch): its request written ([`begin`]).
+    ///
+    /// [`begin`]: RedisBackend::begin
+    fn begin_batch<I, T>(&self, items: &[I], op: &BatchOp<I, T>) -> BatchSent<'_, T> {
+        let (refused, request) = (op.request)(&self.shared, items).split();
+        BatchSent {
+            refused,
+            sent: request.map(|r| self.begin(Ok(r))),
+        }
+    }
+
+    /// The second half of [`batch`](RedisBackend::batch): one result per item.
+    fn finish_batch<I, T>(
+        &self,
+        items: &[I],
+        op: &BatchOp<I, T>,
+        sent: BatchSent<'_, T>,
+        window: Option<&mut Window>,
+    ) -> Vec<Result<T>> {
+        let results = match sent.sent {
+            None => Ok(Vec::new()),
+            Some(Ok(sent)) => self
+                .finish(sent, window)
+                .map(|rs| self.shared.answer_errors(rs)),
+            Some(Err(e)) => Err(e),
+        };
+        (op.after)(&self.shared, items, sent.refused.join(results))
     }
 
     /// Deletes the keys the server missed while out of reach, before anything else is sent
@@ -586,34 +668,55 @@ impl RedisBackend {
         }
     }
 
-    /// The replies to `req`'s commands (a script the server did not know sent again with its
-    /// source: `NOSCRIPT` means nothing ran).
+    /// The replies to `req`'s commands, outside the health gate (a replay, the policy check).
+    fn send<T>(&self, req: &Request<T>) -> std::result::Result<Vec<Value>, Failure> {
+        let conn = self.write(req)?;
+        self.read(req, conn, None)
+    }
+
+    /// A pooled connection with `req` written on it.
     ///
     /// A pooled connection the server closed while it sat idle (its `timeout`, a proxy, a
     /// restart) fails at once with a dropped connection: nothing reached the server, so the
     /// idle connections are dropped and the request goes once more on a fresh one, with no
-    /// fault counted (as the memcached pool does with a stale connection).
-    fn send<T>(&self, req: &Request<T>) -> std::result::Result<Vec<Value>, Failure> {
-        // One command (every get) needs no list of its own.
-        let (one, many): ([&redis::Cmd; 1], Vec<&redis::Cmd>);
-        let cmds: &[&redis::Cmd] = match &req.commands[..] {
-            [c] => {
-                one = [&c.cmd];
-                &one
+    /// fault counted (as the memcached pool does with a stale connection). A failed checkout
+    /// (a connect) sent nothing: [`unsent`](Error::unsent).
+    fn write<T>(&self, req: &Request<T>) -> std::result::Result<conn::Pooled<'_>, Failure> {
+        let mut conn = self.pool.checkout().map_err(Failure::unsent)?;
+        match self.put(&mut conn, req) {
+            Ok(()) => Ok(conn),
+            Err(e) if conn.reused() && e.is_connection_dropped() => {
+                drop(conn);
+                self.pool.drop_idle();
+                let mut conn = self.pool.checkout().map_err(Failure::unsent)?;
+                self.put(&mut conn, req)
+                    .map_err(|e| failure_of(e, req.write))?;
+                Ok(conn)
             }
-            cs => {
-                many = cs.iter().map(|c| &c.cmd).collect();
-                &many
-            }
-        };
-        let mut conn = self.pool.checkout()?;
-        let mut replies = match self.exchange(&mut conn, cmds) {
+            Err(e) => Err(failure_of(e, req.write)),
+        }
+    }
+
+    /// The replies to `req`, written on `conn` (a script the server did not know sent again
+    /// with its source: `NOSCRIPT` means nothing ran; then its `WAIT` again). A stale pooled
+    /// connection (closed by the server before it read anything: see
+    /// [`write`](RedisBackend::write)) is dropped, and `req` sent again on a fresh one.
+    fn read<'a, T>(
+        &'a self,
+        req: &Request<T>,
+        mut conn: conn::Pooled<'a>,
+        window: Option<&mut Window>,
+    ) -> std::result::Result<Vec<Value>, Failure> {
+        let n = req.commands.len();
+        let mut replies = match self.recv(&mut conn, n, window.and_then(Window::timeout)) {
             Ok(r) => r,
             Err(e) if conn.reused() && e.is_connection_dropped() => {
                 drop(conn);
                 self.pool.drop_idle();
-                conn = self.pool.checkout()?;
-                self.exchange(&mut conn, cmds)
+                // As this retry itself assumes, nothing of `req` reached the server yet.
+                conn = self.pool.checkout().map_err(Failure::unsent)?;
+                self.put(&mut conn, req)
+                    .and_then(|()| self.recv(&mut conn, n, None))
                     .map_err(|e| failure_of(e, req.write))?
             }
             Err(e) => return Err(failure_of(e, req.write)),
@@ -632,19 +735,95 @@ impl RedisBackend {
         Ok(replies)
     }
 
-    /// The replies to `cmds` on `conn` (each after `ASKING` for an asking view: its replies
-    /// left out).
+    /// Writes `req`'s commands on `conn` (each after `ASKING` for an asking view).
+    fn put<T>(&self, conn: &mut conn::Pooled<'_>, req: &Request<T>) -> redis::RedisResult<()> {
+        let cmds: Vec<&redis::Cmd> = req.commands.iter().map(|c| &c.cmd).collect();
+        self.write_cmds(conn, &cmds)
+    }
+
+    fn write_cmds(
+        &self,
+        conn: &mut conn::Pooled<'_>,
+        cmds: &[&redis::Cmd],
+    ) -> redis::RedisResult<()> {
+        if !self.asking {
+            return conn.write(cmds);
+        }
+        let asking = request::asking();
+        conn.write(&request::after_asking(&asking, cmds))
+    }
+
+    /// The replies to the `n` commands written last on `conn` (those of an asking view's
+    /// `ASKING`s left out).
+    fn recv(
+        &self,
+        conn: &mut conn::Pooled<'_>,
+        n: usize,
+        timeout: Option<std::time::Duration>,
+    ) -> redis::RedisResult<Vec<Value>> {
+        if !self.asking {
+            return conn.read(n, timeout);
+        }
+        conn.read(2 * n, timeout).map(request::asking_answered)
+    }
+
+    /// The replies to `cmds` on `conn`, written and read.
     fn exchange(
         &self,
         conn: &mut conn::Pooled<'_>,
         cmds: &[&redis::Cmd],
     ) -> redis::RedisResult<Vec<Value>> {
-        if !self.asking {
-            return conn.send(cmds);
-        }
-        let asking = request::asking();
-        let asked = request::after_asking(&asking, cmds);
-        conn.send(&asked).map(request::asking_answered)
+        self.write_cmds(conn, cmds)?;
+        self.recv(conn, cmds.len(), None)
+    }
+}
+
+/// A request written on a connection, its replies not read yet ([`RedisBackend::begin`]).
+struct Sent<'a, T> {
+    req: Request<T>,
+    probe: bool,
+    conn: conn::Pooled<'a>,
+}
+
+/// A batch written ([`RedisBackend::begin_batch`]): the items refused before sending, and its
+/// request (`None`: nothing to send), or the error that kept it from being written.
+struct BatchSent<'a, T> {
+    refused: request::Refused,
+    sent: Option<Result<Sent<'a, Vec<Result<T>>>>>,
+}
+
+/// A batch operation of the storage interface on one server: the request of its items, and
+/// what its results become there (read through the record of missed invalidations, or written
+/// into it). The single-node backend and a cluster's split batches run the same.
+struct BatchOp<I, T> {
+    request: fn(&Shared, &[I]) -> request::Batch<T>,
+    after: fn(&Shared, &[I], Results<T>) -> Results<T>,
+}
+
+/// One result per item of a batch.
+type Results<T> = Vec<Result<T>>;
+
+/// `get_many`.
+fn gets<'k>() -> BatchOp<&'k str, Option<Item>> {
+    BatchOp {
+        request: |s, keys| s.requests.get_many(keys),
+        after: |s, _, items| s.distrust_all(items),
+    }
+}
+
+/// `store_many`.
+fn stores<'w>() -> BatchOp<Write<'w>, StoreOutcome> {
+    BatchOp {
+        request: |s, writes| s.requests.store_many(writes, || s.stamp()),
+        after: |s, writes, rs| s.after_writes(writes.iter().map(|w| w.key), rs),
+    }
+}
+
+/// `delete_many`.
+fn deletes<'k>() -> BatchOp<&'k str, bool> {
+    BatchOp {
+        request: |s, keys| s.requests.delete_many(keys),
+        after: |s, keys, rs| s.after_writes(keys.iter().copied(), rs),
     }
 }
 
@@ -656,9 +835,7 @@ impl Backend for RedisBackend {
     }
 
     fn get_many(&self, keys: &[&str]) -> Vec<Result<Option<Item>>> {
-        let batch = self.shared.requests.get_many(keys);
-        let items = crate::cache::io::ready(batch.answer(|r| std::future::ready(self.run(Ok(r)))));
-        self.shared.distrust_all(items)
+        self.batch(keys, gets())
     }
 
     fn store(
@@ -683,10 +860,7 @@ impl Backend for RedisBackend {
     }
 
     fn store_many(&self, writes: &[Write<'_>]) -> Vec<Result<StoreOutcome>> {
-        let s = &self.shared;
-        let batch = s.requests.store_many(writes, || s.stamp());
-        let rs = crate::cache::io::ready(batch.answer(|r| std::future::ready(self.run(Ok(r)))));
-        s.after_writes(writes.iter().map(|w| w.key), rs)
+        self.batch(writes, stores())
     }
 
     fn delete(&self, key: &str) -> Result<bool> {
@@ -695,10 +869,7 @@ impl Backend for RedisBackend {
     }
 
     fn delete_many(&self, keys: &[&str]) -> Vec<Result<bool>> {
-        let s = &self.shared;
-        let batch = s.requests.delete_many(keys);
-        let rs = crate::cache::io::ready(batch.answer(|r| std::future::ready(self.run(Ok(r)))));
-        s.after_writes(keys.iter().copied(), rs)
+        self.batch(keys, deletes())
     }
 
     fn touch(&self, key: &str, exptime: u32) -> Result<bool> {

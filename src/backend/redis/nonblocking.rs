@@ -28,7 +28,7 @@ use tokio::task::JoinHandle;
 use super::batch::Gets;
 use super::clients::{self, ClientId};
 use super::request::{self, Request, noscript_retry};
-use super::{Failure, Shared, connect_failure, failure_of};
+use super::{BatchOp, Failure, Shared, connect_failure, failure_of};
 use crate::backend::memcached::health::MissedOf;
 use crate::backend::memcached::outage::{Begin, Missed, Replay};
 use crate::backend::{AsyncBackend, BoxFuture, Item, StoreOutcome, Write};
@@ -333,7 +333,8 @@ impl Inner {
             };
             let sent = match replayed {
                 Ok(()) => self.send(&req).await,
-                Err(e) => Err(e),
+                // Nothing of `req` was sent.
+                Err((id, f)) => Err((id, f.unsent())),
             };
             match sent {
                 Ok(replies) => break replies,
@@ -364,6 +365,17 @@ impl Inner {
             s.judge_policy(policy.as_deref());
         }
         req.answer(replies).map_err(|e| s.answer_error(e))
+    }
+
+    /// A batch of `op` over `items`, in one round trip.
+    async fn batch<I, T>(self: &Arc<Self>, items: &[I], op: BatchOp<I, T>) -> Vec<Result<T>> {
+        let s = &self.shared;
+        let (refused, request) = (op.request)(s, items).split();
+        let sent = match request {
+            Some(r) => self.run(Ok(r)).await.map(|rs| s.answer_errors(rs)),
+            None => Ok(Vec::new()),
+        };
+        (op.after)(s, items, refused.join(sent))
     }
 
     /// Deletes the keys the server missed while out of reach, before anything else is sent
@@ -449,8 +461,11 @@ impl Inner {
         let open = match self.current() {
             Some(open) => open,
             // Boxed: a connect's future is large, and a call's own stays small (a boxed
-            // future's allocation from the allocator's small-size cache).
-            None => Box::pin(self.connection()).await.map_err(|f| (None, f))?,
+            // future's allocation from the allocator's small-size cache). A failed connect
+            // sent nothing.
+            None => Box::pin(self.connection())
+                .await
+                .map_err(|f| (None, f.unsent()))?,
         };
         let Open { id, mut conn, gets } = open;
         let on = |f| (Some(id), f);
@@ -542,11 +557,7 @@ impl AsyncBackend for AsyncRedis {
     }
 
     fn get_many<'a>(&'a self, keys: &'a [&'a str]) -> BoxFuture<'a, Vec<Result<Option<Item>>>> {
-        Box::pin(async move {
-            let batch = self.shared.requests.get_many(keys);
-            let items = batch.answer(|r| self.run(Ok(r))).await;
-            self.shared.distrust_all(items)
-        })
+        Box::pin(self.batch(keys, super::gets()))
     }
 
     fn store<'a>(&'a self, w: Write<'a>) -> BoxFuture<'a, Result<StoreOutcome>> {
@@ -573,12 +584,7 @@ impl AsyncBackend for AsyncRedis {
         &'a self,
         writes: &'a [Write<'a>],
     ) -> BoxFuture<'a, Vec<Result<StoreOutcome>>> {
-        Box::pin(async move {
-            let s = &self.shared;
-            let batch = s.requests.store_many(writes, || s.stamp());
-            let rs = batch.answer(|r| self.run(Ok(r))).await;
-            s.after_writes(writes.iter().map(|w| w.key), rs)
-        })
+        Box::pin(self.batch(writes, super::stores()))
     }
 
     fn delete<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool>> {
@@ -589,12 +595,7 @@ impl AsyncBackend for AsyncRedis {
     }
 
     fn delete_many<'a>(&'a self, keys: &'a [&'a str]) -> BoxFuture<'a, Vec<Result<bool>>> {
-        Box::pin(async move {
-            let s = &self.shared;
-            let batch = s.requests.delete_many(keys);
-            let rs = batch.answer(|r| self.run(Ok(r))).await;
-            s.after_writes(keys.iter().copied(), rs)
-        })
+        Box::pin(self.batch(keys, super::deletes()))
     }
 
     fn touch<'a>(&'a self, key: &'a str, exptime: u32) -> BoxFuture<'a, Result<bool>> {

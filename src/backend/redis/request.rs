@@ -214,6 +214,15 @@ fn refused(e: redis::ServerError) -> Error {
     if let Some(denied) = super::denial(e.code(), e.details()) {
         return denied;
     }
+    if e.code() == "CLUSTERDOWN" {
+        // Its keys alone: the node serves the others (`cluster-require-full-coverage no`), or
+        // refuses every key while the cluster is down.
+        return Error::with_source(
+            ErrorKind::Backend,
+            "the cluster refused the command (CLUSTERDOWN: no master serves this key's slot              now, or the cluster is down)",
+            redis::RedisError::from(e),
+        );
+    }
     if e.code() == "NOTCOUNTER" {
         return Error::new(
             ErrorKind::NotACounter,
@@ -319,22 +328,32 @@ pub(super) struct Batch<T> {
 }
 
 impl<T> Batch<T> {
-    /// Sends the batch with `send` (not at all if every item was refused) and answers one
-    /// result per item: the refusals, and the request's results (or its error, for every item
-    /// sent).
-    pub(super) async fn answer<F>(
-        self,
-        send: impl FnOnce(Request<Vec<Result<T>>>) -> F,
-    ) -> Vec<Result<T>>
-    where
-        F: std::future::Future<Output = Result<Vec<Result<T>>>>,
-    {
+    /// The request of the items to send (`None` if every item was refused), and the
+    /// refusals its results are joined with ([`Refused::join`]).
+    pub(super) fn split(self) -> (Refused, Option<Request<Vec<Result<T>>>>) {
         let n = self.refused.iter().filter(|r| r.is_none()).count();
-        let sent = if n == 0 {
-            Ok(Vec::new())
-        } else {
-            send(self.request).await
-        };
+        let request = (n > 0).then_some(self.request);
+        (
+            Refused {
+                refused: self.refused,
+                sent: n,
+            },
+            request,
+        )
+    }
+}
+
+/// The items of a [`Batch`] refused before sending, and how many were sent.
+pub(super) struct Refused {
+    refused: Vec<Option<Error>>,
+    sent: usize,
+}
+
+impl Refused {
+    /// One result per item: the refusals, and the results of the request sent (or its error,
+    /// for every item sent).
+    pub(super) fn join<T>(self, sent: Result<Vec<Result<T>>>) -> Vec<Result<T>> {
+        let n = self.sent;
         let mut sent = match sent {
             Ok(rs) if rs.len() == n => rs.into_iter(),
             Ok(_) => {

@@ -9,8 +9,14 @@
 //! (`benches/results/2026-12-02-getmany/count.sh`). Without valgrind it also prints the time
 //! per call (noise on a loaded machine).
 //!
+//! With `--redis-cluster URL,URL,...` (a running cluster's seeds) or `--redis URL` (one
+//! server) the same calls run on the Redis Cluster or Redis backend instead: callgrind then counts the client's instructions per call
+//! (the servers are other processes), the part of `sync-get-many` on the cluster that is this
+//! process's work.
+//!
 //! ```text
 //! cargo run --release -p newcache-floor --bin inproc -- [--op get-many|get] [--calls N]
+//!     [--redis-cluster URL,URL,... | --redis URL]
 //! ```
 
 #[path = "../items.rs"]
@@ -58,19 +64,27 @@ const BATCH: usize = 100;
 fn main() -> Result<(), BoxError> {
     let mut op = "get-many".to_string();
     let mut calls: u64 = 10_000;
+    let mut cluster: Option<Vec<String>> = None;
+    let mut redis: Option<String> = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--op" => op = args.next().ok_or("--op needs get-many or get")?,
             "--calls" => calls = args.next().ok_or("--calls needs a number")?.parse()?,
+            "--redis-cluster" => {
+                let seeds = args.next().ok_or("--redis-cluster needs URL,URL,...")?;
+                cluster = Some(seeds.split(',').map(str::to_owned).collect());
+            }
+            "--redis" => redis = Some(args.next().ok_or("--redis needs a URL")?),
             other => return Err(format!("unknown argument {other:?}").into()),
         }
     }
-    let cache = newcache::Cache::builder()
-        .in_memory()
-        .flavor(FLAVOR)
-        .version(VERSION)
-        .build()?;
+    let builder = newcache::Cache::builder().flavor(FLAVOR).version(VERSION);
+    let cache = match (cluster, redis) {
+        (Some(seeds), _) => builder.redis_cluster(seeds).build()?,
+        (None, Some(url)) => builder.redis(url).build()?,
+        (None, None) => builder.in_memory().build()?,
+    };
     let user: Vec<String> = (0..BATCH).map(|i| format!("m{i}")).collect();
     for (i, k) in user.iter().enumerate() {
         cache.set(k, &Value::new(i), TTL)?;
