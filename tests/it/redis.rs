@@ -5,9 +5,12 @@
 
 use std::time::{Duration, Instant};
 
-use newcache::{Backend, Cache, DecodePolicy, FailurePolicy, RedisBackend, RedisConfig, StoreMode};
+use newcache::{
+    Backend, Cache, DecodePolicy, FailurePolicy, RedisBackend, RedisConfig, StoreMode, Ttl,
+};
 
 use crate::fixture::{RedisServer, unique_flavor, valkey_server};
+use crate::front::{BuildFor, Front};
 
 const S: fn(u64) -> Duration = Duration::from_secs;
 
@@ -1135,5 +1138,34 @@ fn concurrent_async_gets_of_a_user_without_mget_are_served() {
             denied.len(),
             denied.first()
         );
+    });
+}
+
+/// `touch` of a counter (memcached's plain touch) to no expiry is `PERSIST`: a user whose ACL
+/// refuses it gets `is_denied()`, not `Ok(true)`, and the counter keeps its expiry, on both
+/// fronts. The server answered: it is not marked dead, and the counter is still served.
+#[test]
+fn touch_of_a_counter_to_no_expiry_refused_by_the_acl_is_denied_and_it_keeps_its_expiry() {
+    on_both(|server| {
+        acl_user(server, "no-persist", &["~*", "&*", "+@all", "-persist"]);
+        for front in [Front::Sync, Front::Async] {
+            let cache = as_user(server, "no-persist", "secret")
+                .write_failures(FailurePolicy::Propagate)
+                .build_front(front);
+            cache.set_counter("k", 1, S(60)).unwrap();
+            let e = cache.touch("k", Ttl::Never).unwrap_err();
+            assert!(
+                e.is_denied() && e.to_string().contains("persist"),
+                "{front:?}: {e}"
+            );
+            let ttl: i64 = redis::cmd("TTL")
+                .arg(cache.make_key("k"))
+                .query(&mut raw(server))
+                .unwrap();
+            assert!(ttl > 0, "{front:?}: the key still expires: {ttl}");
+            assert_eq!(cache.incr("k", 1).unwrap(), 2, "{front:?}");
+            // A touch to an expiry (`PEXPIRE`, allowed) still works.
+            assert!(cache.touch("k", S(120)).unwrap(), "{front:?}");
+        }
     });
 }

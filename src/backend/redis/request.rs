@@ -710,7 +710,15 @@ impl Builder {
                     write: true,
                     batched: false,
                     wait: None,
-                    read: |mut vs| int_of(vs.pop().unwrap_or(Value::Nil)).map(|n| n > 0),
+                    read: |mut vs| {
+                        let exists = vs.pop().unwrap_or(Value::Nil);
+                        // A refused `PERSIST` (`NOPERM`, `READONLY`, ...) is the answer: the
+                        // key keeps its expiry, whatever `EXISTS` found.
+                        if let Some(Value::ServerError(e)) = vs.pop() {
+                            return Err(refused(e));
+                        }
+                        int_of(exists).map(|n| n > 0)
+                    },
                 });
             }
             Expiry::In(ms) => {
@@ -959,6 +967,26 @@ mod tests {
         // Without a wait, nothing is added.
         let plain = Builder { wait: None, ..b };
         assert_eq!(plain.delete("k").unwrap().commands.len(), 1);
+    }
+
+    #[test]
+    fn a_touch_to_no_expiry_answers_persists_refusal() {
+        let b = Builder {
+            wait: None,
+            item_size: 1 << 20,
+            key_limit: 250,
+            scripts: Scripts::new(),
+            cluster: false,
+        };
+        let req = b.touch("k", 0).unwrap();
+        assert_eq!(req.commands.len(), 2, "PERSIST, then EXISTS");
+        assert!(req.answer(vec![Value::Int(0), Value::Int(1)]).unwrap());
+        assert!(!req.answer(vec![Value::Int(0), Value::Int(0)]).unwrap());
+        let readonly =
+            redis::parse_redis_value(b"-READONLY You can't write against a read only replica.\r\n")
+                .unwrap();
+        let e = req.answer(vec![readonly, Value::Int(1)]).unwrap_err();
+        assert_eq!(refusal_code(&e), Some("READONLY"), "{e:?}");
     }
 
     #[test]
