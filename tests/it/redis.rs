@@ -1169,3 +1169,69 @@ fn touch_of_a_counter_to_no_expiry_refused_by_the_acl_is_denied_and_it_keeps_its
         }
     });
 }
+
+/// A user with exactly the commands the README lists, but not `WAIT`, on a cache with
+/// `redis_wait`: a `set` stores its value and fails with an error that `is_outcome_unknown()`
+/// and names the refused `WAIT` (not `is_denied()`, which would say nothing was written); the
+/// write's own refusal still comes first (a `set` of a key the user may not touch is denied).
+/// Nothing is queued for a replay: the value stays.
+#[test]
+fn a_refused_wait_leaves_a_stored_writes_outcome_unknown_and_its_own_refusal_first() {
+    on_both(|server| {
+        // The README's list ("ACL users"), the optional ones included; no `WAIT`.
+        let listed = [
+            "+get",
+            "+mget",
+            "+set",
+            "+exists",
+            "+persist",
+            "+pexpire",
+            "+expireat",
+            "+unlink",
+            "+scan",
+            "+eval",
+            "+evalsha",
+            "+config|get",
+            "+client|info",
+            "+client|kill",
+        ];
+        let mut rules = vec!["&*", "~*"];
+        rules.extend(listed);
+        acl_user(server, "listed", &rules);
+        for front in [Front::Sync, Front::Async] {
+            let cache = as_user(server, "listed", "secret")
+                .redis_wait(1, Duration::from_millis(50))
+                .write_failures(FailurePolicy::Propagate)
+                .build_front(front);
+            let e = cache.set("s", &1u32, S(60)).unwrap_err();
+            assert!(e.is_outcome_unknown() && !e.is_denied(), "{front:?}: {e:?}");
+            assert!(e.to_string().contains("refused the WAIT"), "{front:?}: {e}");
+            let stored: i64 = redis::cmd("EXISTS")
+                .arg(cache.make_key("s"))
+                .query(&mut raw(server))
+                .unwrap();
+            assert_eq!(stored, 1, "{front:?}: the set stored its value");
+            assert!(cache.delete("s").unwrap_err().is_outcome_unknown());
+            // Not queued for a replay that would delete a later write.
+            cache.set("t", &2u32, S(60)).unwrap_err();
+            assert_eq!(cache.get::<u32>("t").unwrap(), Some(2), "{front:?}");
+            assert_eq!(cache.stats().replayed_deletes, 0, "{front:?}");
+        }
+        // The write's own refusal first: a key outside the user's pattern is denied as such,
+        // not as the WAIT the user may not run either.
+        acl_user(
+            server,
+            "narrow",
+            &["resetkeys", "~other:*", "+@all", "-wait"],
+        );
+        for front in [Front::Sync, Front::Async] {
+            let cache = as_user(server, "narrow", "secret")
+                .redis_wait(1, Duration::from_millis(50))
+                .write_failures(FailurePolicy::Propagate)
+                .build_front(front);
+            let e = cache.set("s", &1u32, S(60)).unwrap_err();
+            assert!(e.is_denied() && !e.is_outcome_unknown(), "{front:?}: {e:?}");
+            assert!(!e.to_string().contains("'wait'"), "{front:?}: {e}");
+        }
+    });
+}

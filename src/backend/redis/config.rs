@@ -199,9 +199,10 @@ impl RedisConfig {
 ///
 /// Replication is asynchronous: without it an acknowledged delete or claim can vanish when its
 /// master fails before a replica has it (an old value back as fresh, or a second load). With
-/// it, a write the replicas did not all acknowledge in time fails with an error that
+/// it, a write the replicas did not all acknowledge in time, or whose `WAIT` the server refused
+/// (an ACL user needs `WAIT`), fails with an error that
 /// [`is_outcome_unknown`](crate::Error::is_outcome_unknown) (the write is on the master, but it
-/// may not outlive a failover), handled by the write failure policy like any other write
+/// may not outlive a failover; a write the server refused fails with its own refusal), handled by the write failure policy like any other write
 /// error: returned by default (`FailurePolicy::Propagate`), absorbed and counted in
 /// `backend_errors_absorbed` with `FailurePolicy::Absorb`. The server is not marked dead for
 /// it, and no replay deletes the key later (the master has the write). Even acknowledged by a replica, a write can be lost if a replica
