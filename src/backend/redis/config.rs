@@ -180,12 +180,15 @@ impl RedisConfig {
         }
     }
 
-    /// `host:port`, as errors, spans and `ping` name the server.
+    /// `host:port`, as errors, spans and `ping` name the server (an IPv6 host in brackets, as
+    /// a cluster's slot map and redirects name it: [`addr_of`](super::slots::addr_of)).
     pub(crate) fn addr(&self) -> String {
         match redis::Client::open(self.url.as_str()) {
             Ok(c) => match c.get_connection_info().addr() {
-                redis::ConnectionAddr::Tcp(h, p) => format!("{h}:{p}"),
-                redis::ConnectionAddr::TcpTls { host, port, .. } => format!("{host}:{port}"),
+                redis::ConnectionAddr::Tcp(h, p) => super::slots::addr_of(h, *p),
+                redis::ConnectionAddr::TcpTls { host, port, .. } => {
+                    super::slots::addr_of(host, *port)
+                }
                 other => other.to_string(),
             },
             Err(_) => redacted(&self.url),
