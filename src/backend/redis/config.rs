@@ -27,7 +27,9 @@ pub struct RedisConfig {
     pub connect_timeout: Duration,
     /// Limit on one operation's I/O (default 500 ms).
     pub io_timeout: Duration,
-    /// Blocking connections kept for the sync `Cache` (default 16).
+    /// Blocking connections kept for the sync `Cache` (default 16); with [`wait`](Self::wait),
+    /// also the most connections `AsyncCache` opens for its writes (each carries one write and
+    /// its `WAIT` at a time, beside the connection every other call shares).
     pub pool_size: u32,
     /// Consecutive transport faults after which the server is marked dead (default 2).
     pub failure_limit: u32,
@@ -177,6 +179,18 @@ impl RedisConfig {
                 "TLS settings (redis_tls) were given for a redis:// URL: use rediss:// for TLS",
             )),
             _ => Ok(client),
+        }
+    }
+
+    /// How long after a call a write of the async view whose caller went away may still land
+    /// ([`AsyncBackend::settle_time`](crate::backend::AsyncBackend::settle_time)): with a
+    /// `WAIT`, writes go on connections of their own (one of them may land after a later read
+    /// on the shared connection), within a connect and an operation's I/O; without, none.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn settle_time(&self) -> Duration {
+        match self.wait {
+            Some(_) => self.connect_timeout.saturating_add(self.io_timeout),
+            None => Duration::ZERO,
         }
     }
 

@@ -31,6 +31,8 @@ mod script;
 mod slots;
 #[cfg(feature = "redis-tls")]
 mod tls;
+#[cfg(feature = "tokio")]
+mod waited;
 
 use std::ops::Deref;
 use std::sync::Arc;

@@ -943,6 +943,12 @@ pub(super) fn asking_answered(replies: Vec<Value>) -> Vec<Value> {
 
 /// The commands of `req` to send again after `replies` (one per command): those whose script the
 /// server did not know, as `EVAL` with the source, with their positions.
+///
+/// They run after the request's other commands, which is safe only while no request holds a
+/// script and another command for one key: a batch names each key once where it holds
+/// scripts (the loader's claim rounds skip repeated keys, `Fetched::Duplicate`; its
+/// completions are one per claim), `set_many`'s repeated keys are plain `SET`s, and a
+/// single write's read-back is in its script or a plain `GET` after a plain `SET`.
 pub(super) fn noscript_retry<T>(
     req: &Request<T>,
     replies: &[Value],
