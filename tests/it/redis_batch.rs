@@ -225,6 +225,39 @@ fn a_lone_caller_sends_its_own_gets_after_a_crowd() {
     );
 }
 
+/// A get queued for a batch on the connection's own runtime arms no timer of its own: its wait
+/// is bounded by the batch's `MGET`, which the connection's response timeout (`io_timeout`)
+/// ends. A server that stops answering fails every queued caller in time; none waits for it.
+#[test]
+fn queued_gets_on_the_connections_own_runtime_fail_in_time_when_the_server_stops() {
+    let server = RedisServer::start("redis-server");
+    let cache = async_cache_on(&server); // io_timeout 300 ms
+    let rt = runtime();
+    // The connection (its driver and its batcher) opened on `rt`, where the gets run.
+    rt.block_on(async {
+        cache.set("k", &1u32, S(60)).await.unwrap();
+        assert_eq!(cache.get::<u32>("k").await.unwrap(), Some(1));
+    });
+    server.signal("STOP");
+    rt.block_on(async {
+        // The first is alone on the wire; the others queue behind it for a batch.
+        let gets: Vec<_> = (0..TASKS)
+            .map(|_| {
+                let c = cache.clone();
+                tokio::spawn(async move { c.get::<u32>("k").await })
+            })
+            .collect();
+        for (n, get) in gets.into_iter().enumerate() {
+            // 300 ms io_timeout: 20 s is far past any timeout.
+            match tokio::time::timeout(S(20), get).await {
+                Ok(r) => assert!(r.unwrap().is_err(), "get {n} answered by a stopped server"),
+                Err(_) => panic!("get {n} still waiting after 20 s (io_timeout 300 ms)"),
+            }
+        }
+    });
+    server.signal("CONT");
+}
+
 /// The documented limit of a runtime that is alive but no longer driven (a current-thread
 /// runtime outside `block_on`) holding the connection it opened: callers on other runtimes
 /// time out on it (one `io_timeout`) before one of them reconnects. A get that queues for the

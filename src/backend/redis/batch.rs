@@ -41,8 +41,11 @@ pub(super) struct Gets {
     queue: mpsc::UnboundedSender<Waiter>,
     /// Reads on the wire: lone `GET`s and `MGET`s.
     busy: Arc<AtomicUsize>,
-    /// How long a queued caller waits for its answer at most (see [`Gets::get`]).
+    /// How long a queued caller on another runtime waits for its answer at most (see
+    /// [`Gets::get`]).
     wait: Duration,
+    /// The runtime its task runs on.
+    runtime: tokio::runtime::Id,
     task: JoinHandle<()>,
 }
 
@@ -64,6 +67,7 @@ impl Gets {
             queue,
             busy,
             wait,
+            runtime: rt.id(),
             task,
         }
     }
@@ -73,36 +77,51 @@ impl Gets {
         self.task.is_finished()
     }
 
-    /// The reply to `GET key`: sent on `conn` at once while no read is on the wire, else
-    /// queued for the next `MGET`. A queued caller waits [`FLIGHTS`] `io_timeout`s at most
-    /// (then fails with a timeout): the batcher's task runs on the runtime that opened the
-    /// connection, which may be alive but no longer driven.
+    /// The reply to `get`, a `GET key`: sent on `conn` at once while no read is on the wire,
+    /// else its key queued for the next `MGET`.
+    ///
+    /// A queued caller on another runtime than the batcher's waits [`FLIGHTS`] `io_timeout`s
+    /// at most (then fails with a timeout): the batcher's task runs on the runtime that opened
+    /// the connection, which may be alive but no longer driven. A caller on the batcher's own
+    /// runtime needs no timer of its own: that runtime is driven while the caller is polled,
+    /// and each `MGET` ends within the connection's response timeout (`io_timeout`), so its
+    /// answer comes within [`FLIGHTS`] of them.
     pub(super) async fn get(
         &self,
         conn: &mut MultiplexedConnection,
-        key: &[u8],
+        get: &redis::Cmd,
     ) -> RedisResult<Value> {
-        if self.busy.load(Ordering::Acquire) == 0 {
-            return alone(conn, &self.busy, key).await;
-        }
+        let key = match get.args_iter().nth(1) {
+            Some(redis::Arg::Simple(key)) if self.busy.load(Ordering::Acquire) != 0 => key,
+            _ => return alone(conn, &self.busy, get).await,
+        };
         let (answer, rx) = oneshot::channel();
         let queued = self.queue.send(Waiter {
             key: key.to_vec(),
             answer,
         });
-        match queued {
-            Ok(()) => match tokio::time::timeout(self.wait, rx).await {
-                Ok(Ok(r)) => r,
-                // The batcher is gone (its runtime shut down): the connection's own send says
-                // what became of it.
-                Ok(Err(_)) => alone(conn, &self.busy, key).await,
-                Err(_) => Err(RedisError::from(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    "a batched GET was not answered in time (the connection's runtime is not \
-                     driven, or the server did not answer)",
-                ))),
+        if queued.is_err() {
+            return alone(conn, &self.busy, get).await;
+        }
+        let here = tokio::runtime::Handle::try_current().is_ok_and(|h| h.id() == self.runtime);
+        let answered = match here {
+            true => rx.await,
+            false => match tokio::time::timeout(self.wait, rx).await {
+                Ok(answered) => answered,
+                Err(_) => {
+                    return Err(RedisError::from(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "a batched GET was not answered in time (the connection's runtime is \
+                         not driven, or the server did not answer)",
+                    )));
+                }
             },
-            Err(_) => alone(conn, &self.busy, key).await,
+        };
+        match answered {
+            Ok(r) => r,
+            // The batcher is gone (its runtime shut down): the connection's own send says what
+            // became of it.
+            Err(_) => alone(conn, &self.busy, get).await,
         }
     }
 }
@@ -133,12 +152,10 @@ impl Drop for OnWire {
 async fn alone(
     conn: &mut MultiplexedConnection,
     busy: &Arc<AtomicUsize>,
-    key: &[u8],
+    get: &redis::Cmd,
 ) -> RedisResult<Value> {
     let _on = OnWire::enter(busy);
-    let mut cmd = redis::cmd("GET");
-    cmd.arg(key);
-    conn.send_packed_command(&cmd).await
+    conn.send_packed_command(get).await
 }
 
 /// Takes what is queued and sends it as `MGET`s, [`FLIGHTS`] at a time; ends when the
@@ -178,7 +195,10 @@ async fn batcher(
 
 /// One `MGET` of `batch`'s keys; each caller gets the reply in its position.
 async fn flight(conn: &mut MultiplexedConnection, batch: Vec<Waiter>) {
-    let mut cmd = redis::cmd("MGET");
+    // Sized for its arguments: no regrowth per key.
+    let bytes = batch.iter().map(|w| w.key.len()).sum::<usize>();
+    let mut cmd = redis::Cmd::with_capacity(batch.len() + 1, 4 + bytes);
+    cmd.arg("MGET");
     for w in &batch {
         cmd.arg(&w.key[..]);
     }

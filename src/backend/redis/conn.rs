@@ -30,7 +30,10 @@ struct Open {
 
 #[derive(Default)]
 struct State {
-    idle: Vec<Open>,
+    /// Boxed: a connection is large, and moves in and out of the list (into a `Pooled` and
+    /// back) on every call.
+    #[allow(clippy::vec_box)]
+    idle: Vec<Box<Open>>,
     /// Connections open (idle or checked out).
     open: usize,
     /// Raised by `clear`: connections checked out before it are not given back.
@@ -53,7 +56,8 @@ impl Pool {
     /// An idle connection, or a new one while fewer than `size` are open; otherwise waits up to
     /// `connect_timeout` for one to be given back.
     pub(super) fn checkout(&self) -> Result<Pooled<'_>, Failure> {
-        let deadline = Instant::now() + self.connect_timeout;
+        // Read the clock only to wait (an idle connection is the common case).
+        let mut deadline = None;
         let mut state = self.state.lock();
         loop {
             let generation = state.generation;
@@ -71,6 +75,7 @@ impl Pool {
                     }
                 };
             }
+            let deadline = *deadline.get_or_insert_with(|| Instant::now() + self.connect_timeout);
             if self.freed.wait_until(&mut state, deadline).timed_out() {
                 // A local wait: nothing against the server.
                 return Err(Failure::Local(Error::new(
@@ -86,7 +91,7 @@ impl Pool {
 
     /// A new connection, its set-up done (`AUTH`, `SELECT`), and its id learned (`CLIENT
     /// INFO`: one round trip more; none if the server refuses the command).
-    fn connect(&self) -> Result<Open, Failure> {
+    fn connect(&self) -> Result<Box<Open>, Failure> {
         #[cfg(feature = "redis-tls")]
         if matches!(
             self.client.get_connection_info().addr(),
@@ -114,7 +119,7 @@ impl Pool {
             .clients
             .learned(conn.req_command(&clients::info()))
             .map_err(super::connect_failure)?;
-        Ok(Open { conn, client })
+        Ok(Box::new(Open { conn, client }))
     }
 
     /// A checked-out connection was dropped (not given back).
@@ -127,7 +132,7 @@ impl Pool {
         self.freed.notify_one();
     }
 
-    fn give_back(&self, conn: Open, generation: u64) {
+    fn give_back(&self, conn: Box<Open>, generation: u64) {
         let mut state = self.state.lock();
         if state.generation == generation {
             state.idle.push(conn);
@@ -163,7 +168,7 @@ impl Pool {
 /// whole answer: the connection is in step with the server).
 pub(super) struct Pooled<'a> {
     pool: &'a Pool,
-    conn: Option<Open>,
+    conn: Option<Box<Open>>,
     generation: u64,
     keep: bool,
     /// Taken from the idle list (it may have been closed by the server meanwhile).
@@ -171,7 +176,7 @@ pub(super) struct Pooled<'a> {
 }
 
 impl<'a> Pooled<'a> {
-    fn new(pool: &'a Pool, conn: Open, generation: u64, reused: bool) -> Pooled<'a> {
+    fn new(pool: &'a Pool, conn: Box<Open>, generation: u64, reused: bool) -> Pooled<'a> {
         Pooled {
             pool,
             conn: Some(conn),

@@ -136,7 +136,10 @@ impl Shared {
 
     /// The server answered.
     fn answered(&self, probe: bool) {
-        if self.health.success(self.now_ms(), probe) {
+        // Only a probe's answer, which may bring the server back, stores the time: the other
+        // calls (every call of a healthy server) read no clock.
+        let now_ms = if probe { self.now_ms() } else { 0 };
+        if self.health.success(now_ms, probe) {
             tracing::warn!(server = %self.addr, "newcache: redis server is back");
         }
     }
@@ -144,9 +147,9 @@ impl Shared {
     /// Whether this caller is the first to reach the server (it then checks its eviction
     /// policy, once).
     fn first_answer(&self) -> bool {
-        !self
-            .policy_checked
-            .swap(true, std::sync::atomic::Ordering::Relaxed)
+        use std::sync::atomic::Ordering::Relaxed;
+        // A load first: every call asks, and a swap would write the shared line each time.
+        !self.policy_checked.load(Relaxed) && !self.policy_checked.swap(true, Relaxed)
     }
 
     /// Warns about an eviction policy that breaks a cache's expectations.
@@ -594,8 +597,18 @@ impl RedisBackend {
     /// idle connections are dropped and the request goes once more on a fresh one, with no
     /// fault counted (as the memcached pool does with a stale connection).
     fn send<T>(&self, req: &Request<T>) -> std::result::Result<Vec<Value>, Failure> {
-        let cmds: Vec<&redis::Cmd> = req.commands.iter().map(|c| &c.cmd).collect();
-        let cmds = &cmds[..];
+        // One command (every get) needs no list of its own.
+        let (one, many): ([&redis::Cmd; 1], Vec<&redis::Cmd>);
+        let cmds: &[&redis::Cmd] = match &req.commands[..] {
+            [c] => {
+                one = [&c.cmd];
+                &one
+            }
+            cs => {
+                many = cs.iter().map(|c| &c.cmd).collect();
+                &many
+            }
+        };
         let mut conn = self.pool.checkout()?;
         let mut replies = match self.exchange(&mut conn, cmds) {
             Ok(r) => r,

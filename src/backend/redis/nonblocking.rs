@@ -344,7 +344,12 @@ impl Inner {
         let mut tries = 0;
         let replies = loop {
             tries += 1;
-            let sent = match self.replay().await {
+            // Nothing missed (every call of a healthy server): no replay to enter.
+            let replayed = match s.missed().pending() {
+                true => Box::pin(self.replay()).await,
+                false => Ok(()),
+            };
+            let sent = match replayed {
                 Ok(()) => self.send(&req).await,
                 Err(e) => Err(e),
             };
@@ -373,7 +378,7 @@ impl Inner {
         s.answered(probe);
         if s.first_answer() {
             let ask = s.requests.policy();
-            let policy = self.send(&ask).await.ok();
+            let policy = Box::pin(self.send(&ask)).await.ok();
             let policy = policy.and_then(|r| (ask.read)(r).ok().flatten());
             s.judge_policy(policy.as_deref());
         }
@@ -462,15 +467,20 @@ impl Inner {
         req: &Request<T>,
     ) -> std::result::Result<Vec<Value>, (Option<u64>, Failure)> {
         if req.wait.is_some() {
-            return self.send_waited(req).await.map_err(|f| (None, f));
+            // Boxed: its connect and wait are not every call's.
+            return Box::pin(self.send_waited(req)).await.map_err(|f| (None, f));
         }
-        let Open { id, mut conn, gets } = self.connection().await.map_err(|f| (None, f))?;
+        let open = match self.current() {
+            Some(open) => open,
+            // Boxed: a connect's future is large, and a call's own stays small (a boxed
+            // future's allocation from the allocator's small-size cache).
+            None => Box::pin(self.connection()).await.map_err(|f| (None, f))?,
+        };
+        let Open { id, mut conn, gets } = open;
         let on = |f| (Some(id), f);
         if let (true, false, [one]) = (req.batched, self.asking, &req.commands[..]) {
-            if let Some(redis::Arg::Simple(key)) = one.cmd.args_iter().nth(1) {
-                let reply = gets.get(&mut conn, key).await;
-                return Ok(vec![reply.map_err(|e| on(failure_of(e, false)))?]);
-            }
+            let reply = gets.get(&mut conn, &one.cmd).await;
+            return Ok(vec![reply.map_err(|e| on(failure_of(e, false)))?]);
         }
         self.request_on(&mut conn, req).await.map_err(on)
     }

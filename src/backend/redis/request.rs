@@ -3,7 +3,7 @@
 //! here once; the blocking pool (`conn.rs`) and the async connection (`nonblocking.rs`) only
 //! send them. No I/O.
 
-use bytes::Bytes;
+use bytes::{Buf, Bytes};
 use redis::Value;
 
 use super::clients::{self, ClientId};
@@ -277,7 +277,7 @@ pub(super) fn refusal_code(e: &Error) -> Option<&str> {
 /// An item from stored bytes: newcache's (header stripped, its stamp the token) or a foreign
 /// value (whole, flags 0, its digest the token).
 fn item_of(v: Value) -> Result<Option<Item>> {
-    let bytes = match v {
+    let mut bytes = match v {
         Value::Nil => return Ok(None),
         Value::BulkString(b) => Bytes::from(b),
         Value::ServerError(e) => return Err(refused(e)),
@@ -288,11 +288,15 @@ fn item_of(v: Value) -> Result<Option<Item>> {
         }
     };
     Ok(Some(match item::decode(&bytes) {
-        Some((stamp, flags)) => Item {
-            value: bytes.slice(item::HEADER..),
-            flags,
-            cas: stamp,
-        },
+        Some((stamp, flags)) => {
+            // Past the header in place: a `slice` would share the buffer (an allocation).
+            bytes.advance(item::HEADER);
+            Item {
+                value: bytes,
+                flags,
+                cas: stamp,
+            }
+        }
         None => Item {
             cas: item::foreign_token(&bytes),
             value: bytes,
@@ -479,8 +483,9 @@ impl Builder {
 
     pub(super) fn get(&self, key: &str) -> Result<Request<Option<Item>>> {
         self.check_key(key)?;
-        let mut cmd = redis::cmd("GET");
-        cmd.arg(key);
+        // Sized for its two arguments: no regrowth.
+        let mut cmd = redis::Cmd::with_capacity(2, 3 + key.len());
+        cmd.arg("GET").arg(key);
         Ok(Request {
             // Never on a cluster node: an `MGET` of keys of several slots is refused there.
             batched: !self.cluster,
