@@ -534,7 +534,9 @@ impl CacheBuilder {
         self
     }
 
-    /// memcached: connections per server; default 16.
+    /// memcached and Redis: connections per server; default 16. (On Redis: the sync `Cache`'s
+    /// blocking pool, and with `redis_wait` the most connections an
+    /// `AsyncCache` opens for its waited writes, one write each at a time.)
     pub fn pool_size(mut self, size: u32) -> Self {
         self.memcached_only.push("pool_size");
         self.pool_size = size;

@@ -494,11 +494,17 @@ pub fn shared_valkey() -> &'static str {
 /// directory): no persistence, a short node timeout (2 s: a failover within seconds).
 #[cfg(feature = "redis")]
 fn cluster_node_args(port: u16) -> Vec<String> {
+    cluster_node_args_on("127.0.0.1", port)
+}
+
+/// [`cluster_node_args`] of a node listening on `host` only.
+#[cfg(feature = "redis")]
+fn cluster_node_args_on(host: &str, port: u16) -> Vec<String> {
     [
         "--port",
         &port.to_string(),
         "--bind",
-        "127.0.0.1",
+        host,
         "--cluster-enabled",
         "yes",
         "--cluster-config-file",
@@ -762,6 +768,110 @@ impl Drop for RedisCluster {
     fn drop(&mut self) {
         for c in self.children.iter_mut().filter_map(Option::take) {
             let mut c = c;
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A Redis 7 cluster of 3 masters (no replicas) listening on `::1` only, as an IPv6 cluster
+/// names its nodes (`CLUSTER SLOTS` says `::1`, a `MOVED` `::1:port`, unbracketed). Its nodes
+/// are killed, and their directory removed, on drop.
+#[cfg(feature = "redis")]
+pub struct Ipv6Cluster {
+    pub ports: Vec<u16>,
+    dir: std::path::PathBuf,
+    children: Vec<Child>,
+}
+
+#[cfg(feature = "redis")]
+impl Ipv6Cluster {
+    pub fn start() -> Ipv6Cluster {
+        let mut ports = Vec::new();
+        while ports.len() < 3 {
+            let free = |p: u16| TcpListener::bind(("::1", p)).is_ok();
+            let p = TcpListener::bind("[::1]:0")
+                .and_then(|l| l.local_addr())
+                .expect("IPv6 loopback (::1)")
+                .port();
+            if p < 50_000 && free(p + 10_000) && !ports.contains(&p) {
+                ports.push(p);
+            }
+        }
+        let dir = std::env::temp_dir().join(format!(
+            "newcache-ipv6-cluster-{}-{}",
+            std::process::id(),
+            ports[0]
+        ));
+        let mut children = Vec::new();
+        for &p in &ports {
+            let node_dir = dir.join(p.to_string());
+            std::fs::create_dir_all(&node_dir).expect("cluster node dir");
+            let child = Command::new("redis-server")
+                .args(cluster_node_args_on("::1", p))
+                .current_dir(&node_dir)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("redis-server is installed (see .ci/run)");
+            children.push(child);
+        }
+        let cluster = Ipv6Cluster {
+            ports,
+            dir,
+            children,
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for &p in &cluster.ports {
+            while TcpStream::connect(("::1", p)).is_err() {
+                assert!(Instant::now() < deadline, "node [::1]:{p} did not come up");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        let nodes: Vec<String> = cluster.ports.iter().map(|p| format!("::1:{p}")).collect();
+        let out = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&nodes)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("redis-cli is installed (see .ci/run)");
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster create failed: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let deadline = Instant::now() + Duration::from_secs(30);
+        'settle: loop {
+            assert!(Instant::now() < deadline, "the IPv6 cluster did not settle");
+            std::thread::sleep(Duration::from_millis(100));
+            for &p in &cluster.ports {
+                let info: String = redis::cmd("CLUSTER")
+                    .arg("INFO")
+                    .query(&mut cluster.node(p))
+                    .unwrap();
+                if !info.contains("cluster_state:ok") {
+                    continue 'settle;
+                }
+            }
+            return cluster;
+        }
+    }
+
+    /// A connection to the node on `port`.
+    pub fn node(&self, port: u16) -> redis::Connection {
+        redis::Client::open(format!("redis://[::1]:{port}/"))
+            .and_then(|c| c.get_connection())
+            .unwrap()
+    }
+}
+
+#[cfg(feature = "redis")]
+impl Drop for Ipv6Cluster {
+    fn drop(&mut self) {
+        for c in &mut self.children {
             let _ = c.kill();
             let _ = c.wait();
         }

@@ -5,9 +5,12 @@
 
 use std::time::{Duration, Instant};
 
-use newcache::{Backend, Cache, DecodePolicy, FailurePolicy, RedisBackend, RedisConfig, StoreMode};
+use newcache::{
+    Backend, Cache, DecodePolicy, FailurePolicy, RedisBackend, RedisConfig, StoreMode, Ttl,
+};
 
 use crate::fixture::{RedisServer, unique_flavor, valkey_server};
+use crate::front::{BuildFor, Front};
 
 const S: fn(u64) -> Duration = Duration::from_secs;
 
@@ -1135,5 +1138,300 @@ fn concurrent_async_gets_of_a_user_without_mget_are_served() {
             denied.len(),
             denied.first()
         );
+    });
+}
+
+/// `touch` of a counter (memcached's plain touch) to no expiry is `PERSIST`: a user whose ACL
+/// refuses it gets `is_denied()`, not `Ok(true)`, and the counter keeps its expiry, on both
+/// fronts. The server answered: it is not marked dead, and the counter is still served.
+#[test]
+fn touch_of_a_counter_to_no_expiry_refused_by_the_acl_is_denied_and_it_keeps_its_expiry() {
+    on_both(|server| {
+        acl_user(server, "no-persist", &["~*", "&*", "+@all", "-persist"]);
+        for front in [Front::Sync, Front::Async] {
+            let cache = as_user(server, "no-persist", "secret")
+                .write_failures(FailurePolicy::Propagate)
+                .build_front(front);
+            cache.set_counter("k", 1, S(60)).unwrap();
+            let e = cache.touch("k", Ttl::Never).unwrap_err();
+            assert!(
+                e.is_denied() && e.to_string().contains("persist"),
+                "{front:?}: {e}"
+            );
+            let ttl: i64 = redis::cmd("TTL")
+                .arg(cache.make_key("k"))
+                .query(&mut raw(server))
+                .unwrap();
+            assert!(ttl > 0, "{front:?}: the key still expires: {ttl}");
+            assert_eq!(cache.incr("k", 1).unwrap(), 2, "{front:?}");
+            // A touch to an expiry (`PEXPIRE`, allowed) still works.
+            assert!(cache.touch("k", S(120)).unwrap(), "{front:?}");
+        }
+    });
+}
+
+/// A user with exactly the commands the README lists, but not `WAIT`, on a cache with
+/// `redis_wait`: a `set` stores its value and fails with an error that `is_outcome_unknown()`
+/// and names the refused `WAIT` (not `is_denied()`, which would say nothing was written); the
+/// write's own refusal still comes first (a `set` of a key the user may not touch is denied).
+/// Nothing is queued for a replay: the value stays.
+#[test]
+fn a_refused_wait_leaves_a_stored_writes_outcome_unknown_and_its_own_refusal_first() {
+    on_both(|server| {
+        // The README's list ("ACL users"), the optional ones included; no `WAIT`.
+        let listed = [
+            "+get",
+            "+mget",
+            "+set",
+            "+exists",
+            "+persist",
+            "+pexpire",
+            "+expireat",
+            "+unlink",
+            "+scan",
+            "+eval",
+            "+evalsha",
+            "+config|get",
+            "+client|info",
+            "+client|kill",
+        ];
+        let mut rules = vec!["&*", "~*"];
+        rules.extend(listed);
+        acl_user(server, "listed", &rules);
+        for front in [Front::Sync, Front::Async] {
+            let cache = as_user(server, "listed", "secret")
+                .redis_wait(1, Duration::from_millis(50))
+                .write_failures(FailurePolicy::Propagate)
+                .build_front(front);
+            let e = cache.set("s", &1u32, S(60)).unwrap_err();
+            assert!(e.is_outcome_unknown() && !e.is_denied(), "{front:?}: {e:?}");
+            assert!(e.to_string().contains("refused the WAIT"), "{front:?}: {e}");
+            let stored: i64 = redis::cmd("EXISTS")
+                .arg(cache.make_key("s"))
+                .query(&mut raw(server))
+                .unwrap();
+            assert_eq!(stored, 1, "{front:?}: the set stored its value");
+            assert!(cache.delete("s").unwrap_err().is_outcome_unknown());
+            // Not queued for a replay that would delete a later write.
+            cache.set("t", &2u32, S(60)).unwrap_err();
+            assert_eq!(cache.get::<u32>("t").unwrap(), Some(2), "{front:?}");
+            assert_eq!(cache.stats().replayed_deletes, 0, "{front:?}");
+        }
+        // The write's own refusal first: a key outside the user's pattern is denied as such,
+        // not as the WAIT the user may not run either.
+        acl_user(
+            server,
+            "narrow",
+            &["resetkeys", "~other:*", "+@all", "-wait"],
+        );
+        for front in [Front::Sync, Front::Async] {
+            let cache = as_user(server, "narrow", "secret")
+                .redis_wait(1, Duration::from_millis(50))
+                .write_failures(FailurePolicy::Propagate)
+                .build_front(front);
+            let e = cache.set("s", &1u32, S(60)).unwrap_err();
+            assert!(e.is_denied() && !e.is_outcome_unknown(), "{front:?}: {e:?}");
+            assert!(!e.to_string().contains("'wait'"), "{front:?}: {e}");
+        }
+    });
+}
+
+/// A replica of `master` (its data in a temp directory of its own, removed on drop), once
+/// synced.
+struct Replica {
+    server: RedisServer,
+    dir: std::path::PathBuf,
+}
+
+impl Replica {
+    fn of(master: &RedisServer) -> Replica {
+        let dir = std::env::temp_dir().join(format!(
+            "newcache-replica-{}-{}",
+            std::process::id(),
+            master.port
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let port = master.port.to_string();
+        let server = RedisServer::start_with(
+            "redis-server",
+            &[
+                "--replicaof",
+                "127.0.0.1",
+                &port,
+                "--dir",
+                dir.to_str().unwrap(),
+            ],
+        );
+        let deadline = Instant::now() + S(20);
+        loop {
+            let info: String = redis::cmd("INFO")
+                .arg("replication")
+                .query(&mut raw(master))
+                .unwrap();
+            if info.contains("connected_slaves:1") && info.contains("state=online") {
+                return Replica { server, dir };
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the replica never synced: {info}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        self.server.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// With `redis_wait`, a replica gone makes every write's `WAIT` last its whole timeout and fall
+/// short. A `WAIT` blocks the connection it is sent on, so none may share one with other
+/// calls: 6 threads writing while another reads, on both fronts, no read of the healthy master
+/// fails, and each write fails only with its shortfall (outcome unknown, its value on the
+/// master and left there: nothing queued for a replay); the master is never marked dead.
+#[test]
+fn a_replica_gone_under_redis_wait_holds_up_no_read_and_fails_writes_only_short() {
+    let master = RedisServer::start("redis-server");
+    drop(Replica::of(&master));
+    // The master lost its replica: each WAIT now lasts its 400 ms (and a tick of the server's
+    // clock) and answers 0, well within the 2 s io_timeout; six of them in a row would not be.
+    for front in [Front::Sync, Front::Async] {
+        let cache = Cache::builder()
+            .redis(master.url())
+            .flavor(unique_flavor("wait-gone"))
+            .redis_wait(1, Duration::from_millis(400))
+            .io_timeout(S(2))
+            .read_failures(FailurePolicy::Propagate)
+            .write_failures(FailurePolicy::Propagate)
+            .build_front(front);
+        let short = |r: &newcache::Result<()>| {
+            r.as_ref()
+                .is_err_and(|e| e.is_outcome_unknown() && e.to_string().contains("0 of 1 replicas"))
+        };
+        assert!(short(&cache.set("r", &1u32, S(60))), "{front:?}");
+        let writing = std::sync::atomic::AtomicUsize::new(6);
+        let (writes, reads) = std::thread::scope(|s| {
+            let writers: Vec<_> = (0..6)
+                .map(|i| {
+                    let (cache, writing) = (&cache, &writing);
+                    s.spawn(move || {
+                        let out: Vec<_> = (0..3)
+                            .map(|j| {
+                                (
+                                    format!("w{i}-{j}"),
+                                    cache.set(&format!("w{i}-{j}"), &1u32, S(60)),
+                                )
+                            })
+                            .collect();
+                        writing.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                        out
+                    })
+                })
+                .collect();
+            let mut reads = Vec::new();
+            while writing.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+                std::thread::sleep(Duration::from_millis(20));
+                reads.push(cache.get::<u32>("r"));
+            }
+            let writes: Vec<_> = writers
+                .into_iter()
+                .flat_map(|w| w.join().unwrap())
+                .collect();
+            (writes, reads)
+        });
+        let failed_reads: Vec<_> = reads.iter().filter(|r| !matches!(r, Ok(Some(1)))).collect();
+        assert!(
+            failed_reads.is_empty(),
+            "{front:?}: {} of {} reads of a healthy master failed: {:?}",
+            failed_reads.len(),
+            reads.len(),
+            failed_reads.first()
+        );
+        let not_short: Vec<_> = writes.iter().filter(|(_, r)| !short(r)).collect();
+        assert!(
+            not_short.is_empty(),
+            "{front:?}: {} of 18 writes failed otherwise than short of the replica: {:?}",
+            not_short.len(),
+            not_short.first()
+        );
+        for (key, _) in &writes {
+            assert_eq!(cache.get::<u32>(key).unwrap(), Some(1), "{front:?}: {key}");
+        }
+        assert_eq!(cache.stats().replayed_deletes, 0, "{front:?}");
+        assert!(cache.ping().is_ok(), "{front:?}");
+    }
+}
+
+/// An async waited write dropped while its `WAIT` blocks: its connection is closed, not kept
+/// for the next write (which would queue behind the wait); its value is on the master (the
+/// write ran before the wait), and the next write and read go on.
+#[test]
+fn an_async_write_dropped_mid_wait_closes_its_connection() {
+    let master = RedisServer::start("redis-server");
+    drop(Replica::of(&master));
+    let cache = Cache::builder()
+        .redis(master.url())
+        .flavor(unique_flavor("wait-dropped"))
+        .redis_wait(1, S(3))
+        .io_timeout(S(5))
+        .write_failures(FailurePolicy::Propagate)
+        .build_async()
+        .unwrap();
+    let rt = runtime();
+    let waiting = || -> Vec<String> {
+        let list: String = redis::cmd("CLIENT")
+            .arg("LIST")
+            .query(&mut raw(&master))
+            .unwrap();
+        list.lines()
+            .filter(|l| l.contains("cmd=wait") && l.contains("flags=b"))
+            .filter_map(|l| {
+                l.split(' ')
+                    .find(|f| f.starts_with("id="))
+                    .map(str::to_owned)
+            })
+            .collect()
+    };
+    let task = {
+        let cache = cache.clone();
+        rt.spawn(async move { cache.set("k", &1u32, S(60)).await })
+    };
+    let deadline = Instant::now() + S(10);
+    let blocked = loop {
+        if let [id] = &waiting()[..] {
+            break id.clone();
+        }
+        assert!(Instant::now() < deadline, "no write blocked in its WAIT");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    task.abort();
+    // Its connection goes (kept, it would stay open, idle, for good).
+    let deadline = Instant::now() + S(10);
+    loop {
+        let list: String = redis::cmd("CLIENT")
+            .arg("LIST")
+            .query(&mut raw(&master))
+            .unwrap();
+        if !list.lines().any(|l| l.starts_with(&format!("{blocked} "))) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the dropped write's connection ({blocked}) is still open"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let stored: i64 = redis::cmd("EXISTS")
+        .arg(cache.make_key("k"))
+        .query(&mut raw(&master))
+        .unwrap();
+    assert_eq!(stored, 1, "the write ran before its WAIT");
+    rt.block_on(async {
+        let e = cache.set("k", &2u32, S(60)).await.unwrap_err();
+        assert!(e.is_outcome_unknown(), "{e}");
+        assert_eq!(cache.get::<u32>("k").await.unwrap(), Some(2));
     });
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use newcache::{Cache, FailurePolicy};
 
-use crate::fixture::{RedisCluster, shared_redis_cluster, unique_flavor};
+use crate::fixture::{Ipv6Cluster, RedisCluster, shared_redis_cluster, unique_flavor};
 use crate::front::{BuildFor, Front, TestCache};
 
 const S: fn(u64) -> Duration = Duration::from_secs;
@@ -242,6 +242,88 @@ fn moved_slot_served(bin: &str) {
             .unwrap();
         assert_eq!(loaded, 7);
         assert_eq!(cache.delete_many(&keys).unwrap(), 20, "{front:?}");
+        assert!(cache.ping().is_ok(), "{front:?}");
+    }
+}
+
+/// On a cluster reached over IPv6, a `MOVED` names the node as Redis prints it, without
+/// brackets (`MOVED 8831 ::1:7002`): the cache follows it, on both fronts, and serves the
+/// moved key from its new master, as on IPv4 (the redirect, the slot map and the seed name the
+/// node in one form).
+#[test]
+fn a_moved_slot_keeps_being_served_on_an_ipv6_cluster() {
+    let cluster = Ipv6Cluster::start();
+    let flavor = unique_flavor("moved-v6");
+    let caches: Vec<(Front, TestCache)> = [Front::Sync, Front::Async]
+        .into_iter()
+        .map(|front| {
+            let cache = Cache::builder()
+                .redis_cluster([format!("redis://[::1]:{}", cluster.ports[0])])
+                .flavor(flavor.as_str())
+                .read_failures(FailurePolicy::Propagate)
+                .build_front(front);
+            (front, cache)
+        })
+        .collect();
+    // Both learn the map; k is on its slot's master.
+    for (front, cache) in &caches {
+        cache.set("k", &1u32, S(600)).unwrap();
+        assert_eq!(cache.get::<u32>("k").unwrap(), Some(1), "{front:?}");
+    }
+    let key = caches[0].1.make_key("k");
+    let slot: u16 = redis::cmd("CLUSTER")
+        .arg("KEYSLOT")
+        .arg(&key)
+        .query(&mut cluster.node(cluster.ports[0]))
+        .unwrap();
+    let holds = |p: u16| {
+        redis::cmd("EXISTS")
+            .arg(&key)
+            .query::<i64>(&mut cluster.node(p))
+            .is_ok_and(|n| n == 1)
+    };
+    let from = *cluster.ports.iter().find(|&&p| holds(p)).unwrap();
+    let to = *cluster.ports.iter().find(|&&p| p != from).unwrap();
+    // The slot (k its only key) moves to `to`.
+    let id = |p: u16| -> String {
+        redis::cmd("CLUSTER")
+            .arg("MYID")
+            .query(&mut cluster.node(p))
+            .unwrap()
+    };
+    let (from_id, to_id) = (id(from), id(to));
+    let setslot = |on: u16, args: &[&str]| {
+        let () = redis::cmd("CLUSTER")
+            .arg("SETSLOT")
+            .arg(slot)
+            .arg(args)
+            .query(&mut cluster.node(on))
+            .unwrap();
+    };
+    setslot(to, &["IMPORTING", &from_id]);
+    setslot(from, &["MIGRATING", &to_id]);
+    let () = redis::cmd("MIGRATE")
+        .arg("::1")
+        .arg(to)
+        .arg(&key)
+        .arg(0)
+        .arg(5000)
+        .query(&mut cluster.node(from))
+        .unwrap();
+    for &p in &cluster.ports {
+        setslot(p, &["NODE", &to_id]);
+    }
+    assert!(holds(to) && !holds(from));
+    for (front, cache) in &caches {
+        // The first read meets the MOVED, the second the refreshed map.
+        for _ in 0..2 {
+            assert_eq!(cache.get::<u32>("k").unwrap(), Some(1), "{front:?}");
+        }
+    }
+    for (n, (front, cache)) in (2u32..).zip(&caches) {
+        cache.set("k", &n, S(600)).unwrap();
+        assert_eq!(cache.get::<u32>("k").unwrap(), Some(n), "{front:?}");
+        assert!(holds(to), "{front:?}: written on the slot's new master");
         assert!(cache.ping().is_ok(), "{front:?}");
     }
 }

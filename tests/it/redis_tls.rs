@@ -229,6 +229,28 @@ fn mutual_tls_works_with_the_client_certificate_and_is_refused_without() {
     runtime().block_on(refused_every_time_async(&cache, says));
 }
 
+/// With `redis_wait`, `AsyncCache` sends each write on a connection of its own: opened with
+/// the same TLS set-up (the CA, the client certificate a `tls-auth-clients` server wants). The
+/// server has no replica, so each write is answered short of it: it reached the server.
+#[test]
+fn async_waited_writes_go_over_tls_with_the_client_certificate() {
+    let (pki, server) = server(true);
+    let cache = builder(&server.url(), Some(pki.with_client_cert()))
+        .redis_wait(1, Duration::from_millis(50))
+        .build_async()
+        .unwrap();
+    runtime().block_on(async {
+        for i in 0..3u32 {
+            let e = cache.set("k", &i, S(60)).await.unwrap_err();
+            assert!(
+                e.is_outcome_unknown() && e.to_string().contains("0 of 1 replicas"),
+                "{e}"
+            );
+            assert_eq!(cache.get::<u32>("k").await.unwrap(), Some(i));
+        }
+    });
+}
+
 #[test]
 fn concurrent_loaders_of_one_key_load_once_over_tls() {
     let (pki, server) = server(false);

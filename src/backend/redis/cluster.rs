@@ -1045,6 +1045,10 @@ mod nonblocking {
             self.router.max_value_size(key)
         }
 
+        fn settle_time(&self) -> std::time::Duration {
+            self.router.template.settle_time()
+        }
+
         fn ping(&self) -> BoxFuture<'_, std::result::Result<(), PingError>> {
             Box::pin(async move {
                 let map = match self.map().await {

@@ -27,7 +27,9 @@ pub struct RedisConfig {
     pub connect_timeout: Duration,
     /// Limit on one operation's I/O (default 500 ms).
     pub io_timeout: Duration,
-    /// Blocking connections kept for the sync `Cache` (default 16).
+    /// Blocking connections kept for the sync `Cache` (default 16); with [`wait`](Self::wait),
+    /// also the most connections `AsyncCache` opens for its writes (each carries one write and
+    /// its `WAIT` at a time, beside the connection every other call shares).
     pub pool_size: u32,
     /// Consecutive transport faults after which the server is marked dead (default 2).
     pub failure_limit: u32,
@@ -180,12 +182,27 @@ impl RedisConfig {
         }
     }
 
-    /// `host:port`, as errors, spans and `ping` name the server.
+    /// How long after a call a write of the async view whose caller went away may still land
+    /// ([`AsyncBackend::settle_time`](crate::backend::AsyncBackend::settle_time)): with a
+    /// `WAIT`, writes go on connections of their own (one of them may land after a later read
+    /// on the shared connection), within a connect and an operation's I/O; without, none.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn settle_time(&self) -> Duration {
+        match self.wait {
+            Some(_) => self.connect_timeout.saturating_add(self.io_timeout),
+            None => Duration::ZERO,
+        }
+    }
+
+    /// `host:port`, as errors, spans and `ping` name the server (an IPv6 host in brackets, as
+    /// a cluster's slot map and redirects name it: [`addr_of`](super::slots::addr_of)).
     pub(crate) fn addr(&self) -> String {
         match redis::Client::open(self.url.as_str()) {
             Ok(c) => match c.get_connection_info().addr() {
-                redis::ConnectionAddr::Tcp(h, p) => format!("{h}:{p}"),
-                redis::ConnectionAddr::TcpTls { host, port, .. } => format!("{host}:{port}"),
+                redis::ConnectionAddr::Tcp(h, p) => super::slots::addr_of(h, *p),
+                redis::ConnectionAddr::TcpTls { host, port, .. } => {
+                    super::slots::addr_of(host, *port)
+                }
                 other => other.to_string(),
             },
             Err(_) => redacted(&self.url),
@@ -199,9 +216,10 @@ impl RedisConfig {
 ///
 /// Replication is asynchronous: without it an acknowledged delete or claim can vanish when its
 /// master fails before a replica has it (an old value back as fresh, or a second load). With
-/// it, a write the replicas did not all acknowledge in time fails with an error that
+/// it, a write the replicas did not all acknowledge in time, or whose `WAIT` the server refused
+/// (an ACL user needs `WAIT`), fails with an error that
 /// [`is_outcome_unknown`](crate::Error::is_outcome_unknown) (the write is on the master, but it
-/// may not outlive a failover), handled by the write failure policy like any other write
+/// may not outlive a failover; a write the server refused fails with its own refusal), handled by the write failure policy like any other write
 /// error: returned by default (`FailurePolicy::Propagate`), absorbed and counted in
 /// `backend_errors_absorbed` with `FailurePolicy::Absorb`. The server is not marked dead for
 /// it, and no replay deletes the key later (the master has the write). Even acknowledged by a replica, a write can be lost if a replica

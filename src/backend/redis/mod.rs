@@ -31,6 +31,8 @@ mod script;
 mod slots;
 #[cfg(feature = "redis-tls")]
 mod tls;
+#[cfg(feature = "tokio")]
+mod waited;
 
 use std::ops::Deref;
 use std::sync::Arc;
@@ -91,12 +93,12 @@ impl Shared {
     }
 
     /// An answer's error, named after the server; a refusal of this client (a wrong password,
-    /// a command the ACL user may not run) is warned about once: under the default failure
-    /// policy a refused read is a miss and a loader's refused store is counted, so the warning
-    /// may be the only sign of it.
+    /// a command the ACL user may not run, the `WAIT` after a write included) is warned about
+    /// once: under the default failure policy a refused read is a miss and a loader's refused
+    /// store is counted, so the warning may be the only sign of it.
     fn answer_error(&self, e: Error) -> Error {
         let e = self.annotate(e);
-        if e.is_denied()
+        if (e.is_denied() || request::refusal_code(&e) == Some("NOPERM"))
             && !self
                 .denial_warned
                 .swap(true, std::sync::atomic::Ordering::Relaxed)
@@ -411,7 +413,8 @@ pub(super) fn denial(code: &str, detail: Option<&str>) -> Option<Error> {
     let message = match code {
         "NOPERM" => format!(
             "NOPERM {detail} (newcache needs GET, MGET, SET, EXISTS, PERSIST, PEXPIRE, \
-             EXPIREAT, UNLINK, SCAN, and EVAL and EVALSHA for its fenced writes and counters)"
+             EXPIREAT, UNLINK, SCAN, and EVAL and EVALSHA for its fenced writes and counters; \
+             WAIT with redis_wait)"
         ),
         "WRONGPASS" => "the server refused the URL's user and password (WRONGPASS)".to_owned(),
         "NOAUTH" => "the server requires a password (NOAUTH): give it in the URL, \

@@ -1,13 +1,16 @@
 //! The Redis backend for `AsyncCache`: the same [`Request`]s as the sync backend, sent on one
 //! multiplexed tokio connection (redis-rs's `MultiplexedConnection`: concurrent callers'
 //! commands share its writes, replies come back in order to each caller). Plain gets made
-//! while another read is on the wire go out together as one `MGET` (`batch.rs`).
+//! while another read is on the wire go out together as one `MGET` (`batch.rs`). A write
+//! followed by a `WAIT` (`redis_wait`) goes on a connection of its own instead (`waited.rs`):
+//! a `WAIT` blocks the connection it arrives on, and must hold up no other caller.
 //!
 //! The connection's driver task runs on the runtime current when it was opened. If that runtime
 //! shuts down, the driver ends: the next call sees it finished and reconnects on its own runtime
 //! (not a fault of the server); a read in flight then is sent again once, a write fails with
 //! [`is_outcome_unknown`](crate::Error::is_outcome_unknown). Dropping a call's future is safe:
-//! the driver reads and discards its reply (a write already sent may still be applied). As with
+//! the driver reads and discards its reply (a write already sent may still be applied); a
+//! waited write's own connection is closed instead (`waited.rs`). As with
 //! the memcached engine, a runtime that is alive but no longer driven (a current-thread runtime
 //! outside `block_on`) holds the connection it opened: callers on other runtimes time out on it
 //! (one `io_timeout`, two for a get queued for a batch; one fault) before one of them
@@ -28,6 +31,7 @@ use tokio::task::JoinHandle;
 use super::batch::Gets;
 use super::clients::{self, ClientId};
 use super::request::{self, Request, noscript_retry};
+use super::waited::{self, Dialed, Waited};
 use super::{BatchOp, Failure, Shared, connect_failure, failure_of};
 use crate::backend::memcached::health::MissedOf;
 use crate::backend::memcached::outage::{Begin, Missed, Replay};
@@ -57,14 +61,7 @@ impl Live {
     /// Whether its driver task was cancelled: its runtime shut down (a driver that ended by
     /// itself met the connection's end: the server's doing).
     fn cancelled(mut self) -> bool {
-        if !self.driver.is_finished() {
-            return false;
-        }
-        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        matches!(
-            std::pin::Pin::new(&mut self.driver).poll(&mut cx),
-            std::task::Poll::Ready(Err(e)) if e.is_cancelled()
-        )
+        waited::cancelled(&mut self.driver)
     }
 }
 
@@ -97,7 +94,7 @@ pub(crate) struct Inner {
     asking: bool,
 }
 
-/// The connection of an async view (shared by its asking view).
+/// The connections of an async view (shared by its asking view).
 struct Link {
     info: redis::ConnectionInfo,
     /// A `rediss://` server's handshake.
@@ -108,6 +105,8 @@ struct Link {
     connecting: tokio::sync::Mutex<()>,
     /// Connections opened so far.
     opened: std::sync::atomic::AtomicU64,
+    /// The connections of writes followed by a `WAIT`, one write each at a time.
+    waited: Waited,
 }
 
 impl std::fmt::Debug for AsyncRedis {
@@ -130,6 +129,7 @@ impl AsyncRedis {
                 live: parking_lot::Mutex::new(None),
                 connecting: tokio::sync::Mutex::new(()),
                 opened: std::sync::atomic::AtomicU64::new(0),
+                waited: Waited::new(shared.config.pool_size, shared.clients.clone()),
             }),
             shared,
             asking: false,
@@ -188,6 +188,40 @@ impl Inner {
             return Ok(c);
         }
         let rt = runtime()?;
+        let Dialed {
+            conn,
+            driver,
+            client,
+        } = self.dial(&rt).await?;
+        let gets = Arc::new(Gets::start(
+            &rt,
+            conn.clone(),
+            self.shared.config.io_timeout,
+        ));
+        let id = self
+            .link
+            .opened
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let replaced = self.link.live.lock().replace(Live {
+            id,
+            conn: conn.clone(),
+            driver,
+            client,
+            gets: Arc::clone(&gets),
+        });
+        // Its driver ended (the server's doing, or its runtime's): bytes of a request on it
+        // may still be on their way.
+        if let Some(old) = replaced {
+            self.shared.clients.dropped(old.client.clone());
+        }
+        Ok(Open { id, conn, gets })
+    }
+
+    /// A new connection to the server, its driver spawned on `rt`: the TCP connect, the TLS
+    /// handshake of a `rediss://` server, then [`open`](Inner::open)'s set-up.
+    async fn dial(&self, rt: &tokio::runtime::Handle) -> std::result::Result<Dialed, Failure> {
+        let s = &self.shared;
+        let connect_timeout = s.config.connect_timeout;
         let config = redis::AsyncConnectionConfig::new()
             .set_connection_timeout(Some(connect_timeout))
             .set_response_timeout(Some(s.config.io_timeout));
@@ -237,10 +271,10 @@ impl Inner {
     /// server refuses the command).
     async fn open<C>(
         &self,
-        rt: tokio::runtime::Handle,
+        rt: &tokio::runtime::Handle,
         stream: C,
         config: redis::AsyncConnectionConfig,
-    ) -> std::result::Result<Open, Failure>
+    ) -> std::result::Result<Dialed, Failure>
     where
         C: Unpin + tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + 'static,
     {
@@ -270,33 +304,17 @@ impl Inner {
                 return Err(connect_failure(e));
             }
         };
-        let gets = Arc::new(Gets::start(
-            &rt,
-            conn.clone(),
-            self.shared.config.io_timeout,
-        ));
-        let id = self
-            .link
-            .opened
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let replaced = self.link.live.lock().replace(Live {
-            id,
-            conn: conn.clone(),
+        Ok(Dialed {
+            conn,
             driver,
             client,
-            gets: Arc::clone(&gets),
-        });
-        // Its driver ended (the server's doing, or its runtime's): bytes of a request on it
-        // may still be on their way.
-        if let Some(old) = replaced {
-            self.shared.clients.dropped(old.client.clone());
-        }
-        Ok(Open { id, conn, gets })
+        })
     }
 
-    /// Drops the connection (on shutdown).
+    /// Drops the connections (on shutdown).
     fn drop_connection(&self) {
         drop(self.link.live.lock().take());
+        self.link.waited.clear();
     }
 
     /// Drops connection `id` after a fault on it: `(retired, orphaned)`: whether this caller
@@ -350,8 +368,9 @@ impl Inner {
                         return Err(s.annotate(e));
                     }
                     let e = s.annotate(e);
-                    if retired {
-                        s.fault(probe, &e);
+                    // Marked dead: the idle connections of waited writes likely broke too.
+                    if retired && s.fault(probe, &e) {
+                        self.link.waited.clear();
                     }
                     return Err(e);
                 }
@@ -453,11 +472,16 @@ impl Inner {
 
     /// The replies to `req`'s commands (a script the server did not know sent again with its
     /// source).
-    /// On failure, which connection it met (`None`: connecting failed).
+    /// On failure, which shared connection it met (`None`: connecting failed, or a waited
+    /// write's own connection failed: a fault of its own either way).
     async fn send<T>(
         &self,
         req: &Request<T>,
     ) -> std::result::Result<Vec<Value>, (Option<u64>, Failure)> {
+        if req.wait.is_some() {
+            // Boxed: its connect and wait are not every call's.
+            return Box::pin(self.send_waited(req)).await.map_err(|f| (None, f));
+        }
         let open = match self.current() {
             Some(open) => open,
             // Boxed: a connect's future is large, and a call's own stays small (a boxed
@@ -473,18 +497,40 @@ impl Inner {
             let reply = gets.get(&mut conn, &one.cmd).await;
             return Ok(vec![reply.map_err(|e| on(failure_of(e, false)))?]);
         }
+        self.request_on(&mut conn, req).await.map_err(on)
+    }
+
+    /// [`send`](Inner::send) of a write followed by a `WAIT`: on a connection of its own
+    /// (`waited.rs`), so that the wait holds up no other caller's command. A fault there is
+    /// its own (the connection dropped, not reused); one met because its runtime shut down
+    /// under it is not the server's.
+    async fn send_waited<T>(&self, req: &Request<T>) -> std::result::Result<Vec<Value>, Failure> {
+        let dial = async { self.dial(&runtime()?).await };
+        let connect_timeout = self.shared.config.connect_timeout;
+        let mut lent = self.link.waited.lend(connect_timeout, dial).await?;
+        match self.request_on(lent.conn(), req).await {
+            Ok(replies) => {
+                lent.keep();
+                Ok(replies)
+            }
+            Err(Failure::Fault(e)) if lent.orphaned() => Err(Failure::Local(e)),
+            Err(f) => Err(f),
+        }
+    }
+
+    /// The replies to `req`'s commands on `conn`, a script the server did not know sent again
+    /// with its source (and the `WAIT` after it).
+    async fn request_on<T>(
+        &self,
+        conn: &mut MultiplexedConnection,
+        req: &Request<T>,
+    ) -> std::result::Result<Vec<Value>, Failure> {
         let cmds: Vec<&redis::Cmd> = req.commands.iter().map(|c| &c.cmd).collect();
-        let mut replies = self
-            .exchange(&mut conn, &cmds, req.write)
-            .await
-            .map_err(on)?;
+        let mut replies = self.exchange(conn, &cmds, req.write).await?;
         let retry = noscript_retry(req, &replies, &self.shared.requests.scripts);
         if !retry.is_empty() {
             let again: Vec<&redis::Cmd> = retry.iter().map(|(_, c)| c).collect();
-            let answers = self
-                .exchange(&mut conn, &again, req.write)
-                .await
-                .map_err(on)?;
+            let answers = self.exchange(conn, &again, req.write).await?;
             for ((i, _), v) in retry.iter().zip(answers) {
                 replies[*i] = v;
             }
@@ -539,12 +585,10 @@ async fn send_on(
             conn.send_packed_commands(&pipe, 0, many.len()).await
         }
     };
-    match sent {
-        Ok(vs) => Ok(vs),
-        // An error reply of a single command comes as an error: keep it inline when the
-        // client says which.
-        Err(e) => Err(failure_of(e, write)),
-    }
+    // Error replies come inline (`Value::ServerError`), a single command's as a pipeline's
+    // (redis-rs 1.2): an `Err` is the client's own (I/O, a timeout, a dropped connection, a
+    // reply it could not parse).
+    sent.map_err(|e| failure_of(e, write))
 }
 
 impl AsyncBackend for AsyncRedis {
@@ -645,6 +689,10 @@ impl AsyncBackend for AsyncRedis {
 
     fn max_value_size(&self, key: &str) -> usize {
         self.shared.requests.max_value_size(key)
+    }
+
+    fn settle_time(&self) -> std::time::Duration {
+        self.shared.config.settle_time()
     }
 
     fn shutdown(&self) -> BoxFuture<'_, ()> {

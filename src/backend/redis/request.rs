@@ -46,43 +46,74 @@ pub(super) struct Request<T> {
     /// feature `tokio`, reads it).
     #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
     pub(super) batched: bool,
-    /// The replicas a `WAIT` sent last asks for ([`Builder::waited`]): its reply is read here,
-    /// not by `read`.
-    pub(super) wait: Option<u32>,
+    /// The `WAIT` sent last ([`Builder::waited`]): its reply is read here, not by `read`.
+    pub(super) wait: Option<Wait<T>>,
     pub(super) read: fn(Vec<Value>) -> Result<T>,
 }
 
-/// The start of a [`Request::answer`] error for a `WAIT` that fell short.
+/// The `WAIT` after a request's writes: the replicas it asks for, and how its failure (short
+/// of replicas, or refused) becomes the answer of writes that succeeded.
+pub(super) struct Wait<T> {
+    replicas: u32,
+    /// The answer `read` gave, and the `WAIT`'s error: the answer made of them (that error for
+    /// a single write; for a batch, [`each_fails`]).
+    fail: fn(T, Error) -> Result<T>,
+}
+
+/// The start of a [`Request::answer`] error for a `WAIT` that fell short or was refused.
 pub(super) const WAIT_SHORT: &str = "WAIT: ";
 
 impl<T> Request<T> {
-    /// The answer to the replies `vs`: `read`'s, after the `WAIT` reply if one was asked for.
+    /// The answer to the replies `vs`: `read`'s, then the `WAIT`'s if one was sent.
     ///
-    /// A `WAIT` that fell short fails the request with an error that
-    /// [`is_outcome_unknown`](Error::is_outcome_unknown): the write is on the master, but
-    /// whether it outlives a failover is not known.
+    /// The writes' own replies come first and decide first: a write the server refused fails
+    /// with its refusal, whatever the `WAIT` said. After a write that succeeded, a `WAIT` that
+    /// fell short, or that the server refused (an ACL user without `WAIT`), fails it with an
+    /// error that [`is_outcome_unknown`](Error::is_outcome_unknown): the write is on the master,
+    /// but whether it outlives a failover is not known.
     pub(super) fn answer(&self, mut vs: Vec<Value>) -> Result<T> {
-        if let Some(wanted) = self.wait {
-            let acked = match vs.pop() {
-                Some(Value::Int(n)) => n,
-                Some(Value::ServerError(e)) => return Err(refused(e)),
-                other => {
-                    return Err(Error::backend(format!("WAIT answered {other:?}")));
-                }
-            };
-            // The write's own reply comes first: an error reply there is the answer.
-            let answer = (self.read)(vs)?;
-            if acked < i64::from(wanted) {
-                return Err(Error::backend(format!(
-                    "{WAIT_SHORT}{acked} of {wanted} replicas acknowledged the write in time (it \
-                     is on the master; a failover before a replica has it may lose it)"
-                ))
-                .with_outcome_unknown());
-            }
-            return Ok(answer);
-        }
-        (self.read)(vs)
+        let Some(wait) = &self.wait else {
+            return (self.read)(vs);
+        };
+        let waited = vs.pop();
+        let answer = (self.read)(vs)?;
+        let wanted = wait.replicas;
+        let failed = match waited {
+            Some(Value::Int(acked)) if acked >= i64::from(wanted) => return Ok(answer),
+            Some(Value::Int(acked)) => Error::backend(format!(
+                "{WAIT_SHORT}{acked} of {wanted} replicas acknowledged the write in time (it is on \
+                 the master; a failover before a replica has it may lose it)"
+            )),
+            Some(Value::ServerError(e)) => Error::with_source(
+                ErrorKind::Backend,
+                format!(
+                    "{WAIT_SHORT}the server refused the WAIT sent after the write (it is on the \
+                     master; whether a replica has it is not known; with redis_wait the URL's \
+                     user needs WAIT)"
+                ),
+                redis::RedisError::from(e),
+            ),
+            other => Error::backend(format!(
+                "{WAIT_SHORT}answered {other:?}, not a count of replicas (the write is on the \
+                 master)"
+            )),
+        };
+        (wait.fail)(answer, failed.with_outcome_unknown())
     }
+}
+
+/// [`Wait::fail`] of a single write: the `WAIT`'s error.
+fn fails<T>(_: T, e: Error) -> Result<T> {
+    Err(e)
+}
+
+/// [`Wait::fail`] of a batch: the `WAIT`'s error for each write that succeeded; a write refused
+/// keeps its own error.
+fn each_fails<T>(answers: Vec<Result<T>>, e: Error) -> Result<Vec<Result<T>>> {
+    Ok(answers
+        .into_iter()
+        .map(|r| r.and_then(|_| Err(e.clone())))
+        .collect())
 }
 
 impl<T> Request<T> {
@@ -421,7 +452,8 @@ pub(super) struct Builder {
 }
 
 impl Builder {
-    /// `req` with a `WAIT` sent last, if the configuration asks for one.
+    /// `req` with a `WAIT` sent last, if the configuration asks for one (its failure fails the
+    /// request: see [`Request::answer`]).
     fn waited<T>(&self, mut req: Request<T>) -> Request<T> {
         if let Some(w) = self.wait {
             let mut cmd = redis::cmd("WAIT");
@@ -431,7 +463,20 @@ impl Builder {
                     .max(1),
             );
             req.commands.push(Command { cmd, script: None });
-            req.wait = Some(w.replicas);
+            req.wait = Some(Wait {
+                replicas: w.replicas,
+                fail: fails,
+            });
+        }
+        req
+    }
+
+    /// A batch's `req` with a `WAIT` sent last, if the configuration asks for one (its failure
+    /// fails each write that succeeded, the others keeping their own error).
+    fn waited_each<T>(&self, req: Request<Vec<Result<T>>>) -> Request<Vec<Result<T>>> {
+        let mut req = self.waited(req);
+        if let Some(w) = &mut req.wait {
+            w.fail = each_fails;
         }
         req
     }
@@ -678,7 +723,7 @@ impl Builder {
         }
         Batch {
             refused,
-            request: self.waited(Request {
+            request: self.waited_each(Request {
                 commands,
                 write: true,
                 batched: false,
@@ -693,7 +738,7 @@ impl Builder {
         let (refused, commands) = self.per_key("UNLINK", keys);
         Batch {
             refused,
-            request: self.waited(Request {
+            request: self.waited_each(Request {
                 commands,
                 write: true,
                 batched: false,
@@ -734,7 +779,15 @@ impl Builder {
                     write: true,
                     batched: false,
                     wait: None,
-                    read: |mut vs| int_of(vs.pop().unwrap_or(Value::Nil)).map(|n| n > 0),
+                    read: |mut vs| {
+                        let exists = vs.pop().unwrap_or(Value::Nil);
+                        // A refused `PERSIST` (`NOPERM`, `READONLY`, ...) is the answer: the
+                        // key keeps its expiry, whatever `EXISTS` found.
+                        if let Some(Value::ServerError(e)) = vs.pop() {
+                            return Err(refused(e));
+                        }
+                        int_of(exists).map(|n| n > 0)
+                    },
                 });
             }
             Expiry::In(ms) => {
@@ -914,6 +967,12 @@ pub(super) fn asking_answered(replies: Vec<Value>) -> Vec<Value> {
 
 /// The commands of `req` to send again after `replies` (one per command): those whose script the
 /// server did not know, as `EVAL` with the source, with their positions.
+///
+/// They run after the request's other commands, which is safe only while no request holds a
+/// script and another command for one key: a batch names each key once where it holds
+/// scripts (the loader's claim rounds skip repeated keys, `Fetched::Duplicate`; its
+/// completions are one per claim), `set_many`'s repeated keys are plain `SET`s, and a
+/// single write's read-back is in its script or a plain `GET` after a plain `SET`.
 pub(super) fn noscript_retry<T>(
     req: &Request<T>,
     replies: &[Value],
@@ -952,7 +1011,7 @@ mod tests {
         );
     }
     #[test]
-    fn a_wait_short_of_replicas_is_an_outcome_unknown_error_after_the_writes_answer() {
+    fn a_wait_short_of_replicas_or_refused_is_an_outcome_unknown_error_after_the_writes_answer() {
         let b = Builder {
             wait: Some(crate::backend::redis::ReplicaWait {
                 replicas: 2,
@@ -980,9 +1039,60 @@ mod tests {
             e.is_outcome_unknown() && e.to_string().contains("1 of 2 replicas"),
             "{e}"
         );
+        // The write's own reply decides first; a refused WAIT after a write that succeeded
+        // leaves its outcome unknown (the write is on the master) and names the refusal.
+        let no = |text: &[u8]| redis::parse_redis_value(text).unwrap();
+        let oom = no(b"-OOM command not allowed when used memory > 'maxmemory'\r\n");
+        let noperm = no(b"-NOPERM this user has no permissions to run the 'wait' command\r\n");
+        let e = req.answer(vec![oom.clone(), noperm.clone()]).unwrap_err();
+        assert!(
+            !e.is_outcome_unknown() && refusal_code(&e) == Some("OOM"),
+            "{e:?}"
+        );
+        let e = req.answer(vec![Value::Int(1), noperm.clone()]).unwrap_err();
+        assert!(
+            e.is_outcome_unknown() && !e.is_denied() && refusal_code(&e) == Some("NOPERM"),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("refused the WAIT"), "{e}");
+        // In a batch, each write that succeeded gets the WAIT's error; a refused one its own.
+        let batch = b.delete_many(&["a", "b"]).request;
+        let each = batch
+            .answer(vec![Value::Int(1), oom, Value::Int(0)])
+            .unwrap();
+        assert!(
+            each[0].as_ref().is_err_and(|e| e.is_outcome_unknown()),
+            "{each:?}"
+        );
+        assert!(
+            each[1]
+                .as_ref()
+                .is_err_and(|e| !e.is_outcome_unknown() && refusal_code(e) == Some("OOM")),
+            "{each:?}"
+        );
         // Without a wait, nothing is added.
         let plain = Builder { wait: None, ..b };
         assert_eq!(plain.delete("k").unwrap().commands.len(), 1);
+    }
+
+    #[test]
+    fn a_touch_to_no_expiry_answers_persists_refusal() {
+        let b = Builder {
+            wait: None,
+            item_size: 1 << 20,
+            key_limit: 250,
+            scripts: Scripts::new(),
+            cluster: false,
+        };
+        let req = b.touch("k", 0).unwrap();
+        assert_eq!(req.commands.len(), 2, "PERSIST, then EXISTS");
+        assert!(req.answer(vec![Value::Int(0), Value::Int(1)]).unwrap());
+        assert!(!req.answer(vec![Value::Int(0), Value::Int(0)]).unwrap());
+        let readonly =
+            redis::parse_redis_value(b"-READONLY You can't write against a read only replica.\r\n")
+                .unwrap();
+        let e = req.answer(vec![readonly, Value::Int(1)]).unwrap_err();
+        assert_eq!(refusal_code(&e), Some("READONLY"), "{e:?}");
     }
 
     #[test]

@@ -45,7 +45,9 @@ pub(crate) struct Range {
     pub(crate) addr: String,
 }
 
-/// `host:port`, the host in brackets if it is an IPv6 address.
+/// `host:port`, the host in brackets if it is an IPv6 address: the one form a server's address
+/// takes here, whoever names it (a seed's URL, `CLUSTER SLOTS`, a `MOVED` or `ASK`), so that
+/// one server has one view (one health and replay record).
 pub(super) fn addr_of(host: &str, port: u16) -> String {
     if host.contains(':') && !host.starts_with('[') {
         format!("[{host}]:{port}")
@@ -122,19 +124,17 @@ pub(super) enum Redirect {
 pub(super) fn redirect(code: &str, detail: Option<&str>) -> Option<Redirect> {
     let (slot, addr) = detail?.trim().split_once(' ')?;
     let slot: u16 = slot.parse().ok().filter(|&s| (s as usize) < SLOTS)?;
-    let addr = addr.trim();
+    // `host:port`, an IPv6 host unbracketed (`::1:7002`): the port follows the last colon.
+    let (host, port) = addr.trim().rsplit_once(':')?;
+    let port: u16 = port.parse().ok()?;
     // A node that does not know its own address names it ":port".
-    if addr.is_empty() || addr.starts_with(':') {
+    if host.is_empty() {
         return None;
     }
+    let addr = addr_of(host, port);
     match code {
-        "MOVED" => Some(Redirect::Moved {
-            slot,
-            addr: addr.to_owned(),
-        }),
-        "ASK" => Some(Redirect::Ask {
-            addr: addr.to_owned(),
-        }),
+        "MOVED" => Some(Redirect::Moved { slot, addr }),
+        "ASK" => Some(Redirect::Ask { addr }),
         _ => None,
     }
 }
@@ -179,7 +179,21 @@ mod tests {
                 addr: "127.0.0.1:6381".into()
             })
         );
+        // IPv6, as Redis prints it (no brackets), or bracketed: the map's form either way.
+        let v6 = Some(Redirect::Moved {
+            slot: 8831,
+            addr: "[::1]:37853".into(),
+        });
+        assert_eq!(redirect("MOVED", Some("8831 ::1:37853")), v6);
+        assert_eq!(redirect("MOVED", Some("8831 [::1]:37853")), v6);
+        assert_eq!(
+            redirect("ASK", Some("1 fe80::1:2:7000")),
+            Some(Redirect::Ask {
+                addr: "[fe80::1:2]:7000".into()
+            })
+        );
         assert_eq!(redirect("MOVED", Some("3999 :6381")), None);
+        assert_eq!(redirect("MOVED", Some("3999 127.0.0.1")), None);
         assert_eq!(redirect("MOVED", Some("99999 127.0.0.1:6381")), None);
         assert_eq!(redirect("ERR", Some("3999 127.0.0.1:6381")), None);
         assert_eq!(redirect("MOVED", None), None);
@@ -221,5 +235,31 @@ mod tests {
         );
         assert!(parse_slots(Value::Okay, "a:1").is_err());
         assert_eq!(addr_of("::1", 7000), "[::1]:7000");
+    }
+
+    #[test]
+    fn a_seed_a_slot_map_and_a_redirect_name_one_ipv6_node_alike() {
+        let seed = crate::backend::redis::RedisConfig::new("redis://[::1]:7000").addr();
+        let reply = Value::Array(vec![Value::Array(vec![
+            Value::Int(0),
+            Value::Int(16383),
+            Value::Array(vec![Value::BulkString(b"::1".to_vec()), Value::Int(7000)]),
+        ])]);
+        let mapped = parse_slots(reply, &seed).unwrap().remove(0).addr;
+        let Some(Redirect::Moved { addr: moved, .. }) = redirect("MOVED", Some("1 ::1:7000"))
+        else {
+            panic!("a MOVED to an IPv6 node is a redirect");
+        };
+        assert_eq!(
+            (seed.as_str(), mapped.as_str()),
+            ("[::1]:7000", "[::1]:7000")
+        );
+        assert_eq!(moved, seed);
+        let other = crate::backend::redis::RedisConfig::new("redis://[fe80::1]:6379/0").addr();
+        assert_eq!(other, "[fe80::1]:6379");
+        assert_eq!(
+            crate::backend::redis::RedisConfig::new("redis://10.0.0.1:7000").addr(),
+            "10.0.0.1:7000"
+        );
     }
 }
