@@ -942,7 +942,12 @@ async fn read_loop(
             }
         }
         if answered {
-            progress = Instant::now();
+            // The time of this reply counts only for a request still unanswered (taken, or
+            // pushed and not yet taken); one pushed later counts from its own write, which is
+            // later. A reader that answered everything reads no clock (a lone caller's get).
+            if !in_flight.is_empty() || !batches.is_empty() {
+                progress = Instant::now();
+            }
             link.server.answered(link.probe);
         }
         if start == buf.len() {

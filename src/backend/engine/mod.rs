@@ -34,6 +34,7 @@ mod conn;
 #[cfg(test)]
 pub(crate) mod tests;
 
+use std::cell::OnceCell;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -177,7 +178,7 @@ impl Server {
 
     /// Records a whole reply (from a probe's connection, it brings the server back).
     fn answered(&self, probe: bool) {
-        if self.health.success(self.settings.now_ms(), probe) {
+        if self.health.success_at(|| self.settings.now_ms(), probe) {
             tracing::warn!(server = %self.addr, "newcache: memcached server is back");
         }
     }
@@ -210,7 +211,7 @@ impl Server {
         for _ in 0..3 {
             let gate = self
                 .health
-                .gate(self.settings.now_ms(), self.settings.retry_interval);
+                .gate_at(|| self.settings.now_ms(), self.settings.retry_interval);
             if gate == Gate::FailFast {
                 return Err(self.health.dead_error(&self.addr));
             }
@@ -478,11 +479,19 @@ impl Engine {
         if w.mode != super::StoreMode::Cas(0) {
             return Ok(());
         }
-        let now = self.settings.now_ms();
-        let i = self
-            .routing
-            .route(w.key, |i| self.servers[i].health.routable(now));
+        let i = self.routing.route(w.key, self.routable());
         Err(super::no_cas(Some(&self.servers[i].addr)))
+    }
+
+    /// Whether server `i` may be routed to; the clock is read once, and only if a server is
+    /// marked dead.
+    fn routable(&self) -> impl Fn(usize) -> bool + '_ {
+        let now = OnceCell::new();
+        move |i| {
+            self.servers[i]
+                .health
+                .routable(|| *now.get_or_init(|| self.settings.now_ms()))
+        }
     }
 
     /// The server to send `key` to now.
@@ -491,10 +500,7 @@ impl Engine {
     }
 
     fn route_index(&self, key: &str) -> usize {
-        let now = self.settings.now_ms();
-        let i = self
-            .routing
-            .route(key, |i| self.servers[i].health.routable(now));
+        let i = self.routing.route(key, self.routable());
         super::note_server(&self.servers[i].addr);
         i
     }
@@ -513,10 +519,7 @@ impl Engine {
     where
         F: Future<Output = Result<T>>,
     {
-        let now = self.settings.now_ms();
-        let (home, i) = self
-            .routing
-            .home_and_route(key, |i| self.servers[i].health.routable(now));
+        let (home, i) = self.routing.home_and_route(key, self.routable());
         super::note_server(&self.servers[i].addr);
         let elsewhere = (i != home).then_some(i);
         let capacity = self.settings.replay_capacity;
@@ -551,11 +554,8 @@ impl Engine {
                 }
             })
             .collect();
-        let now = self.settings.now_ms();
         self.routing
-            .by_server(sendable.iter().map(|&i| key(i)), |s| {
-                self.servers[s].health.routable(now)
-            })
+            .by_server(sendable.iter().map(|&i| key(i)), self.routable())
             .into_iter()
             .map(|(s, ps)| (s, ps.into_iter().map(|p| sendable[p]).collect()))
             .collect()
@@ -585,10 +585,7 @@ impl Engine {
                 }
             }
         }
-        let all_up = || {
-            let now = self.settings.now_ms();
-            self.servers.iter().all(|s| s.health.routable(now))
-        };
+        let all_up = || (0..self.servers.len()).all(self.routable());
         let up_before = all_up();
         let groups = self.by_server(n, &key, |_| Ok(()), &mut out);
         // Each command is a write.
