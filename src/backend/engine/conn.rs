@@ -50,7 +50,7 @@ use tokio::sync::{Notify, mpsc, oneshot};
 use super::Server;
 use crate::backend::memcached::health::MissedOf;
 use crate::backend::memcached::outage::{self, Replay};
-use crate::backend::memcached::wire::{self, Shape, Slot};
+use crate::backend::memcached::wire::{self, Shape, Slot, ValueAt};
 use crate::backend::{Item, StoreOutcome};
 use crate::error::{Error, ErrorKind, Result};
 
@@ -915,6 +915,8 @@ async fn read_loop(
     // still being answered gets its own io_timeout (a slow link's rounds each have one, as the
     // pool's do), and a server that stops answering fails everything within one.
     let mut progress = Instant::now();
+    // The `VALUE` lines of the front `gets` reply, as its framing found them.
+    let mut values = Vec::new();
     let end = 'conn: loop {
         // The writer pushes a batch before writing it, so the expectation of every byte read
         // so far is here or in the channel: all of it is taken before any byte is judged
@@ -925,7 +927,13 @@ async fn read_loop(
         }
         let mut answered = false;
         while let Some((_, front)) = in_flight.front() {
-            let Some(n) = wire::reply_len(front.shape(), &buf[start..]) else {
+            let at_hand = &buf[start..];
+            let whole = match front {
+                // Framed once: the parser reads the values where the framing found them.
+                Expect::Gets { .. } => wire::frame_gets(at_hand, &mut values),
+                Expect::Cmd { .. } => wire::reply_len(front.shape(), at_hand),
+            };
+            let Some(n) = whole else {
                 break;
             };
             let Some((_, expect)) = in_flight.pop_front() else {
@@ -937,7 +945,7 @@ async fn read_loop(
             let reply = &buf[start..start + n];
             start += n;
             answered = true;
-            if let Err((error, fault)) = answer(expect, reply, item_size, &link.server) {
+            if let Err((error, fault)) = answer(expect, reply, &values, item_size, &link.server) {
                 break 'conn End::Dead { error, fault };
             }
         }
@@ -1093,12 +1101,14 @@ fn eof(in_flight: &mut VecDeque<(Instant, Expect)>) -> End {
     }
 }
 
-/// Parses one whole reply and answers its waiters. `Err` when the connection cannot go on: the
-/// error, and whether it is a transport fault (an unparseable reply) rather than a complete
-/// error reply after which memcached may be out of step.
+/// Parses one whole reply (a `gets` reply's `VALUE` lines are `values`, as its framing found
+/// them) and answers its waiters. `Err` when the connection cannot go on: the error, and
+/// whether it is a transport fault (an unparseable reply) rather than a complete error reply
+/// after which memcached may be out of step.
 fn answer(
     expect: Expect,
     reply: &[u8],
+    values: &[ValueAt],
     item_size: usize,
     server: &Server,
 ) -> std::result::Result<(), (Error, bool)> {
@@ -1120,9 +1130,8 @@ fn answer(
     };
     match expect {
         Expect::Gets { keys, waiters } => {
-            let ks: Vec<&str> = keys.iter().map(String::as_str).collect();
             let mut slots: Vec<Slot> = vec![Ok(None); keys.len()];
-            match wire::read_slots(&mut r, item_size, &ks, &mut slots).and_then(|()| whole(r)) {
+            match wire::read_framed(reply, values, item_size, &keys, &mut slots) {
                 Ok(()) => {
                     #[cfg(test)]
                     server
