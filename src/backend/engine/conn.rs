@@ -476,15 +476,16 @@ struct Round {
     out: Vec<u8>,
     expects: Vec<Expect>,
     line: Line,
+    /// The open line's keys by hash (indices into its `keys`), once it outgrows a linear scan;
+    /// emptied for the next line, its room kept.
+    table: hashbrown::HashTable<u32>,
     hasher: RandomState,
 }
 
-/// A `gets` line being merged: distinct keys, their index (past a few keys), the waiters.
+/// A `gets` line being merged: distinct keys, the waiters.
 #[derive(Default)]
 struct Line {
     keys: Vec<String>,
-    /// Indices into `keys`, by key, once the line outgrows a linear scan.
-    table: hashbrown::HashTable<u32>,
     bytes: usize,
     waiters: Vec<Waiter>,
 }
@@ -498,26 +499,32 @@ impl Line {
             || (self.keys.len() + keys <= KEYS_PER_LINE && self.bytes + bytes <= LINE_BYTES)
     }
 
-    /// The position of `key` in the line, adding it if new.
-    fn index(&mut self, key: String, hasher: &RandomState) -> u32 {
+    /// The position of `key` in the line, adding it if new (`table`: the line's, empty until
+    /// the line outgrows a linear scan).
+    fn index(
+        &mut self,
+        key: String,
+        table: &mut hashbrown::HashTable<u32>,
+        hasher: &RandomState,
+    ) -> u32 {
         let hash = |k: &str| hasher.hash_one(k);
         if self.keys.len() < LINEAR {
             if let Some(i) = self.keys.iter().position(|k| *k == key) {
                 return i as u32;
             }
         } else {
-            if self.table.is_empty() {
+            if table.is_empty() {
+                // Room for a whole line: its keys are hashed once, never rehashed.
+                table.reserve(KEYS_PER_LINE, |&j| hash(&self.keys[j as usize]));
                 for (i, k) in self.keys.iter().enumerate() {
-                    self.table
-                        .insert_unique(hash(k), i as u32, |&j| hash(&self.keys[j as usize]));
+                    table.insert_unique(hash(k), i as u32, |&j| hash(&self.keys[j as usize]));
                 }
             }
             let h = hash(&key);
-            if let Some(&i) = self.table.find(h, |&i| self.keys[i as usize] == key) {
+            if let Some(&i) = table.find(h, |&i| self.keys[i as usize] == key) {
                 return i;
             }
-            let (keys, table) = (&self.keys, &mut self.table);
-            table.insert_unique(h, keys.len() as u32, |&j| hash(&keys[j as usize]));
+            table.insert_unique(h, self.keys.len() as u32, |&j| hash(&self.keys[j as usize]));
         }
         self.bytes += key.len() + 1;
         self.keys.push(key);
@@ -540,7 +547,7 @@ impl Round {
                 }
                 let at = keys
                     .into_iter()
-                    .map(|k| self.line.index(k, &self.hasher))
+                    .map(|k| self.line.index(k, &mut self.table, &self.hasher))
                     .collect();
                 self.line.waiters.push(Waiter { reply, at });
             }
@@ -566,8 +573,8 @@ impl Round {
             return;
         }
         let line = std::mem::take(&mut self.line);
-        let keys: Vec<&str> = line.keys.iter().map(String::as_str).collect();
-        match wire::encode_gets(&mut self.out, &keys) {
+        self.table.clear();
+        match wire::encode_gets(&mut self.out, &line.keys) {
             Ok(()) => {
                 #[cfg(test)]
                 server.counters.note_line(line.waiters.len());

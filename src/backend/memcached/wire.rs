@@ -75,16 +75,16 @@ fn append(
 }
 
 /// `gets k1 k2 ...\r\n`; every key is checked before anything is written.
-pub(crate) fn encode_gets(out: &mut Vec<u8>, keys: &[&str]) -> Result<()> {
+pub(crate) fn encode_gets<K: AsRef<str>>(out: &mut Vec<u8>, keys: &[K]) -> Result<()> {
     append(
         out,
         || {
             if keys.is_empty() {
                 return Err(Error::new(ErrorKind::InvalidKey, "gets without a key"));
             }
-            keys.iter().try_for_each(|k| check_key(k))
+            keys.iter().try_for_each(|k| check_key(k.as_ref()))
         },
-        |out| write_gets(out, keys.iter().copied()),
+        |out| write_gets(out, keys.iter().map(AsRef::as_ref)),
     )
 }
 
