@@ -750,7 +750,7 @@ mod tests {
             check(|b| encode_arith(b, true, key, 1), ErrorKind::InvalidKey);
             check(|b| encode_touch(b, key, 0), ErrorKind::InvalidKey);
         }
-        check(|b| encode_gets(b, &[]), ErrorKind::InvalidKey);
+        check(|b| encode_gets::<&str>(b, &[]), ErrorKind::InvalidKey);
         let over = i32::MAX as u32 + 1;
         for exptime in [over, u32::MAX] {
             check(
