@@ -41,6 +41,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+use smallvec::{SmallVec, smallvec};
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -53,6 +54,13 @@ use crate::backend::memcached::outage::{self, Replay};
 use crate::backend::memcached::wire::{self, Shape, Slot, ValueAt};
 use crate::backend::{Item, StoreOutcome};
 use crate::error::{Error, ErrorKind, Result};
+
+/// A get's keys: inline for one (most gets), so that a get allocates no vector.
+pub(super) type Keys = SmallVec<[String; 1]>;
+/// A get's answer, a slot per key in order: inline for one key.
+pub(super) type Slots = SmallVec<[Slot; 1]>;
+/// The replies a write asks for: inline for one (a lone caller's).
+type Expects = SmallVec<[Expect; 1]>;
 
 /// Keys per `Get` op (longer requests are split when submitted) and per merged `gets` line.
 pub(super) const KEYS_PER_LINE: usize = 128;
@@ -79,10 +87,10 @@ pub(super) enum Op {
     /// has one slot per key, in order.
     Get {
         /// The keys, validated when submitted.
-        keys: Vec<String>,
+        keys: Keys,
         /// Where the answer goes; closed when the caller gave up (then the get is skipped if it
         /// was not written yet).
-        reply: oneshot::Sender<Vec<Slot>>,
+        reply: oneshot::Sender<Slots>,
     },
     /// One command, encoded by the validating encoders when submitted: no invalid byte ever
     /// reaches the wire. Written even if its caller gave up (a queued write may be applied).
@@ -155,7 +163,7 @@ impl Op {
     fn fail(self, e: &Error) {
         match self {
             Op::Get { keys, reply } => {
-                let _ = reply.send(vec![Err(e.clone()); keys.len()]);
+                let _ = reply.send(smallvec![Err(e.clone()); keys.len()]);
             }
             Op::Cmd { reply, .. } => {
                 let _ = reply.send(Err(e.clone()));
@@ -169,16 +177,16 @@ impl Op {
 
 /// One caller's part of a merged `gets` line: where each of its keys sits in the line.
 struct Waiter {
-    reply: oneshot::Sender<Vec<Slot>>,
-    at: Vec<u32>,
+    reply: oneshot::Sender<Slots>,
+    at: SmallVec<[u32; 1]>,
 }
 
 /// A reply the reader expects, in write order.
 enum Expect {
     /// A (possibly merged) `gets` line: its distinct keys and the callers waiting on them.
     Gets {
-        keys: Vec<String>,
-        waiters: Vec<Waiter>,
+        keys: Keys,
+        waiters: SmallVec<[Waiter; 1]>,
     },
     /// One command.
     Cmd {
@@ -222,7 +230,7 @@ impl Expect {
         match self {
             Expect::Gets { waiters, .. } => {
                 for w in waiters {
-                    let _ = w.reply.send(vec![Err(e.clone()); w.at.len()]);
+                    let _ = w.reply.send(smallvec![Err(e.clone()); w.at.len()]);
                 }
             }
             Expect::Cmd { reply, .. } => {
@@ -240,7 +248,7 @@ impl Expect {
 /// Expectations pushed to the reader before their bytes are written, with when that happened.
 pub(super) struct Batch {
     sent: Instant,
-    expects: Vec<Expect>,
+    expects: Expects,
 }
 
 /// A connection as its callers see it (next to its queue's sender): the count of pending ops,
@@ -474,7 +482,7 @@ impl Link {
 #[derive(Default)]
 struct Round {
     out: Vec<u8>,
-    expects: Vec<Expect>,
+    expects: Expects,
     line: Line,
     /// The open line's keys by hash (indices into its `keys`), once it outgrows a linear scan;
     /// emptied for the next line, its room kept.
@@ -485,9 +493,9 @@ struct Round {
 /// A `gets` line being merged: distinct keys, the waiters.
 #[derive(Default)]
 struct Line {
-    keys: Vec<String>,
+    keys: Keys,
     bytes: usize,
-    waiters: Vec<Waiter>,
+    waiters: SmallVec<[Waiter; 1]>,
 }
 
 /// Up to this many keys, a line finds duplicates by scanning.
@@ -587,7 +595,7 @@ impl Round {
             Err(e) => {
                 let e = server.annotate(e);
                 for w in line.waiters {
-                    let _ = w.reply.send(vec![Err(e.clone()); w.at.len()]);
+                    let _ = w.reply.send(smallvec![Err(e.clone()); w.at.len()]);
                 }
             }
         }
@@ -1137,7 +1145,7 @@ fn answer(
     };
     match expect {
         Expect::Gets { keys, waiters } => {
-            let mut slots: Vec<Slot> = vec![Ok(None); keys.len()];
+            let mut slots: Slots = smallvec![Ok(None); keys.len()];
             match wire::read_framed(reply, values, item_size, &keys, &mut slots) {
                 Ok(()) => {
                     #[cfg(test)]
@@ -1150,7 +1158,7 @@ fn answer(
                 Err(e) => {
                     let shown = server.annotate(e.clone());
                     for w in waiters {
-                        let _ = w.reply.send(vec![Err(shown.clone()); w.at.len()]);
+                        let _ = w.reply.send(smallvec![Err(shown.clone()); w.at.len()]);
                     }
                     fatal(&e)
                 }
@@ -1188,7 +1196,7 @@ fn store_then_get(r: &mut &[u8], key: &str, item_size: usize) -> Result<Reply> {
 
 /// Hands each waiter its keys' slots: moved on a key's last use, cloned before (a key two
 /// callers asked for).
-fn distribute(mut slots: Vec<Slot>, waiters: Vec<Waiter>) {
+fn distribute(mut slots: Slots, waiters: SmallVec<[Waiter; 1]>) {
     if let [w] = &waiters[..] {
         if w.at.len() == slots.len() && w.at.iter().enumerate().all(|(i, &a)| a as usize == i) {
             if let Some(w) = waiters.into_iter().next() {

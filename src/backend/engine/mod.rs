@@ -44,11 +44,12 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+use smallvec::smallvec;
 use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
-use self::conn::{Conn, KEYS_PER_LINE, Op, Parse, QUEUE, Reply};
+use self::conn::{Conn, KEYS_PER_LINE, Op, Parse, QUEUE, Reply, Slots};
 use super::memcached::MemcachedConfig;
 use super::memcached::health::{Gate, Health, MissedOf};
 use super::memcached::outage::{self, Begin, Missed, Replay};
@@ -297,10 +298,10 @@ impl Server {
     }
 
     /// Reads `keys` (at most [`KEYS_PER_LINE`], validated) on connection `slot`.
-    async fn get_on(self: &Arc<Self>, slot: usize, keys: &[&str]) -> Vec<Slot> {
+    async fn get_on(self: &Arc<Self>, slot: usize, keys: &[&str]) -> Slots {
         match self.queue_get(slot, keys).await {
             Ok(reply) => self.get_reply(reply, keys).await,
-            Err(e) => vec![Err(e); keys.len()],
+            Err(e) => smallvec![Err(e); keys.len()],
         }
     }
 
@@ -309,7 +310,7 @@ impl Server {
         self: &Arc<Self>,
         slot: usize,
         keys: &[&str],
-    ) -> Result<oneshot::Receiver<Vec<Slot>>> {
+    ) -> Result<oneshot::Receiver<Slots>> {
         self.queue_get_or(slot, keys, WhenFull::Wait).await
     }
 
@@ -319,7 +320,7 @@ impl Server {
         slot: usize,
         keys: &[&str],
         full: WhenFull,
-    ) -> Result<oneshot::Receiver<Vec<Slot>>> {
+    ) -> Result<oneshot::Receiver<Slots>> {
         let (reply, rx) = oneshot::channel();
         let keys = keys.iter().map(|k| (*k).to_owned()).collect();
         self.send(slot, Op::Get { keys, reply }, full).await?;
@@ -331,16 +332,16 @@ impl Server {
     /// times (while a runtime shuts down, its other connections may not have ended yet).
     async fn get_reply(
         self: &Arc<Self>,
-        mut reply: oneshot::Receiver<Vec<Slot>>,
+        mut reply: oneshot::Receiver<Slots>,
         keys: &[&str],
-    ) -> Vec<Slot> {
+    ) -> Slots {
         for _ in 0..3 {
             if let Ok(slots) = reply.await {
                 return slots;
             }
             reply = match self.queue_get(self.pick(), keys).await {
                 Ok(reply) => reply,
-                Err(e) => return vec![Err(e); keys.len()],
+                Err(e) => return smallvec![Err(e); keys.len()],
             };
         }
         reply.await.unwrap_or_else(|_| {
@@ -348,7 +349,7 @@ impl Server {
                 "its connections ended without answering (their tokio runtime shut down, or \
                  lacks enable_all)",
             ));
-            vec![Err(lost); keys.len()]
+            smallvec![Err(lost); keys.len()]
         })
     }
 

@@ -734,7 +734,7 @@ async fn the_direct_path_never_overtakes_a_queued_op() {
         let (reply, rx) = oneshot::channel();
         (
             Op::Get {
-                keys: vec![k.to_owned()],
+                keys: smallvec::smallvec![k.to_owned()],
                 reply,
             },
             rx,
