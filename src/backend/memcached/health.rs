@@ -104,6 +104,7 @@ impl Health {
         millis(retry).saturating_mul(1 << level)
     }
 
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn gate(&self, now_ms: u64, retry: Duration) -> Gate {
         self.gate_at(|| now_ms, retry)
     }
@@ -140,6 +141,7 @@ impl Health {
     /// Records an answer from the server; `true` if that brought it back from the dead. Only the
     /// probe's answer does: a late reply to a request sent before the server was marked dead
     /// proves nothing about it now.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn success(&self, now_ms: u64, probe: bool) -> bool {
         self.success_at(|| now_ms, probe)
     }
