@@ -5,13 +5,16 @@
 //! ```text
 //!  callers ──Op──► [queue] ──► writer: wait while a round is unanswered beyond the one on the
 //!     │                                wire; take one op, then all queued (≤ 64 KiB, ≤ 2,048
-//!     │                                keys or commands); merge runs of gets; push the
-//!     │                                expectations to the reader; write
+//!     │                                keys or commands); a round not full waits for every
+//!     │                                reply outstanding, taking what is queued meanwhile;
+//!     │                                merge runs of gets; push the expectations; write
 //!     │ idle: push the expectation,   │ Batch (sent time, expectations, in write order)
 //!     │ then try_write (no await)     ▼
 //!     └──────────────────────► reader: take every batch pushed; buffer bytes; while the oldest
-//!                                      expectation's reply is whole (wire::reply_len), parse
-//!                                      it, answer its waiters; wake a writer waiting for room
+//!                                      expectation's reply is whole (wire::frame_gets, or
+//!                                      reply_len), parse it (a gets reply where its framing
+//!                                      found its values), answer its waiters; wake a writer
+//!                                      waiting for room or for the last reply
 //! ```
 //!
 //! The direct path and the writer never interleave bytes or reorder expectations: each pushes
@@ -262,6 +265,9 @@ pub(super) struct Conn {
     /// Signalled by the reader when `in_flight` falls to [`ROUND`]: the writer waits for it
     /// before a round while more is unanswered.
     room: Notify,
+    /// Signalled by the reader when `in_flight` falls to 0: a writer holding a round that the
+    /// queue did not fill waits for it (Nagle's rule).
+    drained: Notify,
 }
 
 /// What the direct path and the writer task order themselves by.
@@ -358,6 +364,7 @@ impl Conn {
             flow: Mutex::new(Flow::default()),
             in_flight: AtomicUsize::new(0),
             room: Notify::new(),
+            drained: Notify::new(),
         }
     }
 
@@ -418,11 +425,15 @@ impl Conn {
     }
 
     /// The reader read the reply to an expectation of `weight`: wakes the writer if it waits
-    /// for room and this made it (the writer checks again, so a wake-up too many costs a loop).
+    /// for room, or for the last reply, and this made it (the writer checks again, so a
+    /// wake-up too many costs a loop).
     fn answered(&self, weight: usize) {
         let before = self.in_flight.fetch_sub(weight, Ordering::Relaxed);
         if before > ROUND && before - weight <= ROUND {
             self.room.notify_one();
+        }
+        if before == weight {
+            self.drained.notify_one();
         }
     }
 
@@ -750,23 +761,24 @@ async fn close_queue(ops: &mut mpsc::Receiver<Op>, e: &Error) {
 }
 
 /// Takes one op, then whatever else is queued (a round: at most [`WRITE_BYTES`] and [`ROUND`]
-/// keys or commands, one op past either), and writes them as one batch. Never waits for a
-/// round's replies before writing the next (two are in flight), but waits before a round while
-/// more than [`ROUND`] are unanswered: backpressure, which bounds what the server, the socket
-/// and the reader hold, and keeps each round's deadline its own (stamped as it is written, it
-/// is not spent waiting behind a whole batch's earlier rounds). Returns when the queue's
-/// senders are all gone or the reader ended (`kill`); a write error poisons the link.
+/// keys or commands, one op past either), and writes them as one batch. A full round is
+/// written at once: a large batch has two rounds in flight. Before a round, waits while more
+/// than [`ROUND`] are unanswered: backpressure, which bounds what the server, the socket and
+/// the reader hold, and keeps each round's deadline its own (stamped as it is written, it is
+/// not spent waiting behind a whole batch's earlier rounds). Returns when the queue's senders
+/// are all gone or the reader ended (`kill`); a write error poisons the link.
 ///
-/// The wait cannot hold up the reader: every reply it counts was asked for by bytes written
+/// The waits cannot hold up the reader: every reply they count was asked for by bytes written
 /// whole (this task's earlier rounds), but for a direct write's rest, which is queued only
-/// while its own op is all that is in flight (far below the cap), so it never waits here.
+/// while its own op is all that is in flight (far below the cap), and written without waiting.
 /// Callers waiting for room in the queue meanwhile are not failed; they wait (cancel-safely).
 ///
 /// There is no batching timer. An op on an idle connection does not come here: its caller
 /// writes it ([`Conn::submit`]). An op queued while no reply is outstanding (behind a
 /// connect, or behind others queued) is written as soon as this task runs. While replies are
-/// outstanding, the connection is busy and this task yields once (one scheduler turn) before
-/// taking what is queued, so that the callers ready to run add their ops to the batch.
+/// outstanding, the connection is busy: a round the queue did not fill waits until they are
+/// all read, gathering the ops queued meanwhile (Nagle's rule), so that under load each write
+/// carries what the callers asked for during a round trip.
 ///
 /// Every op taken stays pending in the [`Conn`] until its bytes are all written, which keeps
 /// the direct path shut meanwhile: the two never write at once.
@@ -801,25 +813,43 @@ async fn write_loop(
                 None => return,
             },
         };
-        if conn.in_flight.load(Ordering::Relaxed) != 0 {
-            // Replies are outstanding, so this connection is busy: give the callers that are
-            // ready to run one scheduler turn to queue theirs, and write them together (fewer
-            // writes, merged gets). Nagle's rule without a timer; an op on an idle connection
-            // is written at once.
-            tokio::task::yield_now().await;
-        }
         let mut asks = first.asks();
+        let mut rest = matches!(first, Op::Rest(_));
         round.push(first, server);
         // Every op taken stays pending (the direct path stays shut) until written.
         let mut taken = 1;
-        while round.out.len() < WRITE_BYTES && asks < ROUND {
-            match ops.try_recv() {
-                Ok(op) => {
-                    asks += op.asks();
-                    round.push(op, server);
-                    taken += 1;
+        loop {
+            while round.out.len() < WRITE_BYTES && asks < ROUND {
+                match ops.try_recv() {
+                    Ok(op) => {
+                        asks += op.asks();
+                        rest |= matches!(op, Op::Rest(_));
+                        round.push(op, server);
+                        taken += 1;
+                    }
+                    Err(_) => break,
                 }
-                Err(_) => break,
+            }
+            // Nagle's rule, without a timer: while replies are outstanding, a round the queue
+            // did not fill waits for the last of them, taking what the callers queue
+            // meanwhile; so under load a write carries every op of a round trip (fewer writes,
+            // merged lines, fewer wake-ups of the server). A full round goes at once (a large
+            // batch keeps two rounds in flight), and so does a direct write's rest (its own
+            // reply needs it).
+            let full = round.out.len() >= WRITE_BYTES || asks >= ROUND;
+            if full || rest || conn.in_flight.load(Ordering::Relaxed) == 0 {
+                break;
+            }
+            tokio::select! {
+                biased;
+                _ = &mut *kill => {
+                    // Nothing of this round was written: its callers get the link's error.
+                    let e = link.poison(wire::closed(), false);
+                    round.close_line(server);
+                    round.expects.drain(..).for_each(|x| x.fail(&e, false));
+                    return;
+                }
+                () = conn.drained.notified() => {}
             }
         }
         round.close_line(server);

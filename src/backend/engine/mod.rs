@@ -3,13 +3,14 @@
 //! Per server, a few long-lived connections (round-robin while busy; an idle one is kept), each
 //! a writer task and a reader task (`conn.rs`). Callers encode and validate their command, queue
 //! it on a connection and await a oneshot; the writer writes what is queued in rounds (up to
-//! 2,048 keys or commands), merging runs of gets into one `gets` line, and writes the next round
-//! while one is unanswered, not more (so a batch of any size is in flight a round or two at a
-//! time, and each round's `io_timeout` counts from its own write); the reader answers whole
-//! replies in order. There is no batching timer: on an idle connection
+//! 2,048 keys or commands), merging runs of gets into one `gets` line, and writes a full round
+//! while the one before is unanswered, not more (so a batch of any size is in flight a round or
+//! two at a time, and each round's `io_timeout` counts from its own write); the reader answers
+//! whole replies in order. There is no batching timer: on an idle connection
 //! (nothing queued, nothing in flight) the caller writes its op itself, so a lone caller pays no
-//! hand-off to the writer; while replies are outstanding the writer lets the ready callers run
-//! one scheduler turn first, so that under load their ops share writes and lines. Placement
+//! hand-off to the writer; while replies are outstanding, a round the queue did not fill waits
+//! for the last of them (Nagle's rule), so that under load a write carries every op its callers
+//! asked for during a round trip (fewer writes and wake-ups of the server). Placement
 //! (`routing.rs`), health (`health.rs`) and the protocol (`wire.rs`) are the blocking backend's.
 //!
 //! # Faults
