@@ -4,8 +4,10 @@
 //!   call on the memory backend (100 of the mission's items, `m0`..`m99`);
 //! - `--op get`: the single `Cache::get` of `m0` on the memory backend (a guard: its work must
 //!   not grow);
-//! - `--op mc-get --server A`: the sync `Cache::get` hit on memcached, keys `k0`..`k999` in turn
-//!   (the floor's `sync-get`);
+//! - `--op mc-get --server A [--threads N]`: the sync `Cache::get` hit on memcached, keys
+//!   `k0`..`k999` in turn (the floor's `sync-get`); with N threads sharing the cache, `--calls`
+//!   gets in all (concurrent callers go through the pipelined engine: `benches/hot`'s
+//!   `newcache-threads`);
 //! - `--op mc-get-many --server A --server B --server C`: `Cache::get_many` of `m0`..`m99` over
 //!   the servers given (the floor's `sync-get-many`);
 //! - `--op async-get --server A [--tasks N] [--runtime multi|current]`: `AsyncCache::get` of
@@ -26,7 +28,7 @@
 //!
 //! ```text
 //! cargo run --release -p newcache-floor --bin inproc -- [--op OP] [--calls N] [--server HOST:PORT ...]
-//!     [--tasks N] [--runtime multi|current]
+//!     [--tasks N] [--threads N] [--runtime multi|current]
 //! ```
 
 #[path = "../items.rs"]
@@ -80,6 +82,7 @@ struct Args {
     calls: u64,
     servers: Vec<String>,
     tasks: usize,
+    threads: usize,
     multi: bool,
 }
 
@@ -89,6 +92,7 @@ fn args() -> Result<Args, BoxError> {
         calls: 10_000,
         servers: Vec::new(),
         tasks: 1,
+        threads: 1,
         multi: true,
     };
     let mut it = std::env::args().skip(1);
@@ -99,6 +103,7 @@ fn args() -> Result<Args, BoxError> {
             "--calls" => a.calls = value()?.parse()?,
             "--server" => a.servers.push(value()?),
             "--tasks" => a.tasks = value()?.parse()?,
+            "--threads" => a.threads = value()?.parse()?,
             "--runtime" => {
                 a.multi = match value()?.as_str() {
                     "multi" => true,
@@ -233,10 +238,30 @@ fn main() -> Result<(), BoxError> {
             let server = a.servers.first().ok_or("mc-get needs --server")?;
             let cache = builder().memcached([server.as_str()]).build()?;
             let user = fill(&cache, "k", KEYS)?;
-            counted(a.calls, |j| {
+            let one = |j: u64| {
                 let i = j as usize % KEYS;
                 Value::check(cache.get::<Value>(black_box(&user[i]))?, i)
-            })
+            };
+            if a.threads <= 1 {
+                return counted(a.calls, one);
+            }
+            let per_thread = (a.calls as usize / a.threads).max(1) as u64;
+            let run = |gets: u64| -> Result<(), BoxError> {
+                std::thread::scope(|s| {
+                    let handles: Vec<_> = (0..a.threads as u64)
+                        .map(|t| s.spawn(move || (0..gets).try_for_each(|j| one(t * 7919 + j))))
+                        .collect();
+                    handles
+                        .into_iter()
+                        .try_for_each(|h| h.join().map_err(|_| "a thread panicked")?)
+                })
+            };
+            run(10)?;
+            let (allocs, bytes) = (ALLOCS.load(Relaxed), BYTES.load(Relaxed));
+            let t = Instant::now();
+            run(per_thread)?;
+            report(per_thread * a.threads as u64, allocs, bytes, t);
+            Ok(())
         }
         "mc-get-many" => {
             if a.servers.is_empty() {
