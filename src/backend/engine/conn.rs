@@ -975,7 +975,7 @@ async fn read_loop(
             let at_hand = &buf[start..];
             let whole = match front {
                 // Framed once: the parser reads the values where the framing found them.
-                Expect::Gets { .. } => wire::frame_gets(at_hand, &mut values),
+                Expect::Gets { keys, .. } => wire::frame_gets(at_hand, keys.len(), &mut values),
                 Expect::Cmd { .. } => wire::reply_len(front.shape(), at_hand),
             };
             let Some(n) = whole else {

@@ -567,16 +567,18 @@ pub(crate) enum Shape {
 pub(crate) fn reply_len(shape: Shape, buf: &[u8]) -> Option<usize> {
     match shape {
         Shape::Line => line_end(buf, 0),
-        Shape::Values => frame_values(buf, 0, |_| {}),
-        Shape::LineThenValues => frame_values(buf, line_end(buf, 0)?, |_| {}),
+        Shape::Values => frame_values(buf, 0, usize::MAX, |_| {}),
+        Shape::LineThenValues => frame_values(buf, line_end(buf, 0)?, usize::MAX, |_| {}),
     }
 }
 
-/// [`reply_len`] of a `gets` reply, its `VALUE` lines put in `values` (for [`read_framed`]).
+/// [`reply_len`] of the reply to a `gets` of `keys` distinct keys, its `VALUE` lines put in
+/// `values` (for [`read_framed`]). A `VALUE` line past `keys` of them ends the reply as far as
+/// it goes (the parser refuses it), so a hostile server cannot make `values` outgrow the line.
 #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
-pub(crate) fn frame_gets(buf: &[u8], values: &mut Vec<ValueAt>) -> Option<usize> {
+pub(crate) fn frame_gets(buf: &[u8], keys: usize, values: &mut Vec<ValueAt>) -> Option<usize> {
     values.clear();
-    frame_values(buf, 0, |v| values.push(v))
+    frame_values(buf, 0, keys, |v| values.push(v))
 }
 
 /// The end of the line starting at `from` (past its `\n`), or `None` if more must be read. A
@@ -592,18 +594,26 @@ fn line_end(buf: &[u8], from: usize) -> Option<usize> {
     }
 }
 
-/// The end of the `VALUE` blocks starting at `at` and of the line that ends them, each `VALUE`
-/// line handed to `found`; `None` if more must be read.
-fn frame_values(buf: &[u8], mut at: usize, mut found: impl FnMut(ValueAt)) -> Option<usize> {
+/// The end of the `VALUE` blocks starting at `at` and of the line that ends them, each of the
+/// first `max` `VALUE` lines handed to `found`; `None` if more must be read.
+fn frame_values(
+    buf: &[u8],
+    mut at: usize,
+    max: usize,
+    mut found: impl FnMut(ValueAt),
+) -> Option<usize> {
+    let mut seen = 0;
     loop {
         let end = line_end(buf, at)?;
         let value = buf[at..end]
             .strip_suffix(b"\r\n")
-            .and_then(parse_value_line);
+            .and_then(parse_value_line)
+            .filter(|_| seen < max);
         let Some((key, flags, len, cas)) = value else {
-            // END, an error line, or garbage: the line ends the reply.
+            // END, an error line, garbage, or a value too many: the line ends the reply.
             return Some(end);
         };
+        seen += 1;
         found(ValueAt {
             line: at,
             key_len: key.len(),
@@ -1020,6 +1030,7 @@ mod tests {
             b"VALUE b 1 2 7\r\nhi\r\nVALUE a 0 0 8\r\n\r\nEND\r\n",
             b"VALUE a 0 5 1\r\nEND\r\n\r\nEND\r\n",
             b"VALUE a 0 1 1\r\nx\r\nVALUE a 0 1 1\r\ny\r\nEND\r\n",
+            b"VALUE a 0 1 1\r\nx\r\nVALUE b 0 1 1\r\ny\r\nVALUE big 0 1 1\r\nz\r\nVALUE a 0 1 1\r\nw\r\nEND\r\n",
             &big,
             b"SERVER_ERROR out of memory\r\n",
             b"CLIENT_ERROR bad data chunk\r\n",
@@ -1039,7 +1050,12 @@ mod tests {
         ];
         for (i, c) in cases.iter().enumerate() {
             let mut values = Vec::new();
-            let n = frame_gets(c, &mut values).unwrap_or_else(|| panic!("case {i}: not whole"));
+            let n = frame_gets(c, keys.len(), &mut values)
+                .unwrap_or_else(|| panic!("case {i}: not whole"));
+            assert!(
+                values.len() <= keys.len(),
+                "case {i}: a value too many recorded"
+            );
             let mut streamed: Vec<Slot> = vec![Ok(None); keys.len()];
             let mut r = &c[..n];
             let streamed = read_slots(&mut r, 100, &keys, &mut streamed).map(|()| streamed);
@@ -1064,7 +1080,7 @@ mod tests {
         reply.extend_from_slice(&[b'x'; 600]);
         reply.extend_from_slice(b"\r\nEND\r\nVALUE k1 0 1 1\r\nx\r\nEND\r\n");
         let mut values = Vec::new();
-        let n = frame_gets(&reply, &mut values).unwrap();
+        let n = frame_gets(&reply, many.len(), &mut values).unwrap();
         let mut out: Vec<Slot> = vec![Ok(None); many.len()];
         read_framed(&reply[..n], &values, 1 << 20, &many, &mut out).unwrap();
         let item = out.swap_remove(0).unwrap().unwrap();
