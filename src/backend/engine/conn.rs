@@ -5,13 +5,16 @@
 //! ```text
 //!  callers ──Op──► [queue] ──► writer: wait while a round is unanswered beyond the one on the
 //!     │                                wire; take one op, then all queued (≤ 64 KiB, ≤ 2,048
-//!     │                                keys or commands); merge runs of gets; push the
-//!     │                                expectations to the reader; write
+//!     │                                keys or commands); a round not full waits for every
+//!     │                                reply outstanding, taking what is queued meanwhile;
+//!     │                                merge runs of gets; push the expectations; write
 //!     │ idle: push the expectation,   │ Batch (sent time, expectations, in write order)
 //!     │ then try_write (no await)     ▼
 //!     └──────────────────────► reader: take every batch pushed; buffer bytes; while the oldest
-//!                                      expectation's reply is whole (wire::reply_len), parse
-//!                                      it, answer its waiters; wake a writer waiting for room
+//!                                      expectation's reply is whole (wire::frame_gets, or
+//!                                      reply_len), parse it (a gets reply where its framing
+//!                                      found its values), answer its waiters; wake a writer
+//!                                      waiting for room or for the last reply
 //! ```
 //!
 //! The direct path and the writer never interleave bytes or reorder expectations: each pushes
@@ -41,6 +44,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+use smallvec::{SmallVec, smallvec};
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -50,9 +54,16 @@ use tokio::sync::{Notify, mpsc, oneshot};
 use super::Server;
 use crate::backend::memcached::health::MissedOf;
 use crate::backend::memcached::outage::{self, Replay};
-use crate::backend::memcached::wire::{self, Shape, Slot};
+use crate::backend::memcached::wire::{self, Shape, Slot, ValueAt};
 use crate::backend::{Item, StoreOutcome};
 use crate::error::{Error, ErrorKind, Result};
+
+/// A get's keys: inline for one (most gets), so that a get allocates no vector.
+pub(super) type Keys = SmallVec<[String; 1]>;
+/// A get's answer, a slot per key in order: inline for one key.
+pub(super) type Slots = SmallVec<[Slot; 1]>;
+/// The replies a write asks for: inline for one (a lone caller's).
+type Expects = SmallVec<[Expect; 1]>;
 
 /// Keys per `Get` op (longer requests are split when submitted) and per merged `gets` line.
 pub(super) const KEYS_PER_LINE: usize = 128;
@@ -79,10 +90,10 @@ pub(super) enum Op {
     /// has one slot per key, in order.
     Get {
         /// The keys, validated when submitted.
-        keys: Vec<String>,
+        keys: Keys,
         /// Where the answer goes; closed when the caller gave up (then the get is skipped if it
         /// was not written yet).
-        reply: oneshot::Sender<Vec<Slot>>,
+        reply: oneshot::Sender<Slots>,
     },
     /// One command, encoded by the validating encoders when submitted: no invalid byte ever
     /// reaches the wire. Written even if its caller gave up (a queued write may be applied).
@@ -155,7 +166,7 @@ impl Op {
     fn fail(self, e: &Error) {
         match self {
             Op::Get { keys, reply } => {
-                let _ = reply.send(vec![Err(e.clone()); keys.len()]);
+                let _ = reply.send(smallvec![Err(e.clone()); keys.len()]);
             }
             Op::Cmd { reply, .. } => {
                 let _ = reply.send(Err(e.clone()));
@@ -169,16 +180,16 @@ impl Op {
 
 /// One caller's part of a merged `gets` line: where each of its keys sits in the line.
 struct Waiter {
-    reply: oneshot::Sender<Vec<Slot>>,
-    at: Vec<u32>,
+    reply: oneshot::Sender<Slots>,
+    at: SmallVec<[u32; 1]>,
 }
 
 /// A reply the reader expects, in write order.
 enum Expect {
     /// A (possibly merged) `gets` line: its distinct keys and the callers waiting on them.
     Gets {
-        keys: Vec<String>,
-        waiters: Vec<Waiter>,
+        keys: Keys,
+        waiters: SmallVec<[Waiter; 1]>,
     },
     /// One command.
     Cmd {
@@ -222,7 +233,7 @@ impl Expect {
         match self {
             Expect::Gets { waiters, .. } => {
                 for w in waiters {
-                    let _ = w.reply.send(vec![Err(e.clone()); w.at.len()]);
+                    let _ = w.reply.send(smallvec![Err(e.clone()); w.at.len()]);
                 }
             }
             Expect::Cmd { reply, .. } => {
@@ -240,7 +251,7 @@ impl Expect {
 /// Expectations pushed to the reader before their bytes are written, with when that happened.
 pub(super) struct Batch {
     sent: Instant,
-    expects: Vec<Expect>,
+    expects: Expects,
 }
 
 /// A connection as its callers see it (next to its queue's sender): the count of pending ops,
@@ -254,6 +265,9 @@ pub(super) struct Conn {
     /// Signalled by the reader when `in_flight` falls to [`ROUND`]: the writer waits for it
     /// before a round while more is unanswered.
     room: Notify,
+    /// Signalled by the reader when `in_flight` falls to 0: a writer holding a round that the
+    /// queue did not fill waits for it (Nagle's rule).
+    drained: Notify,
 }
 
 /// What the direct path and the writer task order themselves by.
@@ -350,6 +364,7 @@ impl Conn {
             flow: Mutex::new(Flow::default()),
             in_flight: AtomicUsize::new(0),
             room: Notify::new(),
+            drained: Notify::new(),
         }
     }
 
@@ -410,11 +425,15 @@ impl Conn {
     }
 
     /// The reader read the reply to an expectation of `weight`: wakes the writer if it waits
-    /// for room and this made it (the writer checks again, so a wake-up too many costs a loop).
+    /// for room, or for the last reply, and this made it (the writer checks again, so a
+    /// wake-up too many costs a loop).
     fn answered(&self, weight: usize) {
         let before = self.in_flight.fetch_sub(weight, Ordering::Relaxed);
         if before > ROUND && before - weight <= ROUND {
             self.room.notify_one();
+        }
+        if before == weight {
+            self.drained.notify_one();
         }
     }
 
@@ -474,19 +493,20 @@ impl Link {
 #[derive(Default)]
 struct Round {
     out: Vec<u8>,
-    expects: Vec<Expect>,
+    expects: Expects,
     line: Line,
+    /// The open line's keys by hash (indices into its `keys`), once it outgrows a linear scan;
+    /// emptied for the next line, its room kept.
+    table: hashbrown::HashTable<u32>,
     hasher: RandomState,
 }
 
-/// A `gets` line being merged: distinct keys, their index (past a few keys), the waiters.
+/// A `gets` line being merged: distinct keys, the waiters.
 #[derive(Default)]
 struct Line {
-    keys: Vec<String>,
-    /// Indices into `keys`, by key, once the line outgrows a linear scan.
-    table: hashbrown::HashTable<u32>,
+    keys: Keys,
     bytes: usize,
-    waiters: Vec<Waiter>,
+    waiters: SmallVec<[Waiter; 1]>,
 }
 
 /// Up to this many keys, a line finds duplicates by scanning.
@@ -498,26 +518,32 @@ impl Line {
             || (self.keys.len() + keys <= KEYS_PER_LINE && self.bytes + bytes <= LINE_BYTES)
     }
 
-    /// The position of `key` in the line, adding it if new.
-    fn index(&mut self, key: String, hasher: &RandomState) -> u32 {
+    /// The position of `key` in the line, adding it if new (`table`: the line's, empty until
+    /// the line outgrows a linear scan).
+    fn index(
+        &mut self,
+        key: String,
+        table: &mut hashbrown::HashTable<u32>,
+        hasher: &RandomState,
+    ) -> u32 {
         let hash = |k: &str| hasher.hash_one(k);
         if self.keys.len() < LINEAR {
             if let Some(i) = self.keys.iter().position(|k| *k == key) {
                 return i as u32;
             }
         } else {
-            if self.table.is_empty() {
+            if table.is_empty() {
+                // Room for a whole line: its keys are hashed once, never rehashed.
+                table.reserve(KEYS_PER_LINE, |&j| hash(&self.keys[j as usize]));
                 for (i, k) in self.keys.iter().enumerate() {
-                    self.table
-                        .insert_unique(hash(k), i as u32, |&j| hash(&self.keys[j as usize]));
+                    table.insert_unique(hash(k), i as u32, |&j| hash(&self.keys[j as usize]));
                 }
             }
             let h = hash(&key);
-            if let Some(&i) = self.table.find(h, |&i| self.keys[i as usize] == key) {
+            if let Some(&i) = table.find(h, |&i| self.keys[i as usize] == key) {
                 return i;
             }
-            let (keys, table) = (&self.keys, &mut self.table);
-            table.insert_unique(h, keys.len() as u32, |&j| hash(&keys[j as usize]));
+            table.insert_unique(h, self.keys.len() as u32, |&j| hash(&self.keys[j as usize]));
         }
         self.bytes += key.len() + 1;
         self.keys.push(key);
@@ -540,7 +566,7 @@ impl Round {
                 }
                 let at = keys
                     .into_iter()
-                    .map(|k| self.line.index(k, &self.hasher))
+                    .map(|k| self.line.index(k, &mut self.table, &self.hasher))
                     .collect();
                 self.line.waiters.push(Waiter { reply, at });
             }
@@ -566,8 +592,8 @@ impl Round {
             return;
         }
         let line = std::mem::take(&mut self.line);
-        let keys: Vec<&str> = line.keys.iter().map(String::as_str).collect();
-        match wire::encode_gets(&mut self.out, &keys) {
+        self.table.clear();
+        match wire::encode_gets(&mut self.out, &line.keys) {
             Ok(()) => {
                 #[cfg(test)]
                 server.counters.note_line(line.waiters.len());
@@ -580,7 +606,7 @@ impl Round {
             Err(e) => {
                 let e = server.annotate(e);
                 for w in line.waiters {
-                    let _ = w.reply.send(vec![Err(e.clone()); w.at.len()]);
+                    let _ = w.reply.send(smallvec![Err(e.clone()); w.at.len()]);
                 }
             }
         }
@@ -735,23 +761,24 @@ async fn close_queue(ops: &mut mpsc::Receiver<Op>, e: &Error) {
 }
 
 /// Takes one op, then whatever else is queued (a round: at most [`WRITE_BYTES`] and [`ROUND`]
-/// keys or commands, one op past either), and writes them as one batch. Never waits for a
-/// round's replies before writing the next (two are in flight), but waits before a round while
-/// more than [`ROUND`] are unanswered: backpressure, which bounds what the server, the socket
-/// and the reader hold, and keeps each round's deadline its own (stamped as it is written, it
-/// is not spent waiting behind a whole batch's earlier rounds). Returns when the queue's
-/// senders are all gone or the reader ended (`kill`); a write error poisons the link.
+/// keys or commands, one op past either), and writes them as one batch. A full round is
+/// written at once: a large batch has two rounds in flight. Before a round, waits while more
+/// than [`ROUND`] are unanswered: backpressure, which bounds what the server, the socket and
+/// the reader hold, and keeps each round's deadline its own (stamped as it is written, it is
+/// not spent waiting behind a whole batch's earlier rounds). Returns when the queue's senders
+/// are all gone or the reader ended (`kill`); a write error poisons the link.
 ///
-/// The wait cannot hold up the reader: every reply it counts was asked for by bytes written
+/// The waits cannot hold up the reader: every reply they count was asked for by bytes written
 /// whole (this task's earlier rounds), but for a direct write's rest, which is queued only
-/// while its own op is all that is in flight (far below the cap), so it never waits here.
+/// while its own op is all that is in flight (far below the cap), and written without waiting.
 /// Callers waiting for room in the queue meanwhile are not failed; they wait (cancel-safely).
 ///
 /// There is no batching timer. An op on an idle connection does not come here: its caller
 /// writes it ([`Conn::submit`]). An op queued while no reply is outstanding (behind a
 /// connect, or behind others queued) is written as soon as this task runs. While replies are
-/// outstanding, the connection is busy and this task yields once (one scheduler turn) before
-/// taking what is queued, so that the callers ready to run add their ops to the batch.
+/// outstanding, the connection is busy: a round the queue did not fill waits until they are
+/// all read, gathering the ops queued meanwhile (Nagle's rule), so that under load each write
+/// carries what the callers asked for during a round trip.
 ///
 /// Every op taken stays pending in the [`Conn`] until its bytes are all written, which keeps
 /// the direct path shut meanwhile: the two never write at once.
@@ -786,25 +813,43 @@ async fn write_loop(
                 None => return,
             },
         };
-        if conn.in_flight.load(Ordering::Relaxed) != 0 {
-            // Replies are outstanding, so this connection is busy: give the callers that are
-            // ready to run one scheduler turn to queue theirs, and write them together (fewer
-            // writes, merged gets). Nagle's rule without a timer; an op on an idle connection
-            // is written at once.
-            tokio::task::yield_now().await;
-        }
         let mut asks = first.asks();
+        let mut rest = matches!(first, Op::Rest(_));
         round.push(first, server);
         // Every op taken stays pending (the direct path stays shut) until written.
         let mut taken = 1;
-        while round.out.len() < WRITE_BYTES && asks < ROUND {
-            match ops.try_recv() {
-                Ok(op) => {
-                    asks += op.asks();
-                    round.push(op, server);
-                    taken += 1;
+        loop {
+            while round.out.len() < WRITE_BYTES && asks < ROUND {
+                match ops.try_recv() {
+                    Ok(op) => {
+                        asks += op.asks();
+                        rest |= matches!(op, Op::Rest(_));
+                        round.push(op, server);
+                        taken += 1;
+                    }
+                    Err(_) => break,
                 }
-                Err(_) => break,
+            }
+            // Nagle's rule, without a timer: while replies are outstanding, a round the queue
+            // did not fill waits for the last of them, taking what the callers queue
+            // meanwhile; so under load a write carries every op of a round trip (fewer writes,
+            // merged lines, fewer wake-ups of the server). A full round goes at once (a large
+            // batch keeps two rounds in flight), and so does a direct write's rest (its own
+            // reply needs it).
+            let full = round.out.len() >= WRITE_BYTES || asks >= ROUND;
+            if full || rest || conn.in_flight.load(Ordering::Relaxed) == 0 {
+                break;
+            }
+            tokio::select! {
+                biased;
+                _ = &mut *kill => {
+                    // Nothing of this round was written: its callers get the link's error.
+                    let e = link.poison(wire::closed(), false);
+                    round.close_line(server);
+                    round.expects.drain(..).for_each(|x| x.fail(&e, false));
+                    return;
+                }
+                () = conn.drained.notified() => {}
             }
         }
         round.close_line(server);
@@ -915,6 +960,8 @@ async fn read_loop(
     // still being answered gets its own io_timeout (a slow link's rounds each have one, as the
     // pool's do), and a server that stops answering fails everything within one.
     let mut progress = Instant::now();
+    // The `VALUE` lines of the front `gets` reply, as its framing found them.
+    let mut values = Vec::new();
     let end = 'conn: loop {
         // The writer pushes a batch before writing it, so the expectation of every byte read
         // so far is here or in the channel: all of it is taken before any byte is judged
@@ -925,7 +972,13 @@ async fn read_loop(
         }
         let mut answered = false;
         while let Some((_, front)) = in_flight.front() {
-            let Some(n) = wire::reply_len(front.shape(), &buf[start..]) else {
+            let at_hand = &buf[start..];
+            let whole = match front {
+                // Framed once: the parser reads the values where the framing found them.
+                Expect::Gets { keys, .. } => wire::frame_gets(at_hand, keys.len(), &mut values),
+                Expect::Cmd { .. } => wire::reply_len(front.shape(), at_hand),
+            };
+            let Some(n) = whole else {
                 break;
             };
             let Some((_, expect)) = in_flight.pop_front() else {
@@ -937,12 +990,17 @@ async fn read_loop(
             let reply = &buf[start..start + n];
             start += n;
             answered = true;
-            if let Err((error, fault)) = answer(expect, reply, item_size, &link.server) {
+            if let Err((error, fault)) = answer(expect, reply, &values, item_size, &link.server) {
                 break 'conn End::Dead { error, fault };
             }
         }
         if answered {
-            progress = Instant::now();
+            // The time of this reply counts only for a request still unanswered (taken, or
+            // pushed and not yet taken); one pushed later counts from its own write, which is
+            // later. A reader that answered everything reads no clock (a lone caller's get).
+            if !in_flight.is_empty() || !batches.is_empty() {
+                progress = Instant::now();
+            }
             link.server.answered(link.probe);
         }
         if start == buf.len() {
@@ -1088,12 +1146,14 @@ fn eof(in_flight: &mut VecDeque<(Instant, Expect)>) -> End {
     }
 }
 
-/// Parses one whole reply and answers its waiters. `Err` when the connection cannot go on: the
-/// error, and whether it is a transport fault (an unparseable reply) rather than a complete
-/// error reply after which memcached may be out of step.
+/// Parses one whole reply (a `gets` reply's `VALUE` lines are `values`, as its framing found
+/// them) and answers its waiters. `Err` when the connection cannot go on: the error, and
+/// whether it is a transport fault (an unparseable reply) rather than a complete error reply
+/// after which memcached may be out of step.
 fn answer(
     expect: Expect,
     reply: &[u8],
+    values: &[ValueAt],
     item_size: usize,
     server: &Server,
 ) -> std::result::Result<(), (Error, bool)> {
@@ -1115,9 +1175,8 @@ fn answer(
     };
     match expect {
         Expect::Gets { keys, waiters } => {
-            let ks: Vec<&str> = keys.iter().map(String::as_str).collect();
-            let mut slots: Vec<Slot> = vec![Ok(None); keys.len()];
-            match wire::read_slots(&mut r, item_size, &ks, &mut slots).and_then(|()| whole(r)) {
+            let mut slots: Slots = smallvec![Ok(None); keys.len()];
+            match wire::read_framed(reply, values, item_size, &keys, &mut slots) {
                 Ok(()) => {
                     #[cfg(test)]
                     server
@@ -1129,7 +1188,7 @@ fn answer(
                 Err(e) => {
                     let shown = server.annotate(e.clone());
                     for w in waiters {
-                        let _ = w.reply.send(vec![Err(shown.clone()); w.at.len()]);
+                        let _ = w.reply.send(smallvec![Err(shown.clone()); w.at.len()]);
                     }
                     fatal(&e)
                 }
@@ -1167,7 +1226,7 @@ fn store_then_get(r: &mut &[u8], key: &str, item_size: usize) -> Result<Reply> {
 
 /// Hands each waiter its keys' slots: moved on a key's last use, cloned before (a key two
 /// callers asked for).
-fn distribute(mut slots: Vec<Slot>, waiters: Vec<Waiter>) {
+fn distribute(mut slots: Slots, waiters: SmallVec<[Waiter; 1]>) {
     if let [w] = &waiters[..] {
         if w.at.len() == slots.len() && w.at.iter().enumerate().all(|(i, &a)| a as usize == i) {
             if let Some(w) = waiters.into_iter().next() {

@@ -3,13 +3,14 @@
 //! Per server, a few long-lived connections (round-robin while busy; an idle one is kept), each
 //! a writer task and a reader task (`conn.rs`). Callers encode and validate their command, queue
 //! it on a connection and await a oneshot; the writer writes what is queued in rounds (up to
-//! 2,048 keys or commands), merging runs of gets into one `gets` line, and writes the next round
-//! while one is unanswered, not more (so a batch of any size is in flight a round or two at a
-//! time, and each round's `io_timeout` counts from its own write); the reader answers whole
-//! replies in order. There is no batching timer: on an idle connection
+//! 2,048 keys or commands), merging runs of gets into one `gets` line, and writes a full round
+//! while the one before is unanswered, not more (so a batch of any size is in flight a round or
+//! two at a time, and each round's `io_timeout` counts from its own write); the reader answers
+//! whole replies in order. There is no batching timer: on an idle connection
 //! (nothing queued, nothing in flight) the caller writes its op itself, so a lone caller pays no
-//! hand-off to the writer; while replies are outstanding the writer lets the ready callers run
-//! one scheduler turn first, so that under load their ops share writes and lines. Placement
+//! hand-off to the writer; while replies are outstanding, a round the queue did not fill waits
+//! for the last of them (Nagle's rule), so that under load a write carries every op its callers
+//! asked for during a round trip (fewer writes and wake-ups of the server). Placement
 //! (`routing.rs`), health (`health.rs`) and the protocol (`wire.rs`) are the blocking backend's.
 //!
 //! # Faults
@@ -34,6 +35,7 @@ mod conn;
 #[cfg(test)]
 pub(crate) mod tests;
 
+use std::cell::OnceCell;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -43,11 +45,12 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+use smallvec::smallvec;
 use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
-use self::conn::{Conn, KEYS_PER_LINE, Op, Parse, QUEUE, Reply};
+use self::conn::{Conn, KEYS_PER_LINE, Op, Parse, QUEUE, Reply, Slots};
 use super::memcached::MemcachedConfig;
 use super::memcached::health::{Gate, Health, MissedOf};
 use super::memcached::outage::{self, Begin, Missed, Replay};
@@ -177,7 +180,7 @@ impl Server {
 
     /// Records a whole reply (from a probe's connection, it brings the server back).
     fn answered(&self, probe: bool) {
-        if self.health.success(self.settings.now_ms(), probe) {
+        if self.health.success_at(|| self.settings.now_ms(), probe) {
             tracing::warn!(server = %self.addr, "newcache: memcached server is back");
         }
     }
@@ -210,7 +213,7 @@ impl Server {
         for _ in 0..3 {
             let gate = self
                 .health
-                .gate(self.settings.now_ms(), self.settings.retry_interval);
+                .gate_at(|| self.settings.now_ms(), self.settings.retry_interval);
             if gate == Gate::FailFast {
                 return Err(self.health.dead_error(&self.addr));
             }
@@ -296,10 +299,10 @@ impl Server {
     }
 
     /// Reads `keys` (at most [`KEYS_PER_LINE`], validated) on connection `slot`.
-    async fn get_on(self: &Arc<Self>, slot: usize, keys: &[&str]) -> Vec<Slot> {
+    async fn get_on(self: &Arc<Self>, slot: usize, keys: &[&str]) -> Slots {
         match self.queue_get(slot, keys).await {
             Ok(reply) => self.get_reply(reply, keys).await,
-            Err(e) => vec![Err(e); keys.len()],
+            Err(e) => smallvec![Err(e); keys.len()],
         }
     }
 
@@ -308,7 +311,7 @@ impl Server {
         self: &Arc<Self>,
         slot: usize,
         keys: &[&str],
-    ) -> Result<oneshot::Receiver<Vec<Slot>>> {
+    ) -> Result<oneshot::Receiver<Slots>> {
         self.queue_get_or(slot, keys, WhenFull::Wait).await
     }
 
@@ -318,7 +321,7 @@ impl Server {
         slot: usize,
         keys: &[&str],
         full: WhenFull,
-    ) -> Result<oneshot::Receiver<Vec<Slot>>> {
+    ) -> Result<oneshot::Receiver<Slots>> {
         let (reply, rx) = oneshot::channel();
         let keys = keys.iter().map(|k| (*k).to_owned()).collect();
         self.send(slot, Op::Get { keys, reply }, full).await?;
@@ -330,16 +333,16 @@ impl Server {
     /// times (while a runtime shuts down, its other connections may not have ended yet).
     async fn get_reply(
         self: &Arc<Self>,
-        mut reply: oneshot::Receiver<Vec<Slot>>,
+        mut reply: oneshot::Receiver<Slots>,
         keys: &[&str],
-    ) -> Vec<Slot> {
+    ) -> Slots {
         for _ in 0..3 {
             if let Ok(slots) = reply.await {
                 return slots;
             }
             reply = match self.queue_get(self.pick(), keys).await {
                 Ok(reply) => reply,
-                Err(e) => return vec![Err(e); keys.len()],
+                Err(e) => return smallvec![Err(e); keys.len()],
             };
         }
         reply.await.unwrap_or_else(|_| {
@@ -347,7 +350,7 @@ impl Server {
                 "its connections ended without answering (their tokio runtime shut down, or \
                  lacks enable_all)",
             ));
-            vec![Err(lost); keys.len()]
+            smallvec![Err(lost); keys.len()]
         })
     }
 
@@ -478,11 +481,19 @@ impl Engine {
         if w.mode != super::StoreMode::Cas(0) {
             return Ok(());
         }
-        let now = self.settings.now_ms();
-        let i = self
-            .routing
-            .route(w.key, |i| self.servers[i].health.routable(now));
+        let i = self.routing.route(w.key, self.routable());
         Err(super::no_cas(Some(&self.servers[i].addr)))
+    }
+
+    /// Whether server `i` may be routed to; the clock is read once, and only if a server is
+    /// marked dead.
+    fn routable(&self) -> impl Fn(usize) -> bool + '_ {
+        let now = OnceCell::new();
+        move |i| {
+            self.servers[i]
+                .health
+                .routable(|| *now.get_or_init(|| self.settings.now_ms()))
+        }
     }
 
     /// The server to send `key` to now.
@@ -491,10 +502,7 @@ impl Engine {
     }
 
     fn route_index(&self, key: &str) -> usize {
-        let now = self.settings.now_ms();
-        let i = self
-            .routing
-            .route(key, |i| self.servers[i].health.routable(now));
+        let i = self.routing.route(key, self.routable());
         super::note_server(&self.servers[i].addr);
         i
     }
@@ -513,10 +521,7 @@ impl Engine {
     where
         F: Future<Output = Result<T>>,
     {
-        let now = self.settings.now_ms();
-        let (home, i) = self
-            .routing
-            .home_and_route(key, |i| self.servers[i].health.routable(now));
+        let (home, i) = self.routing.home_and_route(key, self.routable());
         super::note_server(&self.servers[i].addr);
         let elsewhere = (i != home).then_some(i);
         let capacity = self.settings.replay_capacity;
@@ -551,11 +556,8 @@ impl Engine {
                 }
             })
             .collect();
-        let now = self.settings.now_ms();
         self.routing
-            .by_server(sendable.iter().map(|&i| key(i)), |s| {
-                self.servers[s].health.routable(now)
-            })
+            .by_server(sendable.iter().map(|&i| key(i)), self.routable())
             .into_iter()
             .map(|(s, ps)| (s, ps.into_iter().map(|p| sendable[p]).collect()))
             .collect()
@@ -585,10 +587,7 @@ impl Engine {
                 }
             }
         }
-        let all_up = || {
-            let now = self.settings.now_ms();
-            self.servers.iter().all(|s| s.health.routable(now))
-        };
+        let all_up = || (0..self.servers.len()).all(self.routable());
         let up_before = all_up();
         let groups = self.by_server(n, &key, |_| Ok(()), &mut out);
         // Each command is a write.

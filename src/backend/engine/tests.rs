@@ -734,7 +734,7 @@ async fn the_direct_path_never_overtakes_a_queued_op() {
         let (reply, rx) = oneshot::channel();
         (
             Op::Get {
-                keys: vec![k.to_owned()],
+                keys: smallvec::smallvec![k.to_owned()],
                 reply,
             },
             rx,
@@ -1089,9 +1089,10 @@ async fn batches_of_100k_go_in_bounded_rounds_whatever_the_read_sizes() {
     }
 }
 
-/// Test 6, a stopped server: a second batch is written while the first is unanswered;
-/// then everything in flight fails together within about io_timeout (a written store as
-/// outcome unknown); after SIGCONT it serves again.
+/// Test 6, a stopped server: what is queued behind an unanswered request is held, not written
+/// (Nagle's rule); then everything fails together within about io_timeout (the written store as
+/// outcome unknown, the held ones not: they never reached the wire); after SIGCONT it serves
+/// again.
 #[tokio::test]
 async fn a_stopped_server_fails_its_waiters_at_once_then_serves_again() {
     let io_timeout = Duration::from_millis(1000);
@@ -1104,7 +1105,7 @@ async fn a_stopped_server_fails_its_waiters_at_once_then_serves_again() {
     mc.signal("STOP");
     let started = Instant::now();
     let finished = Arc::new(AtomicUsize::new(0));
-    let spawn = |k: &String, store: bool| {
+    let spawn = |k: &String, store: bool, written: bool| {
         let (e, k, finished) = (e.clone(), k.clone(), finished.clone());
         tokio::spawn(async move {
             let r = if store {
@@ -1114,41 +1115,39 @@ async fn a_stopped_server_fails_its_waiters_at_once_then_serves_again() {
                 e.get(&k).await
             };
             finished.fetch_add(1, Ordering::SeqCst);
-            (r, started.elapsed(), store)
+            (r, started.elapsed(), written)
         })
     };
     let (w0, poisonings) = (e.writes(), e.poisonings());
-    let mut tasks: Vec<_> = keys[..50].iter().map(|k| spawn(k, false)).collect();
+    // The connection is idle: the first store's caller writes it.
+    let mut tasks = vec![spawn(&keys[0], true, true)];
     while e.writes() == w0 {
         tokio::task::yield_now().await;
     }
-    tasks.extend(keys[50..].iter().map(|k| spawn(k, false)));
-    tasks.extend(keys[..5].iter().map(|k| spawn(k, true)));
-    while e.writes() < w0 + 2 {
+    tasks.extend(keys[1..].iter().map(|k| spawn(k, false, false)));
+    tasks.extend(keys[1..5].iter().map(|k| spawn(k, true, false)));
+    for _ in 0..100 {
         tokio::task::yield_now().await;
     }
-    assert_eq!(
-        finished.load(Ordering::SeqCst),
-        0,
-        "the second batch was written before the first was answered"
-    );
+    assert_eq!(e.writes(), w0 + 1, "written while a reply was outstanding");
+    assert_eq!(finished.load(Ordering::SeqCst), 0);
     let mut done = Vec::new();
     for t in tasks {
-        let (r, at, store) = tokio::time::timeout(Duration::from_secs(30), t)
+        let (r, at, written) = tokio::time::timeout(Duration::from_secs(30), t)
             .await
             .expect("no hang")
             .unwrap();
         let err = r.expect_err("the server is stopped");
         assert!(err.is_timeout(), "{err}");
         assert!(err.to_string().contains(&mc.addr()), "{err}");
-        assert_eq!(err.is_outcome_unknown(), store, "{err}");
+        assert_eq!(err.is_outcome_unknown(), written, "{err}");
         done.push(at);
     }
     let (first, last) = (done.iter().min().unwrap(), done.iter().max().unwrap());
     eprintln!("failed between {first:?} and {last:?}");
     assert!(*last < io_timeout * 10, "{last:?}");
-    // All at once: every waiter (both batches, the queued ones too) failed with the one
-    // connection's one poisoning; none sat out a timeout of its own.
+    // All at once: every waiter (the written store and every op held or queued behind it)
+    // failed with the one connection's one poisoning; none sat out a timeout of its own.
     assert_eq!(e.poisonings() - poisonings, 1);
     assert!(*last - *first < io_timeout, "{first:?}..{last:?}");
     mc.signal("CONT");
@@ -1756,4 +1755,53 @@ fn a_slow_link_the_pool_serves_is_served_by_the_engine() {
         got.iter()
             .find_map(|r| r.as_ref().err().map(ToString::to_string))
     );
+}
+
+/// Nagle's rule: while a reply is outstanding, gets queued on the busy connection are not
+/// written one scheduler turn later each; they wait for the reply and go out together, one
+/// merged line in one write.
+#[tokio::test]
+async fn a_busy_connection_gathers_what_is_queued_until_its_reply_is_read() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let e = Arc::new(engine(std::slice::from_ref(&addr), 1, |_| {}));
+    let get = |k: &'static str| {
+        let e = e.clone();
+        tokio::spawn(async move { e.get(k).await.unwrap() })
+    };
+    let turns = || async {
+        for _ in 0..20 {
+            tokio::task::yield_now().await;
+        }
+    };
+    let a = get("a");
+    let (mut peer, _) = listener.accept().await.unwrap();
+    let mut buf = [0u8; 256];
+    let n = peer.read(&mut buf).await.unwrap();
+    assert_eq!(&buf[..n], b"gets a\r\n");
+    // The reply to `a` outstanding: `b` is queued, the writer runs, and nothing is written.
+    let b = get("b");
+    turns().await;
+    let c = get("c");
+    let d = get("d");
+    turns().await;
+    assert!(
+        peer.try_read(&mut buf).is_err(),
+        "written while a reply was outstanding"
+    );
+    peer.write_all(b"END\r\n").await.unwrap();
+    assert_eq!(a.await.unwrap(), None);
+    let n = peer.read(&mut buf).await.unwrap();
+    assert_eq!(&buf[..n], b"gets b c d\r\n", "one line, one write");
+    peer.write_all(b"VALUE c 0 1 7\r\nx\r\nEND\r\n")
+        .await
+        .unwrap();
+    assert_eq!(b.await.unwrap(), None);
+    assert_eq!(
+        c.await.unwrap().map(|i| i.value.to_vec()),
+        Some(b"x".to_vec())
+    );
+    assert_eq!(d.await.unwrap(), None);
+    assert_eq!(e.writes(), 2);
 }

@@ -104,11 +104,19 @@ impl Health {
         millis(retry).saturating_mul(1 << level)
     }
 
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn gate(&self, now_ms: u64, retry: Duration) -> Gate {
+        self.gate_at(|| now_ms, retry)
+    }
+
+    /// [`gate`](Health::gate), reading the clock only for a server marked dead (a live server's
+    /// callers read none).
+    pub(crate) fn gate_at(&self, now_ms: impl FnOnce() -> u64, retry: Duration) -> Gate {
         let until = self.dead_until_ms.load(Ordering::Acquire);
         if until == 0 {
             return Gate::Go;
         }
+        let now_ms = now_ms();
         if now_ms < until {
             return Gate::FailFast;
         }
@@ -123,22 +131,30 @@ impl Health {
         }
     }
 
-    /// Whether a remapping ring should count this server as live now.
-    pub(crate) fn routable(&self, now_ms: u64) -> bool {
+    /// Whether a remapping ring should count this server as live now (`now_ms` is read only
+    /// for a server marked dead).
+    pub(crate) fn routable(&self, now_ms: impl FnOnce() -> u64) -> bool {
         let until = self.dead_until_ms.load(Ordering::Acquire);
-        until == 0 || now_ms >= until
+        until == 0 || now_ms() >= until
     }
 
     /// Records an answer from the server; `true` if that brought it back from the dead. Only the
     /// probe's answer does: a late reply to a request sent before the server was marked dead
     /// proves nothing about it now.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn success(&self, now_ms: u64, probe: bool) -> bool {
+        self.success_at(|| now_ms, probe)
+    }
+
+    /// [`success`](Health::success), reading the clock only when a probe brings the server
+    /// back.
+    pub(crate) fn success_at(&self, now_ms: impl FnOnce() -> u64, probe: bool) -> bool {
         if self.dead_until_ms.load(Ordering::Acquire) != 0 {
             if !probe || self.dead_until_ms.swap(0, Ordering::AcqRel) == 0 {
                 return false;
             }
             self.failures.store(0, Ordering::Release);
-            self.revived_ms.store(now_ms.max(1), Ordering::Release);
+            self.revived_ms.store(now_ms().max(1), Ordering::Release);
             return true;
         }
         // Loads first: the hot path (a healthy server) writes nothing shared.
@@ -198,8 +214,8 @@ mod tests {
         assert!(h.failure(20, 2, RETRY, false), "the second marks it dead");
         assert!(!h.failure(30, 2, RETRY, false), "reported once");
         assert_eq!(h.gate(500, RETRY), Gate::FailFast);
-        assert!(!h.routable(500));
-        assert!(h.routable(1030));
+        assert!(!h.routable(|| 500));
+        assert!(h.routable(|| 1030));
         assert_eq!(h.gate(1030, RETRY), Gate::Probe, "one caller probes");
         assert_eq!(
             h.gate(1031, RETRY),

@@ -19,6 +19,7 @@ pub use self::outage::DEFAULT_REPLAY_CAPACITY;
 #[cfg(feature = "redis")]
 pub(crate) use self::conn::GRACE;
 
+use std::cell::OnceCell;
 use std::fmt;
 use std::time::{Duration, Instant};
 
@@ -155,9 +156,15 @@ impl MemcachedBackend {
         self.started.elapsed().as_millis() as u64
     }
 
+    /// Whether server `i` may be routed to; the clock is read once, and only if a server is
+    /// marked dead.
     fn routable(&self) -> impl Fn(usize) -> bool + '_ {
-        let now = self.now_ms();
-        move |i| self.servers[i].health.routable(now)
+        let now = OnceCell::new();
+        move |i| {
+            self.servers[i]
+                .health
+                .routable(|| *now.get_or_init(|| self.now_ms()))
+        }
     }
 
     fn server_index(&self, key: &str) -> usize {
@@ -168,7 +175,7 @@ impl MemcachedBackend {
     /// `probe` says this caller is probing a dead server.
     fn open(&self, i: usize) -> std::result::Result<(bool, Pooled<'_>), Refused> {
         let server = &self.servers[i];
-        let probe = match server.health.gate(self.now_ms(), self.retry_interval) {
+        let probe = match server.health.gate_at(|| self.now_ms(), self.retry_interval) {
             Gate::FailFast => {
                 return Err(Refused {
                     probe: false,
@@ -200,13 +207,14 @@ impl MemcachedBackend {
     /// (bad input refused before sending, a busy pool) says nothing.
     fn record(&self, i: usize, probe: bool, fault: Option<&Error>, answered: bool) {
         let server = &self.servers[i];
-        let now = self.now_ms();
         if let Some(e) = fault {
             server.health.note_fault(e);
-            if server
-                .health
-                .failure(now, self.failure_limit, self.retry_interval, probe)
-            {
+            if server.health.failure(
+                self.now_ms(),
+                self.failure_limit,
+                self.retry_interval,
+                probe,
+            ) {
                 server.reset();
                 tracing::warn!(
                     server = %server.addr,
@@ -217,7 +225,7 @@ impl MemcachedBackend {
                     self.retry_interval
                 );
             }
-        } else if answered && server.health.success(now, probe) {
+        } else if answered && server.health.success_at(|| self.now_ms(), probe) {
             tracing::warn!(server = %server.addr, "newcache: memcached server is back");
         }
     }

@@ -75,16 +75,16 @@ fn append(
 }
 
 /// `gets k1 k2 ...\r\n`; every key is checked before anything is written.
-pub(crate) fn encode_gets(out: &mut Vec<u8>, keys: &[&str]) -> Result<()> {
+pub(crate) fn encode_gets<K: AsRef<str>>(out: &mut Vec<u8>, keys: &[K]) -> Result<()> {
     append(
         out,
         || {
             if keys.is_empty() {
                 return Err(Error::new(ErrorKind::InvalidKey, "gets without a key"));
             }
-            keys.iter().try_for_each(|k| check_key(k))
+            keys.iter().try_for_each(|k| check_key(k.as_ref()))
         },
-        |out| write_gets(out, keys.iter().copied()),
+        |out| write_gets(out, keys.iter().map(AsRef::as_ref)),
     )
 }
 
@@ -287,33 +287,109 @@ pub(crate) type Slot = Result<Option<Item>>;
 /// reorder). A key that was not requested is an error. A value above `max_value` (another client
 /// wrote it to a server with a larger `-I`) is read and discarded, never allocated: its key gets a
 /// `TooLarge` error and the connection stays usable.
-pub(crate) fn read_slots<R: BufRead>(
+pub(crate) fn read_slots<R: BufRead, K: AsRef<str>>(
     r: &mut R,
     max_value: usize,
-    keys: &[&str],
+    keys: &[K],
     out: &mut [Slot],
 ) -> Result<()> {
     let mut line = Vec::with_capacity(128);
-    let mut cursor = 0;
-    let mut arena = Arena::default();
-    let mut filled = 0;
+    let mut fill = Fill::default();
     loop {
         let l = check_error(read_line(r, &mut line)?)?;
         if l == b"END" {
             return Ok(());
         }
-        let (key, flags, len, cas) = parse_value_line(l)
+        let value = parse_value_line(l)
             .ok_or_else(|| protocol_error(format!("unexpected reply to gets: {:?}", shown(l))))?;
+        fill.place(r, value, max_value, keys, out)?;
+    }
+}
+
+/// A `VALUE` line of a `gets` reply as [`frame_values`] found it: its fields, and where its key
+/// and its data block sit in the reply.
+#[derive(Debug, Clone, Copy)]
+#[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+pub(crate) struct ValueAt {
+    /// Where the line starts.
+    line: usize,
+    key_len: usize,
+    flags: u32,
+    len: usize,
+    cas: u64,
+    /// Where the data block starts (the line's end).
+    data: usize,
+}
+
+/// Reads a `gets` reply that [`frame_values`] called whole, `values` being what it found in it:
+/// what [`read_slots`] reads from the same bytes, without finding and parsing its lines again.
+#[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+pub(crate) fn read_framed<K: AsRef<str>>(
+    reply: &[u8],
+    values: &[ValueAt],
+    max_value: usize,
+    keys: &[K],
+    out: &mut [Slot],
+) -> Result<()> {
+    let too_long = || protocol_error("reply line too long or not CRLF-terminated");
+    let mut fill = Fill::default();
+    let mut at = 0;
+    for v in values {
+        // The checks read_line makes of every line (framing found its end and its fields).
+        if v.line != at || v.data - v.line > MAX_LINE {
+            return Err(too_long());
+        }
+        let key = &reply[v.line + b"VALUE ".len()..][..v.key_len];
+        let mut r = reply.get(v.data..).unwrap_or_default();
+        fill.place(&mut r, (key, v.flags, v.len, v.cas), max_value, keys, out)?;
+        at = reply.len() - r.len();
+    }
+    // The line that ended the reply: END, or an error reply.
+    let last = &reply[at..];
+    let l = match last.strip_suffix(b"\r\n") {
+        Some(l) if last.len() <= MAX_LINE && !l.contains(&b'\n') => l,
+        _ => return Err(too_long()),
+    };
+    match check_error(l)? {
+        b"END" => Ok(()),
+        l => Err(protocol_error(format!(
+            "unexpected reply to gets: {:?}",
+            shown(l)
+        ))),
+    }
+}
+
+/// Where the values of one `gets` reply go: each to the slot of the key its `VALUE` line names,
+/// read into the arena, or skipped when over the limit.
+#[derive(Default)]
+struct Fill {
+    /// Where the next key is looked for first (the server answers in request order).
+    cursor: usize,
+    arena: Arena,
+    filled: usize,
+}
+
+impl Fill {
+    /// Places the value of a parsed `VALUE` line, its data block next in `r`.
+    fn place<R: BufRead, K: AsRef<str>>(
+        &mut self,
+        r: &mut R,
+        (key, flags, len, cas): (&[u8], u32, usize, u64),
+        max_value: usize,
+        keys: &[K],
+        out: &mut [Slot],
+    ) -> Result<()> {
+        let cursor = self.cursor;
         let slot = (cursor..keys.len())
             .chain(0..cursor)
-            .find(|&i| keys[i].as_bytes() == key && matches!(out[i], Ok(None)))
+            .find(|&i| keys[i].as_ref().as_bytes() == key && matches!(out[i], Ok(None)))
             .ok_or_else(|| {
                 protocol_error(format!(
                     "the server returned {:?}, which was not requested",
                     shown(key)
                 ))
             })?;
-        cursor = slot + 1;
+        self.cursor = slot + 1;
         if len > max_value {
             skip_value(r, len)?;
             out[slot] = Err(Error::new(
@@ -323,13 +399,14 @@ pub(crate) fn read_slots<R: BufRead>(
                      {max_value} (skipped)"
                 ),
             ));
-            continue;
+            return Ok(());
         }
         // len is at most max_value (checked above), so this allocation is bounded. Small values
         // share chunks of one arena (one allocation for a batch's values, not one per key).
-        let value = arena.take(r, len, keys.len() - filled)?;
-        filled += 1;
+        let value = self.arena.take(r, len, keys.len() - self.filled)?;
+        self.filled += 1;
         out[slot] = Ok(Some(Item { value, flags, cas }));
+        Ok(())
     }
 }
 
@@ -488,32 +565,67 @@ pub(crate) enum Shape {
 /// without CRLF is whole once it is longer than any valid line.
 #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
 pub(crate) fn reply_len(shape: Shape, buf: &[u8]) -> Option<usize> {
-    let line_end = |from: usize| -> Option<usize> {
-        let rest = &buf[from..];
-        match rest.windows(2).position(|w| w == b"\r\n") {
-            Some(at) => Some(from + at + 2),
-            None if rest.len() > MAX_LINE => Some(buf.len()),
-            None => None,
-        }
-    };
-    let values = |mut at: usize| -> Option<usize> {
-        loop {
-            let end = line_end(at)?;
-            let line = buf[at..end].strip_suffix(b"\r\n").unwrap_or(&buf[at..end]);
-            let Some((_, _, len, _)) = parse_value_line(line) else {
-                // END, an error line, or garbage: the line ends the reply.
-                return Some(end);
-            };
-            at = end.checked_add(len)?.checked_add(2)?;
-            if at > buf.len() {
-                return None;
-            }
-        }
-    };
     match shape {
-        Shape::Line => line_end(0),
-        Shape::Values => values(0),
-        Shape::LineThenValues => values(line_end(0)?),
+        Shape::Line => line_end(buf, 0),
+        Shape::Values => frame_values(buf, 0, usize::MAX, |_| {}),
+        Shape::LineThenValues => frame_values(buf, line_end(buf, 0)?, usize::MAX, |_| {}),
+    }
+}
+
+/// [`reply_len`] of the reply to a `gets` of `keys` distinct keys, its `VALUE` lines put in
+/// `values` (for [`read_framed`]). A `VALUE` line past `keys` of them ends the reply as far as
+/// it goes (the parser refuses it), so a hostile server cannot make `values` outgrow the line.
+#[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+pub(crate) fn frame_gets(buf: &[u8], keys: usize, values: &mut Vec<ValueAt>) -> Option<usize> {
+    values.clear();
+    frame_values(buf, 0, keys, |v| values.push(v))
+}
+
+/// The end of the line starting at `from` (past its `\n`), or `None` if more must be read. A
+/// line without one is whole once it is longer than any valid line (the parser refuses it).
+fn line_end(buf: &[u8], from: usize) -> Option<usize> {
+    let mut rest = &buf[from..];
+    // A slice's `skip_until` cannot fail; it finds the byte as `read_until` does (memchr).
+    let n = rest.skip_until(b'\n').unwrap_or(0);
+    match buf[from..from + n].last() {
+        Some(b'\n') => Some(from + n),
+        _ if n > MAX_LINE => Some(buf.len()),
+        _ => None,
+    }
+}
+
+/// The end of the `VALUE` blocks starting at `at` and of the line that ends them, each of the
+/// first `max` `VALUE` lines handed to `found`; `None` if more must be read.
+fn frame_values(
+    buf: &[u8],
+    mut at: usize,
+    max: usize,
+    mut found: impl FnMut(ValueAt),
+) -> Option<usize> {
+    let mut seen = 0;
+    loop {
+        let end = line_end(buf, at)?;
+        let value = buf[at..end]
+            .strip_suffix(b"\r\n")
+            .and_then(parse_value_line)
+            .filter(|_| seen < max);
+        let Some((key, flags, len, cas)) = value else {
+            // END, an error line, garbage, or a value too many: the line ends the reply.
+            return Some(end);
+        };
+        seen += 1;
+        found(ValueAt {
+            line: at,
+            key_len: key.len(),
+            flags,
+            len,
+            cas,
+            data: end,
+        });
+        at = end.checked_add(len)?.checked_add(2)?;
+        if at > buf.len() {
+            return None;
+        }
     }
 }
 
@@ -648,7 +760,7 @@ mod tests {
             check(|b| encode_arith(b, true, key, 1), ErrorKind::InvalidKey);
             check(|b| encode_touch(b, key, 0), ErrorKind::InvalidKey);
         }
-        check(|b| encode_gets(b, &[]), ErrorKind::InvalidKey);
+        check(|b| encode_gets::<&str>(b, &[]), ErrorKind::InvalidKey);
         let over = i32::MAX as u32 + 1;
         for exptime in [over, u32::MAX] {
             check(
@@ -875,6 +987,102 @@ mod tests {
         let mut r = &reply[..];
         let mut out: Vec<Slot> = vec![Ok(None); refs.len()];
         read_slots(&mut r, 1 << 20, &refs, &mut out).unwrap();
+        let item = out.swap_remove(0).unwrap().unwrap();
+        drop(out);
+        let held = item.value.try_into_mut().expect("unique").capacity();
+        assert!(held < 4 * 1024, "a 600-byte value holds {held} bytes");
+    }
+
+    /// What a `gets` reply read into slots says, for comparing two readers: each slot's value
+    /// (bytes, flags, cas), miss or error kind; or the whole reply's error kind and whether the
+    /// connection stays usable (the messages may differ).
+    fn outcome(read: Result<Vec<Slot>>) -> String {
+        let slot = |s: &Slot| match s {
+            Ok(None) => "miss".to_string(),
+            Ok(Some(i)) => format!("{:?}/{}/{}", &i.value[..], i.flags, i.cas),
+            Err(e) => format!("{:?}", e.kind()),
+        };
+        match read {
+            Ok(slots) => slots.iter().map(slot).collect::<Vec<_>>().join(" "),
+            Err(e) => format!(
+                "error {:?} usable {} answer {}",
+                e.kind(),
+                leaves_connection_usable(&e),
+                is_server_reply(&e)
+            ),
+        }
+    }
+
+    #[test]
+    fn a_framed_reply_reads_as_the_streaming_parser_reads_it() {
+        let keys = ["a", "b", "big"];
+        let mut big = b"VALUE big 0 300 1\r\n".to_vec();
+        big.extend_from_slice(&[b'z'; 300]);
+        big.extend_from_slice(b"\r\nVALUE a 3 2 2\r\nhi\r\nEND\r\n");
+        let mut long_key = b"VALUE ".to_vec();
+        long_key.extend_from_slice(&[b'k'; MAX_LINE]);
+        long_key.extend_from_slice(b" 0 1 1\r\nx\r\nEND\r\n");
+        let mut long_end = vec![b'x'; MAX_LINE + 5];
+        long_end.extend_from_slice(b"\r\n");
+        let cases: &[&[u8]] = &[
+            b"END\r\n",
+            b"VALUE a 0 3 9\r\nabc\r\nEND\r\n",
+            b"VALUE b 1 2 7\r\nhi\r\nVALUE a 0 0 8\r\n\r\nEND\r\n",
+            b"VALUE a 0 5 1\r\nEND\r\n\r\nEND\r\n",
+            b"VALUE a 0 1 1\r\nx\r\nVALUE a 0 1 1\r\ny\r\nEND\r\n",
+            b"VALUE a 0 1 1\r\nx\r\nVALUE b 0 1 1\r\ny\r\nVALUE big 0 1 1\r\nz\r\nVALUE a 0 1 1\r\nw\r\nEND\r\n",
+            &big,
+            b"SERVER_ERROR out of memory\r\n",
+            b"CLIENT_ERROR bad data chunk\r\n",
+            b"ERROR\r\n",
+            b"VALUE a 0 1 1\r\nx\r\nSERVER_ERROR oops\r\n",
+            b"VALUE z 0 1 1\r\nq\r\nEND\r\n",
+            b"VALUE a 0 5 1\r\nhi\r\nEND\r\n",
+            b"VALUE a x 1 1\r\nh\r\nEND\r\n",
+            b"VALUE a 0 1\r\nh\r\nEND\r\n",
+            b"garbage\r\n",
+            b"END\n",
+            b"VAL\nUE a 0 1 1\r\nx\r\nEND\r\n",
+            b"VALUE a 0 3 1\r\nabcXYEND\r\n",
+            b"VALUE a 0 3 1\r\nabc\r\nVALUE b 0 2 2\r\nxy\nZEND\r\n",
+            &long_key,
+            &long_end,
+        ];
+        for (i, c) in cases.iter().enumerate() {
+            let mut values = Vec::new();
+            let n = frame_gets(c, keys.len(), &mut values)
+                .unwrap_or_else(|| panic!("case {i}: not whole"));
+            assert!(
+                values.len() <= keys.len(),
+                "case {i}: a value too many recorded"
+            );
+            let mut streamed: Vec<Slot> = vec![Ok(None); keys.len()];
+            let mut r = &c[..n];
+            let streamed = read_slots(&mut r, 100, &keys, &mut streamed).map(|()| streamed);
+            if streamed.is_ok() {
+                assert!(
+                    r.is_empty(),
+                    "case {i}: the framing and the parser disagree on its end"
+                );
+            }
+            let mut framed: Vec<Slot> = vec![Ok(None); keys.len()];
+            let framed = read_framed(&c[..n], &values, 100, &keys, &mut framed).map(|()| framed);
+            assert_eq!(
+                outcome(framed),
+                outcome(streamed),
+                "case {i}: {:?}",
+                shown(c)
+            );
+        }
+        // A lone hit among misses holds a buffer its own size, as read_slots's does.
+        let many: Vec<String> = (0..100).map(|i| format!("k{i}")).collect();
+        let mut reply = b"VALUE k0 0 600 1\r\n".to_vec();
+        reply.extend_from_slice(&[b'x'; 600]);
+        reply.extend_from_slice(b"\r\nEND\r\nVALUE k1 0 1 1\r\nx\r\nEND\r\n");
+        let mut values = Vec::new();
+        let n = frame_gets(&reply, many.len(), &mut values).unwrap();
+        let mut out: Vec<Slot> = vec![Ok(None); many.len()];
+        read_framed(&reply[..n], &values, 1 << 20, &many, &mut out).unwrap();
         let item = out.swap_remove(0).unwrap().unwrap();
         drop(out);
         let held = item.value.try_into_mut().expect("unique").capacity();

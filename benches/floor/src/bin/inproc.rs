@@ -1,22 +1,39 @@
-//! C, the in-process part of `Cache::get_many`: the floor's `sync-get-many` call on the memory
-//! backend (100 of the mission's items, `m0`..`m99`), run `--calls` times, with the
-//! allocations each call makes counted by this binary's global allocator. `--op get` runs the
-//! single `Cache::get` of `m0` instead (the guard: its work must not grow).
+//! Fixed numbers of calls of newcache's headline paths, for instruction and allocation counts.
+//!
+//! - `--op get-many`: C, the in-process part of `Cache::get_many`: the floor's `sync-get-many`
+//!   call on the memory backend (100 of the mission's items, `m0`..`m99`);
+//! - `--op get`: the single `Cache::get` of `m0` on the memory backend (a guard: its work must
+//!   not grow);
+//! - `--op mc-get --server A [--threads N]`: the sync `Cache::get` hit on memcached, keys
+//!   `k0`..`k999` in turn (the floor's `sync-get`); with N threads sharing the cache, `--calls`
+//!   gets in all (concurrent callers go through the pipelined engine: `benches/hot`'s
+//!   `newcache-threads`);
+//! - `--op mc-get-many --server A --server B --server C`: `Cache::get_many` of `m0`..`m99` over
+//!   the servers given (the floor's `sync-get-many`);
+//! - `--op async-get --server A [--tasks N] [--runtime multi|current]`: `AsyncCache::get` of
+//!   random hot keys `k0`..`k999` from N tasks (default 1; 64 is the floor's concurrent path)
+//!   sharing one cache, on a 2-worker (default) or a current-thread runtime; `--calls` gets in
+//!   all.
+//!
+//! Each op fills its items through the cache (memcached is started by the caller), makes 10
+//! uncounted calls (per task), then `--calls` counted ones, counting the allocations (and
+//! `realloc`s) in its global allocator, and prints the time per call (noise on a loaded
+//! machine).
 //!
 //! Made for instruction counts, which load on a shared machine does not change: under
 //! `valgrind --tool=callgrind`, two runs that differ only in `--calls` give the instructions
 //! per call as the difference of their totals over the difference of their calls
-//! (`benches/results/2026-12-02-getmany/count.sh`). Without valgrind it also prints the time
-//! per call (noise on a loaded machine).
+//! (`benches/results/2026-12-04-floor/count.sh`). memcached runs outside valgrind, so what is
+//! counted is the client process alone; the kernel's work is not counted.
 //!
 //! With `--redis-cluster URL,URL,...` (a running cluster's seeds) or `--redis URL` (one
-//! server) the same calls run on the Redis Cluster or Redis backend instead: callgrind then counts the client's instructions per call
-//! (the servers are other processes), the part of `sync-get-many` on the cluster that is this
-//! process's work.
+//! server), `get-many` and `get` run on the Redis Cluster or Redis backend instead: callgrind
+//! then counts the client's instructions per call (the servers are other processes), the part
+//! of `sync-get-many` on the cluster that is this process's work.
 //!
 //! ```text
-//! cargo run --release -p newcache-floor --bin inproc -- [--op get-many|get] [--calls N]
-//!     [--redis-cluster URL,URL,... | --redis URL]
+//! cargo run --release -p newcache-floor --bin inproc -- [--op OP] [--calls N] [--server HOST:PORT ...]
+//!     [--tasks N] [--threads N] [--runtime multi|current] [--redis-cluster URL,URL,... | --redis URL]
 //! ```
 
 #[path = "../items.rs"]
@@ -25,6 +42,7 @@ mod items;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Instant;
 
@@ -59,65 +77,229 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
+/// The keys of a `get_many`.
 const BATCH: usize = 100;
+/// The hot keys of the single-key memcached paths.
+const KEYS: usize = 1000;
 
-fn main() -> Result<(), BoxError> {
-    let mut op = "get-many".to_string();
-    let mut calls: u64 = 10_000;
-    let mut cluster: Option<Vec<String>> = None;
-    let mut redis: Option<String> = None;
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--op" => op = args.next().ok_or("--op needs get-many or get")?,
-            "--calls" => calls = args.next().ok_or("--calls needs a number")?.parse()?,
-            "--redis-cluster" => {
-                let seeds = args.next().ok_or("--redis-cluster needs URL,URL,...")?;
-                cluster = Some(seeds.split(',').map(str::to_owned).collect());
+struct Args {
+    op: String,
+    calls: u64,
+    servers: Vec<String>,
+    tasks: usize,
+    threads: usize,
+    multi: bool,
+    cluster: Option<Vec<String>>,
+    redis: Option<String>,
+}
+
+fn args() -> Result<Args, BoxError> {
+    let mut a = Args {
+        op: "get-many".to_string(),
+        calls: 10_000,
+        servers: Vec::new(),
+        tasks: 1,
+        threads: 1,
+        multi: true,
+        cluster: None,
+        redis: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        let mut value = || it.next().ok_or(format!("{arg} needs a value"));
+        match arg.as_str() {
+            "--op" => a.op = value()?,
+            "--calls" => a.calls = value()?.parse()?,
+            "--server" => a.servers.push(value()?),
+            "--tasks" => a.tasks = value()?.parse()?,
+            "--threads" => a.threads = value()?.parse()?,
+            "--runtime" => {
+                a.multi = match value()?.as_str() {
+                    "multi" => true,
+                    "current" => false,
+                    other => return Err(format!("--runtime {other:?}: multi or current").into()),
+                }
             }
-            "--redis" => redis = Some(args.next().ok_or("--redis needs a URL")?),
+            "--redis-cluster" => {
+                a.cluster = Some(value()?.split(',').map(str::to_owned).collect());
+            }
+            "--redis" => a.redis = Some(value()?),
             other => return Err(format!("unknown argument {other:?}").into()),
         }
     }
-    let builder = newcache::Cache::builder().flavor(FLAVOR).version(VERSION);
-    let cache = match (cluster, redis) {
-        (Some(seeds), _) => builder.redis_cluster(seeds).build()?,
-        (None, Some(url)) => builder.redis(url).build()?,
-        (None, None) => builder.in_memory().build()?,
-    };
-    let user: Vec<String> = (0..BATCH).map(|i| format!("m{i}")).collect();
+    Ok(a)
+}
+
+fn builder() -> newcache::CacheBuilder {
+    newcache::Cache::builder().flavor(FLAVOR).version(VERSION)
+}
+
+/// Fills `{prefix}0`..`{prefix}{n-1}` through `cache`.
+fn fill(cache: &newcache::Cache, prefix: &str, n: usize) -> Result<Vec<String>, BoxError> {
+    let user: Vec<String> = (0..n).map(|i| format!("{prefix}{i}")).collect();
     for (i, k) in user.iter().enumerate() {
         cache.set(k, &Value::new(i), TTL)?;
     }
-    let one = || -> Result<(), BoxError> {
-        match op.as_str() {
-            "get-many" => {
+    Ok(user)
+}
+
+/// A sync op: `one` called 10 times uncounted, then `calls` times.
+fn counted(calls: u64, mut one: impl FnMut(u64) -> Result<(), BoxError>) -> Result<(), BoxError> {
+    // Warm-up: the first calls grow lazily made buffers (thread locals, the span machinery).
+    for j in 0..10 {
+        one(j)?;
+    }
+    let (allocs, bytes) = (ALLOCS.load(Relaxed), BYTES.load(Relaxed));
+    let t = Instant::now();
+    for j in 0..calls {
+        one(j)?;
+    }
+    report(calls, allocs, bytes, t);
+    Ok(())
+}
+
+fn report(calls: u64, allocs: u64, bytes: u64, t: Instant) {
+    let elapsed = t.elapsed();
+    let per = |n: u64| n as f64 / calls.max(1) as f64;
+    println!(
+        "{calls} calls, {:.2} allocations and {:.0} bytes allocated per call, {:.2} us per call",
+        per(ALLOCS.load(Relaxed) - allocs),
+        per(BYTES.load(Relaxed) - bytes),
+        elapsed.as_secs_f64() * 1e6 / calls.max(1) as f64,
+    );
+}
+
+/// SplitMix64 over the hot keys (the floor's 64-task path's sequence).
+struct Rng(u64);
+
+impl Rng {
+    fn key(&mut self) -> usize {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        ((z ^ (z >> 31)) % KEYS as u64) as usize
+    }
+}
+
+fn async_get(a: &Args) -> Result<(), BoxError> {
+    let server = a.servers.first().ok_or("async-get needs --server")?;
+    let rt = match a.multi {
+        true => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?,
+        false => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?,
+    };
+    let sync = builder().memcached([server.as_str()]).build()?;
+    let user = Arc::new(fill(&sync, "k", KEYS)?);
+    let cache = rt.block_on(async { builder().memcached([server.as_str()]).build_async() })?;
+    let tasks = a.tasks.max(1);
+    let per_task = (a.calls as usize / tasks).max(1);
+    let run = |gets: usize| -> Result<(), BoxError> {
+        rt.block_on(async {
+            let handles: Vec<_> = (0..tasks)
+                .map(|t| {
+                    let (cache, user) = (cache.clone(), Arc::clone(&user));
+                    tokio::spawn(async move {
+                        let mut rng = Rng(t as u64 * 0xA076_1D64_78BD_642F + 1);
+                        for _ in 0..gets {
+                            let i = rng.key();
+                            Value::check(cache.get::<Value>(&user[i]).await?, i)?;
+                        }
+                        Ok::<_, BoxError>(())
+                    })
+                })
+                .collect();
+            for h in handles {
+                h.await??;
+            }
+            Ok(())
+        })
+    };
+    run(10)?;
+    let (allocs, bytes) = (ALLOCS.load(Relaxed), BYTES.load(Relaxed));
+    let t = Instant::now();
+    run(per_task)?;
+    report((per_task * tasks) as u64, allocs, bytes, t);
+    Ok(())
+}
+
+fn main() -> Result<(), BoxError> {
+    let a = args()?;
+    print!("{}: ", a.op);
+    match a.op.as_str() {
+        "get-many" | "get" => {
+            let cache = match (&a.cluster, &a.redis) {
+                (Some(seeds), _) => builder().redis_cluster(seeds.iter().cloned()).build()?,
+                (None, Some(url)) => builder().redis(url.as_str()).build()?,
+                (None, None) => builder().in_memory().build()?,
+            };
+            let user = fill(&cache, "m", BATCH)?;
+            match a.op.as_str() {
+                "get" => counted(a.calls, |_| {
+                    Value::check(cache.get::<Value>(black_box("m0"))?, 0)
+                }),
+                _ => counted(a.calls, |_| {
+                    let found = cache.get_many::<Value>(black_box(&user))?;
+                    match found.len() {
+                        BATCH => Ok(()),
+                        n => Err(format!("get_many found {n} of {BATCH}").into()),
+                    }
+                }),
+            }
+        }
+        "mc-get" => {
+            let server = a.servers.first().ok_or("mc-get needs --server")?;
+            let cache = builder().memcached([server.as_str()]).build()?;
+            let user = fill(&cache, "k", KEYS)?;
+            let one = |j: u64| {
+                let i = j as usize % KEYS;
+                Value::check(cache.get::<Value>(black_box(&user[i]))?, i)
+            };
+            if a.threads <= 1 {
+                return counted(a.calls, one);
+            }
+            let per_thread = (a.calls as usize / a.threads).max(1) as u64;
+            let run = |gets: u64| -> Result<(), BoxError> {
+                std::thread::scope(|s| {
+                    let handles: Vec<_> = (0..a.threads as u64)
+                        .map(|t| s.spawn(move || (0..gets).try_for_each(|j| one(t * 7919 + j))))
+                        .collect();
+                    handles
+                        .into_iter()
+                        .try_for_each(|h| h.join().map_err(|_| "a thread panicked")?)
+                })
+            };
+            run(10)?;
+            let (allocs, bytes) = (ALLOCS.load(Relaxed), BYTES.load(Relaxed));
+            let t = Instant::now();
+            run(per_thread)?;
+            report(per_thread * a.threads as u64, allocs, bytes, t);
+            Ok(())
+        }
+        "mc-get-many" => {
+            if a.servers.is_empty() {
+                return Err("mc-get-many needs --server (three, for the floor's path)".into());
+            }
+            let cache = builder()
+                .memcached(a.servers.iter().map(String::as_str))
+                .build()?;
+            let user = fill(&cache, "m", BATCH)?;
+            counted(a.calls, |_| {
                 let found = cache.get_many::<Value>(black_box(&user))?;
                 match found.len() {
                     BATCH => Ok(()),
                     n => Err(format!("get_many found {n} of {BATCH}").into()),
                 }
-            }
-            "get" => Value::check(cache.get::<Value>(black_box("m0"))?, 0),
-            other => Err(format!("unknown --op {other:?} (get-many or get)").into()),
+            })
         }
-    };
-    // Warm-up: the first calls grow lazily made buffers (thread locals, the span machinery).
-    for _ in 0..10 {
-        one()?;
+        "async-get" => async_get(&a),
+        other => Err(format!(
+            "unknown --op {other:?} (get-many, get, mc-get, mc-get-many, async-get)"
+        )
+        .into()),
     }
-    let (allocs, bytes) = (ALLOCS.load(Relaxed), BYTES.load(Relaxed));
-    let t = Instant::now();
-    for _ in 0..calls {
-        one()?;
-    }
-    let elapsed = t.elapsed();
-    let per = |n: u64| n as f64 / calls.max(1) as f64;
-    println!(
-        "{op}: {calls} calls, {:.2} allocations and {:.0} bytes allocated per call, {:.2} us per call",
-        per(ALLOCS.load(Relaxed) - allocs),
-        per(BYTES.load(Relaxed) - bytes),
-        elapsed.as_secs_f64() * 1e6 / calls.max(1) as f64,
-    );
-    Ok(())
 }
