@@ -136,7 +136,7 @@ enum BackendChoice {
 /// | `max_load_time` | 60 s | above zero |
 /// | `max_decode_size` | 64 MiB | above zero |
 /// | `early_refresh` β | off | finite and above zero |
-/// | `connect_timeout`, `io_timeout` | 500 ms | above zero |
+/// | `connect_timeout`, `io_timeout` | 500 ms | above zero, at most an hour |
 /// | `retry_interval` | 1 s | at most a day |
 /// | `pool_size`, `async_connections`, `failure_limit` | 16, 2, 2 | at least 1 |
 /// | `replay_capacity` | 10,000 keys per server | any (0: judge a revived server's older values stale) |
@@ -517,17 +517,17 @@ impl CacheBuilder {
         self
     }
 
-    /// memcached: the longest an operation waits for a connection, connecting included;
-    /// default 500 ms. Must not be zero.
+    /// memcached and Redis: the longest an operation waits for a connection, connecting
+    /// included; default 500 ms. Above zero, at most an hour.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.memcached_only.push("connect_timeout");
         self.connect_timeout = timeout;
         self
     }
 
-    /// memcached: the longest one operation's I/O may take, however slowly the server sends
-    /// (one deadline for all of it; a large batch has one per round of up to 2,048 keys, from
-    /// when that round is sent); default 500 ms. Must not be zero.
+    /// memcached and Redis: the longest one operation's I/O may take, however slowly the server
+    /// sends (one deadline for all of it; a large batch has one per round of up to 2,048 keys,
+    /// from when that round is sent); default 500 ms. Above zero, at most an hour.
     pub fn io_timeout(mut self, timeout: Duration) -> Self {
         self.memcached_only.push("io_timeout");
         self.io_timeout = timeout;

@@ -1547,3 +1547,54 @@ fn a_script_sent_again_after_noscript_is_waited_for_too() {
         assert!(on_replica.is_some(), "{front:?}: the replica has the value");
     }
 }
+
+/// A timeout past [`MAX_TIMEOUT`](newcache::backend::memcached::MAX_TIMEOUT) (an hour) is
+/// refused at `build()` with a config error naming it, on every server backend, rather than
+/// overflowing a deadline later (a sync cluster batch's shared window panicked on
+/// `Duration::MAX`); an hour is accepted and a sync cluster batch and `ping` work under it.
+#[test]
+fn timeouts_past_an_hour_are_refused_at_build_and_an_hour_works() {
+    let cluster = || Cache::builder().redis_cluster(shared_redis_cluster().iter().cloned());
+    let refused = [
+        ("io_timeout", cluster().io_timeout(Duration::MAX).build()),
+        (
+            "connect_timeout",
+            cluster().connect_timeout(Duration::MAX).build(),
+        ),
+        (
+            "io_timeout",
+            Cache::builder()
+                .redis("redis://127.0.0.1:1/0")
+                .io_timeout(Duration::MAX)
+                .build(),
+        ),
+        (
+            "io_timeout",
+            Cache::builder()
+                .memcached(["127.0.0.1:1"])
+                .io_timeout(Duration::MAX)
+                .build(),
+        ),
+    ];
+    for (name, built) in refused {
+        let e = built.expect_err("a timeout past an hour is refused");
+        assert!(e.is_config() && e.to_string().contains(name), "{e}");
+    }
+    let cache = cluster()
+        .flavor(unique_flavor("long-timeout").as_str())
+        .read_failures(FailurePolicy::Propagate)
+        .write_failures(FailurePolicy::Propagate)
+        .io_timeout(Duration::from_secs(3_600))
+        .build()
+        .unwrap();
+    let keys: Vec<String> = (0..10).map(|i| format!("k{i}")).collect();
+    let items: Vec<(String, &u32)> = keys.iter().map(|k| (k.clone(), &7)).collect();
+    assert!(
+        cache
+            .set_many(items, Duration::from_secs(60))
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(cache.get_many::<u32>(&keys).unwrap().len(), 10);
+    cache.ping().unwrap();
+}

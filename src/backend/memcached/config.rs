@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::MAX_RETRY_INTERVAL;
+use super::{MAX_RETRY_INTERVAL, MAX_TIMEOUT};
 use crate::backend::DEFAULT_ITEM_SIZE;
 use crate::error::{Error, Result};
 
@@ -172,6 +172,19 @@ pub struct MemcachedConfig {
     pub replay_capacity: usize,
 }
 
+/// The timeouts' bounds, for every server backend: above zero (no connection could ever be
+/// made, no reply ever read) and at most [`MAX_TIMEOUT`].
+pub(crate) fn check_timeouts(connect: Duration, io: Duration) -> Result<()> {
+    for (name, t) in [("connect_timeout", connect), ("io_timeout", io)] {
+        if t.is_zero() || t > MAX_TIMEOUT {
+            return Err(Error::config(format!(
+                "{name} must be above zero and at most {MAX_TIMEOUT:?}, got {t:?}"
+            )));
+        }
+    }
+    Ok(())
+}
+
 impl MemcachedConfig {
     /// The checks every memcached client of this crate makes (the blocking backend and the async
     /// engine): a server, non-zero timeouts (no connection could ever be made, no reply ever
@@ -180,12 +193,7 @@ impl MemcachedConfig {
         if self.servers.is_empty() {
             return Err(Error::config("the memcached server list is empty"));
         }
-        if self.connect_timeout.is_zero() {
-            return Err(Error::config("connect_timeout must be above zero"));
-        }
-        if self.io_timeout.is_zero() {
-            return Err(Error::config("io_timeout must be above zero"));
-        }
+        check_timeouts(self.connect_timeout, self.io_timeout)?;
         if self.retry_interval > MAX_RETRY_INTERVAL {
             return Err(Error::config(format!(
                 "retry_interval must be at most {MAX_RETRY_INTERVAL:?} (a dead server is probed \

@@ -2,6 +2,7 @@
 //! server: every server's request is written, then every reply read, in the calling thread.
 
 mod config;
+pub(crate) use self::config::check_timeouts;
 mod conn;
 pub(crate) mod health;
 pub(crate) mod outage;
@@ -114,6 +115,10 @@ fn closed_by_peer(e: &Error) -> bool {
 
 /// The longest `retry_interval`: a day. A dead server is always probed again eventually.
 pub const MAX_RETRY_INTERVAL: Duration = Duration::from_secs(86_400);
+
+/// The longest `connect_timeout` and `io_timeout`: an hour (a deadline is the time of a call
+/// plus one of them; "no limit" is not offered: a hung server would hold its callers forever).
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(3_600);
 
 impl MemcachedBackend {
     /// Sets up the pools (without connecting).

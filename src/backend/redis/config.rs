@@ -139,11 +139,7 @@ impl RedisConfig {
         if self.pool_size == 0 {
             return Err(Error::config("pool_size must be at least 1"));
         }
-        if self.connect_timeout.is_zero() || self.io_timeout.is_zero() {
-            return Err(Error::config(
-                "connect_timeout and io_timeout must be above zero",
-            ));
-        }
+        crate::backend::memcached::check_timeouts(self.connect_timeout, self.io_timeout)?;
         if self.retry_interval.is_zero() || self.retry_interval > MAX_RETRY_INTERVAL {
             return Err(Error::config(format!(
                 "retry_interval must be above zero and at most {MAX_RETRY_INTERVAL:?}"
