@@ -1,16 +1,12 @@
 //! An adversarial review of the Redis backend: each test shows one finding (and fails while it
 //! stands). Servers and clusters are the tests' own.
 
-use std::io::{Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use newcache::{Cache, FailurePolicy};
 
-use crate::fixture::{RedisServer, unique_flavor};
+use crate::fixture::unique_flavor;
 
 const S: fn(u64) -> Duration = Duration::from_secs;
 
@@ -18,100 +14,6 @@ fn raw(port: u16) -> redis::Connection {
     redis::Client::open(format!("redis://127.0.0.1:{port}/"))
         .and_then(|c| c.get_connection())
         .unwrap()
-}
-
-/// A forwarder to a server that, once armed, lets the next request through to the server (which
-/// runs it and answers) but closes the client's connection instead of passing the reply on: a
-/// connection lost after the server ran the command (a proxy's restart, `CLIENT KILL`, a reset
-/// on the way back).
-struct LoseReply {
-    addr: String,
-    armed: Arc<AtomicBool>,
-}
-
-impl LoseReply {
-    fn new(upstream: String) -> LoseReply {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
-        let armed = Arc::new(AtomicBool::new(false));
-        let armed2 = armed.clone();
-        thread::spawn(move || {
-            for client in listener.incoming() {
-                let Ok(client) = client else { continue };
-                let server = TcpStream::connect(&upstream).unwrap();
-                let (mut c_in, mut s_out) =
-                    (client.try_clone().unwrap(), server.try_clone().unwrap());
-                thread::spawn(move || {
-                    let _ = std::io::copy(&mut c_in, &mut s_out);
-                    let _ = s_out.shutdown(Shutdown::Both);
-                });
-                let armed = armed2.clone();
-                let (mut s_in, mut c_out) = (server, client);
-                thread::spawn(move || {
-                    let mut buf = vec![0u8; 64 * 1024];
-                    loop {
-                        let n = match s_in.read(&mut buf) {
-                            Ok(0) | Err(_) => break,
-                            Ok(n) => n,
-                        };
-                        if armed.swap(false, Ordering::SeqCst) {
-                            // The server ran it and answered: the client never hears.
-                            let _ = c_out.shutdown(Shutdown::Both);
-                            let _ = s_in.shutdown(Shutdown::Both);
-                            break;
-                        }
-                        if c_out.write_all(&buf[..n]).is_err() {
-                            break;
-                        }
-                    }
-                    let _ = c_out.shutdown(Shutdown::Both);
-                });
-            }
-        });
-        LoseReply { addr, armed }
-    }
-
-    fn arm(&self) {
-        self.armed.store(true, Ordering::SeqCst);
-    }
-}
-
-/// Finding: the sync pool sends a request again on a fresh connection when a reused one fails
-/// with a dropped connection (`RedisBackend::send`, src/backend/redis/mod.rs:599), taking it for
-/// a connection the server closed while it sat idle. It cannot tell that from a connection lost
-/// after the server ran the command, and it does it for writes too: an `incr` is applied twice,
-/// and an `add` that stored its value reports that the key was taken.
-#[test]
-fn review_a_write_whose_reply_was_lost_is_never_sent_again() {
-    let server = RedisServer::start("redis-server");
-    let proxy = LoseReply::new(format!("127.0.0.1:{}", server.port));
-    let cache = Cache::builder()
-        .redis(format!("redis://{}/0", proxy.addr))
-        .flavor(unique_flavor("review-retry"))
-        .pool_size(1)
-        .write_failures(FailurePolicy::Propagate)
-        .build()
-        .unwrap();
-    cache.set_counter("c", 9, S(60)).unwrap();
-    // The counter script known to the server (a NOSCRIPT is not what the proxy should lose).
-    assert_eq!(cache.incr("c", 1).unwrap(), 10);
-    proxy.arm();
-    let r = cache.incr("c", 1);
-    let now = cache.get_counter("c").unwrap();
-    assert_eq!(
-        now,
-        Some(11),
-        "one incr of 1 (answered {r:?}) took the counter from 10 to {now:?}"
-    );
-
-    // An add whose reply was lost: sent again, it finds its own value and says "taken".
-    proxy.arm();
-    let added = cache.add("fresh", &1u32, S(60));
-    assert!(
-        !matches!(added, Ok(false)),
-        "add of a free key stored its value ({:?} now) but answered Ok(false): the key was free",
-        cache.get::<u32>("fresh")
-    );
 }
 
 /// Finding: a slot map with a hole (a slot no master served when it was asked: a cluster being

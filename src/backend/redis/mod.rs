@@ -677,20 +677,16 @@ impl RedisBackend {
         self.read(req, conn, None)
     }
 
-    /// A pooled connection with `req` written on it.
-    ///
-    /// A pooled connection the server closed while it sat idle (its `timeout`, a proxy, a
-    /// restart) fails at once with a dropped connection: nothing reached the server, so the
-    /// idle connections are dropped and the request goes once more on a fresh one, with no
-    /// fault counted (as the memcached pool does with a stale connection). A failed checkout
-    /// (a connect) sent nothing: [`unsent`](Error::unsent).
+    /// A pooled connection with `req` written on it. A failed checkout (a connect) sent
+    /// nothing: [`unsent`](Error::unsent). A reused connection found closed is
+    /// [`stale`](RedisBackend::stale).
     fn write<T>(&self, req: &Request<T>) -> std::result::Result<conn::Pooled<'_>, Failure> {
         let mut conn = self.pool.checkout().map_err(Failure::unsent)?;
         match self.put(&mut conn, req) {
             Ok(()) => Ok(conn),
             Err(e) if conn.reused() && e.is_connection_dropped() => {
                 drop(conn);
-                self.pool.drop_idle();
+                self.stale(req, e)?;
                 let mut conn = self.pool.checkout().map_err(Failure::unsent)?;
                 self.put(&mut conn, req)
                     .map_err(|e| failure_of(e, req.write))?;
@@ -701,9 +697,8 @@ impl RedisBackend {
     }
 
     /// The replies to `req`, written on `conn` (a script the server did not know sent again
-    /// with its source: `NOSCRIPT` means nothing ran; then its `WAIT` again). A stale pooled
-    /// connection (closed by the server before it read anything: see
-    /// [`write`](RedisBackend::write)) is dropped, and `req` sent again on a fresh one.
+    /// with its source: `NOSCRIPT` means nothing ran; then its `WAIT` again). A reused
+    /// connection found closed before the replies came is [`stale`](RedisBackend::stale).
     fn read<'a, T>(
         &'a self,
         req: &Request<T>,
@@ -715,8 +710,8 @@ impl RedisBackend {
             Ok(r) => r,
             Err(e) if conn.reused() && e.is_connection_dropped() => {
                 drop(conn);
-                self.pool.drop_idle();
-                // As this retry itself assumes, nothing of `req` reached the server yet.
+                self.stale(req, e)?;
+                // A read: a connect that fails now sends nothing more.
                 conn = self.pool.checkout().map_err(Failure::unsent)?;
                 self.put(&mut conn, req)
                     .and_then(|()| self.recv(&mut conn, n, None))
@@ -736,6 +731,29 @@ impl RedisBackend {
         }
         conn.keep();
         Ok(replies)
+    }
+
+    /// A pooled connection reused for `req` was found closed (`e`) before it answered: stale,
+    /// not a fault (the server, a proxy or a restart closed it while it sat idle, as its
+    /// `timeout` does), so nothing is counted and the idle connections, as old, are dropped.
+    /// `Ok` for a request that is not a write: it goes once more on a fresh connection. A write
+    /// is not sent again: a connection closed while idle cannot be told from one lost after the
+    /// server ran the write and before its reply came (a proxy's restart, a `CLIENT KILL`, a
+    /// reset), so it fails with its outcome unknown (and never [`unsent`](Error::unsent)).
+    fn stale<T>(&self, req: &Request<T>, e: redis::RedisError) -> std::result::Result<(), Failure> {
+        self.pool.drop_idle();
+        if !req.write {
+            return Ok(());
+        }
+        Err(Failure::Local(
+            Error::with_source(
+                ErrorKind::Backend,
+                "a pooled connection closed before the server answered (closed while idle, or \
+                 its reply lost: the write may have run, and is not sent again)",
+                e,
+            )
+            .with_outcome_unknown(),
+        ))
     }
 
     /// Writes `req`'s commands on `conn` (each after `ASKING` for an asking view).
