@@ -1547,3 +1547,80 @@ fn a_script_sent_again_after_noscript_is_waited_for_too() {
         assert!(on_replica.is_some(), "{front:?}: the replica has the value");
     }
 }
+
+/// A slot no master served when the cache asked for the map (a cluster being created, a slot
+/// being assigned) is served once the cluster serves it: nothing is sent for a key of a slot
+/// with no master, so no node can answer `MOVED`; such a key makes the cache ask for the map
+/// again instead (at most once per `retry_interval`). Lone calls and batches, both fronts.
+#[test]
+fn a_slot_missing_from_the_map_is_served_once_the_cluster_serves_it() {
+    let cluster = RedisCluster::start("redis-server");
+    let seeds = cluster.seeds();
+    let masters = cluster.masters();
+    for front in [Front::Sync, Front::Async] {
+        let flavor = unique_flavor("hole");
+        let build = || {
+            Cache::builder()
+                .redis_cluster(seeds.iter().cloned())
+                .flavor(flavor.as_str())
+                .read_failures(FailurePolicy::Propagate)
+                .write_failures(FailurePolicy::Propagate)
+                .retry_interval(Duration::from_millis(200))
+                .build_front(front)
+        };
+        let (lone, batch) = (build(), build());
+        let slot = slot_of(masters[0].0, &lone.make_key("k"));
+        let owner = master_of(&masters, slot);
+        // The slot unassigned on every node (as before `redis-cli --cluster create` assigns it).
+        for &p in &cluster.ports {
+            let () = redis::cmd("CLUSTER")
+                .arg("DELSLOTS")
+                .arg(slot)
+                .query(&mut node(p))
+                .unwrap();
+        }
+        // Each cache's first call asks for the map now: it has no master for the slot.
+        let unserved = format!("no redis cluster master serves slot {slot}");
+        let e = lone.get::<u32>("k").unwrap_err();
+        assert!(chain_of(&e).contains(&unserved), "{front:?}: {e}");
+        let e = batch.get_many::<u32>(&["k"]).unwrap_err();
+        assert!(chain_of(&e).contains(&unserved), "{front:?}: {e}");
+        // Assigned again, to the same master; the cluster settles.
+        let () = redis::cmd("CLUSTER")
+            .arg("ADDSLOTS")
+            .arg(slot)
+            .query(&mut node(owner))
+            .unwrap();
+        crate::fixture::wait_cluster_ok(&cluster.ports, S(30));
+        // Generous: the map is asked again at most every 200 ms.
+        let deadline = std::time::Instant::now() + S(10);
+        let last = loop {
+            let r = lone
+                .set("k", &1u32, S(60))
+                .and_then(|()| lone.get::<u32>("k"));
+            match r {
+                Ok(v) => break Ok(v),
+                Err(e) if std::time::Instant::now() > deadline => break Err(e),
+                Err(_) => std::thread::sleep(Duration::from_millis(100)),
+            }
+        };
+        assert_eq!(
+            last.as_ref().ok(),
+            Some(&Some(1)),
+            "{front:?}: slot {slot} is served by 127.0.0.1:{owner} again, and the cache still \
+             says: {last:?}"
+        );
+        let last = loop {
+            match batch.get_many::<u32>(&["k"]) {
+                Ok(got) => break Ok(got),
+                Err(e) if std::time::Instant::now() > deadline => break Err(e),
+                Err(_) => std::thread::sleep(Duration::from_millis(100)),
+            }
+        };
+        assert_eq!(
+            last.as_ref().ok().and_then(|got| got.get("k")),
+            Some(&1),
+            "{front:?}: a batch of slot {slot}'s key: {last:?}"
+        );
+    }
+}

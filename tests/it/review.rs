@@ -2,7 +2,7 @@
 //! stands). Servers and clusters are the tests' own.
 
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use newcache::{Cache, FailurePolicy};
 
@@ -14,71 +14,6 @@ fn raw(port: u16) -> redis::Connection {
     redis::Client::open(format!("redis://127.0.0.1:{port}/"))
         .and_then(|c| c.get_connection())
         .unwrap()
-}
-
-/// Finding: a slot map with a hole (a slot no master served when it was asked: a cluster being
-/// created or resharded, a node that had not met the others yet) is never asked again: a key
-/// of that slot fails with "no master serves slot" before anything is sent
-/// (`Router::route`, src/backend/redis/cluster.rs:284, `one` and `first_hops`), so no `MOVED`
-/// and no fault ever refreshes the map. Once the slot is served, the cache keeps failing its
-/// keys for as long as no other key's fault or redirect happens to refresh it.
-#[test]
-fn review_a_slot_missing_from_the_map_is_served_once_the_cluster_serves_it() {
-    let cluster = crate::fixture::RedisCluster::start("redis-server");
-    let cache = Cache::builder()
-        .redis_cluster(cluster.seeds())
-        .flavor(unique_flavor("review-hole"))
-        .read_failures(FailurePolicy::Propagate)
-        .write_failures(FailurePolicy::Propagate)
-        .retry_interval(Duration::from_millis(200))
-        .build()
-        .unwrap();
-    let key = cache.make_key("k");
-    let slot: u16 = redis::cmd("CLUSTER")
-        .arg("KEYSLOT")
-        .arg(&key)
-        .query(&mut raw(cluster.ports[0]))
-        .unwrap();
-    let masters = cluster.masters();
-    let owner = masters
-        .iter()
-        .find(|(_, r)| r.iter().any(|&(a, b)| (a..=b).contains(&slot)))
-        .map(|(p, _)| *p)
-        .unwrap();
-    // The slot unassigned on every node (as before `redis-cli --cluster create` assigns it).
-    for &p in &cluster.ports {
-        let () = redis::cmd("CLUSTER")
-            .arg("DELSLOTS")
-            .arg(slot)
-            .query(&mut raw(p))
-            .unwrap();
-    }
-    // The cache's first call asks for the map now.
-    let e = cache.get::<u32>("k").unwrap_err();
-    eprintln!("while unassigned: {e}");
-    // Assigned again, to the same master; the cluster settles.
-    let () = redis::cmd("CLUSTER")
-        .arg("ADDSLOTS")
-        .arg(slot)
-        .query(&mut raw(owner))
-        .unwrap();
-    crate::fixture::wait_cluster_ok(&cluster.ports, S(30));
-    let deadline = Instant::now() + S(5);
-    let last = loop {
-        let r = cache
-            .set("k", &1u32, S(60))
-            .and_then(|()| cache.get::<u32>("k"));
-        match r {
-            Ok(v) => break Ok(v),
-            Err(e) if Instant::now() > deadline => break Err(e),
-            Err(_) => thread::sleep(Duration::from_millis(100)),
-        }
-    };
-    assert_eq!(
-        last.as_ref().ok(),
-        Some(&Some(1)),
-        "slot {slot} is served by 127.0.0.1:{owner} again, and the cache still says: {last:?}"
-    );
 }
 
 /// Finding: a replayed `UNLINK` that a cluster node answers with a redirect (`MOVED`, `ASK`: the
