@@ -31,7 +31,5 @@ mod redis_batch;
 mod redis_cluster;
 #[cfg(feature = "redis-tls")]
 mod redis_tls;
-#[cfg(feature = "redis")]
-mod review;
 mod values;
 mod views;

@@ -24,8 +24,8 @@
 //! cluster node names two keys.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Instant;
 
 use parking_lot::{Mutex, RwLock};
@@ -127,6 +127,8 @@ struct Router {
     asked: Mutex<Option<Instant>>,
     /// The cache's clock, for every node's replay record.
     clock: Mutex<Option<Arc<dyn Clock>>>,
+    /// This router, for its nodes' replays to reach the others' records ([`Router::link`]).
+    this: OnceLock<Weak<Router>>,
 }
 
 /// The URL of the node at `addr`: `template`'s, its `host:port` replaced (scheme, user and
@@ -207,6 +209,7 @@ impl Router {
             refreshing: AtomicBool::new(false),
             asked: Mutex::new(None),
             clock: Mutex::new(None),
+            this: OnceLock::new(),
         })
     }
 
@@ -236,8 +239,22 @@ impl Router {
         if let Some(clock) = &*self.clock.lock() {
             node.health().missed.use_clock(clock.clone());
         }
+        self.link(&node);
         nodes.insert(addr.to_owned(), node.clone());
         Ok(node)
+    }
+
+    /// Lets `node`'s replay hand a delete another node is named for (`MOVED`, `ASK`: the
+    /// key's slot moved on since the delete was missed) to that node's record of missed
+    /// invalidations, so that its next call deletes the key there before anything else.
+    fn link(&self, node: &Node) {
+        let Some(this) = self.this.get().cloned() else {
+            return;
+        };
+        node.sync.use_peers(move |addr| {
+            let node = this.upgrade()?.node(addr).ok()?;
+            Some(node.health().clone())
+        });
     }
 
     fn current(&self) -> Option<Arc<Map>> {
@@ -455,9 +472,12 @@ impl RedisCluster {
     /// database other than 0 (a cluster has only database 0), and whatever
     /// [`RedisBackend::new`] refuses.
     pub fn new(seeds: Vec<RedisConfig>) -> Result<RedisCluster> {
-        Ok(RedisCluster {
-            router: Arc::new(Router::new(seeds)?),
-        })
+        let router = Arc::new(Router::new(seeds)?);
+        let _ = router.this.set(Arc::downgrade(&router));
+        for node in router.nodes.lock().values() {
+            router.link(node);
+        }
+        Ok(RedisCluster { router })
     }
 
     /// Puts every node's record of missed invalidations on the cache's clock.

@@ -70,6 +70,22 @@ pub(crate) struct Shared {
     policy_checked: std::sync::atomic::AtomicBool,
     /// Set once a refusal of this client (credentials, ACL) was warned about.
     denial_warned: std::sync::atomic::AtomicBool,
+    /// A cluster node's: the health record of the node at an address, where a replayed delete
+    /// this node redirected goes.
+    peers: std::sync::OnceLock<Peers>,
+}
+
+/// The health record (with its record of missed invalidations) of a cluster node by its
+/// address, if it can be reached: given to each node's [`Shared`] by its cluster's router.
+pub(crate) struct Peers(Box<PeerOf>);
+
+/// A node's health record by its address ([`Peers`]).
+type PeerOf = dyn Fn(&str) -> Option<Arc<Health>> + Send + Sync;
+
+impl std::fmt::Debug for Peers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Peers")
+    }
 }
 
 impl Shared {
@@ -261,14 +277,35 @@ impl Shared {
         ))
     }
 
-    /// The keys of `replay` were deleted by `req`, as `done` says (refused ones passed over),
-    /// and the connections it was to close are closed (or the server refused to: warned once).
+    /// The keys of `replay` were deleted by `req`, as `done` says (refused ones passed over,
+    /// redirected ones handed to the record of the node that holds them now, whose next call
+    /// deletes them before anything else), and the connections it was to close are closed (or
+    /// the server refused to: warned once).
     fn replayed<M: Deref<Target = Missed>>(
         &self,
         replay: Replay<M>,
         req: &request::ReplayRequest,
         done: &request::Replayed,
     ) {
+        if !done.redirected.is_empty() {
+            let keys: Vec<&str> = replay.keys().collect();
+            for (i, addr) in &done.redirected {
+                let there = self.peers.get().and_then(|p| (p.0)(addr));
+                match (keys.get(*i), there) {
+                    // A key that does not fit there makes that node's older values stale.
+                    (Some(key), Some(there)) => {
+                        there.missed.note(key, None, self.config.replay_capacity);
+                    }
+                    // Not a node of this process's cluster (a URL it cannot make).
+                    _ => tracing::warn!(
+                        server = %self.addr,
+                        to = %addr,
+                        "newcache: a replayed delete was redirected to a node that cannot be \
+                         reached; passed over"
+                    ),
+                }
+            }
+        }
         if let Some((code, detail)) = &done.kill_refused {
             self.clients.refused(code, detail.as_deref());
         }
@@ -283,7 +320,7 @@ impl Shared {
         }
         replay.done(
             &self.addr,
-            done.refused,
+            done.refused + done.redirected.len(),
             |_| None,
             self.config.replay_capacity,
         );
@@ -500,6 +537,7 @@ impl RedisBackend {
             started: Instant::now(),
             policy_checked: Default::default(),
             denial_warned: Default::default(),
+            peers: Default::default(),
             config,
         });
         Ok(RedisBackend {
@@ -527,6 +565,15 @@ impl RedisBackend {
     pub(super) fn slots(&self) -> Result<Vec<slots::Range>> {
         let reply = self.run(Ok(self.shared.requests.cluster_slots()))?;
         slots::parse_slots(reply, &self.shared.addr).map_err(|e| self.shared.annotate(e))
+    }
+
+    /// Where this cluster node's replay hands the deletes another node is named for
+    /// ([`Peers`]); once.
+    pub(super) fn use_peers(
+        &self,
+        peers: impl Fn(&str) -> Option<Arc<Health>> + Send + Sync + 'static,
+    ) {
+        let _ = self.shared.peers.set(Peers(Box::new(peers)));
     }
 
     /// The server's health record (its record of missed invalidations put on the cache's

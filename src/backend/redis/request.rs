@@ -9,6 +9,7 @@ use redis::Value;
 use super::clients::{self, ClientId};
 use super::item::{self, Expiry};
 use super::script::{Script, Scripts};
+use super::slots::{self, Redirect};
 use crate::backend::{Item, StoreMode, StoreOutcome, Write};
 use crate::error::{Error, ErrorKind, Result};
 
@@ -141,6 +142,8 @@ pub(super) struct ReplayRequest {
     pub(super) kills: Vec<ClientId>,
     /// How many keys each `UNLINK` names, in order, sent after.
     unlinks: Vec<usize>,
+    /// Each `UNLINK` is sent after an `ASKING` (a cluster node: see [`Builder::replay`]).
+    asking: bool,
 }
 
 /// What a replay's replies said.
@@ -151,6 +154,10 @@ pub(super) struct Replayed {
     /// Keys whose `UNLINK` the server refused with an error reply: passed over (as memcached's
     /// replay passes over a delete its proxy refuses).
     pub(super) refused: usize,
+    /// Keys whose `UNLINK` a cluster node redirected (`MOVED`, `ASK`: their slot is served, or
+    /// their key held, elsewhere now), by position in the replay's keys, and where to: not
+    /// deleted here, to be deleted there.
+    pub(super) redirected: Vec<(usize, String)>,
     /// The error code and detail of a refused `CLIENT KILL` (`NOPERM`, ...), if one was: the
     /// replay goes on without it.
     pub(super) kill_refused: Option<(String, Option<String>)>,
@@ -161,7 +168,8 @@ impl ReplayRequest {
     /// refusal of a server not serving yet ([`not_serving_yet`]: loading its data, say), whose
     /// keys are kept for the next replay.
     pub(super) fn read(&self, vs: Vec<Value>) -> Result<Result<Replayed>> {
-        if vs.len() != self.kills.len() + self.unlinks.len() {
+        let per_unlink = if self.asking { 2 } else { 1 };
+        if vs.len() != self.kills.len() + per_unlink * self.unlinks.len() {
             return Err(Error::backend(
                 "a replay's replies do not match its commands",
             ));
@@ -169,6 +177,7 @@ impl ReplayRequest {
         let mut done = Replayed {
             deleted: 0,
             refused: 0,
+            redirected: Vec::new(),
             kill_refused: None,
         };
         let mut vs = vs.into_iter();
@@ -187,13 +196,23 @@ impl ReplayRequest {
                 }
             }
         }
-        for (v, &keys) in vs.zip(&self.unlinks) {
+        // The `ASKING`s' replies (`OK`) left out.
+        let unlinked = vs.skip(per_unlink - 1).step_by(per_unlink);
+        let mut at = 0;
+        for (v, &keys) in unlinked.zip(&self.unlinks) {
+            let first = at;
+            at += keys;
             match v {
                 Value::Int(_) => done.deleted += keys,
                 Value::ServerError(e) if not_serving_yet(e.code()) => {
                     return Ok(Err(refused(e)));
                 }
-                Value::ServerError(_) => done.refused += keys,
+                Value::ServerError(e) => match slots::redirect(e.code(), e.details()) {
+                    Some(Redirect::Moved { addr, .. } | Redirect::Ask { addr }) => done
+                        .redirected
+                        .extend((first..at).map(|i| (i, addr.clone()))),
+                    None => done.refused += keys,
+                },
                 other => {
                     return Err(Error::backend(format!(
                         "a replayed UNLINK answered {other:?}, not a count"
@@ -883,18 +902,24 @@ impl Builder {
     /// to [`CLEAR_STEP`] keys each (one each on a cluster node), pipelined. Not a write in the sense of `write`: deleting a
     /// key again is harmless, so a replay whose reply never came is simply made again.
     ///
+    /// On a cluster node each `UNLINK` goes after an `ASKING`: a key handed to this node by
+    /// another's replay (`ASK`: its slot migrating here, the key moved already) is deleted
+    /// here, not redirected back; where the node serves the slot itself, `ASKING` changes
+    /// nothing.
+    ///
     /// First, in the same round trip, a `CLIENT KILL` of each connection in `kills` (this
     /// process's, dropped with a request perhaps still in the network: `clients.rs`), so that
     /// no write delayed past the replay lands on one of them.
     pub(super) fn replay(&self, kills: Vec<ClientId>, keys: &[&str]) -> ReplayRequest {
         let chunks = keys.chunks(self.unlink_step());
         let sizes = chunks.clone().map(<[&str]>::len).collect();
-        let unlinks = chunks.map(|chunk| {
+        let asking = self.cluster;
+        let unlinks = chunks.flat_map(|chunk| {
             let mut cmd = redis::cmd("UNLINK");
             for k in chunk {
                 cmd.arg(*k);
             }
-            cmd
+            asking.then(self::asking).into_iter().chain([cmd])
         });
         let commands = kills
             .iter()
@@ -912,6 +937,7 @@ impl Builder {
             },
             kills,
             unlinks: sizes,
+            asking,
         }
     }
 
@@ -1120,6 +1146,7 @@ mod tests {
             Replayed {
                 deleted: 2_000,
                 refused: 500,
+                redirected: Vec::new(),
                 kill_refused: None,
             },
             "the refused command's keys are passed over, not counted as deleted"
@@ -1138,5 +1165,52 @@ mod tests {
             .unwrap();
         let e = kept.unwrap_err();
         assert!(format!("{e:?}").contains("loading the dataset"), "{e:?}");
+    }
+
+    #[test]
+    fn a_cluster_nodes_replay_asks_and_hands_back_redirected_keys() {
+        let b = Builder {
+            wait: None,
+            item_size: 1 << 20,
+            key_limit: 250,
+            scripts: Scripts::new(),
+            cluster: true,
+        };
+        let req = b.replay(Vec::new(), &["a", "b", "c", "d"]);
+        let names: Vec<String> = req
+            .request
+            .commands
+            .iter()
+            .map(|c| String::from_utf8_lossy(&c.cmd.get_packed_command()).into_owned())
+            .collect();
+        assert_eq!(names.len(), 8, "{names:?}");
+        assert!(
+            names[0].contains("ASKING") && names[1].contains("UNLINK"),
+            "{names:?}"
+        );
+        let reply = |bytes: &[u8]| redis::parse_redis_value(bytes).unwrap();
+        let done = req
+            .read(vec![
+                Value::Okay,
+                Value::Int(1),
+                Value::Okay,
+                reply(b"-MOVED 15495 127.0.0.1:7002\r\n"),
+                Value::Okay,
+                reply(b"-ASK 15495 [::1]:7003\r\n"),
+                Value::Okay,
+                reply(b"-READONLY You can't write against a read only replica.\r\n"),
+            ])
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            done,
+            Replayed {
+                deleted: 1,
+                refused: 1,
+                redirected: vec![(1, "127.0.0.1:7002".into()), (2, "[::1]:7003".into())],
+                kill_refused: None,
+            },
+            "a redirected key is handed back with where it lives now, not passed over"
+        );
     }
 }
