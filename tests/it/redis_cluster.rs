@@ -483,6 +483,52 @@ fn clear_removes_this_caches_keys_on_every_master() {
     }
 }
 
+/// `clear()` asks every master whatever one of them answers: a master that fails its part
+/// (here its ACL refuses the user `SCAN`: ACLs are per node) is reported, by address, after
+/// the others were cleared. It is the master of slot 0, which the map lists first.
+#[test]
+fn clear_clears_every_master_it_can_and_names_the_one_that_failed() {
+    let cluster = RedisCluster::start("redis-server");
+    let masters = cluster.masters();
+    let refusing = master_of(&masters, 0);
+    for &p in &cluster.ports {
+        let scan = if p == refusing { "-scan" } else { "+scan" };
+        let () = redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg("nc")
+            .arg(&["on", ">secret", "~*", "&*", "+@all", scan])
+            .query(&mut node(p))
+            .unwrap();
+    }
+    let seeds: Vec<String> = cluster
+        .ports
+        .iter()
+        .map(|p| format!("redis://nc:secret@127.0.0.1:{p}"))
+        .collect();
+    let keys: Vec<String> = (0..60).map(|i| format!("k{i}")).collect();
+    for front in [Front::Sync, Front::Async] {
+        let cache = cache_on(&seeds, &unique_flavor("clear-partly"), front);
+        cache
+            .set_many(keys.iter().map(|k| (k.as_str(), k)), S(600))
+            .unwrap();
+        let e = cache.clear().unwrap_err();
+        assert!(e.is_denied(), "{front:?}: {e}");
+        assert!(
+            e.to_string().contains(&format!("127.0.0.1:{refusing}")),
+            "{front:?}: the master that failed is named: {e}"
+        );
+        let left = cache.get_many::<String>(&keys).unwrap();
+        for k in &keys {
+            let master = master_of(&masters, slot_of(refusing, &cache.make_key(k)));
+            assert_eq!(
+                left.contains_key(k),
+                master == refusing,
+                "{front:?}: {k} (on 127.0.0.1:{master}): only the refusing master's keys stay"
+            );
+        }
+    }
+}
+
 /// A master killed, its replica promoted: a node's fault asks for the map again (at most once
 /// per `retry_interval`), so the cache finds the new master and serves its slots again. (No
 /// load, no count of what was lost: replication is asynchronous.)

@@ -754,6 +754,26 @@ fn first_hops<I, T>(
     hops
 }
 
+/// What `clear` on every master (`results`, in order) reports: `Ok` if each cleared its keys,
+/// else the first failure (naming its node), which says how many masters failed, and which.
+fn cleared(masters: &[Arc<Node>], results: Vec<Result<()>>) -> Result<()> {
+    let failed: Vec<(&str, Error)> = masters
+        .iter()
+        .zip(results)
+        .filter_map(|(n, r)| r.err().map(|e| (n.addr(), e)))
+        .collect();
+    let Some((_, first)) = failed.first() else {
+        return Ok(());
+    };
+    let names: Vec<&str> = failed.iter().map(|(a, _)| *a).collect();
+    Err(first.clone().with_note(&format!(
+        "clear() failed on {} of {} redis cluster masters ({}); the others were cleared",
+        failed.len(),
+        masters.len(),
+        names.join(", ")
+    )))
+}
+
 /// The results of a batch, in order.
 fn finish<T>(out: Vec<Option<Result<T>>>) -> Vec<Result<T>> {
     out.into_iter()
@@ -814,13 +834,12 @@ impl Backend for RedisCluster {
         Err(super::refuse_flush())
     }
 
-    /// `SCAN`s every master for the cache's keys and removes them.
+    /// `SCAN`s every master for the cache's keys and removes them; a master that fails is
+    /// reported after the others were cleared ([`cleared`]).
     fn clear(&self, prefix: Option<&str>) -> Result<()> {
         let map = self.map()?;
-        for node in &map.masters {
-            node.sync.clear(prefix)?;
-        }
-        Ok(())
+        let results = map.masters.iter().map(|n| n.sync.clear(prefix)).collect();
+        cleared(&map.masters, results)
     }
 
     fn max_value_size(&self, key: &str) -> usize {
@@ -878,8 +897,8 @@ mod nonblocking {
     use std::sync::Arc;
 
     use super::{
-        MAX_REDIRECTS, Map, Node, Redirect, Round, Router, finish, first_hops, group, is_fault,
-        no_map_ping, redirect_of, too_many_redirects,
+        MAX_REDIRECTS, Map, Node, Redirect, Round, Router, cleared, finish, first_hops, group,
+        is_fault, no_map_ping, redirect_of, too_many_redirects,
     };
     use crate::backend::engine::join_all;
     use crate::backend::{AsyncBackend, BoxFuture, Item, StoreOutcome, Write};
@@ -1112,10 +1131,11 @@ mod nonblocking {
         fn clear<'a>(&'a self, prefix: Option<&'a str>) -> BoxFuture<'a, Result<()>> {
             Box::pin(async move {
                 let map = self.map().await?;
+                let mut results = Vec::with_capacity(map.masters.len());
                 for node in &map.masters {
-                    node.nonblocking.clear(prefix).await?;
+                    results.push(node.nonblocking.clear(prefix).await);
                 }
-                Ok(())
+                cleared(&map.masters, results)
             })
         }
 
