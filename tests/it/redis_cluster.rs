@@ -1039,7 +1039,8 @@ fn calls_of(ports: &[u16], command: &str) -> u64 {
 /// `redis_wait(1, ..)`: each store and delete waits for a replica. Answered, the calls succeed
 /// (and the masters ran the `WAIT`s); with the replica of one master stopped (SIGSTOP), a write
 /// to that master's keys fails with an error that `is_outcome_unknown` and names the shortfall,
-/// the write is on the master, and the other masters' keys are written as before.
+/// the write is on the master, and the other masters' keys are written as before. A shortfall
+/// is an answer, not a node's fault: it does not make the cache ask for the slot map again.
 #[test]
 fn redis_wait_waits_for_a_replica_and_a_shortfall_is_an_outcome_unknown_error() {
     let cluster = RedisCluster::start("redis-server");
@@ -1085,6 +1086,8 @@ fn redis_wait_waits_for_a_replica_and_a_shortfall_is_an_outcome_unknown_error() 
             .redis_cluster(seeds.iter().cloned())
             .flavor(flavor.as_str())
             .redis_wait(1, Duration::from_millis(200))
+            // A fault would ask for the map again at each call.
+            .retry_interval(Duration::from_millis(1))
             .build_front(front);
         let key_on = |want: u16| {
             (0..)
@@ -1093,6 +1096,9 @@ fn redis_wait_waits_for_a_replica_and_a_shortfall_is_an_outcome_unknown_error() 
                 .unwrap()
         };
         let (short, fine) = (key_on(stalled), key_on(ports[1]));
+        // The map asked once, by the first call.
+        assert_eq!(cache.get::<String>(&fine).unwrap(), None);
+        let asked = calls_of(&ports, "cluster|slots");
         let e = cache.set(&short, "v", S(600)).unwrap_err();
         assert!(e.is_outcome_unknown(), "{front:?}: {e}");
         let text = format!("{e}");
@@ -1112,6 +1118,11 @@ fn redis_wait_waits_for_a_replica_and_a_shortfall_is_an_outcome_unknown_error() 
         assert!(
             cache.delete(&fine).unwrap(),
             "{front:?}: another master's write waits as before"
+        );
+        assert_eq!(
+            calls_of(&ports, "cluster|slots"),
+            asked,
+            "{front:?}: two shortfalls, and the map was asked again"
         );
         // Absorbed, a shortfall is counted and the call goes on.
         let lenient = Cache::builder()

@@ -154,11 +154,13 @@ fn redirect_of(e: &Error) -> Option<Redirect> {
     slots::redirect(r.code()?, r.detail())
 }
 
-/// Whether `e` may mean the node is gone (a transport fault, a dead node): not an answer.
+/// Whether `e` may mean the node is gone (a transport fault, a dead node): not an answer (an
+/// error reply, a denial, a `WAIT` short of replicas).
 fn is_fault(e: &Error) -> bool {
     (e.is_backend() || e.is_timeout())
         && !e.is_denied()
         && super::request::refusal_code(e).is_none()
+        && !super::request::is_wait_failure(e)
 }
 
 /// The error of a key whose slot no master serves (a map not known yet, or a cluster missing

@@ -216,7 +216,7 @@ impl Shared {
         match r {
             // The server answered (an error reply, a denial, a `WAIT` short of replicas): it
             // missed nothing.
-            Err(e) if answered(&e) || e.to_string().contains(request::WAIT_SHORT) => Err(e),
+            Err(e) if answered(&e) || request::is_wait_failure(&e) => Err(e),
             r => outage::after_write(self.missed(), None, key, r, self.config.replay_capacity),
         }
     }

@@ -62,7 +62,13 @@ pub(super) struct Wait<T> {
 }
 
 /// The start of a [`Request::answer`] error for a `WAIT` that fell short or was refused.
-pub(super) const WAIT_SHORT: &str = "WAIT: ";
+const WAIT_SHORT: &str = "WAIT: ";
+
+/// Whether `e` is a write's `WAIT` that fell short or was refused after the write succeeded
+/// ([`Request::answer`]): the server's answer, never a fault, nor a write it missed.
+pub(super) fn is_wait_failure(e: &Error) -> bool {
+    e.to_string().contains(WAIT_SHORT)
+}
 
 impl<T> Request<T> {
     /// The answer to the replies `vs`: `read`'s, then the `WAIT`'s if one was sent.
