@@ -1140,6 +1140,68 @@ fn redis_wait_waits_for_a_replica_and_a_shortfall_is_an_outcome_unknown_error() 
     cluster.signal(replica, "CONT");
 }
 
+/// With `redis_wait`, a batch item its master redirects (`MOVED`: the slot moved since the
+/// cache's map was asked) never ran there, so the `WAIT` that falls short on that master is not
+/// its answer: it is sent to the slot's new master and written there, and only the items the
+/// short master wrote fail with the shortfall.
+#[test]
+fn a_batch_item_moved_away_from_a_master_short_of_replicas_is_written_where_its_slot_went() {
+    let cluster = RedisCluster::start("redis-server");
+    let seeds = cluster.seeds();
+    let masters = cluster.masters();
+    let ports: Vec<u16> = masters.iter().map(|(p, _)| *p).collect();
+    let (short, to) = (ports[0], ports[1]);
+    let replica = replica_of(short);
+    cluster.signal(replica, "STOP");
+    for front in [Front::Sync, Front::Async] {
+        let cache = Cache::builder()
+            .redis_cluster(seeds.iter().cloned())
+            .flavor(unique_flavor("wait-moved").as_str())
+            .redis_wait(1, Duration::from_millis(200))
+            .read_failures(FailurePolicy::Propagate)
+            .build_front(front);
+        let slot = |k: &str| slot_of(short, &cache.make_key(k));
+        let on_short = |k: &String| master_of(&masters, slot(k)) == short;
+        let mut keys = (0..).map(|i| format!("key{i}")).filter(on_short);
+        let stays = keys.next().unwrap();
+        let moves = keys.find(|k| slot(k) != slot(&stays)).unwrap();
+        // The cache learns the map; then `moves`'s slot goes to another master.
+        assert_eq!(cache.get::<String>(&stays).unwrap(), None);
+        let moved = slot(&moves);
+        begin_migration(moved, short, to);
+        let held: Vec<String> = redis::cmd("CLUSTER")
+            .arg("GETKEYSINSLOT")
+            .arg(moved)
+            .arg(1000)
+            .query(&mut node(short))
+            .unwrap();
+        if !held.is_empty() {
+            migrate(short, to, &held);
+        }
+        // Every master told (the stopped replica cannot be asked to settle).
+        end_migration(moved, to, &ports);
+
+        let failed = match cache.set_many([(stays.as_str(), "v"), (moves.as_str(), "v")], S(600)) {
+            Ok(failed) => failed,
+            Err(e) => {
+                assert!(e.is_outcome_unknown(), "{front:?}: {e}");
+                e.failed_keys().to_vec()
+            }
+        };
+        assert_eq!(
+            failed,
+            vec![stays.clone()],
+            "{front:?}: only the write of the master short of replicas fails"
+        );
+        assert!(
+            holds(to, &cache.make_key(&moves)),
+            "{front:?}: the moved key is written on its new master"
+        );
+        assert_eq!(cache.get::<String>(&moves).unwrap().as_deref(), Some("v"));
+    }
+    cluster.signal(replica, "CONT");
+}
+
 #[test]
 fn a_wait_for_0_replicas_or_past_the_io_timeout_is_refused_at_build() {
     let e = Cache::builder()
