@@ -1684,3 +1684,81 @@ fn redis_cluster_a_delete_missed_before_its_slot_moved_is_replayed_where_the_key
         redis_cluster_replay_after_a_slot_move(&cluster, true, how);
     }
 }
+
+/// A whole cluster down (Redis's default `cluster-require-full-coverage yes`, one slot left
+/// unassigned: every node answers `CLUSTERDOWN The cluster is down` to every key) does not
+/// serve a key this process deleted meanwhile once it is back: the refused delete, absorbed
+/// by the write policy, is queued for replay as one a server loading its data refused, and
+/// replayed when the cluster serves again. (A slot alone unserved, `Hash slot not served`,
+/// fails its own keys and is not recorded: see the README.)
+#[cfg(feature = "redis")]
+fn redis_cluster_down_then_back(asynch: bool) {
+    let cluster = crate::fixture::RedisCluster::start("redis-server");
+    let b = Cache::builder()
+        .redis_cluster(cluster.seeds())
+        .write_failures(FailurePolicy::Absorb);
+    let front = Front::build(outage_settings(b, "outage-cluster-down"), asynch);
+    front.set("k", "old").unwrap();
+    let key = front.make_key("k");
+    let masters = cluster.masters();
+    let slot_of = |k: &str| -> u16 {
+        redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(k)
+            .query(&mut cluster_node(masters[0].0))
+            .unwrap()
+    };
+    // Another slot than k's, unassigned on every node: the cluster is down.
+    let hole = (slot_of(&key) + 1) % 16_384;
+    let owner = masters
+        .iter()
+        .find(|(_, r)| r.iter().any(|&(a, b)| (a..=b).contains(&hole)))
+        .map(|(p, _)| *p)
+        .unwrap();
+    for &p in &cluster.ports {
+        let () = redis::cmd("CLUSTER")
+            .arg("DELSLOTS")
+            .arg(hole)
+            .query(&mut cluster_node(p))
+            .unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let down = |p: u16| {
+        matches!(
+            redis::cmd("GET").arg(&key).query::<Option<Vec<u8>>>(&mut cluster_node(p)),
+            Err(e) if e.code() == Some("CLUSTERDOWN")
+        )
+    };
+    while !masters.iter().all(|(p, _)| down(*p)) {
+        assert!(Instant::now() < deadline, "the cluster never went down");
+        thread::sleep(MS(50));
+    }
+    // Absorbed: the caller is told nothing.
+    front.delete("k").unwrap();
+    // The slot assigned again: the cluster serves again, k's old value with it.
+    let () = redis::cmd("CLUSTER")
+        .arg("ADDSLOTS")
+        .arg(hole)
+        .query(&mut cluster_node(owner))
+        .unwrap();
+    crate::fixture::wait_cluster_ok(&cluster.ports, Duration::from_secs(30));
+    let got = front.get("k").unwrap();
+    let stats = front.stats();
+    assert_eq!(
+        got, None,
+        "k was deleted while the cluster was down, and is served once it is back ({stats:?})"
+    );
+    assert_eq!(stats.replayed_deletes, 1, "{stats:?}");
+}
+
+#[cfg(feature = "redis")]
+#[test]
+fn redis_cluster_a_delete_refused_while_the_cluster_was_down_is_replayed_once_it_is_back() {
+    redis_cluster_down_then_back(false);
+}
+
+#[cfg(feature = "redis")]
+#[test]
+fn redis_cluster_a_delete_refused_while_the_cluster_was_down_is_replayed_once_it_is_back_async() {
+    redis_cluster_down_then_back(true);
+}

@@ -19,7 +19,9 @@
 //! live; a node's failure fails only its own keys.
 //!
 //! A node's error replies are answers, per key: `CLUSTERDOWN` (the key's slot unserved, or
-//! the whole cluster down) fails the keys it names and marks no node dead. `TRYAGAIN` never
+//! the whole cluster down) fails the keys it names and marks no node dead; refused because
+//! the whole cluster is down, a write is queued for the node's replay
+//! (`request::not_serving_yet`). `TRYAGAIN` never
 //! comes: it answers a multi-key command whose keys a migration split, and no command sent to a
 //! cluster node names two keys.
 

@@ -466,7 +466,7 @@ pub(super) fn denial(code: &str, detail: Option<&str>) -> Option<Error> {
 /// the command reached it and was refused, so nothing is to be replayed for it. A server not
 /// serving yet (`LOADING`, ...) missed the command as one out of reach would.
 fn answered(e: &Error) -> bool {
-    e.is_denied() || request::refusal_code(e).is_some_and(|c| !request::not_serving_yet(c))
+    e.is_denied() || (request::refusal_code(e).is_some() && !request::refused_not_serving_yet(e))
 }
 
 /// A [`Backend`] on one Redis or Valkey server (feature `redis`).

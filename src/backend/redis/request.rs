@@ -210,7 +210,7 @@ impl ReplayRequest {
             at += keys;
             match v {
                 Value::Int(_) => done.deleted += keys,
-                Value::ServerError(e) if not_serving_yet(e.code()) => {
+                Value::ServerError(e) if not_serving_yet(e.code(), e.details()) => {
                     return Ok(Err(refused(e)));
                 }
                 Value::ServerError(e) => match slots::redirect(e.code(), e.details()) {
@@ -292,20 +292,38 @@ fn refused(e: redis::ServerError) -> Error {
     )
 }
 
-/// Whether an error reply's `code` says the server is not serving yet: it is loading its data
-/// (`LOADING`, after a restart), running a script past its time limit (`BUSY`), or a replica
-/// that lost its master (`MASTERDOWN`). It refuses every command meanwhile, reads included,
-/// and serves again later with the data it holds: a write or delete it refused this way
-/// missed it, as one sent while it was out of reach did.
-pub(super) fn not_serving_yet(code: &str) -> bool {
-    matches!(code, "LOADING" | "BUSY" | "MASTERDOWN")
+/// Whether an error reply (its `code`, then its `detail`) says the server is not serving yet:
+/// it is loading its data (`LOADING`, after a restart), running a script past its time limit
+/// (`BUSY`), a replica that lost its master (`MASTERDOWN`), or a node of a cluster that is
+/// down (`CLUSTERDOWN The cluster is down`: a slot unassigned under
+/// `cluster-require-full-coverage yes`, no majority; `... and only accepts read commands`
+/// too). It refuses every write meanwhile and serves again later with the data it holds: a
+/// write or delete it refused this way missed it, as one sent while it was out of reach did.
+/// Not `CLUSTERDOWN Hash slot not served`: one slot's keys alone, whose refusal must not hold
+/// up the replay of the node's other keys (a failed replay fails every call of the node).
+pub(super) fn not_serving_yet(code: &str, detail: Option<&str>) -> bool {
+    match code {
+        "LOADING" | "BUSY" | "MASTERDOWN" => true,
+        "CLUSTERDOWN" => detail.is_some_and(|d| d.starts_with("The cluster is down")),
+        _ => false,
+    }
+}
+
+/// The error reply `e` reports (its code, `READONLY`, `LOADING`, ..., and detail), if it
+/// reports one.
+fn refusal(e: &Error) -> Option<(&str, Option<&str>)> {
+    let r = std::error::Error::source(e)?.downcast_ref::<redis::RedisError>()?;
+    Some((r.code()?, r.detail()))
 }
 
 /// The code of the error reply `e` reports (`READONLY`, `LOADING`, ...), if it reports one.
 pub(super) fn refusal_code(e: &Error) -> Option<&str> {
-    std::error::Error::source(e)
-        .and_then(|s| s.downcast_ref::<redis::RedisError>())
-        .and_then(redis::RedisError::code)
+    refusal(e).map(|(code, _)| code)
+}
+
+/// Whether `e` is an error reply of a server not serving yet ([`not_serving_yet`]).
+pub(super) fn refused_not_serving_yet(e: &Error) -> bool {
+    refusal(e).is_some_and(|(code, detail)| not_serving_yet(code, detail))
 }
 
 /// An item from stored bytes: newcache's (header stripped, its stamp the token) or a foreign
@@ -1171,6 +1189,36 @@ mod tests {
             .unwrap();
         let e = kept.unwrap_err();
         assert!(format!("{e:?}").contains("loading the dataset"), "{e:?}");
+    }
+
+    #[test]
+    fn a_server_not_serving_yet_is_told_by_its_refusal() {
+        #[track_caller]
+        fn check(code: &str, detail: Option<&str>, expected: bool) {
+            assert_eq!(not_serving_yet(code, detail), expected, "{code} {detail:?}");
+        }
+        check(
+            "LOADING",
+            Some("Redis is loading the dataset in memory"),
+            true,
+        );
+        check("BUSY", None, true);
+        check("MASTERDOWN", Some("Link with MASTER is down"), true);
+        check("CLUSTERDOWN", Some("The cluster is down"), true);
+        check(
+            "CLUSTERDOWN",
+            Some("The cluster is down and only accepts read commands"),
+            true,
+        );
+        // One slot's keys alone: an answer, lest it hold up the node's replay.
+        check("CLUSTERDOWN", Some("Hash slot not served"), false);
+        check("CLUSTERDOWN", None, false);
+        check(
+            "READONLY",
+            Some("You can't write against a read only replica."),
+            false,
+        );
+        check("MOVED", Some("3999 127.0.0.1:7002"), false);
     }
 
     #[test]
