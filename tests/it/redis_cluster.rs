@@ -1002,21 +1002,31 @@ fn slots_moved_under_load_cost_the_callers_no_error_and_no_second_load_async() {
     resharding_under_load(Front::Async);
 }
 
-/// The port of a replica of the master on `port` (`ROLE`).
+/// The port of a replica of the master on `port` (`ROLE`), once one is attached (a cluster
+/// just started may not have its replicas synced yet).
 fn replica_of(port: u16) -> u16 {
-    let role: redis::Value = redis::cmd("ROLE").query(&mut node(port)).unwrap();
-    let redis::Value::Array(v) = role else {
-        panic!("ROLE: {role:?}")
-    };
-    let Some(redis::Value::Array(replicas)) = v.get(2) else {
-        panic!("ROLE of a master: {v:?}")
-    };
-    match replicas.first() {
-        Some(redis::Value::Array(r)) => match r.get(1) {
-            Some(redis::Value::BulkString(p)) => std::str::from_utf8(p).unwrap().parse().unwrap(),
-            other => panic!("a replica's port: {other:?}"),
-        },
-        other => panic!("no replica of {port}: {other:?}"),
+    let deadline = std::time::Instant::now() + S(30);
+    loop {
+        let role: redis::Value = redis::cmd("ROLE").query(&mut node(port)).unwrap();
+        let redis::Value::Array(v) = role else {
+            panic!("ROLE: {role:?}")
+        };
+        let Some(redis::Value::Array(replicas)) = v.get(2) else {
+            panic!("ROLE of a master: {v:?}")
+        };
+        match replicas.first() {
+            Some(redis::Value::Array(r)) => match r.get(1) {
+                Some(redis::Value::BulkString(p)) => {
+                    return std::str::from_utf8(p).unwrap().parse().unwrap();
+                }
+                other => panic!("a replica's port: {other:?}"),
+            },
+            other => assert!(
+                std::time::Instant::now() < deadline,
+                "no replica of {port}: {other:?}"
+            ),
+        }
+        std::thread::sleep(Duration::from_millis(100));
     }
 }
 
