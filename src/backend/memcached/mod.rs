@@ -18,6 +18,7 @@ pub use self::outage::DEFAULT_REPLAY_CAPACITY;
 // The grace window of servers read late in a batch (the Redis Cluster's batches share it).
 #[cfg(feature = "redis")]
 pub(crate) use self::conn::GRACE;
+#[cfg(feature = "redis")]
 pub(crate) use self::server::IDLE_TIMEOUT;
 
 use std::fmt;
