@@ -839,7 +839,7 @@ impl Backend for RedisCluster {
     }
 
     /// `SCAN`s every master for the cache's keys and removes them; a master that fails is
-    /// reported after the others were cleared ([`cleared`]).
+    /// reported after the others were cleared.
     fn clear(&self, prefix: Option<&str>) -> Result<()> {
         let map = self.map()?;
         let results = map.masters.iter().map(|n| n.sync.clear(prefix)).collect();
