@@ -1517,3 +1517,248 @@ fn redis_concurrent_callers_wait_out_a_replay_that_connects_slowly() {
 fn redis_concurrent_callers_wait_out_a_replay_that_connects_slowly_async() {
     redis_callers_wait_out_a_slow_replay(true);
 }
+
+/// A connection to the Redis Cluster node on `port`.
+#[cfg(feature = "redis")]
+fn cluster_node(port: u16) -> redis::Connection {
+    redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+        .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(5)))
+        .unwrap()
+}
+
+/// How far a slot's move got when the replay of a delete of one of its keys runs.
+#[cfg(feature = "redis")]
+#[derive(Debug, Clone, Copy)]
+enum SlotMove {
+    /// The key migrated, the slot still the old master's: it answers `ASK`.
+    Migrating,
+    /// The slot the new master's: the old one answers `MOVED`.
+    Done,
+}
+
+/// A delete its master refused because it was not serving (`BUSY`: a script past its time
+/// limit) is queued for replay; meanwhile its slot moves to another master, the key (with its
+/// old value) with it. The replay on the old master is redirected (`MOVED`, or `ASK` while the
+/// slot migrates): the key is deleted where it lives now before this process reads it there.
+#[cfg(feature = "redis")]
+fn redis_cluster_replay_after_a_slot_move(
+    cluster: &crate::fixture::RedisCluster,
+    asynch: bool,
+    how: SlotMove,
+) {
+    let b = Cache::builder()
+        .redis_cluster(cluster.seeds())
+        .write_failures(FailurePolicy::Propagate);
+    let front = Front::build(
+        outage_settings(b, "outage-cluster-move").io_timeout(MS(500)),
+        asynch,
+    );
+    front.set("k", "old").unwrap();
+    let key = front.make_key("k");
+    let masters = cluster.masters();
+    let slot: u16 = redis::cmd("CLUSTER")
+        .arg("KEYSLOT")
+        .arg(&key)
+        .query(&mut cluster_node(masters[0].0))
+        .unwrap();
+    let from = masters
+        .iter()
+        .find(|(_, r)| r.iter().any(|&(a, b)| (a..=b).contains(&slot)))
+        .map(|(p, _)| *p)
+        .unwrap();
+    let to = masters
+        .iter()
+        .map(|(p, _)| *p)
+        .find(|&p| p != from)
+        .unwrap();
+
+    // The delete misses its master: it is busy in a script (`BUSY`: not serving yet).
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("busy-reply-threshold")
+        .arg(50)
+        .query(&mut cluster_node(from))
+        .unwrap();
+    let mut busy = cluster_node(from);
+    let script = thread::spawn(move || {
+        let _ = redis::cmd("EVAL")
+            .arg("while true do end")
+            .arg(0)
+            .query::<()>(&mut busy);
+    });
+    // Until the script is past its limit (no wall-clock bet: asked until it says so).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !matches!(
+        redis::cmd("PING").query::<String>(&mut cluster_node(from)),
+        Err(e) if e.code() == Some("BUSY")
+    ) {
+        assert!(
+            Instant::now() < deadline,
+            "the script never made {from} busy"
+        );
+        thread::sleep(MS(20));
+    }
+    let e = front.delete("k").unwrap_err();
+    let () = redis::cmd("SCRIPT")
+        .arg("KILL")
+        .query(&mut cluster_node(from))
+        .unwrap();
+    script.join().unwrap();
+    assert!(e.to_string().contains("queued for replay"), "{e}");
+
+    // The slot moves to another master, the key with it (its old value).
+    let id = |p: u16| -> String {
+        redis::cmd("CLUSTER")
+            .arg("MYID")
+            .query(&mut cluster_node(p))
+            .unwrap()
+    };
+    let setslot = |on: u16, state: &str, node: &str| {
+        let () = redis::cmd("CLUSTER")
+            .arg("SETSLOT")
+            .arg(slot)
+            .arg(state)
+            .arg(node)
+            .query(&mut cluster_node(on))
+            .unwrap();
+    };
+    setslot(to, "IMPORTING", &id(from));
+    setslot(from, "MIGRATING", &id(to));
+    let in_slot: Vec<String> = redis::cmd("CLUSTER")
+        .arg("GETKEYSINSLOT")
+        .arg(slot)
+        .arg(1000)
+        .query(&mut cluster_node(from))
+        .unwrap();
+    assert!(
+        in_slot.contains(&key),
+        "the delete never reached the server"
+    );
+    let () = redis::cmd("MIGRATE")
+        .arg("127.0.0.1")
+        .arg(to)
+        .arg("")
+        .arg(0)
+        .arg(5000)
+        .arg("KEYS")
+        .arg(&in_slot)
+        .query(&mut cluster_node(from))
+        .unwrap();
+    let finish = || {
+        for (p, _) in &masters {
+            setslot(*p, "NODE", &id(to));
+        }
+    };
+    if let SlotMove::Done = how {
+        finish();
+    }
+
+    // The next call on the old master replays the delete first: it is redirected there.
+    let got = front.get("k").unwrap();
+    let stats = front.stats();
+    assert_eq!(
+        got, None,
+        "{how:?}: k was deleted (queued for replay), then served from the slot's new master \
+         ({stats:?})"
+    );
+    assert_eq!(stats.replayed_deletes, 1, "{how:?}: {stats:?}");
+    if let SlotMove::Migrating = how {
+        finish();
+    }
+}
+
+#[cfg(feature = "redis")]
+#[test]
+fn redis_cluster_a_delete_missed_before_its_slot_moved_is_replayed_where_the_key_went() {
+    let cluster = crate::fixture::RedisCluster::start("redis-server");
+    for how in [SlotMove::Done, SlotMove::Migrating] {
+        redis_cluster_replay_after_a_slot_move(&cluster, false, how);
+    }
+}
+
+#[cfg(feature = "redis")]
+#[test]
+fn redis_cluster_a_delete_missed_before_its_slot_moved_is_replayed_where_the_key_went_async() {
+    let cluster = crate::fixture::RedisCluster::start("redis-server");
+    for how in [SlotMove::Done, SlotMove::Migrating] {
+        redis_cluster_replay_after_a_slot_move(&cluster, true, how);
+    }
+}
+
+/// A whole cluster down (Redis's default `cluster-require-full-coverage yes`, one slot left
+/// unassigned: every node answers `CLUSTERDOWN The cluster is down` to every key) does not
+/// serve a key this process deleted meanwhile once it is back: the refused delete, absorbed
+/// by the write policy, is queued for replay as one a server loading its data refused, and
+/// replayed when the cluster serves again. (A slot alone unserved, `Hash slot not served`,
+/// fails its own keys and is not recorded: see the README.)
+#[cfg(feature = "redis")]
+fn redis_cluster_down_then_back(asynch: bool) {
+    let cluster = crate::fixture::RedisCluster::start("redis-server");
+    let b = Cache::builder()
+        .redis_cluster(cluster.seeds())
+        .write_failures(FailurePolicy::Absorb);
+    let front = Front::build(outage_settings(b, "outage-cluster-down"), asynch);
+    front.set("k", "old").unwrap();
+    let key = front.make_key("k");
+    let masters = cluster.masters();
+    let slot_of = |k: &str| -> u16 {
+        redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(k)
+            .query(&mut cluster_node(masters[0].0))
+            .unwrap()
+    };
+    // Another slot than k's, unassigned on every node: the cluster is down.
+    let hole = (slot_of(&key) + 1) % 16_384;
+    let owner = masters
+        .iter()
+        .find(|(_, r)| r.iter().any(|&(a, b)| (a..=b).contains(&hole)))
+        .map(|(p, _)| *p)
+        .unwrap();
+    for &p in &cluster.ports {
+        let () = redis::cmd("CLUSTER")
+            .arg("DELSLOTS")
+            .arg(hole)
+            .query(&mut cluster_node(p))
+            .unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let down = |p: u16| {
+        matches!(
+            redis::cmd("GET").arg(&key).query::<Option<Vec<u8>>>(&mut cluster_node(p)),
+            Err(e) if e.code() == Some("CLUSTERDOWN")
+        )
+    };
+    while !masters.iter().all(|(p, _)| down(*p)) {
+        assert!(Instant::now() < deadline, "the cluster never went down");
+        thread::sleep(MS(50));
+    }
+    // Absorbed: the caller is told nothing.
+    front.delete("k").unwrap();
+    // The slot assigned again: the cluster serves again, k's old value with it.
+    let () = redis::cmd("CLUSTER")
+        .arg("ADDSLOTS")
+        .arg(hole)
+        .query(&mut cluster_node(owner))
+        .unwrap();
+    crate::fixture::wait_cluster_ok(&cluster.ports, Duration::from_secs(30));
+    let got = front.get("k").unwrap();
+    let stats = front.stats();
+    assert_eq!(
+        got, None,
+        "k was deleted while the cluster was down, and is served once it is back ({stats:?})"
+    );
+    assert_eq!(stats.replayed_deletes, 1, "{stats:?}");
+}
+
+#[cfg(feature = "redis")]
+#[test]
+fn redis_cluster_a_delete_refused_while_the_cluster_was_down_is_replayed_once_it_is_back() {
+    redis_cluster_down_then_back(false);
+}
+
+#[cfg(feature = "redis")]
+#[test]
+fn redis_cluster_a_delete_refused_while_the_cluster_was_down_is_replayed_once_it_is_back_async() {
+    redis_cluster_down_then_back(true);
+}

@@ -3,6 +3,11 @@
 //! values another client wrote, the eviction policy check. The behaviour, herd, limits, loader,
 //! values and obs suites run on both servers through `on_every_backend!`.
 
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread;
 use std::time::{Duration, Instant};
 
 use newcache::{
@@ -44,7 +49,11 @@ fn a_killed_server_fails_fast_and_serves_again_once_restarted() {
         let cache = cache_on(server);
         cache.set("k", &1u32, S(60)).unwrap();
         server.kill();
-        // Two transport faults mark it dead (failure_limit 2); then calls fail fast.
+        // The pooled connection the kill closed is stale: not a fault, and the write on it is
+        // not sent again (its outcome unknown). Then two transport faults (refused connects)
+        // mark it dead (failure_limit 2); then calls fail fast.
+        let e = cache.set("k", &2u32, S(60)).unwrap_err();
+        assert!(e.is_outcome_unknown(), "{e}");
         for _ in 0..2 {
             assert!(cache.set("k", &2u32, S(60)).unwrap_err().is_backend());
         }
@@ -201,12 +210,17 @@ fn a_noeviction_policy_is_warned_about_once() {
     });
 }
 
+/// A read on a pooled connection the server closed is asked again on a fresh one; a write is
+/// not (its reply may have been lost after it ran: see
+/// `a_write_whose_reply_was_lost_fails_outcome_unknown_and_is_never_sent_again`). Neither
+/// counts a fault: with `failure_limit(1)`, one would mark the server dead.
 #[test]
 fn a_connection_the_server_closed_while_idle_is_replaced_without_a_fault() {
     on_both(|server| {
         let cache = Cache::builder()
             .redis(server.url())
             .read_failures(FailurePolicy::Propagate)
+            .failure_limit(1)
             .build()
             .unwrap();
         // Several pooled connections.
@@ -230,11 +244,16 @@ fn a_connection_the_server_closed_while_idle_is_replaced_without_a_fault() {
         for _ in 0..4 {
             assert_eq!(cache.get::<u32>("k").unwrap(), Some(1));
         }
-        // After a restart too: the first write goes through, and is not outcome-unknown.
+        // After a restart: the first write, on a connection the restart closed, is not sent
+        // again: it fails with its outcome unknown, and the next one connects afresh.
         server.restart();
-        cache.set("k", &2u32, S(60)).unwrap();
+        let e = cache.set("k", &2u32, S(60)).unwrap_err();
+        assert!(e.is_outcome_unknown(), "{e}");
         cache.set("k", &3u32, S(60)).unwrap();
         assert_eq!(cache.get::<u32>("k").unwrap(), Some(3));
+        // And a read after a restart is asked again.
+        server.restart();
+        assert_eq!(cache.get::<u32>("k").unwrap(), None);
     });
 }
 
@@ -1434,4 +1453,107 @@ fn an_async_write_dropped_mid_wait_closes_its_connection() {
         assert!(e.is_outcome_unknown(), "{e}");
         assert_eq!(cache.get::<u32>("k").await.unwrap(), Some(2));
     });
+}
+
+/// A forwarder to a server that, once armed, lets the next request through to the server (which
+/// runs it and answers) but closes the client's connection instead of passing the reply on: a
+/// connection lost after the server ran the command (a proxy's restart, `CLIENT KILL`, a reset
+/// on the way back).
+struct LoseReply {
+    addr: String,
+    armed: Arc<AtomicBool>,
+}
+
+impl LoseReply {
+    fn new(upstream: String) -> LoseReply {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let armed = Arc::new(AtomicBool::new(false));
+        let armed2 = armed.clone();
+        thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { continue };
+                let server = TcpStream::connect(&upstream).unwrap();
+                let (mut c_in, mut s_out) =
+                    (client.try_clone().unwrap(), server.try_clone().unwrap());
+                thread::spawn(move || {
+                    let _ = std::io::copy(&mut c_in, &mut s_out);
+                    let _ = s_out.shutdown(Shutdown::Both);
+                });
+                let armed = armed2.clone();
+                let (mut s_in, mut c_out) = (server, client);
+                thread::spawn(move || {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    loop {
+                        let n = match s_in.read(&mut buf) {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => n,
+                        };
+                        if armed.swap(false, Ordering::SeqCst) {
+                            // The server ran it and answered: the client never hears.
+                            let _ = c_out.shutdown(Shutdown::Both);
+                            let _ = s_in.shutdown(Shutdown::Both);
+                            break;
+                        }
+                        if c_out.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                    let _ = c_out.shutdown(Shutdown::Both);
+                });
+            }
+        });
+        LoseReply { addr, armed }
+    }
+
+    fn arm(&self) {
+        self.armed.store(true, Ordering::SeqCst);
+    }
+}
+
+/// A pooled connection lost after the server ran a write, before its reply came, cannot be told
+/// from one the server closed while it sat idle: the write is not sent again (an `incr` applied
+/// twice, an `add` that stored its value answering that the key was taken), but fails with its
+/// outcome unknown. A read is asked again.
+#[test]
+fn a_write_whose_reply_was_lost_fails_outcome_unknown_and_is_never_sent_again() {
+    let server = RedisServer::start("redis-server");
+    let proxy = LoseReply::new(format!("127.0.0.1:{}", server.port));
+    let cache = Cache::builder()
+        .redis(format!("redis://{}/0", proxy.addr))
+        .flavor(unique_flavor("lost-reply"))
+        .pool_size(1)
+        .write_failures(FailurePolicy::Propagate)
+        .build()
+        .unwrap();
+    cache.set_counter("c", 9, S(60)).unwrap();
+    // The counter script known to the server (a NOSCRIPT is not what the proxy should lose).
+    assert_eq!(cache.incr("c", 1).unwrap(), 10);
+    proxy.arm();
+    let r = cache.incr("c", 1);
+    let now = cache.get_counter("c").unwrap();
+    assert_eq!(
+        now,
+        Some(11),
+        "one incr of 1 (answered {r:?}) took the counter from 10 to {now:?}"
+    );
+    assert!(r.as_ref().is_err_and(|e| e.is_outcome_unknown()), "{r:?}");
+
+    // An add whose reply was lost: sent again, it finds its own value and says "taken".
+    proxy.arm();
+    let added = cache.add("fresh", &1u32, S(60));
+    assert!(
+        !matches!(added, Ok(false)),
+        "add of a free key stored its value ({:?} now) but answered Ok(false): the key was free",
+        cache.get::<u32>("fresh")
+    );
+    assert!(
+        added.as_ref().is_err_and(|e| e.is_outcome_unknown()),
+        "{added:?}"
+    );
+
+    // A read whose reply was lost is asked again: it changes nothing.
+    cache.set("v", &7u32, S(60)).unwrap();
+    proxy.arm();
+    assert_eq!(cache.get::<u32>("v").unwrap(), Some(7));
 }

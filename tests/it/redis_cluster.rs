@@ -483,6 +483,52 @@ fn clear_removes_this_caches_keys_on_every_master() {
     }
 }
 
+/// `clear()` asks every master whatever one of them answers: a master that fails its part
+/// (here its ACL refuses the user `SCAN`: ACLs are per node) is reported, by address, after
+/// the others were cleared. It is the master of slot 0, which the map lists first.
+#[test]
+fn clear_clears_every_master_it_can_and_names_the_one_that_failed() {
+    let cluster = RedisCluster::start("redis-server");
+    let masters = cluster.masters();
+    let refusing = master_of(&masters, 0);
+    for &p in &cluster.ports {
+        let scan = if p == refusing { "-scan" } else { "+scan" };
+        let () = redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg("nc")
+            .arg(&["on", ">secret", "~*", "&*", "+@all", scan])
+            .query(&mut node(p))
+            .unwrap();
+    }
+    let seeds: Vec<String> = cluster
+        .ports
+        .iter()
+        .map(|p| format!("redis://nc:secret@127.0.0.1:{p}"))
+        .collect();
+    let keys: Vec<String> = (0..60).map(|i| format!("k{i}")).collect();
+    for front in [Front::Sync, Front::Async] {
+        let cache = cache_on(&seeds, &unique_flavor("clear-partly"), front);
+        cache
+            .set_many(keys.iter().map(|k| (k.as_str(), k)), S(600))
+            .unwrap();
+        let e = cache.clear().unwrap_err();
+        assert!(e.is_denied(), "{front:?}: {e}");
+        assert!(
+            e.to_string().contains(&format!("127.0.0.1:{refusing}")),
+            "{front:?}: the master that failed is named: {e}"
+        );
+        let left = cache.get_many::<String>(&keys).unwrap();
+        for k in &keys {
+            let master = master_of(&masters, slot_of(refusing, &cache.make_key(k)));
+            assert_eq!(
+                left.contains_key(k),
+                master == refusing,
+                "{front:?}: {k} (on 127.0.0.1:{master}): only the refusing master's keys stay"
+            );
+        }
+    }
+}
+
 /// A master killed, its replica promoted: a node's fault asks for the map again (at most once
 /// per `retry_interval`), so the cache finds the new master and serves its slots again. (No
 /// load, no count of what was lost: replication is asynchronous.)
@@ -956,21 +1002,31 @@ fn slots_moved_under_load_cost_the_callers_no_error_and_no_second_load_async() {
     resharding_under_load(Front::Async);
 }
 
-/// The port of a replica of the master on `port` (`ROLE`).
+/// The port of a replica of the master on `port` (`ROLE`), once one is attached (a cluster
+/// just started may not have its replicas synced yet).
 fn replica_of(port: u16) -> u16 {
-    let role: redis::Value = redis::cmd("ROLE").query(&mut node(port)).unwrap();
-    let redis::Value::Array(v) = role else {
-        panic!("ROLE: {role:?}")
-    };
-    let Some(redis::Value::Array(replicas)) = v.get(2) else {
-        panic!("ROLE of a master: {v:?}")
-    };
-    match replicas.first() {
-        Some(redis::Value::Array(r)) => match r.get(1) {
-            Some(redis::Value::BulkString(p)) => std::str::from_utf8(p).unwrap().parse().unwrap(),
-            other => panic!("a replica's port: {other:?}"),
-        },
-        other => panic!("no replica of {port}: {other:?}"),
+    let deadline = std::time::Instant::now() + S(30);
+    loop {
+        let role: redis::Value = redis::cmd("ROLE").query(&mut node(port)).unwrap();
+        let redis::Value::Array(v) = role else {
+            panic!("ROLE: {role:?}")
+        };
+        let Some(redis::Value::Array(replicas)) = v.get(2) else {
+            panic!("ROLE of a master: {v:?}")
+        };
+        match replicas.first() {
+            Some(redis::Value::Array(r)) => match r.get(1) {
+                Some(redis::Value::BulkString(p)) => {
+                    return std::str::from_utf8(p).unwrap().parse().unwrap();
+                }
+                other => panic!("a replica's port: {other:?}"),
+            },
+            other => assert!(
+                std::time::Instant::now() < deadline,
+                "no replica of {port}: {other:?}"
+            ),
+        }
+        std::thread::sleep(Duration::from_millis(100));
     }
 }
 
@@ -993,7 +1049,8 @@ fn calls_of(ports: &[u16], command: &str) -> u64 {
 /// `redis_wait(1, ..)`: each store and delete waits for a replica. Answered, the calls succeed
 /// (and the masters ran the `WAIT`s); with the replica of one master stopped (SIGSTOP), a write
 /// to that master's keys fails with an error that `is_outcome_unknown` and names the shortfall,
-/// the write is on the master, and the other masters' keys are written as before.
+/// the write is on the master, and the other masters' keys are written as before. A shortfall
+/// is an answer, not a node's fault: it does not make the cache ask for the slot map again.
 #[test]
 fn redis_wait_waits_for_a_replica_and_a_shortfall_is_an_outcome_unknown_error() {
     let cluster = RedisCluster::start("redis-server");
@@ -1039,6 +1096,8 @@ fn redis_wait_waits_for_a_replica_and_a_shortfall_is_an_outcome_unknown_error() 
             .redis_cluster(seeds.iter().cloned())
             .flavor(flavor.as_str())
             .redis_wait(1, Duration::from_millis(200))
+            // A fault would ask for the map again at each call.
+            .retry_interval(Duration::from_millis(1))
             .build_front(front);
         let key_on = |want: u16| {
             (0..)
@@ -1047,6 +1106,9 @@ fn redis_wait_waits_for_a_replica_and_a_shortfall_is_an_outcome_unknown_error() 
                 .unwrap()
         };
         let (short, fine) = (key_on(stalled), key_on(ports[1]));
+        // The map asked once, by the first call.
+        assert_eq!(cache.get::<String>(&fine).unwrap(), None);
+        let asked = calls_of(&ports, "cluster|slots");
         let e = cache.set(&short, "v", S(600)).unwrap_err();
         assert!(e.is_outcome_unknown(), "{front:?}: {e}");
         let text = format!("{e}");
@@ -1067,6 +1129,11 @@ fn redis_wait_waits_for_a_replica_and_a_shortfall_is_an_outcome_unknown_error() 
             cache.delete(&fine).unwrap(),
             "{front:?}: another master's write waits as before"
         );
+        assert_eq!(
+            calls_of(&ports, "cluster|slots"),
+            asked,
+            "{front:?}: two shortfalls, and the map was asked again"
+        );
         // Absorbed, a shortfall is counted and the call goes on.
         let lenient = Cache::builder()
             .redis_cluster(seeds.iter().cloned())
@@ -1079,6 +1146,68 @@ fn redis_wait_waits_for_a_replica_and_a_shortfall_is_an_outcome_unknown_error() 
         // The server was not marked dead for it: reads go on.
         assert_eq!(cache.get::<String>(&short).unwrap().as_deref(), Some("w"));
         assert!(cache.ping().is_ok(), "{front:?}");
+    }
+    cluster.signal(replica, "CONT");
+}
+
+/// With `redis_wait`, a batch item its master redirects (`MOVED`: the slot moved since the
+/// cache's map was asked) never ran there, so the `WAIT` that falls short on that master is not
+/// its answer: it is sent to the slot's new master and written there, and only the items the
+/// short master wrote fail with the shortfall.
+#[test]
+fn a_batch_item_moved_away_from_a_master_short_of_replicas_is_written_where_its_slot_went() {
+    let cluster = RedisCluster::start("redis-server");
+    let seeds = cluster.seeds();
+    let masters = cluster.masters();
+    let ports: Vec<u16> = masters.iter().map(|(p, _)| *p).collect();
+    let (short, to) = (ports[0], ports[1]);
+    let replica = replica_of(short);
+    cluster.signal(replica, "STOP");
+    for front in [Front::Sync, Front::Async] {
+        let cache = Cache::builder()
+            .redis_cluster(seeds.iter().cloned())
+            .flavor(unique_flavor("wait-moved").as_str())
+            .redis_wait(1, Duration::from_millis(200))
+            .read_failures(FailurePolicy::Propagate)
+            .build_front(front);
+        let slot = |k: &str| slot_of(short, &cache.make_key(k));
+        let on_short = |k: &String| master_of(&masters, slot(k)) == short;
+        let mut keys = (0..).map(|i| format!("key{i}")).filter(on_short);
+        let stays = keys.next().unwrap();
+        let moves = keys.find(|k| slot(k) != slot(&stays)).unwrap();
+        // The cache learns the map; then `moves`'s slot goes to another master.
+        assert_eq!(cache.get::<String>(&stays).unwrap(), None);
+        let moved = slot(&moves);
+        begin_migration(moved, short, to);
+        let held: Vec<String> = redis::cmd("CLUSTER")
+            .arg("GETKEYSINSLOT")
+            .arg(moved)
+            .arg(1000)
+            .query(&mut node(short))
+            .unwrap();
+        if !held.is_empty() {
+            migrate(short, to, &held);
+        }
+        // Every master told (the stopped replica cannot be asked to settle).
+        end_migration(moved, to, &ports);
+
+        let failed = match cache.set_many([(stays.as_str(), "v"), (moves.as_str(), "v")], S(600)) {
+            Ok(failed) => failed,
+            Err(e) => {
+                assert!(e.is_outcome_unknown(), "{front:?}: {e}");
+                e.failed_keys().to_vec()
+            }
+        };
+        assert_eq!(
+            failed,
+            vec![stays.clone()],
+            "{front:?}: only the write of the master short of replicas fails"
+        );
+        assert!(
+            holds(to, &cache.make_key(&moves)),
+            "{front:?}: the moved key is written on its new master"
+        );
+        assert_eq!(cache.get::<String>(&moves).unwrap().as_deref(), Some("v"));
     }
     cluster.signal(replica, "CONT");
 }
@@ -1241,7 +1370,11 @@ fn a_sync_batch_writes_to_every_master_before_it_reads_a_reply() {
 
 /// A master killed and its replica promoted while the caches sat idle: the first call of each
 /// (a single key's write, a batch; sync and async) meets the dead master (a connect refused,
-/// nothing sent), asks the other nodes for the map, and goes to the new master: none fails.
+/// nothing sent), asks the other nodes for the map, and goes to the new master: none fails,
+/// but a sync write that meets the pooled connection the kill closed: that cannot be told from
+/// a reply lost after the write ran, so it fails with its outcome unknown, sent neither again
+/// nor elsewhere (a read on it is asked again, and goes on as above), and the next write goes
+/// to the new master.
 #[test]
 fn the_first_calls_after_a_failover_go_to_the_new_master() {
     let mut cluster = RedisCluster::start("redis-server");
@@ -1312,6 +1445,10 @@ fn the_first_calls_after_a_failover_go_to_the_new_master() {
     crate::fixture::wait_cluster_ok(&live, S(60));
     for (front, single, c) in &caches {
         if *single {
+            if matches!(front, Front::Sync) {
+                let e = c.set(&on_victim, "after", S(600)).unwrap_err();
+                assert!(e.is_outcome_unknown(), "{front:?}: {e}");
+            }
             c.set(&on_victim, "after", S(600)).unwrap_or_else(|e| {
                 panic!("{front:?}: the first call, a set of a key of the dead master: {e}")
             });
@@ -1597,4 +1734,81 @@ fn timeouts_past_an_hour_are_refused_at_build_and_an_hour_works() {
     );
     assert_eq!(cache.get_many::<u32>(&keys).unwrap().len(), 10);
     cache.ping().unwrap();
+}
+
+/// A slot no master served when the cache asked for the map (a cluster being created, a slot
+/// being assigned) is served once the cluster serves it: nothing is sent for a key of a slot
+/// with no master, so no node can answer `MOVED`; such a key makes the cache ask for the map
+/// again instead (at most once per `retry_interval`). Lone calls and batches, both fronts.
+#[test]
+fn a_slot_missing_from_the_map_is_served_once_the_cluster_serves_it() {
+    let cluster = RedisCluster::start("redis-server");
+    let seeds = cluster.seeds();
+    let masters = cluster.masters();
+    for front in [Front::Sync, Front::Async] {
+        let flavor = unique_flavor("hole");
+        let build = || {
+            Cache::builder()
+                .redis_cluster(seeds.iter().cloned())
+                .flavor(flavor.as_str())
+                .read_failures(FailurePolicy::Propagate)
+                .write_failures(FailurePolicy::Propagate)
+                .retry_interval(Duration::from_millis(200))
+                .build_front(front)
+        };
+        let (lone, batch) = (build(), build());
+        let slot = slot_of(masters[0].0, &lone.make_key("k"));
+        let owner = master_of(&masters, slot);
+        // The slot unassigned on every node (as before `redis-cli --cluster create` assigns it).
+        for &p in &cluster.ports {
+            let () = redis::cmd("CLUSTER")
+                .arg("DELSLOTS")
+                .arg(slot)
+                .query(&mut node(p))
+                .unwrap();
+        }
+        // Each cache's first call asks for the map now: it has no master for the slot.
+        let unserved = format!("no redis cluster master serves slot {slot}");
+        let e = lone.get::<u32>("k").unwrap_err();
+        assert!(chain_of(&e).contains(&unserved), "{front:?}: {e}");
+        let e = batch.get_many::<u32>(&["k"]).unwrap_err();
+        assert!(chain_of(&e).contains(&unserved), "{front:?}: {e}");
+        // Assigned again, to the same master; the cluster settles.
+        let () = redis::cmd("CLUSTER")
+            .arg("ADDSLOTS")
+            .arg(slot)
+            .query(&mut node(owner))
+            .unwrap();
+        crate::fixture::wait_cluster_ok(&cluster.ports, S(30));
+        // Generous: the map is asked again at most every 200 ms.
+        let deadline = std::time::Instant::now() + S(10);
+        let last = loop {
+            let r = lone
+                .set("k", &1u32, S(60))
+                .and_then(|()| lone.get::<u32>("k"));
+            match r {
+                Ok(v) => break Ok(v),
+                Err(e) if std::time::Instant::now() > deadline => break Err(e),
+                Err(_) => std::thread::sleep(Duration::from_millis(100)),
+            }
+        };
+        assert_eq!(
+            last.as_ref().ok(),
+            Some(&Some(1)),
+            "{front:?}: slot {slot} is served by 127.0.0.1:{owner} again, and the cache still \
+             says: {last:?}"
+        );
+        let last = loop {
+            match batch.get_many::<u32>(&["k"]) {
+                Ok(got) => break Ok(got),
+                Err(e) if std::time::Instant::now() > deadline => break Err(e),
+                Err(_) => std::thread::sleep(Duration::from_millis(100)),
+            }
+        };
+        assert_eq!(
+            last.as_ref().ok().and_then(|got| got.get("k")),
+            Some(&1),
+            "{front:?}: a batch of slot {slot}'s key: {last:?}"
+        );
+    }
 }

@@ -2,6 +2,8 @@
 //! server: every server's request is written, then every reply read, in the calling thread.
 
 mod config;
+// The timeouts' bounds, shared with the Redis backend's configuration.
+#[cfg(feature = "redis")]
 pub(crate) use self::config::check_timeouts;
 mod conn;
 pub(crate) mod health;
@@ -19,6 +21,8 @@ pub use self::outage::DEFAULT_REPLAY_CAPACITY;
 // The grace window of servers read late in a batch (the Redis Cluster's batches share it).
 #[cfg(feature = "redis")]
 pub(crate) use self::conn::GRACE;
+#[cfg(feature = "redis")]
+pub(crate) use self::server::IDLE_TIMEOUT;
 
 use std::cell::OnceCell;
 use std::fmt;

@@ -17,8 +17,8 @@ use super::health::Health;
 use crate::error::{Error, ErrorKind};
 
 /// Idle connections older than this are closed rather than reused (servers and proxies close
-/// idle connections on their own schedule).
-const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+/// idle connections on their own schedule). The Redis pool's too.
+pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 
 pub(crate) struct Server {
     pub(crate) addr: String,

@@ -10,7 +10,8 @@
 //! (nothing was run) patches the map, sends the command again to the node it names and
 //! refreshes the whole map; an `ASK` reply sends `ASKING` and the command to the node it names,
 //! once, the map unchanged. A node's transport fault refreshes the map at most once per
-//! `retry_interval` (a failover changes it); a call that failed before anything of it was sent
+//! `retry_interval` (a failover changes it), and so does a key whose slot the map has no
+//! master for (no node can redirect it: nothing is sent); a call that failed before anything of it was sent
 //! (its node's connect refused or timed out, the node marked dead) goes once to its slot's
 //! master in the refreshed map, if that is another node. A batch is split by node; each node's
 //! part is the single-node batch's request (one command per key on a cluster node), every
@@ -18,13 +19,15 @@
 //! live; a node's failure fails only its own keys.
 //!
 //! A node's error replies are answers, per key: `CLUSTERDOWN` (the key's slot unserved, or
-//! the whole cluster down) fails the keys it names and marks no node dead. `TRYAGAIN` never
+//! the whole cluster down) fails the keys it names and marks no node dead; refused because
+//! the whole cluster is down, a write is queued for the node's replay
+//! (`request::not_serving_yet`). `TRYAGAIN` never
 //! comes: it answers a multi-key command whose keys a migration split, and no command sent to a
 //! cluster node names two keys.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Instant;
 
 use parking_lot::{Mutex, RwLock};
@@ -82,9 +85,26 @@ struct Map {
     /// Per slot, the index of its master in `masters` (or [`NONE`]).
     slots: Vec<u16>,
     masters: Vec<Arc<Node>>,
+    /// Whether every slot has a master (a map with a hole is asked again when a key falls in
+    /// it: see [`Router::refresh_due`]).
+    whole: bool,
 }
 
 impl Map {
+    fn new(slots: Vec<u16>, masters: Vec<Arc<Node>>) -> Map {
+        let whole = !slots.contains(&NONE);
+        Map {
+            slots,
+            masters,
+            whole,
+        }
+    }
+
+    /// Whether a key of `keys` falls in a slot no master serves.
+    fn misses<'k>(&self, mut keys: impl Iterator<Item = &'k str>) -> bool {
+        !self.whole && keys.any(|k| self.node_of(slots::slot_of(k.as_bytes())).is_none())
+    }
+
     fn node_of(&self, slot: u16) -> Option<&Arc<Node>> {
         match self.slots[slot as usize] {
             NONE => None,
@@ -105,10 +125,12 @@ struct Router {
     /// Set while a caller refreshes the map after a `MOVED` (the others go on with the patched
     /// map rather than ask too).
     refreshing: AtomicBool,
-    /// When a node's fault last refreshed the map.
-    fault_refresh: Mutex<Option<Instant>>,
+    /// When a node's fault or a key in a slot the map has no master for last refreshed it.
+    asked: Mutex<Option<Instant>>,
     /// The cache's clock, for every node's replay record.
     clock: Mutex<Option<Arc<dyn Clock>>>,
+    /// This router, for its nodes' replays to reach the others' records ([`Router::link`]).
+    this: OnceLock<Weak<Router>>,
 }
 
 /// The URL of the node at `addr`: `template`'s, its `host:port` replaced (scheme, user and
@@ -134,11 +156,13 @@ fn redirect_of(e: &Error) -> Option<Redirect> {
     slots::redirect(r.code()?, r.detail())
 }
 
-/// Whether `e` may mean the node is gone (a transport fault, a dead node): not an answer.
+/// Whether `e` may mean the node is gone (a transport fault, a dead node): not an answer (an
+/// error reply, a denial, a `WAIT` short of replicas).
 fn is_fault(e: &Error) -> bool {
     (e.is_backend() || e.is_timeout())
         && !e.is_denied()
         && super::request::refusal_code(e).is_none()
+        && !super::request::is_wait_failure(e)
 }
 
 /// The error of a key whose slot no master serves (a map not known yet, or a cluster missing
@@ -187,8 +211,9 @@ impl Router {
             nodes: Mutex::new(nodes),
             map: RwLock::new(None),
             refreshing: AtomicBool::new(false),
-            fault_refresh: Mutex::new(None),
+            asked: Mutex::new(None),
             clock: Mutex::new(None),
+            this: OnceLock::new(),
         })
     }
 
@@ -218,8 +243,22 @@ impl Router {
         if let Some(clock) = &*self.clock.lock() {
             node.health().missed.use_clock(clock.clone());
         }
+        self.link(&node);
         nodes.insert(addr.to_owned(), node.clone());
         Ok(node)
+    }
+
+    /// Lets `node`'s replay hand a delete another node is named for (`MOVED`, `ASK`: the
+    /// key's slot moved on since the delete was missed) to that node's record of missed
+    /// invalidations, so that its next call deletes the key there before anything else.
+    fn link(&self, node: &Node) {
+        let Some(this) = self.this.get().cloned() else {
+            return;
+        };
+        node.sync.use_peers(move |addr| {
+            let node = this.upgrade()?.node(addr).ok()?;
+            Some(node.health().clone())
+        });
     }
 
     fn current(&self) -> Option<Arc<Map>> {
@@ -241,7 +280,7 @@ impl Router {
             let i = u16::try_from(i).map_err(|_| Error::backend("too many cluster masters"))?;
             slots[r.first as usize..=r.last as usize].fill(i);
         }
-        let map = Arc::new(Map { slots, masters });
+        let map = Arc::new(Map::new(slots, masters));
         *self.map.write() = Some(map.clone());
         Ok(map)
     }
@@ -262,7 +301,7 @@ impl Router {
             }
         };
         slots[slot as usize] = u16::try_from(i).unwrap_or(NONE);
-        *map = Some(Arc::new(Map { slots, masters }));
+        *map = Some(Arc::new(Map::new(slots, masters)));
         Ok(node)
     }
 
@@ -292,9 +331,12 @@ impl Router {
         map.node_of(slot).filter(|n| !Arc::ptr_eq(n, node)).cloned()
     }
 
-    /// Whether a node's fault is to refresh the map now (at most once per `retry_interval`).
-    fn fault_refresh_due(&self) -> bool {
-        let mut last = self.fault_refresh.lock();
+    /// Whether a node's fault, or a key whose slot the map has no master for, is to refresh
+    /// the map now (at most once per `retry_interval`): a failover changes the map, and a slot
+    /// unserved when the map was asked (a cluster being created, a slot being assigned) may be
+    /// served now, though no node will say so (nothing is sent for its keys: no `MOVED`).
+    fn refresh_due(&self) -> bool {
+        let mut last = self.asked.lock();
         let now = Instant::now();
         match *last {
             Some(t) if now.duration_since(t) < self.template.retry_interval => false,
@@ -303,6 +345,12 @@ impl Router {
                 true
             }
         }
+    }
+
+    /// Whether `map` is to be asked again before `keys` are routed by it: one of them falls in
+    /// a slot it has no master for, and a refresh is due ([`refresh_due`](Router::refresh_due)).
+    fn hole_refresh_due<'k>(&self, map: &Map, keys: impl Iterator<Item = &'k str>) -> bool {
+        map.misses(keys) && self.refresh_due()
     }
 
     /// Claims the one refresh after a `MOVED` (`None` if another caller is doing it).
@@ -428,9 +476,12 @@ impl RedisCluster {
     /// database other than 0 (a cluster has only database 0), and whatever
     /// [`RedisBackend::new`] refuses.
     pub fn new(seeds: Vec<RedisConfig>) -> Result<RedisCluster> {
-        Ok(RedisCluster {
-            router: Arc::new(Router::new(seeds)?),
-        })
+        let router = Arc::new(Router::new(seeds)?);
+        let _ = router.this.set(Arc::downgrade(&router));
+        for node in router.nodes.lock().values() {
+            router.link(node);
+        }
+        Ok(RedisCluster { router })
     }
 
     /// Puts every node's record of missed invalidations on the cache's clock.
@@ -480,15 +531,25 @@ impl RedisCluster {
     /// After `e` from `node`: the map again if it was a fault (at most once per
     /// `retry_interval`).
     fn after_failure(&self, node: &Node, e: &Error) {
-        if is_fault(e) && self.router.fault_refresh_due() {
+        if is_fault(e) && self.router.refresh_due() {
             let _ = self.refresh(None, Some(node.addr()));
         }
+    }
+
+    /// The slot of `key` and its master, by the map in place or, if that has no master for the
+    /// slot, by the map asked again ([`Router::hole_refresh_due`]).
+    fn route(&self, key: &str) -> Result<(u16, Arc<Node>)> {
+        let map = self.map()?;
+        if self.router.hole_refresh_due(&map, std::iter::once(key)) {
+            return Router::route(&*self.refresh(None, None)?, key);
+        }
+        Router::route(&map, key)
     }
 
     /// `op` on `key`'s master, following redirects; sent once to the slot's master in a
     /// refreshed map if its node could not be reached ([`Router::rerouted`]).
     fn one<T>(&self, key: &str, op: impl Fn(&RedisBackend) -> Result<T>) -> Result<T> {
-        let (slot, mut node) = Router::route(&*self.map()?, key)?;
+        let (slot, mut node) = self.route(key)?;
         let mut asking = false;
         let mut rerouted = false;
         for _ in 0..=MAX_REDIRECTS {
@@ -538,6 +599,10 @@ impl RedisCluster {
         let mut out: Vec<Option<Result<T>>> = items.iter().map(|_| None).collect();
         let mut rerouted = vec![false; items.len()];
         let mut hops = match self.map() {
+            Ok(map) if self.router.hole_refresh_due(&map, items.iter().map(&key)) => {
+                let map = self.refresh(None, None).unwrap_or(map);
+                first_hops(&map, items, &key, &mut out)
+            }
             Ok(map) => first_hops(&map, items, &key, &mut out),
             Err(e) => return items.iter().map(|_| Err(e.clone())).collect(),
         };
@@ -693,6 +758,26 @@ fn first_hops<I, T>(
     hops
 }
 
+/// What `clear` on every master (`results`, in order) reports: `Ok` if each cleared its keys,
+/// else the first failure (naming its node), which says how many masters failed, and which.
+fn cleared(masters: &[Arc<Node>], results: Vec<Result<()>>) -> Result<()> {
+    let failed: Vec<(&str, Error)> = masters
+        .iter()
+        .zip(results)
+        .filter_map(|(n, r)| r.err().map(|e| (n.addr(), e)))
+        .collect();
+    let Some((_, first)) = failed.first() else {
+        return Ok(());
+    };
+    let names: Vec<&str> = failed.iter().map(|(a, _)| *a).collect();
+    Err(first.clone().with_note(&format!(
+        "clear() failed on {} of {} redis cluster masters ({}); the others were cleared",
+        failed.len(),
+        masters.len(),
+        names.join(", ")
+    )))
+}
+
 /// The results of a batch, in order.
 fn finish<T>(out: Vec<Option<Result<T>>>) -> Vec<Result<T>> {
     out.into_iter()
@@ -753,13 +838,12 @@ impl Backend for RedisCluster {
         Err(super::refuse_flush())
     }
 
-    /// `SCAN`s every master for the cache's keys and removes them.
+    /// `SCAN`s every master for the cache's keys and removes them; a master that fails is
+    /// reported after the others were cleared.
     fn clear(&self, prefix: Option<&str>) -> Result<()> {
         let map = self.map()?;
-        for node in &map.masters {
-            node.sync.clear(prefix)?;
-        }
-        Ok(())
+        let results = map.masters.iter().map(|n| n.sync.clear(prefix)).collect();
+        cleared(&map.masters, results)
     }
 
     fn max_value_size(&self, key: &str) -> usize {
@@ -817,8 +901,8 @@ mod nonblocking {
     use std::sync::Arc;
 
     use super::{
-        MAX_REDIRECTS, Map, Node, Redirect, Round, Router, finish, first_hops, group, is_fault,
-        no_map_ping, redirect_of, too_many_redirects,
+        MAX_REDIRECTS, Map, Node, Redirect, Round, Router, cleared, finish, first_hops, group,
+        is_fault, no_map_ping, redirect_of, too_many_redirects,
     };
     use crate::backend::engine::join_all;
     use crate::backend::{AsyncBackend, BoxFuture, Item, StoreOutcome, Write};
@@ -845,7 +929,7 @@ mod nonblocking {
     macro_rules! one {
         ($self:ident, $key:expr, |$n:ident| $call:expr) => {
             Box::pin(async move {
-                let (slot, mut node) = Router::route(&*$self.map().await?, $key)?;
+                let (slot, mut node) = $self.route($key).await?;
                 let mut asking = false;
                 let mut rerouted = false;
                 for _ in 0..=MAX_REDIRECTS {
@@ -895,6 +979,14 @@ mod nonblocking {
                 let mut out: Vec<Option<Result<_>>> = items.iter().map(|_| None).collect();
                 let mut rerouted = vec![false; items.len()];
                 let mut hops = match $self.map().await {
+                    Ok(map)
+                        if $self
+                            .router
+                            .hole_refresh_due(&map, items.iter().map(|$it| $key)) =>
+                    {
+                        let map = $self.refresh(None, None).await.unwrap_or(map);
+                        first_hops(&map, items, &|$it: &_| $key, &mut out)
+                    }
                     Ok(map) => first_hops(&map, items, &|$it: &_| $key, &mut out),
                     Err(e) => return items.iter().map(|_| Err(e.clone())).collect(),
                 };
@@ -952,6 +1044,15 @@ mod nonblocking {
             }
         }
 
+        /// The sync view's `route`.
+        async fn route(&self, key: &str) -> Result<(u16, Arc<Node>)> {
+            let map = self.map().await?;
+            if self.router.hole_refresh_due(&map, std::iter::once(key)) {
+                return Router::route(&*self.refresh(None, None).await?, key);
+            }
+            Router::route(&map, key)
+        }
+
         async fn refresh(&self, first: Option<&str>, last: Option<&str>) -> Result<Arc<Map>> {
             let mut errors = Vec::new();
             for node in self.router.candidates(first, last) {
@@ -974,7 +1075,7 @@ mod nonblocking {
         }
 
         async fn after_failure(&self, node: &Node, e: &Error) {
-            if is_fault(e) && self.router.fault_refresh_due() {
+            if is_fault(e) && self.router.refresh_due() {
                 let _ = self.refresh(None, Some(node.addr())).await;
             }
         }
@@ -1034,10 +1135,11 @@ mod nonblocking {
         fn clear<'a>(&'a self, prefix: Option<&'a str>) -> BoxFuture<'a, Result<()>> {
             Box::pin(async move {
                 let map = self.map().await?;
+                let mut results = Vec::with_capacity(map.masters.len());
                 for node in &map.masters {
-                    node.nonblocking.clear(prefix).await?;
+                    results.push(node.nonblocking.clear(prefix).await);
                 }
-                Ok(())
+                cleared(&map.masters, results)
             })
         }
 

@@ -1,6 +1,8 @@
 //! The sync backend's pool of blocking connections: at most `pool_size` open at once, each
 //! under `io_timeout` per operation; a connection that met a fault is dropped, not returned
-//! (and remembered, by its id on the server, for the next replay to close).
+//! (and remembered, by its id on the server, for the next replay to close), and one idle past
+//! memcached's [`IDLE_TIMEOUT`] is closed rather than reused (servers and proxies close idle
+//! connections on their own schedule, and a write found stale is not sent again).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -10,6 +12,7 @@ use redis::{ConnectionLike, Value};
 
 use super::clients::{self, ClientId, Clients};
 use super::{Failure, RedisConfig};
+use crate::backend::memcached::IDLE_TIMEOUT;
 use crate::error::{Error, ErrorKind};
 
 pub(super) struct Pool {
@@ -33,6 +36,8 @@ struct Open {
     /// The bytes of the commands written last (kept up to [`KEPT_BUFFER`]: a batch's buffer
     /// grows once per connection, not once per call).
     packed: Vec<u8>,
+    /// When it was last given back (or opened).
+    idle_since: Instant,
 }
 
 #[derive(Default)]
@@ -63,13 +68,23 @@ impl Pool {
     /// An idle connection, or a new one while fewer than `size` are open; otherwise waits up to
     /// `connect_timeout` for one to be given back.
     pub(super) fn checkout(&self) -> Result<Pooled<'_>, Failure> {
-        // Read the clock only to wait (an idle connection is the common case).
         let mut deadline = None;
         let mut state = self.state.lock();
         loop {
             let generation = state.generation;
             if let Some(conn) = state.idle.pop() {
-                return Ok(Pooled::new(self, conn, generation, true));
+                if conn.idle_since.elapsed() < IDLE_TIMEOUT {
+                    return Ok(Pooled::new(self, conn, generation, true));
+                }
+                // The most recently used is past the age: the others, idle longer, are too.
+                // Closed whole (every request on them was answered): nothing for a replay.
+                let old = std::mem::take(&mut state.idle);
+                state.open -= old.len() + 1;
+                drop(state);
+                drop((conn, old));
+                self.freed.notify_all();
+                state = self.state.lock();
+                continue;
             }
             if state.open < self.size {
                 state.open += 1;
@@ -130,6 +145,7 @@ impl Pool {
             conn,
             client,
             packed: Vec::new(),
+            idle_since: Instant::now(),
         }))
     }
 
@@ -143,7 +159,8 @@ impl Pool {
         self.freed.notify_one();
     }
 
-    fn give_back(&self, conn: Box<Open>, generation: u64) {
+    fn give_back(&self, mut conn: Box<Open>, generation: u64) {
+        conn.idle_since = Instant::now();
         let mut state = self.state.lock();
         if state.generation == generation {
             state.idle.push(conn);

@@ -70,6 +70,22 @@ pub(crate) struct Shared {
     policy_checked: std::sync::atomic::AtomicBool,
     /// Set once a refusal of this client (credentials, ACL) was warned about.
     denial_warned: std::sync::atomic::AtomicBool,
+    /// A cluster node's: the health record of the node at an address, where a replayed delete
+    /// this node redirected goes.
+    peers: std::sync::OnceLock<Peers>,
+}
+
+/// The health record (with its record of missed invalidations) of a cluster node by its
+/// address, if it can be reached: given to each node's [`Shared`] by its cluster's router.
+pub(crate) struct Peers(Box<PeerOf>);
+
+/// A node's health record by its address ([`Peers`]).
+type PeerOf = dyn Fn(&str) -> Option<Arc<Health>> + Send + Sync;
+
+impl std::fmt::Debug for Peers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Peers")
+    }
 }
 
 impl Shared {
@@ -200,7 +216,7 @@ impl Shared {
         match r {
             // The server answered (an error reply, a denial, a `WAIT` short of replicas): it
             // missed nothing.
-            Err(e) if answered(&e) || e.to_string().contains(request::WAIT_SHORT) => Err(e),
+            Err(e) if answered(&e) || request::is_wait_failure(&e) => Err(e),
             r => outage::after_write(self.missed(), None, key, r, self.config.replay_capacity),
         }
     }
@@ -261,14 +277,35 @@ impl Shared {
         ))
     }
 
-    /// The keys of `replay` were deleted by `req`, as `done` says (refused ones passed over),
-    /// and the connections it was to close are closed (or the server refused to: warned once).
+    /// The keys of `replay` were deleted by `req`, as `done` says (refused ones passed over,
+    /// redirected ones handed to the record of the node that holds them now, whose next call
+    /// deletes them before anything else), and the connections it was to close are closed (or
+    /// the server refused to: warned once).
     fn replayed<M: Deref<Target = Missed>>(
         &self,
         replay: Replay<M>,
         req: &request::ReplayRequest,
         done: &request::Replayed,
     ) {
+        if !done.redirected.is_empty() {
+            let keys: Vec<&str> = replay.keys().collect();
+            for (i, addr) in &done.redirected {
+                let there = self.peers.get().and_then(|p| (p.0)(addr));
+                match (keys.get(*i), there) {
+                    // A key that does not fit there makes that node's older values stale.
+                    (Some(key), Some(there)) => {
+                        there.missed.note(key, None, self.config.replay_capacity);
+                    }
+                    // Not a node of this process's cluster (a URL it cannot make).
+                    _ => tracing::warn!(
+                        server = %self.addr,
+                        to = %addr,
+                        "newcache: a replayed delete was redirected to a node that cannot be \
+                         reached; passed over"
+                    ),
+                }
+            }
+        }
         if let Some((code, detail)) = &done.kill_refused {
             self.clients.refused(code, detail.as_deref());
         }
@@ -283,7 +320,7 @@ impl Shared {
         }
         replay.done(
             &self.addr,
-            done.refused,
+            done.refused + done.redirected.len(),
             |_| None,
             self.config.replay_capacity,
         );
@@ -429,7 +466,7 @@ pub(super) fn denial(code: &str, detail: Option<&str>) -> Option<Error> {
 /// the command reached it and was refused, so nothing is to be replayed for it. A server not
 /// serving yet (`LOADING`, ...) missed the command as one out of reach would.
 fn answered(e: &Error) -> bool {
-    e.is_denied() || request::refusal_code(e).is_some_and(|c| !request::not_serving_yet(c))
+    e.is_denied() || (request::refusal_code(e).is_some() && !request::refused_not_serving_yet(e))
 }
 
 /// A [`Backend`] on one Redis or Valkey server (feature `redis`).
@@ -500,6 +537,7 @@ impl RedisBackend {
             started: Instant::now(),
             policy_checked: Default::default(),
             denial_warned: Default::default(),
+            peers: Default::default(),
             config,
         });
         Ok(RedisBackend {
@@ -527,6 +565,15 @@ impl RedisBackend {
     pub(super) fn slots(&self) -> Result<Vec<slots::Range>> {
         let reply = self.run(Ok(self.shared.requests.cluster_slots()))?;
         slots::parse_slots(reply, &self.shared.addr).map_err(|e| self.shared.annotate(e))
+    }
+
+    /// Where this cluster node's replay hands the deletes another node is named for
+    /// ([`Peers`]); once.
+    pub(super) fn use_peers(
+        &self,
+        peers: impl Fn(&str) -> Option<Arc<Health>> + Send + Sync + 'static,
+    ) {
+        let _ = self.shared.peers.set(Peers(Box::new(peers)));
     }
 
     /// The server's health record (its record of missed invalidations put on the cache's
@@ -677,20 +724,16 @@ impl RedisBackend {
         self.read(req, conn, None)
     }
 
-    /// A pooled connection with `req` written on it.
-    ///
-    /// A pooled connection the server closed while it sat idle (its `timeout`, a proxy, a
-    /// restart) fails at once with a dropped connection: nothing reached the server, so the
-    /// idle connections are dropped and the request goes once more on a fresh one, with no
-    /// fault counted (as the memcached pool does with a stale connection). A failed checkout
-    /// (a connect) sent nothing: [`unsent`](Error::unsent).
+    /// A pooled connection with `req` written on it. A failed checkout (a connect) sent
+    /// nothing: [`unsent`](Error::unsent). A reused connection found closed is
+    /// [`stale`](RedisBackend::stale).
     fn write<T>(&self, req: &Request<T>) -> std::result::Result<conn::Pooled<'_>, Failure> {
         let mut conn = self.pool.checkout().map_err(Failure::unsent)?;
         match self.put(&mut conn, req) {
             Ok(()) => Ok(conn),
             Err(e) if conn.reused() && e.is_connection_dropped() => {
                 drop(conn);
-                self.pool.drop_idle();
+                self.stale(req, e)?;
                 let mut conn = self.pool.checkout().map_err(Failure::unsent)?;
                 self.put(&mut conn, req)
                     .map_err(|e| failure_of(e, req.write))?;
@@ -701,9 +744,8 @@ impl RedisBackend {
     }
 
     /// The replies to `req`, written on `conn` (a script the server did not know sent again
-    /// with its source: `NOSCRIPT` means nothing ran; then its `WAIT` again). A stale pooled
-    /// connection (closed by the server before it read anything: see
-    /// [`write`](RedisBackend::write)) is dropped, and `req` sent again on a fresh one.
+    /// with its source: `NOSCRIPT` means nothing ran; then its `WAIT` again). A reused
+    /// connection found closed before the replies came is [`stale`](RedisBackend::stale).
     fn read<'a, T>(
         &'a self,
         req: &Request<T>,
@@ -715,8 +757,8 @@ impl RedisBackend {
             Ok(r) => r,
             Err(e) if conn.reused() && e.is_connection_dropped() => {
                 drop(conn);
-                self.pool.drop_idle();
-                // As this retry itself assumes, nothing of `req` reached the server yet.
+                self.stale(req, e)?;
+                // A read: a connect that fails now sends nothing more.
                 conn = self.pool.checkout().map_err(Failure::unsent)?;
                 self.put(&mut conn, req)
                     .and_then(|()| self.recv(&mut conn, n, None))
@@ -736,6 +778,29 @@ impl RedisBackend {
         }
         conn.keep();
         Ok(replies)
+    }
+
+    /// A pooled connection reused for `req` was found closed (`e`) before it answered: stale,
+    /// not a fault (the server, a proxy or a restart closed it while it sat idle, as its
+    /// `timeout` does), so nothing is counted and the idle connections, as old, are dropped.
+    /// `Ok` for a request that is not a write: it goes once more on a fresh connection. A write
+    /// is not sent again: a connection closed while idle cannot be told from one lost after the
+    /// server ran the write and before its reply came (a proxy's restart, a `CLIENT KILL`, a
+    /// reset), so it fails with its outcome unknown (and never [`unsent`](Error::unsent)).
+    fn stale<T>(&self, req: &Request<T>, e: redis::RedisError) -> std::result::Result<(), Failure> {
+        self.pool.drop_idle();
+        if !req.write {
+            return Ok(());
+        }
+        Err(Failure::Local(
+            Error::with_source(
+                ErrorKind::Backend,
+                "a pooled connection closed before the server answered (closed while idle, or \
+                 its reply lost: the write may have run, and is not sent again)",
+                e,
+            )
+            .with_outcome_unknown(),
+        ))
     }
 
     /// Writes `req`'s commands on `conn` (each after `ASKING` for an asking view).

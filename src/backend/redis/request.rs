@@ -9,6 +9,7 @@ use redis::Value;
 use super::clients::{self, ClientId};
 use super::item::{self, Expiry};
 use super::script::{Script, Scripts};
+use super::slots::{self, Redirect};
 use crate::backend::{Item, StoreMode, StoreOutcome, Write};
 use crate::error::{Error, ErrorKind, Result};
 
@@ -61,7 +62,13 @@ pub(super) struct Wait<T> {
 }
 
 /// The start of a [`Request::answer`] error for a `WAIT` that fell short or was refused.
-pub(super) const WAIT_SHORT: &str = "WAIT: ";
+const WAIT_SHORT: &str = "WAIT: ";
+
+/// Whether `e` is a write's `WAIT` that fell short or was refused after the write succeeded
+/// ([`Request::answer`]): the server's answer, never a fault, nor a write it missed.
+pub(super) fn is_wait_failure(e: &Error) -> bool {
+    e.to_string().contains(WAIT_SHORT)
+}
 
 impl<T> Request<T> {
     /// The answer to the replies `vs`: `read`'s, then the `WAIT`'s if one was sent.
@@ -141,6 +148,8 @@ pub(super) struct ReplayRequest {
     pub(super) kills: Vec<ClientId>,
     /// How many keys each `UNLINK` names, in order, sent after.
     unlinks: Vec<usize>,
+    /// Each `UNLINK` is sent after an `ASKING` (a cluster node: see [`Builder::replay`]).
+    asking: bool,
 }
 
 /// What a replay's replies said.
@@ -151,6 +160,10 @@ pub(super) struct Replayed {
     /// Keys whose `UNLINK` the server refused with an error reply: passed over (as memcached's
     /// replay passes over a delete its proxy refuses).
     pub(super) refused: usize,
+    /// Keys whose `UNLINK` a cluster node redirected (`MOVED`, `ASK`: their slot is served, or
+    /// their key held, elsewhere now), by position in the replay's keys, and where to: not
+    /// deleted here, to be deleted there.
+    pub(super) redirected: Vec<(usize, String)>,
     /// The error code and detail of a refused `CLIENT KILL` (`NOPERM`, ...), if one was: the
     /// replay goes on without it.
     pub(super) kill_refused: Option<(String, Option<String>)>,
@@ -161,7 +174,8 @@ impl ReplayRequest {
     /// refusal of a server not serving yet ([`not_serving_yet`]: loading its data, say), whose
     /// keys are kept for the next replay.
     pub(super) fn read(&self, vs: Vec<Value>) -> Result<Result<Replayed>> {
-        if vs.len() != self.kills.len() + self.unlinks.len() {
+        let per_unlink = if self.asking { 2 } else { 1 };
+        if vs.len() != self.kills.len() + per_unlink * self.unlinks.len() {
             return Err(Error::backend(
                 "a replay's replies do not match its commands",
             ));
@@ -169,6 +183,7 @@ impl ReplayRequest {
         let mut done = Replayed {
             deleted: 0,
             refused: 0,
+            redirected: Vec::new(),
             kill_refused: None,
         };
         let mut vs = vs.into_iter();
@@ -187,13 +202,23 @@ impl ReplayRequest {
                 }
             }
         }
-        for (v, &keys) in vs.zip(&self.unlinks) {
+        // The `ASKING`s' replies (`OK`) left out.
+        let unlinked = vs.skip(per_unlink - 1).step_by(per_unlink);
+        let mut at = 0;
+        for (v, &keys) in unlinked.zip(&self.unlinks) {
+            let first = at;
+            at += keys;
             match v {
                 Value::Int(_) => done.deleted += keys,
-                Value::ServerError(e) if not_serving_yet(e.code()) => {
+                Value::ServerError(e) if not_serving_yet(e.code(), e.details()) => {
                     return Ok(Err(refused(e)));
                 }
-                Value::ServerError(_) => done.refused += keys,
+                Value::ServerError(e) => match slots::redirect(e.code(), e.details()) {
+                    Some(Redirect::Moved { addr, .. } | Redirect::Ask { addr }) => done
+                        .redirected
+                        .extend((first..at).map(|i| (i, addr.clone()))),
+                    None => done.refused += keys,
+                },
                 other => {
                     return Err(Error::backend(format!(
                         "a replayed UNLINK answered {other:?}, not a count"
@@ -268,20 +293,38 @@ fn refused(e: redis::ServerError) -> Error {
     )
 }
 
-/// Whether an error reply's `code` says the server is not serving yet: it is loading its data
-/// (`LOADING`, after a restart), running a script past its time limit (`BUSY`), or a replica
-/// that lost its master (`MASTERDOWN`). It refuses every command meanwhile, reads included,
-/// and serves again later with the data it holds: a write or delete it refused this way
-/// missed it, as one sent while it was out of reach did.
-pub(super) fn not_serving_yet(code: &str) -> bool {
-    matches!(code, "LOADING" | "BUSY" | "MASTERDOWN")
+/// Whether an error reply (its `code`, then its `detail`) says the server is not serving yet:
+/// it is loading its data (`LOADING`, after a restart), running a script past its time limit
+/// (`BUSY`), a replica that lost its master (`MASTERDOWN`), or a node of a cluster that is
+/// down (`CLUSTERDOWN The cluster is down`: a slot unassigned under
+/// `cluster-require-full-coverage yes`, no majority; `... and only accepts read commands`
+/// too). It refuses every write meanwhile and serves again later with the data it holds: a
+/// write or delete it refused this way missed it, as one sent while it was out of reach did.
+/// Not `CLUSTERDOWN Hash slot not served`: one slot's keys alone, whose refusal must not hold
+/// up the replay of the node's other keys (a failed replay fails every call of the node).
+pub(super) fn not_serving_yet(code: &str, detail: Option<&str>) -> bool {
+    match code {
+        "LOADING" | "BUSY" | "MASTERDOWN" => true,
+        "CLUSTERDOWN" => detail.is_some_and(|d| d.starts_with("The cluster is down")),
+        _ => false,
+    }
+}
+
+/// The error reply `e` reports (its code, `READONLY`, `LOADING`, ..., and detail), if it
+/// reports one.
+fn refusal(e: &Error) -> Option<(&str, Option<&str>)> {
+    let r = std::error::Error::source(e)?.downcast_ref::<redis::RedisError>()?;
+    Some((r.code()?, r.detail()))
 }
 
 /// The code of the error reply `e` reports (`READONLY`, `LOADING`, ...), if it reports one.
 pub(super) fn refusal_code(e: &Error) -> Option<&str> {
-    std::error::Error::source(e)
-        .and_then(|s| s.downcast_ref::<redis::RedisError>())
-        .and_then(redis::RedisError::code)
+    refusal(e).map(|(code, _)| code)
+}
+
+/// Whether `e` is an error reply of a server not serving yet ([`not_serving_yet`]).
+pub(super) fn refused_not_serving_yet(e: &Error) -> bool {
+    refusal(e).is_some_and(|(code, detail)| not_serving_yet(code, detail))
 }
 
 /// An item from stored bytes: newcache's (header stripped, its stamp the token) or a foreign
@@ -884,18 +927,24 @@ impl Builder {
     /// to [`CLEAR_STEP`] keys each (one each on a cluster node), pipelined. Not a write in the sense of `write`: deleting a
     /// key again is harmless, so a replay whose reply never came is simply made again.
     ///
+    /// On a cluster node each `UNLINK` goes after an `ASKING`: a key handed to this node by
+    /// another's replay (`ASK`: its slot migrating here, the key moved already) is deleted
+    /// here, not redirected back; where the node serves the slot itself, `ASKING` changes
+    /// nothing.
+    ///
     /// First, in the same round trip, a `CLIENT KILL` of each connection in `kills` (this
     /// process's, dropped with a request perhaps still in the network: `clients.rs`), so that
     /// no write delayed past the replay lands on one of them.
     pub(super) fn replay(&self, kills: Vec<ClientId>, keys: &[&str]) -> ReplayRequest {
         let chunks = keys.chunks(self.unlink_step());
         let sizes = chunks.clone().map(<[&str]>::len).collect();
-        let unlinks = chunks.map(|chunk| {
+        let asking = self.cluster;
+        let unlinks = chunks.flat_map(|chunk| {
             let mut cmd = redis::cmd("UNLINK");
             for k in chunk {
                 cmd.arg(*k);
             }
-            cmd
+            asking.then(self::asking).into_iter().chain([cmd])
         });
         let commands = kills
             .iter()
@@ -913,6 +962,7 @@ impl Builder {
             },
             kills,
             unlinks: sizes,
+            asking,
         }
     }
 
@@ -1121,6 +1171,7 @@ mod tests {
             Replayed {
                 deleted: 2_000,
                 refused: 500,
+                redirected: Vec::new(),
                 kill_refused: None,
             },
             "the refused command's keys are passed over, not counted as deleted"
@@ -1152,5 +1203,82 @@ mod tests {
         };
         let e = refused(e);
         assert!(!e.to_string().contains("  "), "{e}");
+    }
+
+    #[test]
+    fn a_server_not_serving_yet_is_told_by_its_refusal() {
+        #[track_caller]
+        fn check(code: &str, detail: Option<&str>, expected: bool) {
+            assert_eq!(not_serving_yet(code, detail), expected, "{code} {detail:?}");
+        }
+        check(
+            "LOADING",
+            Some("Redis is loading the dataset in memory"),
+            true,
+        );
+        check("BUSY", None, true);
+        check("MASTERDOWN", Some("Link with MASTER is down"), true);
+        check("CLUSTERDOWN", Some("The cluster is down"), true);
+        check(
+            "CLUSTERDOWN",
+            Some("The cluster is down and only accepts read commands"),
+            true,
+        );
+        // One slot's keys alone: an answer, lest it hold up the node's replay.
+        check("CLUSTERDOWN", Some("Hash slot not served"), false);
+        check("CLUSTERDOWN", None, false);
+        check(
+            "READONLY",
+            Some("You can't write against a read only replica."),
+            false,
+        );
+        check("MOVED", Some("3999 127.0.0.1:7002"), false);
+    }
+
+    #[test]
+    fn a_cluster_nodes_replay_asks_and_hands_back_redirected_keys() {
+        let b = Builder {
+            wait: None,
+            item_size: 1 << 20,
+            key_limit: 250,
+            scripts: Scripts::new(),
+            cluster: true,
+        };
+        let req = b.replay(Vec::new(), &["a", "b", "c", "d"]);
+        let names: Vec<String> = req
+            .request
+            .commands
+            .iter()
+            .map(|c| String::from_utf8_lossy(&c.cmd.get_packed_command()).into_owned())
+            .collect();
+        assert_eq!(names.len(), 8, "{names:?}");
+        assert!(
+            names[0].contains("ASKING") && names[1].contains("UNLINK"),
+            "{names:?}"
+        );
+        let reply = |bytes: &[u8]| redis::parse_redis_value(bytes).unwrap();
+        let done = req
+            .read(vec![
+                Value::Okay,
+                Value::Int(1),
+                Value::Okay,
+                reply(b"-MOVED 15495 127.0.0.1:7002\r\n"),
+                Value::Okay,
+                reply(b"-ASK 15495 [::1]:7003\r\n"),
+                Value::Okay,
+                reply(b"-READONLY You can't write against a read only replica.\r\n"),
+            ])
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            done,
+            Replayed {
+                deleted: 1,
+                refused: 1,
+                redirected: vec![(1, "127.0.0.1:7002".into()), (2, "[::1]:7003".into())],
+                kill_refused: None,
+            },
+            "a redirected key is handed back with where it lives now, not passed over"
+        );
     }
 }
