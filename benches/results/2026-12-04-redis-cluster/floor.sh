@@ -9,11 +9,13 @@
 #   benches/results/2026-12-04-redis-cluster/floor.sh [floor arguments...]
 #   e.g. floor.sh --rounds 15 --json benches/results/2026-12-04-redis-cluster/floor.json
 #
-# REDIS_SERVER picks the server binary (default redis-server; Valkey's works too). KEEP=1 starts
+# REDIS_SERVER picks the server binary (default redis-server; Valkey's works too); FLOOR a
+# built floor binary to run instead of `cargo run`. KEEP=1 starts
 # the cluster and leaves it running, its ports printed, without running the bench.
 set -e
 BASE=${BASE:-42000}
 SERVER=${REDIS_SERVER:-redis-server}
+FLOOR=${FLOOR:-}
 DIR=$(mktemp -d /tmp/newcache-floor-cluster.XXXXXX)
 # A port is free if no socket uses it, nor its bus port.
 free() { [ -z "$(ss -Htan "( sport = :$1 or sport = :$(($1 + 10000)) )")" ]; }
@@ -57,4 +59,8 @@ done
 [ -z "$KEEP" ] || { echo "cluster on:$PORTS (KEEP set: stop it with redis-cli shutdown nosave)"; trap - EXIT INT TERM; exit 0; }
 SEEDS=$(for p in $PORTS; do printf 'redis://127.0.0.1:%s,' "$p"; done)
 cd "$(dirname "$0")/../../.."
-cargo run --release -p newcache-floor --bin floor -- --redis-cluster "${SEEDS%,}" "$@"
+if [ -n "$FLOOR" ]; then
+  "$FLOOR" --redis-cluster "${SEEDS%,}" "$@"
+else
+  cargo run --release -p newcache-floor --bin floor -- --redis-cluster "${SEEDS%,}" "$@"
+fi
