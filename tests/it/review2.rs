@@ -70,11 +70,16 @@ fn an_async_waited_write_after_a_failover_goes_to_the_new_master_as_a_sync_one_d
             .io_timeout(S(5))
             .build_front(front)
     };
-    let caches = [(Front::Sync, build(Front::Sync)), (Front::Async, build(Front::Async))];
+    let caches = [
+        (Front::Sync, build(Front::Sync)),
+        (Front::Async, build(Front::Async)),
+    ];
     let keys: Vec<String> = (0..30).map(|i| format!("k{i}")).collect();
     // Each knows the map, and has written (a waited connection to every master).
     for (_, c) in &caches {
-        let failed = c.set_many(keys.iter().map(|k| (k.as_str(), k)), S(600)).unwrap();
+        let failed = c
+            .set_many(keys.iter().map(|k| (k.as_str(), k)), S(600))
+            .unwrap();
         assert!(failed.is_empty(), "{failed:?}");
     }
     let on_victim: Vec<String> = keys
@@ -84,7 +89,12 @@ fn an_async_waited_write_after_a_failover_goes_to_the_new_master_as_a_sync_one_d
         .collect();
     assert!(on_victim.len() >= 2);
     cluster.kill(victim);
-    let live: Vec<u16> = cluster.ports.iter().copied().filter(|&p| p != victim).collect();
+    let live: Vec<u16> = cluster
+        .ports
+        .iter()
+        .copied()
+        .filter(|&p| p != victim)
+        .collect();
     let deadline = Instant::now() + S(60);
     while cluster
         .try_masters()
@@ -126,7 +136,13 @@ fn replica_gone(master: &crate::fixture::RedisServer) {
     let port = master.port.to_string();
     let mut replica = crate::fixture::RedisServer::start_with(
         "redis-server",
-        &["--replicaof", "127.0.0.1", &port, "--dir", dir.to_str().unwrap()],
+        &[
+            "--replicaof",
+            "127.0.0.1",
+            &port,
+            "--dir",
+            dir.to_str().unwrap(),
+        ],
     );
     let deadline = Instant::now() + S(20);
     let mut conn = redis::Client::open(master.url())
@@ -134,11 +150,17 @@ fn replica_gone(master: &crate::fixture::RedisServer) {
         .get_connection_with_timeout(S(5))
         .unwrap();
     loop {
-        let info: String = redis::cmd("INFO").arg("replication").query(&mut conn).unwrap();
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query(&mut conn)
+            .unwrap();
         if info.contains("connected_slaves:1") && info.contains("state=online") {
             break;
         }
-        assert!(Instant::now() < deadline, "the replica never synced: {info}");
+        assert!(
+            Instant::now() < deadline,
+            "the replica never synced: {info}"
+        );
         std::thread::sleep(MS(50));
     }
     replica.kill();
@@ -210,9 +232,12 @@ fn a_replica_gone_under_redis_wait_holds_up_no_sync_read_with_writers_as_many_as
 /// the next failed node start another), each asking the hung masters first. With the three
 /// masters stopped, io_timeout and connect_timeout 1 s: `get_many` took 13-18 s a call,
 /// every call (b94cc15: 14-30 s). Phase A isolates the window: no node marked dead, one
-/// refresh per hour; each call still lasts about three connects (6 s).
+/// refresh per hour; each call still lasts about three connects (6 s). Fixed: the nodes'
+/// connects (and checks) share one `connect_timeout` (`conn::within`), and a round's failed
+/// nodes one map refresh, which asks them last; the README's promise is now `connect_timeout`
+/// + `io_timeout` (about 2.1 s here).
 #[test]
-fn a_sync_batch_over_hung_masters_lasts_about_one_io_timeout() {
+fn a_sync_batch_over_hung_masters_lasts_about_one_connect_timeout_and_one_io_timeout() {
     let cluster = RedisCluster::start("redis-server");
     no_failover(&cluster);
     let seeds = cluster.seeds();
@@ -234,7 +259,9 @@ fn a_sync_batch_over_hung_masters_lasts_about_one_io_timeout() {
     let (a, b) = (build(true), build(false));
     let keys: Vec<String> = (0..30).map(|i| format!("k{i}")).collect();
     for c in [&a, &b] {
-        let failed = c.set_many(keys.iter().map(|k| (k.as_str(), k)), S(600)).unwrap();
+        let failed = c
+            .set_many(keys.iter().map(|k| (k.as_str(), k)), S(600))
+            .unwrap();
         assert!(failed.is_empty());
     }
     for &p in &ports {
@@ -252,9 +279,9 @@ fn a_sync_batch_over_hung_masters_lasts_about_one_io_timeout() {
     for &p in &ports {
         cluster.signal(p, "CONT");
     }
-    // One io_timeout (the README), or at worst the pool's connect_timeout + io_timeout, and
-    // some slack for a loaded machine.
-    let bound = S(2) + MS(700);
+    // One connect_timeout (the nodes' connects share it) and one io_timeout (the window), as
+    // the README says now, and generous slack for a loaded machine (the bug took 5-18 s).
+    let bound = S(2) + MS(1500);
     assert!(
         took.iter().all(|(_, t)| *t <= bound),
         "get_many over 3 stopped masters (io_timeout 1 s, connect_timeout 1 s) took {took:?}"
@@ -284,7 +311,8 @@ fn waited_connections_of_an_undriven_runtime_do_not_mark_a_healthy_server_dead()
         .unwrap();
     // No replica: each WAIT answers 0 after 200 ms, a whole answer (its connection kept).
     let short = |r: &newcache::Result<()>| {
-        r.as_ref().is_err_and(|e| e.to_string().contains("0 of 1 replicas"))
+        r.as_ref()
+            .is_err_and(|e| e.to_string().contains("0 of 1 replicas"))
     };
     // The shared connection opened on the runtime that stays driven.
     crate::front::runtime().block_on(async {
@@ -315,4 +343,3 @@ fn waited_connections_of_an_undriven_runtime_do_not_mark_a_healthy_server_dead()
          (the writes: {writes:?})"
     );
 }
-
