@@ -886,9 +886,11 @@ impl Backend for RedisCluster {
         // Every master's `PING` written, then every reply read (address order: see `waves`).
         let mut masters: Vec<&Arc<Node>> = map.masters.iter().collect();
         masters.sort_by(|a, b| a.addr().cmp(b.addr()));
+        // Their connects share one connect_timeout, as a batch's do.
+        let by = Instant::now() + self.router.template.connect_timeout;
         let sent: Vec<_> = masters
             .iter()
-            .map(|n| n.sync.begin(Ok(n.sync.shared.requests.ping())))
+            .map(|n| n.sync.begin_by(Ok(n.sync.shared.requests.ping()), Some(by)))
             .collect();
         let mut window = Window::new(self.router.template.io_timeout);
         let failures: Vec<PingFailure> = masters
