@@ -535,8 +535,8 @@ impl CacheBuilder {
     }
 
     /// memcached and Redis: connections per server; default 16. (On Redis: the sync `Cache`'s
-    /// blocking pool, and with `redis_wait` the most connections an
-    /// `AsyncCache` opens for its waited writes, one write each at a time.)
+    /// blocking pool, and with `redis_wait` the most connections a `Cache` or an `AsyncCache`
+    /// opens beside it for its waited writes, one write each at a time.)
     pub fn pool_size(mut self, size: u32) -> Self {
         self.memcached_only.push("pool_size");
         self.pool_size = size;

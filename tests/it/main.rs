@@ -31,5 +31,7 @@ mod redis_batch;
 mod redis_cluster;
 #[cfg(feature = "redis-tls")]
 mod redis_tls;
+#[cfg(feature = "redis")]
+mod review2;
 mod values;
 mod views;

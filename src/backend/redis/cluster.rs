@@ -306,16 +306,16 @@ impl Router {
     }
 
     /// The nodes to ask for the map, in order: `first`, the masters, the seeds (each once),
-    /// `last` at the end (a node that just failed).
-    fn candidates(&self, first: Option<&str>, last: Option<&str>) -> Vec<Arc<Node>> {
+    /// `last` at the end (nodes that just failed).
+    fn candidates(&self, first: Option<&str>, last: &[&str]) -> Vec<Arc<Node>> {
         let mut addrs: Vec<String> = first.into_iter().map(str::to_owned).collect();
         if let Some(m) = self.current() {
             addrs.extend(m.masters.iter().map(|n| n.addr().to_owned()));
         }
         addrs.extend(self.seeds.iter().cloned());
         let mut seen = std::collections::HashSet::new();
-        addrs.retain(|a| Some(a.as_str()) != last && seen.insert(a.clone()));
-        addrs.extend(last.map(str::to_owned));
+        addrs.retain(|a| !last.contains(&a.as_str()) && seen.insert(a.clone()));
+        addrs.extend(last.iter().map(|a| (*a).to_owned()));
         addrs.iter().filter_map(|a| self.node(a).ok()).collect()
     }
 
@@ -508,7 +508,7 @@ impl RedisCluster {
     /// Asks the nodes (`first` first, `last` last) for the map until one answers.
     fn refresh(&self, first: Option<&str>, last: Option<&str>) -> Result<Arc<Map>> {
         let mut errors = Vec::new();
-        for node in self.router.candidates(first, last) {
+        for node in self.router.candidates(first, last.as_slice()) {
             match node.sync.slots() {
                 Ok(ranges) if !ranges.is_empty() => return self.router.install(ranges),
                 Ok(_) => errors.push(Error::backend(format!(
@@ -533,6 +533,24 @@ impl RedisCluster {
     fn after_failure(&self, node: &Node, e: &Error) {
         if is_fault(e) && self.router.refresh_due() {
             let _ = self.refresh(None, Some(node.addr()));
+        }
+    }
+
+    /// After a batch's round in which the nodes of `failed` failed: the map again if one of
+    /// them met a fault (at most once per `retry_interval`), one refresh for them all, which
+    /// asks them last (a hung master is asked only if every other node failed too).
+    fn after_failures(&self, failed: &[(Arc<Node>, Error)]) {
+        if failed.iter().any(|(_, e)| is_fault(e)) && self.router.refresh_due() {
+            let last: Vec<&str> = failed.iter().map(|(n, _)| n.addr()).collect();
+            for node in self.router.candidates(None, &last) {
+                match node.sync.slots() {
+                    Ok(ranges) if !ranges.is_empty() => {
+                        let _ = self.router.install(ranges);
+                        return;
+                    }
+                    _ => {}
+                }
+            }
         }
     }
 
@@ -589,13 +607,17 @@ impl RedisCluster {
     /// `op` on each node's part of a batch, redirected items sent again where they live now:
     /// one result per item. Every node's part is written, then every reply read (each part one
     /// pipelined round trip, the nodes' concurrently: a batch over three masters costs one
-    /// round trip, not three), in one window of `io_timeout` ([`Window`]).
+    /// round trip, not three), in one window of `io_timeout` ([`Window`]). The nodes' connects
+    /// (or checks of pooled connections) share one `connect_timeout` ([`within`](super::conn::within)), and
+    /// the nodes that failed one map refresh ([`after_failures`](RedisCluster::after_failures)):
+    /// a batch over hung masters lasts about `connect_timeout` + `io_timeout`.
     fn many<I: Copy, T>(
         &self,
         items: &[I],
         key: impl Fn(&I) -> &str,
         op: BatchOp<I, T>,
     ) -> Vec<Result<T>> {
+        let by = Instant::now() + self.router.template.connect_timeout;
         let mut out: Vec<Option<Result<T>>> = items.iter().map(|_| None).collect();
         let mut rerouted = vec![false; items.len()];
         let mut hops = match self.map() {
@@ -616,7 +638,9 @@ impl RedisCluster {
                 let sent: Vec<_> = wave
                     .iter()
                     .zip(&parts)
-                    .map(|((node, asking, _), part)| node.view(*asking).begin_batch(part, &op))
+                    .map(|((node, asking, _), part)| {
+                        node.view(*asking).begin_batch(part, &op, Some(by))
+                    })
                     .collect();
                 let mut window = Window::new(self.router.template.io_timeout);
                 for (((node, asking, at), part), sent) in wave.iter().zip(&parts).zip(sent) {
@@ -629,9 +653,7 @@ impl RedisCluster {
             if let Some(addr) = &round_of.moved {
                 self.refresh_after_move(addr);
             }
-            for (node, e) in &round_of.failed {
-                self.after_failure(node, e);
-            }
+            self.after_failures(&round_of.failed);
             round_of.reroute(&self.router, items, &key, &mut rerouted, &mut out);
             if round_of.next.is_empty() {
                 break;
@@ -864,9 +886,11 @@ impl Backend for RedisCluster {
         // Every master's `PING` written, then every reply read (address order: see `waves`).
         let mut masters: Vec<&Arc<Node>> = map.masters.iter().collect();
         masters.sort_by(|a, b| a.addr().cmp(b.addr()));
+        // Their connects share one connect_timeout, as a batch's do.
+        let by = Instant::now() + self.router.template.connect_timeout;
         let sent: Vec<_> = masters
             .iter()
-            .map(|n| n.sync.begin(Ok(n.sync.shared.requests.ping())))
+            .map(|n| n.sync.begin_by(Ok(n.sync.shared.requests.ping()), Some(by)))
             .collect();
         let mut window = Window::new(self.router.template.io_timeout);
         let failures: Vec<PingFailure> = masters
@@ -1055,7 +1079,7 @@ mod nonblocking {
 
         async fn refresh(&self, first: Option<&str>, last: Option<&str>) -> Result<Arc<Map>> {
             let mut errors = Vec::new();
-            for node in self.router.candidates(first, last) {
+            for node in self.router.candidates(first, last.as_slice()) {
                 match node.nonblocking.slots().await {
                     Ok(ranges) if !ranges.is_empty() => return self.router.install(ranges),
                     Ok(_) => errors.push(Error::backend(format!(

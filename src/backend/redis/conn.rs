@@ -1,8 +1,11 @@
 //! The sync backend's pool of blocking connections: at most `pool_size` open at once, each
-//! under `io_timeout` per operation; a connection that met a fault is dropped, not returned
-//! (and remembered, by its id on the server, for the next replay to close), and one idle past
+//! opened within `connect_timeout` (its set-up and `CLIENT INFO` included) and under
+//! `io_timeout` per operation; a connection that met a fault is dropped, not returned (and
+//! remembered, by its id on the server, for the next replay to close), and one idle past
 //! memcached's [`IDLE_TIMEOUT`] is closed rather than reused (servers and proxies close idle
-//! connections on their own schedule, and a write found stale is not sent again).
+//! connections on their own schedule). A write is sent only on a connection known to be open:
+//! one idle past [`CHECK_AFTER`] answers a `PING` first ([`Pooled::check`]), since a write
+//! found stale after it was sent is not sent again (its reply may be what was lost).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -24,6 +27,12 @@ pub(super) struct Pool {
     freed: Condvar,
     clients: Arc<Clients>,
 }
+
+/// How long a pooled connection may sit idle before a write on it is preceded by a `PING`
+/// whose reply is read first ([`Pooled::check`]): a connection the server closed meanwhile (its
+/// `timeout`, a restart, a failover) is then found before the write is sent, not after. A
+/// connection in steady use is never idle this long, and pays nothing.
+pub(super) const CHECK_AFTER: Duration = Duration::from_millis(100);
 
 /// The largest write buffer a pooled connection keeps (one of a batch of large values is
 /// given back).
@@ -66,15 +75,17 @@ impl Pool {
     }
 
     /// An idle connection, or a new one while fewer than `size` are open; otherwise waits up to
-    /// `connect_timeout` for one to be given back.
-    pub(super) fn checkout(&self) -> Result<Pooled<'_>, Failure> {
+    /// `connect_timeout` for one to be given back. Each wait or connect within what is left
+    /// until `by`, when given ([`within`]).
+    pub(super) fn checkout(&self, by: Option<Instant>) -> Result<Pooled<'_>, Failure> {
         let mut deadline = None;
         let mut state = self.state.lock();
         loop {
             let generation = state.generation;
             if let Some(conn) = state.idle.pop() {
-                if conn.idle_since.elapsed() < IDLE_TIMEOUT {
-                    return Ok(Pooled::new(self, conn, generation, true));
+                let idle = conn.idle_since.elapsed();
+                if idle < IDLE_TIMEOUT {
+                    return Ok(Pooled::new(self, conn, generation, Some(idle)));
                 }
                 // The most recently used is past the age: the others, idle longer, are too.
                 // Closed whole (every request on them was answered): nothing for a replay.
@@ -89,15 +100,16 @@ impl Pool {
             if state.open < self.size {
                 state.open += 1;
                 drop(state);
-                return match self.connect() {
-                    Ok(conn) => Ok(Pooled::new(self, conn, generation, false)),
+                return match self.connect(by) {
+                    Ok(conn) => Ok(Pooled::new(self, conn, generation, None)),
                     Err(f) => {
                         self.closed(generation);
                         Err(f)
                     }
                 };
             }
-            let deadline = *deadline.get_or_insert_with(|| Instant::now() + self.connect_timeout);
+            let deadline =
+                *deadline.get_or_insert_with(|| Instant::now() + within(self.connect_timeout, by));
             if self.freed.wait_until(&mut state, deadline).timed_out() {
                 // A local wait: nothing against the server.
                 return Err(Failure::Local(Error::new(
@@ -112,8 +124,12 @@ impl Pool {
     }
 
     /// A new connection, its set-up done (`AUTH`, `SELECT`), and its id learned (`CLIENT
-    /// INFO`: one round trip more; none if the server refuses the command).
-    fn connect(&self) -> Result<Box<Open>, Failure> {
+    /// INFO`: one round trip more; none if the server refuses the command), all within
+    /// `connect_timeout`: a server that accepts connections but does not answer (hung) costs a
+    /// connect that, not a connect and an `io_timeout`. Less when `by` is near ([`within`]).
+    fn connect(&self, by: Option<Instant>) -> Result<Box<Open>, Failure> {
+        let started = Instant::now();
+        let connect_timeout = within(self.connect_timeout, by);
         #[cfg(feature = "redis-tls")]
         if matches!(
             self.client.get_connection_info().addr(),
@@ -124,23 +140,30 @@ impl Pool {
         }
         let conn = self
             .client
-            .get_connection_with_timeout(self.connect_timeout)
+            .get_connection_with_timeout(connect_timeout)
             .map_err(super::connect_failure)?;
-        let timeouts = conn
-            .set_read_timeout(Some(self.io_timeout))
-            .and_then(|()| conn.set_write_timeout(Some(self.io_timeout)));
-        timeouts.map_err(|e| {
-            Failure::Fault(Error::with_source(
-                ErrorKind::Backend,
-                "could not connect",
-                e,
-            ))
-        })?;
+        let set_timeouts = |conn: &redis::Connection, t: Duration| {
+            conn.set_read_timeout(Some(t))
+                .and_then(|()| conn.set_write_timeout(Some(t)))
+                .map_err(|e| {
+                    Failure::Fault(Error::with_source(
+                        ErrorKind::Backend,
+                        "could not connect",
+                        e,
+                    ))
+                })
+        };
+        // What is left of connect_timeout (a millisecond at least: a zero timeout is refused).
+        let left = connect_timeout
+            .saturating_sub(started.elapsed())
+            .max(Duration::from_millis(1));
+        set_timeouts(&conn, left)?;
         let mut conn = conn;
         let client = self
             .clients
             .learned(conn.req_command(&clients::info()))
             .map_err(super::connect_failure)?;
+        set_timeouts(&conn, self.io_timeout)?;
         Ok(Box::new(Open {
             conn,
             client,
@@ -199,24 +222,43 @@ pub(super) struct Pooled<'a> {
     conn: Option<Box<Open>>,
     generation: u64,
     keep: bool,
-    /// Taken from the idle list (it may have been closed by the server meanwhile).
-    reused: bool,
+    /// How long it sat idle, if taken from the idle list (it may have been closed by the server
+    /// meanwhile); `None` for a fresh connect.
+    idle: Option<Duration>,
 }
 
 impl<'a> Pooled<'a> {
-    fn new(pool: &'a Pool, conn: Box<Open>, generation: u64, reused: bool) -> Pooled<'a> {
+    fn new(pool: &'a Pool, conn: Box<Open>, generation: u64, idle: Option<Duration>) -> Pooled<'a> {
         Pooled {
             pool,
             conn: Some(conn),
             generation,
             keep: false,
-            reused,
+            idle,
         }
     }
 
-    /// Whether it came from the idle list rather than a fresh connect.
+    /// Whether it came from the idle list (rather than a fresh connect) and was not
+    /// [`check`](Pooled::check)ed since.
     pub(super) fn reused(&self) -> bool {
-        self.reused
+        self.idle.is_some()
+    }
+
+    /// Whether it sat idle past [`CHECK_AFTER`]: a write is sent on it only after a
+    /// [`check`](Pooled::check).
+    pub(super) fn unchecked(&self) -> bool {
+        self.idle.is_some_and(|idle| idle > CHECK_AFTER)
+    }
+
+    /// A `PING` written and its reply read (any reply: an error reply, a `NOPERM` of a user
+    /// without `PING`, is the server's too): the connection is open, and nothing is pending
+    /// on it. An error says it is not (closed: `is_connection_dropped`) or the server did not
+    /// answer in `timeout` (else `io_timeout`); nothing else was written on it.
+    pub(super) fn check(&mut self, timeout: Option<Duration>) -> redis::RedisResult<()> {
+        self.write(&[&redis::cmd("PING")])?;
+        self.read(1, timeout)?;
+        self.idle = None;
+        Ok(())
     }
 
     pub(super) fn keep(&mut self) {
@@ -287,6 +329,16 @@ pub(super) struct Window {
 
 /// The grace window of servers read late (memcached's).
 const GRACE: Duration = crate::backend::memcached::GRACE;
+
+/// `t`, or what is left until `by` if that is less (a cluster batch's deadline for its
+/// connects: one `connect_timeout` for them all, not one per node), [`GRACE`] at least (a
+/// node reached after the deadline still gets a connect to a live server's time).
+pub(super) fn within(t: Duration, by: Option<Instant>) -> Duration {
+    match by {
+        Some(by) => t.min(by.saturating_duration_since(Instant::now()).max(GRACE)),
+        None => t,
+    }
+}
 
 impl Window {
     pub(super) fn new(io_timeout: Duration) -> Window {

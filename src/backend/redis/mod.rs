@@ -476,6 +476,10 @@ fn answered(e: &Error) -> bool {
 pub struct RedisBackend {
     shared: Arc<Shared>,
     pool: Arc<Pool>,
+    /// The connections of writes followed by a `WAIT` (`redis_wait`), up to `pool_size` beside
+    /// `pool`: a `WAIT` holds its connection for as long as it waits, and must not take the
+    /// connections the other calls need.
+    waited: Arc<Pool>,
     /// Each command is sent after `ASKING` (a cluster node's view for the keys of a slot being
     /// imported, to follow an `ASK` redirect).
     asking: bool,
@@ -541,6 +545,7 @@ impl RedisBackend {
             config,
         });
         Ok(RedisBackend {
+            waited: Arc::new(Pool::new(client.clone(), &shared.config, clients.clone())),
             pool: Arc::new(Pool::new(client, &shared.config, clients)),
             shared,
             asking: false,
@@ -552,6 +557,7 @@ impl RedisBackend {
         RedisBackend {
             shared: self.shared.clone(),
             pool: self.pool.clone(),
+            waited: self.waited.clone(),
             asking: true,
         }
     }
@@ -599,6 +605,12 @@ impl RedisBackend {
     /// judged here (a fault counted); one before any byte of `req` was written is
     /// [`unsent`](Error::unsent).
     fn begin<T>(&self, req: Result<Request<T>>) -> Result<Sent<'_, T>> {
+        self.begin_by(req, None)
+    }
+
+    /// [`begin`](RedisBackend::begin), its connect (or a check of a pooled connection) within
+    /// what is left until `by`, when given (a cluster batch's deadline: [`conn::within`]).
+    fn begin_by<T>(&self, req: Result<Request<T>>, by: Option<Instant>) -> Result<Sent<'_, T>> {
         let s = &self.shared;
         let req = req?;
         super::note_server(&s.addr);
@@ -606,7 +618,7 @@ impl RedisBackend {
         let conn = self
             .replay()
             .map_err(Failure::unsent)
-            .and_then(|()| self.write(&req));
+            .and_then(|()| self.write(&req, by));
         match conn {
             Ok(conn) => Ok(Sent { req, probe, conn }),
             Err(f) => Err(self.judge(probe, f)),
@@ -639,6 +651,7 @@ impl RedisBackend {
                 let e = s.annotate(e);
                 if s.fault(probe, &e) {
                     self.pool.clear();
+                    self.waited.clear();
                 }
                 e
             }
@@ -648,18 +661,23 @@ impl RedisBackend {
 
     /// A batch of `op` over `items`, in one round trip.
     fn batch<I, T>(&self, items: &[I], op: BatchOp<I, T>) -> Vec<Result<T>> {
-        let sent = self.begin_batch(items, &op);
+        let sent = self.begin_batch(items, &op, None);
         self.finish_batch(items, &op, sent, None)
     }
 
     /// The first half of [`batch`](RedisBackend::batch): its request written ([`begin`]).
     ///
     /// [`begin`]: RedisBackend::begin
-    fn begin_batch<I, T>(&self, items: &[I], op: &BatchOp<I, T>) -> BatchSent<'_, T> {
+    fn begin_batch<I, T>(
+        &self,
+        items: &[I],
+        op: &BatchOp<I, T>,
+        by: Option<Instant>,
+    ) -> BatchSent<'_, T> {
         let (refused, request) = (op.request)(&self.shared, items).split();
         BatchSent {
             refused,
-            sent: request.map(|r| self.begin(Ok(r))),
+            sent: request.map(|r| self.begin_by(Ok(r), by)),
         }
     }
 
@@ -720,26 +738,68 @@ impl RedisBackend {
 
     /// The replies to `req`'s commands, outside the health gate (a replay, the policy check).
     fn send<T>(&self, req: &Request<T>) -> std::result::Result<Vec<Value>, Failure> {
-        let conn = self.write(req)?;
+        let conn = self.write(req, None)?;
         self.read(req, conn, None)
+    }
+
+    /// The pool `req` goes on: a write followed by a `WAIT` on connections of its own.
+    fn pool_for<T>(&self, req: &Request<T>) -> &Pool {
+        if req.wait.is_some() {
+            &self.waited
+        } else {
+            &self.pool
+        }
     }
 
     /// A pooled connection with `req` written on it. A failed checkout (a connect) sent
     /// nothing: [`unsent`](Error::unsent). A reused connection found closed is
     /// [`stale`](RedisBackend::stale).
-    fn write<T>(&self, req: &Request<T>) -> std::result::Result<conn::Pooled<'_>, Failure> {
-        let mut conn = self.pool.checkout().map_err(Failure::unsent)?;
+    fn write<T>(
+        &self,
+        req: &Request<T>,
+        by: Option<Instant>,
+    ) -> std::result::Result<conn::Pooled<'_>, Failure> {
+        let pool = self.pool_for(req);
+        let mut conn = self.checkout(pool, req, by)?;
         match self.put(&mut conn, req) {
             Ok(()) => Ok(conn),
             Err(e) if conn.reused() && e.is_connection_dropped() => {
                 drop(conn);
-                self.stale(req, e)?;
-                let mut conn = self.pool.checkout().map_err(Failure::unsent)?;
+                self.stale(pool, req, e)?;
+                let mut conn = self.checkout(pool, req, by)?;
                 self.put(&mut conn, req)
                     .map_err(|e| failure_of(e, req.write))?;
                 Ok(conn)
             }
             Err(e) => Err(failure_of(e, req.write)),
+        }
+    }
+
+    /// A connection of `pool` for `req`, nothing of it sent yet (a failure is
+    /// [`unsent`](Error::unsent)). A write gets one known to be open: a connection idle past
+    /// [`conn::CHECK_AFTER`] is [`check`](conn::Pooled::check)ed first, and one found closed
+    /// (its server's `timeout`, a restart, a failover) is replaced, not counted as a fault, the
+    /// idle ones, as old, dropped with it.
+    fn checkout<'a, T>(
+        &self,
+        pool: &'a Pool,
+        req: &Request<T>,
+        by: Option<Instant>,
+    ) -> std::result::Result<conn::Pooled<'a>, Failure> {
+        loop {
+            let mut conn = pool.checkout(by).map_err(Failure::unsent)?;
+            if !(req.write && conn.unchecked()) {
+                return Ok(conn);
+            }
+            let timeout = by.map(|_| conn::within(self.shared.config.io_timeout, by));
+            match conn.check(timeout) {
+                Ok(()) => return Ok(conn),
+                Err(e) if e.is_connection_dropped() => {
+                    drop(conn);
+                    pool.drop_idle();
+                }
+                Err(e) => return Err(failure_of(e, false).unsent()),
+            }
         }
     }
 
@@ -757,9 +817,9 @@ impl RedisBackend {
             Ok(r) => r,
             Err(e) if conn.reused() && e.is_connection_dropped() => {
                 drop(conn);
-                self.stale(req, e)?;
+                self.stale(self.pool_for(req), req, e)?;
                 // A read: a connect that fails now sends nothing more.
-                conn = self.pool.checkout().map_err(Failure::unsent)?;
+                conn = self.pool_for(req).checkout(None).map_err(Failure::unsent)?;
                 self.put(&mut conn, req)
                     .and_then(|()| self.recv(&mut conn, n, None))
                     .map_err(|e| failure_of(e, req.write))?
@@ -780,15 +840,23 @@ impl RedisBackend {
         Ok(replies)
     }
 
-    /// A pooled connection reused for `req` was found closed (`e`) before it answered: stale,
-    /// not a fault (the server, a proxy or a restart closed it while it sat idle, as its
-    /// `timeout` does), so nothing is counted and the idle connections, as old, are dropped.
-    /// `Ok` for a request that is not a write: it goes once more on a fresh connection. A write
-    /// is not sent again: a connection closed while idle cannot be told from one lost after the
-    /// server ran the write and before its reply came (a proxy's restart, a `CLIENT KILL`, a
-    /// reset), so it fails with its outcome unknown (and never [`unsent`](Error::unsent)).
-    fn stale<T>(&self, req: &Request<T>, e: redis::RedisError) -> std::result::Result<(), Failure> {
-        self.pool.drop_idle();
+    /// A pooled connection of `pool` reused for `req` was found closed (`e`) after `req` was
+    /// written: stale, not a fault (the server, a proxy or a restart closed it while it sat
+    /// idle, as its `timeout` does), so nothing is counted and the idle connections, as old,
+    /// are dropped. `Ok` for a request that is not a write: it goes once more on a fresh
+    /// connection. A write is not sent again: a connection closed while idle cannot be told,
+    /// once the write is sent, from one lost after the server ran the write and before its
+    /// reply came (a proxy's restart, a `CLIENT KILL`, a reset), so it fails with its outcome
+    /// unknown (and never [`unsent`](Error::unsent)). A write meets this only on a connection
+    /// idle less than [`conn::CHECK_AFTER`] ([`checkout`](RedisBackend::checkout) checks the
+    /// others first).
+    fn stale<T>(
+        &self,
+        pool: &Pool,
+        req: &Request<T>,
+        e: redis::RedisError,
+    ) -> std::result::Result<(), Failure> {
+        pool.drop_idle();
         if !req.write {
             return Ok(());
         }

@@ -14,8 +14,8 @@
 //! the memcached engine, a runtime that is alive but no longer driven (a current-thread runtime
 //! outside `block_on`) holds the connection it opened: callers on other runtimes time out on it
 //! (one `io_timeout`, two for a get queued for a batch; one fault) before one of them
-//! reconnects; do not share an `AsyncCache`
-//! with such a runtime.
+//! reconnects (the connections of waited writes it opened are lent to its own callers only:
+//! they cost the others nothing); do not share an `AsyncCache` with such a runtime.
 //!
 //! The replay of what the server missed while out of reach runs on a task of its own on the
 //! caller's runtime (with the connect it may need), which the caller awaits: the first caller
@@ -192,6 +192,7 @@ impl Inner {
             conn,
             driver,
             client,
+            ..
         } = self.dial(&rt).await?;
         let gets = Arc::new(Gets::start(
             &rt,
@@ -308,6 +309,7 @@ impl Inner {
             conn,
             driver,
             client,
+            runtime: rt.id(),
         })
     }
 
@@ -505,7 +507,8 @@ impl Inner {
     /// its own (the connection dropped, not reused); one met because its runtime shut down
     /// under it is not the server's.
     async fn send_waited<T>(&self, req: &Request<T>) -> std::result::Result<Vec<Value>, Failure> {
-        let dial = async { self.dial(&runtime()?).await };
+        // A failed connect sent nothing (a cluster then sends the write to a new master).
+        let dial = async { self.dial(&runtime()?).await.map_err(Failure::unsent) };
         let connect_timeout = self.shared.config.connect_timeout;
         let mut lent = self.link.waited.lend(connect_timeout, dial).await?;
         match self.request_on(lent.conn(), req).await {

@@ -9,7 +9,9 @@
 //! At most `pool_size` are open (a waited write waits `connect_timeout` at most for one, then
 //! fails unsent, as the sync pool's callers do); each is opened with the shared connection's
 //! set-up (TLS, `AUTH`, `SELECT`, its `CLIENT INFO` id learned) and kept idle after a whole
-//! answer. One whose request did not end in a whole answer (a fault, an error the client
+//! answer. An idle one is lent only to a caller on the runtime its driver runs on: one left on
+//! a runtime alive but undriven costs the others nothing (no timeout, no fault), and is closed
+//! when a connection of another runtime needs its room. One whose request did not end in a whole answer (a fault, an error the client
 //! raised, a caller's future dropped mid-flight) is dropped, never reused, and remembered for
 //! the next replay to close (`clients.rs`).
 //!
@@ -34,6 +36,8 @@ pub(super) struct Dialed {
     pub(super) conn: MultiplexedConnection,
     pub(super) driver: JoinHandle<()>,
     pub(super) client: Option<ClientId>,
+    /// The runtime its driver runs on: it is lent only to callers on that runtime.
+    pub(super) runtime: tokio::runtime::Id,
 }
 
 /// Whether `driver` was cancelled: its runtime shut down (a driver that ended by itself met
@@ -89,16 +93,31 @@ impl Waited {
                 ),
             )));
         };
-        // One whose driver ended (the server closed it while idle, or its runtime shut down)
-        // carries nothing: it goes, unremembered.
-        let idle = std::iter::from_fn(|| self.idle.lock().pop()).find(|d| {
-            let open = !d.driver.is_finished();
-            if !open {
-                d.driver.abort();
+        let here = tokio::runtime::Handle::try_current().ok().map(|h| h.id());
+        let mine = {
+            let mut idle = self.idle.lock();
+            // One whose driver ended (the server closed it while idle, or its runtime shut
+            // down) carries nothing: it goes, unremembered.
+            idle.retain(|d| !d.driver.is_finished());
+            // Only one whose driver runs on the caller's runtime: another runtime may be alive
+            // but undriven (a current-thread runtime outside `block_on`), and a write lent its
+            // connection would time out on it, a fault against a healthy server.
+            match idle.iter().rposition(|d| Some(d.runtime) == here) {
+                Some(i) => Some(idle.remove(i)),
+                None => {
+                    // A new one: room made by closing the oldest idle ones of other runtimes
+                    // (answered whole: nothing for a replay), so that at most `size` are open.
+                    let lent = self.size as usize - self.permits.available_permits();
+                    let room = (self.size as usize).saturating_sub(lent);
+                    let excess = idle.len().saturating_sub(room);
+                    for d in idle.drain(..excess) {
+                        d.driver.abort();
+                    }
+                    None
+                }
             }
-            open
-        });
-        let dialed = match idle {
+        };
+        let dialed = match mine {
             Some(d) => d,
             None => dial.await?,
         };
