@@ -1805,3 +1805,131 @@ async fn a_busy_connection_gathers_what_is_queued_until_its_reply_is_read() {
     assert_eq!(d.await.unwrap(), None);
     assert_eq!(e.writes(), 2);
 }
+
+/// Review 3 (adversarial review of the CPU-per-get changes, b94cc15..ea7dfd6): tests that show
+/// what the changes got wrong. Each is named for the behaviour it expects.
+mod review3 {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// An engine of one connection to a fake server `listener`, with an `io_timeout` long
+    /// enough that nothing here times out: a request held by the writer is held until the test
+    /// answers, so a bounded wait for its bytes is a synchronisation, not a measurement.
+    async fn fake() -> (tokio::net::TcpListener, Arc<Engine>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let e = Arc::new(engine(std::slice::from_ref(&addr), 1, |c| {
+            c.io_timeout = Duration::from_secs(60);
+        }));
+        (listener, e)
+    }
+
+    /// Reads from `peer` into `got` until `done(got)`, or `within` passes; whether it was done.
+    async fn read_until(
+        peer: &mut tokio::net::TcpStream,
+        got: &mut Vec<u8>,
+        within: Duration,
+        done: impl Fn(&[u8]) -> bool,
+    ) -> bool {
+        let reading = async {
+            while !done(got) {
+                let mut buf = [0u8; 16 * 1024];
+                let n = peer.read(&mut buf).await.unwrap();
+                assert!(n > 0, "the engine closed the connection");
+                got.extend_from_slice(&buf[..n]);
+            }
+        };
+        tokio::time::timeout(within, reading).await.is_ok()
+    }
+
+    /// Accepts the engine's connection and serves one warm-up get on it, so that the connection
+    /// is up and idle (the direct path open) when the test's calls start.
+    async fn warm(listener: &tokio::net::TcpListener, e: &Arc<Engine>) -> tokio::net::TcpStream {
+        let warm = {
+            let e = e.clone();
+            tokio::spawn(async move { e.get("warm").await.unwrap() })
+        };
+        let (mut peer, _) = listener.accept().await.unwrap();
+        let mut got = Vec::new();
+        assert!(
+            read_until(&mut peer, &mut got, Duration::from_secs(5), |g| g
+                .ends_with(b"\r\n"))
+            .await
+        );
+        assert_eq!(got, b"gets warm\r\n");
+        peer.write_all(b"END\r\n").await.unwrap();
+        assert_eq!(warm.await.unwrap(), None);
+        turns().await;
+        peer
+    }
+
+    fn count(hay: &[u8], needle: &[u8]) -> usize {
+        hay.windows(needle.len()).filter(|w| *w == needle).count()
+    }
+
+    async fn turns() {
+        for _ in 0..50 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// Finding 1: one caller, no other traffic. A `get_many` of 200 keys on one server is two
+    /// `gets` lines (128 keys per line): the first goes out directly (the connection is idle),
+    /// the second is queued and the writer holds it until the first line's reply is read,
+    /// so a lone caller's batch takes two round trips where it took one. Not a "rest": the
+    /// claim "a lone caller's direct write never waits" holds only for its first line.
+    #[tokio::test]
+    async fn a_lone_callers_get_many_of_two_lines_is_written_without_waiting_for_a_reply() {
+        let (listener, e) = fake().await;
+        let mut peer = warm(&listener, &e).await;
+        let keys: Vec<String> = (0..200).map(|i| format!("k{i}")).collect();
+        let task = {
+            let (e, keys) = (e.clone(), keys.clone());
+            tokio::spawn(async move {
+                let ks: Vec<&str> = keys.iter().map(String::as_str).collect();
+                e.get_many(&ks).await.len()
+            })
+        };
+        let mut got = Vec::new();
+        // Both lines, before any reply: nothing else can wake the writer.
+        let both = read_until(&mut peer, &mut got, Duration::from_secs(5), |g| {
+            count(g, b"\r\n") >= 2
+        })
+        .await;
+        let lines_before_reply = count(&got, b"\r\n");
+        task.abort();
+        assert!(
+            both,
+            "a lone caller's second gets line was held for the first line's reply: \
+             {lines_before_reply} line(s) written before any reply ({} writes)",
+            e.writes()
+        );
+    }
+
+    /// Finding 1 (writes): a lone caller's `store_many` of two keys on one server: the first
+    /// set goes out directly, the second is held for the first's reply (two round trips).
+    #[tokio::test]
+    async fn a_lone_callers_store_many_is_written_without_waiting_for_a_reply() {
+        let (listener, e) = fake().await;
+        let mut peer = warm(&listener, &e).await;
+        let task = {
+            let e = e.clone();
+            tokio::spawn(async move {
+                let writes = [set("s1", b"v"), set("s2", b"v")];
+                e.store_many(&writes).await.len()
+            })
+        };
+        let mut got = Vec::new();
+        let both = read_until(&mut peer, &mut got, Duration::from_secs(5), |g| {
+            count(g, b"set ") >= 2
+        })
+        .await;
+        task.abort();
+        assert!(
+            both,
+            "a lone caller's second set was held for the first set's reply: written before \
+             any reply: {:?}",
+            String::from_utf8_lossy(&got)
+        );
+    }
+}
