@@ -1932,4 +1932,63 @@ mod review3 {
             String::from_utf8_lossy(&got)
         );
     }
+
+    /// Finding 2: a get the writer holds (Nagle) whose caller gives up meanwhile is still
+    /// written: ARCHITECTURE.md says a get not yet written is skipped (a dropped future costs
+    /// the server nothing), but the hold takes the op into its round, so the closed waiter is
+    /// not looked at again before the line is encoded a round trip later.
+    #[tokio::test]
+    async fn a_held_get_whose_caller_gave_up_is_not_written() {
+        let (listener, e) = fake().await;
+        let mut peer = warm(&listener, &e).await;
+        let get = |k: &'static str| {
+            let e = e.clone();
+            tokio::spawn(async move { e.get(k).await })
+        };
+        let a = get("a");
+        let mut got = Vec::new();
+        assert!(
+            read_until(&mut peer, &mut got, Duration::from_secs(5), |g| g
+                .ends_with(b"\r\n"))
+            .await
+        );
+        assert_eq!(got, b"gets a\r\n");
+        // `b` is queued behind the outstanding reply and taken into the writer's held round.
+        let b = get("b");
+        turns().await;
+        assert_eq!(e.writes(), 2, "b is held, not written");
+        // Its caller gives up (a timeout around the call, a dropped request handler).
+        b.abort();
+        assert!(b.await.unwrap_err().is_cancelled());
+        peer.write_all(b"END\r\n").await.unwrap();
+        assert_eq!(a.await.unwrap().unwrap(), None);
+        let c = get("c");
+        got.clear();
+        assert!(
+            read_until(&mut peer, &mut got, Duration::from_secs(5), |g| g
+                .ends_with(b"\r\n"))
+            .await
+        );
+        let written = String::from_utf8_lossy(&got).into_owned();
+        // Answer whatever was asked, so that `c` ends.
+        let mut reply = Vec::new();
+        for line in written.lines() {
+            let _ = line;
+            reply.extend_from_slice(b"END\r\n");
+        }
+        peer.write_all(&reply).await.unwrap();
+        if !written.contains(" c") {
+            got.clear();
+            let _ = read_until(&mut peer, &mut got, Duration::from_secs(5), |g| {
+                g.ends_with(b"\r\n")
+            })
+            .await;
+            peer.write_all(b"END\r\n").await.unwrap();
+        }
+        assert_eq!(c.await.unwrap().unwrap(), None);
+        assert!(
+            !written.split_whitespace().any(|w| w == "b"),
+            "the get of a caller that gave up was written: {written:?}"
+        );
+    }
 }
