@@ -1991,4 +1991,54 @@ mod review3 {
             "the get of a caller that gave up was written: {written:?}"
         );
     }
+
+    /// Finding 3: "a full round goes at once (a large batch keeps two rounds in flight)" does
+    /// not hold for a round that fills while the writer holds: the writer sleeps on `drained`
+    /// only, nothing wakes it when the queue fills, so a batch of 2,048 keys queued behind a
+    /// held single get waits for an unrelated reply.
+    #[tokio::test]
+    async fn a_round_filled_while_held_goes_at_once() {
+        let (listener, e) = fake().await;
+        let mut peer = warm(&listener, &e).await;
+        let a = {
+            let e = e.clone();
+            tokio::spawn(async move { e.get("a").await })
+        };
+        let mut got = Vec::new();
+        assert!(
+            read_until(&mut peer, &mut got, Duration::from_secs(5), |g| g
+                .ends_with(b"\r\n"))
+            .await
+        );
+        assert_eq!(got, b"gets a\r\n");
+        let b = {
+            let e = e.clone();
+            tokio::spawn(async move { e.get("b").await })
+        };
+        turns().await;
+        // A batch of a full round (16 lines of 128 keys) queued behind the held `b`.
+        let keys: Vec<String> = (0..ROUND).map(|i| format!("r{i}")).collect();
+        let batch = {
+            let (e, keys) = (e.clone(), keys.clone());
+            tokio::spawn(async move {
+                let ks: Vec<&str> = keys.iter().map(String::as_str).collect();
+                e.get_many(&ks).await.len()
+            })
+        };
+        turns().await;
+        got.clear();
+        let sent = read_until(&mut peer, &mut got, Duration::from_secs(5), |g| {
+            count(g, b"\r\n") >= 1
+        })
+        .await;
+        a.abort();
+        b.abort();
+        batch.abort();
+        assert!(
+            sent,
+            "a full round ({ROUND} keys and more queued) waited for an unrelated reply \
+             ({} writes so far)",
+            e.writes()
+        );
+    }
 }
