@@ -2041,4 +2041,40 @@ mod review3 {
             e.writes()
         );
     }
+
+    /// Finding 4: two tasks on one connection (a current-thread runtime, as `Blended`'s engine
+    /// thread and many services run). The reader wakes the writer (`drained`) before the
+    /// caller whose reply it read, so the writer writes the other caller's held get alone; the
+    /// woken caller then queues behind it and is held in turn. The two never have a request on
+    /// the wire together: every get waits a whole extra round trip for the other's, and the
+    /// connection carries one request at a time (before c4c555d: two, pipelined).
+    #[tokio::test]
+    async fn two_tasks_on_one_connection_keep_two_requests_in_flight() {
+        let mc = Memcached::start();
+        let e = Arc::new(engine(&[mc.addr()], 1, |_| {}));
+        e.get("warm").await.unwrap();
+        let (w0, d0) = (e.writes(), e.direct());
+        let tasks: Vec<_> = (0..2)
+            .map(|t| {
+                let e = e.clone();
+                tokio::spawn(async move {
+                    for i in 0..200 {
+                        e.get(&format!("pp:{t}:{i}")).await.unwrap();
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let (writes, direct) = (e.writes() - w0, e.direct() - d0);
+        eprintln!(
+            "400 gets: {writes} writes ({direct} direct), peak in flight after a writer's round {}",
+            e.peak()
+        );
+        assert!(
+            e.peak() >= 2,
+            "the two tasks never had requests in flight together ({writes} writes for 400 gets)"
+        );
+    }
 }
