@@ -2077,4 +2077,188 @@ mod review3 {
             "the two tasks never had requests in flight together ({writes} writes for 400 gets)"
         );
     }
+
+    /// A `gets` reply split at every byte: the reader frames it again at each read (its
+    /// `values` record cleared each time) and answers only once it is whole, with what a whole
+    /// reply gives; then the connection serves on.
+    #[tokio::test]
+    async fn a_reply_split_at_every_byte_reads_whole() {
+        let (listener, e) = fake().await;
+        let mut peer = warm(&listener, &e).await;
+        peer.set_nodelay(true).unwrap();
+        let task = {
+            let e = e.clone();
+            tokio::spawn(async move { e.get_many(&["a", "bb", "ccc", "a"]).await })
+        };
+        let mut got = Vec::new();
+        assert!(
+            read_until(&mut peer, &mut got, Duration::from_secs(5), |g| g
+                .ends_with(b"\r\n"))
+            .await
+        );
+        assert_eq!(got, b"gets a bb ccc\r\n");
+        let reply = b"VALUE a 0 2 1\r\nhi\r\nVALUE ccc 5 4 2\r\nEN\r\n\r\nEND\r\n";
+        let reads = e.read();
+        for b in reply {
+            peer.write_all(std::slice::from_ref(b)).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            assert!(!task.is_finished() || *b == b'\n');
+        }
+        let out = task.await.unwrap();
+        eprintln!("{} bytes read in {} reads", reply.len(), e.read() - reads);
+        assert_eq!(value(&out[0]), Some(&b"hi"[..]));
+        assert_eq!(out[1].as_ref().unwrap(), &None);
+        let c = out[2].as_ref().unwrap().as_ref().unwrap();
+        assert_eq!((&c.value[..], c.flags, c.cas), (&b"EN\r\n"[..], 5, 2));
+        assert_eq!(value(&out[3]), Some(&b"hi"[..]));
+        let next = {
+            let e = e.clone();
+            tokio::spawn(async move { e.get("d").await })
+        };
+        got.clear();
+        assert!(
+            read_until(&mut peer, &mut got, Duration::from_secs(5), |g| g
+                .ends_with(b"\r\n"))
+            .await
+        );
+        assert_eq!(got, b"gets d\r\n");
+        peer.write_all(b"END\r\n").await.unwrap();
+        assert_eq!(next.await.unwrap().unwrap(), None);
+        assert_eq!(e.poisonings(), 0);
+    }
+
+    /// The framing parser against the streaming one it replaced, on generated replies (valid,
+    /// lying lengths, missing or early `END`, keys not asked, keys twice, error lines, bare
+    /// LF, long lines, a next reply behind): the framing's end is where the streaming parser
+    /// stops on every reply it accepts, both read the same slots or the same error, and a
+    /// prefix of a reply the streaming parser accepts is never whole.
+    mod framing {
+        use crate::backend::memcached::wire::{
+            Shape, Slot, frame_gets, is_server_reply, leaves_connection_usable, read_framed,
+            read_slots, reply_len,
+        };
+        use proptest::prelude::*;
+
+        const KEYS: [&str; 3] = ["a", "bb", "ccc"];
+
+        fn outcome(read: crate::Result<Vec<Slot>>) -> String {
+            let slot = |s: &Slot| match s {
+                Ok(None) => "miss".to_string(),
+                Ok(Some(i)) => format!("{:?}/{}/{}", &i.value[..], i.flags, i.cas),
+                Err(e) => format!("{:?}", e.kind()),
+            };
+            match read {
+                Ok(slots) => slots.iter().map(slot).collect::<Vec<_>>().join(" "),
+                Err(e) => format!(
+                    "error {:?} usable {} answer {}",
+                    e.kind(),
+                    leaves_connection_usable(&e),
+                    is_server_reply(&e)
+                ),
+            }
+        }
+
+        fn piece() -> impl Strategy<Value = Vec<u8>> {
+            let key = prop::sample::select(vec!["a", "bb", "ccc", "z", "a b", ""]);
+            let value = (
+                key,
+                0u32..3,
+                prop::collection::vec(prop::sample::select(vec![b'x', b'\r', b'\n', b'E']), 0..12),
+                prop::sample::select(vec![0i64, 0, 0, 1, -1, 3, 1 << 40]),
+                prop::sample::select(vec![&b"\r\n"[..], b"\r\n", b"\n", b"XY", b""]),
+            )
+                .prop_map(|(k, flags, data, lie, term)| {
+                    let len = (data.len() as i64 + lie).max(0);
+                    let mut v = format!("VALUE {k} {flags} {len} 9\r\n").into_bytes();
+                    v.extend_from_slice(&data);
+                    v.extend_from_slice(term);
+                    v
+                });
+            let valid = (
+                prop::sample::select(vec!["a", "bb", "ccc"]),
+                0u32..3,
+                prop::collection::vec(prop::sample::select(vec![b'x', b'\r', b'\n', b'E']), 0..12),
+            )
+                .prop_map(|(k, flags, data)| {
+                    let mut v = format!("VALUE {k} {flags} {} 9\r\n", data.len()).into_bytes();
+                    v.extend_from_slice(&data);
+                    v.extend_from_slice(b"\r\n");
+                    v
+                });
+            prop_oneof![
+                8 => valid,
+                3 => value,
+                1 => Just(b"END\r\n".to_vec()),
+                1 => prop::sample::select(vec![
+                    &b"END\n"[..],
+                    b"SERVER_ERROR out of memory\r\n",
+                    b"CLIENT_ERROR bad\r\n",
+                    b"ERROR\r\n",
+                    b"garbage\r\n",
+                    b"VALUE a 0 1\r\n",
+                    b"\r\n",
+                ])
+                .prop_map(<[u8]>::to_vec),
+                1 => (1000usize..1100).prop_map(|n| {
+                    let mut l = vec![b'q'; n];
+                    l.extend_from_slice(b"\r\n");
+                    l
+                }),
+            ]
+        }
+
+        fn reply() -> impl Strategy<Value = Vec<u8>> {
+            (
+                prop::collection::vec(piece(), 0..5),
+                prop::sample::select(vec![&b"END\r\n"[..], b"", b"SERVER_ERROR x\r\n"]),
+                prop::sample::select(vec![
+                    &b""[..],
+                    b"VALUE a 0 1 1\r\nn\r\nEND\r\n",
+                    b"STORED\r\n",
+                ]),
+            )
+                .prop_map(|(pieces, end, next)| {
+                    let mut r = pieces.concat();
+                    r.extend_from_slice(end);
+                    r.extend_from_slice(next);
+                    r
+                })
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 20000, ..ProptestConfig::default() })]
+            #[test]
+            fn a_framed_reply_reads_as_the_streaming_parser_reads_it(buf in reply()) {
+                let mut values = Vec::new();
+                let framed_end = frame_gets(&buf, KEYS.len(), &mut values);
+                prop_assert!(values.len() <= KEYS.len());
+                // The streaming parser on everything at hand.
+                let mut streamed: Vec<Slot> = vec![Ok(None); KEYS.len()];
+                let mut r = &buf[..];
+                let s = read_slots(&mut r, 8, &KEYS, &mut streamed).map(|()| streamed);
+                let consumed = buf.len() - r.len();
+                if let Ok(ref slots) = s {
+                    // A reply it accepts: the framing ends it where it ended, and reads it so.
+                    prop_assert_eq!(framed_end, Some(consumed), "{:?}", String::from_utf8_lossy(&buf));
+                    prop_assert_eq!(reply_len(Shape::Values, &buf), Some(consumed));
+                    let mut framed: Vec<Slot> = vec![Ok(None); KEYS.len()];
+                    let f = read_framed(&buf[..consumed], &values, 8, &KEYS, &mut framed).map(|()| framed);
+                    prop_assert_eq!(outcome(f), outcome(Ok(slots.clone())));
+                    // Never whole before its last byte.
+                    for p in 0..consumed {
+                        let mut v = Vec::new();
+                        prop_assert_eq!(frame_gets(&buf[..p], KEYS.len(), &mut v), None, "prefix {}", p);
+                    }
+                }
+                if let Some(n) = framed_end {
+                    let mut again: Vec<Slot> = vec![Ok(None); KEYS.len()];
+                    let mut r = &buf[..n];
+                    let s2 = read_slots(&mut r, 8, &KEYS, &mut again).map(|()| again);
+                    let mut framed: Vec<Slot> = vec![Ok(None); KEYS.len()];
+                    let f = read_framed(&buf[..n], &values, 8, &KEYS, &mut framed).map(|()| framed);
+                    prop_assert_eq!(outcome(f), outcome(s2), "{:?}", String::from_utf8_lossy(&buf));
+                }
+            }
+        }
+    }
 }
