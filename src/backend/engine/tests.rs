@@ -2204,6 +2204,14 @@ mod review3 {
                     l.extend_from_slice(b"\r\n");
                     l
                 }),
+                // Lines over the limit that parse: an error reply, a requested key's value
+                // line whose flags are padded with zeros.
+                1 => (1000usize..1100).prop_map(|n| {
+                    format!("SERVER_ERROR {}\r\n", "x".repeat(n)).into_bytes()
+                }),
+                1 => (1000usize..1100).prop_map(|n| {
+                    format!("VALUE a {}1 1 9\r\nx\r\n", "0".repeat(n)).into_bytes()
+                }),
             ]
         }
 
