@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use super::conn::ROUND;
+use super::conn::{HOLD, ROUND};
 use super::*;
 use crate::backend::memcached::ServerSpec;
 use crate::backend::{DEFAULT_ITEM_SIZE, StoreMode};
@@ -778,8 +778,9 @@ async fn the_direct_path_never_overtakes_a_queued_op() {
     );
     tokio::task::yield_now().await;
     assert_eq!(wire(&mut peer), "", "nothing written by the caller");
-    // Once the writer has written both, the connection is idle again.
-    conn.written(2);
+    // Once the writer has written both, the connection is idle again (what they weigh, given
+    // back whole: more than they do).
+    conn.written(2, (usize::MAX, usize::MAX));
     let (op, _c) = get("c");
     conn.submit(&ops_tx, op, server).map_err(|_| ()).unwrap();
     assert!(batches_rx.try_recv().is_ok());
@@ -1089,10 +1090,10 @@ async fn batches_of_100k_go_in_bounded_rounds_whatever_the_read_sizes() {
     }
 }
 
-/// Test 6, a stopped server: what is queued behind an unanswered request is held, not written
-/// (Nagle's rule); then everything fails together within about io_timeout (the written store as
-/// outcome unknown, the held ones not: they never reached the wire); after SIGCONT it serves
-/// again.
+/// Test 6, a stopped server: what is queued behind many unanswered requests is held, not
+/// written (Nagle's rule); then everything fails together within about io_timeout (the written
+/// store as outcome unknown, the held ones not: they never reached the wire); after SIGCONT it
+/// serves again.
 #[tokio::test]
 async fn a_stopped_server_fails_its_waiters_at_once_then_serves_again() {
     let io_timeout = Duration::from_millis(1000);
@@ -1118,18 +1119,25 @@ async fn a_stopped_server_fails_its_waiters_at_once_then_serves_again() {
             (r, started.elapsed(), written)
         })
     };
-    let (w0, poisonings) = (e.writes(), e.poisonings());
-    // The connection is idle: the first store's caller writes it.
+    let poisonings = e.poisonings();
+    // The connection is idle: the first store's caller writes it; then gets enough to make
+    // the connection busy (Nagle's rule) go out behind it.
     let mut tasks = vec![spawn(&keys[0], true, true)];
-    while e.writes() == w0 {
+    tasks.extend(keys[1..=HOLD].iter().map(|k| spawn(k, false, false)));
+    for _ in 0..100 {
         tokio::task::yield_now().await;
     }
-    tasks.extend(keys[1..].iter().map(|k| spawn(k, false, false)));
+    let w1 = e.writes();
+    tasks.extend(keys[HOLD + 1..].iter().map(|k| spawn(k, false, false)));
     tasks.extend(keys[1..5].iter().map(|k| spawn(k, true, false)));
     for _ in 0..100 {
         tokio::task::yield_now().await;
     }
-    assert_eq!(e.writes(), w0 + 1, "written while a reply was outstanding");
+    assert_eq!(
+        e.writes(),
+        w1,
+        "written while many replies were outstanding"
+    );
     assert_eq!(finished.load(Ordering::SeqCst), 0);
     let mut done = Vec::new();
     for t in tasks {
@@ -1757,41 +1765,34 @@ fn a_slow_link_the_pool_serves_is_served_by_the_engine() {
     );
 }
 
-/// Nagle's rule: while a reply is outstanding, gets queued on the busy connection are not
-/// written one scheduler turn later each; they wait for the reply and go out together, one
+/// Nagle's rule: while many replies are outstanding, gets queued on the busy connection are not
+/// written one scheduler turn later each; they wait for the last reply and go out together, one
 /// merged line in one write.
 #[tokio::test]
 async fn a_busy_connection_gathers_what_is_queued_until_its_reply_is_read() {
+    use review3::{answer_busy, busy, fake, turns, warm};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let e = Arc::new(engine(std::slice::from_ref(&addr), 1, |_| {}));
+    let (listener, e) = fake().await;
+    let mut peer = warm(&listener, &e).await;
     let get = |k: &'static str| {
         let e = e.clone();
         tokio::spawn(async move { e.get(k).await.unwrap() })
     };
-    let turns = || async {
-        for _ in 0..20 {
-            tokio::task::yield_now().await;
-        }
-    };
-    let a = get("a");
-    let (mut peer, _) = listener.accept().await.unwrap();
-    let mut buf = [0u8; 256];
-    let n = peer.read(&mut buf).await.unwrap();
-    assert_eq!(&buf[..n], b"gets a\r\n");
-    // The reply to `a` outstanding: `b` is queued, the writer runs, and nothing is written.
+    let replies = busy(&mut peer, &e).await;
+    let writes = e.writes();
+    // Replies outstanding: `b` is queued, the writer runs, and nothing is written.
     let b = get("b");
     turns().await;
     let c = get("c");
     let d = get("d");
     turns().await;
+    let mut buf = [0u8; 256];
     assert!(
         peer.try_read(&mut buf).is_err(),
-        "written while a reply was outstanding"
+        "written while replies were outstanding"
     );
-    peer.write_all(b"END\r\n").await.unwrap();
-    assert_eq!(a.await.unwrap(), None);
+    assert_eq!(e.writes(), writes);
+    answer_busy(&mut peer, replies).await;
     let n = peer.read(&mut buf).await.unwrap();
     assert_eq!(&buf[..n], b"gets b c d\r\n", "one line, one write");
     peer.write_all(b"VALUE c 0 1 7\r\nx\r\nEND\r\n")
@@ -1803,7 +1804,7 @@ async fn a_busy_connection_gathers_what_is_queued_until_its_reply_is_read() {
         Some(b"x".to_vec())
     );
     assert_eq!(d.await.unwrap(), None);
-    assert_eq!(e.writes(), 2);
+    assert_eq!(e.writes(), writes + 1);
 }
 
 /// Review 3 (adversarial review of the CPU-per-get changes, b94cc15..ea7dfd6): tests that show
@@ -1815,7 +1816,7 @@ mod review3 {
     /// An engine of one connection to a fake server `listener`, with an `io_timeout` long
     /// enough that nothing here times out: a request held by the writer is held until the test
     /// answers, so a bounded wait for its bytes is a synchronisation, not a measurement.
-    async fn fake() -> (tokio::net::TcpListener, Arc<Engine>) {
+    pub(super) async fn fake() -> (tokio::net::TcpListener, Arc<Engine>) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         let e = Arc::new(engine(std::slice::from_ref(&addr), 1, |c| {
@@ -1825,7 +1826,7 @@ mod review3 {
     }
 
     /// Reads from `peer` into `got` until `done(got)`, or `within` passes; whether it was done.
-    async fn read_until(
+    pub(super) async fn read_until(
         peer: &mut tokio::net::TcpStream,
         got: &mut Vec<u8>,
         within: Duration,
@@ -1844,7 +1845,10 @@ mod review3 {
 
     /// Accepts the engine's connection and serves one warm-up get on it, so that the connection
     /// is up and idle (the direct path open) when the test's calls start.
-    async fn warm(listener: &tokio::net::TcpListener, e: &Arc<Engine>) -> tokio::net::TcpStream {
+    pub(super) async fn warm(
+        listener: &tokio::net::TcpListener,
+        e: &Arc<Engine>,
+    ) -> tokio::net::TcpStream {
         let warm = {
             let e = e.clone();
             tokio::spawn(async move { e.get("warm").await.unwrap() })
@@ -1863,11 +1867,47 @@ mod review3 {
         peer
     }
 
+    /// Puts [`HOLD`] gets (`h0`, `h1`…) in flight on the warm connection `peer` serves, so
+    /// that it is busy enough for Nagle's rule to hold what is queued next: their tasks, and
+    /// how many `gets` lines carried them (the reply owed is an `END` each).
+    pub(super) async fn busy(
+        peer: &mut tokio::net::TcpStream,
+        e: &Arc<Engine>,
+    ) -> (Vec<tokio::task::JoinHandle<Result<Option<Item>>>>, usize) {
+        let tasks = (0..HOLD)
+            .map(|i| {
+                let e = e.clone();
+                tokio::spawn(async move { e.get(&format!("h{i}")).await })
+            })
+            .collect();
+        let mut got = Vec::new();
+        assert!(
+            read_until(peer, &mut got, Duration::from_secs(5), |g| {
+                g.ends_with(b"\r\n") && count(g, b" h") >= HOLD
+            })
+            .await,
+            "the busy gets were written: {:?}",
+            String::from_utf8_lossy(&got)
+        );
+        (tasks, count(&got, b"\r\n"))
+    }
+
+    /// Answers the gets [`busy`] put in flight (all misses).
+    pub(super) async fn answer_busy(
+        peer: &mut tokio::net::TcpStream,
+        (tasks, lines): (Vec<tokio::task::JoinHandle<Result<Option<Item>>>>, usize),
+    ) {
+        peer.write_all(&b"END\r\n".repeat(lines)).await.unwrap();
+        for t in tasks {
+            assert_eq!(t.await.unwrap().unwrap(), None);
+        }
+    }
+
     fn count(hay: &[u8], needle: &[u8]) -> usize {
         hay.windows(needle.len()).filter(|w| *w == needle).count()
     }
 
-    async fn turns() {
+    pub(super) async fn turns() {
         for _ in 0..50 {
             tokio::task::yield_now().await;
         }
@@ -1936,7 +1976,8 @@ mod review3 {
     /// Finding 2: a get the writer holds (Nagle) whose caller gives up meanwhile is still
     /// written: ARCHITECTURE.md says a get not yet written is skipped (a dropped future costs
     /// the server nothing), but the hold takes the op into its round, so the closed waiter is
-    /// not looked at again before the line is encoded a round trip later.
+    /// not looked at again before the line is encoded a round trip later. (The connection is
+    /// made busy first: with fewer replies outstanding nothing is held.)
     #[tokio::test]
     async fn a_held_get_whose_caller_gave_up_is_not_written() {
         let (listener, e) = fake().await;
@@ -1945,25 +1986,18 @@ mod review3 {
             let e = e.clone();
             tokio::spawn(async move { e.get(k).await })
         };
-        let a = get("a");
-        let mut got = Vec::new();
-        assert!(
-            read_until(&mut peer, &mut got, Duration::from_secs(5), |g| g
-                .ends_with(b"\r\n"))
-            .await
-        );
-        assert_eq!(got, b"gets a\r\n");
-        // `b` is queued behind the outstanding reply and taken into the writer's held round.
+        let busy = busy(&mut peer, &e).await;
+        let writes = e.writes();
+        // `b` is queued behind the outstanding replies and taken by the holding writer.
         let b = get("b");
         turns().await;
-        assert_eq!(e.writes(), 2, "b is held, not written");
+        assert_eq!(e.writes(), writes, "b is held, not written");
         // Its caller gives up (a timeout around the call, a dropped request handler).
         b.abort();
         assert!(b.await.unwrap_err().is_cancelled());
-        peer.write_all(b"END\r\n").await.unwrap();
-        assert_eq!(a.await.unwrap().unwrap(), None);
+        answer_busy(&mut peer, busy).await;
         let c = get("c");
-        got.clear();
+        let mut got = Vec::new();
         assert!(
             read_until(&mut peer, &mut got, Duration::from_secs(5), |g| g
                 .ends_with(b"\r\n"))
@@ -1994,46 +2028,42 @@ mod review3 {
 
     /// Finding 3: "a full round goes at once (a large batch keeps two rounds in flight)" does
     /// not hold for a round that fills while the writer holds: the writer sleeps on `drained`
-    /// only, nothing wakes it when the queue fills, so a batch of 2,048 keys queued behind a
-    /// held single get waits for an unrelated reply.
+    /// only, nothing wakes it when the queue fills, so 2,048 keys queued behind a held single
+    /// get wait for an unrelated reply. The keys come from 16 callers' gets of 128 keys each
+    /// (no caller's batch ends: only the round filling can release it).
     #[tokio::test]
     async fn a_round_filled_while_held_goes_at_once() {
         let (listener, e) = fake().await;
         let mut peer = warm(&listener, &e).await;
-        let a = {
-            let e = e.clone();
-            tokio::spawn(async move { e.get("a").await })
-        };
-        let mut got = Vec::new();
-        assert!(
-            read_until(&mut peer, &mut got, Duration::from_secs(5), |g| g
-                .ends_with(b"\r\n"))
-            .await
-        );
-        assert_eq!(got, b"gets a\r\n");
+        let (busy, _) = busy(&mut peer, &e).await;
+        let writes = e.writes();
         let b = {
             let e = e.clone();
             tokio::spawn(async move { e.get("b").await })
         };
         turns().await;
-        // A batch of a full round (16 lines of 128 keys) queued behind the held `b`.
-        let keys: Vec<String> = (0..ROUND).map(|i| format!("r{i}")).collect();
-        let batch = {
-            let (e, keys) = (e.clone(), keys.clone());
-            tokio::spawn(async move {
-                let ks: Vec<&str> = keys.iter().map(String::as_str).collect();
-                e.get_many(&ks).await.len()
+        assert_eq!(e.writes(), writes, "b is held");
+        // A full round (16 lines of 128 keys, a caller each) queued behind the held `b`.
+        let batch: Vec<_> = (0..ROUND / KEYS_PER_LINE)
+            .map(|c| {
+                let e = e.clone();
+                tokio::spawn(async move {
+                    let keys: Vec<String> =
+                        (0..KEYS_PER_LINE).map(|i| format!("r{c}:{i}")).collect();
+                    let ks: Vec<&str> = keys.iter().map(String::as_str).collect();
+                    e.get_many(&ks).await.len()
+                })
             })
-        };
+            .collect();
         turns().await;
-        got.clear();
+        let mut got = Vec::new();
         let sent = read_until(&mut peer, &mut got, Duration::from_secs(5), |g| {
             count(g, b"\r\n") >= 1
         })
         .await;
-        a.abort();
+        busy.iter().for_each(|t| t.abort());
         b.abort();
-        batch.abort();
+        batch.iter().for_each(|t| t.abort());
         assert!(
             sent,
             "a full round ({ROUND} keys and more queued) waited for an unrelated reply \
