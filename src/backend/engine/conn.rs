@@ -4,10 +4,11 @@
 //!
 //! ```text
 //!  callers ──Op──► [queue] ──► writer: wait while a round is unanswered beyond the one on the
-//!     │                                wire; take one op, then all queued (≤ 64 KiB, ≤ 2,048
-//!     │                                keys or commands); a round not full waits for every
-//!     │                                reply outstanding, taking what is queued meanwhile;
-//!     │                                merge runs of gets; push the expectations; write
+//!     │                                wire; take one op; if ≥ 16 replies are outstanding
+//!     │                                and what is pending fills no round, wait for the last
+//!     │                                of them (a caller's batch ends the wait); take all
+//!     │                                queued (≤ 64 KiB, ≤ 2,048 keys or commands); merge
+//!     │                                runs of gets; push the expectations; write
 //!     │ idle: push the expectation,   │ Batch (sent time, expectations, in write order)
 //!     │ then try_write (no await)     ▼
 //!     └──────────────────────► reader: take every batch pushed; buffer bytes; while the oldest
@@ -77,6 +78,10 @@ const WRITE_BYTES: usize = 64 * 1024;
 pub(super) const ROUND: usize = 2048;
 /// Ops queued per connection before callers wait to submit.
 pub(super) const QUEUE: usize = 1024;
+/// Keys and commands unanswered (by [`Expect::weight`]) from which a connection counts as busy
+/// enough for Nagle's rule: below it, a round goes as soon as the writer has let the ready
+/// callers run one scheduler turn, so a few tasks (up to 16 of single gets) keep pipelining.
+pub(super) const HOLD: usize = 16;
 /// Written batches the reader has not taken yet.
 const BATCHES_QUEUED: usize = 64;
 /// The reader's buffer grows by this much when it runs low.
@@ -152,13 +157,14 @@ pub(super) enum Reply {
 }
 
 impl Op {
-    /// The replies it asks for, as the writer counts a round: a get's keys, one per command,
-    /// none for a rest (its expectation is counted already).
-    fn asks(&self) -> usize {
+    /// What it adds to a round: the replies it asks for, as the writer counts a round (a
+    /// get's keys, one per command), and about its bytes (a get's keys and separators). A rest
+    /// counts neither: its expectation is counted already, and it is never held.
+    fn load(&self) -> (usize, usize) {
         match self {
-            Op::Get { keys, .. } => keys.len(),
-            Op::Cmd { .. } => 1,
-            Op::Rest(_) => 0,
+            Op::Get { keys, .. } => (keys.len(), keys.iter().map(|k| k.len() + 1).sum()),
+            Op::Cmd { bytes, .. } => (1, bytes.len()),
+            Op::Rest(_) => (0, 0),
         }
     }
 
@@ -265,9 +271,10 @@ pub(super) struct Conn {
     /// Signalled by the reader when `in_flight` falls to [`ROUND`]: the writer waits for it
     /// before a round while more is unanswered.
     room: Notify,
-    /// Signalled by the reader when `in_flight` falls to 0: a writer holding a round that the
-    /// queue did not fill waits for it (Nagle's rule).
-    drained: Notify,
+    /// Signalled when a round the writer holds (Nagle's rule) should go: by the reader when
+    /// `in_flight` falls to 0, by a caller whose op fills the round or ends its batch. The
+    /// writer checks again, so a signal kept from earlier costs a loop.
+    go: Notify,
 }
 
 /// What the direct path and the writer task order themselves by.
@@ -280,9 +287,36 @@ struct Flow {
     open: Option<Open>,
     /// The direct path's buffers (it merges a get's keys as the writer does).
     round: Round,
+    /// Replies the pending ops ask for ([`Op::load`]).
+    asks: usize,
+    /// About the bytes of the pending ops ([`Op::load`]).
+    bytes: usize,
+    /// A caller queued the last op of a batch: how many pending ops are still to be written
+    /// before it is (ops are written in queue order). While any are, a round held goes, so
+    /// that a caller's own ops never wait for its own replies.
+    flush: usize,
+    /// The writer holds a round (Nagle's rule) and waits for `go`.
+    holding: bool,
 }
 
 impl Flow {
+    /// Counts an op queued (its `load`), and tells the writer if the round it holds is now
+    /// full.
+    fn queued(&mut self, (asks, bytes): (usize, usize), go: &Notify) {
+        self.pending += 1;
+        self.asks += asks;
+        self.bytes += bytes;
+        if self.holding && self.full() {
+            self.holding = false;
+            go.notify_one();
+        }
+    }
+
+    /// Whether what is pending fills a round (or the queue), or a batch asked for it to go.
+    fn full(&self) -> bool {
+        self.flush > 0 || self.asks >= ROUND || self.bytes >= WRITE_BYTES || self.pending >= QUEUE
+    }
+
     /// The direct path (the caller checked that nothing is pending or in flight): pushes `op`'s
     /// expectation to the reader, then writes its bytes with a non-blocking write; what the
     /// socket does not take is queued first for the writer. `op` comes back, untouched, if the
@@ -364,7 +398,7 @@ impl Conn {
             flow: Mutex::new(Flow::default()),
             in_flight: AtomicUsize::new(0),
             room: Notify::new(),
-            drained: Notify::new(),
+            go: Notify::new(),
         }
     }
 
@@ -391,16 +425,43 @@ impl Conn {
         } else {
             op
         };
+        let load = op.load();
         ops.try_send(op)?;
-        flow.pending += 1;
+        flow.queued(load, &self.go);
         Ok(())
     }
 
     /// Queues `op` on a slot reserved after waiting for room.
     pub(super) fn queue(&self, permit: mpsc::Permit<'_, Op>, op: Op) {
         let mut flow = self.flow.lock();
+        let load = op.load();
         permit.send(op);
-        flow.pending += 1;
+        flow.queued(load, &self.go);
+    }
+
+    /// A caller queued the last of several ops it submits together (a batch's lines or
+    /// commands): a round the writer holds goes now, rather than wait for replies that may be
+    /// the caller's own.
+    pub(super) fn flush(&self) {
+        let mut flow = self.flow.lock();
+        if flow.pending == 0 {
+            return;
+        }
+        flow.flush = flow.pending;
+        if flow.holding {
+            flow.holding = false;
+            self.go.notify_one();
+        }
+    }
+
+    /// The writer, holding a round of ops taken and queued: whether to go on waiting (then it
+    /// waits for `go`). It goes when nothing is in flight any more, or what is pending fills a
+    /// round, or a batch ended.
+    fn hold(&self) -> bool {
+        let mut flow = self.flow.lock();
+        let go = flow.full() || self.in_flight.load(Ordering::Relaxed) == 0;
+        flow.holding = !go;
+        !go
     }
 
     /// Whether nothing is pending or in flight (a hint: a busy lock counts as busy).
@@ -433,14 +494,17 @@ impl Conn {
             self.room.notify_one();
         }
         if before == weight {
-            self.drained.notify_one();
+            self.go.notify_one();
         }
     }
 
-    /// The writer wrote `n` pending ops.
-    pub(super) fn written(&self, n: usize) {
+    /// The writer wrote `n` pending ops, of `load` ([`Op::load`]) together.
+    pub(super) fn written(&self, n: usize, (asks, bytes): (usize, usize)) {
         let mut flow = self.flow.lock();
         flow.pending = flow.pending.saturating_sub(n);
+        flow.flush = flow.flush.saturating_sub(n);
+        flow.asks = flow.asks.saturating_sub(asks);
+        flow.bytes = flow.bytes.saturating_sub(bytes);
     }
 }
 
@@ -775,10 +839,16 @@ async fn close_queue(ops: &mut mpsc::Receiver<Op>, e: &Error) {
 ///
 /// There is no batching timer. An op on an idle connection does not come here: its caller
 /// writes it ([`Conn::submit`]). An op queued while no reply is outstanding (behind a
-/// connect, or behind others queued) is written as soon as this task runs. While replies are
-/// outstanding, the connection is busy: a round the queue did not fill waits until they are
-/// all read, gathering the ops queued meanwhile (Nagle's rule), so that under load each write
-/// carries what the callers asked for during a round trip.
+/// connect, or behind others queued) is written as soon as this task runs. While a few replies
+/// are outstanding (fewer than [`HOLD`] keys and commands), this task yields once (one
+/// scheduler turn) before taking what is queued, so that the callers ready to run add theirs:
+/// a few tasks keep their requests pipelined. While [`HOLD`] or more are outstanding, the
+/// connection is busy: a round that what is pending does not fill waits until they are all
+/// read (Nagle's rule), its ops left pending meanwhile (a get given up is skipped when the
+/// round is written), so that under load each write carries what the callers asked for during
+/// a round trip. Pending ops that fill a round (or the queue) end the wait, as does a caller
+/// that queued the last op of a batch ([`Conn::flush`]): its ops never wait for its own
+/// replies.
 ///
 /// Every op taken stays pending in the [`Conn`] until its bytes are all written, which keeps
 /// the direct path shut meanwhile: the two never write at once.
@@ -813,49 +883,54 @@ async fn write_loop(
                 None => return,
             },
         };
-        let mut asks = first.asks();
-        let mut rest = matches!(first, Op::Rest(_));
+        let busy = conn.in_flight.load(Ordering::Relaxed);
+        if busy >= HOLD && !matches!(first, Op::Rest(_)) {
+            // Nagle's rule, without a timer: on a busy connection, a round that what is
+            // pending does not fill waits for the last reply outstanding, so that a write
+            // carries every op its callers queued during a round trip (fewer writes, merged
+            // lines, fewer wake-ups of the server). `first` and the rest stay pending, not
+            // encoded: a get whose caller gives up meanwhile is still skipped. A full round
+            // goes at once (a large batch keeps two rounds in flight), and so does the end of
+            // a caller's batch (its ops never wait for its own replies), and a direct write's
+            // rest (its own reply needs it).
+            while conn.hold() {
+                tokio::select! {
+                    biased;
+                    _ = &mut *kill => {
+                        // Nothing of this round was written: its callers get the link's error.
+                        let e = link.poison(wire::closed(), false);
+                        first.fail(&e);
+                        return;
+                    }
+                    () = conn.go.notified() => {}
+                }
+            }
+        } else if busy != 0 {
+            // Replies are outstanding but few: give the callers that are ready to run one
+            // scheduler turn to queue theirs, and write them together. A few tasks keep
+            // requests pipelined (none waits for another's reply).
+            tokio::task::yield_now().await;
+        }
+        // Asks and bytes taken (what `written` gives back).
+        let mut load = first.load();
         round.push(first, server);
         // Every op taken stays pending (the direct path stays shut) until written.
         let mut taken = 1;
-        loop {
-            while round.out.len() < WRITE_BYTES && asks < ROUND {
-                match ops.try_recv() {
-                    Ok(op) => {
-                        asks += op.asks();
-                        rest |= matches!(op, Op::Rest(_));
-                        round.push(op, server);
-                        taken += 1;
-                    }
-                    Err(_) => break,
+        while round.out.len() < WRITE_BYTES && load.0 < ROUND {
+            match ops.try_recv() {
+                Ok(op) => {
+                    let (a, b) = op.load();
+                    (load.0, load.1) = (load.0 + a, load.1 + b);
+                    round.push(op, server);
+                    taken += 1;
                 }
-            }
-            // Nagle's rule, without a timer: while replies are outstanding, a round the queue
-            // did not fill waits for the last of them, taking what the callers queue
-            // meanwhile; so under load a write carries every op of a round trip (fewer writes,
-            // merged lines, fewer wake-ups of the server). A full round goes at once (a large
-            // batch keeps two rounds in flight), and so does a direct write's rest (its own
-            // reply needs it).
-            let full = round.out.len() >= WRITE_BYTES || asks >= ROUND;
-            if full || rest || conn.in_flight.load(Ordering::Relaxed) == 0 {
-                break;
-            }
-            tokio::select! {
-                biased;
-                _ = &mut *kill => {
-                    // Nothing of this round was written: its callers get the link's error.
-                    let e = link.poison(wire::closed(), false);
-                    round.close_line(server);
-                    round.expects.drain(..).for_each(|x| x.fail(&e, false));
-                    return;
-                }
-                () = conn.drained.notified() => {}
+                Err(_) => break,
             }
         }
         round.close_line(server);
         if round.out.is_empty() {
             // Every get of this batch had been given up.
-            conn.written(taken);
+            conn.written(taken, load);
             continue;
         }
         let expects = std::mem::take(&mut round.expects);
@@ -893,7 +968,7 @@ async fn write_loop(
                 }
             }
         }
-        conn.written(taken);
+        conn.written(taken, load);
         round.out.clear();
         if round.out.capacity() > KEEP_BUFFER {
             round.out = Vec::new();

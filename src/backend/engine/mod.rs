@@ -8,9 +8,12 @@
 //! two at a time, and each round's `io_timeout` counts from its own write); the reader answers
 //! whole replies in order. There is no batching timer: on an idle connection
 //! (nothing queued, nothing in flight) the caller writes its op itself, so a lone caller pays no
-//! hand-off to the writer; while replies are outstanding, a round the queue did not fill waits
-//! for the last of them (Nagle's rule), so that under load a write carries every op its callers
-//! asked for during a round trip (fewer writes and wake-ups of the server). Placement
+//! hand-off to the writer; while a few replies are outstanding the writer lets the ready
+//! callers run one scheduler turn first (a few tasks keep their requests pipelined), and while
+//! many are (16 keys or commands or more), a round that what is pending does not fill waits for
+//! the last of them (Nagle's rule), so that under load a write carries every op its callers
+//! asked for during a round trip (fewer writes and wake-ups of the server); a caller's own
+//! batch never waits for its own replies. Placement
 //! (`routing.rs`), health (`health.rs`) and the protocol (`wire.rs`) are the blocking backend's.
 //!
 //! # Faults
@@ -296,6 +299,14 @@ impl Server {
         let conn = Arc::new(Conn::new());
         let task = rt.spawn(conn::run(self.clone(), queue, probe, conn.clone(), replay));
         Ok(Live { ops, conn, task })
+    }
+
+    /// A caller queued several ops on connection `slot` together (a batch): a round its
+    /// writer holds goes now ([`Conn::flush`]), so that the batch is written whole.
+    fn flush(&self, slot: usize) {
+        if let Some(l) = &*self.slots[slot].lock() {
+            l.conn.flush();
+        }
     }
 
     /// Reads `keys` (at most [`KEYS_PER_LINE`], validated) on connection `slot`.
@@ -605,6 +616,7 @@ impl Engine {
         for (s, positions) in groups {
             let server = &self.servers[s];
             let slot = server.pick();
+            let several = positions.len() > 1;
             for p in positions {
                 let Some((bytes, parse)) = encoded[p].take() else {
                     continue;
@@ -613,6 +625,9 @@ impl Engine {
                     Ok(rx) => pending.push((s, p, rx)),
                     Err(e) => out[p] = Some(Err(e)),
                 }
+            }
+            if several {
+                server.flush(slot);
             }
         }
         for (s, p, rx) in pending {
@@ -693,6 +708,9 @@ impl AsyncBackend for Engine {
                         Ok(rx) => pending.push((server, part, ks, rx)),
                         Err(e) => part.iter().for_each(|&p| out[p] = Some(Err(e.clone()))),
                     }
+                }
+                if positions.len() > KEYS_PER_LINE {
+                    server.flush(slot);
                 }
             }
             for (server, part, ks, rx) in pending {
