@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Summarise the closing sitting's raw files (run.sh's output, in this folder).
 
-    python3 benches/results/2026-12-04-final/summarize.py > summary.md
+    python3 benches/results/2026-12-04-final/summarize.py [FOLDER] > summary.md
+
+(FOLDER: another sitting's raw files of the same names; this folder by default.)
 
 For each floor path and side (base, new): every run's median ratio (client / floor; for
 gets/s, client / floor too, above 1 = more) and the median and quartiles of all the runs'
@@ -13,9 +15,10 @@ import json
 import os
 import re
 import statistics
+import sys
 from collections import defaultdict
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
 
 
 def quartiles(xs):
@@ -42,7 +45,7 @@ def rows_of(doc):
 def floor():
     runs = defaultdict(list)  # (kind, server, path, floor) -> [(side, run, row)]
     for f in sorted(glob.glob(os.path.join(HERE, "floor-*.json"))):
-        m = re.match(r"floor-(\w+)-(\d+)-(\w+)\.json", os.path.basename(f))
+        m = re.match(r"floor-([\w-]+?)-(\d+)-(\w+)\.json", os.path.basename(f))
         name = os.path.basename(f)
         kind, run, side = (m.group(1), int(m.group(2)), m.group(3)) if m else (name, 0, "new")
         doc = json.load(open(f))
