@@ -25,8 +25,10 @@ use redis::{RedisError, RedisResult, Value};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio::task::JoinHandle;
 
-/// `MGET`s on the wire at a time: the next batch gathers while one is answered.
-const FLIGHTS: usize = 2;
+/// `MGET`s on the wire at a time: the next batches gather and go while earlier ones are
+/// answered. Measured from 64 tasks on one connection (benches/results/2026-12-05-t1/NOTES.md):
+/// 8 cuts the p99 by a quarter against 2, and 16 gains nothing over 8.
+const FLIGHTS: usize = 8;
 /// Keys per `MGET` at most.
 const KEYS: usize = 512;
 
@@ -60,9 +62,9 @@ impl Gets {
         let (queue, rx) = mpsc::unbounded_channel();
         let busy = Arc::new(AtomicUsize::new(0));
         let task = rt.spawn(batcher(rx, conn, Arc::clone(&busy)));
-        // A queued key waits for a flight to land (an `io_timeout` at most) and for its own
-        // `MGET` (another).
-        let wait = io_timeout.saturating_mul(FLIGHTS as u32);
+        // A queued key waits for a flight to land (an `io_timeout` at most: the flights are on
+        // the wire together) and for its own `MGET` (another).
+        let wait = io_timeout.saturating_mul(2);
         Gets {
             queue,
             busy,
@@ -80,12 +82,12 @@ impl Gets {
     /// The reply to `get`, a `GET key`: sent on `conn` at once while no read is on the wire,
     /// else its key queued for the next `MGET`.
     ///
-    /// A queued caller on another runtime than the batcher's waits [`FLIGHTS`] `io_timeout`s
+    /// A queued caller on another runtime than the batcher's waits two `io_timeout`s
     /// at most (then fails with a timeout): the batcher's task runs on the runtime that opened
     /// the connection, which may be alive but no longer driven. A caller on the batcher's own
     /// runtime needs no timer of its own: that runtime is driven while the caller is polled,
     /// and each `MGET` ends within the connection's response timeout (`io_timeout`), so its
-    /// answer comes within [`FLIGHTS`] of them.
+    /// answer comes within two of them (a flight landing, then its own).
     pub(super) async fn get(
         &self,
         conn: &mut MultiplexedConnection,
