@@ -2300,3 +2300,61 @@ mod review3 {
         }
     }
 }
+
+/// Review 5 of the writer's hold (05cf230): what a cancelled held write does to the wire.
+mod review5 {
+    use super::review3::{answer_busy, busy, fake, read_until, turns, warm};
+    use super::*;
+    use tokio::io::AsyncWriteExt;
+
+    fn count(hay: &[u8], needle: &[u8]) -> usize {
+        hay.windows(needle.len()).filter(|w| *w == needle).count()
+    }
+
+    /// A store held on a busy connection (Nagle's rule) whose caller gives up meanwhile is
+    /// still written (a queued write may be applied), exactly once, when the hold ends; its
+    /// reply, read for no one, leaves the next caller's reply its own (no desynchronisation).
+    #[tokio::test]
+    async fn a_held_store_whose_caller_gave_up_is_written_once_and_replies_stay_in_step() {
+        let (listener, e) = fake().await;
+        let mut peer = warm(&listener, &e).await;
+        let b = busy(&mut peer, &e).await;
+        let writes = e.writes();
+        let s = {
+            let e = e.clone();
+            tokio::spawn(async move { e.store(set("s", b"1")).await })
+        };
+        turns().await;
+        assert_eq!(e.writes(), writes, "the store is held, not written");
+        s.abort();
+        assert!(s.await.unwrap_err().is_cancelled());
+        answer_busy(&mut peer, b).await;
+        let mut got = Vec::new();
+        assert!(
+            read_until(&mut peer, &mut got, Duration::from_secs(5), |g| {
+                count(g, b"set s ") == 1 && count(g, b"\r\n") >= 2
+            })
+            .await,
+            "the given-up store is written when the hold ends: {:?}",
+            String::from_utf8_lossy(&got)
+        );
+        peer.write_all(b"STORED\r\n").await.unwrap();
+        let c = {
+            let e = e.clone();
+            tokio::spawn(async move { e.get("c").await })
+        };
+        let mut more = Vec::new();
+        assert!(
+            read_until(&mut peer, &mut more, Duration::from_secs(5), |g| {
+                count(g, b" c") == 1 && g.ends_with(b"\r\n")
+            })
+            .await,
+            "{:?}",
+            String::from_utf8_lossy(&more)
+        );
+        assert_eq!(count(&more, b"set s "), 0, "the store was written twice");
+        peer.write_all(b"VALUE c 0 1 7\r\nx\r\nEND\r\n").await.unwrap();
+        let r = c.await.unwrap();
+        assert_eq!(value(&r), Some(&b"x"[..]), "{r:?}");
+    }
+}
