@@ -149,3 +149,93 @@ fn a_healthy_master_behind_a_hung_one_in_a_sync_set_many_gets_its_io_timeout() {
          hung master's connect_timeout (10 ms), not its io_timeout"
     );
 }
+
+/// The same batch on connections not yet open: the hung master's connect spends the batch's
+/// `connect_timeout`, and the healthy master asked after it, busy for a moment, fails to connect
+/// in the 100 ms left to it. Its keys fail, but that is the batch's deadline, not the server:
+/// no fault is counted against it (with `failure_limit(1)` one would mark it dead, and the next
+/// `set` to it would fail fast for `retry_interval`).
+#[test]
+fn a_healthy_master_whose_connect_a_hung_one_starved_counts_no_fault() {
+    let cluster = RedisCluster::start("redis-server");
+    no_failover(&cluster);
+    let flavor = unique_flavor("r5-starved-connect");
+    let cache_of = |seeds: Vec<String>| {
+        Cache::builder()
+            .redis_cluster(seeds)
+            .flavor(flavor.as_str())
+            .write_failures(FailurePolicy::Propagate)
+            .failure_limit(1)
+            .retry_interval(S(600))
+            .io_timeout(S(5))
+            .connect_timeout(S(1))
+            .build()
+            .unwrap()
+    };
+    let settler = cache_of(cluster.seeds());
+    let deadline = std::time::Instant::now() + S(20);
+    let (hung, busy, other, kh, kb, ko) = loop {
+        let masters = cluster.masters();
+        let mut ports: Vec<u16> = masters.iter().map(|(p, _)| *p).collect();
+        ports.sort_by_key(|p| format!("127.0.0.1:{p}"));
+        let key_on = |port: u16| {
+            (0..)
+                .map(|i| format!("k{i}"))
+                .find(|k| master_of(&masters, slot_of(port, &settler.make_key(k))) == port)
+                .unwrap()
+        };
+        let (kh, kb, ko) = (key_on(ports[0]), key_on(ports[1]), key_on(ports[2]));
+        let failed = settler.set_many(
+            [
+                (kh.as_str(), &1u32),
+                (kb.as_str(), &1u32),
+                (ko.as_str(), &1u32),
+            ],
+            S(600),
+        );
+        if failed.is_ok_and(|f| f.is_empty()) {
+            break (ports[0], ports[1], ports[2], kh, kb, ko);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the cluster never settled"
+        );
+        std::thread::sleep(MS(200));
+    };
+    drop(settler);
+    // A cache whose map is learned from the third master alone, and which holds no connection
+    // to the other two.
+    let cache = cache_of(vec![format!("redis://127.0.0.1:{other}")]);
+    assert_eq!(
+        cache.get::<u32>(&ko).unwrap(),
+        Some(1),
+        "the map is learned on {other}"
+    );
+    cluster.signal(hung, "STOP");
+    let script = std::thread::spawn(move || {
+        std::thread::sleep(MS(500));
+        let _: redis::RedisResult<i64> = redis::cmd("EVAL")
+            .arg(
+                "local s = redis.call('TIME') local t0 = s[1] * 1000000 + s[2] \
+                 while true do local n = redis.call('TIME') \
+                 if n[1] * 1000000 + n[2] - t0 > tonumber(ARGV[1]) then break end end return 1",
+            )
+            .arg(0)
+            .arg(1_000_000)
+            .query(&mut node(busy));
+    });
+    let r = cache.set_many([(kh.as_str(), &2u32), (kb.as_str(), &2u32)], S(600));
+    script.join().unwrap();
+    assert!(r.is_err(), "the hung master's key failed: {r:?}");
+    cluster.signal(hung, "CONT");
+    // The cluster itself may have marked the stopped master failed (node timeout 2 s).
+    crate::fixture::wait_cluster_ok(&cluster.ports, S(30));
+    // `busy` answers again: a `set` to it is sent, not refused as to a server marked dead.
+    let after = cache.set(&kb, &3u32, S(600));
+    assert!(
+        after.is_ok(),
+        "a set to the healthy master {busy} after the batch failed ({after:?}): its starved \
+         connect was counted as a fault"
+    );
+    assert_eq!(cache.get::<u32>(&kb).unwrap(), Some(3));
+}
