@@ -239,3 +239,79 @@ fn a_healthy_master_whose_connect_a_hung_one_starved_counts_no_fault() {
     );
     assert_eq!(cache.get::<u32>(&kb).unwrap(), Some(3));
 }
+
+/// The other side of the rule above: a hung master that had (nearly) the whole shared
+/// `connect_timeout` for its connect, a healthy master's connect before it, is a fault like any
+/// other: with `failure_limit(1)` it is marked dead, and the next call to it fails fast.
+#[test]
+fn a_hung_master_asked_after_a_quick_connect_still_counts_its_fault() {
+    let cluster = RedisCluster::start("redis-server");
+    no_failover(&cluster);
+    let flavor = unique_flavor("r5-hung-second");
+    let cache_of = |seeds: Vec<String>| {
+        Cache::builder()
+            .redis_cluster(seeds)
+            .flavor(flavor.as_str())
+            .write_failures(FailurePolicy::Propagate)
+            .read_failures(FailurePolicy::Propagate)
+            .failure_limit(1)
+            .retry_interval(S(600))
+            .io_timeout(S(5))
+            .connect_timeout(S(1))
+            .build()
+            .unwrap()
+    };
+    let settler = cache_of(cluster.seeds());
+    let deadline = std::time::Instant::now() + S(20);
+    let (healthy, hung, other, k0, kh, ko) = loop {
+        let masters = cluster.masters();
+        let mut ports: Vec<u16> = masters.iter().map(|(p, _)| *p).collect();
+        ports.sort_by_key(|p| format!("127.0.0.1:{p}"));
+        let key_on = |port: u16| {
+            (0..)
+                .map(|i| format!("k{i}"))
+                .find(|k| master_of(&masters, slot_of(port, &settler.make_key(k))) == port)
+                .unwrap()
+        };
+        let (k0, kh, ko) = (key_on(ports[0]), key_on(ports[1]), key_on(ports[2]));
+        let failed = settler.set_many(
+            [
+                (k0.as_str(), &1u32),
+                (kh.as_str(), &1u32),
+                (ko.as_str(), &1u32),
+            ],
+            S(600),
+        );
+        if failed.is_ok_and(|f| f.is_empty()) {
+            break (ports[0], ports[1], ports[2], k0, kh, ko);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the cluster never settled"
+        );
+        std::thread::sleep(MS(200));
+    };
+    drop(settler);
+    // The map learned from the third master alone: the first two need a connect, the healthy
+    // one (first in address order) before the hung one.
+    let cache = cache_of(vec![format!("redis://127.0.0.1:{other}")]);
+    assert_eq!(
+        cache.get::<u32>(&ko).unwrap(),
+        Some(1),
+        "the map is learned on {other}"
+    );
+    cluster.signal(hung, "STOP");
+    let r = cache.set_many([(k0.as_str(), &2u32), (kh.as_str(), &2u32)], S(600));
+    let next = cache.get::<u32>(&kh);
+    cluster.signal(hung, "CONT");
+    let failed = format!("{r:?}");
+    assert!(
+        failed.contains(&kh) && !failed.contains(&format!("\"{k0}\"")),
+        "only the hung master's key fails: {r:?}"
+    );
+    let e = next.expect_err("the hung master answers nothing");
+    assert!(
+        e.to_string().contains("marked dead"),
+        "the hung master {hung} (after {healthy}'s connect) was not counted a fault: {e}"
+    );
+}
