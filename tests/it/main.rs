@@ -35,5 +35,7 @@ mod redis_tls;
 mod review2;
 #[cfg(feature = "redis")]
 mod review5;
+#[cfg(feature = "redis")]
+mod review6;
 mod values;
 mod views;
