@@ -120,3 +120,67 @@ fn a_hung_master_asked_first_in_a_sync_batch_still_counts_its_connect_fault() {
          counted as a fault, so with failure_limit(1) it was not marked dead"
     );
 }
+
+/// Finding (the same cause, seen from a failover): a batch's connect timeout to a master that
+/// hung is `Failure::Local` (`conn::starved`), so `Round::judge` neither lists the node as
+/// failed (no map refresh: `after_failures` wants a fault) nor reroutes its items (`reroute`
+/// wants `is_unsent() && is_fault`). After the cluster promotes the hung master's replica, a
+/// process that talks to that slot range only in batches, and holds no pooled connection to
+/// the old master, keeps sending them to the old master: every batch fails its keys and pays
+/// `connect_timeout`, however long after the failover. Before b471e03 the first such batch
+/// refreshed the map and sent the keys to the new master.
+#[test]
+fn after_a_hung_master_fails_over_a_sync_batch_finds_the_new_master() {
+    let cluster = RedisCluster::start("redis-server");
+    let flavor = unique_flavor("r6-failover-batch");
+    let cache_of = |seeds: Vec<String>| {
+        Cache::builder()
+            .redis_cluster(seeds)
+            .flavor(flavor.as_str())
+            .write_failures(FailurePolicy::Propagate)
+            .io_timeout(S(1))
+            .connect_timeout(S(1))
+            .build()
+            .unwrap()
+    };
+    let settler = cache_of(cluster.seeds());
+    let keys = keys_on_masters(&cluster, &settler);
+    drop(settler);
+    let (hung, kh) = keys[0].clone();
+    let (other, ko) = keys[2].clone();
+    // The map is learned (from `other`); no connection to `hung` yet.
+    let cache = cache_of(vec![format!("redis://127.0.0.1:{other}")]);
+    assert_eq!(cache.get::<u32>(&ko).unwrap(), Some(1));
+    let slot = slot_of(other, &cache.make_key(&kh));
+    cluster.signal(hung, "STOP");
+    // The cluster promotes `hung`'s replica (node timeout 2 s).
+    let deadline = Instant::now() + S(40);
+    let promoted = loop {
+        if let Some(masters) = cluster.try_masters() {
+            let now = master_of(&masters, slot);
+            if now != hung {
+                break now;
+            }
+        }
+        assert!(Instant::now() < deadline, "no failover of {hung}");
+        std::thread::sleep(MS(300));
+    };
+    let mut tries = Vec::new();
+    for _ in 0..3 {
+        let t = Instant::now();
+        let r = cache.set_many([(kh.as_str(), &2u32), (ko.as_str(), &2u32)], S(600));
+        let ok = r.as_ref().is_ok_and(|f| f.is_empty());
+        tries.push((t.elapsed(), r));
+        if ok {
+            break;
+        }
+    }
+    cluster.signal(hung, "CONT");
+    eprintln!("hung {hung}, promoted {promoted}: {tries:?}");
+    assert!(
+        tries.last().unwrap().1.as_ref().is_ok_and(|f| f.is_empty()),
+        "three batches after {promoted} took over {hung}'s slots, {kh} still failed: the \
+         batches' connect timeouts to {hung} counted no fault, so no map refresh and no \
+         reroute: {tries:?}"
+    );
+}
