@@ -35,7 +35,5 @@ mod redis_tls;
 mod review2;
 #[cfg(feature = "redis")]
 mod review5;
-#[cfg(feature = "redis")]
-mod review6;
 mod values;
 mod views;
