@@ -134,11 +134,9 @@ impl Pool {
     /// `connect_timeout`: a server that accepts connections but does not answer (hung) costs a
     /// connect that, not a connect and an `io_timeout`. Less when `by` is near ([`within`]).
     fn connect(&self, by: Option<Instant>) -> Result<Box<Open>, Failure> {
-        // Reached after the deadline: it gets [`LATE`] alone.
-        let late = by.is_some_and(|by| by.saturating_duration_since(Instant::now()) < LATE);
         let connect_timeout = within(self.connect_timeout, by);
         self.connect_within(connect_timeout)
-            .map_err(|f| starved(f, late))
+            .map_err(|f| starved(f, connect_timeout < self.connect_timeout))
     }
 
     fn connect_within(&self, connect_timeout: Duration) -> Result<Box<Open>, Failure> {
@@ -363,13 +361,12 @@ pub(super) fn within(t: Duration, by: Option<Instant>) -> Duration {
     }
 }
 
-/// A connect's failure `f`; `late`: it was begun after its cluster batch's shared deadline
-/// (another node's connect spent it) and had [`LATE`] alone. A timeout then says nothing
-/// against the server, and is not counted as a fault; a node that had more of the deadline
-/// and did not answer in it is one.
-fn starved(f: Failure, late: bool) -> Failure {
+/// A connect's failure `f`, given less than its `connect_timeout` (`short`: what another node
+/// of a cluster batch left of their shared deadline): a timeout then says nothing against the
+/// server, and is not counted as a fault.
+fn starved(f: Failure, short: bool) -> Failure {
     match f {
-        Failure::Fault(e) if late && e.kind() == ErrorKind::Timeout => Failure::Local(e),
+        Failure::Fault(e) if short && e.kind() == ErrorKind::Timeout => Failure::Local(e),
         f => f,
     }
 }
