@@ -33,7 +33,5 @@ mod redis_cluster;
 mod redis_tls;
 #[cfg(feature = "redis")]
 mod review2;
-#[cfg(feature = "redis")]
-mod review5;
 mod values;
 mod views;
