@@ -2353,7 +2353,9 @@ mod review5 {
             String::from_utf8_lossy(&more)
         );
         assert_eq!(count(&more, b"set s "), 0, "the store was written twice");
-        peer.write_all(b"VALUE c 0 1 7\r\nx\r\nEND\r\n").await.unwrap();
+        peer.write_all(b"VALUE c 0 1 7\r\nx\r\nEND\r\n")
+            .await
+            .unwrap();
         let r = c.await.unwrap();
         assert_eq!(value(&r), Some(&b"x"[..]), "{r:?}");
     }
