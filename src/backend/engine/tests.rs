@@ -1903,7 +1903,7 @@ mod review3 {
         }
     }
 
-    fn count(hay: &[u8], needle: &[u8]) -> usize {
+    pub(super) fn count(hay: &[u8], needle: &[u8]) -> usize {
         hay.windows(needle.len()).filter(|w| *w == needle).count()
     }
 
@@ -2303,13 +2303,9 @@ mod review3 {
 
 /// Review 5 of the writer's hold (05cf230): what a cancelled held write does to the wire.
 mod review5 {
-    use super::review3::{answer_busy, busy, fake, read_until, turns, warm};
+    use super::review3::{answer_busy, busy, count, fake, read_until, turns, warm};
     use super::*;
     use tokio::io::AsyncWriteExt;
-
-    fn count(hay: &[u8], needle: &[u8]) -> usize {
-        hay.windows(needle.len()).filter(|w| *w == needle).count()
-    }
 
     /// A store held on a busy connection (Nagle's rule) whose caller gives up meanwhile is
     /// still written (a queued write may be applied), exactly once, when the hold ends; its
