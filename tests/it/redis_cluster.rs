@@ -1300,6 +1300,10 @@ fn a_sync_batch_writes_to_every_master_before_it_reads_a_reply() {
         .read_failures(FailurePolicy::Propagate)
         .write_failures(FailurePolicy::Propagate)
         .io_timeout(S(60))
+        // A write's check of a pooled connection idle past 100 ms is bounded by the batch's
+        // connect deadline: as long as the reads, so a loaded machine's slow STOP/CONT does
+        // not time it out.
+        .connect_timeout(S(60))
         .build()
         .unwrap();
     let keys: Vec<String> = (0..30).map(|i| format!("k{i}")).collect();
