@@ -1095,7 +1095,9 @@ fn redis_wait_waits_for_a_replica_and_a_shortfall_is_an_outcome_unknown_error() 
         let cache = Cache::builder()
             .redis_cluster(seeds.iter().cloned())
             .flavor(flavor.as_str())
-            .redis_wait(1, Duration::from_millis(200))
+            // Long enough for the healthy master's replica on a loaded machine.
+            .redis_wait(1, S(1))
+            .io_timeout(S(10))
             // A fault would ask for the map again at each call.
             .retry_interval(Duration::from_millis(1))
             .build_front(front);
@@ -1167,7 +1169,12 @@ fn a_batch_item_moved_away_from_a_master_short_of_replicas_is_written_where_its_
         let cache = Cache::builder()
             .redis_cluster(seeds.iter().cloned())
             .flavor(unique_flavor("wait-moved").as_str())
-            .redis_wait(1, Duration::from_millis(200))
+            // The healthy master's `WAIT` must not fall short either: its replica, starved of
+            // CPU on a loaded machine, took over 200 ms to acknowledge (the short one's costs
+            // this wait each time).
+            .redis_wait(1, S(1))
+            .io_timeout(S(10))
+            .connect_timeout(S(10))
             .read_failures(FailurePolicy::Propagate)
             .build_front(front);
         let slot = |k: &str| slot_of(short, &cache.make_key(k));
@@ -1191,17 +1198,19 @@ fn a_batch_item_moved_away_from_a_master_short_of_replicas_is_written_where_its_
         // Every master told (the stopped replica cannot be asked to settle).
         end_migration(moved, to, &ports);
 
-        let failed = match cache.set_many([(stays.as_str(), "v"), (moves.as_str(), "v")], S(600)) {
-            Ok(failed) => failed,
-            Err(e) => {
-                assert!(e.is_outcome_unknown(), "{front:?}: {e}");
-                e.failed_keys().to_vec()
-            }
-        };
+        let (failed, why) =
+            match cache.set_many([(stays.as_str(), "v"), (moves.as_str(), "v")], S(600)) {
+                Ok(failed) => (failed, String::new()),
+                Err(e) => {
+                    assert!(e.is_outcome_unknown(), "{front:?}: {e}");
+                    (e.failed_keys().to_vec(), format!("{e:?}"))
+                }
+            };
         assert_eq!(
             failed,
             vec![stays.clone()],
-            "{front:?}: only the write of the master short of replicas fails"
+            "{front:?}: only the write of the master short of replicas ({short}; {to} took the \
+             slot) fails: {why}"
         );
         assert!(
             holds(to, &cache.make_key(&moves)),
