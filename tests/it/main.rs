@@ -33,5 +33,9 @@ mod redis_cluster;
 mod redis_tls;
 #[cfg(feature = "redis")]
 mod review2;
+#[cfg(feature = "redis")]
+mod review5;
+#[cfg(feature = "redis")]
+mod review6;
 mod values;
 mod views;

@@ -78,6 +78,32 @@ fn a_killed_server_fails_fast_and_serves_again_once_restarted() {
     });
 }
 
+/// A server that accepts connections but never answers costs a sync connect one
+/// `connect_timeout`, its set-up included: redis-rs's `CLIENT SETINFO` (two replies, each read
+/// within the whole timeout) once made it two.
+#[test]
+fn a_hung_server_costs_a_fresh_connect_one_connect_timeout() {
+    on_both(|server| {
+        let cache = Cache::builder()
+            .redis(server.url())
+            .flavor(unique_flavor("redis"))
+            .read_failures(newcache::FailurePolicy::Propagate)
+            .connect_timeout(S(2))
+            .io_timeout(S(20))
+            .build()
+            .unwrap();
+        server.signal("STOP");
+        let started = Instant::now();
+        let e = cache.get::<u32>("k").unwrap_err();
+        let took = started.elapsed();
+        server.signal("CONT");
+        assert!(e.is_timeout(), "{e}");
+        // 2 s, with 1.5 s of slack for a loaded machine (two of them took 4 s).
+        assert!(took < S(2) + Duration::from_millis(1500), "{took:?}: {e}");
+        assert_eq!(cache.get::<u32>("k").unwrap(), None, "back once it answers");
+    });
+}
+
 #[test]
 fn a_hung_server_costs_one_io_timeout_per_call_and_recovers() {
     on_both(|server| {

@@ -608,9 +608,10 @@ impl RedisCluster {
     /// one result per item. Every node's part is written, then every reply read (each part one
     /// pipelined round trip, the nodes' concurrently: a batch over three masters costs one
     /// round trip, not three), in one window of `io_timeout` ([`Window`]). The nodes' connects
-    /// (or checks of pooled connections) share one `connect_timeout` ([`within`](super::conn::within)), and
-    /// the nodes that failed one map refresh ([`after_failures`](RedisCluster::after_failures)):
-    /// a batch over hung masters lasts about `connect_timeout` + `io_timeout`.
+    /// (or checks of pooled connections, every node's written before any is read) share one
+    /// `connect_timeout` ([`within`](super::conn::within)), and the nodes that failed one map
+    /// refresh ([`after_failures`](RedisCluster::after_failures)): a batch over hung masters
+    /// lasts about `connect_timeout` + `io_timeout`.
     fn many<I: Copy, T>(
         &self,
         items: &[I],
@@ -635,11 +636,20 @@ impl RedisCluster {
                     .iter()
                     .map(|(_, _, at)| at.iter().map(|&i| items[i]).collect())
                     .collect();
-                let sent: Vec<_> = wave
+                // Every node's connection first (a write's check written on each), then every
+                // part written: the checks' replies are read after all were asked for.
+                let reserved: Vec<_> = wave
                     .iter()
                     .zip(&parts)
                     .map(|((node, asking, _), part)| {
-                        node.view(*asking).begin_batch(part, &op, Some(by))
+                        node.view(*asking).reserve_batch(part, &op, Some(by))
+                    })
+                    .collect();
+                let sent: Vec<_> = wave
+                    .iter()
+                    .zip(reserved)
+                    .map(|((node, asking, _), r)| {
+                        node.view(*asking).begin_reserved_batch(r, Some(by))
                     })
                     .collect();
                 let mut window = Window::new(self.router.template.io_timeout);

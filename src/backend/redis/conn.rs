@@ -4,7 +4,7 @@
 //! remembered, by its id on the server, for the next replay to close), and one idle past
 //! memcached's [`IDLE_TIMEOUT`] is closed rather than reused (servers and proxies close idle
 //! connections on their own schedule). A write is sent only on a connection known to be open:
-//! one idle past [`CHECK_AFTER`] answers a `PING` first ([`Pooled::check`]), since a write
+//! one idle past [`CHECK_AFTER`] answers a `PING` first ([`Pooled::begin_check`]), since a write
 //! found stale after it was sent is not sent again (its reply may be what was lost).
 
 use std::sync::Arc;
@@ -29,7 +29,7 @@ pub(super) struct Pool {
 }
 
 /// How long a pooled connection may sit idle before a write on it is preceded by a `PING`
-/// whose reply is read first ([`Pooled::check`]): a connection the server closed meanwhile (its
+/// whose reply is read first ([`Pooled::begin_check`]): a connection the server closed meanwhile (its
 /// `timeout`, a restart, a failover) is then found before the write is sent, not after. A
 /// connection in steady use is never idle this long, and pays nothing.
 pub(super) const CHECK_AFTER: Duration = Duration::from_millis(100);
@@ -63,6 +63,12 @@ struct State {
 
 impl Pool {
     pub(super) fn new(client: redis::Client, config: &RedisConfig, clients: Arc<Clients>) -> Pool {
+        // No `CLIENT SETINFO` on a blocking connect: redis-rs reads each of its two replies
+        // within the whole connect timeout, so a hung server would hold a connect for two of
+        // them. (The same client settings, TLS included, but that.)
+        let info = client.get_connection_info().clone();
+        let settings = info.redis_settings().clone().set_skip_set_lib_name();
+        let client = redis::Client::open(info.set_redis_settings(settings)).unwrap_or(client);
         Pool {
             clients,
             client,
@@ -128,8 +134,15 @@ impl Pool {
     /// `connect_timeout`: a server that accepts connections but does not answer (hung) costs a
     /// connect that, not a connect and an `io_timeout`. Less when `by` is near ([`within`]).
     fn connect(&self, by: Option<Instant>) -> Result<Box<Open>, Failure> {
-        let started = Instant::now();
+        // Reached after the deadline: it gets [`LATE`] alone.
+        let late = by.is_some_and(|by| by.saturating_duration_since(Instant::now()) < LATE);
         let connect_timeout = within(self.connect_timeout, by);
+        self.connect_within(connect_timeout)
+            .map_err(|f| starved(f, late))
+    }
+
+    fn connect_within(&self, connect_timeout: Duration) -> Result<Box<Open>, Failure> {
+        let started = Instant::now();
         #[cfg(feature = "redis-tls")]
         if matches!(
             self.client.get_connection_info().addr(),
@@ -239,23 +252,29 @@ impl<'a> Pooled<'a> {
     }
 
     /// Whether it came from the idle list (rather than a fresh connect) and was not
-    /// [`check`](Pooled::check)ed since.
+    /// [`check`](Pooled::begin_check)ed since.
     pub(super) fn reused(&self) -> bool {
         self.idle.is_some()
     }
 
     /// Whether it sat idle past [`CHECK_AFTER`]: a write is sent on it only after a
-    /// [`check`](Pooled::check).
+    /// [`check`](Pooled::begin_check).
     pub(super) fn unchecked(&self) -> bool {
         self.idle.is_some_and(|idle| idle > CHECK_AFTER)
     }
 
-    /// A `PING` written and its reply read (any reply: an error reply, a `NOPERM` of a user
-    /// without `PING`, is the server's too): the connection is open, and nothing is pending
-    /// on it. An error says it is not (closed: `is_connection_dropped`) or the server did not
-    /// answer in `timeout` (else `io_timeout`); nothing else was written on it.
-    pub(super) fn check(&mut self, timeout: Option<Duration>) -> redis::RedisResult<()> {
-        self.write(&[&redis::cmd("PING")])?;
+    /// A check's `PING` written; [`end_check`](Pooled::end_check) reads its reply (a cluster
+    /// batch writes every node's before it reads any reply).
+    pub(super) fn begin_check(&mut self) -> redis::RedisResult<()> {
+        self.write(&[&redis::cmd("PING")])
+    }
+
+    /// The reply to [`begin_check`](Pooled::begin_check)'s `PING` read (any reply: an error
+    /// reply, a `NOPERM` of a user without `PING`, is the server's too): the connection is
+    /// open, and nothing is pending on it. An error says it is not (closed:
+    /// `is_connection_dropped`) or the server did not answer in `timeout` (else
+    /// `io_timeout`); nothing else was written on it.
+    pub(super) fn end_check(&mut self, timeout: Option<Duration>) -> redis::RedisResult<()> {
         self.read(1, timeout)?;
         self.idle = None;
         Ok(())
@@ -330,13 +349,28 @@ pub(super) struct Window {
 /// The grace window of servers read late (memcached's).
 const GRACE: Duration = crate::backend::memcached::GRACE;
 
+/// What a node reached after a cluster batch's connect deadline still gets for its connect
+/// (or its pooled connection's check, or a wait for a free connection): a connect to a live
+/// server, TLS included, takes far less; each hung node after the first costs a batch this.
+pub(super) const LATE: Duration = Duration::from_millis(100);
+
 /// `t`, or what is left until `by` if that is less (a cluster batch's deadline for its
-/// connects: one `connect_timeout` for them all, not one per node), [`GRACE`] at least (a
-/// node reached after the deadline still gets a connect to a live server's time).
+/// connects: one `connect_timeout` for them all, not one per node), [`LATE`] at least.
 pub(super) fn within(t: Duration, by: Option<Instant>) -> Duration {
     match by {
-        Some(by) => t.min(by.saturating_duration_since(Instant::now()).max(GRACE)),
+        Some(by) => t.min(by.saturating_duration_since(Instant::now()).max(LATE)),
         None => t,
+    }
+}
+
+/// A connect's failure `f`; `late`: it was begun after its cluster batch's shared deadline
+/// (another node's connect spent it) and had [`LATE`] alone. A timeout then says nothing
+/// against the server, and is not counted as a fault; a node that had more of the deadline
+/// and did not answer in it is one.
+fn starved(f: Failure, late: bool) -> Failure {
+    match f {
+        Failure::Fault(e) if late && e.kind() == ErrorKind::Timeout => Failure::Local(e),
+        f => f,
     }
 }
 

@@ -611,6 +611,16 @@ impl RedisBackend {
     /// [`begin`](RedisBackend::begin), its connect (or a check of a pooled connection) within
     /// what is left until `by`, when given (a cluster batch's deadline: [`conn::within`]).
     fn begin_by<T>(&self, req: Result<Request<T>>, by: Option<Instant>) -> Result<Sent<'_, T>> {
+        let reserved = self.reserve(req, by)?;
+        self.begin_reserved(reserved, by)
+    }
+
+    /// The first step of [`begin_by`](RedisBackend::begin_by): through the health gate and the
+    /// replay, a connection checked out for `req`, and, if it needs a check, its `PING`
+    /// written but not yet read. A cluster batch reserves every node's connection before it
+    /// reads any check's reply, so a node asked after a hung one finds its reply waiting
+    /// rather than a check timed by what the hung one left of the batch's deadline.
+    fn reserve<T>(&self, req: Result<Request<T>>, by: Option<Instant>) -> Result<Reserved<'_, T>> {
         let s = &self.shared;
         let req = req?;
         super::note_server(&s.addr);
@@ -618,8 +628,38 @@ impl RedisBackend {
         let conn = self
             .replay()
             .map_err(Failure::unsent)
-            .and_then(|()| self.write(&req, by));
+            .and_then(|()| self.reserve_conn(self.pool_for(&req), &req, by));
         match conn {
+            Ok((conn, pinged)) => Ok(Reserved {
+                req,
+                probe,
+                conn,
+                pinged,
+            }),
+            Err(f) => Err(self.judge(probe, f)),
+        }
+    }
+
+    /// The second step of [`begin_by`](RedisBackend::begin_by): the reserved connection's
+    /// check ended (its reply read within what is left until `by`, [`conn::within`]) and the
+    /// request written.
+    fn begin_reserved<'a, T>(
+        &'a self,
+        reserved: Reserved<'a, T>,
+        by: Option<Instant>,
+    ) -> Result<Sent<'a, T>> {
+        let Reserved {
+            req,
+            probe,
+            conn,
+            pinged,
+        } = reserved;
+        let pool = self.pool_for(&req);
+        let conn = match pinged {
+            false => Ok(conn),
+            true => self.confirm(pool, &req, conn, by),
+        };
+        match conn.and_then(|conn| self.put_on(pool, &req, conn, by)) {
             Ok(conn) => Ok(Sent { req, probe, conn }),
             Err(f) => Err(self.judge(probe, f)),
         }
@@ -674,10 +714,37 @@ impl RedisBackend {
         op: &BatchOp<I, T>,
         by: Option<Instant>,
     ) -> BatchSent<'_, T> {
+        let reserved = self.reserve_batch(items, op, by);
+        self.begin_reserved_batch(reserved, by)
+    }
+
+    /// The first step of [`begin_batch`](RedisBackend::begin_batch): its request made and its
+    /// connection reserved ([`reserve`](RedisBackend::reserve)).
+    fn reserve_batch<I, T>(
+        &self,
+        items: &[I],
+        op: &BatchOp<I, T>,
+        by: Option<Instant>,
+    ) -> BatchReserved<'_, T> {
         let (refused, request) = (op.request)(&self.shared, items).split();
-        BatchSent {
+        BatchReserved {
             refused,
-            sent: request.map(|r| self.begin_by(Ok(r), by)),
+            reserved: request.map(|r| self.reserve(Ok(r), by)),
+        }
+    }
+
+    /// The second step of [`begin_batch`](RedisBackend::begin_batch): the request written
+    /// ([`begin_reserved`](RedisBackend::begin_reserved)).
+    fn begin_reserved_batch<'a, T>(
+        &'a self,
+        reserved: BatchReserved<'a, T>,
+        by: Option<Instant>,
+    ) -> BatchSent<'a, T> {
+        BatchSent {
+            refused: reserved.refused,
+            sent: reserved
+                .reserved
+                .map(|r| r.and_then(|r| self.begin_reserved(r, by))),
         }
     }
 
@@ -760,7 +827,19 @@ impl RedisBackend {
         by: Option<Instant>,
     ) -> std::result::Result<conn::Pooled<'_>, Failure> {
         let pool = self.pool_for(req);
-        let mut conn = self.checkout(pool, req, by)?;
+        let conn = self.checkout(pool, req, by)?;
+        self.put_on(pool, req, conn, by)
+    }
+
+    /// `req` written on `conn`, a connection of `pool` (checked, if it needed it); a reused
+    /// connection found closed is [`stale`](RedisBackend::stale).
+    fn put_on<'a, T>(
+        &'a self,
+        pool: &'a Pool,
+        req: &Request<T>,
+        mut conn: conn::Pooled<'a>,
+        by: Option<Instant>,
+    ) -> std::result::Result<conn::Pooled<'a>, Failure> {
         match self.put(&mut conn, req) {
             Ok(()) => Ok(conn),
             Err(e) if conn.reused() && e.is_connection_dropped() => {
@@ -777,7 +856,7 @@ impl RedisBackend {
 
     /// A connection of `pool` for `req`, nothing of it sent yet (a failure is
     /// [`unsent`](Error::unsent)). A write gets one known to be open: a connection idle past
-    /// [`conn::CHECK_AFTER`] is [`check`](conn::Pooled::check)ed first, and one found closed
+    /// [`conn::CHECK_AFTER`] is [`check`](conn::Pooled::begin_check)ed first, and one found closed
     /// (its server's `timeout`, a restart, a failover) is replaced, not counted as a fault, the
     /// idle ones, as old, dropped with it.
     fn checkout<'a, T>(
@@ -786,20 +865,57 @@ impl RedisBackend {
         req: &Request<T>,
         by: Option<Instant>,
     ) -> std::result::Result<conn::Pooled<'a>, Failure> {
+        let (conn, pinged) = self.reserve_conn(pool, req, by)?;
+        match pinged {
+            false => Ok(conn),
+            true => self.confirm(pool, req, conn, by),
+        }
+    }
+
+    /// A connection of `pool` for `req`, and whether it needs its check's reply read
+    /// ([`confirm`](RedisBackend::confirm)): the `PING` of a write's connection idle past
+    /// [`conn::CHECK_AFTER`] is written here. Nothing of `req` is sent yet.
+    fn reserve_conn<'a, T>(
+        &self,
+        pool: &'a Pool,
+        req: &Request<T>,
+        by: Option<Instant>,
+    ) -> std::result::Result<(conn::Pooled<'a>, bool), Failure> {
         loop {
             let mut conn = pool.checkout(by).map_err(Failure::unsent)?;
             if !(req.write && conn.unchecked()) {
-                return Ok(conn);
+                return Ok((conn, false));
             }
-            let timeout = by.map(|_| conn::within(self.shared.config.io_timeout, by));
-            match conn.check(timeout) {
-                Ok(()) => return Ok(conn),
+            match conn.begin_check() {
+                Ok(()) => return Ok((conn, true)),
                 Err(e) if e.is_connection_dropped() => {
                     drop(conn);
                     pool.drop_idle();
                 }
                 Err(e) => return Err(failure_of(e, false).unsent()),
             }
+        }
+    }
+
+    /// The reply to the check [`reserve_conn`](RedisBackend::reserve_conn) wrote on `conn`,
+    /// read within `io_timeout` (what is left until `by`, when given: [`conn::within`]); a
+    /// connection found closed is replaced ([`checkout`](RedisBackend::checkout)).
+    fn confirm<'a, T>(
+        &self,
+        pool: &'a Pool,
+        req: &Request<T>,
+        mut conn: conn::Pooled<'a>,
+        by: Option<Instant>,
+    ) -> std::result::Result<conn::Pooled<'a>, Failure> {
+        let timeout = by.map(|_| conn::within(self.shared.config.io_timeout, by));
+        match conn.end_check(timeout) {
+            Ok(()) => Ok(conn),
+            Err(e) if e.is_connection_dropped() => {
+                drop(conn);
+                pool.drop_idle();
+                self.checkout(pool, req, by)
+            }
+            Err(e) => Err(failure_of(e, false).unsent()),
         }
     }
 
@@ -921,11 +1037,27 @@ struct Sent<'a, T> {
     conn: conn::Pooled<'a>,
 }
 
+/// A request whose connection is reserved ([`RedisBackend::reserve`]): nothing of it written
+/// yet, the connection's check (`pinged`) written and not yet read.
+struct Reserved<'a, T> {
+    req: Request<T>,
+    probe: bool,
+    conn: conn::Pooled<'a>,
+    pinged: bool,
+}
+
 /// A batch written ([`RedisBackend::begin_batch`]): the items refused before sending, and its
 /// request (`None`: nothing to send), or the error that kept it from being written.
 struct BatchSent<'a, T> {
     refused: request::Refused,
     sent: Option<Result<Sent<'a, Vec<Result<T>>>>>,
+}
+
+/// A batch whose connection is reserved ([`RedisBackend::reserve_batch`]), nothing of it
+/// written yet.
+struct BatchReserved<'a, T> {
+    refused: request::Refused,
+    reserved: Option<Result<Reserved<'a, Vec<Result<T>>>>>,
 }
 
 /// A batch operation of the storage interface on one server: the request of its items, and
