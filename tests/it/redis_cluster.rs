@@ -13,7 +13,7 @@ use crate::front::{BuildFor, Front, TestCache};
 const S: fn(u64) -> Duration = Duration::from_secs;
 
 /// A connection to the node on `port`.
-fn node(port: u16) -> redis::Connection {
+pub(crate) fn node(port: u16) -> redis::Connection {
     redis::Client::open(format!("redis://127.0.0.1:{port}/"))
         .and_then(|c| c.get_connection_with_timeout(S(5)))
         .expect("a cluster node answers")
@@ -30,7 +30,7 @@ fn port_of(url: &str) -> u16 {
 }
 
 /// The hash slot of `key`, as the cluster computes it (`CLUSTER KEYSLOT`).
-fn slot_of(port: u16, key: &str) -> u16 {
+pub(crate) fn slot_of(port: u16, key: &str) -> u16 {
     redis::cmd("CLUSTER")
         .arg("KEYSLOT")
         .arg(key)
@@ -47,12 +47,24 @@ fn id_of(port: u16) -> String {
 }
 
 /// The master serving `slot`.
-fn master_of(masters: &[(u16, Vec<(u16, u16)>)], slot: u16) -> u16 {
+pub(crate) fn master_of(masters: &[(u16, Vec<(u16, u16)>)], slot: u16) -> u16 {
     masters
         .iter()
         .find(|(_, ranges)| ranges.iter().any(|&(a, b)| (a..=b).contains(&slot)))
         .map(|(p, _)| *p)
         .expect("every slot is served")
+}
+
+/// No replica takes over while a test stops masters.
+pub(crate) fn no_failover(cluster: &RedisCluster) {
+    for &p in &cluster.ports {
+        let () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("cluster-replica-no-failover")
+            .arg("yes")
+            .query(&mut node(p))
+            .unwrap();
+    }
 }
 
 /// Whether the node on `port` holds `key` itself (a redirect: it does not).
@@ -1295,14 +1307,7 @@ fn a_sync_batch_writes_to_every_master_before_it_reads_a_reply() {
     let seeds = cluster.seeds();
     let ports: Vec<u16> = cluster.masters().iter().map(|(p, _)| *p).collect();
     // No failover while the masters are stopped, however long the machine takes.
-    for &p in &cluster.ports {
-        let () = redis::cmd("CONFIG")
-            .arg("SET")
-            .arg("cluster-replica-no-failover")
-            .arg("yes")
-            .query(&mut node(p))
-            .unwrap();
-    }
+    no_failover(&cluster);
     let cache = Cache::builder()
         .redis_cluster(seeds.iter().cloned())
         .flavor(unique_flavor("one-round-trip").as_str())

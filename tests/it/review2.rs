@@ -7,45 +7,10 @@ use newcache::{Cache, FailurePolicy};
 
 use crate::fixture::{RedisCluster, unique_flavor};
 use crate::front::{BuildFor, Front};
+use crate::redis_cluster::{master_of, no_failover, slot_of};
 
 const S: fn(u64) -> Duration = Duration::from_secs;
 const MS: fn(u64) -> Duration = Duration::from_millis;
-
-/// A connection to the node on `port`.
-fn node(port: u16) -> redis::Connection {
-    redis::Client::open(format!("redis://127.0.0.1:{port}/"))
-        .and_then(|c| c.get_connection_with_timeout(S(5)))
-        .expect("a cluster node answers")
-}
-
-/// The hash slot of `key` (`CLUSTER KEYSLOT`).
-fn slot_of(port: u16, key: &str) -> u16 {
-    redis::cmd("CLUSTER")
-        .arg("KEYSLOT")
-        .arg(key)
-        .query(&mut node(port))
-        .unwrap()
-}
-
-fn master_of(masters: &[(u16, Vec<(u16, u16)>)], slot: u16) -> u16 {
-    masters
-        .iter()
-        .find(|(_, ranges)| ranges.iter().any(|&(a, b)| (a..=b).contains(&slot)))
-        .map(|(p, _)| *p)
-        .expect("every slot is served")
-}
-
-/// No replica takes over while a test stops masters.
-fn no_failover(cluster: &RedisCluster) {
-    for &p in &cluster.ports {
-        let () = redis::cmd("CONFIG")
-            .arg("SET")
-            .arg("cluster-replica-no-failover")
-            .arg("yes")
-            .query(&mut node(p))
-            .unwrap();
-    }
-}
 
 /// Finding: an async waited write (`redis_wait`) whose master is gone (connect refused, nothing
 /// sent) is not marked `unsent` (`nonblocking.rs` `send_waited`: the failed dial is a plain

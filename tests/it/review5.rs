@@ -6,43 +6,10 @@ use std::time::Duration;
 use newcache::{Cache, FailurePolicy};
 
 use crate::fixture::{RedisCluster, unique_flavor};
+use crate::redis_cluster::{master_of, no_failover, node, slot_of};
 
 const S: fn(u64) -> Duration = Duration::from_secs;
 const MS: fn(u64) -> Duration = Duration::from_millis;
-
-/// A connection to the node on `port`.
-fn node(port: u16) -> redis::Connection {
-    redis::Client::open(format!("redis://127.0.0.1:{port}/"))
-        .and_then(|c| c.get_connection_with_timeout(S(5)))
-        .expect("a cluster node answers")
-}
-
-fn slot_of(port: u16, key: &str) -> u16 {
-    redis::cmd("CLUSTER")
-        .arg("KEYSLOT")
-        .arg(key)
-        .query(&mut node(port))
-        .unwrap()
-}
-
-fn master_of(masters: &[(u16, Vec<(u16, u16)>)], slot: u16) -> u16 {
-    masters
-        .iter()
-        .find(|(_, ranges)| ranges.iter().any(|&(a, b)| (a..=b).contains(&slot)))
-        .map(|(p, _)| *p)
-        .expect("every slot is served")
-}
-
-fn no_failover(cluster: &RedisCluster) {
-    for &p in &cluster.ports {
-        let () = redis::cmd("CONFIG")
-            .arg("SET")
-            .arg("cluster-replica-no-failover")
-            .arg("yes")
-            .query(&mut node(p))
-            .unwrap();
-    }
-}
 
 /// Finding: a sync cluster batch's nodes share one `connect_timeout` (`many`'s `by`), and the
 /// `PING` check of a pooled connection idle past 100 ms is bounded by it too
