@@ -37,5 +37,7 @@ mod review2;
 mod review5;
 #[cfg(feature = "redis")]
 mod review6;
+#[cfg(feature = "redis")]
+mod review7;
 mod values;
 mod views;

@@ -104,6 +104,70 @@ fn a_hung_server_costs_a_fresh_connect_one_connect_timeout() {
     });
 }
 
+/// The URL's database holds the cache's keys, on both views (the sync pool selects it itself,
+/// after redis-rs's `AUTH`); a database the server does not have is a clear error.
+#[test]
+fn the_urls_database_holds_the_cache_keys_and_a_missing_one_is_a_clear_error() {
+    on_both(|server| {
+        let url = server
+            .url()
+            .replace("redis://", "redis://:pw@")
+            .replace("/0", "/2");
+        let mut admin = redis::Client::open(server.url())
+            .and_then(|c| c.get_connection_with_timeout(S(5)))
+            .unwrap();
+        let () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("requirepass")
+            .arg("pw")
+            .query(&mut admin)
+            .unwrap();
+        let cache = Cache::builder()
+            .redis(url.as_str())
+            .flavor(unique_flavor("redis-db"))
+            .build()
+            .unwrap();
+        let async_cache = Cache::builder()
+            .redis(url.as_str())
+            .flavor(unique_flavor("redis-db-async"))
+            .build_async()
+            .unwrap();
+        cache.set("k", &1u32, S(60)).unwrap();
+        runtime().block_on(async { async_cache.set("k", &2u32, S(60)).await.unwrap() });
+        let mut exists = |db: i64, key: &str| -> bool {
+            let () = redis::cmd("SELECT").arg(db).query(&mut admin).unwrap();
+            redis::cmd("EXISTS")
+                .arg(key)
+                .query::<i64>(&mut admin)
+                .unwrap()
+                == 1
+        };
+        for key in [cache.make_key("k"), async_cache.make_key("k")] {
+            assert!(exists(2, &key), "{key} is in database 2");
+            assert!(!exists(0, &key), "{key} is not in database 0");
+        }
+        assert_eq!(cache.get::<u32>("k").unwrap(), Some(1));
+        let missing = Cache::builder()
+            .redis(url.replace("/2", "/99"))
+            .flavor(unique_flavor("redis-db"))
+            .read_failures(FailurePolicy::Propagate)
+            .build()
+            .unwrap();
+        let e = missing.get::<u32>("k").unwrap_err();
+        assert!(
+            e.to_string().contains("refused the URL's database 99"),
+            "{e}"
+        );
+        assert!(missing.ping().is_err());
+        let () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("requirepass")
+            .arg("")
+            .query(&mut admin)
+            .unwrap();
+    });
+}
+
 #[test]
 fn a_hung_server_costs_one_io_timeout_per_call_and_recovers() {
     on_both(|server| {

@@ -3,7 +3,7 @@
 //! cache that keeps serving, a master killed costing only its own keys, and what `build()`
 //! refuses. The behaviour suites run on the shared cluster through `on_every_backend!`.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use newcache::{Cache, FailurePolicy};
 
@@ -11,6 +11,7 @@ use crate::fixture::{Ipv6Cluster, RedisCluster, shared_redis_cluster, unique_fla
 use crate::front::{BuildFor, Front, TestCache};
 
 const S: fn(u64) -> Duration = Duration::from_secs;
+const MS: fn(u64) -> Duration = Duration::from_millis;
 
 /// A connection to the node on `port`.
 pub(crate) fn node(port: u16) -> redis::Connection {
@@ -53,6 +54,32 @@ pub(crate) fn master_of(masters: &[(u16, Vec<(u16, u16)>)], slot: u16) -> u16 {
         .find(|(_, ranges)| ranges.iter().any(|&(a, b)| (a..=b).contains(&slot)))
         .map(|(p, _)| *p)
         .expect("every slot is served")
+}
+
+/// A settled cluster's masters in address order, a key of each (as `cache` names it).
+pub(crate) fn keys_on_masters(cluster: &RedisCluster, cache: &Cache) -> Vec<(u16, String)> {
+    let deadline = Instant::now() + S(20);
+    loop {
+        let masters = cluster.masters();
+        let mut ports: Vec<u16> = masters.iter().map(|(p, _)| *p).collect();
+        ports.sort_by_key(|p| format!("127.0.0.1:{p}"));
+        let keys: Vec<(u16, String)> = ports
+            .iter()
+            .map(|&port| {
+                let k = (0..)
+                    .map(|i| format!("k{i}"))
+                    .find(|k| master_of(&masters, slot_of(port, &cache.make_key(k))) == port)
+                    .unwrap();
+                (port, k)
+            })
+            .collect();
+        let items: Vec<(&str, &u32)> = keys.iter().map(|(_, k)| (k.as_str(), &1u32)).collect();
+        if cache.set_many(items, S(600)).is_ok_and(|f| f.is_empty()) {
+            return keys;
+        }
+        assert!(Instant::now() < deadline, "the cluster never settled");
+        std::thread::sleep(MS(200));
+    }
 }
 
 /// No replica takes over while a test stops masters.
@@ -153,7 +180,7 @@ fn a_seed_with_a_database_other_than_0_or_no_seed_is_refused_at_build() {
 
 /// Starts moving `slot` from the master on `from` to the one on `to`: `IMPORTING` on the
 /// target, `MIGRATING` on the source.
-fn begin_migration(slot: u16, from: u16, to: u16) {
+pub(crate) fn begin_migration(slot: u16, from: u16, to: u16) {
     let () = redis::cmd("CLUSTER")
         .arg("SETSLOT")
         .arg(slot)
@@ -171,7 +198,7 @@ fn begin_migration(slot: u16, from: u16, to: u16) {
 }
 
 /// `MIGRATE`s `keys` from `from` to `to`.
-fn migrate(from: u16, to: u16, keys: &[String]) {
+pub(crate) fn migrate(from: u16, to: u16, keys: &[String]) {
     let mut cmd = redis::cmd("MIGRATE");
     cmd.arg("127.0.0.1")
         .arg(to)
@@ -855,7 +882,7 @@ fn a_failover_under_load_fails_only_the_killed_masters_keys_during_the_switch_as
 
 /// Moves `slot` from `from` to `to` key by key (a pause between keys, so callers meet the
 /// half-moved slot and its `ASK`s), then hands it over (`MOVED` from then on).
-fn move_slot_slowly(slot: u16, from: u16, to: u16, masters: &[u16]) {
+pub(crate) fn move_slot_slowly(slot: u16, from: u16, to: u16, masters: &[u16]) {
     begin_migration(slot, from, to);
     loop {
         let left: Vec<String> = redis::cmd("CLUSTER")

@@ -6,36 +6,10 @@ use std::time::{Duration, Instant};
 use newcache::{Cache, FailurePolicy};
 
 use crate::fixture::{RedisCluster, unique_flavor};
-use crate::redis_cluster::{master_of, no_failover, slot_of};
+use crate::redis_cluster::{keys_on_masters, master_of, no_failover, slot_of};
 
 const S: fn(u64) -> Duration = Duration::from_secs;
 const MS: fn(u64) -> Duration = Duration::from_millis;
-
-/// A settled cluster's masters in address order, a key of each (as `cache` names it).
-fn keys_on_masters(cluster: &RedisCluster, cache: &Cache) -> Vec<(u16, String)> {
-    let deadline = Instant::now() + S(20);
-    loop {
-        let masters = cluster.masters();
-        let mut ports: Vec<u16> = masters.iter().map(|(p, _)| *p).collect();
-        ports.sort_by_key(|p| format!("127.0.0.1:{p}"));
-        let keys: Vec<(u16, String)> = ports
-            .iter()
-            .map(|&port| {
-                let k = (0..)
-                    .map(|i| format!("k{i}"))
-                    .find(|k| master_of(&masters, slot_of(port, &cache.make_key(k))) == port)
-                    .unwrap();
-                (port, k)
-            })
-            .collect();
-        let items: Vec<(&str, &u32)> = keys.iter().map(|(_, k)| (k.as_str(), &1u32)).collect();
-        if cache.set_many(items, S(600)).is_ok_and(|f| f.is_empty()) {
-            return keys;
-        }
-        assert!(Instant::now() < deadline, "the cluster never settled");
-        std::thread::sleep(MS(200));
-    }
-}
 
 /// Finding: `conn::starved` turns a connect timeout into `Failure::Local` whenever the budget
 /// `within(connect_timeout, by)` is below `connect_timeout` — and in a cluster batch it always

@@ -611,14 +611,14 @@ impl RedisCluster {
     /// (or checks of pooled connections, every node's written before any is read) share one
     /// `connect_timeout` ([`within`](super::conn::within)), and the nodes that failed one map
     /// refresh ([`after_failures`](RedisCluster::after_failures)): a batch over hung masters
-    /// lasts about `connect_timeout` + `io_timeout`.
+    /// lasts about `connect_timeout` + `io_timeout`. A redirect round (the items a `MOVED` or
+    /// `ASK` sent elsewhere, or rerouted after a refresh) has a `connect_timeout` of its own.
     fn many<I: Copy, T>(
         &self,
         items: &[I],
         key: impl Fn(&I) -> &str,
         op: BatchOp<I, T>,
     ) -> Vec<Result<T>> {
-        let by = Instant::now() + self.router.template.connect_timeout;
         let mut out: Vec<Option<Result<T>>> = items.iter().map(|_| None).collect();
         let mut rerouted = vec![false; items.len()];
         let mut hops = match self.map() {
@@ -630,6 +630,8 @@ impl RedisCluster {
             Err(e) => return items.iter().map(|_| Err(e.clone())).collect(),
         };
         for round in 0..=MAX_REDIRECTS {
+            // A round's own: the nodes a redirect names are asked only now.
+            let by = Instant::now() + self.router.template.connect_timeout;
             let mut round_of = Round::default();
             for wave in waves(group(hops)) {
                 let parts: Vec<Vec<I>> = wave

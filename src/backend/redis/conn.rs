@@ -20,6 +20,8 @@ use crate::error::{Error, ErrorKind};
 
 pub(super) struct Pool {
     client: redis::Client,
+    /// The URL's database, if not 0: selected by each connect ([`Pool::connect_within`]).
+    select: Option<i64>,
     connect_timeout: Duration,
     io_timeout: Duration,
     size: usize,
@@ -63,15 +65,23 @@ struct State {
 
 impl Pool {
     pub(super) fn new(client: redis::Client, config: &RedisConfig, clients: Arc<Clients>) -> Pool {
-        // No `CLIENT SETINFO` on a blocking connect: redis-rs reads each of its two replies
-        // within the whole connect timeout, so a hung server would hold a connect for two of
-        // them. (The same client settings, TLS included, but that.)
+        // redis-rs pipelines a connect's set-up and reads each reply within the whole connect
+        // timeout, even after one timed out: a hung server would hold a connect for one timeout
+        // per command. So it sends one (`AUTH`, or `HELLO`): no `CLIENT SETINFO`, and the
+        // database is selected here ([`Pool::connect_within`]), within what is left. (The same
+        // client settings, TLS included, but those.)
         let info = client.get_connection_info().clone();
-        let settings = info.redis_settings().clone().set_skip_set_lib_name();
+        let db = info.redis_settings().db();
+        let settings = info
+            .redis_settings()
+            .clone()
+            .set_skip_set_lib_name()
+            .set_db(0);
         let client = redis::Client::open(info.set_redis_settings(settings)).unwrap_or(client);
         Pool {
             clients,
             client,
+            select: (db != 0).then_some(db),
             connect_timeout: config.connect_timeout,
             io_timeout: config.io_timeout,
             size: config.pool_size as usize,
@@ -129,8 +139,9 @@ impl Pool {
         }
     }
 
-    /// A new connection, its set-up done (`AUTH`, `SELECT`), and its id learned (`CLIENT
-    /// INFO`: one round trip more; none if the server refuses the command), all within
+    /// A new connection, its set-up done (`AUTH` or `HELLO`, then `SELECT` pipelined with
+    /// `CLIENT INFO`, which learns its id: one round trip more; none if the server refuses the
+    /// command), all within
     /// `connect_timeout`: a server that accepts connections but does not answer (hung) costs a
     /// connect that, not a connect and an `io_timeout`. Less when `by` is near ([`within`]).
     fn connect(&self, by: Option<Instant>) -> Result<Box<Open>, Failure> {
@@ -167,14 +178,43 @@ impl Pool {
                 })
         };
         // What is left of connect_timeout (a millisecond at least: a zero timeout is refused).
-        let left = connect_timeout
-            .saturating_sub(started.elapsed())
-            .max(Duration::from_millis(1));
-        set_timeouts(&conn, left)?;
+        let left = || {
+            connect_timeout
+                .saturating_sub(started.elapsed())
+                .max(Duration::from_millis(1))
+        };
+        set_timeouts(&conn, left())?;
         let mut conn = conn;
+        // `SELECT` and `CLIENT INFO` pipelined, each reply read within what is left.
+        let mut packed = Vec::new();
+        if let Some(db) = self.select {
+            redis::cmd("SELECT")
+                .arg(db)
+                .write_packed_command(&mut packed);
+        }
+        clients::info().write_packed_command(&mut packed);
+        conn.send_packed_command(&packed)
+            .map_err(super::connect_failure)?;
+        if let Some(db) = self.select {
+            match conn.recv_response().map_err(super::connect_failure)? {
+                Value::ServerError(e) if super::denial(e.code(), e.details()).is_none() => {
+                    return Err(Failure::Local(Error::new(
+                        ErrorKind::Backend,
+                        format!(
+                            "the server refused the URL's database {db} (SELECT: {} {}; a \
+                             server has `databases` of them, 16 by default, numbered from 0)",
+                            e.code(),
+                            e.details().unwrap_or_default()
+                        ),
+                    )));
+                }
+                v => v.extract_error().map_err(super::connect_failure)?,
+            };
+            set_timeouts(&conn, left())?;
+        }
         let client = self
             .clients
-            .learned(conn.req_command(&clients::info()))
+            .learned(conn.recv_response())
             .map_err(super::connect_failure)?;
         set_timeouts(&conn, self.io_timeout)?;
         Ok(Box::new(Open {
@@ -238,6 +278,8 @@ pub(super) struct Pooled<'a> {
     /// How long it sat idle, if taken from the idle list (it may have been closed by the server
     /// meanwhile); `None` for a fresh connect.
     idle: Option<Duration>,
+    /// When its check's `PING` was written ([`begin_check`](Pooled::begin_check)).
+    check_written: Option<Instant>,
 }
 
 impl<'a> Pooled<'a> {
@@ -248,6 +290,7 @@ impl<'a> Pooled<'a> {
             generation,
             keep: false,
             idle,
+            check_written: None,
         }
     }
 
@@ -266,7 +309,16 @@ impl<'a> Pooled<'a> {
     /// A check's `PING` written; [`end_check`](Pooled::end_check) reads its reply (a cluster
     /// batch writes every node's before it reads any reply).
     pub(super) fn begin_check(&mut self) -> redis::RedisResult<()> {
+        self.check_written = Some(Instant::now());
         self.write(&[&redis::cmd("PING")])
+    }
+
+    /// Whether its check was written after a cluster batch's deadline `by` (less than [`LATE`]
+    /// before it: another node's connect spent it), so that its reply had [`LATE`] alone
+    /// ([`starved`]).
+    pub(super) fn checked_late(&self, by: Option<Instant>) -> bool {
+        self.check_written
+            .is_some_and(|at| by.is_some_and(|by| by.saturating_duration_since(at) < LATE))
     }
 
     /// The reply to [`begin_check`](Pooled::begin_check)'s `PING` read (any reply: an error
@@ -363,11 +415,11 @@ pub(super) fn within(t: Duration, by: Option<Instant>) -> Duration {
     }
 }
 
-/// A connect's failure `f`; `late`: it was begun after its cluster batch's shared deadline
-/// (another node's connect spent it) and had [`LATE`] alone. A timeout then says nothing
-/// against the server, and is not counted as a fault; a node that had more of the deadline
-/// and did not answer in it is one.
-fn starved(f: Failure, late: bool) -> Failure {
+/// A connect's (or a check's) failure `f`; `late`: it was begun after its cluster batch's
+/// shared deadline (another node's connect spent it) and had [`LATE`] alone. A timeout then
+/// says nothing against the server, and is not counted as a fault; a node that had more of the
+/// deadline and did not answer in it is one.
+pub(super) fn starved(f: Failure, late: bool) -> Failure {
     match f {
         Failure::Fault(e) if late && e.kind() == ErrorKind::Timeout => Failure::Local(e),
         f => f,

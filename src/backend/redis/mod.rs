@@ -899,7 +899,8 @@ impl RedisBackend {
 
     /// The reply to the check [`reserve_conn`](RedisBackend::reserve_conn) wrote on `conn`,
     /// read within `io_timeout` (what is left until `by`, when given: [`conn::within`]); a
-    /// connection found closed is replaced ([`checkout`](RedisBackend::checkout)).
+    /// connection found closed is replaced ([`checkout`](RedisBackend::checkout)). A check
+    /// written after `by` that times out counts no fault ([`conn::starved`]).
     fn confirm<'a, T>(
         &self,
         pool: &'a Pool,
@@ -908,6 +909,7 @@ impl RedisBackend {
         by: Option<Instant>,
     ) -> std::result::Result<conn::Pooled<'a>, Failure> {
         let timeout = by.map(|_| conn::within(self.shared.config.io_timeout, by));
+        let late = conn.checked_late(by);
         match conn.end_check(timeout) {
             Ok(()) => Ok(conn),
             Err(e) if e.is_connection_dropped() => {
@@ -915,7 +917,7 @@ impl RedisBackend {
                 pool.drop_idle();
                 self.checkout(pool, req, by)
             }
-            Err(e) => Err(failure_of(e, false).unsent()),
+            Err(e) => Err(conn::starved(failure_of(e, false).unsent(), late)),
         }
     }
 
