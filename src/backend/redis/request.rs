@@ -590,8 +590,9 @@ impl Builder {
         for k in keys {
             match self.check_key(k) {
                 Ok(()) => {
-                    let mut cmd = redis::cmd(name);
-                    cmd.arg(*k);
+                    // Sized for its two arguments: no regrowth.
+                    let mut cmd = redis::Cmd::with_capacity(2, name.len() + k.len());
+                    cmd.arg(name).arg(*k);
                     commands.push(Command { cmd, script: None });
                     refused.push(None);
                 }
