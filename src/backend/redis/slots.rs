@@ -12,18 +12,10 @@ pub(super) const SLOTS: usize = 16_384;
 /// CRC16-CCITT (XMODEM: polynomial 0x1021, initial value 0), as the cluster specification's
 /// `HASH_SLOT` uses it.
 fn crc16(bytes: &[u8]) -> u16 {
-    let mut crc: u16 = 0;
-    for &b in bytes {
-        crc ^= u16::from(b) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc
+    /// Slice-by-16 tables (8 KiB): a derived key is 48 bytes or more.
+    const XMODEM: crc::Crc<u16, crc::Table<16>> =
+        crc::Crc::<u16, crc::Table<16>>::new(&crc::CRC_16_XMODEM);
+    XMODEM.checksum(bytes)
 }
 
 /// The hash slot of `key`: of its hash tag (what lies between the first `{` and the first `}`
