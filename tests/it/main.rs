@@ -39,5 +39,7 @@ mod review5;
 mod review6;
 #[cfg(feature = "redis")]
 mod review7;
+#[cfg(feature = "redis")]
+mod review8;
 mod values;
 mod views;

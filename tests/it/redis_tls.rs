@@ -20,7 +20,7 @@ const S: fn(u64) -> Duration = Duration::from_secs;
 
 /// A private CA, a server certificate it signed (for `server_names`) and a client certificate
 /// it signed, as PEM, written to a directory of their own (removed on drop).
-struct Pki {
+pub(crate) struct Pki {
     dir: PathBuf,
     ca_pem: String,
     client_cert_pem: String,
@@ -79,7 +79,11 @@ impl Pki {
         }
     }
 
-    fn trust(&self) -> RedisTls {
+    pub(crate) fn ca_pem_bytes(&self) -> Vec<u8> {
+        self.ca_pem.clone().into_bytes()
+    }
+
+    pub(crate) fn trust(&self) -> RedisTls {
         RedisTls::new().ca_pem(self.ca_pem.clone())
     }
 
@@ -96,7 +100,7 @@ impl Drop for Pki {
 }
 
 /// A private CA's server for 127.0.0.1 and localhost.
-fn server(auth_clients: bool) -> (Pki, RedisServer) {
+pub(crate) fn server(auth_clients: bool) -> (Pki, RedisServer) {
     let pki = Pki::new(&["127.0.0.1", "localhost"]);
     let server = RedisServer::start_tls("redis-server", &pki.files(auth_clients));
     (pki, server)

@@ -99,12 +99,12 @@ fn a_hung_server_with_password_and_db_costs_one_connect_timeout() {
     assert_eq!(cache.get::<u32>("k").unwrap(), None);
 }
 
-/// Each redirect round of a batch has its own connect deadline: an item an `ASK` sends to a
-/// node not yet asked, after a round that outlasted the first deadline (a slow master), gets a
-/// whole `connect_timeout` to connect there, not `LATE` (a busy moment of that node no longer
-/// fails it).
+/// A batch's time reading replies does not count against its connects' deadline: an item an
+/// `ASK` sends to a node not yet asked, after a round that outlasted the first deadline
+/// reading a slow master's replies, still has the `connect_timeout` the round's connects left
+/// (none spent here), not `LATE` (a busy moment of that node no longer fails it).
 #[test]
-fn a_redirect_round_after_a_slow_round_has_its_own_connect_deadline() {
+fn a_redirect_round_after_a_slow_read_still_has_its_connect_deadline() {
     let cluster = RedisCluster::start("redis-server");
     no_failover(&cluster);
     let flavor = unique_flavor("r7-round-deadline");

@@ -612,13 +612,19 @@ impl RedisCluster {
     /// `connect_timeout` ([`within`](super::conn::within)), and the nodes that failed one map
     /// refresh ([`after_failures`](RedisCluster::after_failures)): a batch over hung masters
     /// lasts about `connect_timeout` + `io_timeout`. A redirect round (the items a `MOVED` or
-    /// `ASK` sent elsewhere, or rerouted after a refresh) has a `connect_timeout` of its own.
+    /// `ASK` sent elsewhere, or rerouted after a refresh) reads within an `io_timeout` of its
+    /// own, and its connects have what the batch's earlier connects left of theirs (the time
+    /// spent reading replies is not counted against it).
     fn many<I: Copy, T>(
         &self,
         items: &[I],
         key: impl Fn(&I) -> &str,
         op: BatchOp<I, T>,
     ) -> Vec<Result<T>> {
+        // The connects' deadline: one `connect_timeout` for all of the batch's connects (and
+        // checks), moved on by the time its rounds spend reading replies, so a node a redirect
+        // names after a slow round still has what the connects before it left.
+        let mut by = Instant::now() + self.router.template.connect_timeout;
         let mut out: Vec<Option<Result<T>>> = items.iter().map(|_| None).collect();
         let mut rerouted = vec![false; items.len()];
         let mut hops = match self.map() {
@@ -630,8 +636,6 @@ impl RedisCluster {
             Err(e) => return items.iter().map(|_| Err(e.clone())).collect(),
         };
         for round in 0..=MAX_REDIRECTS {
-            // A round's own: the nodes a redirect names are asked only now.
-            let by = Instant::now() + self.router.template.connect_timeout;
             let mut round_of = Round::default();
             for wave in waves(group(hops)) {
                 let parts: Vec<Vec<I>> = wave
@@ -654,6 +658,7 @@ impl RedisCluster {
                         node.view(*asking).begin_reserved_batch(r, Some(by))
                     })
                     .collect();
+                let reading = Instant::now();
                 let mut window = Window::new(self.router.template.io_timeout);
                 for (((node, asking, at), part), sent) in wave.iter().zip(&parts).zip(sent) {
                     let results =
@@ -661,6 +666,7 @@ impl RedisCluster {
                             .finish_batch(part, &op, sent, Some(&mut window));
                     round_of.judge(&self.router, node, at, results, round, &mut out);
                 }
+                by += reading.elapsed();
             }
             if let Some(addr) = &round_of.moved {
                 self.refresh_after_move(addr);

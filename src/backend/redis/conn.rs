@@ -197,15 +197,18 @@ impl Pool {
             .map_err(super::connect_failure)?;
         if let Some(db) = self.select {
             match conn.recv_response().map_err(super::connect_failure)? {
-                Value::ServerError(e) if super::denial(e.code(), e.details()).is_none() => {
-                    return Err(Failure::Local(Error::new(
+                // A plain `ERR`: the server has no such database (a busy or loading server's
+                // refusal, a denial, keep their codes: `connect_failure`).
+                Value::ServerError(e) if e.code() == "ERR" => {
+                    let message = format!(
+                        "the server refused the URL's database {db} (SELECT: {}; a server has \
+                         `databases` of them, 16 by default, numbered from 0)",
+                        e.details().unwrap_or_default()
+                    );
+                    return Err(Failure::Local(Error::with_source(
                         ErrorKind::Backend,
-                        format!(
-                            "the server refused the URL's database {db} (SELECT: {} {}; a \
-                             server has `databases` of them, 16 by default, numbered from 0)",
-                            e.code(),
-                            e.details().unwrap_or_default()
-                        ),
+                        message,
+                        redis::RedisError::from(e),
                     )));
                 }
                 v => v.extract_error().map_err(super::connect_failure)?,

@@ -451,7 +451,7 @@ pub(super) fn denial(code: &str, detail: Option<&str>) -> Option<Error> {
         "NOPERM" => format!(
             "NOPERM {detail} (newcache needs GET, MGET, SET, EXISTS, PERSIST, PEXPIRE, \
              EXPIREAT, UNLINK, SCAN, and EVAL and EVALSHA for its fenced writes and counters; \
-             WAIT with redis_wait)"
+             WAIT with redis_wait; SELECT for a database other than 0)"
         ),
         "WRONGPASS" => "the server refused the URL's user and password (WRONGPASS)".to_owned(),
         "NOAUTH" => "the server requires a password (NOAUTH): give it in the URL, \
