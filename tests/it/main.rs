@@ -41,5 +41,7 @@ mod review6;
 mod review7;
 #[cfg(feature = "redis")]
 mod review8;
+#[cfg(feature = "redis")]
+mod review9;
 mod values;
 mod views;

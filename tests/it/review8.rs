@@ -70,6 +70,9 @@ fn a_busy_server_is_not_reported_as_lacking_the_urls_database() {
         !e.to_string().contains("refused the URL's database"),
         "a busy server reported as lacking database 3: {e} (db 0 says: {e0})"
     );
+    // What it is reported as: the server's BUSY, on either database.
+    assert!(e.to_string().contains("BUSY"), "{e}");
+    assert!(format!("{e0:?}").contains("BUSY"), "{e0:?}");
 }
 
 /// `protocol=resp3` with a password and a database: redis-rs sends `HELLO 3 AUTH`, the pool

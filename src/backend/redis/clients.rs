@@ -83,6 +83,11 @@ impl Clients {
         r: redis::RedisResult<Value>,
     ) -> redis::RedisResult<Option<ClientId>> {
         match r {
+            // The server refused the connection itself, not the command.
+            Ok(Value::ServerError(e)) if super::at_maxclients(Some(e.code()), e.details()) => {
+                Err(e.into())
+            }
+            Err(e) if super::at_maxclients(e.code(), e.detail()) => Err(e),
             Ok(Value::ServerError(e)) => {
                 self.refused(e.code(), e.details());
                 Ok(None)

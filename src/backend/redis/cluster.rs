@@ -507,9 +507,20 @@ impl RedisCluster {
 
     /// Asks the nodes (`first` first, `last` last) for the map until one answers.
     fn refresh(&self, first: Option<&str>, last: Option<&str>) -> Result<Arc<Map>> {
+        self.refresh_by(first, last.as_slice(), None)
+    }
+
+    /// [`refresh`](RedisCluster::refresh) (the nodes of `last` last), every node asked within
+    /// what is left until `by`, when given (a batch's connect deadline: [`RedisBackend::slots_by`]).
+    fn refresh_by(
+        &self,
+        first: Option<&str>,
+        last: &[&str],
+        by: Option<Instant>,
+    ) -> Result<Arc<Map>> {
         let mut errors = Vec::new();
-        for node in self.router.candidates(first, last.as_slice()) {
-            match node.sync.slots() {
+        for node in self.router.candidates(first, last) {
+            match node.sync.slots_by(by) {
                 Ok(ranges) if !ranges.is_empty() => return self.router.install(ranges),
                 Ok(_) => errors.push(Error::backend(format!(
                     "redis at {} serves no slots (not a cluster node yet?)",
@@ -522,9 +533,9 @@ impl RedisCluster {
     }
 
     /// After `MOVED` to `addr`: the whole map again, unless another caller is asking for it.
-    fn refresh_after_move(&self, addr: &str) {
+    fn refresh_after_move(&self, addr: &str, by: Option<Instant>) {
         if let Some(_one) = self.router.claim_refresh() {
-            let _ = self.refresh(Some(addr), None);
+            let _ = self.refresh_by(Some(addr), &[], by);
         }
     }
 
@@ -539,18 +550,10 @@ impl RedisCluster {
     /// After a batch's round in which the nodes of `failed` failed: the map again if one of
     /// them met a fault (at most once per `retry_interval`), one refresh for them all, which
     /// asks them last (a hung master is asked only if every other node failed too).
-    fn after_failures(&self, failed: &[(Arc<Node>, Error)]) {
+    fn after_failures(&self, failed: &[(Arc<Node>, Error)], by: Instant) {
         if failed.iter().any(|(_, e)| is_fault(e)) && self.router.refresh_due() {
             let last: Vec<&str> = failed.iter().map(|(n, _)| n.addr()).collect();
-            for node in self.router.candidates(None, &last) {
-                match node.sync.slots() {
-                    Ok(ranges) if !ranges.is_empty() => {
-                        let _ = self.router.install(ranges);
-                        return;
-                    }
-                    _ => {}
-                }
-            }
+            let _ = self.refresh_by(None, &last, Some(by));
         }
     }
 
@@ -581,7 +584,7 @@ impl RedisCluster {
             match redirect_of(e) {
                 Some(Redirect::Moved { slot, addr }) => {
                     node = self.router.patch(slot, &addr)?;
-                    self.refresh_after_move(&addr);
+                    self.refresh_after_move(&addr, None);
                     asking = false;
                 }
                 Some(Redirect::Ask { addr }) => {
@@ -614,7 +617,11 @@ impl RedisCluster {
     /// lasts about `connect_timeout` + `io_timeout`. A redirect round (the items a `MOVED` or
     /// `ASK` sent elsewhere, or rerouted after a refresh) reads within an `io_timeout` of its
     /// own, and its connects have what the batch's earlier connects left of theirs (the time
-    /// spent reading replies is not counted against it).
+    /// spent reading replies is not counted against it). The map refreshes a batch needs (for
+    /// slots no node serves, after a `MOVED`, after failures) and a read's second try on a fresh
+    /// connection after a stale pooled one connect within that same deadline; the first map
+    /// fetch of a cluster with no map yet asks its seeds one by one, each within its own
+    /// `connect_timeout`.
     fn many<I: Copy, T>(
         &self,
         items: &[I],
@@ -629,7 +636,7 @@ impl RedisCluster {
         let mut rerouted = vec![false; items.len()];
         let mut hops = match self.map() {
             Ok(map) if self.router.hole_refresh_due(&map, items.iter().map(&key)) => {
-                let map = self.refresh(None, None).unwrap_or(map);
+                let map = self.refresh_by(None, &[], Some(by)).unwrap_or(map);
                 first_hops(&map, items, &key, &mut out)
             }
             Ok(map) => first_hops(&map, items, &key, &mut out),
@@ -659,19 +666,20 @@ impl RedisCluster {
                     })
                     .collect();
                 let reading = Instant::now();
-                let mut window = Window::new(self.router.template.io_timeout);
+                let mut window = Window::new(self.router.template.io_timeout, Some(by));
                 for (((node, asking, at), part), sent) in wave.iter().zip(&parts).zip(sent) {
                     let results =
                         node.view(*asking)
                             .finish_batch(part, &op, sent, Some(&mut window));
                     round_of.judge(&self.router, node, at, results, round, &mut out);
                 }
-                by += reading.elapsed();
+                // A read's connect (its pooled connection found closed) spent `by` itself.
+                by += reading.elapsed().saturating_sub(window.connecting());
             }
             if let Some(addr) = &round_of.moved {
-                self.refresh_after_move(addr);
+                self.refresh_after_move(addr, Some(by));
             }
-            self.after_failures(&round_of.failed);
+            self.after_failures(&round_of.failed, by);
             round_of.reroute(&self.router, items, &key, &mut rerouted, &mut out);
             if round_of.next.is_empty() {
                 break;
@@ -910,7 +918,7 @@ impl Backend for RedisCluster {
             .iter()
             .map(|n| n.sync.begin_by(Ok(n.sync.shared.requests.ping()), Some(by)))
             .collect();
-        let mut window = Window::new(self.router.template.io_timeout);
+        let mut window = Window::new(self.router.template.io_timeout, Some(by));
         let failures: Vec<PingFailure> = masters
             .iter()
             .zip(sent)

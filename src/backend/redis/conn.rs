@@ -14,14 +14,16 @@ use parking_lot::{Condvar, Mutex};
 use redis::{ConnectionLike, Value};
 
 use super::clients::{self, ClientId, Clients};
+use super::setup::SetUp;
 use super::{Failure, RedisConfig};
 use crate::backend::memcached::IDLE_TIMEOUT;
 use crate::error::{Error, ErrorKind};
 
 pub(super) struct Pool {
     client: redis::Client,
-    /// The URL's database, if not 0: selected by each connect ([`Pool::connect_within`]).
-    select: Option<i64>,
+    /// The set-up each connect sends itself (`AUTH` with RESP2, `SELECT`), pipelined with
+    /// `CLIENT INFO` ([`Pool::connect_within`]).
+    set_up: SetUp,
     connect_timeout: Duration,
     io_timeout: Duration,
     size: usize,
@@ -67,21 +69,17 @@ impl Pool {
     pub(super) fn new(client: redis::Client, config: &RedisConfig, clients: Arc<Clients>) -> Pool {
         // redis-rs pipelines a connect's set-up and reads each reply within the whole connect
         // timeout, even after one timed out: a hung server would hold a connect for one timeout
-        // per command. So it sends one (`AUTH`, or `HELLO`): no `CLIENT SETINFO`, and the
-        // database is selected here ([`Pool::connect_within`]), within what is left. (The same
-        // client settings, TLS included, but those.)
+        // per command; and it reads a refused `AUTH` as wrong credentials, dropping the reply
+        // (at `maxclients`, a fault). So it sends RESP3's `HELLO` at most, and the rest is sent
+        // here ([`SetUp`], [`Pool::connect_within`]), each reply read within what is left. (The
+        // same client settings, TLS included, but those.)
         let info = client.get_connection_info().clone();
-        let db = info.redis_settings().db();
-        let settings = info
-            .redis_settings()
-            .clone()
-            .set_skip_set_lib_name()
-            .set_db(0);
+        let (settings, set_up) = SetUp::split(info.redis_settings());
         let client = redis::Client::open(info.set_redis_settings(settings)).unwrap_or(client);
         Pool {
             clients,
             client,
-            select: (db != 0).then_some(db),
+            set_up,
             connect_timeout: config.connect_timeout,
             io_timeout: config.io_timeout,
             size: config.pool_size as usize,
@@ -139,11 +137,11 @@ impl Pool {
         }
     }
 
-    /// A new connection, its set-up done (`AUTH` or `HELLO`, then `SELECT` pipelined with
-    /// `CLIENT INFO`, which learns its id: one round trip more; none if the server refuses the
-    /// command), all within
-    /// `connect_timeout`: a server that accepts connections but does not answer (hung) costs a
-    /// connect that, not a connect and an `io_timeout`. Less when `by` is near ([`within`]).
+    /// A new connection, its set-up done (RESP3's `HELLO`, by redis-rs; then `AUTH` with RESP2,
+    /// `SELECT` and `CLIENT INFO`, which learns its id, pipelined in one round trip: [`SetUp`]),
+    /// all within `connect_timeout`: a server that accepts connections but does not answer
+    /// (hung) costs a connect that, not a connect and an `io_timeout`. Less when `by` is near
+    /// ([`within`]).
     fn connect(&self, by: Option<Instant>) -> Result<Box<Open>, Failure> {
         // Reached after the deadline: it gets [`LATE`] alone.
         let late = by.is_some_and(|by| by.saturating_duration_since(Instant::now()) < LATE);
@@ -185,34 +183,21 @@ impl Pool {
         };
         set_timeouts(&conn, left())?;
         let mut conn = conn;
-        // `SELECT` and `CLIENT INFO` pipelined, each reply read within what is left.
+        // `AUTH`, `SELECT` and `CLIENT INFO` pipelined, each reply read within what is left.
         let mut packed = Vec::new();
-        if let Some(db) = self.select {
-            redis::cmd("SELECT")
-                .arg(db)
-                .write_packed_command(&mut packed);
+        let select = self.set_up.select();
+        for cmd in self.set_up.auth().into_iter().chain(&select) {
+            cmd.write_packed_command(&mut packed);
         }
         clients::info().write_packed_command(&mut packed);
         conn.send_packed_command(&packed)
             .map_err(super::connect_failure)?;
-        if let Some(db) = self.select {
-            match conn.recv_response().map_err(super::connect_failure)? {
-                // A plain `ERR`: the server has no such database (a busy or loading server's
-                // refusal, a denial, keep their codes: `connect_failure`).
-                Value::ServerError(e) if e.code() == "ERR" => {
-                    let message = format!(
-                        "the server refused the URL's database {db} (SELECT: {}; a server has \
-                         `databases` of them, 16 by default, numbered from 0)",
-                        e.details().unwrap_or_default()
-                    );
-                    return Err(Failure::Local(Error::with_source(
-                        ErrorKind::Backend,
-                        message,
-                        redis::RedisError::from(e),
-                    )));
-                }
-                v => v.extract_error().map_err(super::connect_failure)?,
-            };
+        if self.set_up.auth().is_some() {
+            self.set_up.authenticated(conn.recv_response())?;
+            set_timeouts(&conn, left())?;
+        }
+        if select.is_some() {
+            self.set_up.selected(conn.recv_response())?;
             set_timeouts(&conn, left())?;
         }
         let client = self
@@ -399,6 +384,11 @@ pub(super) struct Window {
     start: Instant,
     deadline: Instant,
     grace: Option<Instant>,
+    /// The batch's deadline for its connects ([`within`]): a read sent again on a fresh
+    /// connection (its pooled one found closed) connects within what is left of it.
+    connect_by: Option<Instant>,
+    /// The time the reads spent on such connects (not reading time).
+    connecting: Duration,
 }
 
 /// The grace window of servers read late (memcached's).
@@ -430,13 +420,48 @@ pub(super) fn starved(f: Failure, late: bool) -> Failure {
 }
 
 impl Window {
-    pub(super) fn new(io_timeout: Duration) -> Window {
+    /// A window of `io_timeout` from now, the batch's connects due by `connect_by`.
+    pub(super) fn new(io_timeout: Duration, connect_by: Option<Instant>) -> Window {
         let start = Instant::now();
         Window {
             start,
             deadline: start + io_timeout,
             grace: None,
+            connect_by,
+            connecting: Duration::ZERO,
         }
+    }
+
+    /// A window ending at `end` (a cluster batch's refresh of its map, within what is left of
+    /// the batch's connect deadline), or `io_timeout` from now if that is sooner; [`LATE`] from
+    /// now at least.
+    pub(super) fn until(end: Instant, io_timeout: Duration) -> Window {
+        let now = Instant::now();
+        let deadline = end.max(now + LATE).min(now + io_timeout);
+        Window {
+            // As if opened `io_timeout` before its end: a read is timed by the window only once
+            // less than the connection's own `io_timeout` is left of it.
+            start: deadline.checked_sub(io_timeout).unwrap_or(now),
+            deadline,
+            grace: None,
+            connect_by: Some(end),
+            connecting: Duration::ZERO,
+        }
+    }
+
+    /// The batch's deadline for its connects.
+    pub(super) fn connect_by(&self) -> Option<Instant> {
+        self.connect_by
+    }
+
+    /// A read spent `took` connecting.
+    pub(super) fn connected(&mut self, took: Duration) {
+        self.connecting += took;
+    }
+
+    /// The time the reads spent connecting.
+    pub(super) fn connecting(&self) -> Duration {
+        self.connecting
     }
 
     /// The read timeout of a server read now: `None` (the connection's own `io_timeout`) while

@@ -28,6 +28,7 @@ mod item;
 pub(crate) mod nonblocking;
 mod request;
 mod script;
+mod setup;
 mod slots;
 #[cfg(feature = "redis-tls")]
 mod tls;
@@ -363,6 +364,7 @@ fn refuse_flush() -> Error {
 }
 
 /// Why a request got no answer.
+#[derive(Debug)]
 pub(crate) enum Failure {
     /// A transport fault (I/O, timeout, a dropped connection): it counts against the server.
     Fault(Error),
@@ -397,7 +399,42 @@ pub(crate) fn connect_failure(e: redis::RedisError) -> Failure {
     classify(e, true, false)
 }
 
+/// A failed connect whose `SELECT` of database `db` may have been refused: as
+/// [`connect_failure`], but a server without that database (`DB index is out of range`, as
+/// Redis and Valkey say) is named for it, a configuration error, not the server's fault.
+pub(crate) fn select_failure(e: redis::RedisError, db: i64) -> Failure {
+    if e.code() == Some("ERR")
+        && e.detail()
+            .is_some_and(|d| d.contains("DB index is out of range"))
+    {
+        let message = format!(
+            "the server refused the URL's database {db} (SELECT: {}; a server has `databases` \
+             of them, 16 by default, numbered from 0)",
+            e.detail().unwrap_or_default()
+        );
+        return Failure::Local(Error::with_source(ErrorKind::Backend, message, e));
+    }
+    connect_failure(e)
+}
+
+/// Whether an error reply is a server's refusal of a new connection: at `maxclients` it writes
+/// `-ERR max number of clients reached` on accept, before reading anything, and closes the
+/// connection, so the reply comes as the answer to the first command of the set-up (`AUTH`,
+/// `SELECT`, `CLIENT INFO`). Nothing was run: a fault like a refused connect, not an answer.
+pub(super) fn at_maxclients(code: Option<&str>, detail: Option<&str>) -> bool {
+    code == Some("ERR") && detail.is_some_and(|d| d.starts_with("max number of clients reached"))
+}
+
 fn classify(e: redis::RedisError, connect: bool, write: bool) -> Failure {
+    if connect && at_maxclients(e.code(), e.detail()) {
+        // No source: not the server's answer to a command ([`answered`]), so a delete it
+        // refused is queued for replay.
+        return Failure::Fault(Error::new(
+            ErrorKind::Backend,
+            "could not connect: the server refused the connection (ERR max number of clients \
+             reached: its `maxclients`)",
+        ));
+    }
     // The server answered, and said no: the configuration, not the server, is at fault.
     if e.kind() == redis::ErrorKind::AuthenticationFailed {
         return Failure::Local(Error::new(
@@ -418,9 +455,14 @@ fn classify(e: redis::RedisError, connect: bool, write: bool) -> Failure {
         // An error reply (the client libraries give most inline, as `Value::ServerError`): the
         // server answered.
         let message = if connect {
-            "could not connect"
+            // The set-up's command the server refused (`SELECT`, ...): its reply said.
+            format!(
+                "could not connect: the server refused the connection's set-up ({} {})",
+                e.code().unwrap_or_default(),
+                e.detail().unwrap_or_default()
+            )
         } else {
-            "the server refused the command"
+            "the server refused the command".to_owned()
         };
         return Failure::Local(Error::with_source(ErrorKind::Backend, message, e));
     }
@@ -567,9 +609,12 @@ impl RedisBackend {
         &self.shared.addr
     }
 
-    /// The slot map, as this node sees it.
-    pub(super) fn slots(&self) -> Result<Vec<slots::Range>> {
-        let reply = self.run(Ok(self.shared.requests.cluster_slots()))?;
+    /// The slot map, as this node sees it, asked within what is left until `by`, when given (a cluster batch's refresh: its connect
+    /// and its reply within the batch's connect deadline, [`LATE`](conn::LATE) at least).
+    pub(super) fn slots_by(&self, by: Option<Instant>) -> Result<Vec<slots::Range>> {
+        let sent = self.begin_by(Ok(self.shared.requests.cluster_slots()), by)?;
+        let mut window = by.map(|by| Window::until(by, self.shared.config.io_timeout));
+        let reply = self.finish(sent, window.as_mut())?;
         slots::parse_slots(reply, &self.shared.addr).map_err(|e| self.shared.annotate(e))
     }
 
@@ -931,15 +976,28 @@ impl RedisBackend {
         window: Option<&mut Window>,
     ) -> std::result::Result<Vec<Value>, Failure> {
         let n = req.commands.len();
-        let mut replies = match self.recv(&mut conn, n, window.and_then(Window::timeout)) {
+        let mut window = window;
+        let timeout = window.as_deref_mut().and_then(Window::timeout);
+        let mut replies = match self.recv(&mut conn, n, timeout) {
             Ok(r) => r,
             Err(e) if conn.reused() && e.is_connection_dropped() => {
                 drop(conn);
                 self.stale(self.pool_for(req), req, e)?;
-                // A read: a connect that fails now sends nothing more.
-                conn = self.pool_for(req).checkout(None).map_err(Failure::unsent)?;
+                // A read: a connect that fails now sends nothing more. In a cluster batch, the
+                // connect has what is left of the batch's connect deadline (and is not counted
+                // as reading time), the reply what is left of the window.
+                let connecting = Instant::now();
+                let by = window.as_deref().and_then(Window::connect_by);
+                let fresh = self.pool_for(req).checkout(by);
+                if let Some(w) = window.as_deref_mut() {
+                    w.connected(connecting.elapsed());
+                }
+                conn = fresh.map_err(Failure::unsent)?;
                 self.put(&mut conn, req)
-                    .and_then(|()| self.recv(&mut conn, n, None))
+                    .and_then(|()| {
+                        let timeout = window.as_deref_mut().and_then(Window::timeout);
+                        self.recv(&mut conn, n, timeout)
+                    })
                     .map_err(|e| failure_of(e, req.write))?
             }
             Err(e) => return Err(failure_of(e, req.write)),

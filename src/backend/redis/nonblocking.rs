@@ -31,6 +31,7 @@ use tokio::task::JoinHandle;
 use super::batch::Gets;
 use super::clients::{self, ClientId};
 use super::request::{self, Request, noscript_retry};
+use super::setup::SetUp;
 use super::waited::{self, Dialed, Waited};
 use super::{BatchOp, Failure, Shared, connect_failure, failure_of};
 use crate::backend::memcached::health::MissedOf;
@@ -96,7 +97,10 @@ pub(crate) struct Inner {
 
 /// The connections of an async view (shared by its asking view).
 struct Link {
-    info: redis::ConnectionInfo,
+    /// What redis-rs sends in a connection's set-up (RESP3's `HELLO` at most), and what
+    /// [`Inner::set_up`] sends.
+    settings: redis::RedisConnectionInfo,
+    set_up: SetUp,
     /// A `rediss://` server's handshake.
     #[cfg(feature = "redis-tls")]
     tls: Option<super::tls::Handshake>,
@@ -121,11 +125,13 @@ impl AsyncRedis {
     /// The async view of `shared`'s server. Never connects.
     pub(crate) fn new(shared: Arc<Shared>) -> Result<AsyncRedis> {
         let info = shared.config.client()?.get_connection_info().clone();
+        let (settings, set_up) = SetUp::split(info.redis_settings());
         Ok(AsyncRedis(Arc::new(Inner {
             link: Arc::new(Link {
+                settings,
+                set_up,
                 #[cfg(feature = "redis-tls")]
                 tls: super::tls::Handshake::of(&info, shared.config.tls.as_ref())?,
-                info,
                 live: parking_lot::Mutex::new(None),
                 connecting: tokio::sync::Mutex::new(()),
                 opened: std::sync::atomic::AtomicU64::new(0),
@@ -267,9 +273,8 @@ impl Inner {
         self.open(rt, stream, config).await
     }
 
-    /// A multiplexed connection on `stream` (its set-up: `AUTH`, `SELECT`), its driver spawned
-    /// on `rt`, its id on the server learned (`CLIENT INFO`: one round trip more; none if the
-    /// server refuses the command).
+    /// A multiplexed connection on `stream`, its driver spawned on `rt`, its set-up done within
+    /// `connect_timeout` ([`set_up`](Inner::set_up)).
     async fn open<C>(
         &self,
         rt: &tokio::runtime::Handle,
@@ -280,29 +285,38 @@ impl Inner {
         C: Unpin + tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + 'static,
     {
         let connect_timeout = self.shared.config.connect_timeout;
-        let (conn, driver) = match tokio::time::timeout(
-            connect_timeout,
-            MultiplexedConnection::new_with_config(self.link.info.redis_settings(), stream, config),
+        let by = tokio::time::Instant::now() + connect_timeout;
+        let late = || {
+            Failure::Fault(Error::new(
+                ErrorKind::Timeout,
+                format!(
+                    "the connection's set-up (AUTH, SELECT, CLIENT INFO) did not end within \
+                     connect_timeout ({connect_timeout:?})"
+                ),
+            ))
+        };
+        // redis-rs sends RESP3's `HELLO` at most ([`SetUp::split`]).
+        let (conn, driver) = match tokio::time::timeout_at(
+            by,
+            MultiplexedConnection::new_with_config(&self.link.settings, stream, config),
         )
         .await
         {
             Ok(Ok(made)) => made,
             Ok(Err(e)) => return Err(connect_failure(e)),
-            Err(_) => {
-                return Err(Failure::Fault(Error::new(
-                    ErrorKind::Timeout,
-                    "the connection's set-up (AUTH, SELECT) did not end within connect_timeout",
-                )));
-            }
+            Err(_) => return Err(late()),
         };
         let driver = rt.spawn(driver);
         let mut conn = conn;
-        let info = conn.send_packed_command(&clients::info()).await;
-        let client = match self.shared.clients.learned(info) {
-            Ok(client) => client,
-            Err(e) => {
+        let client = match tokio::time::timeout_at(by, self.set_up(&mut conn)).await {
+            Ok(Ok(client)) => client,
+            Ok(Err(f)) => {
                 driver.abort();
-                return Err(connect_failure(e));
+                return Err(f);
+            }
+            Err(_) => {
+                driver.abort();
+                return Err(late());
             }
         };
         Ok(Dialed {
@@ -311,6 +325,49 @@ impl Inner {
             client,
             runtime: rt.id(),
         })
+    }
+
+    /// A new connection's set-up ([`SetUp`]): `AUTH` (RESP2 with a password), `SELECT` (a
+    /// database other than 0), then `CLIENT INFO`, which learns its id (`None` if the server
+    /// refuses the command). The first goes alone: at `maxclients` the server's refusal is its
+    /// reply, and the connection closes (a pipeline's answer would be lost with it); the rest
+    /// are pipelined. One round trip, or two with `AUTH` or `SELECT`.
+    async fn set_up(
+        &self,
+        conn: &mut MultiplexedConnection,
+    ) -> std::result::Result<Option<ClientId>, Failure> {
+        let set_up = &self.link.set_up;
+        let select = set_up.select();
+        let info = match (set_up.auth(), select) {
+            (None, None) => conn.send_packed_command(&clients::info()).await,
+            (None, Some(select)) => {
+                set_up.selected(conn.send_packed_command(&select).await)?;
+                conn.send_packed_command(&clients::info()).await
+            }
+            (Some(auth), select) => {
+                set_up.authenticated(conn.send_packed_command(auth).await)?;
+                match select {
+                    None => conn.send_packed_command(&clients::info()).await,
+                    Some(select) => {
+                        let mut both = redis::pipe();
+                        both.add_command(select).add_command(clients::info());
+                        let mut replies = match conn.send_packed_commands(&both, 0, 2).await {
+                            Ok(replies) if replies.len() == 2 => replies.into_iter(),
+                            Ok(_) => {
+                                return Err(Failure::Fault(Error::backend(
+                                    "could not connect: SELECT and CLIENT INFO were not both \
+                                     answered",
+                                )));
+                            }
+                            Err(e) => return Err(set_up.selected(Err(e)).unwrap_err()),
+                        };
+                        set_up.selected(Ok(replies.next().expect("two replies")))?;
+                        Ok(replies.next().expect("two replies"))
+                    }
+                }
+            }
+        };
+        self.shared.clients.learned(info).map_err(connect_failure)
     }
 
     /// Drops the connections (on shutdown).

@@ -154,6 +154,40 @@ mod tests {
         check("foo{}{bar}", slot_of(b"foo{}{bar}"));
         check("foo{{bar}}zap", slot_of(b"{bar"));
         check("foo{bar}{zap}", slot_of(b"bar"));
+        // Keys past the table's 16-byte stride (Redis 7's CLUSTER KEYSLOT): a key as
+        // `make_key` makes it, and a longer one.
+        check("newcache-1-0beec7b5ea3f0fdbc95d0dd47f3c5bc275da8a33", 10181);
+        check(
+            "a-very-long-key-name-that-is-over-sixteen-bytes-long-indeed-0123456789",
+            3364,
+        );
+    }
+
+    /// The table-driven CRC is the bitwise one (CRC-16/XMODEM: polynomial 0x1021, initial 0)
+    /// at every length up to a few strides, every byte value included.
+    #[test]
+    fn the_crc_is_the_bitwise_reference_at_every_length() {
+        fn bitwise(bytes: &[u8]) -> u16 {
+            let mut crc = 0u16;
+            for &b in bytes {
+                crc ^= u16::from(b) << 8;
+                for _ in 0..8 {
+                    crc = if crc & 0x8000 != 0 {
+                        (crc << 1) ^ 0x1021
+                    } else {
+                        crc << 1
+                    };
+                }
+            }
+            crc
+        }
+        let bytes: Vec<u8> = (0..=255u8).chain((0..=255u8).rev()).collect();
+        for len in 0..=bytes.len() {
+            for start in [0, 1, 7, 15] {
+                let key = &bytes[start.min(len)..len];
+                assert_eq!(crc16(key), bitwise(key), "{len} bytes from {start}");
+            }
+        }
     }
 
     #[test]

@@ -1,0 +1,169 @@
+//! A new connection's set-up, sent by newcache rather than by redis-rs: `AUTH` (with RESP2),
+//! `SELECT` and `CLIENT INFO` ([`clients::info`](super::clients::info)).
+//!
+//! redis-rs is left RESP3's `HELLO` alone, which carries the credentials (a server refusing it
+//! keeps its reply). Its `AUTH` does not: it reads any refusal as "authentication failed" and
+//! drops the server's words, and at `maxclients` those are `-ERR max number of clients
+//! reached`, written on accept whatever the first command is: a fault (the delete it refused is
+//! queued for replay), not wrong credentials. Its `SELECT` is read within the whole connect
+//! timeout however long `AUTH` took, and it pipelines `CLIENT SETINFO`, which newcache does
+//! not send.
+
+use redis::{RedisConnectionInfo, Value};
+
+use super::{Failure, at_maxclients, connect_failure, denial, select_failure};
+use crate::error::{Error, ErrorKind};
+
+/// What a connection's set-up sends after redis-rs's (`HELLO` at most).
+#[derive(Clone, Debug)]
+pub(super) struct SetUp {
+    /// `AUTH [user] password`: RESP2 with a password.
+    auth: Option<redis::Cmd>,
+    /// The database to `SELECT`, when not 0.
+    db: Option<i64>,
+}
+
+impl SetUp {
+    /// `settings` split in two: what redis-rs is to send (RESP3's `HELLO`, if any: no `AUTH`,
+    /// no `SELECT`, no `CLIENT SETINFO`), and the rest, sent here.
+    pub(super) fn split(settings: &RedisConnectionInfo) -> (RedisConnectionInfo, SetUp) {
+        let resp3 = settings.protocol().supports_resp3();
+        let mut left = RedisConnectionInfo::default()
+            .set_protocol(settings.protocol())
+            .set_skip_set_lib_name();
+        let mut auth = None;
+        if let Some(password) = settings.password() {
+            if resp3 {
+                left = left.set_password(password);
+                if let Some(user) = settings.username() {
+                    left = left.set_username(user);
+                }
+            } else {
+                let mut cmd = redis::Cmd::with_capacity(3, 64);
+                cmd.arg("AUTH");
+                if let Some(user) = settings.username() {
+                    cmd.arg(user);
+                }
+                cmd.arg(password);
+                auth = Some(cmd);
+            }
+        }
+        let db = (settings.db() != 0).then_some(settings.db());
+        (left, SetUp { auth, db })
+    }
+
+    /// `AUTH`, if sent.
+    pub(super) fn auth(&self) -> Option<&redis::Cmd> {
+        self.auth.as_ref()
+    }
+
+    /// `SELECT`, if sent.
+    pub(super) fn select(&self) -> Option<redis::Cmd> {
+        self.db.map(|db| {
+            let mut cmd = redis::cmd("SELECT");
+            cmd.arg(db);
+            cmd
+        })
+    }
+
+    /// The reply `r` to [`auth`](Self::auth): a refusal is of the URL's credentials, with the
+    /// server's words; at `maxclients`, or with no reply, a failed connect.
+    pub(super) fn authenticated(&self, r: redis::RedisResult<Value>) -> Result<(), Failure> {
+        let e = match r.and_then(Value::extract_error) {
+            Ok(_) => return Ok(()),
+            Err(e) => e,
+        };
+        let Some(code) = e.code() else {
+            return Err(connect_failure(e));
+        };
+        if at_maxclients(Some(code), e.detail()) {
+            return Err(connect_failure(e));
+        }
+        Err(Failure::Local(denial(code, e.detail()).unwrap_or_else(
+            || {
+                Error::new(
+                    ErrorKind::Denied,
+                    format!(
+                        "the server refused the URL's user and password (AUTH: {code} {})",
+                        e.detail().unwrap_or_default()
+                    ),
+                )
+            },
+        )))
+    }
+
+    /// The reply `r` to [`select`](Self::select).
+    pub(super) fn selected(&self, r: redis::RedisResult<Value>) -> Result<(), Failure> {
+        match r.and_then(Value::extract_error) {
+            Ok(_) => Ok(()),
+            Err(e) => Err(select_failure(e, self.db.unwrap_or_default())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(url: &str) -> RedisConnectionInfo {
+        redis::Client::open(url)
+            .unwrap()
+            .get_connection_info()
+            .redis_settings()
+            .clone()
+    }
+
+    #[test]
+    fn resp2_credentials_and_the_database_are_sent_here_not_by_redis_rs() {
+        let (left, set_up) = SetUp::split(&settings("redis://u:pw@127.0.0.1:6379/3"));
+        assert_eq!(
+            (left.username(), left.password(), left.db()),
+            (None, None, 0)
+        );
+        assert!(left.skip_set_lib_name());
+        let auth = set_up.auth().unwrap().get_packed_command();
+        assert_eq!(auth, b"*3\r\n$4\r\nAUTH\r\n$1\r\nu\r\n$2\r\npw\r\n");
+        let select = set_up.select().unwrap().get_packed_command();
+        assert_eq!(select, b"*2\r\n$6\r\nSELECT\r\n$1\r\n3\r\n");
+    }
+
+    #[test]
+    fn resp3_credentials_stay_with_hello() {
+        let (left, set_up) = SetUp::split(&settings("redis://u:pw@127.0.0.1:6379/0?protocol=3"));
+        assert_eq!((left.username(), left.password()), (Some("u"), Some("pw")));
+        assert!(left.protocol().supports_resp3());
+        assert!(set_up.auth().is_none() && set_up.select().is_none());
+    }
+
+    #[test]
+    fn a_password_alone_is_sent_without_a_user() {
+        let (_, set_up) = SetUp::split(&settings("redis://:pw@127.0.0.1:6379"));
+        let auth = set_up.auth().unwrap().get_packed_command();
+        assert_eq!(auth, b"*2\r\n$4\r\nAUTH\r\n$2\r\npw\r\n");
+    }
+
+    #[test]
+    fn maxclients_in_reply_to_auth_is_a_fault_and_a_wrong_password_a_denial() {
+        let (_, set_up) = SetUp::split(&settings("redis://:pw@127.0.0.1:6379"));
+        let refused = |code: &str, detail: &str| {
+            let reply = format!("-{code} {detail}\r\n");
+            set_up.authenticated(redis::parse_redis_value(reply.as_bytes()))
+        };
+        let full = refused("ERR", "max number of clients reached");
+        assert!(
+            matches!(&full, Err(Failure::Fault(e)) if !e.is_denied()),
+            "{full:?}"
+        );
+        let wrong = refused("WRONGPASS", "invalid username-password pair");
+        assert!(
+            matches!(&wrong, Err(Failure::Local(e)) if e.is_denied()),
+            "{wrong:?}"
+        );
+        let old = refused("ERR", "invalid password");
+        assert!(
+            matches!(&old, Err(Failure::Local(e)) if e.is_denied() && e.to_string().contains("invalid password")),
+            "{old:?}"
+        );
+        assert!(set_up.authenticated(Ok(Value::Okay)).is_ok());
+    }
+}
