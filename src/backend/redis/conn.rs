@@ -74,7 +74,7 @@ impl Pool {
         // here ([`SetUp`], [`Pool::connect_within`]), each reply read within what is left. (The
         // same client settings, TLS included, but those.)
         let info = client.get_connection_info().clone();
-        let (settings, set_up) = SetUp::split(info.redis_settings());
+        let (settings, set_up) = SetUp::split(info.redis_settings(), false);
         let client = redis::Client::open(info.set_redis_settings(settings)).unwrap_or(client);
         Pool {
             clients,

@@ -125,7 +125,7 @@ impl AsyncRedis {
     /// The async view of `shared`'s server. Never connects.
     pub(crate) fn new(shared: Arc<Shared>) -> Result<AsyncRedis> {
         let info = shared.config.client()?.get_connection_info().clone();
-        let (settings, set_up) = SetUp::split(info.redis_settings());
+        let (settings, set_up) = SetUp::split(info.redis_settings(), true);
         Ok(AsyncRedis(Arc::new(Inner {
             link: Arc::new(Link {
                 settings,
@@ -295,7 +295,7 @@ impl Inner {
                 ),
             ))
         };
-        // redis-rs sends RESP3's `HELLO` at most ([`SetUp::split`]).
+        // redis-rs sends `CLIENT SETINFO` and RESP3's `HELLO` ([`SetUp::split`]).
         let (conn, driver) = match tokio::time::timeout_at(
             by,
             MultiplexedConnection::new_with_config(&self.link.settings, stream, config),
@@ -308,8 +308,14 @@ impl Inner {
         };
         let driver = rt.spawn(driver);
         let mut conn = conn;
+        // The set-up's replies are read within what is left of connect_timeout (a server slow
+        // to answer a new connection, a long path), not each within io_timeout.
+        conn.set_response_timeout(connect_timeout);
         let client = match tokio::time::timeout_at(by, self.set_up(&mut conn)).await {
-            Ok(Ok(client)) => client,
+            Ok(Ok(client)) => {
+                conn.set_response_timeout(self.shared.config.io_timeout);
+                client
+            }
             Ok(Err(f)) => {
                 driver.abort();
                 return Err(f);
@@ -327,46 +333,44 @@ impl Inner {
         })
     }
 
-    /// A new connection's set-up ([`SetUp`]): `AUTH` (RESP2 with a password), `SELECT` (a
-    /// database other than 0), then `CLIENT INFO`, which learns its id (`None` if the server
-    /// refuses the command). The first goes alone: at `maxclients` the server's refusal is its
-    /// reply, and the connection closes (a pipeline's answer would be lost with it); the rest
-    /// are pipelined. One round trip, or two with `AUTH` or `SELECT`.
+    /// A new connection's set-up ([`SetUp`]), after redis-rs's (`CLIENT SETINFO`, RESP3's
+    /// `HELLO`): `AUTH` (RESP2 with a password), `SELECT` (a database other than 0), then
+    /// `CLIENT INFO`, which learns its id (`None` if the server refuses the command), pipelined
+    /// in one round trip.
     async fn set_up(
         &self,
         conn: &mut MultiplexedConnection,
     ) -> std::result::Result<Option<ClientId>, Failure> {
         let set_up = &self.link.set_up;
         let select = set_up.select();
-        let info = match (set_up.auth(), select) {
-            (None, None) => conn.send_packed_command(&clients::info()).await,
-            (None, Some(select)) => {
-                set_up.selected(conn.send_packed_command(&select).await)?;
-                conn.send_packed_command(&clients::info()).await
-            }
-            (Some(auth), select) => {
-                set_up.authenticated(conn.send_packed_command(auth).await)?;
-                match select {
-                    None => conn.send_packed_command(&clients::info()).await,
-                    Some(select) => {
-                        let mut both = redis::pipe();
-                        both.add_command(select).add_command(clients::info());
-                        let mut replies = match conn.send_packed_commands(&both, 0, 2).await {
-                            Ok(replies) if replies.len() == 2 => replies.into_iter(),
-                            Ok(_) => {
-                                return Err(Failure::Fault(Error::backend(
-                                    "could not connect: SELECT and CLIENT INFO were not both \
-                                     answered",
-                                )));
-                            }
-                            Err(e) => return Err(set_up.selected(Err(e)).unwrap_err()),
-                        };
-                        set_up.selected(Ok(replies.next().expect("two replies")))?;
-                        Ok(replies.next().expect("two replies"))
-                    }
-                }
-            }
-        };
+        if set_up.auth().is_none() && select.is_none() {
+            let info = conn.send_packed_command(&clients::info()).await;
+            return self.shared.clients.learned(info).map_err(connect_failure);
+        }
+        let mut pipe = redis::pipe();
+        for cmd in set_up.auth().into_iter().chain(&select) {
+            pipe.add_command(cmd.clone());
+        }
+        pipe.add_command(clients::info());
+        let replies = conn
+            .send_packed_commands(&pipe, 0, pipe.len())
+            .await
+            .map_err(connect_failure)?;
+        if replies.len() != pipe.len() {
+            return Err(Failure::Fault(Error::backend(format!(
+                "could not connect: {} replies to the set-up's {} commands",
+                replies.len(),
+                pipe.len()
+            ))));
+        }
+        let mut replies = replies.into_iter();
+        if set_up.auth().is_some() {
+            set_up.authenticated(Ok(replies.next().expect("counted")))?;
+        }
+        if select.is_some() {
+            set_up.selected(Ok(replies.next().expect("counted")))?;
+        }
+        let info = Ok(replies.next().expect("counted"));
         self.shared.clients.learned(info).map_err(connect_failure)
     }
 

@@ -1,21 +1,21 @@
 //! A new connection's set-up, sent by newcache rather than by redis-rs: `AUTH` (with RESP2),
 //! `SELECT` and `CLIENT INFO` ([`clients::info`](super::clients::info)).
 //!
-//! redis-rs is left RESP3's `HELLO` alone, which carries the credentials (a server refusing it
-//! keeps its reply). Its `AUTH` does not: it reads any refusal as "authentication failed" and
-//! drops the server's words, and at `maxclients` those are `-ERR max number of clients
-//! reached`, written on accept whatever the first command is: a fault (the delete it refused is
-//! queued for replay), not wrong credentials. Its `SELECT` is read within the whole connect
-//! timeout however long `AUTH` took, and it pipelines `CLIENT SETINFO`, which newcache does
-//! not send.
+//! redis-rs is left RESP3's `HELLO`, which carries the credentials (a server refusing it keeps
+//! its reply), and on the async view `CLIENT SETINFO` ([`SetUp::split`]). Its `AUTH` does not
+//! keep the reply: it reads any refusal as "authentication failed" and drops the server's
+//! words, and at `maxclients` those are `-ERR max number of clients reached`, written on accept
+//! whatever the first command is: a fault (a delete it refused is queued for replay), not wrong
+//! credentials. On the sync pool, its set-up's replies are each read within the whole connect
+//! timeout however long the one before took; here, within what is left of it.
 
 use redis::{RedisConnectionInfo, Value};
 
 use super::{Failure, at_maxclients, connect_failure, denial, select_failure};
 use crate::error::{Error, ErrorKind};
 
-/// What a connection's set-up sends after redis-rs's (`HELLO` at most).
-#[derive(Clone, Debug)]
+/// What a connection's set-up sends after redis-rs's (`HELLO` at most). Not `Debug`: `AUTH`
+/// holds the password.
 pub(super) struct SetUp {
     /// `AUTH [user] password`: RESP2 with a password.
     auth: Option<redis::Cmd>,
@@ -24,13 +24,22 @@ pub(super) struct SetUp {
 }
 
 impl SetUp {
-    /// `settings` split in two: what redis-rs is to send (RESP3's `HELLO`, if any: no `AUTH`,
-    /// no `SELECT`, no `CLIENT SETINFO`), and the rest, sent here.
-    pub(super) fn split(settings: &RedisConnectionInfo) -> (RedisConnectionInfo, SetUp) {
+    /// `settings` split in two: what redis-rs is to send (RESP3's `HELLO`, if any, and with
+    /// `set_lib_name` `CLIENT SETINFO`; no `AUTH`, no `SELECT`), and the rest, sent here.
+    ///
+    /// The async view wants `CLIENT SETINFO` (its replies ignored, refused or not): redis-rs
+    /// reads its set-up's replies before the connection's driver runs, so the server's first
+    /// words (at `maxclients` its refusal, with TLS a refused handshake's alert) come as their
+    /// answer; a command sent after the driver started might find them read and dropped.
+    pub(super) fn split(
+        settings: &RedisConnectionInfo,
+        set_lib_name: bool,
+    ) -> (RedisConnectionInfo, SetUp) {
         let resp3 = settings.protocol().supports_resp3();
-        let mut left = RedisConnectionInfo::default()
-            .set_protocol(settings.protocol())
-            .set_skip_set_lib_name();
+        let mut left = RedisConnectionInfo::default().set_protocol(settings.protocol());
+        if !set_lib_name {
+            left = left.set_skip_set_lib_name();
+        }
         let mut auth = None;
         if let Some(password) = settings.password() {
             if resp3 {
@@ -115,7 +124,7 @@ mod tests {
 
     #[test]
     fn resp2_credentials_and_the_database_are_sent_here_not_by_redis_rs() {
-        let (left, set_up) = SetUp::split(&settings("redis://u:pw@127.0.0.1:6379/3"));
+        let (left, set_up) = SetUp::split(&settings("redis://u:pw@127.0.0.1:6379/3"), false);
         assert_eq!(
             (left.username(), left.password(), left.db()),
             (None, None, 0)
@@ -129,7 +138,8 @@ mod tests {
 
     #[test]
     fn resp3_credentials_stay_with_hello() {
-        let (left, set_up) = SetUp::split(&settings("redis://u:pw@127.0.0.1:6379/0?protocol=3"));
+        let (left, set_up) =
+            SetUp::split(&settings("redis://u:pw@127.0.0.1:6379/0?protocol=3"), false);
         assert_eq!((left.username(), left.password()), (Some("u"), Some("pw")));
         assert!(left.protocol().supports_resp3());
         assert!(set_up.auth().is_none() && set_up.select().is_none());
@@ -137,14 +147,14 @@ mod tests {
 
     #[test]
     fn a_password_alone_is_sent_without_a_user() {
-        let (_, set_up) = SetUp::split(&settings("redis://:pw@127.0.0.1:6379"));
+        let (_, set_up) = SetUp::split(&settings("redis://:pw@127.0.0.1:6379"), false);
         let auth = set_up.auth().unwrap().get_packed_command();
         assert_eq!(auth, b"*2\r\n$4\r\nAUTH\r\n$2\r\npw\r\n");
     }
 
     #[test]
     fn maxclients_in_reply_to_auth_is_a_fault_and_a_wrong_password_a_denial() {
-        let (_, set_up) = SetUp::split(&settings("redis://:pw@127.0.0.1:6379"));
+        let (_, set_up) = SetUp::split(&settings("redis://:pw@127.0.0.1:6379"), false);
         let refused = |code: &str, detail: &str| {
             let reply = format!("-{code} {detail}\r\n");
             set_up.authenticated(redis::parse_redis_value(reply.as_bytes()))
