@@ -32,6 +32,8 @@ mod redis_cluster;
 #[cfg(feature = "redis-tls")]
 mod redis_tls;
 #[cfg(feature = "redis")]
+mod review10;
+#[cfg(feature = "redis")]
 mod review2;
 #[cfg(feature = "redis")]
 mod review5;

@@ -14,7 +14,7 @@ use parking_lot::{Condvar, Mutex};
 use redis::{ConnectionLike, Value};
 
 use super::clients::{self, ClientId, Clients};
-use super::setup::SetUp;
+use super::setup::{Auth, SetUp};
 use super::{Failure, RedisConfig};
 use crate::backend::memcached::IDLE_TIMEOUT;
 use crate::error::{Error, ErrorKind};
@@ -138,10 +138,10 @@ impl Pool {
     }
 
     /// A new connection, its set-up done (RESP3's `HELLO`, by redis-rs; then `AUTH` with RESP2,
-    /// `SELECT` and `CLIENT INFO`, which learns its id, pipelined in one round trip: [`SetUp`]),
-    /// all within `connect_timeout`: a server that accepts connections but does not answer
-    /// (hung) costs a connect that, not a connect and an `io_timeout`. Less when `by` is near
-    /// ([`within`]).
+    /// `SELECT` and `CLIENT INFO`, which learns its id, pipelined in one round trip, two for
+    /// `AUTH`'s old form: [`SetUp`]), all within `connect_timeout`: a server that accepts
+    /// connections but does not answer (hung) costs a connect that, not a connect and an
+    /// `io_timeout`. Less when `by` is near ([`within`]).
     fn connect(&self, by: Option<Instant>) -> Result<Box<Open>, Failure> {
         // Reached after the deadline: it gets [`LATE`] alone.
         let late = by.is_some_and(|by| by.saturating_duration_since(Instant::now()) < LATE);
@@ -184,17 +184,35 @@ impl Pool {
         set_timeouts(&conn, left())?;
         let mut conn = conn;
         // `AUTH`, `SELECT` and `CLIENT INFO` pipelined, each reply read within what is left.
-        let mut packed = Vec::new();
         let select = self.set_up.select();
-        for cmd in self.set_up.auth().into_iter().chain(&select) {
-            cmd.write_packed_command(&mut packed);
-        }
-        clients::info().write_packed_command(&mut packed);
-        conn.send_packed_command(&packed)
-            .map_err(super::connect_failure)?;
-        if self.set_up.auth().is_some() {
-            self.set_up.authenticated(conn.recv_response())?;
-            set_timeouts(&conn, left())?;
+        let mut again = false;
+        loop {
+            let auth = self.set_up.auth(again);
+            let mut packed = Vec::new();
+            for cmd in auth.into_iter().chain(&select) {
+                cmd.write_packed_command(&mut packed);
+            }
+            clients::info().write_packed_command(&mut packed);
+            conn.send_packed_command(&packed)
+                .map_err(super::connect_failure)?;
+            if auth.is_some() {
+                let authed = self.set_up.authenticated(conn.recv_response(), again)?;
+                set_timeouts(&conn, left())?;
+                if authed == Auth::Again {
+                    // `SELECT` and `CLIENT INFO` were refused unauthenticated: their replies
+                    // are skipped, and the set-up goes again with `AUTH`'s old form.
+                    for _ in 0..usize::from(select.is_some()) + 1 {
+                        if let Err(e) = conn.recv_response() {
+                            if e.code().is_none() {
+                                return Err(super::connect_failure(e));
+                            }
+                        }
+                    }
+                    again = true;
+                    continue;
+                }
+            }
+            break;
         }
         if select.is_some() {
             self.set_up.selected(conn.recv_response())?;
@@ -381,14 +399,20 @@ impl<'a> Pooled<'a> {
 /// and the servers read after that share one grace window ([`GRACE`]), as memcached's batches
 /// do, so one hung server costs the batch one `io_timeout`, not one per server.
 pub(super) struct Window {
+    /// When it opened.
+    opened: Instant,
     start: Instant,
     deadline: Instant,
     grace: Option<Instant>,
-    /// The batch's deadline for its connects ([`within`]): a read sent again on a fresh
-    /// connection (its pooled one found closed) connects within what is left of it.
+    /// The batch's deadline for its connects ([`within`]) when the window opened: a read sent
+    /// again on a fresh connection (its pooled one found closed) connects within what is left
+    /// of it, moved on by the time read since ([`connect_by`](Window::connect_by)).
     connect_by: Option<Instant>,
     /// The time the reads spent on such connects (not reading time).
     connecting: Duration,
+    /// Shorter than `io_timeout` (a refresh's, by the batch's connect deadline): a read that
+    /// times out in it says nothing against the server ([`starved`]).
+    cut: bool,
 }
 
 /// The grace window of servers read late (memcached's).
@@ -424,21 +448,25 @@ impl Window {
     pub(super) fn new(io_timeout: Duration, connect_by: Option<Instant>) -> Window {
         let start = Instant::now();
         Window {
+            opened: start,
             start,
             deadline: start + io_timeout,
             grace: None,
             connect_by,
             connecting: Duration::ZERO,
+            cut: false,
         }
     }
 
     /// A window ending at `end` (a cluster batch's refresh of its map, within what is left of
     /// the batch's connect deadline), or `io_timeout` from now if that is sooner; [`LATE`] from
-    /// now at least.
+    /// now at least. A read that times out in a window cut short by `end` counts no fault
+    /// ([`cut`](Window::cut)).
     pub(super) fn until(end: Instant, io_timeout: Duration) -> Window {
         let now = Instant::now();
         let deadline = end.max(now + LATE).min(now + io_timeout);
         Window {
+            opened: now,
             // As if opened `io_timeout` before its end: a read is timed by the window only once
             // less than the connection's own `io_timeout` is left of it.
             start: deadline.checked_sub(io_timeout).unwrap_or(now),
@@ -446,17 +474,29 @@ impl Window {
             grace: None,
             connect_by: Some(end),
             connecting: Duration::ZERO,
+            cut: deadline < now + io_timeout,
         }
     }
 
-    /// The batch's deadline for its connects.
+    /// The batch's deadline for its connects, moved on by the time read since the window
+    /// opened (reading time is not counted against the connects).
     pub(super) fn connect_by(&self) -> Option<Instant> {
-        self.connect_by
+        let read = self.opened.elapsed().saturating_sub(self.connecting);
+        self.connect_by.map(|by| by + read)
     }
 
-    /// A read spent `took` connecting.
+    /// A read spent `took` connecting: not reading time, so the window moves on by it (the
+    /// read sent again on the fresh connection has what was left of the window before).
     pub(super) fn connected(&mut self, took: Duration) {
         self.connecting += took;
+        self.start += took;
+        self.deadline += took;
+        self.grace = None;
+    }
+
+    /// Cut short by a batch's connect deadline ([`until`](Window::until)).
+    pub(super) fn cut(&self) -> bool {
+        self.cut
     }
 
     /// The time the reads spent connecting.
@@ -496,5 +536,52 @@ impl Drop for Pooled<'_> {
                 self.pool.closed(self.generation);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: fn(u64) -> Duration = Duration::from_millis;
+
+    #[test]
+    fn a_reads_reconnect_is_not_reading_time() {
+        let by = Instant::now() + MS(1_000);
+        let mut w = Window::new(MS(500), Some(by));
+        let (start, deadline) = (w.start, w.deadline);
+        w.connected(MS(300));
+        // The read sent again has what was left of the window before its connect.
+        assert_eq!((w.start, w.deadline), (start + MS(300), deadline + MS(300)));
+        assert_eq!(w.connecting(), MS(300));
+        // The connects' deadline moves on by the time read, not by the time connecting.
+        assert_eq!(
+            w.connect_by(),
+            Some(by),
+            "nothing read yet (300 ms were connecting)"
+        );
+        let mut w = Window::new(MS(500), Some(by));
+        std::thread::sleep(MS(50));
+        let moved = w.connect_by().unwrap() - by;
+        assert!(moved >= MS(50) && moved <= w.opened.elapsed(), "{moved:?}");
+        w.connected(MS(30));
+        let moved = w.connect_by().unwrap() - by;
+        assert!(
+            moved >= MS(20) && moved <= w.opened.elapsed() - MS(30),
+            "{moved:?}"
+        );
+    }
+
+    #[test]
+    fn a_refresh_window_cut_short_by_the_batch_deadline_excuses_its_timeouts() {
+        let now = Instant::now();
+        assert!(Window::until(now + MS(10), MS(1_000)).cut());
+        assert!(!Window::until(now + MS(5_000), MS(1_000)).cut());
+        assert!(!Window::new(MS(1_000), Some(now)).cut());
+        let timeout = || Failure::Fault(Error::new(ErrorKind::Timeout, "no reply in time"));
+        assert!(matches!(starved(timeout(), true), Failure::Local(_)));
+        assert!(matches!(starved(timeout(), false), Failure::Fault(_)));
+        let io = Failure::Fault(Error::new(ErrorKind::Backend, "i/o error"));
+        assert!(matches!(starved(io, true), Failure::Fault(_)));
     }
 }

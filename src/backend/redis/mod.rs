@@ -421,8 +421,9 @@ pub(crate) fn select_failure(e: redis::RedisError, db: i64) -> Failure {
 /// `-ERR max number of clients reached` on accept, before reading anything, and closes the
 /// connection, so the reply comes as the answer to the first command of the set-up (`AUTH`,
 /// `SELECT`, `CLIENT INFO`). Nothing was run: a fault like a refused connect, not an answer.
+/// A cluster node says `max number of clients + cluster connections reached`.
 pub(super) fn at_maxclients(code: Option<&str>, detail: Option<&str>) -> bool {
-    code == Some("ERR") && detail.is_some_and(|d| d.starts_with("max number of clients reached"))
+    code == Some("ERR") && detail.is_some_and(|d| d.starts_with("max number of clients"))
 }
 
 fn classify(e: redis::RedisError, connect: bool, write: bool) -> Failure {
@@ -431,8 +432,11 @@ fn classify(e: redis::RedisError, connect: bool, write: bool) -> Failure {
         // refused is queued for replay.
         return Failure::Fault(Error::new(
             ErrorKind::Backend,
-            "could not connect: the server refused the connection (ERR max number of clients \
-             reached: its `maxclients`)",
+            format!(
+                "could not connect: the server refused the connection (ERR {}: its \
+                 `maxclients`)",
+                e.detail().unwrap_or_default()
+            ),
         ));
     }
     // The server answered, and said no: the configuration, not the server, is at fault.
@@ -715,9 +719,12 @@ impl RedisBackend {
     fn finish<T>(&self, sent: Sent<'_, T>, window: Option<&mut Window>) -> Result<T> {
         let s = &self.shared;
         let Sent { req, probe, conn } = sent;
+        // A read in a window a batch's deadline cut short that times out says nothing against
+        // the server (a late connect's rule, `conn::starved`).
+        let cut = window.as_deref().is_some_and(Window::cut);
         let replies = self
             .read(&req, conn, window)
-            .map_err(|f| self.judge(probe, f))?;
+            .map_err(|f| self.judge(probe, conn::starved(f, cut)))?;
         s.answered(probe);
         if s.first_answer() {
             let policy = self.send(&s.requests.policy()).ok();
@@ -995,7 +1002,7 @@ impl RedisBackend {
                 conn = fresh.map_err(Failure::unsent)?;
                 self.put(&mut conn, req)
                     .and_then(|()| {
-                        let timeout = window.as_deref_mut().and_then(Window::timeout);
+                        let timeout = window.and_then(Window::timeout);
                         self.recv(&mut conn, n, timeout)
                     })
                     .map_err(|e| failure_of(e, req.write))?

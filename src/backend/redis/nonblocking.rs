@@ -31,7 +31,7 @@ use tokio::task::JoinHandle;
 use super::batch::Gets;
 use super::clients::{self, ClientId};
 use super::request::{self, Request, noscript_retry};
-use super::setup::SetUp;
+use super::setup::{Auth, SetUp};
 use super::waited::{self, Dialed, Waited};
 use super::{BatchOp, Failure, Shared, connect_failure, failure_of};
 use crate::backend::memcached::health::MissedOf;
@@ -343,35 +343,45 @@ impl Inner {
     ) -> std::result::Result<Option<ClientId>, Failure> {
         let set_up = &self.link.set_up;
         let select = set_up.select();
-        if set_up.auth().is_none() && select.is_none() {
+        if set_up.auth(false).is_none() && select.is_none() {
             let info = conn.send_packed_command(&clients::info()).await;
             return self.shared.clients.learned(info).map_err(connect_failure);
         }
-        let mut pipe = redis::pipe();
-        for cmd in set_up.auth().into_iter().chain(&select) {
-            pipe.add_command(cmd.clone());
+        let mut again = false;
+        loop {
+            let auth = set_up.auth(again);
+            let mut pipe = redis::pipe();
+            for cmd in auth.into_iter().chain(&select) {
+                pipe.add_command(cmd.clone());
+            }
+            pipe.add_command(clients::info());
+            let replies = conn
+                .send_packed_commands(&pipe, 0, pipe.len())
+                .await
+                .map_err(connect_failure)?;
+            if replies.len() != pipe.len() {
+                return Err(Failure::Fault(Error::backend(format!(
+                    "could not connect: {} replies to the set-up's {} commands",
+                    replies.len(),
+                    pipe.len()
+                ))));
+            }
+            let mut replies = replies.into_iter();
+            if auth.is_some() {
+                let authed = set_up.authenticated(Ok(replies.next().expect("counted")), again)?;
+                if authed == Auth::Again {
+                    // `SELECT` and `CLIENT INFO` were refused unauthenticated: all go again
+                    // with `AUTH`'s old form.
+                    again = true;
+                    continue;
+                }
+            }
+            if select.is_some() {
+                set_up.selected(Ok(replies.next().expect("counted")))?;
+            }
+            let info = Ok(replies.next().expect("counted"));
+            return self.shared.clients.learned(info).map_err(connect_failure);
         }
-        pipe.add_command(clients::info());
-        let replies = conn
-            .send_packed_commands(&pipe, 0, pipe.len())
-            .await
-            .map_err(connect_failure)?;
-        if replies.len() != pipe.len() {
-            return Err(Failure::Fault(Error::backend(format!(
-                "could not connect: {} replies to the set-up's {} commands",
-                replies.len(),
-                pipe.len()
-            ))));
-        }
-        let mut replies = replies.into_iter();
-        if set_up.auth().is_some() {
-            set_up.authenticated(Ok(replies.next().expect("counted")))?;
-        }
-        if select.is_some() {
-            set_up.selected(Ok(replies.next().expect("counted")))?;
-        }
-        let info = Ok(replies.next().expect("counted"));
-        self.shared.clients.learned(info).map_err(connect_failure)
     }
 
     /// Drops the connections (on shutdown).

@@ -19,8 +19,20 @@ use crate::error::{Error, ErrorKind};
 pub(super) struct SetUp {
     /// `AUTH [user] password`: RESP2 with a password.
     auth: Option<redis::Cmd>,
+    /// `AUTH password`, sent again when `AUTH user password` is refused for its form (a server
+    /// older than Redis 6, or a proxy speaking the old form), as redis-rs does.
+    old_auth: Option<redis::Cmd>,
     /// The database to `SELECT`, when not 0.
     db: Option<i64>,
+}
+
+/// What an `AUTH`'s reply says, when not a failure.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Auth {
+    /// Authenticated.
+    Done,
+    /// Send the set-up again with `AUTH`'s old form, without the user.
+    Again,
 }
 
 impl SetUp {
@@ -40,7 +52,7 @@ impl SetUp {
         if !set_lib_name {
             left = left.set_skip_set_lib_name();
         }
-        let mut auth = None;
+        let (mut auth, mut old_auth) = (None, None);
         if let Some(password) = settings.password() {
             if resp3 {
                 left = left.set_password(password);
@@ -51,6 +63,9 @@ impl SetUp {
                 let mut cmd = redis::Cmd::with_capacity(3, 64);
                 cmd.arg("AUTH");
                 if let Some(user) = settings.username() {
+                    let mut old = cmd.clone();
+                    old.arg(password);
+                    old_auth = Some(old);
                     cmd.arg(user);
                 }
                 cmd.arg(password);
@@ -58,12 +73,16 @@ impl SetUp {
             }
         }
         let db = (settings.db() != 0).then_some(settings.db());
-        (left, SetUp { auth, db })
+        (left, SetUp { auth, old_auth, db })
     }
 
-    /// `AUTH`, if sent.
-    pub(super) fn auth(&self) -> Option<&redis::Cmd> {
-        self.auth.as_ref()
+    /// `AUTH`, if sent; `again`: its old form (without the user), after [`Auth::Again`].
+    pub(super) fn auth(&self, again: bool) -> Option<&redis::Cmd> {
+        if again {
+            self.old_auth.as_ref()
+        } else {
+            self.auth.as_ref()
+        }
     }
 
     /// `SELECT`, if sent.
@@ -75,26 +94,38 @@ impl SetUp {
         })
     }
 
-    /// The reply `r` to [`auth`](Self::auth): a refusal is of the URL's credentials, with the
-    /// server's words; at `maxclients`, or with no reply, a failed connect.
-    pub(super) fn authenticated(&self, r: redis::RedisResult<Value>) -> Result<(), Failure> {
+    /// The reply `r` to [`auth`](Self::auth)`(again)`: a refusal is of the URL's credentials,
+    /// with the server's words; at `maxclients`, or with no reply, a failed connect;
+    /// [`Auth::Again`] if the server knows only `AUTH password` (the commands after it, refused
+    /// unauthenticated, go again after that form).
+    pub(super) fn authenticated(
+        &self,
+        r: redis::RedisResult<Value>,
+        again: bool,
+    ) -> Result<Auth, Failure> {
         let e = match r.and_then(Value::extract_error) {
-            Ok(_) => return Ok(()),
+            Ok(_) => return Ok(Auth::Done),
             Err(e) => e,
         };
         let Some(code) = e.code() else {
             return Err(connect_failure(e));
         };
-        if at_maxclients(Some(code), e.detail()) {
+        let detail = e.detail().unwrap_or_default();
+        if at_maxclients(Some(code), Some(detail)) {
             return Err(connect_failure(e));
         }
-        Err(Failure::Local(denial(code, e.detail()).unwrap_or_else(
+        if !again
+            && self.old_auth.is_some()
+            && detail.contains("wrong number of arguments for 'auth' command")
+        {
+            return Ok(Auth::Again);
+        }
+        Err(Failure::Local(denial(code, Some(detail)).unwrap_or_else(
             || {
                 Error::new(
                     ErrorKind::Denied,
                     format!(
-                        "the server refused the URL's user and password (AUTH: {code} {})",
-                        e.detail().unwrap_or_default()
+                        "the server refused the URL's user and password (AUTH: {code} {detail})"
                     ),
                 )
             },
@@ -130,7 +161,7 @@ mod tests {
             (None, None, 0)
         );
         assert!(left.skip_set_lib_name());
-        let auth = set_up.auth().unwrap().get_packed_command();
+        let auth = set_up.auth(false).unwrap().get_packed_command();
         assert_eq!(auth, b"*3\r\n$4\r\nAUTH\r\n$1\r\nu\r\n$2\r\npw\r\n");
         let select = set_up.select().unwrap().get_packed_command();
         assert_eq!(select, b"*2\r\n$6\r\nSELECT\r\n$1\r\n3\r\n");
@@ -142,13 +173,34 @@ mod tests {
             SetUp::split(&settings("redis://u:pw@127.0.0.1:6379/0?protocol=3"), false);
         assert_eq!((left.username(), left.password()), (Some("u"), Some("pw")));
         assert!(left.protocol().supports_resp3());
-        assert!(set_up.auth().is_none() && set_up.select().is_none());
+        assert!(set_up.auth(false).is_none() && set_up.select().is_none());
+    }
+
+    #[test]
+    fn the_old_auth_form_is_tried_once_when_the_new_one_is_refused_for_its_form() {
+        let (_, set_up) = SetUp::split(&settings("redis://u:pw@127.0.0.1:6379"), false);
+        let old = set_up.auth(true).unwrap().get_packed_command();
+        assert_eq!(old, b"*2\r\n$4\r\nAUTH\r\n$2\r\npw\r\n");
+        let form =
+            redis::parse_redis_value(b"-ERR wrong number of arguments for 'auth' command\r\n");
+        assert_eq!(
+            set_up.authenticated(form.clone(), false).unwrap(),
+            Auth::Again
+        );
+        let again = set_up.authenticated(form, true);
+        assert!(
+            matches!(&again, Err(Failure::Local(e)) if e.is_denied()),
+            "{again:?}"
+        );
+        // Without a user there is no other form to try.
+        let (_, no_user) = SetUp::split(&settings("redis://:pw@127.0.0.1:6379"), false);
+        assert!(no_user.auth(true).is_none());
     }
 
     #[test]
     fn a_password_alone_is_sent_without_a_user() {
         let (_, set_up) = SetUp::split(&settings("redis://:pw@127.0.0.1:6379"), false);
-        let auth = set_up.auth().unwrap().get_packed_command();
+        let auth = set_up.auth(false).unwrap().get_packed_command();
         assert_eq!(auth, b"*2\r\n$4\r\nAUTH\r\n$2\r\npw\r\n");
     }
 
@@ -157,7 +209,7 @@ mod tests {
         let (_, set_up) = SetUp::split(&settings("redis://:pw@127.0.0.1:6379"), false);
         let refused = |code: &str, detail: &str| {
             let reply = format!("-{code} {detail}\r\n");
-            set_up.authenticated(redis::parse_redis_value(reply.as_bytes()))
+            set_up.authenticated(redis::parse_redis_value(reply.as_bytes()), false)
         };
         let full = refused("ERR", "max number of clients reached");
         assert!(
@@ -174,6 +226,14 @@ mod tests {
             matches!(&old, Err(Failure::Local(e)) if e.is_denied() && e.to_string().contains("invalid password")),
             "{old:?}"
         );
-        assert!(set_up.authenticated(Ok(Value::Okay)).is_ok());
+        let cluster = refused("ERR", "max number of clients + cluster connections reached");
+        assert!(
+            matches!(&cluster, Err(Failure::Fault(e)) if !e.is_denied()),
+            "{cluster:?}"
+        );
+        assert_eq!(
+            set_up.authenticated(Ok(Value::Okay), false).unwrap(),
+            Auth::Done
+        );
     }
 }
