@@ -202,12 +202,14 @@ impl Pool {
                     // `SELECT` and `CLIENT INFO` were refused unauthenticated: their replies
                     // are skipped, and the set-up goes again with `AUTH`'s old form.
                     for _ in 0..usize::from(select.is_some()) + 1 {
+                        set_timeouts(&conn, left())?;
                         if let Err(e) = conn.recv_response() {
                             if e.code().is_none() {
                                 return Err(super::connect_failure(e));
                             }
                         }
                     }
+                    set_timeouts(&conn, left())?;
                     again = true;
                     continue;
                 }
@@ -410,9 +412,12 @@ pub(super) struct Window {
     connect_by: Option<Instant>,
     /// The time the reads spent on such connects (not reading time).
     connecting: Duration,
-    /// Shorter than `io_timeout` (a refresh's, by the batch's connect deadline): a read that
-    /// times out in it says nothing against the server ([`starved`]).
+    /// Given [`LATE`] alone (a refresh's, begun after the batch's connect deadline): a read
+    /// that times out in it says nothing against the server ([`starved`]).
     cut: bool,
+    /// Spends the batch's connect deadline itself ([`until`](Window::until)): its reads and a
+    /// reconnect share `connect_by`, which neither reading nor connecting moves on.
+    shares: bool,
 }
 
 /// The grace window of servers read late (memcached's).
@@ -455,12 +460,13 @@ impl Window {
             connect_by,
             connecting: Duration::ZERO,
             cut: false,
+            shares: false,
         }
     }
 
     /// A window ending at `end` (a cluster batch's refresh of its map, within what is left of
     /// the batch's connect deadline), or `io_timeout` from now if that is sooner; [`LATE`] from
-    /// now at least. A read that times out in a window cut short by `end` counts no fault
+    /// now at least. A read that times out in a window that got [`LATE`] alone counts no fault
     /// ([`cut`](Window::cut)).
     pub(super) fn until(end: Instant, io_timeout: Duration) -> Window {
         let now = Instant::now();
@@ -474,13 +480,17 @@ impl Window {
             grace: None,
             connect_by: Some(end),
             connecting: Duration::ZERO,
-            cut: deadline < now + io_timeout,
+            cut: end <= now + LATE,
+            shares: true,
         }
     }
 
     /// The batch's deadline for its connects, moved on by the time read since the window
     /// opened (reading time is not counted against the connects).
     pub(super) fn connect_by(&self) -> Option<Instant> {
+        if self.shares {
+            return self.connect_by;
+        }
         let read = self.opened.elapsed().saturating_sub(self.connecting);
         self.connect_by.map(|by| by + read)
     }
@@ -489,12 +499,15 @@ impl Window {
     /// read sent again on the fresh connection has what was left of the window before).
     pub(super) fn connected(&mut self, took: Duration) {
         self.connecting += took;
+        if self.shares {
+            return;
+        }
         self.start += took;
         self.deadline += took;
         self.grace = None;
     }
 
-    /// Cut short by a batch's connect deadline ([`until`](Window::until)).
+    /// Given [`LATE`] alone by a batch's connect deadline ([`until`](Window::until)).
     pub(super) fn cut(&self) -> bool {
         self.cut
     }
@@ -576,7 +589,19 @@ mod tests {
     fn a_refresh_window_cut_short_by_the_batch_deadline_excuses_its_timeouts() {
         let now = Instant::now();
         assert!(Window::until(now + MS(10), MS(1_000)).cut());
+        assert!(
+            !Window::until(now + MS(400), MS(1_000)).cut(),
+            "more than LATE: a fault"
+        );
         assert!(!Window::until(now + MS(5_000), MS(1_000)).cut());
+        // A refresh's window spends the batch's deadline: a reconnect moves nothing on.
+        let mut w = Window::until(now + MS(400), MS(1_000));
+        let deadline = w.deadline;
+        w.connected(MS(300));
+        assert_eq!(
+            (w.deadline, w.connect_by()),
+            (deadline, Some(now + MS(400)))
+        );
         assert!(!Window::new(MS(1_000), Some(now)).cut());
         let timeout = || Failure::Fault(Error::new(ErrorKind::Timeout, "no reply in time"));
         assert!(matches!(starved(timeout(), true), Failure::Local(_)));

@@ -97,8 +97,8 @@ pub(crate) struct Inner {
 
 /// The connections of an async view (shared by its asking view).
 struct Link {
-    /// What redis-rs sends in a connection's set-up (RESP3's `HELLO` at most), and what
-    /// [`Inner::set_up`] sends.
+    /// What redis-rs sends in a connection's set-up (`CLIENT SETINFO`, RESP3's `HELLO`), and
+    /// what [`Inner::set_up`] sends after it.
     settings: redis::RedisConnectionInfo,
     set_up: SetUp,
     /// A `rediss://` server's handshake.
@@ -336,7 +336,7 @@ impl Inner {
     /// A new connection's set-up ([`SetUp`]), after redis-rs's (`CLIENT SETINFO`, RESP3's
     /// `HELLO`): `AUTH` (RESP2 with a password), `SELECT` (a database other than 0), then
     /// `CLIENT INFO`, which learns its id (`None` if the server refuses the command), pipelined
-    /// in one round trip.
+    /// in one round trip (two for `AUTH`'s old form).
     async fn set_up(
         &self,
         conn: &mut MultiplexedConnection,

@@ -14,8 +14,8 @@ use redis::{RedisConnectionInfo, Value};
 use super::{Failure, at_maxclients, connect_failure, denial, select_failure};
 use crate::error::{Error, ErrorKind};
 
-/// What a connection's set-up sends after redis-rs's (`HELLO` at most). Not `Debug`: `AUTH`
-/// holds the password.
+/// What a connection's set-up sends after redis-rs's (RESP3's `HELLO`; on the async view
+/// `CLIENT SETINFO` too). Not `Debug`: it holds the password.
 pub(super) struct SetUp {
     /// `AUTH [user] password`: RESP2 with a password.
     auth: Option<redis::Cmd>,
@@ -24,6 +24,9 @@ pub(super) struct SetUp {
     old_auth: Option<redis::Cmd>,
     /// The database to `SELECT`, when not 0.
     db: Option<i64>,
+    /// The password, hidden in a refusal's words a server may echo it in (`ERR unknown
+    /// command 'AUTH', with args beginning with: ...`).
+    password: Option<String>,
 }
 
 /// What an `AUTH`'s reply says, when not a failure.
@@ -73,7 +76,16 @@ impl SetUp {
             }
         }
         let db = (settings.db() != 0).then_some(settings.db());
-        (left, SetUp { auth, old_auth, db })
+        let password = settings.password().map(str::to_owned);
+        (
+            left,
+            SetUp {
+                auth,
+                old_auth,
+                db,
+                password,
+            },
+        )
     }
 
     /// `AUTH`, if sent; `again`: its old form (without the user), after [`Auth::Again`].
@@ -110,7 +122,13 @@ impl SetUp {
         let Some(code) = e.code() else {
             return Err(connect_failure(e));
         };
-        let detail = e.detail().unwrap_or_default();
+        let detail = match &self.password {
+            Some(pw) if !pw.is_empty() => {
+                e.detail().unwrap_or_default().replace(pw.as_str(), "***")
+            }
+            _ => e.detail().unwrap_or_default().to_owned(),
+        };
+        let detail = detail.as_str();
         if at_maxclients(Some(code), Some(detail)) {
             return Err(connect_failure(e));
         }
@@ -234,6 +252,14 @@ mod tests {
         assert_eq!(
             set_up.authenticated(Ok(Value::Okay), false).unwrap(),
             Auth::Done
+        );
+        let echoed = refused(
+            "ERR",
+            "unknown command 'AUTH', with args beginning with: 'pw'",
+        );
+        assert!(
+            matches!(&echoed, Err(Failure::Local(e)) if !e.to_string().contains("'pw'")),
+            "{echoed:?}"
         );
     }
 }
