@@ -9,17 +9,40 @@ use newcache::{Cache, FailurePolicy};
 
 use crate::fixture::{RedisServer, unique_flavor};
 use crate::redis::runtime;
+use crate::review9::maxclients;
 
 const S: fn(u64) -> Duration = Duration::from_secs;
 const MS: fn(u64) -> Duration = Duration::from_millis;
 
-fn maxclients(a: &mut redis::Connection, n: u32) {
-    let () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("maxclients")
-        .arg(n)
-        .query(a)
+/// A cluster-enabled server holding every slot (a one-node cluster), `extra` arguments given
+/// (a password), its nodes file under `name`; with an admin connection by `url`, and the
+/// nodes file to remove after.
+fn one_node_cluster(
+    name: &str,
+    extra: &[&str],
+    url: impl Fn(&RedisServer) -> String,
+) -> (RedisServer, redis::Connection, std::path::PathBuf) {
+    let conf = std::env::temp_dir().join(format!("{name}-{}.conf", std::process::id()));
+    let _ = std::fs::remove_file(&conf);
+    let mut args = extra.to_vec();
+    args.extend(["--cluster-enabled", "yes", "--cluster-config-file"]);
+    args.push(conf.to_str().unwrap());
+    let server = RedisServer::start_with("redis-server", &args);
+    let mut a = redis::Client::open(url(&server))
+        .and_then(|c| c.get_connection_with_timeout(S(5)))
         .unwrap();
+    let () = redis::cmd("CLUSTER")
+        .arg(&["ADDSLOTSRANGE", "0", "16383"])
+        .query(&mut a)
+        .unwrap();
+    for _ in 0..100 {
+        let info: String = redis::cmd("CLUSTER").arg("INFO").query(&mut a).unwrap();
+        if info.contains("cluster_state:ok") {
+            break;
+        }
+        std::thread::sleep(MS(100));
+    }
+    (server, a, conf)
 }
 
 /// maxclients behind a password, in the variants review9 does not cover: RESP3 (HELLO AUTH by
@@ -204,34 +227,9 @@ fn a_server_knowing_only_auth_password_is_authenticated_with_a_user_in_the_url()
 /// password (RESP2): the refusal comes as AUTH's reply.
 #[test]
 fn a_delete_a_cluster_node_refused_at_maxclients_behind_a_password_is_replayed() {
-    let conf = std::env::temp_dir().join(format!("r10-nodes-{}.conf", std::process::id()));
-    let _ = std::fs::remove_file(&conf);
-    let server = RedisServer::start_with(
-        "redis-server",
-        &[
-            "--requirepass",
-            "pw",
-            "--cluster-enabled",
-            "yes",
-            "--cluster-config-file",
-            conf.to_str().unwrap(),
-        ],
-    );
-    let url = server.url().replace("redis://", "redis://:pw@");
-    let mut a = redis::Client::open(url.as_str())
-        .and_then(|c| c.get_connection_with_timeout(S(5)))
-        .unwrap();
-    let () = redis::cmd("CLUSTER")
-        .arg(&["ADDSLOTSRANGE", "0", "16383"])
-        .query(&mut a)
-        .unwrap();
-    for _ in 0..100 {
-        let info: String = redis::cmd("CLUSTER").arg("INFO").query(&mut a).unwrap();
-        if info.contains("cluster_state:ok") {
-            break;
-        }
-        std::thread::sleep(MS(100));
-    }
+    let password = |server: &RedisServer| server.url().replace("redis://", "redis://:pw@");
+    let (server, mut a, conf) = one_node_cluster("r10-nodes", &["--requirepass", "pw"], password);
+    let url = password(&server);
     let rt = runtime();
     let mut bad = Vec::new();
     for cluster in [false, true] {
@@ -330,31 +328,7 @@ fn a_delete_a_cluster_node_refused_at_maxclients_behind_a_password_is_replayed()
 /// (HELLO's reply), single-server backend, sync.
 #[test]
 fn a_delete_a_cluster_node_refused_at_maxclients_is_replayed_without_a_password_and_with_resp3() {
-    let conf = std::env::temp_dir().join(format!("r10-nodes2-{}.conf", std::process::id()));
-    let _ = std::fs::remove_file(&conf);
-    let server = RedisServer::start_with(
-        "redis-server",
-        &[
-            "--cluster-enabled",
-            "yes",
-            "--cluster-config-file",
-            conf.to_str().unwrap(),
-        ],
-    );
-    let mut a = redis::Client::open(server.url())
-        .and_then(|c| c.get_connection_with_timeout(S(5)))
-        .unwrap();
-    let () = redis::cmd("CLUSTER")
-        .arg(&["ADDSLOTSRANGE", "0", "16383"])
-        .query(&mut a)
-        .unwrap();
-    for _ in 0..100 {
-        let info: String = redis::cmd("CLUSTER").arg("INFO").query(&mut a).unwrap();
-        if info.contains("cluster_state:ok") {
-            break;
-        }
-        std::thread::sleep(MS(100));
-    }
+    let (server, mut a, conf) = one_node_cluster("r10-nodes2", &[], RedisServer::url);
     let mut bad = Vec::new();
     for (name, url) in [
         ("no password", server.url()),

@@ -19,7 +19,8 @@ fn admin(server: &RedisServer) -> redis::Connection {
         .unwrap()
 }
 
-fn maxclients(a: &mut redis::Connection, n: u32) {
+/// Sets the server's `maxclients` to `n` on the admin connection `a`.
+pub(crate) fn maxclients(a: &mut redis::Connection, n: u32) {
     let () = redis::cmd("CONFIG")
         .arg("SET")
         .arg("maxclients")
