@@ -838,11 +838,10 @@ async fn close_queue(ops: &mut mpsc::Receiver<Op>, e: &Error) {
 /// Callers waiting for room in the queue meanwhile are not failed; they wait (cancel-safely).
 ///
 /// There is no batching timer. An op on an idle connection does not come here: its caller
-/// writes it ([`Conn::submit`]). An op queued while no reply is outstanding (behind a
-/// connect, or behind others queued) is written as soon as this task runs. While a few replies
-/// are outstanding (fewer than [`HOLD`] keys and commands), this task yields once (one
-/// scheduler turn) before taking what is queued, so that the callers ready to run add theirs:
-/// a few tasks keep their requests pipelined. While [`HOLD`] or more are outstanding, the
+/// writes it ([`Conn::submit`]). While fewer than [`HOLD`] keys and commands are outstanding
+/// (none included: an op queued behind a connect, or behind others, or behind a reply read
+/// since), this task yields once (one scheduler turn) before taking what is queued, so that
+/// the callers ready to run add theirs: a few tasks keep their requests pipelined. While [`HOLD`] or more are outstanding, the
 /// connection is busy: a round that what is pending does not fill waits until they are all
 /// read (Nagle's rule), its ops left pending meanwhile (a get given up is skipped when the
 /// round is written), so that under load each write carries what the callers asked for during
@@ -905,11 +904,24 @@ async fn write_loop(
                     () = conn.go.notified() => {}
                 }
             }
-        } else if busy != 0 {
-            // Replies are outstanding but few: give the callers that are ready to run one
-            // scheduler turn to queue theirs, and write them together. A few tasks keep
-            // requests pipelined (none waits for another's reply).
-            tokio::task::yield_now().await;
+        } else if !matches!(first, Op::Rest(_)) {
+            // Replies are outstanding but few, or none: give the callers that are ready to
+            // run one scheduler turn to queue theirs, and write them together. A few tasks
+            // keep requests pipelined (none waits for another's reply). With none
+            // outstanding, `first` was queued while the connection was busy, and the reply
+            // that made it idle may have woken a caller that runs after this task: written
+            // alone now, `first` would make that caller queue behind it in turn, and two
+            // tasks would take turns on the wire, one request at a time, for good. For the
+            // same reason, a turn in which the reader read a reply (its caller woken, perhaps
+            // to run after this task) is followed by another: at most one per reply
+            // outstanding, as nothing else lowers the count while `first` is pending.
+            loop {
+                let before = conn.in_flight.load(Ordering::Relaxed);
+                tokio::task::yield_now().await;
+                if conn.in_flight.load(Ordering::Relaxed) >= before {
+                    break;
+                }
+            }
         }
         // Asks and bytes taken (what `written` gives back).
         let mut load = first.load();
