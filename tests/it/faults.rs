@@ -535,8 +535,7 @@ fn logs_once_each_way<S: tracing::Subscriber + Send + Sync + 'static>(
     warned: impl Fn() -> usize,
     switch: &mut dyn FnMut(bool),
 ) {
-    let _one_at_a_time = crate::obs::scoped_subscribers();
-    tracing::subscriber::with_default(subscriber, || {
+    crate::obs::scoped(subscriber, || {
         cache.set("k", "v", Ttl::Never).unwrap();
         switch(false);
         for _ in 0..200 {

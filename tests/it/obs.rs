@@ -153,9 +153,24 @@ fn a_custom_backend_pings_with_a_get_by_default() {
 /// rebuilt whenever a subscriber is registered; two registrations racing on other threads can
 /// leave a callsite cached with the view of a subscriber that ignores it (one filtering on
 /// the `app` target), and the other test then misses its events. One at a time, they cannot.
-pub(crate) fn scoped_subscribers() -> std::sync::MutexGuard<'static, ()> {
+fn scoped_subscribers() -> std::sync::MutexGuard<'static, ()> {
     static ONE: Mutex<()> = Mutex::new(());
     ONE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Runs `f` under `subscriber` on this thread, one such test at a time ([`scoped_subscribers`]).
+/// Every callsite's interest is rebuilt first, with `subscriber` registered: a callsite that
+/// another test's thread registered while only other subscribers were alive (it cached
+/// "never") would otherwise stay silent here.
+pub(crate) fn scoped<S, R>(subscriber: S, f: impl FnOnce() -> R) -> R
+where
+    S: tracing::Subscriber + Send + Sync + 'static,
+{
+    let _one_at_a_time = scoped_subscribers();
+    tracing::subscriber::with_default(subscriber, || {
+        tracing::callsite::rebuild_interest_cache();
+        f()
+    })
 }
 
 /// What a test subscriber writes, shared with the test.
@@ -186,8 +201,7 @@ pub(crate) fn logs_at(level: tracing::Level, f: impl FnOnce()) -> String {
         .with_max_level(level)
         .with_writer(move || writer.clone())
         .finish();
-    let _one_at_a_time = scoped_subscribers();
-    tracing::subscriber::with_default(subscriber, f);
+    scoped(subscriber, f);
     buf.text()
 }
 
@@ -201,8 +215,7 @@ fn traces_of(f: impl FnOnce()) -> String {
         .with_span_events(tracing_subscriber::fmt::format::FmtSpan::FULL)
         .with_writer(move || writer.clone())
         .finish();
-    let _one_at_a_time = scoped_subscribers();
-    tracing::subscriber::with_default(subscriber, f);
+    scoped(subscriber, f);
     buf.text()
 }
 
@@ -303,8 +316,7 @@ fn loader_span_under(level: tracing::Level) -> (bool, Option<String>) {
         .with_max_level(level)
         .with_writer(std::io::sink)
         .finish();
-    let _one_at_a_time = scoped_subscribers();
-    tracing::subscriber::with_default(subscriber, || {
+    scoped(subscriber, || {
         cache
             .get_or_set_with("k", Duration::from_secs(60), || {
                 let span = tracing::Span::current();
@@ -937,8 +949,7 @@ fn the_server_is_recorded_only_on_newcache_spans() {
         .memcached([shared_server()])
         .build()
         .unwrap();
-    let _one_at_a_time = scoped_subscribers();
-    tracing::subscriber::with_default(subscriber, || {
+    scoped(subscriber, || {
         let request = tracing::debug_span!(target: "app", "request", server = "web-1");
         let _in = request.enter();
         cache.get::<String>("k").unwrap();
@@ -975,8 +986,7 @@ fn a_custom_backend_names_its_server_safely() {
         tracing_subscriber::filter::Targets::new().with_target("app", tracing::Level::DEBUG);
     let subscriber = tracing_subscriber::registry()
         .with(tracing_subscriber::Layer::with_filter(layer, only_app));
-    let _one_at_a_time = scoped_subscribers();
-    tracing::subscriber::with_default(subscriber, || {
+    scoped(subscriber, || {
         let request = tracing::debug_span!(target: "app", "request", server = "web-1");
         let _in = request.enter();
         cache.get::<String>("k").unwrap();
