@@ -104,7 +104,8 @@ impl Health {
         millis(retry).saturating_mul(1 << level)
     }
 
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    /// [`gate_at`](Health::gate_at) at `now_ms` (the tests' form).
+    #[cfg(test)]
     pub(crate) fn gate(&self, now_ms: u64, retry: Duration) -> Gate {
         self.gate_at(|| now_ms, retry)
     }

@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 use redis::{ConnectionLike, Value};
 
+use super::request::Replies;
+
 use super::clients::{self, ClientId, Clients};
 use super::setup::{Auth, SetUp};
 use super::{Failure, RedisConfig};
@@ -375,13 +377,13 @@ impl<'a> Pooled<'a> {
         &mut self,
         n: usize,
         timeout: Option<Duration>,
-    ) -> redis::RedisResult<Vec<Value>> {
+    ) -> redis::RedisResult<Replies> {
         let io_timeout = self.pool.io_timeout;
         let conn = self.conn();
         if let Some(t) = timeout {
             conn.set_read_timeout(Some(t))?;
         }
-        let mut replies = Vec::with_capacity(n);
+        let mut replies = Replies::with_capacity(n);
         while replies.len() < n {
             match conn.recv_response()? {
                 // RESP3 may put pushed data between replies.

@@ -39,12 +39,10 @@ use std::ops::Deref;
 use std::sync::Arc;
 use std::time::Instant;
 
-use redis::Value;
-
 pub use self::cluster::RedisCluster;
 pub use self::config::{DEFAULT_KEY_LIMIT, RedisConfig, ReplicaWait};
 use self::conn::{Pool, Window};
-use self::request::{Request, noscript_retry};
+use self::request::{Replies, Request, noscript_retry};
 use self::script::Scripts;
 #[cfg(feature = "redis-tls")]
 pub use self::tls::RedisTls;
@@ -155,8 +153,13 @@ impl Shared {
     }
 
     /// The health gate: `Ok(probe)`, or the error of a call refused while the server is dead.
+    /// Reads the clock only for a server marked dead (every call of a healthy server reads
+    /// none).
     fn gate(&self) -> Result<bool> {
-        match self.health.gate(self.now_ms(), self.config.retry_interval) {
+        match self
+            .health
+            .gate_at(|| self.now_ms(), self.config.retry_interval)
+        {
             Gate::FailFast => Err(self.health.dead_error_on("redis", &self.addr).unsent()),
             Gate::Probe => Ok(true),
             Gate::Go => Ok(false),
@@ -856,7 +859,7 @@ impl RedisBackend {
     }
 
     /// The replies to `req`'s commands, outside the health gate (a replay, the policy check).
-    fn send<T>(&self, req: &Request<T>) -> std::result::Result<Vec<Value>, Failure> {
+    fn send<T>(&self, req: &Request<T>) -> std::result::Result<Replies, Failure> {
         let conn = self.write(req, None)?;
         self.read(req, conn, None)
     }
@@ -981,7 +984,7 @@ impl RedisBackend {
         req: &Request<T>,
         mut conn: conn::Pooled<'a>,
         window: Option<&mut Window>,
-    ) -> std::result::Result<Vec<Value>, Failure> {
+    ) -> std::result::Result<Replies, Failure> {
         let n = req.commands.len();
         let mut window = window;
         let timeout = window.as_deref_mut().and_then(Window::timeout);
@@ -1079,7 +1082,7 @@ impl RedisBackend {
         conn: &mut conn::Pooled<'_>,
         n: usize,
         timeout: Option<std::time::Duration>,
-    ) -> redis::RedisResult<Vec<Value>> {
+    ) -> redis::RedisResult<Replies> {
         if !self.asking {
             return conn.read(n, timeout);
         }
@@ -1091,7 +1094,7 @@ impl RedisBackend {
         &self,
         conn: &mut conn::Pooled<'_>,
         cmds: &[&redis::Cmd],
-    ) -> redis::RedisResult<Vec<Value>> {
+    ) -> redis::RedisResult<Replies> {
         self.write_cmds(conn, cmds)?;
         self.recv(conn, cmds.len(), None)
     }

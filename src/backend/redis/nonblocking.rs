@@ -24,13 +24,12 @@
 
 use std::sync::Arc;
 
-use redis::Value;
 use redis::aio::MultiplexedConnection;
 use tokio::task::JoinHandle;
 
 use super::batch::Gets;
 use super::clients::{self, ClientId};
-use super::request::{self, Request, noscript_retry};
+use super::request::{self, Replies, Request, noscript_retry};
 use super::setup::{Auth, SetUp};
 use super::waited::{self, Dialed, Waited};
 use super::{BatchOp, Failure, Shared, connect_failure, failure_of};
@@ -38,6 +37,7 @@ use crate::backend::memcached::health::MissedOf;
 use crate::backend::memcached::outage::{Begin, Missed, Replay};
 use crate::backend::{AsyncBackend, BoxFuture, Item, StoreOutcome, Write};
 use crate::error::{Error, ErrorKind, Result};
+use smallvec::smallvec;
 
 /// An open connection and its driver task.
 struct Live {
@@ -550,7 +550,7 @@ impl Inner {
     async fn send<T>(
         &self,
         req: &Request<T>,
-    ) -> std::result::Result<Vec<Value>, (Option<u64>, Failure)> {
+    ) -> std::result::Result<Replies, (Option<u64>, Failure)> {
         if req.wait.is_some() {
             // Boxed: its connect and wait are not every call's.
             return Box::pin(self.send_waited(req)).await.map_err(|f| (None, f));
@@ -568,7 +568,7 @@ impl Inner {
         let on = |f| (Some(id), f);
         if let (true, false, [one]) = (req.batched, self.asking, &req.commands[..]) {
             let reply = gets.get(&mut conn, &one.cmd).await;
-            return Ok(vec![reply.map_err(|e| on(failure_of(e, false)))?]);
+            return Ok(smallvec![reply.map_err(|e| on(failure_of(e, false)))?]);
         }
         self.request_on(&mut conn, req).await.map_err(on)
     }
@@ -577,7 +577,7 @@ impl Inner {
     /// (`waited.rs`), so that the wait holds up no other caller's command. A fault there is
     /// its own (the connection dropped, not reused); one met because its runtime shut down
     /// under it is not the server's.
-    async fn send_waited<T>(&self, req: &Request<T>) -> std::result::Result<Vec<Value>, Failure> {
+    async fn send_waited<T>(&self, req: &Request<T>) -> std::result::Result<Replies, Failure> {
         // A failed connect sent nothing (a cluster then sends the write to a new master).
         let dial = async { self.dial(&runtime()?).await.map_err(Failure::unsent) };
         let connect_timeout = self.shared.config.connect_timeout;
@@ -598,7 +598,7 @@ impl Inner {
         &self,
         conn: &mut MultiplexedConnection,
         req: &Request<T>,
-    ) -> std::result::Result<Vec<Value>, Failure> {
+    ) -> std::result::Result<Replies, Failure> {
         let cmds: Vec<&redis::Cmd> = req.commands.iter().map(|c| &c.cmd).collect();
         let mut replies = self.exchange(conn, &cmds, req.write).await?;
         let retry = noscript_retry(req, &replies, &self.shared.requests.scripts);
@@ -631,7 +631,7 @@ impl Inner {
         conn: &mut MultiplexedConnection,
         cmds: &[&redis::Cmd],
         write: bool,
-    ) -> std::result::Result<Vec<Value>, Failure> {
+    ) -> std::result::Result<Replies, Failure> {
         if !self.asking {
             return send_on(conn, cmds, write).await;
         }
@@ -648,15 +648,17 @@ async fn send_on(
     conn: &mut MultiplexedConnection,
     cmds: &[&redis::Cmd],
     write: bool,
-) -> std::result::Result<Vec<Value>, Failure> {
+) -> std::result::Result<Replies, Failure> {
     let sent = match cmds {
-        [one] => conn.send_packed_command(one).await.map(|v| vec![v]),
+        [one] => conn.send_packed_command(one).await.map(|v| smallvec![v]),
         many => {
             let mut pipe = redis::pipe();
             for c in many {
                 pipe.add_command((*c).clone());
             }
-            conn.send_packed_commands(&pipe, 0, many.len()).await
+            conn.send_packed_commands(&pipe, 0, many.len())
+                .await
+                .map(Replies::from_vec)
         }
     };
     // Error replies come inline (`Value::ServerError`), a single command's as a pipeline's

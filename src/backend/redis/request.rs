@@ -5,6 +5,7 @@
 
 use bytes::{Buf, Bytes};
 use redis::Value;
+use smallvec::{SmallVec, smallvec};
 
 use super::clients::{self, ClientId};
 use super::item::{self, Expiry};
@@ -30,6 +31,11 @@ impl ScriptId {
     }
 }
 
+/// A request's commands: inline for one (most requests), so that a `GET` allocates no list.
+pub(super) type Commands = SmallVec<[Command; 1]>;
+/// The replies to a request's commands, in order: inline for one.
+pub(super) type Replies = SmallVec<[Value; 1]>;
+
 /// One command and the script it runs, if any.
 pub(super) struct Command {
     pub(super) cmd: redis::Cmd,
@@ -39,7 +45,7 @@ pub(super) struct Command {
 /// Commands sent in one round trip, and how their replies (error replies inline, as
 /// `Value::ServerError`) become the answer.
 pub(super) struct Request<T> {
-    pub(super) commands: Vec<Command>,
+    pub(super) commands: Commands,
     /// Whether a reply that never came leaves the outcome unknown (the command may have run).
     pub(super) write: bool,
     /// A plain `GET` (its key the command's second argument): the async connection may send
@@ -49,7 +55,7 @@ pub(super) struct Request<T> {
     pub(super) batched: bool,
     /// The `WAIT` sent last ([`Builder::waited`]): its reply is read here, not by `read`.
     pub(super) wait: Option<Wait<T>>,
-    pub(super) read: fn(Vec<Value>) -> Result<T>,
+    pub(super) read: fn(Replies) -> Result<T>,
 }
 
 /// The `WAIT` after a request's writes: the replicas it asks for, and how its failure (short
@@ -78,7 +84,7 @@ impl<T> Request<T> {
     /// fell short, or that the server refused (an ACL user without `WAIT`), fails it with an
     /// error that [`is_outcome_unknown`](Error::is_outcome_unknown): the write is on the master,
     /// but whether it outlives a failover is not known.
-    pub(super) fn answer(&self, mut vs: Vec<Value>) -> Result<T> {
+    pub(super) fn answer(&self, mut vs: Replies) -> Result<T> {
         let Some(wait) = &self.wait else {
             return (self.read)(vs);
         };
@@ -128,10 +134,10 @@ impl<T> Request<T> {
         cmd: redis::Cmd,
         script: Option<ScriptId>,
         write: bool,
-        read: fn(Vec<Value>) -> Result<T>,
+        read: fn(Replies) -> Result<T>,
     ) -> Self {
         Request {
-            commands: vec![Command { cmd, script }],
+            commands: smallvec![Command { cmd, script }],
             write,
             batched: false,
             wait: None,
@@ -143,7 +149,7 @@ impl<T> Request<T> {
 /// A replay's commands ([`Builder::replay`]), and what their replies say ([`ReplayRequest::read`]).
 pub(super) struct ReplayRequest {
     /// The commands; its replies come back as they are.
-    pub(super) request: Request<Vec<Value>>,
+    pub(super) request: Request<Replies>,
     /// The connections its `CLIENT KILL`s close, sent first.
     pub(super) kills: Vec<ClientId>,
     /// How many keys each `UNLINK` names, in order, sent after.
@@ -173,7 +179,7 @@ impl ReplayRequest {
     /// The answer to the replies `vs`: what was deleted and passed over, or, inside, the
     /// refusal of a server not serving yet ([`not_serving_yet`]: loading its data, say), whose
     /// keys are kept for the next replay.
-    pub(super) fn read(&self, vs: Vec<Value>) -> Result<Result<Replayed>> {
+    pub(super) fn read(&self, vs: Replies) -> Result<Result<Replayed>> {
         let per_unlink = if self.asking { 2 } else { 1 };
         if vs.len() != self.kills.len() + per_unlink * self.unlinks.len() {
             return Err(Error::backend(
@@ -256,7 +262,7 @@ pub(super) fn is_noscript(v: &Value) -> bool {
 }
 
 /// The single reply of a one-command request.
-fn only(mut vs: Vec<Value>) -> Result<Value> {
+fn only(mut vs: Replies) -> Result<Value> {
     match (vs.pop(), vs.is_empty()) {
         (Some(Value::ServerError(e)), true) => Err(refused(e)),
         (Some(v), true) => Ok(v),
@@ -390,7 +396,7 @@ fn int_of(v: Value) -> Result<i64> {
     }
 }
 
-fn found(vs: Vec<Value>) -> Result<bool> {
+fn found(vs: Replies) -> Result<bool> {
     only(vs).and_then(int_of).map(|n| n > 0)
 }
 
@@ -584,9 +590,9 @@ impl Builder {
 
     /// `name key` for each key that passes the checks, and each key's refusal (`None` for a
     /// key whose command is in the list).
-    fn per_key(&self, name: &str, keys: &[&str]) -> (Vec<Option<Error>>, Vec<Command>) {
+    fn per_key(&self, name: &str, keys: &[&str]) -> (Vec<Option<Error>>, Commands) {
         let mut refused = Vec::with_capacity(keys.len());
-        let mut commands = Vec::with_capacity(keys.len());
+        let mut commands = Commands::with_capacity(keys.len());
         for k in keys {
             match self.check_key(k) {
                 Ok(()) => {
@@ -693,7 +699,7 @@ impl Builder {
     pub(super) fn store(&self, w: &Write<'_>, stamp: u64) -> Result<Request<StoreOutcome>> {
         let c = self.store_command(w, stamp, false)?;
         Ok(self.waited(Request {
-            commands: vec![c],
+            commands: smallvec![c],
             write: true,
             batched: false,
             wait: None,
@@ -711,7 +717,7 @@ impl Builder {
         let c = self.store_command(w, stamp, true)?;
         if c.script.is_some() {
             return Ok(self.waited(Request {
-                commands: vec![c],
+                commands: smallvec![c],
                 write: true,
                 batched: false,
                 wait: None,
@@ -730,7 +736,7 @@ impl Builder {
         let mut get = redis::cmd("GET");
         get.arg(w.key);
         Ok(self.waited(Request {
-            commands: vec![
+            commands: smallvec![
                 c,
                 Command {
                     cmd: get,
@@ -756,7 +762,7 @@ impl Builder {
         mut stamp: impl FnMut() -> u64,
     ) -> Batch<StoreOutcome> {
         let mut refused = Vec::with_capacity(writes.len());
-        let mut commands = Vec::new();
+        let mut commands = Commands::new();
         for w in writes {
             match self.store_command(w, stamp(), false) {
                 Ok(c) => {
@@ -811,7 +817,7 @@ impl Builder {
                 let mut exists = redis::cmd("EXISTS");
                 exists.arg(key);
                 return Ok(Request {
-                    commands: vec![
+                    commands: smallvec![
                         Command {
                             cmd: persist,
                             script: None,
@@ -1013,7 +1019,7 @@ pub(super) fn after_asking<'a>(
 }
 
 /// The replies of commands sent [`after_asking`], those of the `ASKING`s left out.
-pub(super) fn asking_answered(replies: Vec<Value>) -> Vec<Value> {
+pub(super) fn asking_answered(replies: Replies) -> Replies {
     replies.into_iter().skip(1).step_by(2).collect()
 }
 
@@ -1085,8 +1091,10 @@ mod tests {
             sent[1],
             redis::cmd("WAIT").arg(2).arg(50).get_packed_command()
         );
-        assert!(req.answer(vec![Value::Int(1), Value::Int(2)]).unwrap());
-        let e = req.answer(vec![Value::Int(1), Value::Int(1)]).unwrap_err();
+        assert!(req.answer(smallvec![Value::Int(1), Value::Int(2)]).unwrap());
+        let e = req
+            .answer(smallvec![Value::Int(1), Value::Int(1)])
+            .unwrap_err();
         assert!(
             e.is_outcome_unknown() && e.to_string().contains("1 of 2 replicas"),
             "{e}"
@@ -1096,12 +1104,16 @@ mod tests {
         let no = |text: &[u8]| redis::parse_redis_value(text).unwrap();
         let oom = no(b"-OOM command not allowed when used memory > 'maxmemory'\r\n");
         let noperm = no(b"-NOPERM this user has no permissions to run the 'wait' command\r\n");
-        let e = req.answer(vec![oom.clone(), noperm.clone()]).unwrap_err();
+        let e = req
+            .answer(smallvec![oom.clone(), noperm.clone()])
+            .unwrap_err();
         assert!(
             !e.is_outcome_unknown() && refusal_code(&e) == Some("OOM"),
             "{e:?}"
         );
-        let e = req.answer(vec![Value::Int(1), noperm.clone()]).unwrap_err();
+        let e = req
+            .answer(smallvec![Value::Int(1), noperm.clone()])
+            .unwrap_err();
         assert!(
             e.is_outcome_unknown() && !e.is_denied() && refusal_code(&e) == Some("NOPERM"),
             "{e:?}"
@@ -1110,7 +1122,7 @@ mod tests {
         // In a batch, each write that succeeded gets the WAIT's error; a refused one its own.
         let batch = b.delete_many(&["a", "b"]).request;
         let each = batch
-            .answer(vec![Value::Int(1), oom, Value::Int(0)])
+            .answer(smallvec![Value::Int(1), oom, Value::Int(0)])
             .unwrap();
         assert!(
             each[0].as_ref().is_err_and(|e| e.is_outcome_unknown()),
@@ -1138,12 +1150,12 @@ mod tests {
         };
         let req = b.touch("k", 0).unwrap();
         assert_eq!(req.commands.len(), 2, "PERSIST, then EXISTS");
-        assert!(req.answer(vec![Value::Int(0), Value::Int(1)]).unwrap());
-        assert!(!req.answer(vec![Value::Int(0), Value::Int(0)]).unwrap());
+        assert!(req.answer(smallvec![Value::Int(0), Value::Int(1)]).unwrap());
+        assert!(!req.answer(smallvec![Value::Int(0), Value::Int(0)]).unwrap());
         let readonly =
             redis::parse_redis_value(b"-READONLY You can't write against a read only replica.\r\n")
                 .unwrap();
-        let e = req.answer(vec![readonly, Value::Int(1)]).unwrap_err();
+        let e = req.answer(smallvec![readonly, Value::Int(1)]).unwrap_err();
         assert_eq!(refusal_code(&e), Some("READONLY"), "{e:?}");
     }
 
@@ -1166,7 +1178,7 @@ mod tests {
         );
         let refusal = redis::parse_redis_value(b"-NOPERM no permission\r\n").unwrap();
         assert!(matches!(refusal, Value::ServerError(_)), "{refusal:?}");
-        let refused = req.read(vec![Value::Int(1000), Value::Int(3), refusal.clone()]);
+        let refused = req.read(smallvec![Value::Int(1000), Value::Int(3), refusal.clone()]);
         assert_eq!(
             refused.unwrap().unwrap(),
             Replayed {
@@ -1178,16 +1190,19 @@ mod tests {
             "the refused command's keys are passed over, not counted as deleted"
         );
         assert!(
-            req.read(vec![Value::Okay, Value::Int(1), Value::Int(1)])
+            req.read(smallvec![Value::Okay, Value::Int(1), Value::Int(1)])
                 .is_err(),
             "not a count"
         );
-        assert!(req.read(vec![Value::Int(1)]).is_err(), "a reply missing");
+        assert!(
+            req.read(smallvec![Value::Int(1)]).is_err(),
+            "a reply missing"
+        );
         let loading =
             redis::parse_redis_value(b"-LOADING Redis is loading the dataset in memory\r\n")
                 .unwrap();
         let kept = req
-            .read(vec![Value::Int(1000), loading, Value::Int(3)])
+            .read(smallvec![Value::Int(1000), loading, Value::Int(3)])
             .unwrap();
         let e = kept.unwrap_err();
         assert!(format!("{e:?}").contains("loading the dataset"), "{e:?}");
@@ -1259,7 +1274,7 @@ mod tests {
         );
         let reply = |bytes: &[u8]| redis::parse_redis_value(bytes).unwrap();
         let done = req
-            .read(vec![
+            .read(smallvec![
                 Value::Okay,
                 Value::Int(1),
                 Value::Okay,
