@@ -116,7 +116,15 @@ impl SetUp {
         again: bool,
     ) -> Result<Auth, Failure> {
         let e = match r.and_then(Value::extract_error) {
-            Ok(_) => return Ok(Auth::Done),
+            Ok(Value::Okay) => return Ok(Auth::Done),
+            Ok(Value::SimpleString(s)) if s == "OK" => return Ok(Auth::Done),
+            // Not a Redis answer to AUTH (a proxy or another protocol): not authenticated,
+            // as redis-rs judges it, and no refusal of the credentials either.
+            Ok(other) => redis::RedisError::from((
+                redis::ErrorKind::Parse,
+                "AUTH answered something else than OK",
+                format!("{other:?}"),
+            )),
             Err(e) => e,
         };
         let Some(code) = e.code() else {
@@ -213,6 +221,31 @@ mod tests {
         // Without a user there is no other form to try.
         let (_, no_user) = SetUp::split(&settings("redis://:pw@127.0.0.1:6379"), false);
         assert!(no_user.auth(true).is_none());
+    }
+
+    /// redis-rs takes only `OK` for authenticated; so does the set-up: another answer (a
+    /// proxy, or not a Redis server) is a failed connect, never a denial of the credentials.
+    #[test]
+    fn auth_is_done_only_when_the_server_says_ok() {
+        let (_, set_up) = SetUp::split(&settings("redis://:pw@127.0.0.1:6379"), false);
+        for ok in [b"+OK\r\n".as_slice()] {
+            let r = set_up.authenticated(redis::parse_redis_value(ok), false);
+            assert_eq!(r.unwrap(), Auth::Done);
+        }
+        for other in [
+            b":1\r\n".as_slice(),
+            b"+QUEUED\r\n",
+            b"$2\r\nOK\r\n",
+            b"*0\r\n",
+        ] {
+            let r = set_up.authenticated(redis::parse_redis_value(other), false);
+            assert!(
+                matches!(&r, Err(Failure::Fault(e)) if !e.is_denied()
+                    && format!("{e:?}").contains("AUTH answered")),
+                "{:?}: {r:?}",
+                String::from_utf8_lossy(other)
+            );
+        }
     }
 
     #[test]
