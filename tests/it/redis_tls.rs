@@ -390,3 +390,72 @@ fn bad_tls_settings_are_configuration_errors_at_build() {
         "{shown}"
     );
 }
+
+/// A TCP proxy to port `to` on a long path: what the server sends reaches the client `delay`
+/// after the server sent it (each chunk at its arrival time plus `delay`, a delay line, not a
+/// queue of sleeps); what the client sends goes on at once.
+fn slow_path(to: u16, delay: Duration) -> u16 {
+    use std::io::{Read, Write};
+    use std::net::{Shutdown, TcpListener, TcpStream};
+    use std::time::Instant;
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for client in l.incoming() {
+            let Ok(client) = client else { continue };
+            let Ok(server) = TcpStream::connect(("127.0.0.1", to)) else {
+                continue;
+            };
+            let (mut from_client, mut to_server) =
+                (client.try_clone().unwrap(), server.try_clone().unwrap());
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut from_client, &mut to_server);
+                let _ = to_server.shutdown(Shutdown::Write);
+            });
+            let (line, out) = std::sync::mpsc::channel::<(Instant, Vec<u8>)>();
+            let mut from_server = server;
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 16 * 1024];
+                while let Ok(n @ 1..) = from_server.read(&mut buf) {
+                    if line
+                        .send((Instant::now() + delay, buf[..n].to_vec()))
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+            let mut to_client = client;
+            std::thread::spawn(move || {
+                for (at, bytes) in out {
+                    std::thread::sleep(at.saturating_duration_since(Instant::now()));
+                    if to_client.write_all(&bytes).is_err() {
+                        return;
+                    }
+                }
+                let _ = to_client.shutdown(Shutdown::Write);
+            });
+        }
+    });
+    port
+}
+
+/// The async connect's TCP connect, TLS handshake and set-up share one `connect_timeout`, as
+/// redis-rs's own async connect does. Over a path whose replies take 400 ms, the async connect
+/// waits for three (the handshake's, redis-rs's `CLIENT SETINFO`'s, newcache's `CLIENT INFO`'s):
+/// 1.2 s in all. With `connect_timeout` 1 s it fails with a timeout (each step had a
+/// `connect_timeout` of its own before, and this connect took 1.2 s and succeeded). With 5 s
+/// it works, on both views.
+#[test]
+fn an_async_connect_over_a_slow_path_gets_one_connect_timeout_in_all() {
+    let (pki, server) = server(false);
+    let within = |port: u16, t| {
+        builder(&format!("rediss://127.0.0.1:{port}/0"), Some(pki.trust())).connect_timeout(t)
+    };
+    let slow = slow_path(server.port, Duration::from_millis(400));
+    let r = runtime().block_on(within(slow, S(1)).build_async().unwrap().get::<u32>("k"));
+    assert!(r.as_ref().is_err_and(|e| e.is_timeout()), "async: {r:?}");
+    let long = within(slow, S(5)).build_async().unwrap();
+    runtime().block_on(round_trip_async(&long));
+    round_trip(&within(slow, S(5)).build().unwrap());
+}

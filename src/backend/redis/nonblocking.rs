@@ -238,7 +238,11 @@ impl Inner {
             Ok::<_, std::io::Error>(stream)
         };
         let cant = |e: Error| Failure::Fault(e);
-        let stream = match tokio::time::timeout(connect_timeout, connect).await {
+        // One deadline for the whole connect: the TCP connect, the TLS handshake and the
+        // set-up share `connect_timeout`, as on the sync view (a slow peer costs one, not one
+        // per step).
+        let by = tokio::time::Instant::now() + connect_timeout;
+        let stream = match tokio::time::timeout_at(by, connect).await {
             Ok(Ok(stream)) => stream,
             Ok(Err(e)) => return Err(cant(Error::io(e, "could not connect"))),
             Err(_) => {
@@ -252,7 +256,7 @@ impl Inner {
         if let Some(tls) = &self.link.tls {
             let settings = tls.config().map_err(Failure::Local)?;
             let handshake = tls.run(settings, stream);
-            let stream = match tokio::time::timeout(connect_timeout, handshake).await {
+            let stream = match tokio::time::timeout_at(by, handshake).await {
                 Ok(Ok(stream)) => stream,
                 Ok(Err(e)) => {
                     return Err(match super::tls::refusal(&e) {
@@ -268,30 +272,30 @@ impl Inner {
                     )));
                 }
             };
-            return self.open(rt, stream, config).await;
+            return self.open(rt, stream, config, by).await;
         }
-        self.open(rt, stream, config).await
+        self.open(rt, stream, config, by).await
     }
 
-    /// A multiplexed connection on `stream`, its driver spawned on `rt`, its set-up done within
-    /// `connect_timeout` ([`set_up`](Inner::set_up)).
+    /// A multiplexed connection on `stream`, its driver spawned on `rt`, its set-up done by
+    /// `by` (the dial's deadline: what is left of `connect_timeout`, [`set_up`](Inner::set_up)).
     async fn open<C>(
         &self,
         rt: &tokio::runtime::Handle,
         stream: C,
         config: redis::AsyncConnectionConfig,
+        by: tokio::time::Instant,
     ) -> std::result::Result<Dialed, Failure>
     where
         C: Unpin + tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + 'static,
     {
         let connect_timeout = self.shared.config.connect_timeout;
-        let by = tokio::time::Instant::now() + connect_timeout;
         let late = || {
             Failure::Fault(Error::new(
                 ErrorKind::Timeout,
                 format!(
                     "the connection's set-up (AUTH, SELECT, CLIENT INFO) did not end within \
-                     connect_timeout ({connect_timeout:?})"
+                     connect_timeout ({connect_timeout:?}, counted from the TCP connect)"
                 ),
             ))
         };
@@ -310,7 +314,10 @@ impl Inner {
         let mut conn = conn;
         // The set-up's replies are read within what is left of connect_timeout (a server slow
         // to answer a new connection, a long path), not each within io_timeout.
-        conn.set_response_timeout(connect_timeout);
+        conn.set_response_timeout(
+            by.saturating_duration_since(tokio::time::Instant::now())
+                .max(std::time::Duration::from_millis(1)),
+        );
         let client = match tokio::time::timeout_at(by, self.set_up(&mut conn)).await {
             Ok(Ok(client)) => {
                 conn.set_response_timeout(self.shared.config.io_timeout);
