@@ -1179,12 +1179,7 @@ mod tests {
             .with_ansi(false)
             .with_max_level(tracing::Level::INFO)
             .finish();
-        tracing::subscriber::with_default(subscriber, || {
-            // A callsite another test's thread registered under another subscriber only may
-            // have cached "never": asked again with this one registered.
-            tracing::callsite::rebuild_interest_cache();
-            build()
-        });
+        crate::test_support::scoped(subscriber, build);
         String::from_utf8_lossy(&buf.0.lock()).into_owned()
     }
 

@@ -480,10 +480,7 @@ mod tests {
             .with_max_level(tracing::Level::WARN)
             .with_writer(move || writer.clone())
             .finish();
-        tracing::subscriber::with_default(subscriber, || {
-            // A callsite another test's thread registered under another subscriber only may
-            // have cached "never": asked again with this one registered.
-            tracing::callsite::rebuild_interest_cache();
+        crate::test_support::scoped(subscriber, || {
             for _ in 0..2 {
                 for i in 0..WARNED_KEYS + 10 {
                     cache.loaded_too_large(&format!("d{i}"), "alice@example.com", 1);
@@ -503,8 +500,7 @@ mod tests {
             .with_max_level(tracing::Level::DEBUG)
             .with_writer(move || writer.clone())
             .finish();
-        tracing::subscriber::with_default(subscriber, || {
-            tracing::callsite::rebuild_interest_cache();
+        crate::test_support::scoped(subscriber, || {
             cache.loaded_too_large("d1", "bob@example.com", 1);
         });
         let logs = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();

@@ -159,13 +159,21 @@ fn scoped_subscribers() -> std::sync::MutexGuard<'static, ()> {
 }
 
 /// Runs `f` under `subscriber` on this thread, one such test at a time ([`scoped_subscribers`]).
-/// Every callsite's interest is rebuilt first, with `subscriber` registered: a callsite that
-/// another test's thread registered while only other subscribers were alive (it cached
-/// "never") would otherwise stay silent here.
+///
+/// Two gaps of tracing-core's interest cache are closed. Every callsite's interest is rebuilt
+/// once `subscriber` is registered: a callsite that another test's thread registered while
+/// only other subscribers were alive cached "never", and would stay silent here. And a second
+/// dispatcher (a `NoSubscriber`) is kept alive for good: while exactly one is registered,
+/// tracing-core asks the *registering* thread's default for a new callsite's interest, so a
+/// callsite another thread hits first during `f` (none there: "never") would be silenced
+/// (tokio-rs/tracing#3611).
 pub(crate) fn scoped<S, R>(subscriber: S, f: impl FnOnce() -> R) -> R
 where
     S: tracing::Subscriber + Send + Sync + 'static,
 {
+    static NEVER_JUST_ONE: std::sync::OnceLock<tracing::Dispatch> = std::sync::OnceLock::new();
+    NEVER_JUST_ONE
+        .get_or_init(|| tracing::Dispatch::new(tracing::subscriber::NoSubscriber::default()));
     let _one_at_a_time = scoped_subscribers();
     tracing::subscriber::with_default(subscriber, || {
         tracing::callsite::rebuild_interest_cache();
@@ -994,4 +1002,21 @@ fn a_custom_backend_names_its_server_safely() {
     let logs = buf.text();
     assert!(logs.contains("server=\"web-1\""), "{logs}");
     assert!(!logs.contains("shard-7"), "{logs}");
+}
+
+/// A callsite another thread hits first while a test's scoped subscriber is the only one
+/// registered is still heard on this thread (`scoped` keeps a second dispatcher alive).
+#[test]
+fn a_callsite_first_hit_by_another_thread_under_a_scoped_subscriber_is_heard() {
+    fn emit() {
+        tracing::info!(target: "obs-first-hit", "first hit elsewhere");
+    }
+    let text = logs_at(tracing::Level::INFO, || {
+        std::thread::spawn(emit).join().unwrap();
+        emit();
+    });
+    assert!(
+        text.contains("first hit elsewhere"),
+        "nothing logged: {text:?}"
+    );
 }
