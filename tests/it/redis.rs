@@ -1653,3 +1653,47 @@ fn a_write_whose_reply_was_lost_fails_outcome_unknown_and_is_never_sent_again() 
     proxy.arm();
     assert_eq!(cache.get::<u32>("v").unwrap(), Some(7));
 }
+
+/// A call that waits for another call's connect gets one `connect_timeout` for that wait and
+/// its own dial together, not a whole one for its dial. A server whose first connection is
+/// closed after 2 s and whose next ones are accepted and never answered; `connect_timeout`
+/// 3 s; two calls made together: the first fails when its connection closes (2 s), the second
+/// by 3 s (before: it dialed at 2 s with a `connect_timeout` of its own, and failed at 5 s).
+#[test]
+fn a_call_waiting_for_another_calls_connect_shares_its_connect_timeout_async() {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    thread::spawn(move || {
+        let mut silent = Vec::new();
+        for (i, c) in l.incoming().enumerate() {
+            let Ok(c) = c else { continue };
+            match i {
+                0 => drop(thread::spawn(move || {
+                    thread::sleep(S(2));
+                    drop(c);
+                })),
+                _ => silent.push(c),
+            }
+        }
+    });
+    let cache = Cache::builder()
+        .redis(format!("redis://127.0.0.1:{port}/0").as_str())
+        .flavor(unique_flavor("shared-connect"))
+        .connect_timeout(S(3))
+        .io_timeout(S(3))
+        .read_failures(FailurePolicy::Propagate)
+        .build_async()
+        .unwrap();
+    let timed = || async {
+        let r = cache.get::<u32>("k").await;
+        (r, Instant::now())
+    };
+    let started = Instant::now();
+    let ((a, a_at), (b, b_at)) = runtime().block_on(async { tokio::join!(timed(), timed()) });
+    assert!(a.is_err() && b.is_err(), "{a:?} {b:?}");
+    let last = a_at.max(b_at) - started;
+    assert!(
+        last < Duration::from_millis(4000),
+        "the second call failed {last:?} after the start: {a:?} {b:?}"
+    );
+}

@@ -176,15 +176,15 @@ impl Inner {
             })
     }
 
-    /// The open connection, or a new one on the current runtime.
+    /// The open connection, or a new one on the current runtime: within one `connect_timeout`
+    /// in all, another call's connect waited for included.
     async fn connection(&self) -> std::result::Result<Open, Failure> {
         if let Some(c) = self.current() {
             return Ok(c);
         }
         let s = &self.shared;
-        let connect_timeout = s.config.connect_timeout;
-        let Ok(_one) = tokio::time::timeout(connect_timeout, self.link.connecting.lock()).await
-        else {
+        let by = tokio::time::Instant::now() + s.config.connect_timeout;
+        let Ok(_one) = tokio::time::timeout_at(by, self.link.connecting.lock()).await else {
             return Err(Failure::Local(Error::new(
                 ErrorKind::Timeout,
                 "another call's connect did not end within connect_timeout",
@@ -199,7 +199,7 @@ impl Inner {
             driver,
             client,
             ..
-        } = self.dial(&rt).await?;
+        } = self.dial(&rt, by).await?;
         let gets = Arc::new(Gets::start(
             &rt,
             conn.clone(),
@@ -225,8 +225,14 @@ impl Inner {
     }
 
     /// A new connection to the server, its driver spawned on `rt`: the TCP connect, the TLS
-    /// handshake of a `rediss://` server, then [`open`](Inner::open)'s set-up.
-    async fn dial(&self, rt: &tokio::runtime::Handle) -> std::result::Result<Dialed, Failure> {
+    /// handshake of a `rediss://` server, then [`open`](Inner::open)'s set-up, all by `by`
+    /// (the call's `connect_timeout` from its start: one for the whole connect, a slow peer
+    /// and a wait for another call's connect included, as redis-rs's async connect has).
+    async fn dial(
+        &self,
+        rt: &tokio::runtime::Handle,
+        by: tokio::time::Instant,
+    ) -> std::result::Result<Dialed, Failure> {
         let s = &self.shared;
         let connect_timeout = s.config.connect_timeout;
         let config = redis::AsyncConnectionConfig::new()
@@ -238,10 +244,6 @@ impl Inner {
             Ok::<_, std::io::Error>(stream)
         };
         let cant = |e: Error| Failure::Fault(e);
-        // One deadline for the whole connect: the TCP connect, the TLS handshake and the
-        // set-up share `connect_timeout`, as on the sync view (a slow peer costs one, not one
-        // per step).
-        let by = tokio::time::Instant::now() + connect_timeout;
         let stream = match tokio::time::timeout_at(by, connect).await {
             Ok(Ok(stream)) => stream,
             Ok(Err(e)) => return Err(cant(Error::io(e, "could not connect"))),
@@ -295,7 +297,7 @@ impl Inner {
                 ErrorKind::Timeout,
                 format!(
                     "the connection's set-up (AUTH, SELECT, CLIENT INFO) did not end within \
-                     connect_timeout ({connect_timeout:?}, counted from the TCP connect)"
+                     connect_timeout ({connect_timeout:?}, for the whole connect)"
                 ),
             ))
         };
@@ -586,8 +588,10 @@ impl Inner {
     /// under it is not the server's.
     async fn send_waited<T>(&self, req: &Request<T>) -> std::result::Result<Replies, Failure> {
         // A failed connect sent nothing (a cluster then sends the write to a new master).
-        let dial = async { self.dial(&runtime()?).await.map_err(Failure::unsent) };
         let connect_timeout = self.shared.config.connect_timeout;
+        // One connect_timeout for the wait for a connection and its dial together.
+        let by = tokio::time::Instant::now() + connect_timeout;
+        let dial = async { self.dial(&runtime()?, by).await.map_err(Failure::unsent) };
         let mut lent = self.link.waited.lend(connect_timeout, dial).await?;
         match self.request_on(lent.conn(), req).await {
             Ok(replies) => {
