@@ -199,28 +199,9 @@ mod stats;
 pub mod testing;
 mod ttl;
 
-/// The unit tests' own helpers.
+/// The tests' own helpers (the integration tests include this file too).
 #[cfg(test)]
-mod test_support {
-    /// Runs `f` under `subscriber` on this thread. Every callsite's interest is rebuilt once it
-    /// is registered (a callsite another test's thread registered under other subscribers only
-    /// cached "never"), and a second dispatcher is kept alive for good: while exactly one is
-    /// registered, tracing-core asks the registering thread's default for a new callsite's
-    /// interest, and a callsite another thread hits first would be silenced
-    /// (tokio-rs/tracing#3611). `tests/it/obs.rs` has the same for the integration tests.
-    pub(crate) fn scoped<S, R>(subscriber: S, f: impl FnOnce() -> R) -> R
-    where
-        S: tracing::Subscriber + Send + Sync + 'static,
-    {
-        static NEVER_JUST_ONE: std::sync::OnceLock<tracing::Dispatch> = std::sync::OnceLock::new();
-        NEVER_JUST_ONE
-            .get_or_init(|| tracing::Dispatch::new(tracing::subscriber::NoSubscriber::default()));
-        tracing::subscriber::with_default(subscriber, || {
-            tracing::callsite::rebuild_interest_cache();
-            f()
-        })
-    }
-}
+mod test_support;
 
 #[cfg(feature = "tokio")]
 pub use async_cache::AsyncCache;

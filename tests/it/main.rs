@@ -45,5 +45,7 @@ mod review7;
 mod review8;
 #[cfg(feature = "redis")]
 mod review9;
+#[path = "../../src/test_support.rs"]
+mod test_support;
 mod values;
 mod views;

@@ -843,10 +843,10 @@ async fn close_queue(ops: &mut mpsc::Receiver<Op>, e: &Error) {
 /// since), this task yields a scheduler turn before taking what is queued, and another after
 /// each turn in which a reply was read (at most one per reply outstanding), so that the
 /// callers ready to run, those woken by those replies included, add theirs: a few tasks keep
-/// their requests pipelined. While [`HOLD`] or more are outstanding, the connection is busy: a round that what is pending does not fill waits until they are all
-/// read (Nagle's rule), its ops left pending meanwhile (a get given up is skipped when the
-/// round is written), so that under load each write carries what the callers asked for during
-/// a round trip. Pending ops that fill a round (or the queue) end the wait, as does a caller
+/// their requests pipelined. While [`HOLD`] or more are outstanding, the connection is busy:
+/// a round that what is pending does not fill waits until they are all read (Nagle's rule),
+/// its ops left pending meanwhile (a get given up is skipped when the round is written), so
+/// that under load each write carries what the callers asked for during a round trip. Pending ops that fill a round (or the queue) end the wait, as does a caller
 /// that queued the last op of a batch ([`Conn::flush`]): its ops never wait for its own
 /// replies.
 ///
