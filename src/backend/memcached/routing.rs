@@ -6,7 +6,7 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 
 use super::config::{DeadServerPolicy, ServerSpec};
-use super::ring::{Node, Ring};
+use super::ring::{self, Node, Ring};
 
 /// Key placement over a fixed server list.
 #[derive(Debug)]
@@ -78,18 +78,23 @@ impl Routing {
     }
 
     fn remapped(&self, key: &str, live: Vec<bool>) -> usize {
+        // Every server dead: fall back to the full ring (the call fails fast there).
+        self.live_ring(live)
+            .locate(key.as_bytes())
+            .unwrap_or_else(|| self.home(key))
+    }
+
+    /// The ring over the servers whose `live` flag is set, built once per change of that set.
+    fn live_ring(&self, live: Vec<bool>) -> Arc<Ring> {
         let cached = {
             let c = self.live_ring.read();
             (c.0 == live).then(|| c.1.clone())
         };
-        let ring = cached.unwrap_or_else(|| {
+        cached.unwrap_or_else(|| {
             let fresh = Arc::new(Ring::new(&self.nodes, &live));
             *self.live_ring.write() = (live, fresh.clone());
             fresh
-        });
-        // Every server dead: fall back to the full ring (the call fails fast there).
-        ring.locate(key.as_bytes())
-            .unwrap_or_else(|| self.home(key))
+        })
     }
 
     /// Groups positions of `keys` by server, preserving order within a server.
@@ -98,10 +103,34 @@ impl Routing {
         keys: impl Iterator<Item = &'k str>,
         routable: impl Fn(usize) -> bool,
     ) -> Vec<(usize, Vec<usize>)> {
-        let n = keys.size_hint().0;
+        if self.nodes.len() == 1 {
+            // One server: no hashing.
+            return match keys.count() {
+                0 => Vec::new(),
+                n => vec![(0, (0..n).collect())],
+            };
+        }
+        let mut hashes = Vec::with_capacity(keys.size_hint().0);
+        // Every key hashed first: side by side, several at a time (`ring::key_hashes`).
+        ring::key_hashes(keys.map(str::as_bytes), &mut hashes);
+        let n = hashes.len();
+        // The ring for the whole batch: every server's, or the live servers' (Remap).
+        let live_ring;
+        let ring =
+            match self.policy == DeadServerPolicy::Remap && !(0..self.nodes.len()).all(&routable) {
+                true => {
+                    live_ring = self.live_ring((0..self.nodes.len()).map(&routable).collect());
+                    &*live_ring
+                }
+                false => &self.ring,
+            };
         let mut groups: Vec<(usize, Vec<usize>)> = Vec::new();
-        for (pos, k) in keys.enumerate() {
-            let s = self.route(k, &routable);
+        for (pos, &h) in hashes.iter().enumerate() {
+            // Every server dead: the full ring (the call fails fast there).
+            let s = ring
+                .locate_hash(h)
+                .or_else(|| self.ring.locate_hash(h))
+                .unwrap_or(0);
             match groups.iter_mut().find(|(i, _)| *i == s) {
                 Some((_, v)) => v.push(pos),
                 None => {
