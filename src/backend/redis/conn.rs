@@ -197,6 +197,9 @@ impl Pool {
             clients::info().write_packed_command(&mut packed);
             conn.send_packed_command(&packed)
                 .map_err(super::connect_failure)?;
+            // The first write made the TLS handshake (redis-rs makes it lazily): the replies
+            // get what is left after it, not what was left before.
+            set_timeouts(&conn, left())?;
             if auth.is_some() {
                 let authed = self.set_up.authenticated(conn.recv_response(), again)?;
                 set_timeouts(&conn, left())?;
