@@ -79,6 +79,11 @@ pub struct Args {
     /// memcached worker threads (`-t`)
     #[arg(long, default_value_t = 2)]
     pub memcached_threads: usize,
+    /// keep one core busy for the whole run (a thread spinning), as on a loaded machine: on a
+    /// VM whose idle vCPUs halt at once, a lone caller's round trip otherwise pays for waking
+    /// them, and how much varies by client and by run. It takes a core from the 64-task path
+    #[arg(long)]
+    pub busy_core: bool,
     /// start this `redis-server` / `valkey-server` on a free loopback port (`--save ''
     /// --appendonly no`) and measure the paths on it instead of memcached (repeatable: one
     /// server after another)

@@ -55,6 +55,15 @@ fn main() -> Result<(), BoxError> {
         .duration_since(UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64());
     let loadavg_start = report::loadavg();
+    if args.busy_core {
+        eprintln!("--busy-core: a thread spins on one core until the run ends");
+        // Never joined: it ends with the process.
+        std::thread::spawn(|| {
+            loop {
+                std::hint::spin_loop();
+            }
+        });
+    }
     let (memcached, rows, redis, items) = match args.on_redis() {
         false if args.on_cluster() => {
             let (redis, items) = on_redis_cluster(&args, &loadavg_start)?;
