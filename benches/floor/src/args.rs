@@ -79,9 +79,11 @@ pub struct Args {
     /// memcached worker threads (`-t`)
     #[arg(long, default_value_t = 2)]
     pub memcached_threads: usize,
-    /// keep one core busy for the whole run (a thread spinning), as on a loaded machine: on a
-    /// VM whose idle vCPUs halt at once, a lone caller's round trip otherwise pays for waking
-    /// them, and how much varies by client and by run. It takes a core from the 64-task path
+    /// keep one core busy for the whole run (a thread spinning, its CPU time not counted as
+    /// the client's), as on a loaded machine: on a VM whose idle vCPUs halt at once, a lone
+    /// caller's round trip otherwise pays for waking them, and how much varies by client and
+    /// by run. It takes a core from the client and the server alike (the 64-task path runs
+    /// without it)
     #[arg(long)]
     pub busy_core: bool,
     /// start this `redis-server` / `valkey-server` on a free loopback port (`--save ''

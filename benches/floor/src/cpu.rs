@@ -9,18 +9,43 @@ use std::sync::atomic::{AtomicU32, Ordering};
 /// The measured server's pid, once known (0: none).
 static SERVER: AtomicU32 = AtomicU32::new(0);
 
+/// The thread id of `--busy-core`'s spinning thread (0: none), left out of this process's CPU.
+static SPINNER: AtomicU32 = AtomicU32::new(0);
+
+/// Keeps one core busy until the process ends (`--busy-core`): a thread spinning, whose CPU
+/// time is not counted as the client's.
+pub fn spin_one_core() {
+    std::thread::spawn(|| {
+        let tid = std::fs::read_link("/proc/thread-self")
+            .ok()
+            .and_then(|p| p.file_name()?.to_str()?.parse::<u32>().ok());
+        // No id (no `/proc`): one that matches no thread.
+        SPINNER.store(tid.unwrap_or(u32::MAX), Ordering::Relaxed);
+        loop {
+            std::hint::spin_loop();
+        }
+    });
+    // Its id known before anything is measured.
+    while SPINNER.load(Ordering::Relaxed) == 0 {
+        std::thread::yield_now();
+    }
+}
+
 /// Counts the server `pid`'s CPU time from now on.
 pub fn watch_server(pid: u32) {
     SERVER.store(pid, Ordering::Relaxed);
 }
 
-/// Nanoseconds on the CPU of every thread of process `pid` so far.
+/// Nanoseconds on the CPU of every thread of process `pid` so far (but `--busy-core`'s).
 fn cpu_ns(pid: &str) -> u64 {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return 0;
     };
+    let spinner = SPINNER.load(Ordering::Relaxed).to_string();
     tasks
-        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("schedstat")).ok())
+        .filter_map(|t| t.ok())
+        .filter(|t| t.file_name().to_str() != Some(spinner.as_str()))
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
         .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
         .sum()
 }

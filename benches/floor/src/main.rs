@@ -57,12 +57,7 @@ fn main() -> Result<(), BoxError> {
     let loadavg_start = report::loadavg();
     if args.busy_core {
         eprintln!("--busy-core: a thread spins on one core until the run ends");
-        // Never joined: it ends with the process.
-        std::thread::spawn(|| {
-            loop {
-                std::hint::spin_loop();
-            }
-        });
+        cpu::spin_one_core();
     }
     let (memcached, rows, redis, items) = match args.on_redis() {
         false if args.on_cluster() => {
@@ -87,7 +82,11 @@ fn main() -> Result<(), BoxError> {
         println!("### {} ({})\n", server.server, server.url);
         println!("{}", report::table(&server.rows, rounds));
     }
-    println!("load average: {loadavg_start} at the start, {loadavg_end} at the end");
+    let busy = match args.busy_core {
+        true => " (one of them the --busy-core thread)",
+        false => "",
+    };
+    println!("load average: {loadavg_start} at the start, {loadavg_end} at the end{busy}");
     if let Some(file) = &args.json {
         let run = report::Run {
             command: std::env::args().collect::<Vec<_>>().join(" "),
@@ -95,6 +94,7 @@ fn main() -> Result<(), BoxError> {
             rounds,
             ops: args.ops,
             slices: args.slices,
+            busy_core: args.busy_core,
             memcached,
             machine: report::Machine {
                 cpus: std::thread::available_parallelism().map_or(0, usize::from),

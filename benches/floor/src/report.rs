@@ -14,6 +14,8 @@ pub struct Run {
     pub rounds: usize,
     pub ops: usize,
     pub slices: usize,
+    /// Whether a thread kept one core busy for the run (`--busy-core`).
+    pub busy_core: bool,
     /// The memcached version (the memcached paths).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub memcached: Option<String>,

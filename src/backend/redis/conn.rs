@@ -144,6 +144,11 @@ impl Pool {
     /// `AUTH`'s old form: [`SetUp`]), all within `connect_timeout`: a server that accepts
     /// connections but does not answer (hung) costs a connect that, not a connect and an
     /// `io_timeout`. Less when `by` is near ([`within`]).
+    ///
+    /// The bound is kept by socket timeouts, each set to what is left before a step (redis-rs's
+    /// sync connection has no deadline of its own), and they bound each read, not a step: a
+    /// server that sends a step's bytes a few at a time, each within the time left, can stretch
+    /// a connect past `connect_timeout` (the async connect has one timer for the whole).
     fn connect(&self, by: Option<Instant>) -> Result<Box<Open>, Failure> {
         // Reached after the deadline: it gets [`LATE`] alone.
         let late = by.is_some_and(|by| by.saturating_duration_since(Instant::now()) < LATE);
