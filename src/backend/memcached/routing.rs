@@ -43,22 +43,15 @@ impl Routing {
         if self.nodes.len() == 1 {
             return 0;
         }
-        self.ring.locate(key.as_bytes()).unwrap_or(0)
+        self.locate(None, ring::key_hash(key.as_bytes()))
     }
 
     /// The server to send `key` to now; `routable(i)` says whether server `i` is not marked dead.
     pub(crate) fn route(&self, key: &str, routable: impl Fn(usize) -> bool) -> usize {
-        if self.nodes.len() == 1 {
-            return 0;
-        }
-        if self.policy == DeadServerPolicy::Remap && !(0..self.nodes.len()).all(&routable) {
-            return self.remapped(key, (0..self.nodes.len()).map(routable).collect());
-        }
-        self.home(key)
+        self.home_and_route(key, routable).1
     }
 
-    /// `(home, route)`: [`home`](Self::home) and [`route`](Self::route) of `key`, hashing it once
-    /// when no server is remapped.
+    /// `(home, route)`: [`home`](Self::home) and [`route`](Self::route) of `key`, hashing it once.
     pub(crate) fn home_and_route(
         &self,
         key: &str,
@@ -67,21 +60,29 @@ impl Routing {
         if self.nodes.len() == 1 {
             return (0, 0);
         }
-        let home = self.home(key);
-        if self.policy == DeadServerPolicy::Remap && !(0..self.nodes.len()).all(&routable) {
-            return (
-                home,
-                self.remapped(key, (0..self.nodes.len()).map(routable).collect()),
-            );
+        let h = ring::key_hash(key.as_bytes());
+        let home = self.locate(None, h);
+        match self.remap_ring(routable) {
+            Some(remap) => (home, self.locate(Some(&remap), h)),
+            None => (home, home),
         }
-        (home, home)
     }
 
-    fn remapped(&self, key: &str, live: Vec<bool>) -> usize {
-        // Every server dead: fall back to the full ring (the call fails fast there).
-        self.live_ring(live)
-            .locate(key.as_bytes())
-            .unwrap_or_else(|| self.home(key))
+    /// The ring keys go to now, if not every server's: under `Remap`, with a server marked
+    /// dead, the ring over the others.
+    fn remap_ring(&self, routable: impl Fn(usize) -> bool) -> Option<Arc<Ring>> {
+        let all = 0..self.nodes.len();
+        (self.policy == DeadServerPolicy::Remap && !all.clone().all(&routable))
+            .then(|| self.live_ring(all.map(routable).collect()))
+    }
+
+    /// The server of the key whose hash is `h`: on `remap` if given, else (or with every server
+    /// dead, when the call fails fast) on every server's ring.
+    fn locate(&self, remap: Option<&Ring>, h: u32) -> usize {
+        remap
+            .and_then(|r| r.locate_hash(h))
+            .or_else(|| self.ring.locate_hash(h))
+            .unwrap_or(0)
     }
 
     /// The ring over the servers whose `live` flag is set, built once per change of that set.
@@ -114,23 +115,11 @@ impl Routing {
         // Every key hashed first: side by side, several at a time (`ring::key_hashes`).
         ring::key_hashes(keys.map(str::as_bytes), &mut hashes);
         let n = hashes.len();
-        // The ring for the whole batch: every server's, or the live servers' (Remap).
-        let live_ring;
-        let ring =
-            match self.policy == DeadServerPolicy::Remap && !(0..self.nodes.len()).all(&routable) {
-                true => {
-                    live_ring = self.live_ring((0..self.nodes.len()).map(&routable).collect());
-                    &*live_ring
-                }
-                false => &self.ring,
-            };
+        // One ring for the whole batch.
+        let remap = self.remap_ring(routable);
         let mut groups: Vec<(usize, Vec<usize>)> = Vec::new();
         for (pos, &h) in hashes.iter().enumerate() {
-            // Every server dead: the full ring (the call fails fast there).
-            let s = ring
-                .locate_hash(h)
-                .or_else(|| self.ring.locate_hash(h))
-                .unwrap_or(0);
+            let s = self.locate(remap.as_deref(), h);
             match groups.iter_mut().find(|(i, _)| *i == s) {
                 Some((_, v)) => v.push(pos),
                 None => {
@@ -143,5 +132,83 @@ impl Routing {
             }
         }
         groups
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn spec(i: usize, weight: u32) -> ServerSpec {
+        ServerSpec {
+            host: format!("10.0.0.{i}"),
+            port: 11211,
+            weight,
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1000))]
+
+        /// A batch places every key where a single-key call would: `by_server` against `route`
+        /// and `home`, under both policies, any weights and any servers marked dead.
+        #[test]
+        fn a_batch_places_each_key_where_its_single_calls_do(
+            weights in prop::collection::vec(0u32..4, 1..6),
+            live in prop::collection::vec(any::<bool>(), 6),
+            remap in any::<bool>(),
+            keys in prop::collection::vec("[ -~]{0,70}", 0..14),
+        ) {
+            let servers: Vec<ServerSpec> =
+                weights.iter().enumerate().map(|(i, &w)| spec(i, w)).collect();
+            let policy = match remap {
+                true => DeadServerPolicy::Remap,
+                false => DeadServerPolicy::FailFast,
+            };
+            let r = Routing::new(&servers, policy);
+            let routable = |i: usize| live[i];
+            let groups = r.by_server(keys.iter().map(String::as_str), routable);
+            let mut placed = vec![None; keys.len()];
+            for (server, positions) in &groups {
+                prop_assert!(positions.windows(2).all(|w| w[0] < w[1]));
+                for &p in positions {
+                    prop_assert!(placed[p].is_none());
+                    placed[p] = Some(*server);
+                }
+            }
+            let servers: std::collections::HashSet<_> = groups.iter().map(|g| g.0).collect();
+            prop_assert_eq!(servers.len(), groups.len());
+            for (p, k) in keys.iter().enumerate() {
+                let route = r.route(k, routable);
+                prop_assert_eq!(placed[p], Some(route), "key {:?}", k);
+                prop_assert_eq!(r.home_and_route(k, routable), (r.home(k), route));
+            }
+        }
+
+        #[test]
+        fn key_hashes_of_any_bytes_agree_with_md5(
+            keys in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..80), 0..20),
+        ) {
+            let mut out = vec![7, 7, 7];
+            ring::key_hashes(keys.iter().map(Vec::as_slice), &mut out);
+            let one_by_one: Vec<u32> = keys.iter().map(|k| ring::key_hash(k)).collect();
+            prop_assert_eq!(out, one_by_one);
+        }
+    }
+
+    #[test]
+    fn with_every_server_dead_a_batch_goes_home_under_remap() {
+        let servers: Vec<ServerSpec> = (0..3).map(|i| spec(i, 1)).collect();
+        let r = Routing::new(&servers, DeadServerPolicy::Remap);
+        let keys: Vec<String> = (0..50).map(|i| format!("k{i}")).collect();
+        let groups = r.by_server(keys.iter().map(String::as_str), |_| false);
+        assert!(groups.len() > 1);
+        for (server, positions) in groups {
+            for p in positions {
+                assert_eq!(server, r.home(&keys[p]));
+                assert_eq!(server, r.route(&keys[p], |_| false));
+            }
+        }
     }
 }
