@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 use redis::{ConnectionLike, Value};
 
-use super::request::Replies;
+use super::request::{Pack, Packer, Replies};
 
 use super::clients::{self, ClientId, Clients};
 use super::setup::{Auth, SetUp};
@@ -363,14 +363,15 @@ impl<'a> Pooled<'a> {
     }
 
     /// Writes `cmds`, pipelined; [`read`](Pooled::read) reads their replies.
-    pub(super) fn write(&mut self, cmds: &[&redis::Cmd]) -> redis::RedisResult<()> {
+    pub(super) fn write<C: Pack + ?Sized>(&mut self, cmds: &[&C]) -> redis::RedisResult<()> {
         let open = self
             .conn
             .as_mut()
             .expect("a pooled connection until dropped");
         open.packed.clear();
+        let mut packer = Packer::default();
         for c in cmds {
-            c.write_packed_command(&mut open.packed);
+            c.pack(&mut open.packed, &mut packer);
         }
         let sent = open.conn.send_packed_command(&open.packed);
         if open.packed.capacity() > KEPT_BUFFER {

@@ -39,6 +39,8 @@ use std::ops::Deref;
 use std::sync::Arc;
 use std::time::Instant;
 
+use smallvec::SmallVec;
+
 pub use self::cluster::RedisCluster;
 pub use self::config::{DEFAULT_KEY_LIMIT, RedisConfig, ReplicaWait};
 use self::conn::{Pool, Window};
@@ -1059,14 +1061,14 @@ impl RedisBackend {
 
     /// Writes `req`'s commands on `conn` (each after `ASKING` for an asking view).
     fn put<T>(&self, conn: &mut conn::Pooled<'_>, req: &Request<T>) -> redis::RedisResult<()> {
-        let cmds: Vec<&redis::Cmd> = req.commands.iter().map(|c| &c.cmd).collect();
+        let cmds: SmallVec<[&request::Line; 1]> = req.commands.iter().map(|c| &c.cmd).collect();
         self.write_cmds(conn, &cmds)
     }
 
-    fn write_cmds(
+    fn write_cmds<C: request::Pack>(
         &self,
         conn: &mut conn::Pooled<'_>,
-        cmds: &[&redis::Cmd],
+        cmds: &[&C],
     ) -> redis::RedisResult<()> {
         if !self.asking {
             return conn.write(cmds);

@@ -29,7 +29,7 @@ use tokio::task::JoinHandle;
 
 use super::batch::Gets;
 use super::clients::{self, ClientId};
-use super::request::{self, Replies, Request, noscript_retry};
+use super::request::{self, Line, Pack, Replies, Request, noscript_retry};
 use super::setup::{Auth, SetUp};
 use super::waited::{self, Dialed, Waited};
 use super::{BatchOp, Failure, Shared, connect_failure, failure_of};
@@ -37,7 +37,7 @@ use crate::backend::memcached::health::MissedOf;
 use crate::backend::memcached::outage::{Begin, Missed, Replay};
 use crate::backend::{AsyncBackend, BoxFuture, Item, StoreOutcome, Write};
 use crate::error::{Error, ErrorKind, Result};
-use smallvec::smallvec;
+use smallvec::{SmallVec, smallvec};
 
 /// An open connection and its driver task.
 struct Live {
@@ -576,7 +576,7 @@ impl Inner {
         let Open { id, mut conn, gets } = open;
         let on = |f| (Some(id), f);
         if let (true, false, [one]) = (req.batched, self.asking, &req.commands[..]) {
-            let reply = gets.get(&mut conn, &one.cmd).await;
+            let reply = gets.get(&mut conn, &one.cmd.cmd()).await;
             return Ok(smallvec![reply.map_err(|e| on(failure_of(e, false)))?]);
         }
         self.request_on(&mut conn, req).await.map_err(on)
@@ -610,7 +610,7 @@ impl Inner {
         conn: &mut MultiplexedConnection,
         req: &Request<T>,
     ) -> std::result::Result<Replies, Failure> {
-        let cmds: Vec<&redis::Cmd> = req.commands.iter().map(|c| &c.cmd).collect();
+        let cmds: SmallVec<[&Line; 1]> = req.commands.iter().map(|c| &c.cmd).collect();
         let mut replies = self.exchange(conn, &cmds, req.write).await?;
         let retry = noscript_retry(req, &replies, &self.shared.requests.scripts);
         if !retry.is_empty() {
@@ -637,10 +637,10 @@ fn runtime() -> std::result::Result<tokio::runtime::Handle, Failure> {
 impl Inner {
     /// The replies to `cmds` on `conn` (each after `ASKING` for an asking view: its replies
     /// left out).
-    async fn exchange(
+    async fn exchange<C: Pack>(
         &self,
         conn: &mut MultiplexedConnection,
-        cmds: &[&redis::Cmd],
+        cmds: &[&C],
         write: bool,
     ) -> std::result::Result<Replies, Failure> {
         if !self.asking {
@@ -655,17 +655,20 @@ impl Inner {
 }
 
 /// `cmds` pipelined on `conn`, error replies inline.
-async fn send_on(
+async fn send_on<C: Pack + ?Sized>(
     conn: &mut MultiplexedConnection,
-    cmds: &[&redis::Cmd],
+    cmds: &[&C],
     write: bool,
 ) -> std::result::Result<Replies, Failure> {
     let sent = match cmds {
-        [one] => conn.send_packed_command(one).await.map(|v| smallvec![v]),
+        [one] => {
+            let one = one.cmd();
+            conn.send_packed_command(&one).await.map(|v| smallvec![v])
+        }
         many => {
             let mut pipe = redis::pipe();
             for c in many {
-                pipe.add_command((*c).clone());
+                pipe.add_command(c.cmd().into_owned());
             }
             conn.send_packed_commands(&pipe, 0, many.len())
                 .await

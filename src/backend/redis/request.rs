@@ -3,6 +3,8 @@
 //! here once; the blocking pool (`conn.rs`) and the async connection (`nonblocking.rs`) only
 //! send them. No I/O.
 
+use std::borrow::Cow;
+
 use bytes::{Buf, Bytes};
 use redis::Value;
 use smallvec::{SmallVec, smallvec};
@@ -38,8 +40,94 @@ pub(super) type Replies = SmallVec<[Value; 1]>;
 
 /// One command and the script it runs, if any.
 pub(super) struct Command {
-    pub(super) cmd: redis::Cmd,
+    pub(super) cmd: Line,
     pub(super) script: Option<ScriptId>,
+}
+
+/// A command's words: built by redis-rs, or a one-key command of a batch (`GET` or `UNLINK`, a
+/// command per key on a cluster node), kept as its name and key until it is written, so that a
+/// batch of a hundred keys makes no hundred [`redis::Cmd`]s (two allocations each). Either is
+/// written in redis-rs's encoding ([`Pack`]).
+pub(super) enum Line {
+    Cmd(redis::Cmd),
+    Key(&'static str, Box<str>),
+}
+
+impl From<redis::Cmd> for Line {
+    fn from(cmd: redis::Cmd) -> Line {
+        Line::Cmd(cmd)
+    }
+}
+
+/// What a connection writes: a command in redis-rs's encoding, appended to a write buffer (the
+/// blocking pool's) or as a [`redis::Cmd`] (what the multiplexed connection takes).
+pub(super) trait Pack: Sync {
+    /// Appends the command's encoding to `out`, with `packer`, one per write.
+    fn pack(&self, out: &mut Vec<u8>, packer: &mut Packer);
+    /// The command, as redis-rs's type.
+    fn cmd(&self) -> Cow<'_, redis::Cmd>;
+}
+
+impl Pack for redis::Cmd {
+    fn pack(&self, out: &mut Vec<u8>, _: &mut Packer) {
+        self.write_packed_command(out);
+    }
+
+    fn cmd(&self) -> Cow<'_, redis::Cmd> {
+        Cow::Borrowed(self)
+    }
+}
+
+impl Pack for Line {
+    fn pack(&self, out: &mut Vec<u8>, packer: &mut Packer) {
+        match self {
+            Line::Cmd(c) => c.write_packed_command(out),
+            Line::Key(name, key) => packer.key(out, name, key),
+        }
+    }
+
+    fn cmd(&self) -> Cow<'_, redis::Cmd> {
+        match self {
+            Line::Cmd(c) => Cow::Borrowed(c),
+            Line::Key(name, key) => {
+                // Sized for its two arguments: no regrowth.
+                let mut c = redis::Cmd::with_capacity(2, name.len() + key.len());
+                c.arg(*name).arg(&**key);
+                Cow::Owned(c)
+            }
+        }
+    }
+}
+
+/// Writes a write's one-key commands ([`Line::Key`]) in redis-rs's encoding without a
+/// [`redis::Cmd`] each. The encoding of `name key` (RESP: an array of two bulk strings) is a
+/// header that depends only on the name and the key's length, then the key and `\r\n`: the
+/// header is cut from redis-rs's encoding of the first such command of the write, and reused
+/// for the next ones with that name and length (a batch's derived keys are one length).
+#[derive(Default)]
+pub(super) struct Packer {
+    name: &'static str,
+    len: usize,
+    header: Vec<u8>,
+}
+
+impl Packer {
+    fn key(&mut self, out: &mut Vec<u8>, name: &'static str, key: &str) {
+        if self.header.is_empty() || self.name != name || self.len != key.len() {
+            let start = out.len();
+            redis::cmd(name).arg(key).write_packed_command(out);
+            let end = out.len() - key.len() - 2;
+            self.header.clear();
+            self.header.extend_from_slice(&out[start..end]);
+            self.name = name;
+            self.len = key.len();
+            return;
+        }
+        out.reserve(self.header.len() + key.len() + 2);
+        out.extend_from_slice(&self.header);
+        out.extend_from_slice(key.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
 }
 
 /// Commands sent in one round trip, and how their replies (error replies inline, as
@@ -137,7 +225,10 @@ impl<T> Request<T> {
         read: fn(Replies) -> Result<T>,
     ) -> Self {
         Request {
-            commands: smallvec![Command { cmd, script }],
+            commands: smallvec![Command {
+                cmd: cmd.into(),
+                script
+            }],
             write,
             batched: false,
             wait: None,
@@ -512,7 +603,10 @@ impl Builder {
                     .unwrap_or(u64::MAX)
                     .max(1),
             );
-            req.commands.push(Command { cmd, script: None });
+            req.commands.push(Command {
+                cmd: cmd.into(),
+                script: None,
+            });
             req.wait = Some(Wait {
                 replicas: w.replicas,
                 fail: fails,
@@ -590,16 +684,16 @@ impl Builder {
 
     /// `name key` for each key that passes the checks, and each key's refusal (`None` for a
     /// key whose command is in the list).
-    fn per_key(&self, name: &str, keys: &[&str]) -> (Vec<Option<Error>>, Commands) {
+    fn per_key(&self, name: &'static str, keys: &[&str]) -> (Vec<Option<Error>>, Commands) {
         let mut refused = Vec::with_capacity(keys.len());
         let mut commands = Commands::with_capacity(keys.len());
         for k in keys {
             match self.check_key(k) {
                 Ok(()) => {
-                    // Sized for its two arguments: no regrowth.
-                    let mut cmd = redis::Cmd::with_capacity(2, name.len() + k.len());
-                    cmd.arg(name).arg(*k);
-                    commands.push(Command { cmd, script: None });
+                    commands.push(Command {
+                        cmd: Line::Key(name, (*k).into()),
+                        script: None,
+                    });
                     refused.push(None);
                 }
                 Err(e) => refused.push(Some(e)),
@@ -675,7 +769,7 @@ impl Builder {
                     .arg(n)
                     .arg(if read_back { "1" } else { "0" });
                 Command {
-                    cmd: c,
+                    cmd: c.into(),
                     script: Some(ScriptId::Cas),
                 }
             }
@@ -689,7 +783,7 @@ impl Builder {
                     c.arg(unit).arg(n);
                 }
                 Command {
-                    cmd: c,
+                    cmd: c.into(),
                     script: None,
                 }
             }
@@ -739,7 +833,7 @@ impl Builder {
             commands: smallvec![
                 c,
                 Command {
-                    cmd: get,
+                    cmd: get.into(),
                     script: None,
                 },
             ],
@@ -819,11 +913,11 @@ impl Builder {
                 return Ok(Request {
                     commands: smallvec![
                         Command {
-                            cmd: persist,
+                            cmd: persist.into(),
                             script: None,
                         },
                         Command {
-                            cmd: exists,
+                            cmd: exists.into(),
                             script: None,
                         },
                     ],
@@ -918,7 +1012,10 @@ impl Builder {
                 for k in chunk {
                     cmd.arg(k);
                 }
-                Command { cmd, script: None }
+                Command {
+                    cmd: cmd.into(),
+                    script: None,
+                }
             })
             .collect();
         Request {
@@ -957,7 +1054,10 @@ impl Builder {
             .iter()
             .map(clients::kill)
             .chain(unlinks)
-            .map(|cmd| Command { cmd, script: None })
+            .map(|cmd| Command {
+                cmd: cmd.into(),
+                script: None,
+            })
             .collect();
         ReplayRequest {
             request: Request {
@@ -1011,11 +1111,13 @@ pub(super) fn asking() -> redis::Cmd {
 }
 
 /// `cmds`, each after `asking` (`ASKING` is good for one command).
-pub(super) fn after_asking<'a>(
+pub(super) fn after_asking<'a, C: Pack>(
     asking: &'a redis::Cmd,
-    cmds: &[&'a redis::Cmd],
-) -> Vec<&'a redis::Cmd> {
-    cmds.iter().flat_map(|c| [asking, *c]).collect()
+    cmds: &[&'a C],
+) -> Vec<&'a dyn Pack> {
+    cmds.iter()
+        .flat_map(|c| [asking as &dyn Pack, *c as &dyn Pack])
+        .collect()
 }
 
 /// The replies of commands sent [`after_asking`], those of the `ASKING`s left out.
@@ -1042,14 +1144,14 @@ pub(super) fn noscript_retry<T>(
         .zip(replies)
         .enumerate()
         .filter_map(|(i, (c, v))| match c.script {
-            Some(id) if is_noscript(v) => Some((i, with_source(&c.cmd, id.of(scripts)))),
+            Some(id) if is_noscript(v) => Some((i, with_source(&c.cmd.cmd(), id.of(scripts)))),
             _ => None,
         })
         .collect::<Vec<_>>();
     // The `WAIT` ran before the scripts sent again: it goes again after them.
     if !retry.is_empty() && req.wait.is_some() {
         if let Some(last) = req.commands.last() {
-            retry.push((req.commands.len() - 1, last.cmd.clone()));
+            retry.push((req.commands.len() - 1, last.cmd.cmd().into_owned()));
         }
     }
     retry
@@ -1058,6 +1160,43 @@ pub(super) fn noscript_retry<T>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// A write's commands packed together are redis-rs's encoding of each, one after the
+        /// other, whatever the mix of names, key lengths (a reused header, a new one) and
+        /// commands built by redis-rs.
+        #[test]
+        fn packed_commands_are_redis_rs_encoding_of_each(
+            lines in prop::collection::vec(
+                (0u8..3, prop::collection::vec(any::<char>(), 1..12)),
+                0..24,
+            ),
+        ) {
+            let lines: Vec<Line> = lines
+                .into_iter()
+                .map(|(kind, key)| {
+                    let key: String = key.into_iter().collect();
+                    match kind {
+                        0 => Line::Key("GET", key.into()),
+                        1 => Line::Key("UNLINK", key.into()),
+                        _ => {
+                            let mut c = redis::cmd("SET");
+                            c.arg(&key).arg("v");
+                            Line::Cmd(c)
+                        }
+                    }
+                })
+                .collect();
+            let mut packed = Vec::new();
+            let mut packer = Packer::default();
+            for l in &lines {
+                l.pack(&mut packed, &mut packer);
+            }
+            let each: Vec<u8> = lines.iter().flat_map(|l| l.cmd().get_packed_command()).collect();
+            prop_assert_eq!(packed, each);
+        }
+    }
 
     #[test]
     fn a_prefix_matches_only_itself() {
@@ -1084,7 +1223,7 @@ mod tests {
         let sent: Vec<Vec<u8>> = req
             .commands
             .iter()
-            .map(|c| c.cmd.get_packed_command())
+            .map(|c| c.cmd.cmd().get_packed_command())
             .collect();
         assert_eq!(sent.len(), 2);
         assert_eq!(
@@ -1265,7 +1404,7 @@ mod tests {
             .request
             .commands
             .iter()
-            .map(|c| String::from_utf8_lossy(&c.cmd.get_packed_command()).into_owned())
+            .map(|c| String::from_utf8_lossy(&c.cmd.cmd().get_packed_command()).into_owned())
             .collect();
         assert_eq!(names.len(), 8, "{names:?}");
         assert!(

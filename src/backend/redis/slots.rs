@@ -21,9 +21,9 @@ fn crc16(bytes: &[u8]) -> u16 {
 /// The hash slot of `key`: of its hash tag (what lies between the first `{` and the first `}`
 /// after it, if not empty), else of the whole key.
 pub(super) fn slot_of(key: &[u8]) -> u16 {
-    let tagged = key.iter().position(|&b| b == b'{').and_then(|open| {
+    let tagged = memchr::memchr(b'{', key).and_then(|open| {
         let rest = &key[open + 1..];
-        let close = rest.iter().position(|&b| b == b'}')?;
+        let close = memchr::memchr(b'}', rest)?;
         (close > 0).then(|| &rest[..close])
     });
     crc16(tagged.unwrap_or(key)) % SLOTS as u16
