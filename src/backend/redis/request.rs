@@ -4,6 +4,8 @@
 //! send them. No I/O.
 
 use std::borrow::Cow;
+use std::ops::Range;
+use std::sync::Arc;
 
 use bytes::{Buf, Bytes};
 use redis::Value;
@@ -50,12 +52,40 @@ pub(super) struct Command {
 /// written in redis-rs's encoding ([`Pack`]).
 pub(super) enum Line {
     Cmd(redis::Cmd),
-    Key(&'static str, Box<str>),
+    /// `name` and the key at `at` in `keys`, a buffer the batch's commands share (an
+    /// allocation a batch, not one a key).
+    Key {
+        name: &'static str,
+        keys: Arc<str>,
+        at: Range<usize>,
+    },
 }
 
 impl From<redis::Cmd> for Line {
     fn from(cmd: redis::Cmd) -> Line {
         Line::Cmd(cmd)
+    }
+}
+
+impl Line {
+    /// `name key` for each of `keys`, in order.
+    fn each<'k, I>(name: &'static str, keys: I) -> impl Iterator<Item = Line>
+    where
+        I: Iterator<Item = &'k str> + Clone,
+    {
+        let mut all = String::with_capacity(keys.clone().map(str::len).sum());
+        keys.clone().for_each(|k| all.push_str(k));
+        let all: Arc<str> = all.into();
+        let mut start = 0;
+        keys.map(move |k| {
+            let at = start..start + k.len();
+            start = at.end;
+            Line::Key {
+                name,
+                keys: all.clone(),
+                at,
+            }
+        })
     }
 }
 
@@ -82,17 +112,18 @@ impl Pack for Line {
     fn pack(&self, out: &mut Vec<u8>, packer: &mut Packer) {
         match self {
             Line::Cmd(c) => c.write_packed_command(out),
-            Line::Key(name, key) => packer.key(out, name, key),
+            Line::Key { name, keys, at } => packer.key(out, name, &keys[at.clone()]),
         }
     }
 
     fn cmd(&self) -> Cow<'_, redis::Cmd> {
         match self {
             Line::Cmd(c) => Cow::Borrowed(c),
-            Line::Key(name, key) => {
+            Line::Key { name, keys, at } => {
+                let key = &keys[at.clone()];
                 // Sized for its two arguments: no regrowth.
                 let mut c = redis::Cmd::with_capacity(2, name.len() + key.len());
-                c.arg(*name).arg(&**key);
+                c.arg(*name).arg(key);
                 Cow::Owned(c)
             }
         }
@@ -685,20 +716,14 @@ impl Builder {
     /// `name key` for each key that passes the checks, and each key's refusal (`None` for a
     /// key whose command is in the list).
     fn per_key(&self, name: &'static str, keys: &[&str]) -> (Vec<Option<Error>>, Commands) {
-        let mut refused = Vec::with_capacity(keys.len());
+        let refused: Vec<Option<Error>> = keys.iter().map(|k| self.check_key(k).err()).collect();
+        let sent = keys
+            .iter()
+            .zip(&refused)
+            .filter(|(_, r)| r.is_none())
+            .map(|(k, _)| *k);
         let mut commands = Commands::with_capacity(keys.len());
-        for k in keys {
-            match self.check_key(k) {
-                Ok(()) => {
-                    commands.push(Command {
-                        cmd: Line::Key(name, (*k).into()),
-                        script: None,
-                    });
-                    refused.push(None);
-                }
-                Err(e) => refused.push(Some(e)),
-            }
-        }
+        commands.extend(Line::each(name, sent).map(|cmd| Command { cmd, script: None }));
         (refused, commands)
     }
 
@@ -1168,23 +1193,27 @@ mod tests {
         /// commands built by redis-rs.
         #[test]
         fn packed_commands_are_redis_rs_encoding_of_each(
-            lines in prop::collection::vec(
-                (0u8..3, prop::collection::vec(any::<char>(), 1..12)),
-                0..24,
+            runs in prop::collection::vec(
+                (0u8..3, prop::collection::vec("(?s).{0,12}", 1..5)),
+                0..12,
             ),
         ) {
-            let lines: Vec<Line> = lines
-                .into_iter()
-                .map(|(kind, key)| {
-                    let key: String = key.into_iter().collect();
+            // Runs of one-key commands (their keys in one shared buffer, as a batch's), and
+            // commands built by redis-rs between them.
+            let lines: Vec<Line> = runs
+                .iter()
+                .flat_map(|(kind, keys)| -> Vec<Line> {
+                    let keys = keys.iter().map(String::as_str);
                     match kind {
-                        0 => Line::Key("GET", key.into()),
-                        1 => Line::Key("UNLINK", key.into()),
-                        _ => {
-                            let mut c = redis::cmd("SET");
-                            c.arg(&key).arg("v");
-                            Line::Cmd(c)
-                        }
+                        0 => Line::each("GET", keys).collect(),
+                        1 => Line::each("UNLINK", keys).collect(),
+                        _ => keys
+                            .map(|k| {
+                                let mut c = redis::cmd("SET");
+                                c.arg(k).arg("v");
+                                Line::Cmd(c)
+                            })
+                            .collect(),
                     }
                 })
                 .collect();
