@@ -2,6 +2,7 @@
 //! pylibmc and PHP's memcached extension agree on where each key lives. Pure: no I/O.
 
 use md5::{Digest, Md5};
+use wide::u32x8;
 
 /// Points per server for equal weights: 40 MD5 digests x 4 points each.
 const POINTS_PER_SERVER: f32 = 160.0;
@@ -30,10 +31,12 @@ pub(crate) fn key_hash(key: &[u8]) -> u32 {
 
 /// [`key_hash`] of every key, in order, into `out` (cleared first).
 ///
-/// A batch's keys are hashed [`LANES`] at a time, side by side: one MD5 is a chain of 64
-/// dependent steps, while independent keys' steps can run together (about half the time a
-/// key: `benches/results/2026-12-06b/NOTES.md`). Keys of more than 55 bytes (more than one MD5
-/// block) are hashed alone by `md-5`, which stays the reference: the tests compare the two.
+/// A batch's keys are hashed [`LANES`] at a time, side by side in SIMD lanes (`wide`'s
+/// `u32x8`: SSE2 or AVX2 on x86-64, NEON on aarch64, plain arrays elsewhere): one MD5 is a chain
+/// of 64 dependent steps, while independent keys' steps run together (measured against
+/// `md-5` and scalar lanes: `benches/results/2026-12-06c/NOTES.md`). Keys of more than 55
+/// bytes (more than one MD5 block) are hashed alone by `md-5`, which stays the reference: the
+/// tests compare the two.
 pub(crate) fn key_hashes<'k>(keys: impl Iterator<Item = &'k [u8]>, out: &mut Vec<u32>) {
     out.clear();
     // Positions in `out` of the short keys waiting for a full set of lanes.
@@ -61,11 +64,11 @@ pub(crate) fn key_hashes<'k>(keys: impl Iterator<Item = &'k [u8]>, out: &mut Vec
 }
 
 /// Keys hashed side by side.
-const LANES: usize = 4;
+const LANES: usize = 8;
 /// The longest message whose MD5 is one block (64 bytes less the 0x80 byte and the length).
 const ONE_BLOCK: usize = 55;
 
-type Lanes = [u32; LANES];
+type Lanes = u32x8;
 
 /// Hashes the waiting keys (at most [`LANES`], each of at most [`ONE_BLOCK`] bytes) into their
 /// positions in `out`; unused lanes hash an all-zero block, and are dropped.
@@ -81,7 +84,7 @@ fn lanes_into(waiting: &[(usize, &[u8])], out: &mut [u32]) {
             m[w][l] = u32::from_le_bytes([word[0], word[1], word[2], word[3]]);
         }
     }
-    let a = md5_first_word(&m);
+    let a = md5_first_word(&m.map(u32x8::from)).to_array();
     for (l, (pos, _)) in waiting.iter().enumerate() {
         out[*pos] = a[l];
     }
@@ -160,13 +163,13 @@ const K: [u32; 64] = [
 
 /// The first word of the MD5 state after one block, lane by lane: the key hash's four bytes.
 fn md5_first_word(m: &[Lanes; 16]) -> Lanes {
-    let [mut a, mut b, mut c, mut d] = INIT.map(|w| [w; LANES]);
+    let [mut a, mut b, mut c, mut d] = INIT.map(u32x8::splat);
     // Rounds of 16 steps: the mixing function, which message word step `i` of the round
     // takes, and the rotations of its four steps in turn.
-    let f = |x: u32, y: u32, z: u32| (x & y) | (!x & z);
-    let g = |x: u32, y: u32, z: u32| (x & z) | (y & !z);
-    let h = |x: u32, y: u32, z: u32| x ^ y ^ z;
-    let i = |x: u32, y: u32, z: u32| y ^ (x | !z);
+    let f = |x: Lanes, y: Lanes, z: Lanes| (x & y) | (!x & z);
+    let g = |x: Lanes, y: Lanes, z: Lanes| (x & z) | (y & !z);
+    let h = |x: Lanes, y: Lanes, z: Lanes| x ^ y ^ z;
+    let i = |x: Lanes, y: Lanes, z: Lanes| y ^ (x | !z);
     macro_rules! round {
         ($round:expr, $mix:expr, $word:expr, $s:expr) => {
             for q in 0..4 {
@@ -174,12 +177,12 @@ fn md5_first_word(m: &[Lanes; 16]) -> Lanes {
                 let at = |n: usize| {
                     let step = 16 * $round + j + n;
                     let word: fn(usize) -> usize = $word;
-                    (&m[word(j + n)], K[step])
+                    (m[word(j + n)], K[step])
                 };
-                step(&mut a, &b, &c, &d, at(0), $s[0], $mix);
-                step(&mut d, &a, &b, &c, at(1), $s[1], $mix);
-                step(&mut c, &d, &a, &b, at(2), $s[2], $mix);
-                step(&mut b, &c, &d, &a, at(3), $s[3], $mix);
+                step(&mut a, b, c, d, at(0), $s[0], $mix);
+                step(&mut d, a, b, c, at(1), $s[1], $mix);
+                step(&mut c, d, a, b, at(2), $s[2], $mix);
+                step(&mut b, c, d, a, at(3), $s[3], $mix);
             }
         };
     }
@@ -187,27 +190,23 @@ fn md5_first_word(m: &[Lanes; 16]) -> Lanes {
     round!(1, g, |n| (5 * n + 1) % 16, [5, 9, 14, 20]);
     round!(2, h, |n| (3 * n + 5) % 16, [4, 11, 16, 23]);
     round!(3, i, |n| (7 * n) % 16, [6, 10, 15, 21]);
-    a.map(|w| w.wrapping_add(INIT[0]))
+    a + u32x8::splat(INIT[0])
 }
 
 /// One MD5 step in every lane: `a = b + ((a + mix(b, c, d) + k + m) <<< s)`.
 #[inline(always)]
 fn step(
     a: &mut Lanes,
-    b: &Lanes,
-    c: &Lanes,
-    d: &Lanes,
-    (m, k): (&Lanes, u32),
+    b: Lanes,
+    c: Lanes,
+    d: Lanes,
+    (m, k): (Lanes, u32),
     s: u32,
-    mix: impl Fn(u32, u32, u32) -> u32,
+    mix: impl Fn(Lanes, Lanes, Lanes) -> Lanes,
 ) {
-    for l in 0..LANES {
-        let t = a[l]
-            .wrapping_add(mix(b[l], c[l], d[l]))
-            .wrapping_add(k)
-            .wrapping_add(m[l]);
-        a[l] = b[l].wrapping_add(t.rotate_left(s));
-    }
+    let t = *a + mix(b, c, d) + u32x8::splat(k) + m;
+    // The rotation as two shifts: x86-64's SIMD has no rotate before AVX-512.
+    *a = b + ((t << s) | (t >> (32 - s)));
 }
 
 impl Ring {
