@@ -146,7 +146,8 @@ impl Packer {
     fn key(&mut self, out: &mut Vec<u8>, name: &'static str, key: &str) {
         if self.header.is_empty() || self.name != name || self.len != key.len() {
             let start = out.len();
-            redis::cmd(name).arg(key).write_packed_command(out);
+            let mut cmd = redis::Cmd::with_capacity(2, name.len() + key.len());
+            cmd.arg(name).arg(key).write_packed_command(out);
             let end = out.len() - key.len() - 2;
             self.header.clear();
             self.header.extend_from_slice(&out[start..end]);
@@ -1187,44 +1188,119 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    proptest! {
-        /// A write's commands packed together are redis-rs's encoding of each, one after the
-        /// other, whatever the mix of names, key lengths (a reused header, a new one) and
-        /// commands built by redis-rs.
-        #[test]
-        fn packed_commands_are_redis_rs_encoding_of_each(
-            runs in prop::collection::vec(
-                (0u8..3, prop::collection::vec("(?s).{0,12}", 1..5)),
-                0..12,
-            ),
-        ) {
-            // Runs of one-key commands (their keys in one shared buffer, as a batch's), and
-            // commands built by redis-rs between them.
-            let lines: Vec<Line> = runs
-                .iter()
-                .flat_map(|(kind, keys)| -> Vec<Line> {
-                    let keys = keys.iter().map(String::as_str);
-                    match kind {
-                        0 => Line::each("GET", keys).collect(),
-                        1 => Line::each("UNLINK", keys).collect(),
-                        _ => keys
-                            .map(|k| {
-                                let mut c = redis::cmd("SET");
-                                c.arg(k).arg("v");
-                                Line::Cmd(c)
-                            })
-                            .collect(),
-                    }
-                })
-                .collect();
-            let mut packed = Vec::new();
-            let mut packer = Packer::default();
-            for l in &lines {
-                l.pack(&mut packed, &mut packer);
-            }
-            let each: Vec<u8> = lines.iter().flat_map(|l| l.cmd().get_packed_command()).collect();
-            prop_assert_eq!(packed, each);
+    /// A cluster node's builder: a command per key in a batch.
+    fn cluster_builder() -> Builder {
+        Builder {
+            wait: None,
+            item_size: 1 << 20,
+            key_limit: 250,
+            scripts: Scripts::new(),
+            cluster: true,
         }
+    }
+
+    /// The bytes a connection writes for `commands` (each after `ASKING` if `asking`), packed
+    /// as the blocking pool packs them.
+    fn packed(commands: &Commands, asking: bool) -> Vec<u8> {
+        let lines: Vec<&Line> = commands.iter().map(|c| &c.cmd).collect();
+        let ask = super::asking();
+        let cmds: Vec<&dyn Pack> = match asking {
+            true => after_asking(&ask, &lines),
+            false => lines.iter().map(|l| *l as &dyn Pack).collect(),
+        };
+        let mut out = Vec::new();
+        let mut packer = Packer::default();
+        for c in cmds {
+            c.pack(&mut out, &mut packer);
+        }
+        out
+    }
+
+    /// A key: as `make_key` makes them (one length: the header reused), any text (CR, LF and
+    /// multi-byte characters included), or runs of one byte whose lengths cross the header's
+    /// digit counts (9/10, 99/100) and the key limit (250: refused), or empty (refused).
+    fn key() -> impl Strategy<Value = String> {
+        prop_oneof![
+            "[a-z]{2,6}-[0-9]-[0-9a-f]{40}",
+            "(?s).{0,12}",
+            (0usize..300).prop_map(|n| "k".repeat(n)),
+        ]
+    }
+
+    proptest! {
+        /// The bytes a cluster node's batch writes (`GET`s of `get_many`, `UNLINK`s of
+        /// `delete_many`, each after `ASKING` through an asking view) are redis-rs's encoding of
+        /// `name key` for each key not refused, in order, built here from the keys given; the
+        /// refused keys (empty, over the limit) are the ones refused, and write nothing.
+        #[test]
+        fn a_cluster_batch_writes_redis_rs_encoding_of_each_key(
+            keys in prop::collection::vec(key(), 0..40),
+            unlink in any::<bool>(),
+            asking in any::<bool>(),
+        ) {
+            let b = cluster_builder();
+            let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+            let (name, refused, commands) = match unlink {
+                false => {
+                    let batch = b.get_many(&keys);
+                    ("GET", batch.refused, batch.request.commands)
+                }
+                true => {
+                    let batch = b.delete_many(&keys);
+                    ("UNLINK", batch.refused, batch.request.commands)
+                }
+            };
+            let mut want = Vec::new();
+            for (k, r) in keys.iter().zip(&refused) {
+                let valid = !k.is_empty() && k.len() <= 250;
+                prop_assert_eq!(r.is_none(), valid, "key {:?}", k);
+                if valid {
+                    if asking {
+                        want.extend(redis::cmd("ASKING").get_packed_command());
+                    }
+                    want.extend(redis::cmd(name).arg(*k).get_packed_command());
+                }
+            }
+            prop_assert_eq!(packed(&commands, asking), want);
+            // The async connection's commands are the same words.
+            let words: Vec<Vec<u8>> = commands.iter().map(|c| c.cmd.cmd().get_packed_command()).collect();
+            let each: Vec<Vec<u8>> = keys
+                .iter()
+                .zip(&refused)
+                .filter(|(_, r)| r.is_none())
+                .map(|(k, _)| redis::cmd(name).arg(*k).get_packed_command())
+                .collect();
+            prop_assert_eq!(words, each);
+        }
+    }
+
+    #[test]
+    fn one_key_commands_of_several_names_and_lengths_and_built_ones_pack_in_order() {
+        // A header cut for one name and length is not reused for another name, nor another
+        // length, nor across a command redis-rs built.
+        let gets: Vec<Line> = Line::each("GET", ["a", "bb", "cc", "d"].into_iter()).collect();
+        let unlinks: Vec<Line> = Line::each("UNLINK", ["cc", "¡", " "].into_iter()).collect();
+        let mut set = redis::cmd("SET");
+        set.arg("cc").arg("v");
+        let set = Line::Cmd(set);
+        let lines: Vec<&Line> = gets.iter().chain([&set]).chain(&unlinks).collect();
+        let mut out = Vec::new();
+        let mut packer = Packer::default();
+        for l in &lines {
+            l.pack(&mut out, &mut packer);
+        }
+        let mut want = Vec::new();
+        for k in ["a", "bb", "cc", "d"] {
+            want.extend(redis::cmd("GET").arg(k).get_packed_command());
+        }
+        want.extend(redis::cmd("SET").arg("cc").arg("v").get_packed_command());
+        for k in ["cc", "¡", " "] {
+            want.extend(redis::cmd("UNLINK").arg(k).get_packed_command());
+        }
+        assert_eq!(
+            String::from_utf8_lossy(&out),
+            String::from_utf8_lossy(&want)
+        );
     }
 
     #[test]
