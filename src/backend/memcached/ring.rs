@@ -32,7 +32,8 @@ pub(crate) fn key_hash(key: &[u8]) -> u32 {
 /// [`key_hash`] of every key, in order, into `out` (cleared first).
 ///
 /// A batch's keys are hashed [`LANES`] at a time, side by side in SIMD lanes (`wide`'s
-/// `u32x8`: SSE2 or AVX2 on x86-64, NEON on aarch64, plain arrays elsewhere): one MD5 is a chain
+/// `u32x8`: SSE2, or AVX2 when built for it, on x86-64; NEON on aarch64; plain arrays where
+/// there is no SIMD): one MD5 is a chain
 /// of 64 dependent steps, while independent keys' steps run together (measured against
 /// `md-5` and scalar lanes: `benches/results/2026-12-06c/NOTES.md`). Keys of more than 55
 /// bytes (more than one MD5 block) are hashed alone by `md-5`, which stays the reference: the

@@ -1200,7 +1200,7 @@ mod tests {
     }
 
     /// The bytes a connection writes for `commands` (each after `ASKING` if `asking`), packed
-    /// as the blocking pool packs them.
+    /// as the blocking pool packs them (a copy of `Pooled::write`'s loop over `after_asking`).
     fn packed(commands: &Commands, asking: bool) -> Vec<u8> {
         let lines: Vec<&Line> = commands.iter().map(|c| &c.cmd).collect();
         let ask = super::asking();
@@ -1224,12 +1224,14 @@ mod tests {
             "[a-z]{2,6}-[0-9]-[0-9a-f]{40}",
             "(?s).{0,12}",
             (0usize..300).prop_map(|n| "k".repeat(n)),
+            // Two bytes a character: a limit counted in characters would pass 126 of them.
+            (120usize..130).prop_map(|n| "¡".repeat(n)),
         ]
     }
 
     proptest! {
         /// The bytes a cluster node's batch writes (`GET`s of `get_many`, `UNLINK`s of
-        /// `delete_many`, each after `ASKING` through an asking view) are redis-rs's encoding of
+        /// `delete_many`, each after `ASKING` as an asking view sends them) are redis-rs's encoding of
         /// `name key` for each key not refused, in order, built here from the keys given; the
         /// refused keys (empty, over the limit) are the ones refused, and write nothing.
         #[test]
@@ -1276,25 +1278,33 @@ mod tests {
 
     #[test]
     fn one_key_commands_of_several_names_and_lengths_and_built_ones_pack_in_order() {
-        // A header cut for one name and length is not reused for another name, nor another
-        // length, nor across a command redis-rs built.
+        // A header cut for one name and length is not reused for another name of that
+        // length, nor another length; a command redis-rs built between them changes neither.
         let gets: Vec<Line> = Line::each("GET", ["a", "bb", "cc", "d"].into_iter()).collect();
         let unlinks: Vec<Line> = Line::each("UNLINK", ["cc", "¡", " "].into_iter()).collect();
         let mut set = redis::cmd("SET");
         set.arg("cc").arg("v");
         let set = Line::Cmd(set);
-        let lines: Vec<&Line> = gets.iter().chain([&set]).chain(&unlinks).collect();
+        let lines: Vec<&Line> = gets[..3]
+            .iter()
+            .chain(&unlinks[..1])
+            .chain(&gets[3..])
+            .chain([&set])
+            .chain(&unlinks[1..])
+            .collect();
         let mut out = Vec::new();
         let mut packer = Packer::default();
         for l in &lines {
             l.pack(&mut out, &mut packer);
         }
         let mut want = Vec::new();
-        for k in ["a", "bb", "cc", "d"] {
+        for k in ["a", "bb", "cc"] {
             want.extend(redis::cmd("GET").arg(k).get_packed_command());
         }
+        want.extend(redis::cmd("UNLINK").arg("cc").get_packed_command());
+        want.extend(redis::cmd("GET").arg("d").get_packed_command());
         want.extend(redis::cmd("SET").arg("cc").arg("v").get_packed_command());
-        for k in ["cc", "¡", " "] {
+        for k in ["¡", " "] {
             want.extend(redis::cmd("UNLINK").arg(k).get_packed_command());
         }
         assert_eq!(
