@@ -397,6 +397,83 @@ impl Getter for McGetter {
     }
 }
 
+/// Gets a line of the batching ceiling asks for.
+const CEILING_LINE: usize = TASKS / 2;
+
+/// The batching ceiling of the concurrent path: one bare tokio socket (nodelay) carrying the 64
+/// callers' gets as two `get` lines of 32 random hot keys in flight (64 gets outstanding, as 64
+/// callers have), each reply read whole and its length checked, the next line written as soon
+/// as a reply is read. No task, queue, parse or wake-up of a client: the server's and the
+/// kernel's work per get, which no client's batching of 64 callers gets under.
+pub struct Ceiling {
+    stream: tokio::net::TcpStream,
+    buf: Vec<u8>,
+    line: Vec<u8>,
+    rng: Rng,
+}
+
+impl Ceiling {
+    pub async fn connect(addr: &str) -> Result<Ceiling, BoxError> {
+        let stream = tokio::net::TcpStream::connect(addr).await?;
+        stream.set_nodelay(true)?;
+        Ok(Ceiling {
+            stream,
+            buf: vec![0; 256 * 1024],
+            line: Vec::with_capacity(64 * 1024),
+            rng: Rng(0x5EED),
+        })
+    }
+
+    /// Writes one line of random hot keys; returns its whole reply's length.
+    async fn send(&mut self, items: &Items) -> Result<usize, BoxError> {
+        use tokio::io::AsyncWriteExt;
+        self.line.clear();
+        self.line.extend_from_slice(b"get");
+        // Each key's reply is its single-key reply less its `END\r\n`; the line's ends once.
+        let mut len = 5;
+        for _ in 0..CEILING_LINE {
+            let i = self.rng.key();
+            self.line.push(b' ');
+            self.line.extend_from_slice(items.derived[i].as_bytes());
+            len += items.reply_lens[i] - 5;
+        }
+        self.line.extend_from_slice(b"\r\n");
+        self.stream.write_all(&self.line).await?;
+        Ok(len)
+    }
+
+    /// At least `gets` gets (whole lines, at least two), two lines in flight.
+    pub async fn run(&mut self, items: &Items, gets: usize) -> Result<(), BoxError> {
+        use tokio::io::AsyncReadExt;
+        let lines = gets.div_ceil(CEILING_LINE).max(2);
+        let mut pending = std::collections::VecDeque::with_capacity(2);
+        pending.push_back(self.send(items).await?);
+        pending.push_back(self.send(items).await?);
+        let (mut sent, mut have) = (2, 0);
+        while let Some(len) = pending.pop_front() {
+            while have < len {
+                match self.stream.read(&mut self.buf[have..]).await? {
+                    0 => return Err("connection closed by the server".into()),
+                    n => have += n,
+                }
+            }
+            if !self.buf[..len].ends_with(b"END\r\n") {
+                return Err(format!("a line's reply of {len} bytes does not end in END").into());
+            }
+            self.buf.copy_within(len..have, 0);
+            have -= len;
+            if sent < lines {
+                pending.push_back(self.send(items).await?);
+                sent += 1;
+            }
+        }
+        match have {
+            0 => Ok(()),
+            n => Err(format!("{n} bytes past the last reply").into()),
+        }
+    }
+}
+
 /// Runs one task per getter, each doing `per_task` gets of random hot keys (recording each
 /// latency), and returns the getters, the wall time per get and the merged p99.
 pub async fn run_tasks<G: Getter>(
@@ -447,8 +524,12 @@ pub async fn run_tasks<G: Getter>(
     Ok((getters, run))
 }
 
+/// The batching ceiling's floor column.
+const CEILING: &str = "ceiling: a bare socket, the 64 gets in flight as two get lines of 32";
+
 /// `AsyncCache::get` from 64 tasks (one shared cache) against async-memcached 0.9 with a
-/// client per task, on the 2-worker runtime; `ops` gets per run, spread over the tasks.
+/// client per task, and both against the batching ceiling ([`Ceiling`]), all on the 2-worker
+/// runtime; `ops` gets per run, spread over the tasks.
 pub fn async_get_64(
     s: &Setup,
     rt: &tokio::runtime::Runtime,
@@ -478,6 +559,7 @@ pub fn async_get_64(
         Ok::<_, BoxError>(v)
     })?;
     let mut theirs = Some(theirs);
+    let mut ceiling = Some(rt.block_on(Ceiling::connect(&s.addrs[0]))?);
     let client: Side<'_> = Box::new(|n| {
         let getters = ours.take().ok_or("getters lost")?;
         let (getters, run) = rt.block_on(run_tasks(getters, (n / TASKS).max(1)))?;
@@ -490,7 +572,24 @@ pub fn async_get_64(
         theirs = Some(getters);
         Ok(run)
     });
-    let runs = interleave("async-get-64", rounds, ops, slices, &mut [client, floor])?;
+    let bare: Side<'_> = Box::new(|n| {
+        let (mut c, items) = (ceiling.take().ok_or("ceiling lost")?, Arc::clone(items));
+        let (c, run) = rt.block_on(rt.spawn(async move {
+            let t = Instant::now();
+            let gets = n.div_ceil(CEILING_LINE).max(2) * CEILING_LINE;
+            let r = c.run(&items, n).await.map(|()| Run::timed(t, gets));
+            (c, r)
+        }))?;
+        ceiling = Some(c);
+        run
+    });
+    let runs = interleave(
+        "async-get-64",
+        rounds,
+        ops,
+        slices,
+        &mut [client, floor, bare],
+    )?;
     let rate = |runs: &[Run]| -> Vec<f64> { runs.iter().map(|r| 1e6 / r.us_per_op).collect() };
     let p99 = |runs: &[Run]| -> Vec<f64> { runs.iter().map(|r| r.p99_us).collect() };
     let path = "AsyncCache::get, 64 tasks, 1,000 hot keys, multi-thread (2 workers)";
@@ -503,6 +602,14 @@ pub fn async_get_64(
             "us p99",
             p99(&runs[0]),
             p99(&runs[1]),
+        ),
+        Row::new(path, CEILING, "gets/s", rate(&runs[0]), rate(&runs[2])),
+        Row::new(
+            "  async-memcached 0.9, a client per task",
+            CEILING,
+            "gets/s",
+            rate(&runs[1]),
+            rate(&runs[2]),
         ),
     ])
 }
