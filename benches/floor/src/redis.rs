@@ -219,6 +219,18 @@ impl Resp {
         check_reply(&self.buf[..have], len)
     }
 
+    /// Reads `n` replies with redis-rs's own reader (`redis::Parser` on the socket, as its
+    /// sync `Connection` reads), each a bulk string.
+    pub fn recv_values(&mut self, n: usize, parser: &mut redis::Parser) -> Result<(), BoxError> {
+        for _ in 0..n {
+            match parser.parse_value(&mut self.stream)? {
+                redis::Value::BulkString(_) => {}
+                other => return Err(format!("expected a bulk string, read {other:?}").into()),
+            }
+        }
+        Ok(())
+    }
+
     /// One request and its bulk reply, whatever its length: for learning.
     pub fn exchange(&mut self, request: &[u8]) -> Result<&[u8], BoxError> {
         self.stream.write_all(request)?;

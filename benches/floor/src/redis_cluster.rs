@@ -3,7 +3,10 @@
 //! F, a bare socket per master with that master's `GET`s pipelined (a node refuses an `MGET`
 //! of keys of several slots, `CROSSSLOT`), every master's written, then every reply read, and
 //! C, the same call on the memory backend (the in-process work). The rows are those of the
-//! memcached `sync-get-many` path: the ratio to F + C, to F, and C.
+//! memcached `sync-get-many` path: the ratio to F + C, to F, and C; then R, F's requests on
+//! sockets of their own whose replies redis-rs's own reader parses (`redis::Parser` on the
+//! socket, as the backend's connections read): R - F is what that reader costs, and the ratio
+//! to R + C what the backend's own work adds beyond it.
 //!
 //! The items are written by `Cache::set` on the cluster (the Redis backend's 13-byte header,
 //! then the envelope); which master holds each key and its reply's length are learnt from the
@@ -145,6 +148,22 @@ pub fn sync_get_many(
         m.keys += 1;
     }
     masters.sort_by(|a, b| a.addr.cmp(&b.addr));
+    // R: F's requests on sockets of their own, their replies read by redis-rs's reader.
+    let mut read_by_redis_rs: Vec<(Master, redis::Parser)> = masters
+        .iter()
+        .map(|m| {
+            let url = format!("redis://{}/0", m.addr);
+            let sock = Resp::connect(&url, io_timeout)?;
+            let m = Master {
+                addr: m.addr.clone(),
+                sock,
+                requests: m.requests.clone(),
+                reply_len: m.reply_len,
+                keys: m.keys,
+            };
+            Ok::<_, BoxError>((m, redis::Parser::new()))
+        })
+        .collect::<Result<_, _>>()?;
     let per_master: Vec<(&str, usize)> =
         masters.iter().map(|m| (m.addr.as_str(), m.keys)).collect();
     eprintln!("redis-cluster sync-get-many: keys per master {per_master:?}");
@@ -187,6 +206,18 @@ pub fn sync_get_many(
         }
         Ok(Run::timed(t, n))
     });
+    let parsed: Side<'_> = Box::new(move |n| {
+        let t = Instant::now();
+        for _ in 0..n {
+            for (m, _) in read_by_redis_rs.iter_mut() {
+                m.sock.send(&m.requests)?;
+            }
+            for (m, parser) in read_by_redis_rs.iter_mut() {
+                m.sock.recv_values(m.keys, parser)?;
+            }
+        }
+        Ok(Run::timed(t, n))
+    });
     let memory = &memory;
     let in_process: Side<'_> = Box::new(move |n| {
         let t = Instant::now();
@@ -200,22 +231,37 @@ pub fn sync_get_many(
         rounds,
         (ops / 10).max(1),
         slices,
-        &mut [client, wire, in_process],
+        &mut [client, wire, in_process, parsed],
     )?;
-    let (a, f, c) = (us(&runs[0]), us(&runs[1]), us(&runs[2]));
+    let (a, f, c, r) = (us(&runs[0]), us(&runs[1]), us(&runs[2]), us(&runs[3]));
     let f_plus_c: Vec<f64> = f.iter().zip(&c).map(|(f, c)| f + c).collect();
+    let r_plus_c: Vec<f64> = r.iter().zip(&c).map(|(r, c)| r + c).collect();
     let path = "sync Cache::get_many, 100 keys, the cluster's masters";
     let floor = "F: each master's GETs pipelined, a socket each, all written then all read";
     Ok((
         name,
         vec![
             Row::new(path, "F + C", "us", a.clone(), f_plus_c),
-            Row::new(path, floor, "us", a, f.clone()),
+            Row::new(path, floor, "us", a.clone(), f.clone()),
             Row::new(
                 "  C: Cache::get_many on the memory backend",
                 "(in-process work; ratio to F)",
                 "us",
                 c,
+                f.clone(),
+            ),
+            Row::new(
+                path,
+                "R + C, R: F with its replies read by redis-rs's reader (redis::Parser)",
+                "us",
+                a,
+                r_plus_c,
+            ),
+            Row::new(
+                "  R: F read by redis-rs's reader",
+                "F (the reader's cost: the ratio to F)",
+                "us",
+                r,
                 f,
             ),
         ],
