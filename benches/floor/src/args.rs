@@ -86,6 +86,11 @@ pub struct Args {
     /// without it)
     #[arg(long)]
     pub busy_core: bool,
+    /// the 64-task path's batching ceiling: bare sockets x lines in flight on each x keys a
+    /// line (their product 64); the default measured fastest of eight shapes
+    /// (benches/results/2026-12-06d/ceiling-sweep.sh)
+    #[arg(long, default_value = "1x4x16", value_parser = crate::paths::Shape::parse)]
+    pub ceiling: crate::paths::Shape,
     /// start this `redis-server` / `valkey-server` on a free loopback port (`--save ''
     /// --appendonly no`) and measure the paths on it instead of memcached (repeatable: one
     /// server after another)

@@ -162,9 +162,15 @@ fn on_memcached(
                         .build_async()
                 })?;
                 rows.extend(match path {
-                    Path::AsyncGet64 => {
-                        paths::async_get_64(&setup, &rt, &cache, rounds, ops * 10, slices)?
-                    }
+                    Path::AsyncGet64 => paths::async_get_64(
+                        &setup,
+                        &rt,
+                        &cache,
+                        args.ceiling,
+                        rounds,
+                        ops * 10,
+                        slices,
+                    )?,
                     _ => paths::async_get(&setup, &rt, &cache, path.name(), rounds, ops, slices)?,
                 });
             }

@@ -397,15 +397,63 @@ impl Getter for McGetter {
     }
 }
 
-/// Gets a line of the batching ceiling asks for.
-const CEILING_LINE: usize = TASKS / 2;
+/// How the batching ceiling carries its 64 gets: sockets, lines in flight on each, keys a
+/// line (their product: [`TASKS`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shape {
+    pub sockets: usize,
+    pub depth: usize,
+    pub keys: usize,
+}
 
-/// The batching ceiling of the concurrent path: one bare tokio socket (nodelay) carrying the 64
-/// callers' gets as two `get` lines of 32 random hot keys in flight (64 gets outstanding, as 64
-/// callers have), each reply read whole and its length checked, the next line written as soon
-/// as a reply is read. No task, queue, parse or wake-up of a client: the server's and the
-/// kernel's work per get, which no client's batching of 64 callers gets under.
+impl Shape {
+    /// `SxDxK`, e.g. `1x2x32`.
+    pub fn parse(s: &str) -> Result<Shape, String> {
+        let n: Vec<usize> = s
+            .split('x')
+            .map(str::parse)
+            .collect::<Result<_, _>>()
+            .map_err(|e| format!("{s:?}: {e}"))?;
+        match n[..] {
+            [sockets, depth, keys]
+                if sockets * depth * keys == TASKS && n.iter().all(|&x| x > 0) =>
+            {
+                Ok(Shape {
+                    sockets,
+                    depth,
+                    keys,
+                })
+            }
+            _ => Err(format!(
+                "{s:?}: sockets x lines in flight x keys a line, whose product is {TASKS}"
+            )),
+        }
+    }
+
+    pub fn label(&self) -> String {
+        format!(
+            "ceiling: bare sockets ({}), the 64 gets in flight as get lines ({} on each, {} keys a line)",
+            self.sockets, self.depth, self.keys
+        )
+    }
+}
+
+/// How long the ceiling waits for a reply (a key missing would leave it short: no hang).
+const CEILING_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The batching ceiling of the concurrent path: bare tokio sockets (nodelay), a task each,
+/// carrying the 64 callers' gets as `get` lines of random hot keys, [`Shape`]'s lines in flight
+/// on each (64 gets outstanding in all, as 64 callers have), each reply read whole and its
+/// length checked, the next line written as soon as a reply is read. No queue, parse or
+/// wake-up of a caller: the server's and the kernel's work per get at that concurrency.
+/// The shape measured fastest (a sweep, `--ceiling`) is the default; it sends `get` (newcache
+/// sends `gets`, whose replies carry the CAS too) and does not merge a line's repeated keys.
 pub struct Ceiling {
+    conns: Vec<CeilingConn>,
+    shape: Shape,
+}
+
+struct CeilingConn {
     stream: tokio::net::TcpStream,
     buf: Vec<u8>,
     line: Vec<u8>,
@@ -413,25 +461,84 @@ pub struct Ceiling {
 }
 
 impl Ceiling {
-    pub async fn connect(addr: &str) -> Result<Ceiling, BoxError> {
-        let stream = tokio::net::TcpStream::connect(addr).await?;
-        stream.set_nodelay(true)?;
-        Ok(Ceiling {
-            stream,
-            buf: vec![0; 256 * 1024],
-            line: Vec::with_capacity(64 * 1024),
-            rng: Rng(0x5EED),
-        })
+    pub async fn connect(addr: &str, shape: Shape) -> Result<Ceiling, BoxError> {
+        let mut conns = Vec::with_capacity(shape.sockets);
+        for s in 0..shape.sockets {
+            let stream = tokio::net::TcpStream::connect(addr).await?;
+            stream.set_nodelay(true)?;
+            conns.push(CeilingConn {
+                stream,
+                buf: vec![0; 256 * 1024],
+                line: Vec::with_capacity(64 * 1024),
+                rng: Rng(0x5EED + s as u64 * 0xA076_1D64_78BD_642F),
+            });
+        }
+        Ok(Ceiling { conns, shape })
     }
 
-    /// Writes one line of random hot keys; returns its whole reply's length.
-    async fn send(&mut self, items: &Items) -> Result<usize, BoxError> {
+    /// At least `gets` gets, spread over the sockets (whole lines, at least `depth` a
+    /// socket); returns the gets done.
+    pub async fn run(&mut self, items: &Arc<Items>, gets: usize) -> Result<usize, BoxError> {
+        let Shape {
+            sockets,
+            depth,
+            keys,
+        } = self.shape;
+        let lines = gets.div_ceil(keys * sockets).max(depth);
+        let tasks: Vec<_> = self
+            .conns
+            .drain(..)
+            .map(|mut c| {
+                let items = Arc::clone(items);
+                tokio::spawn(async move {
+                    let r = tokio::time::timeout(
+                        CEILING_TIMEOUT * lines as u32,
+                        c.run(&items, lines, depth, keys),
+                    )
+                    .await;
+                    (c, r)
+                })
+            })
+            .collect();
+        let mut first_error = None;
+        for t in tasks {
+            let (c, r) = t.await?;
+            self.conns.push(c);
+            if let Err(e) = r.map_err(|_| "no reply in time".into()).and_then(|r| r) {
+                first_error.get_or_insert(e);
+            }
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(lines * keys * sockets),
+        }
+    }
+}
+
+/// The values in a whole `get` reply (`VALUE` blocks, then `END`), or `None` if it is not one.
+fn values(reply: &[u8]) -> Option<usize> {
+    let (mut at, mut n) = (0, 0);
+    while reply.get(at..)?.starts_with(b"VALUE ") {
+        let eol = at + reply[at..].iter().position(|&b| b == b'\n')?;
+        let header = reply[at..eol].strip_suffix(b"\r")?;
+        let bytes = header.rsplit(|&b| b == b' ').next()?;
+        let bytes: usize = std::str::from_utf8(bytes).ok()?.parse().ok()?;
+        at = eol + 1 + bytes + 2;
+        n += 1;
+    }
+    (reply.get(at..)? == b"END\r\n").then_some(n)
+}
+
+impl CeilingConn {
+    /// Writes one line of `keys` random hot keys; returns its whole reply's length.
+    async fn send(&mut self, items: &Items, keys: usize) -> Result<usize, BoxError> {
         use tokio::io::AsyncWriteExt;
         self.line.clear();
         self.line.extend_from_slice(b"get");
-        // Each key's reply is its single-key reply less its `END\r\n`; the line's ends once.
+        // Each key's reply is its single-key reply less its `END\r\n`; the line's ends once
+        // (memcached answers a repeated key each time).
         let mut len = 5;
-        for _ in 0..CEILING_LINE {
+        for _ in 0..keys {
             let i = self.rng.key();
             self.line.push(b' ');
             self.line.extend_from_slice(items.derived[i].as_bytes());
@@ -442,28 +549,37 @@ impl Ceiling {
         Ok(len)
     }
 
-    /// At least `gets` gets (whole lines, at least two), two lines in flight.
-    pub async fn run(&mut self, items: &Items, gets: usize) -> Result<(), BoxError> {
+    /// `lines` lines of `keys` keys, `depth` in flight.
+    async fn run(
+        &mut self,
+        items: &Items,
+        lines: usize,
+        depth: usize,
+        keys: usize,
+    ) -> Result<(), BoxError> {
         use tokio::io::AsyncReadExt;
-        let lines = gets.div_ceil(CEILING_LINE).max(2);
-        let mut pending = std::collections::VecDeque::with_capacity(2);
-        pending.push_back(self.send(items).await?);
-        pending.push_back(self.send(items).await?);
-        let (mut sent, mut have) = (2, 0);
+        let mut pending = std::collections::VecDeque::with_capacity(depth);
+        for _ in 0..depth {
+            pending.push_back(self.send(items, keys).await?);
+        }
+        let (mut sent, mut have) = (depth, 0);
         while let Some(len) = pending.pop_front() {
+            if self.buf.len() < len {
+                self.buf.resize(len, 0);
+            }
             while have < len {
                 match self.stream.read(&mut self.buf[have..]).await? {
                     0 => return Err("connection closed by the server".into()),
                     n => have += n,
                 }
             }
-            if !self.buf[..len].ends_with(b"END\r\n") {
-                return Err(format!("a line's reply of {len} bytes does not end in END").into());
+            if values(&self.buf[..len]) != Some(keys) {
+                return Err(format!("a line's reply of {len} bytes is not {keys} values").into());
             }
             self.buf.copy_within(len..have, 0);
             have -= len;
             if sent < lines {
-                pending.push_back(self.send(items).await?);
+                pending.push_back(self.send(items, keys).await?);
                 sent += 1;
             }
         }
@@ -524,9 +640,6 @@ pub async fn run_tasks<G: Getter>(
     Ok((getters, run))
 }
 
-/// The batching ceiling's floor column.
-const CEILING: &str = "ceiling: a bare socket, the 64 gets in flight as two get lines of 32";
-
 /// `AsyncCache::get` from 64 tasks (one shared cache) against async-memcached 0.9 with a
 /// client per task, and both against the batching ceiling ([`Ceiling`]), all on the 2-worker
 /// runtime; `ops` gets per run, spread over the tasks.
@@ -534,6 +647,7 @@ pub fn async_get_64(
     s: &Setup,
     rt: &tokio::runtime::Runtime,
     cache: &newcache::AsyncCache,
+    shape: Shape,
     rounds: usize,
     ops: usize,
     slices: usize,
@@ -559,7 +673,7 @@ pub fn async_get_64(
         Ok::<_, BoxError>(v)
     })?;
     let mut theirs = Some(theirs);
-    let mut ceiling = Some(rt.block_on(Ceiling::connect(&s.addrs[0]))?);
+    let mut ceiling = Some(rt.block_on(Ceiling::connect(&s.addrs[0], shape))?);
     let client: Side<'_> = Box::new(|n| {
         let getters = ours.take().ok_or("getters lost")?;
         let (getters, run) = rt.block_on(run_tasks(getters, (n / TASKS).max(1)))?;
@@ -574,12 +688,11 @@ pub fn async_get_64(
     });
     let bare: Side<'_> = Box::new(|n| {
         let (mut c, items) = (ceiling.take().ok_or("ceiling lost")?, Arc::clone(items));
-        let (c, run) = rt.block_on(rt.spawn(async move {
+        let (c, run) = rt.block_on(async move {
             let t = Instant::now();
-            let gets = n.div_ceil(CEILING_LINE).max(2) * CEILING_LINE;
-            let r = c.run(&items, n).await.map(|()| Run::timed(t, gets));
+            let r = c.run(&items, n).await.map(|gets| Run::timed(t, gets));
             (c, r)
-        }))?;
+        });
         ceiling = Some(c);
         run
     });
@@ -603,10 +716,16 @@ pub fn async_get_64(
             p99(&runs[0]),
             p99(&runs[1]),
         ),
-        Row::new(path, CEILING, "gets/s", rate(&runs[0]), rate(&runs[2])),
+        Row::new(
+            path,
+            shape.label(),
+            "gets/s",
+            rate(&runs[0]),
+            rate(&runs[2]),
+        ),
         Row::new(
             "  async-memcached 0.9, a client per task",
-            CEILING,
+            shape.label(),
             "gets/s",
             rate(&runs[1]),
             rate(&runs[2]),
@@ -618,6 +737,28 @@ pub fn async_get_64(
 mod tests {
     use super::*;
     use std::cell::RefCell;
+
+    #[test]
+    fn a_get_reply_counts_its_values() {
+        let two = b"VALUE a 0 3\r\nabc\r\nVALUE b 1 0\r\n\r\nEND\r\n";
+        assert_eq!(values(two), Some(2));
+        assert_eq!(values(b"END\r\n"), Some(0));
+        assert_eq!(values(&two[..two.len() - 1]), None, "cut short");
+        assert_eq!(
+            values(b"VALUE a 0 9\r\nabc\r\nEND\r\n"),
+            None,
+            "a wrong length"
+        );
+    }
+
+    #[test]
+    fn a_ceiling_shape_carries_64_gets() {
+        let s = Shape::parse("2x2x16").unwrap();
+        assert_eq!((s.sockets, s.depth, s.keys), (2, 2, 16));
+        assert!(Shape::parse("1x2x16").is_err());
+        assert!(Shape::parse("0x0x64").is_err());
+        assert!(Shape::parse("64").is_err());
+    }
 
     #[test]
     fn rounds_and_slices_alternate_the_order() {

@@ -220,15 +220,24 @@ impl Resp {
     }
 
     /// Reads `n` replies with redis-rs's own reader (`redis::Parser` on the socket, as its
-    /// sync `Connection` reads), each a bulk string.
-    pub fn recv_values(&mut self, n: usize, parser: &mut redis::Parser) -> Result<(), BoxError> {
+    /// sync `Connection` reads), each a bulk string, `bytes` in all.
+    pub fn recv_values(
+        &mut self,
+        n: usize,
+        bytes: usize,
+        parser: &mut redis::Parser,
+    ) -> Result<(), BoxError> {
+        let mut read = 0;
         for _ in 0..n {
             match parser.parse_value(&mut self.stream)? {
-                redis::Value::BulkString(_) => {}
+                redis::Value::BulkString(b) => read += b.len(),
                 other => return Err(format!("expected a bulk string, read {other:?}").into()),
             }
         }
-        Ok(())
+        match read == bytes {
+            true => Ok(()),
+            false => Err(format!("{n} values of {read} bytes, {bytes} expected").into()),
+        }
     }
 
     /// One request and its bulk reply, whatever its length: for learning.

@@ -28,6 +28,8 @@ struct Master {
     requests: Vec<u8>,
     reply_len: usize,
     keys: usize,
+    /// The stored bytes of its keys' values, in all.
+    stored: usize,
 }
 
 /// The masters' `host:port` and slot ranges, from `CLUSTER SLOTS` of the node at `url`.
@@ -128,6 +130,7 @@ pub fn sync_get_many(
                     requests: Vec::new(),
                     reply_len: 0,
                     keys: 0,
+                    stored: 0,
                 });
                 masters.len() - 1
             }
@@ -146,6 +149,7 @@ pub fn sync_get_many(
         m.reply_len += reply.len();
         m.requests.extend_from_slice(&request);
         m.keys += 1;
+        m.stored += stored;
     }
     masters.sort_by(|a, b| a.addr.cmp(&b.addr));
     // R: F's requests on sockets of their own, their replies read by redis-rs's reader.
@@ -160,6 +164,7 @@ pub fn sync_get_many(
                 requests: m.requests.clone(),
                 reply_len: m.reply_len,
                 keys: m.keys,
+                stored: m.stored,
             };
             Ok::<_, BoxError>((m, redis::Parser::new()))
         })
@@ -213,7 +218,7 @@ pub fn sync_get_many(
                 m.sock.send(&m.requests)?;
             }
             for (m, parser) in read_by_redis_rs.iter_mut() {
-                m.sock.recv_values(m.keys, parser)?;
+                m.sock.recv_values(m.keys, m.stored, parser)?;
             }
         }
         Ok(Run::timed(t, n))
