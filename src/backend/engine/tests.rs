@@ -2182,8 +2182,8 @@ mod review3 {
     /// prefix of a reply the streaming parser accepts is never whole.
     mod framing {
         use crate::backend::memcached::wire::{
-            Shape, Slot, frame_gets, is_server_reply, leaves_connection_usable, read_framed,
-            read_slots, reply_len,
+            Shape, Slot, frame_gets, is_closed, is_server_reply, leaves_connection_usable,
+            read_chunked, read_framed, read_slots, reply_len,
         };
         use proptest::prelude::*;
 
@@ -2198,10 +2198,11 @@ mod review3 {
             match read {
                 Ok(slots) => slots.iter().map(slot).collect::<Vec<_>>().join(" "),
                 Err(e) => format!(
-                    "error {:?} usable {} answer {}",
+                    "error {:?} usable {} answer {} closed {}",
                     e.kind(),
                     leaves_connection_usable(&e),
-                    is_server_reply(&e)
+                    is_server_reply(&e),
+                    is_closed(&e)
                 ),
             }
         }
@@ -2284,7 +2285,7 @@ mod review3 {
         proptest! {
             #![proptest_config(ProptestConfig { cases: 20000, ..ProptestConfig::default() })]
             #[test]
-            fn a_framed_reply_reads_as_the_streaming_parser_reads_it(buf in reply()) {
+            fn a_framed_reply_reads_as_the_streaming_parser_reads_it(buf in reply(), cap in 1usize..80) {
                 let mut values = Vec::new();
                 let framed_end = frame_gets(&buf, KEYS.len(), &mut values);
                 prop_assert!(values.len() <= KEYS.len());
@@ -2293,6 +2294,11 @@ mod review3 {
                 let mut r = &buf[..];
                 let s = read_slots(&mut r, 8, &KEYS, &mut streamed).map(|()| streamed);
                 let consumed = buf.len() - r.len();
+                // A reader whose buffer ends inside lines (copied out, not read in place) reads
+                // it the same, and stops where it stops.
+                let (chunked, rest) = read_chunked(&buf, cap, 8, &KEYS);
+                prop_assert_eq!(outcome(chunked), outcome(s.clone()), "{:?}", String::from_utf8_lossy(&buf));
+                prop_assert_eq!(buf.len() - rest, consumed, "{:?}", String::from_utf8_lossy(&buf));
                 if let Ok(ref slots) = s {
                     // A reply it accepts: the framing ends it where it ended, and reads it so.
                     prop_assert_eq!(framed_end, Some(consumed), "{:?}", String::from_utf8_lossy(&buf));
