@@ -316,14 +316,7 @@ pub(crate) fn read_slots<R: BufRead, K: AsRef<str>>(
         // A line whole in the reader's buffer (within MAX_LINE bytes) is read where it is;
         // another is copied out (`read_line`). Either way it is consumed before its verdict is
         // returned. One `fill_buf` a line, as `read_line`'s own.
-        let buf = match r.fill_buf() {
-            Ok(buf) => buf,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e.into()),
-        };
-        if buf.is_empty() {
-            return Err(protocol_error(CLOSED));
-        }
+        let Some(buf) = buffered(r)? else { continue };
         let (value, used) = match memchr::memchr(b'\n', &buf[..buf.len().min(MAX_LINE)]) {
             Some(at) => {
                 let value = match buf[..=at].strip_suffix(b"\r\n") {
@@ -341,6 +334,17 @@ pub(crate) fn read_slots<R: BufRead, K: AsRef<str>>(
                 fill.fill(r, slot, (flags, len, cas), max_value, keys.len(), out)?;
             }
         }
+    }
+}
+
+/// The reader's buffered bytes, read first if there are none (one `fill_buf`): `None` when the
+/// read was interrupted (to be asked again); no bytes at all is the server's close.
+fn buffered<R: BufRead>(r: &mut R) -> Result<Option<&[u8]>> {
+    match r.fill_buf() {
+        Ok([]) => Err(protocol_error(CLOSED)),
+        Ok(buf) => Ok(Some(buf)),
+        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => Ok(None),
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -523,14 +527,7 @@ impl Arena {
         };
         let start = buf.len();
         while buf.len() - start < need {
-            let chunk = match r.fill_buf() {
-                Ok(chunk) => chunk,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e.into()),
-            };
-            if chunk.is_empty() {
-                return Err(protocol_error(CLOSED));
-            }
+            let Some(chunk) = buffered(r)? else { continue };
             let n = chunk.len().min(need - (buf.len() - start));
             buf.extend_from_slice(&chunk[..n]);
             r.consume(n);

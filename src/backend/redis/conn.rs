@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 use redis::{ConnectionLike, Value};
 
-use super::request::{Pack, Packer, Replies};
+use super::request::{Pack, Replies, pack_all};
 
 use super::clients::{self, ClientId, Clients};
 use super::setup::{Auth, SetUp};
@@ -369,10 +369,7 @@ impl<'a> Pooled<'a> {
             .as_mut()
             .expect("a pooled connection until dropped");
         open.packed.clear();
-        let mut packer = Packer::default();
-        for c in cmds {
-            c.pack(&mut open.packed, &mut packer);
-        }
+        pack_all(cmds, &mut open.packed);
         let sent = open.conn.send_packed_command(&open.packed);
         if open.packed.capacity() > KEPT_BUFFER {
             open.packed = Vec::new();

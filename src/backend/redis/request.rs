@@ -162,6 +162,14 @@ impl Packer {
     }
 }
 
+/// `cmds` packed one after another into `out`, as a connection writes them.
+pub(super) fn pack_all<C: Pack + ?Sized>(cmds: &[&C], out: &mut Vec<u8>) {
+    let mut packer = Packer::default();
+    for c in cmds {
+        c.pack(out, &mut packer);
+    }
+}
+
 /// Commands sent in one round trip, and how their replies (error replies inline, as
 /// `Value::ServerError`) become the answer.
 pub(super) struct Request<T> {
@@ -1200,18 +1208,14 @@ mod tests {
     }
 
     /// The bytes a connection writes for `commands` (each after `ASKING` if `asking`), packed
-    /// as the blocking pool packs them (a copy of `Pooled::write`'s loop over `after_asking`).
+    /// as the blocking pool packs them.
     fn packed(commands: &Commands, asking: bool) -> Vec<u8> {
         let lines: Vec<&Line> = commands.iter().map(|c| &c.cmd).collect();
         let ask = super::asking();
-        let cmds: Vec<&dyn Pack> = match asking {
-            true => after_asking(&ask, &lines),
-            false => lines.iter().map(|l| *l as &dyn Pack).collect(),
-        };
         let mut out = Vec::new();
-        let mut packer = Packer::default();
-        for c in cmds {
-            c.pack(&mut out, &mut packer);
+        match asking {
+            true => pack_all(&after_asking(&ask, &lines), &mut out),
+            false => pack_all(&lines, &mut out),
         }
         out
     }
@@ -1293,10 +1297,7 @@ mod tests {
             .chain(&unlinks[1..])
             .collect();
         let mut out = Vec::new();
-        let mut packer = Packer::default();
-        for l in &lines {
-            l.pack(&mut out, &mut packer);
-        }
+        pack_all(&lines, &mut out);
         let mut want = Vec::new();
         for k in ["a", "bb", "cc"] {
             want.extend(redis::cmd("GET").arg(k).get_packed_command());
