@@ -529,17 +529,31 @@ fn cluster_node_args_on(host: &str, port: u16) -> Vec<String> {
     .collect()
 }
 
-/// `n` ports below 55000 free now, each with its cluster bus port (port + 10000) free too.
+/// The first port of this machine's ephemeral range (`ip_local_port_range`; 32768 if unread):
+/// the kernel may give any port from it to an outgoing connection at any moment.
 #[cfg(feature = "redis")]
-fn cluster_ports(n: usize) -> Vec<u16> {
+fn ephemeral_low() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32_768)
+}
+
+/// `n` ports free now on `host`, each with its cluster bus port (port + 10000) free too, and
+/// both below the ephemeral range: a bus port in it may be taken by any test's outgoing
+/// connection between this check and the node's bind, and the node then exits (a CI run lost a
+/// node that way: `--cluster create` found its port refused).
+#[cfg(feature = "redis")]
+fn cluster_ports_on(host: &str, n: usize) -> Vec<u16> {
     static NEXT: AtomicU64 = AtomicU64::new(0);
-    let base = 20_000 + (u64::from(std::process::id()) * 97) % 20_000;
+    let (low, high) = (10_000u64, u64::from(ephemeral_low()).saturating_sub(10_000));
+    let span = high.saturating_sub(low).max(1);
+    let start = (u64::from(std::process::id()) * 97) % span;
     let mut ports = Vec::with_capacity(n);
     while ports.len() < n {
         let i = NEXT.fetch_add(1, Ordering::Relaxed);
-        let port = (base + i % 25_000) as u16;
-        let port = if port >= 45_000 { port - 25_000 } else { port };
-        let free = |p: u16| TcpListener::bind(("127.0.0.1", p)).is_ok();
+        let port = (low + (start + i) % span) as u16;
+        let free = |p: u16| TcpListener::bind((host, p)).is_ok();
         if free(port) && free(port + 10_000) {
             ports.push(port);
         }
@@ -547,10 +561,21 @@ fn cluster_ports(n: usize) -> Vec<u16> {
     ports
 }
 
-/// `redis-cli --cluster create` over `ports` (3 masters, a replica each), then waits until
-/// every node says `cluster_state:ok` and all agree on who serves which slots.
+/// [`cluster_ports_on`] loopback's IPv4 address.
 #[cfg(feature = "redis")]
-fn create_cluster(ports: &[u16]) {
+fn cluster_ports(n: usize) -> Vec<u16> {
+    cluster_ports_on("127.0.0.1", n)
+}
+
+/// How many times a test cluster is started on fresh ports before a failure to form is final.
+#[cfg(feature = "redis")]
+const CLUSTER_TRIES: usize = 3;
+
+/// `redis-cli --cluster create` over `ports` (3 masters, a replica each), then waits until
+/// every node says `cluster_state:ok` and all agree on who serves which slots. `Err` says why
+/// the create failed (a node gone, say), for the caller to start again on other ports.
+#[cfg(feature = "redis")]
+fn create_cluster(ports: &[u16]) -> Result<(), String> {
     let nodes: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
     let create = || {
         Command::new("redis-cli")
@@ -562,20 +587,22 @@ fn create_cluster(ports: &[u16]) {
             .expect("redis-cli is installed (Debian's redis-tools, see .ci/run)")
     };
     // Once more after a failure that left no output (seen once on a loaded machine: redis-cli
-    // gave up before it said anything); a failure after it began says why and is final.
+    // gave up before it said anything).
     let mut out = create();
     if !out.status.success() && out.stdout.is_empty() {
         std::thread::sleep(Duration::from_millis(500));
         out = create();
     }
-    assert!(
-        out.status.success(),
-        "redis-cli --cluster create failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    if !out.status.success() {
+        return Err(format!(
+            "redis-cli --cluster create failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
     wait_cluster_ok(ports, Duration::from_secs(30));
     wait_replicas_synced(ports, Duration::from_secs(30));
+    Ok(())
 }
 
 /// Waits until every replica among `ports` has synced with its master (`master_link_status:up`).
@@ -680,6 +707,19 @@ pub struct RedisCluster {
 #[cfg(feature = "redis")]
 impl RedisCluster {
     pub fn start(bin: &str) -> RedisCluster {
+        let mut why = String::new();
+        for _ in 0..CLUSTER_TRIES {
+            match RedisCluster::try_start(bin) {
+                Ok(cluster) => return cluster,
+                Err(e) => why = e,
+            }
+        }
+        panic!("no test cluster formed in {CLUSTER_TRIES} tries; the last: {why}");
+    }
+
+    /// One try of [`start`](RedisCluster::start) on fresh ports; `Err` (its nodes stopped) if
+    /// a node exited or the cluster did not form.
+    fn try_start(bin: &str) -> Result<RedisCluster, String> {
         let ports = cluster_ports(6);
         let dir = std::env::temp_dir().join(format!(
             "newcache-cluster-{}-{}",
@@ -700,7 +740,7 @@ impl RedisCluster {
                 .expect("redis-server / valkey-server is installed (see .ci/run)");
             children.push(Some(child));
         }
-        let cluster = RedisCluster {
+        let mut cluster = RedisCluster {
             ports,
             dir,
             children,
@@ -708,15 +748,20 @@ impl RedisCluster {
         let deadline = Instant::now() + Duration::from_secs(10);
         for &p in &cluster.ports {
             while TcpStream::connect(("127.0.0.1", p)).is_err() {
-                assert!(
-                    Instant::now() < deadline,
-                    "cluster node {p} did not come up"
-                );
+                if Instant::now() >= deadline {
+                    return Err(format!("cluster node {p} did not come up"));
+                }
                 std::thread::sleep(Duration::from_millis(10));
             }
         }
-        create_cluster(&cluster.ports);
-        cluster
+        // A node that could not bind its bus port listened on its own port before it exited.
+        for (p, c) in cluster.ports.iter().zip(&mut cluster.children) {
+            if let Some(status) = c.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                return Err(format!("cluster node {p} exited: {status}"));
+            }
+        }
+        create_cluster(&cluster.ports)?;
+        Ok(cluster)
     }
 
     /// The seed URLs (every node).
@@ -798,17 +843,8 @@ pub struct Ipv6Cluster {
 #[cfg(feature = "redis")]
 impl Ipv6Cluster {
     pub fn start() -> Ipv6Cluster {
-        let mut ports = Vec::new();
-        while ports.len() < 3 {
-            let free = |p: u16| TcpListener::bind(("::1", p)).is_ok();
-            let p = TcpListener::bind("[::1]:0")
-                .and_then(|l| l.local_addr())
-                .expect("IPv6 loopback (::1)")
-                .port();
-            if p < 50_000 && free(p + 10_000) && !ports.contains(&p) {
-                ports.push(p);
-            }
-        }
+        TcpListener::bind("[::1]:0").expect("IPv6 loopback (::1)");
+        let ports = cluster_ports_on("::1", 3);
         let dir = std::env::temp_dir().join(format!(
             "newcache-ipv6-cluster-{}-{}",
             std::process::id(),
@@ -896,37 +932,53 @@ pub fn shared_redis_cluster() -> &'static [String] {
     static SEEDS: OnceLock<(Vec<String>, Child)> = OnceLock::new();
     &SEEDS
         .get_or_init(|| {
-            let ports = cluster_ports(6);
-            let dir = std::env::temp_dir()
-                .join(format!("newcache-shared-cluster-{}", std::process::id()));
-            let mut script = String::new();
-            let mut pids = Vec::new();
-            for (i, &p) in ports.iter().enumerate() {
-                let node_dir = dir.join(p.to_string());
-                std::fs::create_dir_all(&node_dir).expect("cluster node dir");
-                let args: Vec<String> = cluster_node_args(p)
-                    .into_iter()
-                    .map(|a| if a.is_empty() { "''".to_owned() } else { a })
-                    .collect();
-                script.push_str(&format!(
-                    "(cd {} && exec redis-server {}) & p{i}=$!; ",
-                    node_dir.display(),
-                    args.join(" ")
+            let mut why = String::new();
+            for _ in 0..CLUSTER_TRIES {
+                let ports = cluster_ports(6);
+                let dir = std::env::temp_dir().join(format!(
+                    "newcache-shared-cluster-{}-{}",
+                    std::process::id(),
+                    ports[0]
                 ));
-                pids.push(format!("$p{i}"));
+                let mut script = String::new();
+                let mut pids = Vec::new();
+                for (i, &p) in ports.iter().enumerate() {
+                    let node_dir = dir.join(p.to_string());
+                    std::fs::create_dir_all(&node_dir).expect("cluster node dir");
+                    let args: Vec<String> = cluster_node_args(p)
+                        .into_iter()
+                        .map(|a| if a.is_empty() { "''".to_owned() } else { a })
+                        .collect();
+                    script.push_str(&format!(
+                        "(cd {} && exec redis-server {}) & p{i}=$!; ",
+                        node_dir.display(),
+                        args.join(" ")
+                    ));
+                    pids.push(format!("$p{i}"));
+                }
+                script.push_str(&format!(
+                    "cat >/dev/null; kill {}; wait; rm -rf {}",
+                    pids.join(" "),
+                    dir.display()
+                ));
+                let mut child = spawn_watched(&script, &ports);
+                match create_cluster(&ports) {
+                    Ok(()) => {
+                        let seeds = ports
+                            .iter()
+                            .map(|p| format!("redis://127.0.0.1:{p}"))
+                            .collect();
+                        return (seeds, child);
+                    }
+                    Err(e) => {
+                        why = e;
+                        // Closing its stdin stops the nodes and removes their directory.
+                        drop(child.stdin.take());
+                        let _ = child.wait();
+                    }
+                }
             }
-            script.push_str(&format!(
-                "cat >/dev/null; kill {}; wait; rm -rf {}",
-                pids.join(" "),
-                dir.display()
-            ));
-            let child = spawn_watched(&script, &ports);
-            create_cluster(&ports);
-            let seeds = ports
-                .iter()
-                .map(|p| format!("redis://127.0.0.1:{p}"))
-                .collect();
-            (seeds, child)
+            panic!("no shared test cluster formed in {CLUSTER_TRIES} tries; the last: {why}");
         })
         .0
 }
