@@ -40,11 +40,20 @@ pub struct Memcached {
     child: Option<Child>,
 }
 
+/// A loopback port free now, from 2000..10000: below the ephemeral range, so that no test's
+/// outgoing connection takes it before the server meant for it binds it (the test clusters take
+/// 10000 and up).
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let start = (u64::from(std::process::id()) * 31) % 8_000;
+    for _ in 0..8_000 {
+        let i = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = (2_000 + (start + i) % 8_000) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port in 2000..10000")
 }
 
 impl Memcached {
