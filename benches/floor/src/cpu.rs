@@ -4,10 +4,11 @@
 //! the wall-clock ratios cannot say on 2 cores the client and the server share: where the
 //! cycles go. Nothing on a system without `/proc` (the figures read 0).
 
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-/// The measured server's pid, once known (0: none).
-static SERVER: AtomicU32 = AtomicU32::new(0);
+/// The measured servers' pids, once known (none: the server figure reads 0).
+static SERVERS: Mutex<Vec<u32>> = Mutex::new(Vec::new());
 
 /// The thread id of `--busy-core`'s spinning thread (0: none), left out of this process's CPU.
 static SPINNER: AtomicU32 = AtomicU32::new(0);
@@ -31,9 +32,10 @@ pub fn spin_one_core() {
     }
 }
 
-/// Counts the server `pid`'s CPU time from now on.
+/// Counts the server `pid`'s CPU time from now on (beside the others watched: a path's
+/// servers are summed).
 pub fn watch_server(pid: u32) {
-    SERVER.store(pid, Ordering::Relaxed);
+    SERVERS.lock().unwrap_or_else(|e| e.into_inner()).push(pid);
 }
 
 /// Nanoseconds on the CPU of every thread of process `pid` so far (but `--busy-core`'s).
@@ -52,10 +54,8 @@ fn cpu_ns(pid: &str) -> u64 {
 
 /// This process's and the server's CPU nanoseconds so far.
 pub fn now() -> [u64; 2] {
-    let server = match SERVER.load(Ordering::Relaxed) {
-        0 => 0,
-        pid => cpu_ns(&pid.to_string()),
-    };
+    let servers = SERVERS.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let server = servers.iter().map(|pid| cpu_ns(&pid.to_string())).sum();
     [cpu_ns("self"), server]
 }
 

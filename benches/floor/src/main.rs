@@ -8,6 +8,12 @@
 //! | `AsyncCache::get`, one task, multi-thread (2 workers) and current-thread runtimes | a bare tokio socket's `get` on the same runtime |
 //! | `AsyncCache::get`, 64 tasks, 1,000 hot keys, multi-thread | async-memcached 0.9, a client per task |
 //!
+//! The 64-task path has three more sides: the batching ceiling (bare sockets carrying the 64
+//! gets as `get` lines, `--ceiling`), a minimal client (the facade's work of each get on the
+//! memory backend, its I/O by one batcher on a bare socket that answers each caller through a
+//! oneshot: `minimal.rs`), and the facade's work alone; each side's CPU a get (client and
+//! servers) is printed once the path is done.
+//!
 //! On Redis / Valkey (`--redis-server-bin PATH` starts one, `--redis URL` uses a running one;
 //! each repeatable), the same paths but `get_many` run on the Redis backend, each beside
 //! redis-rs's own `GET` of the same stored bytes (a `Connection` with the backend's timeouts;
@@ -34,6 +40,7 @@
 mod args;
 mod cpu;
 mod items;
+mod minimal;
 mod paths;
 mod redis;
 mod redis_cluster;
@@ -141,6 +148,11 @@ fn on_memcached(
         .collect::<Result<Vec<_>, _>>()?;
     let addrs: Vec<String> = servers.iter().map(|m| m.addr().to_string()).collect();
     eprintln!("memcached on {addrs:?}; load {load}");
+    // Their CPU time is counted beside the client's (the three, summed: a path idles the
+    // servers it does not use).
+    for m in &servers {
+        cpu::watch_server(m.pid());
+    }
     let memcached = memcached_version(&addrs[0])?;
     let setup = paths::Setup::new(addrs)?;
     let sizes = item_sizes(&setup.single_items);

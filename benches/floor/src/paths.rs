@@ -640,9 +640,17 @@ pub async fn run_tasks<G: Getter>(
     Ok((getters, run))
 }
 
+/// The minimal client's label ([`crate::minimal`]).
+const MINIMAL: &str =
+    "minimal client: the facade's work (memory backend) + a oneshot to one batcher (1x4x16)";
+
+/// The facade-alone side's label ([`crate::minimal::FacadeGetter`]).
+const FACADE: &str = "the facade's work alone: AsyncCache::get on the memory backend, 64 tasks";
+
 /// `AsyncCache::get` from 64 tasks (one shared cache) against async-memcached 0.9 with a
-/// client per task, and both against the batching ceiling ([`Ceiling`]), all on the 2-worker
-/// runtime; `ops` gets per run, spread over the tasks.
+/// client per task, and both against the batching ceiling ([`Ceiling`]); the minimal client
+/// ([`crate::minimal`]) against newcache, async-memcached and the facade's work alone; all on
+/// the 2-worker runtime; `ops` gets per run, spread over the tasks.
 pub fn async_get_64(
     s: &Setup,
     rt: &tokio::runtime::Runtime,
@@ -674,6 +682,26 @@ pub fn async_get_64(
     })?;
     let mut theirs = Some(theirs);
     let mut ceiling = Some(rt.block_on(Ceiling::connect(&s.addrs[0], shape))?);
+    // The minimal client: the facade's work on a memory-backend cache of the same items (built
+    // inside the runtime, as users build theirs), its I/O on one batcher's bare socket.
+    let memory = rt.block_on(async { builder().in_memory().build_async() })?;
+    rt.block_on(async {
+        for (i, k) in items.user.iter().enumerate() {
+            memory.set(k, &Value::new(i), crate::items::TTL).await?;
+        }
+        Ok::<_, BoxError>(())
+    })?;
+    let shared = Arc::new(crate::minimal::Shared::default());
+    let mut minimal = Some((
+        rt.block_on(crate::minimal::Batcher::connect(&s.addrs[0]))?,
+        (0..TASKS)
+            .map(|_| crate::minimal::MinimalGetter {
+                memory: memory.clone(),
+                items: Arc::clone(items),
+                shared: Arc::clone(&shared),
+            })
+            .collect::<Vec<_>>(),
+    ));
     let client: Side<'_> = Box::new(|n| {
         let getters = ours.take().ok_or("getters lost")?;
         let (getters, run) = rt.block_on(run_tasks(getters, (n / TASKS).max(1)))?;
@@ -696,12 +724,33 @@ pub fn async_get_64(
         ceiling = Some(c);
         run
     });
+    let least: Side<'_> = Box::new(|n| {
+        let (batcher, getters) = minimal.take().ok_or("minimal client lost")?;
+        let (batcher, getters, run) =
+            rt.block_on(crate::minimal::run(batcher, getters, (n / TASKS).max(1)))?;
+        minimal = Some((batcher, getters));
+        Ok(run)
+    });
+    let mut alone: Option<Vec<crate::minimal::FacadeGetter>> = Some(
+        (0..TASKS)
+            .map(|_| crate::minimal::FacadeGetter {
+                memory: memory.clone(),
+                items: Arc::clone(items),
+            })
+            .collect(),
+    );
+    let facade: Side<'_> = Box::new(|n| {
+        let getters = alone.take().ok_or("facade getters lost")?;
+        let (getters, run) = rt.block_on(run_tasks(getters, (n / TASKS).max(1)))?;
+        alone = Some(getters);
+        Ok(run)
+    });
     let runs = interleave(
         "async-get-64",
         rounds,
         ops,
         slices,
-        &mut [client, floor, bare],
+        &mut [client, floor, bare, least, facade],
     )?;
     let rate = |runs: &[Run]| -> Vec<f64> { runs.iter().map(|r| 1e6 / r.us_per_op).collect() };
     let p99 = |runs: &[Run]| -> Vec<f64> { runs.iter().map(|r| r.p99_us).collect() };
@@ -729,6 +778,28 @@ pub fn async_get_64(
             "gets/s",
             rate(&runs[1]),
             rate(&runs[2]),
+        ),
+        Row::new(path, MINIMAL, "gets/s", rate(&runs[0]), rate(&runs[3])),
+        Row::new(
+            format!("  {MINIMAL}"),
+            floor,
+            "gets/s",
+            rate(&runs[3]),
+            rate(&runs[1]),
+        ),
+        Row::new(
+            "  the same, p99 latency",
+            floor,
+            "us p99",
+            p99(&runs[3]),
+            p99(&runs[1]),
+        ),
+        Row::new(
+            format!("  {MINIMAL}"),
+            FACADE,
+            "gets/s",
+            rate(&runs[3]),
+            rate(&runs[4]),
         ),
     ])
 }

@@ -30,6 +30,12 @@ impl Memcached {
         Err(last.expect("tried at least once"))
     }
 
+    /// The memcached process's id.
+    #[allow(dead_code)] // `benches/floor` counts its CPU; `benches/hot` does not.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     fn try_start(threads: usize, megabytes: usize) -> io::Result<Memcached> {
         let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let mut cmd = Command::new("memcached");
