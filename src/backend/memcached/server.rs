@@ -37,7 +37,11 @@ pub(crate) struct Server {
 
 #[derive(Default)]
 struct Pool {
-    idle: Vec<Conn>,
+    /// Boxed: a checkout and a return move a pointer, not the connection and its buffers'
+    /// headers (a few hundred bytes, copied at each step of a get).
+    #[allow(clippy::vec_box)]
+    // The boxes move into `Pooled` and back: the point is their moves.
+    idle: Vec<Box<Conn>>,
     /// Connections checked out or being made.
     busy: usize,
 }
@@ -61,7 +65,7 @@ pub(crate) enum CheckoutError {
 /// A checked-out connection; back to the pool on drop unless broken or of an older generation.
 pub(crate) struct Pooled<'a> {
     server: &'a Server,
-    conn: Option<Conn>,
+    conn: Option<Box<Conn>>,
     generation: u64,
 }
 
@@ -85,7 +89,9 @@ impl Drop for Pooled<'_> {
         let mut pool = self.server.pool.lock();
         pool.busy -= 1;
         if let Some(mut c) = conn.filter(|c| !c.broken && current) {
-            c.idle_since = Instant::now();
+            // Idle since its last syscall (within microseconds of now, for a connection that
+            // was used; no clock read).
+            c.idle_since = c.last_active();
             pool.idle.push(c);
         }
         drop(pool);
@@ -115,7 +121,8 @@ impl Server {
     /// A connection: an idle one (most recently used first), or a new one made in this thread.
     /// Waits at most `connect_timeout` in all (for a free slot, then to connect).
     pub(crate) fn checkout(&self) -> std::result::Result<Pooled<'_>, CheckoutError> {
-        let deadline = Instant::now() + self.connect_timeout;
+        let now = Instant::now();
+        let deadline = now + self.connect_timeout;
         let generation = self.generation.load(Ordering::Acquire);
         let mut pool = self.pool.lock();
         while pool.busy >= self.size {
@@ -134,7 +141,7 @@ impl Server {
         }
         pool.busy += 1;
         let idle = std::iter::from_fn(|| pool.idle.pop())
-            .find(|c| c.idle_since.elapsed() < IDLE_TIMEOUT)
+            .find(|c| now.saturating_duration_since(c.idle_since) < IDLE_TIMEOUT)
             .map(|mut c| {
                 c.reused = true;
                 c
@@ -152,7 +159,7 @@ impl Server {
                 left.max(Duration::from_millis(1)),
                 self.io_timeout,
             ) {
-                Ok(c) => pooled.conn = Some(c),
+                Ok(c) => pooled.conn = Some(Box::new(c)),
                 Err(e) => {
                     // `pooled` drops without a connection: the slot is freed.
                     return Err(CheckoutError::Connect(self.annotate(e)));
@@ -186,5 +193,74 @@ impl Server {
         } else {
             e
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    /// A listener that accepts in the background and counts the connections made to it.
+    fn counting_listener() -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = accepted.clone();
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for s in listener.incoming().flatten() {
+                count.fetch_add(1, Ordering::SeqCst);
+                held.push(s);
+            }
+        });
+        (addr, accepted)
+    }
+
+    fn server(addr: &str) -> Server {
+        Server::new(
+            addr.to_owned(),
+            Duration::from_secs(2),
+            Duration::from_secs(2),
+            4,
+        )
+    }
+
+    fn accepted_by(n: &std::sync::atomic::AtomicUsize, want: usize) -> usize {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while n.load(Ordering::SeqCst) < want && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        n.load(Ordering::SeqCst)
+    }
+
+    #[test]
+    fn a_connection_back_in_the_pool_is_reused_while_recently_active() {
+        let (addr, accepted) = counting_listener();
+        let s = server(&addr);
+        drop(s.checkout().ok().unwrap());
+        let again = s.checkout().ok().unwrap();
+        assert!(again.reused, "the pooled connection was taken again");
+        drop(again);
+        assert_eq!(accepted_by(&accepted, 1), 1, "one connection made");
+    }
+
+    #[test]
+    fn a_connection_last_active_longer_ago_than_the_idle_timeout_is_not_reused() {
+        let (addr, accepted) = counting_listener();
+        let s = server(&addr);
+        let mut c = s.checkout().ok().unwrap();
+        // Its last syscall as if it were IDLE_TIMEOUT and a second ago (skipped on a machine up
+        // for less than that: `Instant` cannot go before its boot).
+        let Some(long_ago) = Instant::now().checked_sub(IDLE_TIMEOUT + Duration::from_secs(1))
+        else {
+            return;
+        };
+        c.set_last_active_for_test(long_ago);
+        drop(c);
+        let fresh = s.checkout().ok().unwrap();
+        assert!(!fresh.reused, "an expired connection is closed, not reused");
+        drop(fresh);
+        assert_eq!(accepted_by(&accepted, 2), 2, "a second connection made");
     }
 }
