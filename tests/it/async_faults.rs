@@ -109,11 +109,7 @@ async fn get_many_or_set_with_in_a_spawned_task() {
 fn a_server_error_for_one_key_fails_only_that_key() {
     use std::process::{Command, Stdio};
     let (a, mut b) = (Memcached::start(), Memcached::start());
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = crate::fixture::free_port();
     let dir = std::env::temp_dir().join(format!("newcache-async-faults-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let conf = dir.join("nutcracker.yml");
@@ -134,11 +130,7 @@ fn a_server_error_for_one_key_fails_only_that_key() {
             let _ = self.0.wait();
         }
     }
-    let stats_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let stats_port = crate::fixture::free_port();
     let _proxy = Kill(
         Command::new("nutcracker")
             .args(["-c", conf.to_str().unwrap(), "-a", "127.0.0.1", "-s"])

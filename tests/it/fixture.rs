@@ -40,20 +40,51 @@ pub struct Memcached {
     child: Option<Child>,
 }
 
-/// A loopback port free now, from 2000..10000: below the ephemeral range, so that no test's
-/// outgoing connection takes it before the server meant for it binds it (the test clusters take
-/// 10000 and up).
-fn free_port() -> u16 {
+/// The first port of this machine's ephemeral range (`ip_local_port_range`; 32768 if unread):
+/// the kernel may give any port from it to an outgoing connection at any moment.
+fn ephemeral_low() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32_768)
+}
+
+/// Ports `from..to`, or `fallback` when the ephemeral range leaves less than 1,000 of them
+/// below it (then a port may lie in the ephemeral range: the best that can be done).
+fn below_ephemeral(from: u16, to: u16, fallback: (u16, u16)) -> (u16, u16) {
+    let to = to.min(ephemeral_low());
+    if to > from && to - from >= 1_000 {
+        (from, to)
+    } else {
+        fallback
+    }
+}
+
+/// A port of `range` free now on `host` (and `also(port)` free too), taken in turn from a
+/// counter this process shares, so two picks never repeat before the range wraps.
+fn pick_port(host: &str, (from, to): (u16, u16), also: impl Fn(u16) -> bool) -> u16 {
     static NEXT: AtomicU64 = AtomicU64::new(0);
-    let start = (u64::from(std::process::id()) * 31) % 8_000;
-    for _ in 0..8_000 {
+    let span = u64::from(to - from);
+    let start = (u64::from(std::process::id()) * 97) % span;
+    for _ in 0..span {
         let i = NEXT.fetch_add(1, Ordering::Relaxed);
-        let port = (2_000 + (start + i) % 8_000) as u16;
-        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+        let port = from + ((start + i) % span) as u16;
+        if TcpListener::bind((host, port)).is_ok() && also(port) {
             return port;
         }
     }
-    panic!("no free loopback port in 2000..10000")
+    panic!("no free loopback port in {from}..{to} on {host}")
+}
+
+/// A loopback port free now, from 2000..10000 (below the ephemeral range, so that no test's
+/// outgoing connection takes it before the server meant for it binds it; the test clusters
+/// take 10000 and up).
+pub fn free_port() -> u16 {
+    pick_port(
+        "127.0.0.1",
+        below_ephemeral(2_000, 10_000, (2_000, 10_000)),
+        |_| true,
+    )
 }
 
 impl Memcached {
@@ -222,6 +253,12 @@ impl Drop for Memcached {
 /// reads stdin to its end (`cat >/dev/null`) and then kills what it started, so shared servers
 /// stop with the test binary. Waits until every port in `ports` accepts connections.
 fn spawn_watched(script: &str, ports: &[u16]) -> Child {
+    try_spawn_watched(script, ports).unwrap_or_else(|(e, _)| panic!("{e}"))
+}
+
+/// [`spawn_watched`], or why not: a port that did not accept connections within 5 s, with the
+/// script still running (dropping it, or closing its stdin, stops it as at exit).
+fn try_spawn_watched(script: &str, ports: &[u16]) -> Result<Child, (String, Child)> {
     let child = Command::new("sh")
         .args(["-c", script])
         .stdin(Stdio::piped())
@@ -232,14 +269,13 @@ fn spawn_watched(script: &str, ports: &[u16]) -> Child {
     let deadline = Instant::now() + Duration::from_secs(5);
     for &p in ports {
         while TcpStream::connect(("127.0.0.1", p)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "shared server on port {p} did not start"
-            );
+            if Instant::now() >= deadline {
+                return Err((format!("shared server on port {p} did not start"), child));
+            }
             std::thread::sleep(Duration::from_millis(10));
         }
     }
-    child
+    Ok(child)
 }
 
 fn memcached_cmd(port: u16) -> String {
@@ -532,40 +568,29 @@ fn cluster_node_args_on(host: &str, port: u16) -> Vec<String> {
         "no",
         "--loglevel",
         "warning",
+        // In the node's directory: a node that fails to start says why (`node_logs`).
+        "--logfile",
+        "node.log",
     ]
     .iter()
     .map(|s| s.to_string())
     .collect()
 }
 
-/// The first port of this machine's ephemeral range (`ip_local_port_range`; 32768 if unread):
-/// the kernel may give any port from it to an outgoing connection at any moment.
-#[cfg(feature = "redis")]
-fn ephemeral_low() -> u16 {
-    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|s| s.split_whitespace().next()?.parse().ok())
-        .unwrap_or(32_768)
-}
-
-/// `n` ports free now on `host`, each with its cluster bus port (port + 10000) free too, and
-/// both below the ephemeral range: a bus port in it may be taken by any test's outgoing
-/// connection between this check and the node's bind, and the node then exits (a CI run lost a
-/// node that way: `--cluster create` found its port refused).
+/// `n` distinct ports free now on `host`, each with its cluster bus port (port + 10000) free
+/// too, and both below the ephemeral range: a bus port in it may be taken by any test's
+/// outgoing connection between this check and the node's bind, and the node then exits (a CI
+/// run lost a node that way: `--cluster create` found its port refused).
 #[cfg(feature = "redis")]
 fn cluster_ports_on(host: &str, n: usize) -> Vec<u16> {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let (low, high) = (10_000u64, u64::from(ephemeral_low()).saturating_sub(10_000));
-    let span = high.saturating_sub(low).max(1);
-    let start = (u64::from(std::process::id()) * 97) % span;
-    let mut ports = Vec::with_capacity(n);
+    let low = ephemeral_low();
+    let range = below_ephemeral(10_000, low.saturating_sub(10_000), (10_000, 20_000));
+    let mut ports: Vec<u16> = Vec::with_capacity(n);
     while ports.len() < n {
-        let i = NEXT.fetch_add(1, Ordering::Relaxed);
-        let port = (low + (start + i) % span) as u16;
-        let free = |p: u16| TcpListener::bind((host, p)).is_ok();
-        if free(port) && free(port + 10_000) {
-            ports.push(port);
-        }
+        let p = pick_port(host, range, |p| {
+            TcpListener::bind((host, p + 10_000)).is_ok() && !ports.contains(&p)
+        });
+        ports.push(p);
     }
     ports
 }
@@ -579,6 +604,23 @@ fn cluster_ports(n: usize) -> Vec<u16> {
 /// How many times a test cluster is started on fresh ports before a failure to form is final.
 #[cfg(feature = "redis")]
 const CLUSTER_TRIES: usize = 3;
+
+/// The last lines of each node's log under `dir` (`dir/PORT/node.log`), for a cluster that did
+/// not form.
+#[cfg(feature = "redis")]
+fn node_logs(dir: &std::path::Path, ports: &[u16]) -> String {
+    let mut out = String::new();
+    for p in ports {
+        let log =
+            std::fs::read_to_string(dir.join(p.to_string()).join("node.log")).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        let tail = lines[lines.len().saturating_sub(3)..].join(" / ");
+        if !tail.is_empty() {
+            out.push_str(&format!("\n  node {p}: {tail}"));
+        }
+    }
+    out
+}
 
 /// `redis-cli --cluster create` over `ports` (3 masters, a replica each), then waits until
 /// every node says `cluster_state:ok` and all agree on who serves which slots. `Err` says why
@@ -704,7 +746,8 @@ fn slots_loosely(v: redis::Value) -> Vec<(i64, i64, i64)> {
 pub type Masters = Vec<(u16, Vec<(u16, u16)>)>;
 
 /// A Redis Cluster of a test's own (3 masters, 3 replicas) of `redis-server` (Redis 7) or
-/// `valkey_server()` (Valkey 9), on loopback ports below 55000 whose bus ports are free too;
+/// `valkey_server()` (Valkey 9), on loopback ports whose bus ports are free too, both below the
+/// ephemeral range ([`cluster_ports_on`]);
 /// every node killed and its directory removed on drop.
 #[cfg(feature = "redis")]
 pub struct RedisCluster {
@@ -754,11 +797,19 @@ impl RedisCluster {
             dir,
             children,
         };
+        let logs = |e: String| e + &node_logs(&cluster.dir, &cluster.ports);
         let deadline = Instant::now() + Duration::from_secs(10);
-        for &p in &cluster.ports {
+        for i in 0..cluster.ports.len() {
+            let p = cluster.ports[i];
             while TcpStream::connect(("127.0.0.1", p)).is_err() {
+                let exited = cluster.children[i]
+                    .as_mut()
+                    .and_then(|c| c.try_wait().ok().flatten());
+                if let Some(status) = exited {
+                    return Err(logs(format!("cluster node {p} exited: {status}")));
+                }
                 if Instant::now() >= deadline {
-                    return Err(format!("cluster node {p} did not come up"));
+                    return Err(logs(format!("cluster node {p} did not come up")));
                 }
                 std::thread::sleep(Duration::from_millis(10));
             }
@@ -766,10 +817,10 @@ impl RedisCluster {
         // A node that could not bind its bus port listened on its own port before it exited.
         for (p, c) in cluster.ports.iter().zip(&mut cluster.children) {
             if let Some(status) = c.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
-                return Err(format!("cluster node {p} exited: {status}"));
+                return Err(logs(format!("cluster node {p} exited: {status}")));
             }
         }
-        create_cluster(&cluster.ports)?;
+        create_cluster(&cluster.ports).map_err(logs)?;
         Ok(cluster)
     }
 
@@ -853,6 +904,19 @@ pub struct Ipv6Cluster {
 impl Ipv6Cluster {
     pub fn start() -> Ipv6Cluster {
         TcpListener::bind("[::1]:0").expect("IPv6 loopback (::1)");
+        let mut why = String::new();
+        for _ in 0..CLUSTER_TRIES {
+            match Ipv6Cluster::try_start() {
+                Ok(cluster) => return cluster,
+                Err(e) => why = e,
+            }
+        }
+        panic!("no IPv6 test cluster formed in {CLUSTER_TRIES} tries; the last: {why}");
+    }
+
+    /// One try of [`start`](Ipv6Cluster::start) on fresh ports; `Err` (its nodes stopped) if a
+    /// node exited or the cluster did not form.
+    fn try_start() -> Result<Ipv6Cluster, String> {
         let ports = cluster_ports_on("::1", 3);
         let dir = std::env::temp_dir().join(format!(
             "newcache-ipv6-cluster-{}-{}",
@@ -873,16 +937,25 @@ impl Ipv6Cluster {
                 .expect("redis-server is installed (see .ci/run)");
             children.push(child);
         }
-        let cluster = Ipv6Cluster {
+        let mut cluster = Ipv6Cluster {
             ports,
             dir,
             children,
         };
+        let logs = |e: String, c: &Ipv6Cluster| e + &node_logs(&c.dir, &c.ports);
         let deadline = Instant::now() + Duration::from_secs(10);
         for &p in &cluster.ports {
             while TcpStream::connect(("::1", p)).is_err() {
-                assert!(Instant::now() < deadline, "node [::1]:{p} did not come up");
+                if Instant::now() >= deadline {
+                    return Err(logs(format!("node [::1]:{p} did not come up"), &cluster));
+                }
                 std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        for i in 0..cluster.ports.len() {
+            if let Ok(Some(status)) = cluster.children[i].try_wait() {
+                let p = cluster.ports[i];
+                return Err(logs(format!("node [::1]:{p} exited: {status}"), &cluster));
             }
         }
         let nodes: Vec<String> = cluster.ports.iter().map(|p| format!("::1:{p}")).collect();
@@ -893,11 +966,13 @@ impl Ipv6Cluster {
             .stdin(Stdio::null())
             .output()
             .expect("redis-cli is installed (see .ci/run)");
-        assert!(
-            out.status.success(),
-            "redis-cli --cluster create failed: {}",
-            String::from_utf8_lossy(&out.stdout)
-        );
+        if !out.status.success() {
+            let e = format!(
+                "redis-cli --cluster create failed: {}",
+                String::from_utf8_lossy(&out.stdout)
+            );
+            return Err(logs(e, &cluster));
+        }
         let deadline = Instant::now() + Duration::from_secs(30);
         'settle: loop {
             assert!(Instant::now() < deadline, "the IPv6 cluster did not settle");
@@ -911,7 +986,7 @@ impl Ipv6Cluster {
                     continue 'settle;
                 }
             }
-            return cluster;
+            return Ok(cluster);
         }
     }
 
@@ -970,7 +1045,15 @@ pub fn shared_redis_cluster() -> &'static [String] {
                     pids.join(" "),
                     dir.display()
                 ));
-                let mut child = spawn_watched(&script, &ports);
+                let mut child = match try_spawn_watched(&script, &ports) {
+                    Ok(child) => child,
+                    Err((e, mut child)) => {
+                        why = e + &node_logs(&dir, &ports);
+                        drop(child.stdin.take());
+                        let _ = child.wait();
+                        continue;
+                    }
+                };
                 match create_cluster(&ports) {
                     Ok(()) => {
                         let seeds = ports
@@ -980,7 +1063,7 @@ pub fn shared_redis_cluster() -> &'static [String] {
                         return (seeds, child);
                     }
                     Err(e) => {
-                        why = e;
+                        why = e + &node_logs(&dir, &ports);
                         // Closing its stdin stops the nodes and removes their directory.
                         drop(child.stdin.take());
                         let _ = child.wait();

@@ -932,11 +932,7 @@ fn a_replay_behind_twemproxy_with_a_backend_down_fails_no_call_async() {
 fn replay_behind_twemproxy(asynch: bool) {
     let mut m1 = Memcached::start();
     let m2 = Memcached::start();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = crate::fixture::free_port();
     let dir = std::env::temp_dir().join(format!("newcache-outage-twem-{port}"));
     std::fs::create_dir_all(&dir).unwrap();
     let conf = dir.join("nutcracker.yml");
@@ -958,13 +954,7 @@ fn replay_behind_twemproxy(asynch: bool) {
             let _ = self.0.wait();
         }
     }
-    // A statement of its own: a listener made inside the spawning statement lives until it
-    // ends, and nutcracker, once running, could find its stats port still taken.
-    let stats_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let stats_port = crate::fixture::free_port();
     let _proxy = Kill(
         Command::new("nutcracker")
             .args(["-c", conf.to_str().unwrap(), "-a", "127.0.0.1", "-s"])
