@@ -10,9 +10,9 @@
 //!
 //! The 64-task path has three more sides: the batching ceiling (bare sockets carrying the 64
 //! gets as `get` lines, `--ceiling`), a minimal client (the facade's work of each get on the
-//! memory backend, its I/O by one batcher on a bare socket that answers each caller through a
-//! oneshot: `minimal.rs`), and the facade's work alone; each side's CPU a get (client and
-//! servers) is printed once the path is done.
+//! memory backend, its I/O by one of two batchers on bare sockets that answer each caller
+//! through a oneshot: `minimal.rs`), and the facade's work alone; each side's CPU a get (client
+//! and servers) is printed once the path is done.
 //!
 //! On Redis / Valkey (`--redis-server-bin PATH` starts one, `--redis URL` uses a running one;
 //! each repeatable), the same paths but `get_many` run on the Redis backend, each beside

@@ -1,20 +1,22 @@
-//! A minimal client of the 64-task path (a fourth side of `--path async-get-64`): what a
-//! client that batches the 64 callers' gets as the ceiling does, and does nothing else but
-//! what every get through the public API must, would reach on this machine.
+//! A minimal client of the 64-task path (a fourth side of `--path async-get-64`): one design of
+//! a client whose callers are 64 tasks, each awaiting its own reply and doing the facade's work
+//! of its get, that batches their gets as the ceiling does and does little else.
 //!
 //! Each get of a caller task:
 //! - does the facade's own work of that get: `AsyncCache::get` of the same item on a
 //!   memory-backend cache (key derivation, decode, herd verdict, and a memory lookup the real
 //!   path does not make);
-//! - queues the derived key for the one batcher and awaits its value's length on a oneshot (the
-//!   wake-up of the caller that 64 tasks, each waiting on its own reply, cannot avoid).
+//! - queues the derived key for its batcher and awaits its value's length on a oneshot: one
+//!   wake-up of the caller a get.
 //!
-//! The batcher, a task on the same runtime with a bare socket (nodelay), writes what is queued
-//! as `get` lines of at most [`KEYS`] keys, [`DEPTH`] lines in flight (the ceiling's fastest
-//! shape), reads each reply whole, answers its callers in order, and then yields a scheduler turn
-//! so that the callers it woke queue their next gets before it writes again. Like the ceiling it
-//! sends `get`, not `gets`, and does not merge a line's repeated keys. It has none of the real
-//! client's other duties (cancellation safety, failures, health, commands other than `get`).
+//! There are [`SOCKETS`] batchers, each serving every [`SOCKETS`]th caller: as many as newcache
+//! opens connections to a server by default (`async_connections`). Each is a task on the same
+//! runtime with a bare socket (nodelay). It writes what is queued as `get` lines of at most
+//! [`KEYS`] keys, [`DEPTH`] lines in flight, reads each reply whole, checks each value's key and
+//! answers its callers in order, then yields a scheduler turn so that the callers it woke queue
+//! their next gets before it writes again. Like the ceiling it sends `get`, not `gets`, and does
+//! not merge a line's repeated keys. It has none of the real client's other duties
+//! (cancellation safety, failures, health, commands other than `get`).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -26,6 +28,9 @@ use tokio::sync::{Notify, oneshot};
 use crate::items::{BoxError, Items, Value};
 use crate::paths::Getter;
 
+/// Batchers, each with a socket of its own (newcache's `async_connections` default; of 1, 2, 4
+/// and 8 tried, 2 was the fastest).
+pub const SOCKETS: usize = 2;
 /// Keys a line at most.
 pub const KEYS: usize = 16;
 /// Lines in flight at most.
@@ -33,22 +38,42 @@ pub const DEPTH: usize = 4;
 /// How long the batcher waits for a reply's bytes (a key missing would leave it short).
 const REPLY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// A queued get: its key's index, where its value's length goes.
-type Queued = (usize, oneshot::Sender<usize>);
+/// A queued get: its key's index, where its value's length goes (`None`: the reply's value
+/// was under another key).
+type Queued = (usize, oneshot::Sender<Option<usize>>);
+
+/// The gets queued for the batcher; closed once it has ended (its callers then fail, not hang).
+#[derive(Default)]
+struct Queue {
+    gets: VecDeque<Queued>,
+    closed: bool,
+}
 
 /// What the callers and the batcher share: the queued gets, the batcher's wake-up, the stop.
 #[derive(Default)]
 pub struct Shared {
-    queue: Mutex<VecDeque<Queued>>,
+    queue: Mutex<Queue>,
     notify: Notify,
     stop: AtomicBool,
 }
 
 impl Shared {
+    fn queue(&self) -> std::sync::MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn take(&self, n: usize) -> Vec<Queued> {
-        let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
-        let n = n.min(q.len());
-        q.drain(..n).collect()
+        let mut q = self.queue();
+        let n = n.min(q.gets.len());
+        q.gets.drain(..n).collect()
+    }
+
+    /// The batcher ended: what is queued is dropped (its callers' oneshots close) and nothing
+    /// more is queued.
+    fn close(&self) {
+        let mut q = self.queue();
+        q.closed = true;
+        q.gets.clear();
     }
 }
 
@@ -64,15 +89,18 @@ impl Getter for MinimalGetter {
     async fn get(&mut self, i: usize) -> Result<(), BoxError> {
         Value::check(self.memory.get::<Value>(&self.items.user[i]).await?, i)?;
         let (tx, rx) = oneshot::channel();
-        self.shared
-            .queue
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push_back((i, tx));
+        {
+            let mut q = self.shared.queue();
+            if q.closed {
+                return Err("the batcher has ended".into());
+            }
+            q.gets.push_back((i, tx));
+        }
         self.shared.notify.notify_one();
         match rx.await {
-            Ok(len) if len == self.items.stored_lens[i] => Ok(()),
-            Ok(len) => Err(format!("{len} bytes under key {i}").into()),
+            Ok(Some(len)) if len == self.items.stored_lens[i] => Ok(()),
+            Ok(Some(len)) => Err(format!("{len} bytes under key {i}").into()),
+            Ok(None) => Err(format!("a value under another key for key {i}").into()),
             Err(_) => Err("the batcher ended without answering".into()),
         }
     }
@@ -99,22 +127,25 @@ pub struct Batcher {
     line: Vec<u8>,
 }
 
-/// The byte length of each value in a whole `get` reply, in order, or `None` if it is not one.
-fn value_lens(reply: &[u8]) -> Option<Vec<usize>> {
-    let (mut at, mut lens) = (0, Vec::with_capacity(KEYS));
+/// The key and byte length of each value in a whole `get` reply, in order, or `None` if it is
+/// not one.
+fn values(reply: &[u8]) -> Option<Vec<(&[u8], usize)>> {
+    let (mut at, mut found) = (0, Vec::with_capacity(KEYS));
     while reply.get(at..)?.starts_with(b"VALUE ") {
         let eol = at + reply[at..].iter().position(|&b| b == b'\n')?;
         let header = reply[at..eol].strip_suffix(b"\r")?;
-        let bytes = header.rsplit(|&b| b == b' ').next()?;
+        let mut fields = header.split(|&b| b == b' ');
+        let key = fields.nth(1)?;
+        let bytes = fields.nth(1)?;
         let bytes: usize = std::str::from_utf8(bytes).ok()?.parse().ok()?;
         at = eol + 1 + bytes;
         if reply.get(at..at + 2)? != b"\r\n" {
             return None;
         }
         at += 2;
-        lens.push(bytes);
+        found.push((key, bytes));
     }
-    (reply.get(at..)? == b"END\r\n").then_some(lens)
+    (reply.get(at..)? == b"END\r\n").then_some(found)
 }
 
 impl Batcher {
@@ -179,11 +210,11 @@ impl Batcher {
                 let Some((callers, _)) = in_flight.pop_front() else {
                     break;
                 };
-                let lens = value_lens(&self.buf[..len])
+                let found = values(&self.buf[..len])
                     .filter(|l| l.len() == callers.len())
                     .ok_or("a line's reply is not one value a key")?;
-                for ((_, tx), n) in callers.into_iter().zip(lens) {
-                    let _ = tx.send(n);
+                for ((i, tx), (key, n)) in callers.into_iter().zip(found) {
+                    let _ = tx.send((key == items.derived[i].as_bytes()).then_some(n));
                 }
                 self.buf.copy_within(len..have, 0);
                 have -= len;
@@ -196,43 +227,123 @@ impl Batcher {
     }
 }
 
-/// Runs `getters` (`per_task` gets each) beside a batcher on `batcher`'s socket; returns both
-/// back with the run.
+/// Runs `getters` (`per_task` gets each) beside `batchers`, each serving the getters that share
+/// its queue (in the order their queues first appear among the getters); returns both back with
+/// the run.
 pub async fn run(
-    mut batcher: Batcher,
+    batchers: Vec<Batcher>,
     getters: Vec<MinimalGetter>,
     per_task: usize,
-) -> Result<(Batcher, Vec<MinimalGetter>, crate::paths::Run), BoxError> {
-    let shared = Arc::clone(&getters[0].shared);
+) -> Result<(Vec<Batcher>, Vec<MinimalGetter>, crate::paths::Run), BoxError> {
+    let mut shareds: Vec<Arc<Shared>> = Vec::new();
+    for g in &getters {
+        if !shareds.iter().any(|s| Arc::ptr_eq(s, &g.shared)) {
+            shareds.push(Arc::clone(&g.shared));
+        }
+    }
+    assert_eq!(batchers.len(), shareds.len(), "a batcher for each queue");
     let items = Arc::clone(&getters[0].items);
-    shared.stop.store(false, Ordering::Release);
-    let served = {
-        let shared = Arc::clone(&shared);
-        tokio::spawn(async move {
+    let mut served = Vec::new();
+    for (mut batcher, shared) in batchers.into_iter().zip(&shareds) {
+        shared.stop.store(false, Ordering::Release);
+        shared.queue().closed = false;
+        let shared = Arc::clone(shared);
+        let items = Arc::clone(&items);
+        served.push(tokio::spawn(async move {
             let r = batcher.run(&shared, &items).await;
+            shared.close();
             (batcher, r)
-        })
-    };
+        }));
+    }
     let ran = crate::paths::run_tasks(getters, per_task).await;
-    // Its callers are done (or gave up): what is in flight is read, then it ends.
-    shared.stop.store(true, Ordering::Release);
-    shared.notify.notify_one();
-    let (batcher, served) = served.await?;
+    for shared in &shareds {
+        shared.stop.store(true, Ordering::Release);
+        shared.notify.notify_one();
+    }
+    let mut batchers = Vec::new();
+    for s in served {
+        let (b, r) = s.await?;
+        r?;
+        batchers.push(b);
+    }
     let (getters, run) = ran?;
-    served?;
-    Ok((batcher, getters, run))
+    Ok((batchers, getters, run))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::items::{FLAVOR, TTL, VERSION};
+    use std::time::Duration;
 
     #[test]
-    fn a_get_reply_gives_each_values_length() {
-        let two = b"VALUE a 0 3\r\nabc\r\nVALUE b 1 0\r\n\r\nEND\r\n";
-        assert_eq!(value_lens(two), Some(vec![3, 0]));
-        assert_eq!(value_lens(b"END\r\n"), Some(vec![]));
-        assert_eq!(value_lens(&two[..two.len() - 1]), None, "cut short");
-        assert_eq!(value_lens(b"VALUE a 0 9\r\nabc\r\nEND\r\n"), None);
+    fn a_batcher_that_fails_fails_its_callers_rather_than_leaving_them_waiting() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            // A server that answers every line with bytes that are no `get` reply.
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap().to_string();
+            tokio::spawn(async move {
+                let (mut s, _) = listener.accept().await.unwrap();
+                let mut buf = vec![0; 64 * 1024];
+                while let Ok(n @ 1..) = s.read(&mut buf).await {
+                    let _ = n;
+                    if s.write_all(&[b'x'; 8 * 1024]).await.is_err() {
+                        break;
+                    }
+                }
+            });
+            let memory = newcache::Cache::builder()
+                .flavor(FLAVOR)
+                .version(VERSION)
+                .in_memory()
+                .build_async()
+                .unwrap();
+            // Every hot key the callers draw from.
+            let n = crate::paths::KEYS;
+            let user: Vec<String> = (0..n).map(|i| format!("k{i}")).collect();
+            for (i, k) in user.iter().enumerate() {
+                memory.set(k, &Value::new(i), TTL).await.unwrap();
+            }
+            let items = Arc::new(Items {
+                derived: (0..n).map(|i| format!("d{i}")).collect(),
+                user,
+                requests: Vec::new(),
+                reply_lens: vec![200; n],
+                stored_lens: vec![130; n],
+                value_lens: vec![100; n],
+            });
+            let shared = Arc::new(Shared::default());
+            let getters = (0..8)
+                .map(|_| MinimalGetter {
+                    memory: memory.clone(),
+                    items: Arc::clone(&items),
+                    shared: Arc::clone(&shared),
+                })
+                .collect();
+            let batcher = Batcher::connect(&addr).await.unwrap();
+            let ran =
+                tokio::time::timeout(Duration::from_secs(30), run(vec![batcher], getters, 100))
+                    .await
+                    .expect("the run ends (no caller left waiting)");
+            let e = ran
+                .err()
+                .expect("a failed batcher fails the run")
+                .to_string();
+            assert!(e.contains("not one value a key"), "{e}");
+        });
+    }
+
+    #[test]
+    fn a_get_reply_gives_each_values_key_and_length() {
+        let two = b"VALUE a 0 3\r\nabc\r\nVALUE bc 1 0\r\n\r\nEND\r\n";
+        assert_eq!(values(two), Some(vec![(&b"a"[..], 3), (&b"bc"[..], 0)]));
+        assert_eq!(values(b"END\r\n"), Some(vec![]));
+        assert_eq!(values(&two[..two.len() - 1]), None, "cut short");
+        assert_eq!(values(b"VALUE a 0 9\r\nabc\r\nEND\r\n"), None);
     }
 }

@@ -470,7 +470,7 @@ impl Ceiling {
                 stream,
                 buf: vec![0; 256 * 1024],
                 line: Vec::with_capacity(64 * 1024),
-                rng: Rng(0x5EED + s as u64 * 0xA076_1D64_78BD_642F),
+                rng: Rng(0x5EED_u64.wrapping_add((s as u64).wrapping_mul(0xA076_1D64_78BD_642F))),
             });
         }
         Ok(Ceiling { conns, shape })
@@ -607,7 +607,7 @@ pub async fn run_tasks<G: Getter>(
         .enumerate()
         .map(|(task, (mut g, mut hist))| {
             tokio::spawn(async move {
-                let mut rng = Rng(task as u64 * 0xA076_1D64_78BD_642F);
+                let mut rng = Rng((task as u64).wrapping_mul(0xA076_1D64_78BD_642F));
                 for _ in 0..per_task {
                     let i = rng.key();
                     let t0 = Instant::now();
@@ -642,7 +642,7 @@ pub async fn run_tasks<G: Getter>(
 
 /// The minimal client's label ([`crate::minimal`]).
 const MINIMAL: &str =
-    "minimal client: the facade's work (memory backend) + a oneshot to one batcher (1x4x16)";
+    "minimal client: the facade's work (memory backend) + a oneshot to a batcher (2x4x16)";
 
 /// The facade-alone side's label ([`crate::minimal::FacadeGetter`]).
 const FACADE: &str = "the facade's work alone: AsyncCache::get on the memory backend, 64 tasks";
@@ -691,14 +691,20 @@ pub fn async_get_64(
         }
         Ok::<_, BoxError>(())
     })?;
-    let shared = Arc::new(crate::minimal::Shared::default());
+    let shared: Vec<_> = (0..crate::minimal::SOCKETS)
+        .map(|_| Arc::new(crate::minimal::Shared::default()))
+        .collect();
+    let mut batchers = Vec::with_capacity(shared.len());
+    for _ in &shared {
+        batchers.push(rt.block_on(crate::minimal::Batcher::connect(&s.addrs[0]))?);
+    }
     let mut minimal = Some((
-        rt.block_on(crate::minimal::Batcher::connect(&s.addrs[0]))?,
+        batchers,
         (0..TASKS)
-            .map(|_| crate::minimal::MinimalGetter {
+            .map(|t| crate::minimal::MinimalGetter {
                 memory: memory.clone(),
                 items: Arc::clone(items),
-                shared: Arc::clone(&shared),
+                shared: Arc::clone(&shared[t % shared.len()]),
             })
             .collect::<Vec<_>>(),
     ));
@@ -725,10 +731,10 @@ pub fn async_get_64(
         run
     });
     let least: Side<'_> = Box::new(|n| {
-        let (batcher, getters) = minimal.take().ok_or("minimal client lost")?;
-        let (batcher, getters, run) =
-            rt.block_on(crate::minimal::run(batcher, getters, (n / TASKS).max(1)))?;
-        minimal = Some((batcher, getters));
+        let (batchers, getters) = minimal.take().ok_or("minimal client lost")?;
+        let (batchers, getters, run) =
+            rt.block_on(crate::minimal::run(batchers, getters, (n / TASKS).max(1)))?;
+        minimal = Some((batchers, getters));
         Ok(run)
     });
     let mut alone: Option<Vec<crate::minimal::FacadeGetter>> = Some(
