@@ -106,20 +106,6 @@ impl Getter for MinimalGetter {
     }
 }
 
-/// The facade's work alone: `AsyncCache::get` on the memory-backend cache, no I/O (its future
-/// is ready at once: no wake-up either). What the minimal client adds to it is its I/O and the
-/// wake-up of its callers.
-pub struct FacadeGetter {
-    pub memory: newcache::AsyncCache,
-    pub items: Arc<Items>,
-}
-
-impl Getter for FacadeGetter {
-    async fn get(&mut self, i: usize) -> Result<(), BoxError> {
-        Value::check(self.memory.get::<Value>(&self.items.user[i]).await?, i)
-    }
-}
-
 /// The batcher's socket and buffers, kept across runs.
 pub struct Batcher {
     stream: tokio::net::TcpStream,

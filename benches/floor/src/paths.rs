@@ -644,7 +644,7 @@ pub async fn run_tasks<G: Getter>(
 const MINIMAL: &str =
     "minimal client: the facade's work (memory backend) + a oneshot to a batcher (2x4x16)";
 
-/// The facade-alone side's label ([`crate::minimal::FacadeGetter`]).
+/// The facade-alone side's label (a [`CacheGetter`] of the memory-backend cache).
 const FACADE: &str = "the facade's work alone: AsyncCache::get on the memory backend, 64 tasks";
 
 /// `AsyncCache::get` from 64 tasks (one shared cache) against async-memcached 0.9 with a
@@ -737,10 +737,12 @@ pub fn async_get_64(
         minimal = Some((batchers, getters));
         Ok(run)
     });
-    let mut alone: Option<Vec<crate::minimal::FacadeGetter>> = Some(
+    // The facade's work alone: the same calls on the memory-backend cache (no I/O; its future
+    // is ready at once, so no wake-up either).
+    let mut alone: Option<Vec<CacheGetter>> = Some(
         (0..TASKS)
-            .map(|_| crate::minimal::FacadeGetter {
-                memory: memory.clone(),
+            .map(|_| CacheGetter {
+                cache: memory.clone(),
                 items: Arc::clone(items),
             })
             .collect(),
