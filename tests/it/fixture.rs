@@ -944,8 +944,12 @@ impl Ipv6Cluster {
         };
         let logs = |e: String, c: &Ipv6Cluster| e + &node_logs(&c.dir, &c.ports);
         let deadline = Instant::now() + Duration::from_secs(10);
-        for &p in &cluster.ports {
+        for i in 0..cluster.ports.len() {
+            let p = cluster.ports[i];
             while TcpStream::connect(("::1", p)).is_err() {
+                if let Ok(Some(status)) = cluster.children[i].try_wait() {
+                    return Err(logs(format!("node [::1]:{p} exited: {status}"), &cluster));
+                }
                 if Instant::now() >= deadline {
                     return Err(logs(format!("node [::1]:{p} did not come up"), &cluster));
                 }

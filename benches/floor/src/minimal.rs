@@ -77,6 +77,15 @@ impl Shared {
     }
 }
 
+/// Closes its queue when dropped: when its batcher's task ends, however it ends.
+struct Closing(Arc<Shared>);
+
+impl Drop for Closing {
+    fn drop(&mut self) {
+        self.0.close();
+    }
+}
+
 /// One caller task of the minimal client.
 pub struct MinimalGetter {
     /// A memory-backend `AsyncCache` holding the same items (the facade's work of each get).
@@ -236,8 +245,9 @@ pub async fn run(
         let shared = Arc::clone(shared);
         let items = Arc::clone(&items);
         served.push(tokio::spawn(async move {
+            // Ended (its stop, an error, or a panic): its callers fail rather than wait for it.
+            let _closing = Closing(Arc::clone(&shared));
             let r = batcher.run(&shared, &items).await;
-            shared.close();
             (batcher, r)
         }));
     }
@@ -246,11 +256,25 @@ pub async fn run(
         shared.stop.store(true, Ordering::Release);
         shared.notify.notify_one();
     }
+    // Every batcher awaited, then the first error (a batcher's first: its callers' errors only
+    // say that it ended).
     let mut batchers = Vec::new();
+    let mut first_error: Option<BoxError> = None;
     for s in served {
-        let (b, r) = s.await?;
-        r?;
-        batchers.push(b);
+        match s.await {
+            Ok((b, r)) => {
+                batchers.push(b);
+                if let Err(e) = r {
+                    first_error.get_or_insert(e);
+                }
+            }
+            Err(e) => {
+                first_error.get_or_insert(e.into());
+            }
+        }
+    }
+    if let Some(e) = first_error {
+        return Err(e);
     }
     let (getters, run) = ran?;
     Ok((batchers, getters, run))

@@ -293,7 +293,9 @@ impl Conn {
     ) -> Result<T> {
         let now = Instant::now();
         self.set_deadline(now + self.io_timeout);
-        // The write follows at once (after the encoding): it reads no clock of its own.
+        // The write follows at once, after the encoding: it reads no clock of its own. Its
+        // socket timeout is armed longer by the encoding's time (a few hundred nanoseconds, more
+        // for a value of megabytes): it may fire that much late, never early.
         self.stream.get_mut().fresh = Some(now);
         self.send(encode)?;
         self.recv(decode)

@@ -121,12 +121,15 @@ impl Server {
     /// A connection: an idle one (most recently used first), or a new one made in this thread.
     /// Waits at most `connect_timeout` in all (for a free slot, then to connect).
     pub(crate) fn checkout(&self) -> std::result::Result<Pooled<'_>, CheckoutError> {
-        let now = Instant::now();
+        let mut now = Instant::now();
         let deadline = now + self.connect_timeout;
         let generation = self.generation.load(Ordering::Acquire);
         let mut pool = self.pool.lock();
         while pool.busy >= self.size {
-            if self.freed.wait_until(&mut pool, deadline).timed_out() && pool.busy >= self.size {
+            let waited = self.freed.wait_until(&mut pool, deadline);
+            // The idle check below counts from after the wait.
+            now = Instant::now();
+            if waited.timed_out() && pool.busy >= self.size {
                 return Err(CheckoutError::PoolBusy(
                     Error::new(
                         ErrorKind::Timeout,
@@ -250,8 +253,8 @@ mod tests {
         let (addr, accepted) = counting_listener();
         let s = server(&addr);
         let mut c = s.checkout().ok().unwrap();
-        // Its last syscall as if it were IDLE_TIMEOUT and a second ago (skipped on a machine up
-        // for less than that: `Instant` cannot go before its boot).
+        // Its last syscall as if it were IDLE_TIMEOUT and a second ago (skipped where `Instant`
+        // cannot reach that far back).
         let Some(long_ago) = Instant::now().checked_sub(IDLE_TIMEOUT + Duration::from_secs(1))
         else {
             return;
