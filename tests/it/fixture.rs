@@ -605,6 +605,20 @@ fn cluster_ports(n: usize) -> Vec<u16> {
 #[cfg(feature = "redis")]
 const CLUSTER_TRIES: usize = 3;
 
+/// What `try_once` makes, tried up to [`CLUSTER_TRIES`] times (each try on fresh ports);
+/// panics with the last try's reason if none succeeds.
+#[cfg(feature = "redis")]
+fn formed<T>(what: &str, mut try_once: impl FnMut() -> Result<T, String>) -> T {
+    let mut why = String::new();
+    for _ in 0..CLUSTER_TRIES {
+        match try_once() {
+            Ok(t) => return t,
+            Err(e) => why = e,
+        }
+    }
+    panic!("no {what} formed in {CLUSTER_TRIES} tries; the last: {why}");
+}
+
 /// The last lines of each node's log under `dir` (`dir/PORT/node.log`), for a cluster that did
 /// not form.
 #[cfg(feature = "redis")]
@@ -759,14 +773,7 @@ pub struct RedisCluster {
 #[cfg(feature = "redis")]
 impl RedisCluster {
     pub fn start(bin: &str) -> RedisCluster {
-        let mut why = String::new();
-        for _ in 0..CLUSTER_TRIES {
-            match RedisCluster::try_start(bin) {
-                Ok(cluster) => return cluster,
-                Err(e) => why = e,
-            }
-        }
-        panic!("no test cluster formed in {CLUSTER_TRIES} tries; the last: {why}");
+        formed("test cluster", || RedisCluster::try_start(bin))
     }
 
     /// One try of [`start`](RedisCluster::start) on fresh ports; `Err` (its nodes stopped) if
@@ -904,14 +911,7 @@ pub struct Ipv6Cluster {
 impl Ipv6Cluster {
     pub fn start() -> Ipv6Cluster {
         TcpListener::bind("[::1]:0").expect("IPv6 loopback (::1)");
-        let mut why = String::new();
-        for _ in 0..CLUSTER_TRIES {
-            match Ipv6Cluster::try_start() {
-                Ok(cluster) => return cluster,
-                Err(e) => why = e,
-            }
-        }
-        panic!("no IPv6 test cluster formed in {CLUSTER_TRIES} tries; the last: {why}");
+        formed("IPv6 test cluster", Ipv6Cluster::try_start)
     }
 
     /// One try of [`start`](Ipv6Cluster::start) on fresh ports; `Err` (its nodes stopped) if a
@@ -1019,64 +1019,60 @@ impl Drop for Ipv6Cluster {
 pub fn shared_redis_cluster() -> &'static [String] {
     static SEEDS: OnceLock<(Vec<String>, Child)> = OnceLock::new();
     &SEEDS
-        .get_or_init(|| {
-            let mut why = String::new();
-            for _ in 0..CLUSTER_TRIES {
-                let ports = cluster_ports(6);
-                let dir = std::env::temp_dir().join(format!(
-                    "newcache-shared-cluster-{}-{}",
-                    std::process::id(),
-                    ports[0]
-                ));
-                let mut script = String::new();
-                let mut pids = Vec::new();
-                for (i, &p) in ports.iter().enumerate() {
-                    let node_dir = dir.join(p.to_string());
-                    std::fs::create_dir_all(&node_dir).expect("cluster node dir");
-                    let args: Vec<String> = cluster_node_args(p)
-                        .into_iter()
-                        .map(|a| if a.is_empty() { "''".to_owned() } else { a })
-                        .collect();
-                    script.push_str(&format!(
-                        "(cd {} && exec redis-server {}) & p{i}=$!; ",
-                        node_dir.display(),
-                        args.join(" ")
-                    ));
-                    pids.push(format!("$p{i}"));
-                }
-                script.push_str(&format!(
-                    "cat >/dev/null; kill {}; wait; rm -rf {}",
-                    pids.join(" "),
-                    dir.display()
-                ));
-                let mut child = match try_spawn_watched(&script, &ports) {
-                    Ok(child) => child,
-                    Err((e, mut child)) => {
-                        why = e + &node_logs(&dir, &ports);
-                        drop(child.stdin.take());
-                        let _ = child.wait();
-                        continue;
-                    }
-                };
-                match create_cluster(&ports) {
-                    Ok(()) => {
-                        let seeds = ports
-                            .iter()
-                            .map(|p| format!("redis://127.0.0.1:{p}"))
-                            .collect();
-                        return (seeds, child);
-                    }
-                    Err(e) => {
-                        why = e + &node_logs(&dir, &ports);
-                        // Closing its stdin stops the nodes and removes their directory.
-                        drop(child.stdin.take());
-                        let _ = child.wait();
-                    }
-                }
-            }
-            panic!("no shared test cluster formed in {CLUSTER_TRIES} tries; the last: {why}");
-        })
+        .get_or_init(|| formed("shared test cluster", try_shared_cluster))
         .0
+}
+
+/// One try of [`shared_redis_cluster`] on fresh ports: its seeds and the watching shell; `Err`
+/// (its nodes stopped, their directory removed) if a node did not listen or the cluster did not
+/// form.
+#[cfg(feature = "redis")]
+fn try_shared_cluster() -> Result<(Vec<String>, Child), String> {
+    let ports = cluster_ports(6);
+    let dir = std::env::temp_dir().join(format!(
+        "newcache-shared-cluster-{}-{}",
+        std::process::id(),
+        ports[0]
+    ));
+    let mut script = String::new();
+    let mut pids = Vec::new();
+    for (i, &p) in ports.iter().enumerate() {
+        let node_dir = dir.join(p.to_string());
+        std::fs::create_dir_all(&node_dir).expect("cluster node dir");
+        let args: Vec<String> = cluster_node_args(p)
+            .into_iter()
+            .map(|a| if a.is_empty() { "''".to_owned() } else { a })
+            .collect();
+        script.push_str(&format!(
+            "(cd {} && exec redis-server {}) & p{i}=$!; ",
+            node_dir.display(),
+            args.join(" ")
+        ));
+        pids.push(format!("$p{i}"));
+    }
+    script.push_str(&format!(
+        "cat >/dev/null; kill {}; wait; rm -rf {}",
+        pids.join(" "),
+        dir.display()
+    ));
+    // The logs are read before the shell is stopped: closing its stdin removes the directory.
+    let failed = |e: String, mut child: Child| {
+        let e = e + &node_logs(&dir, &ports);
+        drop(child.stdin.take());
+        let _ = child.wait();
+        e
+    };
+    let child = try_spawn_watched(&script, &ports).map_err(|(e, child)| failed(e, child))?;
+    match create_cluster(&ports) {
+        Ok(()) => {
+            let seeds = ports
+                .iter()
+                .map(|p| format!("redis://127.0.0.1:{p}"))
+                .collect();
+            Ok((seeds, child))
+        }
+        Err(e) => Err(failed(e, child)),
+    }
 }
 
 /// twemproxy (Debian's nutcracker) in front of two memcached, shared by this binary's tests. ketama,

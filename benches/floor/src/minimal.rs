@@ -125,22 +125,9 @@ pub struct Batcher {
 /// The key and byte length of each value in a whole `get` reply, in order, or `None` if it is
 /// not one.
 fn values(reply: &[u8]) -> Option<Vec<(&[u8], usize)>> {
-    let (mut at, mut found) = (0, Vec::with_capacity(KEYS));
-    while reply.get(at..)?.starts_with(b"VALUE ") {
-        let eol = at + reply[at..].iter().position(|&b| b == b'\n')?;
-        let header = reply[at..eol].strip_suffix(b"\r")?;
-        let mut fields = header.split(|&b| b == b' ');
-        let key = fields.nth(1)?;
-        let bytes = fields.nth(1)?;
-        let bytes: usize = std::str::from_utf8(bytes).ok()?.parse().ok()?;
-        at = eol + 1 + bytes;
-        if reply.get(at..at + 2)? != b"\r\n" {
-            return None;
-        }
-        at += 2;
-        found.push((key, bytes));
-    }
-    (reply.get(at..)? == b"END\r\n").then_some(found)
+    let mut found = Vec::with_capacity(KEYS);
+    crate::paths::each_value(reply, |key, len| found.push((key, len)))?;
+    Some(found)
 }
 
 impl Batcher {

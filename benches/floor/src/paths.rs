@@ -517,13 +517,26 @@ impl Ceiling {
 
 /// The values in a whole `get` reply (`VALUE` blocks, then `END`), or `None` if it is not one.
 fn values(reply: &[u8]) -> Option<usize> {
+    each_value(reply, |_, _| ())
+}
+
+/// Calls `f` with the key and byte length of each value of a whole `get` reply (`VALUE`
+/// blocks, then `END`), in order; their count, or `None` if it is not one.
+pub fn each_value<'r>(reply: &'r [u8], mut f: impl FnMut(&'r [u8], usize)) -> Option<usize> {
     let (mut at, mut n) = (0, 0);
     while reply.get(at..)?.starts_with(b"VALUE ") {
         let eol = at + reply[at..].iter().position(|&b| b == b'\n')?;
         let header = reply[at..eol].strip_suffix(b"\r")?;
-        let bytes = header.rsplit(|&b| b == b' ').next()?;
+        let mut fields = header.split(|&b| b == b' ');
+        let key = fields.nth(1)?;
+        let bytes = fields.nth(1)?;
         let bytes: usize = std::str::from_utf8(bytes).ok()?.parse().ok()?;
-        at = eol + 1 + bytes + 2;
+        at = eol + 1 + bytes;
+        if reply.get(at..at + 2)? != b"\r\n" {
+            return None;
+        }
+        at += 2;
+        f(key, bytes);
         n += 1;
     }
     (reply.get(at..)? == b"END\r\n").then_some(n)
