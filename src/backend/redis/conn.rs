@@ -11,8 +11,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
-use redis::{ConnectionLike, Value};
+use redis::Value;
 
+use super::blocking::Blocking;
 use super::request::{Pack, Replies, pack_all};
 
 use super::clients::{self, ClientId, Clients};
@@ -22,9 +23,13 @@ use crate::backend::memcached::IDLE_TIMEOUT;
 use crate::error::{Error, ErrorKind};
 
 pub(super) struct Pool {
-    client: redis::Client,
-    /// The set-up each connect sends itself (`AUTH` with RESP2, `SELECT`), pipelined with
-    /// `CLIENT INFO` ([`Pool::connect_within`]).
+    /// `host:port`, resolved at each connect.
+    addr: String,
+    /// The TLS of a `rediss://` server.
+    #[cfg(feature = "redis-tls")]
+    tls: Option<super::tls::Handshake>,
+    /// The set-up each connect sends itself (RESP3's `HELLO`, `AUTH` with RESP2, `SELECT`),
+    /// pipelined with `CLIENT INFO` ([`Pool::connect_within`]).
     set_up: SetUp,
     connect_timeout: Duration,
     io_timeout: Duration,
@@ -46,7 +51,7 @@ const KEPT_BUFFER: usize = 64 * 1024;
 
 /// An open connection, and who it is to the server (if it said).
 struct Open {
-    conn: redis::Connection,
+    conn: Blocking,
     client: Option<ClientId>,
     /// The bytes of the commands written last (kept up to [`KEPT_BUFFER`]: a batch's buffer
     /// grows once per connection, not once per call).
@@ -68,26 +73,29 @@ struct State {
 }
 
 impl Pool {
-    pub(super) fn new(client: redis::Client, config: &RedisConfig, clients: Arc<Clients>) -> Pool {
-        // redis-rs pipelines a connect's set-up and reads each reply within the whole connect
-        // timeout, even after one timed out: a hung server would hold a connect for one timeout
-        // per command; and it reads a refused `AUTH` as wrong credentials, dropping the reply
-        // (at `maxclients`, a fault). So it sends RESP3's `HELLO` at most, and the rest is sent
-        // here ([`SetUp`], [`Pool::connect_within`]), each reply read within what is left. (The
-        // same client settings, TLS included, but those.)
-        let info = client.get_connection_info().clone();
-        let (settings, set_up) = SetUp::split(info.redis_settings(), false);
-        let client = redis::Client::open(info.set_redis_settings(settings)).unwrap_or(client);
-        Pool {
+    /// The pool of `config`'s server, `info` its URL's settings (checked by
+    /// [`RedisConfig::client`]). Its connections are newcache's own ([`Blocking`]): the TCP
+    /// connect, the TLS handshake and the whole set-up ([`SetUp::whole`]) are made here, each
+    /// step within what is left of `connect_timeout`.
+    pub(super) fn new(
+        info: &redis::ConnectionInfo,
+        config: &RedisConfig,
+        clients: Arc<Clients>,
+    ) -> crate::Result<Pool> {
+        #[cfg(feature = "redis-tls")]
+        let tls = super::tls::Handshake::of(info, config.tls.as_ref())?;
+        Ok(Pool {
+            addr: config.addr(),
+            #[cfg(feature = "redis-tls")]
+            tls,
             clients,
-            client,
-            set_up,
+            set_up: SetUp::whole(info.redis_settings()),
             connect_timeout: config.connect_timeout,
             io_timeout: config.io_timeout,
             size: config.pool_size as usize,
             state: Mutex::new(State::default()),
             freed: Condvar::new(),
-        }
+        })
     }
 
     /// An idle connection, or a new one while fewer than `size` are open; otherwise waits up to
@@ -139,16 +147,16 @@ impl Pool {
         }
     }
 
-    /// A new connection, its set-up done (RESP3's `HELLO`, by redis-rs; then `AUTH` with RESP2,
-    /// `SELECT` and `CLIENT INFO`, which learns its id, pipelined in one round trip, two for
-    /// `AUTH`'s old form: [`SetUp`]), all within `connect_timeout`: a server that accepts
-    /// connections but does not answer (hung) costs a connect that, not a connect and an
-    /// `io_timeout`. Less when `by` is near ([`within`]).
+    /// A new connection, its set-up done (RESP3's `HELLO` or RESP2's `AUTH`, `SELECT` and
+    /// `CLIENT INFO`, which learns its id, pipelined in one round trip, two for `AUTH`'s old
+    /// form: [`SetUp`]), all within `connect_timeout`: a server that accepts connections but
+    /// does not answer (hung) costs a connect that, not a connect and an `io_timeout`. Less
+    /// when `by` is near ([`within`]).
     ///
-    /// The bound is kept by socket timeouts, each set to what is left before a step (redis-rs's
-    /// sync connection has no deadline of its own), and they bound each read, not a step: a
-    /// server that sends a step's bytes a few at a time, each within the time left, can stretch
-    /// a connect past `connect_timeout` (the async connect has one timer for the whole).
+    /// The bound is kept by socket timeouts, each set to what is left before a step, and they
+    /// bound each read, not a step: a server that sends a step's bytes a few at a time, each
+    /// within the time left, can stretch a connect past `connect_timeout` (the async connect
+    /// has one timer for the whole).
     fn connect(&self, by: Option<Instant>) -> Result<Box<Open>, Failure> {
         // Reached after the deadline: it gets [`LATE`] alone.
         let late = by.is_some_and(|by| by.saturating_duration_since(Instant::now()) < LATE);
@@ -159,61 +167,52 @@ impl Pool {
 
     fn connect_within(&self, connect_timeout: Duration) -> Result<Box<Open>, Failure> {
         let started = Instant::now();
-        #[cfg(feature = "redis-tls")]
-        if matches!(
-            self.client.get_connection_info().addr(),
-            redis::ConnectionAddr::TcpTls { .. }
-        ) {
-            // redis-rs's rustls connections take the process's crypto provider.
-            super::tls::provider();
-        }
-        let conn = self
-            .client
-            .get_connection_with_timeout(connect_timeout)
-            .map_err(super::connect_failure)?;
-        let set_timeouts = |conn: &redis::Connection, t: Duration| {
-            conn.set_read_timeout(Some(t))
-                .and_then(|()| conn.set_write_timeout(Some(t)))
-                .map_err(|e| {
-                    Failure::Fault(Error::with_source(
-                        ErrorKind::Backend,
-                        "could not connect",
-                        e,
-                    ))
-                })
-        };
         // What is left of connect_timeout (a millisecond at least: a zero timeout is refused).
         let left = || {
             connect_timeout
                 .saturating_sub(started.elapsed())
                 .max(Duration::from_millis(1))
         };
+        let io = |e: std::io::Error| super::connect_failure(e.into());
+        let conn = Blocking::connect(&self.addr, started, connect_timeout).map_err(io)?;
+        #[cfg(feature = "redis-tls")]
+        let conn = match &self.tls {
+            Some(tls) => {
+                let settings = tls.config().map_err(Failure::Local)?;
+                conn.tls(settings, tls.name()).map_err(io)?
+            }
+            None => conn,
+        };
+        let set_timeouts = |conn: &Blocking, t: Duration| conn.set_timeouts(t).map_err(io);
         set_timeouts(&conn, left())?;
         let mut conn = conn;
-        // `AUTH`, `SELECT` and `CLIENT INFO` pipelined, each reply read within what is left.
+        // `HELLO` or `AUTH`, `SELECT` and `CLIENT INFO` pipelined, each reply read within what
+        // is left.
+        let hello = self.set_up.hello();
         let select = self.set_up.select();
         let mut again = false;
         loop {
             let auth = self.set_up.auth(again);
             let mut packed = Vec::new();
-            for cmd in auth.into_iter().chain(&select) {
+            for cmd in hello.into_iter().chain(auth).chain(&select) {
                 cmd.write_packed_command(&mut packed);
             }
             clients::info().write_packed_command(&mut packed);
-            conn.send_packed_command(&packed)
-                .map_err(super::connect_failure)?;
-            // The first write made the TLS handshake (redis-rs makes it lazily): the replies
-            // get what is left after it, not what was left before.
+            conn.send(&packed).map_err(super::connect_failure)?;
             set_timeouts(&conn, left())?;
+            if hello.is_some() {
+                self.set_up.helloed(conn.recv())?;
+                set_timeouts(&conn, left())?;
+            }
             if auth.is_some() {
-                let authed = self.set_up.authenticated(conn.recv_response(), again)?;
+                let authed = self.set_up.authenticated(conn.recv(), again)?;
                 set_timeouts(&conn, left())?;
                 if authed == Auth::Again {
                     // `SELECT` and `CLIENT INFO` were refused unauthenticated: their replies
                     // are skipped, and the set-up goes again with `AUTH`'s old form.
                     for _ in 0..usize::from(select.is_some()) + 1 {
                         set_timeouts(&conn, left())?;
-                        if let Err(e) = conn.recv_response() {
+                        if let Err(e) = conn.recv() {
                             if e.code().is_none() {
                                 return Err(super::connect_failure(e));
                             }
@@ -227,12 +226,12 @@ impl Pool {
             break;
         }
         if select.is_some() {
-            self.set_up.selected(conn.recv_response())?;
+            self.set_up.selected(conn.recv())?;
             set_timeouts(&conn, left())?;
         }
         let client = self
             .clients
-            .learned(conn.recv_response())
+            .learned(conn.recv())
             .map_err(super::connect_failure)?;
         set_timeouts(&conn, self.io_timeout)?;
         Ok(Box::new(Open {
@@ -354,7 +353,7 @@ impl<'a> Pooled<'a> {
         self.keep = true;
     }
 
-    fn conn(&mut self) -> &mut redis::Connection {
+    fn conn(&mut self) -> &mut Blocking {
         &mut self
             .conn
             .as_mut()
@@ -370,7 +369,7 @@ impl<'a> Pooled<'a> {
             .expect("a pooled connection until dropped");
         open.packed.clear();
         pack_all(cmds, &mut open.packed);
-        let sent = open.conn.send_packed_command(&open.packed);
+        let sent = open.conn.send(&open.packed);
         if open.packed.capacity() > KEPT_BUFFER {
             open.packed = Vec::new();
         }
@@ -387,18 +386,18 @@ impl<'a> Pooled<'a> {
         let io_timeout = self.pool.io_timeout;
         let conn = self.conn();
         if let Some(t) = timeout {
-            conn.set_read_timeout(Some(t))?;
+            conn.set_read_timeout(t)?;
         }
         let mut replies = Replies::with_capacity(n);
         while replies.len() < n {
-            match conn.recv_response()? {
+            match conn.recv()? {
                 // RESP3 may put pushed data between replies.
                 Value::Push { .. } => {}
                 v => replies.push(v),
             }
         }
         if timeout.is_some() {
-            conn.set_read_timeout(Some(io_timeout))?;
+            conn.set_read_timeout(io_timeout)?;
         }
         Ok(replies)
     }

@@ -19,6 +19,7 @@
 
 #[cfg(feature = "tokio")]
 mod batch;
+mod blocking;
 mod clients;
 mod cluster;
 mod config;
@@ -595,9 +596,10 @@ impl RedisBackend {
             peers: Default::default(),
             config,
         });
+        let info = client.get_connection_info();
         Ok(RedisBackend {
-            waited: Arc::new(Pool::new(client.clone(), &shared.config, clients.clone())),
-            pool: Arc::new(Pool::new(client, &shared.config, clients)),
+            waited: Arc::new(Pool::new(info, &shared.config, clients.clone())?),
+            pool: Arc::new(Pool::new(info, &shared.config, clients)?),
             shared,
             asking: false,
         })

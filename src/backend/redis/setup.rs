@@ -1,8 +1,9 @@
 //! A new connection's set-up, sent by newcache rather than by redis-rs: `AUTH` (with RESP2),
-//! `SELECT` and `CLIENT INFO` ([`clients::info`](super::clients::info)).
+//! `SELECT` and `CLIENT INFO` ([`clients::info`](super::clients::info)); on the sync pool,
+//! whose connections are newcache's own (`blocking.rs`), RESP3's `HELLO` too ([`SetUp::whole`]).
 //!
-//! redis-rs is left RESP3's `HELLO`, which carries the credentials (a server refusing it keeps
-//! its reply), and on the async view `CLIENT SETINFO` ([`SetUp::split`]). Its `AUTH` does not
+//! On the async view redis-rs is left RESP3's `HELLO`, which carries the credentials (a server
+//! refusing it keeps its reply), and `CLIENT SETINFO` ([`SetUp::split`]). Its `AUTH` does not
 //! keep the reply: it reads any refusal as "authentication failed" and drops the server's
 //! words, and at `maxclients` those are `-ERR max number of clients reached`, written on accept
 //! whatever the first command is: a fault (a delete it refused is queued for replay), not wrong
@@ -17,6 +18,8 @@ use crate::error::{Error, ErrorKind};
 /// What a connection's set-up sends after redis-rs's (RESP3's `HELLO`; on the async view
 /// `CLIENT SETINFO` too). Not `Debug`: it holds the password.
 pub(super) struct SetUp {
+    /// `HELLO 3 [AUTH user password]`: RESP3 on a connection of the sync pool ([`SetUp::whole`]).
+    hello: Option<redis::Cmd>,
     /// `AUTH [user] password`: RESP2 with a password.
     auth: Option<redis::Cmd>,
     /// `AUTH password`, sent again when `AUTH user password` is refused for its form (a server
@@ -80,12 +83,58 @@ impl SetUp {
         (
             left,
             SetUp {
+                hello: None,
                 auth,
                 old_auth,
                 db,
                 password,
             },
         )
+    }
+
+    /// The whole set-up of `settings`, RESP3's `HELLO` included (with the credentials, as
+    /// redis-rs sends it: the user `default` when the URL names none): the sync pool's, on a
+    /// connection redis-rs never sees.
+    pub(super) fn whole(settings: &RedisConnectionInfo) -> SetUp {
+        let (_, mut set_up) = SetUp::split(settings, false);
+        if settings.protocol().supports_resp3() {
+            let mut hello = redis::cmd("HELLO");
+            hello.arg("3");
+            if let Some(password) = settings.password() {
+                hello
+                    .arg("AUTH")
+                    .arg(settings.username().unwrap_or("default"))
+                    .arg(password);
+            }
+            set_up.hello = Some(hello);
+        }
+        set_up
+    }
+
+    /// `HELLO`, if sent.
+    pub(super) fn hello(&self) -> Option<&redis::Cmd> {
+        self.hello.as_ref()
+    }
+
+    /// The reply `r` to [`hello`](Self::hello): a map of the server's properties, or a refusal
+    /// (of the credentials, with the server's words; of RESP3 by a server without `HELLO`); at
+    /// `maxclients`, or with no reply, a failed connect.
+    pub(super) fn helloed(&self, r: redis::RedisResult<Value>) -> Result<(), Failure> {
+        let e = match r.and_then(Value::extract_error) {
+            Ok(_) => return Ok(()),
+            Err(e) => e,
+        };
+        if e.code() == Some("ERR")
+            && e.detail()
+                .is_some_and(|d| d.to_ascii_lowercase().starts_with("unknown command"))
+        {
+            return Err(Failure::Local(Error::new(
+                ErrorKind::Backend,
+                "could not connect: the server does not know HELLO, so it cannot speak RESP3 \
+                 (drop protocol=resp3 from the URL)",
+            )));
+        }
+        self.refused(e, true).map(drop)
     }
 
     /// `AUTH`, if sent; `again`: its old form (without the user), after [`Auth::Again`].
@@ -127,6 +176,11 @@ impl SetUp {
             )),
             Err(e) => e,
         };
+        self.refused(e, again)
+    }
+
+    /// What a refusal `e` of the credentials (`AUTH`'s, or `HELLO`'s) means.
+    fn refused(&self, e: redis::RedisError, again: bool) -> Result<Auth, Failure> {
         let Some(code) = e.code() else {
             return Err(connect_failure(e));
         };

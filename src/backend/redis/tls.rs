@@ -105,9 +105,7 @@ impl RedisTls {
         }
     }
 
-    /// The rustls settings of a connection (the async view's handshake), on the process's
-    /// crypto provider.
-    #[cfg(feature = "tokio")]
+    /// The rustls settings of a connection, on the process's crypto provider.
     pub(super) fn client_config(&self) -> Result<Arc<ClientConfig>> {
         self.config(provider(), Roots::System).map(Arc::new)
     }
@@ -128,7 +126,6 @@ impl RedisTls {
                     })?;
                 }
             }
-            #[cfg(feature = "tokio")]
             (None, Roots::System) => {
                 let found = rustls_native_certs::load_native_certs();
                 let (added, _) = store.add_parsable_certificates(found.certs);
@@ -172,15 +169,14 @@ impl RedisTls {
     }
 }
 
-/// The async view's TLS: a handshake over the socket it opened, for the URL's host.
-#[cfg(feature = "tokio")]
+/// A connection's TLS: a handshake over the socket it opened, for the URL's host (the sync
+/// pool's with rustls, the async view's with tokio-rustls).
 #[derive(Debug)]
 pub(super) struct Handshake {
     tls: RedisTls,
     name: ServerName<'static>,
 }
 
-#[cfg(feature = "tokio")]
 impl Handshake {
     /// The handshake of `info`'s server, if its URL is `rediss://`.
     pub(super) fn of(
@@ -196,13 +192,19 @@ impl Handshake {
         }))
     }
 
-    /// The settings of a handshake now (the system's roots read again, as redis-rs does for
-    /// each of the sync pool's connections).
+    /// The settings of a handshake now (the system's roots read again for each connection,
+    /// as redis-rs does).
     pub(super) fn config(&self) -> Result<Arc<ClientConfig>> {
         self.tls.client_config()
     }
 
+    /// The name the server's certificate must be valid for.
+    pub(super) fn name(&self) -> ServerName<'static> {
+        self.name.clone()
+    }
+
     /// `stream` after a handshake on `config`.
+    #[cfg(feature = "tokio")]
     pub(super) async fn run(
         &self,
         config: Arc<ClientConfig>,
@@ -217,8 +219,7 @@ impl Handshake {
 /// Which roots a configuration trusts when no CA is given.
 #[derive(Clone, Copy)]
 enum Roots {
-    /// The system's (a connection of the async view).
-    #[cfg(feature = "tokio")]
+    /// The system's (a connection's).
     System,
     /// None (a check of the PEM given).
     GivenOnly,

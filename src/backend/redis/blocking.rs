@@ -1,0 +1,462 @@
+//! The sync pool's connection to a Redis server: its TCP socket (TLS over it, feature
+//! `redis-tls`), the commands written whole, and the replies read from a buffer of its own.
+//!
+//! A reply is parsed where it lies in the buffer: a bulk string (a value of a `GET`), an
+//! integer, `+OK`, nil and arrays of them are made here, each in one pass and one copy; every
+//! other type (an error reply, RESP3's maps, sets, doubles, pushes...) is found whole, then
+//! given to redis-rs's parser, so a [`Value`] is always what redis-rs would have made of the
+//! same bytes. redis-rs's sync `Connection` reads every reply through its combinator parser, a
+//! buffer it zeroes as it grows, and a `Vec` a value: on a 100-key batch over a cluster that
+//! was the largest part of the backend's own work (`benches/results/2026-12-07/NOTES.md`).
+//!
+//! A connection that met an I/O error, the server's end of the stream, or bytes that are not
+//! RESP is no longer [`open`](Blocking::is_open): the pool drops it.
+
+use std::io::{self, Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+use redis::{RedisError, RedisResult, Value};
+
+/// The reply buffer's first size, and the largest kept between calls (one big reply grows it
+/// once; it is given back after).
+const FIRST_BUFFER: usize = 16 * 1024;
+const KEPT_BUFFER: usize = 64 * 1024;
+
+/// The deepest nesting of arrays read (redis-rs's limit): a hostile reply cannot exhaust the
+/// stack.
+const MAX_DEPTH: usize = 100;
+
+/// The longest bulk string read (Redis's own `proto-max-bulk-len` default): a length beyond it
+/// is not RESP from a server, and would grow the buffer without bound.
+const MAX_BULK: usize = 512 * 1024 * 1024;
+
+/// A blocking connection to one server.
+pub(super) struct Blocking {
+    io: Io,
+    /// Bytes read: `buf[at..end]` are not yet parsed.
+    buf: Vec<u8>,
+    at: usize,
+    end: usize,
+    open: bool,
+}
+
+enum Io {
+    Tcp(TcpStream),
+    #[cfg(feature = "redis-tls")]
+    Tls(Box<rustls::StreamOwned<rustls::ClientConnection, TcpStream>>),
+}
+
+impl Blocking {
+    /// A TCP connection to `addr` (`host:port`; each address it resolves to tried in turn),
+    /// with Nagle's algorithm off, within `timeout` of `started` in all; reads and writes are
+    /// then bounded by `timeout` until [`set_timeouts`](Blocking::set_timeouts) says otherwise.
+    pub(super) fn connect(addr: &str, started: Instant, timeout: Duration) -> io::Result<Blocking> {
+        let left = || {
+            let left = timeout.saturating_sub(started.elapsed());
+            if left.is_zero() {
+                Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "connect_timeout spent resolving the host",
+                ))
+            } else {
+                Ok(left)
+            }
+        };
+        let mut last = None;
+        for a in addr.to_socket_addrs()? {
+            match TcpStream::connect_timeout(&a, left()?) {
+                Ok(s) => {
+                    s.set_nodelay(true)?;
+                    let c = Blocking::on(Io::Tcp(s));
+                    c.set_timeouts(left()?)?;
+                    return Ok(c);
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| {
+            io::Error::new(io::ErrorKind::NotFound, "the host resolved to no address")
+        }))
+    }
+
+    /// The connection with TLS over its socket, the handshake made now (within the socket's
+    /// timeouts) for `name`: a refused handshake is an error here, not on the first command.
+    #[cfg(feature = "redis-tls")]
+    pub(super) fn tls(
+        self,
+        config: std::sync::Arc<rustls::ClientConfig>,
+        name: rustls::pki_types::ServerName<'static>,
+    ) -> io::Result<Blocking> {
+        let Io::Tcp(mut sock) = self.io else {
+            return Ok(self);
+        };
+        let mut tls = rustls::ClientConnection::new(config, name).map_err(io::Error::other)?;
+        while tls.is_handshaking() {
+            tls.complete_io(&mut sock)?;
+        }
+        Ok(Blocking::on(Io::Tls(Box::new(rustls::StreamOwned::new(
+            tls, sock,
+        )))))
+    }
+
+    fn on(io: Io) -> Blocking {
+        Blocking {
+            io,
+            buf: Vec::new(),
+            at: 0,
+            end: 0,
+            open: true,
+        }
+    }
+
+    fn socket(&self) -> &TcpStream {
+        match &self.io {
+            Io::Tcp(s) => s,
+            #[cfg(feature = "redis-tls")]
+            Io::Tls(s) => &s.sock,
+        }
+    }
+
+    /// Bounds each read and each write by `t` (not zero).
+    pub(super) fn set_timeouts(&self, t: Duration) -> io::Result<()> {
+        self.set_read_timeout(t)?;
+        self.socket().set_write_timeout(Some(t))
+    }
+
+    /// Bounds each read by `t` (not zero).
+    pub(super) fn set_read_timeout(&self, t: Duration) -> io::Result<()> {
+        self.socket().set_read_timeout(Some(t))
+    }
+
+    /// Whether it can be used again: no I/O error, end of stream or unreadable reply met.
+    pub(super) fn is_open(&self) -> bool {
+        self.open
+    }
+
+    /// Writes `bytes` (whole commands) and flushes them.
+    pub(super) fn send(&mut self, bytes: &[u8]) -> RedisResult<()> {
+        let sent = match &mut self.io {
+            Io::Tcp(s) => s.write_all(bytes),
+            #[cfg(feature = "redis-tls")]
+            Io::Tls(s) => s.write_all(bytes).and_then(|()| s.flush()),
+        };
+        sent.map_err(|e| self.broken(e))
+    }
+
+    /// The next reply, read as it comes.
+    pub(super) fn recv(&mut self) -> RedisResult<Value> {
+        loop {
+            match parse(&self.buf[self.at..self.end], 0) {
+                Ok(Some((v, used))) => {
+                    self.at += used;
+                    if self.at == self.end {
+                        self.at = 0;
+                        self.end = 0;
+                        if self.buf.len() > KEPT_BUFFER {
+                            self.buf = Vec::new();
+                        }
+                    }
+                    return Ok(v);
+                }
+                Ok(None) => self.fill()?,
+                Err(e) => {
+                    self.open = false;
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    /// Reads what the server sent next, after the unparsed bytes (moved to the front, or the
+    /// buffer grown, when it is full).
+    fn fill(&mut self) -> RedisResult<()> {
+        if self.end == self.buf.len() {
+            if self.at > 0 {
+                self.buf.copy_within(self.at..self.end, 0);
+                self.end -= self.at;
+                self.at = 0;
+            } else {
+                let size = (2 * self.buf.len()).max(FIRST_BUFFER);
+                self.buf.resize(size, 0);
+            }
+        }
+        let read = match &mut self.io {
+            Io::Tcp(s) => s.read(&mut self.buf[self.end..]),
+            #[cfg(feature = "redis-tls")]
+            Io::Tls(s) => s.read(&mut self.buf[self.end..]),
+        };
+        match read {
+            Ok(0) => Err(self.broken(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the server closed the connection",
+            ))),
+            Ok(n) => {
+                self.end += n;
+                Ok(())
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(()),
+            Err(e) => Err(self.broken(e)),
+        }
+    }
+
+    fn broken(&mut self, e: io::Error) -> RedisError {
+        self.open = false;
+        e.into()
+    }
+}
+
+/// The reply at the start of `b` and its length in bytes, or `None` if `b` holds only part of
+/// it; `depth`: the arrays it is nested in.
+fn parse(b: &[u8], depth: usize) -> RedisResult<Option<(Value, usize)>> {
+    let Some((line, next)) = line(b) else {
+        return Ok(None);
+    };
+    match b[0] {
+        b'$' => {
+            let Some(len) = length(int(line)?)? else {
+                return Ok(Some((Value::Nil, next)));
+            };
+            let end = next + len;
+            if b.len() < end + 2 {
+                return Ok(None);
+            }
+            if &b[end..end + 2] != b"\r\n" {
+                return Err(garbage("a bulk string not ended by CRLF"));
+            }
+            Ok(Some((Value::BulkString(b[next..end].to_vec()), end + 2)))
+        }
+        b'*' => {
+            if depth >= MAX_DEPTH {
+                return Err(garbage("arrays nested too deep"));
+            }
+            let n = int(line)?;
+            if n < 0 {
+                return Ok(Some((Value::Nil, next)));
+            }
+            let n = n as usize;
+            let mut at = next;
+            let mut items = Vec::with_capacity(n.min(1024));
+            for _ in 0..n {
+                let Some((v, used)) = parse(&b[at..], depth + 1)? else {
+                    return Ok(None);
+                };
+                items.push(v);
+                at += used;
+            }
+            Ok(Some((Value::Array(items), at)))
+        }
+        b':' => Ok(Some((Value::Int(int(line)?), next))),
+        b'+' if line == b"OK" => Ok(Some((Value::Okay, next))),
+        b'_' if line.is_empty() => Ok(Some((Value::Nil, next))),
+        // Every other type, found whole, then read by redis-rs.
+        _ => {
+            let Some(end) = extent(b, depth)? else {
+                return Ok(None);
+            };
+            redis::parse_redis_value(&b[..end]).map(|v| Some((v, end)))
+        }
+    }
+}
+
+/// The length in bytes of the reply at the start of `b` (of any RESP2 or RESP3 type), or
+/// `None` if `b` holds only part of it.
+fn extent(b: &[u8], depth: usize) -> RedisResult<Option<usize>> {
+    if depth >= MAX_DEPTH {
+        return Err(garbage("aggregates nested too deep"));
+    }
+    let Some((line, next)) = line(b) else {
+        return Ok(None);
+    };
+    let children = match b[0] {
+        b'+' | b'-' | b':' | b'_' | b',' | b'#' | b'(' => return Ok(Some(next)),
+        b'$' | b'=' | b'!' => {
+            let Some(len) = length(int(line)?)? else {
+                return Ok(Some(next));
+            };
+            let end = next + len + 2;
+            return Ok((b.len() >= end).then_some(end));
+        }
+        b'*' | b'~' | b'>' => int(line)?,
+        // An attribute's pairs come before the value they describe: one more.
+        b'%' | b'|' => int(line)?.saturating_mul(2) + i64::from(b[0] == b'|'),
+        _ => return Err(garbage("a reply of an unknown type")),
+    };
+    let mut at = next;
+    for _ in 0..children.max(0) {
+        let Some(used) = extent(&b[at..], depth + 1)? else {
+            return Ok(None);
+        };
+        at += used;
+    }
+    Ok(Some(at))
+}
+
+/// The first line of `b` after its type byte, and where the next begins; `None` if it is not
+/// whole yet.
+fn line(b: &[u8]) -> Option<(&[u8], usize)> {
+    let lf = memchr::memchr(b'\n', b)?;
+    // A lone LF inside a line is the server's error: read as redis-rs does (up to CRLF).
+    if lf == 0 || b[lf - 1] != b'\r' {
+        let crlf = memchr::memmem::find(b, b"\r\n")?;
+        return Some((&b[1.min(crlf)..crlf], crlf + 2));
+    }
+    Some((&b[1.min(lf - 1)..lf - 1], lf + 1))
+}
+
+/// A length or count line's number, read as redis-rs reads it.
+fn int(line: &[u8]) -> RedisResult<i64> {
+    let (neg, digits) = match line {
+        [b'-', rest @ ..] => (true, rest),
+        _ => (false, line),
+    };
+    if !digits.is_empty() && digits.len() <= 18 && digits.iter().all(u8::is_ascii_digit) {
+        let n = digits
+            .iter()
+            .fold(0i64, |n, d| n * 10 + i64::from(d - b'0'));
+        return Ok(if neg { -n } else { n });
+    }
+    std::str::from_utf8(line)
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .ok_or_else(|| garbage("expected an integer"))
+}
+
+/// A bulk string's length: `None` for nil (a negative length).
+fn length(n: i64) -> RedisResult<Option<usize>> {
+    match usize::try_from(n) {
+        Err(_) => Ok(None),
+        Ok(n) if n > MAX_BULK => Err(garbage("a bulk string longer than 512 MB")),
+        Ok(n) => Ok(Some(n)),
+    }
+}
+
+fn garbage(what: &'static str) -> RedisError {
+    RedisError::from((redis::ErrorKind::Parse, "the server's reply is not RESP", what.to_owned()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Replies of every type, as a server sends them.
+    const REPLIES: &[&[u8]] = &[
+        b"$5\r\nhello\r\n",
+        b"$0\r\n\r\n",
+        b"$-1\r\n",
+        b"$4\r\na\r\nb\r\n",
+        b"*-1\r\n",
+        b"*0\r\n",
+        b"*3\r\n$1\r\na\r\n$-1\r\n:42\r\n",
+        b"*2\r\n*1\r\n+OK\r\n*2\r\n:-7\r\n$2\r\nhi\r\n",
+        b":0\r\n",
+        b":-9223372036854775808\r\n",
+        b":9223372036854775807\r\n",
+        b": 12 \r\n",
+        b"+OK\r\n",
+        b"+PONG\r\n",
+        b"+\r\n",
+        b"-ERR unknown command\r\n",
+        b"-MOVED 3999 127.0.0.1:6381\r\n",
+        b"*2\r\n-ERR no\r\n$1\r\nx\r\n",
+        b"_\r\n",
+        b",3.25\r\n",
+        b"#t\r\n",
+        b"(3492890328409238509324850943850943825024385\r\n",
+        b"=15\r\ntxt:Some string\r\n",
+        b"!21\r\nSYNTAX invalid syntax\r\n",
+        b"%2\r\n+first\r\n:1\r\n+second\r\n:2\r\n",
+        b"~2\r\n+a\r\n:1\r\n",
+        b">3\r\n$7\r\nmessage\r\n$2\r\nch\r\n$3\r\nhey\r\n",
+        b"|1\r\n+key-popularity\r\n%1\r\n$1\r\na\r\n,0.19\r\n*2\r\n:2039123\r\n:9543892\r\n",
+        b"*2\r\n%1\r\n+k\r\n$1\r\nv\r\n~1\r\n_\r\n",
+    ];
+
+    #[test]
+    fn every_reply_reads_as_redis_rs_reads_it_and_none_before_it_is_whole() {
+        for reply in REPLIES {
+            let theirs = redis::parse_redis_value(reply).unwrap();
+            let (ours, used) = parse(reply, 0).unwrap().unwrap();
+            assert_eq!(ours, theirs, "{}", String::from_utf8_lossy(reply));
+            assert_eq!(used, reply.len(), "{}", String::from_utf8_lossy(reply));
+            // Followed by another reply: that one is left.
+            let two = [*reply, b"+next\r\n"].concat();
+            assert_eq!(parse(&two, 0).unwrap().unwrap().1, reply.len());
+            for cut in 0..reply.len() {
+                assert!(
+                    parse(&reply[..cut], 0).unwrap().is_none(),
+                    "{} cut at {cut}",
+                    String::from_utf8_lossy(reply)
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn bytes_that_are_not_resp_are_an_error_not_a_value() {
+        for bad in [
+            &b"?what\r\n"[..],
+            b"$5\r\nhelloXY",
+            b"$x\r\n",
+            b"*1\r\n@\r\n",
+            b"$99999999999\r\n",
+        ] {
+            let e = parse(bad, 0).unwrap_err();
+            assert_eq!(e.kind(), redis::ErrorKind::Parse, "{e}");
+        }
+        let deep = [b"*1\r\n".repeat(MAX_DEPTH + 1), b":1\r\n".to_vec()].concat();
+        assert!(parse(&deep, 0).is_err());
+        let deep = [b"~1\r\n".repeat(MAX_DEPTH + 1), b":1\r\n".to_vec()].concat();
+        assert!(parse(&deep, 0).is_err());
+        let ok = [b"*1\r\n".repeat(MAX_DEPTH - 1), b":1\r\n".to_vec()].concat();
+        assert!(parse(&ok, 0).unwrap().is_some());
+    }
+
+    #[test]
+    fn replies_split_across_reads_and_larger_than_the_buffer_are_read_whole() {
+        use std::net::TcpListener;
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let big = vec![b'v'; 3 * FIRST_BUFFER + 5];
+        let mut sent = Vec::new();
+        sent.extend_from_slice(format!("${}\r\n", big.len()).as_bytes());
+        sent.extend_from_slice(&big);
+        sent.extend_from_slice(b"\r\n");
+        for reply in REPLIES {
+            sent.extend_from_slice(reply);
+        }
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            // A byte or a few at a time, then the rest at once.
+            for chunk in sent[..200].chunks(3) {
+                s.write_all(chunk).unwrap();
+                s.flush().unwrap();
+                std::thread::sleep(Duration::from_micros(50));
+            }
+            s.write_all(&sent[200..]).unwrap();
+            // Then the end of the stream.
+        });
+        let mut c = Blocking::connect(&addr, Instant::now(), Duration::from_secs(5)).unwrap();
+        assert_eq!(c.recv().unwrap(), Value::BulkString(big));
+        for reply in REPLIES {
+            assert_eq!(c.recv().unwrap(), redis::parse_redis_value(reply).unwrap());
+        }
+        assert!(c.is_open());
+        server.join().unwrap();
+        let e = c.recv().unwrap_err();
+        assert!(e.is_connection_dropped() && !c.is_open(), "{e}");
+    }
+
+    #[test]
+    fn a_read_past_its_timeout_is_a_timeout() {
+        use std::net::TcpListener;
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let c = Blocking::connect(&addr, Instant::now(), Duration::from_secs(5));
+        let mut c = c.unwrap();
+        let _held = listener.accept().unwrap();
+        c.set_read_timeout(Duration::from_millis(20)).unwrap();
+        let e = c.recv().unwrap_err();
+        assert!(e.is_timeout() && !c.is_open(), "{e}");
+    }
+}
