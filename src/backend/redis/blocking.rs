@@ -292,16 +292,18 @@ fn extent(b: &[u8], depth: usize) -> RedisResult<Option<usize>> {
     Ok(Some(at))
 }
 
-/// The first line of `b` after its type byte, and where the next begins; `None` if it is not
-/// whole yet.
+/// The first line of `b` after its type byte (up to its first CRLF), and where the next
+/// begins; `None` if it is not whole yet. Lines are short (a length, a count, `OK`): a byte
+/// loop finds their end sooner than a call to memchr.
 fn line(b: &[u8]) -> Option<(&[u8], usize)> {
-    let lf = memchr::memchr(b'\n', b)?;
-    // A lone LF inside a line is the server's error: read as redis-rs does (up to CRLF).
-    if lf == 0 || b[lf - 1] != b'\r' {
-        let crlf = memchr::memmem::find(b, b"\r\n")?;
-        return Some((&b[1.min(crlf)..crlf], crlf + 2));
+    let mut i = 1;
+    loop {
+        let cr = i + b.get(i..)?.iter().position(|&c| c == b'\r')?;
+        if *b.get(cr + 1)? == b'\n' {
+            return Some((&b[1..cr], cr + 2));
+        }
+        i = cr + 1;
     }
-    Some((&b[1.min(lf - 1)..lf - 1], lf + 1))
 }
 
 /// A length or count line's number, read as redis-rs reads it.
@@ -310,11 +312,17 @@ fn int(line: &[u8]) -> RedisResult<i64> {
         [b'-', rest @ ..] => (true, rest),
         _ => (false, line),
     };
-    if !digits.is_empty() && digits.len() <= 18 && digits.iter().all(u8::is_ascii_digit) {
-        let n = digits
-            .iter()
-            .fold(0i64, |n, d| n * 10 + i64::from(d - b'0'));
-        return Ok(if neg { -n } else { n });
+    if !digits.is_empty() && digits.len() <= 18 {
+        let mut n = 0i64;
+        let mut all = true;
+        for &d in digits {
+            all &= d.is_ascii_digit();
+            // Wrapping: a line that is not all digits is read again below.
+            n = n.wrapping_mul(10).wrapping_add(i64::from(d.wrapping_sub(b'0')));
+        }
+        if all {
+            return Ok(if neg { -n } else { n });
+        }
     }
     std::str::from_utf8(line)
         .ok()
@@ -396,6 +404,7 @@ mod tests {
     fn bytes_that_are_not_resp_are_an_error_not_a_value() {
         for bad in [
             &b"?what\r\n"[..],
+            b"$\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\r\n",
             b"$5\r\nhelloXY",
             b"$x\r\n",
             b"*1\r\n@\r\n",
