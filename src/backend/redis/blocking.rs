@@ -16,7 +16,12 @@ use std::io::{self, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
+use std::ops::Range;
+
+use bytes::Bytes;
 use redis::{RedisError, RedisResult, Value};
+
+use super::request::{Replies, Reply};
 
 /// The reply buffer's first size, and the largest kept between calls (one big reply grows it
 /// once; it is given back after).
@@ -39,6 +44,15 @@ pub(super) struct Blocking {
     at: usize,
     end: usize,
     open: bool,
+    /// The replies found whole by [`recv_many`](Blocking::recv_many), before they are handed
+    /// out (kept: a batch's list grows once a connection).
+    found: Vec<Found>,
+}
+
+/// A reply found in the buffer: a bulk string where it lies, or any other value.
+enum Found {
+    Bulk(Range<usize>),
+    Value(Value),
 }
 
 enum Io {
@@ -107,6 +121,7 @@ impl Blocking {
             at: 0,
             end: 0,
             open: true,
+            found: Vec::new(),
         }
     }
 
@@ -149,14 +164,7 @@ impl Blocking {
         loop {
             match parse(&self.buf[self.at..self.end], 0) {
                 Ok(Some((v, used))) => {
-                    self.at += used;
-                    if self.at == self.end {
-                        self.at = 0;
-                        self.end = 0;
-                        if self.buf.len() > KEPT_BUFFER {
-                            self.buf = Vec::new();
-                        }
-                    }
+                    self.consumed(self.at + used);
                     return Ok(v);
                 }
                 Ok(None) => self.fill()?,
@@ -164,6 +172,70 @@ impl Blocking {
                     self.open = false;
                     return Err(e);
                 }
+            }
+        }
+    }
+
+    /// The next `n` replies into `out`, RESP3's pushed data left out. The bulk strings of
+    /// replies that came together are slices of one copy of their bytes (one allocation for
+    /// them all, not one a value; a lone one is copied alone); other values are made as
+    /// [`recv`](Blocking::recv) makes them.
+    pub(super) fn recv_many(&mut self, n: usize, out: &mut Replies) -> RedisResult<()> {
+        let mut want = n;
+        while want > 0 {
+            let start = self.at;
+            let mut at = start;
+            let mut bulks = 0;
+            self.found.clear();
+            while self.found.len() < want {
+                match found(&self.buf[at..self.end]) {
+                    Ok(Some((f, used))) => {
+                        let f = match f {
+                            Found::Value(Value::Push { .. }) => None,
+                            Found::Bulk(r) => {
+                                bulks += 1;
+                                Some(Found::Bulk(r.start + at - start..r.end + at - start))
+                            }
+                            v => Some(v),
+                        };
+                        self.found.extend(f);
+                        at += used;
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        self.open = false;
+                        return Err(e);
+                    }
+                }
+            }
+            let got = self.found.len();
+            let read = &self.buf[start..at];
+            let block = (bulks > 1).then(|| Bytes::copy_from_slice(read));
+            out.extend(self.found.drain(..).map(|f| match f {
+                Found::Bulk(r) => Reply::Bulk(match &block {
+                    Some(block) => block.slice(r),
+                    None => Bytes::copy_from_slice(&read[r]),
+                }),
+                Found::Value(v) => Reply::Value(v),
+            }));
+            want -= got;
+            self.consumed(at);
+            if want > 0 {
+                self.fill()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The bytes up to `at` are parsed: the buffer is emptied once all are (and given back if
+    /// a large reply grew it).
+    fn consumed(&mut self, at: usize) {
+        self.at = at;
+        if self.at == self.end {
+            self.at = 0;
+            self.end = 0;
+            if self.buf.len() > KEPT_BUFFER {
+                self.buf = Vec::new();
             }
         }
     }
@@ -206,26 +278,56 @@ impl Blocking {
     }
 }
 
+/// The reply at the start of `b` as [`parse`] reads it, but a bulk string left where it lies.
+fn found(b: &[u8]) -> RedisResult<Option<(Found, usize)>> {
+    if b.first() == Some(&b'$') {
+        return Ok(bulk(b)?.map(|(r, used)| {
+            let f = match r {
+                Some(r) => Found::Bulk(r),
+                None => Found::Value(Value::Nil),
+            };
+            (f, used)
+        }));
+    }
+    Ok(parse(b, 0)?.map(|(v, used)| (Found::Value(v), used)))
+}
+
+/// The bulk string at the start of `b` (its type byte checked by the caller): where its bytes
+/// lie (`None`: nil) and its length in all, or `None` if `b` holds only part of it.
+#[allow(clippy::type_complexity)]
+fn bulk(b: &[u8]) -> RedisResult<Option<(Option<Range<usize>>, usize)>> {
+    let Some((line, next)) = line(b) else {
+        return Ok(None);
+    };
+    let Some(len) = length(int(line)?)? else {
+        return Ok(Some((None, next)));
+    };
+    let end = next + len;
+    if b.len() < end + 2 {
+        return Ok(None);
+    }
+    if &b[end..end + 2] != b"\r\n" {
+        return Err(garbage("a bulk string not ended by CRLF"));
+    }
+    Ok(Some((Some(next..end), end + 2)))
+}
+
 /// The reply at the start of `b` and its length in bytes, or `None` if `b` holds only part of
 /// it; `depth`: the arrays it is nested in.
 fn parse(b: &[u8], depth: usize) -> RedisResult<Option<(Value, usize)>> {
+    if b.first() == Some(&b'$') {
+        return Ok(bulk(b)?.map(|(r, used)| {
+            let v = match r {
+                Some(r) => Value::BulkString(b[r].to_vec()),
+                None => Value::Nil,
+            };
+            (v, used)
+        }));
+    }
     let Some((line, next)) = line(b) else {
         return Ok(None);
     };
     match b[0] {
-        b'$' => {
-            let Some(len) = length(int(line)?)? else {
-                return Ok(Some((Value::Nil, next)));
-            };
-            let end = next + len;
-            if b.len() < end + 2 {
-                return Ok(None);
-            }
-            if &b[end..end + 2] != b"\r\n" {
-                return Err(garbage("a bulk string not ended by CRLF"));
-            }
-            Ok(Some((Value::BulkString(b[next..end].to_vec()), end + 2)))
-        }
         b'*' => {
             if depth >= MAX_DEPTH {
                 return Err(garbage("arrays nested too deep"));
@@ -318,7 +420,9 @@ fn int(line: &[u8]) -> RedisResult<i64> {
         for &d in digits {
             all &= d.is_ascii_digit();
             // Wrapping: a line that is not all digits is read again below.
-            n = n.wrapping_mul(10).wrapping_add(i64::from(d.wrapping_sub(b'0')));
+            n = n
+                .wrapping_mul(10)
+                .wrapping_add(i64::from(d.wrapping_sub(b'0')));
         }
         if all {
             return Ok(if neg { -n } else { n });
@@ -340,7 +444,11 @@ fn length(n: i64) -> RedisResult<Option<usize>> {
 }
 
 fn garbage(what: &'static str) -> RedisError {
-    RedisError::from((redis::ErrorKind::Parse, "the server's reply is not RESP", what.to_owned()))
+    RedisError::from((
+        redis::ErrorKind::Parse,
+        "the server's reply is not RESP",
+        what.to_owned(),
+    ))
 }
 
 #[cfg(test)]
@@ -454,6 +562,48 @@ mod tests {
         server.join().unwrap();
         let e = c.recv().unwrap_err();
         assert!(e.is_connection_dropped() && !c.is_open(), "{e}");
+    }
+
+    #[test]
+    fn many_replies_come_as_one_by_one_and_pushed_data_is_left_out() {
+        use std::net::TcpListener;
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let push = &b">2\r\n$7\r\nmessage\r\n$2\r\nhi\r\n"[..];
+        let mut sent = Vec::new();
+        let mut wanted = Vec::new();
+        // Three rounds: replies that come in one read, and ones cut by the reads.
+        for _ in 0..3 {
+            for reply in REPLIES.iter().filter(|r| !r.starts_with(b">")) {
+                sent.extend_from_slice(reply);
+                sent.extend_from_slice(push);
+                wanted.push(redis::parse_redis_value(reply).unwrap());
+            }
+        }
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let (first, rest) = sent.split_at(sent.len() / 3);
+            s.write_all(first).unwrap();
+            std::thread::sleep(Duration::from_millis(20));
+            for chunk in rest.chunks(7) {
+                s.write_all(chunk).unwrap();
+            }
+        });
+        let mut c = Blocking::connect(&addr, Instant::now(), Duration::from_secs(5)).unwrap();
+        let n = wanted.len() / 3;
+        let mut got = Vec::new();
+        for _ in 0..3 {
+            let mut replies = Replies::new();
+            c.recv_many(n, &mut replies).unwrap();
+            assert_eq!(replies.len(), n);
+            got.extend(replies);
+        }
+        // A bulk string comes as its bytes; as a value, what redis-rs makes of the same reply.
+        assert!(got.iter().any(|r| matches!(r, Reply::Bulk(_))));
+        let got: Vec<Value> = got.into_iter().map(Reply::value).collect();
+        assert_eq!(got, wanted);
+        server.join().unwrap();
+        assert!(c.is_open());
     }
 
     #[test]

@@ -11,7 +11,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
-use redis::Value;
 
 use super::blocking::Blocking;
 use super::request::{Pack, Replies, pack_all};
@@ -389,13 +388,8 @@ impl<'a> Pooled<'a> {
             conn.set_read_timeout(t)?;
         }
         let mut replies = Replies::with_capacity(n);
-        while replies.len() < n {
-            match conn.recv()? {
-                // RESP3 may put pushed data between replies.
-                Value::Push { .. } => {}
-                v => replies.push(v),
-            }
-        }
+        // RESP3 may put pushed data between replies: left out.
+        conn.recv_many(n, &mut replies)?;
         if timeout.is_some() {
             conn.set_read_timeout(io_timeout)?;
         }

@@ -29,7 +29,7 @@ use tokio::task::JoinHandle;
 
 use super::batch::Gets;
 use super::clients::{self, ClientId};
-use super::request::{self, Line, Pack, Replies, Request, noscript_retry};
+use super::request::{self, Line, Pack, Replies, Reply, Request, noscript_retry};
 use super::setup::{Auth, SetUp};
 use super::waited::{self, Dialed, Waited};
 use super::{BatchOp, Failure, Shared, connect_failure, failure_of};
@@ -577,7 +577,9 @@ impl Inner {
         let on = |f| (Some(id), f);
         if let (true, false, [one]) = (req.batched, self.asking, &req.commands[..]) {
             let reply = gets.get(&mut conn, &one.cmd.cmd()).await;
-            return Ok(smallvec![reply.map_err(|e| on(failure_of(e, false)))?]);
+            return Ok(smallvec![
+                reply.map_err(|e| on(failure_of(e, false)))?.into()
+            ]);
         }
         self.request_on(&mut conn, req).await.map_err(on)
     }
@@ -663,7 +665,9 @@ async fn send_on<C: Pack + ?Sized>(
     let sent = match cmds {
         [one] => {
             let one = one.cmd();
-            conn.send_packed_command(&one).await.map(|v| smallvec![v])
+            conn.send_packed_command(&one)
+                .await
+                .map(|v| smallvec![v.into()])
         }
         many => {
             let mut pipe = redis::pipe();
@@ -672,7 +676,7 @@ async fn send_on<C: Pack + ?Sized>(
             }
             conn.send_packed_commands(&pipe, 0, many.len())
                 .await
-                .map(Replies::from_vec)
+                .map(|vs| vs.into_iter().map(Reply::from).collect())
         }
     };
     // Error replies come inline (`Value::ServerError`), a single command's as a pipeline's

@@ -38,7 +38,40 @@ impl ScriptId {
 /// A request's commands: inline for one (most requests), so that a `GET` allocates no list.
 pub(super) type Commands = SmallVec<[Command; 1]>;
 /// The replies to a request's commands, in order: inline for one.
-pub(super) type Replies = SmallVec<[Value; 1]>;
+pub(super) type Replies = SmallVec<[Reply; 1]>;
+
+/// A reply to a command: a bulk string read by the sync pool (a slice of the bytes its
+/// connection read, shared by the replies that came with it: no allocation a value, as the
+/// memcached engine's items), or any other value.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum Reply {
+    Bulk(Bytes),
+    Value(Value),
+}
+
+impl From<Value> for Reply {
+    fn from(v: Value) -> Reply {
+        Reply::Value(v)
+    }
+}
+
+impl Reply {
+    /// As redis-rs's type (a bulk string copied out).
+    pub(super) fn value(self) -> Value {
+        match self {
+            Reply::Bulk(b) => Value::BulkString(b.into()),
+            Reply::Value(v) => v,
+        }
+    }
+
+    /// The value, unless a bulk string.
+    pub(super) fn as_value(&self) -> Option<&Value> {
+        match self {
+            Reply::Bulk(_) => None,
+            Reply::Value(v) => Some(v),
+        }
+    }
+}
 
 /// One command and the script it runs, if any.
 pub(super) struct Command {
@@ -216,7 +249,7 @@ impl<T> Request<T> {
         let Some(wait) = &self.wait else {
             return (self.read)(vs);
         };
-        let waited = vs.pop();
+        let waited = vs.pop().map(Reply::value);
         let answer = (self.read)(vs)?;
         let wanted = wait.replicas;
         let failed = match waited {
@@ -323,7 +356,7 @@ impl ReplayRequest {
             redirected: Vec::new(),
             kill_refused: None,
         };
-        let mut vs = vs.into_iter();
+        let mut vs = vs.into_iter().map(Reply::value);
         for v in vs.by_ref().take(self.kills.len()) {
             match v {
                 // How many it closed (0: gone already), or `+OK`.
@@ -388,15 +421,20 @@ pub(super) fn with_source(cmd: &redis::Cmd, s: &Script) -> redis::Cmd {
 }
 
 /// Whether a reply is `NOSCRIPT` (the server ran nothing).
-pub(super) fn is_noscript(v: &Value) -> bool {
-    matches!(v, Value::ServerError(e) if e.code() == "NOSCRIPT")
+pub(super) fn is_noscript(v: &Reply) -> bool {
+    matches!(v.as_value(), Some(Value::ServerError(e)) if e.code() == "NOSCRIPT")
 }
 
 /// The single reply of a one-command request.
-fn only(mut vs: Replies) -> Result<Value> {
+fn only(vs: Replies) -> Result<Value> {
+    only_reply(vs).map(Reply::value)
+}
+
+/// The single reply of a one-command request, a bulk string as read.
+fn only_reply(mut vs: Replies) -> Result<Reply> {
     match (vs.pop(), vs.is_empty()) {
-        (Some(Value::ServerError(e)), true) => Err(refused(e)),
-        (Some(v), true) => Ok(v),
+        (Some(Reply::Value(Value::ServerError(e))), true) => Err(refused(e)),
+        (Some(r), true) => Ok(r),
         _ => Err(Error::backend("expected one reply")),
     }
 }
@@ -466,12 +504,13 @@ pub(super) fn refused_not_serving_yet(e: &Error) -> bool {
 
 /// An item from stored bytes: newcache's (header stripped, its stamp the token) or a foreign
 /// value (whole, flags 0, its digest the token).
-fn item_of(v: Value) -> Result<Option<Item>> {
-    let mut bytes = match v {
-        Value::Nil => return Ok(None),
-        Value::BulkString(b) => Bytes::from(b),
-        Value::ServerError(e) => return Err(refused(e)),
-        other => {
+fn item_of(r: impl Into<Reply>) -> Result<Option<Item>> {
+    let mut bytes = match r.into() {
+        Reply::Bulk(b) => b,
+        Reply::Value(Value::Nil) => return Ok(None),
+        Reply::Value(Value::BulkString(b)) => Bytes::from(b),
+        Reply::Value(Value::ServerError(e)) => return Err(refused(e)),
+        Reply::Value(other) => {
             return Err(Error::backend(format!(
                 "expected a string or nil, the server answered {other:?}"
             )));
@@ -497,8 +536,8 @@ fn item_of(v: Value) -> Result<Option<Item>> {
 
 /// A store's outcome: `SET` answers `OK`, or nil for an add that found the key (`SET NX` answers
 /// nil only then); the script answers its word.
-fn store_outcome(v: Value) -> Result<StoreOutcome> {
-    Ok(match v {
+fn store_outcome(r: impl Into<Reply>) -> Result<StoreOutcome> {
+    Ok(match r.into().value() {
         Value::Okay => StoreOutcome::Stored,
         Value::SimpleString(s) if s == "OK" => StoreOutcome::Stored,
         Value::Nil => StoreOutcome::NotStored,
@@ -517,8 +556,8 @@ fn store_outcome(v: Value) -> Result<StoreOutcome> {
     })
 }
 
-fn int_of(v: Value) -> Result<i64> {
-    match v {
+fn int_of(r: impl Into<Reply>) -> Result<i64> {
+    match r.into().value() {
         Value::Int(n) => Ok(n),
         Value::ServerError(e) => Err(refused(e)),
         other => Err(Error::backend(format!(
@@ -692,7 +731,7 @@ impl Builder {
         Ok(Request {
             // Never on a cluster node: an `MGET` of keys of several slots is refused there.
             batched: !self.cluster,
-            ..Request::one(cmd, None, false, |vs| only(vs).and_then(item_of))
+            ..Request::one(cmd, None, false, |vs| only_reply(vs).and_then(item_of))
         })
     }
 
@@ -875,8 +914,9 @@ impl Builder {
             batched: false,
             wait: None,
             read: |mut vs| {
-                let now = vs.pop().unwrap_or(Value::Nil);
-                let outcome = vs.pop().unwrap_or(Value::Nil);
+                let nil = || Reply::Value(Value::Nil);
+                let now = vs.pop().unwrap_or_else(nil);
+                let outcome = vs.pop().unwrap_or_else(nil);
                 Ok((store_outcome(outcome)?, item_of(now)?))
             },
         }))
@@ -959,10 +999,10 @@ impl Builder {
                     batched: false,
                     wait: None,
                     read: |mut vs| {
-                        let exists = vs.pop().unwrap_or(Value::Nil);
+                        let exists = vs.pop().unwrap_or(Reply::Value(Value::Nil));
                         // A refused `PERSIST` (`NOPERM`, `READONLY`, ...) is the answer: the
                         // key keeps its expiry, whatever `EXISTS` found.
-                        if let Some(Value::ServerError(e)) = vs.pop() {
+                        if let Some(Reply::Value(Value::ServerError(e))) = vs.pop() {
                             return Err(refused(e));
                         }
                         int_of(exists).map(|n| n > 0)
@@ -989,7 +1029,7 @@ impl Builder {
         let mut cmd = redis::cmd("CONFIG");
         cmd.arg("GET").arg("maxmemory-policy");
         Request::one(cmd, None, false, |vs| {
-            Ok(match vs.into_iter().next() {
+            Ok(match vs.into_iter().next().map(Reply::value) {
                 Some(Value::Array(pair)) => match pair.get(1) {
                     Some(Value::BulkString(b)) => Some(String::from_utf8_lossy(b).into_owned()),
                     _ => None,
@@ -1169,7 +1209,7 @@ pub(super) fn asking_answered(replies: Replies) -> Replies {
 /// single write's read-back is in its script or a plain `GET` after a plain `SET`.
 pub(super) fn noscript_retry<T>(
     req: &Request<T>,
-    replies: &[Value],
+    replies: &[Reply],
     scripts: &Scripts,
 ) -> Vec<(usize, redis::Cmd)> {
     let mut retry = req
@@ -1194,6 +1234,13 @@ pub(super) fn noscript_retry<T>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Replies of these values.
+    macro_rules! replies {
+        ($($v:expr),* $(,)?) => {
+            Replies::from_iter([$(Reply::from($v)),*])
+        };
+    }
     use proptest::prelude::*;
 
     /// A cluster node's builder: a command per key in a batch.
@@ -1346,9 +1393,9 @@ mod tests {
             sent[1],
             redis::cmd("WAIT").arg(2).arg(50).get_packed_command()
         );
-        assert!(req.answer(smallvec![Value::Int(1), Value::Int(2)]).unwrap());
+        assert!(req.answer(replies![Value::Int(1), Value::Int(2)]).unwrap());
         let e = req
-            .answer(smallvec![Value::Int(1), Value::Int(1)])
+            .answer(replies![Value::Int(1), Value::Int(1)])
             .unwrap_err();
         assert!(
             e.is_outcome_unknown() && e.to_string().contains("1 of 2 replicas"),
@@ -1360,14 +1407,14 @@ mod tests {
         let oom = no(b"-OOM command not allowed when used memory > 'maxmemory'\r\n");
         let noperm = no(b"-NOPERM this user has no permissions to run the 'wait' command\r\n");
         let e = req
-            .answer(smallvec![oom.clone(), noperm.clone()])
+            .answer(replies![oom.clone(), noperm.clone()])
             .unwrap_err();
         assert!(
             !e.is_outcome_unknown() && refusal_code(&e) == Some("OOM"),
             "{e:?}"
         );
         let e = req
-            .answer(smallvec![Value::Int(1), noperm.clone()])
+            .answer(replies![Value::Int(1), noperm.clone()])
             .unwrap_err();
         assert!(
             e.is_outcome_unknown() && !e.is_denied() && refusal_code(&e) == Some("NOPERM"),
@@ -1377,7 +1424,7 @@ mod tests {
         // In a batch, each write that succeeded gets the WAIT's error; a refused one its own.
         let batch = b.delete_many(&["a", "b"]).request;
         let each = batch
-            .answer(smallvec![Value::Int(1), oom, Value::Int(0)])
+            .answer(replies![Value::Int(1), oom, Value::Int(0)])
             .unwrap();
         assert!(
             each[0].as_ref().is_err_and(|e| e.is_outcome_unknown()),
@@ -1405,12 +1452,12 @@ mod tests {
         };
         let req = b.touch("k", 0).unwrap();
         assert_eq!(req.commands.len(), 2, "PERSIST, then EXISTS");
-        assert!(req.answer(smallvec![Value::Int(0), Value::Int(1)]).unwrap());
-        assert!(!req.answer(smallvec![Value::Int(0), Value::Int(0)]).unwrap());
+        assert!(req.answer(replies![Value::Int(0), Value::Int(1)]).unwrap());
+        assert!(!req.answer(replies![Value::Int(0), Value::Int(0)]).unwrap());
         let readonly =
             redis::parse_redis_value(b"-READONLY You can't write against a read only replica.\r\n")
                 .unwrap();
-        let e = req.answer(smallvec![readonly, Value::Int(1)]).unwrap_err();
+        let e = req.answer(replies![readonly, Value::Int(1)]).unwrap_err();
         assert_eq!(refusal_code(&e), Some("READONLY"), "{e:?}");
     }
 
@@ -1433,7 +1480,7 @@ mod tests {
         );
         let refusal = redis::parse_redis_value(b"-NOPERM no permission\r\n").unwrap();
         assert!(matches!(refusal, Value::ServerError(_)), "{refusal:?}");
-        let refused = req.read(smallvec![Value::Int(1000), Value::Int(3), refusal.clone()]);
+        let refused = req.read(replies![Value::Int(1000), Value::Int(3), refusal.clone()]);
         assert_eq!(
             refused.unwrap().unwrap(),
             Replayed {
@@ -1445,19 +1492,19 @@ mod tests {
             "the refused command's keys are passed over, not counted as deleted"
         );
         assert!(
-            req.read(smallvec![Value::Okay, Value::Int(1), Value::Int(1)])
+            req.read(replies![Value::Okay, Value::Int(1), Value::Int(1)])
                 .is_err(),
             "not a count"
         );
         assert!(
-            req.read(smallvec![Value::Int(1)]).is_err(),
+            req.read(replies![Value::Int(1)]).is_err(),
             "a reply missing"
         );
         let loading =
             redis::parse_redis_value(b"-LOADING Redis is loading the dataset in memory\r\n")
                 .unwrap();
         let kept = req
-            .read(smallvec![Value::Int(1000), loading, Value::Int(3)])
+            .read(replies![Value::Int(1000), loading, Value::Int(3)])
             .unwrap();
         let e = kept.unwrap_err();
         assert!(format!("{e:?}").contains("loading the dataset"), "{e:?}");
@@ -1529,7 +1576,7 @@ mod tests {
         );
         let reply = |bytes: &[u8]| redis::parse_redis_value(bytes).unwrap();
         let done = req
-            .read(smallvec![
+            .read(replies![
                 Value::Okay,
                 Value::Int(1),
                 Value::Okay,
