@@ -296,10 +296,23 @@ fn found(b: &[u8]) -> RedisResult<Option<(Found, usize)>> {
 /// lie (`None`: nil) and its length in all, or `None` if `b` holds only part of it.
 #[allow(clippy::type_complexity)]
 fn bulk(b: &[u8]) -> RedisResult<Option<(Option<Range<usize>>, usize)>> {
-    let Some((line, next)) = line(b) else {
-        return Ok(None);
+    // The length: digits then CRLF (a value's), read here; any other line as [`int`] reads it.
+    let mut i = 1;
+    let mut len = 0usize;
+    while i < b.len().min(10) && b[i].is_ascii_digit() {
+        len = len * 10 + usize::from(b[i] - b'0');
+        i += 1;
+    }
+    let crlf = b.get(i) == Some(&b'\r') && b.get(i + 1) == Some(&b'\n');
+    let (len, next) = if i > 1 && crlf && len <= MAX_BULK {
+        (Some(len), i + 2)
+    } else {
+        let Some((line, next)) = line(b) else {
+            return Ok(None);
+        };
+        (length(int(line)?)?, next)
     };
-    let Some(len) = length(int(line)?)? else {
+    let Some(len) = len else {
         return Ok(Some((None, next)));
     };
     let end = next + len;
@@ -428,6 +441,12 @@ fn int(line: &[u8]) -> RedisResult<i64> {
             return Ok(if neg { -n } else { n });
         }
     }
+    int_as_text(line)
+}
+
+/// [`int`] of a line that is not a plain number of up to 18 digits.
+#[cold]
+fn int_as_text(line: &[u8]) -> RedisResult<i64> {
     std::str::from_utf8(line)
         .ok()
         .and_then(|s| s.trim().parse().ok())
@@ -517,6 +536,7 @@ mod tests {
             b"$x\r\n",
             b"*1\r\n@\r\n",
             b"$99999999999\r\n",
+            b"$999999999\r\n",
         ] {
             let e = parse(bad, 0).unwrap_err();
             assert_eq!(e.kind(), redis::ErrorKind::Parse, "{e}");

@@ -31,6 +31,7 @@ use std::sync::{Arc, OnceLock, Weak};
 use std::time::Instant;
 
 use parking_lot::{Mutex, RwLock};
+use smallvec::{SmallVec, smallvec};
 
 use super::RedisConfig;
 use super::config::redacted;
@@ -106,9 +107,14 @@ impl Map {
     }
 
     fn node_of(&self, slot: u16) -> Option<&Arc<Node>> {
+        self.master_of(slot).map(|i| &self.masters[i])
+    }
+
+    /// The place in `masters` of `slot`'s master.
+    fn master_of(&self, slot: u16) -> Option<usize> {
         match self.slots[slot as usize] {
             NONE => None,
-            i => self.masters.get(i as usize),
+            i => ((i as usize) < self.masters.len()).then_some(i as usize),
         }
     }
 }
@@ -634,17 +640,17 @@ impl RedisCluster {
         let mut by = Instant::now() + self.router.template.connect_timeout;
         let mut out: Vec<Option<Result<T>>> = items.iter().map(|_| None).collect();
         let mut rerouted = vec![false; items.len()];
-        let mut hops = match self.map() {
+        let mut groups = match self.map() {
             Ok(map) if self.router.hole_refresh_due(&map, items.iter().map(&key)) => {
                 let map = self.refresh_by(None, &[], Some(by)).unwrap_or(map);
-                first_hops(&map, items, &key, &mut out)
+                first_groups(&map, items, &key, &mut out)
             }
-            Ok(map) => first_hops(&map, items, &key, &mut out),
+            Ok(map) => first_groups(&map, items, &key, &mut out),
             Err(e) => return items.iter().map(|_| Err(e.clone())).collect(),
         };
         for round in 0..=MAX_REDIRECTS {
             let mut round_of = Round::default();
-            for wave in waves(group(hops)) {
+            for wave in waves(groups) {
                 let parts: Vec<Vec<I>> = wave
                     .iter()
                     .map(|(_, _, at)| at.iter().map(|&i| items[i]).collect())
@@ -684,7 +690,7 @@ impl RedisCluster {
             if round_of.next.is_empty() {
                 break;
             }
-            hops = round_of.next;
+            groups = group(round_of.next);
         }
         finish(out)
     }
@@ -784,26 +790,31 @@ impl Round {
     }
 }
 
-/// Each item's first hop by `map` (an item whose slot no master serves gets its error in
-/// `out`).
-fn first_hops<I, T>(
+/// A batch's items grouped by their slot's master in `map` (in order of first appearance), for
+/// its first round; an item whose slot no master serves gets its error in `out`. Grouped by
+/// the master's place in the map: no node is cloned or compared per item.
+fn first_groups<I, T>(
     map: &Map,
     items: &[I],
     key: &impl Fn(&I) -> &str,
     out: &mut [Option<Result<T>>],
-) -> Vec<Hop> {
-    let mut hops = Vec::with_capacity(items.len());
+) -> Vec<Group> {
+    let mut group_of: SmallVec<[u16; 16]> = smallvec![NONE; map.masters.len()];
+    let mut groups: Vec<Group> = Vec::new();
     for (at, item) in items.iter().enumerate() {
-        match Router::route(map, key(item)) {
-            Ok((_, node)) => hops.push(Hop {
-                at,
-                node,
-                asking: false,
-            }),
-            Err(e) => out[at] = Some(Err(e)),
+        let slot = slots::slot_of(key(item).as_bytes());
+        let Some(master) = map.master_of(slot) else {
+            out[at] = Some(Err(unserved(slot)));
+            continue;
+        };
+        let g = &mut group_of[master];
+        if *g == NONE {
+            *g = groups.len() as u16;
+            groups.push((map.masters[master].clone(), false, Vec::with_capacity(items.len())));
         }
+        groups[*g as usize].2.push(at);
     }
-    hops
+    groups
 }
 
 /// What `clear` on every master (`results`, in order) reports: `Ok` if each cleared its keys,
@@ -951,7 +962,7 @@ mod nonblocking {
     use std::sync::Arc;
 
     use super::{
-        MAX_REDIRECTS, Map, Node, Redirect, Round, Router, cleared, finish, first_hops, group,
+        MAX_REDIRECTS, Map, Node, Redirect, Round, Router, cleared, finish, first_groups, group,
         is_fault, no_map_ping, redirect_of, too_many_redirects,
     };
     use crate::backend::engine::join_all;
@@ -1028,20 +1039,19 @@ mod nonblocking {
                 let items = $items;
                 let mut out: Vec<Option<Result<_>>> = items.iter().map(|_| None).collect();
                 let mut rerouted = vec![false; items.len()];
-                let mut hops = match $self.map().await {
+                let mut groups = match $self.map().await {
                     Ok(map)
                         if $self
                             .router
                             .hole_refresh_due(&map, items.iter().map(|$it| $key)) =>
                     {
                         let map = $self.refresh(None, None).await.unwrap_or(map);
-                        first_hops(&map, items, &|$it: &_| $key, &mut out)
+                        first_groups(&map, items, &|$it: &_| $key, &mut out)
                     }
-                    Ok(map) => first_hops(&map, items, &|$it: &_| $key, &mut out),
+                    Ok(map) => first_groups(&map, items, &|$it: &_| $key, &mut out),
                     Err(e) => return items.iter().map(|_| Err(e.clone())).collect(),
                 };
                 for round in 0..=MAX_REDIRECTS {
-                    let groups = group(hops);
                     let parts: Vec<Vec<_>> = groups
                         .iter()
                         .map(|(_, _, at)| at.iter().map(|&i| items[i]).collect())
@@ -1079,7 +1089,7 @@ mod nonblocking {
                     if round_of.next.is_empty() {
                         break;
                     }
-                    hops = round_of.next;
+                    groups = group(round_of.next);
                 }
                 finish(out)
             })

@@ -177,7 +177,7 @@ pub(super) struct Packer {
 
 impl Packer {
     fn key(&mut self, out: &mut Vec<u8>, name: &'static str, key: &str) {
-        if self.header.is_empty() || self.name != name || self.len != key.len() {
+        if self.header.is_empty() || !std::ptr::eq(self.name, name) || self.len != key.len() {
             let start = out.len();
             let mut cmd = redis::Cmd::with_capacity(2, name.len() + key.len());
             cmd.arg(name).arg(key).write_packed_command(out);
@@ -605,6 +605,11 @@ impl Refused {
     /// for every item sent).
     pub(super) fn join<T>(self, sent: Result<Vec<Result<T>>>) -> Vec<Result<T>> {
         let n = self.sent;
+        let sent = match sent {
+            // Nothing refused: the results are the request's.
+            Ok(rs) if rs.len() == n && n == self.refused.len() => return rs,
+            other => other,
+        };
         let mut sent = match sent {
             Ok(rs) if rs.len() == n => rs.into_iter(),
             Ok(_) => {
