@@ -58,7 +58,7 @@ enum Found {
 enum Io {
     Tcp(TcpStream),
     #[cfg(feature = "redis-tls")]
-    Tls(Box<rustls::StreamOwned<rustls::ClientConnection, TcpStream>>),
+    Tls(Box<super::tls::BlockingTls>),
 }
 
 impl Blocking {
@@ -94,24 +94,17 @@ impl Blocking {
         }))
     }
 
-    /// The connection with TLS over its socket, the handshake made now (within the socket's
-    /// timeouts) for `name`: a refused handshake is an error here, not on the first command.
+    /// The connection with TLS over its socket, by `handshake` (made at once: a refused
+    /// handshake is an error here, not on the first command).
     #[cfg(feature = "redis-tls")]
     pub(super) fn tls(
         self,
-        config: std::sync::Arc<rustls::ClientConfig>,
-        name: rustls::pki_types::ServerName<'static>,
+        handshake: impl FnOnce(TcpStream) -> io::Result<super::tls::BlockingTls>,
     ) -> io::Result<Blocking> {
-        let Io::Tcp(mut sock) = self.io else {
+        let Io::Tcp(sock) = self.io else {
             return Ok(self);
         };
-        let mut tls = rustls::ClientConnection::new(config, name).map_err(io::Error::other)?;
-        while tls.is_handshaking() {
-            tls.complete_io(&mut sock)?;
-        }
-        Ok(Blocking::on(Io::Tls(Box::new(rustls::StreamOwned::new(
-            tls, sock,
-        )))))
+        Ok(Blocking::on(Io::Tls(Box::new(handshake(sock)?))))
     }
 
     fn on(io: Io) -> Blocking {

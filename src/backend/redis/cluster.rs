@@ -810,7 +810,11 @@ fn first_groups<I, T>(
         let g = &mut group_of[master];
         if *g == NONE {
             *g = groups.len() as u16;
-            groups.push((map.masters[master].clone(), false, Vec::with_capacity(items.len())));
+            groups.push((
+                map.masters[master].clone(),
+                false,
+                Vec::with_capacity(items.len()),
+            ));
         }
         groups[*g as usize].2.push(at);
     }

@@ -178,7 +178,8 @@ impl Pool {
         let conn = match &self.tls {
             Some(tls) => {
                 let settings = tls.config().map_err(Failure::Local)?;
-                conn.tls(settings, tls.name()).map_err(io)?
+                conn.tls(|sock| tls.run_blocking(settings, sock))
+                    .map_err(io)?
             }
             None => conn,
         };

@@ -1,7 +1,7 @@
 //! TLS to Redis (feature `redis-tls`): the CA and client certificate of a `rediss://` server
-//! ([`RedisTls`]), checked at build, and what each transport makes of them: the sync pool hands
-//! them to redis-rs (`TlsCertificates`, its rustls connections), the async connection does its
-//! handshake with tokio-rustls on the same settings. Also: what a refused handshake says.
+//! ([`RedisTls`]), checked at build, and a connection's handshake on them ([`Handshake`]): the
+//! sync pool's with rustls over the socket it opened (`blocking.rs`), the async connection's
+//! with tokio-rustls over its own. Also: what a refused handshake says.
 
 use std::sync::Arc;
 
@@ -169,6 +169,9 @@ impl RedisTls {
     }
 }
 
+/// A TLS stream of the sync pool, over its socket.
+pub(super) type BlockingTls = rustls::StreamOwned<rustls::ClientConnection, std::net::TcpStream>;
+
 /// A connection's TLS: a handshake over the socket it opened, for the URL's host (the sync
 /// pool's with rustls, the async view's with tokio-rustls).
 #[derive(Debug)]
@@ -198,9 +201,19 @@ impl Handshake {
         self.tls.client_config()
     }
 
-    /// The name the server's certificate must be valid for.
-    pub(super) fn name(&self) -> ServerName<'static> {
-        self.name.clone()
+    /// `sock` after a handshake on `config`, made now, within the socket's timeouts (a refused
+    /// handshake is an error here, not on the first command): the sync pool's.
+    pub(super) fn run_blocking(
+        &self,
+        config: Arc<ClientConfig>,
+        mut sock: std::net::TcpStream,
+    ) -> std::io::Result<BlockingTls> {
+        let mut tls = rustls::ClientConnection::new(config, self.name.clone())
+            .map_err(std::io::Error::other)?;
+        while tls.is_handshaking() {
+            tls.complete_io(&mut sock)?;
+        }
+        Ok(rustls::StreamOwned::new(tls, sock))
     }
 
     /// `stream` after a handshake on `config`.
