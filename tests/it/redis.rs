@@ -759,6 +759,46 @@ fn a_wrong_password_is_denied_without_marking_the_server_dead_or_printing_it() {
     });
 }
 
+/// RESP3 (`protocol=resp3`): the credentials go in `HELLO`, which newcache sends itself on a
+/// sync connect (redis-rs on an async one). The right ones work; a wrong password is the same
+/// denial as RESP2's `AUTH`, the server not marked dead, the password never shown.
+#[test]
+fn resp3_credentials_in_hello_work_and_a_wrong_password_is_denied() {
+    on_both(|server| {
+        acl_user(server, "newcache-user", &["~*", "&*", "+@all"]);
+        let builder = |password: &str| {
+            Cache::builder()
+                .redis(format!(
+                    "redis://newcache-user:{password}@127.0.0.1:{}/0?protocol=resp3",
+                    server.port
+                ))
+                .flavor(unique_flavor("acl-resp3"))
+                .retry_interval(Duration::from_millis(200))
+                .read_failures(FailurePolicy::Propagate)
+        };
+        let cache = builder("secret").build().unwrap();
+        cache.set("k", &7u32, S(60)).unwrap();
+        assert_eq!(cache.get::<u32>("k").unwrap(), Some(7));
+        assert_eq!(cache.get_many::<u32>(&["k", "none"]).unwrap().len(), 1);
+        let check = |e: newcache::Error| {
+            assert!(e.is_denied() && e.is_backend(), "{e}");
+            assert!(e.to_string().contains("user and password"), "{e}");
+            assert!(!e.to_string().contains("marked dead"), "{e}");
+            assert!(!format!("{e} {e:?}").contains("n0t-the-s3cret"), "{e:?}");
+        };
+        let bad = builder("n0t-the-s3cret").build().unwrap();
+        for _ in 0..4 {
+            check(bad.get::<u32>("k").unwrap_err());
+        }
+        let bad = builder("n0t-the-s3cret").build_async().unwrap();
+        runtime().block_on(async {
+            for _ in 0..4 {
+                check(bad.get::<u32>("k").await.unwrap_err());
+            }
+        });
+    });
+}
+
 #[test]
 fn a_user_without_scripting_is_denied_its_fenced_writes_and_still_reads() {
     on_both(|server| {
