@@ -7,8 +7,9 @@
 //! memcached's rules through a script. No `WATCH`/`MULTI`.
 //!
 //! Every operation is a `Request` built once (`request.rs`); the sync
-//! backend sends it on a pooled blocking connection (`conn.rs`), the async one on a multiplexed
-//! tokio connection (`nonblocking.rs`). Both share one `Shared`: the limits, the scripts, and
+//! backend sends it on a pooled blocking connection of its own (`conn.rs`, `blocking.rs`: its
+//! socket, TLS and reply reader are newcache's), the async one on redis-rs's multiplexed tokio
+//! connection (`nonblocking.rs`). Both share one `Shared`: the limits, the scripts, and
 //! the server's health (memcached's `health.rs`: transport faults mark it dead after
 //! `failure_limit` in a row, one caller probes it every `retry_interval`), so a server marked
 //! dead through one view is dead for both. The health record holds memcached's record of
