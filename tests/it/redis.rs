@@ -799,6 +799,68 @@ fn resp3_credentials_in_hello_work_and_a_wrong_password_is_denied() {
     });
 }
 
+/// A server that answers every command of a connection with `reply` (a stand-in for a proxy or
+/// a server that refuses RESP3's `HELLO` for another reason than the credentials: no real
+/// Redis 7 does); its port.
+fn answering_every_command_with(reply: &'static str) -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { return };
+            thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = conn.read(&mut buf) {
+                    if n == 0 || conn.write_all(reply.as_bytes()).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+/// A `HELLO` refused for another reason than the credentials (`NOPROTO`, a proxy's error) is
+/// the server's answer with its words, not "a wrong password", and not a fault; a password the
+/// refusal echoes is hidden.
+#[test]
+fn a_hello_refused_for_another_reason_says_so_and_is_no_fault() {
+    for (reply, says) in [
+        (
+            "-NOPROTO sorry, this protocol version is not supported\r\n",
+            "refused HELLO (NOPROTO sorry",
+        ),
+        (
+            "-ERR unknown command 'HELLO', with args beginning with: '3' 'AUTH' 'u' 'n0t-the-s3cret'\r\n",
+            "does not know HELLO",
+        ),
+        (
+            "-ERR proxy says no to 'n0t-the-s3cret'\r\n",
+            "refused HELLO (ERR proxy says no to '***')",
+        ),
+    ] {
+        let port = answering_every_command_with(reply);
+        let cache = Cache::builder()
+            .redis(format!(
+                "redis://u:n0t-the-s3cret@127.0.0.1:{port}/0?protocol=resp3"
+            ))
+            .flavor(unique_flavor("hello"))
+            .read_failures(FailurePolicy::Propagate)
+            .build()
+            .unwrap();
+        // failure_limit is 2: a fault each time would have marked it dead by the third.
+        for _ in 0..4 {
+            let e = cache.get::<u32>("k").unwrap_err();
+            let shown = format!("{e} {e:?}");
+            assert!(!e.is_denied() && e.is_backend(), "{e}");
+            assert!(e.to_string().contains(says), "{e}");
+            assert!(!shown.contains("marked dead"), "{e}");
+            assert!(!shown.contains("n0t-the-s3cret"), "{shown}");
+        }
+    }
+}
+
 #[test]
 fn a_user_without_scripting_is_denied_its_fenced_writes_and_still_reads() {
     on_both(|server| {

@@ -32,9 +32,14 @@ const KEPT_BUFFER: usize = 64 * 1024;
 /// stack.
 const MAX_DEPTH: usize = 100;
 
-/// The longest bulk string read (Redis's own `proto-max-bulk-len` default): a length beyond it
-/// is not RESP from a server, and would grow the buffer without bound.
-const MAX_BULK: usize = 512 * 1024 * 1024;
+/// The longest bulk string read: twice the largest `item_size` (a server's
+/// `proto-max-bulk-len` may be raised past its 512 MiB default). A length beyond it is not a
+/// value this cache could have stored, and would grow the buffer without bound.
+const MAX_BULK: usize = 2 * crate::MAX_ITEM_SIZE;
+
+/// The most entries kept in [`Blocking::found`] between calls (a batch far larger than any
+/// other gives its list back).
+const KEPT_FOUND: usize = 4096;
 
 /// A blocking connection to one server.
 pub(super) struct Blocking {
@@ -47,9 +52,22 @@ pub(super) struct Blocking {
     /// The replies found whole by [`recv_many`](Blocking::recv_many), before they are handed
     /// out (kept: a batch's list grows once a connection).
     found: Vec<Found>,
+    /// How far the scan of the reply at `at` got, if it is not whole yet ([`scan`]).
+    scan: Scan,
+}
+
+/// How far the scan of a reply not yet whole got ([`scan`]): resumed where it stopped once more
+/// bytes came, so that a large reply read in many pieces is scanned once, not once a piece.
+#[derive(Default)]
+struct Scan {
+    /// From the reply's start: where the next value to scan begins.
+    at: usize,
+    /// How many values each aggregate open around it still awaits, the innermost last.
+    open: Vec<u64>,
 }
 
 /// A reply found in the buffer: a bulk string where it lies, or any other value.
+#[derive(Debug)]
 enum Found {
     Bulk(Range<usize>),
     Value(Value),
@@ -115,6 +133,7 @@ impl Blocking {
             end: 0,
             open: true,
             found: Vec::new(),
+            scan: Scan::default(),
         }
     }
 
@@ -155,8 +174,13 @@ impl Blocking {
     /// The next reply, read as it comes.
     pub(super) fn recv(&mut self) -> RedisResult<Value> {
         loop {
-            match parse(&self.buf[self.at..self.end], 0) {
-                Ok(Some((v, used))) => {
+            match whole(&self.buf[self.at..self.end], &mut self.scan) {
+                Ok(Some((Found::Value(v), used))) => {
+                    self.consumed(self.at + used);
+                    return Ok(v);
+                }
+                Ok(Some((Found::Bulk(r), used))) => {
+                    let v = Value::BulkString(self.buf[self.at..][r].to_vec());
                     self.consumed(self.at + used);
                     return Ok(v);
                 }
@@ -181,7 +205,7 @@ impl Blocking {
             let mut bulks = 0;
             self.found.clear();
             while self.found.len() < want {
-                match found(&self.buf[at..self.end]) {
+                match whole(&self.buf[at..self.end], &mut self.scan) {
                     Ok(Some((f, used))) => {
                         let f = match f {
                             Found::Value(Value::Push { .. }) => None,
@@ -212,6 +236,9 @@ impl Blocking {
                 Found::Value(v) => Reply::Value(v),
             }));
             want -= got;
+            if self.found.capacity() > KEPT_FOUND {
+                self.found = Vec::new();
+            }
             self.consumed(at);
             if want > 0 {
                 self.fill()?;
@@ -220,8 +247,8 @@ impl Blocking {
         Ok(())
     }
 
-    /// The bytes up to `at` are parsed: the buffer is emptied once all are (and given back if
-    /// a large reply grew it).
+    /// The bytes up to `at` are parsed (the reply there, if any, is the one [`Scan`] is of):
+    /// the buffer is emptied once all are (and given back if a large reply grew it).
     fn consumed(&mut self, at: usize) {
         self.at = at;
         if self.at == self.end {
@@ -271,8 +298,10 @@ impl Blocking {
     }
 }
 
-/// The reply at the start of `b` as [`parse`] reads it, but a bulk string left where it lies.
-fn found(b: &[u8]) -> RedisResult<Option<(Found, usize)>> {
+/// The reply at the start of `b`, if `b` holds it whole: a bulk string where it lies, any other
+/// value made; `None` until then. A reply other than a bulk string is first [`scan`]ned (from
+/// where `s` stopped: `s` is of this reply), and made only once whole.
+fn whole(b: &[u8], s: &mut Scan) -> RedisResult<Option<(Found, usize)>> {
     if b.first() == Some(&b'$') {
         return Ok(bulk(b)?.map(|(r, used)| {
             let f = match r {
@@ -282,7 +311,13 @@ fn found(b: &[u8]) -> RedisResult<Option<(Found, usize)>> {
             (f, used)
         }));
     }
-    Ok(parse(b, 0)?.map(|(v, used)| (Found::Value(v), used)))
+    let Some(end) = scan(b, s)? else {
+        return Ok(None);
+    };
+    match parse(&b[..end], 0)? {
+        Some((v, used)) if used == end => Ok(Some((Found::Value(v), end))),
+        _ => Err(garbage("a reply read otherwise than it was scanned")),
+    }
 }
 
 /// The bulk string at the start of `b` (its type byte checked by the caller): where its bytes
@@ -321,6 +356,9 @@ fn bulk(b: &[u8]) -> RedisResult<Option<(Option<Range<usize>>, usize)>> {
 /// The reply at the start of `b` and its length in bytes, or `None` if `b` holds only part of
 /// it; `depth`: the arrays it is nested in.
 fn parse(b: &[u8], depth: usize) -> RedisResult<Option<(Value, usize)>> {
+    if depth >= MAX_DEPTH {
+        return Err(garbage("aggregates nested too deep"));
+    }
     if b.first() == Some(&b'$') {
         return Ok(bulk(b)?.map(|(r, used)| {
             let v = match r {
@@ -335,14 +373,11 @@ fn parse(b: &[u8], depth: usize) -> RedisResult<Option<(Value, usize)>> {
     };
     match b[0] {
         b'*' => {
-            if depth >= MAX_DEPTH {
-                return Err(garbage("arrays nested too deep"));
-            }
             let n = int(line)?;
             if n < 0 {
                 return Ok(Some((Value::Nil, next)));
             }
-            let n = n as usize;
+            let n = usize::try_from(n).map_err(|_| garbage("an array too long"))?;
             let mut at = next;
             let mut items = Vec::with_capacity(n.min(1024));
             for _ in 0..n {
@@ -357,47 +392,85 @@ fn parse(b: &[u8], depth: usize) -> RedisResult<Option<(Value, usize)>> {
         b':' => Ok(Some((Value::Int(int(line)?), next))),
         b'+' if line == b"OK" => Ok(Some((Value::Okay, next))),
         b'_' if line.is_empty() => Ok(Some((Value::Nil, next))),
-        // Every other type, found whole, then read by redis-rs.
+        // Every other type, found whole, then read by redis-rs (whose error, on bytes the scan
+        // took for a whole reply, is of the bytes: never of the connection).
         _ => {
-            let Some(end) = extent(b, depth)? else {
+            let Some(end) = scan(b, &mut Scan::default())? else {
                 return Ok(None);
             };
-            redis::parse_redis_value(&b[..end]).map(|v| Some((v, end)))
+            match redis::parse_redis_value(&b[..end]) {
+                Ok(v) => Ok(Some((v, end))),
+                Err(_) => Err(garbage("a reply redis-rs could not read")),
+            }
         }
     }
 }
 
-/// The length in bytes of the reply at the start of `b` (of any RESP2 or RESP3 type), or
-/// `None` if `b` holds only part of it.
-fn extent(b: &[u8], depth: usize) -> RedisResult<Option<usize>> {
-    if depth >= MAX_DEPTH {
-        return Err(garbage("aggregates nested too deep"));
-    }
-    let Some((line, next)) = line(b) else {
-        return Ok(None);
-    };
-    let children = match b[0] {
-        b'+' | b'-' | b':' | b'_' | b',' | b'#' | b'(' => return Ok(Some(next)),
-        b'$' | b'=' | b'!' => {
-            let Some(len) = length(int(line)?)? else {
-                return Ok(Some(next));
-            };
-            let end = next + len + 2;
-            return Ok((b.len() >= end).then_some(end));
-        }
-        b'*' | b'~' | b'>' => int(line)?,
-        // An attribute's pairs come before the value they describe: one more.
-        b'%' | b'|' => int(line)?.saturating_mul(2) + i64::from(b[0] == b'|'),
-        _ => return Err(garbage("a reply of an unknown type")),
-    };
-    let mut at = next;
-    for _ in 0..children.max(0) {
-        let Some(used) = extent(&b[at..], depth + 1)? else {
+/// The length in bytes of the reply at the start of `b` (of any RESP2 or RESP3 type), once `b`
+/// holds it whole; `None` until then, `s` left where the scan stopped, to go on from there when
+/// `b` has grown (from the same start). It makes no value; a value at the depth redis-rs refuses,
+/// a negative blob or map length, a length or count no reply has, is an error.
+fn scan(b: &[u8], s: &mut Scan) -> RedisResult<Option<usize>> {
+    loop {
+        let v = &b[s.at..];
+        let Some((line, next)) = line(v) else {
             return Ok(None);
         };
-        at += used;
+        if s.open.len() >= MAX_DEPTH {
+            return Err(garbage("aggregates nested too deep"));
+        }
+        let (used, children) = match v[0] {
+            b'+' | b'-' | b':' | b'_' | b',' | b'#' | b'(' => (next, 0),
+            t @ (b'$' | b'=' | b'!') => match length(int(line)?)? {
+                None if t == b'$' => (next, 0),
+                None => return Err(garbage("a blob of a negative length")),
+                Some(len) => {
+                    let end = next + len + 2;
+                    if v.len() < end {
+                        return Ok(None);
+                    }
+                    (end, 0)
+                }
+            },
+            t @ (b'*' | b'~' | b'>' | b'%' | b'|') => {
+                let n = int(line)?;
+                if n < 0 && t != b'*' {
+                    return Err(garbage("an aggregate of a negative count"));
+                }
+                // An attribute's pairs come before the value they describe: one more.
+                let n = n.max(0).unsigned_abs();
+                let n = match t {
+                    b'%' => 2 * n,
+                    b'|' => 2 * n + 1,
+                    _ => n,
+                };
+                (next, n)
+            }
+            _ => return Err(garbage("a reply of an unknown type")),
+        };
+        s.at += used;
+        if children > 0 {
+            s.open.push(children);
+            continue;
+        }
+        // A value ended: so did each aggregate it was the last of.
+        loop {
+            match s.open.last_mut() {
+                None => {
+                    let end = s.at;
+                    *s = Scan::default();
+                    return Ok(Some(end));
+                }
+                Some(left) if *left > 1 => {
+                    *left -= 1;
+                    break;
+                }
+                Some(_) => {
+                    s.open.pop();
+                }
+            }
+        }
     }
-    Ok(Some(at))
 }
 
 /// The first line of `b` after its type byte (up to its first CRLF), and where the next
@@ -448,10 +521,12 @@ fn int_as_text(line: &[u8]) -> RedisResult<i64> {
 
 /// A bulk string's length: `None` for nil (a negative length).
 fn length(n: i64) -> RedisResult<Option<usize>> {
+    if n < 0 {
+        return Ok(None);
+    }
     match usize::try_from(n) {
-        Err(_) => Ok(None),
-        Ok(n) if n > MAX_BULK => Err(garbage("a bulk string longer than 512 MB")),
-        Ok(n) => Ok(Some(n)),
+        Ok(n) if n <= MAX_BULK => Ok(Some(n)),
+        _ => Err(garbage("a bulk string longer than 2 GiB")),
     }
 }
 
@@ -516,8 +591,68 @@ mod tests {
                     "{} cut at {cut}",
                     String::from_utf8_lossy(reply)
                 );
+                assert!(
+                    whole(&reply[..cut], &mut Scan::default())
+                        .unwrap()
+                        .is_none()
+                );
             }
+            // As the connection reads it: whole (a bulk string where it lies), and the same
+            // when it comes a byte at a time, its scan resumed where it stopped.
+            let (f, used) = whole(reply, &mut Scan::default()).unwrap().unwrap();
+            assert_eq!(used, reply.len());
+            let as_value = |f: Found| match f {
+                Found::Bulk(r) => Value::BulkString(reply[r].to_vec()),
+                Found::Value(v) => v,
+            };
+            assert_eq!(as_value(f), theirs, "{}", String::from_utf8_lossy(reply));
+            let mut scan = Scan::default();
+            let mut got = None;
+            for cut in 0..=reply.len() {
+                let before = scan.at;
+                got = whole(&reply[..cut], &mut scan).unwrap();
+                if got.is_some() {
+                    assert_eq!(cut, reply.len());
+                    break;
+                }
+                assert!(
+                    scan.at >= before && scan.at <= cut,
+                    "the scan never goes back"
+                );
+            }
+            let (f, used) = got.unwrap();
+            assert_eq!((as_value(f), used), (theirs, reply.len()));
         }
+    }
+
+    #[test]
+    fn a_large_reply_read_in_pieces_is_scanned_once() {
+        // 20,000 values in an array, offered 1,000 bytes more at a time: each scan goes on
+        // from where the last one stopped, so the bytes scanned in all are the reply's.
+        let mut reply = b"*20000\r\n".to_vec();
+        for i in 0..20_000 {
+            reply.extend_from_slice(format!("$6\r\nv{i:05}\r\n").as_bytes());
+        }
+        let mut state = Scan::default();
+        let mut scanned = 0;
+        let mut cut = 0;
+        let end = loop {
+            cut = (cut + 1000).min(reply.len());
+            let from = state.at;
+            match scan(&reply[..cut], &mut state).unwrap() {
+                Some(end) => break end,
+                None => scanned += state.at - from,
+            }
+        };
+        assert_eq!(end, reply.len());
+        assert!(scanned <= reply.len(), "{scanned}");
+        let (v, used) = whole(&reply, &mut Scan::default()).unwrap().unwrap();
+        assert_eq!(used, reply.len());
+        let Found::Value(Value::Array(vs)) = v else {
+            panic!("an array");
+        };
+        assert_eq!(vs.len(), 20_000);
+        assert_eq!(vs[19_999], Value::BulkString(b"v19999".to_vec()));
     }
 
     #[test]
@@ -529,17 +664,50 @@ mod tests {
             b"$x\r\n",
             b"*1\r\n@\r\n",
             b"$99999999999\r\n",
-            b"$999999999\r\n",
+            b"$9999999999\r\n",
+            b"=-1\r\n",
+            b"!-1\r\n",
+            b"%-1\r\n",
+            b"|-1\r\n",
+            b"~-1\r\n",
+            b">-2\r\n",
+            b"*1\r\n=-1\r\n",
+            // Whole by its lengths, but not RESP inside: redis-rs's refusal, as the bytes'.
+            b"=3\r\nabc\r\n",
+            b"#x\r\n",
         ] {
-            let e = parse(bad, 0).unwrap_err();
-            assert_eq!(e.kind(), redis::ErrorKind::Parse, "{e}");
+            for e in [
+                parse(bad, 0).unwrap_err(),
+                whole(bad, &mut Scan::default()).unwrap_err(),
+            ] {
+                assert_eq!(e.kind(), redis::ErrorKind::Parse, "{e}");
+                assert!(!e.is_connection_dropped(), "{e}");
+            }
         }
-        let deep = [b"*1\r\n".repeat(MAX_DEPTH + 1), b":1\r\n".to_vec()].concat();
-        assert!(parse(&deep, 0).is_err());
-        let deep = [b"~1\r\n".repeat(MAX_DEPTH + 1), b":1\r\n".to_vec()].concat();
-        assert!(parse(&deep, 0).is_err());
-        let ok = [b"*1\r\n".repeat(MAX_DEPTH - 1), b":1\r\n".to_vec()].concat();
-        assert!(parse(&ok, 0).unwrap().is_some());
+        // Counts no server sends: waited for, without a panic or an allocation of them.
+        for huge in [
+            &b"|4611686018427387904\r\n"[..],
+            b"%9223372036854775807\r\n",
+            b"*9223372036854775807\r\n",
+        ] {
+            assert!(whole(huge, &mut Scan::default()).unwrap().is_none());
+        }
+        // redis-rs refuses a value inside 100 aggregates, and reads one inside 99.
+        for open in [&b"*1\r\n"[..], b"~1\r\n", b"%1\r\n:0\r\n"] {
+            let nested = |n: usize| [open.repeat(n), b":1\r\n".to_vec()].concat();
+            for n in [MAX_DEPTH, MAX_DEPTH + 1] {
+                assert!(redis::parse_redis_value(&nested(n)).is_err());
+                assert!(parse(&nested(n), 0).is_err());
+                assert!(whole(&nested(n), &mut Scan::default()).is_err());
+            }
+            let ok = nested(MAX_DEPTH - 1);
+            let theirs = redis::parse_redis_value(&ok).unwrap();
+            assert_eq!(parse(&ok, 0).unwrap().unwrap().0, theirs);
+            let (Found::Value(ours), _) = whole(&ok, &mut Scan::default()).unwrap().unwrap() else {
+                panic!("a value");
+            };
+            assert_eq!(ours, theirs);
+        }
     }
 
     #[test]
@@ -557,13 +725,15 @@ mod tests {
         }
         let server = std::thread::spawn(move || {
             let (mut s, _) = listener.accept().unwrap();
-            // A byte or a few at a time, then the rest at once.
+            // A few bytes at a time, then the rest a thousand at a time.
             for chunk in sent[..200].chunks(3) {
                 s.write_all(chunk).unwrap();
                 s.flush().unwrap();
                 std::thread::sleep(Duration::from_micros(50));
             }
-            s.write_all(&sent[200..]).unwrap();
+            for chunk in sent[200..].chunks(1000) {
+                s.write_all(chunk).unwrap();
+            }
             // Then the end of the stream.
         });
         let mut c = Blocking::connect(&addr, Instant::now(), Duration::from_secs(5)).unwrap();

@@ -801,6 +801,8 @@ fn first_groups<I, T>(
 ) -> Vec<Group> {
     let mut group_of: SmallVec<[u16; 16]> = smallvec![NONE; map.masters.len()];
     let mut groups: Vec<Group> = Vec::new();
+    // A master's share, twice over: one growth at most for a batch spread as keys hash.
+    let share = (2 * items.len() / map.masters.len().max(1)).min(items.len()) + 1;
     for (at, item) in items.iter().enumerate() {
         let slot = slots::slot_of(key(item).as_bytes());
         let Some(master) = map.master_of(slot) else {
@@ -813,7 +815,7 @@ fn first_groups<I, T>(
             groups.push((
                 map.masters[master].clone(),
                 false,
-                Vec::with_capacity(items.len()),
+                Vec::with_capacity(share),
             ));
         }
         groups[*g as usize].2.push(at);

@@ -173,14 +173,19 @@ impl Pool {
                 .max(Duration::from_millis(1))
         };
         let io = |e: std::io::Error| super::connect_failure(e.into());
+        // The TLS settings first (the system's roots read): the handshake then has what the
+        // TCP connect left of connect_timeout.
+        #[cfg(feature = "redis-tls")]
+        let tls = match &self.tls {
+            Some(tls) => Some((tls, tls.config().map_err(Failure::Local)?)),
+            None => None,
+        };
         let conn = Blocking::connect(&self.addr, started, connect_timeout).map_err(io)?;
         #[cfg(feature = "redis-tls")]
-        let conn = match &self.tls {
-            Some(tls) => {
-                let settings = tls.config().map_err(Failure::Local)?;
-                conn.tls(|sock| tls.run_blocking(settings, sock))
-                    .map_err(io)?
-            }
+        let conn = match tls {
+            Some((tls, settings)) => conn
+                .tls(|sock| tls.run_blocking(settings, sock))
+                .map_err(io)?,
             None => conn,
         };
         let set_timeouts = |conn: &Blocking, t: Duration| conn.set_timeouts(t).map_err(io);

@@ -116,25 +116,45 @@ impl SetUp {
         self.hello.as_ref()
     }
 
-    /// The reply `r` to [`hello`](Self::hello): a map of the server's properties, or a refusal
-    /// (of the credentials, with the server's words; of RESP3 by a server without `HELLO`); at
+    /// The reply `r` to [`hello`](Self::hello): a map of the server's properties, or a refusal:
+    /// of the credentials (`WRONGPASS`, `NOAUTH`, `NOPERM`), as `AUTH`'s; of RESP3, by a server
+    /// without `HELLO`; of anything else, the server's words (the password hidden); at
     /// `maxclients`, or with no reply, a failed connect.
     pub(super) fn helloed(&self, r: redis::RedisResult<Value>) -> Result<(), Failure> {
         let e = match r.and_then(Value::extract_error) {
             Ok(_) => return Ok(()),
             Err(e) => e,
         };
-        if e.code() == Some("ERR")
-            && e.detail()
-                .is_some_and(|d| d.to_ascii_lowercase().starts_with("unknown command"))
-        {
-            return Err(Failure::Local(Error::new(
-                ErrorKind::Backend,
-                "could not connect: the server does not know HELLO, so it cannot speak RESP3 \
-                 (drop protocol=resp3 from the URL)",
-            )));
+        let (Some(code), detail) = (e.code(), e.detail()) else {
+            return Err(connect_failure(e));
+        };
+        if matches!(code, "WRONGPASS" | "NOAUTH" | "NOPERM") {
+            return self.refused(e, true).map(drop);
         }
-        self.refused(e, true).map(drop)
+        if at_maxclients(Some(code), detail) {
+            return Err(connect_failure(e));
+        }
+        let detail = self.hidden(detail.unwrap_or_default());
+        let why = if code == "ERR" && detail.to_ascii_lowercase().starts_with("unknown command") {
+            "the server does not know HELLO, so it cannot speak RESP3 (drop protocol=resp3 from \
+             the URL)"
+                .to_owned()
+        } else {
+            format!("the server refused HELLO ({code} {detail})")
+        };
+        // The server answered: not a fault.
+        Err(Failure::Local(Error::new(
+            ErrorKind::Backend,
+            format!("could not connect: {why}"),
+        )))
+    }
+
+    /// `detail` with the password hidden (a server may echo a command's arguments).
+    fn hidden(&self, detail: &str) -> String {
+        match &self.password {
+            Some(pw) if !pw.is_empty() => detail.replace(pw.as_str(), "***"),
+            _ => detail.to_owned(),
+        }
     }
 
     /// `AUTH`, if sent; `again`: its old form (without the user), after [`Auth::Again`].
@@ -184,12 +204,7 @@ impl SetUp {
         let Some(code) = e.code() else {
             return Err(connect_failure(e));
         };
-        let detail = match &self.password {
-            Some(pw) if !pw.is_empty() => {
-                e.detail().unwrap_or_default().replace(pw.as_str(), "***")
-            }
-            _ => e.detail().unwrap_or_default().to_owned(),
-        };
+        let detail = self.hidden(e.detail().unwrap_or_default());
         let detail = detail.as_str();
         if at_maxclients(Some(code), Some(detail)) {
             return Err(connect_failure(e));

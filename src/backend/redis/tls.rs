@@ -261,9 +261,10 @@ pub(super) fn server_name(host: &str) -> Result<ServerName<'static>> {
     })
 }
 
-/// The process's rustls crypto provider, ring's installed if none is: redis-rs's connections
-/// (the sync pool's) ask rustls for the process default, which rustls itself picks only when
-/// exactly one provider is built in (another crate of the program may bring aws-lc-rs).
+/// The process's rustls crypto provider, ring's installed if none is (as redis-rs, whose TLS
+/// settings ask rustls for the process default, needs it): rustls itself picks one only when
+/// exactly one provider is built in (another crate of the program may bring aws-lc-rs). Every
+/// connection's settings are made on it ([`RedisTls::client_config`]).
 pub(super) fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     use rustls::crypto::CryptoProvider;
     if let Some(p) = CryptoProvider::get_default() {
