@@ -7,16 +7,17 @@
 //! keep the reply: it reads any refusal as "authentication failed" and drops the server's
 //! words, and at `maxclients` those are `-ERR max number of clients reached`, written on accept
 //! whatever the first command is: a fault (a delete it refused is queued for replay), not wrong
-//! credentials. On the sync pool, its set-up's replies are each read within the whole connect
-//! timeout however long the one before took; here, within what is left of it.
+//! credentials. redis-rs's sync connection read each of its set-up's replies within the whole
+//! connect timeout, however long the one before took; here, each is read within what is left of
+//! it.
 
 use redis::{RedisConnectionInfo, Value};
 
 use super::{Failure, at_maxclients, connect_failure, denial, select_failure};
 use crate::error::{Error, ErrorKind};
 
-/// What a connection's set-up sends after redis-rs's (RESP3's `HELLO`; on the async view
-/// `CLIENT SETINFO` too). Not `Debug`: it holds the password.
+/// What a connection's set-up sends: on the async view after redis-rs's (RESP3's `HELLO`,
+/// `CLIENT SETINFO`), on the sync pool all of it. Not `Debug`: it holds the password.
 pub(super) struct SetUp {
     /// `HELLO 3 [AUTH user password]`: RESP3 on a connection of the sync pool ([`SetUp::whole`]).
     hello: Option<redis::Cmd>,
