@@ -5,8 +5,9 @@
 //! C, the same call on the memory backend (the in-process work). The rows are those of the
 //! memcached `sync-get-many` path: the ratio to F + C, to F, and C; then R, F's requests on
 //! sockets of their own whose replies redis-rs's own reader parses (`redis::Parser` on the
-//! socket, as the backend's connections read): R - F is what that reader costs, and the ratio
-//! to R + C what the backend's own work adds beyond it.
+//! socket, as redis-rs's sync `Connection` reads): R - F is what that reader costs. The
+//! backend's sync pool read that way until 2026-12-07; it now has a reader of its own
+//! (`benches/results/2026-12-07/NOTES.md`), and R stays a reference.
 //!
 //! The items are written by `Cache::set` on the cluster (the Redis backend's 13-byte header,
 //! then the envelope); which master holds each key and its reply's length are learnt from the
