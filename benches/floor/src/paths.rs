@@ -373,6 +373,18 @@ pub struct CacheGetter {
     pub items: Arc<Items>,
 }
 
+impl CacheGetter {
+    /// A getter a task ([`TASKS`]), each on `cache`.
+    pub fn per_task(cache: &newcache::AsyncCache, items: &Arc<Items>) -> Vec<CacheGetter> {
+        (0..TASKS)
+            .map(|_| CacheGetter {
+                cache: cache.clone(),
+                items: Arc::clone(items),
+            })
+            .collect()
+    }
+}
+
 impl Getter for CacheGetter {
     async fn get(&mut self, i: usize) -> Result<(), BoxError> {
         Value::check(self.cache.get::<Value>(&self.items.user[i]).await?, i)
@@ -674,14 +686,7 @@ pub fn async_get_64(
     slices: usize,
 ) -> Result<Vec<Row>, BoxError> {
     let items = &s.single_items;
-    let mut ours: Option<Vec<CacheGetter>> = Some(
-        (0..TASKS)
-            .map(|_| CacheGetter {
-                cache: cache.clone(),
-                items: Arc::clone(items),
-            })
-            .collect(),
-    );
+    let mut ours: Option<Vec<CacheGetter>> = Some(CacheGetter::per_task(cache, items));
     let theirs: Vec<McGetter> = rt.block_on(async {
         let mut v = Vec::with_capacity(TASKS);
         for _ in 0..TASKS {
@@ -752,14 +757,7 @@ pub fn async_get_64(
     });
     // The facade's work alone: the same calls on the memory-backend cache (no I/O; its future
     // is ready at once, so no wake-up either).
-    let mut alone: Option<Vec<CacheGetter>> = Some(
-        (0..TASKS)
-            .map(|_| CacheGetter {
-                cache: memory.clone(),
-                items: Arc::clone(items),
-            })
-            .collect(),
-    );
+    let mut alone: Option<Vec<CacheGetter>> = Some(CacheGetter::per_task(&memory, items));
     let facade: Side<'_> = Box::new(|n| {
         let getters = alone.take().ok_or("facade getters lost")?;
         let (getters, run) = rt.block_on(run_tasks(getters, (n / TASKS).max(1)))?;

@@ -254,14 +254,7 @@ pub fn async_get_64(
     slices: usize,
 ) -> Result<Vec<Row>, BoxError> {
     let items = &s.items;
-    let mut ours: Option<Vec<CacheGetter>> = Some(
-        (0..TASKS)
-            .map(|_| CacheGetter {
-                cache: cache.clone(),
-                items: Arc::clone(items),
-            })
-            .collect(),
-    );
+    let mut ours: Option<Vec<CacheGetter>> = Some(CacheGetter::per_task(cache, items));
     let mux = rt.block_on(redis::multiplexed(&s.url, &s.config))?;
     let mut rs: Option<Vec<MuxGetter>> = Some(
         (0..TASKS)
