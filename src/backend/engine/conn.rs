@@ -38,7 +38,7 @@
 //! still queued is failed at once, and the queue is closed, so the next caller reconnects.
 
 use std::collections::VecDeque;
-use std::hash::{BuildHasher, RandomState};
+use std::hash::BuildHasher;
 use std::io;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -562,7 +562,7 @@ struct Round {
     /// The open line's keys by hash (indices into its `keys`), once it outgrows a linear scan;
     /// emptied for the next line, its room kept.
     table: hashbrown::HashTable<u32>,
-    hasher: RandomState,
+    hasher: hashbrown::DefaultHashBuilder,
 }
 
 /// A `gets` line being merged: distinct keys, the waiters.
@@ -574,7 +574,7 @@ struct Line {
 }
 
 /// Up to this many keys, a line finds duplicates by scanning.
-const LINEAR: usize = 16;
+const LINEAR: usize = 8;
 
 impl Line {
     fn fits(&self, keys: usize, bytes: usize) -> bool {
@@ -588,7 +588,7 @@ impl Line {
         &mut self,
         key: String,
         table: &mut hashbrown::HashTable<u32>,
-        hasher: &RandomState,
+        hasher: &hashbrown::DefaultHashBuilder,
     ) -> u32 {
         let hash = |k: &str| hasher.hash_one(k);
         if self.keys.len() < LINEAR {
@@ -1048,7 +1048,8 @@ async fn read_loop(
     // still being answered gets its own io_timeout (a slow link's rounds each have one, as the
     // pool's do), and a server that stops answering fails everything within one.
     let mut progress = Instant::now();
-    // The `VALUE` lines of the front `gets` reply, as its framing found them.
+    // The `VALUE` lines of the front `gets` reply, as its framing found them: kept while the
+    // reply is not whole, so that each read frames only what it brought.
     let mut values = Vec::new();
     let end = 'conn: loop {
         // The writer pushes a batch before writing it, so the expectation of every byte read
@@ -1078,7 +1079,10 @@ async fn read_loop(
             let reply = &buf[start..start + n];
             start += n;
             answered = true;
-            if let Err((error, fault)) = answer(expect, reply, &values, item_size, &link.server) {
+            let answered_one = answer(expect, reply, &values, item_size, &link.server);
+            // The next reply is framed from its start.
+            values.clear();
+            if let Err((error, fault)) = answered_one {
                 break 'conn End::Dead { error, fault };
             }
         }

@@ -2289,6 +2289,21 @@ mod review3 {
                 let mut values = Vec::new();
                 let framed_end = frame_gets(&buf, KEYS.len(), &mut values);
                 prop_assert!(values.len() <= KEYS.len());
+                // Framed as the reader frames it, resumed read after read (`cap` bytes each,
+                // the lines found kept between): after every read, what framing all it has
+                // from the start finds.
+                let mut resumed = Vec::new();
+                let mut have = 0;
+                loop {
+                    have = (have + cap).min(buf.len());
+                    let mut fresh = Vec::new();
+                    let end = frame_gets(&buf[..have], KEYS.len(), &mut fresh);
+                    prop_assert_eq!(frame_gets(&buf[..have], KEYS.len(), &mut resumed), end, "at {}", have);
+                    if end.is_some() || have == buf.len() {
+                        prop_assert_eq!(format!("{resumed:?}"), format!("{fresh:?}"));
+                        break;
+                    }
+                }
                 // The streaming parser on everything at hand.
                 let mut streamed: Vec<Slot> = vec![Ok(None); KEYS.len()];
                 let mut r = &buf[..];

@@ -582,30 +582,49 @@ pub(crate) fn read_values<R: BufRead>(
     first
 }
 
-/// `VALUE <key> <flags> <bytes> <cas>`, parsed as bytes (this runs once per value).
+/// `VALUE <key> <flags> <bytes> <cas>`, parsed as bytes (this runs once per value) in one
+/// forward pass: the key ends at the first space (memchr), then each number is read up to the
+/// space after it, and the last one up to the line's end. A key with a space in it leaves a
+/// field that is not digits, so the line fails to parse.
 fn parse_value_line(l: &[u8]) -> Option<(&[u8], u32, usize, u64)> {
     let rest = l.strip_prefix(b"VALUE ")?;
-    // The three numbers are short and last: split them off from the end, so that the key (up to
-    // 250 bytes) is not scanned byte by byte. A key with a space in it fails to parse as digits.
-    let split = |s: &mut &[u8]| -> Option<u64> {
-        let at = s.iter().rposition(|&b| b == b' ')?;
-        let field = &s[at + 1..];
-        *s = &s[..at];
-        decimal(field)
-    };
-    let mut head = rest;
-    let cas = split(&mut head)?;
-    let len = usize::try_from(split(&mut head)?).ok()?;
-    let flags = u32::try_from(split(&mut head)?).ok()?;
-    // (memchr's search: ~70 instructions a 48-byte key less than `contains`.)
-    if head.is_empty() || memchr::memchr(b' ', head).is_some() {
+    let end = memchr::memchr(b' ', rest)?;
+    let (key, mut fields) = (&rest[..end], &rest[end + 1..]);
+    if key.is_empty() {
         return None;
     }
-    Some((head, flags, len, cas))
+    // A field's digits, up to the space that ends it (which must follow).
+    let mut field = || -> Option<u64> {
+        let n = fields.iter().position(|&b| !b.is_ascii_digit())?;
+        let (digits, after) = fields.split_at(n);
+        fields = after.strip_prefix(b" ")?;
+        decimal(digits)
+    };
+    let flags = u32::try_from(field()?).ok()?;
+    let len = usize::try_from(field()?).ok()?;
+    let cas = decimal(fields)?;
+    Some((key, flags, len, cas))
 }
 
 /// A non-empty run of ASCII digits as a `u64` (None on overflow or anything else).
 fn decimal(digits: &[u8]) -> Option<u64> {
+    // Up to 19 digits cannot overflow: no check per digit.
+    if digits.is_empty() || digits.len() > 19 {
+        return decimal_checked(digits);
+    }
+    let mut n: u64 = 0;
+    for &d in digits {
+        let d = d.wrapping_sub(b'0');
+        if d > 9 {
+            return None;
+        }
+        n = n * 10 + u64::from(d);
+    }
+    Some(n)
+}
+
+/// [`decimal`] with every step checked (20 digits and more, and the empty run).
+fn decimal_checked(digits: &[u8]) -> Option<u64> {
     if digits.is_empty() {
         return None;
     }
@@ -648,10 +667,22 @@ pub(crate) fn reply_len(shape: Shape, buf: &[u8]) -> Option<usize> {
 /// [`reply_len`] of the reply to a `gets` of `keys` distinct keys, its `VALUE` lines put in
 /// `values` (for [`read_framed`]). A `VALUE` line past `keys` of them ends the reply as far as
 /// it goes (the parser refuses it), so a hostile server cannot make `values` outgrow the line.
+///
+/// Resumable: `values` holds what earlier calls found of the same reply (empty for a new one;
+/// the caller clears it once the reply is read), and framing goes on after the last of them,
+/// so a reply that arrives in many reads has each of its lines parsed once, not once a read.
+/// `buf` must hold the same reply from the same offset as on those calls (it may have grown).
 #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
 pub(crate) fn frame_gets(buf: &[u8], keys: usize, values: &mut Vec<ValueAt>) -> Option<usize> {
-    values.clear();
-    frame_values(buf, 0, keys, |v| values.push(v))
+    let at = match values.last() {
+        Some(v) => v.data.checked_add(v.len)?.checked_add(2)?,
+        None => 0,
+    };
+    if at > buf.len() {
+        return None;
+    }
+    let max = keys.saturating_sub(values.len());
+    frame_values(buf, at, max, |v| values.push(v))
 }
 
 /// The end of the line starting at `from` (past its `\n`), or `None` if more must be read. A
@@ -667,6 +698,12 @@ fn line_end(buf: &[u8], from: usize) -> Option<usize> {
     }
 }
 
+#[cfg(test)]
+thread_local! {
+    /// Whole lines [`frame_values`] looked at on this thread (for the tests of its cost).
+    static LINES_FRAMED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
 /// The end of the `VALUE` blocks starting at `at` and of the line that ends them, each of the
 /// first `max` `VALUE` lines handed to `found`; `None` if more must be read.
 fn frame_values(
@@ -678,6 +715,8 @@ fn frame_values(
     let mut seen = 0;
     loop {
         let end = line_end(buf, at)?;
+        #[cfg(test)]
+        LINES_FRAMED.with(|n| n.set(n.get() + 1));
         let value = buf[at..end]
             .strip_suffix(b"\r\n")
             .and_then(parse_value_line)
@@ -979,9 +1018,156 @@ mod tests {
     fn decimals() {
         assert_eq!(decimal(b"0"), Some(0));
         assert_eq!(decimal(b"18446744073709551615"), Some(u64::MAX));
-        for bad in [&b""[..], b"18446744073709551616", b"1 ", b"-1", b"x"] {
+        assert_eq!(
+            decimal(b"9999999999999999999"),
+            Some(9_999_999_999_999_999_999)
+        );
+        assert_eq!(decimal(b"00000000000000000000042"), Some(42));
+        for bad in [
+            &b""[..],
+            b"18446744073709551616",
+            b"99999999999999999999",
+            b"1 ",
+            b"-1",
+            b"x",
+            b"1:",
+            b"/",
+        ] {
             assert_eq!(decimal(bad), None, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_gets_reply_read_in_pieces_has_each_line_framed_once() {
+        let mut reply = Vec::new();
+        let keys: Vec<String> = (0..128).map(|i| format!("key:{i}")).collect();
+        for (i, k) in keys.iter().enumerate() {
+            let value = vec![b'v'; i % 7 * 40];
+            reply.extend_from_slice(format!("VALUE {k} 0 {} {i}\r\n", value.len()).as_bytes());
+            reply.extend_from_slice(&value);
+            reply.extend_from_slice(b"\r\n");
+        }
+        reply.extend_from_slice(b"END\r\n");
+        let mut whole = Vec::new();
+        assert_eq!(
+            frame_gets(&reply, keys.len(), &mut whole),
+            Some(reply.len())
+        );
+        assert_eq!(whole.len(), keys.len());
+        // As a reader sees it: the reply grows a piece at a time, the values kept between.
+        for piece in [1, 7, 100, 4096] {
+            let before = LINES_FRAMED.with(|n| n.get());
+            let mut values = Vec::new();
+            let mut calls = 0;
+            let mut have = 0;
+            let framed = loop {
+                have = (have + piece).min(reply.len());
+                calls += 1;
+                if let Some(n) = frame_gets(&reply[..have], keys.len(), &mut values) {
+                    break n;
+                }
+                assert!(have < reply.len(), "whole, yet not framed");
+            };
+            assert_eq!(framed, reply.len(), "piece {piece}");
+            assert_eq!(values.len(), whole.len());
+            for (a, b) in values.iter().zip(&whole) {
+                assert_eq!(
+                    (a.line, a.key_len, a.len, a.cas, a.data),
+                    (b.line, b.key_len, b.len, b.cas, b.data)
+                );
+            }
+            let lines = LINES_FRAMED.with(|n| n.get()) - before;
+            // Each value's line once, the END line once, plus at most one look a call at a line
+            // not yet whole. Framing from the start on every call looks at ~calls x values / 2.
+            assert!(
+                lines <= keys.len() + 1 + calls,
+                "piece {piece}: {lines} lines looked at in {calls} calls"
+            );
+        }
+        // A server answering more values than keys asked: the extra line ends the reply as far
+        // as it goes, resumed or not.
+        let mut values = Vec::new();
+        let cut = whole[99].data + 1;
+        assert_eq!(frame_gets(&reply[..cut], 100, &mut values), None);
+        assert_eq!(frame_gets(&reply, 100, &mut values), Some(whole[100].data));
+        assert_eq!(values.len(), 100);
+    }
+
+    /// The parser as it was before the one-pass one: the numbers split off from the end.
+    fn value_line_from_the_end(l: &[u8]) -> Option<(&[u8], u32, usize, u64)> {
+        let rest = l.strip_prefix(b"VALUE ")?;
+        let split = |s: &mut &[u8]| -> Option<u64> {
+            let at = s.iter().rposition(|&b| b == b' ')?;
+            let field = &s[at + 1..];
+            *s = &s[..at];
+            decimal_checked(field)
+        };
+        let mut head = rest;
+        let cas = split(&mut head)?;
+        let len = usize::try_from(split(&mut head)?).ok()?;
+        let flags = u32::try_from(split(&mut head)?).ok()?;
+        if head.is_empty() || head.contains(&b' ') {
+            return None;
+        }
+        Some((head, flags, len, cas))
+    }
+
+    #[test]
+    fn value_lines_parse_as_the_split_from_the_end_did() {
+        let lines: &[&[u8]] = &[
+            b"VALUE k 0 3 7",
+            b"VALUE a-1-0123456789abcdef0123456789abcdef01234567 20035 130 18446744073709551615",
+            b"VALUE k 4294967295 0 0",
+            b"VALUE k 4294967296 0 0",
+            b"VALUE k 0 18446744073709551616 0",
+            b"VALUE k 0 3",
+            b"VALUE k 0 3 7 9",
+            b"VALUE  0 3 7",
+            b"VALUE k  0 3 7",
+            b"VALUE k 0  3 7",
+            b"VALUE k 0 3 7 ",
+            b"VALUE k 0 3 ",
+            b"VALUE k x 3 7",
+            b"VALUE k 0 -3 7",
+            b"VALUE k 0 3 7x",
+            b"VALUE k\t0 3 7",
+            b"VALUE a b 0 3 7",
+            b"VALUE k 0 3 7\r",
+            b"VALUE ",
+            b"VALUE",
+            b"END",
+            b"value k 0 3 7",
+        ];
+        for l in lines {
+            assert_eq!(
+                parse_value_line(l),
+                value_line_from_the_end(l),
+                "{:?}",
+                shown(l)
+            );
+        }
+        // Every line made of a short alphabet, up to 9 bytes after "VALUE ".
+        let alphabet = b"k 09";
+        let mut line = b"VALUE ".to_vec();
+        let mut checked = 0;
+        for len in 0..=9u32 {
+            for n in 0..alphabet.len().pow(len) {
+                line.truncate(6);
+                let mut n = n;
+                for _ in 0..len {
+                    line.push(alphabet[n % alphabet.len()]);
+                    n /= alphabet.len();
+                }
+                assert_eq!(
+                    parse_value_line(&line),
+                    value_line_from_the_end(&line),
+                    "{:?}",
+                    shown(&line)
+                );
+                checked += 1;
+            }
+        }
+        assert!(checked > 300_000);
     }
 
     #[test]

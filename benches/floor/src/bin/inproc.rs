@@ -195,7 +195,16 @@ fn async_get(a: &Args) -> Result<(), BoxError> {
     };
     let sync = builder().memcached([server.as_str()]).build()?;
     let user = Arc::new(fill(&sync, "k", KEYS)?);
-    let cache = rt.block_on(async { builder().memcached([server.as_str()]).build_async() })?;
+    let conns: u32 = std::env::var("CONNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2);
+    let cache = rt.block_on(async {
+        builder()
+            .memcached([server.as_str()])
+            .async_connections(conns)
+            .build_async()
+    })?;
     let tasks = a.tasks.max(1);
     let per_task = (a.calls as usize / tasks).max(1);
     let run = |gets: usize| -> Result<(), BoxError> {
