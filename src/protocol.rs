@@ -88,8 +88,9 @@ pub(crate) enum Action {
     },
     /// Pause this long, then [`Machine::on_wake`].
     Sleep(Duration),
-    /// This caller holds the key: run the loader.
-    Load(Grant),
+    /// This caller holds the key: run the loader. Boxed: a grant is rare (a load), and the
+    /// action of every read (a hit's `Done`) is moved through each call's future.
+    Load(Box<Grant>),
     /// Finished.
     Done(Found),
 }
@@ -544,10 +545,10 @@ impl Machine {
                     early: false,
                     expired,
                 };
-                return Action::Load(Grant {
+                return Action::Load(Box::new(Grant {
                     lease,
                     held: Some(held),
-                });
+                }));
             }
         }
         let held = match pending {
@@ -560,7 +561,7 @@ impl Machine {
             }),
             Pending::Placeholder | Pending::None => None,
         };
-        Action::Load(Grant { lease, held })
+        Action::Load(Box::new(Grant { lease, held }))
     }
 
     fn waited_out(&self, now: Now) -> bool {

@@ -23,7 +23,7 @@ use crate::stats::{Counters, Tally};
 #[derive(Debug)]
 pub(crate) enum Step {
     /// This caller holds the key: run the loader.
-    Load(Grant),
+    Load(Box<Grant>),
     /// Finished.
     Done(Found),
 }

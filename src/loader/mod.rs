@@ -502,7 +502,9 @@ impl Cache {
         loop {
             let found = match self.drive_on(d, keys.1, &mut m, action).await? {
                 Step::Load(grant) => {
-                    return self.load_granted(d, keys, ttl, loader, grant, leader).await;
+                    return self
+                        .load_granted(d, keys, ttl, loader, *grant, leader)
+                        .await;
                 }
                 Step::Done(found) => found,
             };

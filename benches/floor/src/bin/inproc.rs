@@ -13,7 +13,7 @@
 //! - `--op async-get --server A [--tasks N] [--runtime multi|current]`: `AsyncCache::get` of
 //!   random hot keys `k0`..`k999` from N tasks (default 1; 64 is the floor's concurrent path)
 //!   sharing one cache, on a 2-worker (default) or a current-thread runtime; `--calls` gets in
-//!   all.
+//!   all. `CONNS=N` in the environment sets the cache's `async_connections` (default 2).
 //!
 //! Each op fills its items through the cache (memcached is started by the caller), makes 10
 //! uncounted calls (per task), then `--calls` counted ones, counting the allocations (and
