@@ -574,7 +574,7 @@ struct Line {
 }
 
 /// Up to this many keys, a line finds duplicates by scanning.
-const LINEAR: usize = 8;
+const LINEAR: usize = 4;
 
 impl Line {
     fn fits(&self, keys: usize, bytes: usize) -> bool {

@@ -195,10 +195,10 @@ fn async_get(a: &Args) -> Result<(), BoxError> {
     };
     let sync = builder().memcached([server.as_str()]).build()?;
     let user = Arc::new(fill(&sync, "k", KEYS)?);
-    let conns: u32 = std::env::var("CONNS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2);
+    let conns: u32 = match std::env::var("CONNS") {
+        Ok(v) => v.parse().map_err(|e| format!("CONNS={v:?}: {e}"))?,
+        Err(_) => 2,
+    };
     let cache = rt.block_on(async {
         builder()
             .memcached([server.as_str()])
