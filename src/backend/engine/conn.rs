@@ -12,7 +12,8 @@
 //!     │ idle: push the expectation,   │ Batch (sent time, expectations, in write order)
 //!     │ then try_write (no await)     ▼
 //!     └──────────────────────► reader: take every batch pushed; buffer bytes; while the oldest
-//!                                      expectation's reply is whole (wire::frame_gets, or
+//!                                      expectation's reply is whole (wire::frame_gets, going
+//!                                      on from the lines the last read brought, or
 //!                                      reply_len), parse it (a gets reply where its framing
 //!                                      found its values), answer its waiters; wake a writer
 //!                                      waiting for room or for the last reply
