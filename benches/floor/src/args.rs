@@ -91,6 +91,10 @@ pub struct Args {
     /// (benches/results/2026-12-06d/ceiling-sweep.sh)
     #[arg(long, default_value = "1x4x16", value_parser = crate::paths::Shape::parse)]
     pub ceiling: crate::paths::Shape,
+    /// the 64-task path's ceiling and minimal client send `gets`, as newcache does, instead of
+    /// `get` (whose replies carry no CAS)
+    #[arg(long)]
+    pub gets: bool,
     /// start this `redis-server` / `valkey-server` on a free loopback port (`--save ''
     /// --appendonly no`) and measure the paths on it instead of memcached (repeatable: one
     /// server after another)

@@ -48,6 +48,9 @@ impl Value {
     }
 }
 
+/// Set by `--gets`: the ceiling and the minimal client send `gets`, as newcache does.
+pub static GETS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// One set of items as the floors see them.
 #[derive(Debug, Clone)]
 pub struct Items {
@@ -59,6 +62,8 @@ pub struct Items {
     pub requests: Vec<Vec<u8>>,
     /// The whole reply to `requests[i]` (VALUE line, stored bytes, END), in bytes.
     pub reply_lens: Vec<usize>,
+    /// The same for `gets {derived}\r\n` (its VALUE line also carries the CAS).
+    pub gets_reply_lens: Vec<usize>,
     /// The stored bytes of each item (the envelope and the encoded value).
     pub stored_lens: Vec<usize>,
     /// The encoded value's bytes in each item: the stored bytes less the envelope header (whose
@@ -67,6 +72,15 @@ pub struct Items {
 }
 
 impl Items {
+    /// The command and the whole replies' lengths the ceiling and the minimal client read
+    /// with: `get`, or `gets` as newcache reads (`--gets`).
+    pub fn command(&self) -> (&'static [u8], &[usize]) {
+        if GETS.load(std::sync::atomic::Ordering::Relaxed) {
+            (b"gets", &self.gets_reply_lens)
+        } else {
+            (b"get", &self.reply_lens)
+        }
+    }
     /// `{prefix}0`..: fills them through `cache` (`Cache::set`), then learns each reply from
     /// `server` (a hit is required).
     pub fn fill(
@@ -95,7 +109,10 @@ impl Items {
             .map(|k| format!("get {k}\r\n").into_bytes())
             .collect();
         let (mut reply_lens, mut stored_lens, mut value_lens) = (vec![], vec![], vec![]);
+        let mut gets_reply_lens = vec![];
         for (i, req) in requests.iter().enumerate() {
+            let gets = format!("gets {}\r\n", derived[i]).into_bytes();
+            gets_reply_lens.push(servers[server_of(i)].exchange(&gets)?.len());
             let reply = servers[server_of(i)].exchange(req)?;
             let stored = stored_len(reply)?;
             let data = reply.iter().position(|&b| b == b'\n').map_or(0, |n| n + 1);
@@ -111,6 +128,7 @@ impl Items {
             derived,
             requests,
             reply_lens,
+            gets_reply_lens,
             stored_lens,
             value_lens,
         })

@@ -12,7 +12,9 @@
 //! gets as `get` lines, `--ceiling`), a minimal client (the facade's work of each get on the
 //! memory backend, its I/O by one of two batchers on bare sockets that answer each caller
 //! through a oneshot: `minimal.rs`), and the facade's work alone; each side's CPU a get (client
-//! and servers) is printed once the path is done.
+//! and servers) is printed once the path is done. With `--gets` the ceiling and the minimal
+//! client send `gets`, as newcache does (memcached's CPU a get is the same either way here:
+//! `benches/results/2026-12-07b/NOTES.md`).
 //!
 //! On Redis / Valkey (`--redis-server-bin PATH` starts one, `--redis URL` uses a running one;
 //! each repeatable), the same paths but `get_many` run on the Redis backend, each beside
@@ -58,6 +60,7 @@ use server::Memcached;
 
 fn main() -> Result<(), BoxError> {
     let args = Args::from_command_line();
+    items::GETS.store(args.gets, std::sync::atomic::Ordering::Relaxed);
     let started_unix_s = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64());

@@ -153,12 +153,13 @@ impl Batcher {
                     break;
                 }
                 self.line.clear();
-                self.line.extend_from_slice(b"get");
+                let (command, reply_lens) = items.command();
+                self.line.extend_from_slice(command);
                 let mut len = 5;
                 for (i, _) in &taken {
                     self.line.push(b' ');
                     self.line.extend_from_slice(items.derived[*i].as_bytes());
-                    len += items.reply_lens[*i] - 5;
+                    len += reply_lens[*i] - 5;
                 }
                 self.line.extend_from_slice(b"\r\n");
                 self.stream.write_all(&self.line).await?;
@@ -311,6 +312,7 @@ mod tests {
                 user,
                 requests: Vec::new(),
                 reply_lens: vec![200; n],
+                gets_reply_lens: vec![210; n],
                 stored_lens: vec![130; n],
                 value_lens: vec![100; n],
             });

@@ -459,7 +459,8 @@ const CEILING_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 /// length checked, the next line written as soon as a reply is read. No queue, parse or
 /// wake-up of a caller: the server's and the kernel's work per get at that concurrency.
 /// The shape measured fastest (a sweep, `--ceiling`) is the default; it sends `get` (newcache
-/// sends `gets`, whose replies carry the CAS too) and does not merge a line's repeated keys.
+/// sends `gets`, whose replies carry the CAS too: `--gets` sends that) and does not merge a
+/// line's repeated keys.
 pub struct Ceiling {
     conns: Vec<CeilingConn>,
     shape: Shape,
@@ -559,7 +560,8 @@ impl CeilingConn {
     async fn send(&mut self, items: &Items, keys: usize) -> Result<usize, BoxError> {
         use tokio::io::AsyncWriteExt;
         self.line.clear();
-        self.line.extend_from_slice(b"get");
+        let (command, reply_lens) = items.command();
+        self.line.extend_from_slice(command);
         // Each key's reply is its single-key reply less its `END\r\n`; the line's ends once
         // (memcached answers a repeated key each time).
         let mut len = 5;
@@ -567,7 +569,7 @@ impl CeilingConn {
             let i = self.rng.key();
             self.line.push(b' ');
             self.line.extend_from_slice(items.derived[i].as_bytes());
-            len += items.reply_lens[i] - 5;
+            len += reply_lens[i] - 5;
         }
         self.line.extend_from_slice(b"\r\n");
         self.stream.write_all(&self.line).await?;

@@ -127,6 +127,8 @@ pub fn fill(cache: &newcache::Cache, n: usize, server: &mut Resp) -> Result<Item
         user,
         derived,
         requests,
+        // Redis has no `gets`: the memcached ceiling's `--gets` does not apply.
+        gets_reply_lens: reply_lens.clone(),
         reply_lens,
         stored_lens,
         value_lens,
