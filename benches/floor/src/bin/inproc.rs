@@ -14,6 +14,9 @@
 //!   random hot keys `k0`..`k999` from N tasks (default 1; 64 is the floor's concurrent path)
 //!   sharing one cache, on a 2-worker (default) or a current-thread runtime; `--calls` gets in
 //!   all. `CONNS=N` in the environment sets the cache's `async_connections` (default 2).
+//! - `--op async-get-many --server A`: `AsyncCache::get_many` of 1,000 values of ~1 KB
+//!   (`large0`..`large999`) from one task on a 2-worker runtime: a batch whose replies arrive
+//!   in many reads.
 //!
 //! Each op fills its items through the cache (memcached is started by the caller), makes 10
 //! uncounted calls (per task), then `--calls` counted ones, counting the allocations (and
@@ -236,6 +239,46 @@ fn async_get(a: &Args) -> Result<(), BoxError> {
     Ok(())
 }
 
+/// `AsyncCache::get_many` of `LARGE_KEYS` values of `LARGE_BYTES` each (~1 MB a call) on one
+/// server, from one task on a 2-worker runtime: a batch whose replies come in many reads.
+fn async_get_many(a: &Args) -> Result<(), BoxError> {
+    const LARGE_KEYS: usize = 1000;
+    const LARGE_BYTES: usize = 1000;
+    let server = a.servers.first().ok_or("async-get-many needs --server")?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let sync = builder().memcached([server.as_str()]).build()?;
+    let user: Vec<String> = (0..LARGE_KEYS).map(|i| format!("large{i}")).collect();
+    for (i, k) in user.iter().enumerate() {
+        let v = Value {
+            id: 1_000_000 + i as u64,
+            name: "x".repeat(LARGE_BYTES),
+        };
+        sync.set(k, &v, TTL)?;
+    }
+    let cache = rt.block_on(async { builder().memcached([server.as_str()]).build_async() })?;
+    let run = |calls: u64| -> Result<(), BoxError> {
+        rt.block_on(async {
+            for _ in 0..calls {
+                let found = cache.get_many::<Value>(black_box(&user)).await?;
+                if found.len() != LARGE_KEYS || found.values().any(|v| v.name.len() != LARGE_BYTES)
+                {
+                    return Err(format!("get_many found {} of {LARGE_KEYS}", found.len()).into());
+                }
+            }
+            Ok(())
+        })
+    };
+    run(3)?;
+    let (allocs, bytes) = (ALLOCS.load(Relaxed), BYTES.load(Relaxed));
+    let t = Instant::now();
+    run(a.calls)?;
+    report(a.calls, allocs, bytes, t);
+    Ok(())
+}
+
 fn main() -> Result<(), BoxError> {
     let a = args()?;
     print!("{}: ", a.op);
@@ -306,8 +349,10 @@ fn main() -> Result<(), BoxError> {
             })
         }
         "async-get" => async_get(&a),
+        "async-get-many" => async_get_many(&a),
         other => Err(format!(
-            "unknown --op {other:?} (get-many, get, mc-get, mc-get-many, async-get)"
+            "unknown --op {other:?} (get-many, get, mc-get, mc-get-many, async-get, \
+             async-get-many)"
         )
         .into()),
     }
