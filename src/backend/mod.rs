@@ -17,6 +17,7 @@ pub mod memcached;
 pub mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
+pub(crate) mod tcp;
 
 #[cfg(feature = "tokio")]
 pub(crate) use self::nonblocking::{AsyncBackend, BoxFuture};

@@ -8,7 +8,7 @@ use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 use super::wire;
-use crate::backend::{Item, StoreOutcome, Write};
+use crate::backend::{Item, StoreOutcome, Write, tcp};
 use crate::error::{Error, ErrorKind, Result};
 
 /// Commands written before their replies are read, in a pipelined batch. Bounds what both sides
@@ -172,42 +172,28 @@ impl Conn {
             .to_socket_addrs()
             .map_err(|e| Error::with_source(ErrorKind::Backend, "cannot resolve its address", e))?
             .collect();
-        let started = Instant::now();
-        let mut last = None;
-        for a in &addrs {
-            let left = connect_timeout.saturating_sub(started.elapsed());
-            if left.is_zero() {
-                break;
-            }
-            match TcpStream::connect_timeout(a, left) {
-                Ok(s) => {
-                    s.set_nodelay(true)?;
-                    return Ok(Conn {
-                        stream: BufReader::with_capacity(
-                            16 * 1024,
-                            DeadlineStream::new(s, io_timeout)?,
-                        ),
-                        out: Vec::with_capacity(4096),
-                        io_timeout,
-                        broken: false,
-                        fault: false,
-                        answered: false,
-                        idle_since: Instant::now(),
-                        reused: false,
-                    });
-                }
-                Err(e) => last = Some(e),
-            }
-        }
-        Err(last.map_or_else(
-            || {
-                Error::new(
-                    ErrorKind::Timeout,
-                    format!("could not connect in time ({connect_timeout:?})"),
-                )
-            },
-            |e| Error::io(e, "could not connect"),
-        ))
+        let s = tcp::connect_first(addrs, Instant::now(), connect_timeout).map_err(|n| {
+            n.last.map_or_else(
+                || {
+                    Error::new(
+                        ErrorKind::Timeout,
+                        format!("could not connect in time ({connect_timeout:?})"),
+                    )
+                },
+                |e| Error::io(e, "could not connect"),
+            )
+        })?;
+        s.set_nodelay(true)?;
+        Ok(Conn {
+            stream: BufReader::with_capacity(16 * 1024, DeadlineStream::new(s, io_timeout)?),
+            out: Vec::with_capacity(4096),
+            io_timeout,
+            broken: false,
+            fault: false,
+            answered: false,
+            idle_since: Instant::now(),
+            reused: false,
+        })
     }
 
     /// Sets the deadline of the next reads and writes.

@@ -22,6 +22,7 @@ use bytes::Bytes;
 use redis::{RedisError, RedisResult, Value};
 
 use super::request::{Replies, Reply};
+use crate::backend::tcp::NotConnected;
 
 /// The reply buffer's first size, and the largest kept between calls (one big reply grows it
 /// once; it is given back after).
@@ -84,32 +85,27 @@ impl Blocking {
     /// with Nagle's algorithm off, within `timeout` of `started` in all; reads and writes are
     /// then bounded by `timeout` until [`set_timeouts`](Blocking::set_timeouts) says otherwise.
     pub(super) fn connect(addr: &str, started: Instant, timeout: Duration) -> io::Result<Blocking> {
-        let left = || {
-            let left = timeout.saturating_sub(started.elapsed());
-            if left.is_zero() {
-                Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    "connect_timeout spent resolving the host",
-                ))
-            } else {
-                Ok(left)
-            }
+        let spent = || {
+            io::Error::new(
+                io::ErrorKind::TimedOut,
+                "connect_timeout spent resolving the host",
+            )
         };
-        let mut last = None;
-        for a in addr.to_socket_addrs()? {
-            match TcpStream::connect_timeout(&a, left()?) {
-                Ok(s) => {
-                    s.set_nodelay(true)?;
-                    let c = Blocking::on(Io::Tcp(s));
-                    c.set_timeouts(left()?)?;
-                    return Ok(c);
-                }
-                Err(e) => last = Some(e),
-            }
+        let s = crate::backend::tcp::connect_first(addr.to_socket_addrs()?, started, timeout)
+            .map_err(|n| match n {
+                NotConnected { late: true, .. } => spent(),
+                NotConnected { last, .. } => last.unwrap_or_else(|| {
+                    io::Error::new(io::ErrorKind::NotFound, "the host resolved to no address")
+                }),
+            })?;
+        s.set_nodelay(true)?;
+        let c = Blocking::on(Io::Tcp(s));
+        let left = timeout.saturating_sub(started.elapsed());
+        if left.is_zero() {
+            return Err(spent());
         }
-        Err(last.unwrap_or_else(|| {
-            io::Error::new(io::ErrorKind::NotFound, "the host resolved to no address")
-        }))
+        c.set_timeouts(left)?;
+        Ok(c)
     }
 
     /// The connection with TLS over its socket, by `handshake` (made at once: a refused
