@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 /// Why no address took the connection.
 pub(crate) struct NotConnected {
-    /// `timeout` ran out before an address was tried.
+    /// `timeout` ran out before the next address was tried (after failed attempts, or none).
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) late: bool,
     /// The last attempt's error (none when no address was tried).
