@@ -70,6 +70,11 @@ pub struct Args {
     /// by slice too (1: one run of each side per round)
     #[arg(long, default_value_t = 10)]
     pub slices: usize,
+    /// run only this side of each path (repeatable; 1 is the client, 2 its floor, then the
+    /// path's other sides in the order its CPU lines print), the others skipped: for profiling
+    /// one side (`perf stat`, callgrind). The ratios involving a skipped side read NaN
+    #[arg(long = "only-side", value_name = "N")]
+    pub only_sides: Vec<usize>,
     /// a path to run (repeatable) [default: all; on Redis, all but sync-get-many]
     #[arg(long = "path", value_name = "PATH", value_enum)]
     pub paths: Vec<Path>,
@@ -91,6 +96,11 @@ pub struct Args {
     /// (benches/results/2026-12-06d/ceiling-sweep.sh)
     #[arg(long, default_value = "1x4x16", value_parser = crate::paths::Shape::parse)]
     pub ceiling: crate::paths::Shape,
+    /// the 64-task path's minimal client: batchers (a bare socket each) x lines in flight on
+    /// each x keys a line at most; the default as fast as any of six shapes tried
+    /// (benches/results/2026-12-07c/sitting.sh)
+    #[arg(long, default_value = "2x4x16", value_parser = crate::paths::Shape::parse_any)]
+    pub minimal: crate::paths::Shape,
     /// the 64-task path's ceiling and minimal client send `gets`, as newcache does, instead of
     /// `get` (whose replies carry no CAS)
     #[arg(long)]

@@ -38,51 +38,65 @@ pub fn watch_server(pid: u32) {
     SERVERS.lock().unwrap_or_else(|e| e.into_inner()).push(pid);
 }
 
-/// Nanoseconds on the CPU of every thread of process `pid` so far (but `--busy-core`'s).
-fn cpu_ns(pid: &str) -> u64 {
+/// Nanoseconds on the CPU of every thread of process `pid` so far (but `--busy-core`'s), and
+/// how many times they were put on a CPU (`schedstat`'s third field: a thread that sleeps
+/// and is woken counts one each time; so does one preempted and resumed).
+fn cpu_ns(pid: &str) -> [u64; 2] {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return 0;
+        return [0; 2];
     };
     let spinner = SPINNER.load(Ordering::Relaxed).to_string();
     tasks
         .filter_map(|t| t.ok())
         .filter(|t| t.file_name().to_str() != Some(spinner.as_str()))
         .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
-        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
-        .sum()
+        .map(|s| {
+            let mut f = s.split_whitespace().map(|f| f.parse::<u64>().unwrap_or(0));
+            let ns = f.next().unwrap_or(0);
+            [ns, f.nth(1).unwrap_or(0)]
+        })
+        .fold([0; 2], |a, b| [a[0] + b[0], a[1] + b[1]])
 }
 
-/// This process's and the server's CPU nanoseconds so far.
-pub fn now() -> [u64; 2] {
+/// This process's and the server's CPU nanoseconds, then times put on a CPU, so far.
+pub fn now() -> [u64; 4] {
     let servers = SERVERS.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    let server = servers.iter().map(|pid| cpu_ns(&pid.to_string())).sum();
-    [cpu_ns("self"), server]
+    let server = servers
+        .iter()
+        .map(|pid| cpu_ns(&pid.to_string()))
+        .fold([0; 2], |a, b| [a[0] + b[0], a[1] + b[1]]);
+    let client = cpu_ns("self");
+    [client[0], server[0], client[1], server[1]]
 }
 
-/// CPU time a side spent, and its calls.
+/// CPU time a side spent, the times its threads were put on a CPU, and its calls.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Spent {
-    pub ns: [u64; 2],
+    /// The client's and the server's nanoseconds, then their times put on a CPU.
+    pub ns: [u64; 4],
     pub ops: u64,
 }
 
 impl Spent {
-    pub fn add(&mut self, before: [u64; 2], after: [u64; 2], ops: usize) {
-        for i in 0..2 {
+    pub fn add(&mut self, before: [u64; 4], after: [u64; 4], ops: usize) {
+        for i in 0..4 {
             self.ns[i] += after[i].saturating_sub(before[i]);
         }
         self.ops += ops as u64;
     }
 
-    /// `client X us + server Y us = Z us of CPU per call`.
+    /// `client X us + server Y us = Z us of CPU per call; put on a CPU: client A, server B
+    /// per call`.
     pub fn per_call(&self) -> String {
-        let us = |ns: u64| ns as f64 / 1e3 / self.ops.max(1) as f64;
-        let [c, s] = self.ns;
+        let per = |n: u64| n as f64 / self.ops.max(1) as f64;
+        let [c, s, cs, ss] = self.ns;
         format!(
-            "client {:.2} us + server {:.2} us = {:.2} us CPU per call",
-            us(c),
-            us(s),
-            us(c + s)
+            "client {:.2} us + server {:.2} us = {:.2} us CPU per call; put on a CPU: client {:.3}, server {:.3} per call",
+            per(c) / 1e3,
+            per(s) / 1e3,
+            per(c + s) / 1e3,
+            per(cs),
+            per(ss)
         )
     }
 }

@@ -8,11 +8,12 @@
 //! | `AsyncCache::get`, one task, multi-thread (2 workers) and current-thread runtimes | a bare tokio socket's `get` on the same runtime |
 //! | `AsyncCache::get`, 64 tasks, 1,000 hot keys, multi-thread | async-memcached 0.9, a client per task |
 //!
-//! The 64-task path has three more sides: the batching ceiling (bare sockets carrying the 64
+//! The 64-task path has four more sides: the batching ceiling (bare sockets carrying the 64
 //! gets as `get` lines, `--ceiling`), a minimal client (the facade's work of each get on the
 //! memory backend, its I/O by one of two batchers on bare sockets that answer each caller
-//! through a oneshot: `minimal.rs`), and the facade's work alone; each side's CPU a get (client
-//! and servers) is printed once the path is done. With `--gets` the ceiling and the minimal
+//! through a oneshot: `minimal.rs`, `--minimal`), the same without its sockets (its batchers
+//! answer at once), and the facade's work alone; each side's CPU a get (client and servers) is
+//! printed once the path is done, and the minimal client's mean gets a round. With `--gets` the ceiling and the minimal
 //! client send `gets`, as newcache does (memcached's CPU a get is the same either way here:
 //! `benches/results/2026-12-07b/NOTES.md`).
 //!
@@ -61,6 +62,7 @@ use server::Memcached;
 fn main() -> Result<(), BoxError> {
     let args = Args::from_command_line();
     items::GETS.store(args.gets, std::sync::atomic::Ordering::Relaxed);
+    let _ = paths::ONLY_SIDES.set(args.only_sides.clone());
     let started_unix_s = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64());
@@ -181,7 +183,7 @@ fn on_memcached(
                         &setup,
                         &rt,
                         &cache,
-                        args.ceiling,
+                        (args.ceiling, args.minimal),
                         rounds,
                         ops * 10,
                         slices,

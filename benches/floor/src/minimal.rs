@@ -1,4 +1,4 @@
-//! A minimal client of the 64-task path (a fourth side of `--path async-get-64`): one design of
+//! A minimal client of the 64-task path (a side of `--path async-get-64`): one design of
 //! a client whose callers are 64 tasks, each awaiting its own reply and doing the facade's work
 //! of its get, that batches their gets as the ceiling does and does little else.
 //!
@@ -9,12 +9,12 @@
 //! - queues the derived key for its batcher and awaits its value's length on a oneshot: one
 //!   wake-up of the caller a get.
 //!
-//! There are [`SOCKETS`] batchers, each serving every [`SOCKETS`]th caller: as many as newcache
-//! opens connections to a server by default (`async_connections`). Each is a task on the same
-//! runtime with a bare socket (nodelay). It writes what is queued as `get` lines of at most
-//! [`KEYS`] keys, [`DEPTH`] lines in flight, reads each reply whole, checks each value's key and
-//! answers its callers in order, then yields a scheduler turn so that the callers it woke queue
-//! their next gets before it writes again. Like the ceiling it sends `get`, not `gets`, and does
+//! Its shape is `--minimal SxDxK` (2x4x16 by default): S batchers, each serving every Sth
+//! caller (2: as many as newcache opens connections to a server by default,
+//! `async_connections`). Each is a task on the same runtime with a bare socket (nodelay). It
+//! writes what is queued as `get` lines of at most K keys, D lines in flight, reads each reply
+//! whole, checks each value's key and answers its callers in order, then yields a scheduler
+//! turn so that the callers it woke queue their next gets before it writes again. Like the ceiling it sends `get`, not `gets`, and does
 //! not merge a line's repeated keys. It has none of the real client's other duties
 //! (cancellation safety, failures, health, commands other than `get`).
 
@@ -26,15 +26,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{Notify, oneshot};
 
 use crate::items::{BoxError, Items, Value};
-use crate::paths::Getter;
+use crate::paths::{Getter, Shape};
 
-/// Batchers, each with a socket of its own (newcache's `async_connections` default; of 1, 2, 4
-/// and 8 tried, 2 was the fastest).
-pub const SOCKETS: usize = 2;
-/// Keys a line at most.
-pub const KEYS: usize = 16;
-/// Lines in flight at most.
-pub const DEPTH: usize = 4;
 /// How long the batcher waits for a reply's bytes (a key missing would leave it short).
 const REPLY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -115,40 +108,73 @@ impl Getter for MinimalGetter {
     }
 }
 
-/// The batcher's socket and buffers, kept across runs.
+/// The batcher's socket and buffers, kept across runs; no socket: it answers each get at once
+/// from its items ([`Batcher::without_socket`]).
 pub struct Batcher {
-    stream: tokio::net::TcpStream,
+    stream: Option<tokio::net::TcpStream>,
+    /// Lines in flight at most.
+    depth: usize,
+    /// Keys a line at most.
+    keys: usize,
     buf: Vec<u8>,
     line: Vec<u8>,
+    /// Rounds answered, and gets answered in them (for the mean round).
+    pub rounds: u64,
+    pub answered: u64,
 }
 
 /// The key and byte length of each value in a whole `get` reply, in order, or `None` if it is
 /// not one.
 fn values(reply: &[u8]) -> Option<Vec<(&[u8], usize)>> {
-    let mut found = Vec::with_capacity(KEYS);
+    let mut found = Vec::new();
     crate::paths::each_value(reply, |key, len| found.push((key, len)))?;
     Some(found)
 }
 
 impl Batcher {
-    pub async fn connect(addr: &str) -> Result<Batcher, BoxError> {
+    /// A batcher on a socket to `addr`, with `shape`'s lines in flight and keys a line.
+    pub async fn connect(addr: &str, shape: Shape) -> Result<Batcher, BoxError> {
         let stream = tokio::net::TcpStream::connect(addr).await?;
         stream.set_nodelay(true)?;
         Ok(Batcher {
-            stream,
+            stream: Some(stream),
+            depth: shape.depth,
+            keys: shape.keys,
             buf: vec![0; 256 * 1024],
             line: Vec::with_capacity(16 * 1024),
+            rounds: 0,
+            answered: 0,
         })
+    }
+
+    /// A batcher with no socket: the minimal client without its I/O. It answers its callers
+    /// a line's keys at a time, as a line's reply would, each with its item's stored length. It
+    /// waits for a line's worth of callers (while they keep coming: it answers fewer once the
+    /// queue stops growing over a scheduler turn), so that its rounds are no smaller than the
+    /// socket's and its cost a get is not inflated by rounds of one.
+    pub fn without_socket(shape: Shape) -> Batcher {
+        Batcher {
+            stream: None,
+            depth: shape.depth,
+            keys: shape.keys,
+            buf: Vec::new(),
+            line: Vec::new(),
+            rounds: 0,
+            answered: 0,
+        }
     }
 
     /// Serves `shared`'s queue until its stop is set and nothing is queued or in flight.
     pub async fn run(&mut self, shared: &Shared, items: &Items) -> Result<(), BoxError> {
+        let Some(stream) = self.stream.as_mut() else {
+            return self.answer_at_once(shared, items).await;
+        };
         // Each line in flight: its callers (in key order) and its whole reply's length.
-        let mut in_flight: VecDeque<(Vec<Queued>, usize)> = VecDeque::with_capacity(DEPTH);
+        let mut in_flight: VecDeque<(Vec<Queued>, usize)> = VecDeque::with_capacity(self.depth);
         let mut have = 0;
         loop {
-            while in_flight.len() < DEPTH {
-                let taken = shared.take(KEYS);
+            while in_flight.len() < self.depth {
+                let taken = shared.take(self.keys);
                 if taken.is_empty() {
                     break;
                 }
@@ -162,7 +188,7 @@ impl Batcher {
                     len += reply_lens[*i] - 5;
                 }
                 self.line.extend_from_slice(b"\r\n");
-                self.stream.write_all(&self.line).await?;
+                stream.write_all(&self.line).await?;
                 in_flight.push_back((taken, len));
             }
             if in_flight.is_empty() {
@@ -172,10 +198,10 @@ impl Batcher {
                 shared.notify.notified().await;
                 continue;
             }
-            let room = in_flight.len() < DEPTH;
+            let room = in_flight.len() < self.depth;
             tokio::select! {
                 biased;
-                r = tokio::time::timeout(REPLY_TIMEOUT, self.stream.read(&mut self.buf[have..])) => match r.map_err(|_| "no reply in time")?? {
+                r = tokio::time::timeout(REPLY_TIMEOUT, stream.read(&mut self.buf[have..])) => match r.map_err(|_| "no reply in time")?? {
                     0 => return Err("connection closed by the server".into()),
                     n => have += n,
                 },
@@ -196,6 +222,8 @@ impl Batcher {
                 let found = values(&self.buf[..len])
                     .filter(|l| l.len() == callers.len())
                     .ok_or("a line's reply is not one value a key")?;
+                self.rounds += 1;
+                self.answered += callers.len() as u64;
                 for ((i, tx), (key, n)) in callers.into_iter().zip(found) {
                     let _ = tx.send((key == items.derived[i].as_bytes()).then_some(n));
                 }
@@ -206,6 +234,36 @@ impl Batcher {
             if answered {
                 tokio::task::yield_now().await;
             }
+        }
+    }
+
+    /// [`Batcher::without_socket`]'s loop.
+    async fn answer_at_once(&mut self, shared: &Shared, items: &Items) -> Result<(), BoxError> {
+        let mut seen = 0;
+        loop {
+            let queued = shared.queue().gets.len();
+            if queued == 0 {
+                if shared.stop.load(Ordering::Acquire) {
+                    return Ok(());
+                }
+                seen = 0;
+                shared.notify.notified().await;
+                continue;
+            }
+            if queued < self.keys && queued > seen {
+                // More may come: let the callers woken last queue theirs first.
+                seen = queued;
+                tokio::task::yield_now().await;
+                continue;
+            }
+            seen = 0;
+            let taken = shared.take(self.keys);
+            self.rounds += 1;
+            self.answered += taken.len() as u64;
+            for (i, tx) in taken {
+                let _ = tx.send(Some(items.stored_lens[i]));
+            }
+            tokio::task::yield_now().await;
         }
     }
 }
@@ -274,6 +332,71 @@ mod tests {
     use crate::items::{FLAVOR, TTL, VERSION};
     use std::time::Duration;
 
+    /// A memory-backend cache holding every hot key the callers draw from, and their items
+    /// (made-up derived keys; stored length 130).
+    async fn memory_and_items() -> (newcache::AsyncCache, Arc<Items>) {
+        let memory = newcache::Cache::builder()
+            .flavor(FLAVOR)
+            .version(VERSION)
+            .in_memory()
+            .build_async()
+            .unwrap();
+        // Every hot key the callers draw from.
+        let n = crate::paths::KEYS;
+        let user: Vec<String> = (0..n).map(|i| format!("k{i}")).collect();
+        for (i, k) in user.iter().enumerate() {
+            memory.set(k, &Value::new(i), TTL).await.unwrap();
+        }
+        let items = Arc::new(Items {
+            derived: (0..n).map(|i| format!("d{i}")).collect(),
+            user,
+            requests: Vec::new(),
+            reply_lens: vec![200; n],
+            gets_reply_lens: vec![210; n],
+            stored_lens: vec![130; n],
+            value_lens: vec![100; n],
+        });
+        (memory, items)
+    }
+
+    #[test]
+    fn a_batcher_without_socket_answers_every_caller_in_rounds_of_its_lines() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let (memory, items) = memory_and_items().await;
+            let shared = Arc::new(Shared::default());
+            let getters = (0..32)
+                .map(|_| MinimalGetter {
+                    memory: memory.clone(),
+                    items: Arc::clone(&items),
+                    shared: Arc::clone(&shared),
+                })
+                .collect();
+            let shape = Shape {
+                sockets: 1,
+                depth: 1,
+                keys: 16,
+            };
+            let ran = tokio::time::timeout(
+                Duration::from_secs(30),
+                run(vec![Batcher::without_socket(shape)], getters, 100),
+            )
+            .await
+            .expect("the run ends");
+            // Each caller checks the length it was given against its key's.
+            let (batchers, _, _) = ran.expect("every get answered with its own item's length");
+            assert_eq!(batchers[0].answered, 32 * 100);
+            assert!(
+                batchers[0].rounds >= 3200 / 16,
+                "no round over a line's keys"
+            );
+        });
+    }
+
     #[test]
     fn a_batcher_that_fails_fails_its_callers_rather_than_leaving_them_waiting() {
         let rt = tokio::runtime::Builder::new_multi_thread()
@@ -295,27 +418,7 @@ mod tests {
                     }
                 }
             });
-            let memory = newcache::Cache::builder()
-                .flavor(FLAVOR)
-                .version(VERSION)
-                .in_memory()
-                .build_async()
-                .unwrap();
-            // Every hot key the callers draw from.
-            let n = crate::paths::KEYS;
-            let user: Vec<String> = (0..n).map(|i| format!("k{i}")).collect();
-            for (i, k) in user.iter().enumerate() {
-                memory.set(k, &Value::new(i), TTL).await.unwrap();
-            }
-            let items = Arc::new(Items {
-                derived: (0..n).map(|i| format!("d{i}")).collect(),
-                user,
-                requests: Vec::new(),
-                reply_lens: vec![200; n],
-                gets_reply_lens: vec![210; n],
-                stored_lens: vec![130; n],
-                value_lens: vec![100; n],
-            });
+            let (memory, items) = memory_and_items().await;
             let shared = Arc::new(Shared::default());
             let getters = (0..8)
                 .map(|_| MinimalGetter {
@@ -324,7 +427,12 @@ mod tests {
                     shared: Arc::clone(&shared),
                 })
                 .collect();
-            let batcher = Batcher::connect(&addr).await.unwrap();
+            let shape = Shape {
+                sockets: 1,
+                depth: 4,
+                keys: 16,
+            };
+            let batcher = Batcher::connect(&addr, shape).await.unwrap();
             let ran =
                 tokio::time::timeout(Duration::from_secs(30), run(vec![batcher], getters, 100))
                     .await

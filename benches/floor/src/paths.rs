@@ -35,6 +35,16 @@ impl Run {
 /// A side of a path: one run of `ops` calls.
 pub type Side<'a> = Box<dyn FnMut(usize) -> Result<Run, BoxError> + 'a>;
 
+/// The sides to run (1-based; empty: all), from `--only-side`.
+pub static ONLY_SIDES: std::sync::OnceLock<Vec<usize>> = std::sync::OnceLock::new();
+
+/// Whether side `s` (0-based) runs.
+fn runs_side(s: usize) -> bool {
+    ONLY_SIDES
+        .get()
+        .is_none_or(|only| only.is_empty() || only.contains(&(s + 1)))
+}
+
 /// Runs every side once per round, in the order given in even rounds and reversed in odd ones,
 /// after one uncounted warm-up run of each (a tenth of the calls). With `slices` above 1, a
 /// round's calls are cut into that many slices and the order alternates slice by slice as well
@@ -48,8 +58,10 @@ pub fn interleave(
     slices: usize,
     sides: &mut [Side<'_>],
 ) -> Result<Vec<Vec<Run>>, BoxError> {
-    for side in sides.iter_mut() {
-        side((ops / 10).max(1))?;
+    for (s, side) in sides.iter_mut().enumerate() {
+        if runs_side(s) {
+            side((ops / 10).max(1))?;
+        }
     }
     let per_slice = (ops / slices).max(1);
     let mut runs = vec![Vec::with_capacity(rounds); sides.len()];
@@ -62,6 +74,13 @@ pub fn interleave(
                 order.reverse();
             }
             for &s in &order {
+                if !runs_side(s) {
+                    parts[s].push(Run {
+                        us_per_op: f64::NAN,
+                        p99_us: f64::NAN,
+                    });
+                    continue;
+                }
                 let before = crate::cpu::now();
                 parts[s].push(sides[s](per_slice)?);
                 spent[s].add(before, crate::cpu::now(), per_slice);
@@ -442,6 +461,30 @@ impl Shape {
         }
     }
 
+    /// `SxDxK` of any product (a minimal client's lines are filled by whoever is queued).
+    pub fn parse_any(s: &str) -> Result<Shape, String> {
+        let n: Vec<usize> = s
+            .split('x')
+            .map(str::parse)
+            .collect::<Result<_, _>>()
+            .map_err(|e| format!("{s:?}: {e}"))?;
+        match n[..] {
+            [sockets, depth, keys] if n.iter().all(|&x| x > 0) => Ok(Shape {
+                sockets,
+                depth,
+                keys,
+            }),
+            _ => Err(format!(
+                "{s:?}: batchers x lines in flight on each x keys a line, none 0"
+            )),
+        }
+    }
+
+    /// `SxDxK`.
+    pub fn short(&self) -> String {
+        format!("{}x{}x{}", self.sockets, self.depth, self.keys)
+    }
+
     pub fn label(&self) -> String {
         format!(
             "ceiling: bare sockets ({}), the 64 gets in flight as get lines ({} on each, {} keys a line)",
@@ -667,27 +710,36 @@ pub async fn run_tasks<G: Getter>(
     Ok((getters, run))
 }
 
-/// The minimal client's label ([`crate::minimal`]).
-const MINIMAL: &str =
-    "minimal client: the facade's work (memory backend) + a oneshot to a batcher (2x4x16)";
+/// The minimal client's label ([`crate::minimal`]) in `shape`.
+fn minimal_label(shape: Shape) -> String {
+    format!(
+        "minimal client: the facade's work (memory backend) + a oneshot to a batcher ({})",
+        shape.short()
+    )
+}
 
 /// The facade-alone side's label (a [`CacheGetter`] of the memory-backend cache).
 const FACADE: &str = "the facade's work alone: AsyncCache::get on the memory backend, 64 tasks";
 
 /// `AsyncCache::get` from 64 tasks (one shared cache) against async-memcached 0.9 with a
 /// client per task, and both against the batching ceiling ([`Ceiling`]); the minimal client
-/// ([`crate::minimal`]) against newcache, async-memcached and the facade's work alone; all on
-/// the 2-worker runtime; `ops` gets per run, spread over the tasks.
+/// ([`crate::minimal`], in `minimal_shape`) against newcache, async-memcached, the facade's
+/// work alone and itself without its sockets; all on the 2-worker runtime; `ops` gets per run, spread over the tasks.
 pub fn async_get_64(
     s: &Setup,
     rt: &tokio::runtime::Runtime,
     cache: &newcache::AsyncCache,
-    shape: Shape,
+    (shape, minimal_shape): (Shape, Shape),
     rounds: usize,
     ops: usize,
     slices: usize,
 ) -> Result<Vec<Row>, BoxError> {
     let items = &s.single_items;
+    let minimal_name = minimal_label(minimal_shape);
+    let no_socket_name = format!(
+        "the minimal client without its socket: its batchers answer {} callers at a time at once",
+        minimal_shape.keys
+    );
     let mut ours: Option<Vec<CacheGetter>> = Some(CacheGetter::per_task(cache, items));
     let theirs: Vec<McGetter> = rt.block_on(async {
         let mut v = Vec::with_capacity(TASKS);
@@ -711,13 +763,25 @@ pub fn async_get_64(
         }
         Ok::<_, BoxError>(())
     })?;
-    let shared: Vec<_> = (0..crate::minimal::SOCKETS)
+    let shared: Vec<_> = (0..minimal_shape.sockets)
         .map(|_| Arc::new(crate::minimal::Shared::default()))
         .collect();
     let mut batchers = Vec::with_capacity(shared.len());
     for _ in &shared {
-        batchers.push(rt.block_on(crate::minimal::Batcher::connect(&s.addrs[0]))?);
+        batchers.push(rt.block_on(crate::minimal::Batcher::connect(&s.addrs[0], minimal_shape))?);
     }
+    let mut unplugged = Some((
+        (0..minimal_shape.sockets)
+            .map(|_| crate::minimal::Batcher::without_socket(minimal_shape))
+            .collect::<Vec<_>>(),
+        (0..TASKS)
+            .map(|t| crate::minimal::MinimalGetter {
+                memory: memory.clone(),
+                items: Arc::clone(items),
+                shared: Arc::clone(&shared[t % shared.len()]),
+            })
+            .collect::<Vec<_>>(),
+    ));
     let mut minimal = Some((
         batchers,
         (0..TASKS)
@@ -757,6 +821,13 @@ pub fn async_get_64(
         minimal = Some((batchers, getters));
         Ok(run)
     });
+    let no_socket: Side<'_> = Box::new(|n| {
+        let (batchers, getters) = unplugged.take().ok_or("unplugged client lost")?;
+        let (batchers, getters, run) =
+            rt.block_on(crate::minimal::run(batchers, getters, (n / TASKS).max(1)))?;
+        unplugged = Some((batchers, getters));
+        Ok(run)
+    });
     // The facade's work alone: the same calls on the memory-backend cache (no I/O; its future
     // is ready at once, so no wake-up either).
     let mut alone: Option<Vec<CacheGetter>> = Some(CacheGetter::per_task(&memory, items));
@@ -771,8 +842,21 @@ pub fn async_get_64(
         rounds,
         ops,
         slices,
-        &mut [client, floor, bare, least, facade],
+        &mut [client, floor, bare, least, facade, no_socket],
     )?;
+    for (name, side) in [
+        ("minimal client", &minimal),
+        ("without its socket", &unplugged),
+    ] {
+        if let Some((batchers, _)) = side {
+            let rounds: u64 = batchers.iter().map(|b| b.rounds).sum();
+            let answered: u64 = batchers.iter().map(|b| b.answered).sum();
+            eprintln!(
+                "async-get-64 {name}: {:.1} gets a round ({rounds} rounds)",
+                answered as f64 / rounds.max(1) as f64
+            );
+        }
+    }
     let rate = |runs: &[Run]| -> Vec<f64> { runs.iter().map(|r| 1e6 / r.us_per_op).collect() };
     let p99 = |runs: &[Run]| -> Vec<f64> { runs.iter().map(|r| r.p99_us).collect() };
     let path = "AsyncCache::get, 64 tasks, 1,000 hot keys, multi-thread (2 workers)";
@@ -800,9 +884,15 @@ pub fn async_get_64(
             rate(&runs[1]),
             rate(&runs[2]),
         ),
-        Row::new(path, MINIMAL, "gets/s", rate(&runs[0]), rate(&runs[3])),
         Row::new(
-            format!("  {MINIMAL}"),
+            path,
+            &minimal_name,
+            "gets/s",
+            rate(&runs[0]),
+            rate(&runs[3]),
+        ),
+        Row::new(
+            format!("  {minimal_name}"),
             floor,
             "gets/s",
             rate(&runs[3]),
@@ -816,11 +906,18 @@ pub fn async_get_64(
             p99(&runs[1]),
         ),
         Row::new(
-            format!("  {MINIMAL}"),
+            format!("  {minimal_name}"),
             FACADE,
             "gets/s",
             rate(&runs[3]),
             rate(&runs[4]),
+        ),
+        Row::new(
+            format!("  {minimal_name}"),
+            &no_socket_name,
+            "gets/s",
+            rate(&runs[3]),
+            rate(&runs[5]),
         ),
     ])
 }
@@ -841,6 +938,16 @@ mod tests {
             None,
             "a wrong length"
         );
+    }
+
+    #[test]
+    fn a_minimal_clients_shape_has_no_zero() {
+        let s = Shape::parse_any("2x1x64").unwrap();
+        assert_eq!((s.sockets, s.depth, s.keys), (2, 1, 64));
+        assert_eq!(s.short(), "2x1x64");
+        assert!(Shape::parse_any("2x0x16").is_err());
+        assert!(Shape::parse_any("2x4").is_err());
+        assert!(Shape::parse_any("2x4x16x1").is_err());
     }
 
     #[test]

@@ -1,0 +1,20 @@
+#!/bin/sh
+# 2026-12-07c: how far clients of 64 awaiting tasks get on this machine. Run from the project
+# root after `cargo build --release -p newcache-floor --bins`; nothing else running.
+#
+# 1. The minimal client in six shapes (batchers x lines in flight x keys a line), two passes
+#    alternated, 3 rounds each (every run also measures newcache, async-memcached, the ceiling,
+#    the minimal client without its sockets and the facade alone).
+# 2. The README's 64-task rows: two runs of the default shapes, 9 rounds each.
+set -e
+out=benches/results/2026-12-07c
+F=target/release/floor
+for i in 1 2; do
+  for shape in 2x4x16 2x8x8 2x2x32 2x4x32 2x1x64 2x4x8; do
+    $F --rounds 3 --path async-get-64 --minimal $shape --json $out/shape-$shape-$i.json \
+      > $out/shape-$shape-$i.md 2> $out/shape-$shape-$i.err
+  done
+done
+for i in 1 2; do
+  $F --rounds 9 --path async-get-64 --json $out/final-a64-$i.json > $out/final-a64-$i.md 2> $out/final-a64-$i.err
+done
