@@ -359,23 +359,24 @@ mod tests {
         (memory, items)
     }
 
+    /// `n` callers of the minimal client sharing one queue.
+    fn callers(n: usize, memory: &newcache::AsyncCache, items: &Arc<Items>) -> Vec<MinimalGetter> {
+        let shared = Arc::new(Shared::default());
+        (0..n)
+            .map(|_| MinimalGetter {
+                memory: memory.clone(),
+                items: Arc::clone(items),
+                shared: Arc::clone(&shared),
+            })
+            .collect()
+    }
+
     #[test]
     fn a_batcher_without_socket_answers_every_caller_in_rounds_of_its_lines() {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
+        let rt = crate::paths::runtime(true).unwrap();
         rt.block_on(async {
             let (memory, items) = memory_and_items().await;
-            let shared = Arc::new(Shared::default());
-            let getters = (0..32)
-                .map(|_| MinimalGetter {
-                    memory: memory.clone(),
-                    items: Arc::clone(&items),
-                    shared: Arc::clone(&shared),
-                })
-                .collect();
+            let getters = callers(32, &memory, &items);
             let shape = Shape {
                 sockets: 1,
                 depth: 1,
@@ -399,11 +400,7 @@ mod tests {
 
     #[test]
     fn a_batcher_that_fails_fails_its_callers_rather_than_leaving_them_waiting() {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
+        let rt = crate::paths::runtime(true).unwrap();
         rt.block_on(async {
             // A server that answers every line with bytes that are no `get` reply.
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -419,14 +416,7 @@ mod tests {
                 }
             });
             let (memory, items) = memory_and_items().await;
-            let shared = Arc::new(Shared::default());
-            let getters = (0..8)
-                .map(|_| MinimalGetter {
-                    memory: memory.clone(),
-                    items: Arc::clone(&items),
-                    shared: Arc::clone(&shared),
-                })
-                .collect();
+            let getters = callers(8, &memory, &items);
             let shape = Shape {
                 sockets: 1,
                 depth: 4,

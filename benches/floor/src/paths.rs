@@ -438,27 +438,14 @@ pub struct Shape {
 }
 
 impl Shape {
-    /// `SxDxK`, e.g. `1x2x32`.
+    /// `SxDxK`, e.g. `1x2x32`, whose product is [`TASKS`] (a ceiling's gets in flight).
     pub fn parse(s: &str) -> Result<Shape, String> {
-        let n: Vec<usize> = s
-            .split('x')
-            .map(str::parse)
-            .collect::<Result<_, _>>()
-            .map_err(|e| format!("{s:?}: {e}"))?;
-        match n[..] {
-            [sockets, depth, keys]
-                if sockets * depth * keys == TASKS && n.iter().all(|&x| x > 0) =>
-            {
-                Ok(Shape {
-                    sockets,
-                    depth,
-                    keys,
-                })
-            }
-            _ => Err(format!(
-                "{s:?}: sockets x lines in flight x keys a line, whose product is {TASKS}"
-            )),
-        }
+        Shape::parse_any(s)
+            .ok()
+            .filter(|n| n.sockets * n.depth * n.keys == TASKS)
+            .ok_or_else(|| {
+                format!("{s:?}: sockets x lines in flight x keys a line, whose product is {TASKS}")
+            })
     }
 
     /// `SxDxK` of any product (a minimal client's lines are filled by whoever is queued).
@@ -763,34 +750,30 @@ pub fn async_get_64(
         }
         Ok::<_, BoxError>(())
     })?;
-    let shared: Vec<_> = (0..minimal_shape.sockets)
-        .map(|_| Arc::new(crate::minimal::Shared::default()))
-        .collect();
-    let mut batchers = Vec::with_capacity(shared.len());
-    for _ in &shared {
+    // Each caller shares the queue of every `sockets`th caller; the socketless side has queues
+    // of its own.
+    let callers = || {
+        let queues: Vec<_> = (0..minimal_shape.sockets)
+            .map(|_| Arc::new(crate::minimal::Shared::default()))
+            .collect();
+        (0..TASKS)
+            .map(|t| crate::minimal::MinimalGetter {
+                memory: memory.clone(),
+                items: Arc::clone(items),
+                shared: Arc::clone(&queues[t % queues.len()]),
+            })
+            .collect::<Vec<_>>()
+    };
+    let mut batchers = Vec::with_capacity(minimal_shape.sockets);
+    for _ in 0..minimal_shape.sockets {
         batchers.push(rt.block_on(crate::minimal::Batcher::connect(&s.addrs[0], minimal_shape))?);
     }
+    let mut minimal = Some((batchers, callers()));
     let mut unplugged = Some((
         (0..minimal_shape.sockets)
             .map(|_| crate::minimal::Batcher::without_socket(minimal_shape))
             .collect::<Vec<_>>(),
-        (0..TASKS)
-            .map(|t| crate::minimal::MinimalGetter {
-                memory: memory.clone(),
-                items: Arc::clone(items),
-                shared: Arc::clone(&shared[t % shared.len()]),
-            })
-            .collect::<Vec<_>>(),
-    ));
-    let mut minimal = Some((
-        batchers,
-        (0..TASKS)
-            .map(|t| crate::minimal::MinimalGetter {
-                memory: memory.clone(),
-                items: Arc::clone(items),
-                shared: Arc::clone(&shared[t % shared.len()]),
-            })
-            .collect::<Vec<_>>(),
+        callers(),
     ));
     let client: Side<'_> = Box::new(|n| {
         let getters = ours.take().ok_or("getters lost")?;
