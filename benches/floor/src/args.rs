@@ -72,7 +72,8 @@ pub struct Args {
     pub slices: usize,
     /// run only this side of each path (repeatable; 1 is the client, 2 its floor, then the
     /// path's other sides in the order its CPU lines print), the others skipped: for profiling
-    /// one side (`perf stat`, callgrind). The ratios involving a skipped side read NaN
+    /// one side (callgrind; `perf record` of the client's threads). The ratios involving a
+    /// skipped side read NaN (null in `--json`); a number past a path's sides skips them all
     #[arg(long = "only-side", value_name = "N")]
     pub only_sides: Vec<usize>,
     /// a path to run (repeatable) [default: all; on Redis, all but sync-get-many]
@@ -160,6 +161,9 @@ impl Args {
         if self.rounds == 0 || self.slices == 0 || self.memcached_threads == 0 {
             return Err("--rounds, --slices and --memcached-threads must be at least 1".into());
         }
+        if self.only_sides.contains(&0) {
+            return Err("--only-side counts from 1 (the client)".into());
+        }
         // A get_many slice makes ops / 10 / slices calls.
         if self.ops < 100 * self.slices {
             return Err("--ops must be at least 100 per slice".into());
@@ -205,6 +209,11 @@ mod tests {
         }
         let args = Args::try_parse_from(["floor", "--ops", "10"]).unwrap();
         assert!(args.check().is_err());
+        let one = Args::try_parse_from(["floor", "--only-side", "1", "--only-side", "4"]).unwrap();
+        assert_eq!(one.only_sides, [1, 4]);
+        assert!(one.check().is_ok());
+        let zero = Args::try_parse_from(["floor", "--only-side", "0"]).unwrap();
+        assert!(zero.check().is_err());
     }
 
     #[test]

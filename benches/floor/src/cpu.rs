@@ -41,7 +41,7 @@ pub fn watch_server(pid: u32) {
 /// Nanoseconds on the CPU of every thread of process `pid` so far (but `--busy-core`'s), and
 /// how many times they were put on a CPU (`schedstat`'s third field: a thread that sleeps
 /// and is woken counts one each time; so does one preempted and resumed).
-fn cpu_ns(pid: &str) -> [u64; 2] {
+fn on_cpu(pid: &str) -> [u64; 2] {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return [0; 2];
     };
@@ -63,24 +63,24 @@ pub fn now() -> [u64; 4] {
     let servers = SERVERS.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let server = servers
         .iter()
-        .map(|pid| cpu_ns(&pid.to_string()))
+        .map(|pid| on_cpu(&pid.to_string()))
         .fold([0; 2], |a, b| [a[0] + b[0], a[1] + b[1]]);
-    let client = cpu_ns("self");
+    let client = on_cpu("self");
     [client[0], server[0], client[1], server[1]]
 }
 
 /// CPU time a side spent, the times its threads were put on a CPU, and its calls.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Spent {
-    /// The client's and the server's nanoseconds, then their times put on a CPU.
-    pub ns: [u64; 4],
+    /// The client's and the server's nanoseconds on a CPU, then their times put on one.
+    pub totals: [u64; 4],
     pub ops: u64,
 }
 
 impl Spent {
     pub fn add(&mut self, before: [u64; 4], after: [u64; 4], ops: usize) {
         for i in 0..4 {
-            self.ns[i] += after[i].saturating_sub(before[i]);
+            self.totals[i] += after[i].saturating_sub(before[i]);
         }
         self.ops += ops as u64;
     }
@@ -89,7 +89,7 @@ impl Spent {
     /// per call`.
     pub fn per_call(&self) -> String {
         let per = |n: u64| n as f64 / self.ops.max(1) as f64;
-        let [c, s, cs, ss] = self.ns;
+        let [c, s, cs, ss] = self.totals;
         format!(
             "client {:.2} us + server {:.2} us = {:.2} us CPU per call; put on a CPU: client {:.3}, server {:.3} per call",
             per(c) / 1e3,

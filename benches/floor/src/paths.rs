@@ -104,7 +104,10 @@ pub fn interleave(
         );
     }
     for (s, spent) in spent.iter().enumerate() {
-        eprintln!("{name} side {}: {}", s + 1, spent.per_call());
+        match runs_side(s) {
+            true => eprintln!("{name} side {}: {}", s + 1, spent.per_call()),
+            false => eprintln!("{name} side {}: skipped (--only-side)", s + 1),
+        }
     }
     Ok(runs)
 }
@@ -456,13 +459,13 @@ impl Shape {
             .collect::<Result<_, _>>()
             .map_err(|e| format!("{s:?}: {e}"))?;
         match n[..] {
-            [sockets, depth, keys] if n.iter().all(|&x| x > 0) => Ok(Shape {
+            [sockets, depth, keys] if n.iter().all(|&x| x > 0) && sockets <= TASKS => Ok(Shape {
                 sockets,
                 depth,
                 keys,
             }),
             _ => Err(format!(
-                "{s:?}: batchers x lines in flight on each x keys a line, none 0"
+                "{s:?}: batchers (1 to {TASKS}) x lines in flight on each x keys a line, none 0"
             )),
         }
     }
@@ -724,7 +727,7 @@ pub fn async_get_64(
     let items = &s.single_items;
     let minimal_name = minimal_label(minimal_shape);
     let no_socket_name = format!(
-        "the minimal client without its socket: its batchers answer {} callers at a time at once",
+        "the minimal client without its socket: its batchers answer at most {} callers at a time at once",
         minimal_shape.keys
     );
     let mut ours: Option<Vec<CacheGetter>> = Some(CacheGetter::per_task(cache, items));
@@ -834,6 +837,10 @@ pub fn async_get_64(
         if let Some((batchers, _)) = side {
             let rounds: u64 = batchers.iter().map(|b| b.rounds).sum();
             let answered: u64 = batchers.iter().map(|b| b.answered).sum();
+            if rounds == 0 {
+                // Skipped (`--only-side`).
+                continue;
+            }
             eprintln!(
                 "async-get-64 {name}: {:.1} gets a round ({rounds} rounds)",
                 answered as f64 / rounds.max(1) as f64
@@ -928,7 +935,10 @@ mod tests {
         let s = Shape::parse_any("2x1x64").unwrap();
         assert_eq!((s.sockets, s.depth, s.keys), (2, 1, 64));
         assert_eq!(s.short(), "2x1x64");
-        assert!(Shape::parse_any("2x0x16").is_err());
+        assert!(Shape::parse_any("64x1x1").is_ok());
+        for bad in ["0x4x16", "2x0x16", "2x4x0", "65x1x1"] {
+            assert!(Shape::parse_any(bad).is_err(), "{bad}");
+        }
         assert!(Shape::parse_any("2x4").is_err());
         assert!(Shape::parse_any("2x4x16x1").is_err());
     }
