@@ -2,7 +2,10 @@
 //! connections' tasks) and the server's, read from Linux's `/proc/<pid>/task/*/schedstat`
 //! (nanoseconds on the CPU) around each side's slice, and printed once a path is done. What
 //! the wall-clock ratios cannot say on 2 cores the client and the server share: where the
-//! cycles go. Nothing on a system without `/proc` (the figures read 0).
+//! cycles go. Also the times each side's threads were put on a CPU, and this process's split
+//! of its CPU into user and system time (`/proc/self/task/*/stat`, in the kernel's 10 ms
+//! ticks: summed over a path's slices it is good to a few percent). Nothing on a system without
+//! `/proc` (the figures read 0).
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -58,45 +61,73 @@ fn on_cpu(pid: &str) -> [u64; 2] {
         .fold([0; 2], |a, b| [a[0] + b[0], a[1] + b[1]])
 }
 
-/// This process's and the server's CPU nanoseconds, then times put on a CPU, so far.
-pub fn now() -> [u64; 4] {
+/// User and system time of this process's threads so far (but `--busy-core`'s), in
+/// nanoseconds (from `stat`'s `utime` and `stime`, in ticks of 1/100 s: Linux's `USER_HZ`).
+fn user_system() -> [u64; 2] {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return [0; 2];
+    };
+    let spinner = SPINNER.load(Ordering::Relaxed).to_string();
+    tasks
+        .filter_map(|t| t.ok())
+        .filter(|t| t.file_name().to_str() != Some(spinner.as_str()))
+        .filter_map(|t| std::fs::read_to_string(t.path().join("stat")).ok())
+        .map(|s| {
+            // After the name (in parentheses, perhaps with spaces) come the fields from the
+            // third on: `utime` is the 14th, `stime` the 15th.
+            let rest = s.rsplit_once(')').map_or("", |(_, rest)| rest);
+            let mut f = rest.split_whitespace().skip(11);
+            let mut tick =
+                || f.next().and_then(|t| t.parse::<u64>().ok()).unwrap_or(0) * 10_000_000;
+            [tick(), tick()]
+        })
+        .fold([0; 2], |a, b| [a[0] + b[0], a[1] + b[1]])
+}
+
+/// This process's and the server's CPU nanoseconds, then their times put on a CPU, then this
+/// process's user and system nanoseconds, so far.
+pub fn now() -> [u64; 6] {
     let servers = SERVERS.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let server = servers
         .iter()
         .map(|pid| on_cpu(&pid.to_string()))
         .fold([0; 2], |a, b| [a[0] + b[0], a[1] + b[1]]);
     let client = on_cpu("self");
-    [client[0], server[0], client[1], server[1]]
+    let [user, system] = user_system();
+    [client[0], server[0], client[1], server[1], user, system]
 }
 
 /// CPU time a side spent, the times its threads were put on a CPU, and its calls.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Spent {
-    /// The client's and the server's nanoseconds on a CPU, then their times put on one.
-    pub totals: [u64; 4],
+    /// The client's and the server's nanoseconds on a CPU, then their times put on one, then
+    /// the client's user and system nanoseconds.
+    pub totals: [u64; 6],
     pub ops: u64,
 }
 
 impl Spent {
-    pub fn add(&mut self, before: [u64; 4], after: [u64; 4], ops: usize) {
-        for i in 0..4 {
+    pub fn add(&mut self, before: [u64; 6], after: [u64; 6], ops: usize) {
+        for i in 0..6 {
             self.totals[i] += after[i].saturating_sub(before[i]);
         }
         self.ops += ops as u64;
     }
 
     /// `client X us + server Y us = Z us of CPU per call; put on a CPU: client A, server B
-    /// per call`.
+    /// per call; client user U us, system S us per call`.
     pub fn per_call(&self) -> String {
         let per = |n: u64| n as f64 / self.ops.max(1) as f64;
-        let [c, s, cs, ss] = self.totals;
+        let [c, s, cs, ss, u, k] = self.totals;
         format!(
-            "client {:.2} us + server {:.2} us = {:.2} us CPU per call; put on a CPU: client {:.3}, server {:.3} per call",
+            "client {:.2} us + server {:.2} us = {:.2} us CPU per call; put on a CPU: client {:.3}, server {:.3} per call; client user {:.2} us, system {:.2} us per call",
             per(c) / 1e3,
             per(s) / 1e3,
             per(c + s) / 1e3,
             per(cs),
-            per(ss)
+            per(ss),
+            per(u) / 1e3,
+            per(k) / 1e3
         )
     }
 }

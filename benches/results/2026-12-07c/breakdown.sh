@@ -1,16 +1,30 @@
 #!/bin/sh
 # 2026-12-07c: newcache's 64 tasks (side 1) against the minimal client (side 4), each side run
-# alone (`--only-side`), so that whole-process counters are that side's. Run from the project
+# alone (`--only-side`), so that this process's counters are that side's. Run from the project
 # root after `cargo build --release -p newcache-floor --bins`.
 set -e
 out=benches/results/2026-12-07c
 F=target/release/floor
-# System calls, context switches and CPU of the process (about 620,000 gets: 3 rounds of
-# 199,680 and a warm-up of 19,968).
+# System calls by process (619,008 gets: 3 rounds of 199,680 and a warm-up of 19,968).
+# The memcached the floor starts are its children, which `perf stat` would count too: each
+# call is recorded, then counted by thread name (memcached's, `memcached` and `mc-*`, or this process's). The
+# floor's own CPU lines (.err) give CPU and times put on a CPU by process (the recording
+# itself adds system time).
 for i in 1 2; do
   for side in 1 4; do
-    perf stat -x, -e task-clock,context-switches,syscalls:sys_enter_sendto,syscalls:sys_enter_recvfrom,syscalls:sys_enter_epoll_wait,syscalls:sys_enter_futex,syscalls:sys_enter_write \
-      -o $out/ps-$side-$i.csv $F --rounds 3 --path async-get-64 --only-side $side > /dev/null 2> $out/ps-$side-$i.err
+    perf record -q -o /tmp/pr-$side-$i.data \
+      -e syscalls:sys_enter_sendto,syscalls:sys_enter_recvfrom,syscalls:sys_enter_epoll_wait,syscalls:sys_enter_futex,syscalls:sys_enter_write,syscalls:sys_enter_read,syscalls:sys_enter_sendmsg \
+      $F --rounds 3 --path async-get-64 --only-side $side > /dev/null 2> $out/pr-$side-$i.err
+    perf script -i /tmp/pr-$side-$i.data -F comm,event 2>/dev/null \
+      | awk '{ who = ($1 == "memcached" || $1 ~ /^mc-/) ? "memcached" : "client"; sub(/:$/, "", $NF); n[who " " $NF]++ }
+             END { for (k in n) print k, n[k] }' | sort > $out/pr-$side-$i.counts
+  done
+done
+# The same runs with no profiler: CPU, times put on a CPU, and this process's user and system
+# time a get (the .err files' side lines).
+for i in 1 2; do
+  for side in 1 4; do
+    $F --rounds 3 --path async-get-64 --only-side $side > /dev/null 2> $out/us-$side-$i.err
   done
 done
 # Instructions a get (callgrind): the difference of two runs, 10,944 and 32,896 gets; also the
