@@ -41,18 +41,25 @@ pub fn watch_server(pid: u32) {
     SERVERS.lock().unwrap_or_else(|e| e.into_inner()).push(pid);
 }
 
-/// Nanoseconds on the CPU of every thread of process `pid` so far (but `--busy-core`'s), and
-/// how many times they were put on a CPU (`schedstat`'s third field: a thread that sleeps
-/// and is woken counts one each time; so does one preempted and resumed).
-fn on_cpu(pid: &str) -> [u64; 2] {
+/// The file `name` of every thread of process `pid` (but `--busy-core`'s), read.
+fn each_thread(pid: &str, name: &str) -> Vec<String> {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return [0; 2];
+        return Vec::new();
     };
     let spinner = SPINNER.load(Ordering::Relaxed).to_string();
     tasks
         .filter_map(|t| t.ok())
         .filter(|t| t.file_name().to_str() != Some(spinner.as_str()))
-        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|t| std::fs::read_to_string(t.path().join(name)).ok())
+        .collect()
+}
+
+/// Nanoseconds on the CPU of every thread of process `pid` so far (but `--busy-core`'s), and
+/// how many times they were put on a CPU (`schedstat`'s third field: a thread that sleeps
+/// and is woken counts one each time; so does one preempted and resumed).
+fn on_cpu(pid: &str) -> [u64; 2] {
+    each_thread(pid, "schedstat")
+        .iter()
         .map(|s| {
             let mut f = s.split_whitespace().map(|f| f.parse::<u64>().unwrap_or(0));
             let ns = f.next().unwrap_or(0);
@@ -64,14 +71,8 @@ fn on_cpu(pid: &str) -> [u64; 2] {
 /// User and system time of this process's threads so far (but `--busy-core`'s), in
 /// nanoseconds (from `stat`'s `utime` and `stime`, in ticks of 1/100 s: Linux's `USER_HZ`).
 fn user_system() -> [u64; 2] {
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-        return [0; 2];
-    };
-    let spinner = SPINNER.load(Ordering::Relaxed).to_string();
-    tasks
-        .filter_map(|t| t.ok())
-        .filter(|t| t.file_name().to_str() != Some(spinner.as_str()))
-        .filter_map(|t| std::fs::read_to_string(t.path().join("stat")).ok())
+    each_thread("self", "stat")
+        .iter()
         .map(|s| {
             // After the name (in parentheses, perhaps with spaces) come the fields from the
             // third on: `utime` is the 14th, `stime` the 15th.
