@@ -3,9 +3,8 @@
 //! (nanoseconds on the CPU) around each side's slice, and printed once a path is done. What
 //! the wall-clock ratios cannot say on 2 cores the client and the server share: where the
 //! cycles go. Also the times each side's threads were put on a CPU, and this process's split
-//! of its CPU into user and system time (`/proc/self/task/*/stat`, in the kernel's 10 ms
-//! ticks: summed over a path's slices it is good to a few percent). Nothing on a system without
-//! `/proc` (the figures read 0).
+//! of its CPU into user and system time (`/proc/self/stat`, sampled by the kernel's ticks).
+//! Nothing on a system without `/proc` (the figures read 0).
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -68,21 +67,21 @@ fn on_cpu(pid: &str) -> [u64; 2] {
         .fold([0; 2], |a, b| [a[0] + b[0], a[1] + b[1]])
 }
 
-/// User and system time of this process's threads so far (but `--busy-core`'s), in
-/// nanoseconds (from `stat`'s `utime` and `stime`, in ticks of 1/100 s: Linux's `USER_HZ`).
+/// User and system time of this process so far, in nanoseconds: `/proc/self/stat`'s `utime`
+/// and `stime`, in Linux's `USER_HZ` of 100 a second. The kernel charges each of its scheduler
+/// ticks (4 ms here) wholly to one or the other, so the split is a sample: good to a few
+/// percent over a whole side's CPU of a path, noisy for a side that spends little. With
+/// `--busy-core` the spinning thread is in it ([`Spent::per_call`] then leaves it out).
 fn user_system() -> [u64; 2] {
-    each_thread("self", "stat")
-        .iter()
-        .map(|s| {
-            // After the name (in parentheses, perhaps with spaces) come the fields from the
-            // third on: `utime` is the 14th, `stime` the 15th.
-            let rest = s.rsplit_once(')').map_or("", |(_, rest)| rest);
-            let mut f = rest.split_whitespace().skip(11);
-            let mut tick =
-                || f.next().and_then(|t| t.parse::<u64>().ok()).unwrap_or(0) * 10_000_000;
-            [tick(), tick()]
-        })
-        .fold([0; 2], |a, b| [a[0] + b[0], a[1] + b[1]])
+    let Ok(s) = std::fs::read_to_string("/proc/self/stat") else {
+        return [0; 2];
+    };
+    // After the name (in parentheses, perhaps with spaces) come the fields from the third on:
+    // `utime` is the 14th, `stime` the 15th.
+    let rest = s.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let mut f = rest.split_whitespace().skip(11);
+    let mut tick = || f.next().and_then(|t| t.parse::<u64>().ok()).unwrap_or(0) * 10_000_000;
+    [tick(), tick()]
 }
 
 /// This process's and the server's CPU nanoseconds, then their times put on a CPU, then this
@@ -116,19 +115,25 @@ impl Spent {
     }
 
     /// `client X us + server Y us = Z us of CPU per call; put on a CPU: client A, server B
-    /// per call; client user U us, system S us per call`.
+    /// per call; client user U%, system S%` (the split sampled: [`user_system`]).
     pub fn per_call(&self) -> String {
         let per = |n: u64| n as f64 / self.ops.max(1) as f64;
         let [c, s, cs, ss, u, k] = self.totals;
+        let split = match SPINNER.load(Ordering::Relaxed) {
+            0 => format!(
+                "client user {:.0}%, system {:.0}% (sampled)",
+                100.0 * u as f64 / (u + k).max(1) as f64,
+                100.0 * k as f64 / (u + k).max(1) as f64
+            ),
+            _ => "client user/system not split (--busy-core)".to_string(),
+        };
         format!(
-            "client {:.2} us + server {:.2} us = {:.2} us CPU per call; put on a CPU: client {:.3}, server {:.3} per call; client user {:.2} us, system {:.2} us per call",
+            "client {:.2} us + server {:.2} us = {:.2} us CPU per call; put on a CPU: client {:.3}, server {:.3} per call; {split}",
             per(c) / 1e3,
             per(s) / 1e3,
             per(c + s) / 1e3,
             per(cs),
             per(ss),
-            per(u) / 1e3,
-            per(k) / 1e3
         )
     }
 }

@@ -459,13 +459,13 @@ impl Shape {
             .collect::<Result<_, _>>()
             .map_err(|e| format!("{s:?}: {e}"))?;
         match n[..] {
-            [sockets, depth, keys] if n.iter().all(|&x| x > 0) && sockets <= TASKS => Ok(Shape {
+            [sockets, depth, keys] if n.iter().all(|&x| (1..=TASKS).contains(&x)) => Ok(Shape {
                 sockets,
                 depth,
                 keys,
             }),
             _ => Err(format!(
-                "{s:?}: batchers (1 to {TASKS}) x lines in flight on each x keys a line, none 0"
+                "{s:?}: batchers x lines in flight on each x keys a line, each 1 to {TASKS}"
             )),
         }
     }
@@ -936,7 +936,15 @@ mod tests {
         assert_eq!((s.sockets, s.depth, s.keys), (2, 1, 64));
         assert_eq!(s.short(), "2x1x64");
         assert!(Shape::parse_any("64x1x1").is_ok());
-        for bad in ["0x4x16", "2x0x16", "2x4x0", "65x1x1"] {
+        for bad in [
+            "0x4x16",
+            "2x0x16",
+            "2x4x0",
+            "65x1x1",
+            "1x65x1",
+            "1x1x65",
+            "1x99999999999999x1",
+        ] {
             assert!(Shape::parse_any(bad).is_err(), "{bad}");
         }
         assert!(Shape::parse_any("2x4").is_err());

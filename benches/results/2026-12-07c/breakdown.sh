@@ -5,18 +5,21 @@
 set -e
 out=benches/results/2026-12-07c
 F=target/release/floor
-# System calls by process (619,008 gets: 3 rounds of 199,680 and a warm-up of 19,968).
-# The memcached the floor starts are its children, which `perf stat` would count too: each
-# call is recorded, then counted by thread name (memcached's, `memcached` and `mc-*`, or this process's). The
-# floor's own CPU lines (.err) give CPU and times put on a CPU by process (the recording
-# itself adds system time).
+# System calls by process (619,008 gets: 3 rounds of 199,680 and a warm-up of 19,968; the
+# setup adds about 3,600 each of sendto, recvfrom and memcached's sendmsg and read, the same on
+# every side). The memcached the floor starts are its children, which `perf stat` would count
+# too: each call is recorded, then counted by thread name (memcached's are `memcached` and
+# `mc-*`). raw_syscalls:sys_enter counts every call; epoll_wait's with a zero timeout (a check
+# that does not sleep) are counted apart. Side 6 is the minimal client without its sockets.
 for i in 1 2; do
-  for side in 1 4; do
+  for side in 1 4 6; do
     perf record -q -o /tmp/pr-$side-$i.data \
-      -e syscalls:sys_enter_sendto,syscalls:sys_enter_recvfrom,syscalls:sys_enter_epoll_wait,syscalls:sys_enter_futex,syscalls:sys_enter_write,syscalls:sys_enter_read,syscalls:sys_enter_sendmsg \
+      -e raw_syscalls:sys_enter,syscalls:sys_enter_sendto,syscalls:sys_enter_recvfrom,syscalls:sys_enter_epoll_wait,syscalls:sys_enter_futex,syscalls:sys_enter_write,syscalls:sys_enter_read,syscalls:sys_enter_sendmsg,syscalls:sys_enter_sched_yield \
       $F --rounds 3 --path async-get-64 --only-side $side > /dev/null 2> $out/pr-$side-$i.err
-    perf script -i /tmp/pr-$side-$i.data -F comm,event 2>/dev/null \
-      | awk '{ who = ($1 == "memcached" || $1 ~ /^mc-/) ? "memcached" : "client"; sub(/:$/, "", $NF); n[who " " $NF]++ }
+    perf script -i /tmp/pr-$side-$i.data -F comm,event,trace 2>/dev/null \
+      | awk '{ who = ($1 == "memcached" || $1 ~ /^mc-/) ? "memcached" : "client"
+               ev = $2; sub(/:$/, "", ev); n[who " " ev]++
+               if (ev ~ /epoll_wait/ && $0 ~ /timeout: 0x00000000/) n[who " " ev "(timeout 0)"]++ }
              END { for (k in n) print k, n[k] }' | sort > $out/pr-$side-$i.counts
   done
 done
