@@ -102,6 +102,10 @@ pub struct Args {
     /// (benches/results/2026-12-07c/sitting.sh)
     #[arg(long, default_value = "2x4x16", value_parser = crate::paths::Shape::parse_any)]
     pub minimal: crate::paths::Shape,
+    /// the minimal client's batchers as two tasks each, a writer and a reader (newcache's shape
+    /// of a connection), instead of one
+    #[arg(long)]
+    pub minimal_split: bool,
     /// the 64-task path's ceiling and minimal client send `gets`, as newcache does, instead of
     /// `get` (whose replies carry no CAS)
     #[arg(long)]

@@ -63,6 +63,7 @@ fn main() -> Result<(), BoxError> {
     let args = Args::from_command_line();
     items::GETS.store(args.gets, std::sync::atomic::Ordering::Relaxed);
     let _ = paths::ONLY_SIDES.set(args.only_sides.clone());
+    minimal::SPLIT.store(args.minimal_split, std::sync::atomic::Ordering::Relaxed);
     let started_unix_s = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64());

@@ -19,7 +19,7 @@
 //! (cancellation safety, failures, health, commands other than `get`).
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -34,6 +34,9 @@ const REPLY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 /// A queued get: its key's index, where its value's length goes (`None`: the reply's value
 /// was under another key).
 type Queued = (usize, oneshot::Sender<Option<usize>>);
+
+/// Whether batchers on sockets run as two tasks each (`--minimal-split`).
+pub static SPLIT: AtomicBool = AtomicBool::new(false);
 
 /// The gets queued for the batcher; closed once it has ended (its callers then fail, not hang).
 #[derive(Default)]
@@ -112,6 +115,8 @@ impl Getter for MinimalGetter {
 /// from its items ([`Batcher::without_socket`]).
 pub struct Batcher {
     stream: Option<tokio::net::TcpStream>,
+    /// Writes in this task and reads in a task of its own ([`Batcher::split`]).
+    split: bool,
     /// Lines in flight at most.
     depth: usize,
     /// Keys a line at most.
@@ -138,6 +143,7 @@ impl Batcher {
         stream.set_nodelay(true)?;
         Ok(Batcher {
             stream: Some(stream),
+            split: SPLIT.load(Ordering::Relaxed),
             depth: shape.depth,
             keys: shape.keys,
             buf: vec![0; 256 * 1024],
@@ -145,6 +151,13 @@ impl Batcher {
             rounds: 0,
             answered: 0,
         })
+    }
+
+    /// This batcher as two tasks, a writer and a reader ([`Batcher::run_split`]).
+    #[cfg(test)]
+    pub fn split(mut self) -> Batcher {
+        self.split = true;
+        self
     }
 
     /// A batcher with no socket: the minimal client without its socket I/O. It answers its
@@ -156,6 +169,7 @@ impl Batcher {
     pub fn without_socket(shape: Shape) -> Batcher {
         Batcher {
             stream: None,
+            split: false,
             depth: shape.depth,
             keys: shape.keys,
             buf: Vec::new(),
@@ -166,7 +180,10 @@ impl Batcher {
     }
 
     /// Serves `shared`'s queue until its stop is set and nothing is queued or in flight.
-    pub async fn run(&mut self, shared: &Shared, items: &Items) -> Result<(), BoxError> {
+    pub async fn run(&mut self, shared: &Shared, items: &Arc<Items>) -> Result<(), BoxError> {
+        if self.stream.is_some() && self.split {
+            return self.run_split(shared, items).await;
+        }
         let Some(stream) = self.stream.as_mut() else {
             return self.answer_at_once(shared, items).await;
         };
@@ -236,6 +253,109 @@ impl Batcher {
                 tokio::task::yield_now().await;
             }
         }
+    }
+
+    /// The same batcher as two tasks: this one writes the lines, a reader task of its own reads
+    /// the replies and answers the callers (newcache's shape: a writer and a reader task a
+    /// connection). After a reply frees room, the writer yields a scheduler turn before it takes
+    /// what is queued, as the one-task batcher does after answering.
+    async fn run_split(&mut self, shared: &Shared, items: &Arc<Items>) -> Result<(), BoxError> {
+        let stream = self.stream.take().ok_or("no socket")?;
+        let (mut rd, mut wr) = stream.into_split();
+        let (lines, mut to_read) = tokio::sync::mpsc::unbounded_channel::<(Vec<Queued>, usize)>();
+        let room = Arc::new(Notify::new());
+        let in_flight = Arc::new(AtomicUsize::new(0));
+        let failed = Arc::new(AtomicBool::new(false));
+        let reader = {
+            let (room, in_flight, failed) = (room.clone(), in_flight.clone(), failed.clone());
+            let items = Arc::clone(items);
+            let mut buf = std::mem::take(&mut self.buf);
+            tokio::spawn(async move {
+                let (mut rounds, mut answered, mut have) = (0u64, 0u64, 0usize);
+                let r: Result<(), BoxError> = async {
+                    while let Some((callers, len)) = to_read.recv().await {
+                        while have < len {
+                            if buf.len() < len {
+                                buf.resize(len, 0);
+                            }
+                            let read =
+                                tokio::time::timeout(REPLY_TIMEOUT, rd.read(&mut buf[have..]));
+                            match read.await.map_err(|_| "no reply in time")?? {
+                                0 => return Err("connection closed by the server".into()),
+                                n => have += n,
+                            }
+                        }
+                        let found = values(&buf[..len])
+                            .filter(|l| l.len() == callers.len())
+                            .ok_or("a line's reply is not one value a key")?;
+                        rounds += 1;
+                        answered += callers.len() as u64;
+                        for ((i, tx), (key, n)) in callers.into_iter().zip(found) {
+                            let _ = tx.send((key == items.derived[i].as_bytes()).then_some(n));
+                        }
+                        buf.copy_within(len..have, 0);
+                        have -= len;
+                        in_flight.fetch_sub(1, Ordering::AcqRel);
+                        room.notify_one();
+                    }
+                    Ok(())
+                }
+                .await;
+                if r.is_err() {
+                    failed.store(true, Ordering::Release);
+                    room.notify_one();
+                }
+                (rd, buf, rounds, answered, r)
+            })
+        };
+        let wrote: Result<(), BoxError> = async {
+            loop {
+                if failed.load(Ordering::Acquire) {
+                    return Ok(());
+                }
+                while in_flight.load(Ordering::Acquire) < self.depth {
+                    let taken = shared.take(self.keys);
+                    if taken.is_empty() {
+                        break;
+                    }
+                    self.line.clear();
+                    let (command, reply_lens) = items.command();
+                    self.line.extend_from_slice(command);
+                    let mut len = 5;
+                    for (i, _) in &taken {
+                        self.line.push(b' ');
+                        self.line.extend_from_slice(items.derived[*i].as_bytes());
+                        len += reply_lens[*i] - 5;
+                    }
+                    self.line.extend_from_slice(b"\r\n");
+                    wr.write_all(&self.line).await?;
+                    in_flight.fetch_add(1, Ordering::AcqRel);
+                    lines
+                        .send((taken, len))
+                        .map_err(|_| "the reader has ended")?;
+                }
+                match in_flight.load(Ordering::Acquire) {
+                    0 if shared.stop.load(Ordering::Acquire) => return Ok(()),
+                    0 => shared.notify.notified().await,
+                    n if n < self.depth => tokio::select! {
+                        () = shared.notify.notified() => {}
+                        () = room.notified() => tokio::task::yield_now().await,
+                    },
+                    _ => {
+                        room.notified().await;
+                        tokio::task::yield_now().await;
+                    }
+                }
+            }
+        }
+        .await;
+        drop(lines);
+        let (rd, buf, rounds, answered, read) = reader.await?;
+        self.buf = buf;
+        self.rounds += rounds;
+        self.answered += answered;
+        self.stream = Some(rd.reunite(wr)?);
+        read.and(wrote)
     }
 
     /// [`Batcher::without_socket`]'s loop.
@@ -352,8 +472,8 @@ mod tests {
             derived: (0..n).map(|i| format!("d{i}")).collect(),
             user,
             requests: Vec::new(),
-            reply_lens: vec![200; n],
-            gets_reply_lens: vec![210; n],
+            reply_lens: (0..n).map(reply_len).collect(),
+            gets_reply_lens: (0..n).map(reply_len).collect(),
             stored_lens: (0..n).map(|i| 100 + i).collect(),
             value_lens: vec![100; n],
         });
@@ -402,7 +522,9 @@ mod tests {
                 let b = &batchers[0];
                 assert_eq!(b.answered, 32 * 100);
                 assert!(b.rounds >= 3200 / 16, "no round over a line's keys");
-                let least = if multi { 4 } else { 8 };
+                // Multi-thread, the batcher's turns give 11-16 a round on an idle machine and 3.7
+                // at the least seen with another test run beside it; without them, 1.2.
+                let least = if multi { 2 } else { 8 };
                 assert!(
                     b.answered >= least * b.rounds,
                     "{} gets in {} rounds (multi-thread: {multi}): lines are filled",
@@ -413,6 +535,78 @@ mod tests {
         }
     }
 
+    /// The whole `get` reply to key `i` of [`memory_and_items`] from [`serve_gets`].
+    fn reply_len(i: usize) -> usize {
+        let n = 100 + i;
+        format!("VALUE d{i} 0 {n}\r\n").len() + n + 2 + "END\r\n".len()
+    }
+
+    /// A stand-in memcached on a free port that answers each `get` line of
+    /// [`memory_and_items`]'s derived keys (`d{i}`) with their values (100 + i bytes each).
+    async fn serve_gets() -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            while let Ok((s, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let (rd, mut wr) = s.into_split();
+                    let mut lines = tokio::io::BufReader::new(rd);
+                    let mut line = String::new();
+                    while tokio::io::AsyncBufReadExt::read_line(&mut lines, &mut line)
+                        .await
+                        .is_ok_and(|n| n > 0)
+                    {
+                        let mut reply = Vec::new();
+                        for key in line.trim_end().split(' ').skip(1) {
+                            let n = 100 + key[1..].parse::<usize>().unwrap();
+                            reply.extend_from_slice(format!("VALUE {key} 0 {n}\r\n").as_bytes());
+                            reply.resize(reply.len() + n, b'v');
+                            reply.extend_from_slice(b"\r\n");
+                        }
+                        reply.extend_from_slice(b"END\r\n");
+                        line.clear();
+                        if wr.write_all(&reply).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    #[test]
+    fn a_batcher_answers_every_caller_with_its_own_value_in_one_task_or_two() {
+        let rt = crate::paths::runtime(true).unwrap();
+        rt.block_on(async {
+            let addr = serve_gets().await;
+            let (memory, items) = memory_and_items().await;
+            for split in [false, true] {
+                let getters = callers(32, &memory, &items);
+                let shape = Shape {
+                    sockets: 1,
+                    depth: 4,
+                    keys: 16,
+                };
+                let mut batcher = Batcher::connect(&addr, shape).await.unwrap();
+                if split {
+                    batcher = batcher.split();
+                }
+                let ran =
+                    tokio::time::timeout(Duration::from_secs(30), run(vec![batcher], getters, 100))
+                        .await
+                        .expect("the run ends");
+                // Each caller checks the length it is given against its own key's.
+                let (batchers, _, _) = ran.expect("every get answered with its own value");
+                assert_eq!(batchers[0].answered, 32 * 100, "split: {split}");
+                assert!(
+                    batchers[0].stream.is_some(),
+                    "the socket is kept for the next run"
+                );
+            }
+        });
+    }
+
     #[test]
     fn a_batcher_that_fails_fails_its_callers_rather_than_leaving_them_waiting() {
         let rt = crate::paths::runtime(true).unwrap();
@@ -421,32 +615,39 @@ mod tests {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             let addr = listener.local_addr().unwrap().to_string();
             tokio::spawn(async move {
-                let (mut s, _) = listener.accept().await.unwrap();
-                let mut buf = vec![0; 64 * 1024];
-                while let Ok(n @ 1..) = s.read(&mut buf).await {
-                    let _ = n;
-                    if s.write_all(&[b'x'; 8 * 1024]).await.is_err() {
-                        break;
-                    }
+                while let Ok((mut s, _)) = listener.accept().await {
+                    tokio::spawn(async move {
+                        let mut buf = vec![0; 64 * 1024];
+                        while let Ok(1..) = s.read(&mut buf).await {
+                            if s.write_all(&[b'x'; 8 * 1024]).await.is_err() {
+                                break;
+                            }
+                        }
+                    });
                 }
             });
             let (memory, items) = memory_and_items().await;
-            let getters = callers(8, &memory, &items);
-            let shape = Shape {
-                sockets: 1,
-                depth: 4,
-                keys: 16,
-            };
-            let batcher = Batcher::connect(&addr, shape).await.unwrap();
-            let ran =
-                tokio::time::timeout(Duration::from_secs(30), run(vec![batcher], getters, 100))
-                    .await
-                    .expect("the run ends (no caller left waiting)");
-            let e = ran
-                .err()
-                .expect("a failed batcher fails the run")
-                .to_string();
-            assert!(e.contains("not one value a key"), "{e}");
+            for split in [false, true] {
+                let getters = callers(8, &memory, &items);
+                let shape = Shape {
+                    sockets: 1,
+                    depth: 4,
+                    keys: 16,
+                };
+                let mut batcher = Batcher::connect(&addr, shape).await.unwrap();
+                if split {
+                    batcher = batcher.split();
+                }
+                let ran =
+                    tokio::time::timeout(Duration::from_secs(30), run(vec![batcher], getters, 100))
+                        .await
+                        .expect("the run ends (no caller left waiting)");
+                let e = ran
+                    .err()
+                    .expect("a failed batcher fails the run")
+                    .to_string();
+                assert!(e.contains("not one value a key"), "split: {split}: {e}");
+            }
         });
     }
 

@@ -6,6 +6,7 @@
 #    alternated, 3 rounds each (every run also measures newcache, async-memcached, the ceiling,
 #    the minimal client without its sockets and the facade alone).
 # 2. The README's 64-task rows: two runs of the default shapes, 9 rounds each.
+# 3. The minimal client's batchers as one task or two (below).
 set -e
 out=benches/results/2026-12-07c
 F=target/release/floor
@@ -17,4 +18,13 @@ for i in 1 2; do
 done
 for i in 1 2; do
   $F --rounds 9 --path async-get-64 --json $out/final-a64-$i.json > $out/final-a64-$i.md 2> $out/final-a64-$i.err
+done
+# 3. The minimal client's batchers as one task or two (a writer and a reader, newcache's shape
+#    of a connection), beside newcache alone: 5 rounds, three passes alternated.
+for i in 1 2 3; do
+  for mode in one split; do
+    flag=; [ $mode = split ] && flag=--minimal-split
+    $F --rounds 5 --path async-get-64 --only-side 1 --only-side 4 $flag --json $out/tasks-$mode-$i.json \
+      > $out/tasks-$mode-$i.md 2> $out/tasks-$mode-$i.err
+  done
 done
