@@ -7,6 +7,7 @@
 #    the minimal client without its sockets and the facade alone).
 # 2. The README's 64-task rows: two runs of the default shapes, 9 rounds each.
 # 3. The minimal client's batchers as one task or two (below).
+# 4. newcache and the minimal client with glibc's malloc or jemalloc (below).
 set -e
 out=benches/results/2026-12-07c
 F=target/release/floor
@@ -26,5 +27,14 @@ for i in 1 2 3; do
     flag=; [ $mode = split ] && flag=--minimal-split
     $F --rounds 5 --path async-get-64 --only-side 1 --only-side 4 $flag --json $out/tasks-$mode-$i.json \
       > $out/tasks-$mode-$i.md 2> $out/tasks-$mode-$i.err
+  done
+done
+# 4. newcache and the minimal client alone, with glibc's malloc or jemalloc 5 (Debian's
+#    libjemalloc2, preloaded): three passes alternated, 5 rounds.
+for i in 1 2 3; do
+  for mode in glibc je; do
+    pre=; [ $mode = je ] && pre=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2
+    LD_PRELOAD=$pre $F --rounds 5 --path async-get-64 --only-side 1 --only-side 4 \
+      > $out/alloc-$mode-$i.md 2> $out/alloc-$mode-$i.err
   done
 done
