@@ -11,10 +11,11 @@
 //!
 //! Its shape is `--minimal SxDxK` (2x4x16 by default): S batchers, each serving every Sth
 //! caller (2: as many as newcache opens connections to a server by default,
-//! `async_connections`). Each is a task on the same runtime with a bare socket (nodelay). It
-//! writes what is queued as `get` lines of at most K keys, D lines in flight, reads each reply
-//! whole, checks each value's key and answers its callers in order, then yields a scheduler
-//! turn so that the callers it woke queue their next gets before it writes again. Like the ceiling it sends `get`, not `gets`, and does
+//! `async_connections`). Each is a task on the same runtime with a bare socket (nodelay), or
+//! with `--minimal-split` two tasks, a writer and a reader ([`Batcher::run_split`]). It writes
+//! what is queued as `get` lines of at most K keys, D lines in flight, reads each reply whole,
+//! checks each value's key and answers its callers in order, then yields a scheduler turn so
+//! that the callers it woke queue their next gets before it writes again. Like the ceiling it sends `get`, not `gets`, and does
 //! not merge a line's repeated keys. It has none of the real client's other duties
 //! (cancellation safety, failures, health, commands other than `get`).
 
@@ -128,6 +129,22 @@ pub struct Batcher {
     pub answered: u64,
 }
 
+/// Writes into `line` the `get` (or `gets`) line of `taken`'s keys, and returns the length of
+/// its whole reply.
+fn line_of(line: &mut Vec<u8>, taken: &[Queued], items: &Items) -> usize {
+    line.clear();
+    let (command, reply_lens) = items.command();
+    line.extend_from_slice(command);
+    let mut len = 5;
+    for (i, _) in taken {
+        line.push(b' ');
+        line.extend_from_slice(items.derived[*i].as_bytes());
+        len += reply_lens[*i] - 5;
+    }
+    line.extend_from_slice(b"\r\n");
+    len
+}
+
 /// The key and byte length of each value in a whole `get` reply, in order, or `None` if it is
 /// not one.
 fn values(reply: &[u8]) -> Option<Vec<(&[u8], usize)>> {
@@ -196,16 +213,7 @@ impl Batcher {
                 if taken.is_empty() {
                     break;
                 }
-                self.line.clear();
-                let (command, reply_lens) = items.command();
-                self.line.extend_from_slice(command);
-                let mut len = 5;
-                for (i, _) in &taken {
-                    self.line.push(b' ');
-                    self.line.extend_from_slice(items.derived[*i].as_bytes());
-                    len += reply_lens[*i] - 5;
-                }
-                self.line.extend_from_slice(b"\r\n");
+                let len = line_of(&mut self.line, &taken, items);
                 stream.write_all(&self.line).await?;
                 in_flight.push_back((taken, len));
             }
@@ -257,8 +265,9 @@ impl Batcher {
 
     /// The same batcher as two tasks: this one writes the lines, a reader task of its own reads
     /// the replies and answers the callers (newcache's shape: a writer and a reader task a
-    /// connection). After a reply frees room, the writer yields a scheduler turn before it takes
-    /// what is queued, as the one-task batcher does after answering.
+    /// connection). When it is a reply freeing room that wakes the writer, it yields a
+    /// scheduler turn before it takes what is queued, as the one-task batcher does after
+    /// answering; woken by a caller's get first, it writes at once.
     async fn run_split(&mut self, shared: &Shared, items: &Arc<Items>) -> Result<(), BoxError> {
         let stream = self.stream.take().ok_or("no socket")?;
         let (mut rd, mut wr) = stream.into_split();
@@ -318,16 +327,7 @@ impl Batcher {
                     if taken.is_empty() {
                         break;
                     }
-                    self.line.clear();
-                    let (command, reply_lens) = items.command();
-                    self.line.extend_from_slice(command);
-                    let mut len = 5;
-                    for (i, _) in &taken {
-                        self.line.push(b' ');
-                        self.line.extend_from_slice(items.derived[*i].as_bytes());
-                        len += reply_lens[*i] - 5;
-                    }
-                    self.line.extend_from_slice(b"\r\n");
+                    let len = line_of(&mut self.line, &taken, items);
                     wr.write_all(&self.line).await?;
                     in_flight.fetch_add(1, Ordering::AcqRel);
                     lines
@@ -549,6 +549,8 @@ mod tests {
         tokio::spawn(async move {
             while let Ok((s, _)) = listener.accept().await {
                 tokio::spawn(async move {
+                    // Each reply in two writes 200 us apart, so that a reader sees it in pieces.
+                    s.set_nodelay(true).unwrap();
                     let (rd, mut wr) = s.into_split();
                     let mut lines = tokio::io::BufReader::new(rd);
                     let mut line = String::new();
@@ -565,7 +567,12 @@ mod tests {
                         }
                         reply.extend_from_slice(b"END\r\n");
                         line.clear();
-                        if wr.write_all(&reply).await.is_err() {
+                        let (first, rest) = reply.split_at(reply.len() / 2);
+                        if wr.write_all(first).await.is_err() {
+                            break;
+                        }
+                        tokio::time::sleep(Duration::from_micros(200)).await;
+                        if wr.write_all(rest).await.is_err() {
                             break;
                         }
                     }
@@ -627,11 +634,13 @@ mod tests {
                 }
             });
             let (memory, items) = memory_and_items().await;
-            for split in [false, true] {
+            // Split with one line in flight: the writer waits on the reader's wake with nothing
+            // else to wake it, so a reader that fails without waking it hangs the run.
+            for (split, depth) in [(false, 4), (true, 4), (true, 1)] {
                 let getters = callers(8, &memory, &items);
                 let shape = Shape {
                     sockets: 1,
-                    depth: 4,
+                    depth,
                     keys: 16,
                 };
                 let mut batcher = Batcher::connect(&addr, shape).await.unwrap();

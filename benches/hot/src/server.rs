@@ -42,6 +42,9 @@ impl Memcached {
         cmd.args(["-l", "127.0.0.1", "-p", &port.to_string()])
             .args(["-t", &threads.to_string(), "-U", "0"])
             .args(["-m", &megabytes.to_string()]);
+        // The server runs as it would on its own: an allocator preloaded into the measuring
+        // process (`LD_PRELOAD`, to compare allocators) is not preloaded into it.
+        cmd.env_remove("LD_PRELOAD");
         // memcached refuses to run as root without being told which user to be.
         if std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0) {
             cmd.args(["-u", "root"]);
