@@ -30,8 +30,9 @@ for i in 1 2 3; do
   done
 done
 # 4. newcache and the minimal client alone, with glibc's malloc or jemalloc 5 (Debian's
-#    libjemalloc2, preloaded): three passes alternated, 5 rounds.
-for i in 1 2 3; do
+#    libjemalloc2, preloaded into the floor only: the memcached it starts drop LD_PRELOAD):
+#    four passes alternated, 5 rounds.
+for i in 1 2 3 4; do
   for mode in glibc je; do
     pre=; [ $mode = je ] && pre=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2
     LD_PRELOAD=$pre $F --rounds 5 --path async-get-64 --only-side 1 --only-side 4 \
