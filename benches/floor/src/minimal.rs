@@ -582,6 +582,29 @@ mod tests {
         addr
     }
 
+    /// `callers` callers doing 100 gets each through one batcher on `addr` with `depth` lines
+    /// of 16 in flight, split in two tasks or not; fails the test if the run does not end.
+    async fn run_on(
+        addr: &str,
+        (callers_n, depth, split): (usize, usize, bool),
+        memory: &newcache::AsyncCache,
+        items: &Arc<Items>,
+    ) -> Result<(Vec<Batcher>, Vec<MinimalGetter>, crate::paths::Run), BoxError> {
+        let shape = Shape {
+            sockets: 1,
+            depth,
+            keys: 16,
+        };
+        let mut batcher = Batcher::connect(addr, shape).await.unwrap();
+        if split {
+            batcher = batcher.split();
+        }
+        let getters = callers(callers_n, memory, items);
+        tokio::time::timeout(Duration::from_secs(30), run(vec![batcher], getters, 100))
+            .await
+            .expect("the run ends (no caller left waiting)")
+    }
+
     #[test]
     fn a_batcher_answers_every_caller_with_its_own_value_in_one_task_or_two() {
         let rt = crate::paths::runtime(true).unwrap();
@@ -589,20 +612,7 @@ mod tests {
             let addr = serve_gets().await;
             let (memory, items) = memory_and_items().await;
             for split in [false, true] {
-                let getters = callers(32, &memory, &items);
-                let shape = Shape {
-                    sockets: 1,
-                    depth: 4,
-                    keys: 16,
-                };
-                let mut batcher = Batcher::connect(&addr, shape).await.unwrap();
-                if split {
-                    batcher = batcher.split();
-                }
-                let ran =
-                    tokio::time::timeout(Duration::from_secs(30), run(vec![batcher], getters, 100))
-                        .await
-                        .expect("the run ends");
+                let ran = run_on(&addr, (32, 4, split), &memory, &items).await;
                 // Each caller checks the length it is given against its own key's.
                 let (batchers, _, _) = ran.expect("every get answered with its own value");
                 assert_eq!(batchers[0].answered, 32 * 100, "split: {split}");
@@ -637,20 +647,7 @@ mod tests {
             // Split with one line in flight: the writer waits on the reader's wake with nothing
             // else to wake it, so a reader that fails without waking it hangs the run.
             for (split, depth) in [(false, 4), (true, 4), (true, 1)] {
-                let getters = callers(8, &memory, &items);
-                let shape = Shape {
-                    sockets: 1,
-                    depth,
-                    keys: 16,
-                };
-                let mut batcher = Batcher::connect(&addr, shape).await.unwrap();
-                if split {
-                    batcher = batcher.split();
-                }
-                let ran =
-                    tokio::time::timeout(Duration::from_secs(30), run(vec![batcher], getters, 100))
-                        .await
-                        .expect("the run ends (no caller left waiting)");
+                let ran = run_on(&addr, (8, depth, split), &memory, &items).await;
                 let e = ran
                     .err()
                     .expect("a failed batcher fails the run")
