@@ -40,31 +40,29 @@ pub fn watch_server(pid: u32) {
     SERVERS.lock().unwrap_or_else(|e| e.into_inner()).push(pid);
 }
 
-/// The file `name` of every thread of process `pid` (but `--busy-core`'s), read.
-fn each_thread(pid: &str, name: &str) -> Vec<String> {
+/// Nanoseconds on the CPU of every thread of process `pid` so far (but `--busy-core`'s), and
+/// how many times they were put on a CPU (`schedstat`'s third field: a thread that sleeps
+/// and is woken counts one each time; so does one preempted and resumed).
+fn on_cpu(pid: &str) -> [u64; 2] {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return Vec::new();
+        return [0; 2];
     };
     let spinner = SPINNER.load(Ordering::Relaxed).to_string();
     tasks
         .filter_map(|t| t.ok())
         .filter(|t| t.file_name().to_str() != Some(spinner.as_str()))
-        .filter_map(|t| std::fs::read_to_string(t.path().join(name)).ok())
-        .collect()
-}
-
-/// Nanoseconds on the CPU of every thread of process `pid` so far (but `--busy-core`'s), and
-/// how many times they were put on a CPU (`schedstat`'s third field: a thread that sleeps
-/// and is woken counts one each time; so does one preempted and resumed).
-fn on_cpu(pid: &str) -> [u64; 2] {
-    each_thread(pid, "schedstat")
-        .iter()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
         .map(|s| {
             let mut f = s.split_whitespace().map(|f| f.parse::<u64>().unwrap_or(0));
             let ns = f.next().unwrap_or(0);
             [ns, f.nth(1).unwrap_or(0)]
         })
-        .fold([0; 2], |a, b| [a[0] + b[0], a[1] + b[1]])
+        .fold([0; 2], add)
+}
+
+/// Two counts summed, field by field.
+fn add(a: [u64; 2], b: [u64; 2]) -> [u64; 2] {
+    [a[0] + b[0], a[1] + b[1]]
 }
 
 /// User and system time of this process so far, in nanoseconds: `/proc/self/stat`'s `utime`
@@ -91,7 +89,7 @@ pub fn now() -> [u64; 6] {
     let server = servers
         .iter()
         .map(|pid| on_cpu(&pid.to_string()))
-        .fold([0; 2], |a, b| [a[0] + b[0], a[1] + b[1]]);
+        .fold([0; 2], add);
     let client = on_cpu("self");
     let [user, system] = user_system();
     [client[0], server[0], client[1], server[1], user, system]

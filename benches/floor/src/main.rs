@@ -13,9 +13,9 @@
 //! memory backend, its I/O by one of two batchers on bare sockets that answer each caller
 //! through a oneshot: `minimal.rs`, `--minimal`), the same without its sockets (its batchers
 //! answer at once), and the facade's work alone; each side's CPU a get (client and servers) is
-//! printed once the path is done, and the minimal client's mean gets a round. With `--gets` the ceiling and the minimal
-//! client send `gets`, as newcache does (memcached's CPU a get is the same either way here:
-//! `benches/results/2026-12-07b/NOTES.md`).
+//! printed once the path is done, and the minimal client's mean gets a round. With `--gets`
+//! the ceiling and the minimal client send `gets`, as newcache does (memcached's CPU a get is
+//! the same either way here: `benches/results/2026-12-07b/NOTES.md`).
 //!
 //! On Redis / Valkey (`--redis-server-bin PATH` starts one, `--redis URL` uses a running one;
 //! each repeatable), the same paths but `get_many` run on the Redis backend, each beside

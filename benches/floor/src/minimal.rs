@@ -15,9 +15,10 @@
 //! with `--minimal-split` two tasks, a writer and a reader ([`Batcher::run_split`]). It writes
 //! what is queued as `get` lines of at most K keys, D lines in flight, reads each reply whole,
 //! checks each value's key and answers its callers in order, then yields a scheduler turn so
-//! that the callers it woke queue their next gets before it writes again. Like the ceiling it sends `get`, not `gets`, and does
-//! not merge a line's repeated keys. It has none of the real client's other duties
-//! (cancellation safety, failures, health, commands other than `get`).
+//! that the callers it woke queue their next gets before it writes again. Like the ceiling it
+//! sends `get`, not `gets` (but with `--gets`), and does not merge a line's repeated keys. It
+//! has none of the real client's other duties (cancellation safety, failures, health, commands
+//! other than `get`).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

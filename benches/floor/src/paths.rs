@@ -714,7 +714,8 @@ const FACADE: &str = "the facade's work alone: AsyncCache::get on the memory bac
 /// `AsyncCache::get` from 64 tasks (one shared cache) against async-memcached 0.9 with a
 /// client per task, and both against the batching ceiling ([`Ceiling`]); the minimal client
 /// ([`crate::minimal`], in `minimal_shape`) against newcache, async-memcached, the facade's
-/// work alone and itself without its sockets; all on the 2-worker runtime; `ops` gets per run, spread over the tasks.
+/// work alone and itself without its sockets; all on the 2-worker runtime; `ops` gets per run,
+/// spread over the tasks.
 pub fn async_get_64(
     s: &Setup,
     rt: &tokio::runtime::Runtime,
