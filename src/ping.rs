@@ -116,6 +116,12 @@ impl fmt::Display for PingError {
 
 impl StdError for PingError {}
 
+/// The failure of a ping of one server, `addr`.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) fn single(addr: &str, e: Error) -> PingError {
+    PingError::new(vec![PingFailure::new(addr, e)], 1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

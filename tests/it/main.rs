@@ -29,6 +29,8 @@ mod redis;
 mod redis_batch;
 #[cfg(feature = "redis")]
 mod redis_cluster;
+#[cfg(feature = "redis")]
+mod redis_scripting;
 #[cfg(feature = "redis-tls")]
 mod redis_tls;
 #[cfg(feature = "redis")]

@@ -388,6 +388,16 @@ fn parse(b: &[u8], depth: usize) -> RedisResult<Option<(Value, usize)>> {
         b':' => Ok(Some((Value::Int(int(line)?), next))),
         b'+' if line == b"OK" => Ok(Some((Value::Okay, next))),
         b'_' if line.is_empty() => Ok(Some((Value::Nil, next))),
+        // An error line that is not UTF-8 (a server lacking a command copies the call's first
+        // arguments, binary ones too, into its refusal) is read lossily: redis-rs's reader
+        // refuses it, and the connection would be given up for an answer it could read.
+        b'-' if std::str::from_utf8(line).is_err() => {
+            let lossy = [b"-", String::from_utf8_lossy(line).as_bytes(), b"\r\n"].concat();
+            match redis::parse_redis_value(&lossy) {
+                Ok(v) => Ok(Some((v, next))),
+                Err(_) => Err(garbage("an error reply redis-rs could not read")),
+            }
+        }
         // Every other type, found whole, then read by redis-rs (whose error, on bytes the scan
         // took for a whole reply, is of the bytes: never of the connection).
         _ => {
@@ -703,6 +713,34 @@ mod tests {
                 panic!("a value");
             };
             assert_eq!(ours, theirs);
+        }
+    }
+
+    #[test]
+    fn an_error_line_with_bytes_that_are_not_utf8_reads_lossily() {
+        // A server without scripting copies a script call's first arguments, binary fence
+        // and stamp bytes among them, into its refusal.
+        let reply =
+            b"-ERR unknown command 'EVALSHA', with args beginning with: '\xa1\x00\xff' \r\n+OK\r\n";
+        for (v, used) in [
+            parse(reply, 0).unwrap().unwrap(),
+            match whole(reply, &mut Scan::default()).unwrap().unwrap() {
+                (Found::Value(v), used) => (v, used),
+                (f, _) => panic!("an error reply, not {f:?}"),
+            },
+        ] {
+            let Value::ServerError(e) = v else {
+                panic!("an error reply, not {v:?}");
+            };
+            assert_eq!(e.code(), "ERR");
+            let detail = e.details().unwrap_or_default();
+            assert!(detail.starts_with("unknown command 'EVALSHA'"), "{detail}");
+            assert!(detail.contains('\u{fffd}'), "{detail}");
+            assert_eq!(
+                used,
+                reply.len() - b"+OK\r\n".len(),
+                "the next reply is left"
+            );
         }
     }
 

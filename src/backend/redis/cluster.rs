@@ -36,6 +36,7 @@ use smallvec::{SmallVec, smallvec};
 use super::RedisConfig;
 use super::config::redacted;
 use super::conn::Window;
+use super::fence::Fence;
 use super::slots::{self, Redirect};
 use super::{BatchOp, RedisBackend};
 use crate::backend::memcached::health::Health;
@@ -875,6 +876,21 @@ impl Backend for RedisCluster {
     }
 
     fn store_many(&self, writes: &[Write<'_>]) -> Vec<Result<StoreOutcome>> {
+        // A `cas` goes as a script only to a node known to run scripts; otherwise each write
+        // goes on its own, as its node's own store sends it (read and compared, or refused).
+        let scripted = |w: &Write<'_>| {
+            !matches!(w.mode, StoreMode::Cas(_))
+                || self
+                    .route(w.key)
+                    .and_then(|(_, n)| n.sync.fence())
+                    .is_ok_and(|f| f == Fence::Lua)
+        };
+        if !writes.iter().all(scripted) {
+            return writes
+                .iter()
+                .map(|w| self.store(w.mode, w.key, w.value, w.flags, w.exptime))
+                .collect();
+        }
         self.many(writes, |w| w.key, super::stores())
     }
 
@@ -941,6 +957,8 @@ impl Backend for RedisCluster {
             .zip(sent)
             .filter_map(|(n, sent)| {
                 sent.and_then(|sent| n.sync.finish(sent, Some(&mut window)))
+                    .and_then(|()| n.sync.fence())
+                    .and_then(|f| n.sync.shared.usable(f))
                     .err()
                     .map(|e| PingFailure::new(n.addr(), e))
             })

@@ -64,6 +64,15 @@ pub(crate) fn foreign_token(stored: &[u8]) -> u64 {
     u64::from_be_bytes(d[..8].try_into().unwrap_or_default()) | FOREIGN
 }
 
+/// The bytes stored under a key that read as `item`: newcache's header and value again (the
+/// encoding is one-to-one), or a foreign value whole.
+pub(crate) fn stored(item: &crate::backend::Item) -> Vec<u8> {
+    if item.cas & FOREIGN != 0 {
+        return item.value.to_vec();
+    }
+    encode(item.cas, item.flags, &item.value)
+}
+
 /// What a fenced write compares against for `token`: the tag and the stamp, or (for a foreign
 /// value's token) 16 hex digits of the value's SHA-1 with the top bit cleared.
 pub(crate) fn fence(token: u64) -> Vec<u8> {

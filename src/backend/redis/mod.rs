@@ -25,6 +25,7 @@ mod clients;
 mod cluster;
 mod config;
 mod conn;
+mod fence;
 mod item;
 #[cfg(feature = "tokio")]
 pub(crate) mod nonblocking;
@@ -46,6 +47,7 @@ use smallvec::SmallVec;
 pub use self::cluster::RedisCluster;
 pub use self::config::{DEFAULT_KEY_LIMIT, RedisConfig, ReplicaWait};
 use self::conn::{Pool, Window};
+use self::fence::{Compared, Fence};
 use self::request::{Replies, Request, noscript_retry};
 use self::script::Scripts;
 #[cfg(feature = "redis-tls")]
@@ -211,6 +213,69 @@ impl Shared {
         }
     }
 
+    /// Remembers the node's fenced write (the probe's answer); the first time, says what a
+    /// node without scripting lacks.
+    fn learned(&self, f: Fence) -> Fence {
+        if let Some(missing) = f.missing().filter(|_| self.requests.fence.learn(f)) {
+            tracing::warn!(server = %self.addr, "newcache: the redis server lacks {missing}");
+        }
+        f
+    }
+
+    /// Whether a write must know the node's fenced write before it is built: a `cas` (a
+    /// script, `IFEQ`, or refused), or a write read back (its item's token is 0 on a node
+    /// without one).
+    fn needs_fence(&self, w: &Write<'_>, read_back: bool) -> bool {
+        self.requests.fence.get().is_none() && (read_back || matches!(w.mode, StoreMode::Cas(_)))
+    }
+
+    /// The `cas` token of `w` if it is to be fenced by comparison (`SET … IFEQ`).
+    fn by_comparison(&self, w: &Write<'_>) -> Option<u64> {
+        match w.mode {
+            StoreMode::Cas(token)
+                if token != 0 && self.requests.fence.get() == Some(Fence::IfEq) =>
+            {
+                Some(token)
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether a batch of `writes` goes one write at a time: it holds a `cas` and the node
+    /// has no script for it (each is read and compared, or refused).
+    fn one_by_one(&self, writes: &[Write<'_>]) -> bool {
+        self.requests.fence.get().is_some_and(|f| f != Fence::Lua)
+            && writes.iter().any(|w| matches!(w.mode, StoreMode::Cas(_)))
+    }
+
+    /// A request as built, a refusal of a script on a node without scripting named after the
+    /// node (a refusal made before anything is sent, as a `cas` on a memcached without CAS
+    /// names its server).
+    fn named<T>(&self, req: Result<T>) -> Result<T> {
+        req.map_err(|e| match e.is_unsupported() {
+            true => self.annotate(e),
+            false => e,
+        })
+    }
+
+    /// Each of `writes` failed with `e` before it was sent (the probe of the node's fenced
+    /// write failed), recorded as a write that may have missed the server.
+    fn unwritten<T>(&self, writes: &[Write<'_>], e: &Error) -> Vec<Result<T>> {
+        writes
+            .iter()
+            .map(|w| self.after_write(w.key, Err(e.clone())))
+            .collect()
+    }
+
+    /// A ping's answer, given the node's fenced write: a node without one fails it, as
+    /// newcache's loader cannot run there.
+    fn usable(&self, fence: Fence) -> Result<()> {
+        match fence {
+            Fence::None => Err(self.annotate(self.requests.unfenced())),
+            Fence::Lua | Fence::IfEq => Ok(()),
+        }
+    }
+
     /// The invalidations the server missed.
     fn missed(&self) -> &Missed {
         &self.health.missed
@@ -243,16 +308,20 @@ impl Shared {
     }
 
     /// Judges an item read by the record: a value written before a key did not fit it is made
-    /// stale (`outage::distrust`).
+    /// stale (`outage::distrust`). On a node without a fenced write its token is 0, as a
+    /// memcached without CAS reports, so the herd protocol claims nothing there.
     fn distrust(&self, item: Option<&mut Item>) {
         if let Some(item) = item {
             outage::distrust(item, self.missed().stale_before_ms());
+            if self.requests.fence.get() == Some(Fence::None) {
+                item.cas = 0;
+            }
         }
     }
 
     /// [`distrust`](Shared::distrust) for each read of a batch.
     fn distrust_all(&self, mut items: Vec<Result<Option<Item>>>) -> Vec<Result<Option<Item>>> {
-        if self.missed().stale_before_ms() != 0 {
+        if self.missed().stale_before_ms() != 0 || self.requests.fence.get() == Some(Fence::None) {
             for item in items.iter_mut().filter_map(|r| r.as_mut().ok()) {
                 self.distrust(item.as_mut());
             }
@@ -588,6 +657,7 @@ impl RedisBackend {
                 item_size: config.item_size,
                 key_limit: config.key_limit,
                 scripts: Scripts::new(),
+                fence: Default::default(),
                 cluster,
             },
             stamps: Rng::new(entropy()),
@@ -649,6 +719,39 @@ impl RedisBackend {
     #[cfg(feature = "tokio")]
     pub(crate) fn shared(&self) -> Arc<Shared> {
         self.shared.clone()
+    }
+
+    /// The node's fenced write, asked once ([`fence`]).
+    pub(super) fn fence(&self) -> Result<Fence> {
+        let s = &self.shared;
+        match s.requests.fence.get() {
+            Some(f) => Ok(f),
+            None => self.run(Ok(s.requests.fence_probe())).map(|f| s.learned(f)),
+        }
+    }
+
+    /// `w` written and, with `read_back`, what the key then holds; on a node with `IFEQ` and
+    /// no scripting a `cas` reads the key first ([`fence::compare`]).
+    fn write_one(&self, w: &Write<'_>, read_back: bool) -> Result<(StoreOutcome, Option<Item>)> {
+        let s = &self.shared;
+        if s.needs_fence(w, read_back) {
+            self.fence()?;
+        }
+        if let Some(token) = s.by_comparison(w) {
+            let before = self.run(s.requests.get(w.key))?;
+            return match fence::compare(token, before.as_ref()) {
+                Compared::Answer(outcome) => Ok((outcome, before)),
+                Compared::Send(seen) => {
+                    self.run(s.requests.store_ifeq(w, s.stamp(), &seen, read_back))
+                }
+            };
+        }
+        if read_back {
+            self.run(s.named(s.requests.store_then_get(w, s.stamp())))
+        } else {
+            self.run(s.named(s.requests.store(w, s.stamp())))
+                .map(|o| (o, None))
+        }
     }
 
     /// Sends `req` on a pooled connection through the health gate and reads its answer.
@@ -1189,20 +1292,31 @@ impl Backend for RedisBackend {
         flags: u32,
         exptime: u32,
     ) -> Result<StoreOutcome> {
-        let s = &self.shared;
         let w = Write::new(mode, key, value, flags, exptime);
-        s.after_write(key, self.run(s.requests.store(&w, s.stamp())))
+        let r = self.write_one(&w, false).map(|(outcome, _)| outcome);
+        self.shared.after_write(key, r)
     }
 
     fn store_then_get(&self, w: Write<'_>) -> Result<(StoreOutcome, Option<Item>)> {
         let s = &self.shared;
-        let r = self.run(s.requests.store_then_get(&w, s.stamp()));
+        let r = self.write_one(&w, true);
         let (outcome, mut item) = s.after_write(w.key, r)?;
         s.distrust(item.as_mut());
         Ok((outcome, item))
     }
 
     fn store_many(&self, writes: &[Write<'_>]) -> Vec<Result<StoreOutcome>> {
+        if writes.iter().any(|w| self.shared.needs_fence(w, false)) {
+            if let Err(e) = self.fence() {
+                return self.shared.unwritten(writes, &e);
+            }
+        }
+        if self.shared.one_by_one(writes) {
+            return writes
+                .iter()
+                .map(|w| self.store(w.mode, w.key, w.value, w.flags, w.exptime))
+                .collect();
+        }
         self.batch(writes, stores())
     }
 
@@ -1222,12 +1336,14 @@ impl Backend for RedisBackend {
 
     fn incr(&self, key: &str, delta: u64) -> Result<Option<u64>> {
         let s = &self.shared;
-        self.run(s.requests.arith(key, delta, true, s.stamp()))
+        self.fence()?;
+        self.run(s.named(s.requests.arith(key, delta, true, s.stamp())))
     }
 
     fn decr(&self, key: &str, delta: u64) -> Result<Option<u64>> {
         let s = &self.shared;
-        self.run(s.requests.arith(key, delta, false, s.stamp()))
+        self.fence()?;
+        self.run(s.named(s.requests.arith(key, delta, false, s.stamp())))
     }
 
     /// Refused: it would empty the whole database, other applications' keys included; the
@@ -1260,5 +1376,16 @@ impl Backend for RedisBackend {
     /// `replays_failed`), through either view.
     fn report(&self, stats: &mut crate::Stats) {
         outage::report(std::iter::once(self.shared.missed()), stats);
+    }
+
+    /// `PING`, then (once) the probe of the node's fenced write: a server without scripting
+    /// and without `SET IFEQ` fails with an [`is_unsupported`](Error::is_unsupported) error
+    /// that says what it lacks.
+    fn ping(&self) -> std::result::Result<(), crate::ping::PingError> {
+        let s = &self.shared;
+        self.run(Ok(s.requests.ping()))
+            .and_then(|()| self.fence())
+            .and_then(|f| s.usable(f))
+            .map_err(|e| crate::ping::single(&s.addr, e))
     }
 }

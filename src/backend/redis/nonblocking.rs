@@ -29,6 +29,7 @@ use tokio::task::JoinHandle;
 
 use super::batch::Gets;
 use super::clients::{self, ClientId};
+use super::fence::{Compared, Fence, compare};
 use super::request::{self, Line, Pack, Replies, Reply, Request, noscript_retry};
 use super::setup::{Auth, SetUp};
 use super::waited::{self, Dialed, Waited};
@@ -153,9 +154,55 @@ impl AsyncRedis {
 }
 
 impl Inner {
-    /// `PING`, through the health gate.
+    /// `PING`, through the health gate, then (once) the probe of the node's fenced write: a
+    /// node without one fails ([`Shared::usable`]).
     pub(super) async fn ping_node(self: &Arc<Self>) -> Result<()> {
-        self.run(Ok(self.shared.requests.ping())).await
+        self.run(Ok(self.shared.requests.ping())).await?;
+        let fence = self.fence().await?;
+        self.shared.usable(fence)
+    }
+
+    /// The node's fenced write, asked once ([`fence`](super::fence)).
+    pub(super) async fn fence(self: &Arc<Self>) -> Result<Fence> {
+        let s = &self.shared;
+        match s.requests.fence.get() {
+            Some(f) => Ok(f),
+            None => self
+                .run(Ok(s.requests.fence_probe()))
+                .await
+                .map(|f| s.learned(f)),
+        }
+    }
+
+    /// `w` written and, with `read_back`, what the key then holds (as the sync view's
+    /// `write_one`).
+    async fn write_one(
+        self: &Arc<Self>,
+        w: &Write<'_>,
+        read_back: bool,
+    ) -> Result<(StoreOutcome, Option<Item>)> {
+        let s = &self.shared;
+        if s.needs_fence(w, read_back) {
+            self.fence().await?;
+        }
+        if let Some(token) = s.by_comparison(w) {
+            let before = self.run(s.requests.get(w.key)).await?;
+            return match compare(token, before.as_ref()) {
+                Compared::Answer(outcome) => Ok((outcome, before)),
+                Compared::Send(seen) => {
+                    self.run(s.requests.store_ifeq(w, s.stamp(), &seen, read_back))
+                        .await
+                }
+            };
+        }
+        if read_back {
+            self.run(s.named(s.requests.store_then_get(w, s.stamp())))
+                .await
+        } else {
+            self.run(s.named(s.requests.store(w, s.stamp())))
+                .await
+                .map(|o| (o, None))
+        }
     }
 
     /// The slot map, as this node sees it.
@@ -700,8 +747,8 @@ impl AsyncBackend for AsyncRedis {
 
     fn store<'a>(&'a self, w: Write<'a>) -> BoxFuture<'a, Result<StoreOutcome>> {
         Box::pin(async move {
-            let s = &self.shared;
-            s.after_write(w.key, self.run(s.requests.store(&w, s.stamp())).await)
+            let r = self.write_one(&w, false).await.map(|(outcome, _)| outcome);
+            self.shared.after_write(w.key, r)
         })
     }
 
@@ -711,7 +758,7 @@ impl AsyncBackend for AsyncRedis {
     ) -> BoxFuture<'a, Result<(StoreOutcome, Option<Item>)>> {
         Box::pin(async move {
             let s = &self.shared;
-            let r = self.run(s.requests.store_then_get(&w, s.stamp())).await;
+            let r = self.write_one(&w, true).await;
             let (outcome, mut item) = s.after_write(w.key, r)?;
             s.distrust(item.as_mut());
             Ok((outcome, item))
@@ -722,7 +769,22 @@ impl AsyncBackend for AsyncRedis {
         &'a self,
         writes: &'a [Write<'a>],
     ) -> BoxFuture<'a, Vec<Result<StoreOutcome>>> {
-        Box::pin(self.batch(writes, super::stores()))
+        Box::pin(async move {
+            let s = &self.shared;
+            if writes.iter().any(|w| s.needs_fence(w, false)) {
+                if let Err(e) = self.fence().await {
+                    return s.unwritten(writes, &e);
+                }
+            }
+            if s.one_by_one(writes) {
+                let mut out = Vec::with_capacity(writes.len());
+                for w in writes {
+                    out.push(AsyncBackend::store(self, *w).await);
+                }
+                return out;
+            }
+            self.batch(writes, super::stores()).await
+        })
     }
 
     fn delete<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool>> {
@@ -746,7 +808,8 @@ impl AsyncBackend for AsyncRedis {
     fn incr<'a>(&'a self, key: &'a str, delta: u64) -> BoxFuture<'a, Result<Option<u64>>> {
         Box::pin(async move {
             let s = &self.shared;
-            self.run(s.requests.arith(key, delta, true, s.stamp()))
+            self.fence().await?;
+            self.run(s.named(s.requests.arith(key, delta, true, s.stamp())))
                 .await
         })
     }
@@ -754,7 +817,8 @@ impl AsyncBackend for AsyncRedis {
     fn decr<'a>(&'a self, key: &'a str, delta: u64) -> BoxFuture<'a, Result<Option<u64>>> {
         Box::pin(async move {
             let s = &self.shared;
-            self.run(s.requests.arith(key, delta, false, s.stamp()))
+            self.fence().await?;
+            self.run(s.named(s.requests.arith(key, delta, false, s.stamp())))
                 .await
         })
     }
@@ -783,6 +847,14 @@ impl AsyncBackend for AsyncRedis {
 
     fn max_value_size(&self, key: &str) -> usize {
         self.shared.requests.max_value_size(key)
+    }
+
+    /// `PING`, then (once) the probe of the node's fenced write ([`Inner::ping_node`]).
+    fn ping(&self) -> BoxFuture<'_, std::result::Result<(), crate::ping::PingError>> {
+        Box::pin(async move {
+            let r = self.ping_node().await;
+            r.map_err(|e| crate::ping::single(&self.shared.addr, e))
+        })
     }
 
     fn settle_time(&self) -> std::time::Duration {

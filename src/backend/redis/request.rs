@@ -12,6 +12,7 @@ use redis::Value;
 use smallvec::{SmallVec, smallvec};
 
 use super::clients::{self, ClientId};
+use super::fence::{self, Fence};
 use super::item::{self, Expiry};
 use super::script::{Script, Scripts};
 use super::slots::{self, Redirect};
@@ -671,6 +672,9 @@ pub(super) struct Builder {
     pub(super) item_size: usize,
     pub(super) key_limit: usize,
     pub(super) scripts: Scripts,
+    /// The node's fenced write, once learned ([`Builder::fence_probe`]): no script is built
+    /// for a node known to lack scripting.
+    pub(super) fence: fence::Known,
     /// A node of a Redis Cluster: no command names keys of two slots (`CROSSSLOT`), so a batch
     /// is one command per key, pipelined, rather than one `MGET` or one `UNLINK` of many.
     pub(super) cluster: bool,
@@ -830,6 +834,9 @@ impl Builder {
         let expiry = Expiry::from_exptime(w.exptime);
         let stored = item::encode(stamp, w.flags, w.value);
         Ok(match w.mode {
+            StoreMode::Cas(_) if self.fence.get().is_some_and(|f| f != Fence::Lua) => {
+                return Err(self.unfenced());
+            }
             // No item of this backend has token 0 (stamps and foreign digests never are).
             StoreMode::Cas(0) => {
                 return Err(Error::new(
@@ -866,6 +873,114 @@ impl Builder {
                 }
             }
         })
+    }
+
+    /// The refusal of a script (a fenced write, a counter) on a node known to lack scripting,
+    /// before anything is sent.
+    pub(super) fn unfenced(&self) -> Error {
+        let missing = self
+            .fence
+            .get()
+            .and_then(Fence::missing)
+            .unwrap_or("scripting");
+        Error::new(
+            ErrorKind::Unsupported,
+            format!("the server lacks {missing}"),
+        )
+    }
+
+    /// The probe of the node's fenced write ([`fence::read_probe`]), all its words ASCII:
+    /// `EVAL` of a script that writes nothing, `EVALSHA` of its SHA-1, `COMMAND DOCS SET`.
+    pub(super) fn fence_probe(&self) -> Request<Fence> {
+        let mut eval = redis::cmd("EVAL");
+        eval.arg(fence::PROBE_SCRIPT).arg(0);
+        let mut evalsha = redis::cmd("EVALSHA");
+        evalsha.arg(Script::sha_of(fence::PROBE_SCRIPT)).arg(0);
+        let mut docs = redis::cmd("COMMAND");
+        docs.arg("DOCS").arg("SET");
+        let command = |c: redis::Cmd| Command {
+            cmd: c.into(),
+            script: None,
+        };
+        Request {
+            commands: smallvec![command(eval), command(evalsha), command(docs)],
+            write: false,
+            batched: false,
+            wait: None,
+            read: |vs| {
+                let vs: Vec<Value> = vs.into_iter().map(Reply::value).collect();
+                let [eval, evalsha, docs] = &vs[..] else {
+                    return Err(Error::backend("expected three replies"));
+                };
+                fence::read_probe(eval, evalsha, docs).map_err(|v| match v {
+                    Value::ServerError(e) => refused(e),
+                    _ => Error::backend("the probe of scripting was not answered"),
+                })
+            },
+        }
+    }
+
+    /// A fenced write on a node without scripting: `SET … IFEQ seen` (the stored bytes the
+    /// token was read from, [`fence::compare`]), then, with `read_back`, `GET`. `SET IFEQ`
+    /// answers nil when the key no longer holds `seen`: `EXISTS`, or `NOT_FOUND` when the
+    /// key then holds nothing.
+    pub(super) fn store_ifeq(
+        &self,
+        w: &Write<'_>,
+        stamp: u64,
+        seen: &[u8],
+        read_back: bool,
+    ) -> Result<Request<(StoreOutcome, Option<Item>)>> {
+        self.check_key(w.key)?;
+        let max = self.max_value_size(w.key);
+        if w.value.len() > max {
+            return Err(Error::new(
+                ErrorKind::TooLarge,
+                format!(
+                    "a value of {} bytes is over the {max}-byte limit (item_size)",
+                    w.value.len()
+                ),
+            ));
+        }
+        let mut set = redis::cmd("SET");
+        set.arg(w.key)
+            .arg(item::encode(stamp, w.flags, w.value))
+            .arg("IFEQ")
+            .arg(seen);
+        if let Some((unit, n)) = Expiry::from_exptime(w.exptime).set_args() {
+            set.arg(unit).arg(n);
+        }
+        let mut commands: Commands = smallvec![Command {
+            cmd: set.into(),
+            script: None,
+        }];
+        if read_back {
+            let mut get = redis::cmd("GET");
+            get.arg(w.key);
+            commands.push(Command {
+                cmd: get.into(),
+                script: None,
+            });
+        }
+        Ok(self.waited(Request {
+            commands,
+            write: true,
+            batched: false,
+            wait: None,
+            read: |mut vs| {
+                let nil = || Reply::Value(Value::Nil);
+                let now = match vs.len() {
+                    2 => Some(item_of(vs.pop().unwrap_or_else(nil))?),
+                    _ => None,
+                };
+                let outcome = match (store_outcome(vs.pop().unwrap_or_else(nil))?, &now) {
+                    (StoreOutcome::NotStored, Some(None)) => StoreOutcome::NotFound,
+                    (StoreOutcome::NotStored, _) => StoreOutcome::Exists,
+                    (o, _) => o,
+                };
+                Ok((outcome, now.flatten()))
+            },
+        }))
     }
 
     pub(super) fn store(&self, w: &Write<'_>, stamp: u64) -> Result<Request<StoreOutcome>> {
@@ -1161,6 +1276,9 @@ impl Builder {
         stamp: u64,
     ) -> Result<Request<Option<u64>>> {
         self.check_key(key)?;
+        if self.fence.get().is_some_and(|f| f != Fence::Lua) {
+            return Err(self.unfenced());
+        }
         let mut cmd = evalsha(&self.scripts.arith, key);
         cmd.arg(delta.to_string())
             .arg(if up { "+" } else { "-" })
@@ -1255,6 +1373,7 @@ mod tests {
             item_size: 1 << 20,
             key_limit: 250,
             scripts: Scripts::new(),
+            fence: Default::default(),
             cluster: true,
         }
     }
@@ -1385,6 +1504,7 @@ mod tests {
             item_size: 1 << 20,
             key_limit: 250,
             scripts: Scripts::new(),
+            fence: Default::default(),
             cluster: false,
         };
         let req = b.delete("k").unwrap();
@@ -1453,6 +1573,7 @@ mod tests {
             item_size: 1 << 20,
             key_limit: 250,
             scripts: Scripts::new(),
+            fence: Default::default(),
             cluster: false,
         };
         let req = b.touch("k", 0).unwrap();
@@ -1473,6 +1594,7 @@ mod tests {
             item_size: 1 << 20,
             key_limit: 250,
             scripts: Scripts::new(),
+            fence: Default::default(),
             cluster: false,
         };
         let keys: Vec<String> = (0..2_500).map(|i| format!("k{i}")).collect();
@@ -1565,6 +1687,7 @@ mod tests {
             item_size: 1 << 20,
             key_limit: 250,
             scripts: Scripts::new(),
+            fence: Default::default(),
             cluster: true,
         };
         let req = b.replay(Vec::new(), &["a", "b", "c", "d"]);

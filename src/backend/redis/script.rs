@@ -20,8 +20,13 @@ impl Script {
     fn new(source: &'static str) -> Script {
         Script {
             source,
-            sha: hex::encode(Sha1::digest(source.as_bytes())),
+            sha: Script::sha_of(source),
         }
+    }
+
+    /// The SHA-1 `EVALSHA` names `source` by.
+    pub(crate) fn sha_of(source: &str) -> String {
+        hex::encode(Sha1::digest(source.as_bytes()))
     }
 }
 

@@ -1,0 +1,225 @@
+//! A Redis or Valkey server without scripting (`EVAL` and `EVALSHA` renamed away, as hardened
+//! managed servers do): Redis 7 has no other fenced write, so a loader fails before it runs
+//! and leaves nothing behind, while plain calls and stale values keep being served; Valkey 9
+//! fences with `SET IFEQ`, and loads work as everywhere. Both front ends.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use newcache::Cache;
+use newcache::testing::MockClock;
+use redis::Commands;
+
+use crate::fixture::{RedisServer, unique_flavor, valkey_server};
+use crate::front::{BuildFor, Front, TestCache, runtime};
+
+const TTL: Duration = Duration::from_secs(60);
+
+/// A server of `bin` with scripting renamed away.
+fn without_scripting(bin: &str) -> RedisServer {
+    RedisServer::start_with(
+        bin,
+        &[
+            "--rename-command",
+            "EVAL",
+            "",
+            "--rename-command",
+            "EVALSHA",
+            "",
+        ],
+    )
+}
+
+fn cache_on(server: &RedisServer, clock: &Arc<MockClock>, flavor: &str, front: Front) -> TestCache {
+    Cache::builder()
+        .redis(server.url())
+        .flavor(flavor)
+        .clock(clock.clone())
+        .failure_limit(2)
+        .io_timeout(Duration::from_millis(500))
+        .build_front(front)
+}
+
+/// The raw bytes under a cache's key, read by another client.
+fn raw_get(server: &RedisServer, key: &str) -> Option<Vec<u8>> {
+    crate::redis::raw(server).get(key).unwrap()
+}
+
+#[derive(Debug)]
+struct Failed;
+
+impl std::fmt::Display for Failed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the loader failed")
+    }
+}
+
+impl std::error::Error for Failed {}
+
+#[test]
+fn redis_without_scripting_refuses_loads_before_they_run_and_serves_everything_else() {
+    let server = without_scripting("redis-server");
+    for front in [Front::Sync, Front::Async] {
+        let clock = MockClock::new();
+        let cache = cache_on(&server, &clock, &unique_flavor("noscript"), front);
+        let loads = AtomicUsize::new(0);
+        let load = |v: u32| {
+            let loads = &loads;
+            move || {
+                loads.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, Failed>(v)
+            }
+        };
+
+        // A missing key: the loader never runs, and no placeholder is left behind.
+        for _ in 0..4 {
+            let e = cache.get_or_set_with("k", TTL, load(1)).unwrap_err();
+            let e = e.cache().expect("a cache error, not the loader's");
+            assert!(e.is_unsupported(), "{front:?}: {e}");
+            let said = e.to_string();
+            assert!(
+                said.contains(&format!("127.0.0.1:{}", server.port)),
+                "names the server: {said}"
+            );
+            assert!(
+                said.contains("scripting") && said.contains("IFEQ"),
+                "{said}"
+            );
+            assert_eq!(raw_get(&server, &cache.make_key("k")), None, "{front:?}");
+        }
+        assert_eq!(loads.load(Ordering::SeqCst), 0, "{front:?}");
+
+        // Plain calls work, the server was never marked dead, and no fault was counted.
+        cache.set("k", &7u32, TTL).unwrap();
+        assert_eq!(cache.get::<u32>("k").unwrap(), Some(7));
+        assert!(cache.add("a", &1u32, TTL).unwrap());
+        assert!(!cache.add("a", &2u32, TTL).unwrap());
+        assert!(cache.delete("a").unwrap());
+        assert_eq!(cache.stats().backend_errors, 0, "{front:?}");
+
+        // A stale value: served, unclaimed (its bytes untouched), and a loader still refused.
+        let before = raw_get(&server, &cache.make_key("k"));
+        clock.advance(TTL + Duration::from_secs(1));
+        assert_eq!(cache.get::<u32>("k").unwrap(), Some(7), "{front:?}");
+        assert_eq!(cache.get::<u32>("k").unwrap(), Some(7), "{front:?}");
+        assert_eq!(raw_get(&server, &cache.make_key("k")), before, "unclaimed");
+        let e = cache.get_or_set_with("k", TTL, load(2)).unwrap_err();
+        assert!(e.cache().is_some_and(|e| e.is_unsupported()), "{e}");
+        assert_eq!(loads.load(Ordering::SeqCst), 0);
+        assert_eq!(raw_get(&server, &cache.make_key("k")), before, "unclaimed");
+
+        // Counters need scripting, and say so.
+        cache.set_counter("n", 1, TTL).unwrap();
+        let e = cache.incr("n", 1).unwrap_err();
+        assert!(e.is_unsupported(), "{e}");
+        assert!(e.to_string().contains("counters"), "{e}");
+        assert_eq!(cache.get_counter("n").unwrap(), Some(1));
+
+        // ping says what the server lacks.
+        let e = cache.ping().unwrap_err();
+        let failure = &e.failures()[0];
+        assert!(failure.error.is_unsupported(), "{e}");
+        assert_eq!(cache.stats().backend_errors, 0, "{front:?}");
+        assert_eq!(cache.get::<u32>("k").unwrap(), Some(7), "still served");
+    }
+}
+
+/// The async view's connection is shared by every call: a refusal that echoed binary bytes
+/// once killed it, and with it the reads in flight beside the load.
+#[test]
+fn reads_in_flight_beside_refused_loads_on_redis_without_scripting_all_succeed() {
+    let server = without_scripting("redis-server");
+    let clock = MockClock::new();
+    let flavor = unique_flavor("noscript-async");
+    let TestCache::Async(cache) = cache_on(&server, &clock, &flavor, Front::Async) else {
+        unreachable!()
+    };
+    runtime().block_on(async {
+        for i in 0..20u32 {
+            cache.set(&format!("r{i}"), &i, TTL).await.unwrap();
+        }
+        let mut tasks = Vec::new();
+        for round in 0..10u32 {
+            for i in 0..20u32 {
+                let c = cache.clone();
+                tasks.push(tokio::spawn(async move {
+                    c.get::<u32>(&format!("r{i}")).await.map(|v| v == Some(i))
+                }));
+            }
+            let c = cache.clone();
+            tasks.push(tokio::spawn(async move {
+                let r = c
+                    .get_or_set_with(&format!("load{round}"), TTL, || async {
+                        Ok::<_, Failed>(0u32)
+                    })
+                    .await;
+                Ok(r.is_err_and(|e| e.cache().is_some_and(|e| e.is_unsupported())))
+            }));
+        }
+        for t in tasks {
+            assert!(
+                t.await.unwrap().unwrap(),
+                "every read served, every load refused"
+            );
+        }
+    });
+    assert_eq!(cache.stats().backend_errors, 0);
+}
+
+#[test]
+fn valkey_without_scripting_fences_loads_with_set_ifeq() {
+    let server = without_scripting(&valkey_server());
+    for front in [Front::Sync, Front::Async] {
+        let clock = MockClock::new();
+        let cache = cache_on(&server, &clock, &unique_flavor("ifeq"), front);
+        cache.ping().unwrap();
+        let loads = AtomicUsize::new(0);
+        let load = |v: u32| {
+            let loads = &loads;
+            move || {
+                loads.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, Failed>(v)
+            }
+        };
+
+        // Loaded once, stored, then served.
+        assert_eq!(cache.get_or_set_with("k", TTL, load(1)).unwrap(), 1);
+        assert_eq!(cache.get_or_set_with("k", TTL, load(9)).unwrap(), 1);
+        assert_eq!(loads.load(Ordering::SeqCst), 1, "{front:?}");
+
+        // Stale: claimed by one reader, served to the others, reloaded and stored.
+        clock.advance(TTL + Duration::from_secs(1));
+        assert_eq!(cache.get::<u32>("k").unwrap(), None, "the claiming reader");
+        assert_eq!(cache.get::<u32>("k").unwrap(), Some(1), "the others: stale");
+        cache.set("k", &2u32, TTL).unwrap();
+        clock.advance(TTL + Duration::from_secs(1));
+        assert_eq!(cache.get_or_set_with("k", TTL, load(3)).unwrap(), 3);
+        assert_eq!(cache.get::<u32>("k").unwrap(), Some(3));
+        assert_eq!(loads.load(Ordering::SeqCst), 2, "{front:?}");
+
+        // A delete while the load runs: its fenced store does not undo it.
+        let key = cache.make_key("gone");
+        let r = cache.get_or_set_with("gone", TTL, || {
+            let _: () = crate::redis::raw(&server).del(&key).unwrap();
+            Ok::<_, Failed>(5u32)
+        });
+        assert_eq!(r.unwrap(), 5, "the caller gets its load");
+        assert_eq!(raw_get(&server, &key), None, "the invalidation holds");
+        assert_eq!(cache.get::<u32>("gone").unwrap(), None);
+
+        // Batches too.
+        let got = cache
+            .get_many_or_set_with(&["b1", "b2"], TTL, |keys| {
+                Ok::<_, Failed>(keys.iter().map(|k| (k.clone(), 4u32)).collect())
+            })
+            .unwrap();
+        assert_eq!(got.len(), 2);
+        assert_eq!(cache.get::<u32>("b1").unwrap(), Some(4));
+
+        // Counters need scripting.
+        cache.set_counter("n", 1, TTL).unwrap();
+        assert!(cache.incr("n", 1).unwrap_err().is_unsupported());
+        assert_eq!(cache.stats().backend_errors, 0, "{front:?}");
+    }
+}
