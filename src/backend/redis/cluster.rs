@@ -9,21 +9,26 @@
 //! The slot map comes from `CLUSTER SLOTS`, asked of the seeds on first use. A `MOVED` reply
 //! (nothing was run) patches the map, sends the command again to the node it names and
 //! refreshes the whole map; an `ASK` reply sends `ASKING` and the command to the node it names,
-//! once, the map unchanged. A node's transport fault refreshes the map at most once per
-//! `retry_interval` (a failover changes it), and so does a key whose slot the map has no
-//! master for (no node can redirect it: nothing is sent); a call that failed before anything of it was sent
-//! (its node's connect refused or timed out, the node marked dead) goes once to its slot's
-//! master in the refreshed map, if that is another node. A batch is split by node; each node's
+//! once, the map unchanged. A node's transport fault, `CLUSTERDOWN` or `TRYAGAIN` refreshes
+//! the map at most once per `retry_interval` for the whole cluster (a failover changes it; a
+//! node wiped and started again at its master's address answers `CLUSTERDOWN` for every key
+//! and never redirects), and so does a key whose slot the map has no master for (no node can
+//! redirect it: nothing is sent); a call of which nothing ran (its node's connect refused or
+//! timed out, the node marked dead, a `CLUSTERDOWN`) goes once to its slot's master in the
+//! refreshed map, if that is another node. A refresh takes the first whole map a node gives
+//! (every slot has a master); a map with a hole only if no node gives a whole one and the map
+//! in place has a hole too. A node is known by its node id: another id at a known address is
+//! a new node, with views of its own. A batch is split by node; each node's
 //! part is the single-node batch's request (one command per key on a cluster node), every
 //! node's written, then every reply read; its redirected keys are sent again where they now
 //! live; a node's failure fails only its own keys.
 //!
 //! A node's error replies are answers, per key: `CLUSTERDOWN` (the key's slot unserved, or
-//! the whole cluster down) fails the keys it names and marks no node dead; refused because
-//! the whole cluster is down, a write is queued for the node's replay
-//! (`request::not_serving_yet`). `TRYAGAIN` never
-//! comes: it answers a multi-key command whose keys a migration split, and no command sent to a
-//! cluster node names two keys.
+//! the whole cluster down) fails the keys it names, unless the refreshed map sends them
+//! elsewhere, and marks no node dead; refused because the whole cluster is down, a write is
+//! queued for the node's replay (`request::not_serving_yet`). `TRYAGAIN` should never come:
+//! it answers a multi-key command whose keys a migration split, and no command sent to a
+//! cluster node names two keys; it is taken as `CLUSTERDOWN` is.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -1368,7 +1373,44 @@ pub(crate) use self::nonblocking::AsyncRedisCluster;
 
 #[cfg(test)]
 mod tests {
-    use super::node_url;
+    use std::sync::Arc;
+
+    use super::{Router, node_url, slots};
+    use crate::backend::redis::RedisConfig;
+
+    /// One range over every slot, served by the node `id` at `addr`.
+    fn whole(addr: &str, id: &str) -> Vec<slots::Range> {
+        vec![slots::Range {
+            first: 0,
+            last: (slots::SLOTS - 1) as u16,
+            addr: addr.into(),
+            id: Some(id.into()),
+        }]
+    }
+
+    #[test]
+    fn a_new_node_id_at_a_known_address_is_a_new_node() {
+        let router = Router::new(vec![RedisConfig::new("redis://127.0.0.1:7000")]).unwrap();
+        let seed = router.node("127.0.0.1:7000").unwrap();
+        // The seed's first map names it: the same node, now known by its id.
+        let map = router.install(whole("127.0.0.1:7000", "old")).unwrap();
+        assert!(Arc::ptr_eq(&map.masters[0], &seed));
+        let map = router.install(whole("127.0.0.1:7000", "old")).unwrap();
+        assert!(Arc::ptr_eq(&map.masters[0], &seed));
+        // Wiped and started again: another id at the same address.
+        let map = router.install(whole("127.0.0.1:7000", "new")).unwrap();
+        assert!(!Arc::ptr_eq(&map.masters[0], &seed));
+        let now = router.node("127.0.0.1:7000").unwrap();
+        assert!(
+            Arc::ptr_eq(&map.masters[0], &now),
+            "a redirect there finds the new node"
+        );
+        assert_eq!(
+            router.retired.lock().len(),
+            1,
+            "the old one kept for its counts"
+        );
+    }
 
     #[test]
     fn a_node_url_keeps_the_seeds_scheme_and_credentials() {
