@@ -768,6 +768,8 @@ pub struct RedisCluster {
     pub ports: Vec<u16>,
     dir: std::path::PathBuf,
     children: Vec<Option<Child>>,
+    /// The server binary, for a node started again ([`start_wiped`](RedisCluster::start_wiped)).
+    bin: String,
 }
 
 #[cfg(feature = "redis")]
@@ -803,6 +805,7 @@ impl RedisCluster {
             ports,
             dir,
             children,
+            bin: bin.to_owned(),
         };
         let logs = |e: String| e + &node_logs(&cluster.dir, &cluster.ports);
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -882,6 +885,64 @@ impl RedisCluster {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+
+    /// Starts a fresh node on `port`, where a node was killed: its directory emptied (no
+    /// `nodes.conf`, as after a disk wiped or a container re-created), so it knows no cluster,
+    /// serves no slots and has a node id of its own. Returns once it accepts connections.
+    pub fn start_wiped(&mut self, port: u16) {
+        self.kill(port);
+        let i = self.ports.iter().position(|&p| p == port).expect("a node");
+        let node_dir = self.dir.join(port.to_string());
+        let _ = std::fs::remove_dir_all(&node_dir);
+        std::fs::create_dir_all(&node_dir).expect("cluster node dir");
+        let mut child = Command::new(&self.bin)
+            .args(cluster_node_args(port))
+            .current_dir(&node_dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server / valkey-server is installed (see .ci/run)");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if let Some(status) = child.try_wait().ok().flatten() {
+                panic!(
+                    "the wiped node on {port} exited: {status}{}",
+                    node_logs(&self.dir, &[port])
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the wiped node on {port} did not come up"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.children[i] = Some(child);
+    }
+
+    /// The ports of the nodes other than `gone`.
+    pub fn others(&self, gone: u16) -> Vec<u16> {
+        self.ports.iter().copied().filter(|&p| p != gone).collect()
+    }
+
+    /// Waits until `gone` serves no slots by the other nodes' word (a replica took over) and
+    /// every other node says `cluster_state:ok` and the same masters' slots.
+    pub fn wait_taken_over(&self, gone: u16, within: Duration) {
+        let others = self.others(gone);
+        let deadline = Instant::now() + within;
+        while others
+            .iter()
+            .find_map(|&p| cluster_view(p))
+            .is_none_or(|v| v.iter().any(|&(_, _, p)| p == i64::from(gone)))
+        {
+            assert!(
+                Instant::now() < deadline,
+                "no replica took over from the master on {gone}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        wait_cluster_ok(&others, within);
     }
 }
 

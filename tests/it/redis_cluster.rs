@@ -1849,3 +1849,236 @@ fn a_slot_missing_from_the_map_is_served_once_the_cluster_serves_it() {
         );
     }
 }
+
+/// How a killed master's node comes back at its address, wiped (no `nodes.conf`: a new node,
+/// of no cluster, serving no slots, which answers `CLUSTERDOWN` for every key).
+#[derive(Clone, Copy, Debug)]
+enum Wiped {
+    /// Once its replica took over and the cluster settled.
+    AfterFailover,
+    /// At once: the cluster cannot fail over by itself (the old node's address answers with
+    /// another id, the old id is `noaddr`), so the operator runs `CLUSTER FAILOVER TAKEOVER`
+    /// on the replica.
+    AtOnceThenTakeover,
+}
+
+/// A master killed and its node back wiped at the same address: once the cluster settled,
+/// caches idle through it serve their first call (both front ends, a single key and a batch),
+/// and a cache called throughout is served again within a few `retry_interval`s.
+fn a_master_back_wiped_at_its_address(how: Wiped) {
+    let mut cluster = RedisCluster::start("redis-server");
+    let seeds = cluster.seeds();
+    let masters = cluster.masters();
+    let victim = masters[0].0;
+    let replica = replica_of(victim);
+    let victim_id = id_of(victim);
+    let flavor = unique_flavor("wiped");
+    let build = |front| {
+        Cache::builder()
+            .redis_cluster(seeds.iter().cloned())
+            .flavor(flavor.as_str())
+            .read_failures(FailurePolicy::Propagate)
+            .write_failures(FailurePolicy::Propagate)
+            .retry_interval(MS(200))
+            .io_timeout(S(5))
+            .build_front(front)
+    };
+    let keys: Vec<String> = (0..30).map(|i| format!("k{i}")).collect();
+    // A cache per first call: (front, single key or batch).
+    let idle: Vec<(Front, bool, TestCache)> = [
+        (Front::Sync, true),
+        (Front::Sync, false),
+        (Front::Async, true),
+        (Front::Async, false),
+    ]
+    .into_iter()
+    .map(|(front, single)| (front, single, build(front)))
+    .collect();
+    let busy = build(Front::Sync);
+    let failed = busy
+        .set_many(keys.iter().map(|k| (k.as_str(), k)), S(600))
+        .unwrap();
+    assert!(failed.is_empty(), "{failed:?}");
+    for (_, _, c) in &idle {
+        assert_eq!(
+            c.get_many::<String>(&keys).unwrap().len(),
+            30,
+            "the map known"
+        );
+    }
+    let on_victim = keys
+        .iter()
+        .find(|k| master_of(&masters, slot_of(victim, &busy.make_key(k))) == victim)
+        .unwrap()
+        .clone();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let _ = busy.get_many::<String>(&keys);
+                let _ = busy.set(&on_victim, "busy", S(600));
+                std::thread::sleep(MS(20));
+            }
+        });
+        cluster.kill(victim);
+        match how {
+            Wiped::AfterFailover => {
+                cluster.wait_taken_over(victim, S(60));
+                cluster.start_wiped(victim);
+            }
+            Wiped::AtOnceThenTakeover => {
+                cluster.start_wiped(victim);
+                let deadline = Instant::now() + S(60);
+                loop {
+                    let nodes: String = redis::cmd("CLUSTER")
+                        .arg("NODES")
+                        .query(&mut node(replica))
+                        .unwrap();
+                    let old = nodes.lines().find(|l| l.starts_with(&victim_id));
+                    if old.is_some_and(|l| l.contains("noaddr")) {
+                        break;
+                    }
+                    assert!(
+                        Instant::now() < deadline,
+                        "the old node never lost its address: {nodes}"
+                    );
+                    std::thread::sleep(MS(100));
+                }
+                let () = redis::cmd("CLUSTER")
+                    .arg("FAILOVER")
+                    .arg("TAKEOVER")
+                    .query(&mut node(replica))
+                    .unwrap();
+                cluster.wait_taken_over(victim, S(60));
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+    for (front, single, c) in &idle {
+        if *single {
+            c.set(&on_victim, "after", S(600)).unwrap_or_else(|e| {
+                panic!("{how:?} {front:?}: the first call, a set of a key of the wiped master: {e}")
+            });
+            assert_eq!(
+                c.get::<String>(&on_victim).unwrap().as_deref(),
+                Some("after"),
+                "{how:?} {front:?}"
+            );
+        } else {
+            let failed = c
+                .set_many(keys.iter().map(|k| (k.as_str(), "after")), S(600))
+                .unwrap_or_else(|e| {
+                    panic!("{how:?} {front:?}: the first call, a batch over every master: {e}")
+                });
+            assert!(failed.is_empty(), "{how:?} {front:?}: {failed:?}");
+            let got = c.get_many::<String>(&keys).unwrap();
+            assert_eq!(got.len(), 30, "{how:?} {front:?}");
+        }
+    }
+    // Generous: the map is asked again at most every 200 ms.
+    let deadline = Instant::now() + S(10);
+    while let Err(e) = busy
+        .get_many::<String>(&keys)
+        .and_then(|_| busy.set(&on_victim, "busy", S(600)))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "{how:?}: the cache called throughout is still refused: {e}"
+        );
+        std::thread::sleep(MS(50));
+    }
+    for _ in 0..10 {
+        busy.get_many::<String>(&keys).unwrap();
+        busy.set(&on_victim, "busy", S(600)).unwrap();
+    }
+}
+
+#[test]
+fn a_master_back_wiped_after_its_failover_is_served_by_the_new_master() {
+    a_master_back_wiped_at_its_address(Wiped::AfterFailover);
+}
+
+#[test]
+fn a_master_back_wiped_at_once_is_served_by_the_replica_the_operator_promoted() {
+    a_master_back_wiped_at_its_address(Wiped::AtOnceThenTakeover);
+}
+
+/// A cluster really down (a master killed, no replica allowed to take over): every node answers
+/// `CLUSTERDOWN The cluster is down`, and the error says what the node said. Each such answer
+/// asks the nodes for the slot map again (a failover may have changed it), but a cache asks at
+/// most once per `retry_interval`, however many calls and batches are refused meanwhile.
+#[test]
+fn a_cluster_really_down_is_asked_for_its_map_at_most_once_per_retry_interval() {
+    let mut cluster = RedisCluster::start("redis-server");
+    no_failover(&cluster);
+    let seeds = cluster.seeds();
+    let masters = cluster.masters();
+    let victim = masters[0].0;
+    let live = cluster.others(victim);
+    let interval = MS(500);
+    let flavor = unique_flavor("down");
+    let build = |front| {
+        Cache::builder()
+            .redis_cluster(seeds.iter().cloned())
+            .flavor(flavor.as_str())
+            .read_failures(FailurePolicy::Propagate)
+            .write_failures(FailurePolicy::Propagate)
+            .retry_interval(interval)
+            .build_front(front)
+    };
+    let caches = [
+        (Front::Sync, build(Front::Sync)),
+        (Front::Async, build(Front::Async)),
+    ];
+    // Keys of the masters that stay up: refused, never a fault.
+    let keys: Vec<String> = (0..)
+        .map(|i| format!("k{i}"))
+        .filter(|k| master_of(&masters, slot_of(live[0], &caches[0].1.make_key(k))) != victim)
+        .take(20)
+        .collect();
+    for (front, cache) in &caches {
+        let failed = cache
+            .set_many(keys.iter().map(|k| (k.as_str(), k)), S(600))
+            .unwrap();
+        assert!(failed.is_empty(), "{front:?}: {failed:?}");
+    }
+    cluster.kill(victim);
+    let deadline = Instant::now() + S(30);
+    for &p in &live {
+        loop {
+            let info: String = redis::cmd("CLUSTER")
+                .arg("INFO")
+                .query(&mut node(p))
+                .unwrap();
+            if info.contains("cluster_state:fail") {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the cluster never went down");
+            std::thread::sleep(MS(100));
+        }
+    }
+    for (front, cache) in &caches {
+        let before = calls_of(&live, "cluster|slots");
+        let started = Instant::now();
+        for _ in 0..50 {
+            let e = cache.get::<String>(&keys[0]).unwrap_err();
+            assert!(
+                e.to_string().contains("CLUSTERDOWN The cluster is down"),
+                "{front:?}: {e}"
+            );
+            let e = cache.get_many::<String>(&keys).unwrap_err();
+            assert_eq!(e.failed_keys().len(), keys.len(), "{front:?}: {e}");
+            assert!(
+                chain_of(&e).contains("CLUSTERDOWN The cluster is down"),
+                "{front:?}: {e}"
+            );
+        }
+        let periods = started.elapsed().as_millis() / interval.as_millis() + 1;
+        let asked = calls_of(&live, "cluster|slots") - before;
+        assert!(
+            (1..=periods as u64).contains(&asked),
+            "{front:?}: 100 refused calls over {periods} retry intervals asked for the map \
+             {asked} times"
+        );
+    }
+}

@@ -9,21 +9,26 @@
 //! The slot map comes from `CLUSTER SLOTS`, asked of the seeds on first use. A `MOVED` reply
 //! (nothing was run) patches the map, sends the command again to the node it names and
 //! refreshes the whole map; an `ASK` reply sends `ASKING` and the command to the node it names,
-//! once, the map unchanged. A node's transport fault refreshes the map at most once per
-//! `retry_interval` (a failover changes it), and so does a key whose slot the map has no
-//! master for (no node can redirect it: nothing is sent); a call that failed before anything of it was sent
-//! (its node's connect refused or timed out, the node marked dead) goes once to its slot's
-//! master in the refreshed map, if that is another node. A batch is split by node; each node's
+//! once, the map unchanged. A node's transport fault, `CLUSTERDOWN` or `TRYAGAIN` refreshes
+//! the map at most once per `retry_interval` for the whole cluster (a failover changes it; a
+//! node wiped and started again at its master's address answers `CLUSTERDOWN` for every key
+//! and never redirects), and so does a key whose slot the map has no master for (no node can
+//! redirect it: nothing is sent); a call of which nothing ran (its node's connect refused or
+//! timed out, the node marked dead, a `CLUSTERDOWN`) goes once to its slot's master in the
+//! refreshed map, if that is another node. A refresh takes the first whole map a node gives
+//! (every slot has a master); a map with a hole only if no node gives a whole one and the map
+//! in place has a hole too. A node is known by its node id: another id at a known address is
+//! a new node, with views of its own. A batch is split by node; each node's
 //! part is the single-node batch's request (one command per key on a cluster node), every
 //! node's written, then every reply read; its redirected keys are sent again where they now
 //! live; a node's failure fails only its own keys.
 //!
 //! A node's error replies are answers, per key: `CLUSTERDOWN` (the key's slot unserved, or
-//! the whole cluster down) fails the keys it names and marks no node dead; refused because
-//! the whole cluster is down, a write is queued for the node's replay
-//! (`request::not_serving_yet`). `TRYAGAIN` never
-//! comes: it answers a multi-key command whose keys a migration split, and no command sent to a
-//! cluster node names two keys.
+//! the whole cluster down) fails the keys it names, unless the refreshed map sends them
+//! elsewhere, and marks no node dead; refused because the whole cluster is down, a write is
+//! queued for the node's replay (`request::not_serving_yet`). `TRYAGAIN` should never come:
+//! it answers a multi-key command whose keys a migration split, and no command sent to a
+//! cluster node names two keys; it is taken as `CLUSTERDOWN` is.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -55,6 +60,9 @@ const NONE: u16 = u16::MAX;
 
 /// One master's views: sync and async, each also as an asking view (same connections).
 struct Node {
+    /// Its node id, once a slot map named it: a node at the same address with another id is
+    /// another node (its disk wiped, started again), reached through views of its own.
+    id: OnceLock<String>,
     sync: RedisBackend,
     sync_asking: RedisBackend,
     #[cfg(feature = "tokio")]
@@ -88,7 +96,8 @@ struct Map {
     slots: Vec<u16>,
     masters: Vec<Arc<Node>>,
     /// Whether every slot has a master (a map with a hole is asked again when a key falls in
-    /// it: see [`Router::refresh_due`]).
+    /// it: see [`Router::refresh_due`]; a whole map is never replaced by one with a hole:
+    /// see [`Answers`]).
     whole: bool,
 }
 
@@ -127,7 +136,11 @@ struct Router {
     template: RedisConfig,
     /// The seeds' `host:port`.
     seeds: Vec<String>,
+    /// The node at each address now.
     nodes: Mutex<HashMap<String, Arc<Node>>>,
+    /// The nodes replaced at their address by a node of another id, kept for the counts of
+    /// their replays ([`Router::report`]) and their shutdown.
+    retired: Mutex<Vec<Arc<Node>>>,
     map: RwLock<Option<Arc<Map>>>,
     /// Set while a caller refreshes the map after a `MOVED` (the others go on with the patched
     /// map rather than ask too).
@@ -170,6 +183,29 @@ fn is_fault(e: &Error) -> bool {
         && !e.is_denied()
         && super::request::refusal_code(e).is_none()
         && !super::request::is_wait_failure(e)
+}
+
+/// Whether `e` is a node's `CLUSTERDOWN` or `TRYAGAIN`: the node ran nothing, and the map may
+/// name it for slots it no longer serves (a node wiped and started again at a master's
+/// address serves none, knows no cluster and so never redirects: only the other nodes know
+/// where its slots went).
+fn is_cluster_refusal(e: &Error) -> bool {
+    matches!(
+        super::request::refusal_code(e),
+        Some("CLUSTERDOWN" | "TRYAGAIN")
+    )
+}
+
+/// Whether `e` from a node is to make the map asked again ([`Router::refresh_due`] permitting):
+/// a fault (a failover changes the map) or a cluster's refusal.
+fn map_suspect(e: &Error) -> bool {
+    is_fault(e) || is_cluster_refusal(e)
+}
+
+/// Whether a call that failed with `e` may go to another node: nothing of it ran on this one
+/// (never sent, [`Error::unsent`], or refused by the cluster before it ran).
+fn resendable(e: &Error) -> bool {
+    (e.is_unsent() && is_fault(e)) || is_cluster_refusal(e)
 }
 
 /// The error of a key whose slot no master serves (a map not known yet, or a cluster missing
@@ -216,6 +252,7 @@ impl Router {
             template,
             seeds,
             nodes: Mutex::new(nodes),
+            retired: Mutex::new(Vec::new()),
             map: RwLock::new(None),
             refreshing: AtomicBool::new(false),
             asked: Mutex::new(None),
@@ -229,6 +266,7 @@ impl Router {
         #[cfg(feature = "tokio")]
         let nonblocking = super::nonblocking::AsyncRedis::new(sync.shared())?;
         Ok(Node {
+            id: OnceLock::new(),
             #[cfg(feature = "tokio")]
             nonblocking_asking: nonblocking.asking(),
             #[cfg(feature = "tokio")]
@@ -238,20 +276,41 @@ impl Router {
         })
     }
 
-    /// The node at `addr` (met before, or a new one on the template's settings).
+    /// The node at `addr` now (met before, or a new one on the template's settings).
     fn node(&self, addr: &str) -> Result<Arc<Node>> {
+        self.node_named(addr, None)
+    }
+
+    /// The node at `addr` whose node id is `id` (when known): the one met there before,
+    /// unless a map named that one with another id. A node wiped and started again at an old
+    /// address is a new node: new connections, its own health and replay record (the old
+    /// one's missed keys belong to slots served elsewhere now); the old node is retired.
+    fn node_named(&self, addr: &str, id: Option<&str>) -> Result<Arc<Node>> {
         let mut nodes = self.nodes.lock();
         if let Some(n) = nodes.get(addr) {
-            return Ok(n.clone());
+            // Ids are set under the `nodes` lock: the first map that names a node names it.
+            let same = match (id, n.id.get()) {
+                (Some(id), Some(known)) => id == known,
+                (Some(id), None) => n.id.set(id.to_owned()).is_ok(),
+                (None, _) => true,
+            };
+            if same {
+                return Ok(n.clone());
+            }
         }
         let mut config = self.template.clone();
         config.url = node_url(&self.template.url, addr);
         let node = Arc::new(Router::make_node(config)?);
+        if let Some(id) = id {
+            let _ = node.id.set(id.to_owned());
+        }
         if let Some(clock) = &*self.clock.lock() {
             node.health().missed.use_clock(clock.clone());
         }
         self.link(&node);
-        nodes.insert(addr.to_owned(), node.clone());
+        if let Some(old) = nodes.insert(addr.to_owned(), node.clone()) {
+            self.retired.lock().push(old);
+        }
         Ok(node)
     }
 
@@ -280,7 +339,7 @@ impl Router {
             let i = match masters.iter().position(|m| m.addr() == r.addr) {
                 Some(i) => i,
                 None => {
-                    masters.push(self.node(&r.addr)?);
+                    masters.push(self.node_named(&r.addr, r.id.as_deref())?);
                     masters.len() - 1
                 }
             };
@@ -327,11 +386,11 @@ impl Router {
     }
 
     /// Where a call that failed with `e` on `node` for a key of `slot` goes instead: the slot's
-    /// master in the map now, if `e` struck before anything was sent ([`Error::unsent`]: a
-    /// connect that failed, a node marked dead: safe to send elsewhere, a write included) and
-    /// that master is another node (the map was refreshed after a failover).
+    /// master in the map now, if nothing of the call ran on `node` ([`resendable`]: a connect
+    /// that failed, a node marked dead, a `CLUSTERDOWN`: safe to send elsewhere, a write
+    /// included) and that master is another node (the map was refreshed after a failover).
     fn rerouted(&self, node: &Arc<Node>, slot: u16, e: &Error) -> Option<Arc<Node>> {
-        if !(e.is_unsent() && is_fault(e)) {
+        if !resendable(e) {
             return None;
         }
         let map = self.current()?;
@@ -387,15 +446,81 @@ impl Router {
 
     fn report(&self, stats: &mut crate::Stats) {
         let nodes = self.nodes.lock();
-        outage::report(nodes.values().map(|n| &n.health().missed), stats);
+        let retired = self.retired.lock();
+        outage::report(
+            nodes
+                .values()
+                .chain(retired.iter())
+                .map(|n| &n.health().missed),
+            stats,
+        );
     }
 
-    /// The error of a refresh no node answered.
-    fn no_map(errors: Vec<Error>) -> Error {
-        errors
-            .into_iter()
-            .last()
-            .unwrap_or_else(|| Error::backend("no redis cluster node to ask for the slot map"))
+    /// Every node met, retired ones too.
+    #[cfg(feature = "tokio")]
+    fn every_node(&self) -> Vec<Arc<Node>> {
+        let mut all: Vec<Arc<Node>> = self.nodes.lock().values().cloned().collect();
+        all.extend(self.retired.lock().iter().cloned());
+        all
+    }
+
+    /// After every node was asked and none gave a whole map: the fullest map with a hole,
+    /// unless the map in place is whole (kept: nodes that serve no slot or miss some never
+    /// replace a map that serves every slot); else the last error.
+    fn settle(&self, answers: Answers) -> Result<Arc<Map>> {
+        let Some((_, ranges)) = answers.partial else {
+            return Err(answers.errors.into_iter().last().unwrap_or_else(|| {
+                Error::backend("no redis cluster node to ask for the slot map")
+            }));
+        };
+        match self.current() {
+            Some(map) if map.whole => Ok(map),
+            _ => self.install(ranges),
+        }
+    }
+}
+
+/// The answers of one refresh's nodes, asked in turn: the first whole map (every slot has a
+/// master) is put in place at once; failing one, [`Router::settle`] decides.
+#[derive(Default)]
+struct Answers {
+    /// The ranges of the fullest map with a hole so far, and how many slots they cover.
+    partial: Option<(usize, Vec<slots::Range>)>,
+    errors: Vec<Error>,
+}
+
+impl Answers {
+    /// Takes `node`'s answer: the ranges of a whole map, to put in place.
+    fn take(
+        &mut self,
+        node: &Node,
+        answer: Result<Vec<slots::Range>>,
+    ) -> Option<Vec<slots::Range>> {
+        let ranges = match answer {
+            Ok(ranges) => ranges,
+            Err(e) => {
+                self.errors.push(e);
+                return None;
+            }
+        };
+        let mut served = vec![false; slots::SLOTS];
+        for r in &ranges {
+            served[r.first as usize..=r.last as usize].fill(true);
+        }
+        let covered = served.iter().filter(|&&s| s).count();
+        if covered == slots::SLOTS {
+            return Some(ranges);
+        }
+        if covered == 0 {
+            // A node of no cluster yet, or one wiped and started again.
+            self.errors.push(Error::backend(format!(
+                "redis at {} serves no slots (not a cluster node yet?)",
+                node.addr()
+            )));
+        } else if self.partial.as_ref().is_none_or(|(c, _)| covered > *c) {
+            self.partial = Some((covered, ranges));
+        }
+        None
     }
 }
 
@@ -525,18 +650,13 @@ impl RedisCluster {
         last: &[&str],
         by: Option<Instant>,
     ) -> Result<Arc<Map>> {
-        let mut errors = Vec::new();
+        let mut answers = Answers::default();
         for node in self.router.candidates(first, last) {
-            match node.sync.slots_by(by) {
-                Ok(ranges) if !ranges.is_empty() => return self.router.install(ranges),
-                Ok(_) => errors.push(Error::backend(format!(
-                    "redis at {} serves no slots (not a cluster node yet?)",
-                    node.addr()
-                ))),
-                Err(e) => errors.push(e),
+            if let Some(whole) = answers.take(&node, node.sync.slots_by(by)) {
+                return self.router.install(whole);
             }
         }
-        Err(Router::no_map(errors))
+        self.router.settle(answers)
     }
 
     /// After `MOVED` to `addr`: the whole map again, unless another caller is asking for it.
@@ -546,19 +666,20 @@ impl RedisCluster {
         }
     }
 
-    /// After `e` from `node`: the map again if it was a fault (at most once per
-    /// `retry_interval`).
+    /// After `e` from `node`: the map again if it was a fault or a cluster's refusal (at most
+    /// once per `retry_interval`: [`map_suspect`]).
     fn after_failure(&self, node: &Node, e: &Error) {
-        if is_fault(e) && self.router.refresh_due() {
+        if map_suspect(e) && self.router.refresh_due() {
             let _ = self.refresh(None, Some(node.addr()));
         }
     }
 
     /// After a batch's round in which the nodes of `failed` failed: the map again if one of
-    /// them met a fault (at most once per `retry_interval`), one refresh for them all, which
-    /// asks them last (a hung master is asked only if every other node failed too).
+    /// them met a fault or a cluster's refusal (at most once per `retry_interval`), one refresh
+    /// for them all, which asks them last (a hung master is asked only if every other node
+    /// failed too).
     fn after_failures(&self, failed: &[(Arc<Node>, Error)], by: Instant) {
-        if failed.iter().any(|(_, e)| is_fault(e)) && self.router.refresh_due() {
+        if failed.iter().any(|(_, e)| map_suspect(e)) && self.router.refresh_due() {
             let last: Vec<&str> = failed.iter().map(|(n, _)| n.addr()).collect();
             let _ = self.refresh_by(None, &last, Some(by));
         }
@@ -704,7 +825,7 @@ struct Round {
     next: Vec<Hop>,
     moved: Option<String>,
     failed: Vec<(Arc<Node>, Error)>,
-    /// Items that failed before anything was sent ([`Error::unsent`]), with their node.
+    /// Items that failed with nothing of them run ([`resendable`]), with their node.
     unsent: Vec<(usize, Arc<Node>, Error)>,
 }
 
@@ -730,10 +851,10 @@ impl Round {
             let hop = match redirect {
                 None => {
                     if let Err(e) = &r {
-                        if failed.is_none() && is_fault(e) {
+                        if failed.is_none() && map_suspect(e) {
                             failed = Some(e.clone());
                         }
-                        if e.is_unsent() && is_fault(e) {
+                        if resendable(e) {
                             self.unsent.push((i, node.clone(), e.clone()));
                             continue;
                         }
@@ -986,8 +1107,8 @@ mod nonblocking {
     use std::sync::Arc;
 
     use super::{
-        MAX_REDIRECTS, Map, Node, Redirect, Round, Router, cleared, finish, first_groups, group,
-        is_fault, no_map_ping, redirect_of, too_many_redirects,
+        Answers, MAX_REDIRECTS, Map, Node, Redirect, Round, Router, cleared, finish, first_groups,
+        group, map_suspect, no_map_ping, redirect_of, too_many_redirects,
     };
     use crate::backend::engine::join_all;
     use crate::backend::{AsyncBackend, BoxFuture, Item, StoreOutcome, Write};
@@ -1138,18 +1259,13 @@ mod nonblocking {
         }
 
         async fn refresh(&self, first: Option<&str>, last: Option<&str>) -> Result<Arc<Map>> {
-            let mut errors = Vec::new();
+            let mut answers = Answers::default();
             for node in self.router.candidates(first, last.as_slice()) {
-                match node.nonblocking.slots().await {
-                    Ok(ranges) if !ranges.is_empty() => return self.router.install(ranges),
-                    Ok(_) => errors.push(Error::backend(format!(
-                        "redis at {} serves no slots (not a cluster node yet?)",
-                        node.addr()
-                    ))),
-                    Err(e) => errors.push(e),
+                if let Some(whole) = answers.take(&node, node.nonblocking.slots().await) {
+                    return self.router.install(whole);
                 }
             }
-            Err(Router::no_map(errors))
+            self.router.settle(answers)
         }
 
         async fn refresh_after_move(&self, addr: &str) {
@@ -1159,7 +1275,7 @@ mod nonblocking {
         }
 
         async fn after_failure(&self, node: &Node, e: &Error) {
-            if is_fault(e) && self.router.refresh_due() {
+            if map_suspect(e) && self.router.refresh_due() {
                 let _ = self.refresh(None, Some(node.addr())).await;
             }
         }
@@ -1262,8 +1378,7 @@ mod nonblocking {
 
         fn shutdown(&self) -> BoxFuture<'_, ()> {
             Box::pin(async move {
-                let nodes: Vec<Arc<Node>> = self.router.nodes.lock().values().cloned().collect();
-                for n in nodes {
+                for n in self.router.every_node() {
                     n.nonblocking.shutdown().await;
                 }
             })
@@ -1276,7 +1391,44 @@ pub(crate) use self::nonblocking::AsyncRedisCluster;
 
 #[cfg(test)]
 mod tests {
-    use super::node_url;
+    use std::sync::Arc;
+
+    use super::{Router, node_url, slots};
+    use crate::backend::redis::RedisConfig;
+
+    /// One range over every slot, served by the node `id` at `addr`.
+    fn whole(addr: &str, id: &str) -> Vec<slots::Range> {
+        vec![slots::Range {
+            first: 0,
+            last: (slots::SLOTS - 1) as u16,
+            addr: addr.into(),
+            id: Some(id.into()),
+        }]
+    }
+
+    #[test]
+    fn a_new_node_id_at_a_known_address_is_a_new_node() {
+        let router = Router::new(vec![RedisConfig::new("redis://127.0.0.1:7000")]).unwrap();
+        let seed = router.node("127.0.0.1:7000").unwrap();
+        // The seed's first map names it: the same node, now known by its id.
+        let map = router.install(whole("127.0.0.1:7000", "old")).unwrap();
+        assert!(Arc::ptr_eq(&map.masters[0], &seed));
+        let map = router.install(whole("127.0.0.1:7000", "old")).unwrap();
+        assert!(Arc::ptr_eq(&map.masters[0], &seed));
+        // Wiped and started again: another id at the same address.
+        let map = router.install(whole("127.0.0.1:7000", "new")).unwrap();
+        assert!(!Arc::ptr_eq(&map.masters[0], &seed));
+        let now = router.node("127.0.0.1:7000").unwrap();
+        assert!(
+            Arc::ptr_eq(&map.masters[0], &now),
+            "a redirect there finds the new node"
+        );
+        assert_eq!(
+            router.retired.lock().len(),
+            1,
+            "the old one kept for its counts"
+        );
+    }
 
     #[test]
     fn a_node_url_keeps_the_seeds_scheme_and_credentials() {

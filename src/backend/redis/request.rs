@@ -448,13 +448,12 @@ fn refused(e: redis::ServerError) -> Error {
     }
     if e.code() == "CLUSTERDOWN" {
         // Its keys alone: the node serves the others (`cluster-require-full-coverage no`), or
-        // refuses every key while the cluster is down.
-        return Error::with_source(
-            ErrorKind::Backend,
-            "the cluster refused the command (CLUSTERDOWN: no master serves this key's slot \
-             now, or the cluster is down)",
-            redis::RedisError::from(e),
+        // refuses every key while the cluster is down. What the node said tells which.
+        let said = format!(
+            "the cluster refused the command (CLUSTERDOWN {})",
+            e.details().unwrap_or("without a reason")
         );
+        return Error::with_source(ErrorKind::Backend, said, redis::RedisError::from(e));
     }
     if e.code() == "NOTCOUNTER" {
         return Error::new(
@@ -1648,6 +1647,10 @@ mod tests {
         };
         let e = refused(e);
         assert!(!e.to_string().contains("  "), "{e}");
+        assert!(
+            e.to_string().contains("CLUSTERDOWN Hash slot not served"),
+            "what the node said: {e}"
+        );
     }
 
     #[test]

@@ -29,12 +29,15 @@ pub(super) fn slot_of(key: &[u8]) -> u16 {
     crc16(tagged.unwrap_or(key)) % SLOTS as u16
 }
 
-/// One range of `CLUSTER SLOTS`: `first..=last` served by the master at `addr` (`host:port`).
+/// One range of `CLUSTER SLOTS`: `first..=last` served by the master at `addr` (`host:port`),
+/// whose node id is `id` (if the reply gives it: a node wiped and started again at the same
+/// address has a new one).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Range {
     pub(crate) first: u16,
     pub(crate) last: u16,
     pub(crate) addr: String,
+    pub(crate) id: Option<String>,
 }
 
 /// `host:port`, the host in brackets if it is an IPv6 address: the one form a server's address
@@ -49,7 +52,7 @@ pub(super) fn addr_of(host: &str, port: u16) -> String {
 }
 
 /// The ranges of a `CLUSTER SLOTS` reply (each `[first, last, master, replicas...]`, a node
-/// `[host, port, id, ...]`), masters only. A node that gives no host (`""`, `"?"`: it does not
+/// `[host, port, id, ...]`, the id since Redis 4), masters only. A node that gives no host (`""`, `"?"`: it does not
 /// know its own address) is reached at `asked`'s host, as the specification says.
 pub(super) fn parse_slots(reply: Value, asked: &str) -> Result<Vec<Range>> {
     let bad = |why: &str| Error::backend(format!("CLUSTER SLOTS answered {why}"));
@@ -92,10 +95,18 @@ pub(super) fn parse_slots(reply: Value, asked: &str) -> Result<Vec<Range>> {
         if first > last {
             return Err(bad("a range that ends before it starts"));
         }
+        let id = match master.get(2) {
+            Some(Value::BulkString(b)) if !b.is_empty() => {
+                Some(String::from_utf8_lossy(b).into_owned())
+            }
+            Some(Value::SimpleString(s)) if !s.is_empty() => Some(s.clone()),
+            _ => None,
+        };
         out.push(Range {
             first,
             last,
             addr: addr_of(&host, port),
+            id,
         });
     }
     Ok(out)
@@ -250,12 +261,14 @@ mod tests {
                 Range {
                     first: 0,
                     last: 5460,
-                    addr: "127.0.0.1:7000".into()
+                    addr: "127.0.0.1:7000".into(),
+                    id: Some("id".into()),
                 },
                 Range {
                     first: 5461,
                     last: 16383,
-                    addr: "10.0.0.1:7001".into()
+                    addr: "10.0.0.1:7001".into(),
+                    id: Some("id".into()),
                 },
             ]
         );
