@@ -223,3 +223,37 @@ fn valkey_without_scripting_fences_loads_with_set_ifeq() {
         assert_eq!(cache.stats().backend_errors, 0, "{front:?}");
     }
 }
+
+/// The probe of what a node offers is sent once per node, whatever the calls after it.
+#[test]
+fn a_node_is_probed_for_scripting_once() {
+    crate::redis::on_both(|server| {
+        let clock = MockClock::new();
+        let flavor = unique_flavor("probed-once");
+        for front in [Front::Sync, Front::Async] {
+            let cache = cache_on(server, &clock, &flavor, front);
+            for i in 0..5u32 {
+                let key = format!("k{i}");
+                assert_eq!(
+                    cache
+                        .get_or_set_with(&key, TTL, || Ok::<_, Failed>(i))
+                        .unwrap(),
+                    i
+                );
+                cache.set_counter("n", 1, TTL).unwrap();
+                assert_eq!(cache.incr("n", 1).unwrap(), 2);
+            }
+            cache.ping().unwrap();
+        }
+        let stats: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query(&mut crate::redis::raw(server))
+            .unwrap();
+        let docs = stats
+            .lines()
+            .find(|l| l.starts_with("cmdstat_command|docs:"))
+            .unwrap_or_default();
+        // One per view (each front end builds its own cache here).
+        assert!(docs.starts_with("cmdstat_command|docs:calls=2,"), "{docs}");
+    });
+}

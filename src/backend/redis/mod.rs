@@ -6,6 +6,13 @@
 //! server in a one-key Lua script (`script.rs`). Placeholders are `SET … NX`; counters keep
 //! memcached's rules through a script. No `WATCH`/`MULTI`.
 //!
+//! A server without scripting (`EVAL` and `EVALSHA` renamed away, or absent) is found out once
+//! per node, before any script is sent to it (`fence.rs`): with `SET … IFEQ` (Valkey 8.1 and
+//! later) a fenced write reads the key and writes only over the bytes it read, and loads work
+//! as everywhere; with neither, the node is treated as a memcached without CAS: a loader fails
+//! with an `is_unsupported()` error before it runs, `get` serves stale values unclaimed,
+//! counters are unsupported, and `ping()` fails saying what the server lacks.
+//!
 //! Every operation is a `Request` built once (`request.rs`); the sync
 //! backend sends it on a pooled blocking connection of its own (`conn.rs`, `blocking.rs`: its
 //! socket, TLS and reply reader are newcache's), the async one on redis-rs's multiplexed tokio
@@ -216,7 +223,8 @@ impl Shared {
     /// Remembers the node's fenced write (the probe's answer); the first time, says what a
     /// node without scripting lacks.
     fn learned(&self, f: Fence) -> Fence {
-        if let Some(missing) = f.missing().filter(|_| self.requests.fence.learn(f)) {
+        let first = self.requests.fence.learn(f);
+        if let Some(missing) = f.missing().filter(|_| first) {
             tracing::warn!(server = %self.addr, "newcache: the redis server lacks {missing}");
         }
         f
@@ -1378,13 +1386,13 @@ impl Backend for RedisBackend {
         outage::report(std::iter::once(self.shared.missed()), stats);
     }
 
-    /// `PING`, then (once) the probe of the node's fenced write: a server without scripting
-    /// and without `SET IFEQ` fails with an [`is_unsupported`](Error::is_unsupported) error
-    /// that says what it lacks.
+    /// A read of [`PING_KEY`](crate::ping::PING_KEY), then (once) the probe of the node's
+    /// fenced write: a server without scripting and without `SET IFEQ` fails with an
+    /// [`is_unsupported`](Error::is_unsupported) error that says what it lacks.
     fn ping(&self) -> std::result::Result<(), crate::ping::PingError> {
         let s = &self.shared;
-        self.run(Ok(s.requests.ping()))
-            .and_then(|()| self.fence())
+        self.get(crate::ping::PING_KEY)
+            .and_then(|_| self.fence())
             .and_then(|f| s.usable(f))
             .map_err(|e| crate::ping::single(&s.addr, e))
     }

@@ -849,11 +849,16 @@ impl AsyncBackend for AsyncRedis {
         self.shared.requests.max_value_size(key)
     }
 
-    /// `PING`, then (once) the probe of the node's fenced write ([`Inner::ping_node`]).
+    /// A read of [`PING_KEY`](crate::ping::PING_KEY), then (once) the probe of the node's
+    /// fenced write, as the sync view's.
     fn ping(&self) -> BoxFuture<'_, std::result::Result<(), crate::ping::PingError>> {
         Box::pin(async move {
-            let r = self.ping_node().await;
-            r.map_err(|e| crate::ping::single(&self.shared.addr, e))
+            let s = &self.shared;
+            let r = match self.get(crate::ping::PING_KEY).await {
+                Ok(_) => self.fence().await.and_then(|f| s.usable(f)),
+                Err(e) => Err(e),
+            };
+            r.map_err(|e| crate::ping::single(&s.addr, e))
         })
     }
 
