@@ -997,14 +997,14 @@ impl Backend for RedisCluster {
     }
 
     fn store_many(&self, writes: &[Write<'_>]) -> Vec<Result<StoreOutcome>> {
-        // A `cas` goes as a script only to a node known to run scripts; otherwise each write
-        // goes on its own, as its node's own store sends it (read and compared, or refused).
+        // Each node's fence learned first (a batch's placeholders are read back; see
+        // `Shared::needs_fence`). A `cas` goes as a script only to a node known to run
+        // scripts; otherwise each write goes on its own, as its node's own store sends it
+        // (read and compared, or refused). A node whose probe failed is left to the batch,
+        // where it fails within the batch's bounds.
         let scripted = |w: &Write<'_>| {
-            !matches!(w.mode, StoreMode::Cas(_))
-                || self
-                    .route(w.key)
-                    .and_then(|(_, n)| n.sync.fence())
-                    .is_ok_and(|f| f == Fence::Lua)
+            let fence = self.route(w.key).and_then(|(_, n)| n.sync.fence());
+            !matches!(w.mode, StoreMode::Cas(_)) || fence.map_or(true, |f| f == Fence::Lua)
         };
         if !writes.iter().all(scripted) {
             return writes

@@ -232,9 +232,20 @@ impl Shared {
 
     /// Whether a write must know the node's fenced write before it is built: a `cas` (a
     /// script, `IFEQ`, or refused), or a write read back (its item's token is 0 on a node
-    /// without one).
+    /// without one). A batch's writes are all read back: the batch loader writes its
+    /// placeholders with `store_many` and reads them back with `get_many`.
     fn needs_fence(&self, w: &Write<'_>, read_back: bool) -> bool {
         self.requests.fence.get().is_none() && (read_back || matches!(w.mode, StoreMode::Cas(_)))
+    }
+
+    /// A write read back (a claim or placeholder of the herd protocol) on a node without a
+    /// fenced write is refused before anything is written: nothing could fence the load
+    /// behind it, and nobody is to wait behind a placeholder that is deleted at once.
+    fn fenceable(&self, read_back: bool) -> Result<()> {
+        match self.requests.fence.get() {
+            Some(Fence::None) if read_back => Err(self.annotate(self.requests.unfenced())),
+            _ => Ok(()),
+        }
     }
 
     /// The `cas` token of `w` if it is to be fenced by comparison (`SET … IFEQ`).
@@ -745,6 +756,7 @@ impl RedisBackend {
         if s.needs_fence(w, read_back) {
             self.fence()?;
         }
+        s.fenceable(read_back)?;
         if let Some(token) = s.by_comparison(w) {
             let before = self.run(s.requests.get(w.key))?;
             return match fence::compare(token, before.as_ref()) {
@@ -1314,7 +1326,7 @@ impl Backend for RedisBackend {
     }
 
     fn store_many(&self, writes: &[Write<'_>]) -> Vec<Result<StoreOutcome>> {
-        if writes.iter().any(|w| self.shared.needs_fence(w, false)) {
+        if writes.iter().any(|w| self.shared.needs_fence(w, true)) {
             if let Err(e) = self.fence() {
                 return self.shared.unwritten(writes, &e);
             }

@@ -185,6 +185,7 @@ impl Inner {
         if s.needs_fence(w, read_back) {
             self.fence().await?;
         }
+        s.fenceable(read_back)?;
         if let Some(token) = s.by_comparison(w) {
             let before = self.run(s.requests.get(w.key)).await?;
             return match compare(token, before.as_ref()) {
@@ -771,7 +772,7 @@ impl AsyncBackend for AsyncRedis {
     ) -> BoxFuture<'a, Vec<Result<StoreOutcome>>> {
         Box::pin(async move {
             let s = &self.shared;
-            if writes.iter().any(|w| s.needs_fence(w, false)) {
+            if writes.iter().any(|w| s.needs_fence(w, true)) {
                 if let Err(e) = self.fence().await {
                     return s.unwritten(writes, &e);
                 }
