@@ -72,6 +72,10 @@ pub(crate) struct Settings {
     /// The seed of this caller's wait jitter (from the cache's seeded random source; never
     /// the claim token, which no seed reaches).
     pub(crate) jitter: u64,
+    /// The largest value this cache writes under the key (the backend's limit for it). A value
+    /// over it (a cache with a larger item size wrote it) is never claimed: neither the claim
+    /// nor the value's give-back could be written.
+    pub(crate) max_value: usize,
 }
 
 /// What to do next.
@@ -338,6 +342,12 @@ impl Machine {
     ///   the displaced value (its followers and its `serve_stale_on_error` are served it), and a
     ///   failed load puts it back (`Lease::release`); other processes wait meanwhile, as for a
     ///   missing key.
+    /// - `Load` and `Batch`, a value over this cache's own limit ([`Settings::max_value`]): no
+    ///   placeholder, since the value could not be put back. The caller loads without a claim
+    ///   (its followers are served the value meanwhile) and completes with `cas` against the
+    ///   value read ([`Lease::is_claim`]): a result that fits replaces it; one too large leaves
+    ///   a stale value in place (past its bound, a "not storable" marker replaces it, as for
+    ///   any load too large to store).
     /// - `Load` and `Batch`, no CAS: nothing can be fenced; the backend is unavailable for this
     ///   key (a batch loads it without storing; the single-key loader fails first).
     pub(crate) fn on_refused(&mut self, now: Now, why: Refusal) -> Action {
@@ -374,11 +384,61 @@ impl Machine {
             (Mode::Lookup, _) if expired => Action::Done(Found::Miss { claimed: false }),
             (Mode::Lookup, _) => served(item, true),
             (_, Refusal::NoCas) => Action::Done(Found::Unavailable),
+            (_, Refusal::TooLarge) if item.value.len() > self.s.max_value => {
+                self.unclaimed(now, item, expired)
+            }
             (_, Refusal::TooLarge) => {
                 let mode = StoreMode::Cas(item.cas);
                 self.displaced = Some((item, expired));
                 self.placeholder_until(now, mode, until_ms)
             }
+        }
+    }
+
+    /// A grant without a claim over `item`, a value this cache could not give back: the load
+    /// runs, and its result is stored only by `cas` against `item` (nothing if another wrote
+    /// the key meanwhile); nothing is renewed or given back.
+    fn unclaimed(&mut self, now: Now, item: Item, expired: bool) -> Action {
+        let Ok(Parsed::Item(header, payload)) = envelope::decode(item.flags, &item.value) else {
+            return Action::Done(Found::Unavailable);
+        };
+        if item.cas == 0 {
+            // Nothing could fence the store (memcached `-C`).
+            return Action::Done(Found::Unavailable);
+        }
+        let lease = Lease {
+            token: self.token,
+            cas: item.cas,
+            bytes: item.value.clone(),
+            header,
+            lease_ms: self.s.lease_ms,
+            renew_until_ms: now.mono_ms,
+            restore: None,
+            claimed: false,
+        };
+        let held = Held {
+            offset: item.value.len() - payload.len(),
+            item,
+            header,
+            early: false,
+            expired,
+        };
+        Action::Load(Box::new(Grant {
+            lease,
+            held: Some(held),
+        }))
+    }
+
+    /// The read was refused as too large: the key holds a value over this cache's limit that
+    /// the backend discarded unread (memcached sends a value whole, whatever the reader's
+    /// limit). A loader loads without a claim (one could not be given back) and stores
+    /// nothing (no CAS to fence a store on). `None` in `Lookup` mode: a `get` reports the
+    /// error.
+    pub(crate) fn on_read_too_large(&mut self) -> Option<Action> {
+        self.pending = Pending::None;
+        match self.mode {
+            Mode::Lookup => None,
+            Mode::Load | Mode::Batch => Some(Action::Done(Found::Unavailable)),
         }
     }
 
@@ -479,17 +539,23 @@ impl Machine {
             }
             Mode::Load | Mode::Batch => now.wall_ms.saturating_add(self.s.lease_ms),
         };
-        let Some(value) = envelope::restamp(&held.item.value, until, self.token) else {
-            self.last = Some(held.item);
-            return self.take_over(now);
-        };
-        let exptime = hold_exptime(&held.header, until, now.wall_ms);
-        let mode = StoreMode::Cas(held.item.cas);
         self.pending = Pending::Claim {
             early: held.early,
             expired: held.expired,
             until_ms: until,
         };
+        if held.item.value.len() > self.s.max_value {
+            // Its size is known before the claim: a claim this cache's backend would refuse.
+            self.last = Some(held.item);
+            return self.on_refused(now, Refusal::TooLarge);
+        }
+        let Some(value) = envelope::restamp(&held.item.value, until, self.token) else {
+            self.pending = Pending::None;
+            self.last = Some(held.item);
+            return self.take_over(now);
+        };
+        let exptime = hold_exptime(&held.header, until, now.wall_ms);
+        let mode = StoreMode::Cas(held.item.cas);
         self.last = Some(held.item);
         Action::StoreThenRead {
             mode,
@@ -534,6 +600,7 @@ impl Machine {
             lease_ms: self.s.lease_ms,
             renew_until_ms: now.mono_ms.saturating_add(self.s.max_load_ms),
             restore: displaced.as_ref().map(|(i, _)| i.clone()),
+            claimed: true,
         };
         if let Some((item, expired)) = displaced {
             if let Ok(Parsed::Item(header, payload)) = envelope::decode(item.flags, &item.value) {
@@ -655,8 +722,9 @@ pub(crate) fn release_abandoned(item: &Item, token: u64, now: Now) -> Option<Act
         lease_ms: 0,
         renew_until_ms: 0,
         restore: None,
+        claimed: true,
     };
-    Some(lease.release(now))
+    lease.release(now)
 }
 
 /// A claim this caller holds: renewed while the loader runs, completed with `cas`.
@@ -674,6 +742,9 @@ pub(crate) struct Lease {
     /// The value this placeholder displaced (a claim that had no room for its header): put
     /// back, unclaimed, if the load fails.
     restore: Option<Item>,
+    /// This caller's token is under the key. `false`: a load over a value this cache could not
+    /// claim, fenced on the value read; nothing to renew or give back.
+    claimed: bool,
 }
 
 impl Lease {
@@ -681,6 +752,12 @@ impl Lease {
     #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
     pub(crate) fn token(&self) -> u64 {
         self.token
+    }
+
+    /// Whether this caller holds a claim under the key (else the load is only fenced on the
+    /// value it read: see [`Machine::on_refused`]).
+    pub(crate) fn is_claim(&self) -> bool {
+        self.claimed
     }
 
     /// Whether this claim holds a value other readers are served meanwhile (a stale value
@@ -716,7 +793,7 @@ impl Lease {
     /// `None` once the load has run `max_load_time`: the claim then lapses and one waiter takes
     /// over.
     pub(crate) fn renewal(&self, now: Now) -> Option<Action> {
-        if now.mono_ms >= self.renew_until_ms {
+        if !self.claimed || now.mono_ms >= self.renew_until_ms {
             return None;
         }
         let until = now.wall_ms.saturating_add(self.lease_ms);
@@ -761,32 +838,46 @@ impl Lease {
 
     /// The write that gives the key back after a failed load: a placeholder is removed (a
     /// `cas` with an exptime in the past), a value is unclaimed (its bytes kept). Waiters need not
-    /// sit out the deadline: the next caller retries the load at once, one at a time.
-    pub(crate) fn release(&self, now: Now) -> Action {
+    /// sit out the deadline: the next caller retries the load at once, one at a time. `None`
+    /// without a claim: the key holds nothing of this caller's.
+    ///
+    /// A give-back the backend fails to write is followed by [`removal`].
+    pub(crate) fn release(&self, now: Now) -> Option<Action> {
+        if !self.claimed {
+            return None;
+        }
         let mode = StoreMode::Cas(self.cas);
         if let Some(item) = &self.restore {
             // The displaced value goes back as it was (it fit before), unclaimed.
             if let Ok(Parsed::Item(h, _)) = envelope::decode(item.flags, &item.value) {
-                return Action::StoreThenRead {
+                return Some(Action::StoreThenRead {
                     mode,
                     exptime: hold_exptime(&h, now.wall_ms, now.wall_ms),
                     value: envelope::restamp(&item.value, 0, 0)
                         .unwrap_or_else(|| item.value.to_vec()),
-                };
+                });
             }
         }
-        match self.header.kind {
-            Kind::Placeholder => Action::StoreThenRead {
-                mode,
-                value: Vec::new(),
-                exptime: ttl::EXPIRED,
-            },
+        Some(match self.header.kind {
+            Kind::Placeholder => removal(mode),
             Kind::Value | Kind::Plain => Action::StoreThenRead {
                 mode,
                 exptime: hold_exptime(&self.header, now.wall_ms, now.wall_ms),
                 value: envelope::restamp(&self.bytes, 0, 0).unwrap_or_default(),
             },
-        }
+        })
+    }
+}
+
+/// The write that removes a claim outright, fenced as the give-back `mode` was: a `cas` with an
+/// exptime in the past. What a placeholder's give-back is, and what follows a give-back of a
+/// value that failed to write (refused by the server, `OOM`, a broken connection), so that
+/// nobody sits out the claim's deadline: the value goes, and the next caller loads.
+pub(crate) fn removal(mode: StoreMode) -> Action {
+    Action::StoreThenRead {
+        mode,
+        value: Vec::new(),
+        exptime: ttl::EXPIRED,
     }
 }
 
@@ -802,6 +893,7 @@ mod tests {
         max_load_ms: 60_000,
         xfetch: None,
         jitter: 0x5EED,
+        max_value: 1 << 20,
     };
 
     fn at(ms: u64) -> Now {
@@ -872,11 +964,11 @@ mod tests {
         // a failed load removes the placeholder at once
         assert!(matches!(
             g.lease.release(at(1)),
-            Action::StoreThenRead {
+            Some(Action::StoreThenRead {
                 mode: StoreMode::Cas(7),
                 exptime: ttl::EXPIRED,
                 ..
-            }
+            })
         ));
     }
 
@@ -945,7 +1037,7 @@ mod tests {
             "past its bound it serves nobody"
         );
         // a failed load unclaims the stale value, keeping it
-        let r = g.lease.release(at(21));
+        let r = g.lease.release(at(21)).expect("a give-back");
         let back = stored(&r, 3);
         let Ok(Parsed::Item(h, payload)) = envelope::decode(back.flags, &back.value) else {
             panic!()
@@ -996,7 +1088,7 @@ mod tests {
             let held = g.held.as_ref().expect("the displaced value");
             assert_eq!(&held.item.value[held.offset..], b"v");
             assert_eq!(g.lease.store_mode(), StoreMode::Cas(2));
-            let r = g.lease.release(at(21));
+            let r = g.lease.release(at(21)).expect("a give-back");
             let Action::StoreThenRead {
                 mode: StoreMode::Cas(2),
                 ref value,
@@ -1052,6 +1144,49 @@ mod tests {
             m.on_refused(at(0), Refusal::TooLarge),
             Action::Done(Found::Value { stale: false, .. })
         ));
+    }
+
+    #[test]
+    fn a_value_over_this_caches_limit_is_never_claimed() {
+        let small = Settings {
+            max_value: value(10, 1).value.len() - 1,
+            ..SETTINGS
+        };
+        // a `get` serves it stale, writing nothing
+        let mut m = Machine::new(Mode::Lookup, small, TOKEN, at(0));
+        assert!(matches!(
+            m.on_read(at(20), Some(value(10, 1))),
+            Action::Done(Found::Value { stale: true, .. })
+        ));
+        for mode in [Mode::Load, Mode::Batch] {
+            // a loader loads without a claim, its store fenced on the value read
+            let mut m = Machine::new(mode, small, TOKEN, at(0));
+            let Action::Load(g) = m.on_read(at(20), Some(value(10, 1))) else {
+                panic!("{mode:?}")
+            };
+            assert!(!g.lease.is_claim());
+            assert_eq!(g.lease.store_mode(), StoreMode::Cas(1));
+            let held = g.held.as_ref().expect("the stale value, for the followers");
+            assert_eq!(&held.item.value[held.offset..], b"v");
+            assert!(g.lease.serves_others(1_000_020, 0));
+            // nothing to renew, nothing to give back: the value stays as it is
+            assert!(g.lease.renewal(at(30)).is_none());
+            assert!(g.lease.release(at(30)).is_none());
+            // without CAS nothing could fence the store: loaded, not stored
+            let mut m = Machine::new(mode, small, TOKEN, at(0));
+            assert!(matches!(
+                m.on_read(at(20), Some(value(10, 0))),
+                Action::Done(Found::Unavailable)
+            ));
+            // one the backend discarded unread: loaded, not stored
+            let mut m = Machine::new(mode, small, TOKEN, at(0));
+            assert!(matches!(
+                m.on_read_too_large(),
+                Some(Action::Done(Found::Unavailable))
+            ));
+        }
+        let mut m = Machine::new(Mode::Lookup, small, TOKEN, at(0));
+        assert!(m.on_read_too_large().is_none(), "a `get` reports it");
     }
 
     #[test]

@@ -13,7 +13,7 @@ use crate::cache::Cache;
 use crate::envelope;
 use crate::error::Result;
 use crate::loader::lease::{Completed, completed};
-use crate::protocol::{Action, Lease, Renewal, release_abandoned};
+use crate::protocol::{Action, Lease, Renewal, release_abandoned, removal};
 
 pub(crate) struct AsyncLease {
     key: String,
@@ -205,7 +205,7 @@ impl Drop for AsyncLease {
     /// see [`give_back`]. A renewal whose reply was lost to the drop may have changed the
     /// claim's CAS token, so the claim is found by its token, not by the last CAS known.
     fn drop(&mut self) {
-        if self.done || self.lost {
+        if self.done || self.lost || !self.lease.is_claim() {
             return;
         }
         let key = std::mem::take(&mut self.key);
@@ -267,11 +267,38 @@ async fn release_if_ours(cache: &Cache, backend: &dyn AsyncBackend, key: &str, t
         exptime,
     };
     // A release that lost to a write of ours still on its way (a renewal queued on another
-    // connection, which moved the CAS token) is looked at again after the settle time. One
-    // denied (the client may not run the fenced write) is a plain delete instead.
-    match backend.store(w).await {
+    // connection, which moved the CAS token) is looked at again after the settle time. A value
+    // the backend failed to write back (refused, `OOM`, a broken connection) must not leave the
+    // claim for others to sit out: the claim is removed instead.
+    let r = match backend.store(w).await {
+        Err(e) if !e.is_denied() && !value.is_empty() => {
+            let Action::StoreThenRead {
+                mode,
+                value,
+                exptime,
+            } = removal(mode)
+            else {
+                return false;
+            };
+            let w = Write {
+                mode,
+                key,
+                value: &value,
+                flags: envelope::FLAGS,
+                exptime,
+            };
+            backend.store(w).await
+        }
+        r => r,
+    };
+    match r {
         Ok(StoreOutcome::Stored) => true,
-        Err(e) if e.is_denied() => backend.delete(key).await.is_ok(),
+        // A fenced write the server refused (denied to this client, or a write under `OOM`,
+        // which a delete is not): a plain delete while the key still holds the claim.
+        Err(e) if !e.is_outcome_unknown() => {
+            matches!(backend.get(key).await, Ok(Some(now)) if now.cas == item.cas)
+                && backend.delete(key).await.is_ok()
+        }
         _ => false,
     }
 }

@@ -572,7 +572,13 @@ mod tests {
             let k = cache.make_key("k");
             let c = &cache.cache;
             let (m, action, _) = c
-                .first_read(&d, &k, Mode::Load, c.settings(true), None)
+                .first_read(
+                    &d,
+                    &k,
+                    Mode::Load,
+                    c.settings(true, d.max_value_size(&k)),
+                    None,
+                )
                 .await
                 .unwrap();
             let Action::StoreThenRead {

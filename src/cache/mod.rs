@@ -254,8 +254,8 @@ impl Cache {
     }
 
     /// The protocol's settings for one call; `xfetch`: a loader's call (it may refresh early, and
-    /// wait).
-    pub(crate) fn settings(&self, xfetch: bool) -> Settings {
+    /// wait); `max_value`: the backend's limit for the call's key (`Io::max_value_size`).
+    pub(crate) fn settings(&self, xfetch: bool, max_value: usize) -> Settings {
         let i = &self.inner;
         Settings {
             herd_ms: i.config.herd_timeout.as_millis() as u64,
@@ -271,6 +271,7 @@ impl Cache {
             },
             // Only a loader's call waits (a `get` never does): no draw on the read path.
             jitter: if xfetch { self.jitter() } else { 0 },
+            max_value,
         }
     }
 

@@ -47,10 +47,10 @@ impl Cache {
         let mut guard = None;
         loop {
             action = match action {
-                Action::Read => match self.absorb_read(io.get(k).await)? {
-                    Some(item) => m.on_read(self.now(), item),
-                    None => m.on_failed(self.now()),
-                },
+                Action::Read => {
+                    let read = io.get(k).await;
+                    self.on_read(m, self.now(), read)?
+                }
                 Action::StoreThenRead {
                     mode,
                     value,
@@ -156,7 +156,13 @@ impl Cache {
         let span = self.span("get", &k);
         async {
             let (mut m, first, _) = self
-                .first_read(io, &k, Mode::Lookup, self.settings(false), None)
+                .first_read(
+                    io,
+                    &k,
+                    Mode::Lookup,
+                    self.settings(false, io.max_value_size(&k)),
+                    None,
+                )
                 .await?;
             let found = match first {
                 Action::Done(found) => found,
@@ -199,7 +205,6 @@ impl Cache {
         mut settings: Settings,
         deadline: Option<Instant>,
     ) -> Result<(Machine, Action, Now)> {
-        let read = self.absorb_read(read)?;
         // One monotonic read serves the machine's clock and what is left of the deadline.
         let instant = Instant::now();
         let now = self.now_at(instant);
@@ -207,11 +212,23 @@ impl Cache {
             settings.max_wait_ms = deadline.saturating_duration_since(instant).as_millis() as u64;
         }
         let mut m = Machine::new(mode, settings, self.token(), now);
-        let first = match read {
+        let first = self.on_read(&mut m, now, read)?;
+        Ok((m, first, now))
+    }
+
+    /// Tells `m` what a read of its key found. A read refused as too large (a value over this
+    /// cache's limit, which the backend discarded unread) goes to the machine, except in
+    /// `Lookup` mode, where it is the caller's error; other failures follow the read policy.
+    fn on_read(&self, m: &mut Machine, now: Now, read: Result<Option<Item>>) -> Result<Action> {
+        if read.as_ref().is_err_and(Error::is_too_large) {
+            if let Some(action) = m.on_read_too_large() {
+                return Ok(action);
+            }
+        }
+        Ok(match self.absorb_read(read)? {
             Some(item) => m.on_read(now, item),
             None => m.on_failed(now),
-        };
-        Ok((m, first, now))
+        })
     }
 
     /// What a `Lookup` found, decoded and counted.
@@ -369,7 +386,7 @@ impl Cache {
             let (derived, fetched) = self.read_many(io, keys).await?;
             // One clock read, and one set of settings, for the batch.
             let now = self.now();
-            let settings = self.settings(false);
+            let mut settings = self.settings(false, 0);
             let (mut hits, mut stale_served) = (
                 Tally::new(&self.stats.hits),
                 Tally::new(&self.stats.stale_served),
@@ -379,6 +396,7 @@ impl Cache {
                     continue;
                 };
                 let k = derived.get(i);
+                settings.max_value = io.max_value_size(k);
                 let mut m = Machine::new(Mode::Lookup, settings, self.token(), now);
                 let first = m.on_read(now, Some(item));
                 let found = match first {

@@ -104,6 +104,7 @@ impl Cache {
             let now = self.now();
             let mut pending = Vec::new();
             for (i, (user_key, fetched)) in keys.iter().zip(fetched).enumerate() {
+                let limit = d.max_value_size(derived.get(i));
                 let d = derived.get(i);
                 let item = match fetched {
                     Fetched::Duplicate => continue,
@@ -115,7 +116,8 @@ impl Cache {
                     Fetched::Missing => None,
                     Fetched::Item(item) => Some(item),
                 };
-                let mut machine = Machine::new(Mode::Batch, self.settings(true), self.token(), now);
+                let settings = self.settings(true, limit);
+                let mut machine = Machine::new(Mode::Batch, settings, self.token(), now);
                 let action = machine.on_read(now, item);
                 pending.push(Pending {
                     key: user_key.as_ref().to_string(),
@@ -143,7 +145,9 @@ impl Cache {
                         }
                         Action::Load(grant) => {
                             if let Some(h) = &grant.held {
-                                Counters::bump(&s.claims_won);
+                                if grant.lease.is_claim() {
+                                    Counters::bump(&s.claims_won);
+                                }
                                 if let Ok(v) = self.decode_held::<T>(h) {
                                     held.insert(p.key.clone(), (v, h.header.written_ms));
                                 }

@@ -15,7 +15,7 @@ use crate::backend::{Backend, StoreMode, StoreOutcome, Write};
 use crate::clock::Clock;
 use crate::envelope;
 use crate::error::Result;
-use crate::protocol::{Action, Lease, Now, Renewal};
+use crate::protocol::{Action, Lease, Now, Renewal, removal};
 
 /// How long the renewal thread lingers with nothing to renew before it exits.
 const IDLE_EXIT: Duration = Duration::from_secs(5);
@@ -332,21 +332,34 @@ impl HeldLease {
         if l.lost {
             return;
         }
-        if let Action::StoreThenRead {
+        let Some(Action::StoreThenRead {
             mode,
             value,
             exptime,
-        } = l.lease.release(self.shared.now())
-        {
-            // Best effort: if it fails, the claim lapses at its deadline; if it is denied (the
-            // client may not run the fenced write), a plain delete gives the key back instead.
-            let r =
-                self.shared
-                    .backend
-                    .store(mode, &self.slot.key, &value, envelope::FLAGS, exptime);
-            if r.is_err_and(|e| e.is_denied()) {
-                delete_if_claim(&*self.shared.backend, &self.slot.key, mode);
+        }) = l.lease.release(self.shared.now())
+        else {
+            return;
+        };
+        let backend = &*self.shared.backend;
+        let key = &self.slot.key;
+        let mut r = backend.store(mode, key, &value, envelope::FLAGS, exptime);
+        if r.as_ref().is_err_and(|e| !e.is_denied()) && !value.is_empty() {
+            // A value the backend failed to write back (refused, `OOM`, a broken connection)
+            // must not leave the claim for others to sit out: the claim is removed instead.
+            if let Action::StoreThenRead {
+                mode,
+                value,
+                exptime,
+            } = removal(mode)
+            {
+                r = backend.store(mode, key, &value, envelope::FLAGS, exptime);
             }
+        }
+        // Best effort. A fenced write the server refused (denied to this client, or a write
+        // under `OOM`, which a delete is not) is a plain delete of the claim instead; after a
+        // write whose outcome is unknown, the claim lapses at its deadline.
+        if r.is_err_and(|e| !e.is_outcome_unknown()) {
+            delete_if_claim(backend, key, mode);
         }
     }
 }

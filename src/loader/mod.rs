@@ -169,6 +169,10 @@ impl Cache {
     ///   for another's load, and stores nothing. Counted in
     ///   [`Stats::too_large`](crate::Stats::too_large) and
     ///   [`Stats::not_storable_loads`](crate::Stats::not_storable_loads), logged once per key.
+    /// - **A stale value over this cache's [`item_size`](crate::CacheBuilder::item_size)**
+    ///   (another process, with a larger one, wrote it) is not claimed, since it could not be
+    ///   put back: the loader's value is returned, and stored over it only if it fits; the
+    ///   stale value stays otherwise.
     /// - **The backend down**: nothing can be claimed. Each call (coalesced in this process) runs
     ///   the loader and stores nothing, with the default read policy; with
     ///   `read_failures(Propagate)` it returns the backend error.
@@ -313,7 +317,13 @@ impl Cache {
             // lock shared by every caller); only a caller with work to do (a claim, a placeholder,
             // a wait) coordinates with the others of this process.
             let (m, first, _) = self
-                .first_read(d, &derived, Mode::Load, self.settings(true), Some(deadline))
+                .first_read(
+                    d,
+                    &derived,
+                    Mode::Load,
+                    self.settings(true, d.max_value_size(&derived)),
+                    Some(deadline),
+                )
                 .await?;
             if let Some(v) = self.served::<T>(&first) {
                 return Ok(v);
@@ -371,8 +381,9 @@ impl Cache {
         // A failed read is left to the request's future, which reads again and counts the
         // failure once (found by review: absorbed here, it was counted twice).
         let read = self.inner.config.backend.get(&derived).ok()?;
+        let limit = self.inner.config.backend.max_value_size(&derived);
         let (_, first, now) = self
-            .start(Ok(read), Mode::Load, self.settings(true), None)
+            .start(Ok(read), Mode::Load, self.settings(true, limit), None)
             .ok()?;
         let (v, stale) = self.servable(&first)?;
         Some((v, stale, now.wall_ms))
@@ -401,7 +412,7 @@ impl Cache {
                 Role::Leader(mut leader) => {
                     let (m, action) = first
                         .take()
-                        .unwrap_or_else(|| (self.load_machine(deadline), Action::Read));
+                        .unwrap_or_else(|| (self.load_machine(d, keys.1, deadline), Action::Read));
                     let Some(loader) = loader.take() else {
                         return Err(self.waited_out());
                     };
@@ -425,7 +436,7 @@ impl Cache {
                         let Some(loader) = loader.take() else {
                             return Err(self.waited_out());
                         };
-                        let m = self.machine(Mode::Batch, deadline);
+                        let m = self.machine(d, keys.1, Mode::Batch, deadline);
                         return self.lead(d, keys, ttl, loader, None, m, Action::Read).await;
                     }
                     Counters::bump(&self.stats.lease_waits);
@@ -434,7 +445,7 @@ impl Cache {
                             Some(v) => return Ok(v.clone()),
                             // Another type under the same key: do our own call.
                             None => {
-                                let m = self.load_machine(deadline);
+                                let m = self.load_machine(d, keys.1, deadline);
                                 let Some(loader) = loader.take() else {
                                     return Err(self.waited_out());
                                 };
@@ -459,14 +470,15 @@ impl Cache {
         }
     }
 
-    /// A `Load` machine whose waits end at `deadline` (what is left of this call's max_wait).
-    fn load_machine(&self, deadline: Instant) -> Machine {
-        self.machine(Mode::Load, deadline)
+    /// A `Load` machine for derived key `derived` whose waits end at `deadline` (what is left of
+    /// this call's max_wait).
+    fn load_machine<D: Driver>(&self, d: &D, derived: &str, deadline: Instant) -> Machine {
+        self.machine(d, derived, Mode::Load, deadline)
     }
 
-    /// A loader's machine in `mode`, its waits ending at `deadline`.
-    fn machine(&self, mode: Mode, deadline: Instant) -> Machine {
-        let mut settings = self.settings(true);
+    /// A loader's machine for derived key `derived` in `mode`, its waits ending at `deadline`.
+    fn machine<D: Driver>(&self, d: &D, derived: &str, mode: Mode, deadline: Instant) -> Machine {
+        let mut settings = self.settings(true, d.max_value_size(derived));
         settings.max_wait_ms = deadline
             .saturating_duration_since(Instant::now())
             .as_millis() as u64;
@@ -560,7 +572,7 @@ impl Cache {
         L: Load<T, D>,
     {
         let s = &self.stats;
-        if grant.held.is_some() {
+        if grant.held.is_some() && grant.lease.is_claim() {
             Counters::bump(&s.claims_won);
         }
         let held = grant.held.and_then(|h| {

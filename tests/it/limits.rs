@@ -101,6 +101,129 @@ fn touch_of_an_item_another_build_wrote_at_the_limit_is_not_too_large(env: &Env)
     }
 }
 
+/// Caches with different item sizes over one server.
+mod over_item_size {
+    use super::*;
+    use crate::front::TestCache;
+
+    /// Each test on every server two caches with their own item sizes can share: not the memory
+    /// backend (one item size for every cache on it); a cluster's nodes take the same requests
+    /// as one Redis server.
+    macro_rules! on_shared_servers {
+        ($($name:ident),* $(,)?) => {
+            crate::on_backend!(memcached, Memcached, Sync, $($name),*);
+            crate::on_backend!(async_memcached, Memcached, Async, $($name),*);
+            #[cfg(feature = "redis")]
+            crate::on_backend!(redis, Redis, Sync, $($name),*);
+            #[cfg(feature = "redis")]
+            crate::on_backend!(async_redis, Redis, Async, $($name),*);
+            #[cfg(feature = "redis")]
+            crate::on_backend!(valkey, Valkey, Sync, $($name),*);
+            #[cfg(feature = "redis")]
+            crate::on_backend!(async_valkey, Valkey, Async, $($name),*);
+        };
+    }
+
+    on_shared_servers!(
+        a_stale_value_over_this_caches_item_size_stays_in_place,
+        a_batch_leaves_a_stale_value_over_its_item_size_in_place,
+        a_stale_value_over_this_caches_item_size_is_refreshed_by_a_value_that_fits,
+    );
+
+    /// Two caches over one server: `big` with the default item size, `small` with half of it, and a
+    /// stale value under `key` that only `big` can store.
+    fn over_small_item_size(env: &Env, key: &str) -> (TestCache, TestCache, String) {
+        let wait = Duration::from_millis(300);
+        let big = env.builder().max_wait(wait).build_front(env.front);
+        let small = env
+            .builder()
+            .item_size(512 * 1024)
+            .max_wait(wait)
+            .build_front(env.front);
+        let stale = "a".repeat(700_000);
+        big.set(key, &stale, S(10)).unwrap();
+        env.advance(S(11));
+        (big, small, stale)
+    }
+
+    /// What the cache that wrote `key` finds after another cache's call: its stale value still
+    /// under the key (not a placeholder), and a refresh of its own that runs at once.
+    #[track_caller]
+    fn still_in_place(env: &Env, big: &TestCache, key: &str, stale: &str) {
+        let held = env.raw_get(&big.make_key(key)).map(|v| v.len());
+        assert!(
+            held.is_some_and(|n| n > stale.len()),
+            "the stale value is left in place for the cache that can store it: {held:?} bytes"
+        );
+        let loads = AtomicUsize::new(0);
+        let fresh = big.get_or_set_with(key, S(60), || {
+            loads.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, std::io::Error>("fresh".to_string())
+        });
+        match fresh {
+            Ok(v) => assert_eq!((v.as_str(), loads.load(Ordering::SeqCst)), ("fresh", 1)),
+            Err(e) => panic!(
+                "the writer's refresh after the other cache's call: {e} (wait timeout: {})",
+                e.cache().is_some_and(newcache::Error::is_wait_timeout)
+            ),
+        }
+    }
+
+    /// A stale value larger than this cache's item size is never claimed: a claim would replace
+    /// it with a placeholder, and the value could not be written back. A `get` serves it stale
+    /// (on memcached, which sends it whole, it reports it too large); a loader returns what it
+    /// loads (too large to store here as well) and leaves the value in place, so the cache that
+    /// wrote it is neither kept waiting nor left without it.
+    fn a_stale_value_over_this_caches_item_size_stays_in_place(env: &Env) {
+        let (big, small, stale) = over_small_item_size(env, "big");
+        let seen = small.get::<String>("big");
+        if env.kind == Kind::Memcached {
+            // memcached sends it whole: a reader discards a value over its own limit unread
+            assert!(seen.is_err_and(|e| e.is_too_large()));
+        } else {
+            assert_eq!(seen.unwrap().map(|s| s.len()), Some(stale.len()));
+        }
+        let loaded = small.get_or_set_with("big", S(60), || {
+            Ok::<_, std::io::Error>("b".repeat(700_000))
+        });
+        assert_eq!(
+            loaded.map(|v| v.len()).map_err(|e| e.to_string()),
+            Ok(700_000)
+        );
+        still_in_place(env, &big, "big", &stale);
+    }
+
+    /// The same for a batch's key.
+    fn a_batch_leaves_a_stale_value_over_its_item_size_in_place(env: &Env) {
+        let (big, small, stale) = over_small_item_size(env, "big");
+        let loaded = small.get_many_or_set_with(&["big"], S(60), |keys| {
+            Ok::<_, std::io::Error>(
+                keys.iter()
+                    .map(|k| (k.clone(), "b".repeat(700_000)))
+                    .collect(),
+            )
+        });
+        let loaded = loaded.map_err(|e| e.to_string()).unwrap();
+        assert_eq!(loaded.get("big").map(String::len), Some(700_000));
+        still_in_place(env, &big, "big", &stale);
+    }
+
+    /// A loaded value that fits this cache replaces the stale one it could not claim, stored with
+    /// `cas` against the stale value it read. memcached never sends this cache that value (nor its
+    /// CAS): there the stale value stays.
+    fn a_stale_value_over_this_caches_item_size_is_refreshed_by_a_value_that_fits(env: &Env) {
+        let (big, small, stale) = over_small_item_size(env, "big");
+        let loaded =
+            small.get_or_set_with("big", S(60), || Ok::<_, std::io::Error>("fits".to_string()));
+        assert_eq!(loaded.map_err(|e| e.to_string()).as_deref(), Ok("fits"));
+        if env.kind == Kind::Memcached {
+            still_in_place(env, &big, "big", &stale);
+        } else {
+            assert_eq!(big.get::<String>("big").unwrap().as_deref(), Some("fits"));
+        }
+    }
+}
+
 // ---- codec/charge.rs: what `set` charges against what decoding needs ----
 
 fn memory_with_limit(limit: usize) -> Cache {
@@ -416,4 +539,92 @@ fn eight_processes_take_an_item_at_the_limit_over_with_one_loader() {
         assert_eq!(loads.load(Ordering::SeqCst), 1, "round {round}");
     }
     let _ = Ttl::Never;
+}
+
+/// A give-back the server refuses removes the claim: a Redis at its `maxmemory` (no eviction)
+/// refuses writes, but not deletes. Nobody waits for the claim's deadline once the value under
+/// it is past its staleness bound.
+#[cfg(feature = "redis")]
+mod full_server {
+    use super::*;
+    use crate::fixture::{RedisServer, valkey_server};
+    use crate::front::Front;
+
+    fn a_give_back_a_full_server_refuses_removes_the_claim(bin: &str, front: Front) {
+        let server = RedisServer::start_with(bin, &["--maxmemory-policy", "noeviction"]);
+        let clock = newcache::testing::MockClock::new();
+        let flavor = unique_flavor("full-server");
+        let cache = || {
+            Cache::builder()
+                .redis(server.url())
+                .flavor(flavor.clone())
+                .clock(clock.clone())
+                .herd_timeout(S(1))
+                .max_wait(S(2))
+                .build_front(front)
+        };
+        let (a, b) = (cache(), cache());
+        a.set("k", "stale", S(10)).unwrap();
+        clock.advance(Duration::from_millis(10_500));
+        let failed = a.get_or_set_with("k", S(60), || {
+            // the server fills up while the load runs: giving the stale value back is a write
+            let mut c = ::redis::Client::open(server.url())
+                .and_then(|c| c.get_connection())
+                .expect("redis client connects");
+            let () = ::redis::cmd("CONFIG")
+                .arg("SET")
+                .arg("maxmemory")
+                .arg(1)
+                .query(&mut c)
+                .expect("maxmemory set");
+            Err::<String, _>(std::io::Error::other("the database is down"))
+        });
+        assert!(
+            failed.is_err_and(|e| e.cache().is_none()),
+            "the loader's error"
+        );
+        // past the stale value's bound, within the claim's lease: nobody is served it
+        clock.advance(S(1));
+        // the async front end gives a claim back from a task of its own: wait for it, or for
+        // the 5 s bound when it leaves the claim in place
+        let mut c = ::redis::Client::open(server.url())
+            .and_then(|c| c.get_connection())
+            .expect("redis client connects");
+        let k = a.make_key("k");
+        let until = std::time::Instant::now() + S(5);
+        while ::redis::cmd("EXISTS").arg(&k).query::<u64>(&mut c).unwrap() == 1
+            && std::time::Instant::now() < until
+        {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let loaded =
+            b.get_or_set_with("k", S(60), || Ok::<_, std::io::Error>("loaded".to_string()));
+        match loaded {
+            Ok(v) => assert_eq!(v, "loaded"),
+            Err(e) => panic!(
+                "another caller after a refused give-back: {e} (wait timeout: {})",
+                e.cache().is_some_and(newcache::Error::is_wait_timeout)
+            ),
+        }
+    }
+
+    #[test]
+    fn redis() {
+        a_give_back_a_full_server_refuses_removes_the_claim("redis-server", Front::Sync);
+    }
+
+    #[test]
+    fn async_redis() {
+        a_give_back_a_full_server_refuses_removes_the_claim("redis-server", Front::Async);
+    }
+
+    #[test]
+    fn valkey() {
+        a_give_back_a_full_server_refuses_removes_the_claim(&valkey_server(), Front::Sync);
+    }
+
+    #[test]
+    fn async_valkey() {
+        a_give_back_a_full_server_refuses_removes_the_claim(&valkey_server(), Front::Async);
+    }
 }
