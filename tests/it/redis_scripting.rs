@@ -3,8 +3,11 @@
 //! and leaves nothing behind, while plain calls and stale values keep being served; Valkey 9
 //! fences with `SET IFEQ`, and loads work as everywhere. Both front ends.
 
-use std::sync::Arc;
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
 use std::time::Duration;
 
 use newcache::Cache;
@@ -294,4 +297,121 @@ fn a_node_is_probed_for_scripting_once() {
         // One per view (each front end builds its own cache here).
         assert!(docs.starts_with("cmdstat_command|docs:calls=2,"), "{docs}");
     });
+}
+
+/// A forwarder to a server that, when a client's bytes hold a `SET … IFEQ`, first runs the
+/// armed write on the server itself: a write landing between a fenced store's read of the key
+/// and its `SET`.
+struct Interpose {
+    addr: String,
+    armed: Arc<Mutex<Option<Box<dyn FnOnce() + Send>>>>,
+}
+
+impl Interpose {
+    fn new(upstream: String) -> Interpose {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let armed: Arc<Mutex<Option<Box<dyn FnOnce() + Send>>>> = Arc::default();
+        let hook = armed.clone();
+        thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { continue };
+                let server = TcpStream::connect(&upstream).unwrap();
+                let (mut s_in, mut c_out) =
+                    (server.try_clone().unwrap(), client.try_clone().unwrap());
+                thread::spawn(move || {
+                    let _ = std::io::copy(&mut s_in, &mut c_out);
+                    let _ = c_out.shutdown(Shutdown::Both);
+                });
+                let hook = hook.clone();
+                let (mut c_in, mut s_out) = (client, server);
+                thread::spawn(move || {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    loop {
+                        let n = match c_in.read(&mut buf) {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => n,
+                        };
+                        if buf[..n].windows(4).any(|w| w == b"IFEQ") {
+                            if let Some(write) = hook.lock().unwrap().take() {
+                                write();
+                            }
+                        }
+                        if s_out.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                    let _ = s_out.shutdown(Shutdown::Both);
+                });
+            }
+        });
+        Interpose { addr, armed }
+    }
+
+    /// Runs `write` before the next `SET … IFEQ` reaches the server.
+    fn arm(&self, write: impl FnOnce() + Send + 'static) {
+        *self.armed.lock().unwrap() = Some(Box::new(write));
+    }
+
+    fn fired(&self) -> bool {
+        self.armed.lock().unwrap().is_none()
+    }
+}
+
+/// On Valkey without scripting a loader's store is `SET … IFEQ` the bytes it read: a write or a
+/// delete that lands after that read and before the `SET` is kept, never overwritten.
+#[test]
+fn a_write_between_the_read_and_the_set_ifeq_is_kept() {
+    let server = without_scripting(&valkey_server());
+    let proxy = Interpose::new(format!("127.0.0.1:{}", server.port));
+    let url = format!("redis://{}/0", proxy.addr);
+    for front in [Front::Sync, Front::Async] {
+        let cache = Cache::builder()
+            .redis(url.clone())
+            .flavor(unique_flavor("ifeq-window"))
+            .build_front(front);
+
+        // Another client's value lands in the window: the load is returned, not stored.
+        let key = cache.make_key("w");
+        let (raw_url, k) = (server.url(), key.clone());
+        proxy.arm(move || {
+            let mut c = redis::Client::open(raw_url)
+                .unwrap()
+                .get_connection()
+                .unwrap();
+            let _: () = c.set(&k, "another client's value").unwrap();
+        });
+        assert_eq!(
+            cache
+                .get_or_set_with("w", TTL, || Ok::<_, Failed>(5u32))
+                .unwrap(),
+            5
+        );
+        assert!(proxy.fired(), "{front:?}: the store went as SET IFEQ");
+        assert_eq!(
+            raw_get(&server, &key).as_deref(),
+            Some(&b"another client's value"[..]),
+            "{front:?}"
+        );
+        assert_eq!(cache.stats().loads_superseded, 1, "{front:?}");
+
+        // A delete lands in the window: the invalidation holds.
+        let key = cache.make_key("d");
+        let (raw_url, k) = (server.url(), key.clone());
+        proxy.arm(move || {
+            let mut c = redis::Client::open(raw_url)
+                .unwrap()
+                .get_connection()
+                .unwrap();
+            let _: () = c.del(&k).unwrap();
+        });
+        assert_eq!(
+            cache
+                .get_or_set_with("d", TTL, || Ok::<_, Failed>(6u32))
+                .unwrap(),
+            6
+        );
+        assert!(proxy.fired(), "{front:?}");
+        assert_eq!(raw_get(&server, &key), None, "{front:?}");
+    }
 }
