@@ -203,7 +203,11 @@ fn map_suspect(e: &Error) -> bool {
 }
 
 /// Whether a call that failed with `e` may go to another node: nothing of it ran on this one
-/// (never sent, [`Error::unsent`], or refused by the cluster before it ran).
+/// (never sent, [`Error::unsent`]), or the cluster refused it (`CLUSTERDOWN`, `TRYAGAIN`: a
+/// command so refused ran nothing). Of a pipelined write and its read-back, a refused write
+/// is the call's error; a write that ran before its read-back was refused (the cluster's state
+/// changing between the two) is sent again as the same bytes, stamp included: written twice,
+/// it is the same item.
 fn resendable(e: &Error) -> bool {
     (e.is_unsent() && is_fault(e)) || is_cluster_refusal(e)
 }

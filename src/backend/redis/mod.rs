@@ -11,7 +11,9 @@
 //! later) a fenced write reads the key and writes only over the bytes it read, and loads work
 //! as everywhere; with neither, the node is treated as a memcached without CAS: a loader fails
 //! with an `is_unsupported()` error before it runs, `get` serves stale values unclaimed,
-//! counters are unsupported, and `ping()` fails saying what the server lacks.
+//! counters are unsupported, and `ping()` fails saying what the server lacks. What a node
+//! offers is learned once for the life of the backend: a server restarted at the same address
+//! with its scripting changed is not asked again (build the cache again).
 //!
 //! Every operation is a `Request` built once (`request.rs`); the sync
 //! backend sends it on a pooled blocking connection of its own (`conn.rs`, `blocking.rs`: its
