@@ -183,6 +183,8 @@ pub(crate) struct Machine {
     rereads: u32,
     /// A live holder was seen: this caller waits, and never loads while it may be alive.
     saw_holder: bool,
+    /// This caller has paused at least once for another caller's load.
+    slept: bool,
     /// The value a pending placeholder replaces (a claim that had no room), and whether it was
     /// past its staleness bound: the holder keeps it, and gives it back if its load fails.
     displaced: Option<(Item, bool)>,
@@ -216,6 +218,7 @@ impl Machine {
             races: 0,
             rereads: 0,
             saw_holder: false,
+            slept: false,
             displaced: None,
             poll_ms: FIRST_POLL_MS,
             jitter: settings.jitter | 1,
@@ -230,6 +233,17 @@ impl Machine {
     /// The token this machine's claims and placeholders carry.
     pub(crate) fn token(&self) -> u64 {
         self.token
+    }
+
+    /// Whether this caller has paused for another caller's load ([`Action::Sleep`]): what it
+    /// is served came after that load, not at once.
+    pub(crate) fn slept(&self) -> bool {
+        self.slept
+    }
+
+    /// How many of this caller's claim or placeholder writes another caller's write beat.
+    pub(crate) fn races_lost(&self) -> u32 {
+        self.races
     }
 
     /// The key was read.
@@ -646,6 +660,7 @@ impl Machine {
         let left = self.s.max_wait_ms - now.mono_ms.saturating_sub(self.start_mono_ms);
         let pause = ((self.poll_ms as f64 * frac) as u64).clamp(1, left.max(1));
         self.poll_ms = (self.poll_ms * 3 / 2).min(MAX_POLL_MS);
+        self.slept = true;
         Action::Sleep(Duration::from_millis(pause))
     }
 }

@@ -1,6 +1,8 @@
 //! Counters of what the cache did: relaxed atomics, cheap to bump and to read. With the
 //! `metrics` feature, each bump also goes to the `metrics` recorder, from here and nowhere else
-//! (the metric names are listed in the crate docs, "Metrics and traces").
+//! (the metric names are listed in the crate docs, "Metrics and traces"). The events that have
+//! a beginning and an end (a load, a wait) and absorbed failures are logged here too, at DEBUG,
+//! where they are counted: a subscriber sees what the counters count.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -70,6 +72,8 @@ macro_rules! stats {
             #[cfg(feature = "metrics")]
             load_duration: metrics::Histogram,
             #[cfg(feature = "metrics")]
+            wait_duration: metrics::Histogram,
+            #[cfg(feature = "metrics")]
             by_server: ByServer,
         }
 
@@ -136,6 +140,8 @@ macro_rules! stats {
                     #[cfg(feature = "metrics")]
                     load_duration: metrics::histogram!("newcache_load_duration_seconds", label.iter()),
                     #[cfg(feature = "metrics")]
+                    wait_duration: metrics::histogram!("newcache_wait_seconds", label.iter()),
+                    #[cfg(feature = "metrics")]
                     by_server: ByServer::new(&label, servers),
                 }
             }
@@ -156,9 +162,26 @@ stats! {
     stale_served => "newcache_stale_served_total",
     /// Stale (or early-refresh) entries this process claimed: each is one recompute.
     claims_won => "newcache_claims_total",
-    /// Callers that waited for another caller's load (in this process, or a placeholder or
-    /// claim of another process).
+    /// Loader callers that found another caller at work on their key, whether or not they
+    /// then waited: a `get_or_set_with` (or `get_or_set`, `get_or_set_with_background`, a
+    /// response cache's fill) that joined a load of this process (once per join: also when
+    /// the leader answers it at once with the stale value it holds while it refreshes, which a
+    /// hot key's expiry does for every caller that arrives during the leader's claim), or that
+    /// found another process's claim or placeholder and polled for it (once per call). Callers
+    /// that really waited, and for how long: [`waited`](Stats::waited) and
+    /// [`wait_micros`](Stats::wait_micros).
     lease_waits => "newcache_lease_waits_total",
+    /// Loader callers that waited for another caller's load and were answered only when it
+    /// ended: a caller that polled at least once for another process's claim or placeholder,
+    /// or that joined a load of this process whose leader answered it after loading (or after
+    /// waiting itself), failed or gave up. Not a caller answered at once with the stale value
+    /// a leader serves while it refreshes (it counts in `lease_waits` only). A caller counts
+    /// once per wait: one whose leader panicked and that then waits again counts twice.
+    waited => "newcache_waited_total",
+    /// How long the [`waited`](Stats::waited) callers waited, in microseconds, in all (their
+    /// mean wait: `wait_micros / waited`). With the `metrics` feature, each wait is a sample
+    /// of the histogram `newcache_wait_seconds`.
+    wait_micros,
     /// Loader calls: each time `get_or_set_with`, `get_or_set_with_background` or
     /// `get_many_or_set_with` (one call per batch) ran the loader it was given, because the
     /// value was missing, stale and claimed by this caller, or refreshed early. A caller served
@@ -268,10 +291,18 @@ impl Counters {
         drop(errors);
     }
 
+    /// A backend failure the failure policy absorbed (a read served as a miss, a write
+    /// skipped): counted in `backend_errors_absorbed` and logged at DEBUG with its error.
+    pub(crate) fn absorbed(&self, e: &Error) {
+        Counters::bump(&self.backend_errors_absorbed);
+        tracing::debug!(error = %e, "newcache: backend failure absorbed (a read is a miss, a write is skipped)");
+    }
+
     /// A loader call starts: counted in `loader_calls` now; its end is recorded when the
     /// returned [`LoadCall`] finishes or is dropped.
     pub(crate) fn load_started(&self) -> LoadCall<'_> {
         Counters::bump(&self.loader_calls);
+        tracing::debug!("newcache: load started");
         LoadCall {
             counters: self,
             started: Instant::now(),
@@ -391,10 +422,14 @@ impl LoadCall<'_> {
         if failed {
             Counters::bump(&self.counters.loader_errors);
         }
+        let took = self.started.elapsed();
+        tracing::debug!(
+            ok = !failed,
+            ms = took.as_millis() as u64,
+            "newcache: load finished"
+        );
         #[cfg(feature = "metrics")]
-        self.counters
-            .load_duration
-            .record(self.started.elapsed().as_secs_f64());
+        self.counters.load_duration.record(took.as_secs_f64());
     }
 
     /// When the call started.
@@ -409,5 +444,53 @@ impl Drop for LoadCall<'_> {
             // Unwound out of the loader: it panicked. Otherwise the call was cancelled.
             self.end(self.in_loader.load(Ordering::Relaxed));
         }
+    }
+}
+
+impl Counters {
+    /// A loader caller starts waiting for another caller's load; the wait is counted in
+    /// [`Stats::waited`] when the returned [`Wait`] is dropped (the caller was answered, or
+    /// went away), unless it turns out the caller was [answered at once](Wait::answered_at_once).
+    pub(crate) fn wait_started(&self) -> Wait<'_> {
+        Wait {
+            counters: self,
+            started: Instant::now(),
+            counted: true,
+        }
+    }
+}
+
+/// A wait for another caller's load in progress ([`Counters::wait_started`]).
+pub(crate) struct Wait<'a> {
+    counters: &'a Counters,
+    started: Instant,
+    counted: bool,
+}
+
+impl Wait<'_> {
+    /// The caller was answered with a value that was already there (a leader's stale value,
+    /// served while it refreshes): no wait for a load, nothing counted.
+    pub(crate) fn answered_at_once(mut self) {
+        self.counted = false;
+    }
+}
+
+impl Drop for Wait<'_> {
+    fn drop(&mut self) {
+        if !self.counted {
+            return;
+        }
+        let took = self.started.elapsed();
+        Counters::bump(&self.counters.waited);
+        Counters::add(
+            &self.counters.wait_micros,
+            u64::try_from(took.as_micros()).unwrap_or(u64::MAX),
+        );
+        tracing::debug!(
+            ms = took.as_millis() as u64,
+            "newcache: waited for another caller's load"
+        );
+        #[cfg(feature = "metrics")]
+        self.counters.wait_duration.record(took.as_secs_f64());
     }
 }

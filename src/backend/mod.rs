@@ -364,6 +364,9 @@ pub trait Backend: Debug + Send + Sync {
 /// caller's thread). Only when a subscriber listens at DEBUG (otherwise one comparison with the
 /// global maximum level), and only on newcache's own span: with that span disabled, the current
 /// one may be the application's, which may have a `server` field of its own, and is left alone.
+/// An operation makes several backend calls (a read, a claim, a store): the first one's server
+/// is recorded, once, since a subscriber that formats spans (`tracing_subscriber::fmt`)
+/// appends each record to the span's fields.
 ///
 /// ```
 /// // Outside any newcache operation: records nothing.
@@ -375,9 +378,58 @@ pub fn note_server(addr: &str) {
         if span
             .metadata()
             .is_some_and(|m| m.name() == "newcache" && m.target().starts_with("newcache"))
+            && !SERVER_NOTED.get().unwrap_or(false)
         {
             span.record("server", addr);
+            if SERVER_NOTED.get().is_some() {
+                SERVER_NOTED.set(Some(true));
+            }
         }
+    }
+}
+
+thread_local! {
+    /// Whether the operation being polled on this thread ([`Traced::traced`]) has recorded its
+    /// server: `None` outside one.
+    static SERVER_NOTED: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+}
+
+/// An operation's future run in its span, whose `server` [`note_server`] records once however
+/// many backend calls the operation makes, on whichever threads it is polled.
+pub(crate) trait Traced: std::future::Future + Sized {
+    /// `self` instrumented with `span`; when the span is enabled, the operation's "server
+    /// recorded" flag is this thread's while `self` is polled.
+    fn traced(self, span: tracing::Span) -> impl std::future::Future<Output = Self::Output> {
+        in_span(span, self)
+    }
+}
+
+/// [`Traced::traced`].
+async fn in_span<F: std::future::Future>(span: tracing::Span, op: F) -> F::Output {
+    if span.is_disabled() {
+        return op.await;
+    }
+    let mut noted = false;
+    let mut op = std::pin::pin!(tracing::Instrument::instrument(op, span));
+    std::future::poll_fn(|cx| {
+        let polling = Polling(SERVER_NOTED.replace(Some(noted)));
+        let r = op.as_mut().poll(cx);
+        noted = SERVER_NOTED.get().unwrap_or(false);
+        drop(polling);
+        r
+    })
+    .await
+}
+
+impl<F: std::future::Future> Traced for F {}
+
+/// Gives this thread back the flag of the operation polled around this one (a loader's own
+/// cache calls run inside their caller's poll), also when a poll unwinds.
+struct Polling(Option<bool>);
+
+impl Drop for Polling {
+    fn drop(&mut self) {
+        SERVER_NOTED.set(self.0);
     }
 }
 

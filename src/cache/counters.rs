@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use tracing::Instrument;
+use crate::backend::Traced;
 
 use super::Cache;
 use super::io::{Io, ready};
@@ -48,7 +48,7 @@ impl Cache {
             .await
             .map(|_| ())
         }
-        .instrument(span)
+        .traced(span)
         .await
     }
 
@@ -80,7 +80,7 @@ impl Cache {
             };
             r?.ok_or_else(|| not_found(key))
         }
-        .instrument(span)
+        .traced(span)
         .await
     }
 
@@ -157,7 +157,7 @@ impl Cache {
                 ),
             ))
         }
-        .instrument(span)
+        .traced(span)
         .await
     }
 
@@ -191,7 +191,7 @@ impl Cache {
                 }),
             }
         }
-        .instrument(span)
+        .traced(span)
         .await
     }
 }

@@ -426,7 +426,7 @@ impl Cache {
         if !by_server.is_empty() {
             self.stats.batch_failed(&by_server);
             if !fatal {
-                Counters::bump(&self.stats.backend_errors_absorbed);
+                self.stats.absorbed(&e);
             }
         }
         if fatal {
@@ -442,7 +442,7 @@ impl Cache {
             Err(e) if e.is_backend() => {
                 self.stats.backend_error(&e);
                 if policy == FailurePolicy::Absorb {
-                    Counters::bump(&self.stats.backend_errors_absorbed);
+                    self.stats.absorbed(&e);
                     Ok(None)
                 } else {
                     Err(e)

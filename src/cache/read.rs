@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
-use tracing::Instrument;
+use crate::backend::Traced;
 
 use super::io::{Disarm, Io, ready};
 use super::{Cache, DecodePolicy};
@@ -40,7 +40,9 @@ impl Cache {
         m: &mut Machine,
         mut action: Action,
     ) -> Result<Step> {
-        let mut waited = false;
+        // Started at this call's first pause for another caller's load; counted (`waited`)
+        // when the run ends, however it ends.
+        let mut wait = None;
         // Armed from this call's first claim or placeholder write until the machine finishes
         // or grants the load (then the caller's lease holds the claim): a future dropped in
         // between, even during a re-read that settles ownership, gives the claim back.
@@ -80,15 +82,25 @@ impl Cache {
                         }
                         Some(why) => m.on_refused(self.now(), why),
                         None => match self.absorb_read(r)? {
-                            Some((outcome, after)) => m.on_stored(self.now(), outcome, after),
+                            Some((outcome, after)) => {
+                                let lost = m.races_lost();
+                                let next = m.on_stored(self.now(), outcome, after);
+                                if m.races_lost() > lost {
+                                    tracing::debug!(
+                                        "newcache: claim lost: another caller wrote the key first"
+                                    );
+                                }
+                                next
+                            }
                             None => m.on_failed(self.now()),
                         },
                     }
                 }
                 Action::Sleep(pause) => {
-                    if !waited {
-                        waited = true;
+                    if wait.is_none() {
                         Counters::bump(&self.stats.lease_waits);
+                        tracing::debug!("newcache: another caller is loading the key; waiting");
+                        wait = Some(self.stats.wait_started());
                     }
                     io.sleep(pause).await;
                     m.on_wake(self.now())
@@ -104,11 +116,20 @@ impl Cache {
                     if let Some(g) = guard {
                         g.disarm();
                     }
+                    tracing::debug!(
+                        stale = grant.held.is_some(),
+                        "newcache: claim taken: this caller loads the key"
+                    );
                     return Ok(Step::Load(grant));
                 }
                 Action::Done(found) => {
                     if let Some(g) = guard {
                         g.disarm();
+                    }
+                    if let Found::Miss { claimed: true } = found {
+                        tracing::debug!(
+                            "newcache: claim taken: the stale value's reader recomputes it"
+                        );
                     }
                     return Ok(Step::Done(found));
                 }
@@ -175,7 +196,7 @@ impl Cache {
             };
             self.looked_up(found)
         }
-        .instrument(span)
+        .traced(span)
         .await
     }
 
@@ -429,7 +450,7 @@ impl Cache {
             }
             Ok(out)
         }
-        .instrument(span)
+        .traced(span)
         .await
     }
 

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use serde::Serialize;
-use tracing::Instrument;
+use crate::backend::Traced;
 
 use super::io::{Io, ready};
 use super::{Cache, Herd};
@@ -133,7 +133,7 @@ impl Cache {
             };
             self.absorb_write(io.store(w).await).map(|_| ())
         }
-        .instrument(span)
+        .traced(span)
         .await
     }
 
@@ -260,7 +260,7 @@ impl Cache {
             }
             Ok(false)
         }
-        .instrument(span)
+        .traced(span)
         .await
     }
 
@@ -288,7 +288,7 @@ impl Cache {
         let k = self.keys.make(key)?;
         let span = self.span("delete", &k);
         async { Ok(self.absorb_write(io.delete(&k).await)?.unwrap_or(false)) }
-            .instrument(span)
+            .traced(span)
             .await
     }
 
@@ -410,7 +410,7 @@ impl Cache {
             );
             Ok(failed)
         }
-        .instrument(span)
+        .traced(span)
         .await
     }
 
@@ -442,7 +442,7 @@ impl Cache {
             )?;
             Ok(done.into_iter().filter(|d| *d == Some(true)).count())
         }
-        .instrument(span)
+        .traced(span)
         .await
     }
 
@@ -530,7 +530,7 @@ impl Cache {
             // lifetime they gave it.
             Ok(false)
         }
-        .instrument(span)
+        .traced(span)
         .await
     }
 
@@ -551,7 +551,7 @@ impl Cache {
         let span = tracing::debug_span!("newcache", op = "clear", cache = &*self.stats.name);
         let prefix = self.keys.prefix();
         async { io.clear(prefix.as_deref()).await }
-            .instrument(span)
+            .traced(span)
             .await
     }
 }

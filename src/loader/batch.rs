@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tracing::Instrument;
+use crate::backend::Traced;
 
 use super::driver::{Claim, Driver};
 use super::lease::Completed;
@@ -292,8 +292,8 @@ impl Cache {
                 // the per-server metric).
                 if !failed.is_empty() {
                     s.batch_failed(&failed);
-                    if failed.iter().any(Error::is_backend) {
-                        Counters::bump(&s.backend_errors_absorbed);
+                    if let Some(e) = failed.iter().find(|e| e.is_backend()) {
+                        s.absorbed(e);
                     }
                 }
             }
@@ -301,7 +301,7 @@ impl Cache {
             out.extend(loaded.drain().filter(|(k, _)| wanted.contains(k)));
             Ok(out)
         }
-        .instrument(span)
+        .traced(span)
         .await
     }
 

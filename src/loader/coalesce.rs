@@ -19,8 +19,12 @@ pub(crate) type Shared = Arc<dyn Any + Send + Sync>;
 pub(crate) enum Outcome {
     /// Still being worked on.
     Pending,
-    /// A value (fresh, or stale while the leader refreshes it).
+    /// A value the leader's call came to: loaded (by it, or by the caller it waited for).
     Value(Shared),
+    /// A value that was there when the leader looked (the stale value it serves while it
+    /// refreshes, or what another caller's claim left): its followers were answered at once,
+    /// not after a load.
+    Served(Shared),
     /// The leader's call failed; waiters get the same error (sharing its source).
     Failed(Error),
     /// The leader went away without an answer (it panicked, or gave up): retry.

@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tracing::Instrument;
+use crate::backend::Traced;
 
 use self::coalesce::{Leader, Outcome, Role};
 use self::driver::{Claim, Driver};
@@ -333,7 +333,7 @@ impl Cache {
             let keys = (key, derived.as_str());
             Box::pin(self.coalesce_or_lead(d, keys, ttl, loader, deadline, (m, first))).await
         }
-        .instrument(span)
+        .traced(span)
         .await
     }
 
@@ -440,7 +440,18 @@ impl Cache {
                         return self.lead(d, keys, ttl, loader, None, m, Action::Read).await;
                     }
                     Counters::bump(&self.stats.lease_waits);
-                    match d.wait_for(&slot, deadline).await {
+                    let wait = self.stats.wait_started();
+                    let outcome = match d.wait_for(&slot, deadline).await {
+                        Outcome::Served(v) => {
+                            wait.answered_at_once();
+                            Outcome::Value(v)
+                        }
+                        outcome => {
+                            drop(wait);
+                            outcome
+                        }
+                    };
+                    match outcome {
                         Outcome::Value(v) => match v.downcast_ref::<T>() {
                             Some(v) => return Ok(v.clone()),
                             // Another type under the same key: do our own call.
@@ -463,7 +474,7 @@ impl Cache {
                         // The leader panicked (or, in a task, was dropped): retry, one of us
                         // leads.
                         Outcome::Abandoned => continue,
-                        Outcome::Pending => return Err(self.waited_out()),
+                        Outcome::Pending | Outcome::Served(_) => return Err(self.waited_out()),
                     }
                 }
             }
@@ -524,6 +535,11 @@ impl Cache {
                 Found::Value { held, stale } => match self.decode_held::<T>(&held) {
                     Ok(v) => {
                         Counters::bump(if stale { &s.stale_served } else { &s.hits });
+                        // Found there, not waited for: the followers were not kept waiting
+                        // for a load either.
+                        if let (Some(l), false) = (leader, m.slept()) {
+                            l.publish(Outcome::Served(Arc::new(v.clone())));
+                        }
                         return Ok(v);
                     }
                     Err(e) => e,
@@ -602,7 +618,7 @@ impl Cache {
         Counters::bump(if early { &s.early_refreshes } else { &s.misses });
         // Followers get the value we hold at once; only this caller waits for the load.
         if let Some(l) = leader {
-            l.publish(Outcome::Value(Arc::new(v.clone())));
+            l.publish(Outcome::Served(Arc::new(v.clone())));
         }
         let Some((loader, lease)) = loader.refresh_in_background(self, d, lease, key, ttl) else {
             return Ok(v);
@@ -714,7 +730,7 @@ impl Cache {
             Err(e) => {
                 s.backend_error(&e);
                 if e.is_backend() {
-                    Counters::bump(&s.backend_errors_absorbed);
+                    s.absorbed(&e);
                 }
             }
         }
