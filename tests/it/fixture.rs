@@ -1482,13 +1482,16 @@ macro_rules! on_backend {
 /// A backend that forwards to another and lets a test observe and steer it: counts the calls
 /// that make a round trip (`calls`), slows the next `get` down (`slow_get`), runs `after_get`
 /// after every `get` (to act between a reader's read and its claim), fails every `get` with a
-/// backend error while `gets_fail` is set, and keeps a handle on the last value a `get` returned
-/// (`last_get`: to see who else holds it).
+/// backend error while `gets_fail` is set, keeps a handle on the last value a `get` returned
+/// (`last_get`: to see who else holds it), and runs `before_claim` before every
+/// `store_then_get` (a claim or placeholder write: to hold a caller that leads between its
+/// read and its claim).
 pub struct Hooked {
     pub inner: Arc<dyn Backend>,
     pub calls: AtomicU64,
     pub slow_get: std::sync::Mutex<Option<Duration>>,
     pub after_get: Box<dyn Fn() + Send + Sync>,
+    pub before_claim: Box<dyn Fn() + Send + Sync>,
     pub gets_fail: std::sync::atomic::AtomicBool,
     pub last_get: std::sync::Mutex<Option<bytes::Bytes>>,
 }
@@ -1500,6 +1503,7 @@ impl Hooked {
             calls: AtomicU64::new(0),
             slow_get: std::sync::Mutex::new(None),
             after_get: Box::new(|| {}),
+            before_claim: Box::new(|| {}),
             gets_fail: std::sync::atomic::AtomicBool::new(false),
             last_get: std::sync::Mutex::new(None),
         }
@@ -1559,6 +1563,7 @@ impl Backend for Hooked {
         w: newcache::Write<'_>,
     ) -> newcache::Result<(newcache::StoreOutcome, Option<newcache::Item>)> {
         self.bump();
+        (self.before_claim)();
         self.inner.store_then_get(w)
     }
     fn store_many(

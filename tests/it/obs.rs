@@ -12,7 +12,42 @@ use crate::on_every_backend;
 
 on_every_backend!(
     every_server_answers,
-    traces_name_op_key_and_server_never_values
+    traces_name_op_key_and_server_never_values,
+    debug_logs_say_what_a_loader_did,
+    debug_logs_say_when_a_claim_is_lost_and_a_failure_absorbed
+);
+
+// The wait counts are the same code on both front ends (the coalescer and the protocol's
+// driver); the tests hold callers on threads, so they run on the sync one.
+crate::on_backend!(
+    waits_memory,
+    Memory,
+    Sync,
+    followers_served_the_stale_value_at_once_did_not_wait,
+    callers_that_waited_for_a_load_count_with_their_wait
+);
+crate::on_backend!(
+    waits_memcached,
+    Memcached,
+    Sync,
+    followers_served_the_stale_value_at_once_did_not_wait,
+    callers_that_waited_for_a_load_count_with_their_wait
+);
+#[cfg(feature = "redis")]
+crate::on_backend!(
+    waits_redis,
+    Redis,
+    Sync,
+    followers_served_the_stale_value_at_once_did_not_wait,
+    callers_that_waited_for_a_load_count_with_their_wait
+);
+#[cfg(feature = "redis")]
+crate::on_backend!(
+    waits_valkey,
+    Valkey,
+    Sync,
+    followers_served_the_stale_value_at_once_did_not_wait,
+    callers_that_waited_for_a_load_count_with_their_wait
 );
 
 /// An address where nothing listens: connects are refused at once.
@@ -260,7 +295,9 @@ fn traces_name_op_key_and_server_never_values(env: &Env) {
             env.kind
         );
     }
-    // memcached backends record the server they picked on the operation's span.
+    // memcached backends record the server they picked on the operation's span, once,
+    // however many backend calls the operation made (a loader's: a read, a placeholder, a
+    // store).
     if env.kind != Kind::Memory {
         let server = format!("server=\"{}\"", shared_addr(env.kind));
         assert!(
@@ -268,6 +305,22 @@ fn traces_name_op_key_and_server_never_values(env: &Env) {
             "{:?}: no {server} in:\n{logs}",
             env.kind
         );
+        let loader_lines: Vec<&str> = logs
+            .lines()
+            .filter(|l| l.contains("op=\"get_or_set_with\""))
+            .collect();
+        assert!(
+            loader_lines.iter().any(|l| l.contains("server=\"")),
+            "{:?}: {logs}",
+            env.kind
+        );
+        for line in loader_lines {
+            assert!(
+                line.matches("server=").count() <= 1,
+                "{:?}: a field named twice: {line}",
+                env.kind
+            );
+        }
     }
     // The value never appears: not as text, not as hex, not as a list of bytes.
     let hex: String = SECRET.bytes().map(|b| format!("{b:02x}")).collect();
@@ -301,6 +354,327 @@ fn shared_addr(kind: Kind) -> &'static str {
 fn host_port(url: &'static str) -> &'static str {
     let rest = url.trim_start_matches("redis://");
     rest.split('/').next().unwrap_or(rest)
+}
+
+/// What a loader's work looks like under `newcache=debug` (no span events): a load started
+/// and finished, the claim it took, a wait for another process's load; a hit logs nothing.
+fn debug_logs_say_what_a_loader_did(env: &Env) {
+    let cache = env
+        .builder()
+        .max_wait(Duration::from_millis(100))
+        .build_front(env.front);
+    cache.set("fresh", "v", Duration::from_secs(60)).unwrap();
+    let hit = logs_at(tracing::Level::DEBUG, || {
+        assert_eq!(cache.get::<String>("fresh").unwrap().as_deref(), Some("v"));
+        let v: String = cache
+            .get_or_set_with("fresh", Duration::from_secs(60), || {
+                Ok::<_, std::io::Error>("unused".to_owned())
+            })
+            .unwrap();
+        assert_eq!(v, "v");
+    });
+    assert_eq!(hit, "", "{:?}: a hit logs nothing at DEBUG", env.kind);
+
+    // Another process is loading "busy" (its placeholder, alive for a minute).
+    let now = newcache::Clock::now_ms(&*env.clock);
+    let busy = newcache::__private::placeholder(now, now + 60_000, 7);
+    env.raw_set_ttl(&cache.make_key("busy"), &busy, newcache::__private::FLAGS, 60);
+    let logs = logs_at(tracing::Level::DEBUG, || {
+        let v: u32 = cache
+            .get_or_set_with("cold", Duration::from_secs(60), || {
+                Ok::<_, std::io::Error>(1)
+            })
+            .unwrap();
+        assert_eq!(v, 1);
+        let e = cache
+            .get_or_set_with("busy", Duration::from_secs(60), || {
+                Ok::<_, std::io::Error>(1)
+            })
+            .map_err(newcache::Error::from)
+            .unwrap_err();
+        assert!(e.is_wait_timeout(), "{e}");
+    });
+    for needle in [
+        "newcache: claim taken",
+        "newcache: load started",
+        "newcache: load finished",
+        "newcache: another caller is loading the key; waiting",
+        "newcache: waited for another caller's load",
+    ] {
+        assert!(
+            logs.contains(needle),
+            "{:?} {:?}: no {needle:?} in:\n{logs}",
+            env.kind,
+            env.front
+        );
+    }
+}
+
+/// A claim another caller's write beat, and a backend failure the read policy absorbed, are
+/// logged at DEBUG.
+fn debug_logs_say_when_a_claim_is_lost_and_a_failure_absorbed(env: &Env) {
+    let key = env.sync_cache().make_key("raced");
+    let inner = env.backend();
+    let mut hooked = Hooked::new(inner.clone());
+    // Between this caller's read (the key missing) and its placeholder, another process
+    // writes its own placeholder: this caller's `add` loses.
+    let now = newcache::Clock::now_ms(&*env.clock);
+    let theirs = newcache::__private::placeholder(now, now + 60_000, 7);
+    let race = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let armed = race.clone();
+    hooked.after_get = Box::new(move || {
+        if armed.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            inner
+                .store(
+                    newcache::StoreMode::Set,
+                    &key,
+                    &theirs,
+                    newcache::__private::FLAGS,
+                    60,
+                )
+                .unwrap();
+        }
+    });
+    let hooked = Arc::new(hooked);
+    let cache = env
+        .builder()
+        .backend(hooked.clone())
+        .max_wait(Duration::from_millis(100))
+        .build_front(env.front);
+    let logs = logs_at(tracing::Level::DEBUG, || {
+        let e = cache
+            .get_or_set_with("raced", Duration::from_secs(60), || {
+                Ok::<_, std::io::Error>(1)
+            })
+            .map_err(newcache::Error::from)
+            .unwrap_err();
+        assert!(e.is_wait_timeout(), "{e}");
+        hooked
+            .gets_fail
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(cache.get::<String>("down").unwrap(), None);
+    });
+    assert!(!race.load(std::sync::atomic::Ordering::SeqCst), "the race ran");
+    for needle in [
+        "newcache: claim lost",
+        "newcache: backend failure absorbed",
+    ] {
+        assert!(
+            logs.contains(needle),
+            "{:?} {:?}: no {needle:?} in:\n{logs}",
+            env.kind,
+            env.front
+        );
+    }
+}
+
+/// A door a backend hook stops at, once it is armed, until the test opens it.
+#[derive(Default)]
+struct Door {
+    armed: std::sync::atomic::AtomicBool,
+    open: Mutex<bool>,
+    opened: std::sync::Condvar,
+}
+
+impl Door {
+    fn pass(&self) {
+        if self.armed.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            let mut open = self.open.lock().unwrap();
+            while !*open {
+                open = self.opened.wait(open).unwrap();
+            }
+        }
+    }
+
+    /// Whether a caller reached the armed door (it waits there until [`Door::open`]).
+    fn reached(&self) -> bool {
+        !self.armed.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn open(&self) {
+        *self.open.lock().unwrap() = true;
+        self.opened.notify_all();
+    }
+}
+
+/// Polls `done` until it holds (a generous bound: a loaded machine's threads start late).
+#[track_caller]
+fn until(what: &str, done: impl Fn() -> bool) {
+    let t = Instant::now();
+    while !done() {
+        assert!(t.elapsed() < Duration::from_secs(30), "never: {what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// A hot key's expiry: callers that join the leader while it claims the stale entry are
+/// answered at once with the stale value. They count in `lease_waits` (joined another's
+/// load), not in `waited` (nobody waited for a load).
+fn followers_served_the_stale_value_at_once_did_not_wait(env: &Env) {
+    const FOLLOWERS: u64 = 4;
+    let door = Arc::new(Door::default());
+    let mut hooked = Hooked::new(env.backend());
+    let at_claim = door.clone();
+    hooked.before_claim = Box::new(move || at_claim.pass());
+    let cache = env.builder().backend(Arc::new(hooked)).build().unwrap();
+    cache.set("hot", "old", Duration::from_secs(10)).unwrap();
+    env.advance(Duration::from_secs(11));
+    door.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+    let load = || {
+        cache
+            .get_or_set_with("hot", Duration::from_secs(60), || {
+                Ok::<_, std::io::Error>("new".to_owned())
+            })
+            .unwrap()
+    };
+    std::thread::scope(|s| {
+        let leader = s.spawn(load);
+        until("the leader is at its claim", || door.reached());
+        let followers: Vec<_> = (0..FOLLOWERS).map(|_| s.spawn(load)).collect();
+        until("every follower joined the leader", || {
+            cache.stats().lease_waits == FOLLOWERS
+        });
+        door.open();
+        assert_eq!(leader.join().unwrap(), "new", "the leader loads");
+        for f in followers {
+            assert_eq!(f.join().unwrap(), "old", "followers are served the stale value");
+        }
+    });
+    let st = cache.stats();
+    assert_eq!(
+        (st.lease_waits, st.waited, st.wait_micros),
+        (FOLLOWERS, 0, 0),
+        "{:?}: {st:?}",
+        env.kind
+    );
+}
+
+/// Callers answered only when another caller's load ended are counted in `waited`, with
+/// their time in `wait_micros`: followers of a load of this process, and a caller polling
+/// for another process's placeholder.
+fn callers_that_waited_for_a_load_count_with_their_wait(env: &Env) {
+    const FOLLOWERS: u64 = 3;
+    // The loads are held at least this long after every caller started waiting.
+    const PAUSE: Duration = Duration::from_millis(50);
+    let cache = env.builder().build().unwrap();
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    std::thread::scope(|s| {
+        let leader = s.spawn(|| {
+            cache
+                .get_or_set_with("cold", Duration::from_secs(60), move || {
+                    released.recv().unwrap();
+                    Ok::<_, std::io::Error>("loaded".to_owned())
+                })
+                .unwrap()
+        });
+        until("the leader loads", || cache.stats().loader_calls == 1);
+        let followers: Vec<_> = (0..FOLLOWERS)
+            .map(|_| {
+                s.spawn(|| {
+                    cache
+                        .get_or_set_with("cold", Duration::from_secs(60), || {
+                            Ok::<_, std::io::Error>("unused".to_owned())
+                        })
+                        .unwrap()
+                })
+            })
+            .collect();
+        until("every follower waits", || {
+            cache.stats().lease_waits == FOLLOWERS
+        });
+        std::thread::sleep(PAUSE);
+        release.send(()).unwrap();
+        assert_eq!(leader.join().unwrap(), "loaded");
+        for f in followers {
+            assert_eq!(f.join().unwrap(), "loaded");
+        }
+    });
+    let st = cache.stats();
+    assert_eq!((st.lease_waits, st.waited), (FOLLOWERS, FOLLOWERS), "{st:?}");
+    assert!(
+        st.wait_micros >= FOLLOWERS * PAUSE.as_micros() as u64,
+        "{:?}: {st:?}",
+        env.kind
+    );
+
+    // Another process is loading "busy": this caller polls until that process stores.
+    let now = newcache::Clock::now_ms(&*env.clock);
+    let busy = newcache::__private::placeholder(now, now + 60_000, 7);
+    env.raw_set_ttl(&cache.make_key("busy"), &busy, newcache::__private::FLAGS, 60);
+    let before = cache.stats();
+    std::thread::scope(|s| {
+        let waiter = s.spawn(|| {
+            cache
+                .get_or_set_with("busy", Duration::from_secs(60), || {
+                    Ok::<_, std::io::Error>("mine".to_owned())
+                })
+                .unwrap()
+        });
+        until("the caller waits", || {
+            cache.stats().lease_waits > before.lease_waits
+        });
+        std::thread::sleep(PAUSE);
+        env.sync_cache()
+            .set("busy", "theirs", Duration::from_secs(60))
+            .unwrap();
+        assert_eq!(waiter.join().unwrap(), "theirs");
+    });
+    let after = cache.stats();
+    assert_eq!(after.waited - before.waited, 1, "{after:?}");
+    assert!(
+        after.wait_micros - before.wait_micros >= PAUSE.as_micros() as u64,
+        "{:?}: {after:?}",
+        env.kind
+    );
+}
+
+/// Under `newcache=debug`, a server marked dead and back is logged (memcached, Redis 7,
+/// Valkey 9).
+#[test]
+fn debug_logs_say_when_a_server_is_marked_dead_and_back() {
+    let check = |b: newcache::CacheBuilder, switch: &mut dyn FnMut(bool)| {
+        let cache = b
+            .retry_interval(Duration::from_millis(200))
+            .connect_timeout(Duration::from_millis(100))
+            .build()
+            .unwrap();
+        let logs = logs_at(tracing::Level::DEBUG, || {
+            cache.set("k", "v", newcache::Ttl::Never).unwrap();
+            switch(false);
+            for _ in 0..5 {
+                assert_eq!(cache.get::<String>("k").unwrap(), None);
+            }
+            switch(true);
+            until("the server serves again", || {
+                cache.set("k", "v", newcache::Ttl::Never).is_ok()
+            });
+        });
+        for needle in ["marked dead", "is back", "newcache: backend failure absorbed"] {
+            assert!(logs.contains(needle), "no {needle:?} in:\n{logs}");
+        }
+    };
+    let mut server = crate::fixture::Memcached::start();
+    check(Cache::builder().memcached([server.addr()]), &mut |up| {
+        if up {
+            server.restart()
+        } else {
+            server.kill()
+        }
+    });
+    #[cfg(feature = "redis")]
+    for bin in ["redis-server".to_owned(), crate::fixture::valkey_server()] {
+        let mut server = crate::fixture::RedisServer::start_with(
+            &bin,
+            &["--maxmemory-policy", "allkeys-lru"],
+        );
+        check(Cache::builder().redis(server.url()), &mut |up| {
+            if up {
+                server.restart()
+            } else {
+                server.kill()
+            }
+        });
+    }
 }
 
 /// Whether the span current inside a loader is enabled, and its name, under a subscriber that
@@ -477,7 +851,6 @@ fn hung_servers_share_one_io_timeout() {
 /// `Error::server` and the metrics' `server` label), as a batch's does.
 #[test]
 fn a_busy_pool_names_its_server() {
-    use newcache::Backend;
     let (_hung, addr) = hung_server();
     let backend = crate::fixture::memcached_backend(std::slice::from_ref(&addr), |c| {
         c.pool_size = 1;
@@ -701,6 +1074,7 @@ mod metrics_tests {
         assert_eq!(c("newcache_loads_total"), 2, "{kind:?}");
         assert_eq!(c("newcache_load_errors_total"), 1, "{kind:?}");
         assert_eq!(c("newcache_lease_waits_total"), 1, "{kind:?}");
+        assert_eq!(c("newcache_waited_total"), 1, "{kind:?}");
         assert_eq!(c("newcache_wait_timeouts_total"), 1, "{kind:?}");
         assert_eq!(c("newcache_backend_errors_total"), 0, "{kind:?}");
         // The same counts as stats(): one place counts both.
@@ -726,6 +1100,13 @@ mod metrics_tests {
                 );
             }
             other => panic!("{kind:?}: no load histogram: {other:?}"),
+        }
+        match m.value("newcache_wait_seconds", &[("cache", &name)]) {
+            Some(DebugValue::Histogram(samples)) => {
+                assert_eq!(samples.len(), 1, "{kind:?}: one sample per wait");
+                assert!(samples[0].0 > 0.0, "{samples:?}");
+            }
+            other => panic!("{kind:?}: no wait histogram: {other:?}"),
         }
     }
 
