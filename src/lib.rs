@@ -129,11 +129,13 @@
 //!
 //! - [`Cache::ping`] (and `AsyncCache::ping`): every server answers, or a [`PingError`] names
 //!   those that do not.
-//! - With the `metrics` feature, counters and a histogram through the
+//! - With the `metrics` feature, counters and histograms through the
 //!   [`metrics`](https://docs.rs/metrics) facade, each labelled `cache` with
 //!   [`CacheBuilder::name`] (default `"default"`): `newcache_hits_total`,
 //!   `newcache_misses_total`, `newcache_stale_served_total`, `newcache_claims_total`,
-//!   `newcache_lease_waits_total`, `newcache_loads_total`, `newcache_load_errors_total`,
+//!   `newcache_lease_waits_total`, `newcache_waited_total`, `newcache_wait_seconds`
+//!   (histogram: one sample per caller that waited), `newcache_loads_total`,
+//!   `newcache_load_errors_total`,
 //!   `newcache_backend_errors_total` (also labelled `server`: [`Error::server`], or `unknown`;
 //!   a batch counts once under each server that failed), `newcache_load_duration_seconds`
 //!   (histogram: one sample per loader call, however it ended), and for the other [`Stats`] fields

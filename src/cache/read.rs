@@ -5,9 +5,9 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
+use crate::backend::Traced;
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
-use crate::backend::Traced;
 
 use super::io::{Disarm, Io, ready};
 use super::{Cache, DecodePolicy};

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use serde::Serialize;
 use crate::backend::Traced;
+use serde::Serialize;
 
 use super::io::{Io, ready};
 use super::{Cache, Herd};

@@ -7,9 +7,9 @@ use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::Arc;
 
+use crate::backend::Traced;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use crate::backend::Traced;
 
 use super::driver::{Claim, Driver};
 use super::lease::Completed;

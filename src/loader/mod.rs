@@ -13,9 +13,9 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Instant;
 
+use crate::backend::Traced;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use crate::backend::Traced;
 
 use self::coalesce::{Leader, Outcome, Role};
 use self::driver::{Claim, Driver};

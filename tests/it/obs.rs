@@ -378,7 +378,12 @@ fn debug_logs_say_what_a_loader_did(env: &Env) {
     // Another process is loading "busy" (its placeholder, alive for a minute).
     let now = newcache::Clock::now_ms(&*env.clock);
     let busy = newcache::__private::placeholder(now, now + 60_000, 7);
-    env.raw_set_ttl(&cache.make_key("busy"), &busy, newcache::__private::FLAGS, 60);
+    env.raw_set_ttl(
+        &cache.make_key("busy"),
+        &busy,
+        newcache::__private::FLAGS,
+        60,
+    );
     let logs = logs_at(tracing::Level::DEBUG, || {
         let v: u32 = cache
             .get_or_set_with("cold", Duration::from_secs(60), || {
@@ -454,11 +459,11 @@ fn debug_logs_say_when_a_claim_is_lost_and_a_failure_absorbed(env: &Env) {
             .store(true, std::sync::atomic::Ordering::SeqCst);
         assert_eq!(cache.get::<String>("down").unwrap(), None);
     });
-    assert!(!race.load(std::sync::atomic::Ordering::SeqCst), "the race ran");
-    for needle in [
-        "newcache: claim lost",
-        "newcache: backend failure absorbed",
-    ] {
+    assert!(
+        !race.load(std::sync::atomic::Ordering::SeqCst),
+        "the race ran"
+    );
+    for needle in ["newcache: claim lost", "newcache: backend failure absorbed"] {
         assert!(
             logs.contains(needle),
             "{:?} {:?}: no {needle:?} in:\n{logs}",
@@ -537,7 +542,11 @@ fn followers_served_the_stale_value_at_once_did_not_wait(env: &Env) {
         door.open();
         assert_eq!(leader.join().unwrap(), "new", "the leader loads");
         for f in followers {
-            assert_eq!(f.join().unwrap(), "old", "followers are served the stale value");
+            assert_eq!(
+                f.join().unwrap(),
+                "old",
+                "followers are served the stale value"
+            );
         }
     });
     let st = cache.stats();
@@ -590,7 +599,11 @@ fn callers_that_waited_for_a_load_count_with_their_wait(env: &Env) {
         }
     });
     let st = cache.stats();
-    assert_eq!((st.lease_waits, st.waited), (FOLLOWERS, FOLLOWERS), "{st:?}");
+    assert_eq!(
+        (st.lease_waits, st.waited),
+        (FOLLOWERS, FOLLOWERS),
+        "{st:?}"
+    );
     assert!(
         st.wait_micros >= FOLLOWERS * PAUSE.as_micros() as u64,
         "{:?}: {st:?}",
@@ -600,7 +613,12 @@ fn callers_that_waited_for_a_load_count_with_their_wait(env: &Env) {
     // Another process is loading "busy": this caller polls until that process stores.
     let now = newcache::Clock::now_ms(&*env.clock);
     let busy = newcache::__private::placeholder(now, now + 60_000, 7);
-    env.raw_set_ttl(&cache.make_key("busy"), &busy, newcache::__private::FLAGS, 60);
+    env.raw_set_ttl(
+        &cache.make_key("busy"),
+        &busy,
+        newcache::__private::FLAGS,
+        60,
+    );
     let before = cache.stats();
     std::thread::scope(|s| {
         let waiter = s.spawn(|| {
@@ -649,30 +667,24 @@ fn debug_logs_say_when_a_server_is_marked_dead_and_back() {
                 cache.set("k", "v", newcache::Ttl::Never).is_ok()
             });
         });
-        for needle in ["marked dead", "is back", "newcache: backend failure absorbed"] {
+        for needle in [
+            "marked dead",
+            "is back",
+            "newcache: backend failure absorbed",
+        ] {
             assert!(logs.contains(needle), "no {needle:?} in:\n{logs}");
         }
     };
     let mut server = crate::fixture::Memcached::start();
     check(Cache::builder().memcached([server.addr()]), &mut |up| {
-        if up {
-            server.restart()
-        } else {
-            server.kill()
-        }
+        if up { server.restart() } else { server.kill() }
     });
     #[cfg(feature = "redis")]
     for bin in ["redis-server".to_owned(), crate::fixture::valkey_server()] {
-        let mut server = crate::fixture::RedisServer::start_with(
-            &bin,
-            &["--maxmemory-policy", "allkeys-lru"],
-        );
+        let mut server =
+            crate::fixture::RedisServer::start_with(&bin, &["--maxmemory-policy", "allkeys-lru"]);
         check(Cache::builder().redis(server.url()), &mut |up| {
-            if up {
-                server.restart()
-            } else {
-                server.kill()
-            }
+            if up { server.restart() } else { server.kill() }
         });
     }
 }
@@ -851,6 +863,7 @@ fn hung_servers_share_one_io_timeout() {
 /// `Error::server` and the metrics' `server` label), as a batch's does.
 #[test]
 fn a_busy_pool_names_its_server() {
+    use newcache::Backend;
     let (_hung, addr) = hung_server();
     let backend = crate::fixture::memcached_backend(std::slice::from_ref(&addr), |c| {
         c.pool_size = 1;
