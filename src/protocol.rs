@@ -718,11 +718,17 @@ pub(crate) enum Renewal {
 }
 
 /// The write that gives back a claim (or placeholder) whose writer went away before it learned
-/// whether the write landed (an async caller dropped mid-claim): `Some` only if `item` still
-/// carries `token`'s claim, and then it is released exactly as a failed load releases it (a
-/// placeholder removed, a value unclaimed), by `cas` against what was read.
+/// whether the write landed (an async caller dropped mid-claim, or a failed load): `Some` only
+/// if `item` still carries `token`'s claim, and then it is released exactly as a failed load
+/// releases it (a placeholder removed, or the value it displaced, `restore`, put back; a value
+/// unclaimed), by `cas` against what was read.
 #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
-pub(crate) fn release_abandoned(item: &Item, token: u64, now: Now) -> Option<Action> {
+pub(crate) fn release_abandoned(
+    item: &Item,
+    token: u64,
+    restore: Option<Item>,
+    now: Now,
+) -> Option<Action> {
     let Ok(Parsed::Item(header, _)) = envelope::decode(item.flags, &item.value) else {
         return None;
     };
@@ -736,7 +742,7 @@ pub(crate) fn release_abandoned(item: &Item, token: u64, now: Now) -> Option<Act
         header,
         lease_ms: 0,
         renew_until_ms: 0,
-        restore: None,
+        restore,
         claimed: true,
     };
     lease.release(now)
@@ -857,6 +863,12 @@ impl Lease {
     /// without a claim: the key holds nothing of this caller's.
     ///
     /// A give-back the backend fails to write is followed by [`removal`].
+    /// The value this claim's placeholder displaced, to put back if the load fails.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+    pub(crate) fn restore(&self) -> Option<&Item> {
+        self.restore.as_ref()
+    }
+
     pub(crate) fn release(&self, now: Now) -> Option<Action> {
         if !self.claimed {
             return None;

@@ -8,7 +8,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::backend::{AsyncBackend, StoreMode, StoreOutcome, Write};
+use crate::backend::{AsyncBackend, Item, StoreMode, StoreOutcome, Write};
 use crate::cache::Cache;
 use crate::envelope;
 use crate::error::Result;
@@ -209,7 +209,12 @@ impl Drop for AsyncLease {
             return;
         }
         let key = std::mem::take(&mut self.key);
-        give_back(&self.cache, &self.backend, vec![(key, self.lease.token())]);
+        let restore = self.lease.restore().cloned();
+        give_back(
+            &self.cache,
+            &self.backend,
+            vec![(key, self.lease.token(), restore)],
+        );
     }
 }
 
@@ -222,7 +227,7 @@ impl Drop for AsyncLease {
 pub(crate) fn give_back(
     cache: &Cache,
     backend: &Arc<dyn AsyncBackend>,
-    claims: Vec<(String, u64)>,
+    claims: Vec<(String, u64, Option<Item>)>,
 ) {
     let Ok(rt) = tokio::runtime::Handle::try_current() else {
         return;
@@ -230,24 +235,30 @@ pub(crate) fn give_back(
     let (cache, backend) = (cache.clone(), backend.clone());
     rt.spawn(async move {
         let mut missed = Vec::new();
-        for (key, token) in claims {
-            if !release_if_ours(&cache, &*backend, &key, token).await {
-                missed.push((key, token));
+        for (key, token, restore) in claims {
+            if !release_if_ours(&cache, &*backend, &key, token, restore.clone()).await {
+                missed.push((key, token, restore));
             }
         }
         if missed.is_empty() {
             return;
         }
         tokio::time::sleep(backend.settle_time()).await;
-        for (key, token) in missed {
-            release_if_ours(&cache, &*backend, &key, token).await;
+        for (key, token, restore) in missed {
+            release_if_ours(&cache, &*backend, &key, token, restore).await;
         }
     });
 }
 
 /// Releases `key` if it holds `token`'s claim: `true` once released; `false` if the key holds
 /// nothing of ours (yet), or the release lost to a write of ours still landing.
-async fn release_if_ours(cache: &Cache, backend: &dyn AsyncBackend, key: &str, token: u64) -> bool {
+async fn release_if_ours(
+    cache: &Cache,
+    backend: &dyn AsyncBackend,
+    key: &str,
+    token: u64,
+    restore: Option<Item>,
+) -> bool {
     let Ok(Some(item)) = backend.get(key).await else {
         return false;
     };
@@ -255,7 +266,7 @@ async fn release_if_ours(cache: &Cache, backend: &dyn AsyncBackend, key: &str, t
         mode,
         value,
         exptime,
-    }) = release_abandoned(&item, token, cache.now())
+    }) = release_abandoned(&item, token, restore, cache.now())
     else {
         return false;
     };

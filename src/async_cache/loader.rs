@@ -183,11 +183,12 @@ impl Disarm for ClaimGuard {
 impl Drop for ClaimGuard {
     fn drop(&mut self) {
         if let Some(cache) = self.cache.take() {
-            give_back(
-                &cache.cache,
-                &cache.shared().backend,
-                std::mem::take(&mut self.claims),
-            );
+            // Claims taken before a load was granted: no displaced value is known here.
+            let claims = std::mem::take(&mut self.claims)
+                .into_iter()
+                .map(|(key, token)| (key, token, None))
+                .collect();
+            give_back(&cache.cache, &cache.shared().backend, claims);
         }
     }
 }

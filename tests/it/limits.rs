@@ -24,6 +24,7 @@ crate::on_every_backend!(
     a_get_of_a_stale_item_at_the_limit_keeps_it_for_loaders,
     serve_stale_on_error_still_serves_a_stale_item_at_the_limit,
     touch_of_an_item_another_build_wrote_at_the_limit_is_not_too_large,
+    a_failed_load_gives_back_the_stale_item_at_the_limit_it_displaced,
 );
 
 /// Writes `key` as an item at the backend's very limit, soft-expiring in 10 s (or never).
@@ -85,6 +86,35 @@ fn serve_stale_on_error_still_serves_a_stale_item_at_the_limit(env: &Env) {
         Ok(n),
         "a stale value at the limit, its refresh failed"
     );
+}
+
+/// A loader's placeholder over a stale value at the limit (no room for a claim's header) puts
+/// that value back when the load fails, on both front ends (the async one from a task of its
+/// own): readers keep the stale value rather than find the key empty.
+fn a_failed_load_gives_back_the_stale_item_at_the_limit_it_displaced(env: &Env) {
+    let cache = env
+        .builder()
+        .max_wait(Duration::from_millis(300))
+        .build_front(env.front);
+    let n = write_full(env, &cache, "full", Ttl::After(S(10)));
+    env.advance(S(11));
+    let r = cache.get_or_set_with("full", S(60), || {
+        Err::<String, _>(std::io::Error::other("the database is down"))
+    });
+    assert!(r.is_err());
+    // The async give-back runs on a task: wait for it, within a bound a loaded machine keeps.
+    let deadline = std::time::Instant::now() + S(10);
+    loop {
+        let got = cache.get::<String>("full").unwrap().map(|s| s.len());
+        if got == Some(n) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the displaced stale value is not back after a failed load: {got:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// `touch` of an item another build wrote at the limit (no room for a re-timed header) falls back

@@ -304,14 +304,17 @@ fn a_node_is_probed_for_scripting_once() {
 /// and its `SET`.
 struct Interpose {
     addr: String,
-    armed: Arc<Mutex<Option<Box<dyn FnOnce() + Send>>>>,
+    armed: Armed,
 }
+
+/// The write an [`Interpose`] runs next, if armed.
+type Armed = Arc<Mutex<Option<Box<dyn FnOnce() + Send>>>>;
 
 impl Interpose {
     fn new(upstream: String) -> Interpose {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap().to_string();
-        let armed: Arc<Mutex<Option<Box<dyn FnOnce() + Send>>>> = Arc::default();
+        let armed: Armed = Arc::default();
         let hook = armed.clone();
         thread::spawn(move || {
             for client in listener.incoming() {
