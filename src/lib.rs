@@ -174,6 +174,7 @@
 //! 1.85 (edition 2024), as `rust-version` in Cargo.toml says; 1.88 with the `redis` feature
 //! (the `redis` crate's).
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(missing_docs)]
 #![warn(missing_debug_implementations)]
 
