@@ -41,6 +41,15 @@
 //! wrk -t2 -c64 -d10s --latency 'http://127.0.0.1:3000/report/1?cache=off'
 //! ```
 //!
+//! At start-up the service pings the cache (`cache.ping()`) and exits with its message when a
+//! server does not answer: a wrong `REDIS_URL`, password or address stops it there, instead of
+//! every request going to the database:
+//!
+//! ```text
+//! webapp: the cache did not answer its ping at startup: 1 of 1 servers did not answer: backend
+//! error: redis at 127.0.0.1:6379: could not connect: Connection refused (os error 111)
+//! ```
+//!
 //! The whole bench (both backends, two processes over memcached, a plot):
 //! `bash benches/webapp/run.sh benches/results/$(date +%F)-webapp`.
 //!
@@ -57,7 +66,8 @@ async fn main() {
     // Flags: --port, --ttl-secs, --db, --rows; MEMCACHED_SERVERS selects memcached.
     let config = Config::parse();
     if let Err(e) = run(config).await {
-        // The error and its causes on one line, e.g. "cache error: bad memcached server ...".
+        // The error and its causes on one line, e.g. "the cache did not answer its ping at
+        // startup: 1 of 1 servers did not answer: ...".
         let mut text = e.to_string();
         let mut cause = e.source();
         while let Some(c) = cause {

@@ -67,6 +67,27 @@ impl BackendChoice {
             BackendChoice::Custom(_) => "custom",
         }
     }
+
+    /// The servers it reaches (`host:port`, comma-separated), for the build's log line: never
+    /// a URL's user or password. `None` for the memory backend and a custom one.
+    fn servers(&self) -> Option<String> {
+        let addrs: Vec<String> = match self {
+            BackendChoice::Memory | BackendChoice::Custom(_) => return None,
+            BackendChoice::Memcached { servers, weighted } => servers
+                .iter()
+                .map(|s| ServerSpec::parse(s).map_or_else(|_| s.clone(), |spec| spec.addr()))
+                .chain(weighted.iter().map(ServerSpec::addr))
+                .collect(),
+            #[cfg(feature = "redis")]
+            BackendChoice::Redis { url } => vec![crate::RedisConfig::new(url.as_str()).addr()],
+            #[cfg(feature = "redis")]
+            BackendChoice::RedisCluster { seeds } => seeds
+                .iter()
+                .map(|seed| crate::RedisConfig::new(seed.as_str()).addr())
+                .collect(),
+        };
+        Some(addrs.join(","))
+    }
 }
 
 /// The one store as each front end reaches it.
@@ -740,8 +761,9 @@ impl CacheBuilder {
     pub fn build(self) -> Result<Cache> {
         self.warn_unused();
         let (backend, flavor, version) = (self.backend.name(), self.flavor.clone(), self.version);
+        let servers = self.backend.servers();
         let cache = self.into_config().map(Cache::from_config)?;
-        tracing::info!(backend, flavor, version, "newcache: cache built");
+        tracing::info!(backend, servers, flavor, version, "newcache: cache built");
         Ok(cache)
     }
 
@@ -772,8 +794,15 @@ impl CacheBuilder {
     pub fn build_async(self) -> Result<crate::AsyncCache> {
         self.warn_unused();
         let (backend, flavor, version) = (self.backend.name(), self.flavor.clone(), self.version);
+        let servers = self.backend.servers();
         let cache = self.into_config().map(Cache::from_config)?.to_async();
-        tracing::info!(backend, flavor, version, "newcache: async cache built");
+        tracing::info!(
+            backend,
+            servers,
+            flavor,
+            version,
+            "newcache: async cache built"
+        );
         Ok(cache)
     }
 

@@ -128,7 +128,18 @@
 //! # Health, metrics and traces
 //!
 //! - [`Cache::ping`] (and `AsyncCache::ping`): every server answers, or a [`PingError`] names
-//!   those that do not.
+//!   those that do not. Call it at start-up too: `build()` never connects and a failed read is
+//!   a miss by default, so a wrong address, URL or password would show only as every request
+//!   going to the database.
+//!
+//!   ```no_run
+//!   let cache = newcache::Cache::builder().memcached(["127.0.0.1:11211"]).build()?;
+//!   if let Err(e) = cache.ping() {
+//!       eprintln!("the cache does not answer: {e}"); // each server, and why
+//!       std::process::exit(1);
+//!   }
+//!   # Ok::<(), newcache::Error>(())
+//!   ```
 //! - With the `metrics` feature, counters and histograms through the
 //!   [`metrics`](https://docs.rs/metrics) facade, each labelled `cache` with
 //!   [`CacheBuilder::name`] (default `"default"`): `newcache_hits_total`,
@@ -176,6 +187,7 @@
 //! 1.85 (edition 2024), as `rust-version` in Cargo.toml says; 1.88 with the `redis` feature
 //! (the `redis` crate's).
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(missing_docs)]
 #![warn(missing_debug_implementations)]
 

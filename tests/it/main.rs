@@ -7,6 +7,7 @@ mod async_cache;
 mod async_faults;
 mod behaviour;
 mod cluster;
+mod docs;
 mod faults;
 mod fixture;
 mod front;
@@ -18,6 +19,8 @@ mod limits;
 mod loader;
 mod memcached;
 mod memory;
+#[cfg(feature = "redis")]
+mod messages;
 mod obs;
 mod outage;
 mod partial;

@@ -2063,7 +2063,7 @@ fn a_cluster_really_down_is_asked_for_its_map_at_most_once_per_retry_interval() 
         for _ in 0..50 {
             let e = cache.get::<String>(&keys[0]).unwrap_err();
             assert!(
-                e.to_string().contains("CLUSTERDOWN The cluster is down"),
+                chain_of(&e).contains("CLUSTERDOWN The cluster is down"),
                 "{front:?}: {e}"
             );
             let e = cache.get_many::<String>(&keys).unwrap_err();

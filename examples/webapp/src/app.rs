@@ -77,7 +77,10 @@ impl App {
     ///
     /// # Errors
     /// [`Error::Db`] or [`Error::Io`] if the database cannot be opened or seeded,
-    /// [`Error::Cache`] (`is_config`) for a malformed server address.
+    /// [`Error::Cache`] (`is_config`) for a malformed server address, [`Error::Unreachable`]
+    /// when the cache's servers do not answer its ping (nothing listens there, a wrong
+    /// password or database): without it, every request would go to the database, and the
+    /// only sign would be a warning in the log.
     pub async fn open(config: &Config) -> Result<App, Error> {
         let servers = config.servers();
         // The recorder first: the cache registers its metrics' handles when it is built.
@@ -102,8 +105,10 @@ impl App {
             }
             (true, None) => (builder.in_memory(), "memory".to_string()),
         };
-        // Built before seeding, so that a bad address fails at once.
+        // Built and pinged before seeding, so that a bad address, URL or password fails at
+        // once (`build` never connects; `ping` asks every server).
         let cache = builder.build_async()?;
+        cache.ping().await.map_err(Error::Unreachable)?;
         // One site, asked for under several names (localhost, 127.0.0.1, a balancer's): one
         // page per path, which `PUT /users/{id}` invalidates by its path.
         let pages = ResponseCacheLayer::builder(cache.clone())

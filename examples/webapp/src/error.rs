@@ -21,6 +21,9 @@ pub enum Error {
     Cache(newcache::Error),
     /// An I/O error (at startup: the database directory, the listener).
     Io(std::io::Error),
+    /// The cache's servers did not answer its ping at startup: a wrong address, URL or
+    /// password. The service stops there, rather than serving every request from the database.
+    Unreachable(newcache::PingError),
     /// The database file could not be opened, created or seeded (at startup).
     Open {
         /// The file.
@@ -38,6 +41,7 @@ impl Error {
             Error::NotFound(_) => StatusCode::NOT_FOUND,
             Error::BadRequest(_) => StatusCode::BAD_REQUEST,
             Error::Db(_) | Error::Io(_) | Error::Open { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+            Error::Unreachable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Error::Cache(e) => match loader_error(e) {
                 Some(inner) => inner.status(),
                 None if e.is_backend() || e.is_timeout() || e.is_wait_timeout() => {
@@ -69,6 +73,7 @@ impl fmt::Display for Error {
                 None => f.write_str("cache error"),
             },
             Error::Io(_) => f.write_str("i/o error"),
+            Error::Unreachable(_) => f.write_str("the cache did not answer its ping at startup"),
             Error::Open { path, .. } => write!(f, "cannot open database {}", path.display()),
         }
     }
@@ -84,6 +89,7 @@ impl std::error::Error for Error {
                 None => Some(e),
             },
             Error::Io(e) => Some(e),
+            Error::Unreachable(e) => Some(e),
             Error::Open { source, .. } => Some(source),
         }
     }

@@ -387,12 +387,14 @@ impl SentWrites {
 pub(crate) fn say_noted(e: Error, noted: Noted) -> Error {
     e.with_note(match noted {
         Noted::Queued => {
-            "the key is queued for replay: deleted on that server before it serves this \
-             process again"
+            "the write may not have reached that server, so its key is queued for replay: once \
+             the server answers again, the key is deleted there before anything else is sent \
+             to it, and it never serves the value this write was to replace or delete"
         }
         Noted::Full => {
-            "the replay queue is full: that server's values from before now are judged stale \
-             when it serves this process again"
+            "the write may not have reached that server, and its replay queue is full: once \
+             the server answers again, every value it stored before now is judged stale, so it \
+             never serves the value this write was to replace or delete as fresh"
         }
     })
 }

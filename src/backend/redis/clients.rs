@@ -126,8 +126,13 @@ impl Clients {
     }
 
     /// The server refused `CLIENT` (`CLIENT INFO` at a connect, or a replay's `CLIENT KILL`)
-    /// with error `code`: warned once.
+    /// with error `code`: warned once. Not for a refusal of the credentials (`NOAUTH`,
+    /// `WRONGPASS`): the server refuses every command then, and the denial's own warning names
+    /// the fix (the URL's password), which a warning about `CLIENT` grants would hide.
     pub(super) fn refused(&self, code: &str, detail: Option<&str>) {
+        if matches!(code, "NOAUTH" | "WRONGPASS") {
+            return;
+        }
         if !self.warned.swap(true, Ordering::Relaxed) {
             tracing::warn!(
                 server = %self.server,

@@ -172,7 +172,7 @@ fn node_url(template: &str, addr: &str) -> String {
 
 /// The redirect `e` reports, if it is one (`MOVED`, `ASK`).
 fn redirect_of(e: &Error) -> Option<Redirect> {
-    let r = std::error::Error::source(e).and_then(|s| s.downcast_ref::<redis::RedisError>())?;
+    let r = super::redis_cause(e)?;
     slots::redirect(r.code()?, r.detail())
 }
 

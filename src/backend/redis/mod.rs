@@ -485,6 +485,40 @@ impl Failure {
     }
 }
 
+/// A `redis` crate error as the source of an [`Error`]: each cause said once. redis-rs's error
+/// prints its cause's text and also returns that cause from `source()` (an I/O error, an error
+/// reply), so a reporter walking the chain would say it twice; this prints an error reply as
+/// the server sent it (`ERR DB index is out of range`) and passes over a cause that says the
+/// same.
+#[derive(Debug)]
+pub(crate) struct Cause(pub(crate) redis::RedisError);
+
+impl std::fmt::Display for Cause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.0.code(), self.0.detail()) {
+            (Some(code), Some(detail)) => write!(f, "{code} {detail}"),
+            (Some(code), None) => f.write_str(code),
+            _ => std::fmt::Display::fmt(&self.0, f),
+        }
+    }
+}
+
+impl std::error::Error for Cause {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        let inner = std::error::Error::source(&self.0)?;
+        if self.0.code().is_some() || inner.to_string() == self.0.to_string() {
+            return inner.source();
+        }
+        Some(inner)
+    }
+}
+
+/// The redis-rs error a newcache error's source is, if it is one.
+pub(super) fn redis_cause(e: &Error) -> Option<&redis::RedisError> {
+    let c = std::error::Error::source(e)?.downcast_ref::<Cause>()?;
+    Some(&c.0)
+}
+
 /// A `redis` crate error as a transport fault (`write`: the command may have run) or an answer.
 pub(crate) fn failure_of(e: redis::RedisError, write: bool) -> Failure {
     classify(e, false, write)
@@ -504,12 +538,12 @@ pub(crate) fn select_failure(e: redis::RedisError, db: i64) -> Failure {
         && e.detail()
             .is_some_and(|d| d.contains("DB index is out of range"))
     {
+        // The server's words are the source's, not repeated here.
         let message = format!(
-            "the server refused the URL's database {db} (SELECT: {}; a server has `databases` \
-             of them, 16 by default, numbered from 0)",
-            e.detail().unwrap_or_default()
+            "the server refused the URL's database {db} (SELECT; a server has `databases` of \
+             them, 16 by default, numbered from 0)"
         );
-        return Failure::Local(Error::with_source(ErrorKind::Backend, message, e));
+        return Failure::Local(Error::with_source(ErrorKind::Backend, message, Cause(e)));
     }
     connect_failure(e)
 }
@@ -555,17 +589,13 @@ fn classify(e: redis::RedisError, connect: bool, write: bool) -> Failure {
     if e.code().is_some() {
         // An error reply (the client libraries give most inline, as `Value::ServerError`): the
         // server answered.
+        // What the server said is the source.
         let message = if connect {
-            // The set-up's command the server refused (`SELECT`, ...): its reply said.
-            format!(
-                "could not connect: the server refused the connection's set-up ({} {})",
-                e.code().unwrap_or_default(),
-                e.detail().unwrap_or_default()
-            )
+            "could not connect: the server refused the connection's set-up"
         } else {
-            "the server refused the command".to_owned()
+            "the server refused the command"
         };
-        return Failure::Local(Error::with_source(ErrorKind::Backend, message, e));
+        return Failure::Local(Error::with_source(ErrorKind::Backend, message, Cause(e)));
     }
     let kind = if e.is_timeout() {
         ErrorKind::Timeout
@@ -577,7 +607,7 @@ fn classify(e: redis::RedisError, connect: bool, write: bool) -> Failure {
         (false, true) => "no reply in time",
         (false, false) => "i/o error talking to the server",
     };
-    let fault = Error::with_source(kind, message, e);
+    let fault = Error::with_source(kind, message, Cause(e));
     // A write whose reply never came may have been applied: never retried.
     Failure::Fault(if write {
         fault.with_outcome_unknown()
@@ -1181,7 +1211,7 @@ impl RedisBackend {
                 ErrorKind::Backend,
                 "a pooled connection closed before the server answered (closed while idle, or \
                  its reply lost: the write may have run, and is not sent again)",
-                e,
+                Cause(e),
             )
             .with_outcome_unknown(),
         ))

@@ -266,7 +266,7 @@ impl<T> Request<T> {
                      master; whether a replica has it is not known; with redis_wait the URL's \
                      user needs WAIT)"
                 ),
-                redis::RedisError::from(e),
+                super::Cause(redis::RedisError::from(e)),
             ),
             other => Error::backend(format!(
                 "{WAIT_SHORT}answered {other:?}, not a count of replicas (the write is on the \
@@ -449,11 +449,11 @@ fn refused(e: redis::ServerError) -> Error {
     if e.code() == "CLUSTERDOWN" {
         // Its keys alone: the node serves the others (`cluster-require-full-coverage no`), or
         // refuses every key while the cluster is down. What the node said tells which.
-        let said = format!(
-            "the cluster refused the command (CLUSTERDOWN {})",
-            e.details().unwrap_or("without a reason")
+        return Error::with_source(
+            ErrorKind::Backend,
+            "the cluster refused the command",
+            super::Cause(redis::RedisError::from(e)),
         );
-        return Error::with_source(ErrorKind::Backend, said, redis::RedisError::from(e));
     }
     if e.code() == "NOTCOUNTER" {
         return Error::new(
@@ -464,7 +464,7 @@ fn refused(e: redis::ServerError) -> Error {
     Error::with_source(
         ErrorKind::Backend,
         "the server refused the command",
-        redis::RedisError::from(e),
+        super::Cause(redis::RedisError::from(e)),
     )
 }
 
@@ -488,7 +488,7 @@ pub(super) fn not_serving_yet(code: &str, detail: Option<&str>) -> bool {
 /// The error reply `e` reports (its code, `READONLY`, `LOADING`, ..., and detail), if it
 /// reports one.
 fn refusal(e: &Error) -> Option<(&str, Option<&str>)> {
-    let r = std::error::Error::source(e)?.downcast_ref::<redis::RedisError>()?;
+    let r = super::redis_cause(e)?;
     Some((r.code()?, r.detail()))
 }
 
@@ -1647,10 +1647,11 @@ mod tests {
         };
         let e = refused(e);
         assert!(!e.to_string().contains("  "), "{e}");
-        assert!(
-            e.to_string().contains("CLUSTERDOWN Hash slot not served"),
-            "what the node said: {e}"
-        );
+        // What the node said is the cause, in its words, said once.
+        let cause = std::error::Error::source(&e).expect("the node's reply");
+        assert_eq!(cause.to_string(), "CLUSTERDOWN Hash slot not served");
+        assert!(cause.source().is_none());
+        assert!(!e.to_string().contains("CLUSTERDOWN"), "{e}");
     }
 
     #[test]

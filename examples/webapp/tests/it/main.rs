@@ -517,6 +517,91 @@ mod prometheus {
     }
 }
 
+/// The example binary (`examples/webapp.rs`), built if it is not (`cargo test --test it`
+/// builds no example), beside this test's own binary.
+fn example_binary() -> std::path::PathBuf {
+    let built = std::process::Command::new(env!("CARGO"))
+        .args([
+            "build",
+            "--quiet",
+            "-p",
+            "newcache-webapp",
+            "--example",
+            "webapp",
+        ])
+        .status()
+        .expect("cargo runs");
+    assert!(built.success(), "the webapp example builds");
+    // target/debug/deps/it-<hash> -> target/debug/examples/webapp
+    let exe = std::env::current_exe().unwrap();
+    exe.parent()
+        .and_then(|deps| deps.parent())
+        .unwrap()
+        .join("examples/webapp")
+}
+
+/// A cache whose server does not answer at startup stops the service at once, non-zero, with
+/// `ping()`'s message: what is wrong and where (nothing listens there; the password is wrong),
+/// rather than a service that serves every request from the database with one warning logged.
+#[test]
+fn the_service_will_not_start_without_its_cache_and_says_why() {
+    let closed = server::free_port();
+    let redis = server::RedisServer::start_with_password("right");
+    let cases = [
+        (
+            format!("redis://127.0.0.1:{closed}/0"),
+            format!("127.0.0.1:{closed}"),
+            "Connection refused",
+        ),
+        (
+            format!("redis://:n0t-the-one@127.0.0.1:{}/0", redis.port),
+            format!("127.0.0.1:{}", redis.port),
+            "password",
+        ),
+    ];
+    let exe = example_binary();
+    for (url, server, why) in cases {
+        let db = std::env::temp_dir().join(format!(
+            "newcache-webapp-test-{}-unreachable.sqlite",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_file(&db);
+        let mut child = std::process::Command::new(&exe)
+            .args(["--port", "0", "--rows", "2000", "--db"])
+            .arg(&db)
+            .env_remove("MEMCACHED_SERVERS")
+            .env("REDIS_URL", &url)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("{url}: the service started without its cache");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut said = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut said).unwrap();
+        assert_eq!(status.code(), Some(1), "{url}: {said}");
+        assert!(said.contains("did not answer"), "{url}: {said}");
+        assert!(
+            said.contains(&server) && said.contains(why),
+            "{url}: {said}"
+        );
+        assert!(
+            !said.contains("n0t-the-one"),
+            "the password is never printed: {said}"
+        );
+        assert!(!db.exists(), "stopped before seeding: {}", db.display());
+    }
+}
+
 /// Two processes starting on a new database at once: one seeds, the other waits for its
 /// transaction and finds the seed done.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

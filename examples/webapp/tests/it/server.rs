@@ -124,3 +124,43 @@ fn is_root() -> bool {
         .map(|o| o.stdout.starts_with(b"0"))
         .unwrap_or(false)
 }
+
+/// A `redis-server` on 127.0.0.1:port wanting `password`, killed when dropped.
+pub struct RedisServer {
+    pub port: u16,
+    child: Child,
+}
+
+impl RedisServer {
+    pub fn start_with_password(password: &str) -> RedisServer {
+        let port = free_port();
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args([
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--requirepass",
+                password,
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server is installed (see .ci/run)");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "redis-server did not come up");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        RedisServer { port, child }
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
