@@ -167,7 +167,8 @@ stats! {
     /// response cache's fill) that joined a load of this process (once per join: also when
     /// the leader answers it at once with the stale value it holds while it refreshes, which a
     /// hot key's expiry does for every caller that arrives during the leader's claim), or that
-    /// found another process's claim or placeholder and polled for it (once per call). Callers
+    /// found another process's claim or placeholder and polled for it (once per run of the
+    /// herd protocol: a call that takes over undecodable bytes runs it again). Callers
     /// that really waited, and for how long: [`waited`](Stats::waited) and
     /// [`wait_micros`](Stats::wait_micros).
     lease_waits => "newcache_lease_waits_total",
@@ -179,8 +180,10 @@ stats! {
     /// once per wait: one whose leader panicked and that then waits again counts twice.
     waited => "newcache_waited_total",
     /// How long the [`waited`](Stats::waited) callers waited, in microseconds, in all (their
-    /// mean wait: `wait_micros / waited`). With the `metrics` feature, each wait is a sample
-    /// of the histogram `newcache_wait_seconds`.
+    /// mean wait: `wait_micros / waited`), by the process's monotonic clock (not the cache's
+    /// [`Clock`](crate::Clock), so a mock clock or tokio's paused time do not advance it).
+    /// With the `metrics` feature, each wait is a sample of the histogram
+    /// `newcache_wait_seconds`.
     wait_micros,
     /// Loader calls: each time `get_or_set_with`, `get_or_set_with_background` or
     /// `get_many_or_set_with` (one call per batch) ran the loader it was given, because the

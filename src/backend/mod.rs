@@ -399,26 +399,44 @@ thread_local! {
 pub(crate) trait Traced: std::future::Future + Sized {
     /// `self` instrumented with `span`; when the span is enabled, the operation's "server
     /// recorded" flag is this thread's while `self` is polled.
-    fn traced(self, span: tracing::Span) -> impl std::future::Future<Output = Self::Output> {
-        in_span(span, self)
+    fn traced(self, span: tracing::Span) -> InSpan<Self> {
+        let noted = (!span.is_disabled()).then_some(false);
+        InSpan {
+            op: tracing::Instrument::instrument(self, span),
+            noted,
+        }
     }
 }
 
-/// [`Traced::traced`].
-async fn in_span<F: std::future::Future>(span: tracing::Span, op: F) -> F::Output {
-    if span.is_disabled() {
-        return op.await;
+pin_project_lite::pin_project! {
+    /// An operation's future in its span ([`Traced::traced`]): as small as the instrumented
+    /// future itself (a hit's future is moved through its caller's), plus the flag.
+    pub(crate) struct InSpan<F> {
+        #[pin]
+        op: tracing::instrument::Instrumented<F>,
+        // Whether the operation has recorded its server; `None` while its span is disabled
+        // (nothing is recorded).
+        noted: Option<bool>,
     }
-    let mut noted = false;
-    let mut op = std::pin::pin!(tracing::Instrument::instrument(op, span));
-    std::future::poll_fn(|cx| {
-        let polling = Polling(SERVER_NOTED.replace(Some(noted)));
-        let r = op.as_mut().poll(cx);
-        noted = SERVER_NOTED.get().unwrap_or(false);
+}
+
+impl<F: std::future::Future> std::future::Future for InSpan<F> {
+    type Output = F::Output;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<F::Output> {
+        let this = self.project();
+        let Some(noted) = this.noted else {
+            return this.op.poll(cx);
+        };
+        let polling = Polling(SERVER_NOTED.replace(Some(*noted)));
+        let r = this.op.poll(cx);
+        *noted = SERVER_NOTED.get().unwrap_or(false);
         drop(polling);
         r
-    })
-    .await
+    }
 }
 
 impl<F: std::future::Future> Traced for F {}
@@ -472,4 +490,28 @@ pub(crate) fn parse_counter(bytes: &[u8]) -> Option<u64> {
         return None;
     }
     s.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Traced;
+
+    /// An operation's future in its span is the instrumented future and a flag: a hit's future
+    /// is moved through its caller's, and holding the operation twice doubled it.
+    #[test]
+    fn a_traced_future_holds_its_operation_once() {
+        let op = async {
+            let buf = [7u8; 512];
+            std::future::ready(()).await;
+            buf[3]
+        };
+        let alone = std::mem::size_of_val(&op);
+        let traced = op.traced(tracing::Span::none());
+        let span = std::mem::size_of::<tracing::Span>();
+        assert!(
+            std::mem::size_of_val(&traced) <= alone.next_multiple_of(8) + span + 8,
+            "{} bytes for an operation of {alone}",
+            std::mem::size_of_val(&traced)
+        );
+    }
 }

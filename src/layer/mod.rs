@@ -263,7 +263,8 @@ impl ResponseCacheLayer {
     /// hit-for-pass marker read on the way), `misses` entries found missing,
     /// `loader_calls` origin calls made to fill the cache (a `MISS`, a refresh, a
     /// revalidation; not a `PASS`), `loader_errors` those that failed (an origin error, a
-    /// `5xx`), `lease_waits` requests that waited for another's fill, and the backend's
+    /// `5xx`), `lease_waits` requests that joined another's fill (answered at once with the
+    /// stale page it serves, or after its fill: `waited` counts only the latter), and the backend's
     /// errors those of the layer's own reads and writes. With the `metrics` feature the same
     /// counts go to the `newcache_*` metrics labelled `cache` (the cache's name) and `layer`
     /// (the [namespace](ResponseCacheBuilder::namespace)).
