@@ -1,5 +1,7 @@
-//! Adversarial review (round 2) of the Redis backend's split request, waited writes and get
-//! paths: each test here fails on the code it was written against, and names what it shows.
+//! Waited writes (`redis_wait`): an async waited write follows a failover as a sync one does, a
+//! replica gone holds up no read, and waited connections of an undriven runtime mark no healthy
+//! server dead; also a sync batch over hung masters, bounded by one `connect_timeout` and one
+//! `io_timeout`.
 
 use std::time::{Duration, Instant};
 
@@ -93,7 +95,7 @@ fn an_async_waited_write_after_a_failover_goes_to_the_new_master_as_a_sync_one_d
 /// whole timeout and answers 0.
 fn replica_gone(master: &crate::fixture::RedisServer) {
     let dir = std::env::temp_dir().join(format!(
-        "newcache-review2-replica-{}-{}",
+        "newcache-wait-replica-{}-{}",
         std::process::id(),
         master.port
     ));

@@ -1,6 +1,6 @@
-//! Adversarial review (round 9) of 351bcd2, 5b52ce8 and 9f637e3: the cluster batch's
-//! connects' deadline moved on by reading time, and the sync pool's `SELECT` answered with a
-//! plain `ERR`.
+//! A server at `maxclients` is a failed connect, not a refused database or password: a delete it
+//! refused is replayed; a missing database is named by the async view too; cluster batches whose
+//! slot-map refresh or stale connections meet hung masters last about one `connect_timeout`.
 
 use std::time::{Duration, Instant};
 
