@@ -13,7 +13,7 @@ use crate::redis_cluster::{keys_on_masters, master_of, no_failover, node, slot_o
 const S: fn(u64) -> Duration = Duration::from_secs;
 const MS: fn(u64) -> Duration = Duration::from_millis;
 
-/// Finding: a sync cluster batch's nodes share one `connect_timeout` (`many`'s `by`), and the
+/// A sync cluster batch's nodes share one `connect_timeout` (`many`'s `by`), and the
 /// `PING` check of a pooled connection idle past 100 ms is bounded by it too
 /// (`checkout`: `within(io_timeout, by)`), floored at GRACE = 10 ms. A hung master asked first
 /// (address order) spends the whole deadline; a healthy master asked next gets 10 ms for its
@@ -285,7 +285,7 @@ fn a_hung_master_asked_after_a_quick_connect_still_counts_its_fault() {
     );
 }
 
-/// Finding: `conn::starved` turns a connect timeout into `Failure::Local` whenever the budget
+/// `conn::starved` turns a connect timeout into `Failure::Local` whenever the budget
 /// `within(connect_timeout, by)` is below `connect_timeout` — and in a cluster batch it always
 /// is, even for the first node (by = batch start + connect_timeout, so by - now is already a
 /// few microseconds short). A master that hangs (or whose host is gone: connect timeouts) is
@@ -336,14 +336,14 @@ fn a_hung_master_asked_first_in_a_sync_batch_still_counts_its_connect_fault() {
     );
 }
 
-/// Finding (the same cause, seen from a failover): a batch's connect timeout to a master that
+/// Seen from a failover: a batch's connect timeout to a master that
 /// hung is `Failure::Local` (`conn::starved`), so `Round::judge` neither lists the node as
 /// failed (no map refresh: `after_failures` wants a fault) nor reroutes its items (`reroute`
 /// wants `is_unsent() && is_fault`). After the cluster promotes the hung master's replica, a
 /// process that talks to that slot range only in batches, and holds no pooled connection to
 /// the old master, keeps sending them to the old master: every batch fails its keys and pays
-/// `connect_timeout`, however long after the failover. Before b471e03 the first such batch
-/// refreshed the map and sent the keys to the new master.
+/// `connect_timeout`, however long after the failover. The first such batch must refresh the
+/// map and send the keys to the new master.
 #[test]
 fn after_a_hung_master_fails_over_a_sync_batch_finds_the_new_master() {
     let cluster = RedisCluster::start("redis-server");
