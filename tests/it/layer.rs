@@ -2691,8 +2691,9 @@ fn counts_of_one_request_during_an_outage(
 /// nothing and counted nothing ... one that does not goes the whole way, which reads and counts
 /// again"), but its read goes through `absorb_read` (in `Cache::start`), which counts the
 /// failed read in `backend_errors` (and the per-server metric) and, absorbed, in
-/// `backend_errors_absorbed`; the request's future then reads again and counts it again. One request during an outage counts two backend errors on
-/// the at-once path, one on the request's future (XFetch on: no at-once path).
+/// `backend_errors_absorbed`; the request's future then reads again and counts it again. One
+/// request during an outage counts two backend errors on the at-once path, one on the
+/// request's future (XFetch on: no at-once path).
 #[test]
 fn a_failed_read_on_the_at_once_path_is_counted_once_not_twice() {
     let seen: Vec<_> = [
