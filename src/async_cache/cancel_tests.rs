@@ -1,6 +1,6 @@
 //! Cancellation of AsyncCache futures at the I/O await points of a load, modelled with a backend
 //! whose replies come late (as the engine's may: a queued write is applied even if its caller
-//! went away). Found by review; each failed before its fix.
+//! went away).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};

@@ -473,7 +473,7 @@ pub(crate) fn no_cas(server: Option<&str>) -> crate::Error {
 pub const DEFAULT_ITEM_SIZE: usize = 1024 * 1024;
 
 /// What memcached 1.6 needs beside the value inside one item: its item header, CAS, the key and
-/// the "\r\n" terminator, rounded up (measured: the largest storable value under a 42-byte key
+/// the "\r\n" terminator, rounded up (the largest value memcached stores under a 42-byte key
 /// with `-I 1m` is `DEFAULT_ITEM_SIZE - 42 - ITEM_OVERHEAD` or a little more).
 pub(crate) const ITEM_OVERHEAD: usize = 64;
 

@@ -587,7 +587,7 @@ mod tests {
         assert_eq!(e.age_secs(9_000), 0, "a clock behind the writer's");
     }
 
-    // ---- Review of the at-once memo (ca52dc1, 50d421a): findings as failing tests. ----
+    // ---- The at-once memo: what it keeps alive, what it remembers, what it decodes. ----
 
     /// A page whose item (three bytes of envelope, then the entry) is exactly `len` bytes long.
     fn item_of_len(fill: u8, len: usize) -> Bytes {
@@ -605,7 +605,7 @@ mod tests {
     }
 
     /// The memo keeps no handle on the items it read (a backend's stored buffer stays the
-    /// backend's: found by review, when the memo held each item), and at most [`MEMO_SLOTS`]
+    /// backend's, even if the memo was built to hold each item), and at most [`MEMO_SLOTS`]
     /// copies of at most [`MEMO_MAX_PAYLOAD`] bytes, which the remembered entries' slices are of.
     #[test]
     fn the_memo_keeps_no_more_than_its_documented_bytes_alive() {
@@ -638,9 +638,8 @@ mod tests {
         );
     }
 
-    /// A hot page stays remembered whatever else is read between its hits (found by review:
-    /// the memo was first in, first out, so four pages read once pushed out a page read between
-    /// every one of them).
+    /// A hot page stays remembered whatever else is read between its hits (a first in, first
+    /// out memo would let four pages read once push out a page read between every one of them).
     #[test]
     fn a_page_read_between_every_other_stays_remembered() {
         let hot = item(&page("hot"));
@@ -701,7 +700,7 @@ mod tests {
             "1x: Entry's decode worked; x1: the memo's worked (x2: it panicked)"
         );
     }
-    // ---- Review of bdc5fc5 (helper, no stake): checks that held (passing). ----
+    // ---- The memo's order of slots and its size limit. ----
 
     fn order() -> Vec<Bytes> {
         MEMO.with(|m| m.borrow().slots.iter().map(|r| r.payload.clone()).collect())

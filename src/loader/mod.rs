@@ -379,7 +379,7 @@ impl Cache {
         let span = self.span("get_or_set_with", &derived);
         let _entered = span.enter();
         // A failed read is left to the request's future, which reads again and counts the
-        // failure once (found by review: absorbed here, it was counted twice).
+        // failure once (absorbed here too, it would be counted twice).
         let read = self.inner.config.backend.get(&derived).ok()?;
         let limit = self.inner.config.backend.max_value_size(&derived);
         let (_, first, now) = self

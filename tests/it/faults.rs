@@ -795,7 +795,7 @@ fn a_blackholed_server_never_delays_the_others() {
 
 /// A clean restart leaves the pool full of stale connections: the first one to fail drops them
 /// all instead of counting toward ejection, so the restarted server serves again at the next
-/// call, with the default settings (it was ejected for a second, 100 errors in a review run).
+/// call, with the default settings (not ejected for a second with errors meanwhile).
 #[test]
 fn stale_pooled_connections_do_not_eject_a_restarted_server() {
     let mut server = Memcached::start();

@@ -1969,7 +1969,6 @@ async fn a_variant_that_stopped_varying_is_revalidated(env: Env, reload: &str, o
 // ---------------------------------------------------------------------------------------------
 // The hit answered in `call` (a backend that answers at once: memory) and the request's future
 // (memcached) must agree: on what is counted, on XFetch's odds, on the origin's readiness.
-// Found by review; each failed on the first version of the at-once path.
 
 on_backend_async!(
     at_once_memory,
@@ -2212,8 +2211,8 @@ async fn early_refresh_is_drawn_once_per_request(env: Env) {
     );
 }
 // ---------------------------------------------------------------------------------------------
-// Found by the review of an always-ready design (bc227e7, reverted): waiters behind a fill that
-// queued for the origin timed out and stampeded it. Readiness, its errors, a request dropped
+// An always-ready layer would let waiters behind a fill that queued for the origin time out and
+// stampede it. Readiness, its errors, a request dropped
 // while the origin is busy, and the counts, on memory (at once) and memcached (async).
 
 on_backend_async!(
@@ -2451,7 +2450,7 @@ where
     }
 }
 
-// ---- Review of the at-once memo (ca52dc1, 50d421a) ----
+// ---- The at-once memo ----
 
 /// A memory backend on `clock`, seen and steered through the fixture's [`Hooked`].
 fn watched(clock: Arc<newcache::testing::MockClock>) -> Arc<Hooked> {
@@ -2495,8 +2494,8 @@ fn page_bytes_left_behind(early_refresh: bool) -> bool {
 }
 
 /// The at-once hit path's thread-local memo holds no handle on the memory backend's stored
-/// buffers (found by review: it held each item it read, so a page's stored bytes outlived their
-/// cache on every thread that served it). The async path (XFetch on) is the control.
+/// buffers (holding each item it read would keep a page's stored bytes alive past their cache
+/// on every thread that served it). The async path (XFetch on) is the control.
 #[test]
 fn a_page_served_at_once_is_not_kept_alive_after_its_cache_is_dropped() {
     assert!(
@@ -2646,7 +2645,7 @@ fn the_memo_serves_what_a_fresh_decode_serves() {
     assert_eq!(memo_counts, fresh_counts, "(hits, misses, stale)");
 }
 
-// ---- Review of bdc5fc5 / 9b78762 (helper, no stake): findings as failing tests ----
+// ---- The at-once path: what an outage counts, what a request without a host invalidates ----
 
 /// One GET through the layer while the backend's reads fail, with hits answered at once or
 /// (the control) with XFetch on at a draw too small to ever refresh early: what it counted
@@ -2690,11 +2689,11 @@ fn counts_of_one_request_during_an_outage(
 
 /// `served_now` is documented to count nothing when it does not serve ("having changed
 /// nothing and counted nothing ... one that does not goes the whole way, which reads and counts
-/// again"), but its read goes through `absorb_read` (in `Cache::start`, as it went through
-/// `first_read` before 9b78762), which counts the failed read in `backend_errors` (and the
-/// per-server metric) and, absorbed, in `backend_errors_absorbed`; the request's future then
-/// reads again and counts it again. One request during an outage counts two backend errors on
-/// the at-once path, one on the request's future (XFetch on: no at-once path).
+/// again"), but its read goes through `absorb_read` (in `Cache::start`), which counts the
+/// failed read in `backend_errors` (and the per-server metric) and, absorbed, in
+/// `backend_errors_absorbed`; the request's future then reads again and counts it again. One
+/// request during an outage counts two backend errors on the at-once path, one on the
+/// request's future (XFetch on: no at-once path).
 #[test]
 fn a_failed_read_on_the_at_once_path_is_counted_once_not_twice() {
     let seen: Vec<_> = [

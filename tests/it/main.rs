@@ -7,6 +7,8 @@ mod async_cache;
 mod async_faults;
 mod behaviour;
 mod cluster;
+#[cfg(feature = "redis")]
+mod cluster_hung_masters;
 mod docs;
 mod faults;
 mod fixture;
@@ -33,23 +35,19 @@ mod redis_batch;
 #[cfg(feature = "redis")]
 mod redis_cluster;
 #[cfg(feature = "redis")]
+mod redis_connect_deadlines;
+#[cfg(feature = "redis")]
+mod redis_connect_setup;
+#[cfg(feature = "redis")]
+mod redis_database;
+#[cfg(feature = "redis")]
+mod redis_maxclients;
+#[cfg(feature = "redis")]
 mod redis_scripting;
 #[cfg(feature = "redis-tls")]
 mod redis_tls;
 #[cfg(feature = "redis")]
-mod review10;
-#[cfg(feature = "redis")]
-mod review2;
-#[cfg(feature = "redis")]
-mod review5;
-#[cfg(feature = "redis")]
-mod review6;
-#[cfg(feature = "redis")]
-mod review7;
-#[cfg(feature = "redis")]
-mod review8;
-#[cfg(feature = "redis")]
-mod review9;
+mod redis_wait;
 #[path = "../../src/test_support.rs"]
 mod test_support;
 mod values;

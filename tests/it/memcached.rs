@@ -484,7 +484,7 @@ fn pipelined_sync_needs_a_connection() {
     assert!(err.is_config(), "{err}");
 }
 
-/// Review: the sync `Cache` called from a tokio task (a `#[tokio::main]` body, say) while
+/// The sync `Cache` called from a tokio task (a `#[tokio::main]` body, say) while
 /// another thread also uses it: after about 128 calls that went through the engine in one
 /// poll of the task, the task's coop budget is spent and the call never returns (it spins).
 #[test]

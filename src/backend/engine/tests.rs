@@ -489,7 +489,7 @@ async fn pipelined_gets_under_load_get_their_own_values() {
     assert!(lines * 2 < gets, "{gets} get ops in {lines} lines: merging");
 }
 
-/// Test 3, deterministic: gets queued while the writer has not run yet share lines.
+/// Deterministic: gets queued while the writer has not run yet share lines.
 #[tokio::test]
 async fn concurrent_gets_are_merged_into_few_lines() {
     let mc = Memcached::start();
@@ -513,7 +513,7 @@ async fn concurrent_gets_are_merged_into_few_lines() {
     assert!(lines <= 30, "{gets} gets took {lines} lines");
 }
 
-/// Test 4: 10,000 cancelled calls under load never give anyone a wrong value.
+/// 10,000 cancelled calls under load never give anyone a wrong value.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancellations_never_cross_replies() {
     let mc = Memcached::start();
@@ -594,7 +594,7 @@ async fn cancellations_never_cross_replies() {
     }
 }
 
-/// Test 5: a get dropped after it was written, its large reply not yet read: the next ops on
+/// A get dropped after it was written, its large reply not yet read: the next ops on
 /// that connection get their own replies.
 #[tokio::test]
 async fn a_get_dropped_mid_reply_leaves_the_connection_in_step() {
@@ -635,7 +635,7 @@ async fn a_get_dropped_mid_reply_leaves_the_connection_in_step() {
     );
 }
 
-/// Test 5, deterministic: a server sends half of a large value and waits; the get is dropped
+/// Deterministic: a server sends half of a large value and waits; the get is dropped
 /// once the reader holds that half; the rest arrives, then the next get's reply: it is that
 /// get's own.
 #[tokio::test]
@@ -1099,7 +1099,7 @@ async fn batches_of_100k_go_in_bounded_rounds_whatever_the_read_sizes() {
     }
 }
 
-/// Test 6, a stopped server: what is queued behind many unanswered requests is held, not
+/// A stopped server: what is queued behind many unanswered requests is held, not
 /// written (Nagle's rule); then everything fails together within about io_timeout (the written
 /// store as outcome unknown, the held ones not: they never reached the wire); after SIGCONT it
 /// serves again.
@@ -1224,7 +1224,7 @@ async fn a_request_pushed_while_a_deadline_is_armed_times_out_on_time() {
     }
 }
 
-/// Test 6, a killed server among three: only its keys fail, it is not connected to in a hot
+/// A killed server among three: only its keys fail, it is not connected to in a hot
 /// loop while down, and after a restart on the same port it serves again quickly.
 #[tokio::test]
 async fn a_killed_server_fails_only_its_keys_and_returns_after_a_restart() {
@@ -1286,7 +1286,7 @@ async fn a_killed_server_fails_only_its_keys_and_returns_after_a_restart() {
     assert_eq!(value(&e.get(probe).await), Some(&v[..]));
 }
 
-/// Test 7: an engine used on one runtime, which then shuts down, works on the next one; a
+/// An engine used on one runtime, which then shuts down, works on the next one; a
 /// get queued on the old runtime's connection while that runtime sat idle is answered once it
 /// is gone (retried on a fresh connection), not left hanging.
 #[test]
@@ -1339,7 +1339,7 @@ fn a_new_runtime_reconnects() {
     assert!(e.connects(0) > connects, "reconnected");
 }
 
-/// Test 8: bad input is refused before anything is written, and the connection goes on.
+/// Bad input is refused before anything is written, and the connection goes on.
 #[tokio::test]
 async fn invalid_input_writes_nothing() {
     let mc = Memcached::start();
@@ -1642,9 +1642,8 @@ fn measure() {
     let latency = |rt: &tokio::runtime::Runtime| {
         let (e, addr) = (e.clone(), mc.addr());
         let task = rt.spawn(async move {
-            // Both on one server thread. On these VMs a memcached thread answers a lone client
-            // in about 15 µs or in about 55 µs (where the scheduler put it), so sockets served
-            // by different threads are not comparable. memcached hands new connections to its
+            // Both on one server thread: a memcached thread's answer time depends on where the
+            // scheduler put it, so sockets served by different threads are not comparable. memcached hands new connections to its
             // (2) threads in turn: the engine's connection (a lone caller keeps one), another,
             // then the bare socket.
             assert!(e.get("k").await.unwrap().is_none());
@@ -1779,8 +1778,8 @@ fn a_slow_link_the_pool_serves_is_served_by_the_engine() {
 /// merged line in one write.
 #[tokio::test]
 async fn a_busy_connection_gathers_what_is_queued_until_its_reply_is_read() {
-    use review3::{answer_busy, busy, fake, turns, warm};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use writer_hold::{answer_busy, busy, fake, turns, warm};
     let (listener, e) = fake().await;
     let mut peer = warm(&listener, &e).await;
     let get = |k: &'static str| {
@@ -1816,9 +1815,10 @@ async fn a_busy_connection_gathers_what_is_queued_until_its_reply_is_read() {
     assert_eq!(e.writes(), writes + 1);
 }
 
-/// Review 3 (adversarial review of the CPU-per-get changes, b94cc15..ea7dfd6): tests that show
-/// what the changes got wrong. Each is named for the behaviour it expects.
-mod review3 {
+/// The writer's hold (Nagle's rule) and pipelining: what a lone caller, a caller who gave up, a
+/// filled round and two tasks sharing a connection get from it; also the fake server the tests
+/// of the hold share. Each test is named for the behaviour it expects.
+mod writer_hold {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -1922,7 +1922,7 @@ mod review3 {
         }
     }
 
-    /// Finding 1: one caller, no other traffic. A `get_many` of 200 keys on one server is two
+    /// One caller, no other traffic. A `get_many` of 200 keys on one server is two
     /// `gets` lines (128 keys per line): the first goes out directly (the connection is idle),
     /// the second is queued and the writer holds it until the first line's reply is read,
     /// so a lone caller's batch takes two round trips where it took one. Not a "rest": the
@@ -1955,7 +1955,7 @@ mod review3 {
         );
     }
 
-    /// Finding 1 (writes): a lone caller's `store_many` of two keys on one server: the first
+    /// a lone caller's `store_many` of two keys on one server: the first
     /// set goes out directly, the second is held for the first's reply (two round trips).
     #[tokio::test]
     async fn a_lone_callers_store_many_is_written_without_waiting_for_a_reply() {
@@ -1982,7 +1982,7 @@ mod review3 {
         );
     }
 
-    /// Finding 2: a get the writer holds (Nagle) whose caller gives up meanwhile is still
+    /// A get the writer holds (Nagle) whose caller gives up meanwhile is still
     /// written: ARCHITECTURE.md says a get not yet written is skipped (a dropped future costs
     /// the server nothing), but the hold takes the op into its round, so the closed waiter is
     /// not looked at again before the line is encoded a round trip later. (The connection is
@@ -2035,7 +2035,7 @@ mod review3 {
         );
     }
 
-    /// Finding 3: "a full round goes at once (a large batch keeps two rounds in flight)" does
+    /// "a full round goes at once (a large batch keeps two rounds in flight)" does
     /// not hold for a round that fills while the writer holds: the writer sleeps on `drained`
     /// only, nothing wakes it when the queue fills, so 2,048 keys queued behind a held single
     /// get wait for an unrelated reply. The keys come from 16 callers' gets of 128 keys each
@@ -2081,12 +2081,12 @@ mod review3 {
         );
     }
 
-    /// Finding 4: two tasks on one connection (a current-thread runtime, as `Blended`'s engine
+    /// Two tasks on one connection (a current-thread runtime, as `Blended`'s engine
     /// thread and many services run). The reader wakes the writer (`drained`) before the
     /// caller whose reply it read, so the writer writes the other caller's held get alone; the
     /// woken caller then queues behind it and is held in turn. The two never have a request on
     /// the wire together: every get waits a whole extra round trip for the other's, and the
-    /// connection carries one request at a time (before c4c555d: two, pipelined).
+    /// connection carries one request at a time (it should carry two, pipelined).
     ///
     /// The same lockstep came back through the writer's yield: the reader, run during it, read
     /// the other task's reply and woke it to run after the writer, which then wrote its one get
@@ -2340,9 +2340,9 @@ mod review3 {
     }
 }
 
-/// Review 5 of the writer's hold (05cf230): what a cancelled held write does to the wire.
-mod review5 {
-    use super::review3::{answer_busy, busy, count, fake, read_until, turns, warm};
+/// What a cancelled held write does to the wire.
+mod cancelled_held_writes {
+    use super::writer_hold::{answer_busy, busy, count, fake, read_until, turns, warm};
     use super::*;
     use tokio::io::AsyncWriteExt;
 

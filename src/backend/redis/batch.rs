@@ -26,8 +26,8 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 /// `MGET`s on the wire at a time: the next batches gather and go while earlier ones are
-/// answered. Measured from 64 tasks on one connection (benches/results/2026-12-05-t1/NOTES.md):
-/// 8 cuts the p99 by a quarter against 2, and 16 gains nothing over 8.
+/// answered. Two in flight leave many tasks' reads queued behind one round trip (a high p99);
+/// past eight, more in flight no longer shortens the wait.
 const FLIGHTS: usize = 8;
 /// Keys per `MGET` at most.
 const KEYS: usize = 512;

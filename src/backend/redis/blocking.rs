@@ -6,8 +6,8 @@
 //! other type (an error reply, RESP3's maps, sets, doubles, pushes...) is found whole, then
 //! given to redis-rs's parser, so a [`Value`] is always what redis-rs would have made of the
 //! same bytes. redis-rs's sync `Connection` reads every reply through its combinator parser, a
-//! buffer it zeroes as it grows, and a `Vec` a value: on a 100-key batch over a cluster that
-//! was the largest part of the backend's own work (`benches/results/2026-12-07/NOTES.md`).
+//! buffer it zeroes as it grows, and a `Vec` a value: on a large batch over a cluster that
+//! was the largest part of the backend's own work.
 //!
 //! A connection that met an I/O error, the server's end of the stream, or bytes that are not
 //! RESP is no longer [`open`](Blocking::is_open): the pool drops it.

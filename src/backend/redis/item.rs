@@ -9,10 +9,10 @@
 //! Redis has no CAS token, so every write newcache makes carries a fresh random **stamp**: the
 //! item's token is its stamp, read back for free with the value, and a fenced write (a `cas`)
 //! compares the stored stamp in a one-key Lua script (`script.rs`) before it writes. Chosen over
-//! a digest of the value (the first suggestion): a digest must be computed over every
-//! value read, on the client, and over the stored value on the server at every fenced write (up
-//! to a megabyte hashed per claim), and two writes of the same bytes would share a token; a stamp
-//! costs 8 bytes and one comparison, and is new with every write, as memcached's CAS is.
+//! a digest of the value: a digest must be computed over every value read, on the client, and
+//! over the stored value on the server at every fenced write (up to a megabyte hashed per claim),
+//! and two writes of the same bytes would share a token; a stamp costs 8 bytes and one
+//! comparison, and is new with every write, as memcached's CAS is.
 //!
 //! A value another client wrote (no tag, or shorter than the header) is **foreign**: it reads as
 //! an item with flags 0, whole, so the cache's decode policy sees bytes it cannot read; its token

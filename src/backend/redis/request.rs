@@ -1636,9 +1636,9 @@ mod tests {
         assert!(format!("{e:?}").contains("loading the dataset"), "{e:?}");
     }
 
-    /// Review 2: a `CLUSTERDOWN` refusal's message is one sentence, not a string literal's
-    /// source indentation (`request.rs` `refused`: the line break lost its `\`, leaving 14
-    /// spaces inside the text every caller and log line shows).
+    /// A `CLUSTERDOWN` refusal's message is one sentence, not a string literal's source
+    /// indentation (a line break in `refused`'s literal without its `\` leaves spaces inside
+    /// the text every caller and log line shows).
     #[test]
     fn a_clusterdown_refusal_reads_as_one_sentence() {
         let v = redis::parse_redis_value(b"-CLUSTERDOWN Hash slot not served\r\n").unwrap();

@@ -1,5 +1,6 @@
-//! Adversarial review (round 8) of cda5b6e: the sync pool's own `SELECT`, starved checks,
-//! per-round connect deadlines.
+//! The URL's database: the sync pool's own `SELECT` lands in it (RESP3, a password, TLS), a busy
+//! server is not reported as lacking it, a user without `SELECT` is told so, a write to a missing
+//! database is not queued for replay; also a batch whose `ASK` names a hung master.
 
 use std::time::{Duration, Instant};
 

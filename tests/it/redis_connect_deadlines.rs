@@ -1,5 +1,6 @@
-//! Adversarial review (round 7) of the cluster batch's reserved checks, `LATE` floor and
-//! starved connects (103686e), and of a blocking connect's set-up under a hung server.
+//! Connect deadlines under a hung server: a healthy master whose check a hung connect starved
+//! counts no fault, a hung server's connect with a password and a database costs one
+//! `connect_timeout`, and a redirect round after a slow read still has its connect deadline.
 
 use std::time::{Duration, Instant};
 

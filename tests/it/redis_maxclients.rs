@@ -1,6 +1,6 @@
-//! Adversarial review (round 9) of 351bcd2, 5b52ce8 and 9f637e3: the cluster batch's
-//! connects' deadline moved on by reading time, and the sync pool's `SELECT` answered with a
-//! plain `ERR`.
+//! A server at `maxclients` is a failed connect, not a refused database or password: a delete it
+//! refused is replayed; a missing database is named by the async view too; cluster batches whose
+//! slot-map refresh or stale connections meet hung masters last about one `connect_timeout`.
 
 use std::time::{Duration, Instant};
 
@@ -33,8 +33,8 @@ pub(crate) fn maxclients(a: &mut redis::Connection, n: u32) {
 /// command, and closes the connection: the reply comes as the answer to the set-up's first
 /// command (`SELECT` with database 3, `CLIENT INFO` with 0). The delete it refused never
 /// reached the server, so it is queued for replay, sync and async, on Redis and Valkey; and the
-/// error does not blame the database. 9f637e3 gave the sync `SELECT`'s error the reply as
-/// source, which made it "answered" (`mod.rs::answered`): the delete was not queued and the
+/// error does not blame the database. Giving the sync `SELECT`'s error the reply as its
+/// source made it "answered" (`mod.rs::answered`): the delete was not queued and the
 /// old value survived.
 #[test]
 fn a_delete_refused_at_maxclients_is_replayed_and_not_blamed_on_the_database() {
@@ -166,8 +166,8 @@ fn a_batch_whose_refresh_meets_another_hung_master_lasts_about_one_connect_timeo
 
 /// A read whose pooled connection is found closed is sent again on a fresh connection: in a
 /// batch that connect takes a whole `connect_timeout` (`checkout(None)`), not what is left of
-/// the batch's shared one, and its reply a whole `io_timeout`, not the window's; and 9f637e3
-/// counts that connect as reading time, moving the connects' deadline on by it. Two masters
+/// the batch's shared one, and its reply a whole `io_timeout`, not the window's; counting
+/// that connect as reading time would move the connects' deadline on by it. Two masters
 /// whose connections were closed (a restart, a proxy's idle timeout) and that then hang cost
 /// a batch two `connect_timeout`s.
 #[test]

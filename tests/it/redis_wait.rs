@@ -1,5 +1,7 @@
-//! Adversarial review (round 2) of the Redis backend's split request, waited writes and get
-//! paths: each test here fails on the code it was written against, and names what it shows.
+//! Waited writes (`redis_wait`): an async waited write follows a failover as a sync one does, a
+//! replica gone holds up no read, and waited connections of an undriven runtime mark no healthy
+//! server dead; also a sync batch over hung masters, bounded by one `connect_timeout` and one
+//! `io_timeout`.
 
 use std::time::{Duration, Instant};
 
@@ -12,7 +14,7 @@ use crate::redis_cluster::{master_of, no_failover, slot_of};
 const S: fn(u64) -> Duration = Duration::from_secs;
 const MS: fn(u64) -> Duration = Duration::from_millis;
 
-/// Finding: an async waited write (`redis_wait`) whose master is gone (connect refused, nothing
+/// An async waited write (`redis_wait`) whose master is gone (connect refused, nothing
 /// sent) is not marked `unsent` (`nonblocking.rs` `send_waited`: the failed dial is a plain
 /// fault, where `send`'s connect and the sync pool's checkout say `unsent`), so the cluster does
 /// not send it to the slot's new master after a failover: the first waited write of an
@@ -93,7 +95,7 @@ fn an_async_waited_write_after_a_failover_goes_to_the_new_master_as_a_sync_one_d
 /// whole timeout and answers 0.
 fn replica_gone(master: &crate::fixture::RedisServer) {
     let dir = std::env::temp_dir().join(format!(
-        "newcache-review2-replica-{}-{}",
+        "newcache-wait-replica-{}-{}",
         std::process::id(),
         master.port
     ));
@@ -132,7 +134,7 @@ fn replica_gone(master: &crate::fixture::RedisServer) {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Finding: under `redis_wait` with a replica gone, the sync `Cache`'s reads queue behind
+/// Under `redis_wait` with a replica gone, the sync `Cache`'s reads queue behind
 /// waited writes for the pool's connections: each write holds a pooled connection for its
 /// whole `WAIT`, so with as many writers as `pool_size` a read waits `connect_timeout` for a
 /// connection and fails ("all 2 pooled connections stayed busy"; a miss under the default read
@@ -187,7 +189,7 @@ fn a_replica_gone_under_redis_wait_holds_up_no_sync_read_with_writers_as_many_as
     );
 }
 
-/// Finding: the README says a sync cluster batch "lasts at most one `io_timeout` however many
+/// The README says a sync cluster batch "lasts at most one `io_timeout` however many
 /// masters hang", and the window (`conn::Window`) is meant to make it so. It bounds only the
 /// reads: each node's `begin` (its connect and `CLIENT INFO` round trip: `connect_timeout` +
 /// `io_timeout` against a stopped master; a probe of one marked dead) runs one node after
@@ -196,7 +198,7 @@ fn a_replica_gone_under_redis_wait_holds_up_no_sync_read_with_writers_as_many_as
 /// `fault_refresh_due` stamps a refresh's start, so one that outlasts `retry_interval` lets
 /// the next failed node start another), each asking the hung masters first. With the three
 /// masters stopped, io_timeout and connect_timeout 1 s: `get_many` took 13-18 s a call,
-/// every call (b94cc15: 14-30 s). Phase A isolates the window: no node marked dead, one
+/// every call. Phase A isolates the window: no node marked dead, one
 /// refresh per hour; each call still lasts about three connects (6 s). Fixed: the nodes'
 /// connects (and checks) share one `connect_timeout` (`conn::within`), and a round's failed
 /// nodes one map refresh, which asks them last; the README's promise is now `connect_timeout`
@@ -253,7 +255,7 @@ fn a_sync_batch_over_hung_masters_lasts_about_one_connect_timeout_and_one_io_tim
     );
 }
 
-/// Finding: the idle connections of waited writes (`waited.rs`) each run their driver on the
+/// The idle connections of waited writes (`waited.rs`) each run their driver on the
 /// runtime that opened them, and `lend` skips only those whose driver *ended*. A current-thread
 /// runtime left alive but undriven keeps every waited connection it opened looking usable:
 /// each later waited write from another runtime is lent one, times out on it (`io_timeout`)

@@ -1,6 +1,6 @@
-//! Adversarial review (round 10) of 5ad7a8d: newcache's own connection set-up (`AUTH`,
-//! `SELECT`, `CLIENT INFO`), and a server at `maxclients` in every set-up: RESP3, a database,
-//! a cluster node (whose refusal reads differently), `AUTH`'s old form.
+//! newcache's own connection set-up (`AUTH`, `SELECT`, `CLIENT INFO`), and a server at
+//! `maxclients` in every set-up: RESP3, a database, a cluster node (whose refusal reads
+//! differently), `AUTH`'s old form.
 
 use std::io::{BufRead, BufReader, Write};
 use std::time::Duration;
@@ -9,7 +9,7 @@ use newcache::{Cache, FailurePolicy};
 
 use crate::fixture::{RedisServer, unique_flavor};
 use crate::redis::runtime;
-use crate::review9::maxclients;
+use crate::redis_maxclients::maxclients;
 
 const S: fn(u64) -> Duration = Duration::from_secs;
 const MS: fn(u64) -> Duration = Duration::from_millis;
@@ -45,7 +45,7 @@ fn one_node_cluster(
     (server, a, conf)
 }
 
-/// maxclients behind a password, in the variants review9 does not cover: RESP3 (HELLO AUTH by
+/// maxclients behind a password, in the variants `redis_maxclients` does not cover: RESP3 (HELLO AUTH by
 /// redis-rs), and RESP2 with a database (the async view's AUTH alone then SELECT + CLIENT INFO
 /// pipelined; the sync pool's AUTH + SELECT + CLIENT INFO pipelined).
 #[test]
