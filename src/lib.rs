@@ -1,5 +1,6 @@
-//! A typed cache over memcached that keeps a hot key from being recomputed by every request at
-//! once when it expires: the Rust port of django-newcache.
+//! A typed cache over memcached, Redis, Valkey, a Redis Cluster or process memory that keeps a
+//! hot key from being recomputed by every request at once when it expires: the Rust port of
+//! django-newcache.
 //!
 //! # Quickstart
 //!
@@ -81,6 +82,9 @@
 //! - Redis Cluster (feature `redis`, `CacheBuilder::redis_cluster`): each key on the master of
 //!   its hash slot (no hash tags: every herd write touches one key), `MOVED` and `ASK`
 //!   followed, batches split by master, one master down failing only its own keys.
+//!
+//! What a caller sees when a server is down, hung, restarted or failing over, and what bounds
+//! it, is in the module docs: [`backend::memcached`] and `backend::redis` (feature `redis`).
 //!
 //! A `Cache` and an `AsyncCache` are two views of one cache: [`Cache::to_async`] and
 //! [`AsyncCache::to_sync`] share the store, the stats, the coalescer (a sync and an async caller of
@@ -184,8 +188,9 @@
 //!
 //! # Minimum supported Rust version
 //!
-//! 1.85 (edition 2024), as `rust-version` in Cargo.toml says; 1.88 with the `redis` feature
-//! (the `redis` crate's).
+//! 1.85 (edition 2024), as `rust-version` in Cargo.toml says, with every feature: at the
+//! dependency versions in Cargo.lock, none declares more (redis 1.2 and tokio 1.54 declare
+//! 1.85). A later release of a dependency may.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(missing_docs)]

@@ -1,5 +1,86 @@
 //! The memcached backend: one connection pool per server, keys placed by ketama, batches split by
 //! server: every server's request is written, then every reply read, in the calling thread.
+//!
+//! Built by [`CacheBuilder::memcached`](crate::CacheBuilder::memcached) (one server per entry),
+//! [`memcached_weighted`](crate::CacheBuilder::memcached_weighted) or
+//! [`memcached_list`](crate::CacheBuilder::memcached_list) (`"a:11211,b:11211"`, split on `,`,
+//! `;` and whitespace). It speaks memcached's text protocol, which twemproxy and mcrouter speak
+//! too. `build()` never connects.
+//!
+//! # Connections
+//!
+//! The sync [`Cache`](crate::Cache) keeps one small blocking pool per server
+//! ([`pool_size`](crate::CacheBuilder::pool_size)) for a caller alone and, for callers that
+//! overlap ([`pipelined_sync`](crate::CacheBuilder::pipelined_sync), on by default),
+//! [`async_connections`](crate::CacheBuilder::async_connections) (2) pipelined connections per
+//! server on a thread it starts at the first overlap. `AsyncCache` uses the pipelined
+//! connections only. Both share one health record per server. Keys, expiries and value sizes are
+//! checked before a byte is written: a command goes whole and valid, or not at all.
+//!
+//! # Placement
+//!
+//! libmemcached's weighted ketama (MD5, 160 points per server at equal weights, named
+//! `host:port-i`, or `host-i` on port 11211), checked against placements a real libmemcached
+//! made: a Python app using pylibmc with `behaviors={"ketama": True, "ketama_weighted": True}`
+//! puts each key on the same server (`{"ketama": True}` alone hashes differently). Adding or
+//! removing one of N servers moves about 1/N of the keys. A batch is split by server and costs
+//! about one round trip however many servers it spans.
+//!
+//! # When a server fails
+//!
+//! What a caller sees depends on the failure policies: by default a failed read is a miss,
+//! counted in [`Stats::backend_errors_absorbed`](crate::Stats::backend_errors_absorbed), and a
+//! failed write returns its error
+//! ([`read_failures`](crate::CacheBuilder::read_failures),
+//! [`write_failures`](crate::CacheBuilder::write_failures)).
+//!
+//! - **Down** (connection refused, reset, an unparseable reply). After
+//!   [`failure_limit`](crate::CacheBuilder::failure_limit) (2) consecutive transport faults the
+//!   server is marked dead for [`retry_interval`](crate::CacheBuilder::retry_interval) (1 s),
+//!   with one `tracing` warning. An error reply, a value too large or a wait for a busy pool is
+//!   not a fault. While it is dead its keys fail at once ([`DeadServerPolicy::FailFast`], the
+//!   default) or move to the other servers ([`DeadServerPolicy::Remap`], libmemcached's
+//!   auto-eject; the copies written there are deleted when it returns). After the interval one
+//!   caller probes it; only a successful probe brings it back, with a fresh pool and a second
+//!   warning. A server that fails again soon after coming back waits twice as long before its
+//!   next probe, up to 32 times the interval. A batch fails only the dead server's keys.
+//! - **Hung** (stopped, a full network, a reply that trickles). A caller waits at most
+//!   [`connect_timeout`](crate::CacheBuilder::connect_timeout) (500 ms) for a connection and
+//!   [`io_timeout`](crate::CacheBuilder::io_timeout) (500 ms) for all of an operation's I/O
+//!   (for each round of a large batch), however slowly bytes arrive. A connection that timed
+//!   out or saw an error is dropped, never reused mid-reply. Each server has its own pool, and
+//!   connections are made in the calling thread, so a blackholed server costs only its own
+//!   callers. On a pipelined connection an operation queued behind another caller's large batch
+//!   waits for the rounds ahead of it, each within `io_timeout` of the one before.
+//! - **Restarted.** The first pooled connection found closed before any answer drops the idle
+//!   ones and counts no fault, so the next call connects afresh; a connection idle for 5 minutes
+//!   is closed rather than reused. The call that found it fails. A connection lost after a
+//!   write was sent cannot be told from a lost reply: that write fails with an
+//!   [`is_outcome_unknown`](crate::Error::is_outcome_unknown) error and is never sent twice.
+//!   The restarted server is empty: the next reads miss and reload, one loader per key.
+//! - **Deletes it missed.** While a server is out of reach, this process records (up to
+//!   [`replay_capacity`](crate::CacheBuilder::replay_capacity), 10,000 keys per server) the keys
+//!   it deleted, wrote elsewhere (`Remap`) or failed to write there (the error says `queued for
+//!   replay`). When the server answers again those keys are deleted there before this process
+//!   reads anything from it. Only deletes are replayed. If the record overflows, the values the
+//!   server held from before are judged stale and reloaded rather than served as fresh. Counted
+//!   in `replayed_deletes`, `replay_overflows` and `replays_failed`. Not covered: another
+//!   process that never saw the outage reads the server's old values until one that did makes
+//!   its first call there; counters are not recorded; a plain `set` whose bytes reach the
+//!   server only after the replay lands after it.
+//! - **Without CAS** (memcached started with `-C`: every `gets` reports cas 0). `set`, `get`
+//!   (a stale value is served unclaimed), `delete` and counters work; what needs CAS
+//!   (`get_or_set_with`, `touch`, `add` over a stale value) fails with an
+//!   [`is_unsupported`](crate::Error::is_unsupported) error naming the server and `-C`, and
+//!   blocks no one. A batch loader loads that server's keys without storing them.
+//!
+//! # Behind twemproxy or mcrouter
+//!
+//! newcache uses only commands they forward (`gets`, `cas`, `add`, `incr`, ...), and matches a
+//! multi-get's replies by key, so a proxy may reorder them. [`Cache::clear`](crate::Cache::clear)
+//! returns an `is_unsupported()` error (the proxy refuses `flush_all`). An outage behind the
+//! proxy is the proxy's: the client sees its errors, not a dead server, and a replayed delete the
+//! proxy refuses is passed over. A ping checks the proxy and the server its key maps to.
 
 mod config;
 // The timeouts' bounds, shared with the Redis backend's configuration.

@@ -1,4 +1,6 @@
 //! Redis Cluster (feature `redis`): a router over one single-node view per master.
+//! What a user sees (resharding, a master down, a failover, `CLUSTERDOWN`) is in the
+//! module docs of `backend::redis`, "Redis Cluster"; this says how it is done.
 //!
 //! Each master the slot map names is reached through a [`RedisBackend`] of its own (and its
 //! async view), with its own `Shared`: its own health record, replay record of missed

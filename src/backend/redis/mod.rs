@@ -1,19 +1,142 @@
 //! The Redis / Valkey backend (feature `redis`): memcached's storage semantics on one Redis or
-//! Valkey server, through the `redis` crate (redis-rs).
+//! Valkey server, or a Redis Cluster, through the `redis` crate (redis-rs).
 //!
-//! Items are stored as Redis strings with a small header (`item.rs`: a tag, the item's stamp,
-//! the flags); the stamp is the item's CAS token, and every fenced write compares it on the
-//! server in a one-key Lua script (`script.rs`). Placeholders are `SET … NX`; counters keep
-//! memcached's rules through a script. No `WATCH`/`MULTI`.
+//! The same keys, envelope and herd protection as on memcached: one load per expiry across
+//! processes, and a load's store fenced against its claim (a `DEL` or `SET` from any client is
+//! never overwritten). Redis 6.2 or later (Lua scripting, `EXAT`, `KEEPTTL`), or Valkey; tested
+//! on Redis 7.0 and Valkey 9.1.
 //!
-//! A server without scripting (`EVAL` and `EVALSHA` renamed away, or absent) is found out once
-//! per node, before any script is sent to it (`fence.rs`): with `SET … IFEQ` (Valkey 8.1 and
-//! later) a fenced write reads the key and writes only over the bytes it read, and loads work
-//! as everywhere; with neither, the node is treated as a memcached without CAS: a loader fails
-//! with an `is_unsupported()` error before it runs, `get` serves stale values unclaimed,
-//! counters are unsupported, and `ping()` fails saying what the server lacks. What a node
-//! offers is learned once for the life of the backend: a server restarted at the same address
-//! with its scripting changed is not asked again (build the cache again).
+//! ```no_run
+//! let cache = newcache::Cache::builder()
+//!     .redis("redis://user:password@127.0.0.1:6379/0") // never connects
+//!     .build()?;                                      // build_async() for an AsyncCache
+//! # Ok::<(), newcache::Error>(())
+//! ```
+//!
+//! # Connecting
+//!
+//! - **URLs**: `redis://[user:password@]host[:port][/db]`; `rediss://` for TLS (feature
+//!   `redis-tls`). The password is never printed (`Debug`, errors, logs).
+//! - **ACL users** need `GET`, `MGET`, `SET`, `EXISTS`, `PERSIST`, `PEXPIRE`, `EXPIREAT`,
+//!   `UNLINK`, `SCAN`, `EVAL` and `EVALSHA` on the cache's keys, and `WAIT` with
+//!   [`redis_wait`](crate::CacheBuilder::redis_wait). Optional: `CONFIG GET` (the eviction
+//!   policy check) and `CLIENT INFO` and `CLIENT KILL` (`+client|info +client|kill`, for the
+//!   replay after an outage). A wrong password or a command the user may not run (`NOPERM`,
+//!   named in the error) is an [`is_denied`](crate::Error::is_denied) error, warned about once;
+//!   it is an answer, not a fault, so the server is never marked dead for it.
+//! - **TLS** ([`redis_tls`](crate::CacheBuilder::redis_tls), feature `redis-tls`, on rustls):
+//!   the server's certificate is always verified, its host name included, against the system's
+//!   roots or a CA you give; client certificates for `tls-auth-clients yes`. There is no way to
+//!   turn verification off (`#insecure` is refused). A refused handshake says why and is not a
+//!   fault of the server. Connections use the process's rustls `CryptoProvider`, installing
+//!   ring's if none is. Not yet: unix sockets.
+//! - **Eviction**: the first answer from a server asks its `maxmemory-policy` and warns on
+//!   `noeviction` (writes fail once memory is full) or `volatile-*` (values stored with
+//!   `Ttl::Never` are never evicted). A cache wants `allkeys-lru` or `allkeys-lfu`.
+//!
+//! # What is stored
+//!
+//! Each item is a Redis string: a 13-byte header (a tag, a random stamp that is the item's CAS
+//! token, memcached's flags) and the value. Fenced writes are a one-key Lua script comparing the
+//! stamp (`EVALSHA`; no `WATCH`/`MULTI`), placeholders `SET … NX`, expiries `PX`/`EXAT`.
+//! Counters keep memcached's rules (a missing counter is `None`, `decr` stops at 0, `incr`
+//! wraps), in a script. A value another client wrote reads as foreign bytes (a decode error, or
+//! a miss under [`DecodePolicy::Miss`](crate::DecodePolicy::Miss)). Keys are held to memcached's
+//! 250 bytes, so a cache moves between the backends unchanged. [`Cache::clear`](crate::Cache::clear)
+//! removes only this cache's keys (`SCAN` for its prefix, then `UNLINK`; never `FLUSHDB`), at a
+//! cost that grows with the whole database.
+//!
+//! The sync `Cache` keeps a pool of [`pool_size`](crate::CacheBuilder::pool_size) blocking
+//! connections; `AsyncCache` one multiplexed connection, on which `get`s made while another
+//! read is on the wire go out together as one `MGET`.
+//!
+//! # Without scripting
+//!
+//! What a server offers for a fenced write is learned once per node, before any script is sent:
+//!
+//! - `EVAL`/`EVALSHA` renamed away or absent, but `SET … IFEQ` (Valkey 8.1 and later, Redis 8.4
+//!   and later): a fenced write reads the key and writes only over the bytes it read; loads
+//!   work as everywhere.
+//! - Neither: the server is treated as a memcached without CAS. Plain reads, writes and deletes
+//!   work; a loader fails with an [`is_unsupported`](crate::Error::is_unsupported) error before
+//!   it runs, `get` serves a stale value unclaimed, counters are unsupported, and `ping()` fails
+//!   saying what the server lacks. This is learned once for the life of the backend: rebuild the
+//!   cache after changing a server's scripting.
+//! - An ACL user denied `EVAL`/`EVALSHA` (`NOPERM`: the command exists): loaders' values are
+//!   returned but not stored, and herd protection across processes falls to turns: the
+//!   placeholder is removed and the next call of the key loads at once, while a call from
+//!   another process that came during the load waits for it, then loads in turn.
+//!
+//! # When a server fails
+//!
+//! As on memcached (see [`backend::memcached`](crate::backend::memcached#when-a-server-fails)):
+//! by default a failed read is a miss and a failed write returns its error; after
+//! [`failure_limit`](crate::CacheBuilder::failure_limit) transport faults in a row the server is
+//! marked dead and fails fast until a probe every
+//! [`retry_interval`](crate::CacheBuilder::retry_interval) succeeds; every wait is bounded by
+//! [`connect_timeout`](crate::CacheBuilder::connect_timeout) and
+//! [`io_timeout`](crate::CacheBuilder::io_timeout). What differs:
+//!
+//! - **Restarted.** A read that meets a pooled connection the server closed is asked again on a
+//!   fresh one. A write on a pooled connection idle more than 100 ms is sent only after a `PING`
+//!   on it answered, so the first write after a restart or a failover goes on a fresh
+//!   connection; a connection lost after a write was sent fails that write with an
+//!   [`is_outcome_unknown`](crate::Error::is_outcome_unknown) error, never sent twice.
+//! - **Deletes it missed** are replayed as on memcached, and this matters after a restart too: a
+//!   server that persists its data (RDB, AOF) comes back with the keys it held, and this process
+//!   deletes the ones it invalidated meanwhile before it reads there. The replay first closes the
+//!   connections this process dropped with a request unanswered (`CLIENT KILL`), so a delayed
+//!   write lands on no connection; a user not allowed `CLIENT INFO`/`CLIENT KILL` loses only
+//!   that, warned once.
+//! - A server at its `maxclients`, or loading its data, refuses: a fault, not a denial, and a
+//!   delete it refused is queued for replay.
+//!
+//! # Redis Cluster
+//!
+//! [`CacheBuilder::redis_cluster`](crate::CacheBuilder::redis_cluster) takes seed URLs (any
+//! nodes; IPv6 as `redis://[::1]:7000`; database 0 only). Each key goes to the master of its
+//! hash slot (no hash tags: every claim, placeholder and fenced store touches one key, so the
+//! herd protection is a single server's, on that master). Reads and writes go to masters only.
+//!
+//! - **Resharding**: a `MOVED` reply sends the command again where it names and refreshes the
+//!   slot map; an `ASK` sends `ASKING` and the command there once. Slots moved under load cost
+//!   the callers no error, no lost write and no second load. A delete queued for a master's
+//!   replay whose slot moved is made where the key went.
+//! - **A master down** fails only its own keys, in a batch too: each master has its own
+//!   connections, health record and replay record. A batch is split by master and costs one
+//!   round trip; the sync `Cache` writes every master's part before it reads a reply, so a batch
+//!   lasts about one `connect_timeout` plus one `io_timeout` however many masters hang.
+//! - **Failover**: a node's fault refreshes the slot map (at most once per `retry_interval`), so
+//!   the promoted replica serves its slots. A call of which nothing was sent (its master's
+//!   connect refused or timed out, or the master marked dead) goes once to the slot's master in
+//!   the refreshed map, so the first calls after a failover succeed; a sync write that meets a
+//!   pooled connection the dead master closed fails `is_outcome_unknown()` instead. During the
+//!   switch only the failed master's keys fail, if the nodes run with
+//!   `cluster-require-full-coverage no`; with Redis's default (`yes`) every node refuses every
+//!   key until the replica has taken over.
+//! - **`CLUSTERDOWN`** fails only the keys it answers, with an error naming it and the node, and
+//!   marks no node dead. A write or delete refused because the whole cluster is down is queued
+//!   for replay; one refused because its slot alone has no master is not (its error says so).
+//! - [`Cache::clear`](crate::Cache::clear) scans every master and names the one that failed;
+//!   `ping()` asks every master. Nothing is detected per Redis version, so a rolling upgrade or a
+//!   failover changes nothing in what is sent. The nodes the map names are reached with the first
+//!   seed's scheme and credentials.
+//!
+//! # Replication and `redis_wait`
+//!
+//! Replication is asynchronous: a `DEL` or a claim the master acknowledged but had not sent to
+//! its replica vanishes if that replica is promoted, so an old value can come back as fresh or a
+//! key be loaded twice, and the old master's missed invalidations are not replayed to the new
+//! one. [`redis_wait(replicas, timeout)`](crate::CacheBuilder::redis_wait) narrows that window:
+//! each store and delete is followed by `WAIT`, pipelined with it, on connections of its own (up
+//! to `pool_size`), so no other call waits behind it. A write its replicas did not acknowledge
+//! in time (or whose `WAIT` was refused) fails with an `is_outcome_unknown()` error (the write
+//! is on the master) that the write failure policy returns or absorbs; the server is not marked
+//! dead for it. The wait must be shorter than `io_timeout` (`build()` checks). It makes writes
+//! several times slower, and it is not consensus: a write acknowledged by one replica is lost if
+//! another that lacks it is promoted. Not yet: replica reads.
+//!
+//! # Internals
 //!
 //! Every operation is a `Request` built once (`request.rs`); the sync
 //! backend sends it on a pooled blocking connection of its own (`conn.rs`, `blocking.rs`: its
