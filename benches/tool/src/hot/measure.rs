@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 
-use crate::clients::{AsyncGet, BoxError, KEYS};
+use crate::hot::clients::{AsyncGet, BoxError, KEYS};
 
 /// The longest latency the histograms resolve (longer ones count as this).
 const MAX_NS: u64 = 10_000_000_000;

@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use crate::stats::Row;
+use crate::floor::stats::Row;
 
 /// What the JSON holds besides the rows: how it was run and on what.
 #[derive(Debug, Serialize)]

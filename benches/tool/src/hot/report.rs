@@ -4,7 +4,7 @@ use std::fmt::Write;
 
 use serde::Serialize;
 
-use crate::measure::Tally;
+use crate::hot::measure::Tally;
 
 /// One (client, concurrency, round): a JSON line on stdout.
 #[derive(Debug, Clone, Serialize)]

@@ -28,7 +28,7 @@
 //! its `GET`s pipelined (all written, then all read), and C.
 //!
 //! ```text
-//! cargo run --release -p newcache-floor -- [--rounds 9] [--ops 20000] [--slices 10]
+//! cargo run --release -p newcache-bench -- floor [--rounds 9] [--ops 20000] [--slices 10]
 //!     [--path NAME ...] [--json FILE] [--redis-server-bin PATH ...] [--redis URL ...]
 //!     [--redis-cluster URL,URL,...]
 //! ```
@@ -40,27 +40,26 @@
 //! side's median figure. Three memcached (`-t 2`) are started on free loopback ports and stopped
 //! on exit.
 
-mod args;
-mod cpu;
-mod items;
-mod minimal;
-mod paths;
-mod redis;
-mod redis_cluster;
-mod redis_paths;
-mod report;
-#[path = "../../hot/src/server.rs"]
-mod server;
-mod stats;
+pub(crate) mod args;
+pub(crate) mod cpu;
+pub(crate) mod items;
+pub(crate) mod minimal;
+pub(crate) mod paths;
+pub(crate) mod redis;
+pub(crate) mod redis_cluster;
+pub(crate) mod redis_paths;
+pub(crate) mod report;
+pub(crate) mod stats;
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use args::{Args, Path};
 use items::BoxError;
-use server::Memcached;
+use crate::hot::server::Memcached;
 
-fn main() -> Result<(), BoxError> {
-    let args = Args::from_command_line();
+/// Runs `bench floor`.
+pub fn run(args: Args) -> Result<(), BoxError> {
+    let args = args.checked();
     items::GETS.store(args.gets, std::sync::atomic::Ordering::Relaxed);
     let _ = paths::ONLY_SIDES.set(args.only_sides.clone());
     minimal::SPLIT.store(args.minimal_split, std::sync::atomic::Ordering::Relaxed);

@@ -6,7 +6,7 @@
 //!   not grow);
 //! - `--op mc-get --server A [--threads N]`: the sync `Cache::get` hit on memcached, keys
 //!   `k0`..`k999` in turn (the floor's `sync-get`); with N threads sharing the cache, `--calls`
-//!   gets in all (concurrent callers go through the pipelined engine: `benches/hot`'s
+//!   gets in all (concurrent callers go through the pipelined engine: `bench hot`'s
 //!   `newcache-threads`);
 //! - `--op mc-get-many --server A --server B --server C`: `Cache::get_many` of `m0`..`m99` over
 //!   the servers given (the floor's `sync-get-many`);
@@ -26,7 +26,7 @@
 //! Made for instruction counts, which load on a shared machine does not change: under
 //! `valgrind --tool=callgrind`, two runs that differ only in `--calls` give the instructions
 //! per call as the difference of their totals over the difference of their calls
-//! (`benches/results/2026-12-04-floor/count.sh`). memcached runs outside valgrind, so what is
+//! (`benches/tool/count.sh`). memcached runs outside valgrind, so what is
 //! counted is the client process alone; the kernel's work is not counted.
 //!
 //! With `--redis-cluster URL,URL,...` (a running cluster's seeds) or `--redis URL` (one
@@ -35,11 +35,11 @@
 //! of `sync-get-many` on the cluster that is this process's work.
 //!
 //! ```text
-//! cargo run --release -p newcache-floor --bin inproc -- [--op OP] [--calls N] [--server HOST:PORT ...]
+//! cargo run --release -p newcache-bench --bin inproc -- [--op OP] [--calls N] [--server HOST:PORT ...]
 //!     [--tasks N] [--threads N] [--runtime multi|current] [--redis-cluster URL,URL,... | --redis URL]
 //! ```
 
-#[path = "../items.rs"]
+#[path = "../floor/items.rs"]
 #[allow(dead_code)]
 mod items;
 

@@ -12,7 +12,7 @@ use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::items::{BoxError, Items, TTL, Value};
+use crate::floor::items::{BoxError, Items, TTL, Value};
 
 /// The Redis backend's header before the envelope: a tag, the stamp, the flags
 /// (`src/backend/redis/item.rs`).
@@ -88,7 +88,7 @@ pub fn version(url: &str) -> Result<String, BoxError> {
     };
     // Its CPU time is counted beside the client's (a server on this machine).
     if let Some(pid) = field("process_id:").and_then(|p| p.parse().ok()) {
-        crate::cpu::watch_server(pid);
+        crate::floor::cpu::watch_server(pid);
     }
     Ok(match (field("valkey_version:"), field("redis_version:")) {
         (Some(v), _) => format!("valkey {v}"),

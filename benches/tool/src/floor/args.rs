@@ -95,13 +95,13 @@ pub struct Args {
     /// the 64-task path's batching ceiling: bare sockets x lines in flight on each x keys a
     /// line (their product 64); the default measured fastest of eight shapes
     /// (benches/results/2026-12-06d/ceiling-sweep.sh)
-    #[arg(long, default_value = "1x4x16", value_parser = crate::paths::Shape::parse)]
-    pub ceiling: crate::paths::Shape,
+    #[arg(long, default_value = "1x4x16", value_parser = crate::floor::paths::Shape::parse)]
+    pub ceiling: crate::floor::paths::Shape,
     /// the 64-task path's minimal client: batchers (a bare socket each) x lines in flight on
     /// each x keys a line at most; the default as fast as any of six shapes tried
     /// (benches/results/2026-12-07c/sitting.sh)
-    #[arg(long, default_value = "2x4x16", value_parser = crate::paths::Shape::parse_any)]
-    pub minimal: crate::paths::Shape,
+    #[arg(long, default_value = "2x4x16", value_parser = crate::floor::paths::Shape::parse_any)]
+    pub minimal: crate::floor::paths::Shape,
     /// the minimal client's batchers as two tasks each, a writer and a reader (newcache's shape
     /// of a connection), instead of one
     #[arg(long)]
@@ -127,9 +127,9 @@ pub struct Args {
 }
 
 impl Args {
-    /// Parses the process's command line and checks what clap cannot.
-    pub fn from_command_line() -> Self {
-        let args = Self::parse();
+    /// Checks what clap cannot (the arguments of `bench SUBCOMMAND`, as parsed by clap).
+    pub fn checked(self) -> Self {
+        let args = self;
         if let Err(msg) = args.check() {
             use clap::CommandFactory;
             Self::command()

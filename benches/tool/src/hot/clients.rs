@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::args::Pools;
+use crate::hot::args::Pools;
 
 /// The hot keys.
 pub const KEYS: usize = 1000;

@@ -1,4 +1,4 @@
-//! The memcached a harness starts (this one when no `--server` is given; `benches/floor`'s too,
+//! The memcached a harness starts (this one when no `--server` is given; `bench floor`'s too,
 //! which includes this file): a free loopback port, stopped on drop.
 
 use std::io;
@@ -31,7 +31,7 @@ impl Memcached {
     }
 
     /// The memcached process's id.
-    #[allow(dead_code)] // `benches/floor` counts its CPU; `benches/hot` does not.
+    #[allow(dead_code)] // `bench floor` counts its CPU; `bench hot` does not.
     pub fn pid(&self) -> u32 {
         self.child.id()
     }

@@ -11,7 +11,7 @@
 //! - `async-cache`: newcache's `AsyncCache`, with the `async-cache` feature.
 //!
 //! ```text
-//! cargo run --release -p newcache-hot -- [--server HOST:PORT] [--client NAME ...]
+//! cargo run --release -p newcache-bench -- hot [--server HOST:PORT] [--client NAME ...]
 //!     [--concurrency 1,64,256] [--duration 5] [--warmup 1] [--rounds 2]
 //!     [--runtime multi-thread|current-thread] [--workers 2] [--pools per-task|default]
 //!     [--table FILE]
@@ -24,11 +24,11 @@
 //! its caller's histogram; a miss or wrong value is an error. One JSON line per measurement on
 //! stdout; progress and the table of medians over rounds on stderr (and in `--table FILE`).
 
-mod args;
-mod clients;
-mod measure;
-mod report;
-mod server;
+pub(crate) mod args;
+pub(crate) mod clients;
+pub(crate) mod measure;
+pub(crate) mod report;
+pub(crate) mod server;
 
 use std::io::Write;
 use std::sync::Arc;
@@ -40,8 +40,9 @@ use measure::{Tally, Timing};
 use report::{Record, Stats};
 use server::Memcached;
 
-fn main() -> Result<(), BoxError> {
-    let args = Args::from_command_line();
+/// Runs `bench hot`.
+pub fn run(args: Args) -> Result<(), BoxError> {
+    let args = args.checked();
     // Declared before the runtime so that it is dropped (memcached stopped) after it.
     let started;
     let addr = match &args.server {

@@ -5,10 +5,10 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::items::{BoxError, FLAVOR, Items, VERSION, Value};
-use crate::paths::{CacheGetter, Getter, KEYS, Run, Side, TASKS, interleave, run_tasks, us};
-use crate::redis::{self, Resp, RespBare, check_len};
-use crate::stats::Row;
+use crate::floor::items::{BoxError, FLAVOR, Items, VERSION, Value};
+use crate::floor::paths::{CacheGetter, Getter, KEYS, Run, Side, TASKS, interleave, run_tasks, us};
+use crate::floor::redis::{self, Resp, RespBare, check_len};
+use crate::floor::stats::Row;
 
 /// One server, its sync cache, filled, and the connection settings the backend uses.
 pub struct Setup {

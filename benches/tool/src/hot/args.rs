@@ -137,9 +137,9 @@ pub struct Args {
 }
 
 impl Args {
-    /// Parses the process's command line and checks what clap cannot.
-    pub fn from_command_line() -> Self {
-        let args = Self::parse();
+    /// Checks what clap cannot (the arguments of `bench SUBCOMMAND`, as parsed by clap).
+    pub fn checked(self) -> Self {
+        let args = self;
         if let Err(msg) = args.check() {
             use clap::CommandFactory;
             Self::command()

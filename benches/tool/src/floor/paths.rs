@@ -6,8 +6,8 @@ use std::time::Instant;
 
 use hdrhistogram::Histogram;
 
-use crate::items::{Bare, Blocking, BoxError, FLAVOR, Items, VERSION, Value};
-use crate::stats::Row;
+use crate::floor::items::{Bare, Blocking, BoxError, FLAVOR, Items, VERSION, Value};
+use crate::floor::stats::Row;
 
 /// The hot keys of the single-key paths.
 pub const KEYS: usize = 1000;
@@ -65,7 +65,7 @@ pub fn interleave(
     }
     let per_slice = (ops / slices).max(1);
     let mut runs = vec![Vec::with_capacity(rounds); sides.len()];
-    let mut spent = vec![crate::cpu::Spent::default(); sides.len()];
+    let mut spent = vec![crate::floor::cpu::Spent::default(); sides.len()];
     for round in 0..rounds {
         let mut parts: Vec<Vec<Run>> = vec![Vec::with_capacity(slices); sides.len()];
         for slice in 0..slices {
@@ -81,16 +81,16 @@ pub fn interleave(
                     });
                     continue;
                 }
-                let before = crate::cpu::now();
+                let before = crate::floor::cpu::now();
                 parts[s].push(sides[s](per_slice)?);
-                spent[s].add(before, crate::cpu::now(), per_slice);
+                spent[s].add(before, crate::floor::cpu::now(), per_slice);
             }
         }
         for (s, parts) in parts.iter().enumerate() {
             let p99s: Vec<f64> = parts.iter().map(|r| r.p99_us).collect();
             runs[s].push(Run {
                 us_per_op: parts.iter().map(|r| r.us_per_op).sum::<f64>() / parts.len() as f64,
-                p99_us: crate::stats::quantile(&p99s, 0.5),
+                p99_us: crate::floor::stats::quantile(&p99s, 0.5),
             });
         }
         let figures: Vec<String> = runs
@@ -143,7 +143,7 @@ impl Setup {
             .build()?;
         let user: Vec<String> = (0..BATCH).map(|i| format!("m{i}")).collect();
         for (i, k) in user.iter().enumerate() {
-            multi.set(k, &Value::new(i), crate::items::TTL)?;
+            multi.set(k, &Value::new(i), crate::floor::items::TTL)?;
         }
         // Which server holds each key, asked of the servers themselves.
         let mut socks = addrs
@@ -220,7 +220,7 @@ pub fn sync_get_many(
     let cache = &s.multi;
     let memory = builder().in_memory().build()?;
     for (i, k) in items.user.iter().enumerate() {
-        memory.set(k, &Value::new(i), crate::items::TTL)?;
+        memory.set(k, &Value::new(i), crate::floor::items::TTL)?;
     }
     // F's requests: one `get` line per server holding any of the keys, and its reply's length.
     let mut socks = s
@@ -700,7 +700,7 @@ pub async fn run_tasks<G: Getter>(
     Ok((getters, run))
 }
 
-/// The minimal client's label ([`crate::minimal`]) in `shape`.
+/// The minimal client's label ([`crate::floor::minimal`]) in `shape`.
 fn minimal_label(shape: Shape) -> String {
     format!(
         "minimal client: the facade's work (memory backend) + a oneshot to a batcher ({})",
@@ -713,7 +713,7 @@ const FACADE: &str = "the facade's work alone: AsyncCache::get on the memory bac
 
 /// `AsyncCache::get` from 64 tasks (one shared cache) against async-memcached 0.9 with a
 /// client per task, and both against the batching ceiling ([`Ceiling`]); the minimal client
-/// ([`crate::minimal`], in `minimal_shape`) against newcache, async-memcached, the facade's
+/// ([`crate::floor::minimal`], in `minimal_shape`) against newcache, async-memcached, the facade's
 /// work alone and itself without its sockets; all on the 2-worker runtime; `ops` gets per run,
 /// spread over the tasks.
 pub fn async_get_64(
@@ -750,7 +750,7 @@ pub fn async_get_64(
     let memory = rt.block_on(async { builder().in_memory().build_async() })?;
     rt.block_on(async {
         for (i, k) in items.user.iter().enumerate() {
-            memory.set(k, &Value::new(i), crate::items::TTL).await?;
+            memory.set(k, &Value::new(i), crate::floor::items::TTL).await?;
         }
         Ok::<_, BoxError>(())
     })?;
@@ -758,10 +758,10 @@ pub fn async_get_64(
     // of its own.
     let callers = || {
         let queues: Vec<_> = (0..minimal_shape.sockets)
-            .map(|_| Arc::new(crate::minimal::Shared::default()))
+            .map(|_| Arc::new(crate::floor::minimal::Shared::default()))
             .collect();
         (0..TASKS)
-            .map(|t| crate::minimal::MinimalGetter {
+            .map(|t| crate::floor::minimal::MinimalGetter {
                 memory: memory.clone(),
                 items: Arc::clone(items),
                 shared: Arc::clone(&queues[t % queues.len()]),
@@ -770,12 +770,12 @@ pub fn async_get_64(
     };
     let mut batchers = Vec::with_capacity(minimal_shape.sockets);
     for _ in 0..minimal_shape.sockets {
-        batchers.push(rt.block_on(crate::minimal::Batcher::connect(&s.addrs[0], minimal_shape))?);
+        batchers.push(rt.block_on(crate::floor::minimal::Batcher::connect(&s.addrs[0], minimal_shape))?);
     }
     let mut minimal = Some((batchers, callers()));
     let mut unplugged = Some((
         (0..minimal_shape.sockets)
-            .map(|_| crate::minimal::Batcher::without_socket(minimal_shape))
+            .map(|_| crate::floor::minimal::Batcher::without_socket(minimal_shape))
             .collect::<Vec<_>>(),
         callers(),
     ));
@@ -804,14 +804,14 @@ pub fn async_get_64(
     let least: Side<'_> = Box::new(|n| {
         let (batchers, getters) = minimal.take().ok_or("minimal client lost")?;
         let (batchers, getters, run) =
-            rt.block_on(crate::minimal::run(batchers, getters, (n / TASKS).max(1)))?;
+            rt.block_on(crate::floor::minimal::run(batchers, getters, (n / TASKS).max(1)))?;
         minimal = Some((batchers, getters));
         Ok(run)
     });
     let no_socket: Side<'_> = Box::new(|n| {
         let (batchers, getters) = unplugged.take().ok_or("unplugged client lost")?;
         let (batchers, getters, run) =
-            rt.block_on(crate::minimal::run(batchers, getters, (n / TASKS).max(1)))?;
+            rt.block_on(crate::floor::minimal::run(batchers, getters, (n / TASKS).max(1)))?;
         unplugged = Some((batchers, getters));
         Ok(run)
     });

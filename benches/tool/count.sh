@@ -7,8 +7,8 @@
 # allocation count per call. memcached runs outside valgrind (started by the caller).
 #
 # Usage: count.sh BINARY OP LO HI [inproc arguments...]
-#   count.sh target/release/inproc get-many 200 1200
-#   count.sh target/release/inproc async-get 2000 12000 --server 127.0.0.1:PORT --tasks 64
+#   benches/tool/count.sh target/release/inproc get-many 200 1200
+#   benches/tool/count.sh target/release/inproc async-get 2000 12000 --server 127.0.0.1:PORT --tasks 64
 # KEEP=DIR keeps the callgrind files there (for callgrind_annotate).
 set -eu
 bin=$1 op=$2 lo=$3 hi=$4

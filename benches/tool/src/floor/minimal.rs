@@ -27,8 +27,8 @@ use std::sync::{Arc, Mutex};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{Notify, oneshot};
 
-use crate::items::{BoxError, Items, Value};
-use crate::paths::{Getter, Shape};
+use crate::floor::items::{BoxError, Items, Value};
+use crate::floor::paths::{Getter, Shape};
 
 /// How long the batcher waits for a reply's bytes (a key missing would leave it short).
 const REPLY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
@@ -150,7 +150,7 @@ fn line_of(line: &mut Vec<u8>, taken: &[Queued], items: &Items) -> usize {
 /// not one.
 fn values(reply: &[u8]) -> Option<Vec<(&[u8], usize)>> {
     let mut found = Vec::new();
-    crate::paths::each_value(reply, |key, len| found.push((key, len)))?;
+    crate::floor::paths::each_value(reply, |key, len| found.push((key, len)))?;
     Some(found)
 }
 
@@ -397,7 +397,7 @@ pub async fn run(
     batchers: Vec<Batcher>,
     getters: Vec<MinimalGetter>,
     per_task: usize,
-) -> Result<(Vec<Batcher>, Vec<MinimalGetter>, crate::paths::Run), BoxError> {
+) -> Result<(Vec<Batcher>, Vec<MinimalGetter>, crate::floor::paths::Run), BoxError> {
     let mut shareds: Vec<Arc<Shared>> = Vec::new();
     for g in &getters {
         if !shareds.iter().any(|s| Arc::ptr_eq(s, &g.shared)) {
@@ -419,7 +419,7 @@ pub async fn run(
             (batcher, r)
         }));
     }
-    let ran = crate::paths::run_tasks(getters, per_task).await;
+    let ran = crate::floor::paths::run_tasks(getters, per_task).await;
     for shared in &shareds {
         shared.stop.store(true, Ordering::Release);
         shared.notify.notify_one();
@@ -451,7 +451,7 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::items::{FLAVOR, TTL, VERSION};
+    use crate::floor::items::{FLAVOR, TTL, VERSION};
     use std::time::Duration;
 
     /// A memory-backend cache holding every hot key the callers draw from, and their items
@@ -464,7 +464,7 @@ mod tests {
             .build_async()
             .unwrap();
         // Every hot key the callers draw from.
-        let n = crate::paths::KEYS;
+        let n = crate::floor::paths::KEYS;
         let user: Vec<String> = (0..n).map(|i| format!("k{i}")).collect();
         for (i, k) in user.iter().enumerate() {
             memory.set(k, &Value::new(i), TTL).await.unwrap();
@@ -501,7 +501,7 @@ mod tests {
         // the queue grows) that keep them from being rounds of one or two (with neither: about
         // 1.2 gets a round).
         for multi in [false, true] {
-            let rt = crate::paths::runtime(multi).unwrap();
+            let rt = crate::floor::paths::runtime(multi).unwrap();
             rt.block_on(async {
                 let (memory, items) = memory_and_items().await;
                 let getters = callers(32, &memory, &items);
@@ -590,7 +590,7 @@ mod tests {
         (callers_n, depth, split): (usize, usize, bool),
         memory: &newcache::AsyncCache,
         items: &Arc<Items>,
-    ) -> Result<(Vec<Batcher>, Vec<MinimalGetter>, crate::paths::Run), BoxError> {
+    ) -> Result<(Vec<Batcher>, Vec<MinimalGetter>, crate::floor::paths::Run), BoxError> {
         let shape = Shape {
             sockets: 1,
             depth,
@@ -608,7 +608,7 @@ mod tests {
 
     #[test]
     fn a_batcher_answers_every_caller_with_its_own_value_in_one_task_or_two() {
-        let rt = crate::paths::runtime(true).unwrap();
+        let rt = crate::floor::paths::runtime(true).unwrap();
         rt.block_on(async {
             let addr = serve_gets().await;
             let (memory, items) = memory_and_items().await;
@@ -627,7 +627,7 @@ mod tests {
 
     #[test]
     fn a_batcher_that_fails_fails_its_callers_rather_than_leaving_them_waiting() {
-        let rt = crate::paths::runtime(true).unwrap();
+        let rt = crate::floor::paths::runtime(true).unwrap();
         rt.block_on(async {
             // A server that answers every line with bytes that are no `get` reply.
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -15,11 +15,11 @@
 
 use std::time::Instant;
 
-use crate::items::{BoxError, FLAVOR, TTL, VERSION, Value};
-use crate::paths::{BATCH, Run, Side, interleave, us};
-use crate::redis::{REDIS_HEADER, Resp, bulk_len, get_request};
-use crate::report::ItemSizes;
-use crate::stats::Row;
+use crate::floor::items::{BoxError, FLAVOR, TTL, VERSION, Value};
+use crate::floor::paths::{BATCH, Run, Side, interleave, us};
+use crate::floor::redis::{REDIS_HEADER, Resp, bulk_len, get_request};
+use crate::floor::report::ItemSizes;
+use crate::floor::stats::Row;
 
 /// One master as the floor sees it: its bare socket, its keys' `GET`s in one buffer, the
 /// length of all their replies.
