@@ -20,7 +20,10 @@ mod hot;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "bench", about = "newcache's bench tool: the figures of benches/README.md")]
+#[command(
+    name = "bench",
+    about = "newcache's bench tool: the figures of benches/README.md"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

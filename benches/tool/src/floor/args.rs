@@ -94,12 +94,11 @@ pub struct Args {
     pub busy_core: bool,
     /// the 64-task path's batching ceiling: bare sockets x lines in flight on each x keys a
     /// line (their product 64); the default measured fastest of eight shapes
-    /// (benches/results/2026-12-06d/ceiling-sweep.sh)
     #[arg(long, default_value = "1x4x16", value_parser = crate::floor::paths::Shape::parse)]
     pub ceiling: crate::floor::paths::Shape,
     /// the 64-task path's minimal client: batchers (a bare socket each) x lines in flight on
     /// each x keys a line at most; the default as fast as any of six shapes tried
-    /// (benches/results/2026-12-07c/sitting.sh)
+    /// (benches/results/floor-64-tasks/sitting.sh)
     #[arg(long, default_value = "2x4x16", value_parser = crate::floor::paths::Shape::parse_any)]
     pub minimal: crate::floor::paths::Shape,
     /// the minimal client's batchers as two tasks each, a writer and a reader (newcache's shape

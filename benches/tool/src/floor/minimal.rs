@@ -183,7 +183,7 @@ impl Batcher {
     /// stored length. While fewer than a line's keys are queued and the queue grew over the
     /// last scheduler turn, it yields another turn before answering, so that its rounds are not
     /// rounds of one. They need not match the socket's: 14 gets on average where the default
-    /// shape's lines carry 11, 24-26 where 2x1x64's carry 27 (`benches/results/2026-12-07c`).
+    /// shape's lines carry 11, 24-26 where 2x1x64's carry 27 (`benches/results/floor-64-tasks`).
     pub fn without_socket(shape: Shape) -> Batcher {
         Batcher {
             stream: None,

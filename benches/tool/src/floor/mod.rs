@@ -15,7 +15,7 @@
 //! answer at once), and the facade's work alone; each side's CPU a get (client and servers) is
 //! printed once the path is done, and the minimal client's mean gets a round. With `--gets`
 //! the ceiling and the minimal client send `gets`, as newcache does (memcached's CPU a get is
-//! the same either way here: `benches/results/2026-12-07b/NOTES.md`).
+//! the same either way here: `benches/results/floor-memcached/NOTES.md`).
 //!
 //! On Redis / Valkey (`--redis-server-bin PATH` starts one, `--redis URL` uses a running one;
 //! each repeatable), the same paths but `get_many` run on the Redis backend, each beside
@@ -53,9 +53,9 @@ pub(crate) mod stats;
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use crate::hot::server::Memcached;
 use args::{Args, Path};
 use items::BoxError;
-use crate::hot::server::Memcached;
 
 /// Runs `bench floor`.
 pub fn run(args: Args) -> Result<(), BoxError> {

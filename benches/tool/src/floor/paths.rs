@@ -750,7 +750,9 @@ pub fn async_get_64(
     let memory = rt.block_on(async { builder().in_memory().build_async() })?;
     rt.block_on(async {
         for (i, k) in items.user.iter().enumerate() {
-            memory.set(k, &Value::new(i), crate::floor::items::TTL).await?;
+            memory
+                .set(k, &Value::new(i), crate::floor::items::TTL)
+                .await?;
         }
         Ok::<_, BoxError>(())
     })?;
@@ -770,7 +772,10 @@ pub fn async_get_64(
     };
     let mut batchers = Vec::with_capacity(minimal_shape.sockets);
     for _ in 0..minimal_shape.sockets {
-        batchers.push(rt.block_on(crate::floor::minimal::Batcher::connect(&s.addrs[0], minimal_shape))?);
+        batchers.push(rt.block_on(crate::floor::minimal::Batcher::connect(
+            &s.addrs[0],
+            minimal_shape,
+        ))?);
     }
     let mut minimal = Some((batchers, callers()));
     let mut unplugged = Some((
@@ -803,15 +808,21 @@ pub fn async_get_64(
     });
     let least: Side<'_> = Box::new(|n| {
         let (batchers, getters) = minimal.take().ok_or("minimal client lost")?;
-        let (batchers, getters, run) =
-            rt.block_on(crate::floor::minimal::run(batchers, getters, (n / TASKS).max(1)))?;
+        let (batchers, getters, run) = rt.block_on(crate::floor::minimal::run(
+            batchers,
+            getters,
+            (n / TASKS).max(1),
+        ))?;
         minimal = Some((batchers, getters));
         Ok(run)
     });
     let no_socket: Side<'_> = Box::new(|n| {
         let (batchers, getters) = unplugged.take().ok_or("unplugged client lost")?;
-        let (batchers, getters, run) =
-            rt.block_on(crate::floor::minimal::run(batchers, getters, (n / TASKS).max(1)))?;
+        let (batchers, getters, run) = rt.block_on(crate::floor::minimal::run(
+            batchers,
+            getters,
+            (n / TASKS).max(1),
+        ))?;
         unplugged = Some((batchers, getters));
         Ok(run)
     });

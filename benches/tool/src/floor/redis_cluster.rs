@@ -7,7 +7,7 @@
 //! sockets of their own whose replies redis-rs's own reader parses (`redis::Parser` on the
 //! socket, as redis-rs's sync `Connection` reads): R - F is what that reader costs. The
 //! backend's sync pool read that way until 2026-12-07; it now has a reader of its own
-//! (`benches/results/2026-12-07/NOTES.md`), and R stays a reference.
+//! (`benches/results/floor-redis/NOTES.md`), and R stays a reference.
 //!
 //! The items are written by `Cache::set` on the cluster (the Redis backend's 13-byte header,
 //! then the envelope); which master holds each key and its reply's length are learnt from the
