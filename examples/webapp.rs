@@ -20,11 +20,11 @@
 //! few seconds; `--rows N` for a smaller one, `--db PATH` elsewhere):
 //!
 //! ```sh
-//! cargo run --release --example webapp -- --port 3000 --ttl-secs 60
+//! cargo run --release -p newcache-webapp --example webapp -- --port 3000 --ttl-secs 60
 //! # over memcached; start a second process on another port to share the herd protection:
-//! MEMCACHED_SERVERS=127.0.0.1:11211 cargo run --release --example webapp -- --port 3000
+//! MEMCACHED_SERVERS=127.0.0.1:11211 cargo run --release -p newcache-webapp --example webapp -- --port 3000
 //! # over Redis or Valkey (a Redis Cluster is one builder call away: `redis_cluster`)
-//! REDIS_URL=redis://127.0.0.1:6379/0 cargo run --release --example webapp -- --port 3000
+//! REDIS_URL=redis://127.0.0.1:6379/0 cargo run --release -p newcache-webapp --example webapp -- --port 3000
 //! ```
 //!
 //! Then try it:
@@ -51,7 +51,7 @@
 //! ```
 //!
 //! The whole bench (both backends, two processes over memcached, a plot):
-//! `bash benches/webapp/run.sh benches/results/$(date +%F)-webapp`.
+//! `bash benches/webapp/run.sh benches/results/webapp`.
 //!
 //! The service's code is the `newcache-webapp` crate (`examples/webapp/`), which owns this
 //! example so that axum and sqlx stay out of `cargo test -p newcache`.

@@ -1341,7 +1341,7 @@ fn valkey_a_write_delayed_past_the_replay_never_brings_back_a_deleted_key_async(
 
 /// A user the server does not let run `CLIENT KILL` (`-client|kill`; it is `@admin
 /// @dangerous`): the replay goes on without it (the deleted key is gone after it), warned
-/// once; a write delayed past the replay then lands, as the README says.
+/// once; a write delayed past the replay then lands, as the docs say.
 #[cfg(feature = "redis")]
 fn redis_delayed_write_without_client_kill(asynch: bool) {
     let server = crate::fixture::RedisServer::start("redis-server");
@@ -1680,7 +1680,7 @@ fn redis_cluster_a_delete_missed_before_its_slot_moved_is_replayed_where_the_key
 /// serve a key this process deleted meanwhile once it is back: the refused delete, absorbed
 /// by the write policy, is queued for replay as one a server loading its data refused, and
 /// replayed when the cluster serves again. (A slot alone unserved, `Hash slot not served`,
-/// fails its own keys and is not recorded: see the README.)
+/// fails its own keys and is not recorded: see the docs.)
 #[cfg(feature = "redis")]
 fn redis_cluster_down_then_back(asynch: bool) {
     let cluster = crate::fixture::RedisCluster::start("redis-server");

@@ -626,7 +626,7 @@ fn an_invalidation_by_another_client_during_a_load_is_never_overwritten() {
     });
 }
 
-/// What `clear()` costs, as the README says: it walks the whole database, one `SCAN` round
+/// What `clear()` costs, as the docs say: it walks the whole database, one `SCAN` round
 /// trip per step of about 1,000 keys (this cache's or not), and one `UNLINK` per step that found
 /// some of its keys; the other keys stay.
 #[test]
@@ -1387,7 +1387,7 @@ fn touch_of_a_counter_to_no_expiry_refused_by_the_acl_is_denied_and_it_keeps_its
     });
 }
 
-/// A user with exactly the commands the README lists, but not `WAIT`, on a cache with
+/// A user with exactly the commands the docs list, but not `WAIT`, on a cache with
 /// `redis_wait`: a `set` stores its value and fails with an error that `is_outcome_unknown()`
 /// and names the refused `WAIT` (not `is_denied()`, which would say nothing was written); the
 /// write's own refusal still comes first (a `set` of a key the user may not touch is denied).

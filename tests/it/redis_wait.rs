@@ -138,7 +138,7 @@ fn replica_gone(master: &crate::fixture::RedisServer) {
 /// waited writes for the pool's connections: each write holds a pooled connection for its
 /// whole `WAIT`, so with as many writers as `pool_size` a read waits `connect_timeout` for a
 /// connection and fails ("all 2 pooled connections stayed busy"; a miss under the default read
-/// policy, after `connect_timeout`). The README says "nothing else waits for it: a `WAIT`
+/// policy, after `connect_timeout`). The docs say "nothing else waits for it: a `WAIT`
 /// blocks the connection it is sent on, so it never shares one with other calls (the sync
 /// `Cache` sends each request on a pooled connection of its own ...)", and its test
 /// (`a_replica_gone_under_redis_wait_holds_up_no_read_and_fails_writes_only_short`) passes
@@ -189,7 +189,7 @@ fn a_replica_gone_under_redis_wait_holds_up_no_sync_read_with_writers_as_many_as
     );
 }
 
-/// The README says a sync cluster batch "lasts at most one `io_timeout` however many
+/// The docs say a sync cluster batch "lasts at most one `io_timeout` however many
 /// masters hang", and the window (`conn::Window`) is meant to make it so. It bounds only the
 /// reads: each node's `begin` (its connect and `CLIENT INFO` round trip: `connect_timeout` +
 /// `io_timeout` against a stopped master; a probe of one marked dead) runs one node after
@@ -201,7 +201,7 @@ fn a_replica_gone_under_redis_wait_holds_up_no_sync_read_with_writers_as_many_as
 /// every call. Phase A isolates the window: no node marked dead, one
 /// refresh per hour; each call still lasts about three connects (6 s). Fixed: the nodes'
 /// connects (and checks) share one `connect_timeout` (`conn::within`), and a round's failed
-/// nodes one map refresh, which asks them last; the README's promise is now `connect_timeout`
+/// nodes one map refresh, which asks them last; the docs' promise is now `connect_timeout`
 /// + `io_timeout` (about 2.1 s here).
 #[test]
 fn a_sync_batch_over_hung_masters_lasts_about_one_connect_timeout_and_one_io_timeout() {
@@ -247,7 +247,7 @@ fn a_sync_batch_over_hung_masters_lasts_about_one_connect_timeout_and_one_io_tim
         cluster.signal(p, "CONT");
     }
     // One connect_timeout (the nodes' connects share it) and one io_timeout (the window), as
-    // the README says now, and generous slack for a loaded machine (the bug took 5-18 s).
+    // the docs say now, and generous slack for a loaded machine (the bug took 5-18 s).
     let bound = S(2) + MS(1500);
     assert!(
         took.iter().all(|(_, t)| *t <= bound),
