@@ -616,7 +616,7 @@ impl CacheBuilder {
     /// this process again; default 10,000. Past it, the values that server holds from before
     /// are judged stale or expired when read (reloaded: one loader per key through
     /// `get_or_set_with`) instead of served as fresh.
-    /// See the README's "Invalidations survive an outage".
+    /// See [`backend::memcached`](crate::backend::memcached), "When a server fails".
     pub fn replay_capacity(mut self, keys: usize) -> Self {
         self.memcached_only.push("replay_capacity");
         self.replay_capacity = keys;

@@ -81,7 +81,8 @@
 //!   (`CacheBuilder::redis_tls`).
 //! - Redis Cluster (feature `redis`, `CacheBuilder::redis_cluster`): each key on the master of
 //!   its hash slot (no hash tags: every herd write touches one key), `MOVED` and `ASK`
-//!   followed, batches split by master, one master down failing only its own keys.
+//!   followed, batches split by master, one master down failing only its own keys (with
+//!   `cluster-require-full-coverage no`; under Redis's default, every key until its failover).
 //!
 //! What a caller sees when a server is down, hung, restarted or failing over, and what bounds
 //! it, is in the module docs: [`backend::memcached`] and `backend::redis` (feature `redis`).

@@ -456,7 +456,7 @@ mod tests {
         (0..n).map(|i| format!("{prefix}{i}")).collect()
     }
 
-    /// Issue "Edges, round two", 3, on the sync `Cache`'s pipelined path: after a 40 KB read,
+    /// On the sync `Cache`'s pipelined path: after a 40 KB read,
     /// deletes of 20,000 absent keys whose replies come in bursts (the relay); then batches of
     /// 100,000 keys, straight to memcached and through the relay: every key answered, no
     /// connection lost, the server never blamed.

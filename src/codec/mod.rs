@@ -380,8 +380,8 @@ mod tests {
 
     #[test]
     fn values_larger_in_memory_than_the_item_size_round_trip() {
-        // 140,000 u64s: 1.1 MB in memory. 0.1.0's limit counted in-memory bytes against the
-        // 1 MiB item size, so the value was stored and then every read of it failed.
+        // 140,000 u64s: 1.1 MB in memory, well under the item size encoded. A limit on
+        // in-memory bytes would store such a value and then fail every read of it.
         let numbers: Vec<u64> = (0..140_000u64).map(|i| i * 7919).collect();
         let strings: Vec<String> = (0..60_000).map(|i| format!("s{i}")).collect();
         for c in BOTH {

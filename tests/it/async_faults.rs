@@ -273,7 +273,7 @@ fn ok<T>(r: newcache::Result<T>) -> T {
     })
 }
 
-/// Issue "Edges, round two", 3: after a large read, the replies to 20,000 deletes came faster
+/// After a large read, the replies to 20,000 deletes came faster
 /// than the reader took their requests' expectations from the writer, and it killed the
 /// connection for "bytes no request asked for" (most of the batch failed, outcome unknown, and
 /// a fault counted against the server). The relay makes the burst certain.
@@ -422,7 +422,7 @@ fn said_once(e: &newcache::Error, addr: &str) -> String {
     line
 }
 
-/// Issue "A new user's afternoon", 4: `{e}` alone says what failed and why (the server, and
+/// `{e}` alone says what failed and why (the server, and
 /// that it could not connect or got no reply), anyhow's `{:#}` says each level once, and once
 /// the server is marked dead its fail-fast error's source is the fault that marked it: a
 /// refused connect and a hung server are told apart (`last_fault().is_timeout()`), on both

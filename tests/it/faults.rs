@@ -568,7 +568,7 @@ fn read_all(b: &MemcachedBackend, keys: &[&str]) -> Answers {
         .collect()
 }
 
-/// Issue 9 §1: with one of three servers dead, a batch answers every live server's key exactly
+/// With one of three servers dead, a batch answers every live server's key exactly
 /// and fails only the dead server's keys: when the dead server is first found (connect refused),
 /// once it is marked dead (fail fast), and for writes and deletes too.
 #[test]
@@ -667,7 +667,7 @@ fn remap_batches_move_an_ejected_servers_keys() {
     }
 }
 
-/// Issue 9 §2: a value over our item limit, written by another client to a server started with a
+/// A value over our item limit, written by another client to a server started with a
 /// larger `-I`, is an error for its key only. It used to be read as a protocol error, counted as a
 /// server failure, and eject a healthy server after two reads.
 #[test]

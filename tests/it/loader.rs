@@ -176,7 +176,7 @@ enum AppError {
     NotFound,
 }
 
-/// Issue "A new user's afternoon", 5: a loader's `AppError::NotFound` comes back typed (no
+/// A loader's `AppError::NotFound` comes back typed (no
 /// `source()` downcast) to the caller and to the threads of this process that joined its load
 /// (the same `Arc`); a follower whose loader has another error type gets the cache's
 /// `is_loader()` error, its source the `AppError`; converted with `?` (into newcache's `Error`,

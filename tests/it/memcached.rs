@@ -279,7 +279,7 @@ fn clear_behind_twemproxy_is_a_clear_error() {
     );
 }
 
-/// Issue 8 §3: memcached answers a too-long key with CLIENT_ERROR without reading the data block,
+/// memcached answers a too-long key with CLIENT_ERROR without reading the data block,
 /// so the value's bytes ran as commands: this value flushed the server. Bad input is refused with
 /// a typed error and nothing reaches the wire; in a batch, the bad entry fails alone.
 #[test]

@@ -1,4 +1,4 @@
-//! One dead server costs only its own keys (issue 9 §1), through the facade: `get_many`,
+//! One dead server costs only its own keys, through the facade: `get_many`,
 //! `get_many_or_set_with`, `set_many` and `delete_many` with one of three servers killed, under
 //! both failure policies.
 

@@ -1395,7 +1395,7 @@ fn touch_of_a_counter_to_no_expiry_refused_by_the_acl_is_denied_and_it_keeps_its
 #[test]
 fn a_refused_wait_leaves_a_stored_writes_outcome_unknown_and_its_own_refusal_first() {
     on_both(|server| {
-        // The README's list ("ACL users"), the optional ones included; no `WAIT`.
+        // The `backend::redis` docs' list of ACL commands, the optional ones included; no `WAIT`.
         let listed = [
             "+get",
             "+mget",

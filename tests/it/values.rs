@@ -1,4 +1,4 @@
-//! Values and bytes (issue 8): what `set` accepts `get` reads, rolling deploys across struct and
+//! Values and bytes: what `set` accepts `get` reads, rolling deploys across struct and
 //! codec changes, no invalid byte on the wire, far TTLs, Django's `touch` and `set_many`. Every
 //! test runs on memory, a real memcached and twemproxy.
 

@@ -1,10 +1,10 @@
 #!/bin/sh
 # 2026-12-07c: newcache's 64 tasks (side 1) against the minimal client (side 4), each side run
 # alone (`--only-side`), so that this process's counters are that side's. Run from the project
-# root after `cargo build --release -p newcache-floor --bins`.
+# root after `cargo build --release -p newcache-bench -- floorbins`.
 set -e
 out=benches/results/2026-12-07c
-F=target/release/floor
+F=target/release/bench floor
 # System calls by process (619,008 gets: 3 rounds of 199,680 and a warm-up of 19,968; the
 # setup adds about 3,600 each of sendto, recvfrom and memcached's sendmsg and read, the same on
 # every side). The memcached the floor starts are its children, which `perf stat` would count

@@ -1,6 +1,6 @@
 #!/bin/sh
 # 2026-12-07c: how far clients of 64 awaiting tasks get on this machine. Run from the project
-# root after `cargo build --release -p newcache-floor --bins`; nothing else running.
+# root after `cargo build --release -p newcache-bench -- floorbins`; nothing else running.
 #
 # 1. The minimal client in six shapes (batchers x lines in flight x keys a line), two passes
 #    alternated, 3 rounds each (every run also measures newcache, async-memcached, the ceiling,
@@ -10,7 +10,7 @@
 # 4. newcache and the minimal client with glibc's malloc or jemalloc (below).
 set -e
 out=benches/results/2026-12-07c
-F=target/release/floor
+F=target/release/bench floor
 for i in 1 2; do
   for shape in 2x4x16 2x8x8 2x2x32 2x4x32 2x1x64 2x4x8; do
     $F --rounds 3 --path async-get-64 --minimal $shape --json $out/shape-$shape-$i.json \

@@ -2,7 +2,7 @@
 # 2026-12-07b: the build before this sitting's changes (8f71651) and after, alternated, on the
 # paths they touch: the 64 tasks (memcached -t 2), the sync get and one async task (memcached
 # -t 1) idle and with one core busy, and the 100-key batch over three memcached. Run from the
-# project root with both floor binaries built (`cargo build --release -p newcache-floor --bins`
+# project root with both floor binaries built (`cargo build --release -p newcache-bench -- floorbins`
 # at each commit, copied to $BASE and $NEW).
 set -e
 out=benches/results/2026-12-07b

@@ -5,8 +5,8 @@
 #
 #   BINS=/work/bin bash benches/results/2026-12-04-final/run.sh
 #
-# BINS holds floor-{base,new}, hot-{base,new} (cargo build --release -p newcache-floor
-# -p newcache-hot at each commit, copied). The cluster floor (new only: base had no cluster
+# BINS holds floor-{base,new}, hot-{base,new} (cargo build --release -p newcache-bench
+# -p newcache-bench at each commit, copied). The cluster floor (new only: base had no cluster
 # mode) runs through benches/results/2026-12-04-redis-cluster/floor.sh.
 set -u
 cd "$(dirname "$0")"

@@ -8,14 +8,14 @@ git rev-parse HEAD > "$out/commit"; git status --porcelain >> "$out/commit"
 step() { echo "$(date -u +%T) $*" >> "$out/progress"; }
 
 step build
-cargo build --release --quiet -p newcache-hot -p newcache-stampede
+cargo build --release --quiet -p newcache-bench -p newcache-stampede
 cargo bench --bench memcached --no-run --quiet 2>/dev/null
 cargo test --release --lib --no-run --quiet 2>/dev/null
 
 # 1. Hot keys: every client at 1, 64 and 256 callers, interleaved rounds, both runtimes.
 for rt in multi-thread current-thread; do
     step "hot $rt"
-    ./target/release/hot --runtime "$rt" --rounds 2 --duration 3 --table "$out/hot-table-$rt.txt" \
+    ./target/release/bench hot --runtime "$rt" --rounds 2 --duration 3 --table "$out/hot-table-$rt.txt" \
         > "$out/hot-$rt.jsonl" 2> "$out/hot-log-$rt.txt"
 done
 
