@@ -816,9 +816,8 @@ impl Builder {
         if self.cluster { 1 } else { CLEAR_STEP as usize }
     }
 
-    /// One write's command: `SET` (`NX` for an add), or the fenced-write script for a `cas`;
-    /// `stamp` is the new item's.
-    fn store_command(&self, w: &Write<'_>, stamp: u64, read_back: bool) -> Result<Command> {
+    /// A write's key and size, checked before anything of it is built.
+    fn check_write(&self, w: &Write<'_>) -> Result<()> {
         self.check_key(w.key)?;
         let max = self.max_value_size(w.key);
         if w.value.len() > max {
@@ -830,6 +829,13 @@ impl Builder {
                 ),
             ));
         }
+        Ok(())
+    }
+
+    /// One write's command: `SET` (`NX` for an add), or the fenced-write script for a `cas`;
+    /// `stamp` is the new item's.
+    fn store_command(&self, w: &Write<'_>, stamp: u64, read_back: bool) -> Result<Command> {
+        self.check_write(w)?;
         let expiry = Expiry::from_exptime(w.exptime);
         let stored = item::encode(stamp, w.flags, w.value);
         Ok(match w.mode {
@@ -930,17 +936,7 @@ impl Builder {
         seen: &[u8],
         read_back: bool,
     ) -> Result<Request<(StoreOutcome, Option<Item>)>> {
-        self.check_key(w.key)?;
-        let max = self.max_value_size(w.key);
-        if w.value.len() > max {
-            return Err(Error::new(
-                ErrorKind::TooLarge,
-                format!(
-                    "a value of {} bytes is over the {max}-byte limit (item_size)",
-                    w.value.len()
-                ),
-            ));
-        }
+        self.check_write(w)?;
         let mut set = redis::cmd("SET");
         set.arg(w.key)
             .arg(item::encode(stamp, w.flags, w.value))
