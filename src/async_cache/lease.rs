@@ -262,45 +262,24 @@ async fn release_if_ours(
     let Ok(Some(item)) = backend.get(key).await else {
         return false;
     };
-    let Some(Action::StoreThenRead {
-        mode,
-        value,
-        exptime,
-    }) = release_abandoned(&item, token, restore, cache.now())
-    else {
+    let Some(release) = release_abandoned(&item, token, restore, cache.now()) else {
         return false;
-    };
-    let w = Write {
-        mode,
-        key,
-        value: &value,
-        flags: envelope::FLAGS,
-        exptime,
     };
     // A release that lost to a write of ours still on its way (a renewal queued on another
     // connection, which moved the CAS token) is looked at again after the settle time. A value
     // the backend failed to write back (refused, `OOM`, a broken connection) must not leave the
     // claim for others to sit out: the claim is removed instead.
-    let r = match backend.store(w).await {
-        Err(e) if !e.is_denied() && !value.is_empty() => {
-            let Action::StoreThenRead {
-                mode,
-                value,
-                exptime,
-            } = removal(mode)
-            else {
-                return false;
-            };
-            let w = Write {
-                mode,
-                key,
-                value: &value,
-                flags: envelope::FLAGS,
-                exptime,
-            };
-            backend.store(w).await
-        }
+    let r = match store_action(backend, key, &release).await {
+        Some(Err(e)) if !e.is_denied() => match release {
+            Action::StoreThenRead { mode, value, .. } if !value.is_empty() => {
+                store_action(backend, key, &removal(mode)).await
+            }
+            _ => Some(Err(e)),
+        },
         r => r,
+    };
+    let Some(r) = r else {
+        return false;
     };
     match r {
         Ok(StoreOutcome::Stored) => true,
@@ -312,4 +291,29 @@ async fn release_if_ours(
         }
         _ => false,
     }
+}
+
+/// `action`'s write of `key`, if it is one ([`Action::StoreThenRead`], its read-back not
+/// needed here).
+async fn store_action(
+    backend: &dyn AsyncBackend,
+    key: &str,
+    action: &Action,
+) -> Option<Result<StoreOutcome>> {
+    let Action::StoreThenRead {
+        mode,
+        value,
+        exptime,
+    } = action
+    else {
+        return None;
+    };
+    let w = Write {
+        mode: *mode,
+        key,
+        value,
+        flags: envelope::FLAGS,
+        exptime: *exptime,
+    };
+    Some(backend.store(w).await)
 }
