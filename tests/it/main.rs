@@ -3,6 +3,7 @@
 //! `behaviour` runs every test on the memory backend and on a real memcached (spawned on a free
 //! loopback port); `memcached` covers what needs servers of its own.
 
+mod allocations;
 mod async_cache;
 mod async_faults;
 mod behaviour;
@@ -48,6 +49,9 @@ mod redis_scripting;
 mod redis_tls;
 #[cfg(feature = "redis")]
 mod redis_wait;
+#[global_allocator]
+static ALLOCATOR: allocations::Counting = allocations::Counting;
+
 #[path = "../../src/test_support.rs"]
 mod test_support;
 mod values;
