@@ -229,7 +229,7 @@ impl Default for CacheBuilder {
             write_failures: FailurePolicy::Propagate,
             decode_policy: DecodePolicy::Error,
             failure_limit: DEFAULT_FAILURE_LIMIT,
-            replay_capacity: crate::backend::memcached::outage::DEFAULT_REPLAY_CAPACITY,
+            replay_capacity: crate::backend::memcached::DEFAULT_REPLAY_CAPACITY,
             retry_interval: DEFAULT_RETRY_INTERVAL,
             dead_servers: DeadServerPolicy::FailFast,
             lease_ttl: DEFAULT_LEASE_TTL,
@@ -821,7 +821,8 @@ impl CacheBuilder {
             }
             let connections = self.async_connections as usize;
             let (sync, health): (Arc<dyn Backend>, _) = if self.sync_pipelining {
-                let b = crate::backend::blended::Blended::new(config.clone(), connections)?;
+                let b =
+                    crate::backend::memcached::blended::Blended::new(config.clone(), connections)?;
                 let health = b.health();
                 (Arc::new(b), health)
             } else {
@@ -830,8 +831,11 @@ impl CacheBuilder {
                 (Arc::new(b), health)
             };
             self.clock_records(&health.0);
-            let engine =
-                crate::backend::engine::Engine::sharing(&config, connections, Some(health))?;
+            let engine = crate::backend::memcached::engine::Engine::sharing(
+                &config,
+                connections,
+                Some(health),
+            )?;
             Ok(Backends {
                 sync,
                 nonblocking: Arc::new(engine),
@@ -847,7 +851,7 @@ impl CacheBuilder {
 
     /// Puts the servers' replay records on the cache's clock (their stale-before times are
     /// compared with the write times of values, which are on it).
-    fn clock_records(&self, records: &[Arc<crate::backend::memcached::health::Health>]) {
+    fn clock_records(&self, records: &[Arc<crate::backend::server::health::Health>]) {
         for r in records {
             r.missed.use_clock(self.clock.clone());
         }

@@ -82,13 +82,18 @@
 //! proxy is the proxy's: the client sees its errors, not a dead server, and a replayed delete the
 //! proxy refuses is passed over. A ping checks the proxy and the server its key maps to.
 
+#[cfg(feature = "tokio")]
+pub(crate) mod blended;
 mod config;
 // The timeouts' bounds, shared with the Redis backend's configuration.
 #[cfg(feature = "redis")]
 pub(crate) use self::config::check_timeouts;
 mod conn;
-pub(crate) mod health;
-pub(crate) mod outage;
+#[cfg(feature = "tokio")]
+pub(crate) mod engine;
+// The server policies' old paths, for `redis/cluster.rs` until it imports them from
+// `backend::server`.
+pub(crate) use crate::backend::server::{health, outage};
 mod ring;
 pub(crate) mod routing;
 mod server;

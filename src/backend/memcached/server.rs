@@ -22,7 +22,7 @@ pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 
 pub(crate) struct Server {
     pub(crate) addr: String,
-    /// Shared with the engine of a sync `Cache` (`backend/blended.rs`): both paths see one
+    /// Shared with the engine of a sync `Cache` (`blended.rs`): both paths see one
     /// record of the server's faults.
     pub(crate) health: Arc<Health>,
     connect_timeout: Duration,

@@ -143,10 +143,10 @@
 //! backend sends it on a pooled blocking connection of its own (`conn.rs`, `blocking.rs`: its
 //! socket, TLS and reply reader are newcache's), the async one on redis-rs's multiplexed tokio
 //! connection (`nonblocking.rs`). Both share one `Shared`: the limits, the scripts, and
-//! the server's health (memcached's `health.rs`: transport faults mark it dead after
+//! the server's health (`backend/server/health.rs`, memcached's too: transport faults mark it dead after
 //! `failure_limit` in a row, one caller probes it every `retry_interval`), so a server marked
 //! dead through one view is dead for both. The health record holds memcached's record of
-//! missed invalidations too (`outage.rs`): a write or delete that may have missed the server is
+//! missed invalidations too (`server/outage.rs`): a write or delete that may have missed the server is
 //! recorded, and the keys are deleted there before anything else is sent (the replay), so that
 //! a server back from a partition, a pause or a restart with its data (Redis persists) never
 //! serves this process a value it invalidated meanwhile.
@@ -185,8 +185,8 @@ use self::request::{Replies, Request, noscript_retry};
 use self::script::Scripts;
 #[cfg(feature = "redis-tls")]
 pub use self::tls::RedisTls;
-use super::memcached::health::{Gate, Health};
-use super::memcached::outage::{self, Begin, Missed, Replay};
+use super::server::health::{Gate, Health};
+use super::server::outage::{self, Begin, Missed, Replay};
 use super::{Backend, Item, StoreMode, StoreOutcome, Write};
 use crate::error::{Error, ErrorKind, Result};
 use crate::rng::{Rng, entropy};

@@ -14,7 +14,8 @@
 //! the last of them (Nagle's rule), so that under load a write carries every op its callers
 //! asked for during a round trip (fewer writes and wake-ups of the server); a caller's own
 //! batch never waits for its own replies. Placement
-//! (`routing.rs`), health (`health.rs`) and the protocol (`wire.rs`) are the blocking backend's.
+//! (`routing.rs`) and the protocol (`wire.rs`) are the blocking backend's, health and the replay
+//! record every server's (`backend/server/`).
 //!
 //! # Faults
 //!
@@ -54,12 +55,12 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use self::conn::{Conn, KEYS_PER_LINE, Op, Parse, QUEUE, Reply, Slots};
-use super::memcached::MemcachedConfig;
-use super::memcached::health::{Gate, Health, MissedOf};
-use super::memcached::outage::{self, Begin, Missed, Replay};
-use super::memcached::routing::Routing;
-use super::memcached::wire::{self, Slot};
-use super::{AsyncBackend, BoxFuture, Item, StoreOutcome, Write, max_value_size};
+use super::MemcachedConfig;
+use super::routing::Routing;
+use super::wire::{self, Slot};
+use crate::backend::server::health::{Gate, Health, MissedOf};
+use crate::backend::server::outage::{self, Begin, Missed, Replay};
+use crate::backend::{AsyncBackend, BoxFuture, Item, StoreOutcome, Write, max_value_size};
 use crate::error::{Error, Result};
 use crate::ping::{PING_KEY, PingError, PingFailure};
 
@@ -71,7 +72,7 @@ struct Settings {
     item_size: usize,
     failure_limit: u32,
     retry_interval: Duration,
-    /// Keys per server recorded for replay (`outage.rs`).
+    /// Keys per server recorded for replay (`server/outage.rs`).
     replay_capacity: usize,
     /// The origin of the health clock (milliseconds since).
     started: Instant,
@@ -489,11 +490,11 @@ impl Engine {
 
     /// Refuses a `cas` with token 0 (a server without CAS reported it), naming the server.
     fn check_cas(&self, w: &Write<'_>) -> Result<()> {
-        if w.mode != super::StoreMode::Cas(0) {
+        if w.mode != crate::backend::StoreMode::Cas(0) {
             return Ok(());
         }
         let i = self.routing.route(w.key, self.routable());
-        Err(super::no_cas(Some(&self.servers[i].addr)))
+        Err(crate::backend::no_cas(Some(&self.servers[i].addr)))
     }
 
     /// Whether server `i` may be routed to; the clock is read once, and only if a server is
@@ -514,7 +515,7 @@ impl Engine {
 
     fn route_index(&self, key: &str) -> usize {
         let i = self.routing.route(key, self.routable());
-        super::note_server(&self.servers[i].addr);
+        crate::backend::note_server(&self.servers[i].addr);
         i
     }
 
@@ -533,7 +534,7 @@ impl Engine {
         F: Future<Output = Result<T>>,
     {
         let (home, i) = self.routing.home_and_route(key, self.routable());
-        super::note_server(&self.servers[i].addr);
+        crate::backend::note_server(&self.servers[i].addr);
         let elsewhere = (i != home).then_some(i);
         let capacity = self.settings.replay_capacity;
         if elsewhere.is_some() {

@@ -18,8 +18,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use parking_lot::{Condvar, Mutex};
 
-use super::wire;
 use crate::backend::Item;
+use crate::backend::memcached::wire;
 use crate::clock::Clock;
 use crate::envelope;
 use crate::error::{Error, Result};

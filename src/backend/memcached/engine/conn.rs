@@ -54,9 +54,9 @@ use tokio::sync::mpsc::error::{TryRecvError, TrySendError};
 use tokio::sync::{Notify, mpsc, oneshot};
 
 use super::Server;
-use crate::backend::memcached::health::MissedOf;
-use crate::backend::memcached::outage::{self, Replay};
 use crate::backend::memcached::wire::{self, Shape, Slot, ValueAt};
+use crate::backend::server::health::MissedOf;
+use crate::backend::server::outage::{self, Replay};
 use crate::backend::{Item, StoreOutcome};
 use crate::error::{Error, ErrorKind, Result};
 
