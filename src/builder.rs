@@ -5,12 +5,10 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::backend::memcached::{
-    DEFAULT_FAILURE_LIMIT, DEFAULT_RETRY_INTERVAL, DeadServerPolicy, MemcachedBackend,
-    MemcachedConfig, ServerSpec,
-};
+use crate::backend::Backend;
+use crate::backend::memcached::{DeadServerPolicy, MemcachedBackend, MemcachedConfig, ServerSpec};
 use crate::backend::memory::{DEFAULT_CAPACITY, MemoryBackend};
-use crate::backend::{Backend, DEFAULT_ITEM_SIZE};
+use crate::backend::server::Options;
 
 /// How many pipelined connections an `AsyncCache` keeps per memcached server by default.
 pub const DEFAULT_ASYNC_CONNECTIONS: u32 = 2;
@@ -179,18 +177,14 @@ pub struct CacheBuilder {
     herd_timeout: Duration,
     key_function: Option<KeyFunction>,
     clock: Arc<dyn Clock>,
-    connect_timeout: Duration,
-    io_timeout: Duration,
-    pool_size: u32,
+    /// What every server connection has (memcached's and Redis's configurations are made
+    /// with it), `item_size` included, which the memory backend takes too.
+    server: Options,
     async_connections: u32,
     sync_pipelining: bool,
-    item_size: usize,
     read_failures: FailurePolicy,
     write_failures: FailurePolicy,
     decode_policy: DecodePolicy,
-    failure_limit: u32,
-    replay_capacity: usize,
-    retry_interval: Duration,
     dead_servers: DeadServerPolicy,
     lease_ttl: Duration,
     max_wait: Duration,
@@ -219,18 +213,12 @@ impl Default for CacheBuilder {
             herd_timeout: DEFAULT_HERD_TIMEOUT,
             key_function: None,
             clock: Arc::new(SystemClock),
-            connect_timeout: crate::backend::memcached::DEFAULT_CONNECT_TIMEOUT,
-            io_timeout: crate::backend::memcached::DEFAULT_IO_TIMEOUT,
-            pool_size: crate::backend::memcached::DEFAULT_POOL_SIZE,
+            server: Options::default(),
             async_connections: DEFAULT_ASYNC_CONNECTIONS,
             sync_pipelining: cfg!(feature = "tokio"),
-            item_size: DEFAULT_ITEM_SIZE,
             read_failures: FailurePolicy::Absorb,
             write_failures: FailurePolicy::Propagate,
             decode_policy: DecodePolicy::Error,
-            failure_limit: DEFAULT_FAILURE_LIMIT,
-            replay_capacity: crate::backend::memcached::DEFAULT_REPLAY_CAPACITY,
-            retry_interval: DEFAULT_RETRY_INTERVAL,
             dead_servers: DeadServerPolicy::FailFast,
             lease_ttl: DEFAULT_LEASE_TTL,
             max_wait: DEFAULT_MAX_WAIT,
@@ -542,7 +530,7 @@ impl CacheBuilder {
     /// included; default 500 ms. Above zero, at most an hour.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.memcached_only.push("connect_timeout");
-        self.connect_timeout = timeout;
+        self.server.connect_timeout = timeout;
         self
     }
 
@@ -551,7 +539,7 @@ impl CacheBuilder {
     /// from when that round is sent); default 500 ms. Above zero, at most an hour.
     pub fn io_timeout(mut self, timeout: Duration) -> Self {
         self.memcached_only.push("io_timeout");
-        self.io_timeout = timeout;
+        self.server.io_timeout = timeout;
         self
     }
 
@@ -560,7 +548,7 @@ impl CacheBuilder {
     /// opens beside it for its waited writes, one write each at a time.)
     pub fn pool_size(mut self, size: u32) -> Self {
         self.memcached_only.push("pool_size");
-        self.pool_size = size;
+        self.server.pool_size = size;
         self
     }
 
@@ -598,7 +586,7 @@ impl CacheBuilder {
     /// The item size limit (`memcached -I`); default 1 MiB. memcached refuses larger items, and the
     /// memory backend refuses the same values, so that what fits in one fits in the other.
     pub fn item_size(mut self, bytes: usize) -> Self {
-        self.item_size = bytes;
+        self.server.item_size = bytes;
         self
     }
 
@@ -606,7 +594,7 @@ impl CacheBuilder {
     /// server is marked dead; default 2.
     pub fn failure_limit(mut self, failures: u32) -> Self {
         self.memcached_only.push("failure_limit");
-        self.failure_limit = failures;
+        self.server.failure_limit = failures;
         self
     }
 
@@ -619,14 +607,14 @@ impl CacheBuilder {
     /// See [`backend::memcached`](crate::backend::memcached), "When a server fails".
     pub fn replay_capacity(mut self, keys: usize) -> Self {
         self.memcached_only.push("replay_capacity");
-        self.replay_capacity = keys;
+        self.server.replay_capacity = keys;
         self
     }
 
     /// memcached: how long a dead server is left alone before one caller probes it; default 1 s.
     pub fn retry_interval(mut self, interval: Duration) -> Self {
         self.memcached_only.push("retry_interval");
-        self.retry_interval = interval;
+        self.server.retry_interval = interval;
         self
     }
 
@@ -830,7 +818,7 @@ impl CacheBuilder {
                 let health = b.health();
                 (Arc::new(b), health)
             };
-            self.clock_records(&health.0);
+            self.clock_records(&health);
             let engine = crate::backend::memcached::engine::Engine::sharing(
                 &config,
                 connections,
@@ -844,7 +832,7 @@ impl CacheBuilder {
         #[cfg(not(feature = "tokio"))]
         {
             let b = MemcachedBackend::new(config)?;
-            self.clock_records(&b.health().0);
+            self.clock_records(&b.health());
             Ok(Backends { sync: Arc::new(b) })
         }
     }
@@ -866,14 +854,7 @@ impl CacheBuilder {
         for s in servers {
             specs.push(ServerSpec::parse(s)?);
         }
-        let mut config = MemcachedConfig::new(specs);
-        config.connect_timeout = self.connect_timeout;
-        config.io_timeout = self.io_timeout;
-        config.pool_size = self.pool_size;
-        config.item_size = self.item_size;
-        config.failure_limit = self.failure_limit;
-        config.replay_capacity = self.replay_capacity;
-        config.retry_interval = self.retry_interval;
+        let mut config = MemcachedConfig::with_options(specs, self.server);
         config.dead_servers = self.dead_servers;
         Ok(config)
     }
@@ -899,14 +880,7 @@ impl CacheBuilder {
     /// The Redis settings of the server at `url`.
     #[cfg(feature = "redis")]
     fn redis_config_for(&self, url: &str) -> crate::backend::redis::RedisConfig {
-        let mut config = crate::backend::redis::RedisConfig::new(url.to_owned());
-        config.connect_timeout = self.connect_timeout;
-        config.io_timeout = self.io_timeout;
-        config.pool_size = self.pool_size;
-        config.item_size = self.item_size;
-        config.failure_limit = self.failure_limit;
-        config.retry_interval = self.retry_interval;
-        config.replay_capacity = self.replay_capacity;
+        let mut config = crate::backend::redis::RedisConfig::with_options(url, self.server);
         config.wait = self.redis_wait;
         #[cfg(feature = "redis-tls")]
         {
@@ -971,11 +945,11 @@ impl CacheBuilder {
         if self.name.is_empty() {
             return Err(Error::config("the cache's name must not be empty"));
         }
-        if !(MIN_ITEM_SIZE..=MAX_ITEM_SIZE).contains(&self.item_size) {
+        if !(MIN_ITEM_SIZE..=MAX_ITEM_SIZE).contains(&self.server.item_size) {
             return Err(Error::config(format!(
                 "item_size must be {MIN_ITEM_SIZE} bytes to 1 GiB (a 250-byte key, memcached's \
                  item overhead, the largest envelope header and a small value), got {}",
-                self.item_size
+                self.server.item_size
             )));
         }
         for (setting, d) in [
@@ -989,7 +963,7 @@ impl CacheBuilder {
         if self.format.max_decode == 0 {
             return Err(Error::config("max_decode_size must be more than zero"));
         }
-        if self.failure_limit == 0 {
+        if self.server.failure_limit == 0 {
             return Err(Error::config("failure_limit must be at least 1"));
         }
         if self.herd_timeout.is_zero() {
@@ -1033,7 +1007,7 @@ impl CacheBuilder {
             BackendChoice::Custom(b) => Backends::in_process(b),
             BackendChoice::Memory => Backends::in_process(Arc::new(MemoryBackend::with_item_size(
                 self.memory_capacity,
-                self.item_size,
+                self.server.item_size,
                 self.clock.clone(),
             ))),
             BackendChoice::Memcached { .. } => self.memcached_backends()?,

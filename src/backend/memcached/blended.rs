@@ -86,9 +86,9 @@ impl Blended {
         })
     }
 
-    /// Every server's health record and the origin of its clock: one with the pool, its own
-    /// engine's and any other engine built with them (`Engine::sharing`).
-    pub(crate) fn health(&self) -> (Vec<Arc<crate::backend::server::health::Health>>, Instant) {
+    /// Every server's health record: one with the pool, its own engine's and any other engine
+    /// built with them (`Engine::sharing`).
+    pub(crate) fn health(&self) -> Vec<Arc<crate::backend::server::health::Health>> {
         self.pool.health()
     }
 
@@ -132,8 +132,7 @@ impl Blended {
     /// Starts the engine's thread. Its runtime is built and dropped on that thread, never on the
     /// caller's (which may be a runtime's own, where dropping a runtime panics).
     fn start(&self) -> Result<Lane> {
-        let (records, started) = self.pool.health();
-        let engine = Engine::sharing(&self.config, self.connections, Some((records, started)))?;
+        let engine = Engine::sharing(&self.config, self.connections, Some(self.pool.health()))?;
         let (ready, handle) = std::sync::mpsc::sync_channel(1);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let token = Arc::new(());
