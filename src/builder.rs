@@ -50,7 +50,32 @@ impl Cache {
     }
 }
 
+/// Which backends use a setting: one given explicitly that the chosen backend does not use is
+/// named in a warning at build.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum UsedBy {
+    /// Every server backend: memcached and Redis (the settings of [`Options`]).
+    Servers,
+    Memcached,
+    #[cfg(feature = "redis")]
+    Redis,
+    Memory,
+}
+
 impl BackendChoice {
+    /// Whether this backend uses the settings of `by` (a custom backend uses none).
+    fn uses(&self, by: UsedBy) -> bool {
+        match self {
+            BackendChoice::Memory => by == UsedBy::Memory,
+            BackendChoice::Memcached { .. } => matches!(by, UsedBy::Servers | UsedBy::Memcached),
+            #[cfg(feature = "redis")]
+            BackendChoice::Redis { .. } | BackendChoice::RedisCluster { .. } => {
+                matches!(by, UsedBy::Servers | UsedBy::Redis)
+            }
+            BackendChoice::Custom(_) => false,
+        }
+    }
+
     fn name(&self) -> &'static str {
         match self {
             BackendChoice::Memory => {
@@ -166,10 +191,9 @@ enum BackendChoice {
 pub struct CacheBuilder {
     backend: BackendChoice,
     memory_capacity: usize,
-    /// Settings given explicitly that only one kind of backend uses (warned about at build when
-    /// another is in use).
-    memcached_only: Vec<&'static str>,
-    memory_only: Vec<&'static str>,
+    /// The settings given explicitly, each with the backends that use it (those the chosen
+    /// backend does not use are warned about at build).
+    given: Vec<(&'static str, UsedBy)>,
     flavor: String,
     name: String,
     version: u64,
@@ -204,8 +228,7 @@ impl Default for CacheBuilder {
         CacheBuilder {
             backend: BackendChoice::Memory,
             memory_capacity: DEFAULT_CAPACITY,
-            memcached_only: Vec::new(),
-            memory_only: Vec::new(),
+            given: Vec::new(),
             flavor: String::new(),
             name: DEFAULT_NAME.to_owned(),
             version: 1,
@@ -350,6 +373,7 @@ impl CacheBuilder {
     /// warning at `build()` names it, as for the other settings it does not use).
     #[cfg(feature = "redis")]
     pub fn redis_wait(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.given("redis_wait", UsedBy::Redis);
         self.redis_wait = Some(crate::backend::redis::ReplicaWait { replicas, timeout });
         self
     }
@@ -375,6 +399,7 @@ impl CacheBuilder {
     /// parse or does not match its certificate, and TLS settings for a `redis://` URL.
     #[cfg(feature = "redis-tls")]
     pub fn redis_tls(mut self, tls: crate::backend::redis::RedisTls) -> Self {
+        self.given("redis_tls", UsedBy::Redis);
         self.redis_tls = Some(tls);
         self
     }
@@ -452,7 +477,7 @@ impl CacheBuilder {
     /// entry never add up to more; a value that cannot fit is refused as too large. Implies
     /// [`in_memory`](Self::in_memory). See [`MemoryBackend`] for how it is shared out.
     pub fn memory_capacity(mut self, bytes: usize) -> Self {
-        self.memory_only.push("memory_capacity");
+        self.given("memory_capacity", UsedBy::Memory);
         self.backend = BackendChoice::Memory;
         self.memory_capacity = bytes;
         self
@@ -529,7 +554,7 @@ impl CacheBuilder {
     /// memcached and Redis: the longest an operation waits for a connection, connecting
     /// included; default 500 ms. Above zero, at most an hour.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.memcached_only.push("connect_timeout");
+        self.given("connect_timeout", UsedBy::Servers);
         self.server.connect_timeout = timeout;
         self
     }
@@ -538,7 +563,7 @@ impl CacheBuilder {
     /// sends (one deadline for all of it; a large batch has one per round of up to 2,048 keys,
     /// from when that round is sent); default 500 ms. Above zero, at most an hour.
     pub fn io_timeout(mut self, timeout: Duration) -> Self {
-        self.memcached_only.push("io_timeout");
+        self.given("io_timeout", UsedBy::Servers);
         self.server.io_timeout = timeout;
         self
     }
@@ -547,7 +572,7 @@ impl CacheBuilder {
     /// blocking pool, and with `redis_wait` the most connections a `Cache` or an `AsyncCache`
     /// opens beside it for its waited writes, one write each at a time.)
     pub fn pool_size(mut self, size: u32) -> Self {
-        self.memcached_only.push("pool_size");
+        self.given("pool_size", UsedBy::Servers);
         self.server.pool_size = size;
         self
     }
@@ -560,7 +585,7 @@ impl CacheBuilder {
     /// too, so [`build`](Self::build) refuses 0 with or without `pipelined_sync`. memcached
     /// only.
     pub fn async_connections(mut self, connections: u32) -> Self {
-        self.memcached_only.push("async_connections");
+        self.given("async_connections", UsedBy::Memcached);
         self.async_connections = connections;
         self
     }
@@ -578,7 +603,7 @@ impl CacheBuilder {
     /// waiting for a pooled one each: more gets a second and a far shorter tail than the pool
     /// alone, and a lone thread keeps the pool's latency.
     pub fn pipelined_sync(mut self, on: bool) -> Self {
-        self.memcached_only.push("pipelined_sync");
+        self.given("pipelined_sync", UsedBy::Memcached);
         self.sync_pipelining = on && cfg!(feature = "tokio");
         self
     }
@@ -590,10 +615,10 @@ impl CacheBuilder {
         self
     }
 
-    /// memcached: consecutive failures (connect errors, timeouts, I/O errors) after which a
-    /// server is marked dead; default 2.
+    /// memcached and Redis: consecutive failures (connect errors, timeouts, I/O errors) after
+    /// which a server is marked dead; default 2.
     pub fn failure_limit(mut self, failures: u32) -> Self {
-        self.memcached_only.push("failure_limit");
+        self.given("failure_limit", UsedBy::Servers);
         self.server.failure_limit = failures;
         self
     }
@@ -606,21 +631,22 @@ impl CacheBuilder {
     /// `get_or_set_with`) instead of served as fresh.
     /// See [`backend::memcached`](crate::backend::memcached), "When a server fails".
     pub fn replay_capacity(mut self, keys: usize) -> Self {
-        self.memcached_only.push("replay_capacity");
+        self.given("replay_capacity", UsedBy::Servers);
         self.server.replay_capacity = keys;
         self
     }
 
-    /// memcached: how long a dead server is left alone before one caller probes it; default 1 s.
+    /// memcached and Redis: how long a dead server is left alone before one caller probes it;
+    /// default 1 s (doubled each time it fails again soon after coming back, up to 32 intervals).
     pub fn retry_interval(mut self, interval: Duration) -> Self {
-        self.memcached_only.push("retry_interval");
+        self.given("retry_interval", UsedBy::Servers);
         self.server.retry_interval = interval;
         self
     }
 
     /// memcached: whether the keys of a dead server fail fast (default) or move to the others.
     pub fn dead_servers(mut self, policy: DeadServerPolicy) -> Self {
-        self.memcached_only.push("dead_servers");
+        self.given("dead_servers", UsedBy::Memcached);
         self.dead_servers = policy;
         self
     }
@@ -743,10 +769,10 @@ impl CacheBuilder {
     /// (the table in [`CacheBuilder`]'s docs: a zero `item_size` or `max_wait`, a flavor that
     /// breaks memcached's key rules, a `lease_ttl` under [`MIN_LEASE_TTL`], ...).
     ///
-    /// A setting only another kind of backend uses (say `pool_size` with the memory backend, or
-    /// `memory_capacity` with memcached) is not an error: one configuration often serves a
-    /// development setup in process and a production one on memcached. `build()` warns once
-    /// (`tracing`, warn level), naming the settings it ignores.
+    /// A setting only another kind of backend uses (say `pool_size` with the memory backend,
+    /// `memory_capacity` with memcached, or `dead_servers` with Redis) is not an error: one
+    /// configuration often serves a development setup in process and a production one on
+    /// memcached. `build()` warns once (`tracing`, warn level), naming the settings it ignores.
     pub fn build(self) -> Result<Cache> {
         self.warn_unused();
         let (backend, flavor, version) = (self.backend.name(), self.flavor.clone(), self.version);
@@ -889,35 +915,19 @@ impl CacheBuilder {
         config
     }
 
+    /// Notes that `setting` was given explicitly, and which backends use it.
+    fn given(&mut self, setting: &'static str, by: UsedBy) {
+        self.given.push((setting, by));
+    }
+
     /// The settings given explicitly that the chosen backend does not use.
     fn unused(&self) -> Vec<&'static str> {
-        let mut unused: Vec<&'static str> = match self.backend {
-            BackendChoice::Memory => self.memcached_only.clone(),
-            BackendChoice::Memcached { .. } => self.memory_only.clone(),
-            #[cfg(feature = "redis")]
-            BackendChoice::Redis { .. } | BackendChoice::RedisCluster { .. } => {
-                self.memory_only.clone()
-            }
-            BackendChoice::Custom(_) => [&self.memcached_only[..], &self.memory_only[..]].concat(),
-        };
-        #[cfg(feature = "redis-tls")]
-        if self.redis_tls.is_some()
-            && !matches!(
-                self.backend,
-                BackendChoice::Redis { .. } | BackendChoice::RedisCluster { .. }
-            )
-        {
-            unused.push("redis_tls");
-        }
-        #[cfg(feature = "redis")]
-        if self.redis_wait.is_some()
-            && !matches!(
-                self.backend,
-                BackendChoice::Redis { .. } | BackendChoice::RedisCluster { .. }
-            )
-        {
-            unused.push("redis_wait");
-        }
+        let mut unused: Vec<&'static str> = self
+            .given
+            .iter()
+            .filter(|(_, by)| !self.backend.uses(*by))
+            .map(|(setting, _)| *setting)
+            .collect();
         unused.sort_unstable();
         unused.dedup();
         unused
