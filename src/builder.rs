@@ -5,12 +5,10 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::backend::memcached::{
-    DEFAULT_FAILURE_LIMIT, DEFAULT_RETRY_INTERVAL, DeadServerPolicy, MemcachedBackend,
-    MemcachedConfig, ServerSpec,
-};
+use crate::backend::Backend;
+use crate::backend::memcached::{DeadServerPolicy, MemcachedBackend, MemcachedConfig, ServerSpec};
 use crate::backend::memory::{DEFAULT_CAPACITY, MemoryBackend};
-use crate::backend::{Backend, DEFAULT_ITEM_SIZE};
+use crate::backend::server::Options;
 
 /// How many pipelined connections an `AsyncCache` keeps per memcached server by default.
 pub const DEFAULT_ASYNC_CONNECTIONS: u32 = 2;
@@ -52,7 +50,32 @@ impl Cache {
     }
 }
 
+/// Which backends use a setting: one given explicitly that the chosen backend does not use is
+/// named in a warning at build.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum UsedBy {
+    /// Every server backend: memcached and Redis (the settings of [`Options`]).
+    Servers,
+    Memcached,
+    #[cfg(feature = "redis")]
+    Redis,
+    Memory,
+}
+
 impl BackendChoice {
+    /// Whether this backend uses the settings of `by` (a custom backend uses none).
+    fn uses(&self, by: UsedBy) -> bool {
+        match self {
+            BackendChoice::Memory => by == UsedBy::Memory,
+            BackendChoice::Memcached { .. } => matches!(by, UsedBy::Servers | UsedBy::Memcached),
+            #[cfg(feature = "redis")]
+            BackendChoice::Redis { .. } | BackendChoice::RedisCluster { .. } => {
+                matches!(by, UsedBy::Servers | UsedBy::Redis)
+            }
+            BackendChoice::Custom(_) => false,
+        }
+    }
+
     fn name(&self) -> &'static str {
         match self {
             BackendChoice::Memory => {
@@ -168,10 +191,9 @@ enum BackendChoice {
 pub struct CacheBuilder {
     backend: BackendChoice,
     memory_capacity: usize,
-    /// Settings given explicitly that only one kind of backend uses (warned about at build when
-    /// another is in use).
-    memcached_only: Vec<&'static str>,
-    memory_only: Vec<&'static str>,
+    /// The settings given explicitly, each with the backends that use it (those the chosen
+    /// backend does not use are warned about at build).
+    given: Vec<(&'static str, UsedBy)>,
     flavor: String,
     name: String,
     version: u64,
@@ -179,18 +201,14 @@ pub struct CacheBuilder {
     herd_timeout: Duration,
     key_function: Option<KeyFunction>,
     clock: Arc<dyn Clock>,
-    connect_timeout: Duration,
-    io_timeout: Duration,
-    pool_size: u32,
+    /// What every server connection has (memcached's and Redis's configurations are made
+    /// with it), `item_size` included, which the memory backend takes too.
+    server: Options,
     async_connections: u32,
     sync_pipelining: bool,
-    item_size: usize,
     read_failures: FailurePolicy,
     write_failures: FailurePolicy,
     decode_policy: DecodePolicy,
-    failure_limit: u32,
-    replay_capacity: usize,
-    retry_interval: Duration,
     dead_servers: DeadServerPolicy,
     lease_ttl: Duration,
     max_wait: Duration,
@@ -210,8 +228,7 @@ impl Default for CacheBuilder {
         CacheBuilder {
             backend: BackendChoice::Memory,
             memory_capacity: DEFAULT_CAPACITY,
-            memcached_only: Vec::new(),
-            memory_only: Vec::new(),
+            given: Vec::new(),
             flavor: String::new(),
             name: DEFAULT_NAME.to_owned(),
             version: 1,
@@ -219,18 +236,12 @@ impl Default for CacheBuilder {
             herd_timeout: DEFAULT_HERD_TIMEOUT,
             key_function: None,
             clock: Arc::new(SystemClock),
-            connect_timeout: crate::backend::memcached::DEFAULT_CONNECT_TIMEOUT,
-            io_timeout: crate::backend::memcached::DEFAULT_IO_TIMEOUT,
-            pool_size: crate::backend::memcached::DEFAULT_POOL_SIZE,
+            server: Options::default(),
             async_connections: DEFAULT_ASYNC_CONNECTIONS,
             sync_pipelining: cfg!(feature = "tokio"),
-            item_size: DEFAULT_ITEM_SIZE,
             read_failures: FailurePolicy::Absorb,
             write_failures: FailurePolicy::Propagate,
             decode_policy: DecodePolicy::Error,
-            failure_limit: DEFAULT_FAILURE_LIMIT,
-            replay_capacity: crate::backend::memcached::outage::DEFAULT_REPLAY_CAPACITY,
-            retry_interval: DEFAULT_RETRY_INTERVAL,
             dead_servers: DeadServerPolicy::FailFast,
             lease_ttl: DEFAULT_LEASE_TTL,
             max_wait: DEFAULT_MAX_WAIT,
@@ -362,6 +373,7 @@ impl CacheBuilder {
     /// warning at `build()` names it, as for the other settings it does not use).
     #[cfg(feature = "redis")]
     pub fn redis_wait(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.given("redis_wait", UsedBy::Redis);
         self.redis_wait = Some(crate::backend::redis::ReplicaWait { replicas, timeout });
         self
     }
@@ -387,6 +399,7 @@ impl CacheBuilder {
     /// parse or does not match its certificate, and TLS settings for a `redis://` URL.
     #[cfg(feature = "redis-tls")]
     pub fn redis_tls(mut self, tls: crate::backend::redis::RedisTls) -> Self {
+        self.given("redis_tls", UsedBy::Redis);
         self.redis_tls = Some(tls);
         self
     }
@@ -464,7 +477,7 @@ impl CacheBuilder {
     /// entry never add up to more; a value that cannot fit is refused as too large. Implies
     /// [`in_memory`](Self::in_memory). See [`MemoryBackend`] for how it is shared out.
     pub fn memory_capacity(mut self, bytes: usize) -> Self {
-        self.memory_only.push("memory_capacity");
+        self.given("memory_capacity", UsedBy::Memory);
         self.backend = BackendChoice::Memory;
         self.memory_capacity = bytes;
         self
@@ -541,8 +554,8 @@ impl CacheBuilder {
     /// memcached and Redis: the longest an operation waits for a connection, connecting
     /// included; default 500 ms. Above zero, at most an hour.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.memcached_only.push("connect_timeout");
-        self.connect_timeout = timeout;
+        self.given("connect_timeout", UsedBy::Servers);
+        self.server.connect_timeout = timeout;
         self
     }
 
@@ -550,8 +563,8 @@ impl CacheBuilder {
     /// sends (one deadline for all of it; a large batch has one per round of up to 2,048 keys,
     /// from when that round is sent); default 500 ms. Above zero, at most an hour.
     pub fn io_timeout(mut self, timeout: Duration) -> Self {
-        self.memcached_only.push("io_timeout");
-        self.io_timeout = timeout;
+        self.given("io_timeout", UsedBy::Servers);
+        self.server.io_timeout = timeout;
         self
     }
 
@@ -559,8 +572,8 @@ impl CacheBuilder {
     /// blocking pool, and with `redis_wait` the most connections a `Cache` or an `AsyncCache`
     /// opens beside it for its waited writes, one write each at a time.)
     pub fn pool_size(mut self, size: u32) -> Self {
-        self.memcached_only.push("pool_size");
-        self.pool_size = size;
+        self.given("pool_size", UsedBy::Servers);
+        self.server.pool_size = size;
         self
     }
 
@@ -572,7 +585,7 @@ impl CacheBuilder {
     /// too, so [`build`](Self::build) refuses 0 with or without `pipelined_sync`. memcached
     /// only.
     pub fn async_connections(mut self, connections: u32) -> Self {
-        self.memcached_only.push("async_connections");
+        self.given("async_connections", UsedBy::Memcached);
         self.async_connections = connections;
         self
     }
@@ -590,7 +603,7 @@ impl CacheBuilder {
     /// waiting for a pooled one each: more gets a second and a far shorter tail than the pool
     /// alone, and a lone thread keeps the pool's latency.
     pub fn pipelined_sync(mut self, on: bool) -> Self {
-        self.memcached_only.push("pipelined_sync");
+        self.given("pipelined_sync", UsedBy::Memcached);
         self.sync_pipelining = on && cfg!(feature = "tokio");
         self
     }
@@ -598,15 +611,15 @@ impl CacheBuilder {
     /// The item size limit (`memcached -I`); default 1 MiB. memcached refuses larger items, and the
     /// memory backend refuses the same values, so that what fits in one fits in the other.
     pub fn item_size(mut self, bytes: usize) -> Self {
-        self.item_size = bytes;
+        self.server.item_size = bytes;
         self
     }
 
-    /// memcached: consecutive failures (connect errors, timeouts, I/O errors) after which a
-    /// server is marked dead; default 2.
+    /// memcached and Redis: consecutive failures (connect errors, timeouts, I/O errors) after
+    /// which a server is marked dead; default 2.
     pub fn failure_limit(mut self, failures: u32) -> Self {
-        self.memcached_only.push("failure_limit");
-        self.failure_limit = failures;
+        self.given("failure_limit", UsedBy::Servers);
+        self.server.failure_limit = failures;
         self
     }
 
@@ -618,21 +631,22 @@ impl CacheBuilder {
     /// `get_or_set_with`) instead of served as fresh.
     /// See [`backend::memcached`](crate::backend::memcached), "When a server fails".
     pub fn replay_capacity(mut self, keys: usize) -> Self {
-        self.memcached_only.push("replay_capacity");
-        self.replay_capacity = keys;
+        self.given("replay_capacity", UsedBy::Servers);
+        self.server.replay_capacity = keys;
         self
     }
 
-    /// memcached: how long a dead server is left alone before one caller probes it; default 1 s.
+    /// memcached and Redis: how long a dead server is left alone before one caller probes it;
+    /// default 1 s (doubled each time it fails again soon after coming back, up to 32 intervals).
     pub fn retry_interval(mut self, interval: Duration) -> Self {
-        self.memcached_only.push("retry_interval");
-        self.retry_interval = interval;
+        self.given("retry_interval", UsedBy::Servers);
+        self.server.retry_interval = interval;
         self
     }
 
     /// memcached: whether the keys of a dead server fail fast (default) or move to the others.
     pub fn dead_servers(mut self, policy: DeadServerPolicy) -> Self {
-        self.memcached_only.push("dead_servers");
+        self.given("dead_servers", UsedBy::Memcached);
         self.dead_servers = policy;
         self
     }
@@ -755,10 +769,10 @@ impl CacheBuilder {
     /// (the table in [`CacheBuilder`]'s docs: a zero `item_size` or `max_wait`, a flavor that
     /// breaks memcached's key rules, a `lease_ttl` under [`MIN_LEASE_TTL`], ...).
     ///
-    /// A setting only another kind of backend uses (say `pool_size` with the memory backend, or
-    /// `memory_capacity` with memcached) is not an error: one configuration often serves a
-    /// development setup in process and a production one on memcached. `build()` warns once
-    /// (`tracing`, warn level), naming the settings it ignores.
+    /// A setting only another kind of backend uses (say `pool_size` with the memory backend,
+    /// `memory_capacity` with memcached, or `dead_servers` with Redis) is not an error: one
+    /// configuration often serves a development setup in process and a production one on
+    /// memcached. `build()` warns once (`tracing`, warn level), naming the settings it ignores.
     pub fn build(self) -> Result<Cache> {
         self.warn_unused();
         let (backend, flavor, version) = (self.backend.name(), self.flavor.clone(), self.version);
@@ -821,7 +835,8 @@ impl CacheBuilder {
             }
             let connections = self.async_connections as usize;
             let (sync, health): (Arc<dyn Backend>, _) = if self.sync_pipelining {
-                let b = crate::backend::blended::Blended::new(config.clone(), connections)?;
+                let b =
+                    crate::backend::memcached::blended::Blended::new(config.clone(), connections)?;
                 let health = b.health();
                 (Arc::new(b), health)
             } else {
@@ -829,9 +844,12 @@ impl CacheBuilder {
                 let health = b.health();
                 (Arc::new(b), health)
             };
-            self.clock_records(&health.0);
-            let engine =
-                crate::backend::engine::Engine::sharing(&config, connections, Some(health))?;
+            self.clock_records(&health);
+            let engine = crate::backend::memcached::engine::Engine::sharing(
+                &config,
+                connections,
+                Some(health),
+            )?;
             Ok(Backends {
                 sync,
                 nonblocking: Arc::new(engine),
@@ -840,14 +858,14 @@ impl CacheBuilder {
         #[cfg(not(feature = "tokio"))]
         {
             let b = MemcachedBackend::new(config)?;
-            self.clock_records(&b.health().0);
+            self.clock_records(&b.health());
             Ok(Backends { sync: Arc::new(b) })
         }
     }
 
     /// Puts the servers' replay records on the cache's clock (their stale-before times are
     /// compared with the write times of values, which are on it).
-    fn clock_records(&self, records: &[Arc<crate::backend::memcached::health::Health>]) {
+    fn clock_records(&self, records: &[Arc<crate::backend::server::health::Health>]) {
         for r in records {
             r.missed.use_clock(self.clock.clone());
         }
@@ -862,14 +880,7 @@ impl CacheBuilder {
         for s in servers {
             specs.push(ServerSpec::parse(s)?);
         }
-        let mut config = MemcachedConfig::new(specs);
-        config.connect_timeout = self.connect_timeout;
-        config.io_timeout = self.io_timeout;
-        config.pool_size = self.pool_size;
-        config.item_size = self.item_size;
-        config.failure_limit = self.failure_limit;
-        config.replay_capacity = self.replay_capacity;
-        config.retry_interval = self.retry_interval;
+        let mut config = MemcachedConfig::with_options(specs, self.server);
         config.dead_servers = self.dead_servers;
         Ok(config)
     }
@@ -895,14 +906,7 @@ impl CacheBuilder {
     /// The Redis settings of the server at `url`.
     #[cfg(feature = "redis")]
     fn redis_config_for(&self, url: &str) -> crate::backend::redis::RedisConfig {
-        let mut config = crate::backend::redis::RedisConfig::new(url.to_owned());
-        config.connect_timeout = self.connect_timeout;
-        config.io_timeout = self.io_timeout;
-        config.pool_size = self.pool_size;
-        config.item_size = self.item_size;
-        config.failure_limit = self.failure_limit;
-        config.retry_interval = self.retry_interval;
-        config.replay_capacity = self.replay_capacity;
+        let mut config = crate::backend::redis::RedisConfig::with_options(url, self.server);
         config.wait = self.redis_wait;
         #[cfg(feature = "redis-tls")]
         {
@@ -911,35 +915,19 @@ impl CacheBuilder {
         config
     }
 
+    /// Notes that `setting` was given explicitly, and which backends use it.
+    fn given(&mut self, setting: &'static str, by: UsedBy) {
+        self.given.push((setting, by));
+    }
+
     /// The settings given explicitly that the chosen backend does not use.
     fn unused(&self) -> Vec<&'static str> {
-        let mut unused: Vec<&'static str> = match self.backend {
-            BackendChoice::Memory => self.memcached_only.clone(),
-            BackendChoice::Memcached { .. } => self.memory_only.clone(),
-            #[cfg(feature = "redis")]
-            BackendChoice::Redis { .. } | BackendChoice::RedisCluster { .. } => {
-                self.memory_only.clone()
-            }
-            BackendChoice::Custom(_) => [&self.memcached_only[..], &self.memory_only[..]].concat(),
-        };
-        #[cfg(feature = "redis-tls")]
-        if self.redis_tls.is_some()
-            && !matches!(
-                self.backend,
-                BackendChoice::Redis { .. } | BackendChoice::RedisCluster { .. }
-            )
-        {
-            unused.push("redis_tls");
-        }
-        #[cfg(feature = "redis")]
-        if self.redis_wait.is_some()
-            && !matches!(
-                self.backend,
-                BackendChoice::Redis { .. } | BackendChoice::RedisCluster { .. }
-            )
-        {
-            unused.push("redis_wait");
-        }
+        let mut unused: Vec<&'static str> = self
+            .given
+            .iter()
+            .filter(|(_, by)| !self.backend.uses(*by))
+            .map(|(setting, _)| *setting)
+            .collect();
         unused.sort_unstable();
         unused.dedup();
         unused
@@ -967,11 +955,11 @@ impl CacheBuilder {
         if self.name.is_empty() {
             return Err(Error::config("the cache's name must not be empty"));
         }
-        if !(MIN_ITEM_SIZE..=MAX_ITEM_SIZE).contains(&self.item_size) {
+        if !(MIN_ITEM_SIZE..=MAX_ITEM_SIZE).contains(&self.server.item_size) {
             return Err(Error::config(format!(
                 "item_size must be {MIN_ITEM_SIZE} bytes to 1 GiB (a 250-byte key, memcached's \
                  item overhead, the largest envelope header and a small value), got {}",
-                self.item_size
+                self.server.item_size
             )));
         }
         for (setting, d) in [
@@ -985,7 +973,7 @@ impl CacheBuilder {
         if self.format.max_decode == 0 {
             return Err(Error::config("max_decode_size must be more than zero"));
         }
-        if self.failure_limit == 0 {
+        if self.server.failure_limit == 0 {
             return Err(Error::config("failure_limit must be at least 1"));
         }
         if self.herd_timeout.is_zero() {
@@ -1029,7 +1017,7 @@ impl CacheBuilder {
             BackendChoice::Custom(b) => Backends::in_process(b),
             BackendChoice::Memory => Backends::in_process(Arc::new(MemoryBackend::with_item_size(
                 self.memory_capacity,
-                self.item_size,
+                self.server.item_size,
                 self.clock.clone(),
             ))),
             BackendChoice::Memcached { .. } => self.memcached_backends()?,

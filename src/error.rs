@@ -249,13 +249,9 @@ impl Error {
         typed.0.clone().downcast::<E>().ok()
     }
 
-    /// A call refused at once because server `addr` is marked dead; its source is the fault
-    /// that marked it (the last one seen), when the health record has it.
-    pub(crate) fn marked_dead(addr: &str, last_fault: Option<Error>) -> Self {
-        Error::marked_dead_on("memcached", addr, last_fault)
-    }
-
-    /// [`marked_dead`](Error::marked_dead) for a server of another kind (`redis`).
+    /// A call refused at once because the `kind` server (`memcached`, `redis`) at `addr` is
+    /// marked dead; its source is the fault that marked it (the last one seen), when the health
+    /// record has it.
     pub(crate) fn marked_dead_on(kind: &str, addr: &str, last_fault: Option<Error>) -> Self {
         let mut e = Error::new(
             ErrorKind::Backend,
@@ -676,12 +672,16 @@ mod tests {
         let batch = Error::partial(vec!["k".into()], 2, e.clone());
         let first = StdError::source(&batch).unwrap();
         assert_eq!(first.to_string(), "memcached at a:1: could not connect");
-        let dead = Error::marked_dead("a:1", Some(e.as_last_fault()));
+        let dead = Error::marked_dead_on("memcached", "a:1", Some(e.as_last_fault()));
         let fault = dead.last_fault().expect("the last fault");
         assert!(std::ptr::addr_eq(fault, StdError::source(&dead).unwrap()));
         assert_eq!(fault.to_string(), "last fault: could not connect");
         assert_eq!(StdError::source(fault).unwrap().to_string(), "refused");
-        assert!(Error::marked_dead("a:1", None).last_fault().is_none());
+        assert!(
+            Error::marked_dead_on("memcached", "a:1", None)
+                .last_fault()
+                .is_none()
+        );
         assert!(batch.last_fault().is_none());
     }
 

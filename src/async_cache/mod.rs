@@ -1,6 +1,6 @@
 //! `AsyncCache`: the facade for tokio. Every operation is the sync `Cache`'s own logic (written
 //! once, generic over [`Io`](crate::cache::io::Io)) awaited on an async backend: the memory
-//! backend, or the pipelined memcached engine (`backend/engine/`). The herd protocol's machine,
+//! backend, or the pipelined memcached engine (`backend/memcached/engine/`). The herd protocol's machine,
 //! the keys, the envelope and the stats are the same objects, so a sync `Cache` and an
 //! `AsyncCache` over the same servers interoperate, and an `AsyncCache` is a `Cache` (its core:
 //! store, stats, coalescer, keys) seen through the async backend the core keeps for its async

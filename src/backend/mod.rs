@@ -9,15 +9,17 @@ use bytes::Bytes;
 use crate::error::Result;
 use crate::ping::{PING_KEY, PingError, PingFailure};
 
-#[cfg(feature = "tokio")]
-pub(crate) mod blended;
-#[cfg(feature = "tokio")]
-pub(crate) mod engine;
 pub mod memcached;
 pub mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
+pub(crate) mod server;
 pub(crate) mod tcp;
+
+// The engine's old path, for `redis/cluster.rs` (its `join_all`) until that file imports it
+// from `memcached::engine`.
+#[cfg(all(feature = "tokio", feature = "redis"))]
+pub(crate) use self::memcached::engine;
 
 #[cfg(feature = "tokio")]
 pub(crate) use self::nonblocking::{AsyncBackend, BoxFuture};
@@ -34,7 +36,7 @@ mod nonblocking {
     pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
     /// [`Backend`](super::Backend)'s semantics, asynchronously: what `AsyncCache` runs on. The
-    /// memory backend answers at once; the memcached engine (`backend/engine/`) pipelines.
+    /// memory backend answers at once; the memcached engine (`backend/memcached/engine/`) pipelines.
     /// Every future is cancellation-safe: dropping one never desynchronises a connection or
     /// loses another caller's reply (a write already queued may still be applied).
     pub(crate) trait AsyncBackend: std::fmt::Debug + Send + Sync {

@@ -1799,3 +1799,51 @@ fn a_call_waiting_for_another_calls_connect_shares_its_connect_timeout_async() {
         "the second call failed {last:?} after the start: {a:?} {b:?}"
     );
 }
+
+/// On Redis, as on memcached, the settings every server connection has (timeouts, pool,
+/// health limits, replay capacity) are used: `build()` warns about none of them. memcached's
+/// own (`dead_servers`, `async_connections`, `pipelined_sync`) are not, and the warning names
+/// them, on one server and on a cluster. Builds only: nothing connects.
+#[test]
+fn a_redis_build_names_memcached_only_settings_as_ignored_and_not_the_shared_ones() {
+    let shared = |b: newcache::CacheBuilder| {
+        b.connect_timeout(S(2))
+            .io_timeout(S(1))
+            .pool_size(4)
+            .failure_limit(3)
+            .retry_interval(S(2))
+            .replay_capacity(100)
+    };
+    let every = [
+        "connect_timeout",
+        "io_timeout",
+        "pool_size",
+        "failure_limit",
+    ];
+    let every = [&every[..], &["retry_interval", "replay_capacity"]].concat();
+    let memcached_only = ["dead_servers", "async_connections", "pipelined_sync"];
+    for b in [
+        Cache::builder().redis("redis://127.0.0.1:1/0"),
+        Cache::builder().redis_cluster(["redis://127.0.0.1:1"]),
+    ] {
+        let logs = crate::obs::logs_at(tracing::Level::WARN, || {
+            shared(b.clone()).build().unwrap();
+        });
+        assert!(!logs.contains("ignored"), "{logs}");
+        let logs = crate::obs::logs_at(tracing::Level::WARN, || {
+            shared(b.clone())
+                .dead_servers(newcache::DeadServerPolicy::Remap)
+                .async_connections(4)
+                .pipelined_sync(false)
+                .build()
+                .unwrap();
+        });
+        assert!(logs.contains("ignored"), "{logs}");
+        for setting in memcached_only {
+            assert!(logs.contains(setting), "{setting} named: {logs}");
+        }
+        for setting in &every {
+            assert!(!logs.contains(setting), "{setting} not named: {logs}");
+        }
+    }
+}

@@ -3,20 +3,8 @@
 
 use std::time::Duration;
 
-use super::{MAX_RETRY_INTERVAL, MAX_TIMEOUT};
-use crate::backend::DEFAULT_ITEM_SIZE;
+use crate::backend::server::Options;
 use crate::error::{Error, Result};
-
-/// Default limit on getting a connection: waiting for a free pool slot, then connecting.
-pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
-/// Default limit on one operation's I/O: sending its request and reading its replies.
-pub const DEFAULT_IO_TIMEOUT: Duration = Duration::from_millis(500);
-/// Default connections per server.
-pub const DEFAULT_POOL_SIZE: u32 = 16;
-/// Default consecutive transport faults after which a server is marked dead.
-pub const DEFAULT_FAILURE_LIMIT: u32 = 2;
-/// Default time a dead server is left alone before one caller probes it.
-pub const DEFAULT_RETRY_INTERVAL: Duration = Duration::from_secs(1);
 
 /// What happens to the keys of a server that is marked dead.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -172,50 +160,56 @@ pub struct MemcachedConfig {
     pub replay_capacity: usize,
 }
 
-/// The timeouts' bounds, for every server backend: above zero (no connection could ever be
-/// made, no reply ever read) and at most [`MAX_TIMEOUT`].
-pub(crate) fn check_timeouts(connect: Duration, io: Duration) -> Result<()> {
-    for (name, t) in [("connect_timeout", connect), ("io_timeout", io)] {
-        if t.is_zero() || t > MAX_TIMEOUT {
-            return Err(Error::config(format!(
-                "{name} must be above zero and at most {MAX_TIMEOUT:?}, got {t:?}"
-            )));
-        }
-    }
-    Ok(())
-}
-
 impl MemcachedConfig {
     /// The checks every memcached client of this crate makes (the blocking backend and the async
-    /// engine): a server, non-zero timeouts (no connection could ever be made, no reply ever
-    /// read), and a `retry_interval` of at most [`MAX_RETRY_INTERVAL`].
+    /// engine): a server, and what every server's settings must be ([`Options::check`]).
     pub(crate) fn check(&self) -> Result<()> {
         if self.servers.is_empty() {
             return Err(Error::config("the memcached server list is empty"));
         }
-        check_timeouts(self.connect_timeout, self.io_timeout)?;
-        if self.retry_interval > MAX_RETRY_INTERVAL {
-            return Err(Error::config(format!(
-                "retry_interval must be at most {MAX_RETRY_INTERVAL:?} (a dead server is probed \
-                 again after it, doubling while it flaps), got {:?}",
-                self.retry_interval
-            )));
-        }
-        Ok(())
+        self.options().check()
     }
 
     /// Defaults for these servers.
     pub fn new(servers: Vec<ServerSpec>) -> MemcachedConfig {
+        MemcachedConfig::with_options(servers, Options::default())
+    }
+
+    /// These servers with the settings every server connection has, `options` (and failing
+    /// fast on a dead server's keys).
+    pub(crate) fn with_options(servers: Vec<ServerSpec>, options: Options) -> MemcachedConfig {
+        let Options {
+            connect_timeout,
+            io_timeout,
+            pool_size,
+            item_size,
+            failure_limit,
+            retry_interval,
+            replay_capacity,
+        } = options;
         MemcachedConfig {
             servers,
-            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
-            io_timeout: DEFAULT_IO_TIMEOUT,
-            pool_size: DEFAULT_POOL_SIZE,
-            item_size: DEFAULT_ITEM_SIZE,
-            failure_limit: DEFAULT_FAILURE_LIMIT,
-            replay_capacity: super::outage::DEFAULT_REPLAY_CAPACITY,
-            retry_interval: DEFAULT_RETRY_INTERVAL,
+            connect_timeout,
+            io_timeout,
+            pool_size,
+            item_size,
+            failure_limit,
+            replay_capacity,
+            retry_interval,
             dead_servers: DeadServerPolicy::FailFast,
+        }
+    }
+
+    /// The settings every server connection has, as the clients read them.
+    pub(crate) fn options(&self) -> Options {
+        Options {
+            connect_timeout: self.connect_timeout,
+            io_timeout: self.io_timeout,
+            pool_size: self.pool_size,
+            item_size: self.item_size,
+            failure_limit: self.failure_limit,
+            retry_interval: self.retry_interval,
+            replay_capacity: self.replay_capacity,
         }
     }
 }

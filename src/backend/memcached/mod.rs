@@ -81,24 +81,38 @@
 //! returns an `is_unsupported()` error (the proxy refuses `flush_all`). An outage behind the
 //! proxy is the proxy's: the client sees its errors, not a dead server, and a replayed delete the
 //! proxy refuses is passed over. A ping checks the proxy and the server its key maps to.
+//!
+//! # Internals
+//!
+//! memcached's three clients live here: the blocking pool ([`MemcachedBackend`], with
+//! `server.rs`, a server's pool, and `conn.rs`, a connection), the pipelined engine on tokio
+//! (`engine/`, what `AsyncCache` runs on), and `blended.rs`, the sync `Cache`'s backend with
+//! the `tokio` feature (the pool for a lone caller, the engine for overlapping ones). They share
+//! the placement (`ring.rs`, `routing.rs`), the protocol (`wire.rs`) and the settings
+//! (`config.rs`); what every server has, Redis's included (its settings, health record, record
+//! of missed invalidations and replay gate), is `backend/server/`'s. The pool and the engines of
+//! one cache share one health record per server.
 
+#[cfg(feature = "tokio")]
+pub(crate) mod blended;
 mod config;
-// The timeouts' bounds, shared with the Redis backend's configuration.
-#[cfg(feature = "redis")]
-pub(crate) use self::config::check_timeouts;
 mod conn;
-pub(crate) mod health;
-pub(crate) mod outage;
+#[cfg(feature = "tokio")]
+pub(crate) mod engine;
+// Every server's health and replay records, by the names this file uses (`redis/cluster.rs`
+// reaches them through here too, until it imports them from `backend::server`).
+pub(crate) use crate::backend::server::{health, outage};
 mod ring;
 pub(crate) mod routing;
 mod server;
 pub(crate) mod wire;
 
-pub use self::config::{
+pub use self::config::{DeadServerPolicy, MemcachedConfig, ServerSpec};
+// Every server's (Redis's too), where memcached's users have always found them.
+pub use crate::backend::server::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_FAILURE_LIMIT, DEFAULT_IO_TIMEOUT, DEFAULT_POOL_SIZE,
-    DEFAULT_RETRY_INTERVAL, DeadServerPolicy, MemcachedConfig, ServerSpec,
+    DEFAULT_REPLAY_CAPACITY, DEFAULT_RETRY_INTERVAL, MAX_RETRY_INTERVAL, MAX_TIMEOUT,
 };
-pub use self::outage::DEFAULT_REPLAY_CAPACITY;
 // The grace window of servers read late in a batch (the Redis Cluster's batches share it).
 #[cfg(feature = "redis")]
 pub(crate) use self::conn::GRACE;
@@ -107,12 +121,14 @@ pub(crate) use self::server::IDLE_TIMEOUT;
 
 use std::cell::OnceCell;
 use std::fmt;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use self::conn::{Conn, GETS_PER_WRITE, KEYS_PER_LINE, PIPELINE_CHUNK, Reader};
-use self::health::Gate;
 use self::routing::Routing;
 use self::server::{CheckoutError, Pooled, Server};
+use super::server::Options;
+use super::server::health::now_ms;
+use super::server::replay::{self, WaitBound};
 use super::{Backend, Item, StoreMode, StoreOutcome, Write, max_value_size};
 use crate::error::{Error, Result};
 use crate::ping::{PING_KEY, PingError, PingFailure};
@@ -127,19 +143,14 @@ use crate::ping::{PING_KEY, PingError, PingFailure};
 pub struct MemcachedBackend {
     servers: Vec<Server>,
     routing: Routing,
-    item_size: usize,
-    io_timeout: Duration,
-    failure_limit: u32,
-    retry_interval: Duration,
-    replay_capacity: usize,
-    started: Instant,
+    options: Options,
 }
 
 impl fmt::Debug for MemcachedBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MemcachedBackend")
             .field("servers", &self.servers)
-            .field("item_size", &self.item_size)
+            .field("item_size", &self.options.item_size)
             .finish_non_exhaustive()
     }
 }
@@ -198,12 +209,13 @@ fn closed_by_peer(e: &Error) -> bool {
     false
 }
 
-/// The longest `retry_interval`: a day. A dead server is always probed again eventually.
-pub const MAX_RETRY_INTERVAL: Duration = Duration::from_secs(86_400);
-
-/// The longest `connect_timeout` and `io_timeout`: an hour (a deadline is the time of a call
-/// plus one of them; "no limit" is not offered: a hung server would hold its callers forever).
-pub const MAX_TIMEOUT: Duration = Duration::from_secs(3_600);
+/// How long a caller of the pool waits for another caller's replay of what a server missed:
+/// two `io_timeout`s. That replay runs on a connection its caller holds already (no connect to
+/// wait for), its deletes within an `io_timeout` per exchange of [`PIPELINE_CHUNK`] keys.
+const REPLAY_WAIT: WaitBound = WaitBound {
+    connects: 0,
+    ios: 2,
+};
 
 impl MemcachedBackend {
     /// Sets up the pools (without connecting).
@@ -215,46 +227,24 @@ impl MemcachedBackend {
     /// ever be read).
     pub fn new(config: MemcachedConfig) -> Result<MemcachedBackend> {
         config.check()?;
-        if config.pool_size == 0 {
-            return Err(Error::config("pool_size must be at least 1"));
-        }
+        let options = config.options();
         let servers = config
             .servers
             .iter()
-            .map(|spec| {
-                Server::new(
-                    spec.addr(),
-                    config.connect_timeout,
-                    config.io_timeout,
-                    config.pool_size as usize,
-                )
-            })
+            .map(|spec| Server::new(spec.addr(), &options))
             .collect();
         Ok(MemcachedBackend {
             servers,
             routing: Routing::new(&config.servers, config.dead_servers),
-            item_size: config.item_size,
-            io_timeout: config.io_timeout,
-            failure_limit: config.failure_limit.max(1),
-            retry_interval: config.retry_interval,
-            replay_capacity: config.replay_capacity,
-            started: Instant::now(),
+            options,
         })
-    }
-
-    fn now_ms(&self) -> u64 {
-        self.started.elapsed().as_millis() as u64
     }
 
     /// Whether server `i` may be routed to; the clock is read once, and only if a server is
     /// marked dead.
     fn routable(&self) -> impl Fn(usize) -> bool + '_ {
         let now = OnceCell::new();
-        move |i| {
-            self.servers[i]
-                .health
-                .routable(|| *now.get_or_init(|| self.now_ms()))
-        }
+        move |i| self.servers[i].health.routable(|| *now.get_or_init(now_ms))
     }
 
     fn server_index(&self, key: &str) -> usize {
@@ -265,17 +255,11 @@ impl MemcachedBackend {
     /// `probe` says this caller is probing a dead server.
     fn open(&self, i: usize) -> std::result::Result<(bool, Pooled<'_>), Refused> {
         let server = &self.servers[i];
-        let probe = match server.health.gate_at(|| self.now_ms(), self.retry_interval) {
-            Gate::FailFast => {
-                return Err(Refused {
-                    probe: false,
-                    connect_fault: false,
-                    error: server.health.dead_error(&server.addr),
-                });
-            }
-            Gate::Probe => true,
-            Gate::Go => false,
-        };
+        let probe = server.health.gate().map_err(|error| Refused {
+            probe: false,
+            connect_fault: false,
+            error,
+        })?;
         match server.checkout() {
             Ok(conn) => Ok((probe, conn)),
             // A local wait: says nothing about the server.
@@ -298,25 +282,11 @@ impl MemcachedBackend {
     fn record(&self, i: usize, probe: bool, fault: Option<&Error>, answered: bool) {
         let server = &self.servers[i];
         if let Some(e) = fault {
-            server.health.note_fault(e);
-            if server.health.failure(
-                self.now_ms(),
-                self.failure_limit,
-                self.retry_interval,
-                probe,
-            ) {
+            if server.health.fault(e, probe) {
                 server.reset();
-                tracing::warn!(
-                    server = %server.addr,
-                    error = %e,
-                    "newcache: memcached server marked dead after {} consecutive failures; \
-                     probing it again after {:?} (doubling while probes fail)",
-                    self.failure_limit,
-                    self.retry_interval
-                );
             }
-        } else if answered && server.health.success_at(|| self.now_ms(), probe) {
-            tracing::warn!(server = %server.addr, "newcache: memcached server is back");
+        } else if answered {
+            server.health.answered(probe);
         }
     }
 
@@ -370,11 +340,18 @@ impl MemcachedBackend {
         let (home, i) = self.routing.home_and_route(key, self.routable());
         super::note_server(&self.servers[i].addr);
         if i != home {
-            self.missed(home).note(key, Some(i), self.replay_capacity);
+            self.missed(home)
+                .note(key, Some(i), self.options.replay_capacity);
         }
         let r = self.run(i, op);
         let elsewhere = (i != home).then_some(i);
-        outage::after_write(self.missed(home), elsewhere, key, r, self.replay_capacity)
+        outage::after_write(
+            self.missed(home),
+            elsewhere,
+            key,
+            r,
+            self.options.replay_capacity,
+        )
     }
 
     fn missed(&self, server: usize) -> &outage::Missed {
@@ -383,43 +360,28 @@ impl MemcachedBackend {
 
     /// Deletes on server `i`, over `conn`, the keys it missed while out of reach (before
     /// anything else is done there), then hands the copies written elsewhere meanwhile on to
-    /// their servers' records. While another caller replays them, waits for it (at most twice
-    /// `io_timeout` per try). A replay that fails keeps its keys for the next attempt.
+    /// their servers' records; through the replay gate, so that while another caller replays
+    /// them this one waits ([`REPLAY_WAIT`]). A replay that fails keeps its keys for the next
+    /// attempt.
     fn replay(&self, i: usize, conn: &mut Conn) -> Result<()> {
-        let missed = self.missed(i);
         let server = &self.servers[i];
-        loop {
-            match outage::Missed::begin(missed) {
-                outage::Begin::Clear => return Ok(()),
-                outage::Begin::Busy => {
-                    if !missed.wait(self.io_timeout.saturating_mul(2)) {
-                        return Err(Error::backend(
-                            "another caller's replay of the invalidations it missed is still \
-                             running",
-                        )
-                        .at_server(&server.addr));
-                    }
+        let capacity = self.options.replay_capacity;
+        replay::enter(&server.health, REPLAY_WAIT.of(&self.options), |replay| {
+            let keys: Vec<&str> = replay.keys().collect();
+            match conn.delete_all(&keys) {
+                Ok(refused) => {
+                    let other = |j| (j != i).then(|| self.missed(j));
+                    replay.done(&server.addr, refused, other, capacity);
+                    Ok(())
                 }
-                outage::Begin::Mine(replay) => {
-                    let keys: Vec<&str> = replay.keys().collect();
-                    return match conn.delete_all(&keys) {
-                        Ok(refused) => {
-                            replay.done(
-                                &server.addr,
-                                refused,
-                                |j| (j != i).then(|| self.missed(j)),
-                                self.replay_capacity,
-                            );
-                            Ok(())
-                        }
-                        Err(e) => {
-                            replay.failed(&server.addr, &e, self.replay_capacity);
-                            Err(e)
-                        }
-                    };
+                Err(e) => {
+                    replay.failed(&server.addr, &e, capacity);
+                    Err(e)
                 }
             }
-        }
+        })
+        .map_err(|e| e.at_server(&server.addr))?
+        .unwrap_or(Ok(()))
     }
 
     /// Judges an item read for `key` by its home server's record ([`outage::distrust`]).
@@ -461,7 +423,7 @@ impl MemcachedBackend {
         if !writes {
             return self.run_legs(writes, out, groups, chunk, encode, decode, None);
         }
-        let capacity = self.replay_capacity;
+        let capacity = self.options.replay_capacity;
         let remapped = !(up_before && all_up());
         let sent = outage::SentWrites::note(
             &groups,
@@ -535,7 +497,7 @@ impl MemcachedBackend {
             .max()
             .unwrap_or(0);
         for round in 0..rounds {
-            let deadline = Instant::now() + self.io_timeout;
+            let deadline = Instant::now() + self.options.io_timeout;
             // The one grace window of this round: it opens when the first server's turn comes
             // after the deadline (a hung server before it used the time), and every later late
             // server shares it, however many there are.
@@ -616,11 +578,10 @@ impl MemcachedBackend {
         self.routing.home(derived_key)
     }
 
-    /// Every server's health record and the origin of its clock, in configuration order: an
-    /// engine built with them (`Engine::sharing`) keeps one record with this pool.
-    pub(crate) fn health(&self) -> (Vec<std::sync::Arc<health::Health>>, Instant) {
-        let records = self.servers.iter().map(|s| s.health.clone()).collect();
-        (records, self.started)
+    /// Every server's health record, in configuration order: an engine built with them
+    /// (`Engine::sharing`) keeps one record with this pool.
+    pub(crate) fn health(&self) -> Vec<std::sync::Arc<health::Health>> {
+        self.servers.iter().map(|s| s.health.clone()).collect()
     }
 
     /// Asks every server at once (each one's `get` of [`PING_KEY`](crate::PING_KEY) written,
@@ -630,7 +591,7 @@ impl MemcachedBackend {
     /// once more, on a fresh connection, in a second round of those servers only.
     fn ping_all(&self) -> std::result::Result<(), PingError> {
         let n = self.servers.len();
-        let max = self.item_size;
+        let max = self.options.item_size;
         let ask = |servers: &[usize], stale: Option<&mut Vec<usize>>| {
             self.run_legs(
                 false,
@@ -688,14 +649,14 @@ impl Backend for MemcachedBackend {
 
     fn get(&self, key: &str) -> Result<Option<Item>> {
         wire::check_key(key)?;
-        let max = self.item_size;
+        let max = self.options.item_size;
         let mut item = self.on_key(key, |c| c.get(key, max))?;
         self.distrust(key, item.as_mut());
         Ok(item)
     }
 
     fn get_many(&self, keys: &[&str]) -> Vec<Result<Option<Item>>> {
-        let max = self.item_size;
+        let max = self.options.item_size;
         let mut items = self.batch(
             false,
             keys.len(),
@@ -752,7 +713,7 @@ impl Backend for MemcachedBackend {
 
     fn store_then_get(&self, w: Write<'_>) -> Result<(StoreOutcome, Option<Item>)> {
         self.check_write(&w)?;
-        let (max, item_size) = (self.max_value_size(w.key), self.item_size);
+        let (max, item_size) = (self.max_value_size(w.key), self.options.item_size);
         let (outcome, mut item) = self.on_write(w.key, |c| c.store_then_get(&w, max, item_size))?;
         self.distrust(w.key, item.as_mut());
         Ok((outcome, item))
@@ -832,7 +793,7 @@ impl Backend for MemcachedBackend {
     }
 
     fn max_value_size(&self, key: &str) -> usize {
-        max_value_size(self.item_size, key)
+        max_value_size(self.options.item_size, key)
     }
 }
 
@@ -852,6 +813,8 @@ impl MemcachedBackend {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     /// A zero `connect_timeout` used to panic inside r2d2 and a zero `io_timeout` made every

@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 
 use super::conn::Conn;
-use super::health::Health;
+use crate::backend::server::Options;
+use crate::backend::server::health::Health;
 use crate::error::{Error, ErrorKind};
 
 /// Idle connections older than this are closed rather than reused (servers and proxies close
@@ -22,11 +23,11 @@ pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 
 pub(crate) struct Server {
     pub(crate) addr: String,
-    /// Shared with the engine of a sync `Cache` (`backend/blended.rs`): both paths see one
+    /// Shared with the engine of a sync `Cache` (`blended.rs`): both paths see one
     /// record of the server's faults.
     pub(crate) health: Arc<Health>,
-    connect_timeout: Duration,
-    io_timeout: Duration,
+    options: Options,
+    /// Connections at most (`pool_size`).
     size: usize,
     pool: Mutex<Pool>,
     freed: Condvar,
@@ -100,18 +101,12 @@ impl Drop for Pooled<'_> {
 }
 
 impl Server {
-    pub(crate) fn new(
-        addr: String,
-        connect_timeout: Duration,
-        io_timeout: Duration,
-        size: usize,
-    ) -> Server {
+    pub(crate) fn new(addr: String, options: &Options) -> Server {
         Server {
+            health: Arc::new(Health::new("memcached", addr.as_str(), options)),
             addr,
-            health: Arc::default(),
-            connect_timeout,
-            io_timeout,
-            size,
+            options: *options,
+            size: options.pool_size as usize,
             pool: Mutex::new(Pool::default()),
             freed: Condvar::new(),
             generation: AtomicU64::new(0),
@@ -122,7 +117,7 @@ impl Server {
     /// Waits at most `connect_timeout` in all (for a free slot, then to connect).
     pub(crate) fn checkout(&self) -> std::result::Result<Pooled<'_>, CheckoutError> {
         let mut now = Instant::now();
-        let deadline = now + self.connect_timeout;
+        let deadline = now + self.options.connect_timeout;
         let generation = self.generation.load(Ordering::Acquire);
         let mut pool = self.pool.lock();
         while pool.busy >= self.size {
@@ -135,7 +130,7 @@ impl Server {
                         ErrorKind::Timeout,
                         format!(
                             "all {} connections to memcached at {} stayed busy for {:?}",
-                            self.size, self.addr, self.connect_timeout
+                            self.size, self.addr, self.options.connect_timeout
                         ),
                     )
                     .at_server(&self.addr),
@@ -160,7 +155,7 @@ impl Server {
             match Conn::connect(
                 &self.addr,
                 left.max(Duration::from_millis(1)),
-                self.io_timeout,
+                self.options.io_timeout,
             ) {
                 Ok(c) => pooled.conn = Some(Box::new(c)),
                 Err(e) => {
@@ -221,12 +216,13 @@ mod tests {
     }
 
     fn server(addr: &str) -> Server {
-        Server::new(
-            addr.to_owned(),
-            Duration::from_secs(2),
-            Duration::from_secs(2),
-            4,
-        )
+        let options = Options {
+            connect_timeout: Duration::from_secs(2),
+            io_timeout: Duration::from_secs(2),
+            pool_size: 4,
+            ..Options::default()
+        };
+        Server::new(addr.to_owned(), &options)
     }
 
     fn accepted_by(n: &std::sync::atomic::AtomicUsize, want: usize) -> usize {

@@ -3,11 +3,7 @@
 
 use std::time::Duration;
 
-use crate::backend::DEFAULT_ITEM_SIZE;
-use crate::backend::memcached::{
-    DEFAULT_CONNECT_TIMEOUT, DEFAULT_FAILURE_LIMIT, DEFAULT_IO_TIMEOUT, DEFAULT_POOL_SIZE,
-    DEFAULT_RETRY_INTERVAL, MAX_RETRY_INTERVAL,
-};
+use crate::backend::server::{MAX_RETRY_INTERVAL, Options};
 use crate::error::{Error, Result};
 
 /// The longest key the Redis backend takes by default: memcached's limit, so that a cache moves
@@ -98,19 +94,47 @@ pub(crate) fn redacted(url: &str) -> String {
 impl RedisConfig {
     /// The defaults, on the server at `url`.
     pub fn new(url: impl Into<String>) -> RedisConfig {
+        RedisConfig::with_options(url, Options::default())
+    }
+
+    /// The server at `url` with the settings every server connection has, `options` (and the
+    /// defaults of Redis's own).
+    pub(crate) fn with_options(url: impl Into<String>, options: Options) -> RedisConfig {
+        let Options {
+            connect_timeout,
+            io_timeout,
+            pool_size,
+            item_size,
+            failure_limit,
+            retry_interval,
+            replay_capacity,
+        } = options;
         RedisConfig {
             url: url.into(),
-            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
-            io_timeout: DEFAULT_IO_TIMEOUT,
-            pool_size: DEFAULT_POOL_SIZE,
-            failure_limit: DEFAULT_FAILURE_LIMIT,
-            retry_interval: DEFAULT_RETRY_INTERVAL,
-            item_size: DEFAULT_ITEM_SIZE,
+            connect_timeout,
+            io_timeout,
+            pool_size,
+            failure_limit,
+            retry_interval,
+            item_size,
             key_limit: DEFAULT_KEY_LIMIT,
-            replay_capacity: crate::backend::memcached::DEFAULT_REPLAY_CAPACITY,
+            replay_capacity,
             wait: None,
             #[cfg(feature = "redis-tls")]
             tls: None,
+        }
+    }
+
+    /// The settings every server connection has, as the clients read them.
+    pub(crate) fn options(&self) -> Options {
+        Options {
+            connect_timeout: self.connect_timeout,
+            io_timeout: self.io_timeout,
+            pool_size: self.pool_size,
+            item_size: self.item_size,
+            failure_limit: self.failure_limit,
+            retry_interval: self.retry_interval,
+            replay_capacity: self.replay_capacity,
         }
     }
 
@@ -136,11 +160,10 @@ impl RedisConfig {
             .map_err(|e| bad(hide_userinfo(&self.url, &e.to_string())))?;
         #[cfg(feature = "redis-tls")]
         let client = self.with_tls(client)?;
-        if self.pool_size == 0 {
-            return Err(Error::config("pool_size must be at least 1"));
-        }
-        crate::backend::memcached::check_timeouts(self.connect_timeout, self.io_timeout)?;
-        if self.retry_interval.is_zero() || self.retry_interval > MAX_RETRY_INTERVAL {
+        self.options().check()?;
+        // Redis refuses a zero interval too (memcached takes one: its dead servers are then
+        // probed at every call).
+        if self.retry_interval.is_zero() {
             return Err(Error::config(format!(
                 "retry_interval must be above zero and at most {MAX_RETRY_INTERVAL:?}"
             )));

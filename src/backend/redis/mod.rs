@@ -142,14 +142,14 @@
 //! Every operation is a `Request` built once (`request.rs`); the sync
 //! backend sends it on a pooled blocking connection of its own (`conn.rs`, `blocking.rs`: its
 //! socket, TLS and reply reader are newcache's), the async one on redis-rs's multiplexed tokio
-//! connection (`nonblocking.rs`). Both share one `Shared`: the limits, the scripts, and
-//! the server's health (memcached's `health.rs`: transport faults mark it dead after
-//! `failure_limit` in a row, one caller probes it every `retry_interval`), so a server marked
-//! dead through one view is dead for both. The health record holds memcached's record of
-//! missed invalidations too (`outage.rs`): a write or delete that may have missed the server is
-//! recorded, and the keys are deleted there before anything else is sent (the replay), so that
-//! a server back from a partition, a pause or a restart with its data (Redis persists) never
-//! serves this process a value it invalidated meanwhile.
+//! connection (`nonblocking.rs`). Both share one `Shared`: the limits, the scripts, and the
+//! server's health record (`backend/server/`, memcached's too: transport faults mark it dead
+//! after `failure_limit` in a row, one caller probes it every `retry_interval`), so a server
+//! marked dead through one view is dead for both. The record holds the server's record of
+//! missed invalidations too: a write or delete that may have missed the server is recorded, and
+//! the keys are deleted there before anything else is sent (the replay gate, one for both views
+//! and memcached's clients), so that a server back from a partition, a pause or a restart with
+//! its data (Redis persists) never serves this process a value it invalidated meanwhile.
 
 #[cfg(feature = "tokio")]
 mod batch;
@@ -185,8 +185,10 @@ use self::request::{Replies, Request, noscript_retry};
 use self::script::Scripts;
 #[cfg(feature = "redis-tls")]
 pub use self::tls::RedisTls;
-use super::memcached::health::{Gate, Health};
-use super::memcached::outage::{self, Begin, Missed, Replay};
+use super::server::Options;
+use super::server::health::Health;
+use super::server::outage::{self, Missed, Replay};
+use super::server::replay::{self, WaitBound};
 use super::{Backend, Item, StoreMode, StoreOutcome, Write};
 use crate::error::{Error, ErrorKind, Result};
 use crate::rng::{Rng, entropy};
@@ -195,6 +197,8 @@ use crate::rng::{Rng, entropy};
 #[derive(Debug)]
 pub(crate) struct Shared {
     config: RedisConfig,
+    /// The settings every server connection has, from `config`.
+    options: Options,
     /// `host:port`.
     addr: String,
     health: Arc<Health>,
@@ -202,8 +206,6 @@ pub(crate) struct Shared {
     clients: Arc<clients::Clients>,
     requests: request::Builder,
     stamps: Rng,
-    /// The origin of the health clock.
-    started: Instant,
     /// Set once the eviction policy was asked for.
     policy_checked: std::sync::atomic::AtomicBool,
     /// Set once a refusal of this client (credentials, ACL) was warned about.
@@ -226,11 +228,17 @@ impl std::fmt::Debug for Peers {
     }
 }
 
-impl Shared {
-    fn now_ms(&self) -> u64 {
-        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
-    }
+/// How long a caller waits for another's replay of what the server missed before it gives up:
+/// as long as that replay may take, its connect included (a wait for the pool or for another
+/// caller's connect, the connect, the connection's set-up: a `connect_timeout` each; its
+/// `CLIENT INFO`: an `io_timeout`) and its `UNLINK`s (an `io_timeout`; the sync pool's one
+/// retry on a stale connection, another).
+const REPLAY_WAIT: WaitBound = WaitBound {
+    connects: 3,
+    ios: 3,
+};
 
+impl Shared {
     /// A fresh stamp for a write.
     fn stamp(&self) -> u64 {
         item::stamp_of(self.stamps.next_u64())
@@ -286,33 +294,15 @@ impl Shared {
     /// dead").
     fn local_failure(&self, probe: bool, e: Error) -> Error {
         if answered(&e) {
-            self.answered(probe);
+            self.health.answered(probe);
         }
         self.answer_error(e)
     }
 
-    /// The health gate: `Ok(probe)`, or the error of a call refused while the server is dead.
-    /// Reads the clock only for a server marked dead (every call of a healthy server reads
-    /// none).
+    /// The health gate: `Ok(probe)`, or the error of a call refused while the server is dead
+    /// (nothing of it sent).
     fn gate(&self) -> Result<bool> {
-        match self
-            .health
-            .gate_at(|| self.now_ms(), self.config.retry_interval)
-        {
-            Gate::FailFast => Err(self.health.dead_error_on("redis", &self.addr).unsent()),
-            Gate::Probe => Ok(true),
-            Gate::Go => Ok(false),
-        }
-    }
-
-    /// The server answered.
-    fn answered(&self, probe: bool) {
-        // Only a probe's answer, which may bring the server back, stores the time: the other
-        // calls (every call of a healthy server) read no clock.
-        let now_ms = if probe { self.now_ms() } else { 0 };
-        if self.health.success(now_ms, probe) {
-            tracing::warn!(server = %self.addr, "newcache: redis server is back");
-        }
+        self.health.gate().map_err(Error::unsent)
     }
 
     /// Whether this caller is the first to reach the server (it then checks its eviction
@@ -435,7 +425,7 @@ impl Shared {
             // The server answered (an error reply, a denial, a `WAIT` short of replicas): it
             // missed nothing.
             Err(e) if answered(&e) || request::is_wait_failure(&e) => Err(e),
-            r => outage::after_write(self.missed(), None, key, r, self.config.replay_capacity),
+            r => outage::after_write(self.missed(), None, key, r, self.options.replay_capacity),
         }
     }
 
@@ -474,29 +464,15 @@ impl Shared {
         items
     }
 
-    /// How long a caller waits for another's replay before it gives up: as long as that
-    /// replay may take, its connect included (a wait for the pool or for another caller's
-    /// connect, the connect, the connection's set-up: a `connect_timeout` each; its
-    /// `CLIENT INFO`: an `io_timeout`) and its `UNLINK`s (an `io_timeout`; the sync pool's one
-    /// retry on a stale connection, another).
+    /// How long a caller waits for another's replay before it gives up ([`REPLAY_WAIT`]).
     fn replay_wait(&self) -> std::time::Duration {
-        let c = &self.config;
-        c.connect_timeout
-            .saturating_mul(3)
-            .saturating_add(c.io_timeout.saturating_mul(3))
+        REPLAY_WAIT.of(&self.options)
     }
 
     /// The request of a replay of `keys`: first the `CLIENT KILL`s of this process's
     /// connections dropped with a request perhaps still in the network.
     fn replay_request(&self, keys: &[&str]) -> request::ReplayRequest {
         self.requests.replay(self.clients.to_close(), keys)
-    }
-
-    /// The error of a caller that waited for another's replay in vain.
-    fn replay_busy(&self) -> Failure {
-        Failure::Local(Error::backend(
-            "another caller's replay of the invalidations it missed is still running",
-        ))
     }
 
     /// The keys of `replay` were deleted by `req`, as `done` says (refused ones passed over,
@@ -516,7 +492,7 @@ impl Shared {
                 match (keys.get(*i), there) {
                     // A key that does not fit there makes that node's older values stale.
                     (Some(key), Some(there)) => {
-                        there.missed.note(key, None, self.config.replay_capacity);
+                        there.missed.note(key, None, self.options.replay_capacity);
                     }
                     // Not a node of this process's cluster (a URL it cannot make).
                     _ => tracing::warn!(
@@ -544,34 +520,13 @@ impl Shared {
             &self.addr,
             done.refused + done.redirected.len(),
             |_| None,
-            self.config.replay_capacity,
+            self.options.replay_capacity,
         );
     }
 
     /// `replay` failed with `f`: its keys are kept for the next attempt.
     fn replay_failed<M: Deref<Target = Missed>>(&self, replay: Replay<M>, f: &Failure) {
-        replay.failed(&self.addr, f.error(), self.config.replay_capacity);
-    }
-
-    /// A transport fault; `true` if it marked the server dead (the caller drops its
-    /// connections).
-    fn fault(&self, probe: bool, e: &Error) -> bool {
-        self.health.note_fault(e);
-        let c = &self.config;
-        let dead = self
-            .health
-            .failure(self.now_ms(), c.failure_limit, c.retry_interval, probe);
-        if dead {
-            tracing::warn!(
-                server = %self.addr,
-                error = %e,
-                "newcache: redis server marked dead after {} consecutive failures; probing it \
-                 again after {:?} (doubling while probes fail)",
-                c.failure_limit,
-                c.retry_interval
-            );
-        }
-        dead
+        replay.failed(&self.addr, f.error(), self.options.replay_capacity);
     }
 }
 
@@ -823,23 +778,24 @@ impl RedisBackend {
         }
         let client = config.client()?;
         let clients = Arc::new(clients::Clients::new(config.addr()));
+        let options = config.options();
         let shared = Arc::new(Shared {
             addr: config.addr(),
-            health: Arc::new(Health::default()),
+            health: Arc::new(Health::new("redis", config.addr(), &options)),
             clients: clients.clone(),
             requests: request::Builder {
                 wait: config.wait,
-                item_size: config.item_size,
+                item_size: options.item_size,
                 key_limit: config.key_limit,
                 scripts: Scripts::new(),
                 fence: Default::default(),
                 cluster,
             },
             stamps: Rng::new(entropy()),
-            started: Instant::now(),
             policy_checked: Default::default(),
             denial_warned: Default::default(),
             peers: Default::default(),
+            options,
             config,
         });
         let info = client.get_connection_info();
@@ -870,7 +826,7 @@ impl RedisBackend {
     /// and its reply within the batch's connect deadline, [`LATE`](conn::LATE) at least).
     pub(super) fn slots_by(&self, by: Option<Instant>) -> Result<Vec<slots::Range>> {
         let sent = self.begin_by(Ok(self.shared.requests.cluster_slots()), by)?;
-        let mut window = by.map(|by| Window::until(by, self.shared.config.io_timeout));
+        let mut window = by.map(|by| Window::until(by, self.shared.options.io_timeout));
         let reply = self.finish(sent, window.as_mut())?;
         slots::parse_slots(reply, &self.shared.addr).map_err(|e| self.shared.annotate(e))
     }
@@ -1012,7 +968,7 @@ impl RedisBackend {
         let replies = self
             .read(&req, conn, window)
             .map_err(|f| self.judge(probe, conn::starved(f, cut)))?;
-        s.answered(probe);
+        s.health.answered(probe);
         if s.first_answer() {
             let policy = self.send(&s.requests.policy()).ok();
             let policy = policy.and_then(|r| (s.requests.policy().read)(r).ok().flatten());
@@ -1028,7 +984,7 @@ impl RedisBackend {
         match f {
             Failure::Fault(e) => {
                 let e = s.annotate(e);
-                if s.fault(probe, &e) {
+                if s.health.fault(&e, probe) {
                     self.pool.clear();
                     self.waited.clear();
                 }
@@ -1109,37 +1065,28 @@ impl RedisBackend {
     /// (or waits for the caller doing it). A replay that fails keeps its keys for the next one.
     fn replay(&self) -> std::result::Result<(), Failure> {
         let s = &self.shared;
-        loop {
-            match Missed::begin(s.missed()) {
-                Begin::Clear => return Ok(()),
-                Begin::Busy => {
-                    if !s.missed().wait(s.replay_wait()) {
-                        return Err(s.replay_busy());
-                    }
+        let ran = replay::enter(&s.health, s.replay_wait(), |replay| {
+            let keys: Vec<&str> = replay.keys().collect();
+            let req = s.replay_request(&keys);
+            drop(keys);
+            let r = self.send(&req.request).and_then(|vs| match req.read(vs) {
+                Ok(Ok(done)) => Ok(done),
+                // Not serving yet: nothing against it, and the keys are kept.
+                Ok(Err(e)) => Err(Failure::Local(e)),
+                Err(e) => Err(Failure::Fault(e)),
+            });
+            match r {
+                Ok(done) => {
+                    s.replayed(replay, &req, &done);
+                    Ok(())
                 }
-                Begin::Mine(replay) => {
-                    let keys: Vec<&str> = replay.keys().collect();
-                    let req = s.replay_request(&keys);
-                    drop(keys);
-                    let r = self.send(&req.request).and_then(|vs| match req.read(vs) {
-                        Ok(Ok(done)) => Ok(done),
-                        // Not serving yet: nothing against it, and the keys are kept.
-                        Ok(Err(e)) => Err(Failure::Local(e)),
-                        Err(e) => Err(Failure::Fault(e)),
-                    });
-                    return match r {
-                        Ok(done) => {
-                            s.replayed(replay, &req, &done);
-                            Ok(())
-                        }
-                        Err(f) => {
-                            s.replay_failed(replay, &f);
-                            Err(f)
-                        }
-                    };
+                Err(f) => {
+                    s.replay_failed(replay, &f);
+                    Err(f)
                 }
             }
-        }
+        });
+        ran.map_err(Failure::Local)?.unwrap_or(Ok(()))
     }
 
     /// The replies to `req`'s commands, outside the health gate (a replay, the policy check).
@@ -1247,7 +1194,7 @@ impl RedisBackend {
         mut conn: conn::Pooled<'a>,
         by: Option<Instant>,
     ) -> std::result::Result<conn::Pooled<'a>, Failure> {
-        let timeout = by.map(|_| conn::within(self.shared.config.io_timeout, by));
+        let timeout = by.map(|_| conn::within(self.shared.options.io_timeout, by));
         let late = conn.checked_late(by);
         match conn.end_check(timeout) {
             Ok(()) => Ok(conn),

@@ -34,8 +34,8 @@ use super::request::{self, Line, Pack, Replies, Reply, Request, noscript_retry};
 use super::setup::{Auth, SetUp};
 use super::waited::{self, Dialed, Waited};
 use super::{BatchOp, Failure, Shared, connect_failure, failure_of};
-use crate::backend::memcached::health::MissedOf;
-use crate::backend::memcached::outage::{Begin, Missed, Replay};
+use crate::backend::server::outage::Replay;
+use crate::backend::server::replay::{self, MissedOf};
 use crate::backend::{AsyncBackend, BoxFuture, Item, StoreOutcome, Write};
 use crate::error::{Error, ErrorKind, Result};
 use smallvec::{SmallVec, smallvec};
@@ -136,7 +136,7 @@ impl AsyncRedis {
                 live: parking_lot::Mutex::new(None),
                 connecting: tokio::sync::Mutex::new(()),
                 opened: std::sync::atomic::AtomicU64::new(0),
-                waited: Waited::new(shared.config.pool_size, shared.clients.clone()),
+                waited: Waited::new(shared.options.pool_size, shared.clients.clone()),
             }),
             shared,
             asking: false,
@@ -231,7 +231,7 @@ impl Inner {
             return Ok(c);
         }
         let s = &self.shared;
-        let by = tokio::time::Instant::now() + s.config.connect_timeout;
+        let by = tokio::time::Instant::now() + s.options.connect_timeout;
         let Ok(_one) = tokio::time::timeout_at(by, self.link.connecting.lock()).await else {
             return Err(Failure::Local(Error::new(
                 ErrorKind::Timeout,
@@ -251,7 +251,7 @@ impl Inner {
         let gets = Arc::new(Gets::start(
             &rt,
             conn.clone(),
-            self.shared.config.io_timeout,
+            self.shared.options.io_timeout,
         ));
         let id = self
             .link
@@ -282,10 +282,10 @@ impl Inner {
         by: tokio::time::Instant,
     ) -> std::result::Result<Dialed, Failure> {
         let s = &self.shared;
-        let connect_timeout = s.config.connect_timeout;
+        let connect_timeout = s.options.connect_timeout;
         let config = redis::AsyncConnectionConfig::new()
             .set_connection_timeout(Some(connect_timeout))
-            .set_response_timeout(Some(s.config.io_timeout));
+            .set_response_timeout(Some(s.options.io_timeout));
         let connect = async {
             let stream = tokio::net::TcpStream::connect(s.addr.as_str()).await?;
             stream.set_nodelay(true)?;
@@ -339,7 +339,7 @@ impl Inner {
     where
         C: Unpin + tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + 'static,
     {
-        let connect_timeout = self.shared.config.connect_timeout;
+        let connect_timeout = self.shared.options.connect_timeout;
         let late = || {
             Failure::Fault(Error::new(
                 ErrorKind::Timeout,
@@ -370,7 +370,7 @@ impl Inner {
         );
         let client = match tokio::time::timeout_at(by, self.set_up(&mut conn)).await {
             Ok(Ok(client)) => {
-                conn.set_response_timeout(self.shared.config.io_timeout);
+                conn.set_response_timeout(self.shared.options.io_timeout);
                 client
             }
             Ok(Err(f)) => {
@@ -499,14 +499,14 @@ impl Inner {
                     }
                     let e = s.annotate(e);
                     // Marked dead: the idle connections of waited writes likely broke too.
-                    if retired && s.fault(probe, &e) {
+                    if retired && s.health.fault(&e, probe) {
                         self.link.waited.clear();
                     }
                     return Err(e);
                 }
             }
         };
-        s.answered(probe);
+        s.health.answered(probe);
         if s.first_answer() {
             let ask = s.requests.policy();
             let policy = Box::pin(self.send(&ask)).await.ok();
@@ -538,35 +538,28 @@ impl Inner {
     /// the connection's state itself).
     async fn replay(self: &Arc<Self>) -> std::result::Result<(), (Option<u64>, Failure)> {
         let s = &self.shared;
-        loop {
-            match Missed::begin(MissedOf(s.health.clone())) {
-                Begin::Clear => return Ok(()),
-                Begin::Busy => {
-                    if !s.missed().wait_async(s.replay_wait()).await {
-                        return Err((None, s.replay_busy()));
-                    }
-                }
-                Begin::Mine(replay) => {
-                    let rt = runtime().map_err(|f| (None, f))?;
-                    let this = self.clone();
-                    let task = rt.spawn(async move { this.replay_now(replay).await });
-                    return match task.await {
-                        Ok(r) => r,
-                        // The runtime is shutting down (the task was dropped with it: its keys
-                        // are kept), or the task panicked.
-                        Err(e) => Err((
-                            None,
-                            Failure::Local(Error::with_source(
-                                ErrorKind::Backend,
-                                "the replay of the invalidations the server missed ended \
-                                 unfinished (its keys are kept)",
-                                e,
-                            )),
-                        )),
-                    };
-                }
+        let ran = replay::enter_async(&s.health, s.replay_wait(), |replay| async move {
+            let rt = runtime().map_err(|f| (None, f))?;
+            let this = self.clone();
+            let task = rt.spawn(async move { this.replay_now(replay).await });
+            match task.await {
+                Ok(r) => r,
+                // The runtime is shutting down (the task was dropped with it: its keys are
+                // kept), or the task panicked.
+                Err(e) => Err((
+                    None,
+                    Failure::Local(Error::with_source(
+                        ErrorKind::Backend,
+                        "the replay of the invalidations the server missed ended unfinished \
+                         (its keys are kept)",
+                        e,
+                    )),
+                )),
             }
-        }
+        });
+        ran.await
+            .map_err(|e| (None, Failure::Local(e)))?
+            .unwrap_or(Ok(()))
     }
 
     /// Runs `replay`: its `UNLINK`s, on the open connection or a new one.
@@ -638,7 +631,7 @@ impl Inner {
     /// under it is not the server's.
     async fn send_waited<T>(&self, req: &Request<T>) -> std::result::Result<Replies, Failure> {
         // A failed connect sent nothing (a cluster then sends the write to a new master).
-        let connect_timeout = self.shared.config.connect_timeout;
+        let connect_timeout = self.shared.options.connect_timeout;
         // One connect_timeout for the wait for a connection and its dial together.
         let by = tokio::time::Instant::now() + connect_timeout;
         let dial = async { self.dial(&runtime()?, by).await.map_err(Failure::unsent) };

@@ -23,8 +23,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::engine::Engine;
-use super::memcached::{MemcachedBackend, MemcachedConfig};
-use super::{AsyncBackend, Backend, BoxFuture, Item, StoreMode, StoreOutcome, Write};
+use super::{MemcachedBackend, MemcachedConfig};
+use crate::backend::{AsyncBackend, Backend, BoxFuture, Item, StoreMode, StoreOutcome, Write};
 use crate::error::{Error, ErrorKind, Result};
 
 /// The engine and the runtime its connections' tasks run on (a current-thread runtime driven by
@@ -86,9 +86,9 @@ impl Blended {
         })
     }
 
-    /// Every server's health record and the origin of its clock: one with the pool, its own
-    /// engine's and any other engine built with them (`Engine::sharing`).
-    pub(crate) fn health(&self) -> (Vec<Arc<super::memcached::health::Health>>, Instant) {
+    /// Every server's health record: one with the pool, its own engine's and any other engine
+    /// built with them (`Engine::sharing`).
+    pub(crate) fn health(&self) -> Vec<Arc<crate::backend::server::health::Health>> {
         self.pool.health()
     }
 
@@ -132,8 +132,7 @@ impl Blended {
     /// Starts the engine's thread. Its runtime is built and dropped on that thread, never on the
     /// caller's (which may be a runtime's own, where dropping a runtime panics).
     fn start(&self) -> Result<Lane> {
-        let (records, started) = self.pool.health();
-        let engine = Engine::sharing(&self.config, self.connections, Some((records, started)))?;
+        let engine = Engine::sharing(&self.config, self.connections, Some(self.pool.health()))?;
         let (ready, handle) = std::sync::mpsc::sync_channel(1);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let token = Arc::new(());
@@ -303,7 +302,7 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use super::*;
-    use crate::backend::engine::tests::{Memcached, Relay, config};
+    use crate::backend::memcached::engine::tests::{Memcached, Relay, config};
 
     fn blended(addr: String) -> Blended {
         Blended::new(config(&[addr], |_| {}), 2).unwrap()
@@ -547,7 +546,7 @@ mod coop_tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::backend::engine::tests::{Memcached, config};
+    use crate::backend::memcached::engine::tests::{Memcached, config};
 
     /// A tokio task that calls the sync backend many times in one poll (a loop over keys in
     /// an async fn, `#[tokio::main]`'s body) while another caller keeps it on the engine: the
@@ -589,8 +588,8 @@ mod health_tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::backend::engine::tests::{Memcached, config};
     use crate::backend::memcached::DeadServerPolicy;
+    use crate::backend::memcached::engine::tests::{Memcached, config};
 
     /// The pool and the engine keep separate health records. Under `DeadServerPolicy::Remap`,
     /// once the pool alone has marked a server dead (a stall only lone callers saw), a key of
@@ -644,9 +643,9 @@ mod health_tests {
 #[cfg(test)]
 mod spawn_tests {
     use super::*;
-    use crate::backend::engine::tests::{Memcached, config};
+    use crate::backend::memcached::engine::tests::{Memcached, config};
 
-    const NAME: &str = "backend::blended::spawn_tests::a_thread_that_cannot_start_falls_back_to_the_pool_on_a_runtime_thread";
+    const NAME: &str = "backend::memcached::blended::spawn_tests::a_thread_that_cannot_start_falls_back_to_the_pool_on_a_runtime_thread";
 
     /// `lane()` says a machine that cannot start a thread is not an outage (the pool serves).
     /// On a runtime's thread (which `wait` supports), the failed `spawn` drops its closure,

@@ -14,7 +14,8 @@
 //! the last of them (Nagle's rule), so that under load a write carries every op its callers
 //! asked for during a round trip (fewer writes and wake-ups of the server); a caller's own
 //! batch never waits for its own replies. Placement
-//! (`routing.rs`), health (`health.rs`) and the protocol (`wire.rs`) are the blocking backend's.
+//! (`routing.rs`) and the protocol (`wire.rs`) are the blocking backend's, health and the replay
+//! record every server's (`backend/server/`).
 //!
 //! # Faults
 //!
@@ -45,7 +46,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::Poll;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use parking_lot::Mutex;
 use smallvec::smallvec;
@@ -54,34 +55,24 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use self::conn::{Conn, KEYS_PER_LINE, Op, Parse, QUEUE, Reply, Slots};
-use super::memcached::MemcachedConfig;
-use super::memcached::health::{Gate, Health, MissedOf};
-use super::memcached::outage::{self, Begin, Missed, Replay};
-use super::memcached::routing::Routing;
-use super::memcached::wire::{self, Slot};
-use super::{AsyncBackend, BoxFuture, Item, StoreOutcome, Write, max_value_size};
+use super::MemcachedConfig;
+use super::routing::Routing;
+use super::wire::{self, Slot};
+use crate::backend::server::Options;
+use crate::backend::server::health::{Health, now_ms};
+use crate::backend::server::outage::{self, Replay};
+use crate::backend::server::replay::{self, MissedOf, WaitBound};
+use crate::backend::{AsyncBackend, BoxFuture, Item, StoreOutcome, Write, max_value_size};
 use crate::error::{Error, Result};
 use crate::ping::{PING_KEY, PingError, PingFailure};
 
-/// The settings a connection needs, copied from the configuration.
-#[derive(Debug, Clone, Copy)]
-struct Settings {
-    connect_timeout: Duration,
-    io_timeout: Duration,
-    item_size: usize,
-    failure_limit: u32,
-    retry_interval: Duration,
-    /// Keys per server recorded for replay (`outage.rs`).
-    replay_capacity: usize,
-    /// The origin of the health clock (milliseconds since).
-    started: Instant,
-}
-
-impl Settings {
-    fn now_ms(&self) -> u64 {
-        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
-    }
-}
+/// How long a caller waits for another caller's replay of what a server missed: a connect and
+/// two `io_timeout`s. That replay runs on a new connection's task, which connects first, then
+/// deletes within an `io_timeout` per round.
+const REPLAY_WAIT: WaitBound = WaitBound {
+    connects: 1,
+    ios: 2,
+};
 
 /// A pipelined memcached client on tokio: what `AsyncCache` runs on.
 ///
@@ -94,7 +85,7 @@ pub(crate) struct Engine {
     servers: Vec<Arc<Server>>,
     /// Which server holds a key (ketama; dead servers' keys remapped under `Remap`).
     routing: Routing,
-    settings: Settings,
+    options: Options,
 }
 
 impl fmt::Debug for Engine {
@@ -102,7 +93,7 @@ impl fmt::Debug for Engine {
         let addrs: Vec<&str> = self.servers.iter().map(|s| s.addr.as_str()).collect();
         f.debug_struct("Engine")
             .field("servers", &addrs)
-            .field("item_size", &self.settings.item_size)
+            .field("item_size", &self.options.item_size)
             .finish_non_exhaustive()
     }
 }
@@ -115,7 +106,7 @@ struct Server {
     /// Every server's health record, in configuration order (a replay hands the copies written
     /// elsewhere on to their servers' records).
     peers: Arc<[Arc<Health>]>,
-    settings: Settings,
+    options: Options,
     /// `connections_per_server` connections. A short lock: taken to queue an op (`try_send`)
     /// or replace the connection, never across an await.
     slots: Box<[Mutex<Option<Live>>]>,
@@ -161,30 +152,10 @@ impl Server {
     /// waiter). If it marked the server dead, its connections are closed: their queued and
     /// in-flight ops still get answers, then they end; the next ops fail fast until a probe.
     fn fault(&self, probe: bool, e: &Error) {
-        let s = &self.settings;
-        self.health.note_fault(e);
-        if self
-            .health
-            .failure(s.now_ms(), s.failure_limit, s.retry_interval, probe)
-        {
+        if self.health.fault(e, probe) {
             for slot in self.slots.iter() {
                 drop(slot.lock().take());
             }
-            tracing::warn!(
-                server = %self.addr,
-                error = %e,
-                "newcache: memcached server marked dead after {} consecutive failures; \
-                 probing it again after {:?} (doubling while probes fail)",
-                s.failure_limit,
-                s.retry_interval
-            );
-        }
-    }
-
-    /// Records a whole reply (from a probe's connection, it brings the server back).
-    fn answered(&self, probe: bool) {
-        if self.health.success_at(|| self.settings.now_ms(), probe) {
-            tracing::warn!(server = %self.addr, "newcache: memcached server is back");
         }
     }
 
@@ -214,26 +185,21 @@ impl Server {
         // A closed queue is retried on a fresh connection (the op was never queued); a queue
         // that closes again and again means connections die as soon as they open.
         for _ in 0..3 {
-            let gate = self
-                .health
-                .gate_at(|| self.settings.now_ms(), self.settings.retry_interval);
-            if gate == Gate::FailFast {
-                return Err(self.health.dead_error(&self.addr));
-            }
+            let probe = self.health.gate()?;
             // Keys this server missed are deleted there first, by a fresh connection, before it
             // writes anything (this op included); while another caller's replay runs, wait.
             let replay = self.replay_first().await?;
             let (ops, conn) = {
                 let mut live = self.slots[slot].lock();
                 let l = match &*live {
-                    Some(l) if gate == Gate::Go && !l.ops.is_closed() && replay.is_none() => l,
-                    _ => live.insert(self.open(gate == Gate::Probe, replay)?),
+                    Some(l) if !probe && !l.ops.is_closed() && replay.is_none() => l,
+                    _ => live.insert(self.open(probe, replay)?),
                 };
                 match l.conn.submit(&l.ops, op, self) {
                     Ok(()) => return Ok(()),
                     Err(TrySendError::Full(o)) if full == WhenFull::OwnConnection => {
                         // Dropping `own` closes its queue: its task answers `o`, then ends.
-                        let own = self.open(gate == Gate::Probe, None)?;
+                        let own = self.open(probe, None)?;
                         return own.conn.submit(&own.ops, o, self).map_err(|_| {
                             self.annotate(Error::backend("a new connection refused a request"))
                         });
@@ -263,26 +229,11 @@ impl Server {
     /// The replay this caller must run first, if the server's record holds keys: `None` when
     /// it holds none (or another caller's replay of them ended while this one waited).
     async fn replay_first(self: &Arc<Self>) -> Result<Option<Replay<MissedOf>>> {
-        let missed = &self.health.missed;
-        while missed.pending() {
-            match Missed::begin(MissedOf(self.health.clone())) {
-                Begin::Clear => break,
-                Begin::Mine(r) => return Ok(Some(r)),
-                Begin::Busy => {
-                    let s = &self.settings;
-                    let bound = s
-                        .connect_timeout
-                        .saturating_add(s.io_timeout.saturating_mul(2));
-                    if !missed.wait_async(bound).await {
-                        return Err(self.annotate(Error::backend(
-                            "another caller's replay of the invalidations it missed is still \
-                             running",
-                        )));
-                    }
-                }
-            }
-        }
-        Ok(None)
+        let wait = REPLAY_WAIT.of(&self.options);
+        // The replay runs later, on the new connection's task (`conn::run`).
+        replay::enter_async(&self.health, wait, std::future::ready)
+            .await
+            .map_err(|e| self.annotate(e))
     }
 
     /// Starts a connection's task on the current runtime; it connects, runs `replay` (deletes
@@ -419,45 +370,35 @@ impl Engine {
     /// # Errors
     ///
     /// A configuration error (`is_config()`) for what `MemcachedBackend::new` refuses (no
-    /// server, a zero timeout, a `retry_interval` over a day) or zero connections per server.
-    /// `pool_size` is the blocking backend's and is not used.
+    /// server, a zero timeout, a `retry_interval` over a day, a zero `pool_size`, which is the
+    /// blocking backend's and is not used here) or zero connections per server.
     #[cfg(test)]
     pub(crate) fn new(config: &MemcachedConfig, connections_per_server: usize) -> Result<Engine> {
         Engine::sharing(config, connections_per_server, None)
     }
 
-    /// [`Engine::new`], keeping the health records `shared` (one per configured server, and the
-    /// origin of their clock) with another backend: a sync `Cache`'s pool, so that a server
-    /// marked dead (or remapped) by one path is dead (or remapped) for the other.
+    /// [`Engine::new`], keeping the health records `shared` (one per configured server) with
+    /// another backend: a sync `Cache`'s pool, so that a server marked dead (or remapped) by
+    /// one path is dead (or remapped) for the other.
     pub(crate) fn sharing(
         config: &MemcachedConfig,
         connections_per_server: usize,
-        shared: Option<(Vec<Arc<Health>>, Instant)>,
+        shared: Option<Vec<Arc<Health>>>,
     ) -> Result<Engine> {
         config.check()?;
         if connections_per_server == 0 {
             return Err(Error::config("connections per server must be at least 1"));
         }
-        let settings = Settings {
-            connect_timeout: config.connect_timeout,
-            io_timeout: config.io_timeout,
-            item_size: config.item_size,
-            failure_limit: config.failure_limit.max(1),
-            retry_interval: config.retry_interval,
-            replay_capacity: config.replay_capacity,
-            started: shared
-                .as_ref()
-                .map_or_else(Instant::now, |(_, started)| *started),
-        };
-        let mut records = shared.map(|(records, _)| records.into_iter());
+        let options = config.options();
+        let mut records = shared.map(Vec::into_iter);
         let peers: Arc<[Arc<Health>]> = config
             .servers
             .iter()
-            .map(|_| {
+            .map(|spec| {
                 records
                     .as_mut()
                     .and_then(Iterator::next)
-                    .unwrap_or_default()
+                    .unwrap_or_else(|| Arc::new(Health::new("memcached", spec.addr(), &options)))
             })
             .collect();
         let servers = config
@@ -469,7 +410,7 @@ impl Engine {
                     addr: spec.addr(),
                     health: health.clone(),
                     peers: peers.clone(),
-                    settings,
+                    options,
                     slots: (0..connections_per_server)
                         .map(|_| Mutex::new(None))
                         .collect(),
@@ -483,28 +424,24 @@ impl Engine {
         Ok(Engine {
             servers,
             routing: Routing::new(&config.servers, config.dead_servers),
-            settings,
+            options,
         })
     }
 
     /// Refuses a `cas` with token 0 (a server without CAS reported it), naming the server.
     fn check_cas(&self, w: &Write<'_>) -> Result<()> {
-        if w.mode != super::StoreMode::Cas(0) {
+        if w.mode != crate::backend::StoreMode::Cas(0) {
             return Ok(());
         }
         let i = self.routing.route(w.key, self.routable());
-        Err(super::no_cas(Some(&self.servers[i].addr)))
+        Err(crate::backend::no_cas(Some(&self.servers[i].addr)))
     }
 
     /// Whether server `i` may be routed to; the clock is read once, and only if a server is
     /// marked dead.
     fn routable(&self) -> impl Fn(usize) -> bool + '_ {
         let now = OnceCell::new();
-        move |i| {
-            self.servers[i]
-                .health
-                .routable(|| *now.get_or_init(|| self.settings.now_ms()))
-        }
+        move |i| self.servers[i].health.routable(|| *now.get_or_init(now_ms))
     }
 
     /// The server to send `key` to now.
@@ -514,7 +451,7 @@ impl Engine {
 
     fn route_index(&self, key: &str) -> usize {
         let i = self.routing.route(key, self.routable());
-        super::note_server(&self.servers[i].addr);
+        crate::backend::note_server(&self.servers[i].addr);
         i
     }
 
@@ -533,9 +470,9 @@ impl Engine {
         F: Future<Output = Result<T>>,
     {
         let (home, i) = self.routing.home_and_route(key, self.routable());
-        super::note_server(&self.servers[i].addr);
+        crate::backend::note_server(&self.servers[i].addr);
         let elsewhere = (i != home).then_some(i);
-        let capacity = self.settings.replay_capacity;
+        let capacity = self.options.replay_capacity;
         if elsewhere.is_some() {
             self.missed(home).note(key, elsewhere, capacity);
         }
@@ -602,7 +539,7 @@ impl Engine {
         let up_before = all_up();
         let groups = self.by_server(n, &key, |_| Ok(()), &mut out);
         // Each command is a write.
-        let capacity = self.settings.replay_capacity;
+        let capacity = self.options.replay_capacity;
         let remapped = !(up_before && all_up());
         let sent = outage::SentWrites::note(
             &groups,
@@ -653,9 +590,9 @@ impl Engine {
             return;
         }
         let bound = self
-            .settings
+            .options
             .connect_timeout
-            .saturating_add(self.settings.io_timeout);
+            .saturating_add(self.options.io_timeout);
         let _ = tokio::time::timeout(bound, async {
             for t in tasks {
                 let _ = t.await;
@@ -887,7 +824,7 @@ impl AsyncBackend for Engine {
     }
 
     fn max_value_size(&self, key: &str) -> usize {
-        max_value_size(self.settings.item_size, key)
+        max_value_size(self.options.item_size, key)
     }
 
     /// A queued write is written and answered within `io_timeout` of reaching its socket, or
@@ -896,9 +833,9 @@ impl AsyncBackend for Engine {
     /// (its claim then lapses after `lease_ttl`, as ARCHITECTURE.md's cancellation invariant
     /// says of writes that land late).
     fn settle_time(&self) -> Duration {
-        self.settings
+        self.options
             .connect_timeout
-            .saturating_add(self.settings.io_timeout)
+            .saturating_add(self.options.io_timeout)
     }
 
     fn shutdown(&self) -> BoxFuture<'_, ()> {

@@ -54,9 +54,9 @@ use tokio::sync::mpsc::error::{TryRecvError, TrySendError};
 use tokio::sync::{Notify, mpsc, oneshot};
 
 use super::Server;
-use crate::backend::memcached::health::MissedOf;
-use crate::backend::memcached::outage::{self, Replay};
 use crate::backend::memcached::wire::{self, Shape, Slot, ValueAt};
+use crate::backend::server::outage::{self, Replay};
+use crate::backend::server::replay::MissedOf;
 use crate::backend::{Item, StoreOutcome};
 use crate::error::{Error, ErrorKind, Result};
 
@@ -690,7 +690,7 @@ pub(super) async fn run(
     let closing = Closing(&conn);
     #[cfg(test)]
     server.counters.note_connect();
-    let settings = server.settings;
+    let settings = server.options;
     let stream = match tokio::time::timeout(
         settings.connect_timeout,
         TcpStream::connect(server.addr.as_str()),
@@ -1032,7 +1032,7 @@ async fn read_loop(
     // Dropped when the writer is gone (and with it the batches' senders).
     mut writer_done: oneshot::Receiver<()>,
 ) {
-    let settings = link.server.settings;
+    let settings = link.server.options;
     let item_size = settings.item_size;
     let mut buf: Vec<u8> = Vec::with_capacity(READ_CHUNK);
     let mut start = 0;
@@ -1094,7 +1094,7 @@ async fn read_loop(
             if !in_flight.is_empty() || !batches.is_empty() {
                 progress = Instant::now();
             }
-            link.server.answered(link.probe);
+            link.server.health.answered(link.probe);
         }
         if start == buf.len() {
             buf.clear();

@@ -1,7 +1,8 @@
 //! What a server missed while this process could not reach it: the keys it invalidated there
 //! (deleted, wrote to another server instead, failed to write), deleted on that server before it
-//! serves this process again ("replayed"). Shared, with the rest of a server's health record, by
-//! the blocking pool and the async engine, and by the Redis backend's two views.
+//! serves this process again ("replayed", through the replay gate of `replay.rs`). Held in a
+//! server's health record: shared by memcached's blocking pool and async engine, and by the
+//! Redis backend's two views.
 //!
 //! Only deletes are replayed: re-sending a write could overwrite a newer one another process made
 //! after the server came back. The record is bounded ([`Missed::note`] refuses keys past its
@@ -18,14 +19,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use parking_lot::{Condvar, Mutex};
 
-use super::wire;
 use crate::backend::Item;
+use crate::backend::memcached::wire;
 use crate::clock::Clock;
 use crate::envelope;
 use crate::error::{Error, Result};
-
-/// Keys recorded per server by default before the record overflows.
-pub const DEFAULT_REPLAY_CAPACITY: usize = 10_000;
 
 /// Whether a key was recorded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -276,7 +276,7 @@ fn server_pid(port: u16) -> Option<u32> {
 }
 
 // The integration tests' relay, one file for both.
-#[path = "../../../tests/it/relay.rs"]
+#[path = "../../../../tests/it/relay.rs"]
 mod relay;
 pub(crate) use relay::Relay;
 
@@ -1542,7 +1542,7 @@ fn configuration_is_checked() {
 }
 
 /// The quick measurement (not in the default run). Release build:
-/// `cargo test --release --lib engine::tests::measure -- --ignored --nocapture`
+/// `cargo test --release --lib memcached::engine::tests::measure -- --ignored --nocapture`
 ///
 /// The 1-task figures depend on where the scheduler puts memcached's threads (see `latency`);
 /// `taskset -c 0` in front of the test binary puts everything on one CPU, the most repeatable
