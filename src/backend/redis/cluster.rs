@@ -28,7 +28,7 @@
 //! A node's error replies are answers, per key: `CLUSTERDOWN` (the key's slot unserved, or
 //! the whole cluster down) fails the keys it names, unless the refreshed map sends them
 //! elsewhere, and marks no node dead; refused because the whole cluster is down, a write is
-//! queued for the node's replay (`request::not_serving_yet`). `TRYAGAIN` should never come:
+//! queued for the node's replay (`reply::not_serving_yet`). `TRYAGAIN` should never come:
 //! it answers a multi-key command whose keys a migration split, and no command sent to a
 //! cluster node names two keys; it is taken as `CLUSTERDOWN` is.
 
@@ -44,7 +44,8 @@ use super::RedisConfig;
 use super::config::redacted;
 use super::conn::Window;
 use super::fence::Fence;
-use super::slots::{self, Redirect};
+use super::reply::{Redirect, map_suspect, redirect_of, resendable};
+use super::slots;
 use super::{BatchOp, RedisBackend};
 use crate::backend::memcached::health::Health;
 use crate::backend::memcached::outage;
@@ -170,48 +171,6 @@ fn node_url(template: &str, addr: &str) -> String {
         Some(info) => format!("{scheme}://{info}@{addr}{tail}"),
         None => format!("{scheme}://{addr}{tail}"),
     }
-}
-
-/// The redirect `e` reports, if it is one (`MOVED`, `ASK`).
-fn redirect_of(e: &Error) -> Option<Redirect> {
-    let r = super::redis_cause(e)?;
-    slots::redirect(r.code()?, r.detail())
-}
-
-/// Whether `e` may mean the node is gone (a transport fault, a dead node): not an answer (an
-/// error reply, a denial, a `WAIT` short of replicas).
-fn is_fault(e: &Error) -> bool {
-    (e.is_backend() || e.is_timeout())
-        && !e.is_denied()
-        && super::request::refusal_code(e).is_none()
-        && !super::request::is_wait_failure(e)
-}
-
-/// Whether `e` is a node's `CLUSTERDOWN` or `TRYAGAIN`: the node ran nothing, and the map may
-/// name it for slots it no longer serves (a node wiped and started again at a master's
-/// address serves none, knows no cluster and so never redirects: only the other nodes know
-/// where its slots went).
-fn is_cluster_refusal(e: &Error) -> bool {
-    matches!(
-        super::request::refusal_code(e),
-        Some("CLUSTERDOWN" | "TRYAGAIN")
-    )
-}
-
-/// Whether `e` from a node is to make the map asked again ([`Router::refresh_due`] permitting):
-/// a fault (a failover changes the map) or a cluster's refusal.
-fn map_suspect(e: &Error) -> bool {
-    is_fault(e) || is_cluster_refusal(e)
-}
-
-/// Whether a call that failed with `e` may go to another node: nothing of it ran on this one
-/// (never sent, [`Error::unsent`]), or the cluster refused it (`CLUSTERDOWN`, `TRYAGAIN`: a
-/// command so refused ran nothing). Of a pipelined write and its read-back, a refused write
-/// is the call's error; a write that ran before its read-back was refused (the cluster's state
-/// changing between the two) is sent again as the same bytes, stamp included: written twice,
-/// it is the same item.
-fn resendable(e: &Error) -> bool {
-    (e.is_unsent() && is_fault(e)) || is_cluster_refusal(e)
 }
 
 /// The error of a key whose slot no master serves (a map not known yet, or a cluster missing
