@@ -164,6 +164,7 @@ mod item;
 pub(crate) mod nonblocking;
 mod reply;
 mod request;
+mod route;
 mod script;
 mod setup;
 mod slots;

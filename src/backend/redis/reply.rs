@@ -291,22 +291,6 @@ pub(super) fn is_cluster_refusal(e: &Error) -> bool {
     matches!(refusal_code(e), Some("CLUSTERDOWN" | "TRYAGAIN"))
 }
 
-/// Whether `e` from a node is to make the map asked again ([`Router::refresh_due`] permitting):
-/// a fault (a failover changes the map) or a cluster's refusal.
-pub(super) fn map_suspect(e: &Error) -> bool {
-    is_fault(e) || is_cluster_refusal(e)
-}
-
-/// Whether a call that failed with `e` may go to another node: nothing of it ran on this one
-/// (never sent, [`Error::unsent`]), or the cluster refused it (`CLUSTERDOWN`, `TRYAGAIN`: a
-/// command so refused ran nothing). Of a pipelined write and its read-back, a refused write
-/// is the call's error; a write that ran before its read-back was refused (the cluster's state
-/// changing between the two) is sent again as the same bytes, stamp included: written twice,
-/// it is the same item.
-pub(super) fn resendable(e: &Error) -> bool {
-    (e.is_unsent() && is_fault(e)) || is_cluster_refusal(e)
-}
-
 /// A redirect a node answered for a key of a slot it does not serve.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Redirect {
