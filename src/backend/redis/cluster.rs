@@ -1,46 +1,14 @@
 //! Redis Cluster (feature `redis`): the sync and async drivers of the cluster's router
-//! (`route.rs`, which decides where each command goes) over one single-node view per master.
-//! What a user sees (resharding, a master down, a failover, `CLUSTERDOWN`) is in the
-//! module docs of `backend::redis`, "Redis Cluster"; this says how it is done.
-//!
-//! Each master the slot map names is reached through a [`RedisBackend`] of its own (and its
-//! async view), with its own `Shared`: its own health record, replay record of missed
-//! invalidations and connections, so a node down costs only its slots' keys, and nothing of
-//! the herd protocol, the health rules or the stored format is written twice. Every claim,
-//! placeholder and fenced store touches one key, so each runs on one node as it is.
-//!
-//! The slot map comes from `CLUSTER SLOTS`, asked of the seeds on first use. A `MOVED` reply
-//! (nothing was run) patches the map, sends the command again to the node it names and
-//! refreshes the whole map; an `ASK` reply sends `ASKING` and the command to the node it names,
-//! once, the map unchanged. A node's transport fault, `CLUSTERDOWN` or `TRYAGAIN` refreshes
-//! the map at most once per `retry_interval` for the whole cluster (a failover changes it; a
-//! node wiped and started again at its master's address answers `CLUSTERDOWN` for every key
-//! and never redirects), and so does a key whose slot the map has no master for (no node can
-//! redirect it: nothing is sent); a call of which nothing ran (its node's connect refused or
-//! timed out, the node marked dead, a `CLUSTERDOWN`) goes once to its slot's master in the
-//! refreshed map, if that is another node. A refresh takes the first whole map a node gives
-//! (every slot has a master); a map with a hole only if no node gives a whole one and the map
-//! in place has a hole too. A node is known by its node id: another id at a known address is
-//! a new node, with views of its own. A batch is split by node; each node's
-//! part is the single-node batch's request (one command per key on a cluster node), every
-//! node's written, then every reply read; its redirected keys are sent again where they now
-//! live; a node's failure fails only its own keys.
-//!
-//! A node's error replies are answers, per key: `CLUSTERDOWN` (the key's slot unserved, or
-//! the whole cluster down) fails the keys it names, unless the refreshed map sends them
-//! elsewhere, and marks no node dead; refused because the whole cluster is down, a write is
-//! queued for the node's replay (`reply::not_serving_yet`). `TRYAGAIN` should never come:
-//! it answers a multi-key command whose keys a migration split, and no command sent to a
-//! cluster node names two keys; it is taken as `CLUSTERDOWN` is.
+//! (`route.rs`: where each command goes, and why), over one single-node view per master. What
+//! a user sees (resharding, a master down, a failover, `CLUSTERDOWN`) is in the module docs of
+//! `backend::redis`, "Redis Cluster".
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use super::conn::Window;
 use super::fence::Fence;
-use super::route::{
-    Answers, MAX_REDIRECTS, Map, Next, Node, Round, Route, Router, finish, first_groups, waves,
-};
+use super::route::{Answers, BatchRoute, Map, Next, Node, Route, Router, waves};
 use super::{BatchOp, RedisBackend, RedisConfig};
 use crate::backend::{Backend, Item, StoreMode, StoreOutcome, Write};
 use crate::clock::Clock;
@@ -98,23 +66,14 @@ impl RedisCluster {
     fn map(&self) -> Result<Arc<Map>> {
         match self.router.current() {
             Some(m) => Ok(m),
-            None => self.refresh(None, &[]),
+            None => self.refresh(None, &[], None),
         }
     }
 
-    /// Asks the nodes (`first` first, `last` last) for the map until one answers.
-    fn refresh(&self, first: Option<&str>, last: &[&str]) -> Result<Arc<Map>> {
-        self.refresh_by(first, last, None)
-    }
-
-    /// [`refresh`](RedisCluster::refresh) (the nodes of `last` last), every node asked within
-    /// what is left until `by`, when given (a batch's connect deadline: [`RedisBackend::slots_by`]).
-    fn refresh_by(
-        &self,
-        first: Option<&str>,
-        last: &[&str],
-        by: Option<Instant>,
-    ) -> Result<Arc<Map>> {
+    /// Asks the nodes (`first` first, the nodes of `last` last) for the map until one answers,
+    /// every node asked within what is left until `by`, when given (a batch's connect deadline:
+    /// [`RedisBackend::slots_by`]).
+    fn refresh(&self, first: Option<&str>, last: &[&str], by: Option<Instant>) -> Result<Arc<Map>> {
         let mut answers = Answers::default();
         for node in self.router.candidates(first, last) {
             if let Some(whole) = answers.take(&node, node.sync.slots_by(by)) {
@@ -127,15 +86,7 @@ impl RedisCluster {
     /// After `MOVED` to `addr`: the whole map again, unless another caller is asking for it.
     fn refresh_after_move(&self, addr: &str, by: Option<Instant>) {
         if let Some(_one) = self.router.claim_refresh() {
-            let _ = self.refresh_by(Some(addr), &[], by);
-        }
-    }
-
-    /// After a batch's round: the map again if the round says so ([`Round::refresh_last`]), its
-    /// failed nodes asked last, every node within what is left until `by`.
-    fn after_failures(&self, round: &Round, by: Instant) {
-        if let Some(last) = round.refresh_last(&self.router) {
-            let _ = self.refresh_by(None, &last, Some(by));
+            let _ = self.refresh(Some(addr), &[], by);
         }
     }
 
@@ -144,7 +95,7 @@ impl RedisCluster {
     fn route(&self, key: &str) -> Result<Route> {
         let map = self.map()?;
         if self.router.hole_refresh_due(&map, std::iter::once(key)) {
-            return Route::new(&*self.refresh(None, &[])?, key);
+            return Route::new(&*self.refresh(None, &[], None)?, key);
         }
         Route::new(&map, key)
     }
@@ -162,7 +113,7 @@ impl RedisCluster {
                 Next::Send => {}
                 Next::Moved(addr) => self.refresh_after_move(&addr, None),
                 Next::Refresh(e) => {
-                    let _ = self.refresh(None, &[route.node.addr()]);
+                    let _ = self.refresh(None, &[route.node.addr()], None);
                     route.rerouted(&self.router, e)?;
                 }
             }
@@ -175,7 +126,7 @@ impl RedisCluster {
     /// round trip, not three), in one window of `io_timeout` ([`Window`]). The nodes' connects
     /// (or checks of pooled connections, every node's written before any is read) share one
     /// `connect_timeout` ([`within`](super::conn::within)), and the nodes that failed one map
-    /// refresh ([`after_failures`](RedisCluster::after_failures)): a batch over hung masters
+    /// refresh ([`BatchRoute::refresh_last`]): a batch over hung masters
     /// lasts about `connect_timeout` + `io_timeout`. A redirect round (the items a `MOVED` or
     /// `ASK` sent elsewhere, or rerouted after a refresh) reads within an `io_timeout` of its
     /// own, and its connects have what the batch's earlier connects left of theirs (the time
@@ -194,19 +145,16 @@ impl RedisCluster {
         // checks), moved on by the time its rounds spend reading replies, so a node a redirect
         // names after a slow round still has what the connects before it left.
         let mut by = Instant::now() + self.router.template.connect_timeout;
-        let mut out: Vec<Option<Result<T>>> = items.iter().map(|_| None).collect();
-        let mut rerouted = vec![false; items.len()];
-        let mut groups = match self.map() {
+        let map = match self.map() {
             Ok(map) if self.router.hole_refresh_due(&map, items.iter().map(&key)) => {
-                let map = self.refresh_by(None, &[], Some(by)).unwrap_or(map);
-                first_groups(&map, items, &key, &mut out)
+                self.refresh(None, &[], Some(by)).unwrap_or(map)
             }
-            Ok(map) => first_groups(&map, items, &key, &mut out),
+            Ok(map) => map,
             Err(e) => return items.iter().map(|_| Err(e.clone())).collect(),
         };
-        for round in 0..=MAX_REDIRECTS {
-            let mut round_of = Round::default();
-            for wave in waves(groups) {
+        let mut batch = BatchRoute::new(&map, items, &key);
+        loop {
+            for wave in waves(batch.take()) {
                 let parts: Vec<Vec<I>> = wave
                     .iter()
                     .map(|(_, _, at)| at.iter().map(|&i| items[i]).collect())
@@ -233,22 +181,21 @@ impl RedisCluster {
                     let results =
                         node.view(*asking)
                             .finish_batch(part, &op, sent, Some(&mut window));
-                    round_of.judge(&self.router, node, at, results, round, &mut out);
+                    batch.judge(&self.router, node, at, results);
                 }
                 // A read's connect (its pooled connection found closed) spent `by` itself.
                 by += reading.elapsed().saturating_sub(window.connecting());
             }
-            if let Some(addr) = &round_of.moved {
+            if let Some(addr) = batch.moved() {
                 self.refresh_after_move(addr, Some(by));
             }
-            self.after_failures(&round_of, by);
-            round_of.reroute(&self.router, items, &key, round, &mut rerouted, &mut out);
-            match round_of.next_groups() {
-                Some(next) => groups = next,
-                None => break,
+            if let Some(last) = batch.refresh_last(&self.router) {
+                let _ = self.refresh(None, &last, Some(by));
+            }
+            if !batch.next(&self.router, items, &key) {
+                return batch.finish();
             }
         }
-        finish(out)
     }
 }
 
@@ -406,10 +353,7 @@ fn no_map_ping(router: &Router, e: Error) -> PingError {
 mod nonblocking {
     use std::sync::Arc;
 
-    use super::{
-        Answers, MAX_REDIRECTS, Map, Next, Round, Route, Router, cleared, finish, first_groups,
-        no_map_ping,
-    };
+    use super::{Answers, BatchRoute, Map, Next, Route, Router, cleared, no_map_ping};
     use crate::backend::engine::join_all;
     use crate::backend::{AsyncBackend, BoxFuture, Item, StoreOutcome, Write};
     use crate::error::Result;
@@ -463,21 +407,20 @@ mod nonblocking {
         ($self:ident, $items:expr, |$it:ident| $key:expr, |$n:ident, $part:ident| $call:expr) => {
             Box::pin(async move {
                 let items = $items;
-                let mut out: Vec<Option<Result<_>>> = items.iter().map(|_| None).collect();
-                let mut rerouted = vec![false; items.len()];
-                let mut groups = match $self.map().await {
+                let map = match $self.map().await {
                     Ok(map)
                         if $self
                             .router
                             .hole_refresh_due(&map, items.iter().map(|$it| $key)) =>
                     {
-                        let map = $self.refresh(None, &[]).await.unwrap_or(map);
-                        first_groups(&map, items, &|$it: &_| $key, &mut out)
+                        $self.refresh(None, &[]).await.unwrap_or(map)
                     }
-                    Ok(map) => first_groups(&map, items, &|$it: &_| $key, &mut out),
+                    Ok(map) => map,
                     Err(e) => return items.iter().map(|_| Err(e.clone())).collect(),
                 };
-                for round in 0..=MAX_REDIRECTS {
+                let mut batch = BatchRoute::new(&map, items, |$it: &_| $key);
+                loop {
+                    let groups = batch.take();
                     let parts: Vec<Vec<_>> = groups
                         .iter()
                         .map(|(_, _, at)| at.iter().map(|&i| items[i]).collect())
@@ -491,30 +434,19 @@ mod nonblocking {
                         })
                         .collect();
                     let answers = join_all(calls).await;
-                    let mut round_of = Round::default();
                     for ((node, _, at), results) in groups.iter().zip(answers) {
-                        round_of.judge(&$self.router, node, at, results, round, &mut out);
+                        batch.judge(&$self.router, node, at, results);
                     }
-                    if let Some(addr) = &round_of.moved {
+                    if let Some(addr) = batch.moved() {
                         $self.refresh_after_move(addr).await;
                     }
-                    if let Some(last) = round_of.refresh_last(&$self.router) {
+                    if let Some(last) = batch.refresh_last(&$self.router) {
                         let _ = $self.refresh(None, &last).await;
                     }
-                    round_of.reroute(
-                        &$self.router,
-                        items,
-                        &|$it: &_| $key,
-                        round,
-                        &mut rerouted,
-                        &mut out,
-                    );
-                    match round_of.next_groups() {
-                        Some(next) => groups = next,
-                        None => break,
+                    if !batch.next(&$self.router, items, |$it: &_| $key) {
+                        return batch.finish();
                     }
                 }
-                finish(out)
             })
         };
     }

@@ -1,9 +1,37 @@
-//! Redis Cluster's routing, without I/O: the nodes met and the slot map (which master serves
-//! each slot), where a key's command is sent, and where it goes after each reply ([`Route`]
-//! for one command, [`Round`] for a batch's): again to the node a `MOVED` or `ASK` names, to
-//! its slot's master in a refreshed map when nothing of it ran, or nowhere (its error). The
-//! drivers in `cluster.rs`, sync and async, send what it says and ask the nodes for the map
-//! when it says so.
+//! Redis Cluster's routing, without I/O: the nodes met, the slot map, where a key's command
+//! is sent and where it goes after each reply ([`Route`] for one command, [`BatchRoute`] for a
+//! batch). The drivers (`cluster.rs`, sync and async) send what it says and ask the nodes for
+//! the map when it says so.
+//!
+//! Each master the slot map names is reached through a [`RedisBackend`] of its own (and its
+//! async view), with its own `Shared`: its own health record, replay record of missed
+//! invalidations and connections, so a node down costs only its slots' keys, and nothing of
+//! the herd protocol, the health rules or the stored format is written twice. Every claim,
+//! placeholder and fenced store touches one key, so each runs on one node as it is.
+//!
+//! The slot map comes from `CLUSTER SLOTS`, asked of the seeds on first use. A `MOVED` reply
+//! (nothing was run) patches the map, sends the command again to the node it names and
+//! refreshes the whole map; an `ASK` reply sends `ASKING` and the command to the node it names,
+//! once, the map unchanged. A node's transport fault, `CLUSTERDOWN` or `TRYAGAIN` refreshes
+//! the map at most once per `retry_interval` for the whole cluster (a failover changes it; a
+//! node wiped and started again at its master's address answers `CLUSTERDOWN` for every key
+//! and never redirects), and so does a key whose slot the map has no master for (no node can
+//! redirect it: nothing is sent); a call of which nothing ran (its node's connect refused or
+//! timed out, the node marked dead, a `CLUSTERDOWN`) goes once to its slot's master in the
+//! refreshed map, if that is another node. A refresh takes the first whole map a node gives
+//! (every slot has a master); a map with a hole only if no node gives a whole one and the map
+//! in place has a hole too. A node is known by its node id: another id at a known address is
+//! a new node, with views of its own. A batch is split by node; each node's
+//! part is the single-node batch's request (one command per key on a cluster node), every
+//! node's written, then every reply read; its redirected keys are sent again where they now
+//! live; a node's failure fails only its own keys.
+//!
+//! A node's error replies are answers, per key: `CLUSTERDOWN` (the key's slot unserved, or
+//! the whole cluster down) fails the keys it names, unless the refreshed map sends them
+//! elsewhere, and marks no node dead; refused because the whole cluster is down, a write is
+//! queued for the node's replay (`reply::not_serving_yet`). `TRYAGAIN` should never come:
+//! it answers a multi-key command whose keys a migration split, and no command sent to a
+//! cluster node names two keys; it is taken as `CLUSTERDOWN` is.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -645,37 +673,88 @@ fn resendable(e: &Error) -> bool {
     (e.is_unsent() && is_fault(e)) || is_cluster_refusal(e)
 }
 
-/// What one round of a batch left: the items to send again, a node a `MOVED` named (to refresh
-/// the map from), the nodes that failed, the items whose node could not be reached.
-#[derive(Default)]
-pub(super) struct Round {
+/// A batch's way through the cluster, round by round: each item's result once it has one, and
+/// where the others go next. A driver sends a round's groups ([`take`](BatchRoute::take)), hands
+/// each node's results to [`judge`](BatchRoute::judge), asks for the map as told
+/// ([`moved`](BatchRoute::moved), [`refresh_last`](BatchRoute::refresh_last)), then goes on while
+/// [`next`](BatchRoute::next) finds items to send again.
+pub(super) struct BatchRoute<T> {
+    out: Vec<Option<Result<T>>>,
+    /// Whether each item went to another master after its node could not be reached (once
+    /// only).
+    rerouted: Vec<bool>,
+    /// The round: how many times its items were sent before.
+    round: usize,
+    groups: Vec<Group>,
+    /// The round's items to send again, where.
     next: Vec<Hop>,
-    pub(super) moved: Option<String>,
+    /// A node a `MOVED` named, to refresh the map from.
+    moved: Option<String>,
+    /// The nodes that failed with a fault or a cluster's refusal ([`map_suspect`]).
     failed: Vec<(Arc<Node>, Error)>,
     /// Items that failed with nothing of them run ([`resendable`]), with their node.
     unsent: Vec<(usize, Arc<Node>, Error)>,
 }
 
-impl Round {
-    /// Takes `node`'s results for the items at `at` in redirect round `round`: a final result
-    /// into `out`, a redirected item into `next`, an item its node could not be sent to into
-    /// `unsent`.
-    pub(super) fn judge<T>(
+impl<T> BatchRoute<T> {
+    /// `items` grouped by their slot's master in `map` (in order of first appearance), for the
+    /// first round; an item whose slot no master serves has its error. Grouped by the master's
+    /// place in the map: no node is cloned or compared per item.
+    pub(super) fn new<I>(map: &Map, items: &[I], key: impl Fn(&I) -> &str) -> BatchRoute<T> {
+        let mut out: Vec<Option<Result<T>>> = items.iter().map(|_| None).collect();
+        let mut group_of: SmallVec<[u16; 16]> = smallvec![NONE; map.masters.len()];
+        let mut groups: Vec<Group> = Vec::new();
+        // A master's share, twice over: one growth at most for a batch spread as keys hash.
+        let share = (2 * items.len() / map.masters.len().max(1)).min(items.len()) + 1;
+        for (at, item) in items.iter().enumerate() {
+            let slot = slots::slot_of(key(item).as_bytes());
+            let Some(master) = map.master_of(slot) else {
+                out[at] = Some(Err(unserved(slot)));
+                continue;
+            };
+            let g = &mut group_of[master];
+            if *g == NONE {
+                *g = groups.len() as u16;
+                let node = map.masters[master].clone();
+                groups.push((node, false, Vec::with_capacity(share)));
+            }
+            groups[*g as usize].2.push(at);
+        }
+        BatchRoute {
+            out,
+            rerouted: vec![false; items.len()],
+            round: 0,
+            groups,
+            next: Vec::new(),
+            moved: None,
+            failed: Vec::new(),
+            unsent: Vec::new(),
+        }
+    }
+
+    /// The round's groups, to send: each a node, whether through its asking view, and the
+    /// items' positions.
+    pub(super) fn take(&mut self) -> Vec<Group> {
+        std::mem::take(&mut self.groups)
+    }
+
+    /// Takes `node`'s results for the items at `at`: a result stands, a redirected item goes
+    /// where it was sent, an item its node could not be sent to waits for
+    /// [`next`](BatchRoute::next).
+    pub(super) fn judge(
         &mut self,
         router: &Router,
         node: &Arc<Node>,
         at: &[usize],
         results: Vec<Result<T>>,
-        round: usize,
-        out: &mut [Option<Result<T>>],
     ) {
         let mut failed = None;
         for (&i, r) in at.iter().zip(results) {
             let Err(e) = &r else {
-                out[i] = Some(r);
+                self.out[i] = Some(r);
                 continue;
             };
-            match router.redirected(e, round + 1) {
+            match router.redirected(e, self.round + 1) {
                 Some(Ok(to)) => {
                     if to.moved.is_some() {
                         self.moved = to.moved;
@@ -686,7 +765,7 @@ impl Round {
                         asking: to.asking,
                     });
                 }
-                Some(Err(e)) => out[i] = Some(Err(e)),
+                Some(Err(e)) => self.out[i] = Some(Err(e)),
                 None => {
                     if failed.is_none() && map_suspect(e) {
                         failed = Some(e.clone());
@@ -694,7 +773,7 @@ impl Round {
                     if resendable(e) {
                         self.unsent.push((i, node.clone(), e.clone()));
                     } else {
-                        out[i] = Some(r);
+                        self.out[i] = Some(r);
                     }
                 }
             }
@@ -704,9 +783,10 @@ impl Round {
         }
     }
 
-    /// The groups of the next round (the items this one sent elsewhere), if any.
-    pub(super) fn next_groups(&mut self) -> Option<Vec<Group>> {
-        (!self.next.is_empty()).then(|| group(std::mem::take(&mut self.next)))
+    /// The node a `MOVED` of this round named: ask it for the map (unless another caller is
+    /// asking: [`Router::claim_refresh`]).
+    pub(super) fn moved(&self) -> Option<&str> {
+        self.moved.as_deref()
     }
 
     /// The nodes to ask last for the map after this round, if it is to be asked again: a node
@@ -718,76 +798,46 @@ impl Round {
             .then(|| self.failed.iter().map(|(n, _)| n.addr()).collect())
     }
 
-    /// After the map's refresh: each item its node could not be sent to goes, once, to its
-    /// slot's master in the map now if that is another node ([`Router::rerouted`]); the others
-    /// keep their error.
-    pub(super) fn reroute<I, T>(
+    /// After the round's refreshes: each item its node could not be sent to goes, once, to its
+    /// slot's master in the map now if that is another node ([`Router::rerouted`]; the others
+    /// keep their error), and the next round is in place. `false`: nothing left to send.
+    pub(super) fn next<I>(
         &mut self,
         router: &Router,
         items: &[I],
-        key: &impl Fn(&I) -> &str,
-        round: usize,
-        rerouted: &mut [bool],
-        out: &mut [Option<Result<T>>],
-    ) {
+        key: impl Fn(&I) -> &str,
+    ) -> bool {
         for (i, node, e) in std::mem::take(&mut self.unsent) {
             let slot = slots::slot_of(key(&items[i]).as_bytes());
             match router.rerouted(&node, slot, &e) {
-                Some(_) if !rerouted[i] && round == MAX_REDIRECTS => {
-                    out[i] = Some(Err(too_many_redirects()));
+                Some(_) if !self.rerouted[i] && self.round == MAX_REDIRECTS => {
+                    self.out[i] = Some(Err(too_many_redirects()));
                 }
-                Some(next) if !rerouted[i] => {
-                    rerouted[i] = true;
+                Some(next) if !self.rerouted[i] => {
+                    self.rerouted[i] = true;
                     self.next.push(Hop {
                         at: i,
                         node: next,
                         asking: false,
                     });
                 }
-                _ => out[i] = Some(Err(e)),
+                _ => self.out[i] = Some(Err(e)),
             }
         }
+        self.round += 1;
+        self.moved = None;
+        self.failed.clear();
+        self.groups = group(std::mem::take(&mut self.next));
+        !self.groups.is_empty()
     }
-}
 
-/// A batch's items grouped by their slot's master in `map` (in order of first appearance), for
-/// its first round; an item whose slot no master serves gets its error in `out`. Grouped by
-/// the master's place in the map: no node is cloned or compared per item.
-pub(super) fn first_groups<I, T>(
-    map: &Map,
-    items: &[I],
-    key: &impl Fn(&I) -> &str,
-    out: &mut [Option<Result<T>>],
-) -> Vec<Group> {
-    let mut group_of: SmallVec<[u16; 16]> = smallvec![NONE; map.masters.len()];
-    let mut groups: Vec<Group> = Vec::new();
-    // A master's share, twice over: one growth at most for a batch spread as keys hash.
-    let share = (2 * items.len() / map.masters.len().max(1)).min(items.len()) + 1;
-    for (at, item) in items.iter().enumerate() {
-        let slot = slots::slot_of(key(item).as_bytes());
-        let Some(master) = map.master_of(slot) else {
-            out[at] = Some(Err(unserved(slot)));
-            continue;
-        };
-        let g = &mut group_of[master];
-        if *g == NONE {
-            *g = groups.len() as u16;
-            groups.push((
-                map.masters[master].clone(),
-                false,
-                Vec::with_capacity(share),
-            ));
-        }
-        groups[*g as usize].2.push(at);
+    /// The results, in order.
+    pub(super) fn finish(self) -> Vec<Result<T>> {
+        self.out
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(Error::backend("no reply for this item"))))
+            .collect()
     }
-    groups
-}
-
-/// The results of a batch, in order.
-pub(super) fn finish<T>(out: Vec<Option<Result<T>>>) -> Vec<Result<T>> {
-    out.into_iter()
-        .map(|r| r.unwrap_or_else(|| Err(Error::backend("no reply for this item"))))
-        .collect()
 }
 
 #[cfg(test)]
@@ -796,7 +846,7 @@ mod tests {
 
     use std::time::Instant;
 
-    use super::{Next, Route, Router, node_url, slots};
+    use super::{BatchRoute, Next, Route, Router, node_url, slots};
     use crate::backend::redis::{RedisConfig, reply};
     use crate::error::{Error, ErrorKind};
 
@@ -951,6 +1001,70 @@ mod tests {
             addr: addr.into(),
             id: Some(id.into()),
         }]
+    }
+
+    #[test]
+    fn a_batch_sends_again_only_what_was_redirected_or_never_ran() {
+        let router = router();
+        // Slots 5061, 12182 (at B), 5061 again, and one of A's half.
+        let keys = ["bar", "foo", "{bar}.2", "{bar}.3"];
+        let mut batch: BatchRoute<u8> = BatchRoute::new(&router.current().unwrap(), &keys, |k| k);
+        let groups = batch.take();
+        let sent: Vec<(&str, &[usize])> = groups
+            .iter()
+            .map(|(n, _, at)| (n.addr(), &at[..]))
+            .collect();
+        assert_eq!(sent, [(A, &[0, 2, 3][..]), (B, &[1][..])]);
+        let (a, b) = (&groups[0].0, &groups[1].0);
+        let results = vec![
+            Err(reply(&format!("ASK 5061 {B}"))),
+            Err(fault().unsent()),
+            Ok(3),
+        ];
+        batch.judge(&router, a, &[0, 2, 3], results);
+        batch.judge(
+            &router,
+            b,
+            &[1],
+            vec![Err(reply("READONLY You can't write"))],
+        );
+        assert_eq!(batch.moved(), None);
+        *router.asked.lock() = None;
+        assert_eq!(
+            batch.refresh_last(&router),
+            Some(vec![A]),
+            "A failed: asked last"
+        );
+        router.install(halves(B, A)).unwrap();
+        assert!(batch.next(&router, &keys, |k| k));
+        let again: Vec<(&str, bool, &[usize])> = batch
+            .groups
+            .iter()
+            .map(|(n, asking, at)| (n.addr(), *asking, &at[..]))
+            .collect();
+        assert_eq!(
+            again,
+            [(B, true, &[0][..]), (B, false, &[2][..])],
+            "asked, rerouted"
+        );
+        let groups = batch.take();
+        batch.judge(&router, &groups[0].0, &[0], vec![Ok(0)]);
+        batch.judge(&router, &groups[1].0, &[2], vec![Ok(2)]);
+        assert!(!batch.next(&router, &keys, |k| k));
+        let results: Vec<String> = batch
+            .finish()
+            .into_iter()
+            .map(|r| r.map_or_else(|e| e.to_string(), |v| v.to_string()))
+            .collect();
+        assert_eq!(
+            results,
+            [
+                "0",
+                "backend error: the server refused the command",
+                "2",
+                "3"
+            ]
+        );
     }
 
     #[test]
