@@ -245,7 +245,7 @@ impl Backend for RedisCluster {
 
     fn store_many(&self, writes: &[Write<'_>]) -> Vec<Result<StoreOutcome>> {
         // Each node's fence learned first (a batch's placeholders are read back; see
-        // `Shared::needs_fence`). A `cas` goes as a script only to a node known to run
+        // `Server::needs_fence`). A `cas` goes as a script only to a node known to run
         // scripts; otherwise each write goes on its own, as its node's own store sends it
         // (read and compared, or refused). A node whose probe failed is left to the batch,
         // where it fails within the batch's bounds.

@@ -142,7 +142,7 @@
 //! Every operation is a `Request` built once (`request.rs`); the sync
 //! backend sends it on a pooled blocking connection of its own (`conn.rs`, `blocking.rs`: its
 //! socket, TLS and reply reader are newcache's), the async one on redis-rs's multiplexed tokio
-//! connection (`nonblocking.rs`). Both share one `Shared`: the limits, the scripts, and
+//! connection (`nonblocking.rs`). Both share one `Server`: the limits, the scripts, and
 //! the server's health (memcached's `health.rs`: transport faults mark it dead after
 //! `failure_limit` in a row, one caller probes it every `retry_interval`), so a server marked
 //! dead through one view is dead for both. The health record holds memcached's record of
@@ -195,9 +195,9 @@ use super::{Backend, Item, StoreMode, StoreOutcome, Write};
 use crate::error::{Error, ErrorKind, Result};
 use crate::rng::{Rng, entropy};
 
-/// What both views of one Redis server share.
+/// One Redis server as both views know it: what they share.
 #[derive(Debug)]
-pub(crate) struct Shared {
+pub(crate) struct Server {
     config: RedisConfig,
     /// `host:port`.
     addr: String,
@@ -218,7 +218,7 @@ pub(crate) struct Shared {
 }
 
 /// The health record (with its record of missed invalidations) of a cluster node by its
-/// address, if it can be reached: given to each node's [`Shared`] by its cluster's router.
+/// address, if it can be reached: given to each node's [`Server`] by its cluster's router.
 pub(crate) struct Peers(Box<PeerOf>);
 
 /// A node's health record by its address ([`Peers`]).
@@ -230,7 +230,7 @@ impl std::fmt::Debug for Peers {
     }
 }
 
-impl Shared {
+impl Server {
     fn now_ms(&self) -> u64 {
         u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
@@ -272,7 +272,7 @@ impl Shared {
         e
     }
 
-    /// [`answer_error`](Shared::answer_error) for each error reply of a batch's items (it
+    /// [`answer_error`](Server::answer_error) for each error reply of a batch's items (it
     /// names the server, as a single key's does).
     fn answer_errors<T>(&self, results: Vec<Result<T>>) -> Vec<Result<T>> {
         if results.iter().all(Result::is_ok) {
@@ -443,7 +443,7 @@ impl Shared {
         }
     }
 
-    /// [`after_write`](Shared::after_write) for each write of a batch (`keys` in order).
+    /// [`after_write`](Server::after_write) for each write of a batch (`keys` in order).
     fn after_writes<'k, T>(
         &self,
         keys: impl Iterator<Item = &'k str>,
@@ -468,7 +468,7 @@ impl Shared {
         }
     }
 
-    /// [`distrust`](Shared::distrust) for each read of a batch.
+    /// [`distrust`](Server::distrust) for each read of a batch.
     fn distrust_all(&self, mut items: Vec<Result<Option<Item>>>) -> Vec<Result<Option<Item>>> {
         if self.missed().stale_before_ms() != 0 || self.requests.fence.get() == Some(Fence::None) {
             for item in items.iter_mut().filter_map(|r| r.as_mut().ok()) {
@@ -593,7 +593,7 @@ fn refuse_flush() -> Error {
 /// Built by [`CacheBuilder::redis`](crate::CacheBuilder::redis) (or `RedisBackend::new` with a
 /// [`RedisConfig`]); it never connects until the first call.
 pub struct RedisBackend {
-    shared: Arc<Shared>,
+    shared: Arc<Server>,
     pool: Arc<Pool>,
     /// The connections of writes followed by a `WAIT` (`redis_wait`), up to `pool_size` beside
     /// `pool`: a `WAIT` holds its connection for as long as it waits, and must not take the
@@ -645,7 +645,7 @@ impl RedisBackend {
         }
         let client = config.client()?;
         let clients = Arc::new(clients::Clients::new(config.addr()));
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(Server {
             addr: config.addr(),
             health: Arc::new(Health::default()),
             clients: clients.clone(),
@@ -714,7 +714,7 @@ impl RedisBackend {
 
     /// What the async view shares with this one.
     #[cfg(feature = "tokio")]
-    pub(crate) fn shared(&self) -> Arc<Shared> {
+    pub(crate) fn shared(&self) -> Arc<Server> {
         self.shared.clone()
     }
 
@@ -1240,8 +1240,8 @@ struct BatchReserved<'a, T> {
 /// what its results become there (read through the record of missed invalidations, or written
 /// into it). The single-node backend and a cluster's split batches run the same.
 struct BatchOp<I, T> {
-    request: fn(&Shared, &[I]) -> request::Batch<T>,
-    after: fn(&Shared, &[I], Results<T>) -> Results<T>,
+    request: fn(&Server, &[I]) -> request::Batch<T>,
+    after: fn(&Server, &[I], Results<T>) -> Results<T>,
 }
 
 /// One result per item of a batch.

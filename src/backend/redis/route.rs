@@ -4,7 +4,7 @@
 //! the map when it says so.
 //!
 //! Each master the slot map names is reached through a [`RedisBackend`] of its own (and its
-//! async view), with its own `Shared`: its own health record, replay record of missed
+//! async view), with its own `Server`: its own health record, replay record of missed
 //! invalidations and connections, so a node down costs only its slots' keys, and nothing of
 //! the herd protocol, the health rules or the stored format is written twice. Every claim,
 //! placeholder and fenced store touches one key, so each runs on one node as it is.
