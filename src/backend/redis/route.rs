@@ -53,7 +53,7 @@ use crate::error::{Error, Result};
 
 /// How many redirects one command follows before it fails (a slot moved on while it was sent
 /// again: a resharding in progress).
-pub(super) const MAX_REDIRECTS: usize = 5;
+const MAX_REDIRECTS: usize = 5;
 
 /// No master serves this slot.
 const NONE: u16 = u16::MAX;
