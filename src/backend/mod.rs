@@ -16,11 +16,6 @@ pub mod redis;
 pub(crate) mod server;
 pub(crate) mod tcp;
 
-// The engine's old path, for `redis/cluster.rs` (its `join_all`) until that file imports it
-// from `memcached::engine`.
-#[cfg(all(feature = "tokio", feature = "redis"))]
-pub(crate) use self::memcached::engine;
-
 #[cfg(feature = "tokio")]
 pub(crate) use self::nonblocking::{AsyncBackend, BoxFuture};
 

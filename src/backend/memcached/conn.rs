@@ -326,7 +326,7 @@ impl Conn {
                     let mut refused = 0;
                     for _ in part {
                         match wire::read_delete(r) {
-                            Err(e) if super::outage::refused(&e) => refused += 1,
+                            Err(e) if crate::backend::server::outage::refused(&e) => refused += 1,
                             Err(e) => return Err(e),
                             Ok(_) => {}
                         }

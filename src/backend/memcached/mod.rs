@@ -99,9 +99,6 @@ mod config;
 mod conn;
 #[cfg(feature = "tokio")]
 pub(crate) mod engine;
-// Every server's health and replay records, by the names this file uses (`redis/cluster.rs`
-// reaches them through here too, until it imports them from `backend::server`).
-pub(crate) use crate::backend::server::{health, outage};
 mod ring;
 pub(crate) mod routing;
 mod server;
@@ -127,7 +124,8 @@ use self::conn::{Conn, GETS_PER_WRITE, KEYS_PER_LINE, PIPELINE_CHUNK, Reader};
 use self::routing::Routing;
 use self::server::{CheckoutError, Pooled, Server};
 use super::server::Options;
-use super::server::health::now_ms;
+use super::server::health::{self, now_ms};
+use super::server::outage;
 use super::server::replay::{self, WaitBound};
 use super::{Backend, Item, StoreMode, StoreOutcome, Write, max_value_size};
 use crate::error::{Error, Result};

@@ -14,6 +14,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use parking_lot::Mutex;
 use redis::Value;
 
+use super::reply;
+
 /// Dropped connections remembered at most (the oldest are forgotten first: by then they are
 /// long closed, or their delayed bytes long landed).
 const REMEMBERED: usize = 1_000;
@@ -82,17 +84,10 @@ impl Clients {
         &self,
         r: redis::RedisResult<Value>,
     ) -> redis::RedisResult<Option<ClientId>> {
-        match r {
-            // The server refused the connection itself, not the command.
-            Ok(Value::ServerError(e)) if super::at_maxclients(Some(e.code()), e.details()) => {
-                Err(e.into())
-            }
-            Err(e) if super::at_maxclients(e.code(), e.detail()) => Err(e),
-            Ok(Value::ServerError(e)) => {
-                self.refused(e.code(), e.details());
-                Ok(None)
-            }
+        match r.and_then(Value::extract_error) {
             Ok(v) => Ok(parse(&v)),
+            // The server refused the connection itself, not the command.
+            Err(e) if reply::at_maxclients(e.code(), e.detail()) => Err(e),
             Err(e) => match e.code() {
                 Some(code) => {
                     self.refused(code, e.detail());
@@ -130,7 +125,7 @@ impl Clients {
     /// `WRONGPASS`): the server refuses every command then, and the denial's own warning names
     /// the fix (the URL's password), which a warning about `CLIENT` grants would hide.
     pub(super) fn refused(&self, code: &str, detail: Option<&str>) {
-        if matches!(code, "NOAUTH" | "WRONGPASS") {
+        if reply::refuses_credentials(code) {
             return;
         }
         if !self.warned.swap(true, Ordering::Relaxed) {

@@ -90,14 +90,10 @@ pub(crate) const PROBE_SCRIPT: &str = "return 1";
 pub(crate) fn read_probe(eval: &Value, evalsha: &Value, docs: &Value) -> Result<Fence, Value> {
     let absent = |v: &Value| -> Result<bool, Value> {
         match v {
-            Value::ServerError(e)
-                if e.code() == "ERR"
-                    && e.details()
-                        .is_some_and(|d| d.starts_with("unknown command")) =>
-            {
+            Value::ServerError(e) if super::reply::unknown_command(e.code(), e.details()) => {
                 Ok(true)
             }
-            Value::ServerError(e) if super::request::not_serving_yet(e.code(), e.details()) => {
+            Value::ServerError(e) if super::reply::not_serving_yet(e.code(), e.details()) => {
                 Err(v.clone())
             }
             _ => Ok(false),

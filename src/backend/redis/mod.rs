@@ -142,7 +142,7 @@
 //! Every operation is a `Request` built once (`request.rs`); the sync
 //! backend sends it on a pooled blocking connection of its own (`conn.rs`, `blocking.rs`: its
 //! socket, TLS and reply reader are newcache's), the async one on redis-rs's multiplexed tokio
-//! connection (`nonblocking.rs`). Both share one `Shared`: the limits, the scripts, and the
+//! connection (`nonblocking.rs`). Both share one `Server`: the limits, the scripts, and the
 //! server's health record (`backend/server/`, memcached's too: transport faults mark it dead
 //! after `failure_limit` in a row, one caller probes it every `retry_interval`), so a server
 //! marked dead through one view is dead for both. The record holds the server's record of
@@ -162,7 +162,9 @@ mod fence;
 mod item;
 #[cfg(feature = "tokio")]
 pub(crate) mod nonblocking;
+mod reply;
 mod request;
+mod route;
 mod script;
 mod setup;
 mod slots;
@@ -181,6 +183,8 @@ pub use self::cluster::RedisCluster;
 pub use self::config::{DEFAULT_KEY_LIMIT, RedisConfig, ReplicaWait};
 use self::conn::{Pool, Window};
 use self::fence::{Compared, Fence};
+use self::reply::answered;
+pub(crate) use self::reply::{Cause, Failure, connect_failure, failure_of};
 use self::request::{Replies, Request, noscript_retry};
 use self::script::Scripts;
 #[cfg(feature = "redis-tls")]
@@ -193,9 +197,9 @@ use super::{Backend, Item, StoreMode, StoreOutcome, Write};
 use crate::error::{Error, ErrorKind, Result};
 use crate::rng::{Rng, entropy};
 
-/// What both views of one Redis server share.
+/// One Redis server as both views know it: what they share.
 #[derive(Debug)]
-pub(crate) struct Shared {
+pub(crate) struct Server {
     config: RedisConfig,
     /// The settings every server connection has, from `config`.
     options: Options,
@@ -216,7 +220,7 @@ pub(crate) struct Shared {
 }
 
 /// The health record (with its record of missed invalidations) of a cluster node by its
-/// address, if it can be reached: given to each node's [`Shared`] by its cluster's router.
+/// address, if it can be reached: given to each node's [`Server`] by its cluster's router.
 pub(crate) struct Peers(Box<PeerOf>);
 
 /// A node's health record by its address ([`Peers`]).
@@ -238,7 +242,7 @@ const REPLAY_WAIT: WaitBound = WaitBound {
     ios: 3,
 };
 
-impl Shared {
+impl Server {
     /// A fresh stamp for a write.
     fn stamp(&self) -> u64 {
         item::stamp_of(self.stamps.next_u64())
@@ -260,7 +264,7 @@ impl Shared {
     /// store is counted, so the warning may be the only sign of it.
     fn answer_error(&self, e: Error) -> Error {
         let e = self.annotate(e);
-        if (e.is_denied() || request::refusal_code(&e) == Some("NOPERM"))
+        if (e.is_denied() || reply::refusal_code(&e) == Some("NOPERM"))
             && !self
                 .denial_warned
                 .swap(true, std::sync::atomic::Ordering::Relaxed)
@@ -276,7 +280,7 @@ impl Shared {
         e
     }
 
-    /// [`answer_error`](Shared::answer_error) for each error reply of a batch's items (it
+    /// [`answer_error`](Server::answer_error) for each error reply of a batch's items (it
     /// names the server, as a single key's does).
     fn answer_errors<T>(&self, results: Vec<Result<T>>) -> Vec<Result<T>> {
         if results.iter().all(Result::is_ok) {
@@ -419,17 +423,17 @@ impl Shared {
     /// What a write to `key` that failed with `r`'s error leaves: if it may have missed the
     /// server, the key is recorded for the replay (and its error says so). An error reply
     /// did not miss it (the key holds what it held: `READONLY`, `OOM`, ...), unless the
-    /// server is not serving yet (`request::not_serving_yet`: loading its data).
+    /// server is not serving yet (`reply::not_serving_yet`: loading its data).
     fn after_write<T>(&self, key: &str, r: Result<T>) -> Result<T> {
         match r {
             // The server answered (an error reply, a denial, a `WAIT` short of replicas): it
             // missed nothing.
-            Err(e) if answered(&e) || request::is_wait_failure(&e) => Err(e),
+            Err(e) if answered(&e) || reply::is_wait_failure(&e) => Err(e),
             r => outage::after_write(self.missed(), None, key, r, self.options.replay_capacity),
         }
     }
 
-    /// [`after_write`](Shared::after_write) for each write of a batch (`keys` in order).
+    /// [`after_write`](Server::after_write) for each write of a batch (`keys` in order).
     fn after_writes<'k, T>(
         &self,
         keys: impl Iterator<Item = &'k str>,
@@ -454,7 +458,7 @@ impl Shared {
         }
     }
 
-    /// [`distrust`](Shared::distrust) for each read of a batch.
+    /// [`distrust`](Server::distrust) for each read of a batch.
     fn distrust_all(&self, mut items: Vec<Result<Option<Item>>>) -> Vec<Result<Option<Item>>> {
         if self.missed().stale_before_ms() != 0 || self.requests.fence.get() == Some(Fence::None) {
             for item in items.iter_mut().filter_map(|r| r.as_mut().ok()) {
@@ -539,194 +543,12 @@ fn refuse_flush() -> Error {
     )
 }
 
-/// Why a request got no answer.
-#[derive(Debug)]
-pub(crate) enum Failure {
-    /// A transport fault (I/O, timeout, a dropped connection): it counts against the server.
-    Fault(Error),
-    /// Nothing against the server (a local wait, a connection whose runtime ended).
-    Local(Error),
-}
-
-impl Failure {
-    fn error(&self) -> &Error {
-        match self {
-            Failure::Fault(e) | Failure::Local(e) => e,
-        }
-    }
-
-    /// This failure, nothing of the request sent ([`Error::unsent`]).
-    pub(crate) fn unsent(self) -> Failure {
-        match self {
-            Failure::Fault(e) => Failure::Fault(e.unsent()),
-            Failure::Local(e) => Failure::Local(e.unsent()),
-        }
-    }
-}
-
-/// A `redis` crate error as the source of an [`Error`]: each cause said once. redis-rs's error
-/// prints its cause's text and also returns that cause from `source()` (an I/O error, an error
-/// reply), so a reporter walking the chain would say it twice; this prints an error reply as
-/// the server sent it (`ERR DB index is out of range`) and passes over a cause that says the
-/// same.
-#[derive(Debug)]
-pub(crate) struct Cause(pub(crate) redis::RedisError);
-
-impl std::fmt::Display for Cause {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match (self.0.code(), self.0.detail()) {
-            (Some(code), Some(detail)) => write!(f, "{code} {detail}"),
-            (Some(code), None) => f.write_str(code),
-            _ => std::fmt::Display::fmt(&self.0, f),
-        }
-    }
-}
-
-impl std::error::Error for Cause {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        let inner = std::error::Error::source(&self.0)?;
-        if self.0.code().is_some() || inner.to_string() == self.0.to_string() {
-            return inner.source();
-        }
-        Some(inner)
-    }
-}
-
-/// The redis-rs error a newcache error's source is, if it is one.
-pub(super) fn redis_cause(e: &Error) -> Option<&redis::RedisError> {
-    let c = std::error::Error::source(e)?.downcast_ref::<Cause>()?;
-    Some(&c.0)
-}
-
-/// A `redis` crate error as a transport fault (`write`: the command may have run) or an answer.
-pub(crate) fn failure_of(e: redis::RedisError, write: bool) -> Failure {
-    classify(e, false, write)
-}
-
-/// A failed connect (with its set-up: the TLS handshake, `AUTH`, `SELECT`): a transport fault
-/// unless the server answered (refused the credentials, the handshake, the database).
-pub(crate) fn connect_failure(e: redis::RedisError) -> Failure {
-    classify(e, true, false)
-}
-
-/// A failed connect whose `SELECT` of database `db` may have been refused: as
-/// [`connect_failure`], but a server without that database (`DB index is out of range`, as
-/// Redis and Valkey say) is named for it, a configuration error, not the server's fault.
-pub(crate) fn select_failure(e: redis::RedisError, db: i64) -> Failure {
-    if e.code() == Some("ERR")
-        && e.detail()
-            .is_some_and(|d| d.contains("DB index is out of range"))
-    {
-        // The server's words are the source's, not repeated here.
-        let message = format!(
-            "the server refused the URL's database {db} (SELECT; a server has `databases` of \
-             them, 16 by default, numbered from 0)"
-        );
-        return Failure::Local(Error::with_source(ErrorKind::Backend, message, Cause(e)));
-    }
-    connect_failure(e)
-}
-
-/// Whether an error reply is a server's refusal of a new connection: at `maxclients` it writes
-/// `-ERR max number of clients reached` on accept, before reading anything, and closes the
-/// connection, so the reply comes as the answer to the first command of the set-up (`AUTH`,
-/// `SELECT`, `CLIENT INFO`). Nothing was run: a fault like a refused connect, not an answer.
-/// A cluster node says `max number of clients + cluster connections reached`.
-pub(super) fn at_maxclients(code: Option<&str>, detail: Option<&str>) -> bool {
-    code == Some("ERR") && detail.is_some_and(|d| d.starts_with("max number of clients"))
-}
-
-fn classify(e: redis::RedisError, connect: bool, write: bool) -> Failure {
-    if connect && at_maxclients(e.code(), e.detail()) {
-        // No source: not the server's answer to a command ([`answered`]), so a delete it
-        // refused is queued for replay.
-        return Failure::Fault(Error::new(
-            ErrorKind::Backend,
-            format!(
-                "could not connect: the server refused the connection (ERR {}: its \
-                 `maxclients`)",
-                e.detail().unwrap_or_default()
-            ),
-        ));
-    }
-    // The server answered, and said no: the configuration, not the server, is at fault.
-    if e.kind() == redis::ErrorKind::AuthenticationFailed {
-        return Failure::Local(Error::new(
-            ErrorKind::Denied,
-            "the server refused the URL's user and password (AUTH failed: a wrong password, \
-             an unknown or disabled user)",
-        ));
-    }
-    if let Some(denied) = e.code().and_then(|code| denial(code, e.detail())) {
-        return Failure::Local(denied);
-    }
-    #[cfg(feature = "redis-tls")]
-    if let Some(why) = tls::refusal(&e) {
-        let e = Error::backend(why);
-        return Failure::Local(if write { e.with_outcome_unknown() } else { e });
-    }
-    if e.code().is_some() {
-        // An error reply (the client libraries give most inline, as `Value::ServerError`): the
-        // server answered.
-        // What the server said is the source.
-        let message = if connect {
-            "could not connect: the server refused the connection's set-up"
-        } else {
-            "the server refused the command"
-        };
-        return Failure::Local(Error::with_source(ErrorKind::Backend, message, Cause(e)));
-    }
-    let kind = if e.is_timeout() {
-        ErrorKind::Timeout
-    } else {
-        ErrorKind::Backend
-    };
-    let message = match (connect, e.is_timeout()) {
-        (true, _) => "could not connect",
-        (false, true) => "no reply in time",
-        (false, false) => "i/o error talking to the server",
-    };
-    let fault = Error::with_source(kind, message, Cause(e));
-    // A write whose reply never came may have been applied: never retried.
-    Failure::Fault(if write {
-        fault.with_outcome_unknown()
-    } else {
-        fault
-    })
-}
-
-/// The error of a server's refusal by its error code (`code`, then `detail`), if it is one of
-/// credentials or permission: `NOPERM` names the command the user's ACL lacks.
-pub(super) fn denial(code: &str, detail: Option<&str>) -> Option<Error> {
-    let detail = detail.unwrap_or_default();
-    let message = match code {
-        "NOPERM" => format!(
-            "NOPERM {detail} (newcache needs GET, MGET, SET, EXISTS, PERSIST, PEXPIRE, \
-             EXPIREAT, UNLINK, SCAN, and EVAL and EVALSHA for its fenced writes and counters; \
-             WAIT with redis_wait; SELECT for a database other than 0)"
-        ),
-        "WRONGPASS" => "the server refused the URL's user and password (WRONGPASS)".to_owned(),
-        "NOAUTH" => "the server requires a password (NOAUTH): give it in the URL, \
-                     redis://user:password@host:port/db"
-            .to_owned(),
-        _ => return None,
-    };
-    Some(Error::new(ErrorKind::Denied, message))
-}
-
-/// Whether `e` is the server's own answer (an error reply, a denial) by a server that serves:
-/// the command reached it and was refused, so nothing is to be replayed for it. A server not
-/// serving yet (`LOADING`, ...) missed the command as one out of reach would.
-fn answered(e: &Error) -> bool {
-    e.is_denied() || (request::refusal_code(e).is_some() && !request::refused_not_serving_yet(e))
-}
-
 /// A [`Backend`] on one Redis or Valkey server (feature `redis`).
 ///
 /// Built by [`CacheBuilder::redis`](crate::CacheBuilder::redis) (or `RedisBackend::new` with a
 /// [`RedisConfig`]); it never connects until the first call.
 pub struct RedisBackend {
-    shared: Arc<Shared>,
+    shared: Arc<Server>,
     pool: Arc<Pool>,
     /// The connections of writes followed by a `WAIT` (`redis_wait`), up to `pool_size` beside
     /// `pool`: a `WAIT` holds its connection for as long as it waits, and must not take the
@@ -779,7 +601,7 @@ impl RedisBackend {
         let client = config.client()?;
         let clients = Arc::new(clients::Clients::new(config.addr()));
         let options = config.options();
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(Server {
             addr: config.addr(),
             health: Arc::new(Health::new("redis", config.addr(), &options)),
             clients: clients.clone(),
@@ -848,7 +670,7 @@ impl RedisBackend {
 
     /// What the async view shares with this one.
     #[cfg(feature = "tokio")]
-    pub(crate) fn shared(&self) -> Arc<Shared> {
+    pub(crate) fn shared(&self) -> Arc<Server> {
         self.shared.clone()
     }
 
@@ -1365,8 +1187,8 @@ struct BatchReserved<'a, T> {
 /// what its results become there (read through the record of missed invalidations, or written
 /// into it). The single-node backend and a cluster's split batches run the same.
 struct BatchOp<I, T> {
-    request: fn(&Shared, &[I]) -> request::Batch<T>,
-    after: fn(&Shared, &[I], Results<T>) -> Results<T>,
+    request: fn(&Server, &[I]) -> request::Batch<T>,
+    after: fn(&Server, &[I], Results<T>) -> Results<T>,
 }
 
 /// One result per item of a batch.

@@ -33,7 +33,7 @@ use super::fence::{Compared, Fence, compare};
 use super::request::{self, Line, Pack, Replies, Reply, Request, noscript_retry};
 use super::setup::{Auth, SetUp};
 use super::waited::{self, Dialed, Waited};
-use super::{BatchOp, Failure, Shared, connect_failure, failure_of};
+use super::{BatchOp, Failure, Server, connect_failure, failure_of};
 use crate::backend::server::outage::Replay;
 use crate::backend::server::replay::{self, MissedOf};
 use crate::backend::{AsyncBackend, BoxFuture, Item, StoreOutcome, Write};
@@ -73,7 +73,7 @@ impl Drop for Live {
     }
 }
 
-/// The async view of a Redis server (shares [`Shared`] with the sync backend).
+/// The async view of a Redis server (shares [`Server`] with the sync backend).
 ///
 /// A handle on its state: a replay runs on a task of its own, which holds the state too
 /// ([`Inner::replay`]). The calls are `Inner`'s, reached through `Deref`.
@@ -87,9 +87,9 @@ impl std::ops::Deref for AsyncRedis {
     }
 }
 
-/// The async view's state: the server's [`Shared`], its connection and how to open one.
+/// The async view's state: the server's [`Server`], its connection and how to open one.
 pub(crate) struct Inner {
-    shared: Arc<Shared>,
+    shared: Arc<Server>,
     link: Arc<Link>,
     /// Each command is sent after `ASKING` (a cluster node's view for the keys of a slot being
     /// imported, to follow an `ASK` redirect).
@@ -124,7 +124,7 @@ impl std::fmt::Debug for AsyncRedis {
 
 impl AsyncRedis {
     /// The async view of `shared`'s server. Never connects.
-    pub(crate) fn new(shared: Arc<Shared>) -> Result<AsyncRedis> {
+    pub(crate) fn new(shared: Arc<Server>) -> Result<AsyncRedis> {
         let info = shared.config.client()?.get_connection_info().clone();
         let (settings, set_up) = SetUp::split(info.redis_settings(), true);
         Ok(AsyncRedis(Arc::new(Inner {
@@ -155,7 +155,7 @@ impl AsyncRedis {
 
 impl Inner {
     /// `PING`, through the health gate, then (once) the probe of the node's fenced write: a
-    /// node without one fails ([`Shared::usable`]).
+    /// node without one fails ([`Server::usable`]).
     pub(super) async fn ping_node(self: &Arc<Self>) -> Result<()> {
         self.run(Ok(self.shared.requests.ping())).await?;
         let fence = self.fence().await?;

@@ -14,8 +14,8 @@ use smallvec::{SmallVec, smallvec};
 use super::clients::{self, ClientId};
 use super::fence::{self, Fence};
 use super::item::{self, Expiry};
+use super::reply::{self, Redirect, WAIT_SHORT, not_serving_yet, refused};
 use super::script::{Script, Scripts};
-use super::slots::{self, Redirect};
 use crate::backend::{Item, StoreMode, StoreOutcome, Write};
 use crate::error::{Error, ErrorKind, Result};
 
@@ -229,15 +229,6 @@ pub(super) struct Wait<T> {
     fail: fn(T, Error) -> Result<T>,
 }
 
-/// The start of a [`Request::answer`] error for a `WAIT` that fell short or was refused.
-const WAIT_SHORT: &str = "WAIT: ";
-
-/// Whether `e` is a write's `WAIT` that fell short or was refused after the write succeeded
-/// ([`Request::answer`]): the server's answer, never a fault, nor a write it missed.
-pub(super) fn is_wait_failure(e: &Error) -> bool {
-    e.to_string().contains(WAIT_SHORT)
-}
-
 impl<T> Request<T> {
     /// The answer to the replies `vs`: `read`'s, then the `WAIT`'s if one was sent.
     ///
@@ -384,7 +375,7 @@ impl ReplayRequest {
                 Value::ServerError(e) if not_serving_yet(e.code(), e.details()) => {
                     return Ok(Err(refused(e)));
                 }
-                Value::ServerError(e) => match slots::redirect(e.code(), e.details()) {
+                Value::ServerError(e) => match reply::redirect(e.code(), e.details()) {
                     Some(Redirect::Moved { addr, .. } | Redirect::Ask { addr }) => done
                         .redirected
                         .extend((first..at).map(|i| (i, addr.clone()))),
@@ -421,11 +412,6 @@ pub(super) fn with_source(cmd: &redis::Cmd, s: &Script) -> redis::Cmd {
     c
 }
 
-/// Whether a reply is `NOSCRIPT` (the server ran nothing).
-pub(super) fn is_noscript(v: &Reply) -> bool {
-    matches!(v.as_value(), Some(Value::ServerError(e)) if e.code() == "NOSCRIPT")
-}
-
 /// The single reply of a one-command request.
 fn only(vs: Replies) -> Result<Value> {
     only_reply(vs).map(Reply::value)
@@ -438,68 +424,6 @@ fn only_reply(mut vs: Replies) -> Result<Reply> {
         (Some(r), true) => Ok(r),
         _ => Err(Error::backend("expected one reply")),
     }
-}
-
-/// An error reply: the server answered (out of memory, a wrong type, a command the ACL user
-/// may not run, ...), nothing against it.
-fn refused(e: redis::ServerError) -> Error {
-    if let Some(denied) = super::denial(e.code(), e.details()) {
-        return denied;
-    }
-    if e.code() == "CLUSTERDOWN" {
-        // Its keys alone: the node serves the others (`cluster-require-full-coverage no`), or
-        // refuses every key while the cluster is down. What the node said tells which.
-        return Error::with_source(
-            ErrorKind::Backend,
-            "the cluster refused the command",
-            super::Cause(redis::RedisError::from(e)),
-        );
-    }
-    if e.code() == "NOTCOUNTER" {
-        return Error::new(
-            ErrorKind::NotACounter,
-            "the value is not a counter newcache wrote (decimal digits in its item format)",
-        );
-    }
-    Error::with_source(
-        ErrorKind::Backend,
-        "the server refused the command",
-        super::Cause(redis::RedisError::from(e)),
-    )
-}
-
-/// Whether an error reply (its `code`, then its `detail`) says the server is not serving yet:
-/// it is loading its data (`LOADING`, after a restart), running a script past its time limit
-/// (`BUSY`), a replica that lost its master (`MASTERDOWN`), or a node of a cluster that is
-/// down (`CLUSTERDOWN The cluster is down`: a slot unassigned under
-/// `cluster-require-full-coverage yes`, no majority; `... and only accepts read commands`
-/// too). It refuses every write meanwhile and serves again later with the data it holds: a
-/// write or delete it refused this way missed it, as one sent while it was out of reach did.
-/// Not `CLUSTERDOWN Hash slot not served`: one slot's keys alone, whose refusal must not hold
-/// up the replay of the node's other keys (a failed replay fails every call of the node).
-pub(super) fn not_serving_yet(code: &str, detail: Option<&str>) -> bool {
-    match code {
-        "LOADING" | "BUSY" | "MASTERDOWN" => true,
-        "CLUSTERDOWN" => detail.is_some_and(|d| d.starts_with("The cluster is down")),
-        _ => false,
-    }
-}
-
-/// The error reply `e` reports (its code, `READONLY`, `LOADING`, ..., and detail), if it
-/// reports one.
-fn refusal(e: &Error) -> Option<(&str, Option<&str>)> {
-    let r = super::redis_cause(e)?;
-    Some((r.code()?, r.detail()))
-}
-
-/// The code of the error reply `e` reports (`READONLY`, `LOADING`, ...), if it reports one.
-pub(super) fn refusal_code(e: &Error) -> Option<&str> {
-    refusal(e).map(|(code, _)| code)
-}
-
-/// Whether `e` is an error reply of a server not serving yet ([`not_serving_yet`]).
-pub(super) fn refused_not_serving_yet(e: &Error) -> bool {
-    refusal(e).is_some_and(|(code, detail)| not_serving_yet(code, detail))
 }
 
 /// An item from stored bytes: newcache's (header stripped, its stamp the token) or a foreign
@@ -1336,7 +1260,9 @@ pub(super) fn noscript_retry<T>(
         .zip(replies)
         .enumerate()
         .filter_map(|(i, (c, v))| match c.script {
-            Some(id) if is_noscript(v) => Some((i, with_source(&c.cmd.cmd(), id.of(scripts)))),
+            Some(id) if v.as_value().is_some_and(reply::is_noscript) => {
+                Some((i, with_source(&c.cmd.cmd(), id.of(scripts))))
+            }
             _ => None,
         })
         .collect::<Vec<_>>();
@@ -1530,14 +1456,14 @@ mod tests {
             .answer(replies![oom.clone(), noperm.clone()])
             .unwrap_err();
         assert!(
-            !e.is_outcome_unknown() && refusal_code(&e) == Some("OOM"),
+            !e.is_outcome_unknown() && reply::refusal_code(&e) == Some("OOM"),
             "{e:?}"
         );
         let e = req
             .answer(replies![Value::Int(1), noperm.clone()])
             .unwrap_err();
         assert!(
-            e.is_outcome_unknown() && !e.is_denied() && refusal_code(&e) == Some("NOPERM"),
+            e.is_outcome_unknown() && !e.is_denied() && reply::refusal_code(&e) == Some("NOPERM"),
             "{e:?}"
         );
         assert!(e.to_string().contains("refused the WAIT"), "{e}");
@@ -1553,7 +1479,7 @@ mod tests {
         assert!(
             each[1]
                 .as_ref()
-                .is_err_and(|e| !e.is_outcome_unknown() && refusal_code(e) == Some("OOM")),
+                .is_err_and(|e| !e.is_outcome_unknown() && reply::refusal_code(e) == Some("OOM")),
             "{each:?}"
         );
         // Without a wait, nothing is added.
@@ -1579,7 +1505,7 @@ mod tests {
             redis::parse_redis_value(b"-READONLY You can't write against a read only replica.\r\n")
                 .unwrap();
         let e = req.answer(replies![readonly, Value::Int(1)]).unwrap_err();
-        assert_eq!(refusal_code(&e), Some("READONLY"), "{e:?}");
+        assert_eq!(reply::refusal_code(&e), Some("READONLY"), "{e:?}");
     }
 
     #[test]
@@ -1648,36 +1574,6 @@ mod tests {
         assert_eq!(cause.to_string(), "CLUSTERDOWN Hash slot not served");
         assert!(cause.source().is_none());
         assert!(!e.to_string().contains("CLUSTERDOWN"), "{e}");
-    }
-
-    #[test]
-    fn a_server_not_serving_yet_is_told_by_its_refusal() {
-        #[track_caller]
-        fn check(code: &str, detail: Option<&str>, expected: bool) {
-            assert_eq!(not_serving_yet(code, detail), expected, "{code} {detail:?}");
-        }
-        check(
-            "LOADING",
-            Some("Redis is loading the dataset in memory"),
-            true,
-        );
-        check("BUSY", None, true);
-        check("MASTERDOWN", Some("Link with MASTER is down"), true);
-        check("CLUSTERDOWN", Some("The cluster is down"), true);
-        check(
-            "CLUSTERDOWN",
-            Some("The cluster is down and only accepts read commands"),
-            true,
-        );
-        // One slot's keys alone: an answer, lest it hold up the node's replay.
-        check("CLUSTERDOWN", Some("Hash slot not served"), false);
-        check("CLUSTERDOWN", None, false);
-        check(
-            "READONLY",
-            Some("You can't write against a read only replica."),
-            false,
-        );
-        check("MOVED", Some("3999 127.0.0.1:7002"), false);
     }
 
     #[test]

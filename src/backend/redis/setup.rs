@@ -13,7 +13,7 @@
 
 use redis::{RedisConnectionInfo, Value};
 
-use super::{Failure, at_maxclients, connect_failure, denial, select_failure};
+use super::reply::{self, Failure, at_maxclients, connect_failure, denial, select_failure};
 use crate::error::{Error, ErrorKind};
 
 /// What a connection's set-up sends: on the async view after redis-rs's (RESP3's `HELLO`,
@@ -129,14 +129,14 @@ impl SetUp {
         let (Some(code), detail) = (e.code(), e.detail()) else {
             return Err(connect_failure(e));
         };
-        if matches!(code, "WRONGPASS" | "NOAUTH" | "NOPERM") {
+        if reply::refuses_credentials(code) || code == "NOPERM" {
             return self.refused(e, true).map(drop);
         }
         if at_maxclients(Some(code), detail) {
             return Err(connect_failure(e));
         }
         let detail = self.hidden(detail.unwrap_or_default());
-        let why = if code == "ERR" && detail.to_ascii_lowercase().starts_with("unknown command") {
+        let why = if reply::unknown_command(code, Some(&detail)) {
             "the server does not know HELLO, so it cannot speak RESP3 (drop protocol=resp3 from \
              the URL)"
                 .to_owned()

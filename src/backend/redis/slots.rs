@@ -1,6 +1,6 @@
 //! Redis Cluster's key space: a key's hash slot (CRC16 of the key or of its hash tag, mod
-//! 16,384), the slot map `CLUSTER SLOTS` answers (which master serves which slots), and the
-//! redirects (`MOVED`, `ASK`) a node answers for a key it does not serve. No I/O.
+//! 16,384), the slot map `CLUSTER SLOTS` answers (which master serves which slots) and the
+//! one form of a node's address. No I/O.
 
 use redis::Value;
 
@@ -112,36 +112,6 @@ pub(super) fn parse_slots(reply: Value, asked: &str) -> Result<Vec<Range>> {
     Ok(out)
 }
 
-/// A redirect a node answered for a key of a slot it does not serve.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Redirect {
-    /// `MOVED slot host:port`: the slot is served there now (the command was not run).
-    Moved { slot: u16, addr: String },
-    /// `ASK slot host:port`: the slot is migrating and the key may be there: send `ASKING` and
-    /// the command to that node, once, without changing the map.
-    Ask { addr: String },
-}
-
-/// The redirect an error reply's `code` and `detail` (`"3999 127.0.0.1:7002"`) make, if it is
-/// one.
-pub(super) fn redirect(code: &str, detail: Option<&str>) -> Option<Redirect> {
-    let (slot, addr) = detail?.trim().split_once(' ')?;
-    let slot: u16 = slot.parse().ok().filter(|&s| (s as usize) < SLOTS)?;
-    // `host:port`, an IPv6 host unbracketed (`::1:7002`): the port follows the last colon.
-    let (host, port) = addr.trim().rsplit_once(':')?;
-    let port: u16 = port.parse().ok()?;
-    // A node that does not know its own address names it ":port".
-    if host.is_empty() {
-        return None;
-    }
-    let addr = addr_of(host, port);
-    match code {
-        "MOVED" => Some(Redirect::Moved { slot, addr }),
-        "ASK" => Some(Redirect::Ask { addr }),
-        _ => None,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -202,41 +172,6 @@ mod tests {
     }
 
     #[test]
-    fn redirects_are_read_from_their_detail() {
-        assert_eq!(
-            redirect("MOVED", Some("3999 127.0.0.1:6381")),
-            Some(Redirect::Moved {
-                slot: 3999,
-                addr: "127.0.0.1:6381".into()
-            })
-        );
-        assert_eq!(
-            redirect("ASK", Some("3999 127.0.0.1:6381")),
-            Some(Redirect::Ask {
-                addr: "127.0.0.1:6381".into()
-            })
-        );
-        // IPv6, as Redis prints it (no brackets), or bracketed: the map's form either way.
-        let v6 = Some(Redirect::Moved {
-            slot: 8831,
-            addr: "[::1]:37853".into(),
-        });
-        assert_eq!(redirect("MOVED", Some("8831 ::1:37853")), v6);
-        assert_eq!(redirect("MOVED", Some("8831 [::1]:37853")), v6);
-        assert_eq!(
-            redirect("ASK", Some("1 fe80::1:2:7000")),
-            Some(Redirect::Ask {
-                addr: "[fe80::1:2]:7000".into()
-            })
-        );
-        assert_eq!(redirect("MOVED", Some("3999 :6381")), None);
-        assert_eq!(redirect("MOVED", Some("3999 127.0.0.1")), None);
-        assert_eq!(redirect("MOVED", Some("99999 127.0.0.1:6381")), None);
-        assert_eq!(redirect("ERR", Some("3999 127.0.0.1:6381")), None);
-        assert_eq!(redirect("MOVED", None), None);
-    }
-
-    #[test]
     fn a_slot_map_names_masters() {
         let node = |host: &str, port: i64| {
             Value::Array(vec![
@@ -278,6 +213,7 @@ mod tests {
 
     #[test]
     fn a_seed_a_slot_map_and_a_redirect_name_one_ipv6_node_alike() {
+        use crate::backend::redis::reply::{Redirect, redirect};
         let seed = crate::backend::redis::RedisConfig::new("redis://[::1]:7000").addr();
         let reply = Value::Array(vec![Value::Array(vec![
             Value::Int(0),

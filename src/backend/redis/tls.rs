@@ -307,7 +307,7 @@ pub(super) fn refusal(e: &(dyn std::error::Error + 'static)) -> Option<String> {
 }
 
 fn rustls_error<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
-    type Shared = Arc<dyn std::error::Error + Send + Sync>;
+    type ArcError = Arc<dyn std::error::Error + Send + Sync>;
     let mut cur = Some(e);
     while let Some(e) = cur {
         if let Some(tls) = e.downcast_ref::<rustls::Error>() {
@@ -321,7 +321,7 @@ fn rustls_error<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a rust
                 return Some(tls);
             }
         }
-        if let Some(inner) = e.downcast_ref::<Shared>() {
+        if let Some(inner) = e.downcast_ref::<ArcError>() {
             let inner: &(dyn std::error::Error + 'static) = &**inner;
             if let Some(tls) = rustls_error(inner) {
                 return Some(tls);
