@@ -107,7 +107,7 @@ mod nonblocking {
             Box::pin(async move { r })
         }
         fn store<'a>(&'a self, w: Write<'a>) -> BoxFuture<'a, Result<StoreOutcome>> {
-            let r = self.0.store(w.mode, w.key, w.value, w.flags, w.exptime);
+            let r = self.0.store(w);
             Box::pin(async move { r })
         }
         fn store_then_get<'a>(
@@ -214,7 +214,7 @@ pub enum StoreOutcome {
     NotFound,
 }
 
-/// One write of a batch ([`Backend::store_many`]).
+/// One write: what [`Backend::store`] makes, and each of a batch's ([`Backend::store_many`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Write<'a> {
     /// How to write.
@@ -231,7 +231,7 @@ pub struct Write<'a> {
 
 impl<'a> Write<'a> {
     /// A write from its fields.
-    pub(crate) fn new(
+    pub fn new(
         mode: StoreMode,
         key: &'a str,
         value: &'a [u8],
@@ -272,20 +272,13 @@ pub trait Backend: Debug + Send + Sync {
     }
 
     /// Writes one item according to `mode`.
-    fn store(
-        &self,
-        mode: StoreMode,
-        key: &str,
-        value: &[u8],
-        flags: u32,
-        exptime: u32,
-    ) -> Result<StoreOutcome>;
+    fn store(&self, w: Write<'_>) -> Result<StoreOutcome>;
 
     /// Writes one item, then reads the key back, on the same connection (one round trip on
     /// memcached): what the herd protocol uses to learn the CAS token of what it just wrote.
     /// Another client's write may land between the two; the caller checks the token it wrote.
     fn store_then_get(&self, w: Write<'_>) -> Result<(StoreOutcome, Option<Item>)> {
-        let outcome = self.store(w.mode, w.key, w.value, w.flags, w.exptime)?;
+        let outcome = self.store(w)?;
         Ok((outcome, self.get(w.key)?))
     }
 
@@ -293,10 +286,7 @@ pub trait Backend: Debug + Send + Sync {
     /// per write, in order. A value over [`max_value_size`](Backend::max_value_size) fails alone
     /// (`TooLarge`, nothing sent for it); a failed server fails only its own writes.
     fn store_many(&self, writes: &[Write<'_>]) -> Vec<Result<StoreOutcome>> {
-        writes
-            .iter()
-            .map(|w| self.store(w.mode, w.key, w.value, w.flags, w.exptime))
-            .collect()
+        writes.iter().map(|w| self.store(*w)).collect()
     }
 
     /// Deletes one item; `true` if it existed.

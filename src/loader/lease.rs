@@ -248,10 +248,13 @@ impl HeldLease {
             return Ok(Completed::Superseded);
         }
         let mode = l.lease.store_mode();
-        let outcome =
-            self.shared
-                .backend
-                .store(mode, &self.slot.key, value, envelope::FLAGS, exptime);
+        let outcome = self.shared.backend.store(Write::new(
+            mode,
+            &self.slot.key,
+            value,
+            envelope::FLAGS,
+            exptime,
+        ));
         let outcome = match outcome {
             // The fenced write is refused to this client (its ACL): no store of this claim, nor
             // its fenced release, can ever happen, so it goes by a plain delete while the key
@@ -342,7 +345,7 @@ impl HeldLease {
         };
         let backend = &*self.shared.backend;
         let key = &self.slot.key;
-        let mut r = backend.store(mode, key, &value, envelope::FLAGS, exptime);
+        let mut r = backend.store(Write::new(mode, key, &value, envelope::FLAGS, exptime));
         if r.as_ref().is_err_and(|e| !e.is_denied()) && !value.is_empty() {
             // A value the backend failed to write back (refused, `OOM`, a broken connection)
             // must not leave the claim for others to sit out: the claim is removed instead.
@@ -352,7 +355,7 @@ impl HeldLease {
                 exptime,
             } = removal(mode)
             {
-                r = backend.store(mode, key, &value, envelope::FLAGS, exptime);
+                r = backend.store(Write::new(mode, key, &value, envelope::FLAGS, exptime));
             }
         }
         // Best effort. A fenced write the server refused (denied to this client, or a write
