@@ -193,20 +193,17 @@ impl Drop for ClaimGuard {
     }
 }
 
-/// An async loader, awaited in the caller's future.
-pub(crate) struct Inline<F>(F);
+/// An async loader, awaited in the caller's future, told whether it refreshes a stale value
+/// that the other callers are served meanwhile ([`Refresh`]), which a failed load then leaves
+/// in place (the response cache's fill asks).
+pub(crate) struct Inline<F>(F, Refresh);
 
-/// An async loader for the crate's own callers of the shared loader logic (the response
-/// cache), which call [`Cache::coalesced`] with a value type of their own. The loader is told
-/// whether it refreshes a stale value that the other callers are served meanwhile
-/// ([`Refresh`]), which a failed load then leaves in place.
-#[cfg(feature = "tower")]
-pub(crate) fn inline<F>(loader: F) -> Told<F> {
-    Told(loader, Refresh::Missing)
+/// `loader` as an [`Inline`] load of a missing value.
+pub(crate) fn inline<F>(loader: F) -> Inline<F> {
+    Inline(loader, Refresh::Missing)
 }
 
-/// What a [`Told`] loader's load replaces.
-#[cfg(feature = "tower")]
+/// What an [`Inline`] loader's load replaces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Refresh {
     /// Nothing servable: the key was missing, or its value past its staleness bound (others
@@ -216,12 +213,7 @@ pub(crate) enum Refresh {
     Stale,
 }
 
-/// An inline async loader told what its load replaces: see [`inline`].
-#[cfg(feature = "tower")]
-pub(crate) struct Told<F>(F, Refresh);
-
-#[cfg(feature = "tower")]
-impl<'d, T, F, Fut, E> Load<T, AsyncDriver<'d>> for Told<F>
+impl<'d, T, F, Fut, E> Load<T, AsyncDriver<'d>> for Inline<F>
 where
     F: FnOnce(Refresh) -> Fut,
     Fut: Future<Output = std::result::Result<T, E>>,
@@ -240,29 +232,7 @@ where
         _: Ttl,
     ) -> Option<(Self, AsyncLease)> {
         // Called only for a held value that others are being served: the refresh runs inline.
-        Some((Told(self.0, Refresh::Stale), held))
-    }
-}
-
-impl<'d, T, F, Fut, E> Load<T, AsyncDriver<'d>> for Inline<F>
-where
-    F: FnOnce() -> Fut,
-    Fut: Future<Output = std::result::Result<T, E>>,
-    E: std::error::Error + Send + Sync + 'static,
-{
-    fn call(self) -> impl Future<Output = Result<T>> {
-        let fut = (self.0)();
-        async move { fut.await.map_err(|e| Error::loader(Arc::new(e))) }
-    }
-    fn refresh_in_background(
-        self,
-        _: &Cache,
-        _: &AsyncDriver<'d>,
-        held: AsyncLease,
-        _: &str,
-        _: Ttl,
-    ) -> Option<(Self, AsyncLease)> {
-        Some((self, held))
+        Some((Inline(self.0, Refresh::Stale), held))
     }
 }
 
@@ -277,7 +247,8 @@ where
     E: std::error::Error + Send + Sync + 'static,
 {
     fn call(self) -> impl Future<Output = Result<T>> {
-        Inline(self.0).call()
+        let f = self.0;
+        inline(move |_| f()).call()
     }
     fn refresh_in_background(
         self,
@@ -297,7 +268,9 @@ where
         rt.spawn(async move {
             let d = AsyncDriver(&running.0);
             // A failed refresh (counted in stats) gives the claim back: the next reader retries.
-            let _ = cache.run_loader(&d, held, &key, ttl, Inline(self.0)).await;
+            let _ = cache
+                .run_loader(&d, held, &key, ttl, inline(move |_| (self.0)()))
+                .await;
             drop(running);
         });
         None
@@ -394,7 +367,7 @@ impl AsyncCache {
     {
         let ttl = ttl.into();
         self.cache
-            .coalesced(&AsyncDriver(self), key, ttl, Inline(loader))
+            .coalesced(&AsyncDriver(self), key, ttl, inline(|_| loader()))
             .await
             .map_err(LoadError::from_error)
     }
@@ -441,7 +414,7 @@ impl AsyncCache {
             async move { Ok::<T, std::convert::Infallible>(fut.await) }
         };
         self.cache
-            .coalesced(&AsyncDriver(self), key, ttl.into(), Inline(loader))
+            .coalesced(&AsyncDriver(self), key, ttl.into(), inline(|_| loader()))
             .await
     }
 

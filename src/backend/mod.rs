@@ -87,12 +87,6 @@ mod nonblocking {
         fn settle_time(&self) -> std::time::Duration {
             std::time::Duration::ZERO
         }
-        /// Whether every call completes when made, through the sync backend beneath (the
-        /// memory backend): the response cache then answers a hit without a future.
-        #[cfg_attr(not(feature = "tower"), allow(dead_code))]
-        fn answers_at_once(&self) -> bool {
-            false
-        }
     }
 
     /// Any sync backend that never blocks (the memory backend) is an async one that answers
@@ -158,9 +152,6 @@ mod nonblocking {
         fn ping(&self) -> BoxFuture<'_, std::result::Result<(), crate::ping::PingError>> {
             let r = self.0.ping();
             Box::pin(async move { r })
-        }
-        fn answers_at_once(&self) -> bool {
-            true
         }
     }
 

@@ -316,35 +316,6 @@ impl Cache {
         T::decode_payload(&self.inner.config.format, header.codec, how, item, payload)
     }
 
-    /// Reads a value without taking part in the herd protocol: a value any reader may be served
-    /// (fresh, or stale within its bound) is returned, and nothing is ever claimed. For readers
-    /// that never load (the response cache's HEAD and `Authorization` requests): a claim they
-    /// would not complete would hold the key's refresh until it lapsed.
-    #[cfg(feature = "tower")]
-    pub(crate) async fn peek_on<T: Decode, I: Io>(&self, io: &I, key: &str) -> Result<Option<T>> {
-        let k = self.keys.make(key)?;
-        let Some(item) = self.absorb_read(io.get(&k).await)?.flatten() else {
-            return Ok(None);
-        };
-        let Ok(envelope::Parsed::Item(header, payload)) = envelope::decode(item.flags, &item.value)
-        else {
-            return Ok(None);
-        };
-        let unclaimed = envelope::Header {
-            claim_until_ms: 0,
-            ..header
-        };
-        if header.kind == envelope::Kind::Placeholder
-            || !crate::herd::servable(crate::herd::judge(&unclaimed, self.now_ms(), None))
-        {
-            return Ok(None);
-        }
-        match self.decode_payload(&header, &item.value, payload) {
-            Ok(v) => Ok(Some(v)),
-            Err(e) => self.decode_failed(e),
-        }
-    }
-
     /// A key of a batch that failed on its own (not its server): left out of the answer as a
     /// miss, and logged, so that the other keys are still served.
     pub(crate) fn batch_key_failed(&self, e: &Error) {

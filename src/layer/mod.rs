@@ -161,6 +161,7 @@
 //! `Cache-Control`, and this layer behind it turn a CDN's per-edge misses into one origin
 //! request.
 
+mod access;
 mod body;
 mod config;
 mod entry;
@@ -182,7 +183,7 @@ use tower::{Layer, Service};
 use self::entry::{Body, Entry, Page, Recent};
 use self::rules::{CacheControl, Uncacheable};
 use crate::async_cache::AsyncCache;
-use crate::async_cache::{Refresh, inline};
+use crate::async_cache::loader::{Refresh, inline};
 use crate::cache::Herd;
 use crate::error::{Error, ErrorKind, Result};
 use crate::stats::{Counters, Stats};
@@ -242,14 +243,14 @@ impl ResponseCacheLayer {
 
     pub(crate) fn from_parts(cache: AsyncCache, settings: Settings) -> ResponseCacheLayer {
         let config = &cache.cache.inner.config;
-        let counters = Counters::for_layer(&config.name, &config.servers, &settings.namespace);
+        let counters = Counters::labelled(&config.name, &config.servers, Some(&settings.namespace));
         // The layer's reads and fills are counted apart from the application's own calls.
         let cache = AsyncCache {
             cache: cache.cache.counting_in(Arc::new(counters)),
         };
         ResponseCacheLayer {
             shared: Arc::new(Shared {
-                answers_at_once: cache.shared().backend.answers_at_once(),
+                answers_at_once: cache.cache.answers_at_once(),
                 cache,
                 settings,
             }),
@@ -1459,7 +1460,7 @@ mod tests {
                 &cache.io(),
                 "k",
                 Duration::from_secs(3600).into(),
-                crate::async_cache::inline(|_| async {
+                crate::async_cache::loader::inline(|_| async {
                     loads.fetch_add(1, Ordering::SeqCst);
                     Ok::<_, OriginFailed>(page(now, fresh))
                 }),

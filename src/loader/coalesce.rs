@@ -133,13 +133,18 @@ impl Coalescer {
     }
 }
 
-#[cfg(feature = "tower")]
 impl Coalescer {
-    /// Takes `key`'s call, if one is at work, out of the table: callers arriving now start a new
-    /// call instead of joining one that may have read what a write just replaced. The leader
-    /// and its followers carry on with their own slot.
-    pub(crate) fn detach(&self, key: &str) {
-        self.slots.lock().remove(key);
+    /// Takes `key`'s call out of the table (only if it is `only`, when given): callers arriving
+    /// now start a new call instead of joining one that may have read what a write just
+    /// replaced. The leader and its followers carry on with their own slot.
+    pub(crate) fn detach(&self, key: &str, only: Option<&Arc<Slot>>) {
+        let mut slots = self.slots.lock();
+        if slots
+            .get(key)
+            .is_some_and(|s| only.is_none_or(|o| Arc::ptr_eq(s, o)))
+        {
+            slots.remove(key);
+        }
     }
 }
 
@@ -160,15 +165,7 @@ impl Leader<'_> {
             return;
         }
         self.published = true;
-        {
-            let mut slots = self.coalescer.slots.lock();
-            if slots
-                .get(&self.key)
-                .is_some_and(|s| Arc::ptr_eq(s, &self.slot))
-            {
-                slots.remove(&self.key);
-            }
-        }
+        self.coalescer.detach(&self.key, Some(&self.slot));
         *self.slot.outcome.lock() = Some(outcome);
         self.slot.ready.notify_all();
         #[cfg(feature = "tokio")]

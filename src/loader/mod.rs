@@ -346,7 +346,7 @@ impl Cache {
     }
 
     /// [`served`](Cache::served) without the count: the value, and whether it is stale.
-    fn servable<T: Decode>(&self, first: &Action) -> Option<(T, bool)> {
+    pub(crate) fn servable<T: Decode>(&self, first: &Action) -> Option<(T, bool)> {
         let Action::Done(Found::Value { held, stale }) = first else {
             return None;
         };
@@ -357,36 +357,6 @@ impl Cache {
     pub(crate) fn count_served(&self, stale: bool) {
         let s = &self.stats;
         Counters::bump(if stale { &s.stale_served } else { &s.hits });
-    }
-
-    /// `get_or_set_with`'s fast path alone, on the sync backend: the value (and whether it is
-    /// stale) when it may be served as it is, `None` when the call would go on (a miss, a claim
-    /// to make or wait for, an error), having changed nothing and counted nothing: a caller that
-    /// serves it counts it ([`count_served`](Cache::count_served)); one that does not goes the
-    /// whole way, which reads and counts again. For a front end whose backend answers at once
-    /// (the response cache on the memory backend). With the value, the wall clock the verdict
-    /// was made at (unix ms).
-    ///
-    /// Always `None` with XFetch on (`early_refresh`): its draw decides whether this read
-    /// refreshes early, and a second read (the whole way) would draw again, refreshing at p²
-    /// instead of p.
-    #[cfg(feature = "tower")]
-    pub(crate) fn served_now<T: Decode>(&self, key: &str) -> Option<(T, bool, u64)> {
-        if self.inner.config.early_beta.is_some() {
-            return None;
-        }
-        let derived = self.keys.make(key).ok()?;
-        let span = self.span("get_or_set_with", &derived);
-        let _entered = span.enter();
-        // A failed read is left to the request's future, which reads again and counts the
-        // failure once (absorbed here too, it would be counted twice).
-        let read = self.inner.config.backend.get(&derived).ok()?;
-        let limit = self.inner.config.backend.max_value_size(&derived);
-        let (_, first, now) = self
-            .start(Ok(read), Mode::Load, self.settings(true, limit), None)
-            .ok()?;
-        let (v, stale) = self.servable(&first)?;
-        Some((v, stale, now.wall_ms))
     }
 
     /// The rest of a `get_or_set_with` that did not hit: the in-process coalescer (lead, or wait
