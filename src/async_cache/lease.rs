@@ -2,7 +2,7 @@
 //! (inside the caller's future, so a loader need not be `'static`), completed with `cas`, or
 //! released. Dropped unfinished (the load failed, or its future was cancelled), it releases the
 //! key from a spawned task, so the next caller retries at once. The claim logic itself is
-//! `protocol::Lease`, shared with the sync front end.
+//! `protocol::Claim`, shared with the sync front end.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -13,11 +13,13 @@ use crate::cache::Cache;
 use crate::envelope;
 use crate::error::Result;
 use crate::loader::lease::{Completed, completed};
-use crate::protocol::{Action, Lease, Renewal, release_abandoned, removal};
+use crate::protocol::{Action, Claim, Renewal, release_abandoned, removal};
 
+/// The async front end's lease: a claim renewed inside the caller's future while its loader
+/// runs, completed with `cas`, or given back (from a spawned task when dropped).
 pub(crate) struct AsyncLease {
     key: String,
-    lease: Lease,
+    lease: Claim,
     backend: Arc<dyn AsyncBackend>,
     cache: Cache,
     /// When the next renewal is due.
@@ -33,7 +35,7 @@ impl AsyncLease {
         cache: &Cache,
         backend: Arc<dyn AsyncBackend>,
         key: &str,
-        lease: Lease,
+        lease: Claim,
     ) -> AsyncLease {
         AsyncLease {
             key: key.to_string(),
@@ -51,7 +53,7 @@ impl AsyncLease {
         &self.key
     }
 
-    /// Whether the claim holds a value others are served ([`Lease::serves_others`]).
+    /// Whether the claim holds a value others are served ([`Claim::serves_others`]).
     pub(crate) fn serves_others(&self, now_ms: u64, kept_ms: u64) -> bool {
         self.lease.serves_others(now_ms, kept_ms)
     }

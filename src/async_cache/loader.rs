@@ -23,10 +23,10 @@ use crate::cache::Cache;
 use crate::cache::io::{Disarm, Io};
 use crate::error::{Error, LoadError, Result};
 use crate::loader::Load;
-use crate::loader::coalesce::{Leading, Outcome, Slot};
-use crate::loader::driver::{Claim, Driver};
+use crate::loader::coalesce::{Call, Leading, Outcome};
+use crate::loader::driver::{Driver, LeaseHandle};
 use crate::loader::lease::Completed;
-use crate::protocol::Lease;
+use crate::protocol::Claim;
 use crate::ttl::Ttl;
 
 /// The async front end's [`Io`] and [`Driver`]: the cache's async backend, tokio timers, and
@@ -111,9 +111,9 @@ impl Io for AsyncDriver<'_> {
 }
 
 impl Driver for AsyncDriver<'_> {
-    type Held = AsyncLease;
+    type Lease = AsyncLease;
 
-    fn hold(&self, cache: &Cache, derived: &str, lease: Lease) -> AsyncLease {
+    fn hold(&self, cache: &Cache, derived: &str, lease: Claim) -> AsyncLease {
         AsyncLease::new(cache, self.0.shared().backend.clone(), derived, lease)
     }
 
@@ -122,12 +122,12 @@ impl Driver for AsyncDriver<'_> {
     }
 
     /// An await blocks no thread: whoever leads makes progress meanwhile.
-    fn may_wait_for(&self, _: &Slot) -> bool {
+    fn may_wait_for(&self, _: &Call) -> bool {
         true
     }
 
-    fn wait_for(&self, slot: &Slot, deadline: Instant) -> impl Future<Output = Outcome> + Send {
-        slot.wait_async(deadline)
+    fn wait_for(&self, call: &Call, deadline: Instant) -> impl Future<Output = Outcome> + Send {
+        call.wait_async(deadline)
     }
 
     fn renewing_all<F: Future>(
@@ -146,7 +146,7 @@ impl Driver for AsyncDriver<'_> {
     }
 }
 
-impl Claim for AsyncLease {
+impl LeaseHandle for AsyncLease {
     fn key(&self) -> &str {
         AsyncLease::key(self)
     }

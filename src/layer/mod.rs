@@ -212,12 +212,12 @@ pub const X_CACHE: HeaderName = HeaderName::from_static("x-cache");
 /// ```
 #[derive(Clone)]
 pub struct ResponseCacheLayer {
-    shared: Arc<Shared>,
+    shared: Arc<Common>,
 }
 
 /// What every service of a layer, and every request through them, shares: one reference count
 /// per request.
-struct Shared {
+struct Common {
     cache: AsyncCache,
     settings: Settings,
     /// The cache's backend answers without waiting (the memory backend): a hit is answered
@@ -249,7 +249,7 @@ impl ResponseCacheLayer {
             cache: cache.cache.counting_in(Arc::new(counters)),
         };
         ResponseCacheLayer {
-            shared: Arc::new(Shared {
+            shared: Arc::new(Common {
                 answers_at_once: cache.cache.answers_at_once(),
                 cache,
                 settings,
@@ -420,7 +420,7 @@ impl<S> Layer<S> for ResponseCacheLayer {
 #[derive(Clone)]
 pub struct ResponseCache<S> {
     inner: S,
-    shared: Arc<Shared>,
+    shared: Arc<Common>,
 }
 
 impl<S> fmt::Debug for ResponseCache<S> {
@@ -603,7 +603,7 @@ enum Plan {
 /// A request as the cache reads it, with its layer: what both the answer made at once (a hit
 /// on a backend that answers at once, in `call`) and the request's future use.
 struct Ask<'a> {
-    shared: &'a Shared,
+    shared: &'a Common,
     parts: &'a http::request::Parts,
     seen: Seen,
 }
@@ -876,7 +876,7 @@ static CLIENT_CONDITIONS: [HeaderName; 4] = [
 /// One request through the layer. The origin service and the request sit in `origin` until the
 /// one origin call this request may make takes them.
 struct Call<S, ReqBody, ResBody: HttpBody, E> {
-    shared: Arc<Shared>,
+    shared: Arc<Common>,
     /// The request's method, URI and headers (read in place: a hit copies none of them).
     parts: http::request::Parts,
     seen: Seen,

@@ -1,7 +1,7 @@
 //! Claims held by running loads, kept alive while the loader runs: one renewal thread per cache
 //! (started on the first load that needs it, gone after a few idle seconds) renews each claim
 //! every third of `lease_ttl`, up to `max_load_time`, and finds out when a claim is lost (the
-//! key was written or deleted meanwhile). A [`HeldLease`] completes the claim with `cas`, or
+//! key was written or deleted meanwhile). A [`BlockingLease`] completes the claim with `cas`, or
 //! releases it; dropped unfinished (a panicking loader), it releases.
 
 use std::fmt;
@@ -15,7 +15,7 @@ use crate::backend::{Backend, StoreMode, StoreOutcome, Write};
 use crate::clock::Clock;
 use crate::envelope;
 use crate::error::Result;
-use crate::protocol::{Action, Lease, Now, Renewal, removal};
+use crate::protocol::{Action, Claim, Now, Renewal, removal};
 
 /// How long the renewal thread lingers with nothing to renew before it exits.
 const IDLE_EXIT: Duration = Duration::from_secs(5);
@@ -46,7 +46,7 @@ struct Slot {
 }
 
 struct SlotState {
-    lease: Lease,
+    lease: Claim,
     next: Instant,
     /// No more renewals: finished, lost, or past `max_load_time`.
     idle: bool,
@@ -87,7 +87,7 @@ impl Renewer {
 
     /// Starts keeping `lease` on derived key `key` alive until the returned guard completes or
     /// releases it. `started_mono_ms` must be on the same clock as the protocol's `Now`.
-    pub(crate) fn hold(&self, key: &str, lease: Lease) -> HeldLease {
+    pub(crate) fn hold(&self, key: &str, lease: Claim) -> BlockingLease {
         let slot = Arc::new(Slot {
             key: key.to_string(),
             lease: Mutex::new(SlotState {
@@ -111,7 +111,7 @@ impl Renewer {
         }
         drop(st);
         self.shared.wake.notify_one();
-        HeldLease {
+        BlockingLease {
             slot,
             shared: self.shared.clone(),
         }
@@ -212,15 +212,16 @@ fn renew(shared: &Shared, slot: &Slot) {
     l.next = Instant::now() + l.lease.renew_every();
 }
 
-/// A claim held by a running load. Complete it with the loaded value, or release it.
-pub(crate) struct HeldLease {
+/// The sync front end's lease: a claim kept alive by the renewal thread while a loader runs.
+/// Complete it with the loaded value, or release it.
+pub(crate) struct BlockingLease {
     slot: Arc<Slot>,
     shared: Arc<Shared>,
 }
 
-impl fmt::Debug for HeldLease {
+impl fmt::Debug for BlockingLease {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("HeldLease")
+        f.debug_struct("BlockingLease")
             .field("key", &self.slot.key)
             .finish_non_exhaustive()
     }
@@ -236,7 +237,7 @@ pub(crate) enum Completed {
     Superseded,
 }
 
-impl HeldLease {
+impl BlockingLease {
     /// Stores the loaded `value` with `cas` against the claim.
     /// On an error the claim is still held, and dropping the guard releases it; on a denial
     /// (`is_denied`) the key is deleted at once.
@@ -275,7 +276,7 @@ impl HeldLease {
     /// A lease whose write failed is still held, and released when the batch is dropped.
     pub(crate) fn complete_many(
         backend: &dyn Backend,
-        batch: Vec<(HeldLease, Vec<u8>, u32)>,
+        batch: Vec<(BlockingLease, Vec<u8>, u32)>,
     ) -> Vec<Result<Completed>> {
         let mut guards = Vec::with_capacity(batch.len());
         let mut writes = Vec::with_capacity(batch.len());
@@ -318,7 +319,7 @@ impl HeldLease {
         &self.slot.key
     }
 
-    /// Whether the claim holds a value others are served ([`Lease::serves_others`]).
+    /// Whether the claim holds a value others are served ([`Claim::serves_others`]).
     pub(crate) fn serves_others(&self, now_ms: u64, kept_ms: u64) -> bool {
         self.slot.lease.lock().lease.serves_others(now_ms, kept_ms)
     }
@@ -385,7 +386,7 @@ pub(crate) fn completed(outcome: StoreOutcome) -> Completed {
     }
 }
 
-impl Drop for HeldLease {
+impl Drop for BlockingLease {
     fn drop(&mut self) {
         // A failed load, a panicking loader, or an error on the way: never leave a placeholder
         // for waiters to sit out.
