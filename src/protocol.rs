@@ -19,7 +19,7 @@
 //!   then store the result with `cas` against the claim. Anyone who wrote or deleted the key
 //!   meanwhile changed its CAS token, so a load never overwrites a newer state.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::backend::{Item, StoreMode, StoreOutcome};
 use crate::envelope::{self, Header, Kind, Parsed};
@@ -776,12 +776,6 @@ pub(crate) struct Claim {
 }
 
 impl Claim {
-    /// The token of this claim.
-    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
-    pub(crate) fn token(&self) -> u64 {
-        self.token
-    }
-
     /// Whether this caller holds a claim under the key (else the load is only fenced on the
     /// value it read: see [`Machine::on_refused`]).
     pub(crate) fn is_claim(&self) -> bool {
@@ -870,12 +864,6 @@ impl Claim {
     /// without a claim: the key holds nothing of this caller's.
     ///
     /// A give-back the backend fails to write is followed by [`removal`].
-    /// The value this claim's placeholder displaced, to put back if the load fails.
-    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
-    pub(crate) fn restore(&self) -> Option<&Item> {
-        self.restore.as_ref()
-    }
-
     pub(crate) fn release(&self, now: Now) -> Option<Action> {
         if !self.claimed {
             return None;
@@ -900,6 +888,112 @@ impl Claim {
                 value: envelope::restamp(&self.bytes, 0, 0).unwrap_or_default(),
             },
         })
+    }
+}
+
+/// A [`Claim`] kept while its loader runs, as both front ends keep it (the sync renewal
+/// thread, an async caller's future): when its next renewal is due, whether it was lost, and
+/// whether it is finished. The front end runs the writes (`loader::lease`); what they are and
+/// what their outcomes mean is decided here. Times are the front end's `Instant`s, read by it.
+#[derive(Debug)]
+pub(crate) struct Lease {
+    pub(crate) claim: Claim,
+    /// When the next renewal is due.
+    next: Instant,
+    /// No more renewals: finished, lost, or past `max_load_time`.
+    idle: bool,
+    /// The claim was lost: the key was written, deleted or taken over meanwhile.
+    lost: bool,
+    /// Completed, or given back.
+    done: bool,
+}
+
+impl Lease {
+    /// Keeps `claim` from `now`: its first renewal is due a third of the lease later.
+    pub(crate) fn new(claim: Claim, now: Instant) -> Lease {
+        Lease {
+            next: now + claim.renew_every(),
+            claim,
+            idle: false,
+            lost: false,
+            done: false,
+        }
+    }
+
+    /// When the next renewal is due; `None` once renewals have stopped.
+    pub(crate) fn due_at(&self) -> Option<Instant> {
+        (!self.idle && !self.done).then_some(self.next)
+    }
+
+    /// Completed or given back.
+    pub(crate) fn is_done(&self) -> bool {
+        self.done
+    }
+
+    /// The write that renews the claim now ([`Claim::renewal`]); `None` once renewals have
+    /// stopped (past `max_load_time` the claim lapses, and one waiter takes over).
+    pub(crate) fn renewal(&mut self, now: Now) -> Option<Action> {
+        if self.idle || self.done {
+            return None;
+        }
+        let renewal = self.claim.renewal(now);
+        self.idle = renewal.is_none();
+        renewal
+    }
+
+    /// The renewal's read-back found `after` ([`Claim::on_renewed`]); a lost claim stops
+    /// renewing, and its load's result is not stored.
+    pub(crate) fn on_renewed(&mut self, after: Option<Item>, last: bool) -> Renewal {
+        let r = self.claim.on_renewed(after, last);
+        if r == Renewal::Lost {
+            self.lost = true;
+            self.idle = true;
+        }
+        r
+    }
+
+    /// A renewal was tried at `at` (whatever came of it: a failed one is tried again next
+    /// time; two failures in a row still leave a third of the lease).
+    pub(crate) fn renewed(&mut self, at: Instant) {
+        self.next = at + self.claim.renew_every();
+    }
+
+    /// Stops renewing to store the loaded value: how to write it (`cas` against the claim),
+    /// or `None` if the claim was lost (the lease is then finished: superseded).
+    pub(crate) fn completing(&mut self) -> Option<StoreMode> {
+        self.idle = true;
+        if self.lost {
+            self.done = true;
+            return None;
+        }
+        Some(self.claim.store_mode())
+    }
+
+    /// The value is stored, or its claim removed: nothing left to give back.
+    pub(crate) fn finish(&mut self) {
+        self.done = true;
+    }
+
+    /// The write that gives back an unfinished lease's claim by its holder ([`Claim::release`]),
+    /// once: `None` if it is finished, lost, or not a claim.
+    pub(crate) fn release(&mut self, now: Now) -> Option<Action> {
+        if std::mem::replace(&mut self.done, true) {
+            return None;
+        }
+        self.idle = true;
+        if self.lost {
+            return None;
+        }
+        self.claim.release(now)
+    }
+
+    /// What an unfinished lease whose holder went away leaves to give back by token (its
+    /// token, and the value its placeholder displaced: see [`release_abandoned`]); `None` if it
+    /// is finished, lost, or not a claim.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+    pub(crate) fn abandoned(&self) -> Option<(u64, Option<Item>)> {
+        (!self.done && !self.lost && self.claim.is_claim())
+            .then(|| (self.claim.token, self.claim.restore.clone()))
     }
 }
 
@@ -1200,7 +1294,10 @@ mod tests {
             };
             assert!(!g.claim.is_claim());
             assert_eq!(g.claim.store_mode(), StoreMode::Cas(1));
-            let held = g.value.as_ref().expect("the stale value, for the followers");
+            let held = g
+                .value
+                .as_ref()
+                .expect("the stale value, for the followers");
             assert_eq!(&held.item.value[held.offset..], b"v");
             assert!(g.claim.serves_others(1_000_020, 0));
             // nothing to renew, nothing to give back: the value stays as it is

@@ -113,8 +113,8 @@ impl Io for AsyncDriver<'_> {
 impl Driver for AsyncDriver<'_> {
     type Lease = AsyncLease;
 
-    fn hold(&self, cache: &Cache, derived: &str, lease: Claim) -> AsyncLease {
-        AsyncLease::new(cache, self.0.shared().backend.clone(), derived, lease)
+    fn hold(&self, _: &Cache, derived: &str, lease: Claim) -> AsyncLease {
+        AsyncLease::new(self.0, derived, lease)
     }
 
     fn leading(&self) -> Leading {
@@ -142,7 +142,7 @@ impl Driver for AsyncDriver<'_> {
         &self,
         batch: Vec<(AsyncLease, Vec<u8>, u32)>,
     ) -> impl Future<Output = Vec<Result<Completed>>> + Send {
-        AsyncLease::complete_many(&*self.0.shared().backend, batch)
+        AsyncLease::complete_many(self, batch)
     }
 }
 
@@ -188,7 +188,7 @@ impl Drop for ClaimGuard {
                 .into_iter()
                 .map(|(key, token)| (key, token, None))
                 .collect();
-            give_back(&cache.cache, &cache.shared().backend, claims);
+            give_back(&cache, claims);
         }
     }
 }
