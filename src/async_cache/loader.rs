@@ -23,7 +23,7 @@ use crate::cache::Cache;
 use crate::cache::io::{Disarm, Io};
 use crate::error::{Error, LoadError, Result};
 use crate::loader::Load;
-use crate::loader::coalesce::{Call, Leading, Outcome};
+use crate::loader::coalesce::{InFlight, Leading, Outcome};
 use crate::loader::driver::{Driver, LeaseHandle};
 use crate::loader::lease::Completed;
 use crate::protocol::Claim;
@@ -122,11 +122,11 @@ impl Driver for AsyncDriver<'_> {
     }
 
     /// An await blocks no thread: whoever leads makes progress meanwhile.
-    fn may_wait_for(&self, _: &Call) -> bool {
+    fn may_wait_for(&self, _: &InFlight) -> bool {
         true
     }
 
-    fn wait_for(&self, call: &Call, deadline: Instant) -> impl Future<Output = Outcome> + Send {
+    fn wait_for(&self, call: &InFlight, deadline: Instant) -> impl Future<Output = Outcome> + Send {
         call.wait_async(deadline)
     }
 

@@ -43,7 +43,7 @@ pub(crate) enum Leading {
 }
 
 /// One coalesced call on a key: who leads it, and the outcome its followers wait for.
-pub(crate) struct Call {
+pub(crate) struct InFlight {
     /// Who leads this call.
     pub(crate) leading: Leading,
     outcome: Mutex<Option<Outcome>>,
@@ -53,9 +53,9 @@ pub(crate) struct Call {
     notify: tokio::sync::Notify,
 }
 
-impl Call {
-    fn new(leading: Leading) -> Call {
-        Call {
+impl InFlight {
+    fn new(leading: Leading) -> InFlight {
+        InFlight {
             leading,
             outcome: Mutex::default(),
             ready: Condvar::new(),
@@ -75,7 +75,7 @@ impl Call {
         o.clone().unwrap_or(Outcome::Pending)
     }
 
-    /// [`wait`](Call::wait) for a task: the outcome, or `Pending` at `deadline`.
+    /// [`wait`](InFlight::wait) for a task: the outcome, or `Pending` at `deadline`.
     #[cfg(feature = "tokio")]
     pub(crate) async fn wait_async(&self, deadline: Instant) -> Outcome {
         loop {
@@ -97,7 +97,7 @@ impl Call {
 /// The table of keys with a leader at work.
 #[derive(Default)]
 pub(crate) struct Coalescer {
-    calls: Mutex<HashMap<String, Arc<Call>>>,
+    calls: Mutex<HashMap<String, Arc<InFlight>>>,
 }
 
 impl std::fmt::Debug for Coalescer {
@@ -113,7 +113,7 @@ pub(crate) enum Role<'a> {
     /// Do the work, then [`Leader::publish`].
     Leader(Leader<'a>),
     /// Wait on the call.
-    Follower(Arc<Call>),
+    Follower(Arc<InFlight>),
 }
 
 impl Coalescer {
@@ -123,7 +123,7 @@ impl Coalescer {
         if let Some(call) = calls.get(key) {
             return Role::Follower(call.clone());
         }
-        let call = Arc::new(Call::new(leading));
+        let call = Arc::new(InFlight::new(leading));
         calls.insert(key.to_string(), call.clone());
         Role::Leader(Leader {
             coalescer: self,
@@ -138,7 +138,7 @@ impl Coalescer {
     /// Takes `key`'s call out of the table (only if it is `only`, when given): callers arriving
     /// now start a new call instead of joining one that may have read what a write just
     /// replaced. The leader and its followers carry on with their own call.
-    pub(crate) fn detach(&self, key: &str, only: Option<&Arc<Call>>) {
+    pub(crate) fn detach(&self, key: &str, only: Option<&Arc<InFlight>>) {
         let mut calls = self.calls.lock();
         if calls
             .get(key)
@@ -154,7 +154,7 @@ impl Coalescer {
 pub(crate) struct Leader<'a> {
     coalescer: &'a Coalescer,
     key: String,
-    call: Arc<Call>,
+    call: Arc<InFlight>,
     published: bool,
 }
 

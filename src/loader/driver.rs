@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::time::Instant;
 
-use super::coalesce::{Call, Leading, Outcome};
+use super::coalesce::{InFlight, Leading, Outcome};
 use super::lease::{BlockingLease, Completed};
 use crate::cache::Cache;
 use crate::cache::io::{Blocking, Io};
@@ -24,9 +24,9 @@ pub(crate) trait Driver: Io {
     /// What this caller is if it leads a coalesced call.
     fn leading(&self) -> Leading;
     /// Whether this caller may wait for `call`'s leader without keeping it from finishing.
-    fn may_wait_for(&self, call: &Call) -> bool;
+    fn may_wait_for(&self, call: &InFlight) -> bool;
     /// Waits for an in-process leader's outcome, up to `deadline`.
-    fn wait_for(&self, call: &Call, deadline: Instant) -> impl Future<Output = Outcome> + Send;
+    fn wait_for(&self, call: &InFlight, deadline: Instant) -> impl Future<Output = Outcome> + Send;
     /// Runs `work` (a batch's loader) while every claim in `held` is kept alive.
     fn renewing_all<F: Future>(
         &self,
@@ -75,7 +75,7 @@ impl Driver for Blocking<'_> {
     /// `block_on`s). Inside a context this thread may be the one the task needs (a worker, a
     /// current-thread runtime's own; even the task itself, `join!`ed with this call), and tokio
     /// says not which: so it never waits there.
-    fn may_wait_for(&self, call: &Call) -> bool {
+    fn may_wait_for(&self, call: &InFlight) -> bool {
         match call.leading {
             Leading::Thread => true,
             #[cfg(feature = "tokio")]
@@ -86,7 +86,7 @@ impl Driver for Blocking<'_> {
         }
     }
 
-    fn wait_for(&self, call: &Call, deadline: Instant) -> impl Future<Output = Outcome> + Send {
+    fn wait_for(&self, call: &InFlight, deadline: Instant) -> impl Future<Output = Outcome> + Send {
         std::future::ready(call.wait(deadline))
     }
 

@@ -180,12 +180,13 @@ async fn delete_if_claim<I: Io>(io: &I, key: &str, mode: StoreMode) -> bool {
     matches!(io.get(key).await, Ok(Some(item)) if item.cas == claim) && io.delete(key).await.is_ok()
 }
 
-/// The renewal service of one cache.
+/// The renewal renewals of one cache.
 pub(crate) struct Renewer {
-    service: Arc<Service>,
+    renewals: Arc<Renewals>,
 }
 
-struct Service {
+/// What the renewal thread and the leases it keeps share.
+struct Renewals {
     backend: Arc<dyn Backend>,
     clock: Arc<dyn Clock>,
     started: Instant,
@@ -209,12 +210,12 @@ struct Kept {
 impl fmt::Debug for Renewer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Renewer")
-            .field("held", &self.service.state.lock().kept.len())
+            .field("held", &self.renewals.state.lock().kept.len())
             .finish()
     }
 }
 
-impl Service {
+impl Renewals {
     fn now(&self) -> Now {
         Now {
             wall_ms: self.clock.now_ms(),
@@ -226,7 +227,7 @@ impl Service {
 impl Renewer {
     pub(crate) fn new(backend: Arc<dyn Backend>, clock: Arc<dyn Clock>) -> Renewer {
         Renewer {
-            service: Arc::new(Service {
+            renewals: Arc::new(Renewals {
                 backend,
                 clock,
                 started: Instant::now(),
@@ -243,28 +244,28 @@ impl Renewer {
             key: key.to_string(),
             lease: Mutex::new(Lease::new(claim, Instant::now())),
         });
-        let mut st = self.service.state.lock();
+        let mut st = self.renewals.state.lock();
         st.kept.push(kept.clone());
         if !st.thread_running {
-            let service = self.service.clone();
+            let renewals = self.renewals.clone();
             let spawned = thread::Builder::new()
                 .name("newcache-renew".into())
-                .spawn(move || renew_loop(&service));
+                .spawn(move || renew_loop(&renewals));
             // Without the thread, claims are not renewed: a load longer than lease_ttl may then
             // be taken over, and its result is not stored. Nothing else breaks.
             st.thread_running = spawned.is_ok();
         }
         drop(st);
-        self.service.wake.notify_one();
+        self.renewals.wake.notify_one();
         BlockingLease {
             kept,
-            service: self.service.clone(),
+            renewals: self.renewals.clone(),
         }
     }
 }
 
-fn renew_loop(service: &Service) {
-    let mut st = service.state.lock();
+fn renew_loop(renewals: &Renewals) {
+    let mut st = renewals.state.lock();
     let mut idle_since = Instant::now();
     loop {
         st.kept
@@ -292,24 +293,24 @@ fn renew_loop(service: &Service) {
             drop(st);
             for k in due {
                 let mut l = k.lease.lock();
-                let io = Blocking(&*service.backend);
-                ready(renew_on(&io, &k.key, &mut l, service.now()));
+                let io = Blocking(&*renewals.backend);
+                ready(renew_on(&io, &k.key, &mut l, renewals.now()));
             }
-            st = service.state.lock();
+            st = renewals.state.lock();
             idle_since = Instant::now();
             continue;
         }
         match next {
             Some(at) => {
                 idle_since = Instant::now();
-                service.wake.wait_until(&mut st, at);
+                renewals.wake.wait_until(&mut st, at);
             }
             None => {
                 if idle_since.elapsed() >= IDLE_EXIT {
                     st.thread_running = false;
                     return;
                 }
-                service.wake.wait_for(&mut st, IDLE_EXIT);
+                renewals.wake.wait_for(&mut st, IDLE_EXIT);
             }
         }
     }
@@ -319,7 +320,7 @@ fn renew_loop(service: &Service) {
 /// Complete it with the loaded value, or release it.
 pub(crate) struct BlockingLease {
     kept: Arc<Kept>,
-    service: Arc<Service>,
+    renewals: Arc<Renewals>,
 }
 
 impl fmt::Debug for BlockingLease {
@@ -332,7 +333,7 @@ impl fmt::Debug for BlockingLease {
 
 impl BlockingLease {
     fn io(&self) -> Blocking<'_> {
-        Blocking(&*self.service.backend)
+        Blocking(&*self.renewals.backend)
     }
 
     /// Stores the loaded `value` with `cas` against the claim ([`complete_on`]).
@@ -379,11 +380,11 @@ impl Drop for BlockingLease {
         // for waiters to sit out. The key is given back at once, so the next caller retries.
         {
             let mut l = self.kept.lease.lock();
-            if let Some(release) = l.release(self.service.now()) {
+            if let Some(release) = l.release(self.renewals.now()) {
                 ready(give_back_on(&self.io(), &self.kept.key, &release));
             }
         }
-        let mut st = self.service.state.lock();
+        let mut st = self.renewals.state.lock();
         st.kept.retain(|k| !Arc::ptr_eq(k, &self.kept));
     }
 }
