@@ -113,8 +113,8 @@ impl Io for AsyncDriver<'_> {
 impl Driver for AsyncDriver<'_> {
     type Lease = AsyncLease;
 
-    fn hold(&self, _: &Cache, derived: &str, lease: Claim) -> AsyncLease {
-        AsyncLease::new(self.0, derived, lease)
+    fn hold(&self, _: &Cache, derived: &str, claim: Claim) -> AsyncLease {
+        AsyncLease::new(self.0, derived, claim)
     }
 
     fn leading(&self) -> Leading {

@@ -262,7 +262,7 @@ pub trait Backend: Debug + Send + Sync {
         keys.iter().map(|k| self.get(k)).collect()
     }
 
-    /// Writes one item according to `mode`.
+    /// Writes one item as its `mode` says.
     fn store(&self, w: Write<'_>) -> Result<StoreOutcome>;
 
     /// Writes one item, then reads the key back, on the same connection (one round trip on

@@ -17,10 +17,10 @@ use crate::protocol::Claim;
 /// A front end's way of running loads: the backend's operations ([`Io`]) plus claims and
 /// waits.
 pub(crate) trait Driver: Io {
-    /// A claim held while a loader runs.
+    /// A claim kept while a loader runs.
     type Lease: LeaseHandle;
-    /// Holds `lease` on `derived` until it is completed or dropped (dropped: released).
-    fn hold(&self, cache: &Cache, derived: &str, lease: Claim) -> Self::Lease;
+    /// Keeps `claim` on `derived` until its lease is completed or dropped (dropped: released).
+    fn hold(&self, cache: &Cache, derived: &str, claim: Claim) -> Self::Lease;
     /// What this caller is if it leads a coalesced call.
     fn leading(&self) -> Leading;
     /// Whether this caller may wait for `call`'s leader without keeping it from finishing.
@@ -60,8 +60,8 @@ pub(crate) trait LeaseHandle: Send + Sized {
 impl Driver for Blocking<'_> {
     type Lease = BlockingLease;
 
-    fn hold(&self, cache: &Cache, derived: &str, lease: Claim) -> BlockingLease {
-        cache.inner.renewer.hold(derived, lease)
+    fn hold(&self, cache: &Cache, derived: &str, claim: Claim) -> BlockingLease {
+        cache.inner.renewer.hold(derived, claim)
     }
 
     fn leading(&self) -> Leading {
