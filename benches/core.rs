@@ -78,7 +78,8 @@ fn bench(c: &mut Criterion) {
         // the raw backend alone, to show what the envelope and codec add on top
         let raw = MemoryBackend::default();
         let bytes = vec![7u8; size];
-        raw.store(StoreMode::Set, "k", &bytes, 0, 0).expect("store");
+        raw.store(newcache::Write::new(StoreMode::Set, "k", &bytes, 0, 0))
+            .expect("store");
         g.bench_with_input(
             BenchmarkId::new("memory-backend/get-bytes", size),
             &size,

@@ -297,7 +297,13 @@ fn multiserver(c: &mut Criterion) {
     let keys: Vec<String> = (0..100).map(|i| format!("multi:{i}")).collect();
     for k in &keys {
         backend
-            .store(newcache::StoreMode::Set, k, &value, 0, 0)
+            .store(newcache::Write::new(
+                newcache::StoreMode::Set,
+                k,
+                &value,
+                0,
+                0,
+            ))
             .expect("set");
     }
     let mut bare: Vec<Bare> = addrs.iter().map(|a| Bare::new(a)).collect();

@@ -22,7 +22,7 @@ use std::sync::{Arc, Barrier, Mutex};
 use std::time::Instant;
 
 use newcache::{
-    Backend, Cache, Item, MemoryBackend, Result, StoreMode, StoreOutcome, SystemClock, Ttl,
+    Backend, Cache, Item, MemoryBackend, Result, StoreOutcome, SystemClock, Ttl, Write,
 };
 
 /// Counts the bytes the program has asked for and not yet freed.
@@ -97,16 +97,16 @@ impl Backend for Naive {
     fn get(&self, key: &str) -> Result<Option<Item>> {
         Ok(self.shard(key).lock().unwrap().get(key).cloned())
     }
-    fn store(&self, _: StoreMode, key: &str, v: &[u8], flags: u32, _: u32) -> Result<StoreOutcome> {
+    fn store(&self, w: Write<'_>) -> Result<StoreOutcome> {
         let item = Item {
-            value: v.to_vec().into(),
-            flags,
+            value: w.value.to_vec().into(),
+            flags: w.flags,
             cas: self.cas.fetch_add(1, Ordering::Relaxed),
         };
-        self.shard(key)
+        self.shard(w.key)
             .lock()
             .unwrap()
-            .insert(key.to_string(), item);
+            .insert(w.key.to_string(), item);
         Ok(StoreOutcome::Stored)
     }
     fn delete(&self, key: &str) -> Result<bool> {

@@ -19,7 +19,7 @@
 //!   then store the result with `cas` against the claim. Anyone who wrote or deleted the key
 //!   meanwhile changed its CAS token, so a load never overwrites a newer state.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::backend::{Item, StoreMode, StoreOutcome};
 use crate::envelope::{self, Header, Kind, Parsed};
@@ -92,26 +92,27 @@ pub(crate) enum Action {
     },
     /// Pause this long, then [`Machine::on_wake`].
     Sleep(Duration),
-    /// This caller holds the key: run the loader. Boxed: a grant is rare (a load), and the
+    /// This caller holds the key: run the loader. Boxed: a claimed is rare (a load), and the
     /// action of every read (a hit's `Done`) is moved through each call's future.
-    Load(Box<Grant>),
+    Load(Box<Claimed>),
     /// Finished.
     Done(Found),
 }
 
-/// The key, held by this caller for a load.
+/// The key, claimed by this caller for a load: the [`Claim`] and the value it claimed.
 #[derive(Debug)]
-pub(crate) struct Grant {
+pub(crate) struct Claimed {
     /// The claim to renew while loading and to store the result against.
-    pub(crate) lease: Lease,
+    pub(crate) claim: Claim,
     /// The value the claimed item holds, when it may be served (a stale value, or a fresh one
     /// claimed early by XFetch).
-    pub(crate) held: Option<Held>,
+    pub(crate) value: Option<Servable>,
 }
 
-/// A servable value the machine found; the front end decodes `item.value[offset..]`.
+/// A value the machine found that may be served (to every reader, or only to its claimer); the
+/// front end decodes `item.value[offset..]`.
 #[derive(Debug)]
-pub(crate) struct Held {
+pub(crate) struct Servable {
     pub(crate) item: Item,
     pub(crate) offset: usize,
     pub(crate) header: Header,
@@ -148,7 +149,7 @@ impl Refusal {
 #[derive(Debug)]
 pub(crate) enum Found {
     /// A value to serve; `stale` when past its soft expiry.
-    Value { held: Held, stale: bool },
+    Value { held: Servable, stale: bool },
     /// Nothing to serve. `claimed`: this reader (in `Lookup` mode) claimed the stale entry and
     /// should recompute it.
     Miss { claimed: bool },
@@ -328,7 +329,7 @@ impl Machine {
                 if herd::servable(v) {
                     let offset = item.value.len() - payload.len();
                     let stale = matches!(v, Verdict::Stale | Verdict::Recomputing);
-                    let held = Held {
+                    let held = Servable {
                         item,
                         offset,
                         header: h,
@@ -354,12 +355,12 @@ impl Machine {
     /// - `Load` and `Batch`, too large: the key is taken over with a placeholder by `cas` against
     ///   the value read, lasting what the claim would have (still one holder). The holder keeps
     ///   the displaced value (its followers and its `serve_stale_on_error` are served it), and a
-    ///   failed load puts it back (`Lease::release`); other processes wait meanwhile, as for a
+    ///   failed load puts it back (`Claim::release`); other processes wait meanwhile, as for a
     ///   missing key.
     /// - `Load` and `Batch`, a value over this cache's own limit ([`Settings::max_value`]): no
     ///   placeholder, since the value could not be put back. The caller loads without a claim
     ///   (its followers are served the value meanwhile) and completes with `cas` against the
-    ///   value read ([`Lease::is_claim`]): a result that fits replaces it; one too large leaves
+    ///   value read ([`Claim::is_claim`]): a result that fits replaces it; one too large leaves
     ///   a stale value in place (past its bound, a "not storable" marker replaces it, as for
     ///   any load too large to store).
     /// - `Load` and `Batch`, no CAS: nothing can be fenced; the backend is unavailable for this
@@ -382,7 +383,7 @@ impl Machine {
         let served = |item: Item, stale: bool| match envelope::decode(item.flags, &item.value) {
             Ok(Parsed::Item(header, payload)) => {
                 let offset = item.value.len() - payload.len();
-                let held = Held {
+                let held = Servable {
                     item,
                     offset,
                     header,
@@ -409,7 +410,7 @@ impl Machine {
         }
     }
 
-    /// A grant without a claim over `item`, a value this cache could not give back: the load
+    /// A claimed without a claim over `item`, a value this cache could not give back: the load
     /// runs, and its result is stored only by `cas` against `item` (nothing if another wrote
     /// the key meanwhile); nothing is renewed or given back.
     fn unclaimed(&mut self, now: Now, item: Item, expired: bool) -> Action {
@@ -420,7 +421,7 @@ impl Machine {
             // Nothing could fence the store (memcached `-C`).
             return Action::Done(Found::Unavailable);
         }
-        let lease = Lease {
+        let lease = Claim {
             token: self.token,
             cas: item.cas,
             bytes: item.value.clone(),
@@ -430,16 +431,16 @@ impl Machine {
             restore: None,
             claimed: false,
         };
-        let held = Held {
+        let held = Servable {
             offset: item.value.len() - payload.len(),
             item,
             header,
             early: false,
             expired,
         };
-        Action::Load(Box::new(Grant {
-            lease,
-            held: Some(held),
+        Action::Load(Box::new(Claimed {
+            claim: lease,
+            value: Some(held),
         }))
     }
 
@@ -496,7 +497,7 @@ impl Machine {
             Mode::Load | Mode::Batch => self.s.xfetch,
         };
         let verdict = herd::judge(&h, now.wall_ms, xfetch);
-        let held = |early, expired| Held {
+        let held = |early, expired| Servable {
             item,
             offset,
             header: h,
@@ -541,7 +542,7 @@ impl Machine {
     }
 
     /// Claims a value: the same bytes, with this caller's token and deadline.
-    fn claim(&mut self, now: Now, held: Held) -> Action {
+    fn claim(&mut self, now: Now, held: Servable) -> Action {
         let until = match self.mode {
             // A `get` claimant is not renewed: its claim lasts the herd timeout, as in
             // django-newcache, but never past the value's staleness bound, after which it would
@@ -606,7 +607,7 @@ impl Machine {
             return Action::Done(Found::Miss { claimed: true });
         }
         let displaced = self.displaced.take();
-        let lease = Lease {
+        let lease = Claim {
             token: self.token,
             cas: item.cas,
             bytes: item.value.clone(),
@@ -619,21 +620,21 @@ impl Machine {
         if let Some((item, expired)) = displaced {
             if let Ok(Parsed::Item(header, payload)) = envelope::decode(item.flags, &item.value) {
                 let offset = item.value.len() - payload.len();
-                let held = Held {
+                let held = Servable {
                     item,
                     offset,
                     header,
                     early: false,
                     expired,
                 };
-                return Action::Load(Box::new(Grant {
-                    lease,
-                    held: Some(held),
+                return Action::Load(Box::new(Claimed {
+                    claim: lease,
+                    value: Some(held),
                 }));
             }
         }
         let held = match pending {
-            Pending::Claim { early, expired, .. } => Some(Held {
+            Pending::Claim { early, expired, .. } => Some(Servable {
                 item,
                 offset,
                 header: h,
@@ -642,7 +643,10 @@ impl Machine {
             }),
             Pending::Placeholder | Pending::None => None,
         };
-        Action::Load(Box::new(Grant { lease, held }))
+        Action::Load(Box::new(Claimed {
+            claim: lease,
+            value: held,
+        }))
     }
 
     fn waited_out(&self, now: Now) -> bool {
@@ -735,7 +739,7 @@ pub(crate) fn release_abandoned(
     if token == 0 || header.token != token {
         return None;
     }
-    let lease = Lease {
+    let lease = Claim {
         token,
         cas: item.cas,
         bytes: item.value.clone(),
@@ -748,9 +752,12 @@ pub(crate) fn release_abandoned(
     lease.release(now)
 }
 
-/// A claim this caller holds: renewed while the loader runs, completed with `cas`.
+/// A claim this caller holds under a key (its token written there, or a load fenced on the value
+/// read): what its renewal, its completion with `cas` and its give-back write. One name across
+/// the crate: a *claim* is this; a *lease* is a claim kept while a loader runs
+/// (`loader::driver::LeaseHandle`, with a sync and an async flavour).
 #[derive(Debug, Clone)]
-pub(crate) struct Lease {
+pub(crate) struct Claim {
     token: u64,
     /// The CAS token of the claimed item as this caller last wrote it.
     cas: u64,
@@ -768,13 +775,7 @@ pub(crate) struct Lease {
     claimed: bool,
 }
 
-impl Lease {
-    /// The token of this claim.
-    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
-    pub(crate) fn token(&self) -> u64 {
-        self.token
-    }
-
+impl Claim {
     /// Whether this caller holds a claim under the key (else the load is only fenced on the
     /// value it read: see [`Machine::on_refused`]).
     pub(crate) fn is_claim(&self) -> bool {
@@ -863,12 +864,6 @@ impl Lease {
     /// without a claim: the key holds nothing of this caller's.
     ///
     /// A give-back the backend fails to write is followed by [`removal`].
-    /// The value this claim's placeholder displaced, to put back if the load fails.
-    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
-    pub(crate) fn restore(&self) -> Option<&Item> {
-        self.restore.as_ref()
-    }
-
     pub(crate) fn release(&self, now: Now) -> Option<Action> {
         if !self.claimed {
             return None;
@@ -893,6 +888,112 @@ impl Lease {
                 value: envelope::restamp(&self.bytes, 0, 0).unwrap_or_default(),
             },
         })
+    }
+}
+
+/// A [`Claim`] kept while its loader runs, as both front ends keep it (the sync renewal
+/// thread, an async caller's future): when its next renewal is due, whether it was lost, and
+/// whether it is finished. The front end runs the writes (`loader::lease`); what they are and
+/// what their outcomes mean is decided here. Times are the front end's `Instant`s, read by it.
+#[derive(Debug)]
+pub(crate) struct Lease {
+    pub(crate) claim: Claim,
+    /// When the next renewal is due.
+    next: Instant,
+    /// No more renewals: finished, lost, or past `max_load_time`.
+    idle: bool,
+    /// The claim was lost: the key was written, deleted or taken over meanwhile.
+    lost: bool,
+    /// Completed, or given back.
+    done: bool,
+}
+
+impl Lease {
+    /// Keeps `claim` from `now`: its first renewal is due a third of the lease later.
+    pub(crate) fn new(claim: Claim, now: Instant) -> Lease {
+        Lease {
+            next: now + claim.renew_every(),
+            claim,
+            idle: false,
+            lost: false,
+            done: false,
+        }
+    }
+
+    /// When the next renewal is due; `None` once renewals have stopped.
+    pub(crate) fn due_at(&self) -> Option<Instant> {
+        (!self.idle && !self.done).then_some(self.next)
+    }
+
+    /// Completed or given back.
+    pub(crate) fn is_done(&self) -> bool {
+        self.done
+    }
+
+    /// The write that renews the claim now ([`Claim::renewal`]); `None` once renewals have
+    /// stopped (past `max_load_time` the claim lapses, and one waiter takes over).
+    pub(crate) fn renewal(&mut self, now: Now) -> Option<Action> {
+        if self.idle || self.done {
+            return None;
+        }
+        let renewal = self.claim.renewal(now);
+        self.idle = renewal.is_none();
+        renewal
+    }
+
+    /// The renewal's read-back found `after` ([`Claim::on_renewed`]); a lost claim stops
+    /// renewing, and its load's result is not stored.
+    pub(crate) fn on_renewed(&mut self, after: Option<Item>, last: bool) -> Renewal {
+        let r = self.claim.on_renewed(after, last);
+        if r == Renewal::Lost {
+            self.lost = true;
+            self.idle = true;
+        }
+        r
+    }
+
+    /// A renewal was tried at `at` (whatever came of it: a failed one is tried again next
+    /// time; two failures in a row still leave a third of the lease).
+    pub(crate) fn renewed(&mut self, at: Instant) {
+        self.next = at + self.claim.renew_every();
+    }
+
+    /// Stops renewing to store the loaded value: how to write it (`cas` against the claim),
+    /// or `None` if the claim was lost (the lease is then finished: superseded).
+    pub(crate) fn completing(&mut self) -> Option<StoreMode> {
+        self.idle = true;
+        if self.lost {
+            self.done = true;
+            return None;
+        }
+        Some(self.claim.store_mode())
+    }
+
+    /// The value is stored, or its claim removed: nothing left to give back.
+    pub(crate) fn finish(&mut self) {
+        self.done = true;
+    }
+
+    /// The write that gives back an unfinished lease's claim by its holder ([`Claim::release`]),
+    /// once: `None` if it is finished, lost, or not a claim.
+    pub(crate) fn release(&mut self, now: Now) -> Option<Action> {
+        if std::mem::replace(&mut self.done, true) {
+            return None;
+        }
+        self.idle = true;
+        if self.lost {
+            return None;
+        }
+        self.claim.release(now)
+    }
+
+    /// What an unfinished lease whose holder went away leaves to give back by token (its
+    /// token, and the value its placeholder displaced: see [`release_abandoned`]); `None` if it
+    /// is finished, lost, or not a claim.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+    pub(crate) fn abandoned(&self) -> Option<(u64, Option<Item>)> {
+        (!self.done && !self.lost && self.claim.is_claim())
+            .then(|| (self.claim.token, self.claim.restore.clone()))
     }
 }
 
@@ -982,15 +1083,15 @@ mod tests {
         let Action::Load(g) = m.on_stored(at(0), StoreOutcome::Stored, Some(back)) else {
             panic!()
         };
-        assert!(g.held.is_none());
+        assert!(g.value.is_none());
         assert!(
-            !g.lease.serves_others(1_000_000, 0),
+            !g.claim.serves_others(1_000_000, 0),
             "a placeholder serves nobody"
         );
-        assert_eq!(g.lease.store_mode(), StoreMode::Cas(7));
+        assert_eq!(g.claim.store_mode(), StoreMode::Cas(7));
         // a failed load removes the placeholder at once
         assert!(matches!(
-            g.lease.release(at(1)),
+            g.claim.release(at(1)),
             Some(Action::StoreThenRead {
                 mode: StoreMode::Cas(7),
                 exptime: ttl::EXPIRED,
@@ -1053,38 +1154,38 @@ mod tests {
         let Action::Load(mut g) = m.on_stored(at(20), StoreOutcome::Stored, Some(back)) else {
             panic!()
         };
-        let held = g.held.as_ref().expect("the stale value");
+        let held = g.value.as_ref().expect("the stale value");
         assert_eq!(&held.item.value[held.offset..], b"v");
         assert!(
-            g.lease.serves_others(1_000_020, 0),
+            g.claim.serves_others(1_000_020, 0),
             "a stale value others are served"
         );
         assert!(
-            !g.lease.serves_others(1_060_010, 0),
+            !g.claim.serves_others(1_060_010, 0),
             "past its bound it serves nobody"
         );
         // a failed load unclaims the stale value, keeping it
-        let r = g.lease.release(at(21)).expect("a give-back");
+        let r = g.claim.release(at(21)).expect("a give-back");
         let back = stored(&r, 3);
         let Ok(Parsed::Item(h, payload)) = envelope::decode(back.flags, &back.value) else {
             panic!()
         };
         assert_eq!((h.claim_until_ms, h.token, payload), (0, 0, &b"v"[..]));
-        let before = stored(&g.lease.renewal(at(1_000)).unwrap(), 4);
+        let before = stored(&g.claim.renewal(at(1_000)).unwrap(), 4);
         assert_eq!(
-            g.lease.on_renewed(Some(before.clone()), false),
+            g.claim.on_renewed(Some(before.clone()), false),
             Renewal::Kept
         );
-        let r = g.lease.renewal(at(2_000)).expect("renews within max_load");
+        let r = g.claim.renewal(at(2_000)).expect("renews within max_load");
         // a proxy ran the read-back before the cas: the older version is not adopted
-        assert_eq!(g.lease.on_renewed(Some(before), false), Renewal::Unsure);
-        assert_eq!(g.lease.store_mode(), StoreMode::Cas(4));
+        assert_eq!(g.claim.on_renewed(Some(before), false), Renewal::Unsure);
+        assert_eq!(g.claim.store_mode(), StoreMode::Cas(4));
         let back = stored(&r, 5);
-        assert_eq!(g.lease.on_renewed(Some(back), true), Renewal::Kept);
-        assert_eq!(g.lease.store_mode(), StoreMode::Cas(5));
+        assert_eq!(g.claim.on_renewed(Some(back), true), Renewal::Kept);
+        assert_eq!(g.claim.store_mode(), StoreMode::Cas(5));
         // someone deleted the key: the claim is lost
-        assert_eq!(g.lease.on_renewed(None, false), Renewal::Lost);
-        assert!(g.lease.renewal(at(60_020)).is_none(), "not past max_load");
+        assert_eq!(g.claim.on_renewed(None, false), Renewal::Lost);
+        assert!(g.claim.renewal(at(60_020)).is_none(), "not past max_load");
     }
 
     #[test]
@@ -1112,10 +1213,10 @@ mod tests {
                 panic!("{mode:?}")
             };
             // the holder keeps the displaced value, and a failed load puts it back unclaimed
-            let held = g.held.as_ref().expect("the displaced value");
+            let held = g.value.as_ref().expect("the displaced value");
             assert_eq!(&held.item.value[held.offset..], b"v");
-            assert_eq!(g.lease.store_mode(), StoreMode::Cas(2));
-            let r = g.lease.release(at(21)).expect("a give-back");
+            assert_eq!(g.claim.store_mode(), StoreMode::Cas(2));
+            let r = g.claim.release(at(21)).expect("a give-back");
             let Action::StoreThenRead {
                 mode: StoreMode::Cas(2),
                 ref value,
@@ -1191,14 +1292,17 @@ mod tests {
             let Action::Load(g) = m.on_read(at(20), Some(value(10, 1))) else {
                 panic!("{mode:?}")
             };
-            assert!(!g.lease.is_claim());
-            assert_eq!(g.lease.store_mode(), StoreMode::Cas(1));
-            let held = g.held.as_ref().expect("the stale value, for the followers");
+            assert!(!g.claim.is_claim());
+            assert_eq!(g.claim.store_mode(), StoreMode::Cas(1));
+            let held = g
+                .value
+                .as_ref()
+                .expect("the stale value, for the followers");
             assert_eq!(&held.item.value[held.offset..], b"v");
-            assert!(g.lease.serves_others(1_000_020, 0));
+            assert!(g.claim.serves_others(1_000_020, 0));
             // nothing to renew, nothing to give back: the value stays as it is
-            assert!(g.lease.renewal(at(30)).is_none());
-            assert!(g.lease.release(at(30)).is_none());
+            assert!(g.claim.renewal(at(30)).is_none());
+            assert!(g.claim.release(at(30)).is_none());
             // without CAS nothing could fence the store: loaded, not stored
             let mut m = Machine::new(mode, small, TOKEN, at(0));
             assert!(matches!(
@@ -1273,7 +1377,7 @@ mod tests {
             panic!()
         };
         assert!(
-            g.held.unwrap().expired,
+            g.value.unwrap().expired,
             "kept only for serve-stale-on-error"
         );
     }

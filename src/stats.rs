@@ -115,15 +115,10 @@ macro_rules! stats {
                 Counters::labelled(name, servers, None)
             }
 
-            /// The counters of a response cache over the cache called `name`, whose page keys
-            /// are under `namespace`: with the `metrics` feature, labelled `layer=namespace`
-            /// beside `cache=name`, series apart from the cache's own.
-            #[cfg(feature = "tower")]
-            pub(crate) fn for_layer(name: &str, servers: &[String], namespace: &str) -> Counters {
-                Counters::labelled(name, servers, Some(namespace))
-            }
-
-            fn labelled(name: &str, servers: &[String], layer: Option<&str>) -> Counters {
+            /// As [`new`](Counters::new), labelled `layer=namespace` beside `cache=name` with the
+            /// `metrics` feature: a response cache's counters, whose page keys are under
+            /// `namespace`, series apart from the cache's own.
+            pub(crate) fn labelled(name: &str, servers: &[String], layer: Option<&str>) -> Counters {
                 #[cfg(not(feature = "metrics"))]
                 let _ = (servers, layer);
                 #[cfg(feature = "metrics")]

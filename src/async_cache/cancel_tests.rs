@@ -48,9 +48,11 @@ impl AsyncBackend for Late {
     }
     fn store<'a>(&'a self, w: Write<'a>) -> BoxFuture<'a, Result<StoreOutcome>> {
         if let Some((k, v, f, e, cas)) = self.held.lock().unwrap().take() {
-            let _ = self.inner.store(StoreMode::Cas(cas), &k, &v, f, e);
+            let _ = self
+                .inner
+                .store(Write::new(StoreMode::Cas(cas), &k, &v, f, e));
         }
-        let r = self.inner.store(w.mode, w.key, w.value, w.flags, w.exptime);
+        let r = self.inner.store(w);
         Box::pin(async move { r })
     }
     fn store_then_get<'a>(

@@ -23,10 +23,10 @@ use crate::cache::Cache;
 use crate::cache::io::{Disarm, Io};
 use crate::error::{Error, LoadError, Result};
 use crate::loader::Load;
-use crate::loader::coalesce::{Leading, Outcome, Slot};
-use crate::loader::driver::{Claim, Driver};
+use crate::loader::coalesce::{InFlight, Leading, Outcome};
+use crate::loader::driver::{Driver, LeaseHandle};
 use crate::loader::lease::Completed;
-use crate::protocol::Lease;
+use crate::protocol::Claim;
 use crate::ttl::Ttl;
 
 /// The async front end's [`Io`] and [`Driver`]: the cache's async backend, tokio timers, and
@@ -111,10 +111,10 @@ impl Io for AsyncDriver<'_> {
 }
 
 impl Driver for AsyncDriver<'_> {
-    type Held = AsyncLease;
+    type Lease = AsyncLease;
 
-    fn hold(&self, cache: &Cache, derived: &str, lease: Lease) -> AsyncLease {
-        AsyncLease::new(cache, self.0.shared().backend.clone(), derived, lease)
+    fn hold(&self, _: &Cache, derived: &str, claim: Claim) -> AsyncLease {
+        AsyncLease::new(self.0, derived, claim)
     }
 
     fn leading(&self) -> Leading {
@@ -122,12 +122,12 @@ impl Driver for AsyncDriver<'_> {
     }
 
     /// An await blocks no thread: whoever leads makes progress meanwhile.
-    fn may_wait_for(&self, _: &Slot) -> bool {
+    fn may_wait_for(&self, _: &InFlight) -> bool {
         true
     }
 
-    fn wait_for(&self, slot: &Slot, deadline: Instant) -> impl Future<Output = Outcome> + Send {
-        slot.wait_async(deadline)
+    fn wait_for(&self, call: &InFlight, deadline: Instant) -> impl Future<Output = Outcome> + Send {
+        call.wait_async(deadline)
     }
 
     fn renewing_all<F: Future>(
@@ -142,11 +142,11 @@ impl Driver for AsyncDriver<'_> {
         &self,
         batch: Vec<(AsyncLease, Vec<u8>, u32)>,
     ) -> impl Future<Output = Vec<Result<Completed>>> + Send {
-        AsyncLease::complete_many(&*self.0.shared().backend, batch)
+        AsyncLease::complete_many(self, batch)
     }
 }
 
-impl Claim for AsyncLease {
+impl LeaseHandle for AsyncLease {
     fn key(&self) -> &str {
         AsyncLease::key(self)
     }
@@ -188,25 +188,22 @@ impl Drop for ClaimGuard {
                 .into_iter()
                 .map(|(key, token)| (key, token, None))
                 .collect();
-            give_back(&cache.cache, &cache.shared().backend, claims);
+            give_back(&cache, claims);
         }
     }
 }
 
-/// An async loader, awaited in the caller's future.
-pub(crate) struct Inline<F>(F);
+/// An async loader, awaited in the caller's future, told whether it refreshes a stale value
+/// that the other callers are served meanwhile ([`Refresh`]), which a failed load then leaves
+/// in place (the response cache's fill asks).
+pub(crate) struct Inline<F>(F, Refresh);
 
-/// An async loader for the crate's own callers of the shared loader logic (the response
-/// cache), which call [`Cache::coalesced`] with a value type of their own. The loader is told
-/// whether it refreshes a stale value that the other callers are served meanwhile
-/// ([`Refresh`]), which a failed load then leaves in place.
-#[cfg(feature = "tower")]
-pub(crate) fn inline<F>(loader: F) -> Told<F> {
-    Told(loader, Refresh::Missing)
+/// `loader` as an [`Inline`] load of a missing value.
+pub(crate) fn inline<F>(loader: F) -> Inline<F> {
+    Inline(loader, Refresh::Missing)
 }
 
-/// What a [`Told`] loader's load replaces.
-#[cfg(feature = "tower")]
+/// What an [`Inline`] loader's load replaces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Refresh {
     /// Nothing servable: the key was missing, or its value past its staleness bound (others
@@ -216,12 +213,7 @@ pub(crate) enum Refresh {
     Stale,
 }
 
-/// An inline async loader told what its load replaces: see [`inline`].
-#[cfg(feature = "tower")]
-pub(crate) struct Told<F>(F, Refresh);
-
-#[cfg(feature = "tower")]
-impl<'d, T, F, Fut, E> Load<T, AsyncDriver<'d>> for Told<F>
+impl<'d, T, F, Fut, E> Load<T, AsyncDriver<'d>> for Inline<F>
 where
     F: FnOnce(Refresh) -> Fut,
     Fut: Future<Output = std::result::Result<T, E>>,
@@ -240,29 +232,7 @@ where
         _: Ttl,
     ) -> Option<(Self, AsyncLease)> {
         // Called only for a held value that others are being served: the refresh runs inline.
-        Some((Told(self.0, Refresh::Stale), held))
-    }
-}
-
-impl<'d, T, F, Fut, E> Load<T, AsyncDriver<'d>> for Inline<F>
-where
-    F: FnOnce() -> Fut,
-    Fut: Future<Output = std::result::Result<T, E>>,
-    E: std::error::Error + Send + Sync + 'static,
-{
-    fn call(self) -> impl Future<Output = Result<T>> {
-        let fut = (self.0)();
-        async move { fut.await.map_err(|e| Error::loader(Arc::new(e))) }
-    }
-    fn refresh_in_background(
-        self,
-        _: &Cache,
-        _: &AsyncDriver<'d>,
-        held: AsyncLease,
-        _: &str,
-        _: Ttl,
-    ) -> Option<(Self, AsyncLease)> {
-        Some((self, held))
+        Some((Inline(self.0, Refresh::Stale), held))
     }
 }
 
@@ -277,7 +247,8 @@ where
     E: std::error::Error + Send + Sync + 'static,
 {
     fn call(self) -> impl Future<Output = Result<T>> {
-        Inline(self.0).call()
+        let f = self.0;
+        inline(move |_| f()).call()
     }
     fn refresh_in_background(
         self,
@@ -297,7 +268,9 @@ where
         rt.spawn(async move {
             let d = AsyncDriver(&running.0);
             // A failed refresh (counted in stats) gives the claim back: the next reader retries.
-            let _ = cache.run_loader(&d, held, &key, ttl, Inline(self.0)).await;
+            let _ = cache
+                .run_loader(&d, held, &key, ttl, inline(move |_| (self.0)()))
+                .await;
             drop(running);
         });
         None
@@ -394,7 +367,7 @@ impl AsyncCache {
     {
         let ttl = ttl.into();
         self.cache
-            .coalesced(&AsyncDriver(self), key, ttl, Inline(loader))
+            .coalesced(&AsyncDriver(self), key, ttl, inline(|_| loader()))
             .await
             .map_err(LoadError::from_error)
     }
@@ -441,7 +414,7 @@ impl AsyncCache {
             async move { Ok::<T, std::convert::Infallible>(fut.await) }
         };
         self.cache
-            .coalesced(&AsyncDriver(self), key, ttl.into(), Inline(loader))
+            .coalesced(&AsyncDriver(self), key, ttl.into(), inline(|_| loader()))
             .await
     }
 

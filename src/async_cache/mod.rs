@@ -9,10 +9,7 @@
 #[cfg(test)]
 mod cancel_tests;
 mod lease;
-mod loader;
-
-#[cfg(feature = "tower")]
-pub(crate) use loader::{Refresh, inline};
+pub(crate) mod loader;
 
 use std::collections::HashMap;
 use std::fmt;

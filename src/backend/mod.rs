@@ -84,12 +84,6 @@ mod nonblocking {
         fn settle_time(&self) -> std::time::Duration {
             std::time::Duration::ZERO
         }
-        /// Whether every call completes when made, through the sync backend beneath (the
-        /// memory backend): the response cache then answers a hit without a future.
-        #[cfg_attr(not(feature = "tower"), allow(dead_code))]
-        fn answers_at_once(&self) -> bool {
-            false
-        }
     }
 
     /// Any sync backend that never blocks (the memory backend) is an async one that answers
@@ -104,7 +98,7 @@ mod nonblocking {
             Box::pin(async move { r })
         }
         fn store<'a>(&'a self, w: Write<'a>) -> BoxFuture<'a, Result<StoreOutcome>> {
-            let r = self.0.store(w.mode, w.key, w.value, w.flags, w.exptime);
+            let r = self.0.store(w);
             Box::pin(async move { r })
         }
         fn store_then_get<'a>(
@@ -155,9 +149,6 @@ mod nonblocking {
         fn ping(&self) -> BoxFuture<'_, std::result::Result<(), crate::ping::PingError>> {
             let r = self.0.ping();
             Box::pin(async move { r })
-        }
-        fn answers_at_once(&self) -> bool {
-            true
         }
     }
 
@@ -211,7 +202,7 @@ pub enum StoreOutcome {
     NotFound,
 }
 
-/// One write of a batch ([`Backend::store_many`]).
+/// One write: what [`Backend::store`] makes, and each of a batch's ([`Backend::store_many`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Write<'a> {
     /// How to write.
@@ -228,7 +219,7 @@ pub struct Write<'a> {
 
 impl<'a> Write<'a> {
     /// A write from its fields.
-    pub(crate) fn new(
+    pub fn new(
         mode: StoreMode,
         key: &'a str,
         value: &'a [u8],
@@ -268,21 +259,14 @@ pub trait Backend: Debug + Send + Sync {
         keys.iter().map(|k| self.get(k)).collect()
     }
 
-    /// Writes one item according to `mode`.
-    fn store(
-        &self,
-        mode: StoreMode,
-        key: &str,
-        value: &[u8],
-        flags: u32,
-        exptime: u32,
-    ) -> Result<StoreOutcome>;
+    /// Writes one item as its `mode` says.
+    fn store(&self, w: Write<'_>) -> Result<StoreOutcome>;
 
     /// Writes one item, then reads the key back, on the same connection (one round trip on
     /// memcached): what the herd protocol uses to learn the CAS token of what it just wrote.
     /// Another client's write may land between the two; the caller checks the token it wrote.
     fn store_then_get(&self, w: Write<'_>) -> Result<(StoreOutcome, Option<Item>)> {
-        let outcome = self.store(w.mode, w.key, w.value, w.flags, w.exptime)?;
+        let outcome = self.store(w)?;
         Ok((outcome, self.get(w.key)?))
     }
 
@@ -290,10 +274,7 @@ pub trait Backend: Debug + Send + Sync {
     /// per write, in order. A value over [`max_value_size`](Backend::max_value_size) fails alone
     /// (`TooLarge`, nothing sent for it); a failed server fails only its own writes.
     fn store_many(&self, writes: &[Write<'_>]) -> Vec<Result<StoreOutcome>> {
-        writes
-            .iter()
-            .map(|w| self.store(w.mode, w.key, w.value, w.flags, w.exptime))
-            .collect()
+        writes.iter().map(|w| self.store(*w)).collect()
     }
 
     /// Deletes one item; `true` if it existed.

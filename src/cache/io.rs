@@ -93,7 +93,7 @@ impl Io for Blocking<'_> {
         std::future::ready(self.0.get_many(keys))
     }
     fn store<'a>(&'a self, w: Write<'a>) -> impl Future<Output = Result<StoreOutcome>> + Send + 'a {
-        std::future::ready(self.0.store(w.mode, w.key, w.value, w.flags, w.exptime))
+        std::future::ready(self.0.store(w))
     }
     fn store_then_get<'a>(
         &'a self,

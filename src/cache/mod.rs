@@ -91,8 +91,7 @@ pub struct Cache {
     pub(crate) inner: Arc<Inner>,
     pub(crate) keys: KeyMaker,
     /// Where this handle's operations are counted: the cache's counters, shared by its clones
-    /// and version views; a response cache's handle counts in the layer's own
-    /// ([`counting_in`](Cache::counting_in)).
+    /// and version views; a response cache's handle counts in the layer's own.
     pub(crate) stats: Arc<Counters>,
 }
 
@@ -152,18 +151,6 @@ impl Cache {
             inner: self.inner.clone(),
             keys,
             stats: self.stats.clone(),
-        }
-    }
-
-    /// The same cache (backend, keys, coalescer), its operations counted in `stats` instead
-    /// of the cache's counters: the response cache's handle, so that its page reads and
-    /// fills are not the application's own (`Cache::stats` counts those only).
-    #[cfg(feature = "tower")]
-    pub(crate) fn counting_in(&self, stats: Arc<Counters>) -> Cache {
-        Cache {
-            inner: self.inner.clone(),
-            keys: self.keys.clone(),
-            stats,
         }
     }
 

@@ -16,14 +16,14 @@ use crate::codec::{Decode, Payload};
 use crate::envelope;
 use crate::error::{Error, Result};
 use crate::key::{Derived, KeyHash};
-use crate::protocol::{Action, Found, Grant, Held, Machine, Mode, Now, Refusal, Settings};
+use crate::protocol::{Action, Claimed, Found, Machine, Mode, Now, Refusal, Servable, Settings};
 use crate::stats::{Counters, Tally};
 
 /// Where a sync run of the protocol stopped.
 #[derive(Debug)]
 pub(crate) enum Step {
     /// This caller holds the key: run the loader.
-    Load(Box<Grant>),
+    Load(Box<Claimed>),
     /// Finished.
     Done(Found),
 }
@@ -105,8 +105,8 @@ impl Cache {
                     io.sleep(pause).await;
                     m.on_wake(self.now())
                 }
-                Action::Load(grant) => {
-                    if grant.lease.store_mode() == StoreMode::Cas(0) {
+                Action::Load(claimed) => {
+                    if claimed.claim.store_mode() == StoreMode::Cas(0) {
                         let e = self.without_cas(io, &[k]).await;
                         if let Some(g) = guard {
                             g.disarm();
@@ -117,10 +117,10 @@ impl Cache {
                         g.disarm();
                     }
                     tracing::debug!(
-                        stale = grant.held.is_some(),
+                        stale = claimed.value.is_some(),
                         "newcache: claim taken: this caller loads the key"
                     );
-                    return Ok(Step::Load(grant));
+                    return Ok(Step::Load(claimed));
                 }
                 Action::Done(found) => {
                     if let Some(g) = guard {
@@ -190,7 +190,7 @@ impl Cache {
                 // Boxed: only a stale entry's claim gets here, and a hit's future stays small.
                 action => match Box::pin(self.drive_on(io, &k, &mut m, action)).await? {
                     Step::Done(found) => found,
-                    // Lookup never loads; a grant would be a protocol bug. Report a miss.
+                    // Lookup never loads; a claimed would be a protocol bug. Report a miss.
                     Step::Load(_) => return Ok(None),
                 },
             };
@@ -269,7 +269,7 @@ impl Cache {
     ) -> Result<Option<T>> {
         let s = &self.stats;
         match found {
-            Found::Value { held, stale } => match self.decode_held::<T>(&held) {
+            Found::Value { held, stale } => match self.decode_servable::<T>(&held) {
                 Ok(v) => {
                     served(stale);
                     Ok(Some(v))
@@ -296,7 +296,7 @@ impl Cache {
         }
     }
 
-    pub(crate) fn decode_held<T: Decode>(&self, held: &Held) -> Result<T> {
+    pub(crate) fn decode_servable<T: Decode>(&self, held: &Servable) -> Result<T> {
         let value = &held.item.value;
         self.decode_payload(&held.header, value, &value[held.offset..])
     }
@@ -314,35 +314,6 @@ impl Cache {
             (false, false) => Payload::Coded,
         };
         T::decode_payload(&self.inner.config.format, header.codec, how, item, payload)
-    }
-
-    /// Reads a value without taking part in the herd protocol: a value any reader may be served
-    /// (fresh, or stale within its bound) is returned, and nothing is ever claimed. For readers
-    /// that never load (the response cache's HEAD and `Authorization` requests): a claim they
-    /// would not complete would hold the key's refresh until it lapsed.
-    #[cfg(feature = "tower")]
-    pub(crate) async fn peek_on<T: Decode, I: Io>(&self, io: &I, key: &str) -> Result<Option<T>> {
-        let k = self.keys.make(key)?;
-        let Some(item) = self.absorb_read(io.get(&k).await)?.flatten() else {
-            return Ok(None);
-        };
-        let Ok(envelope::Parsed::Item(header, payload)) = envelope::decode(item.flags, &item.value)
-        else {
-            return Ok(None);
-        };
-        let unclaimed = envelope::Header {
-            claim_until_ms: 0,
-            ..header
-        };
-        if header.kind == envelope::Kind::Placeholder
-            || !crate::herd::servable(crate::herd::judge(&unclaimed, self.now_ms(), None))
-        {
-            return Ok(None);
-        }
-        match self.decode_payload(&header, &item.value, payload) {
-            Ok(v) => Ok(Some(v)),
-            Err(e) => self.decode_failed(e),
-        }
     }
 
     /// A key of a batch that failed on its own (not its server): left out of the answer as a

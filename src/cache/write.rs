@@ -137,67 +137,6 @@ impl Cache {
         .await
     }
 
-    /// [`delete`](Cache::delete), and then a `get_or_set_with` of this process that starts
-    /// after it returned does not join a load that started before it (and may have read what
-    /// the delete invalidates): it leads a load of its own. That older load still serves its
-    /// own callers; its result is not stored (its `cas` fails). For invalidations that must read
-    /// their own writes (the response cache's unsafe methods and `invalidate`); plain writes do
-    /// not detach, so that a loader that deletes or sets its own key stays one load.
-    #[cfg(feature = "tower")]
-    pub(crate) async fn invalidate_on<I: Io>(&self, io: &I, key: &str) -> Result<bool> {
-        let r = self.delete_on(io, key).await;
-        if let Ok(k) = self.keys.make(key) {
-            self.inner.coalescer.detach(&k);
-        }
-        r
-    }
-
-    /// Replaces the value under `key` with `value` only if the key still holds a value of this
-    /// type for which `still` says yes, with `cas` against what was read: a delete, or any
-    /// other write, that lands in between wins. `true` if stored. Nothing is stored over a
-    /// missing key, a placeholder, or bytes of another kind. For writers that must not undo
-    /// an invalidation that landed while they worked (the response cache's revalidations).
-    #[cfg(feature = "tower")]
-    pub(crate) async fn replace_on<T: Encode + crate::codec::Decode, I: Io>(
-        &self,
-        io: &I,
-        key: &str,
-        value: &T,
-        ttl: Ttl,
-        herd: Herd,
-        still: impl FnOnce(&T) -> bool,
-    ) -> Result<bool> {
-        let k = self.keys.make(key)?;
-        let Some(item) = self.absorb_read(io.get(&k).await)?.flatten() else {
-            return Ok(false);
-        };
-        let Ok(Parsed::Item(header, payload)) = envelope::decode(item.flags, &item.value) else {
-            return Ok(false);
-        };
-        if header.kind == Kind::Placeholder {
-            return Ok(false);
-        }
-        match self.decode_payload::<T>(&header, &item.value, payload) {
-            Ok(current) if still(&current) => {}
-            _ => return Ok(false),
-        }
-        let life = ttl.resolve(self.inner.config.default_ttl);
-        if life == Lifetime::Expired {
-            return Ok(false);
-        }
-        let (bytes, exptime) = self.encode(value, life, herd, 0)?;
-        self.check_room(&bytes, io.max_value_size(&k))?;
-        let w = Write {
-            mode: StoreMode::Cas(item.cas),
-            key: &k,
-            value: &bytes,
-            flags: envelope::FLAGS,
-            exptime,
-        };
-        let outcome = self.absorb_write(io.store(w).await)?;
-        Ok(outcome == Some(StoreOutcome::Stored))
-    }
-
     /// Stores a value only if the key holds no live value; `true` if it was stored.
     ///
     /// A stale value (past its soft expiry), or a placeholder of a load in progress, does not

@@ -161,6 +161,7 @@
 //! `Cache-Control`, and this layer behind it turn a CDN's per-edge misses into one origin
 //! request.
 
+mod access;
 mod body;
 mod config;
 mod entry;
@@ -182,7 +183,7 @@ use tower::{Layer, Service};
 use self::entry::{Body, Entry, Page, Recent};
 use self::rules::{CacheControl, Uncacheable};
 use crate::async_cache::AsyncCache;
-use crate::async_cache::{Refresh, inline};
+use crate::async_cache::loader::{Refresh, inline};
 use crate::cache::Herd;
 use crate::error::{Error, ErrorKind, Result};
 use crate::stats::{Counters, Stats};
@@ -211,12 +212,12 @@ pub const X_CACHE: HeaderName = HeaderName::from_static("x-cache");
 /// ```
 #[derive(Clone)]
 pub struct ResponseCacheLayer {
-    shared: Arc<Shared>,
+    common: Arc<Common>,
 }
 
 /// What every service of a layer, and every request through them, shares: one reference count
 /// per request.
-struct Shared {
+struct Common {
     cache: AsyncCache,
     settings: Settings,
     /// The cache's backend answers without waiting (the memory backend): a hit is answered
@@ -227,7 +228,7 @@ struct Shared {
 impl fmt::Debug for ResponseCacheLayer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResponseCacheLayer")
-            .field("settings", &self.shared.settings)
+            .field("settings", &self.common.settings)
             .finish_non_exhaustive()
     }
 }
@@ -242,14 +243,14 @@ impl ResponseCacheLayer {
 
     pub(crate) fn from_parts(cache: AsyncCache, settings: Settings) -> ResponseCacheLayer {
         let config = &cache.cache.inner.config;
-        let counters = Counters::for_layer(&config.name, &config.servers, &settings.namespace);
+        let counters = Counters::labelled(&config.name, &config.servers, Some(&settings.namespace));
         // The layer's reads and fills are counted apart from the application's own calls.
         let cache = AsyncCache {
             cache: cache.cache.counting_in(Arc::new(counters)),
         };
         ResponseCacheLayer {
-            shared: Arc::new(Shared {
-                answers_at_once: cache.shared().backend.answers_at_once(),
+            common: Arc::new(Common {
+                answers_at_once: cache.cache.answers_at_once(),
                 cache,
                 settings,
             }),
@@ -293,7 +294,7 @@ impl ResponseCacheLayer {
     /// ```
     pub fn stats(&self) -> Stats {
         // The layer's own counts only: the backend's (replays) are the cache's.
-        self.shared.cache.cache.stats.snapshot()
+        self.common.cache.cache.stats.snapshot()
     }
 
     /// A builder, to change the defaults.
@@ -357,7 +358,7 @@ impl ResponseCacheLayer {
         if !uri.path().starts_with('/') {
             return Err(invalid("its path does not start with '/'"));
         }
-        let s = &self.shared.settings;
+        let s = &self.common.settings;
         let no_headers = HeaderMap::new();
         let hosts: Vec<Option<String>> = match s.hosts {
             HostPolicy::Ignore => vec![None],
@@ -383,7 +384,7 @@ impl ResponseCacheLayer {
                 .map(Some)
                 .collect(),
         };
-        let cache = &self.shared.cache;
+        let cache = &self.common.cache;
         let (mut any, mut failed) = (false, None);
         for host in hosts {
             let key = rules::page_key(&s.namespace, host.as_deref(), &uri, &s.ignored_params);
@@ -402,7 +403,7 @@ impl<S> Layer<S> for ResponseCacheLayer {
     fn layer(&self, inner: S) -> ResponseCache<S> {
         ResponseCache {
             inner,
-            shared: self.shared.clone(),
+            common: self.common.clone(),
         }
     }
 }
@@ -419,13 +420,13 @@ impl<S> Layer<S> for ResponseCacheLayer {
 #[derive(Clone)]
 pub struct ResponseCache<S> {
     inner: S,
-    shared: Arc<Shared>,
+    common: Arc<Common>,
 }
 
 impl<S> fmt::Debug for ResponseCache<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResponseCache")
-            .field("settings", &self.shared.settings)
+            .field("settings", &self.common.settings)
             .finish_non_exhaustive()
     }
 }
@@ -453,7 +454,7 @@ where
         let (parts, body) = req.into_parts();
         let seen = Seen::of(&parts.headers);
         let ask = Ask {
-            shared: &self.shared,
+            common: &self.common,
             parts: &parts,
             seen,
         };
@@ -463,7 +464,7 @@ where
         // let go as if this request had used it (what its readiness reserved, a concurrency
         // permit say, is given back), and a clone waits for the next request.
         if let Plan::Load(page_key) = &plan {
-            if self.shared.answers_at_once {
+            if self.common.answers_at_once {
                 if let Some(resp) = ask.hit_now(page_key) {
                     let clone = self.inner.clone();
                     drop(std::mem::replace(&mut self.inner, clone));
@@ -475,7 +476,7 @@ where
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         let call = Call {
-            shared: self.shared.clone(),
+            common: self.common.clone(),
             parts,
             origin: Mutex::new(Some((inner, body))),
             seen,
@@ -602,7 +603,7 @@ enum Plan {
 /// A request as the cache reads it, with its layer: what both the answer made at once (a hit
 /// on a backend that answers at once, in `call`) and the request's future use.
 struct Ask<'a> {
-    shared: &'a Shared,
+    common: &'a Common,
     parts: &'a http::request::Parts,
     seen: Seen,
 }
@@ -641,7 +642,7 @@ impl Seen {
 
 impl Ask<'_> {
     fn plan(&self) -> Plan {
-        let s = &self.shared.settings;
+        let s = &self.common.settings;
         let headers = &self.parts.headers;
         let method = &self.parts.method;
         if method != Method::GET && method != Method::HEAD {
@@ -672,7 +673,7 @@ impl Ask<'_> {
     /// refresh or revalidate, a pass marker), which the request's future then handles from the
     /// start. The read, the verdict and the counters are `get_or_set_with`'s own.
     fn hit_now<B: HttpBody>(&self, page_key: &str) -> Option<Response<ResponseBody<B>>> {
-        let cache = &self.shared.cache.cache;
+        let cache = &self.common.cache.cache;
         // What was read is counted only if it is served: otherwise the request's future reads
         // it again, and counts it then.
         let mut read = [None, None];
@@ -702,7 +703,7 @@ impl Ask<'_> {
         let age = Duration::from_millis(now.saturating_sub(entry.stored_ms));
         self.seen.cache_control
             && CacheControl::parse(&self.parts.headers).wants_revalidation()
-            && age >= self.shared.settings.revalidate_after
+            && age >= self.common.settings.revalidate_after
     }
 
     /// The key of this request's page (`None`: a request the cache passes: a host it refuses,
@@ -710,7 +711,7 @@ impl Ask<'_> {
     /// own page.
     fn page_key(&self) -> Option<String> {
         let key = self.url_key()?;
-        if self.seen.cookie && self.shared.settings.cookies == CookiePolicy::Key {
+        if self.seen.cookie && self.common.settings.cookies == CookiePolicy::Key {
             return Some(rules::variant_key(
                 &key,
                 0,
@@ -723,7 +724,7 @@ impl Ask<'_> {
 
     /// The key of the page of this request's URL, whatever its cookies.
     fn url_key(&self) -> Option<String> {
-        let s = &self.shared.settings;
+        let s = &self.common.settings;
         if !self.parts.uri.path().starts_with('/') {
             return None;
         }
@@ -875,7 +876,7 @@ static CLIENT_CONDITIONS: [HeaderName; 4] = [
 /// One request through the layer. The origin service and the request sit in `origin` until the
 /// one origin call this request may make takes them.
 struct Call<S, ReqBody, ResBody: HttpBody, E> {
-    shared: Arc<Shared>,
+    common: Arc<Common>,
     /// The request's method, URI and headers (read in place: a hit copies none of them).
     parts: http::request::Parts,
     seen: Seen,
@@ -895,7 +896,7 @@ where
 {
     fn ask(&self) -> Ask<'_> {
         Ask {
-            shared: &self.shared,
+            common: &self.common,
             parts: &self.parts,
             seen: self.seen,
         }
@@ -962,10 +963,10 @@ where
                 // A failure is counted in the cache's stats: the change was made, and the
                 // client gets its answer.
                 let _ = self
-                    .shared
+                    .common
                     .cache
                     .cache
-                    .invalidate_on(&self.shared.cache.io(), &key)
+                    .invalidate_on(&self.common.cache.io(), &key)
                     .await;
             }
         }
@@ -978,16 +979,16 @@ where
     /// one (one origin request at a time, or it fetches itself), until the cache's `max_wait`
     /// since it began; then it goes to the origin uncached.
     async fn load(&self, key: &str, fill: Fill<'_>) -> Result<Entry, Served<ResBody, S::Error>> {
-        let deadline = Instant::now() + self.shared.cache.cache.inner.config.max_wait;
+        let deadline = Instant::now() + self.common.cache.cache.inner.config.max_wait;
         loop {
             let loaded = self
-                .shared
+                .common
                 .cache
                 .cache
                 .coalesced_until(
-                    &self.shared.cache.io(),
+                    &self.common.cache.io(),
                     key,
-                    self.shared.settings.ttl.into(),
+                    self.common.settings.ttl.into(),
                     inline(|refresh| self.fetch(fill, refresh)),
                     deadline,
                 )
@@ -995,7 +996,7 @@ where
             if let Some(fetched) = self.fetched.lock().expect("not poisoned").take() {
                 return Err(match fetched {
                     Fetched::Page(entry) => {
-                        let now = self.shared.cache.cache.now_ms();
+                        let now = self.common.cache.cache.now_ms();
                         Ok(self.ask().serve(entry, Source::Miss, now))
                     }
                     Fetched::Passed(mut resp) => {
@@ -1023,7 +1024,7 @@ where
         record: Option<Record<'_>>,
         entry: Entry,
     ) -> Served<ResBody, S::Error> {
-        let now = self.shared.cache.cache.now_ms();
+        let now = self.common.cache.cache.now_ms();
         if !self.ask().wants_revalidation(&entry, now) {
             return Ok(self.ask().serve_entry(entry, now));
         }
@@ -1059,8 +1060,8 @@ where
     }
 
     async fn peek(&self, key: &str) -> Option<Entry> {
-        let io = self.shared.cache.io();
-        self.shared
+        let io = self.common.cache.io();
+        self.common
             .cache
             .cache
             .peek_on::<Entry, _>(&io, key)
@@ -1080,7 +1081,7 @@ where
                     ..
                 },
             ) if shared || !authorized => {
-                let now = self.shared.cache.cache.now_ms();
+                let now = self.common.cache.cache.now_ms();
                 Ok(self.ask().serve_entry(e, now))
             }
             _ => self.origin(Some(Source::Pass)).await,
@@ -1142,8 +1143,8 @@ where
                 return Err(OriginFailed);
             }
         };
-        let s = &self.shared.settings;
-        let now = self.shared.cache.cache.now_ms();
+        let s = &self.common.settings;
+        let now = self.common.cache.cache.now_ms();
         let pass = Entry {
             stored_ms: now,
             fresh: s.hit_for_pass,
@@ -1264,7 +1265,7 @@ where
         }
         // A new vary record (a new generation: no variant of an older record is reached again),
         // the page stored as its variant.
-        let generation = self.shared.cache.cache.token().max(1);
+        let generation = self.common.cache.cache.token().max(1);
         let key = rules::variant_key(page_key, generation, &vary, &self.parts.headers);
         self.store(&key, &page).await;
         let record = Entry {
@@ -1307,7 +1308,7 @@ where
         Entry {
             stored_ms: now,
             fresh: self
-                .shared
+                .common
                 .settings
                 .revalidate_after
                 .max(Duration::from_secs(1)),
@@ -1346,9 +1347,9 @@ where
         if let Fill::Page(_) = fill {
             return self.store(key, entry).await;
         }
-        let io = self.shared.cache.io();
+        let io = self.common.cache.io();
         let _ = self
-            .shared
+            .common
             .cache
             .cache
             .replace_on(&io, key, entry, entry.fresh.into(), Herd::Protected, still)
@@ -1356,9 +1357,9 @@ where
     }
 
     async fn store(&self, key: &str, entry: &Entry) {
-        let io = self.shared.cache.io();
+        let io = self.common.cache.io();
         let _ = self
-            .shared
+            .common
             .cache
             .cache
             .set_on(&io, key, entry, entry.fresh.into(), Herd::Protected)
@@ -1459,7 +1460,7 @@ mod tests {
                 &cache.io(),
                 "k",
                 Duration::from_secs(3600).into(),
-                crate::async_cache::inline(|_| async {
+                crate::async_cache::loader::inline(|_| async {
                     loads.fetch_add(1, Ordering::SeqCst);
                     Ok::<_, OriginFailed>(page(now, fresh))
                 }),

@@ -11,7 +11,7 @@ use crate::backend::Traced;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::driver::{Claim, Driver};
+use super::driver::{Driver, LeaseHandle};
 use super::lease::Completed;
 use super::load_ms;
 use crate::backend::{StoreMode, StoreOutcome, Write};
@@ -99,7 +99,7 @@ impl Cache {
             let mut out = HashMap::with_capacity(keys.len());
             // The keys to load, each once and in the caller's order, and the claims held on them.
             let mut wanted: Vec<String> = Vec::new();
-            let mut leases: HashMap<String, D::Held> = HashMap::new();
+            let mut leases: HashMap<String, D::Lease> = HashMap::new();
             let mut held: HashMap<String, (T, u64)> = HashMap::new();
             let now = self.now();
             let mut pending = Vec::new();
@@ -140,25 +140,27 @@ impl Cache {
                             p.action = action;
                             writing.push(p);
                         }
-                        Action::Load(grant) if grant.lease.store_mode() == StoreMode::Cas(0) => {
+                        Action::Load(claimed)
+                            if claimed.claim.store_mode() == StoreMode::Cas(0) =>
+                        {
                             unfenced.push((p.key, p.derived));
                         }
-                        Action::Load(grant) => {
-                            if let Some(h) = &grant.held {
-                                if grant.lease.is_claim() {
+                        Action::Load(claimed) => {
+                            if let Some(h) = &claimed.value {
+                                if claimed.claim.is_claim() {
                                     Counters::bump(&s.claims_won);
                                 }
-                                if let Ok(v) = self.decode_held::<T>(h) {
+                                if let Ok(v) = self.decode_servable::<T>(h) {
                                     held.insert(p.key.clone(), (v, h.header.written_ms));
                                 }
                             }
-                            leases.insert(p.key.clone(), d.hold(self, &p.derived, grant.lease));
+                            leases.insert(p.key.clone(), d.hold(self, &p.derived, claimed.claim));
                             wanted.push(p.key);
                         }
                         Action::Done(found) => {
                             match found {
                                 Found::Value { held, stale } => {
-                                    match self.decode_held::<T>(&held) {
+                                    match self.decode_servable::<T>(&held) {
                                         Ok(v) => {
                                             Counters::bump(if stale {
                                                 &s.stale_served
@@ -307,7 +309,7 @@ impl Cache {
 
     /// What a batch stores for a value too large to store: a "not storable" marker, or
     /// nothing (empty bytes) when the claim holds a stale value others are served.
-    fn too_large_marker<C: Claim>(&self, lease: &C, life: Lifetime) -> (Vec<u8>, u32) {
+    fn too_large_marker<C: LeaseHandle>(&self, lease: &C, life: Lifetime) -> (Vec<u8>, u32) {
         if lease.serves_others(self.now_ms(), self.kept_ms()) {
             return (Vec::new(), 0);
         }

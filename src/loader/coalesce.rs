@@ -12,7 +12,7 @@ use parking_lot::{Condvar, Mutex};
 use crate::error::Error;
 
 /// A shared, type-erased value (the cache hands out clones of the `T` inside).
-pub(crate) type Shared = Arc<dyn Any + Send + Sync>;
+pub(crate) type AnyValue = Arc<dyn Any + Send + Sync>;
 
 /// What a leader hands to the callers that waited for it.
 #[derive(Clone)]
@@ -20,11 +20,11 @@ pub(crate) enum Outcome {
     /// Still being worked on.
     Pending,
     /// A value the leader's call came to: loaded (by it, or by the caller it waited for).
-    Value(Shared),
+    Value(AnyValue),
     /// A value that was there when the leader looked (the stale value it serves while it
     /// refreshes, or what another caller's claim left): its followers were answered at once,
     /// not after a load.
-    Served(Shared),
+    Served(AnyValue),
     /// The leader's call failed; waiters get the same error (sharing its source).
     Failed(Error),
     /// The leader went away without an answer (it panicked, or gave up): retry.
@@ -42,7 +42,8 @@ pub(crate) enum Leading {
     Task(std::thread::ThreadId),
 }
 
-pub(crate) struct Slot {
+/// One coalesced call on a key: who leads it, and the outcome its followers wait for.
+pub(crate) struct InFlight {
     /// Who leads this call.
     pub(crate) leading: Leading,
     outcome: Mutex<Option<Outcome>>,
@@ -52,9 +53,9 @@ pub(crate) struct Slot {
     notify: tokio::sync::Notify,
 }
 
-impl Slot {
-    fn new(leading: Leading) -> Slot {
-        Slot {
+impl InFlight {
+    fn new(leading: Leading) -> InFlight {
+        InFlight {
             leading,
             outcome: Mutex::default(),
             ready: Condvar::new(),
@@ -74,7 +75,7 @@ impl Slot {
         o.clone().unwrap_or(Outcome::Pending)
     }
 
-    /// [`wait`](Slot::wait) for a task: the outcome, or `Pending` at `deadline`.
+    /// [`wait`](InFlight::wait) for a task: the outcome, or `Pending` at `deadline`.
     #[cfg(feature = "tokio")]
     pub(crate) async fn wait_async(&self, deadline: Instant) -> Outcome {
         loop {
@@ -96,13 +97,13 @@ impl Slot {
 /// The table of keys with a leader at work.
 #[derive(Default)]
 pub(crate) struct Coalescer {
-    slots: Mutex<HashMap<String, Arc<Slot>>>,
+    calls: Mutex<HashMap<String, Arc<InFlight>>>,
 }
 
 impl std::fmt::Debug for Coalescer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Coalescer")
-            .field("in_flight", &self.slots.lock().len())
+            .field("in_flight", &self.calls.lock().len())
             .finish()
     }
 }
@@ -111,35 +112,40 @@ impl std::fmt::Debug for Coalescer {
 pub(crate) enum Role<'a> {
     /// Do the work, then [`Leader::publish`].
     Leader(Leader<'a>),
-    /// Wait on the slot.
-    Follower(Arc<Slot>),
+    /// Wait on the call.
+    Follower(Arc<InFlight>),
 }
 
 impl Coalescer {
     /// Joins the call for `key`: the first caller leads (as `leading` says), the rest follow.
     pub(crate) fn join(&self, key: &str, leading: Leading) -> Role<'_> {
-        let mut slots = self.slots.lock();
-        if let Some(slot) = slots.get(key) {
-            return Role::Follower(slot.clone());
+        let mut calls = self.calls.lock();
+        if let Some(call) = calls.get(key) {
+            return Role::Follower(call.clone());
         }
-        let slot = Arc::new(Slot::new(leading));
-        slots.insert(key.to_string(), slot.clone());
+        let call = Arc::new(InFlight::new(leading));
+        calls.insert(key.to_string(), call.clone());
         Role::Leader(Leader {
             coalescer: self,
             key: key.to_string(),
-            slot,
+            call,
             published: false,
         })
     }
 }
 
-#[cfg(feature = "tower")]
 impl Coalescer {
-    /// Takes `key`'s call, if one is at work, out of the table: callers arriving now start a new
-    /// call instead of joining one that may have read what a write just replaced. The leader
-    /// and its followers carry on with their own slot.
-    pub(crate) fn detach(&self, key: &str) {
-        self.slots.lock().remove(key);
+    /// Takes `key`'s call out of the table (only if it is `only`, when given): callers arriving
+    /// now start a new call instead of joining one that may have read what a write just
+    /// replaced. The leader and its followers carry on with their own call.
+    pub(crate) fn detach(&self, key: &str, only: Option<&Arc<InFlight>>) {
+        let mut calls = self.calls.lock();
+        if calls
+            .get(key)
+            .is_some_and(|s| only.is_none_or(|o| Arc::ptr_eq(s, o)))
+        {
+            calls.remove(key);
+        }
     }
 }
 
@@ -148,7 +154,7 @@ impl Coalescer {
 pub(crate) struct Leader<'a> {
     coalescer: &'a Coalescer,
     key: String,
-    slot: Arc<Slot>,
+    call: Arc<InFlight>,
     published: bool,
 }
 
@@ -160,19 +166,11 @@ impl Leader<'_> {
             return;
         }
         self.published = true;
-        {
-            let mut slots = self.coalescer.slots.lock();
-            if slots
-                .get(&self.key)
-                .is_some_and(|s| Arc::ptr_eq(s, &self.slot))
-            {
-                slots.remove(&self.key);
-            }
-        }
-        *self.slot.outcome.lock() = Some(outcome);
-        self.slot.ready.notify_all();
+        self.coalescer.detach(&self.key, Some(&self.call));
+        *self.call.outcome.lock() = Some(outcome);
+        self.call.ready.notify_all();
         #[cfg(feature = "tokio")]
-        self.slot.notify.notify_waiters();
+        self.call.notify.notify_waiters();
     }
 }
 
@@ -220,7 +218,7 @@ mod tests {
             let Role::Leader(leader) = c.join("k", Leading::Thread) else {
                 panic!()
             };
-            let Role::Follower(slot) = c.join("k", Leading::Thread) else {
+            let Role::Follower(call) = c.join("k", Leading::Thread) else {
                 panic!()
             };
             let r = s.spawn(move || {
@@ -228,7 +226,7 @@ mod tests {
                 panic!("loader panicked");
             });
             assert!(r.join().is_err());
-            slot
+            call
         });
         let t = Instant::now();
         assert!(matches!(
@@ -242,12 +240,12 @@ mod tests {
     fn waits_are_bounded() {
         let c = Coalescer::default();
         let _leader = c.join("k", Leading::Thread);
-        let Role::Follower(slot) = c.join("k", Leading::Thread) else {
+        let Role::Follower(call) = c.join("k", Leading::Thread) else {
             panic!()
         };
         let t = Instant::now();
         assert!(matches!(
-            slot.wait(Instant::now() + Duration::from_millis(50)),
+            call.wait(Instant::now() + Duration::from_millis(50)),
             Outcome::Pending
         ));
         assert!(t.elapsed() >= Duration::from_millis(50));

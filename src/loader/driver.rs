@@ -7,45 +7,46 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::time::Instant;
 
-use super::coalesce::{Leading, Outcome, Slot};
-use super::lease::{Completed, HeldLease};
+use super::coalesce::{InFlight, Leading, Outcome};
+use super::lease::{BlockingLease, Completed};
 use crate::cache::Cache;
 use crate::cache::io::{Blocking, Io};
 use crate::error::Result;
-use crate::protocol::Lease;
+use crate::protocol::Claim;
 
 /// A front end's way of running loads: the backend's operations ([`Io`]) plus claims and
 /// waits.
 pub(crate) trait Driver: Io {
-    /// A claim held while a loader runs.
-    type Held: Claim;
-    /// Holds `lease` on `derived` until it is completed or dropped (dropped: released).
-    fn hold(&self, cache: &Cache, derived: &str, lease: Lease) -> Self::Held;
+    /// A claim kept while a loader runs.
+    type Lease: LeaseHandle;
+    /// Keeps `claim` on `derived` until its lease is completed or dropped (dropped: released).
+    fn hold(&self, cache: &Cache, derived: &str, claim: Claim) -> Self::Lease;
     /// What this caller is if it leads a coalesced call.
     fn leading(&self) -> Leading;
-    /// Whether this caller may wait for `slot`'s leader without keeping it from finishing.
-    fn may_wait_for(&self, slot: &Slot) -> bool;
+    /// Whether this caller may wait for `call`'s leader without keeping it from finishing.
+    fn may_wait_for(&self, call: &InFlight) -> bool;
     /// Waits for an in-process leader's outcome, up to `deadline`.
-    fn wait_for(&self, slot: &Slot, deadline: Instant) -> impl Future<Output = Outcome> + Send;
+    fn wait_for(&self, call: &InFlight, deadline: Instant) -> impl Future<Output = Outcome> + Send;
     /// Runs `work` (a batch's loader) while every claim in `held` is kept alive.
     fn renewing_all<F: Future>(
         &self,
-        held: &mut HashMap<String, Self::Held>,
+        held: &mut HashMap<String, Self::Lease>,
         work: F,
     ) -> impl Future<Output = F::Output>;
     /// Stores several loads' values against their claims, one round trip per server.
     fn complete_many(
         &self,
-        batch: Vec<(Self::Held, Vec<u8>, u32)>,
+        batch: Vec<(Self::Lease, Vec<u8>, u32)>,
     ) -> impl Future<Output = Vec<Result<Completed>>> + Send;
 }
 
-/// A claim held by a running load.
-pub(crate) trait Claim: Send + Sized {
+/// A front end's lease: a [`Claim`] kept alive while a loader runs (by the renewal thread:
+/// `BlockingLease`; inside the caller's future: `AsyncLease`), then completed or given back.
+pub(crate) trait LeaseHandle: Send + Sized {
     /// The derived key claimed.
     fn key(&self) -> &str;
     /// Whether the claim holds a value other readers are served meanwhile
-    /// ([`Lease::serves_others`]).
+    /// ([`Claim::serves_others`]).
     fn serves_others(&self, now_ms: u64, kept_ms: u64) -> bool;
     /// Runs `work` (the loader) while the claim is kept alive.
     fn renewing<F: Future>(&mut self, work: F) -> impl Future<Output = F::Output>;
@@ -57,10 +58,10 @@ pub(crate) trait Claim: Send + Sized {
 /// The sync front end: claims are renewed by the cache's renewal thread, waits block the
 /// calling thread.
 impl Driver for Blocking<'_> {
-    type Held = HeldLease;
+    type Lease = BlockingLease;
 
-    fn hold(&self, cache: &Cache, derived: &str, lease: Lease) -> HeldLease {
-        cache.inner.renewer.hold(derived, lease)
+    fn hold(&self, cache: &Cache, derived: &str, claim: Claim) -> BlockingLease {
+        cache.inner.renewer.hold(derived, claim)
     }
 
     fn leading(&self) -> Leading {
@@ -74,8 +75,8 @@ impl Driver for Blocking<'_> {
     /// `block_on`s). Inside a context this thread may be the one the task needs (a worker, a
     /// current-thread runtime's own; even the task itself, `join!`ed with this call), and tokio
     /// says not which: so it never waits there.
-    fn may_wait_for(&self, slot: &Slot) -> bool {
-        match slot.leading {
+    fn may_wait_for(&self, call: &InFlight) -> bool {
+        match call.leading {
             Leading::Thread => true,
             #[cfg(feature = "tokio")]
             Leading::Task(thread) => {
@@ -85,13 +86,13 @@ impl Driver for Blocking<'_> {
         }
     }
 
-    fn wait_for(&self, slot: &Slot, deadline: Instant) -> impl Future<Output = Outcome> + Send {
-        std::future::ready(slot.wait(deadline))
+    fn wait_for(&self, call: &InFlight, deadline: Instant) -> impl Future<Output = Outcome> + Send {
+        std::future::ready(call.wait(deadline))
     }
 
     fn renewing_all<F: Future>(
         &self,
-        _: &mut HashMap<String, HeldLease>,
+        _: &mut HashMap<String, BlockingLease>,
         work: F,
     ) -> impl Future<Output = F::Output> {
         // The renewal thread keeps the claims alive meanwhile.
@@ -100,19 +101,19 @@ impl Driver for Blocking<'_> {
 
     fn complete_many(
         &self,
-        batch: Vec<(HeldLease, Vec<u8>, u32)>,
+        batch: Vec<(BlockingLease, Vec<u8>, u32)>,
     ) -> impl Future<Output = Vec<Result<Completed>>> + Send {
-        std::future::ready(HeldLease::complete_many(self.0, batch))
+        std::future::ready(BlockingLease::complete_many(self.0, batch))
     }
 }
 
-impl Claim for HeldLease {
+impl LeaseHandle for BlockingLease {
     fn key(&self) -> &str {
-        HeldLease::key(self)
+        BlockingLease::key(self)
     }
 
     fn serves_others(&self, now_ms: u64, kept_ms: u64) -> bool {
-        HeldLease::serves_others(self, now_ms, kept_ms)
+        BlockingLease::serves_others(self, now_ms, kept_ms)
     }
 
     fn renewing<F: Future>(&mut self, work: F) -> impl Future<Output = F::Output> {
@@ -125,6 +126,6 @@ impl Claim for HeldLease {
         value: &[u8],
         exptime: u32,
     ) -> impl Future<Output = Result<Completed>> + Send {
-        std::future::ready(HeldLease::complete(self, value, exptime))
+        std::future::ready(BlockingLease::complete(self, value, exptime))
     }
 }

@@ -18,14 +18,14 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use self::coalesce::{Leader, Outcome, Role};
-use self::driver::{Claim, Driver};
+use self::driver::{Driver, LeaseHandle};
 use self::lease::Completed;
 use crate::cache::io::{Blocking, ready};
 use crate::cache::read::Step;
 use crate::cache::{Cache, DecodePolicy, Herd};
 use crate::codec::{Decode, Encode};
 use crate::error::{Error, LoadError, Result};
-use crate::protocol::{Action, Found, Grant, Machine, Mode};
+use crate::protocol::{Action, Claimed, Found, Machine, Mode};
 use crate::stats::Counters;
 use crate::ttl::{Lifetime, Ttl};
 
@@ -41,10 +41,10 @@ pub(crate) trait Load<T, D: Driver>: Sized {
         self,
         cache: &Cache,
         driver: &D,
-        held: D::Held,
+        held: D::Lease,
         key: &str,
         ttl: Ttl,
-    ) -> Option<(Self, D::Held)>;
+    ) -> Option<(Self, D::Lease)>;
 }
 
 /// A sync loader, run inline.
@@ -62,10 +62,10 @@ where
         self,
         _: &Cache,
         _: &Blocking<'d>,
-        held: <Blocking<'d> as Driver>::Held,
+        held: <Blocking<'d> as Driver>::Lease,
         _: &str,
         _: Ttl,
-    ) -> Option<(Self, <Blocking<'d> as Driver>::Held)> {
+    ) -> Option<(Self, <Blocking<'d> as Driver>::Lease)> {
         Some((self, held))
     }
 }
@@ -86,10 +86,10 @@ where
         self,
         cache: &Cache,
         _: &Blocking<'d>,
-        held: <Blocking<'d> as Driver>::Held,
+        held: <Blocking<'d> as Driver>::Lease,
         key: &str,
         ttl: Ttl,
-    ) -> Option<(Self, <Blocking<'d> as Driver>::Held)> {
+    ) -> Option<(Self, <Blocking<'d> as Driver>::Lease)> {
         let cache = cache.clone();
         let key = key.to_string();
         // A failed refresh (counted in stats) lets the claim lapse, and the entry is claimed again
@@ -346,47 +346,17 @@ impl Cache {
     }
 
     /// [`served`](Cache::served) without the count: the value, and whether it is stale.
-    fn servable<T: Decode>(&self, first: &Action) -> Option<(T, bool)> {
+    pub(crate) fn servable<T: Decode>(&self, first: &Action) -> Option<(T, bool)> {
         let Action::Done(Found::Value { held, stale }) = first else {
             return None;
         };
-        Some((self.decode_held::<T>(held).ok()?, *stale))
+        Some((self.decode_servable::<T>(held).ok()?, *stale))
     }
 
     /// Counts a value served by the fast path (a hit, or a stale value served).
     pub(crate) fn count_served(&self, stale: bool) {
         let s = &self.stats;
         Counters::bump(if stale { &s.stale_served } else { &s.hits });
-    }
-
-    /// `get_or_set_with`'s fast path alone, on the sync backend: the value (and whether it is
-    /// stale) when it may be served as it is, `None` when the call would go on (a miss, a claim
-    /// to make or wait for, an error), having changed nothing and counted nothing: a caller that
-    /// serves it counts it ([`count_served`](Cache::count_served)); one that does not goes the
-    /// whole way, which reads and counts again. For a front end whose backend answers at once
-    /// (the response cache on the memory backend). With the value, the wall clock the verdict
-    /// was made at (unix ms).
-    ///
-    /// Always `None` with XFetch on (`early_refresh`): its draw decides whether this read
-    /// refreshes early, and a second read (the whole way) would draw again, refreshing at p²
-    /// instead of p.
-    #[cfg(feature = "tower")]
-    pub(crate) fn served_now<T: Decode>(&self, key: &str) -> Option<(T, bool, u64)> {
-        if self.inner.config.early_beta.is_some() {
-            return None;
-        }
-        let derived = self.keys.make(key).ok()?;
-        let span = self.span("get_or_set_with", &derived);
-        let _entered = span.enter();
-        // A failed read is left to the request's future, which reads again and counts the
-        // failure once (absorbed here too, it would be counted twice).
-        let read = self.inner.config.backend.get(&derived).ok()?;
-        let limit = self.inner.config.backend.max_value_size(&derived);
-        let (_, first, now) = self
-            .start(Ok(read), Mode::Load, self.settings(true, limit), None)
-            .ok()?;
-        let (v, stale) = self.servable(&first)?;
-        Some((v, stale, now.wall_ms))
     }
 
     /// The rest of a `get_or_set_with` that did not hit: the in-process coalescer (lead, or wait
@@ -425,9 +395,9 @@ impl Cache {
                     });
                     return r;
                 }
-                Role::Follower(slot) => {
+                Role::Follower(call) => {
                     first = None;
-                    if !d.may_wait_for(&slot) {
+                    if !d.may_wait_for(&call) {
                         // A sync caller on a thread the leading task may need: no in-process
                         // wait. The protocol instead, as a caller of another process that
                         // never waits: it claims the key if the task has not yet (the task
@@ -441,7 +411,7 @@ impl Cache {
                     }
                     Counters::bump(&self.stats.lease_waits);
                     let wait = self.stats.wait_started();
-                    let outcome = match d.wait_for(&slot, deadline).await {
+                    let outcome = match d.wait_for(&call, deadline).await {
                         Outcome::Served(v) => {
                             wait.answered_at_once();
                             Outcome::Value(v)
@@ -524,15 +494,15 @@ impl Cache {
         let s = &self.stats;
         loop {
             let found = match self.drive_on(d, keys.1, &mut m, action).await? {
-                Step::Load(grant) => {
+                Step::Load(claimed) => {
                     return self
-                        .load_granted(d, keys, ttl, loader, *grant, leader)
+                        .load_claimed(d, keys, ttl, loader, *claimed, leader)
                         .await;
                 }
                 Step::Done(found) => found,
             };
             let failed = match found {
-                Found::Value { held, stale } => match self.decode_held::<T>(&held) {
+                Found::Value { held, stale } => match self.decode_servable::<T>(&held) {
                     Ok(v) => {
                         Counters::bump(if stale { &s.stale_served } else { &s.hits });
                         // Found there, not waited for: the followers were not kept waiting
@@ -573,13 +543,13 @@ impl Cache {
     }
 
     /// This caller holds the key: load (or hand the load to a background thread).
-    async fn load_granted<T, D, L>(
+    async fn load_claimed<T, D, L>(
         &self,
         d: &D,
         (key, derived): (&str, &str),
         ttl: Ttl,
         loader: L,
-        grant: Grant,
+        claimed: Claimed,
         leader: Option<&mut Leader<'_>>,
     ) -> Result<T>
     where
@@ -588,14 +558,14 @@ impl Cache {
         L: Load<T, D>,
     {
         let s = &self.stats;
-        if grant.held.is_some() && grant.lease.is_claim() {
+        if claimed.value.is_some() && claimed.claim.is_claim() {
             Counters::bump(&s.claims_won);
         }
-        let held = grant.held.and_then(|h| {
-            let v = self.decode_held::<T>(&h).ok()?;
+        let held = claimed.value.and_then(|h| {
+            let v = self.decode_servable::<T>(&h).ok()?;
             Some((v, h.header, h.early, h.expired))
         });
-        let lease = d.hold(self, derived, grant.lease);
+        let lease = d.hold(self, derived, claimed.claim);
         let (v, held_header, early) = match held {
             // Past its bound: kept only for this caller's serve-stale-on-error.
             Some((v, header, _, true)) => {
@@ -666,7 +636,7 @@ impl Cache {
     pub(crate) async fn run_loader<T, D, L>(
         &self,
         d: &D,
-        mut lease: D::Held,
+        mut lease: D::Lease,
         key: &str,
         ttl: Ttl,
         loader: L,

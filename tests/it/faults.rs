@@ -648,8 +648,14 @@ fn remap_batches_move_an_ejected_servers_keys() {
     let keys: Vec<String> = (0..60).map(|i| format!("k{i}")).collect();
     let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
     for k in &refs {
-        b.store(newcache::StoreMode::Set, k, k.as_bytes(), 0, 0)
-            .unwrap();
+        b.store(newcache::Write::new(
+            newcache::StoreMode::Set,
+            k,
+            k.as_bytes(),
+            0,
+            0,
+        ))
+        .unwrap();
     }
     let dead: Vec<bool> = refs.iter().map(|k| b.server_of(k) == 0).collect();
     servers[0].kill();
@@ -763,7 +769,13 @@ fn a_blackholed_server_never_delays_the_others() {
                 let (b, fine) = (&b, &fine);
                 s2.spawn(move || {
                     for k in fine.iter().skip(t).step_by(8).take(10) {
-                        let w = b.store(newcache::StoreMode::Set, k, k.as_bytes(), 0, 0);
+                        let w = b.store(newcache::Write::new(
+                            newcache::StoreMode::Set,
+                            k,
+                            k.as_bytes(),
+                            0,
+                            0,
+                        ));
                         assert!(w.is_ok(), "set {k}: {w:?}");
                         let r = b.get(k).unwrap().map(|i| i.value);
                         assert_eq!(r.as_deref(), Some(k.as_bytes()));
@@ -776,7 +788,15 @@ fn a_blackholed_server_never_delays_the_others() {
         let restarted = Instant::now();
         let k = fine[0];
         loop {
-            let ok = b.store(newcache::StoreMode::Set, k, b"again", 0, 0).is_ok()
+            let ok = b
+                .store(newcache::Write::new(
+                    newcache::StoreMode::Set,
+                    k,
+                    b"again",
+                    0,
+                    0,
+                ))
+                .is_ok()
                 && b.get(k).ok().flatten().map(|i| i.value).as_deref() == Some(&b"again"[..]);
             if ok {
                 break;

@@ -1302,8 +1302,14 @@ impl Env {
     pub fn raw_set_ttl(&self, derived_key: &str, bytes: &[u8], flags: u32, exptime: u32) {
         match (&self.memory, &self.addr) {
             (Some(m), _) => {
-                m.store(StoreMode::Set, derived_key, bytes, flags, exptime)
-                    .expect("raw set");
+                m.store(newcache::Write::new(
+                    StoreMode::Set,
+                    derived_key,
+                    bytes,
+                    flags,
+                    exptime,
+                ))
+                .expect("raw set");
             }
             #[cfg(feature = "redis")]
             (None, Some(url)) if self.kind.is_redis() => {
@@ -1547,16 +1553,9 @@ impl Backend for Hooked {
         self.bump();
         self.inner.get_many(keys)
     }
-    fn store(
-        &self,
-        mode: StoreMode,
-        key: &str,
-        value: &[u8],
-        flags: u32,
-        exptime: u32,
-    ) -> newcache::Result<newcache::StoreOutcome> {
+    fn store(&self, w: newcache::Write<'_>) -> newcache::Result<newcache::StoreOutcome> {
         self.bump();
-        self.inner.store(mode, key, value, flags, exptime)
+        self.inner.store(w)
     }
     fn store_then_get(
         &self,

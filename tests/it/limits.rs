@@ -407,15 +407,8 @@ impl Backend for Racer {
         self.fire();
         r
     }
-    fn store(
-        &self,
-        m: StoreMode,
-        k: &str,
-        v: &[u8],
-        f: u32,
-        e: u32,
-    ) -> newcache::Result<StoreOutcome> {
-        self.inner.store(m, k, v, f, e)
+    fn store(&self, w: Write<'_>) -> newcache::Result<StoreOutcome> {
+        self.inner.store(w)
     }
     fn store_then_get(&self, w: Write<'_>) -> newcache::Result<(StoreOutcome, Option<Item>)> {
         self.inner.store_then_get(w)
@@ -466,7 +459,13 @@ fn a_write_between_the_refused_claim_and_the_placeholder_wins() {
         let stored = memory.get(&k).unwrap().unwrap().value.to_vec();
         let full = grown_to(&stored, memory.max_value_size(&k));
         memory
-            .store(StoreMode::Set, &k, &full, newcache::__private::FLAGS, 0)
+            .store(newcache::Write::new(
+                StoreMode::Set,
+                &k,
+                &full,
+                newcache::__private::FLAGS,
+                0,
+            ))
             .unwrap();
         // theirs: a fresh value written by another client, as newcache writes it
         let other = Cache::builder()
@@ -486,8 +485,14 @@ fn a_write_between_the_refused_claim_and_the_placeholder_wins() {
         let key = k.clone();
         *racer.hook.lock().unwrap() = Some(match write {
             "set" => Box::new(move |m: &MemoryBackend| {
-                m.store(StoreMode::Set, &key, &theirs, newcache::__private::FLAGS, 0)
-                    .unwrap();
+                m.store(newcache::Write::new(
+                    StoreMode::Set,
+                    &key,
+                    &theirs,
+                    newcache::__private::FLAGS,
+                    0,
+                ))
+                .unwrap();
             }),
             _ => Box::new(move |m: &MemoryBackend| {
                 m.delete(&key).unwrap();

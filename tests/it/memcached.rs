@@ -287,12 +287,18 @@ fn a_too_long_key_never_reaches_the_wire() {
     let server = Memcached::start();
     let backend = memcached_backend(&[server.addr()], |_| {});
     backend
-        .store(StoreMode::Set, "before", b"kept", 0, 0)
+        .store(newcache::Write::new(
+            StoreMode::Set,
+            "before",
+            b"kept",
+            0,
+            0,
+        ))
         .unwrap();
     let long = "k".repeat(262);
     let evil = b"x\r\nflush_all\r\n";
     let e = backend
-        .store(StoreMode::Set, &long, evil, 0, 0)
+        .store(newcache::Write::new(StoreMode::Set, &long, evil, 0, 0))
         .unwrap_err();
     assert!(e.is_invalid_key(), "{e}");
     let w = |key: &'static str| newcache::Write {
@@ -313,7 +319,13 @@ fn a_too_long_key_never_reaches_the_wire() {
     assert!(many[1].as_ref().unwrap_err().is_invalid_key());
     // an exptime memcached would read as negative (signed 32-bit) is refused, not sent
     let e = backend
-        .store(StoreMode::Set, "c", b"v", 0, i32::MAX as u32 + 1)
+        .store(newcache::Write::new(
+            StoreMode::Set,
+            "c",
+            b"v",
+            0,
+            i32::MAX as u32 + 1,
+        ))
         .unwrap_err();
     assert!(e.is_config(), "{e}");
     assert!(backend.touch("before", u32::MAX).unwrap_err().is_config());

@@ -26,14 +26,26 @@ fn a_hot_set_survives_a_scan_of_cold_keys() {
     let b = MemoryBackend::new(CAPACITY, MockClock::new());
     let v = vec![1u8; VALUE];
     for h in 0..hot {
-        b.store(StoreMode::Set, &format!("hot{h}"), &v, 0, 0)
-            .unwrap();
+        b.store(newcache::Write::new(
+            StoreMode::Set,
+            &format!("hot{h}"),
+            &v,
+            0,
+            0,
+        ))
+        .unwrap();
     }
     // Twice the capacity of keys written once and never read, while the hot keys are read in
     // turn (each one once every `hot` writes).
     for c in 0..2 * fit {
-        b.store(StoreMode::Set, &format!("cold{c}"), &v, 0, 0)
-            .unwrap();
+        b.store(newcache::Write::new(
+            StoreMode::Set,
+            &format!("cold{c}"),
+            &v,
+            0,
+            0,
+        ))
+        .unwrap();
         b.get(&format!("hot{}", c % hot)).unwrap();
     }
     let survivors = (0..hot)
@@ -96,14 +108,17 @@ fn an_expired_add_is_one_step() {
     let b = MemoryBackend::new(1 << 20, MockClock::new());
     // a free key: stored, and expired at once
     assert_eq!(
-        b.store(StoreMode::Add, "k", b"x", 0, EXPIRED).unwrap(),
+        b.store(newcache::Write::new(StoreMode::Add, "k", b"x", 0, EXPIRED))
+            .unwrap(),
         StoreOutcome::Stored
     );
     assert_eq!(b.get("k").unwrap(), None);
     // a live key: not stored, the value untouched
-    b.store(StoreMode::Set, "k", b"live", 0, 0).unwrap();
+    b.store(newcache::Write::new(StoreMode::Set, "k", b"live", 0, 0))
+        .unwrap();
     assert_eq!(
-        b.store(StoreMode::Add, "k", b"x", 0, EXPIRED).unwrap(),
+        b.store(newcache::Write::new(StoreMode::Add, "k", b"x", 0, EXPIRED))
+            .unwrap(),
         StoreOutcome::NotStored
     );
     assert_eq!(&b.get("k").unwrap().unwrap().value[..], b"live");
@@ -113,14 +128,23 @@ fn an_expired_add_is_one_step() {
     std::thread::scope(|s| {
         s.spawn(|| {
             for i in 0..20_000 {
-                b.store(StoreMode::Add, &format!("r{i}"), b"", 0, EXPIRED)
-                    .unwrap();
+                b.store(newcache::Write::new(
+                    StoreMode::Add,
+                    &format!("r{i}"),
+                    b"",
+                    0,
+                    EXPIRED,
+                ))
+                .unwrap();
             }
         });
         s.spawn(|| {
             for i in 0..20_000 {
                 let k = format!("r{i}");
-                if b.store(StoreMode::Add, &k, b"v", 0, 0).unwrap() == StoreOutcome::Stored {
+                if b.store(newcache::Write::new(StoreMode::Add, &k, b"v", 0, 0))
+                    .unwrap()
+                    == StoreOutcome::Stored
+                {
                     assert!(b.get(&k).unwrap().is_some(), "{k} vanished");
                 }
             }
@@ -150,18 +174,27 @@ fn exptime_is_a_signed_32_bit_number() {
     // memcached 1.6 reads exptime as an int32: 2^31 and above are negative, expired at once
     // (checked against memcached 1.6.18 with `set` and `touch`).
     let b = MemoryBackend::new(1 << 20, MockClock::new());
-    b.store(StoreMode::Set, "max", b"v", 0, i32::MAX as u32)
-        .unwrap();
+    b.store(newcache::Write::new(
+        StoreMode::Set,
+        "max",
+        b"v",
+        0,
+        i32::MAX as u32,
+    ))
+    .unwrap();
     assert!(b.get("max").unwrap().is_some(), "2038 is in the future");
     for e in [1u32 << 31, u32::MAX] {
-        b.store(StoreMode::Set, "neg", b"v", 0, e).unwrap();
+        b.store(newcache::Write::new(StoreMode::Set, "neg", b"v", 0, e))
+            .unwrap();
         assert_eq!(b.get("neg").unwrap(), None, "set with exptime {e}");
-        b.store(StoreMode::Set, "t", b"v", 0, 0).unwrap();
+        b.store(newcache::Write::new(StoreMode::Set, "t", b"v", 0, 0))
+            .unwrap();
         assert!(b.touch("t", e).unwrap(), "the key existed");
         assert_eq!(b.get("t").unwrap(), None, "touch with exptime {e}");
     }
     // touch reads the field as store does: relative, absolute in the past, never
-    b.store(StoreMode::Set, "t", b"v", 0, 0).unwrap();
+    b.store(newcache::Write::new(StoreMode::Set, "t", b"v", 0, 0))
+        .unwrap();
     assert!(b.touch("t", EXPIRED).unwrap());
     assert_eq!(b.get("t").unwrap(), None);
     assert!(!b.touch("t", 0).unwrap(), "gone");

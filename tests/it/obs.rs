@@ -430,13 +430,13 @@ fn debug_logs_say_when_a_claim_is_lost_and_a_failure_absorbed(env: &Env) {
     hooked.after_get = Box::new(move || {
         if armed.swap(false, std::sync::atomic::Ordering::SeqCst) {
             inner
-                .store(
+                .store(newcache::Write::new(
                     newcache::StoreMode::Set,
                     &key,
                     &theirs,
                     newcache::__private::FLAGS,
                     60,
-                )
+                ))
                 .unwrap();
         }
     });

@@ -419,13 +419,19 @@ fn bytes_that_look_like_an_item_with_stamp_zero_are_foreign() {
     assert_ne!(item.cas, 0);
     // Its token replaces exactly it; token 0 is refused before anything is sent.
     assert!(
-        b.store(StoreMode::Cas(0), "z", b"x", 0, 0)
+        b.store(newcache::Write::new(StoreMode::Cas(0), "z", b"x", 0, 0))
             .unwrap_err()
             .is_unsupported()
     );
     assert_eq!(
-        b.store(StoreMode::Cas(item.cas), "z", b"mine", 0, 0)
-            .unwrap(),
+        b.store(newcache::Write::new(
+            StoreMode::Cas(item.cas),
+            "z",
+            b"mine",
+            0,
+            0
+        ))
+        .unwrap(),
         newcache::StoreOutcome::Stored
     );
     assert_eq!(&b.get("z").unwrap().unwrap().value[..], b"mine");
@@ -458,10 +464,13 @@ fn a_read_that_times_out_is_not_outcome_unknown_and_a_write_is() {
         let mut config = RedisConfig::new(server.url());
         config.io_timeout = Duration::from_millis(300);
         let b = RedisBackend::new(config).unwrap();
-        b.store(StoreMode::Set, "k", b"v", 0, 0).unwrap();
+        b.store(newcache::Write::new(StoreMode::Set, "k", b"v", 0, 0))
+            .unwrap();
         server.signal("STOP");
         // The write on the open pooled connection: sent, no reply.
-        let write = b.store(StoreMode::Set, "k", b"w", 0, 0).unwrap_err();
+        let write = b
+            .store(newcache::Write::new(StoreMode::Set, "k", b"w", 0, 0))
+            .unwrap_err();
         // The read: on a new connection, whose set-up gets no reply either.
         let read = b.get("k").unwrap_err();
         server.signal("CONT");
@@ -868,10 +877,13 @@ fn a_user_without_scripting_is_denied_its_fenced_writes_and_still_reads() {
         let url = format!("redis://no-scripts:secret@127.0.0.1:{}/0", server.port);
         // On the backend: a plain set works, the fenced write (a script) is denied by name.
         let b = RedisBackend::new(RedisConfig::new(&url)).unwrap();
-        b.store(StoreMode::Set, "k", b"v", 0, 0).unwrap();
+        b.store(newcache::Write::new(StoreMode::Set, "k", b"v", 0, 0))
+            .unwrap();
         let cas = b.get("k").unwrap().unwrap().cas;
         for _ in 0..3 {
-            let e = b.store(StoreMode::Cas(cas), "k", b"w", 0, 0).unwrap_err();
+            let e = b
+                .store(newcache::Write::new(StoreMode::Cas(cas), "k", b"w", 0, 0))
+                .unwrap_err();
             assert!(e.is_denied(), "{e}");
             assert!(!e.is_outcome_unknown(), "the server answered: {e}");
             let shown = e.to_string();

@@ -273,8 +273,13 @@ impl OriginalNewcache {
         if soft < unix_ms() / 1000 {
             // newcache: re-set the stale value for the herd timeout, tell this caller "miss".
             let bytes = Self::pack(&v, HERD_TIMEOUT_S);
-            self.backend
-                .store(StoreMode::Set, &self.key, &bytes, 0, HERD_TIMEOUT_S as u32)?;
+            self.backend.store(newcache::Write::new(
+                StoreMode::Set,
+                &self.key,
+                &bytes,
+                0,
+                HERD_TIMEOUT_S as u32,
+            ))?;
             return Ok(None);
         }
         Ok(Some(v))
@@ -284,7 +289,13 @@ impl OriginalNewcache {
         let bytes = Self::pack(v, ttl);
         let hard_ttl = (ttl + HERD_TIMEOUT_S) as u32;
         self.backend
-            .store(StoreMode::Set, &self.key, &bytes, 0, hard_ttl)
+            .store(newcache::Write::new(
+                StoreMode::Set,
+                &self.key,
+                &bytes,
+                0,
+                hard_ttl,
+            ))
             .map(|_| ())
     }
 }

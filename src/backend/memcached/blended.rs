@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use super::engine::Engine;
 use super::{MemcachedBackend, MemcachedConfig};
-use crate::backend::{AsyncBackend, Backend, BoxFuture, Item, StoreMode, StoreOutcome, Write};
+use crate::backend::{AsyncBackend, Backend, BoxFuture, Item, StoreOutcome, Write};
 use crate::error::{Error, ErrorKind, Result};
 
 /// The engine and the runtime its connections' tasks run on (a current-thread runtime driven by
@@ -232,19 +232,8 @@ impl Backend for Blended {
         self.route(|p| p.get_many(keys), |e| e.get_many(keys))
     }
 
-    fn store(
-        &self,
-        mode: StoreMode,
-        key: &str,
-        value: &[u8],
-        flags: u32,
-        exptime: u32,
-    ) -> Result<StoreOutcome> {
-        let w = Write::new(mode, key, value, flags, exptime);
-        self.route(
-            |p| p.store(mode, key, value, flags, exptime),
-            move |e| e.store(w),
-        )
+    fn store(&self, w: Write<'_>) -> Result<StoreOutcome> {
+        self.route(|p| p.store(w), move |e| e.store(w))
     }
 
     fn store_then_get(&self, w: Write<'_>) -> Result<(StoreOutcome, Option<Item>)> {
@@ -302,6 +291,7 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use super::*;
+    use crate::backend::StoreMode;
     use crate::backend::memcached::engine::tests::{Memcached, Relay, config};
 
     fn blended(addr: String) -> Blended {
@@ -309,7 +299,9 @@ mod tests {
     }
 
     fn set(b: &Blended, key: &str, value: &[u8]) {
-        let outcome = b.store(StoreMode::Set, key, value, 7, 0).unwrap();
+        let outcome = b
+            .store(Write::new(StoreMode::Set, key, value, 7, 0))
+            .unwrap();
         assert_eq!(outcome, StoreOutcome::Stored);
     }
 
@@ -419,7 +411,9 @@ mod tests {
             "{:?}",
             started.elapsed()
         );
-        let e = b.store(StoreMode::Set, "k", b"v", 0, 0).unwrap_err();
+        let e = b
+            .store(Write::new(StoreMode::Set, "k", b"v", 0, 0))
+            .unwrap_err();
         assert!(e.is_timeout() || e.is_outcome_unknown(), "{e}");
     }
 
@@ -546,6 +540,7 @@ mod coop_tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::backend::StoreMode;
     use crate::backend::memcached::engine::tests::{Memcached, config};
 
     /// A tokio task that calls the sync backend many times in one poll (a loop over keys in
@@ -567,7 +562,8 @@ mod coop_tests {
             rt.block_on(async {
                 for i in 0..300 {
                     let _ = tx.send(i);
-                    b2.store(StoreMode::Set, "k", b"v", 0, 0).unwrap();
+                    b2.store(Write::new(StoreMode::Set, "k", b"v", 0, 0))
+                        .unwrap();
                 }
             });
             let _ = tx.send(usize::MAX);
@@ -588,6 +584,7 @@ mod health_tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::backend::StoreMode;
     use crate::backend::memcached::DeadServerPolicy;
     use crate::backend::memcached::engine::tests::{Memcached, config};
 
@@ -611,11 +608,13 @@ mod health_tests {
         let key = (0..1000)
             .map(|i| format!("key{i}"))
             .find(|k| {
-                b.store(StoreMode::Set, k, b"probe", 0, 0).unwrap();
+                b.store(Write::new(StoreMode::Set, k, b"probe", 0, 0))
+                    .unwrap();
                 only_a.get(k).unwrap().is_some()
             })
             .unwrap();
-        b.store(StoreMode::Set, &key, b"v1", 0, 0).unwrap();
+        b.store(Write::new(StoreMode::Set, &key, b"v1", 0, 0))
+            .unwrap();
         {
             // The engine's connection to a is open (a concurrent caller).
             b.active.fetch_add(1, Ordering::AcqRel);
@@ -629,7 +628,8 @@ mod health_tests {
         a.signal("CONT");
         // This thread, alone: its write goes to b (remapped).
         assert_eq!(
-            b.store(StoreMode::Set, &key, b"v2", 0, 0).unwrap(),
+            b.store(Write::new(StoreMode::Set, &key, b"v2", 0, 0))
+                .unwrap(),
             StoreOutcome::Stored
         );
         // Same thread, next call, while another caller happens to be inside: the engine.
@@ -643,6 +643,7 @@ mod health_tests {
 #[cfg(test)]
 mod spawn_tests {
     use super::*;
+    use crate::backend::StoreMode;
     use crate::backend::memcached::engine::tests::{Memcached, config};
 
     const NAME: &str = "backend::memcached::blended::spawn_tests::a_thread_that_cannot_start_falls_back_to_the_pool_on_a_runtime_thread";
@@ -682,7 +683,8 @@ mod spawn_tests {
             .unwrap();
         rt.block_on(async {
             b.active.fetch_add(1, Ordering::AcqRel); // another caller is inside
-            b.store(StoreMode::Set, "k", b"v", 0, 0).unwrap();
+            b.store(Write::new(StoreMode::Set, "k", b"v", 0, 0))
+                .unwrap();
             assert_eq!(&b.get("k").unwrap().unwrap().value[..], b"v");
             b.active.fetch_sub(1, Ordering::AcqRel);
         });

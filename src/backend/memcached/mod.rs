@@ -689,24 +689,10 @@ impl Backend for MemcachedBackend {
         items
     }
 
-    fn store(
-        &self,
-        mode: StoreMode,
-        key: &str,
-        value: &[u8],
-        flags: u32,
-        exptime: u32,
-    ) -> Result<StoreOutcome> {
-        let w = Write {
-            mode,
-            key,
-            value,
-            flags,
-            exptime,
-        };
+    fn store(&self, w: Write<'_>) -> Result<StoreOutcome> {
         self.check_write(&w)?;
-        let max = self.max_value_size(key);
-        self.on_write(key, |c| c.store(&w, max))
+        let max = self.max_value_size(w.key);
+        self.on_write(w.key, |c| c.store(&w, max))
     }
 
     fn store_then_get(&self, w: Write<'_>) -> Result<(StoreOutcome, Option<Item>)> {

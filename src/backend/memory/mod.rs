@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use parking_lot::Mutex;
 
 use super::{
-    Backend, DEFAULT_ITEM_SIZE, Item, StoreMode, StoreOutcome, max_value_size, parse_counter,
+    Backend, DEFAULT_ITEM_SIZE, Item, StoreMode, StoreOutcome, Write, max_value_size, parse_counter,
 };
 use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, ErrorKind, Result};
@@ -171,14 +171,14 @@ impl Backend for MemoryBackend {
             .collect()
     }
 
-    fn store(
-        &self,
-        mode: StoreMode,
-        key: &str,
-        value: &[u8],
-        flags: u32,
-        exptime: u32,
-    ) -> Result<StoreOutcome> {
+    fn store(&self, w: Write<'_>) -> Result<StoreOutcome> {
+        let Write {
+            mode,
+            key,
+            value,
+            flags,
+            exptime,
+        } = w;
         crate::key::check_len(key)?;
         if mode == StoreMode::Cas(0) {
             return Err(crate::backend::no_cas(None));
@@ -275,6 +275,18 @@ mod tests {
     use crate::testing::MockClock;
     use std::time::Duration;
 
+    /// `b.store` of a write made from its fields.
+    fn put(
+        b: &MemoryBackend,
+        mode: StoreMode,
+        key: &str,
+        value: &[u8],
+        flags: u32,
+        exptime: u32,
+    ) -> Result<StoreOutcome> {
+        b.store(Write::new(mode, key, value, flags, exptime))
+    }
+
     fn backend() -> (MemoryBackend, Arc<MockClock>) {
         let clock = MockClock::new();
         (MemoryBackend::new(DEFAULT_CAPACITY, clock.clone()), clock)
@@ -283,21 +295,21 @@ mod tests {
     #[test]
     fn expiry_follows_exptime() {
         let (b, clock) = backend();
-        b.store(StoreMode::Set, "k", b"v", 0, 2).unwrap();
+        put(&b, StoreMode::Set, "k", b"v", 0, 2).unwrap();
         clock.advance(Duration::from_millis(1999));
         assert!(b.get("k").unwrap().is_some());
         clock.advance(Duration::from_millis(1));
         assert!(b.get("k").unwrap().is_none());
         // an absolute exptime in the past is gone at once
-        b.store(StoreMode::Set, "k", b"v", 0, 2_592_001).unwrap();
+        put(&b, StoreMode::Set, "k", b"v", 0, 2_592_001).unwrap();
         assert!(b.get("k").unwrap().is_none());
     }
 
     #[test]
     fn a_batch_reads_what_single_gets_read() {
         let (b, clock) = backend();
-        b.store(StoreMode::Set, "live", b"1", 7, 0).unwrap();
-        b.store(StoreMode::Set, "short", b"2", 0, 1).unwrap();
+        put(&b, StoreMode::Set, "live", b"1", 7, 0).unwrap();
+        put(&b, StoreMode::Set, "short", b"2", 0, 1).unwrap();
         clock.advance(Duration::from_millis(1000));
         let keys = ["live", "short", "missing", "live"];
         let batch = b.get_many(&keys);
@@ -312,13 +324,13 @@ mod tests {
     #[test]
     fn a_value_read_is_the_stored_buffer_and_outlives_its_entry() {
         let (b, _) = backend();
-        b.store(StoreMode::Set, "k", b"first", 0, 0).unwrap();
+        put(&b, StoreMode::Set, "k", b"first", 0, 0).unwrap();
         let one = b.get("k").unwrap().unwrap().value;
         let two = b.get("k").unwrap().unwrap().value;
         // Not copied: both reads are the stored buffer.
         assert_eq!(one.as_ptr(), two.as_ptr());
         // Written again, deleted, flushed: what was read stays as it was read.
-        b.store(StoreMode::Set, "k", b"other", 0, 0).unwrap();
+        put(&b, StoreMode::Set, "k", b"other", 0, 0).unwrap();
         let three = b.get("k").unwrap().unwrap().value;
         assert_ne!(three.as_ptr(), one.as_ptr());
         assert_eq!(&three[..], b"other");
@@ -333,24 +345,24 @@ mod tests {
     fn add_and_cas() {
         let (b, _) = backend();
         assert_eq!(
-            b.store(StoreMode::Add, "k", b"1", 0, 0).unwrap(),
+            put(&b, StoreMode::Add, "k", b"1", 0, 0).unwrap(),
             StoreOutcome::Stored
         );
         assert_eq!(
-            b.store(StoreMode::Add, "k", b"2", 0, 0).unwrap(),
+            put(&b, StoreMode::Add, "k", b"2", 0, 0).unwrap(),
             StoreOutcome::NotStored
         );
         let cas = b.get("k").unwrap().unwrap().cas;
         assert_eq!(
-            b.store(StoreMode::Cas(cas), "k", b"3", 0, 0).unwrap(),
+            put(&b, StoreMode::Cas(cas), "k", b"3", 0, 0).unwrap(),
             StoreOutcome::Stored
         );
         assert_eq!(
-            b.store(StoreMode::Cas(cas), "k", b"4", 0, 0).unwrap(),
+            put(&b, StoreMode::Cas(cas), "k", b"4", 0, 0).unwrap(),
             StoreOutcome::Exists
         );
         assert_eq!(
-            b.store(StoreMode::Cas(cas), "x", b"4", 0, 0).unwrap(),
+            put(&b, StoreMode::Cas(cas), "x", b"4", 0, 0).unwrap(),
             StoreOutcome::NotFound
         );
         assert_eq!(&b.get("k").unwrap().unwrap().value[..], b"3");
@@ -359,16 +371,23 @@ mod tests {
     #[test]
     fn counters_pad_like_memcached() {
         let (b, _) = backend();
-        b.store(StoreMode::Set, "c", b"100", 0, 0).unwrap();
+        put(&b, StoreMode::Set, "c", b"100", 0, 0).unwrap();
         assert_eq!(b.decr("c", 1).unwrap(), Some(99));
         assert_eq!(&b.get("c").unwrap().unwrap().value[..], b"99 ");
         assert_eq!(b.incr("c", 901).unwrap(), Some(1000));
         assert_eq!(b.decr("c", 5000).unwrap(), Some(0));
-        b.store(StoreMode::Set, "c", u64::MAX.to_string().as_bytes(), 0, 0)
-            .unwrap();
+        put(
+            &b,
+            StoreMode::Set,
+            "c",
+            u64::MAX.to_string().as_bytes(),
+            0,
+            0,
+        )
+        .unwrap();
         assert_eq!(b.incr("c", 2).unwrap(), Some(1));
         assert_eq!(b.incr("missing", 1).unwrap(), None);
-        b.store(StoreMode::Set, "t", b"abc", 0, 0).unwrap();
+        put(&b, StoreMode::Set, "t", b"abc", 0, 0).unwrap();
         assert_eq!(b.incr("t", 1).unwrap_err().kind(), ErrorKind::NotACounter);
     }
 
@@ -377,7 +396,7 @@ mod tests {
         let b = MemoryBackend::new(1 << 20, MockClock::new());
         let v = vec![7u8; 10_000];
         for i in 0..1000 {
-            b.store(StoreMode::Set, &format!("k{i}"), &v, 0, 0).unwrap();
+            put(&b, StoreMode::Set, &format!("k{i}"), &v, 0, 0).unwrap();
         }
         let held: usize = b.shards.iter().map(|s| s.lock().bytes()).sum();
         assert!(held <= 1 << 20, "{held}");
@@ -406,11 +425,13 @@ mod tests {
         check(0, mib, 1, 0);
         // nothing fits in a shard smaller than one entry's overhead, not even an empty value
         let b = MemoryBackend::new(ENTRY_OVERHEAD, MockClock::new());
-        let e = b.store(StoreMode::Set, "k", b"", 0, 0).unwrap_err();
+        let e = b
+            .store(Write::new(StoreMode::Set, "k", b"", 0, 0))
+            .unwrap_err();
         assert!(e.is_too_large());
         // nor a counter that outgrows it
         let b = MemoryBackend::new(1 + 2 + ENTRY_OVERHEAD, MockClock::new());
-        b.store(StoreMode::Set, "c", b"99", 0, 0).unwrap();
+        put(&b, StoreMode::Set, "c", b"99", 0, 0).unwrap();
         assert!(b.incr("c", 1).unwrap_err().is_too_large());
         assert_eq!(&b.get("c").unwrap().unwrap().value[..], b"99", "unchanged");
     }
@@ -419,7 +440,7 @@ mod tests {
     fn touch_reads_exptime_as_store_does() {
         let (b, clock) = backend();
         assert!(!b.touch("k", 10).unwrap(), "missing");
-        b.store(StoreMode::Set, "k", b"v", 0, 1).unwrap();
+        put(&b, StoreMode::Set, "k", b"v", 0, 1).unwrap();
         assert!(b.touch("k", 10).unwrap());
         clock.advance(Duration::from_millis(9999));
         assert!(
@@ -437,7 +458,7 @@ mod tests {
             "absolute: gone at that second"
         );
         for gone in [2_592_001, 1 << 31, u32::MAX] {
-            b.store(StoreMode::Set, "k", b"v", 0, 0).unwrap();
+            put(&b, StoreMode::Set, "k", b"v", 0, 0).unwrap();
             assert!(b.touch("k", gone).unwrap(), "it existed");
             assert!(b.get("k").unwrap().is_none(), "{gone}: expired at once");
             assert!(!b.touch("k", 0).unwrap(), "{gone}: removed");
@@ -447,7 +468,7 @@ mod tests {
     #[test]
     fn a_counter_keeps_flags_and_expiry() {
         let (b, clock) = backend();
-        b.store(StoreMode::Set, "c", b"9", 42, 10).unwrap();
+        put(&b, StoreMode::Set, "c", b"9", 42, 10).unwrap();
         let cas = b.get("c").unwrap().unwrap().cas;
         assert_eq!(b.incr("c", 1).unwrap(), Some(10));
         let item = b.get("c").unwrap().unwrap();
@@ -461,9 +482,9 @@ mod tests {
     fn too_large_is_refused() {
         let (b, _) = backend();
         let max = b.max_value_size("k");
-        assert!(b.store(StoreMode::Set, "k", &vec![0; max], 0, 0).is_ok());
+        assert!(put(&b, StoreMode::Set, "k", &vec![0; max], 0, 0).is_ok());
         let e = b
-            .store(StoreMode::Set, "k", &vec![0; max + 1], 0, 0)
+            .store(Write::new(StoreMode::Set, "k", &vec![0; max + 1], 0, 0))
             .unwrap_err();
         assert!(e.is_too_large());
     }

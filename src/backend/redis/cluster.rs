@@ -228,15 +228,8 @@ impl Backend for RedisCluster {
         self.many(keys, |k| *k, super::gets())
     }
 
-    fn store(
-        &self,
-        mode: StoreMode,
-        key: &str,
-        value: &[u8],
-        flags: u32,
-        exptime: u32,
-    ) -> Result<StoreOutcome> {
-        self.one(key, |n| n.store(mode, key, value, flags, exptime))
+    fn store(&self, w: Write<'_>) -> Result<StoreOutcome> {
+        self.one(w.key, |n| n.store(w))
     }
 
     fn store_then_get(&self, w: Write<'_>) -> Result<(StoreOutcome, Option<Item>)> {
@@ -254,10 +247,7 @@ impl Backend for RedisCluster {
             !matches!(w.mode, StoreMode::Cas(_)) || fence.map_or(true, |f| f == Fence::Lua)
         };
         if !writes.iter().all(scripted) {
-            return writes
-                .iter()
-                .map(|w| self.store(w.mode, w.key, w.value, w.flags, w.exptime))
-                .collect();
+            return writes.iter().map(|w| self.store(*w)).collect();
         }
         self.many(writes, |w| w.key, super::stores())
     }

@@ -1229,17 +1229,9 @@ impl Backend for RedisBackend {
         self.batch(keys, gets())
     }
 
-    fn store(
-        &self,
-        mode: StoreMode,
-        key: &str,
-        value: &[u8],
-        flags: u32,
-        exptime: u32,
-    ) -> Result<StoreOutcome> {
-        let w = Write::new(mode, key, value, flags, exptime);
+    fn store(&self, w: Write<'_>) -> Result<StoreOutcome> {
         let r = self.write_one(&w, false).map(|(outcome, _)| outcome);
-        self.shared.after_write(key, r)
+        self.shared.after_write(w.key, r)
     }
 
     fn store_then_get(&self, w: Write<'_>) -> Result<(StoreOutcome, Option<Item>)> {
@@ -1257,10 +1249,7 @@ impl Backend for RedisBackend {
             }
         }
         if self.shared.one_by_one(writes) {
-            return writes
-                .iter()
-                .map(|w| self.store(w.mode, w.key, w.value, w.flags, w.exptime))
-                .collect();
+            return writes.iter().map(|w| self.store(*w)).collect();
         }
         self.batch(writes, stores())
     }
