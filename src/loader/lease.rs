@@ -111,14 +111,17 @@ pub(crate) async fn complete_many_on<I: Io>(
     batch
         .into_iter()
         .zip(modes)
-        .map(|((_, lease, _, _), mode)| match mode.and(outcomes.next()) {
-            Some(Ok(outcome)) => {
-                lease.finish();
-                Ok(completed(outcome))
-            }
-            Some(Err(e)) => Err(e),
-            None => Ok(Completed::Superseded),
-        })
+        // Only the leases written took an outcome: a lost one takes none.
+        .map(
+            |((_, lease, _, _), mode)| match mode.and_then(|_| outcomes.next()) {
+                Some(Ok(outcome)) => {
+                    lease.finish();
+                    Ok(completed(outcome))
+                }
+                Some(Err(e)) => Err(e),
+                None => Ok(Completed::Superseded),
+            },
+        )
         .collect()
 }
 
@@ -292,7 +295,11 @@ fn renew_loop(renewals: &Renewals) {
             // No I/O under the table lock: new holds must not wait on a renewal.
             drop(st);
             for k in due {
-                let mut l = k.lease.lock();
+                // Taken by a completion or a release since (a batch's lasts its whole write):
+                // it needs no renewal, and other leases' renewals must not wait behind it.
+                let Some(mut l) = k.lease.try_lock() else {
+                    continue;
+                };
                 let io = Blocking(&*renewals.backend);
                 ready(renew_on(&io, &k.key, &mut l, renewals.now()));
             }

@@ -22,6 +22,7 @@ crate::on_every_backend!(
     invalidations_during_an_early_refresh_win,
     invalidations_during_a_background_refresh_win,
     invalidations_during_a_batch_load_win,
+    a_batch_load_counts_each_keys_own_outcome,
     a_slow_database_sees_one_load_and_waiters_time_out,
     a_holder_renews_its_claim_past_the_lease,
     a_holder_past_max_load_time_is_replaced_by_one_waiter,
@@ -281,6 +282,49 @@ fn invalidations_during_a_batch_load_win(env: &Env) {
             );
         }
     }
+}
+
+/// A batch load whose first key's claim is lost while it runs (the key deleted, the renewal
+/// finding it gone) stores the others and counts only that one as superseded: each key gets its
+/// own write's outcome, not its neighbour's.
+fn a_batch_load_counts_each_keys_own_outcome(env: &Env) {
+    let cache = env
+        .timed_builder()
+        .lease_ttl(S(2))
+        .max_wait(S(10))
+        .build_front(env.front);
+    let keys = ["gone", "kept1", "kept2", "kept3"];
+    let got = with_moving_clock(env, || {
+        cache.get_many_or_set_with(&keys, S(60), |missing| {
+            cache.delete("gone").unwrap();
+            // Past two renewals (every third of the lease): the first finds "gone" deleted.
+            thread::sleep(MS(1500));
+            Ok::<_, io::Error>(
+                missing
+                    .iter()
+                    .map(|k| (k.clone(), format!("{k}!")))
+                    .collect(),
+            )
+        })
+    });
+    assert_eq!(got.unwrap().len(), keys.len(), "every load is returned");
+    assert_eq!(
+        cache.get::<String>("gone").unwrap(),
+        None,
+        "the delete stands"
+    );
+    for k in &keys[1..] {
+        assert_eq!(
+            cache.get::<String>(k).unwrap(),
+            Some(format!("{k}!")),
+            "{k} is stored"
+        );
+    }
+    assert_eq!(
+        cache.stats().loads_superseded,
+        1,
+        "only the deleted key lost its load"
+    );
 }
 
 /// max_wait 0.5 s, a 1.5 s loader, 16 threads in two caches (two processes): one load. Every
