@@ -9,7 +9,7 @@ use std::future::Future;
 use std::time::Instant;
 
 use super::AsyncCache;
-use super::loader::AsyncDriver;
+use super::AsyncDriver;
 use crate::backend::Item;
 use crate::cache::io::Io;
 use crate::error::Result;

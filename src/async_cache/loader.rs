@@ -16,11 +16,10 @@ use std::time::Instant;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::AsyncCache;
 use super::lease::{AsyncLease, give_back};
-use crate::backend::{Item, StoreOutcome, Write};
+use super::{AsyncCache, AsyncDriver};
 use crate::cache::Cache;
-use crate::cache::io::{Disarm, Io};
+use crate::cache::io::Disarm;
 use crate::error::{Error, LoadError, Result};
 use crate::loader::Load;
 use crate::loader::coalesce::{InFlight, Leading, Outcome};
@@ -28,87 +27,6 @@ use crate::loader::driver::{Driver, LeaseHandle};
 use crate::loader::lease::Completed;
 use crate::protocol::Claim;
 use crate::ttl::Ttl;
-
-/// The async front end's [`Io`] and [`Driver`]: the cache's async backend, tokio timers, and
-/// claims kept alive inside the caller's future.
-#[derive(Clone, Copy)]
-pub(crate) struct AsyncDriver<'a>(pub(crate) &'a AsyncCache);
-
-impl Io for AsyncDriver<'_> {
-    type ClaimGuard = ClaimGuard;
-    fn guard_claims(&self, claims: Vec<(String, u64)>) -> ClaimGuard {
-        ClaimGuard {
-            cache: Some(self.0.clone()),
-            claims,
-        }
-    }
-    fn get<'a>(&'a self, key: &'a str) -> impl Future<Output = Result<Option<Item>>> + Send + 'a {
-        self.0.shared().backend.get(key)
-    }
-    fn get_many<'a>(
-        &'a self,
-        keys: &'a [&'a str],
-    ) -> impl Future<Output = Vec<Result<Option<Item>>>> + Send + 'a {
-        self.0.shared().backend.get_many(keys)
-    }
-    fn store<'a>(&'a self, w: Write<'a>) -> impl Future<Output = Result<StoreOutcome>> + Send + 'a {
-        self.0.shared().backend.store(w)
-    }
-    fn store_then_get<'a>(
-        &'a self,
-        w: Write<'a>,
-    ) -> impl Future<Output = Result<(StoreOutcome, Option<Item>)>> + Send + 'a {
-        self.0.shared().backend.store_then_get(w)
-    }
-    fn store_many<'a>(
-        &'a self,
-        writes: &'a [Write<'a>],
-    ) -> impl Future<Output = Vec<Result<StoreOutcome>>> + Send + 'a {
-        self.0.shared().backend.store_many(writes)
-    }
-    fn delete<'a>(&'a self, key: &'a str) -> impl Future<Output = Result<bool>> + Send + 'a {
-        self.0.shared().backend.delete(key)
-    }
-    fn delete_many<'a>(
-        &'a self,
-        keys: &'a [&'a str],
-    ) -> impl Future<Output = Vec<Result<bool>>> + Send + 'a {
-        self.0.shared().backend.delete_many(keys)
-    }
-    fn touch<'a>(
-        &'a self,
-        key: &'a str,
-        exptime: u32,
-    ) -> impl Future<Output = Result<bool>> + Send + 'a {
-        self.0.shared().backend.touch(key, exptime)
-    }
-    fn incr<'a>(
-        &'a self,
-        key: &'a str,
-        delta: u64,
-    ) -> impl Future<Output = Result<Option<u64>>> + Send + 'a {
-        self.0.shared().backend.incr(key, delta)
-    }
-    fn decr<'a>(
-        &'a self,
-        key: &'a str,
-        delta: u64,
-    ) -> impl Future<Output = Result<Option<u64>>> + Send + 'a {
-        self.0.shared().backend.decr(key, delta)
-    }
-    fn clear<'a>(
-        &'a self,
-        prefix: Option<&'a str>,
-    ) -> impl Future<Output = Result<()>> + Send + 'a {
-        self.0.shared().backend.clear(prefix)
-    }
-    fn max_value_size(&self, key: &str) -> usize {
-        self.0.shared().backend.max_value_size(key)
-    }
-    fn sleep<'a>(&'a self, d: std::time::Duration) -> impl Future<Output = ()> + Send + 'a {
-        tokio::time::sleep(d)
-    }
-}
 
 impl Driver for AsyncDriver<'_> {
     type Lease = AsyncLease;
@@ -170,8 +88,8 @@ impl LeaseHandle for AsyncLease {
 /// back the claims that carry this caller's token, so nobody waits out a claim whose holder is
 /// gone.
 pub(crate) struct ClaimGuard {
-    cache: Option<AsyncCache>,
-    claims: Vec<(String, u64)>,
+    pub(super) cache: Option<AsyncCache>,
+    pub(super) claims: Vec<(String, u64)>,
 }
 
 impl Disarm for ClaimGuard {
@@ -531,6 +449,8 @@ impl AsyncCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::Write;
+    use crate::cache::io::Io;
     use crate::envelope;
     use crate::protocol::Action;
     use crate::protocol::Mode;

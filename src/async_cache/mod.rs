@@ -22,10 +22,13 @@ use serde::de::DeserializeOwned;
 
 #[cfg(test)]
 use crate::backend::AsyncBackend;
+use crate::backend::{Item, StoreOutcome, Write};
+use crate::cache::io::Io;
 use crate::cache::{Cache, Herd};
 use crate::error::Result;
 use crate::stats::Stats;
 use crate::ttl::Ttl;
+use std::future::Future;
 
 /// A thundering-herd-safe cache for async code (tokio): the same cache as [`Cache`], with
 /// `async` methods. Build one with [`CacheBuilder::build_async`](crate::CacheBuilder::build_async),
@@ -171,8 +174,8 @@ impl AsyncCache {
         &self.cache.inner.async_io
     }
 
-    pub(crate) fn io(&self) -> loader::AsyncDriver<'_> {
-        loader::AsyncDriver(self)
+    pub(crate) fn io(&self) -> AsyncDriver<'_> {
+        AsyncDriver(self)
     }
 
     /// Reads a value: the async [`Cache::get`].
@@ -700,5 +703,86 @@ impl AsyncCache {
             drained.await;
         }
         self.shared().backend.shutdown().await;
+    }
+}
+
+/// The async front end's [`Io`] and [`Driver`]: the cache's async backend, tokio timers, and
+/// claims kept alive inside the caller's future.
+#[derive(Clone, Copy)]
+pub(crate) struct AsyncDriver<'a>(pub(crate) &'a AsyncCache);
+
+impl Io for AsyncDriver<'_> {
+    type ClaimGuard = loader::ClaimGuard;
+    fn guard_claims(&self, claims: Vec<(String, u64)>) -> loader::ClaimGuard {
+        loader::ClaimGuard {
+            cache: Some(self.0.clone()),
+            claims,
+        }
+    }
+    fn get<'a>(&'a self, key: &'a str) -> impl Future<Output = Result<Option<Item>>> + Send + 'a {
+        self.0.shared().backend.get(key)
+    }
+    fn get_many<'a>(
+        &'a self,
+        keys: &'a [&'a str],
+    ) -> impl Future<Output = Vec<Result<Option<Item>>>> + Send + 'a {
+        self.0.shared().backend.get_many(keys)
+    }
+    fn store<'a>(&'a self, w: Write<'a>) -> impl Future<Output = Result<StoreOutcome>> + Send + 'a {
+        self.0.shared().backend.store(w)
+    }
+    fn store_then_get<'a>(
+        &'a self,
+        w: Write<'a>,
+    ) -> impl Future<Output = Result<(StoreOutcome, Option<Item>)>> + Send + 'a {
+        self.0.shared().backend.store_then_get(w)
+    }
+    fn store_many<'a>(
+        &'a self,
+        writes: &'a [Write<'a>],
+    ) -> impl Future<Output = Vec<Result<StoreOutcome>>> + Send + 'a {
+        self.0.shared().backend.store_many(writes)
+    }
+    fn delete<'a>(&'a self, key: &'a str) -> impl Future<Output = Result<bool>> + Send + 'a {
+        self.0.shared().backend.delete(key)
+    }
+    fn delete_many<'a>(
+        &'a self,
+        keys: &'a [&'a str],
+    ) -> impl Future<Output = Vec<Result<bool>>> + Send + 'a {
+        self.0.shared().backend.delete_many(keys)
+    }
+    fn touch<'a>(
+        &'a self,
+        key: &'a str,
+        exptime: u32,
+    ) -> impl Future<Output = Result<bool>> + Send + 'a {
+        self.0.shared().backend.touch(key, exptime)
+    }
+    fn incr<'a>(
+        &'a self,
+        key: &'a str,
+        delta: u64,
+    ) -> impl Future<Output = Result<Option<u64>>> + Send + 'a {
+        self.0.shared().backend.incr(key, delta)
+    }
+    fn decr<'a>(
+        &'a self,
+        key: &'a str,
+        delta: u64,
+    ) -> impl Future<Output = Result<Option<u64>>> + Send + 'a {
+        self.0.shared().backend.decr(key, delta)
+    }
+    fn clear<'a>(
+        &'a self,
+        prefix: Option<&'a str>,
+    ) -> impl Future<Output = Result<()>> + Send + 'a {
+        self.0.shared().backend.clear(prefix)
+    }
+    fn max_value_size(&self, key: &str) -> usize {
+        self.0.shared().backend.max_value_size(key)
+    }
+    fn sleep<'a>(&'a self, d: std::time::Duration) -> impl Future<Output = ()> + Send + 'a {
+        tokio::time::sleep(d)
     }
 }

@@ -2,7 +2,7 @@
 //! `set`, `add`, `touch`, the batches, the herd protocol's driver) is written once, as an
 //! `async fn` generic over [`Io`]; the sync `Cache` runs it on [`Blocking`] (a sync backend whose
 //! futures are ready the moment they are made) with [`ready`], and `AsyncCache` awaits it on its
-//! async backend (`async_cache::loader::AsyncDriver`). So the two front ends cannot drift apart, and the sync API never needs a
+//! async backend (`async_cache::AsyncDriver`). So the two front ends cannot drift apart, and the sync API never needs a
 //! runtime.
 
 use std::future::Future;

@@ -6,6 +6,8 @@ use std::io::BufRead;
 
 use bytes::{Bytes, BytesMut};
 
+use crate::backend::server::ServerReply;
+pub(crate) use crate::backend::server::{is_server_reply, leaves_connection_usable};
 use crate::backend::{Item, StoreMode, StoreOutcome, Write};
 use crate::error::{Error, ErrorKind, Result};
 
@@ -194,37 +196,6 @@ fn shown(line: &[u8]) -> String {
     String::from_utf8_lossy(line).into_owned()
 }
 
-/// The text of a `CLIENT_ERROR` or `SERVER_ERROR` reply: the server answered, so this is not a
-/// transport fault (it never counts toward marking the server dead).
-#[derive(Debug)]
-struct ServerReply {
-    text: String,
-    /// `CLIENT_ERROR` (after some of which memcached swallows what follows), not
-    /// `SERVER_ERROR` (one complete line: memcached's out-of-memory, twemproxy's "connection
-    /// refused" for a key whose server is down; the connection stays in step).
-    client: bool,
-}
-
-impl std::fmt::Display for ServerReply {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.text)
-    }
-}
-
-/// The server's own error reply carried by `e`, if any.
-fn server_reply(e: &Error) -> Option<&ServerReply> {
-    std::error::Error::source(e).and_then(|s| s.downcast_ref::<ServerReply>())
-}
-
-impl std::error::Error for ServerReply {}
-
-/// Whether `e` is a complete error reply from the server (`CLIENT_ERROR`, `SERVER_ERROR`, `ERROR`
-/// or a refused value), as opposed to a transport fault: an I/O error, a timeout, a closed
-/// connection or a reply that could not be parsed.
-pub(crate) fn is_server_reply(e: &Error) -> bool {
-    leaves_connection_usable(e) || server_reply(e).is_some()
-}
-
 /// Turns the generic error replies into errors; returns other lines unchanged.
 fn check_error(line: &[u8]) -> Result<&[u8]> {
     if line == b"ERROR" {
@@ -281,16 +252,6 @@ pub(crate) fn read_chunked<K: AsRef<str>>(
     let read = read_slots(&mut r, max_value, keys, &mut out).map(|()| out);
     let rest = r.buffer().len() + r.get_ref().len();
     (read, rest)
-}
-
-/// Whether an error leaves the connection in step with the server (a complete reply was read):
-/// a refused value, a non-numeric counter, an unknown command, or a `SERVER_ERROR` line. Not a
-/// `CLIENT_ERROR`: after some, memcached runs what follows as commands.
-pub(crate) fn leaves_connection_usable(e: &Error) -> bool {
-    matches!(
-        e.kind(),
-        ErrorKind::TooLarge | ErrorKind::NotACounter | ErrorKind::Unsupported
-    ) || server_reply(e).is_some_and(|r| !r.client)
 }
 
 /// One key's answer in a `gets` reply: `Ok(None)` = missing, `Err` = a value over the limit

@@ -19,7 +19,7 @@ pub(crate) mod replay;
 use std::time::Duration;
 
 use crate::backend::DEFAULT_ITEM_SIZE;
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 
 /// Default limit on getting a connection: waiting for a free pool slot, then connecting.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
@@ -98,4 +98,45 @@ impl Options {
         }
         Ok(())
     }
+}
+
+/// The text of a `CLIENT_ERROR` or `SERVER_ERROR` reply: the server answered, so this is not a
+/// transport fault (it never counts toward marking the server dead).
+#[derive(Debug)]
+pub(crate) struct ServerReply {
+    pub(crate) text: String,
+    /// `CLIENT_ERROR` (after some of which memcached swallows what follows), not
+    /// `SERVER_ERROR` (one complete line: memcached's out-of-memory, twemproxy's "connection
+    /// refused" for a key whose server is down; the connection stays in step).
+    pub(crate) client: bool,
+}
+
+impl std::fmt::Display for ServerReply {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+/// The server's own error reply carried by `e`, if any.
+fn server_reply(e: &Error) -> Option<&ServerReply> {
+    std::error::Error::source(e).and_then(|s| s.downcast_ref::<ServerReply>())
+}
+
+impl std::error::Error for ServerReply {}
+
+/// Whether `e` is a complete error reply from the server (`CLIENT_ERROR`, `SERVER_ERROR`, `ERROR`
+/// or a refused value), as opposed to a transport fault: an I/O error, a timeout, a closed
+/// connection or a reply that could not be parsed.
+pub(crate) fn is_server_reply(e: &Error) -> bool {
+    leaves_connection_usable(e) || server_reply(e).is_some()
+}
+
+/// Whether an error leaves the connection in step with the server (a complete reply was read):
+/// a refused value, a non-numeric counter, an unknown command, or a `SERVER_ERROR` line. Not a
+/// `CLIENT_ERROR`: after some, memcached runs what follows as commands.
+pub(crate) fn leaves_connection_usable(e: &Error) -> bool {
+    matches!(
+        e.kind(),
+        ErrorKind::TooLarge | ErrorKind::NotACounter | ErrorKind::Unsupported
+    ) || server_reply(e).is_some_and(|r| !r.client)
 }

@@ -19,8 +19,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use parking_lot::{Condvar, Mutex};
 
+use super::{is_server_reply, leaves_connection_usable};
 use crate::backend::Item;
-use crate::backend::memcached::wire;
 use crate::clock::Clock;
 use crate::envelope;
 use crate::error::{Error, Result};
@@ -303,13 +303,13 @@ impl<M: Deref<Target = Missed>> Drop for Replay<M> {
 /// reply: twemproxy's `SERVER_ERROR` for a backend it ejected): the replay goes on without that
 /// key (an outage behind the proxy is the proxy's) instead of failing every call.
 pub(crate) fn refused(e: &Error) -> bool {
-    wire::is_server_reply(e) && wire::leaves_connection_usable(e)
+    is_server_reply(e) && leaves_connection_usable(e)
 }
 
 /// Whether a write that failed with `e` may have missed its server (a transport fault, a
 /// server marked dead, an unknown outcome), rather than been refused by it or before sending.
 pub(crate) fn missed_by(e: &Error) -> bool {
-    (e.is_backend() || e.is_timeout()) && !wire::is_server_reply(e) && !e.is_unsupported()
+    (e.is_backend() || e.is_timeout()) && !is_server_reply(e) && !e.is_unsupported()
 }
 
 /// What a write to `key` leaves on its home server's record `home`: a copy written `elsewhere`
