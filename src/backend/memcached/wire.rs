@@ -813,7 +813,7 @@ pub(crate) fn read_version<R: BufRead>(r: &mut R) -> Result<String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     use crate::backend::Write as W;
@@ -1279,7 +1279,7 @@ mod tests {
     /// What a `gets` reply read into slots says, for comparing two readers: each slot's value
     /// (bytes, flags, cas), miss or error kind; or the whole reply's error kind and whether the
     /// connection stays usable (the messages may differ).
-    fn outcome(read: Result<Vec<Slot>>) -> String {
+    pub(in crate::backend::memcached) fn outcome(read: Result<Vec<Slot>>) -> String {
         let slot = |s: &Slot| match s {
             Ok(None) => "miss".to_string(),
             Ok(Some(i)) => format!("{:?}/{}/{}", &i.value[..], i.flags, i.cas),

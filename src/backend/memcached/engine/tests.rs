@@ -344,6 +344,42 @@ async fn populate(e: &Engine, prefix: &str, n: usize) -> Vec<String> {
     keys
 }
 
+/// The answers that were not the asker's own value, counted across tasks.
+#[derive(Default)]
+struct Tally {
+    wrong: AtomicUsize,
+    missing: AtomicUsize,
+}
+
+impl Tally {
+    fn check(&self, k: &str, r: &Result<Option<Item>>) {
+        match value(r) {
+            Some(v) if v == value_of(k) => {}
+            Some(_) => {
+                self.wrong.fetch_add(1, Ordering::Relaxed);
+            }
+            None => {
+                self.missing.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    #[track_caller]
+    fn none_wrong_or_missing(&self, when: &str) {
+        let wrong = self.wrong.load(Ordering::Relaxed);
+        assert_eq!(wrong, 0, "wrong values{when}");
+        assert_eq!(self.missing.load(Ordering::Relaxed), 0, "misses{when}");
+    }
+}
+
+/// Every key of `keys` holds its own value, read back in one batch.
+async fn each_holds_its_own(e: &Engine, keys: &[String]) {
+    let ks: Vec<&str> = keys.iter().map(String::as_str).collect();
+    for (k, r) in ks.iter().zip(e.get_many(&ks).await) {
+        assert_eq!(value(&r), Some(&value_of(k)[..]), "after");
+    }
+}
+
 #[tokio::test]
 async fn round_trips_of_every_method() {
     use StoreMode::{Add, Cas};
@@ -440,26 +476,13 @@ async fn pipelined_gets_under_load_get_their_own_values() {
     let e = Arc::new(engine(&[mc.addr()], 2, |_| {}));
     let keys = Arc::new(populate(&e, "st", 1000).await);
     let (lines0, gets0) = (e.lines(), e.gets());
-    let (wrong, missing, ops) = (
-        Arc::new(AtomicUsize::new(0)),
-        Arc::new(AtomicUsize::new(0)),
-        Arc::new(AtomicUsize::new(0)),
-    );
+    let (tally, ops) = (Arc::new(Tally::default()), Arc::new(AtomicUsize::new(0)));
     let tasks: Vec<_> = (0..256u64)
         .map(|t| {
-            let (e, keys) = (e.clone(), keys.clone());
-            let (wrong, missing, ops) = (wrong.clone(), missing.clone(), ops.clone());
+            let (e, keys, tally, ops) = (e.clone(), keys.clone(), tally.clone(), ops.clone());
             tokio::spawn(async move {
                 let mut rng = Rand(t * 7919 + 1);
-                let check = |k: &str, r: &Result<Option<Item>>| match value(r) {
-                    Some(v) if v == value_of(k) => {}
-                    Some(_) => {
-                        wrong.fetch_add(1, Ordering::Relaxed);
-                    }
-                    None => {
-                        missing.fetch_add(1, Ordering::Relaxed);
-                    }
-                };
+                let check = |k: &str, r: &Result<Option<Item>>| tally.check(k, r);
                 for _ in 0..100 {
                     if rng.below(4) == 0 {
                         let n = 1 + rng.below(20);
@@ -482,8 +505,7 @@ async fn pipelined_gets_under_load_get_their_own_values() {
         t.await.unwrap();
     }
     assert_eq!(ops.load(Ordering::Relaxed), 25_600);
-    assert_eq!(wrong.load(Ordering::Relaxed), 0, "wrong values");
-    assert_eq!(missing.load(Ordering::Relaxed), 0, "misses");
+    tally.none_wrong_or_missing("");
     let (lines, gets) = (e.lines() - lines0, e.gets() - gets0);
     eprintln!("{gets} get ops in {lines} gets lines");
     assert!(lines * 2 < gets, "{gets} get ops in {lines} lines: merging");
@@ -520,22 +542,14 @@ async fn cancellations_never_cross_replies() {
     let e = Arc::new(engine(&[mc.addr()], 2, |_| {}));
     let keys = Arc::new(populate(&e, "cx", 1000).await);
     let cancelled = Arc::new(AtomicUsize::new(0));
-    let (wrong, missing) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let tally = Arc::new(Tally::default());
     let tasks: Vec<_> = (0..256u64)
         .map(|t| {
             let (e, keys, cancelled) = (e.clone(), keys.clone(), cancelled.clone());
-            let (wrong, missing) = (wrong.clone(), missing.clone());
+            let tally = tally.clone();
             tokio::spawn(async move {
                 let mut rng = Rand(t * 104_729 + 3);
-                let check = |k: &str, r: &Result<Option<Item>>| match value(r) {
-                    Some(v) if v == value_of(k) => {}
-                    Some(_) => {
-                        wrong.fetch_add(1, Ordering::Relaxed);
-                    }
-                    None => {
-                        missing.fetch_add(1, Ordering::Relaxed);
-                    }
-                };
+                let check = |k: &str, r: &Result<Option<Item>>| tally.check(k, r);
                 // Cap the rounds, in case cancellations are rare on some machine.
                 for _ in 0..2000 {
                     if cancelled.load(Ordering::Relaxed) >= 10_000 {
@@ -586,12 +600,8 @@ async fn cancellations_never_cross_replies() {
     let n = cancelled.load(Ordering::Relaxed);
     eprintln!("{n} cancellations");
     assert!(n >= 10_000, "only {n} cancellations");
-    assert_eq!(wrong.load(Ordering::Relaxed), 0, "wrong values during");
-    assert_eq!(missing.load(Ordering::Relaxed), 0, "misses during");
-    let ks: Vec<&str> = keys.iter().map(String::as_str).collect();
-    for (k, r) in ks.iter().zip(e.get_many(&ks).await) {
-        assert_eq!(value(&r), Some(&value_of(k)[..]), "after");
-    }
+    tally.none_wrong_or_missing(" during");
+    each_holds_its_own(&e, &keys).await;
 }
 
 /// A get dropped after it was written, its large reply not yet read: the next ops on
@@ -1017,10 +1027,7 @@ async fn direct_and_queued_never_cross(e: Arc<Engine>, keys: Arc<Vec<String>>) -
         t.await.unwrap();
     }
     assert_eq!(wrong.load(Ordering::Relaxed), 0, "wrong values");
-    let ks: Vec<&str> = keys.iter().map(String::as_str).collect();
-    for (k, r) in ks.iter().zip(e.get_many(&ks).await) {
-        assert_eq!(value(&r), Some(&value_of(k)[..]), "after");
-    }
+    each_holds_its_own(&e, &keys).await;
     (e.direct() - direct0, cancelled.load(Ordering::Relaxed))
 }
 
@@ -2181,31 +2188,13 @@ mod writer_hold {
     /// stops on every reply it accepts, both read the same slots or the same error, and a
     /// prefix of a reply the streaming parser accepts is never whole.
     mod framing {
+        use crate::backend::memcached::wire::tests::outcome;
         use crate::backend::memcached::wire::{
-            Shape, Slot, frame_gets, is_closed, is_server_reply, leaves_connection_usable,
-            read_chunked, read_framed, read_slots, reply_len,
+            Shape, Slot, frame_gets, read_chunked, read_framed, read_slots, reply_len,
         };
         use proptest::prelude::*;
 
         const KEYS: [&str; 3] = ["a", "bb", "ccc"];
-
-        fn outcome(read: crate::Result<Vec<Slot>>) -> String {
-            let slot = |s: &Slot| match s {
-                Ok(None) => "miss".to_string(),
-                Ok(Some(i)) => format!("{:?}/{}/{}", &i.value[..], i.flags, i.cas),
-                Err(e) => format!("{:?}", e.kind()),
-            };
-            match read {
-                Ok(slots) => slots.iter().map(slot).collect::<Vec<_>>().join(" "),
-                Err(e) => format!(
-                    "error {:?} usable {} answer {} closed {}",
-                    e.kind(),
-                    leaves_connection_usable(&e),
-                    is_server_reply(&e),
-                    is_closed(&e)
-                ),
-            }
-        }
 
         fn piece() -> impl Strategy<Value = Vec<u8>> {
             let key = prop::sample::select(vec!["a", "bb", "ccc", "z", "a b", ""]);
