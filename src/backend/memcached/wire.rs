@@ -1257,9 +1257,8 @@ pub(super) mod tests {
         );
     }
 
-    /// A batch of 100 keys with one 600-byte hit: the arena sizes its chunk for 100 values
-    /// (`need * left`, counting the misses), so the lone hit's `Bytes` holds a ~60 KB buffer
-    /// (the Vec it replaced held 602 bytes).
+    /// A batch of 100 keys with one 600-byte hit: an arena sized for 100 values (`need * left`,
+    /// counting the misses) would make the lone hit's `Bytes` hold a ~60 KB buffer.
     #[test]
     fn a_lone_hit_in_a_sparse_batch_holds_a_buffer_its_own_size() {
         let keys: Vec<String> = (0..100).map(|i| format!("k{i}")).collect();

@@ -1,6 +1,5 @@
 //! The engine against real memcached processes: round trips, pipelining and merging under load,
-//! cancellation, faults (stopped, killed, restarted servers), runtime handoff, bad input. Plus
-//! an `#[ignore]`d measurement (see `measure`).
+//! cancellation, faults (stopped, killed, restarted servers), runtime handoff, bad input.
 
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
@@ -1548,163 +1547,6 @@ fn configuration_is_checked() {
     );
 }
 
-/// The quick measurement (not in the default run). Release build:
-/// `cargo test --release --lib memcached::engine::tests::measure -- --ignored --nocapture`
-///
-/// The 1-task figures depend on where the scheduler puts memcached's threads (see `latency`);
-/// `taskset -c 0` in front of the test binary puts everything on one CPU, the most repeatable
-/// setting on a shared VM.
-#[test]
-#[ignore = "a measurement: run it on purpose, in release"]
-fn measure() {
-    use crate::backend::Backend;
-    use crate::backend::memcached::MemcachedBackend;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-    const TASKS: usize = 64;
-    const RUN: Duration = Duration::from_secs(3);
-    let mc = Memcached::start();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let e = Arc::new(engine(&[mc.addr()], 2, |_| {}));
-    let keys = Arc::new(rt.block_on(populate(&e, "hot", 1000)));
-
-    // Throughput: 64, then 256 tasks of gets over 1,000 hot keys.
-    let mut engine_rate = 0.0;
-    for tasks in [TASKS, 4 * TASKS] {
-        let (lines0, gets0, writes0, direct0) = (e.lines(), e.gets(), e.writes(), e.direct());
-        let total = rt.block_on(async {
-            let until = Instant::now() + RUN;
-            let tasks: Vec<_> = (0..tasks as u64)
-                .map(|t| {
-                    let (e, keys) = (e.clone(), keys.clone());
-                    tokio::spawn(async move {
-                        let mut rng = Rand(t + 11);
-                        let mut n = 0u64;
-                        while Instant::now() < until {
-                            let k = &keys[rng.below(keys.len())];
-                            assert!(e.get(k).await.unwrap().is_some());
-                            n += 1;
-                        }
-                        n
-                    })
-                })
-                .collect();
-            let mut total = 0;
-            for t in tasks {
-                total += t.await.unwrap();
-            }
-            total
-        });
-        let (lines, gets, writes) = (e.lines() - lines0, e.gets() - gets0, e.writes() - writes0);
-        let direct = e.direct() - direct0;
-        let rate = total as f64 / RUN.as_secs_f64();
-        println!(
-            "engine: {tasks} tasks, {rate:.0} gets/s ({gets} gets in {lines} lines, \
-             {writes} writes of which {direct} direct: {:.1} gets/line)",
-            gets as f64 / lines as f64
-        );
-        if tasks == TASKS {
-            engine_rate = rate;
-        }
-    }
-
-    // The same through one MemcachedBackend from 64 threads.
-    let sync = MemcachedBackend::new(config(&[mc.addr()], |c| c.pool_size = TASKS as u32)).unwrap();
-    let count = AtomicU64::new(0);
-    let until = Instant::now() + RUN;
-    std::thread::scope(|s| {
-        for t in 0..TASKS as u64 {
-            let (sync, keys, count) = (&sync, &keys, &count);
-            s.spawn(move || {
-                let mut rng = Rand(t + 11);
-                let mut n = 0;
-                while Instant::now() < until {
-                    let k = &keys[rng.below(keys.len())];
-                    assert!(sync.get(k).unwrap().is_some());
-                    n += 1;
-                }
-                count.fetch_add(n, Ordering::Relaxed);
-            });
-        }
-    });
-    let sync_rate = count.load(Ordering::Relaxed) as f64 / RUN.as_secs_f64();
-    println!(
-        "MemcachedBackend: {TASKS} threads, {sync_rate:.0} gets/s; engine/sync = {:.2}",
-        engine_rate / sync_rate
-    );
-
-    // Latency: one task, Engine::get of a missing key vs a bare socket's `get k` -> `END`.
-    const N: usize = 20_000;
-    let pct = |mut v: Vec<Duration>| -> (Duration, Duration) {
-        v.sort();
-        (v[v.len() / 2], v[v.len() * 99 / 100])
-    };
-    // Alternating blocks of 1,000, so that both see the same machine load. In a spawned task,
-    // as a web handler runs (a `block_on` future runs off the workers: every wake-up would
-    // cross threads).
-    let latency = |rt: &tokio::runtime::Runtime| {
-        let (e, addr) = (e.clone(), mc.addr());
-        let task = rt.spawn(async move {
-            // Both on one server thread: a memcached thread's answer time depends on where the
-            // scheduler put it, so sockets served by different threads are not comparable. memcached hands new connections to its
-            // (2) threads in turn: the engine's connection (a lone caller keeps one), another,
-            // then the bare socket.
-            assert!(e.get("k").await.unwrap().is_none());
-            let _other = tokio::net::TcpStream::connect(&addr).await.unwrap();
-            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-            s.set_nodelay(true).unwrap();
-            let (mut lat, mut bare) = (Vec::with_capacity(N), Vec::with_capacity(N));
-            let mut buf = [0u8; 64];
-            for _ in 0..N / 1000 {
-                for _ in 0..1000 {
-                    let t = Instant::now();
-                    assert!(e.get("k").await.unwrap().is_none());
-                    lat.push(t.elapsed());
-                }
-                for _ in 0..1000 {
-                    let t = Instant::now();
-                    s.write_all(b"get k\r\n").await.unwrap();
-                    let mut got = 0;
-                    while !buf[..got].ends_with(b"END\r\n") {
-                        got += s.read(&mut buf[got..]).await.unwrap();
-                    }
-                    bare.push(t.elapsed());
-                }
-            }
-            (pct(lat), pct(bare))
-        });
-        rt.block_on(task).unwrap()
-    };
-    let current = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    for (name, rt) in [
-        ("multi-thread (2 workers)", &rt),
-        ("current-thread", &current),
-    ] {
-        // Connections are opened on each runtime in turn.
-        e.servers
-            .iter()
-            .flat_map(|s| s.slots.iter())
-            .for_each(|s| drop(s.lock().take()));
-        let (engine_lat, bare_lat) = latency(rt);
-        println!(
-            "1 task, {name}: Engine::get p50 {:?} p99 {:?}; bare tokio socket p50 {:?} p99 {:?}; \
-             p50 ratio {:.3}",
-            engine_lat.0,
-            engine_lat.1,
-            bare_lat.0,
-            bare_lat.1,
-            engine_lat.0.as_secs_f64() / bare_lat.0.as_secs_f64()
-        );
-    }
-}
-
 /// `n` keys under `prefix` with values of `size` bytes, stored straight on `addr`.
 fn populate_sized(
     rt: &tokio::runtime::Runtime,
@@ -2088,21 +1930,12 @@ mod writer_hold {
         );
     }
 
-    /// Two tasks on one connection (a current-thread runtime, as `Blended`'s engine
-    /// thread and many services run). The reader wakes the writer (`drained`) before the
-    /// caller whose reply it read, so the writer writes the other caller's held get alone; the
-    /// woken caller then queues behind it and is held in turn. The two never have a request on
-    /// the wire together: every get waits a whole extra round trip for the other's, and the
-    /// connection carries one request at a time (it should carry two, pipelined).
-    ///
-    /// The same lockstep came back through the writer's yield: the reader, run during it, read
-    /// the other task's reply and woke it to run after the writer, which then wrote its one get
-    /// alone, and so on for good, often after a few rounds that did overlap (so a peak of two
-    /// in flight missed most of it). Counted here: the writer's rounds written while the other
-    /// task's get was in flight. In lockstep a connection has 0 to 10 of them; pipelined, 133
-    /// or more (560 connections tried, quiet, under two busy loops, and with one task
-    /// storing). With the writer yielding once only, this failed 9 runs in 10, nearly always
-    /// on its first connection.
+    /// Two tasks on one connection (a current-thread runtime, as `Blended`'s engine thread and
+    /// many services run) must keep two requests on the wire, pipelined, not take turns (each
+    /// get waiting a whole extra round trip for the other's). Turns come back if the reader
+    /// wakes the writer before the caller whose reply it read, or reads the other task's reply
+    /// during the writer's yield. Counted: the writer's rounds written while the other task's
+    /// get was in flight (a handful in lockstep, over a hundred pipelined).
     #[tokio::test]
     async fn two_tasks_on_one_connection_keep_two_requests_in_flight() {
         for run in 0..5 {
