@@ -102,9 +102,9 @@
 //!   slot map; an `ASK` sends `ASKING` and the command there once. Slots moved under load cost
 //!   the callers no error, no lost write and no second load. A delete queued for a master's
 //!   replay whose slot moved is made where the key went.
-//! - **A master down** fails only its own keys (with `cluster-require-full-coverage no`; under
-//!   Redis's default, every node refuses every key until a replica takes over), in a batch too: each master has its own
-//!   connections, health record and replay record. A batch is split by master and costs one
+//! - **A master down** fails only its own keys (with `cluster-require-full-coverage no`: see
+//!   Failover), in a batch too: each master has its own connections, health record and replay
+//!   record. A batch is split by master and costs one
 //!   round trip; the sync `Cache` writes every master's part before it reads a reply, so a batch
 //!   lasts about one `connect_timeout` plus one `io_timeout` however many masters hang.
 //! - **Failover**: a node's fault refreshes the slot map (at most once per `retry_interval`), so
