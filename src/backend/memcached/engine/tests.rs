@@ -1683,11 +1683,10 @@ mod writer_hold {
         (listener, e)
     }
 
-    /// Reads from `peer` into `got` until `done(got)`, or `within` passes; whether it was done.
+    /// Reads from `peer` into `got` until `done(got)`, or 5 s pass; whether it was done.
     pub(super) async fn read_until(
         peer: &mut tokio::net::TcpStream,
         got: &mut Vec<u8>,
-        within: Duration,
         done: impl Fn(&[u8]) -> bool,
     ) -> bool {
         let reading = async {
@@ -1698,7 +1697,14 @@ mod writer_hold {
                 got.extend_from_slice(&buf[..n]);
             }
         };
-        tokio::time::timeout(within, reading).await.is_ok()
+        tokio::time::timeout(Duration::from_secs(5), reading)
+            .await
+            .is_ok()
+    }
+
+    /// [`read_until`] a whole line.
+    pub(super) async fn read_line(peer: &mut tokio::net::TcpStream, got: &mut Vec<u8>) -> bool {
+        read_until(peer, got, |g| g.ends_with(b"\r\n")).await
     }
 
     /// Accepts the engine's connection and serves one warm-up get on it, so that the connection
@@ -1713,11 +1719,7 @@ mod writer_hold {
         };
         let (mut peer, _) = listener.accept().await.unwrap();
         let mut got = Vec::new();
-        assert!(
-            read_until(&mut peer, &mut got, Duration::from_secs(5), |g| g
-                .ends_with(b"\r\n"))
-            .await
-        );
+        assert!(read_line(&mut peer, &mut got).await);
         assert_eq!(got, b"gets warm\r\n");
         peer.write_all(b"END\r\n").await.unwrap();
         assert_eq!(warm.await.unwrap(), None);
@@ -1740,7 +1742,7 @@ mod writer_hold {
             .collect();
         let mut got = Vec::new();
         assert!(
-            read_until(peer, &mut got, Duration::from_secs(5), |g| {
+            read_until(peer, &mut got, |g| {
                 g.ends_with(b"\r\n") && count(g, b" h") >= HOLD
             })
             .await,
@@ -1790,10 +1792,7 @@ mod writer_hold {
         };
         let mut got = Vec::new();
         // Both lines, before any reply: nothing else can wake the writer.
-        let both = read_until(&mut peer, &mut got, Duration::from_secs(5), |g| {
-            count(g, b"\r\n") >= 2
-        })
-        .await;
+        let both = read_until(&mut peer, &mut got, |g| count(g, b"\r\n") >= 2).await;
         let lines_before_reply = count(&got, b"\r\n");
         task.abort();
         assert!(
@@ -1818,10 +1817,7 @@ mod writer_hold {
             })
         };
         let mut got = Vec::new();
-        let both = read_until(&mut peer, &mut got, Duration::from_secs(5), |g| {
-            count(g, b"set ") >= 2
-        })
-        .await;
+        let both = read_until(&mut peer, &mut got, |g| count(g, b"set ") >= 2).await;
         task.abort();
         assert!(
             both,
@@ -1856,11 +1852,7 @@ mod writer_hold {
         answer_busy(&mut peer, busy).await;
         let c = get("c");
         let mut got = Vec::new();
-        assert!(
-            read_until(&mut peer, &mut got, Duration::from_secs(5), |g| g
-                .ends_with(b"\r\n"))
-            .await
-        );
+        assert!(read_line(&mut peer, &mut got).await);
         let written = String::from_utf8_lossy(&got).into_owned();
         // Answer whatever was asked, so that `c` ends.
         let mut reply = Vec::new();
@@ -1871,10 +1863,7 @@ mod writer_hold {
         peer.write_all(&reply).await.unwrap();
         if !written.contains(" c") {
             got.clear();
-            let _ = read_until(&mut peer, &mut got, Duration::from_secs(5), |g| {
-                g.ends_with(b"\r\n")
-            })
-            .await;
+            let _ = read_until(&mut peer, &mut got, |g| g.ends_with(b"\r\n")).await;
             peer.write_all(b"END\r\n").await.unwrap();
         }
         assert_eq!(c.await.unwrap().unwrap(), None);
@@ -1915,10 +1904,7 @@ mod writer_hold {
             .collect();
         turns().await;
         let mut got = Vec::new();
-        let sent = read_until(&mut peer, &mut got, Duration::from_secs(5), |g| {
-            count(g, b"\r\n") >= 1
-        })
-        .await;
+        let sent = read_until(&mut peer, &mut got, |g| count(g, b"\r\n") >= 1).await;
         busy.iter().for_each(|t| t.abort());
         b.abort();
         batch.iter().for_each(|t| t.abort());
@@ -1979,11 +1965,7 @@ mod writer_hold {
             tokio::spawn(async move { e.get_many(&["a", "bb", "ccc", "a"]).await })
         };
         let mut got = Vec::new();
-        assert!(
-            read_until(&mut peer, &mut got, Duration::from_secs(5), |g| g
-                .ends_with(b"\r\n"))
-            .await
-        );
+        assert!(read_line(&mut peer, &mut got).await);
         assert_eq!(got, b"gets a bb ccc\r\n");
         let reply = b"VALUE a 0 2 1\r\nhi\r\nVALUE ccc 5 4 2\r\nEN\r\n\r\nEND\r\n";
         let reads = e.read();
@@ -2004,11 +1986,7 @@ mod writer_hold {
             tokio::spawn(async move { e.get("d").await })
         };
         got.clear();
-        assert!(
-            read_until(&mut peer, &mut got, Duration::from_secs(5), |g| g
-                .ends_with(b"\r\n"))
-            .await
-        );
+        assert!(read_line(&mut peer, &mut got).await);
         assert_eq!(got, b"gets d\r\n");
         peer.write_all(b"END\r\n").await.unwrap();
         assert_eq!(next.await.unwrap().unwrap(), None);
@@ -2188,7 +2166,7 @@ mod cancelled_held_writes {
         answer_busy(&mut peer, b).await;
         let mut got = Vec::new();
         assert!(
-            read_until(&mut peer, &mut got, Duration::from_secs(5), |g| {
+            read_until(&mut peer, &mut got, |g| {
                 count(g, b"set s ") == 1 && count(g, b"\r\n") >= 2
             })
             .await,
@@ -2202,7 +2180,7 @@ mod cancelled_held_writes {
         };
         let mut more = Vec::new();
         assert!(
-            read_until(&mut peer, &mut more, Duration::from_secs(5), |g| {
+            read_until(&mut peer, &mut more, |g| {
                 count(g, b" c") == 1 && g.ends_with(b"\r\n")
             })
             .await,
