@@ -343,6 +343,23 @@ async fn populate(e: &Engine, prefix: &str, n: usize) -> Vec<String> {
     keys
 }
 
+/// `tasks` tasks, each making `gets` gets one after another (keys `{prefix}:{task}:{i}`).
+async fn gets_from_tasks(e: &Arc<Engine>, tasks: usize, gets: usize, prefix: &'static str) {
+    let tasks: Vec<_> = (0..tasks)
+        .map(|t| {
+            let e = e.clone();
+            tokio::spawn(async move {
+                for i in 0..gets {
+                    e.get(&format!("{prefix}:{t}:{i}")).await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+}
+
 /// The answers that were not the asker's own value, counted across tasks.
 #[derive(Default)]
 struct Tally {
@@ -920,19 +937,7 @@ async fn a_lone_caller_keeps_one_connection() {
     assert_eq!(e.connects(0), 1);
     // All but maybe the first (queued if it came before the connect).
     assert!(e.direct() >= 99, "{}", e.direct());
-    let tasks: Vec<_> = (0..64)
-        .map(|i| {
-            let e = e.clone();
-            tokio::spawn(async move {
-                for j in 0..20 {
-                    e.get(&format!("lc:{i}:{j}")).await.unwrap();
-                }
-            })
-        })
-        .collect();
-    for t in tasks {
-        t.await.unwrap();
-    }
+    gets_from_tasks(&e, 64, 20, "lc").await;
     assert_eq!(
         e.connects(0),
         2,
@@ -1929,19 +1934,7 @@ mod writer_hold {
             let e = Arc::new(engine(&[mc.addr()], 1, |_| {}));
             e.get("warm").await.unwrap();
             let (w0, d0) = (e.writes(), e.direct());
-            let tasks: Vec<_> = (0..2)
-                .map(|t| {
-                    let e = e.clone();
-                    tokio::spawn(async move {
-                        for i in 0..200 {
-                            e.get(&format!("pp:{t}:{i}")).await.unwrap();
-                        }
-                    })
-                })
-                .collect();
-            for t in tasks {
-                t.await.unwrap();
-            }
+            gets_from_tasks(&e, 2, 200, "pp").await;
             let (writes, direct) = (e.writes() - w0, e.direct() - d0);
             assert!(
                 e.overlapped() >= 50,
