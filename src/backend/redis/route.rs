@@ -829,7 +829,7 @@ mod tests {
 
     use std::time::Instant;
 
-    use super::{BatchRoute, Next, Route, Router, node_url, slots};
+    use super::{BatchRoute, Group, Next, Route, Router, node_url, slots};
     use crate::backend::redis::{RedisConfig, reply};
     use crate::error::{Error, ErrorKind};
 
@@ -973,6 +973,14 @@ mod tests {
         }]
     }
 
+    /// Each group's node, whether through its asking view, and its items.
+    fn shown(groups: &[Group]) -> Vec<(&str, bool, &[usize])> {
+        groups
+            .iter()
+            .map(|(n, asking, at)| (n.addr(), *asking, &at[..]))
+            .collect()
+    }
+
     #[test]
     fn a_batch_sends_again_only_what_was_redirected_or_never_ran() {
         let router = router();
@@ -980,11 +988,10 @@ mod tests {
         let keys = ["bar", "foo", "{bar}.2", "{bar}.3"];
         let mut batch: BatchRoute<u8> = BatchRoute::new(&router.current().unwrap(), &keys, |k| k);
         let groups = batch.take();
-        let sent: Vec<(&str, &[usize])> = groups
-            .iter()
-            .map(|(n, _, at)| (n.addr(), &at[..]))
-            .collect();
-        assert_eq!(sent, [(A, &[0, 2, 3][..]), (B, &[1][..])]);
+        assert_eq!(
+            shown(&groups),
+            [(A, false, &[0, 2, 3][..]), (B, false, &[1][..])]
+        );
         let (a, b) = (&groups[0].0, &groups[1].0);
         let results = vec![
             Err(reply(&format!("ASK 5061 {B}"))),
@@ -1007,16 +1014,8 @@ mod tests {
         );
         router.install(halves(B, A)).unwrap();
         assert!(batch.next(&router, &keys, |k| k));
-        let again: Vec<(&str, bool, &[usize])> = batch
-            .groups
-            .iter()
-            .map(|(n, asking, at)| (n.addr(), *asking, &at[..]))
-            .collect();
-        assert_eq!(
-            again,
-            [(B, true, &[0][..]), (B, false, &[2][..])],
-            "asked, rerouted"
-        );
+        let again = [(B, true, &[0][..]), (B, false, &[2][..])];
+        assert_eq!(shown(&batch.groups), again, "asked, rerouted");
         let groups = batch.take();
         batch.judge(&router, &groups[0].0, &[0], vec![Ok(0)]);
         batch.judge(&router, &groups[1].0, &[2], vec![Ok(2)]);
