@@ -1084,22 +1084,23 @@ impl CacheBuilder {
 mod tests {
     use super::*;
 
+    /// `b` fails to build, with a configuration error naming `setting`.
+    #[track_caller]
+    fn refused(b: CacheBuilder, setting: &str) {
+        let e = b.build().unwrap_err();
+        assert!(
+            e.is_config() && e.to_string().contains(setting),
+            "{setting}: {e}"
+        );
+    }
+
     #[test]
     fn settings_outside_their_range_are_refused_at_build() {
-        let refused = |b: CacheBuilder, setting: &str| {
-            let e = b.build().unwrap_err();
-            assert!(
-                e.is_config() && e.to_string().contains(setting),
-                "{setting}: {e}"
-            );
-        };
+        let memcached = || Cache::builder().memcached(["127.0.0.1:1"]);
         refused(Cache::builder().item_size(0), "item_size");
         refused(Cache::builder().item_size(MIN_ITEM_SIZE - 1), "item_size");
         refused(Cache::builder().item_size(MAX_ITEM_SIZE + 1), "item_size");
-        refused(
-            Cache::builder().memcached(["127.0.0.1:1"]).item_size(0),
-            "item_size",
-        );
+        refused(memcached().item_size(0), "item_size");
         refused(Cache::builder().max_wait(Duration::ZERO), "max_wait");
         refused(
             Cache::builder().max_load_time(Duration::ZERO),
@@ -1120,61 +1121,27 @@ mod tests {
 
     #[test]
     fn rejects_bad_configuration() {
-        let e = Cache::builder().flavor("has space").build().unwrap_err();
-        assert!(e.is_config() && e.to_string().contains("flavor"), "{e}");
-        assert!(
-            Cache::builder()
-                .flavor("x".repeat(240))
-                .build()
-                .unwrap_err()
-                .is_config()
-        );
+        let memcached = || Cache::builder().memcached(["127.0.0.1:9"]);
+        refused(Cache::builder().flavor("has space"), "flavor");
+        refused(Cache::builder().flavor("x".repeat(240)), "");
         let none: [&str; 0] = [];
-        let e = Cache::builder().memcached(none).build().unwrap_err();
-        assert!(e.is_config() && e.to_string().contains("empty"), "{e}");
-        assert!(
-            Cache::builder()
-                .memcached(["nope"])
-                .build()
-                .unwrap_err()
-                .is_config()
-        );
-        assert!(
-            Cache::builder()
-                .herd_timeout(Duration::ZERO)
-                .build()
-                .unwrap_err()
-                .is_config()
-        );
+        refused(Cache::builder().memcached(none), "empty");
+        refused(Cache::builder().memcached(["nope"]), "");
+        refused(Cache::builder().herd_timeout(Duration::ZERO), "");
         // memcached's one-second expiry cannot carry a renewable lease shorter than 2 s
-        let e = Cache::builder()
-            .lease_ttl(Duration::from_millis(1999))
-            .build()
-            .unwrap_err();
-        assert!(e.is_config() && e.to_string().contains("lease_ttl"), "{e}");
-        assert!(Cache::builder().lease_ttl(MIN_LEASE_TTL).build().is_ok());
-        // zero memcached timeouts: 0.1.0 panicked inside r2d2 (connect) or failed every
-        // connect (io); both are configuration errors, named
-        for (b, name) in [
-            (
-                Cache::builder().connect_timeout(Duration::ZERO),
-                "connect_timeout",
-            ),
-            (Cache::builder().io_timeout(Duration::ZERO), "io_timeout"),
-        ] {
-            let e = b.memcached(["127.0.0.1:9"]).build().unwrap_err();
-            assert!(e.is_config() && e.to_string().contains(name), "{e}");
-        }
-        // a retry interval too long to add to a clock (Duration::MAX panicked in a get)
-        let e = Cache::builder()
-            .memcached(["127.0.0.1:9"])
-            .retry_interval(Duration::MAX)
-            .build()
-            .unwrap_err();
-        assert!(
-            e.is_config() && e.to_string().contains("retry_interval"),
-            "{e}"
+        refused(
+            Cache::builder().lease_ttl(Duration::from_millis(1999)),
+            "lease_ttl",
         );
+        assert!(Cache::builder().lease_ttl(MIN_LEASE_TTL).build().is_ok());
+        // a zero timeout could never connect or read a reply
+        refused(
+            memcached().connect_timeout(Duration::ZERO),
+            "connect_timeout",
+        );
+        refused(memcached().io_timeout(Duration::ZERO), "io_timeout");
+        // a retry interval too long to add to a clock
+        refused(memcached().retry_interval(Duration::MAX), "retry_interval");
     }
 
     /// What `build()` logs, captured.

@@ -110,6 +110,7 @@ pub(crate) fn servable(v: Verdict) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use Verdict::*;
 
     fn value(claim_until_ms: u64, soft: u64, herd: u32, load_ms: u32) -> Header {
         Header {
@@ -127,64 +128,39 @@ mod tests {
     #[test]
     fn soft_expiry_at_millisecond_precision() {
         let h = value(0, 10_500, 1_000, 0);
-        check(h, 10_499, None, Verdict::Fresh);
-        check(h, 10_500, None, Verdict::Stale);
-        check(h, 10_501, None, Verdict::Stale);
-        check(value(0, 0, 0, 0), u64::MAX, None, Verdict::Fresh);
-        check(Header::plain(0), u64::MAX, None, Verdict::Fresh);
+        check(h, 10_499, None, Fresh);
+        check(h, 10_500, None, Stale);
+        check(h, 10_501, None, Stale);
+        check(value(0, 0, 0, 0), u64::MAX, None, Fresh);
+        check(Header::plain(0), u64::MAX, None, Fresh);
     }
 
     #[test]
     fn staleness_is_bounded_by_the_writers_herd_timeout() {
         let h = value(0, 10_000, 1_000, 0);
-        check(h, 10_999, None, Verdict::Stale);
-        check(h, 11_000, None, Verdict::Expired);
+        check(h, 10_999, None, Stale);
+        check(h, 11_000, None, Expired);
         // a live claim does not make an over-age value servable: it is being loaded
-        check(
-            value(20_000, 10_000, 1_000, 0),
-            11_000,
-            None,
-            Verdict::Loading,
-        );
-        check(
-            value(20_000, 10_000, 1_000, 0),
-            10_999,
-            None,
-            Verdict::Recomputing,
-        );
-        assert!(!servable(Verdict::Loading) && !servable(Verdict::Expired));
+        check(value(20_000, 10_000, 1_000, 0), 11_000, None, Loading);
+        check(value(20_000, 10_000, 1_000, 0), 10_999, None, Recomputing);
+        assert!(!servable(Loading) && !servable(Expired));
     }
 
     #[test]
     fn claims() {
         // claimed stale: recomputing until the claim's deadline; past it (the claimant died), stale
-        check(
-            value(2_000, 1_000, 60_000, 0),
-            1_999,
-            None,
-            Verdict::Recomputing,
-        );
-        check(value(2_000, 1_000, 60_000, 0), 2_000, None, Verdict::Stale);
+        check(value(2_000, 1_000, 60_000, 0), 1_999, None, Recomputing);
+        check(value(2_000, 1_000, 60_000, 0), 2_000, None, Stale);
         // claimed early (before the soft expiry): still fresh for everyone else
-        check(value(2_000, 1_500, 60_000, 0), 1_000, None, Verdict::Fresh);
-        check(
-            value(2_000, 1_500, 60_000, 0),
-            1_500,
-            None,
-            Verdict::Recomputing,
-        );
+        check(value(2_000, 1_500, 60_000, 0), 1_000, None, Fresh);
+        check(value(2_000, 1_500, 60_000, 0), 1_500, None, Recomputing);
         // a not-storable marker: load it yourself until its deadline, then claim it
-        check(
-            Header::not_storable(0, 500),
-            499,
-            None,
-            Verdict::NotStorable,
-        );
-        check(Header::not_storable(0, 500), 500, None, Verdict::Expired);
-        assert!(!servable(Verdict::NotStorable));
+        check(Header::not_storable(0, 500), 499, None, NotStorable);
+        check(Header::not_storable(0, 500), 500, None, Expired);
+        assert!(!servable(NotStorable));
         // placeholders
-        check(Header::placeholder(0, 500, 9), 499, None, Verdict::Loading);
-        check(Header::placeholder(0, 500, 9), 500, None, Verdict::Expired);
+        check(Header::placeholder(0, 500, 9), 499, None, Loading);
+        check(Header::placeholder(0, 500, 9), 500, None, Expired);
     }
 
     #[test]
@@ -192,35 +168,25 @@ mod tests {
         let h = value(0, 10_000, 60_000, 100);
         let x = |draw| Some(Xfetch { beta: 1.0, draw });
         // draw = 1: ln(1) = 0, never early
-        check(h, 9_999, x(1.0), Verdict::Fresh);
+        check(h, 9_999, x(1.0), Fresh);
         // draw = e^-1: 100 ms ahead
         let d = (-1.0f64).exp();
-        check(h, 9_899, x(d), Verdict::Fresh);
-        check(h, 9_901, x(d), Verdict::EarlyRefresh);
+        check(h, 9_899, x(d), Fresh);
+        check(h, 9_901, x(d), EarlyRefresh);
         // beta scales the window
-        check(
-            h,
-            9_801,
-            Some(Xfetch { beta: 2.0, draw: d }),
-            Verdict::EarlyRefresh,
-        );
+        check(h, 9_801, Some(Xfetch { beta: 2.0, draw: d }), EarlyRefresh);
         // an item being refreshed, or with an unknown load time, is never refreshed early
-        check(
-            value(20_000, 10_000, 60_000, 100),
-            9_999,
-            x(1e-9),
-            Verdict::Fresh,
-        );
-        check(value(0, 10_000, 60_000, 0), 9_999, x(1e-9), Verdict::Fresh);
+        check(value(20_000, 10_000, 60_000, 100), 9_999, x(1e-9), Fresh);
+        check(value(0, 10_000, 60_000, 0), 9_999, x(1e-9), Fresh);
         // once the claim ran out, early refresh is possible again
         check(
             value(9_000, 10_000, 60_000, 100),
             9_999,
             x(1e-9),
-            Verdict::EarlyRefresh,
+            EarlyRefresh,
         );
         // a draw of 0 is clamped (a finite ~70 s window here), not -inf
-        check(value(0, 100_000, 60_000, 100), 0, x(0.0), Verdict::Fresh);
-        check(h, 9_000, x(0.0), Verdict::EarlyRefresh);
+        check(value(0, 100_000, 60_000, 100), 0, x(0.0), Fresh);
+        check(h, 9_000, x(0.0), EarlyRefresh);
     }
 }

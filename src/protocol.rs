@@ -1058,6 +1058,19 @@ mod tests {
         }
     }
 
+    /// The header and payload `a` writes, by `cas` against `cas`.
+    #[track_caller]
+    fn written_by_cas(a: &Action, cas: u64) -> (Header, &[u8]) {
+        let Action::StoreThenRead { mode, value, .. } = a else {
+            panic!("{a:?}")
+        };
+        assert_eq!(*mode, StoreMode::Cas(cas), "{a:?}");
+        let Ok(Parsed::Item(h, payload)) = envelope::decode(envelope::FLAGS, value) else {
+            panic!()
+        };
+        (h, payload)
+    }
+
     #[test]
     fn fresh_is_served_without_a_write() {
         let mut m = Machine::new(Mode::Load, SETTINGS, TOKEN, at(0));
@@ -1196,17 +1209,7 @@ mod tests {
             assert!(matches!(claim, Action::StoreThenRead { .. }), "{claim:?}");
             // refused as too large: a placeholder over the value read, by cas
             let a = m.on_refused(at(20), Refusal::TooLarge);
-            let Action::StoreThenRead {
-                mode: StoreMode::Cas(1),
-                ref value,
-                ..
-            } = a
-            else {
-                panic!("{a:?}")
-            };
-            let Ok(Parsed::Item(h, _)) = envelope::decode(envelope::FLAGS, value) else {
-                panic!()
-            };
+            let (h, _) = written_by_cas(&a, 1);
             assert_eq!((h.kind, h.token), (Kind::Placeholder, TOKEN));
             let back = stored(&a, 2);
             let Action::Load(g) = m.on_stored(at(20), StoreOutcome::Stored, Some(back)) else {
@@ -1217,17 +1220,7 @@ mod tests {
             assert_eq!(&held.item.value[held.offset..], b"v");
             assert_eq!(g.claim.store_mode(), StoreMode::Cas(2));
             let r = g.claim.release(at(21)).expect("a give-back");
-            let Action::StoreThenRead {
-                mode: StoreMode::Cas(2),
-                ref value,
-                ..
-            } = r
-            else {
-                panic!("{r:?}")
-            };
-            let Ok(Parsed::Item(h, payload)) = envelope::decode(envelope::FLAGS, value) else {
-                panic!()
-            };
+            let (h, payload) = written_by_cas(&r, 2);
             assert_eq!((h.kind, h.token, payload), (Kind::Value, 0, &b"v"[..]));
         }
         // a `get` serves it stale, unclaimed, in either case; a loader without CAS is told

@@ -176,6 +176,19 @@ fn late_cache() -> (AsyncCache, Arc<Late>) {
 
 const MIN: Duration = Duration::from_secs(60);
 
+/// A `get_or_set_with` of `k` dropped after `after_ms`, its loader still running (`slow`: it
+/// sleeps a minute) or not yet started.
+async fn drop_a_caller(cache: &AsyncCache, after_ms: u64, slow: bool, why: &str) {
+    let load = cache.get_or_set_with("k", MIN, || async move {
+        if slow {
+            tokio::time::sleep(MIN).await;
+        }
+        Ok::<u32, std::io::Error>(1)
+    });
+    let gone = tokio::time::timeout(Duration::from_millis(after_ms), load).await;
+    assert!(gone.is_err(), "{why}");
+}
+
 /// A leader dropped while its claim's renewal is in flight (the `cas` applied, its reply not
 /// yet read): the release reads the claim back and gives it back by its token (a `cas` against
 /// the CAS known before the renewal failed, and the claim held every later caller until
@@ -188,15 +201,7 @@ async fn a_leader_dropped_mid_renewal_gives_its_claim_back() {
             late.mode.store(1, Ordering::SeqCst);
         }
         // The first renewal is due at 666 ms; the caller goes away at 900 ms.
-        let gone = tokio::time::timeout(
-            Duration::from_millis(900),
-            cache.get_or_set_with("k", MIN, || async {
-                tokio::time::sleep(MIN).await;
-                Ok::<u32, std::io::Error>(1)
-            }),
-        )
-        .await;
-        assert!(gone.is_err(), "the first caller was dropped");
+        drop_a_caller(&cache, 900, true, "the first caller was dropped").await;
         late.mode.store(0, Ordering::SeqCst);
         tokio::time::sleep(Duration::from_millis(50)).await; // the release task runs
         next_caller_loads_at_once(&cache, format!("dropped mid-renewal: {mid_renewal}")).await;
@@ -218,12 +223,7 @@ async fn a_caller_dropped_mid_claim_gives_its_placeholder_back() {
 async fn placeholder_given_back(mode: u8) {
     let (cache, late) = late_cache();
     late.mode.store(mode, Ordering::SeqCst);
-    let gone = tokio::time::timeout(
-        Duration::from_millis(10),
-        cache.get_or_set_with("k", MIN, || async { Ok::<u32, std::io::Error>(1) }),
-    )
-    .await;
-    assert!(gone.is_err(), "the first caller was dropped mid-claim");
+    drop_a_caller(&cache, 10, false, "the first caller was dropped mid-claim").await;
     tokio::time::sleep(Duration::from_millis(200)).await; // the write landed; cleanup ran
     late.mode.store(0, Ordering::SeqCst);
     next_caller_loads_at_once(&cache, format!("mode {mode}")).await;
@@ -236,12 +236,7 @@ async fn placeholder_given_back(mode: u8) {
 async fn a_caller_dropped_during_the_claims_reread_gives_its_placeholder_back() {
     let (cache, late) = late_cache();
     late.mode.store(4, Ordering::SeqCst);
-    let gone = tokio::time::timeout(
-        Duration::from_millis(10),
-        cache.get_or_set_with("k", MIN, || async { Ok::<u32, std::io::Error>(1) }),
-    )
-    .await;
-    assert!(gone.is_err(), "dropped during the re-read");
+    drop_a_caller(&cache, 10, false, "dropped during the re-read").await;
     late.mode.store(0, Ordering::SeqCst);
     tokio::time::sleep(Duration::from_millis(50)).await;
     next_caller_loads_at_once(&cache, "after the drop").await;
@@ -254,15 +249,7 @@ async fn a_caller_dropped_during_the_claims_reread_gives_its_placeholder_back() 
 async fn a_renewal_landing_after_the_give_backs_read_is_given_back_too() {
     let (cache, late) = late_cache();
     late.mode.store(6, Ordering::SeqCst);
-    let gone = tokio::time::timeout(
-        Duration::from_millis(900),
-        cache.get_or_set_with("k", MIN, || async {
-            tokio::time::sleep(MIN).await;
-            Ok::<u32, std::io::Error>(1)
-        }),
-    )
-    .await;
-    assert!(gone.is_err(), "the first caller was dropped");
+    drop_a_caller(&cache, 900, true, "the first caller was dropped").await;
     late.mode.store(0, Ordering::SeqCst);
     tokio::time::sleep(Duration::from_millis(300)).await; // the release task and its settle
     next_caller_loads_at_once(&cache, "after the drop").await;

@@ -417,17 +417,12 @@ mod tests {
     }
 
     #[test]
+    #[rustfmt::skip]
     fn what_a_shared_cache_stores_and_for_how_long() {
         check_storable(&[], Ok((60, false, &[])));
         check_storable(&[("cache-control", "max-age=30")], Ok((30, false, &[])));
-        check_storable(
-            &[("cache-control", "max-age=30, s-maxage=300")],
-            Ok((300, true, &[])),
-        );
-        check_storable(
-            &[("cache-control", "public, max-age=5")],
-            Ok((5, true, &[])),
-        );
+        check_storable(&[("cache-control", "max-age=30, s-maxage=300")], Ok((300, true, &[])));
+        check_storable(&[("cache-control", "public, max-age=5")], Ok((5, true, &[])));
         check_storable(&[("Cache-Control", "PRIVATE")], Err(Uncacheable::Private));
         check_storable(&[("cache-control", "no-store")], Err(Uncacheable::NoStore));
         check_storable(&[("cache-control", "no-cache")], Err(Uncacheable::NoCache));
@@ -436,60 +431,32 @@ mod tests {
         check_storable(&[("set-cookie", "a=b")], Err(Uncacheable::SetCookie));
         check_storable(&[("vary", "Accept, *")], Err(Uncacheable::VaryStar));
         check_storable(
-            &[
-                ("vary", "Accept-Encoding, accept"),
-                ("vary", "Accept-Language"),
-            ],
+            &[("vary", "Accept-Encoding, accept"), ("vary", "Accept-Language")],
             Ok((60, false, &["accept", "accept-encoding", "accept-language"])),
         );
         let h = headers(&[]);
-        assert_eq!(
-            storable(
-                StatusCode::NOT_FOUND,
-                &h,
-                &[StatusCode::OK],
-                Duration::from_secs(1),
-                NOW,
-            ),
-            Err(Uncacheable::Status)
-        );
+        let status = storable(StatusCode::NOT_FOUND, &h, &[StatusCode::OK], Duration::from_secs(1), NOW);
+        assert_eq!(status, Err(Uncacheable::Status));
     }
 
     #[test]
+    #[rustfmt::skip]
     fn age_and_expires_shorten_the_lifetime() {
         // The Age it arrived with counts against max-age (and the layer's ttl).
-        check_storable(
-            &[("cache-control", "max-age=60"), ("age", "50")],
-            Ok((10, false, &[])),
-        );
+        check_storable(&[("cache-control", "max-age=60"), ("age", "50")], Ok((10, false, &[])));
         check_storable(&[("age", "15")], Ok((45, false, &[])));
-        check_storable(
-            &[("cache-control", "max-age=60"), ("age", "60")],
-            Err(Uncacheable::ZeroTtl),
-        );
+        check_storable(&[("cache-control", "max-age=60"), ("age", "60")], Err(Uncacheable::ZeroTtl));
         // Expires, relative to Date (or to now), when there is no max-age.
         let date = "Sun, 06 Nov 1994 08:49:37 GMT";
-        check_storable(
-            &[("date", date), ("expires", "Sun, 06 Nov 1994 08:51:37 GMT")],
-            Ok((120, false, &[])),
-        );
-        check_storable(
-            &[("expires", "Sun, 06 Nov 1994 08:50:37 GMT")],
-            Ok((60, false, &[])),
-        );
+        check_storable(&[("date", date), ("expires", "Sun, 06 Nov 1994 08:51:37 GMT")], Ok((120, false, &[])));
+        check_storable(&[("expires", "Sun, 06 Nov 1994 08:50:37 GMT")], Ok((60, false, &[])));
         // max-age wins over Expires.
-        check_storable(
-            &[("cache-control", "max-age=5"), ("expires", "0")],
-            Ok((5, false, &[])),
-        );
+        check_storable(&[("cache-control", "max-age=5"), ("expires", "0")], Ok((5, false, &[])));
         for past in ["0", "-1", "not a date", "Sun, 06 Nov 1994 08:49:36 GMT"] {
             check_storable(&[("expires", past)], Err(Uncacheable::ZeroTtl));
         }
         check_storable(
-            &[
-                ("expires", date),
-                ("expires", "Sun, 06 Nov 1994 08:59:37 GMT"),
-            ],
+            &[("expires", date), ("expires", "Sun, 06 Nov 1994 08:59:37 GMT")],
             Err(Uncacheable::ZeroTtl),
         );
     }

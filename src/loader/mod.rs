@@ -36,15 +36,17 @@ pub(crate) trait Load<T, D: Driver>: Sized {
     /// `Arc<E>`).
     fn call(self) -> impl Future<Output = Result<T>>;
     /// Hands the refresh of a claimed stale entry to the background (a thread, or a task);
-    /// gives the loader and the claim back if this kind of loader runs inline.
+    /// gives the loader and the claim back if this kind of loader runs inline (the default).
     fn refresh_in_background(
         self,
-        cache: &Cache,
-        driver: &D,
+        _: &Cache,
+        _: &D,
         held: D::Lease,
-        key: &str,
-        ttl: Ttl,
-    ) -> Option<(Self, D::Lease)>;
+        _: &str,
+        _: Ttl,
+    ) -> Option<(Self, D::Lease)> {
+        Some((self, held))
+    }
 }
 
 /// A sync loader, run inline.
@@ -57,16 +59,6 @@ where
 {
     fn call(self) -> impl Future<Output = Result<T>> {
         std::future::ready((self.0)().map_err(|e| Error::loader(Arc::new(e))))
-    }
-    fn refresh_in_background(
-        self,
-        _: &Cache,
-        _: &Blocking<'d>,
-        held: <Blocking<'d> as Driver>::Lease,
-        _: &str,
-        _: Ttl,
-    ) -> Option<(Self, <Blocking<'d> as Driver>::Lease)> {
-        Some((self, held))
     }
 }
 

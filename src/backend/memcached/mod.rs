@@ -81,17 +81,6 @@
 //! returns an `is_unsupported()` error (the proxy refuses `flush_all`). An outage behind the
 //! proxy is the proxy's: the client sees its errors, not a dead server, and a replayed delete the
 //! proxy refuses is passed over. A ping checks the proxy and the server its key maps to.
-//!
-//! # Internals
-//!
-//! memcached's three clients live here: the blocking pool ([`MemcachedBackend`], with
-//! `server.rs`, a server's pool, and `conn.rs`, a connection), the pipelined engine on tokio
-//! (`engine/`, what `AsyncCache` runs on), and `blended.rs`, the sync `Cache`'s backend with
-//! the `tokio` feature (the pool for a lone caller, the engine for overlapping ones). They share
-//! the placement (`ring.rs`, `routing.rs`), the protocol (`wire.rs`) and the settings
-//! (`config.rs`); what every server has, Redis's included (its settings, health record, record
-//! of missed invalidations and replay gate), is `backend/server/`'s. The pool and the engines of
-//! one cache share one health record per server.
 
 #[cfg(feature = "tokio")]
 pub(crate) mod blended;

@@ -774,7 +774,7 @@ pub(crate) fn read_version<R: BufRead>(r: &mut R) -> Result<String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     use crate::backend::Write as W;
@@ -1218,9 +1218,8 @@ mod tests {
         );
     }
 
-    /// A batch of 100 keys with one 600-byte hit: the arena sizes its chunk for 100 values
-    /// (`need * left`, counting the misses), so the lone hit's `Bytes` holds a ~60 KB buffer
-    /// (the Vec it replaced held 602 bytes).
+    /// A batch of 100 keys with one 600-byte hit: an arena sized for 100 values (`need * left`,
+    /// counting the misses) would make the lone hit's `Bytes` hold a ~60 KB buffer.
     #[test]
     fn a_lone_hit_in_a_sparse_batch_holds_a_buffer_its_own_size() {
         let keys: Vec<String> = (0..100).map(|i| format!("k{i}")).collect();
@@ -1240,7 +1239,7 @@ mod tests {
     /// What a `gets` reply read into slots says, for comparing two readers: each slot's value
     /// (bytes, flags, cas), miss or error kind; or the whole reply's error kind and whether the
     /// connection stays usable (the messages may differ).
-    fn outcome(read: Result<Vec<Slot>>) -> String {
+    pub(in crate::backend::memcached) fn outcome(read: Result<Vec<Slot>>) -> String {
         let slot = |s: &Slot| match s {
             Ok(None) => "miss".to_string(),
             Ok(Some(i)) => format!("{:?}/{}/{}", &i.value[..], i.flags, i.cas),

@@ -343,28 +343,16 @@ mod tests {
 
     #[test]
     fn add_and_cas() {
+        use StoreMode::{Add, Cas};
+        use StoreOutcome::{Exists, NotFound, NotStored, Stored};
         let (b, _) = backend();
-        assert_eq!(
-            put(&b, StoreMode::Add, "k", b"1", 0, 0).unwrap(),
-            StoreOutcome::Stored
-        );
-        assert_eq!(
-            put(&b, StoreMode::Add, "k", b"2", 0, 0).unwrap(),
-            StoreOutcome::NotStored
-        );
+        let put = |mode, key: &str, value: &[u8]| put(&b, mode, key, value, 0, 0).unwrap();
+        assert_eq!(put(Add, "k", b"1"), Stored);
+        assert_eq!(put(Add, "k", b"2"), NotStored);
         let cas = b.get("k").unwrap().unwrap().cas;
-        assert_eq!(
-            put(&b, StoreMode::Cas(cas), "k", b"3", 0, 0).unwrap(),
-            StoreOutcome::Stored
-        );
-        assert_eq!(
-            put(&b, StoreMode::Cas(cas), "k", b"4", 0, 0).unwrap(),
-            StoreOutcome::Exists
-        );
-        assert_eq!(
-            put(&b, StoreMode::Cas(cas), "x", b"4", 0, 0).unwrap(),
-            StoreOutcome::NotFound
-        );
+        assert_eq!(put(Cas(cas), "k", b"3"), Stored);
+        assert_eq!(put(Cas(cas), "k", b"4"), Exists);
+        assert_eq!(put(Cas(cas), "x", b"4"), NotFound);
         assert_eq!(&b.get("k").unwrap().unwrap().value[..], b"3");
     }
 
@@ -376,15 +364,8 @@ mod tests {
         assert_eq!(&b.get("c").unwrap().unwrap().value[..], b"99 ");
         assert_eq!(b.incr("c", 901).unwrap(), Some(1000));
         assert_eq!(b.decr("c", 5000).unwrap(), Some(0));
-        put(
-            &b,
-            StoreMode::Set,
-            "c",
-            u64::MAX.to_string().as_bytes(),
-            0,
-            0,
-        )
-        .unwrap();
+        let max = u64::MAX.to_string();
+        put(&b, StoreMode::Set, "c", max.as_bytes(), 0, 0).unwrap();
         assert_eq!(b.incr("c", 2).unwrap(), Some(1));
         assert_eq!(b.incr("missing", 1).unwrap(), None);
         put(&b, StoreMode::Set, "t", b"abc", 0, 0).unwrap();

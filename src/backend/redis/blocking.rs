@@ -5,9 +5,8 @@
 //! integer, `+OK`, nil and arrays of them are made here, each in one pass and one copy; every
 //! other type (an error reply, RESP3's maps, sets, doubles, pushes...) is found whole, then
 //! given to redis-rs's parser, so a [`Value`] is always what redis-rs would have made of the
-//! same bytes. redis-rs's sync `Connection` reads every reply through its combinator parser, a
-//! buffer it zeroes as it grows, and a `Vec` a value: on a large batch over a cluster that
-//! was the largest part of the backend's own work.
+//! same bytes (its sync `Connection` would parse every reply through combinators, a `Vec` a
+//! value).
 //!
 //! A connection that met an I/O error, the server's end of the stream, or bytes that are not
 //! RESP is no longer [`open`](Blocking::is_open): the pool drops it.

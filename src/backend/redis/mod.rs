@@ -102,9 +102,9 @@
 //!   slot map; an `ASK` sends `ASKING` and the command there once. Slots moved under load cost
 //!   the callers no error, no lost write and no second load. A delete queued for a master's
 //!   replay whose slot moved is made where the key went.
-//! - **A master down** fails only its own keys (with `cluster-require-full-coverage no`; under
-//!   Redis's default, every node refuses every key until a replica takes over), in a batch too: each master has its own
-//!   connections, health record and replay record. A batch is split by master and costs one
+//! - **A master down** fails only its own keys (with `cluster-require-full-coverage no`: see
+//!   Failover), in a batch too: each master has its own connections, health record and replay
+//!   record. A batch is split by master and costs one
 //!   round trip; the sync `Cache` writes every master's part before it reads a reply, so a batch
 //!   lasts about one `connect_timeout` plus one `io_timeout` however many masters hang.
 //! - **Failover**: a node's fault refreshes the slot map (at most once per `retry_interval`), so
@@ -136,20 +136,6 @@
 //! dead for it. The wait must be shorter than `io_timeout` (`build()` checks). It makes writes
 //! several times slower, and it is not consensus: a write acknowledged by one replica is lost if
 //! another that lacks it is promoted. Not yet: replica reads.
-//!
-//! # Internals
-//!
-//! Every operation is a `Request` built once (`request.rs`); the sync
-//! backend sends it on a pooled blocking connection of its own (`conn.rs`, `blocking.rs`: its
-//! socket, TLS and reply reader are newcache's), the async one on redis-rs's multiplexed tokio
-//! connection (`nonblocking.rs`). Both share one `Server`: the limits, the scripts, and the
-//! server's health record (`backend/server/`, memcached's too: transport faults mark it dead
-//! after `failure_limit` in a row, one caller probes it every `retry_interval`), so a server
-//! marked dead through one view is dead for both. The record holds the server's record of
-//! missed invalidations too: a write or delete that may have missed the server is recorded, and
-//! the keys are deleted there before anything else is sent (the replay gate, one for both views
-//! and memcached's clients), so that a server back from a partition, a pause or a restart with
-//! its data (Redis persists) never serves this process a value it invalidated meanwhile.
 
 #[cfg(feature = "tokio")]
 mod batch;

@@ -339,66 +339,49 @@ mod tests {
 
     #[test]
     fn redirects_are_read_from_their_detail() {
-        assert_eq!(
-            redirect("MOVED", Some("3999 127.0.0.1:6381")),
+        let moved = |slot, addr: &str| {
             Some(Redirect::Moved {
-                slot: 3999,
-                addr: "127.0.0.1:6381".into()
+                slot,
+                addr: addr.into(),
             })
-        );
-        assert_eq!(
-            redirect("ASK", Some("3999 127.0.0.1:6381")),
-            Some(Redirect::Ask {
-                addr: "127.0.0.1:6381".into()
-            })
-        );
-        // IPv6, as Redis prints it (no brackets), or bracketed: the map's form either way.
-        let v6 = Some(Redirect::Moved {
-            slot: 8831,
-            addr: "[::1]:37853".into(),
-        });
-        assert_eq!(redirect("MOVED", Some("8831 ::1:37853")), v6);
-        assert_eq!(redirect("MOVED", Some("8831 [::1]:37853")), v6);
-        assert_eq!(
-            redirect("ASK", Some("1 fe80::1:2:7000")),
-            Some(Redirect::Ask {
-                addr: "[fe80::1:2]:7000".into()
-            })
-        );
-        assert_eq!(redirect("MOVED", Some("3999 :6381")), None);
-        assert_eq!(redirect("MOVED", Some("3999 127.0.0.1")), None);
-        assert_eq!(redirect("MOVED", Some("99999 127.0.0.1:6381")), None);
-        assert_eq!(redirect("ERR", Some("3999 127.0.0.1:6381")), None);
-        assert_eq!(redirect("MOVED", None), None);
+        };
+        let ask = |addr: &str| Some(Redirect::Ask { addr: addr.into() });
+        #[rustfmt::skip]
+        let table: &[(&str, Option<&str>, Option<Redirect>)] = &[
+            ("MOVED", Some("3999 127.0.0.1:6381"), moved(3999, "127.0.0.1:6381")),
+            ("ASK", Some("3999 127.0.0.1:6381"), ask("127.0.0.1:6381")),
+            // IPv6, as Redis prints it (no brackets), or bracketed: the map's form either way.
+            ("MOVED", Some("8831 ::1:37853"), moved(8831, "[::1]:37853")),
+            ("MOVED", Some("8831 [::1]:37853"), moved(8831, "[::1]:37853")),
+            ("ASK", Some("1 fe80::1:2:7000"), ask("[fe80::1:2]:7000")),
+            ("MOVED", Some("3999 :6381"), None),
+            ("MOVED", Some("3999 127.0.0.1"), None),
+            ("MOVED", Some("99999 127.0.0.1:6381"), None),
+            ("ERR", Some("3999 127.0.0.1:6381"), None),
+            ("MOVED", None, None),
+        ];
+        for (code, detail, expected) in table {
+            assert_eq!(&redirect(code, *detail), expected, "{code} {detail:?}");
+        }
     }
 
     #[test]
     fn a_server_not_serving_yet_is_told_by_its_refusal() {
-        #[track_caller]
-        fn check(code: &str, detail: Option<&str>, expected: bool) {
+        #[rustfmt::skip]
+        let table = [
+            ("LOADING", Some("Redis is loading the dataset in memory"), true),
+            ("BUSY", None, true),
+            ("MASTERDOWN", Some("Link with MASTER is down"), true),
+            ("CLUSTERDOWN", Some("The cluster is down"), true),
+            ("CLUSTERDOWN", Some("The cluster is down and only accepts read commands"), true),
+            // One slot's keys alone: an answer, lest it hold up the node's replay.
+            ("CLUSTERDOWN", Some("Hash slot not served"), false),
+            ("CLUSTERDOWN", None, false),
+            ("READONLY", Some("You can't write against a read only replica."), false),
+            ("MOVED", Some("3999 127.0.0.1:7002"), false),
+        ];
+        for (code, detail, expected) in table {
             assert_eq!(not_serving_yet(code, detail), expected, "{code} {detail:?}");
         }
-        check(
-            "LOADING",
-            Some("Redis is loading the dataset in memory"),
-            true,
-        );
-        check("BUSY", None, true);
-        check("MASTERDOWN", Some("Link with MASTER is down"), true);
-        check("CLUSTERDOWN", Some("The cluster is down"), true);
-        check(
-            "CLUSTERDOWN",
-            Some("The cluster is down and only accepts read commands"),
-            true,
-        );
-        // One slot's keys alone: an answer, lest it hold up the node's replay.
-        check("CLUSTERDOWN", Some("Hash slot not served"), false);
-        check("CLUSTERDOWN", None, false);
-        check(
-            "READONLY",
-            Some("You can't write against a read only replica."),
-            false,
-        );
-        check("MOVED", Some("3999 127.0.0.1:7002"), false);
     }
 }

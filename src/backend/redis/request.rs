@@ -80,6 +80,16 @@ pub(super) struct Command {
     pub(super) script: Option<ScriptId>,
 }
 
+impl Command {
+    /// `cmd`, not a script.
+    fn plain(cmd: redis::Cmd) -> Command {
+        Command {
+            cmd: cmd.into(),
+            script: None,
+        }
+    }
+}
+
 /// A command's words: built by redis-rs, or a one-key command of a batch (`GET` or `UNLINK`, a
 /// command per key on a cluster node), kept as its name and key until it is written, so that a
 /// batch of a hundred keys makes no hundred [`redis::Cmd`]s (two allocations each). Either is
@@ -614,10 +624,7 @@ impl Builder {
                     .unwrap_or(u64::MAX)
                     .max(1),
             );
-            req.commands.push(Command {
-                cmd: cmd.into(),
-                script: None,
-            });
+            req.commands.push(Command::plain(cmd));
             req.wait = Some(Wait {
                 replicas: w.replicas,
                 fail: fails,
@@ -796,10 +803,7 @@ impl Builder {
                 if let Some((unit, n)) = expiry.set_args() {
                     c.arg(unit).arg(n);
                 }
-                Command {
-                    cmd: c.into(),
-                    script: None,
-                }
+                Command::plain(c)
             }
         })
     }
@@ -827,12 +831,12 @@ impl Builder {
         evalsha.arg(Script::sha_of(fence::PROBE_SCRIPT)).arg(0);
         let mut docs = redis::cmd("COMMAND");
         docs.arg("DOCS").arg("SET");
-        let command = |c: redis::Cmd| Command {
-            cmd: c.into(),
-            script: None,
-        };
         Request {
-            commands: smallvec![command(eval), command(evalsha), command(docs)],
+            commands: smallvec![
+                Command::plain(eval),
+                Command::plain(evalsha),
+                Command::plain(docs)
+            ],
             write: false,
             batched: false,
             wait: None,
@@ -869,17 +873,11 @@ impl Builder {
         if let Some((unit, n)) = Expiry::from_exptime(w.exptime).set_args() {
             set.arg(unit).arg(n);
         }
-        let mut commands: Commands = smallvec![Command {
-            cmd: set.into(),
-            script: None,
-        }];
+        let mut commands: Commands = smallvec![Command::plain(set)];
         if read_back {
             let mut get = redis::cmd("GET");
             get.arg(w.key);
-            commands.push(Command {
-                cmd: get.into(),
-                script: None,
-            });
+            commands.push(Command::plain(get));
         }
         Ok(self.waited(Request {
             commands,
@@ -942,13 +940,7 @@ impl Builder {
         let mut get = redis::cmd("GET");
         get.arg(w.key);
         Ok(self.waited(Request {
-            commands: smallvec![
-                c,
-                Command {
-                    cmd: get.into(),
-                    script: None,
-                },
-            ],
+            commands: smallvec![c, Command::plain(get)],
             write: true,
             batched: false,
             wait: None,
@@ -1024,16 +1016,7 @@ impl Builder {
                 let mut exists = redis::cmd("EXISTS");
                 exists.arg(key);
                 return Ok(Request {
-                    commands: smallvec![
-                        Command {
-                            cmd: persist.into(),
-                            script: None,
-                        },
-                        Command {
-                            cmd: exists.into(),
-                            script: None,
-                        },
-                    ],
+                    commands: smallvec![Command::plain(persist), Command::plain(exists)],
                     write: true,
                     batched: false,
                     wait: None,
@@ -1125,10 +1108,7 @@ impl Builder {
                 for k in chunk {
                     cmd.arg(k);
                 }
-                Command {
-                    cmd: cmd.into(),
-                    script: None,
-                }
+                Command::plain(cmd)
             })
             .collect();
         Request {
@@ -1167,10 +1147,7 @@ impl Builder {
             .iter()
             .map(clients::kill)
             .chain(unlinks)
-            .map(|cmd| Command {
-                cmd: cmd.into(),
-                script: None,
-            })
+            .map(Command::plain)
             .collect();
         ReplayRequest {
             request: Request {

@@ -3,35 +3,19 @@
 //! batch). The drivers (`cluster.rs`, sync and async) send what it says and ask the nodes for
 //! the map when it says so.
 //!
-//! Each master the slot map names is reached through a [`RedisBackend`] of its own (and its
-//! async view), with its own `Server`: its own health record, replay record of missed
-//! invalidations and connections, so a node down costs only its slots' keys, and nothing of
-//! the herd protocol, the health rules or the stored format is written twice. Every claim,
-//! placeholder and fenced store touches one key, so each runs on one node as it is.
+//! Each master is reached through a [`RedisBackend`] of its own (and its async view), with its
+//! own `Server`: health, replay record and connections, so a node down costs only its slots'
+//! keys, and nothing of the herd protocol is written twice. Every claim, placeholder and fenced
+//! store touches one key, so each runs on one node as it is.
 //!
-//! The slot map comes from `CLUSTER SLOTS`, asked of the seeds on first use. A `MOVED` reply
-//! (nothing was run) patches the map, sends the command again to the node it names and
-//! refreshes the whole map; an `ASK` reply sends `ASKING` and the command to the node it names,
-//! once, the map unchanged. A node's transport fault, `CLUSTERDOWN` or `TRYAGAIN` refreshes
-//! the map at most once per `retry_interval` for the whole cluster (a failover changes it; a
-//! node wiped and started again at its master's address answers `CLUSTERDOWN` for every key
-//! and never redirects), and so does a key whose slot the map has no master for (no node can
-//! redirect it: nothing is sent); a call of which nothing ran (its node's connect refused or
-//! timed out, the node marked dead, a `CLUSTERDOWN`) goes once to its slot's master in the
-//! refreshed map, if that is another node. A refresh takes the first whole map a node gives
-//! (every slot has a master); a map with a hole only if no node gives a whole one and the map
-//! in place has a hole too. A node is known by its node id: another id at a known address is
-//! a new node, with views of its own. A batch is split by node; each node's
-//! part is the single-node batch's request (one command per key on a cluster node), every
-//! node's written, then every reply read; its redirected keys are sent again where they now
-//! live; a node's failure fails only its own keys.
-//!
-//! A node's error replies are answers, per key: `CLUSTERDOWN` (the key's slot unserved, or
-//! the whole cluster down) fails the keys it names, unless the refreshed map sends them
-//! elsewhere, and marks no node dead; refused because the whole cluster is down, a write is
-//! queued for the node's replay (`reply::not_serving_yet`). `TRYAGAIN` should never come:
-//! it answers a multi-key command whose keys a migration split, and no command sent to a
-//! cluster node names two keys; it is taken as `CLUSTERDOWN` is.
+//! The slot map comes from `CLUSTER SLOTS`, asked of the seeds on first use. A `MOVED` patches
+//! the map, sends the command again and refreshes the whole map; an `ASK` sends `ASKING` and
+//! the command to the node it names, once, the map unchanged. A node's fault, `CLUSTERDOWN`,
+//! `TRYAGAIN` (never expected: no command sent names two keys) or a key in a slot with no
+//! master refreshes the map at most once per `retry_interval` ([`Router::refresh_due`]); a call
+//! of which nothing ran then goes once to its slot's master in the refreshed map
+//! ([`Router::rerouted`]). `CLUSTERDOWN` marks no node dead; a write it refuses is queued for
+//! the node's replay (`reply::not_serving_yet`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -406,7 +390,6 @@ impl Router {
         (!self.refreshing.swap(true, Ordering::AcqRel)).then_some(RefreshGuard(self))
     }
 
-    /// The slot of `key`, and its master in `map`.
     /// Where a command goes after `e` from its node, sent `sent` times, if `e` is a redirect:
     /// to the node it names (through its asking view after an `ASK`; after a `MOVED`, the map
     /// patched first), or, sent too often, nowhere.
@@ -846,7 +829,7 @@ mod tests {
 
     use std::time::Instant;
 
-    use super::{BatchRoute, Next, Route, Router, node_url, slots};
+    use super::{BatchRoute, Group, Next, Route, Router, node_url, slots};
     use crate::backend::redis::{RedisConfig, reply};
     use crate::error::{Error, ErrorKind};
 
@@ -884,12 +867,18 @@ mod tests {
         Error::new(ErrorKind::Backend, "i/o error talking to the server")
     }
 
+    /// A command to `KEY`, on [`router`]'s map.
+    fn route() -> (Arc<Router>, Route) {
+        let router = router();
+        let route = Route::new(&router.current().unwrap(), KEY).unwrap();
+        (router, route)
+    }
+
     /// What `route` does after `e` (a map refresh due if `due`; `map`, if given, the map that
     /// refresh finds): `send`, `ask` or `moved` and the node it goes to, or `fail` and why.
     #[track_caller]
     fn check(
-        router: &Router,
-        route: &mut Route,
+        (router, route): &mut (Arc<Router>, Route),
         e: Error,
         due: bool,
         map: Option<Vec<slots::Range>>,
@@ -919,30 +908,22 @@ mod tests {
 
     #[test]
     fn a_command_follows_redirects_five_times() {
-        let router = router();
-        let mut route = Route::new(&router.current().unwrap(), KEY).unwrap();
-        assert_eq!(route.node.addr(), A);
+        let mut r = route();
+        assert_eq!(r.1.node.addr(), A);
         let moved = || reply(&format!("MOVED 5061 {B}"));
-        check(
-            &router,
-            &mut route,
-            moved(),
-            true,
-            None,
-            &format!("moved {B}, send {B}"),
-        );
-        let patched = Route::new(&router.current().unwrap(), KEY).unwrap();
+        check(&mut r, moved(), true, None, &format!("moved {B}, send {B}"));
+        let patched = Route::new(&r.0.current().unwrap(), KEY).unwrap();
         assert_eq!(patched.node.addr(), B, "the map patched");
         let ask = || reply(&format!("ASK 5061 {A}"));
-        check(&router, &mut route, ask(), true, None, &format!("ask {A}"));
-        let patched = Route::new(&router.current().unwrap(), KEY).unwrap();
+        check(&mut r, ask(), true, None, &format!("ask {A}"));
+        let patched = Route::new(&r.0.current().unwrap(), KEY).unwrap();
         assert_eq!(patched.node.addr(), B, "the map as it was");
         for _ in 0..3 {
-            check(&router, &mut route, ask(), true, None, &format!("ask {A}"));
+            check(&mut r, ask(), true, None, &format!("ask {A}"));
         }
         let gave_up = "fail: backend error: redis cluster: still redirected after 5 redirects (a resharding in \
                        progress)";
-        check(&router, &mut route, ask(), true, None, gave_up);
+        check(&mut r, ask(), true, None, gave_up);
     }
 
     #[test]
@@ -950,6 +931,7 @@ mod tests {
         let moved_away = || Some(halves(B, A));
         let unsent = || fault().unsent();
         let refused = "fail: backend error: the server refused the command";
+        let failed = "refresh, fail: backend error: i/o error talking to the server";
         #[rustfmt::skip]
         let table: &[(Error, bool, Option<Vec<slots::Range>>, &str)] = &[
             // Answers: the command's result, the map left alone.
@@ -957,40 +939,28 @@ mod tests {
             (reply("OOM command not allowed"), true, moved_away(), refused),
             (reply("WRONGPASS invalid username-password pair"), true, moved_away(), "fail: denied by the server: the server refused the URL's user and password (WRONGPASS)"),
             // A fault: the map asked again when due; sent, it may have run: not sent again.
-            (fault(), true, moved_away(), "refresh, fail: backend error: i/o error talking to the server"),
+            (fault(), true, moved_away(), failed),
             (fault(), false, moved_away(), "fail: backend error: i/o error talking to the server"),
             // Nothing of it ran: to the slot's master in the map now, if another node.
-            (unsent(), true, None, "refresh, fail: backend error: i/o error talking to the server"),
+            (unsent(), true, None, failed),
             (unsent(), true, moved_away(), &format!("refresh, send {B}")),
             (reply("CLUSTERDOWN Hash slot not served"), true, moved_away(), &format!("refresh, send {B}")),
             (reply("TRYAGAIN Multiple keys request during rehashing of slot"), true, moved_away(),
                 &format!("refresh, send {B}")),
         ];
         for (e, due, map, expected) in table {
-            let router = router();
-            let mut route = Route::new(&router.current().unwrap(), KEY).unwrap();
-            check(&router, &mut route, e.clone(), *due, map.clone(), expected);
+            check(&mut route(), e.clone(), *due, map.clone(), expected);
         }
         // Once: the master it went to cannot be reached either.
-        let router = router();
-        let mut route = Route::new(&router.current().unwrap(), KEY).unwrap();
+        let mut r = route();
         check(
-            &router,
-            &mut route,
+            &mut r,
             unsent(),
             true,
             moved_away(),
             &format!("refresh, send {B}"),
         );
-        let again = "refresh, fail: backend error: i/o error talking to the server";
-        check(
-            &router,
-            &mut route,
-            unsent(),
-            true,
-            Some(halves(A, B)),
-            again,
-        );
+        check(&mut r, unsent(), true, Some(halves(A, B)), failed);
     }
 
     /// One range over every slot, served by the node `id` at `addr`.
@@ -1003,6 +973,14 @@ mod tests {
         }]
     }
 
+    /// Each group's node, whether through its asking view, and its items.
+    fn shown(groups: &[Group]) -> Vec<(&str, bool, &[usize])> {
+        groups
+            .iter()
+            .map(|(n, asking, at)| (n.addr(), *asking, &at[..]))
+            .collect()
+    }
+
     #[test]
     fn a_batch_sends_again_only_what_was_redirected_or_never_ran() {
         let router = router();
@@ -1010,11 +988,10 @@ mod tests {
         let keys = ["bar", "foo", "{bar}.2", "{bar}.3"];
         let mut batch: BatchRoute<u8> = BatchRoute::new(&router.current().unwrap(), &keys, |k| k);
         let groups = batch.take();
-        let sent: Vec<(&str, &[usize])> = groups
-            .iter()
-            .map(|(n, _, at)| (n.addr(), &at[..]))
-            .collect();
-        assert_eq!(sent, [(A, &[0, 2, 3][..]), (B, &[1][..])]);
+        assert_eq!(
+            shown(&groups),
+            [(A, false, &[0, 2, 3][..]), (B, false, &[1][..])]
+        );
         let (a, b) = (&groups[0].0, &groups[1].0);
         let results = vec![
             Err(reply(&format!("ASK 5061 {B}"))),
@@ -1037,16 +1014,8 @@ mod tests {
         );
         router.install(halves(B, A)).unwrap();
         assert!(batch.next(&router, &keys, |k| k));
-        let again: Vec<(&str, bool, &[usize])> = batch
-            .groups
-            .iter()
-            .map(|(n, asking, at)| (n.addr(), *asking, &at[..]))
-            .collect();
-        assert_eq!(
-            again,
-            [(B, true, &[0][..]), (B, false, &[2][..])],
-            "asked, rerouted"
-        );
+        let again = [(B, true, &[0][..]), (B, false, &[2][..])];
+        assert_eq!(shown(&batch.groups), again, "asked, rerouted");
         let groups = batch.take();
         batch.judge(&router, &groups[0].0, &[0], vec![Ok(0)]);
         batch.judge(&router, &groups[1].0, &[2], vec![Ok(2)]);

@@ -330,11 +330,10 @@ mod tests {
             let reply = format!("-{code} {detail}\r\n");
             set_up.authenticated(redis::parse_redis_value(reply.as_bytes()), false)
         };
+        let fault =
+            |r: &Result<Auth, Failure>| matches!(r, Err(Failure::Fault(e)) if !e.is_denied());
         let full = refused("ERR", "max number of clients reached");
-        assert!(
-            matches!(&full, Err(Failure::Fault(e)) if !e.is_denied()),
-            "{full:?}"
-        );
+        assert!(fault(&full), "{full:?}");
         let wrong = refused("WRONGPASS", "invalid username-password pair");
         assert!(
             matches!(&wrong, Err(Failure::Local(e)) if e.is_denied()),
@@ -346,10 +345,7 @@ mod tests {
             "{old:?}"
         );
         let cluster = refused("ERR", "max number of clients + cluster connections reached");
-        assert!(
-            matches!(&cluster, Err(Failure::Fault(e)) if !e.is_denied()),
-            "{cluster:?}"
-        );
+        assert!(fault(&cluster), "{cluster:?}");
         assert_eq!(
             set_up.authenticated(Ok(Value::Okay), false).unwrap(),
             Auth::Done

@@ -1,16 +1,7 @@
 //! What every server has, whichever client speaks to it (memcached's blocking pool and
-//! pipelined engine, Redis's sync and async views), written once:
-//!
-//! - its settings ([`Options`]: timeouts, pool size, item size, health limits, replay
-//!   capacity), derived from the public [`MemcachedConfig`](crate::MemcachedConfig) or
-//!   `RedisConfig`, whose fields of the same names say what each means;
-//! - its health (`health.rs`): the gate every call passes (fail fast while it is marked dead,
-//!   or be the one caller probing it), marked dead after `failure_limit` transport faults in a
-//!   row ([`Health::fault`](health::Health::fault), with the one warning), back when a probe is
-//!   answered ([`Health::answered`](health::Health::answered));
-//! - its record of the invalidations it missed while out of reach (`outage.rs`);
-//! - the replay gate (`replay.rs`): before a caller uses a server whose record holds keys, it
-//!   deletes them there, or waits (within a bound each client sets) for the caller doing it.
+//! pipelined engine, Redis's sync and async views), written once: its settings ([`Options`]),
+//! its health (`health.rs`), its record of the invalidations it missed while out of reach
+//! (`outage.rs`) and the replay gate in front of it (`replay.rs`).
 
 pub(crate) mod health;
 pub(crate) mod outage;
@@ -41,10 +32,8 @@ pub const MAX_RETRY_INTERVAL: Duration = Duration::from_secs(86_400);
 /// plus one of them; "no limit" is not offered: a hung server would hold its callers forever).
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(3_600);
 
-/// What every server connection has, whichever client speaks to it: the public configurations'
-/// fields of the same names ([`MemcachedConfig::options`](crate::MemcachedConfig),
-/// `RedisConfig::options`), which say what each means. The builder sets them once
-/// ([`CacheBuilder`](crate::CacheBuilder) holds one), and the clients read them from here.
+/// The settings of every server connection: the public configurations' fields of the same
+/// names ([`MemcachedConfig`](crate::MemcachedConfig), `RedisConfig`) say what each means.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Options {
     pub(crate) connect_timeout: Duration,

@@ -838,18 +838,12 @@ async fn close_queue(ops: &mut mpsc::Receiver<Op>, e: &Error) {
 /// while its own op is all that is in flight (far below the cap), and written without waiting.
 /// Callers waiting for room in the queue meanwhile are not failed; they wait (cancel-safely).
 ///
-/// There is no batching timer. An op on an idle connection does not come here: its caller
-/// writes it ([`Conn::submit`]). While fewer than [`HOLD`] keys and commands are outstanding
-/// (none included: an op queued behind a connect, or behind others, or behind a reply read
-/// since), this task yields a scheduler turn before taking what is queued, and another after
-/// each turn in which a reply was read (at most one per reply outstanding), so that the
-/// callers ready to run, those woken by those replies included, add theirs: a few tasks keep
-/// their requests pipelined. While [`HOLD`] or more are outstanding, the connection is busy:
-/// a round that what is pending does not fill waits until they are all read (Nagle's rule),
-/// its ops left pending meanwhile (a get given up is skipped when the round is written), so
-/// that under load each write carries what the callers asked for during a round trip. Pending ops that fill a round (or the queue) end the wait, as does a caller
-/// that queued the last op of a batch ([`Conn::flush`]): its ops never wait for its own
-/// replies.
+/// There is no batching timer (an op on an idle connection does not come here: its caller
+/// writes it, [`Conn::submit`]). While fewer than [`HOLD`] keys and commands are outstanding,
+/// this task yields scheduler turns so that ready callers add their ops; from [`HOLD`] on, a
+/// round that what is pending does not fill waits for the last reply (Nagle's rule). The
+/// comments at each wait say why. A full round, or the end of a caller's batch
+/// ([`Conn::flush`]), ends the wait: a caller's ops never wait for its own replies.
 ///
 /// Every op taken stays pending in the [`Conn`] until its bytes are all written, which keeps
 /// the direct path shut meanwhile: the two never write at once.

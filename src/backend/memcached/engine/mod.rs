@@ -1,27 +1,19 @@
 //! The pipelined, auto-batching memcached engine (tokio): the async twin of `MemcachedBackend`.
 //!
 //! Per server, a few long-lived connections (round-robin while busy; an idle one is kept), each
-//! a writer task and a reader task (`conn.rs`). Callers encode and validate their command, queue
-//! it on a connection and await a oneshot; the writer writes what is queued in rounds (up to
-//! 2,048 keys or commands), merging runs of gets into one `gets` line, and writes a full round
-//! while the one before is unanswered, not more (so a batch of any size is in flight a round or
-//! two at a time, and each round's `io_timeout` counts from its own write); the reader answers
-//! whole replies in order. There is no batching timer: on an idle connection
-//! (nothing queued, nothing in flight) the caller writes its op itself, so a lone caller pays no
-//! hand-off to the writer; while a few replies are outstanding the writer lets the ready
-//! callers run one scheduler turn first (a few tasks keep their requests pipelined), and while
-//! many are (16 keys or commands or more), a round that what is pending does not fill waits for
-//! the last of them (Nagle's rule), so that under load a write carries every op its callers
-//! asked for during a round trip (fewer writes and wake-ups of the server); a caller's own
-//! batch never waits for its own replies. Placement
-//! (`routing.rs`) and the protocol (`wire.rs`) are the blocking backend's, health and the replay
-//! record every server's (`backend/server/`).
+//! a writer task and a reader task (`conn.rs` says how the writer merges gets and writes in
+//! rounds, and when a caller writes its own op). Callers encode and validate their command,
+//! queue it on a connection and await a oneshot. There is no batching timer: while a few
+//! replies are outstanding the writer lets the ready callers run one scheduler turn first, and
+//! under load a round waits for the last reply (Nagle's rule), so that a write carries every op
+//! asked for during a round trip. Placement (`routing.rs`) and the protocol (`wire.rs`) are the
+//! blocking backend's, health and the replay record every server's (`backend/server/`).
 //!
 //! # Faults
 //!
 //! A connection dies on a transport fault (an I/O error, a reply the parsers reject, no whole
-//! reply to its oldest request within `io_timeout` of that request's round being written): every caller in flight or queued on it
-//! fails at once (a written command with [`Error::is_outcome_unknown`]), and the server's
+//! reply to its oldest request within `io_timeout` of its round's write): every caller in
+//! flight or queued on it fails at once (a written command with [`Error::is_outcome_unknown`]), and the server's
 //! health records one fault. The next op reconnects through the health gate: while a server is
 //! dead its ops fail fast and one probe per `retry_interval` connects.
 //!

@@ -1,6 +1,5 @@
 //! The engine against real memcached processes: round trips, pipelining and merging under load,
-//! cancellation, faults (stopped, killed, restarted servers), runtime handoff, bad input. Plus
-//! an `#[ignore]`d measurement (see `measure`).
+//! cancellation, faults (stopped, killed, restarted servers), runtime handoff, bad input.
 
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
@@ -344,6 +343,59 @@ async fn populate(e: &Engine, prefix: &str, n: usize) -> Vec<String> {
     keys
 }
 
+/// `tasks` tasks, each making `gets` gets one after another (keys `{prefix}:{task}:{i}`).
+async fn gets_from_tasks(e: &Arc<Engine>, tasks: usize, gets: usize, prefix: &'static str) {
+    let tasks: Vec<_> = (0..tasks)
+        .map(|t| {
+            let e = e.clone();
+            tokio::spawn(async move {
+                for i in 0..gets {
+                    e.get(&format!("{prefix}:{t}:{i}")).await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+}
+
+/// The answers that were not the asker's own value, counted across tasks.
+#[derive(Default)]
+struct Tally {
+    wrong: AtomicUsize,
+    missing: AtomicUsize,
+}
+
+impl Tally {
+    fn check(&self, k: &str, r: &Result<Option<Item>>) {
+        match value(r) {
+            Some(v) if v == value_of(k) => {}
+            Some(_) => {
+                self.wrong.fetch_add(1, Ordering::Relaxed);
+            }
+            None => {
+                self.missing.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    #[track_caller]
+    fn none_wrong_or_missing(&self, when: &str) {
+        let wrong = self.wrong.load(Ordering::Relaxed);
+        assert_eq!(wrong, 0, "wrong values{when}");
+        assert_eq!(self.missing.load(Ordering::Relaxed), 0, "misses{when}");
+    }
+}
+
+/// Every key of `keys` holds its own value, read back in one batch.
+async fn each_holds_its_own(e: &Engine, keys: &[String]) {
+    let ks: Vec<&str> = keys.iter().map(String::as_str).collect();
+    for (k, r) in ks.iter().zip(e.get_many(&ks).await) {
+        assert_eq!(value(&r), Some(&value_of(k)[..]), "after");
+    }
+}
+
 #[tokio::test]
 async fn round_trips_of_every_method() {
     use StoreMode::{Add, Cas};
@@ -440,26 +492,13 @@ async fn pipelined_gets_under_load_get_their_own_values() {
     let e = Arc::new(engine(&[mc.addr()], 2, |_| {}));
     let keys = Arc::new(populate(&e, "st", 1000).await);
     let (lines0, gets0) = (e.lines(), e.gets());
-    let (wrong, missing, ops) = (
-        Arc::new(AtomicUsize::new(0)),
-        Arc::new(AtomicUsize::new(0)),
-        Arc::new(AtomicUsize::new(0)),
-    );
+    let (tally, ops) = (Arc::new(Tally::default()), Arc::new(AtomicUsize::new(0)));
     let tasks: Vec<_> = (0..256u64)
         .map(|t| {
-            let (e, keys) = (e.clone(), keys.clone());
-            let (wrong, missing, ops) = (wrong.clone(), missing.clone(), ops.clone());
+            let (e, keys, tally, ops) = (e.clone(), keys.clone(), tally.clone(), ops.clone());
             tokio::spawn(async move {
                 let mut rng = Rand(t * 7919 + 1);
-                let check = |k: &str, r: &Result<Option<Item>>| match value(r) {
-                    Some(v) if v == value_of(k) => {}
-                    Some(_) => {
-                        wrong.fetch_add(1, Ordering::Relaxed);
-                    }
-                    None => {
-                        missing.fetch_add(1, Ordering::Relaxed);
-                    }
-                };
+                let check = |k: &str, r: &Result<Option<Item>>| tally.check(k, r);
                 for _ in 0..100 {
                     if rng.below(4) == 0 {
                         let n = 1 + rng.below(20);
@@ -482,8 +521,7 @@ async fn pipelined_gets_under_load_get_their_own_values() {
         t.await.unwrap();
     }
     assert_eq!(ops.load(Ordering::Relaxed), 25_600);
-    assert_eq!(wrong.load(Ordering::Relaxed), 0, "wrong values");
-    assert_eq!(missing.load(Ordering::Relaxed), 0, "misses");
+    tally.none_wrong_or_missing("");
     let (lines, gets) = (e.lines() - lines0, e.gets() - gets0);
     eprintln!("{gets} get ops in {lines} gets lines");
     assert!(lines * 2 < gets, "{gets} get ops in {lines} lines: merging");
@@ -520,22 +558,14 @@ async fn cancellations_never_cross_replies() {
     let e = Arc::new(engine(&[mc.addr()], 2, |_| {}));
     let keys = Arc::new(populate(&e, "cx", 1000).await);
     let cancelled = Arc::new(AtomicUsize::new(0));
-    let (wrong, missing) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let tally = Arc::new(Tally::default());
     let tasks: Vec<_> = (0..256u64)
         .map(|t| {
             let (e, keys, cancelled) = (e.clone(), keys.clone(), cancelled.clone());
-            let (wrong, missing) = (wrong.clone(), missing.clone());
+            let tally = tally.clone();
             tokio::spawn(async move {
                 let mut rng = Rand(t * 104_729 + 3);
-                let check = |k: &str, r: &Result<Option<Item>>| match value(r) {
-                    Some(v) if v == value_of(k) => {}
-                    Some(_) => {
-                        wrong.fetch_add(1, Ordering::Relaxed);
-                    }
-                    None => {
-                        missing.fetch_add(1, Ordering::Relaxed);
-                    }
-                };
+                let check = |k: &str, r: &Result<Option<Item>>| tally.check(k, r);
                 // Cap the rounds, in case cancellations are rare on some machine.
                 for _ in 0..2000 {
                     if cancelled.load(Ordering::Relaxed) >= 10_000 {
@@ -586,12 +616,8 @@ async fn cancellations_never_cross_replies() {
     let n = cancelled.load(Ordering::Relaxed);
     eprintln!("{n} cancellations");
     assert!(n >= 10_000, "only {n} cancellations");
-    assert_eq!(wrong.load(Ordering::Relaxed), 0, "wrong values during");
-    assert_eq!(missing.load(Ordering::Relaxed), 0, "misses during");
-    let ks: Vec<&str> = keys.iter().map(String::as_str).collect();
-    for (k, r) in ks.iter().zip(e.get_many(&ks).await) {
-        assert_eq!(value(&r), Some(&value_of(k)[..]), "after");
-    }
+    tally.none_wrong_or_missing(" during");
+    each_holds_its_own(&e, &keys).await;
 }
 
 /// A get dropped after it was written, its large reply not yet read: the next ops on
@@ -911,19 +937,7 @@ async fn a_lone_caller_keeps_one_connection() {
     assert_eq!(e.connects(0), 1);
     // All but maybe the first (queued if it came before the connect).
     assert!(e.direct() >= 99, "{}", e.direct());
-    let tasks: Vec<_> = (0..64)
-        .map(|i| {
-            let e = e.clone();
-            tokio::spawn(async move {
-                for j in 0..20 {
-                    e.get(&format!("lc:{i}:{j}")).await.unwrap();
-                }
-            })
-        })
-        .collect();
-    for t in tasks {
-        t.await.unwrap();
-    }
+    gets_from_tasks(&e, 64, 20, "lc").await;
     assert_eq!(
         e.connects(0),
         2,
@@ -1017,10 +1031,7 @@ async fn direct_and_queued_never_cross(e: Arc<Engine>, keys: Arc<Vec<String>>) -
         t.await.unwrap();
     }
     assert_eq!(wrong.load(Ordering::Relaxed), 0, "wrong values");
-    let ks: Vec<&str> = keys.iter().map(String::as_str).collect();
-    for (k, r) in ks.iter().zip(e.get_many(&ks).await) {
-        assert_eq!(value(&r), Some(&value_of(k)[..]), "after");
-    }
+    each_holds_its_own(&e, &keys).await;
     (e.direct() - direct0, cancelled.load(Ordering::Relaxed))
 }
 
@@ -1541,163 +1552,6 @@ fn configuration_is_checked() {
     );
 }
 
-/// The quick measurement (not in the default run). Release build:
-/// `cargo test --release --lib memcached::engine::tests::measure -- --ignored --nocapture`
-///
-/// The 1-task figures depend on where the scheduler puts memcached's threads (see `latency`);
-/// `taskset -c 0` in front of the test binary puts everything on one CPU, the most repeatable
-/// setting on a shared VM.
-#[test]
-#[ignore = "a measurement: run it on purpose, in release"]
-fn measure() {
-    use crate::backend::Backend;
-    use crate::backend::memcached::MemcachedBackend;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-    const TASKS: usize = 64;
-    const RUN: Duration = Duration::from_secs(3);
-    let mc = Memcached::start();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let e = Arc::new(engine(&[mc.addr()], 2, |_| {}));
-    let keys = Arc::new(rt.block_on(populate(&e, "hot", 1000)));
-
-    // Throughput: 64, then 256 tasks of gets over 1,000 hot keys.
-    let mut engine_rate = 0.0;
-    for tasks in [TASKS, 4 * TASKS] {
-        let (lines0, gets0, writes0, direct0) = (e.lines(), e.gets(), e.writes(), e.direct());
-        let total = rt.block_on(async {
-            let until = Instant::now() + RUN;
-            let tasks: Vec<_> = (0..tasks as u64)
-                .map(|t| {
-                    let (e, keys) = (e.clone(), keys.clone());
-                    tokio::spawn(async move {
-                        let mut rng = Rand(t + 11);
-                        let mut n = 0u64;
-                        while Instant::now() < until {
-                            let k = &keys[rng.below(keys.len())];
-                            assert!(e.get(k).await.unwrap().is_some());
-                            n += 1;
-                        }
-                        n
-                    })
-                })
-                .collect();
-            let mut total = 0;
-            for t in tasks {
-                total += t.await.unwrap();
-            }
-            total
-        });
-        let (lines, gets, writes) = (e.lines() - lines0, e.gets() - gets0, e.writes() - writes0);
-        let direct = e.direct() - direct0;
-        let rate = total as f64 / RUN.as_secs_f64();
-        println!(
-            "engine: {tasks} tasks, {rate:.0} gets/s ({gets} gets in {lines} lines, \
-             {writes} writes of which {direct} direct: {:.1} gets/line)",
-            gets as f64 / lines as f64
-        );
-        if tasks == TASKS {
-            engine_rate = rate;
-        }
-    }
-
-    // The same through one MemcachedBackend from 64 threads.
-    let sync = MemcachedBackend::new(config(&[mc.addr()], |c| c.pool_size = TASKS as u32)).unwrap();
-    let count = AtomicU64::new(0);
-    let until = Instant::now() + RUN;
-    std::thread::scope(|s| {
-        for t in 0..TASKS as u64 {
-            let (sync, keys, count) = (&sync, &keys, &count);
-            s.spawn(move || {
-                let mut rng = Rand(t + 11);
-                let mut n = 0;
-                while Instant::now() < until {
-                    let k = &keys[rng.below(keys.len())];
-                    assert!(sync.get(k).unwrap().is_some());
-                    n += 1;
-                }
-                count.fetch_add(n, Ordering::Relaxed);
-            });
-        }
-    });
-    let sync_rate = count.load(Ordering::Relaxed) as f64 / RUN.as_secs_f64();
-    println!(
-        "MemcachedBackend: {TASKS} threads, {sync_rate:.0} gets/s; engine/sync = {:.2}",
-        engine_rate / sync_rate
-    );
-
-    // Latency: one task, Engine::get of a missing key vs a bare socket's `get k` -> `END`.
-    const N: usize = 20_000;
-    let pct = |mut v: Vec<Duration>| -> (Duration, Duration) {
-        v.sort();
-        (v[v.len() / 2], v[v.len() * 99 / 100])
-    };
-    // Alternating blocks of 1,000, so that both see the same machine load. In a spawned task,
-    // as a web handler runs (a `block_on` future runs off the workers: every wake-up would
-    // cross threads).
-    let latency = |rt: &tokio::runtime::Runtime| {
-        let (e, addr) = (e.clone(), mc.addr());
-        let task = rt.spawn(async move {
-            // Both on one server thread: a memcached thread's answer time depends on where the
-            // scheduler put it, so sockets served by different threads are not comparable. memcached hands new connections to its
-            // (2) threads in turn: the engine's connection (a lone caller keeps one), another,
-            // then the bare socket.
-            assert!(e.get("k").await.unwrap().is_none());
-            let _other = tokio::net::TcpStream::connect(&addr).await.unwrap();
-            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-            s.set_nodelay(true).unwrap();
-            let (mut lat, mut bare) = (Vec::with_capacity(N), Vec::with_capacity(N));
-            let mut buf = [0u8; 64];
-            for _ in 0..N / 1000 {
-                for _ in 0..1000 {
-                    let t = Instant::now();
-                    assert!(e.get("k").await.unwrap().is_none());
-                    lat.push(t.elapsed());
-                }
-                for _ in 0..1000 {
-                    let t = Instant::now();
-                    s.write_all(b"get k\r\n").await.unwrap();
-                    let mut got = 0;
-                    while !buf[..got].ends_with(b"END\r\n") {
-                        got += s.read(&mut buf[got..]).await.unwrap();
-                    }
-                    bare.push(t.elapsed());
-                }
-            }
-            (pct(lat), pct(bare))
-        });
-        rt.block_on(task).unwrap()
-    };
-    let current = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    for (name, rt) in [
-        ("multi-thread (2 workers)", &rt),
-        ("current-thread", &current),
-    ] {
-        // Connections are opened on each runtime in turn.
-        e.servers
-            .iter()
-            .flat_map(|s| s.slots.iter())
-            .for_each(|s| drop(s.lock().take()));
-        let (engine_lat, bare_lat) = latency(rt);
-        println!(
-            "1 task, {name}: Engine::get p50 {:?} p99 {:?}; bare tokio socket p50 {:?} p99 {:?}; \
-             p50 ratio {:.3}",
-            engine_lat.0,
-            engine_lat.1,
-            bare_lat.0,
-            bare_lat.1,
-            engine_lat.0.as_secs_f64() / bare_lat.0.as_secs_f64()
-        );
-    }
-}
-
 /// `n` keys under `prefix` with values of `size` bytes, stored straight on `addr`.
 fn populate_sized(
     rt: &tokio::runtime::Runtime,
@@ -1834,11 +1688,10 @@ mod writer_hold {
         (listener, e)
     }
 
-    /// Reads from `peer` into `got` until `done(got)`, or `within` passes; whether it was done.
+    /// Reads from `peer` into `got` until `done(got)`, or 5 s pass; whether it was done.
     pub(super) async fn read_until(
         peer: &mut tokio::net::TcpStream,
         got: &mut Vec<u8>,
-        within: Duration,
         done: impl Fn(&[u8]) -> bool,
     ) -> bool {
         let reading = async {
@@ -1849,7 +1702,14 @@ mod writer_hold {
                 got.extend_from_slice(&buf[..n]);
             }
         };
-        tokio::time::timeout(within, reading).await.is_ok()
+        tokio::time::timeout(Duration::from_secs(5), reading)
+            .await
+            .is_ok()
+    }
+
+    /// [`read_until`] a whole line.
+    pub(super) async fn read_line(peer: &mut tokio::net::TcpStream, got: &mut Vec<u8>) -> bool {
+        read_until(peer, got, |g| g.ends_with(b"\r\n")).await
     }
 
     /// Accepts the engine's connection and serves one warm-up get on it, so that the connection
@@ -1864,11 +1724,7 @@ mod writer_hold {
         };
         let (mut peer, _) = listener.accept().await.unwrap();
         let mut got = Vec::new();
-        assert!(
-            read_until(&mut peer, &mut got, Duration::from_secs(5), |g| g
-                .ends_with(b"\r\n"))
-            .await
-        );
+        assert!(read_line(&mut peer, &mut got).await);
         assert_eq!(got, b"gets warm\r\n");
         peer.write_all(b"END\r\n").await.unwrap();
         assert_eq!(warm.await.unwrap(), None);
@@ -1891,7 +1747,7 @@ mod writer_hold {
             .collect();
         let mut got = Vec::new();
         assert!(
-            read_until(peer, &mut got, Duration::from_secs(5), |g| {
+            read_until(peer, &mut got, |g| {
                 g.ends_with(b"\r\n") && count(g, b" h") >= HOLD
             })
             .await,
@@ -1941,10 +1797,7 @@ mod writer_hold {
         };
         let mut got = Vec::new();
         // Both lines, before any reply: nothing else can wake the writer.
-        let both = read_until(&mut peer, &mut got, Duration::from_secs(5), |g| {
-            count(g, b"\r\n") >= 2
-        })
-        .await;
+        let both = read_until(&mut peer, &mut got, |g| count(g, b"\r\n") >= 2).await;
         let lines_before_reply = count(&got, b"\r\n");
         task.abort();
         assert!(
@@ -1969,10 +1822,7 @@ mod writer_hold {
             })
         };
         let mut got = Vec::new();
-        let both = read_until(&mut peer, &mut got, Duration::from_secs(5), |g| {
-            count(g, b"set ") >= 2
-        })
-        .await;
+        let both = read_until(&mut peer, &mut got, |g| count(g, b"set ") >= 2).await;
         task.abort();
         assert!(
             both,
@@ -2007,11 +1857,7 @@ mod writer_hold {
         answer_busy(&mut peer, busy).await;
         let c = get("c");
         let mut got = Vec::new();
-        assert!(
-            read_until(&mut peer, &mut got, Duration::from_secs(5), |g| g
-                .ends_with(b"\r\n"))
-            .await
-        );
+        assert!(read_line(&mut peer, &mut got).await);
         let written = String::from_utf8_lossy(&got).into_owned();
         // Answer whatever was asked, so that `c` ends.
         let mut reply = Vec::new();
@@ -2022,10 +1868,7 @@ mod writer_hold {
         peer.write_all(&reply).await.unwrap();
         if !written.contains(" c") {
             got.clear();
-            let _ = read_until(&mut peer, &mut got, Duration::from_secs(5), |g| {
-                g.ends_with(b"\r\n")
-            })
-            .await;
+            let _ = read_until(&mut peer, &mut got, |g| g.ends_with(b"\r\n")).await;
             peer.write_all(b"END\r\n").await.unwrap();
         }
         assert_eq!(c.await.unwrap().unwrap(), None);
@@ -2066,10 +1909,7 @@ mod writer_hold {
             .collect();
         turns().await;
         let mut got = Vec::new();
-        let sent = read_until(&mut peer, &mut got, Duration::from_secs(5), |g| {
-            count(g, b"\r\n") >= 1
-        })
-        .await;
+        let sent = read_until(&mut peer, &mut got, |g| count(g, b"\r\n") >= 1).await;
         busy.iter().for_each(|t| t.abort());
         b.abort();
         batch.iter().for_each(|t| t.abort());
@@ -2081,21 +1921,12 @@ mod writer_hold {
         );
     }
 
-    /// Two tasks on one connection (a current-thread runtime, as `Blended`'s engine
-    /// thread and many services run). The reader wakes the writer (`drained`) before the
-    /// caller whose reply it read, so the writer writes the other caller's held get alone; the
-    /// woken caller then queues behind it and is held in turn. The two never have a request on
-    /// the wire together: every get waits a whole extra round trip for the other's, and the
-    /// connection carries one request at a time (it should carry two, pipelined).
-    ///
-    /// The same lockstep came back through the writer's yield: the reader, run during it, read
-    /// the other task's reply and woke it to run after the writer, which then wrote its one get
-    /// alone, and so on for good, often after a few rounds that did overlap (so a peak of two
-    /// in flight missed most of it). Counted here: the writer's rounds written while the other
-    /// task's get was in flight. In lockstep a connection has 0 to 10 of them; pipelined, 133
-    /// or more (560 connections tried, quiet, under two busy loops, and with one task
-    /// storing). With the writer yielding once only, this failed 9 runs in 10, nearly always
-    /// on its first connection.
+    /// Two tasks on one connection (a current-thread runtime, as `Blended`'s engine thread and
+    /// many services run) must keep two requests on the wire, pipelined, not take turns (each
+    /// get waiting a whole extra round trip for the other's). Turns come back if the reader
+    /// wakes the writer before the caller whose reply it read, or reads the other task's reply
+    /// during the writer's yield. Counted: the writer's rounds written while the other task's
+    /// get was in flight (a handful in lockstep, over a hundred pipelined).
     #[tokio::test]
     async fn two_tasks_on_one_connection_keep_two_requests_in_flight() {
         for run in 0..5 {
@@ -2103,19 +1934,7 @@ mod writer_hold {
             let e = Arc::new(engine(&[mc.addr()], 1, |_| {}));
             e.get("warm").await.unwrap();
             let (w0, d0) = (e.writes(), e.direct());
-            let tasks: Vec<_> = (0..2)
-                .map(|t| {
-                    let e = e.clone();
-                    tokio::spawn(async move {
-                        for i in 0..200 {
-                            e.get(&format!("pp:{t}:{i}")).await.unwrap();
-                        }
-                    })
-                })
-                .collect();
-            for t in tasks {
-                t.await.unwrap();
-            }
+            gets_from_tasks(&e, 2, 200, "pp").await;
             let (writes, direct) = (e.writes() - w0, e.direct() - d0);
             assert!(
                 e.overlapped() >= 50,
@@ -2139,11 +1958,7 @@ mod writer_hold {
             tokio::spawn(async move { e.get_many(&["a", "bb", "ccc", "a"]).await })
         };
         let mut got = Vec::new();
-        assert!(
-            read_until(&mut peer, &mut got, Duration::from_secs(5), |g| g
-                .ends_with(b"\r\n"))
-            .await
-        );
+        assert!(read_line(&mut peer, &mut got).await);
         assert_eq!(got, b"gets a bb ccc\r\n");
         let reply = b"VALUE a 0 2 1\r\nhi\r\nVALUE ccc 5 4 2\r\nEN\r\n\r\nEND\r\n";
         let reads = e.read();
@@ -2164,11 +1979,7 @@ mod writer_hold {
             tokio::spawn(async move { e.get("d").await })
         };
         got.clear();
-        assert!(
-            read_until(&mut peer, &mut got, Duration::from_secs(5), |g| g
-                .ends_with(b"\r\n"))
-            .await
-        );
+        assert!(read_line(&mut peer, &mut got).await);
         assert_eq!(got, b"gets d\r\n");
         peer.write_all(b"END\r\n").await.unwrap();
         assert_eq!(next.await.unwrap().unwrap(), None);
@@ -2181,31 +1992,13 @@ mod writer_hold {
     /// stops on every reply it accepts, both read the same slots or the same error, and a
     /// prefix of a reply the streaming parser accepts is never whole.
     mod framing {
+        use crate::backend::memcached::wire::tests::outcome;
         use crate::backend::memcached::wire::{
-            Shape, Slot, frame_gets, is_closed, is_server_reply, leaves_connection_usable,
-            read_chunked, read_framed, read_slots, reply_len,
+            Shape, Slot, frame_gets, read_chunked, read_framed, read_slots, reply_len,
         };
         use proptest::prelude::*;
 
         const KEYS: [&str; 3] = ["a", "bb", "ccc"];
-
-        fn outcome(read: crate::Result<Vec<Slot>>) -> String {
-            let slot = |s: &Slot| match s {
-                Ok(None) => "miss".to_string(),
-                Ok(Some(i)) => format!("{:?}/{}/{}", &i.value[..], i.flags, i.cas),
-                Err(e) => format!("{:?}", e.kind()),
-            };
-            match read {
-                Ok(slots) => slots.iter().map(slot).collect::<Vec<_>>().join(" "),
-                Err(e) => format!(
-                    "error {:?} usable {} answer {} closed {}",
-                    e.kind(),
-                    leaves_connection_usable(&e),
-                    is_server_reply(&e),
-                    is_closed(&e)
-                ),
-            }
-        }
 
         fn piece() -> impl Strategy<Value = Vec<u8>> {
             let key = prop::sample::select(vec!["a", "bb", "ccc", "z", "a b", ""]);
@@ -2366,7 +2159,7 @@ mod cancelled_held_writes {
         answer_busy(&mut peer, b).await;
         let mut got = Vec::new();
         assert!(
-            read_until(&mut peer, &mut got, Duration::from_secs(5), |g| {
+            read_until(&mut peer, &mut got, |g| {
                 count(g, b"set s ") == 1 && count(g, b"\r\n") >= 2
             })
             .await,
@@ -2380,7 +2173,7 @@ mod cancelled_held_writes {
         };
         let mut more = Vec::new();
         assert!(
-            read_until(&mut peer, &mut more, Duration::from_secs(5), |g| {
+            read_until(&mut peer, &mut more, |g| {
                 count(g, b" c") == 1 && g.ends_with(b"\r\n")
             })
             .await,
