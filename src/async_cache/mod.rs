@@ -706,7 +706,7 @@ impl AsyncCache {
     }
 }
 
-/// The async front end's [`Io`] and [`Driver`]: the cache's async backend, tokio timers, and
+/// The async front end's [`Io`] and [`Driver`](crate::loader::driver::Driver): the cache's async backend, tokio timers, and
 /// claims kept alive inside the caller's future.
 #[derive(Clone, Copy)]
 pub(crate) struct AsyncDriver<'a>(pub(crate) &'a AsyncCache);

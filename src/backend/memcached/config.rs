@@ -178,15 +178,25 @@ impl MemcachedConfig {
     /// These servers with the settings every server connection has, `options` (and failing
     /// fast on a dead server's keys).
     pub(crate) fn with_options(servers: Vec<ServerSpec>, options: Options) -> MemcachedConfig {
+        // Every field named: a new shared setting fails to build here until it is used.
+        let Options {
+            connect_timeout,
+            io_timeout,
+            pool_size,
+            item_size,
+            failure_limit,
+            retry_interval,
+            replay_capacity,
+        } = options;
         MemcachedConfig {
             servers,
-            connect_timeout: options.connect_timeout,
-            io_timeout: options.io_timeout,
-            pool_size: options.pool_size,
-            item_size: options.item_size,
-            failure_limit: options.failure_limit,
-            replay_capacity: options.replay_capacity,
-            retry_interval: options.retry_interval,
+            connect_timeout,
+            io_timeout,
+            pool_size,
+            item_size,
+            failure_limit,
+            replay_capacity,
+            retry_interval,
             dead_servers: DeadServerPolicy::FailFast,
         }
     }

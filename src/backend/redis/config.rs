@@ -100,16 +100,26 @@ impl RedisConfig {
     /// The server at `url` with the settings every server connection has, `options` (and the
     /// defaults of Redis's own).
     pub(crate) fn with_options(url: impl Into<String>, options: Options) -> RedisConfig {
+        // Every field named: a new shared setting fails to build here until it is used.
+        let Options {
+            connect_timeout,
+            io_timeout,
+            pool_size,
+            item_size,
+            failure_limit,
+            retry_interval,
+            replay_capacity,
+        } = options;
         RedisConfig {
             url: url.into(),
-            connect_timeout: options.connect_timeout,
-            io_timeout: options.io_timeout,
-            pool_size: options.pool_size,
-            failure_limit: options.failure_limit,
-            retry_interval: options.retry_interval,
-            item_size: options.item_size,
+            connect_timeout,
+            io_timeout,
+            pool_size,
+            failure_limit,
+            retry_interval,
+            item_size,
             key_limit: DEFAULT_KEY_LIMIT,
-            replay_capacity: options.replay_capacity,
+            replay_capacity,
             wait: None,
             #[cfg(feature = "redis-tls")]
             tls: None,
