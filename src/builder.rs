@@ -483,9 +483,9 @@ impl CacheBuilder {
         self
     }
 
-    /// Uses a backend of your own. An `AsyncCache` built on it calls its
-    /// methods on the caller's task, as it does the memory backend's, so they must not block
-    /// for long (wrap a network store in a backend of its own thread, or call it from `Cache`).
+    /// Uses a backend of your own. An `AsyncCache` built on it calls its methods on the
+    /// caller's task, as it does the memory backend's, so they must not block for long (wrap a
+    /// network store in a backend of its own thread, or call it from `Cache`).
     pub fn backend(mut self, backend: Arc<dyn Backend>) -> Self {
         self.backend = BackendChoice::Custom(backend);
         self
