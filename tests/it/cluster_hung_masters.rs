@@ -142,35 +142,8 @@ fn a_healthy_master_whose_connect_a_hung_one_starved_counts_no_fault() {
             .unwrap()
     };
     let settler = cache_of(cluster.seeds());
-    let deadline = std::time::Instant::now() + S(20);
-    let (hung, busy, other, kh, kb, ko) = loop {
-        let masters = cluster.masters();
-        let mut ports: Vec<u16> = masters.iter().map(|(p, _)| *p).collect();
-        ports.sort_by_key(|p| format!("127.0.0.1:{p}"));
-        let key_on = |port: u16| {
-            (0..)
-                .map(|i| format!("k{i}"))
-                .find(|k| master_of(&masters, slot_of(port, &settler.make_key(k))) == port)
-                .unwrap()
-        };
-        let (kh, kb, ko) = (key_on(ports[0]), key_on(ports[1]), key_on(ports[2]));
-        let failed = settler.set_many(
-            [
-                (kh.as_str(), &1u32),
-                (kb.as_str(), &1u32),
-                (ko.as_str(), &1u32),
-            ],
-            S(600),
-        );
-        if failed.is_ok_and(|f| f.is_empty()) {
-            break (ports[0], ports[1], ports[2], kh, kb, ko);
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the cluster never settled"
-        );
-        std::thread::sleep(MS(200));
-    };
+    let keys = keys_on_masters(&cluster, &settler);
+    let [(hung, kh), (busy, kb), (other, ko)]: [(u16, String); 3] = keys.try_into().unwrap();
     drop(settler);
     // A cache whose map is learned from the third master alone, and which holds no connection
     // to the other two.
@@ -231,35 +204,8 @@ fn a_hung_master_asked_after_a_quick_connect_still_counts_its_fault() {
             .unwrap()
     };
     let settler = cache_of(cluster.seeds());
-    let deadline = std::time::Instant::now() + S(20);
-    let (healthy, hung, other, k0, kh, ko) = loop {
-        let masters = cluster.masters();
-        let mut ports: Vec<u16> = masters.iter().map(|(p, _)| *p).collect();
-        ports.sort_by_key(|p| format!("127.0.0.1:{p}"));
-        let key_on = |port: u16| {
-            (0..)
-                .map(|i| format!("k{i}"))
-                .find(|k| master_of(&masters, slot_of(port, &settler.make_key(k))) == port)
-                .unwrap()
-        };
-        let (k0, kh, ko) = (key_on(ports[0]), key_on(ports[1]), key_on(ports[2]));
-        let failed = settler.set_many(
-            [
-                (k0.as_str(), &1u32),
-                (kh.as_str(), &1u32),
-                (ko.as_str(), &1u32),
-            ],
-            S(600),
-        );
-        if failed.is_ok_and(|f| f.is_empty()) {
-            break (ports[0], ports[1], ports[2], k0, kh, ko);
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the cluster never settled"
-        );
-        std::thread::sleep(MS(200));
-    };
+    let keys = keys_on_masters(&cluster, &settler);
+    let [(healthy, k0), (hung, kh), (other, ko)]: [(u16, String); 3] = keys.try_into().unwrap();
     drop(settler);
     // The map learned from the third master alone: the first two need a connect, the healthy
     // one (first in address order) before the hung one.
