@@ -43,6 +43,12 @@ pub const MAX_ITEM_SIZE: usize = 1 << 30;
 /// Default longest time a load keeps its claim alive: 60 s (the default herd timeout).
 pub const DEFAULT_MAX_LOAD_TIME: Duration = Duration::from_secs(60);
 
+/// The smallest near tier ([`CacheBuilder::near_cache`]): 64 KiB.
+pub const MIN_NEAR_CAPACITY: u64 = 64 << 10;
+
+/// The longest [`CacheBuilder::near_ttl`]: how stale another process's write may be seen.
+pub const MAX_NEAR_TTL: Duration = Duration::from_secs(3600);
+
 impl Cache {
     /// Starts configuring a cache; see [`CacheBuilder`] for the settings and their defaults.
     pub fn builder() -> CacheBuilder {
@@ -217,6 +223,8 @@ pub struct CacheBuilder {
     stale_on_error: Option<Duration>,
     seed: Option<u64>,
     format: Format,
+    near: Option<crate::near::NearSettings>,
+    custom_clock: bool,
     #[cfg(feature = "redis-tls")]
     redis_tls: Option<crate::backend::redis::RedisTls>,
     #[cfg(feature = "redis")]
@@ -250,6 +258,8 @@ impl Default for CacheBuilder {
             stale_on_error: None,
             seed: None,
             format: Format::default(),
+            near: None,
+            custom_clock: false,
             #[cfg(feature = "redis-tls")]
             redis_tls: None,
             #[cfg(feature = "redis")]
@@ -550,6 +560,7 @@ impl CacheBuilder {
     /// clock. Tests pass a [`MockClock`](crate::testing::MockClock).
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
+        self.custom_clock = true;
         self
     }
 
@@ -711,6 +722,42 @@ impl CacheBuilder {
     /// value was computed at most `max_age` ago. Off by default.
     pub fn serve_stale_on_error(mut self, max_age: Duration) -> Self {
         self.stale_on_error = Some(max_age);
+        self
+    }
+
+    /// Turns on the near tier: copies of the values this cache reads, in this process's
+    /// memory, up to `capacity` bytes (each copy is charged its bytes, what decoding it
+    /// allocates, and a small overhead; a copy over 1/16 of the capacity is not kept). Off by
+    /// default.
+    ///
+    /// A read that finds a fresh copy younger than the [`near_ttl`](CacheBuilder::near_ttl)
+    /// is answered from it, without I/O; everything else (misses, stale values, claims,
+    /// loads) goes to the shared store as without it, so one load per expiry still holds
+    /// across processes. This process's writes drop its copies before they are sent; another
+    /// process's writes are seen once the near ttl has passed since the read that filled the
+    /// copy. With [`serve_stale_on_error`](CacheBuilder::serve_stale_on_error), a copy is
+    /// served past the near ttl, within its staleness bound, while the shared store does not
+    /// answer. The near tier is per cache (shared by its clones, version views and async
+    /// view); `get_arc` reads a value decoded once.
+    pub fn near_cache(mut self, capacity: u64) -> Self {
+        let ttl = self
+            .near
+            .as_ref()
+            .map_or(crate::near::DEFAULT_NEAR_TTL, |n| n.ttl);
+        self.near = Some(crate::near::NearSettings { capacity, ttl });
+        self
+    }
+
+    /// How long a near copy is served after the shared read that filled it was sent: the most
+    /// another process's write to the key goes unseen here. Default 5 s; at most 1 hour. Only
+    /// with [`near_cache`](CacheBuilder::near_cache).
+    pub fn near_ttl(mut self, ttl: Duration) -> Self {
+        match &mut self.near {
+            Some(n) => n.ttl = ttl,
+            None => {
+                self.near = Some(crate::near::NearSettings { capacity: 0, ttl });
+            }
+        }
         self
     }
 
@@ -991,6 +1038,21 @@ impl CacheBuilder {
                 self.lease_ttl
             )));
         }
+        if let Some(near) = &self.near {
+            if near.capacity < MIN_NEAR_CAPACITY {
+                return Err(Error::config(format!(
+                    "near_cache capacity must be at least {MIN_NEAR_CAPACITY} bytes (near_ttl \
+                     alone does not turn the near tier on), got {}",
+                    near.capacity
+                )));
+            }
+            if near.ttl.is_zero() || near.ttl > MAX_NEAR_TTL {
+                return Err(Error::config(format!(
+                    "near_ttl must be above zero and at most {MAX_NEAR_TTL:?}, got {:?}",
+                    near.ttl
+                )));
+            }
+        }
         if let Some(beta) = self.early_beta {
             if !(beta.is_finite() && beta > 0.0) {
                 return Err(Error::config(format!(
@@ -1078,6 +1140,8 @@ impl CacheBuilder {
             early_beta: self.early_beta,
             stale_on_error: self.stale_on_error,
             seed,
+            near: self.near,
+            custom_clock: self.custom_clock,
         })
     }
 }

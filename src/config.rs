@@ -38,4 +38,9 @@ pub(crate) struct Config {
     pub(crate) early_beta: Option<f64>,
     pub(crate) stale_on_error: Option<Duration>,
     pub(crate) seed: u64,
+    /// The near tier, if the builder asked for one.
+    pub(crate) near: Option<crate::near::NearSettings>,
+    /// Whether `clock` is the builder's own (a caller's clock is read on every near hit; the
+    /// system clock is ticked).
+    pub(crate) custom_clock: bool,
 }

@@ -212,6 +212,7 @@ mod key;
 #[cfg(feature = "tower")]
 pub mod layer;
 mod loader;
+mod near;
 mod ping;
 mod protocol;
 mod rng;
@@ -234,7 +235,8 @@ pub use backend::redis::{RedisBackend, RedisCluster, RedisConfig, ReplicaWait};
 pub use backend::{Backend, Item, StoreMode, StoreOutcome, Write};
 pub use builder::{
     CacheBuilder, DEFAULT_HERD_TIMEOUT, DEFAULT_LEASE_TTL, DEFAULT_MAX_LOAD_TIME, DEFAULT_MAX_WAIT,
-    DEFAULT_NAME, DEFAULT_TTL, MAX_ITEM_SIZE, MIN_ITEM_SIZE, MIN_LEASE_TTL,
+    DEFAULT_NAME, DEFAULT_TTL, MAX_ITEM_SIZE, MAX_NEAR_TTL, MIN_ITEM_SIZE, MIN_LEASE_TTL,
+    MIN_NEAR_CAPACITY,
 };
 pub use cache::{Cache, DecodePolicy, FailurePolicy, Herd};
 pub use clock::{Clock, SystemClock};

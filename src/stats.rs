@@ -225,6 +225,20 @@ stats! {
     /// Replays that failed part way (a server that went away again): their keys are kept
     /// for the next attempt, and the server serves nothing before it.
     replays_failed,
+    /// Reads answered from the near tier ([`near_cache`](crate::CacheBuilder::near_cache)):
+    /// fresh copies in this process's memory, no I/O. Counted in [`hits`](Stats::hits) too.
+    near_hits => "newcache_near_hits_total",
+    /// Reads of a cache with a near tier that it could not answer (no copy, or one too old,
+    /// stale, or written since): they went to the shared store.
+    near_misses => "newcache_near_misses_total",
+    /// Copies not kept: too large for the near tier, or written by this process while the read
+    /// that would have filled it was in flight.
+    near_refused => "newcache_near_refused_total",
+    /// Copies evicted to keep the near tier within its capacity.
+    near_evictions => "newcache_near_evictions_total",
+    /// Copies served past the near ttl because the shared store did not answer (within their
+    /// staleness bound, with [`serve_stale_on_error`](crate::CacheBuilder::serve_stale_on_error)).
+    near_outage_served => "newcache_near_outage_served_total",
 }
 
 /// Events of one batch counted in place and added to `counter` once, when the tally is

@@ -208,6 +208,21 @@ impl AsyncCache {
         self.cache.get_on(&self.io(), key).await
     }
 
+    /// Reads a value as a shared `Arc<T>`, decoded once: the async
+    /// [`Cache::get_arc`](crate::Cache::get_arc). A near hit completes without I/O.
+    ///
+    /// # Errors
+    /// As [`get`](AsyncCache::get).
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: a dropped read changes nothing (and fills no near copy).
+    pub async fn get_arc<T: DeserializeOwned + Send + Sync + 'static>(
+        &self,
+        key: &str,
+    ) -> Result<Option<std::sync::Arc<T>>> {
+        self.cache.get_arc_on(&self.io(), key).await
+    }
+
     /// Stores a value with the herd protection: the async [`Cache::set`].
     ///
     /// The value is fresh for `ttl`, then stale: the first reader to see it stale recomputes while

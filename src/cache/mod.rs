@@ -3,6 +3,7 @@
 
 mod counters;
 pub(crate) mod io;
+mod near;
 pub(crate) mod policy;
 pub(crate) mod read;
 mod write;
@@ -47,6 +48,9 @@ pub(crate) struct Inner {
     warned_too_large: Mutex<HashSet<String>>,
     /// Whether a batch's keys on a server without CAS were logged yet (once).
     pub(crate) warned_no_cas: AtomicBool,
+    /// The near tier, if the builder asked for one: its backends above are then fenced
+    /// (`near::fence`), so that every write drops its key's copies.
+    pub(crate) near: Option<crate::near::Near>,
     /// What the async views of this cache use (`AsyncCache`, however made: `build_async`,
     /// `Cache::to_async`): one engine, one count of background refreshes.
     #[cfg(feature = "tokio")]
@@ -109,11 +113,29 @@ impl fmt::Debug for Cache {
 impl Cache {
     /// A cache from validated settings (what [`CacheBuilder::build`](crate::CacheBuilder::build)
     /// makes).
-    pub(crate) fn from_config(config: Config) -> Cache {
+    pub(crate) fn from_config(mut config: Config) -> Cache {
+        let stats = Arc::new(Counters::new(&config.name, &config.servers));
+        let near = config.near.clone().map(|settings| {
+            use crate::near::{Near, clock::NearClock, fence};
+            let domain = fence::Domain::of(&config.servers);
+            let clock = NearClock::new(config.custom_clock.then(|| config.clock.clone()));
+            config.backend = Arc::new(fence::Fenced {
+                inner: config.backend.clone(),
+                domain: domain.clone(),
+            });
+            #[cfg(feature = "tokio")]
+            {
+                config.async_backend = Arc::new(fence::FencedAsync {
+                    inner: config.async_backend.clone(),
+                    domain: domain.clone(),
+                    clock: clock.clone(),
+                });
+            }
+            Near::new(&settings, domain, clock, stats.clone())
+        });
         let renewer = Renewer::new(config.backend.clone(), config.clock.clone());
         let rng = Rng::new(config.seed);
         let keys = config.keys.clone();
-        let stats = Arc::new(Counters::new(&config.name, &config.servers));
         #[cfg(feature = "tokio")]
         let async_io = AsyncIo {
             backend: config.async_backend.clone(),
@@ -129,6 +151,7 @@ impl Cache {
                 started: Instant::now(),
                 warned_too_large: Mutex::default(),
                 warned_no_cas: AtomicBool::new(false),
+                near,
                 #[cfg(feature = "tokio")]
                 async_io,
             }),

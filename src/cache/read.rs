@@ -3,6 +3,7 @@
 //! driver of the protocol, which the loader family shares.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::time::Instant;
 
 use crate::backend::Traced;
@@ -16,6 +17,8 @@ use crate::codec::{Decode, Payload};
 use crate::envelope;
 use crate::error::{Error, Result};
 use crate::key::{Derived, KeyHash};
+use crate::near::Copy;
+use crate::near::fence::Ticket;
 use crate::protocol::{Action, Claimed, Found, Machine, Mode, Now, Refusal, Servable, Settings};
 use crate::stats::{Counters, Tally};
 
@@ -173,10 +176,66 @@ impl Cache {
     }
 
     pub(crate) async fn get_on<T: Decode, I: Io>(&self, io: &I, key: &str) -> Result<Option<T>> {
+        match self.near_hit::<T>(key) {
+            Ok(v) => Ok(Some(v)),
+            Err(kept) => Ok(self.get_shared(io, key, kept).await?.map(|(v, _)| v)),
+        }
+    }
+
+    /// Reads a value as a shared `Arc<T>`: what [`get`](Cache::get) returns, decoded once. With
+    /// a [`near_cache`](crate::CacheBuilder::near_cache), a hit returns the `Arc` its copy
+    /// keeps (the first type a key is read as is kept; another type is decoded on each read);
+    /// without one, it is `get` in an `Arc`.
+    ///
+    /// ```
+    /// # use std::{sync::Arc, time::Duration};
+    /// let cache = newcache::Cache::builder().in_memory().near_cache(1 << 20).build()?;
+    /// cache.set("greeting", "hello", Duration::from_secs(60))?;
+    /// let first: Arc<String> = cache.get_arc("greeting")?.unwrap();
+    /// let again: Arc<String> = cache.get_arc("greeting")?.unwrap();
+    /// assert!(Arc::ptr_eq(&first, &again), "one decoded value, shared");
+    /// # Ok::<(), newcache::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`get`](Cache::get).
+    pub fn get_arc<T: DeserializeOwned + Send + Sync + 'static>(
+        &self,
+        key: &str,
+    ) -> Result<Option<Arc<T>>> {
+        ready(self.get_arc_on(&self.blocking(), key))
+    }
+
+    pub(crate) async fn get_arc_on<T: DeserializeOwned + Send + Sync + 'static, I: Io>(
+        &self,
+        io: &I,
+        key: &str,
+    ) -> Result<Option<Arc<T>>> {
+        match self.near_hit_arc::<T>(key) {
+            Ok(v) => Ok(Some(v)),
+            Err(kept) => Ok(self.get_shared::<T, I>(io, key, kept).await?.map(|(v, copy)| {
+                let v = Arc::new(v);
+                if let Some(c) = copy {
+                    c.keep(v.clone());
+                }
+                v
+            })),
+        }
+    }
+
+    /// `get` from the shared store (the near tier had no hit; `kept` is the copy it still
+    /// holds, served if the store does not answer): the value, and the near copy it filled.
+    async fn get_shared<T: Decode, I: Io>(
+        &self,
+        io: &I,
+        key: &str,
+        kept: Option<Arc<Copy>>,
+    ) -> Result<Option<(T, Option<Arc<Copy>>)>> {
         let k = self.keys.make(key)?;
+        let ticket = self.near_ticket(&k);
         let span = self.span("get", &k);
         async {
-            let (mut m, first, _) = self
+            let first = self
                 .first_read(
                     io,
                     &k,
@@ -184,8 +243,29 @@ impl Cache {
                     self.settings(false, io.max_value_size(&k)),
                     None,
                 )
-                .await?;
+                .await;
+            let (mut m, first) = match first {
+                Ok((m, first, _)) => (m, first),
+                Err(e) if e.is_backend() => {
+                    return match self.near_outage::<T>(kept.as_ref()) {
+                        Some(v) => Ok(Some((v, None))),
+                        None => Err(e),
+                    };
+                }
+                Err(e) => return Err(e),
+            };
             let found = match first {
+                // A fresh value is what a near copy is filled from.
+                Action::Done(Found::Value { held, stale: false }) if ticket.is_some() => {
+                    return match self.decode_servable_charged::<T>(&held) {
+                        Ok((v, charge)) => {
+                            Counters::bump(&self.stats.hits);
+                            let copy = ticket.and_then(|t| self.near_fill(key, t, &held, charge));
+                            Ok(Some((v, copy)))
+                        }
+                        Err(e) => self.decode_failed(e).map(|v| v.map(|v| (v, None))),
+                    };
+                }
                 Action::Done(found) => found,
                 // Boxed: only a stale entry's claim gets here, and a hit's future stays small.
                 action => match Box::pin(self.drive_on(io, &k, &mut m, action)).await? {
@@ -194,7 +274,12 @@ impl Cache {
                     Step::Load(_) => return Ok(None),
                 },
             };
-            self.looked_up(found)
+            if matches!(found, Found::Unavailable) {
+                if let Some(v) = self.near_outage::<T>(kept.as_ref()) {
+                    return Ok(Some((v, None)));
+                }
+            }
+            Ok(self.looked_up(found)?.map(|v| (v, None)))
         }
         .traced(span)
         .await
@@ -372,10 +457,43 @@ impl Cache {
         io: &I,
         keys: &[impl AsRef<str>],
     ) -> Result<HashMap<String, T>> {
+        let mut out = HashMap::with_capacity(keys.len());
+        if self.inner.near.is_none() {
+            self.get_many_shared(io, keys, Vec::new(), &mut out).await?;
+            return Ok(out);
+        }
+        // Near hits first; the rest in one batch.
+        let mut rest = Vec::new();
+        let mut kept = Vec::new();
+        for k in keys {
+            match self.near_hit::<T>(k.as_ref()) {
+                Ok(v) => {
+                    out.insert(k.as_ref().to_string(), v);
+                }
+                Err(copy) => {
+                    rest.push(k.as_ref());
+                    kept.push(copy);
+                }
+            }
+        }
+        if !rest.is_empty() {
+            self.get_many_shared(io, &rest, kept, &mut out).await?;
+        }
+        Ok(out)
+    }
+
+    /// `get_many` of `keys` from the shared store into `out`; `kept`: each key's near copy
+    /// (served if its read fails), or empty without a near tier.
+    async fn get_many_shared<T: DeserializeOwned, I: Io>(
+        &self,
+        io: &I,
+        keys: &[impl AsRef<str>],
+        kept: Vec<Option<Arc<Copy>>>,
+        out: &mut HashMap<String, T>,
+    ) -> Result<()> {
         let span = self.batch_span("get_many", keys.len());
         async {
-            let mut out = HashMap::with_capacity(keys.len());
-            let (derived, fetched) = self.read_many(io, keys).await?;
+            let (derived, fetched, tickets) = self.read_many_ticketed(io, keys).await?;
             // One clock read, and one set of settings, for the batch.
             let now = self.now();
             let mut settings = self.settings(false, 0);
@@ -384,14 +502,42 @@ impl Cache {
                 Tally::new(&self.stats.stale_served),
             );
             for (i, (user_key, fetched)) in keys.iter().zip(fetched).enumerate() {
-                let Fetched::Item(item) = fetched else {
-                    continue;
+                let user_key = user_key.as_ref();
+                let item = match fetched {
+                    Fetched::Item(item) => item,
+                    Fetched::Failed => {
+                        let copy = kept.get(i).and_then(Option::as_ref);
+                        if let Some(v) = self.near_outage::<T>(copy) {
+                            out.insert(user_key.to_string(), v);
+                        }
+                        continue;
+                    }
+                    Fetched::Missing | Fetched::Duplicate => continue,
                 };
                 let k = derived.get(i);
                 settings.max_value = io.max_value_size(k);
                 let mut m = Machine::new(Mode::Lookup, settings, self.token(), now);
                 let first = m.on_read(now, Some(item));
                 let found = match first {
+                    Action::Done(Found::Value { held, stale: false })
+                        if tickets.get(i).is_some_and(Option::is_some) =>
+                    {
+                        match self.decode_servable_charged::<T>(&held) {
+                            Ok((v, charge)) => {
+                                hits.bump();
+                                if let Some(t) = tickets[i] {
+                                    self.near_fill(user_key, t, &held, charge);
+                                }
+                                out.insert(user_key.to_string(), v);
+                            }
+                            // Undecodable (counted in `decode_errors`): this key alone is left
+                            // out.
+                            Err(e) => {
+                                let _ = self.decode_failed::<T>(e);
+                            }
+                        }
+                        continue;
+                    }
                     Action::Done(found) => found,
                     action => match self.drive_on(io, k, &mut m, action).await {
                         Ok(Step::Done(found)) => found,
@@ -411,7 +557,7 @@ impl Cache {
                 };
                 match self.looked_up_with(found, served) {
                     Ok(Some(v)) => {
-                        out.insert(user_key.as_ref().to_string(), v);
+                        out.insert(user_key.to_string(), v);
                     }
                     Ok(None) => {}
                     // Undecodable (counted in `decode_errors`): this key alone is left out.
@@ -419,7 +565,7 @@ impl Cache {
                     Err(e) => return Err(e),
                 }
             }
-            Ok(out)
+            Ok(())
         }
         .traced(span)
         .await
@@ -434,8 +580,23 @@ impl Cache {
         io: &I,
         keys: &[impl AsRef<str>],
     ) -> Result<(Derived, Vec<Fetched>)> {
+        let (derived, fetched, _) = self.read_many_ticketed(io, keys).await?;
+        Ok((derived, fetched))
+    }
+
+    /// [`read_many`](Cache::read_many), and with a near tier each key's ticket, taken before
+    /// the batch was sent (empty without one).
+    async fn read_many_ticketed<I: Io>(
+        &self,
+        io: &I,
+        keys: &[impl AsRef<str>],
+    ) -> Result<(Derived, Vec<Fetched>, Vec<Option<Ticket>>)> {
         let derived = self.keys.make_all(keys)?;
         let refs = derived.refs();
+        let tickets: Vec<Option<Ticket>> = match self.inner.near {
+            Some(_) => refs.iter().map(|k| self.near_ticket(k)).collect(),
+            None => Vec::new(),
+        };
         let results = io.get_many(&refs).await;
         let read = self.absorb_each(results, self.inner.config.read_failures, |i| {
             keys[i].as_ref().to_string()
@@ -463,7 +624,7 @@ impl Cache {
             })
             .collect();
         drop(refs);
-        Ok((derived, fetched))
+        Ok((derived, fetched, tickets))
     }
 }
 

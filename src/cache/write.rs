@@ -474,7 +474,9 @@ impl Cache {
     }
 
     /// Removes everything from the backend (memcached's `flush_all` on every server), as
-    /// Django's and django-newcache's `clear` do; every version and flavor is affected.
+    /// Django's and django-newcache's `clear` do; every version and flavor is affected. With a
+    /// [`near_cache`](crate::CacheBuilder::near_cache), every near copy of every cache over the
+    /// same servers in this process stops being served before anything is sent.
     ///
     /// On Redis (feature `redis`), only this cache's keys go (those starting with its
     /// `{flavor}-{version}-`), never the whole database: `SCAN` over every key of the database
@@ -489,9 +491,17 @@ impl Cache {
     pub(crate) async fn clear_on<I: Io>(&self, io: &I) -> Result<()> {
         let span = tracing::debug_span!("newcache", op = "clear", cache = &*self.stats.name);
         let prefix = self.keys.prefix();
-        async { io.clear(prefix.as_deref()).await }
-            .traced(span)
-            .await
+        async {
+            let r = io.clear(prefix.as_deref()).await;
+            // Unservable already (the clear bumped the near tiers' flush count); their memory
+            // goes too.
+            if let Some(near) = &self.inner.near {
+                near.clear();
+            }
+            r
+        }
+        .traced(span)
+        .await
     }
 }
 

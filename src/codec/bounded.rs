@@ -30,6 +30,11 @@ impl Budget {
         }
     }
 
+    /// What is left of the budget.
+    pub(crate) fn left(&self) -> usize {
+        self.left.get()
+    }
+
     /// Charges one value of type `T` (at least a byte, so that a sequence of zero-sized values
     /// cannot spin without end).
     fn charge_value<T, E: de::Error>(&self) -> Result<(), E> {

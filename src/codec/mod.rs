@@ -153,6 +153,19 @@ pub(crate) trait Decode: Sized {
         item: &Bytes,
         payload: &[u8],
     ) -> Result<Self>;
+
+    /// [`decode_payload`](Decode::decode_payload), and what the value holds in memory (what
+    /// decoding allocated, or, for a type that does not count, its size and the payload's).
+    fn decode_charged(
+        format: &Format,
+        codec: Codec,
+        how: Payload,
+        item: &Bytes,
+        payload: &[u8],
+    ) -> Result<(Self, usize)> {
+        Self::decode_payload(format, codec, how, item, payload)
+            .map(|v| (v, size_of::<Self>() + payload.len()))
+    }
 }
 
 impl<T: Serialize + ?Sized> Encode for T {
@@ -179,6 +192,19 @@ impl<T: DeserializeOwned> Decode for T {
                 std::any::type_name::<T>()
             ))),
             how => format.decode(codec, how == Payload::Compressed, payload),
+        }
+    }
+
+    fn decode_charged(
+        format: &Format,
+        codec: Codec,
+        how: Payload,
+        item: &Bytes,
+        payload: &[u8],
+    ) -> Result<(Self, usize)> {
+        match how {
+            Payload::Raw => Self::decode_payload(format, codec, how, item, payload).map(|v| (v, 0)),
+            how => format.decode_charged(codec, how == Payload::Compressed, payload),
         }
     }
 }
@@ -272,6 +298,17 @@ impl Format {
         compressed: bool,
         payload: &[u8],
     ) -> Result<T> {
+        self.decode_charged(codec, compressed, payload).map(|(v, _)| v)
+    }
+
+    /// [`decode`](Format::decode), and what the value allocated (the bounded decoder's count,
+    /// with the value's own size).
+    pub(crate) fn decode_charged<T: DeserializeOwned>(
+        &self,
+        codec: Codec,
+        compressed: bool,
+        payload: &[u8],
+    ) -> Result<(T, usize)> {
         if compressed {
             let plain = self.decompress(payload)?;
             return self.decode_plain(codec, &plain);
@@ -296,8 +333,13 @@ impl Format {
         })
     }
 
-    fn decode_plain<T: DeserializeOwned>(&self, codec: Codec, payload: &[u8]) -> Result<T> {
+    fn decode_plain<T: DeserializeOwned>(
+        &self,
+        codec: Codec,
+        payload: &[u8],
+    ) -> Result<(T, usize)> {
         let budget = bounded::Budget::new(self.max_decode);
+        let charged = |b: &bounded::Budget| self.max_decode - b.left();
         let failed = |e: &dyn std::fmt::Display, name: &str| {
             Error::decode(format!(
                 "the stored value is not a `{}` ({name}: {e})",
@@ -315,7 +357,7 @@ impl Format {
                 if used != payload.len() {
                     return Err(trailing::<T>(payload.len() - used));
                 }
-                Ok(value)
+                Ok((value, charged(&budget)))
             }
             Codec::MessagePack => {
                 let mut de = rmp_serde::Deserializer::from_read_ref(payload);
@@ -324,7 +366,7 @@ impl Format {
                     .map_err(|e| failed(&e, "MessagePack"))?;
                 // rmp-serde does not say how much it read; measure the value instead.
                 match msgpack::value_len(payload) {
-                    Some(n) if n == payload.len() => Ok(value),
+                    Some(n) if n == payload.len() => Ok((value, charged(&budget))),
                     Some(n) => Err(trailing::<T>(payload.len() - n)),
                     None => Err(failed(&"truncated", "MessagePack")),
                 }

@@ -17,10 +17,10 @@ use crate::ttl::{Lifetime, Ttl};
 
 impl Cache {
     /// Whether this cache's store is in this process (the memory backend, a custom one: a cache
-    /// that names no server), so that its async view's calls complete when made: the response
-    /// cache then answers a hit without a future.
+    /// that names no server), so that its async view's calls complete when made, or whether it
+    /// has a near tier: the response cache then answers a hit without a future.
     pub(crate) fn answers_at_once(&self) -> bool {
-        self.inner.config.servers.is_empty()
+        self.inner.config.servers.is_empty() || self.inner.near.is_some()
     }
 
     /// Reads a value without taking part in the herd protocol: a value any reader may be served
@@ -65,6 +65,12 @@ impl Cache {
     pub(crate) fn served_now<T: Decode>(&self, key: &str) -> Option<(T, bool, u64)> {
         if self.inner.config.early_beta.is_some() {
             return None;
+        }
+        if self.inner.near.is_some() {
+            // A near hit is answered at once; anything else goes the whole way (on a shared
+            // store, a read here would block the task).
+            let v = self.near_peek::<T>(key)?;
+            return Some((v, false, self.now_ms()));
         }
         let derived = self.keys.make(key).ok()?;
         let span = self.span("get_or_set_with", &derived);

@@ -301,14 +301,20 @@ impl Cache {
         D: Driver,
         L: Load<T, D>,
     {
+        // A near hit: no key derivation, no I/O.
+        let kept = match self.near_hit::<T>(key) {
+            Ok(v) => return Ok(v),
+            Err(kept) => kept,
+        };
         // One key derivation per call.
         let derived = self.keys.make(key)?;
         let span = self.span("get_or_set_with", &derived);
         async {
+            let ticket = self.near_ticket(&derived);
             // The fast path: a value that may be served is served without joining the coalescer (no
             // lock shared by every caller); only a caller with work to do (a claim, a placeholder,
             // a wait) coordinates with the others of this process.
-            let (m, first, _) = self
+            let first = self
                 .first_read(
                     d,
                     &derived,
@@ -316,9 +322,22 @@ impl Cache {
                     self.settings(true, d.max_value_size(&derived)),
                     Some(deadline),
                 )
-                .await?;
-            if let Some(v) = self.served::<T>(&first) {
+                .await;
+            let (m, first) = match first {
+                Ok((m, first, _)) => (m, first),
+                Err(e) if e.is_backend() => match self.near_outage::<T>(kept.as_ref()) {
+                    Some(v) => return Ok(v),
+                    None => return Err(e),
+                },
+                Err(e) => return Err(e),
+            };
+            if let Some(v) = self.served_filling::<T>(&first, key, ticket) {
                 return Ok(v);
+            }
+            if matches!(first, Action::Done(Found::Unavailable)) {
+                if let Some(v) = self.near_outage::<T>(kept.as_ref()) {
+                    return Ok(v);
+                }
             }
             // Everything past a hit is boxed: the future of a hit stays small (every caller
             // moves it, and a web framework boxes it per request).
@@ -330,8 +349,20 @@ impl Cache {
     }
 
     /// The fast path's verdict: the value of a first read that may be served as it is (fresh,
-    /// or stale while another caller refreshes it), counted.
-    fn served<T: Decode>(&self, first: &Action) -> Option<T> {
+    /// or stale while another caller refreshes it), counted; a fresh one read under a near
+    /// `ticket` fills `key`'s near copy.
+    fn served_filling<T: Decode>(
+        &self,
+        first: &Action,
+        key: &str,
+        ticket: Option<crate::near::fence::Ticket>,
+    ) -> Option<T> {
+        if let (Some(t), Action::Done(Found::Value { held, stale: false })) = (ticket, first) {
+            let (v, charge) = self.decode_servable_charged::<T>(held).ok()?;
+            self.near_fill(key, t, held, charge);
+            self.count_served(false);
+            return Some(v);
+        }
         let (v, stale) = self.servable::<T>(first)?;
         self.count_served(stale);
         Some(v)
@@ -520,6 +551,28 @@ impl Cache {
                     return self.load_unclaimed(loader).await;
                 }
                 // The backend is down (and the read policy absorbed it): nothing can be claimed.
+                // With a near tier, the value loaded is kept near, so that this process does not
+                // load it again on every request while the store is down.
+                Found::Unavailable if self.inner.near.is_some() => {
+                    Counters::bump(&s.misses);
+                    let ticket = self.near_ticket(keys.1);
+                    let started = Instant::now();
+                    let v = self.load_unclaimed(loader).await?;
+                    if let Some(t) = ticket {
+                        let life = v
+                            .lifetime()
+                            .map_or(ttl, Ttl::from)
+                            .resolve(self.inner.config.default_ttl);
+                        if life != Lifetime::Expired {
+                            if let Ok((bytes, _)) =
+                                self.encode(&v, life, Herd::Protected, load_ms(started))
+                            {
+                                self.near_fill_written(keys.0, t, 0, &bytes);
+                            }
+                        }
+                    }
+                    return Ok(v);
+                }
                 Found::Unavailable | Found::Miss { .. } | Found::Busy => {
                     Counters::bump(&s.misses);
                     return self.load_unclaimed(loader).await;
@@ -683,8 +736,15 @@ impl Cache {
             None => self.not_storable_marker(life),
         };
         let key_of_lease = lease.key().to_string();
+        let ticket = self.near_ticket(&key_of_lease);
         match lease.complete(&bytes, exptime).await {
-            Ok(Completed::Stored) => {}
+            // Stored under this caller's claim: the near copy may hold it (unless anything
+            // else was written to the key meanwhile).
+            Ok(Completed::Stored) => {
+                if let Some(t) = ticket {
+                    self.near_fill_written(key, t, 1, &bytes);
+                }
+            }
             Ok(Completed::Superseded) => Counters::bump(&s.loads_superseded),
             // The caller has its value: a store that failed (the guard, dropped, released the
             // claim) is counted, not returned.

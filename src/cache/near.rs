@@ -1,0 +1,174 @@
+//! The near tier as the facade uses it: a hit decoded and counted, a fill from what a shared
+//! read found, and a copy served while the shared store does not answer.
+
+use std::sync::Arc;
+
+use serde::de::DeserializeOwned;
+
+use super::Cache;
+use crate::codec::{Decode, Payload};
+use crate::envelope::Header;
+use crate::near::fence::Ticket;
+use crate::near::{Copy, Fill};
+use crate::protocol::Servable;
+use crate::stats::Counters;
+
+impl Cache {
+    /// `key`'s copy decoded as a `T` when it is served as a hit (counted); otherwise the
+    /// current copy, if any, for [`near_outage`](Cache::near_outage). `Err(None)` without a
+    /// near tier.
+    #[inline]
+    pub(crate) fn near_hit<T: Decode>(&self, key: &str) -> Result<T, Option<Arc<Copy>>> {
+        let c = self.near_copy(key)?;
+        match self.decode_copy::<T>(&c) {
+            Some(v) => {
+                self.near_counted();
+                Ok(v)
+            }
+            None => Err(None),
+        }
+    }
+
+    /// [`near_hit`](Cache::near_hit) counting nothing (the caller counts what it serves).
+    pub(crate) fn near_peek<T: Decode>(&self, key: &str) -> Option<T> {
+        let near = self.inner.near.as_ref()?;
+        let c = near.current(self.keys.version, key)?;
+        if !near.serves(&c) {
+            return None;
+        }
+        self.decode_copy::<T>(&c)
+    }
+
+    /// [`near_hit`](Cache::near_hit) as a shared value: the one the copy keeps (decoded once
+    /// per copy for its first type), or decoded now.
+    #[inline]
+    pub(crate) fn near_hit_arc<T: DeserializeOwned + Send + Sync + 'static>(
+        &self,
+        key: &str,
+    ) -> Result<Arc<T>, Option<Arc<Copy>>> {
+        let c = self.near_copy(key)?;
+        if let Some(v) = c.decoded::<T>() {
+            self.near_counted();
+            return Ok(v);
+        }
+        match self.decode_copy::<T>(&c) {
+            Some(v) => {
+                let v = Arc::new(v);
+                c.keep(v.clone());
+                self.near_counted();
+                Ok(v)
+            }
+            None => Err(None),
+        }
+    }
+
+    /// The copy of `key` a hit is served from; otherwise (counted as a near miss) the current
+    /// copy past its near ttl or its freshness, if any.
+    #[inline]
+    fn near_copy(&self, key: &str) -> Result<Arc<Copy>, Option<Arc<Copy>>> {
+        let Some(near) = &self.inner.near else {
+            return Err(None);
+        };
+        let copy = near.current(self.keys.version, key);
+        match copy {
+            Some(c) if near.serves(&c) => Ok(c),
+            kept => {
+                Counters::bump(&self.stats.near_misses);
+                Err(kept)
+            }
+        }
+    }
+
+    fn near_counted(&self) {
+        Counters::bump(&self.stats.hits);
+        Counters::bump(&self.stats.near_hits);
+    }
+
+    /// The copy's payload as a `T`; `None` if it is not one (the whole way reports why).
+    fn decode_copy<T: Decode>(&self, c: &Copy) -> Option<T> {
+        self.decode_payload::<T>(&c.header, &c.payload, &c.payload).ok()
+    }
+
+    /// A ticket for a read of derived key `derived` about to be sent; `None` without a near
+    /// tier, or while a write to the key may still land.
+    #[inline]
+    pub(crate) fn near_ticket(&self, derived: &str) -> Option<Ticket> {
+        self.inner.near.as_ref()?.ticket(derived)
+    }
+
+    /// Fills `key`'s copy with a value a read sent under `ticket` found fresh, which decodes
+    /// to `charge` bytes.
+    pub(crate) fn near_fill(
+        &self,
+        key: &str,
+        ticket: Ticket,
+        held: &Servable,
+        charge: usize,
+    ) -> Option<Arc<Copy>> {
+        let near = self.inner.near.as_ref()?;
+        let fill = Fill {
+            ticket,
+            writes: 0,
+            header: held.header,
+            payload: &held.item.value[held.offset..],
+            charge,
+        };
+        near.fill(self.keys.version, key, fill, &self.stats)
+    }
+
+    /// Fills `key`'s copy with an envelope this process wrote itself under `ticket` (a
+    /// load's store that was stored: `writes` 1), or could not write (the store down: 0).
+    pub(crate) fn near_fill_written(&self, key: &str, ticket: Ticket, writes: u64, item: &[u8]) {
+        let Some(near) = &self.inner.near else {
+            return;
+        };
+        let Ok(crate::envelope::Parsed::Item(header, payload)) =
+            crate::envelope::decode(crate::envelope::FLAGS, item)
+        else {
+            return;
+        };
+        let fill = Fill {
+            ticket,
+            writes,
+            header,
+            payload,
+            charge: 2 * payload.len(),
+        };
+        near.fill(self.keys.version, key, fill, &self.stats);
+    }
+
+    /// A copy served because the shared store did not answer: within its staleness bound,
+    /// with `serve_stale_on_error`; counted and logged once.
+    pub(crate) fn near_outage<T: Decode>(&self, kept: Option<&Arc<Copy>>) -> Option<T> {
+        let (near, c) = (self.inner.near.as_ref()?, kept?);
+        if self.inner.config.stale_on_error.is_none() || !near.serves_in_outage(c) {
+            return None;
+        }
+        let v = self.decode_copy::<T>(c)?;
+        Counters::bump(&self.stats.near_outage_served);
+        Counters::bump(&self.stats.stale_served);
+        near.outage_served();
+        Some(v)
+    }
+
+    /// Decodes a servable value with what it allocates.
+    pub(crate) fn decode_servable_charged<T: Decode>(
+        &self,
+        held: &Servable,
+    ) -> crate::Result<(T, usize)> {
+        let value = &held.item.value;
+        let h: &Header = &held.header;
+        let how = match (h.raw, h.compressed) {
+            (true, _) => Payload::Raw,
+            (false, true) => Payload::Compressed,
+            (false, false) => Payload::Coded,
+        };
+        T::decode_charged(
+            &self.inner.config.format,
+            h.codec,
+            how,
+            value,
+            &value[held.offset..],
+        )
+    }
+}

@@ -1,0 +1,281 @@
+//! The near tier: copies of hot values in this process's memory, keyed by the caller's own key,
+//! served without I/O, without deriving the key, and without a lock shared by every reader. It
+//! answers hits only: whatever is not a current, fresh, young copy goes the whole way (the herd
+//! protocol, `Cache::drive_on`) to the shared store, which stays the one truth.
+//!
+//! A copy is filled only from a shared read (or a load's fenced store that was stored), under a
+//! [`Ticket`] taken before the read was sent, and served only while its stripe holds the ticket's
+//! sequence ([`fence`]): a write of this process bumps its key's stripe before and after, so a
+//! copy is never served after a write to its key returned, and a read sent before a write
+//! ended never fills.
+
+pub(crate) mod clock;
+pub(crate) mod fence;
+
+use std::any::{Any, TypeId};
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use quick_cache::sync::Cache as Copies;
+use quick_cache::{Equivalent, Lifecycle, Weighter};
+
+use self::clock::NearClock;
+use self::fence::{Domain, Ticket, millis};
+use crate::envelope::{Header, Kind};
+use crate::stats::Counters;
+
+/// The near ttl when the builder names none.
+pub(crate) const DEFAULT_NEAR_TTL: Duration = Duration::from_secs(5);
+
+/// What a copy costs beyond its bytes and its decoded value: the entry, the `Arc`, the key's
+/// allocation headers.
+const COPY_OVERHEAD: u64 = 160;
+
+/// The largest share of the capacity one copy may take: a larger value stays shared-only.
+const MAX_COPY_SHARE: u64 = 16;
+
+/// The near tier's settings, as the builder validated them.
+#[derive(Debug, Clone)]
+pub(crate) struct NearSettings {
+    /// The most bytes its copies may hold (their bytes, decoded values and overhead).
+    pub(crate) capacity: u64,
+    /// How long after the read that filled it a copy is served.
+    pub(crate) ttl: Duration,
+}
+
+/// A copy's key: the cache version and the caller's key (one near tier per cache instance,
+/// whose views differ only by version).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct NearKey {
+    version: u64,
+    key: Box<str>,
+}
+
+impl Hash for NearKey {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        Probe(self.version, &self.key).hash(h)
+    }
+}
+
+/// A lookup's key, borrowed.
+#[derive(Hash)]
+struct Probe<'a>(u64, &'a str);
+
+impl Equivalent<NearKey> for Probe<'_> {
+    fn equivalent(&self, k: &NearKey) -> bool {
+        self.0 == k.version && self.1 == &*k.key
+    }
+}
+
+/// One value held near: its payload (its own buffer, never a slice of a batch's reply), its
+/// envelope, where it was filled from, and the value decoded by the first `get_arc` type.
+pub(crate) struct Copy {
+    pub(crate) payload: Bytes,
+    pub(crate) header: Header,
+    ticket: Ticket,
+    weight: u64,
+    decoded: OnceLock<(TypeId, Arc<dyn Any + Send + Sync>)>,
+}
+
+impl std::fmt::Debug for Copy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Copy")
+            .field("bytes", &self.payload.len())
+            .field("ticket", &self.ticket)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Copy {
+    /// The value decoded as a `T`, if a `T` was kept.
+    #[inline]
+    pub(crate) fn decoded<T: Send + Sync + 'static>(&self) -> Option<Arc<T>> {
+        let (id, v) = self.decoded.get()?;
+        if *id != TypeId::of::<T>() {
+            return None;
+        }
+        v.clone().downcast::<T>().ok()
+    }
+
+    /// Keeps `v`, the payload decoded as a `T`, unless another type's value was kept first
+    /// (that type is served from here; others decode on each read).
+    pub(crate) fn keep<T: Send + Sync + 'static>(&self, v: Arc<T>) {
+        let _ = self.decoded.set((TypeId::of::<T>(), v));
+    }
+}
+
+#[derive(Clone)]
+struct Weigh;
+
+impl Weighter<NearKey, Arc<Copy>> for Weigh {
+    fn weight(&self, _: &NearKey, c: &Arc<Copy>) -> u64 {
+        c.weight
+    }
+}
+
+/// Counts evictions in the cache's counters.
+#[derive(Clone)]
+struct Evictions(Arc<Counters>);
+
+impl Lifecycle<NearKey, Arc<Copy>> for Evictions {
+    type RequestState = ();
+    fn on_evict(&self, _: &mut (), _: NearKey, _: Arc<Copy>) {
+        Counters::bump(&self.0.near_evictions);
+    }
+}
+
+/// A cache instance's near tier.
+pub(crate) struct Near {
+    copies: Copies<NearKey, Arc<Copy>, Weigh, hashbrown::DefaultHashBuilder, Evictions>,
+    pub(crate) domain: Arc<Domain>,
+    pub(crate) clock: NearClock,
+    ttl_ms: u64,
+    max_copy: u64,
+    /// Whether serving copies past the near ttl in an outage was logged yet (once).
+    outage_logged: AtomicBool,
+}
+
+impl std::fmt::Debug for Near {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Near")
+            .field("capacity", &self.copies.capacity())
+            .field("ttl_ms", &self.ttl_ms)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Near {
+    pub(crate) fn new(
+        s: &NearSettings,
+        domain: Arc<Domain>,
+        clock: NearClock,
+        counters: Arc<Counters>,
+    ) -> Near {
+        let estimated = usize::try_from(s.capacity / 1024).unwrap_or(usize::MAX).max(64);
+        Near {
+            copies: Copies::with(
+                estimated,
+                s.capacity,
+                Weigh,
+                hashbrown::DefaultHashBuilder::default(),
+                Evictions(counters),
+            ),
+            domain,
+            clock,
+            ttl_ms: millis(s.ttl),
+            max_copy: s.capacity / MAX_COPY_SHARE,
+            outage_logged: AtomicBool::new(false),
+        }
+    }
+
+    /// The copy of `key` (cache version `version`) if nothing was written to it since it was
+    /// filled, fresh or not.
+    #[inline]
+    pub(crate) fn current(&self, version: u64, key: &str) -> Option<Arc<Copy>> {
+        let c = self.copies.get(&Probe(version, key))?;
+        let t = &c.ticket;
+        self.domain
+            .current(t.stripe, t.seq, t.flush)
+            .then_some(c)
+    }
+
+    /// Whether `c` is served as a hit: fresh by its envelope, and younger than the near ttl.
+    #[inline]
+    pub(crate) fn serves(&self, c: &Copy) -> bool {
+        let slack = self.clock.slack_ms();
+        let young = self.clock.age_ms() + slack < c.ticket.sent_ms.saturating_add(self.ttl_ms);
+        young && fresh(&c.header, self.clock.wall_ms() + slack)
+    }
+
+    /// Whether `c` may be served while the shared store does not answer: within its
+    /// envelope's staleness bound (soft expiry plus herd timeout), however old the copy.
+    pub(crate) fn serves_in_outage(&self, c: &Copy) -> bool {
+        let h = &c.header;
+        h.kind == Kind::Value
+            && h.soft_expiry_ms != 0
+            && self.clock.wall_ms() + self.clock.slack_ms()
+                < h.soft_expiry_ms.saturating_add(u64::from(h.herd_ms))
+    }
+
+    /// Logs, once, that the near tier serves copies past their ttl in an outage.
+    pub(crate) fn outage_served(&self) {
+        if !self.outage_logged.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                "newcache: the shared store does not answer; near copies are served past the \
+                 near ttl, within their staleness bound (counted in Stats::near_outage_served; \
+                 logged once)"
+            );
+        }
+    }
+
+    /// A ticket for a read of derived key `derived` about to be sent, or `None` while a write
+    /// of this process to its stripe may still land (that read fills nothing).
+    pub(crate) fn ticket(&self, derived: &str) -> Option<Ticket> {
+        self.domain.ticket(derived, self.clock.age_ms())
+    }
+
+    /// Fills the copy of `key` from a read sent under `ticket` (after `writes` writes of the
+    /// filler's own to the key, each of which bumped its stripe twice) that found `payload`
+    /// under `header`, which decodes to `charge` bytes. Refused (and counted) when something
+    /// was written to the stripe since, when the value is not fresh, or when it is too large.
+    pub(crate) fn fill(
+        &self,
+        version: u64,
+        key: &str,
+        fill: Fill<'_>,
+        counters: &Counters,
+    ) -> Option<Arc<Copy>> {
+        if !fresh(&fill.header, self.clock.wall_ms() + self.clock.slack_ms()) {
+            return None;
+        }
+        let weight = (fill.payload.len() + fill.charge + key.len()) as u64 + COPY_OVERHEAD;
+        if weight > self.max_copy || !self.domain.holds(&fill.ticket, fill.writes) {
+            Counters::bump(&counters.near_refused);
+            return None;
+        }
+        let ticket = Ticket {
+            seq: fill.ticket.seq + 2 * fill.writes,
+            ..fill.ticket
+        };
+        let copy = Arc::new(Copy {
+            payload: Bytes::copy_from_slice(fill.payload),
+            header: fill.header,
+            ticket,
+            weight,
+            decoded: OnceLock::new(),
+        });
+        let k = NearKey {
+            version,
+            key: key.into(),
+        };
+        self.copies.insert(k, copy.clone());
+        Some(copy)
+    }
+
+    /// Drops every copy (their memory too: a flush makes them unservable already).
+    pub(crate) fn clear(&self) {
+        self.copies.clear();
+    }
+}
+
+/// What a fill is made of.
+pub(crate) struct Fill<'a> {
+    pub(crate) ticket: Ticket,
+    /// Writes of the filler's own to the key since the ticket (a load's store: 1).
+    pub(crate) writes: u64,
+    pub(crate) header: Header,
+    pub(crate) payload: &'a [u8],
+    /// What decoding the payload allocates.
+    pub(crate) charge: usize,
+}
+
+/// Whether a value under `h` is fresh at `now_ms`. A value written without herd protection is
+/// never held near: its envelope does not say when it expires.
+fn fresh(h: &Header, now_ms: u64) -> bool {
+    !h.not_storable
+        && h.kind == Kind::Value
+        && (h.soft_expiry_ms == 0 || now_ms < h.soft_expiry_ms)
+}
