@@ -30,6 +30,7 @@ impl Cache {
     }
 
     /// [`near_hit`](Cache::near_hit) counting nothing (the caller counts what it serves).
+    #[cfg(feature = "tower")]
     pub(crate) fn near_peek<T: Decode>(&self, key: &str) -> Option<T> {
         let near = self.inner.near.as_ref()?;
         let c = near.current(self.keys.version, key)?;
