@@ -131,7 +131,7 @@ impl Cache {
                     clock: clock.clone(),
                 });
             }
-            Near::new(&settings, domain, clock, stats.clone())
+            Near::new(&settings, domain, clock, stats.clone(), config.early_beta)
         });
         let renewer = Renewer::new(config.backend.clone(), config.clock.clone());
         let rng = Rng::new(config.seed);

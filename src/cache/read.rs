@@ -457,29 +457,34 @@ impl Cache {
         io: &I,
         keys: &[impl AsRef<str>],
     ) -> Result<HashMap<String, T>> {
-        let mut out = HashMap::with_capacity(keys.len());
-        if self.inner.near.is_none() {
-            self.get_many_shared(io, keys, Vec::new(), &mut out).await?;
-            return Ok(out);
-        }
-        // Near hits first; the rest in one batch.
-        let mut rest = Vec::new();
-        let mut kept = Vec::new();
-        for k in keys {
-            match self.near_hit::<T>(k.as_ref()) {
-                Ok(v) => {
-                    out.insert(k.as_ref().to_string(), v);
-                }
-                Err(copy) => {
-                    rest.push(k.as_ref());
-                    kept.push(copy);
+        let span = self.batch_span("get_many", keys.len());
+        async {
+            let mut out = HashMap::with_capacity(keys.len());
+            if self.inner.near.is_none() {
+                self.get_many_shared(io, keys, Vec::new(), &mut out).await?;
+                return Ok(out);
+            }
+            // Near hits first; the rest in one batch.
+            let mut rest = Vec::new();
+            let mut kept = Vec::new();
+            for k in keys {
+                match self.near_hit::<T>(k.as_ref()) {
+                    Ok(v) => {
+                        out.insert(k.as_ref().to_string(), v);
+                    }
+                    Err(copy) => {
+                        rest.push(k.as_ref());
+                        kept.push(copy);
+                    }
                 }
             }
+            if !rest.is_empty() {
+                self.get_many_shared(io, &rest, kept, &mut out).await?;
+            }
+            Ok(out)
         }
-        if !rest.is_empty() {
-            self.get_many_shared(io, &rest, kept, &mut out).await?;
-        }
-        Ok(out)
+        .traced(span)
+        .await
     }
 
     /// `get_many` of `keys` from the shared store into `out`; `kept`: each key's near copy
@@ -491,8 +496,7 @@ impl Cache {
         kept: Vec<Option<Arc<Copy>>>,
         out: &mut HashMap<String, T>,
     ) -> Result<()> {
-        let span = self.batch_span("get_many", keys.len());
-        async {
+        {
             let (derived, fetched, tickets) = self.read_many_ticketed(io, keys).await?;
             // One clock read, and one set of settings, for the batch.
             let now = self.now();
@@ -567,8 +571,6 @@ impl Cache {
             }
             Ok(())
         }
-        .traced(span)
-        .await
     }
 
     /// Derives every key and reads them in one round trip per server, under the read failure

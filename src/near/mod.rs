@@ -134,6 +134,11 @@ pub(crate) struct Near {
     pub(crate) clock: NearClock,
     ttl_ms: u64,
     max_copy: u64,
+    /// With early refresh (XFetch) on: how far before its soft expiry, in units of its load
+    /// time, a copy stops being served, so that reads reach the shared store while XFetch
+    /// may still refresh it (past 10 x beta load times, a draw refreshes with probability
+    /// e^-10).
+    early: Option<f64>,
     /// Whether serving copies past the near ttl in an outage was logged yet (once).
     outage_logged: AtomicBool,
 }
@@ -153,6 +158,7 @@ impl Near {
         domain: Arc<Domain>,
         clock: NearClock,
         counters: Arc<Counters>,
+        early_beta: Option<f64>,
     ) -> Near {
         let estimated = usize::try_from(s.capacity / 1024).unwrap_or(usize::MAX).max(64);
         Near {
@@ -167,6 +173,7 @@ impl Near {
             clock,
             ttl_ms: millis(s.ttl),
             max_copy: s.capacity / MAX_COPY_SHARE,
+            early: early_beta.map(|beta| beta * 10.0),
             outage_logged: AtomicBool::new(false),
         }
     }
@@ -182,12 +189,17 @@ impl Near {
             .then_some(c)
     }
 
-    /// Whether `c` is served as a hit: fresh by its envelope, and younger than the near ttl.
+    /// Whether `c` is served as a hit: fresh by its envelope (and, with early refresh, not
+    /// within its window), and younger than the near ttl.
     #[inline]
     pub(crate) fn serves(&self, c: &Copy) -> bool {
         let slack = self.clock.slack_ms();
         let young = self.clock.age_ms() + slack < c.ticket.sent_ms.saturating_add(self.ttl_ms);
-        young && fresh(&c.header, self.clock.wall_ms() + slack)
+        let ahead = match self.early {
+            None => slack,
+            Some(window) => slack + (f64::from(c.header.load_ms) * window) as u64,
+        };
+        young && fresh(&c.header, self.clock.wall_ms() + ahead)
     }
 
     /// Whether `c` may be served while the shared store does not answer: within its

@@ -28,10 +28,35 @@ macro_rules! on_every_backend_async {
         on_backend_async!(twemproxy, Twemproxy, $($name),*);
         #[cfg(feature = "redis")]
         on_backend_async!(redis_cluster, RedisCluster, $($name),*);
+        on_backend_async!(near near_memcached, Memcached, $($name),*);
+        #[cfg(feature = "redis")]
+        on_backend_async!(near near_redis, Redis, $($name),*);
+        #[cfg(feature = "redis")]
+        on_backend_async!(near near_redis_cluster, RedisCluster, $($name),*);
     };
 }
 
 macro_rules! on_backend_async {
+    (near $module:ident, $kind:ident, $($name:ident),*) => {
+        mod $module {
+            $(
+                #[test]
+                fn $name() {
+                    let env = $crate::fixture::Env::near(
+                        $crate::fixture::Kind::$kind,
+                        $crate::front::Front::Async,
+                        stringify!($name),
+                    );
+                    tokio::runtime::Builder::new_multi_thread()
+                        .worker_threads(2)
+                        .enable_all()
+                        .build()
+                        .expect("runtime")
+                        .block_on(super::$name(env))
+                }
+            )*
+        }
+    };
     ($module:ident, $kind:ident, $($name:ident),*) => {
         mod $module {
             $(

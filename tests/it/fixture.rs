@@ -1226,11 +1226,24 @@ pub struct Env {
     flavor: String,
     memory: Option<Arc<MemoryBackend>>,
     addr: Option<String>,
+    /// Whether its caches have a near tier.
+    pub near: bool,
 }
+
+/// The near tier a behaviour test's caches have in its `near_*` variants.
+pub const NEAR_CAPACITY: u64 = 16 << 20;
 
 impl Env {
     pub fn new(kind: Kind, tag: &str) -> Env {
         Env::with_front(kind, Front::Sync, tag)
+    }
+
+    /// An env whose caches have a near tier ([`NEAR_CAPACITY`], the default near ttl).
+    pub fn near(kind: Kind, front: Front, tag: &str) -> Env {
+        Env {
+            near: true,
+            ..Env::with_front(kind, front, tag)
+        }
     }
 
     pub fn with_front(kind: Kind, front: Front, tag: &str) -> Env {
@@ -1256,6 +1269,7 @@ impl Env {
             flavor: unique_flavor(tag),
             memory,
             addr,
+            near: false,
         }
     }
 
@@ -1264,6 +1278,10 @@ impl Env {
         let b = Cache::builder()
             .flavor(self.flavor.clone())
             .clock(self.clock.clone());
+        let b = match self.near {
+            true => b.near_cache(NEAR_CAPACITY),
+            false => b,
+        };
         match (&self.memory, &self.addr) {
             (Some(m), _) => b.backend(m.clone()),
             #[cfg(feature = "redis")]
@@ -1460,6 +1478,16 @@ macro_rules! on_every_backend {
         #[cfg(feature = "redis")]
         $crate::on_backend!(async_redis_cluster, RedisCluster, Async, $($name),*);
         $crate::on_backend!(async_memory, Memory, Async, $($name),*);
+        $crate::on_backend!(near near_memcached, Memcached, Sync, $($name),*);
+        $crate::on_backend!(near async_near_memcached, Memcached, Async, $($name),*);
+        #[cfg(feature = "redis")]
+        $crate::on_backend!(near near_redis, Redis, Sync, $($name),*);
+        #[cfg(feature = "redis")]
+        $crate::on_backend!(near async_near_redis, Redis, Async, $($name),*);
+        #[cfg(feature = "redis")]
+        $crate::on_backend!(near near_redis_cluster, RedisCluster, Sync, $($name),*);
+        #[cfg(feature = "redis")]
+        $crate::on_backend!(near async_near_redis_cluster, RedisCluster, Async, $($name),*);
         $crate::on_backend!(async_memcached, Memcached, Async, $($name),*);
         $crate::on_backend!(async_twemproxy, Twemproxy, Async, $($name),*);
     };
@@ -1468,6 +1496,21 @@ macro_rules! on_every_backend {
 /// One module of [`on_every_backend`].
 #[macro_export]
 macro_rules! on_backend {
+    (near $module:ident, $kind:ident, $front:ident, $($name:ident),*) => {
+        mod $module {
+            $(
+                #[test]
+                fn $name() {
+                    let env = $crate::fixture::Env::near(
+                        $crate::fixture::Kind::$kind,
+                        $crate::front::Front::$front,
+                        stringify!($name),
+                    );
+                    super::$name(&env)
+                }
+            )*
+        }
+    };
     ($module:ident, $kind:ident, $front:ident, $($name:ident),*) => {
         mod $module {
             $(
