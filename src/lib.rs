@@ -159,7 +159,9 @@
 //!   `newcache_stale_on_error_total`, `newcache_decode_errors_total`,
 //!   `newcache_newer_format_total`, `newcache_wait_timeouts_total`,
 //!   `newcache_loads_superseded_total`, `newcache_too_large_total`,
-//!   `newcache_not_storable_loads_total`. They count what
+//!   `newcache_not_storable_loads_total`, `newcache_near_hits_total`,
+//!   `newcache_near_misses_total`, `newcache_near_refused_total`,
+//!   `newcache_near_evictions_total`, `newcache_near_outage_served_total`. They count what
 //!   [`Cache::stats`] counts. A response cache (`layer::ResponseCacheLayer`) counts its pages
 //!   apart: its series carry `layer` (its namespace) beside `cache`, and are its own `stats()`. Install the recorder before building the cache: the handles are
 //!   registered when it is built (the per-server error counters too, for each configured server
@@ -171,7 +173,8 @@
 //!   `server`: the address a memcached backend routed a single-key operation to (the proxy's
 //!   behind twemproxy), recorded on the span when it picks it; batches and the memory backend
 //!   leave it empty. A loader runs inside its call's span. No field ever holds a value. Without
-//!   a subscriber listening at DEBUG the spans are never built.
+//!   a subscriber listening at DEBUG the spans are never built. A near hit (`near_cache`) has
+//!   no span: it derives no key and does no I/O.
 //!
 //! # Cargo features
 //!
