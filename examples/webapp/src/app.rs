@@ -105,6 +105,13 @@ impl App {
             }
             (true, None) => (builder.in_memory(), "memory".to_string()),
         };
+        let (builder, backend) = match config.near_cache_mb {
+            0 => (builder, backend),
+            mb => (
+                builder.near_cache(mb << 20),
+                format!("{backend} with a {mb} MiB near tier"),
+            ),
+        };
         // Built and pinged before seeding, so that a bad address, URL or password fails at
         // once (`build` never connects; `ping` asks every server).
         let cache = builder.build_async()?;

@@ -41,6 +41,11 @@ pub struct Config {
     /// A Redis or Valkey server instead, redis://host:port/db (memcached wins if both are set).
     #[arg(long = "redis-url", env = "REDIS_URL")]
     pub redis_url: Option<String>,
+
+    /// MiB of near copies kept in this process in front of memcached or Redis (0: none): hot
+    /// reports and pages served from memory, another process's writes seen within 5 s.
+    #[arg(long = "near-cache-mb", env = "NEAR_CACHE_MB", default_value_t = 0)]
+    pub near_cache_mb: u64,
 }
 
 impl Config {
