@@ -186,6 +186,8 @@ enum BackendChoice {
 /// | `max_load_time` | 60 s | above zero |
 /// | `max_decode_size` | 64 MiB | above zero |
 /// | `early_refresh` β | off | finite and above zero |
+/// | `near_cache` | off | at least [`MIN_NEAR_CAPACITY`] (64 KiB) |
+/// | `near_ttl` | 5 s | above zero, at most [`MAX_NEAR_TTL`] (an hour); needs `near_cache` |
 /// | `connect_timeout`, `io_timeout` | 500 ms | above zero, at most an hour |
 /// | `retry_interval` | 1 s | at most a day |
 /// | `pool_size`, `async_connections`, `failure_limit` | 16, 2, 2 | at least 1 |
@@ -738,7 +740,44 @@ impl CacheBuilder {
     /// copy. With [`serve_stale_on_error`](CacheBuilder::serve_stale_on_error), a copy is
     /// served past the near ttl, within its staleness bound, while the shared store does not
     /// answer. The near tier is per cache (shared by its clones, version views and async
-    /// view); `get_arc` reads a value decoded once.
+    /// view); [`get_arc`](crate::Cache::get_arc) reads a value decoded once.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let cache = newcache::Cache::builder()
+    ///     .in_memory() // .memcached(..) or .redis(..): a near tier saves their round trips
+    ///     .near_cache(64 << 20)
+    ///     .build()?;
+    /// cache.set("k", &1u32, Duration::from_secs(60))?;
+    /// assert_eq!(cache.get::<u32>("k")?, Some(1)); // read from the store, kept near
+    /// assert_eq!(cache.get::<u32>("k")?, Some(1)); // from memory
+    /// assert_eq!(cache.stats().near_hits, 1);
+    /// cache.delete("k")?;
+    /// assert_eq!(cache.get::<u32>("k")?, None, "never served after this process's delete");
+    /// # Ok::<(), newcache::Error>(())
+    /// ```
+    ///
+    /// # What a near copy may lag
+    ///
+    /// - **This process's writes**: never. Every write (any method, a load's store, the
+    ///   response cache's invalidations, `clear`) stops the copies of its keys before it is
+    ///   sent, whichever cache over the same server list in this process made it; a read sent
+    ///   before a write ended fills nothing; an `AsyncCache` write whose future was dropped
+    ///   keeps its keys from being filled until it may have landed.
+    /// - **Everything else, up to the near ttl** after the read that filled the copy was sent
+    ///   (plus the near clock's tick, about 3 ms): another process's writes, writers outside
+    ///   newcache, a cache over the same servers named otherwise (`localhost` and `127.0.0.1`),
+    ///   and changes of routing (a server revived under
+    ///   [`DeadServerPolicy::Remap`](crate::DeadServerPolicy), a cluster failover). A near hit
+    ///   does no I/O, so a server that is down is not noticed by it either: within the near
+    ///   ttl, its keys' copies are served.
+    /// - **Expiry**: never. A copy is served only while its value is fresh (with
+    ///   [`early_refresh`](CacheBuilder::early_refresh), until shortly before, so that XFetch
+    ///   still sees the reads it refreshes on).
+    ///
+    /// Near hits have no tracing span (they derive no key). A value written with
+    /// [`Herd::Off`](crate::Herd) is never kept near (its envelope does not say when it
+    /// expires).
     pub fn near_cache(mut self, capacity: u64) -> Self {
         let ttl = self
             .near
@@ -1165,6 +1204,26 @@ mod tests {
         let memcached = || Cache::builder().memcached(["127.0.0.1:1"]);
         refused(Cache::builder().item_size(0), "item_size");
         refused(Cache::builder().item_size(MIN_ITEM_SIZE - 1), "item_size");
+        refused(
+            Cache::builder().near_cache(MIN_NEAR_CAPACITY - 1),
+            "near_cache",
+        );
+        refused(
+            Cache::builder().near_ttl(Duration::from_secs(1)),
+            "near_cache",
+        );
+        refused(
+            Cache::builder()
+                .near_cache(MIN_NEAR_CAPACITY)
+                .near_ttl(Duration::ZERO),
+            "near_ttl",
+        );
+        refused(
+            Cache::builder()
+                .near_ttl(MAX_NEAR_TTL + Duration::from_millis(1))
+                .near_cache(MIN_NEAR_CAPACITY),
+            "near_ttl",
+        );
         refused(Cache::builder().item_size(MAX_ITEM_SIZE + 1), "item_size");
         refused(memcached().item_size(0), "item_size");
         refused(Cache::builder().max_wait(Duration::ZERO), "max_wait");

@@ -87,7 +87,8 @@ impl Cache {
 
     /// The copy's payload as a `T`; `None` if it is not one (the whole way reports why).
     fn decode_copy<T: Decode>(&self, c: &Copy) -> Option<T> {
-        self.decode_payload::<T>(&c.header, &c.payload, &c.payload).ok()
+        self.decode_payload::<T>(&c.header, &c.payload, &c.payload)
+            .ok()
     }
 
     /// A ticket for a read of derived key `derived` about to be sent; `None` without a near

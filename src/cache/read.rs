@@ -213,13 +213,16 @@ impl Cache {
     ) -> Result<Option<Arc<T>>> {
         match self.near_hit_arc::<T>(key) {
             Ok(v) => Ok(Some(v)),
-            Err(kept) => Ok(self.get_shared::<T, I>(io, key, kept).await?.map(|(v, copy)| {
-                let v = Arc::new(v);
-                if let Some(c) = copy {
-                    c.keep(v.clone());
-                }
-                v
-            })),
+            Err(kept) => Ok(self
+                .get_shared::<T, I>(io, key, kept)
+                .await?
+                .map(|(v, copy)| {
+                    let v = Arc::new(v);
+                    if let Some(c) = copy {
+                        c.keep(v.clone());
+                    }
+                    v
+                })),
         }
     }
 

@@ -298,7 +298,8 @@ impl Format {
         compressed: bool,
         payload: &[u8],
     ) -> Result<T> {
-        self.decode_charged(codec, compressed, payload).map(|(v, _)| v)
+        self.decode_charged(codec, compressed, payload)
+            .map(|(v, _)| v)
     }
 
     /// [`decode`](Format::decode), and what the value allocated (the bounded decoder's count,

@@ -160,7 +160,9 @@ impl Near {
         counters: Arc<Counters>,
         early_beta: Option<f64>,
     ) -> Near {
-        let estimated = usize::try_from(s.capacity / 1024).unwrap_or(usize::MAX).max(64);
+        let estimated = usize::try_from(s.capacity / 1024)
+            .unwrap_or(usize::MAX)
+            .max(64);
         Near {
             copies: Copies::with(
                 estimated,
@@ -184,9 +186,7 @@ impl Near {
     pub(crate) fn current(&self, version: u64, key: &str) -> Option<Arc<Copy>> {
         let c = self.copies.get(&Probe(version, key))?;
         let t = &c.ticket;
-        self.domain
-            .current(t.stripe, t.seq, t.flush)
-            .then_some(c)
+        self.domain.current(t.stripe, t.seq, t.flush).then_some(c)
     }
 
     /// Whether `c` is served as a hit: fresh by its envelope (and, with early refresh, not
@@ -287,7 +287,171 @@ pub(crate) struct Fill<'a> {
 /// Whether a value under `h` is fresh at `now_ms`. A value written without herd protection is
 /// never held near: its envelope does not say when it expires.
 fn fresh(h: &Header, now_ms: u64) -> bool {
-    !h.not_storable
-        && h.kind == Kind::Value
-        && (h.soft_expiry_ms == 0 || now_ms < h.soft_expiry_ms)
+    !h.not_storable && h.kind == Kind::Value && (h.soft_expiry_ms == 0 || now_ms < h.soft_expiry_ms)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::clock::NearClock;
+    use super::fence::Domain;
+    use super::{Fill, Near, NearSettings};
+    use crate::clock::Clock;
+    use crate::envelope::Header;
+    use crate::stats::Counters;
+    use crate::testing::MockClock;
+
+    fn near(clock: &Arc<MockClock>, capacity: u64) -> (Near, Arc<Counters>) {
+        let counters = Arc::new(Counters::new("t", &[]));
+        let settings = NearSettings {
+            capacity,
+            ttl: Duration::from_secs(5),
+        };
+        let clock = NearClock::new(Some(clock.clone()));
+        let near = Near::new(&settings, Domain::of(&[]), clock, counters.clone(), None);
+        (near, counters)
+    }
+
+    fn fill<'a>(n: &Near, derived: &str, header: Header, payload: &'a [u8]) -> Fill<'a> {
+        Fill {
+            ticket: n.ticket(derived).expect("no write in flight"),
+            writes: 0,
+            header,
+            payload,
+            charge: 0,
+        }
+    }
+
+    #[test]
+    fn a_copy_is_served_while_fresh_and_young_and_no_longer() {
+        let clock = MockClock::new();
+        let (n, c) = near(&clock, 1 << 20);
+        let now = clock.now_ms();
+        // fresh for 10 s, near ttl 5 s: the near ttl ends it
+        let f = fill(&n, "d", Header::value(now + 10_000, now, 1, 60_000), b"v");
+        n.fill(1, "k", f, &c).unwrap();
+        let copy = n.current(1, "k").unwrap();
+        assert!(n.serves(&copy));
+        assert!(n.current(2, "k").is_none(), "another version's key");
+        clock.advance(Duration::from_millis(4_999));
+        assert!(n.serves(&copy));
+        clock.advance(Duration::from_millis(1));
+        assert!(!n.serves(&copy), "as old as the near ttl");
+        assert!(
+            n.serves_in_outage(&copy),
+            "within soft expiry + herd timeout"
+        );
+        // fresh for 2 s: the soft expiry ends it, and the staleness bound its outage serve
+        let now = clock.now_ms();
+        let f = fill(&n, "d2", Header::value(now + 2_000, now, 1, 1_000), b"v");
+        n.fill(1, "k2", f, &c).unwrap();
+        let copy = n.current(1, "k2").unwrap();
+        clock.advance(Duration::from_millis(1_999));
+        assert!(n.serves(&copy));
+        clock.advance(Duration::from_millis(1));
+        assert!(!n.serves(&copy), "stale");
+        assert!(n.serves_in_outage(&copy));
+        clock.advance(Duration::from_millis(1_000));
+        assert!(
+            !n.serves_in_outage(&copy),
+            "past soft expiry + herd timeout"
+        );
+    }
+
+    #[test]
+    fn a_write_begun_after_the_ticket_refuses_the_fill_and_ends_the_copy() {
+        let clock = MockClock::new();
+        let (n, c) = near(&clock, 1 << 20);
+        let now = clock.now_ms();
+        let h = Header::value(now + 10_000, now, 1, 60_000);
+        let f = fill(&n, "d", h, b"v");
+        let fenced = super::fence::Fenced {
+            inner: Arc::new(crate::backend::memory::MemoryBackend::new(
+                1 << 20,
+                clock.clone(),
+            )),
+            domain: n.domain.clone(),
+        };
+        use crate::backend::Backend;
+        fenced.delete("d").unwrap();
+        assert!(
+            n.fill(1, "k", f, &c).is_none(),
+            "read sent before the delete ended"
+        );
+        assert_eq!(c.snapshot().near_refused, 1);
+        n.fill(1, "k", fill(&n, "d", h, b"v"), &c).unwrap();
+        assert!(n.current(1, "k").is_some());
+        fenced.delete("d").unwrap();
+        assert!(n.current(1, "k").is_none(), "a write ends the copy");
+    }
+
+    #[test]
+    fn a_load_fills_only_if_its_own_store_was_the_only_write() {
+        let clock = MockClock::new();
+        let (n, c) = near(&clock, 1 << 20);
+        let fenced = super::fence::Fenced {
+            inner: Arc::new(crate::backend::memory::MemoryBackend::new(
+                1 << 20,
+                clock.clone(),
+            )),
+            domain: n.domain.clone(),
+        };
+        use crate::backend::Backend;
+        let now = clock.now_ms();
+        let h = Header::value(now + 10_000, now, 1, 60_000);
+        let store = || {
+            let w = crate::backend::Write::new(crate::backend::StoreMode::Set, "d", b"x", 0, 0);
+            fenced.store(w).unwrap();
+        };
+        let t = n.ticket("d").unwrap();
+        store();
+        let own = Fill {
+            ticket: t,
+            writes: 1,
+            header: h,
+            payload: b"v",
+            charge: 0,
+        };
+        assert!(n.fill(1, "k", own, &c).is_some(), "its own store only");
+        assert!(n.current(1, "k").is_some());
+        let t = n.ticket("d").unwrap();
+        store();
+        store();
+        let raced = Fill {
+            ticket: t,
+            writes: 1,
+            header: h,
+            payload: b"v",
+            charge: 0,
+        };
+        assert!(
+            n.fill(1, "k", raced, &c).is_none(),
+            "another write landed too"
+        );
+    }
+
+    #[test]
+    fn copies_are_bounded_by_their_weight() {
+        let clock = MockClock::new();
+        let (n, c) = near(&clock, 256 << 10);
+        let now = clock.now_ms();
+        let h = Header::value(now + 10_000, now, 1, 60_000);
+        let big = vec![7u8; (256 << 10) / 16];
+        let f = fill(&n, "big", h, &big);
+        assert!(
+            n.fill(1, "big", f, &c).is_none(),
+            "over a sixteenth of the capacity"
+        );
+        let small = vec![7u8; 1000];
+        for i in 0..1000 {
+            let k = format!("k{i}");
+            let f = fill(&n, &k, h, &small);
+            n.fill(1, &k, f, &c);
+        }
+        assert!(n.copies.weight() <= 256 << 10, "{}", n.copies.weight());
+        let s = c.snapshot();
+        assert!(s.near_evictions > 0 && s.near_refused == 1, "{s:?}");
+    }
 }
