@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use super::clock::NearClock;
 use crate::backend::{Backend, Item, StoreOutcome, Write};
 use crate::error::Result;
 
@@ -129,6 +128,7 @@ impl Domain {
         }
     }
 
+    #[cfg(feature = "tokio")]
     /// The write to `stripes` was abandoned by its caller and may land until `until_ms`: no
     /// read sent before then fills.
     fn abandoned(&self, stripes: &[u32], until_ms: u64) {
@@ -146,6 +146,7 @@ impl Domain {
         self.flushes.fetch_add(1, Ordering::SeqCst);
     }
 
+    #[cfg(feature = "tokio")]
     fn flush_abandoned(&self, until_ms: u64) {
         self.flush_quiet.fetch_max(until_ms, Ordering::SeqCst);
         self.flushes.fetch_add(1, Ordering::SeqCst);
@@ -238,9 +239,10 @@ pub(crate) use self::nonblocking::FencedAsync;
 mod nonblocking {
     use std::sync::Arc;
 
-    use super::{Domain, NearClock};
+    use super::Domain;
     use crate::backend::{AsyncBackend, BoxFuture, Item, StoreOutcome, Write};
     use crate::error::Result;
+    use crate::near::clock::NearClock;
 
     /// An async backend whose writes fence the near tier; a write whose caller goes away
     /// fences its stripes until it may have landed (the backend's settle time).
