@@ -775,6 +775,9 @@ impl CacheBuilder {
     ///   [`early_refresh`](CacheBuilder::early_refresh), until shortly before, so that XFetch
     ///   still sees the reads it refreshes on).
     ///
+    /// Copies are keyed by the caller's key, so a
+    /// [`key_function`](CacheBuilder::key_function) must derive a key from its arguments alone
+    /// (one that reads a tenant or a generation from elsewhere would be served across them).
     /// Near hits have no tracing span (they derive no key). A value written with
     /// [`Herd::Off`](crate::Herd) is never kept near (its envelope does not say when it
     /// expires).
@@ -1180,6 +1183,10 @@ impl CacheBuilder {
             stale_on_error: self.stale_on_error,
             seed,
             near: self.near,
+            write_settle: self
+                .server
+                .connect_timeout
+                .saturating_add(self.server.io_timeout.saturating_mul(2)),
             custom_clock: self.custom_clock,
         })
     }

@@ -40,6 +40,9 @@ pub(crate) struct Config {
     pub(crate) seed: u64,
     /// The near tier, if the builder asked for one.
     pub(crate) near: Option<crate::near::NearSettings>,
+    /// How long a write whose outcome is unknown may still take to land (connect and two
+    /// I/O timeouts): no near copy is filled from a read of its key sent before then.
+    pub(crate) write_settle: Duration,
     /// Whether `clock` is the builder's own (a caller's clock is read on every near hit; the
     /// system clock is ticked).
     pub(crate) custom_clock: bool,

@@ -115,22 +115,29 @@ impl Cache {
     /// makes).
     pub(crate) fn from_config(mut config: Config) -> Cache {
         let stats = Arc::new(Counters::new(&config.name, &config.servers));
-        let near = config.near.clone().map(|settings| {
-            use crate::near::{Near, clock::NearClock, fence};
-            let domain = fence::Domain::of(&config.servers);
-            let clock = NearClock::new(config.custom_clock.then(|| config.clock.clone()));
-            config.backend = Arc::new(fence::Fenced {
-                inner: config.backend.clone(),
+        // Every cache's writes are fenced, with a near tier or not: a near tier of another
+        // cache over the same store in this process must see them.
+        let domain = crate::near::fence::Domain::of(&config.servers, &config.backend);
+        #[cfg(feature = "tokio")]
+        let settle = config.write_settle.max(config.async_backend.settle_time());
+        #[cfg(not(feature = "tokio"))]
+        let settle = config.write_settle;
+        config.backend = Arc::new(crate::near::fence::Fenced {
+            inner: config.backend.clone(),
+            domain: domain.clone(),
+            settle,
+        });
+        #[cfg(feature = "tokio")]
+        {
+            config.async_backend = Arc::new(crate::near::fence::FencedAsync {
+                inner: config.async_backend.clone(),
                 domain: domain.clone(),
+                settle,
             });
-            #[cfg(feature = "tokio")]
-            {
-                config.async_backend = Arc::new(fence::FencedAsync {
-                    inner: config.async_backend.clone(),
-                    domain: domain.clone(),
-                    clock: clock.clone(),
-                });
-            }
+        }
+        let near = config.near.clone().map(|settings| {
+            use crate::near::{Near, clock::NearClock};
+            let clock = NearClock::new(config.custom_clock.then(|| config.clock.clone()));
             Near::new(&settings, domain, clock, stats.clone(), config.early_beta)
         });
         let renewer = Renewer::new(config.backend.clone(), config.clock.clone());

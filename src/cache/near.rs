@@ -1,6 +1,7 @@
 //! The near tier as the facade uses it: a hit decoded and counted, a fill from what a shared
 //! read found, and a copy served while the shared store does not answer.
 
+use std::any::Any;
 use std::sync::Arc;
 
 use serde::de::DeserializeOwned;
@@ -41,7 +42,8 @@ impl Cache {
     }
 
     /// [`near_hit`](Cache::near_hit) as a shared value: the one the copy keeps (decoded once
-    /// per copy for its first type), or decoded now.
+    /// per copy, for the first type it is read as with `get_arc`; charged to the near tier), or
+    /// decoded now.
     #[inline]
     pub(crate) fn near_hit_arc<T: DeserializeOwned + Send + Sync + 'static>(
         &self,
@@ -52,14 +54,38 @@ impl Cache {
             self.near_counted();
             return Ok(v);
         }
-        match self.decode_copy::<T>(&c) {
-            Some(v) => {
+        let h = &c.header;
+        let decoded = T::decode_charged(
+            &self.inner.config.format,
+            h.codec,
+            payload_kind(h),
+            &c.payload,
+            &c.payload,
+        );
+        match decoded {
+            Ok((v, charge)) => {
                 let v = Arc::new(v);
-                c.keep(v.clone());
+                if !c.keeps_decoded() {
+                    self.near_keep(key, &c, v.clone(), charge);
+                }
                 self.near_counted();
                 Ok(v)
             }
-            None => Err(None),
+            Err(_) => Err(None),
+        }
+    }
+
+    /// Keeps `v`, `copy`'s payload decoded (`charge`: what it allocated), in `key`'s copy.
+    pub(crate) fn near_keep<T: Send + Sync + 'static>(
+        &self,
+        key: &str,
+        copy: &Copy,
+        v: Arc<T>,
+        charge: usize,
+    ) {
+        if let Some(near) = &self.inner.near {
+            let decoded = (std::any::TypeId::of::<T>(), v as Arc<dyn Any + Send + Sync>);
+            near.keep(self.keys.version, key, copy, decoded, charge, &self.stats);
         }
     }
 
@@ -98,14 +124,12 @@ impl Cache {
         self.inner.near.as_ref()?.ticket(derived)
     }
 
-    /// Fills `key`'s copy with a value a read sent under `ticket` found fresh, which decodes
-    /// to `charge` bytes.
+    /// Fills `key`'s copy with a value a read sent under `ticket` found fresh.
     pub(crate) fn near_fill(
         &self,
         key: &str,
         ticket: Ticket,
         held: &Servable,
-        charge: usize,
     ) -> Option<Arc<Copy>> {
         let near = self.inner.near.as_ref()?;
         let fill = Fill {
@@ -113,9 +137,8 @@ impl Cache {
             writes: 0,
             header: held.header,
             payload: &held.item.value[held.offset..],
-            charge,
         };
-        near.fill(self.keys.version, key, fill, &self.stats)
+        near.fill(self.keys.version, key, fill, None, &self.stats)
     }
 
     /// Fills `key`'s copy with an envelope this process wrote itself under `ticket` (a
@@ -134,21 +157,22 @@ impl Cache {
             writes,
             header,
             payload,
-            charge: 2 * payload.len(),
         };
-        near.fill(self.keys.version, key, fill, &self.stats);
+        near.fill(self.keys.version, key, fill, None, &self.stats);
     }
 
-    /// A copy served because the shared store did not answer: within its staleness bound,
-    /// with `serve_stale_on_error`; counted and logged once.
+    /// A copy served because the shared store did not answer: within its staleness bound
+    /// (and computed at most `serve_stale_on_error`'s `max_age` ago); counted (as a hit while
+    /// still fresh, as a stale value served after) and logged once.
     pub(crate) fn near_outage<T: Decode>(&self, kept: Option<&Arc<Copy>>) -> Option<T> {
         let (near, c) = (self.inner.near.as_ref()?, kept?);
-        if self.inner.config.stale_on_error.is_none() || !near.serves_in_outage(c) {
+        if !self.young_enough(c.header.written_ms) || !near.serves_in_outage(c) {
             return None;
         }
         let v = self.decode_copy::<T>(c)?;
         Counters::bump(&self.stats.near_outage_served);
-        Counters::bump(&self.stats.stale_served);
+        let stale = self.now_ms() >= c.header.soft_expiry_ms;
+        self.count_served(stale);
         near.outage_served();
         Some(v)
     }
@@ -160,17 +184,21 @@ impl Cache {
     ) -> crate::Result<(T, usize)> {
         let value = &held.item.value;
         let h: &Header = &held.header;
-        let how = match (h.raw, h.compressed) {
-            (true, _) => Payload::Raw,
-            (false, true) => Payload::Compressed,
-            (false, false) => Payload::Coded,
-        };
         T::decode_charged(
             &self.inner.config.format,
             h.codec,
-            how,
+            payload_kind(h),
             value,
             &value[held.offset..],
         )
+    }
+}
+
+/// How a payload under `h` is encoded.
+fn payload_kind(h: &Header) -> Payload {
+    match (h.raw, h.compressed) {
+        (true, _) => Payload::Raw,
+        (false, true) => Payload::Compressed,
+        (false, false) => Payload::Coded,
     }
 }

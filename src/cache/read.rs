@@ -216,10 +216,10 @@ impl Cache {
             Err(kept) => Ok(self
                 .get_shared::<T, I>(io, key, kept)
                 .await?
-                .map(|(v, copy)| {
+                .map(|(v, filled)| {
                     let v = Arc::new(v);
-                    if let Some(c) = copy {
-                        c.keep(v.clone());
+                    if let Some((copy, charge)) = filled {
+                        self.near_keep(key, &copy, v.clone(), charge);
                     }
                     v
                 })),
@@ -227,13 +227,14 @@ impl Cache {
     }
 
     /// `get` from the shared store (the near tier had no hit; `kept` is the copy it still
-    /// holds, served if the store does not answer): the value, and the near copy it filled.
+    /// holds, served if the store does not answer): the value, and the near copy it filled
+    /// with what decoding the value allocated.
     async fn get_shared<T: Decode, I: Io>(
         &self,
         io: &I,
         key: &str,
         kept: Option<Arc<Copy>>,
-    ) -> Result<Option<(T, Option<Arc<Copy>>)>> {
+    ) -> Result<Option<(T, Option<(Arc<Copy>, usize)>)>> {
         let k = self.keys.make(key)?;
         let ticket = self.near_ticket(&k);
         let span = self.span("get", &k);
@@ -263,8 +264,8 @@ impl Cache {
                     return match self.decode_servable_charged::<T>(&held) {
                         Ok((v, charge)) => {
                             Counters::bump(&self.stats.hits);
-                            let copy = ticket.and_then(|t| self.near_fill(key, t, &held, charge));
-                            Ok(Some((v, copy)))
+                            let copy = ticket.and_then(|t| self.near_fill(key, t, &held));
+                            Ok(Some((v, copy.map(|c| (c, charge)))))
                         }
                         Err(e) => self.decode_failed(e).map(|v| v.map(|v| (v, None))),
                     };
@@ -529,11 +530,11 @@ impl Cache {
                     Action::Done(Found::Value { held, stale: false })
                         if tickets.get(i).is_some_and(Option::is_some) =>
                     {
-                        match self.decode_servable_charged::<T>(&held) {
-                            Ok((v, charge)) => {
+                        match self.decode_servable::<T>(&held) {
+                            Ok(v) => {
                                 hits.bump();
                                 if let Some(t) = tickets[i] {
-                                    self.near_fill(user_key, t, &held, charge);
+                                    self.near_fill(user_key, t, &held);
                                 }
                                 out.insert(user_key.to_string(), v);
                             }

@@ -358,8 +358,8 @@ impl Cache {
         ticket: Option<crate::near::fence::Ticket>,
     ) -> Option<T> {
         if let (Some(t), Action::Done(Found::Value { held, stale: false })) = (ticket, first) {
-            let (v, charge) = self.decode_servable_charged::<T>(held).ok()?;
-            self.near_fill(key, t, held, charge);
+            let v = self.decode_servable::<T>(held).ok()?;
+            self.near_fill(key, t, held);
             self.count_served(false);
             return Some(v);
         }
@@ -551,9 +551,12 @@ impl Cache {
                     return self.load_unclaimed(loader).await;
                 }
                 // The backend is down (and the read policy absorbed it): nothing can be claimed.
-                // With a near tier, the value loaded is kept near, so that this process does not
-                // load it again on every request while the store is down.
-                Found::Unavailable if self.inner.near.is_some() => {
+                // With a near tier and `serve_stale_on_error`, the value loaded is kept near, so
+                // that this process does not load it again on every request while the store is
+                // down.
+                Found::Unavailable
+                    if self.inner.near.is_some() && self.inner.config.stale_on_error.is_some() =>
+                {
                     Counters::bump(&s.misses);
                     let ticket = self.near_ticket(keys.1);
                     let started = Instant::now();

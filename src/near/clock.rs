@@ -1,6 +1,8 @@
 //! The near tier's clock: read on every near hit, so it never calls the system clock. With the
 //! system clock, one thread per process ticks a coarse copy of it (wall time for envelopes,
-//! monotonic time for copies' ages); a custom [`Clock`] (a test's mock) is read as it is.
+//! monotonic time for copies' ages) every 2 ms; a reading lags by at most that while the
+//! thread is scheduled on time (a starved thread lags more, and copies live longer by as much).
+//! A custom [`Clock`] (a test's mock) is read as it is, for both times.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -33,12 +35,12 @@ impl Ticker {
     }
 
     /// The process's ticker, started if no near tier holds one; its thread ends when the last
-    /// holder goes.
-    fn shared() -> Arc<Ticker> {
+    /// holder goes. `None` if no thread could be started.
+    fn shared() -> Option<Arc<Ticker>> {
         static TICKER: Mutex<Weak<Ticker>> = Mutex::new(Weak::new());
         let mut held = TICKER.lock();
         if let Some(t) = held.upgrade() {
-            return t;
+            return Some(t);
         }
         let t = Arc::new(Ticker {
             wall_ms: AtomicU64::new(0),
@@ -47,8 +49,7 @@ impl Ticker {
         });
         t.tick();
         let weak = Arc::downgrade(&t);
-        // No thread: the clock is read directly instead (`NearClock::Direct`).
-        let spawned = std::thread::Builder::new()
+        std::thread::Builder::new()
             .name("newcache-near-clock".into())
             .spawn(move || {
                 while let Some(t) = weak.upgrade() {
@@ -56,12 +57,10 @@ impl Ticker {
                     drop(t);
                     std::thread::sleep(TICK);
                 }
-            });
-        if spawned.is_err() {
-            return t;
-        }
+            })
+            .ok()?;
         *held = Arc::downgrade(&t);
-        t
+        Some(t)
     }
 }
 
@@ -75,11 +74,15 @@ pub(crate) enum NearClock {
 }
 
 impl NearClock {
-    /// The ticked system clock, or `custom` read directly.
+    /// The ticked system clock, or `custom` read directly (and the system clock read directly
+    /// if no ticker thread can be started).
     pub(crate) fn new(custom: Option<Arc<dyn Clock>>) -> NearClock {
         match custom {
             Some(c) => NearClock::Direct(c),
-            None => NearClock::Ticked(Ticker::shared()),
+            None => Ticker::shared().map_or_else(
+                || NearClock::Direct(Arc::new(crate::clock::SystemClock)),
+                NearClock::Ticked,
+            ),
         }
     }
 

@@ -1,39 +1,53 @@
 //! What keeps near copies behind this process's writes: the stripes (sequence counters indexed
 //! by a hash of the derived key, bumped before and after every write), and the backend wrappers
-//! that bump them, so that every write of every caller (the facade, a lease's renewals and
-//! completion, the layer) fences the near tier without knowing of it.
+//! that bump them. Every cache is built over a wrapped backend, with a near tier or without, so
+//! that every write of every caller in this process (the facade, a lease's renewals and
+//! completion, the layer, a cache that keeps no copies) fences every near tier over the same
+//! store.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
 use crate::backend::{Backend, Item, StoreOutcome, Write};
 use crate::error::Result;
 
-/// How many stripes a domain has: a write makes the copies of about 1/`STRIPES` of the keys in
-/// process memory fetch again (those whose derived keys share its stripe), never more.
-pub(crate) const STRIPES: usize = 1 << 14;
+/// How many stripes a domain has: a write makes the copies of about 1/`STRIPES` of the keys
+/// fetch again (those whose derived keys share its stripe), never more.
+pub(crate) const STRIPES: usize = 1 << 12;
 
 /// What the caches over one store in this process share: the stripes their writes bump, and a
-/// flush count `clear` bumps. Two caches built over the same servers share one domain, so a
-/// write through either stops the other's copies at once.
+/// flush count `clear` bumps. The caches built over the same server list (or the same custom
+/// or memory backend) share one domain, so a write through any of them stops the others'
+/// copies at once.
 #[derive(Debug)]
 pub(crate) struct Domain {
     /// Bumped before and after each write of a key hashing here: a copy is served only while
     /// its stripe holds the sequence it was filled under.
     seq: Box<[AtomicU64]>,
-    /// Until when (the near clock's age, ms) no read of the stripe may fill: a write whose
-    /// async caller went away may still land until then.
+    /// Until when (ms on the domain's own clock, `origin`) no read of the stripe may fill: a
+    /// write whose caller went away, or whose outcome is unknown, may still land until then.
     quiet: Box<[AtomicU64]>,
     /// Bumped before and after each `clear` (and `flush_all`): every copy filled before goes.
     flushes: AtomicU64,
-    /// Until when no read may fill anything: a `clear` whose caller went away.
+    /// Until when no read may fill anything: a `clear` that may still land.
     flush_quiet: AtomicU64,
+    /// The origin of the quiet deadlines: one monotonic clock for every cache of the domain,
+    /// whatever clock each was built with.
+    origin: Instant,
     hasher: std::hash::RandomState,
+}
+
+/// Which store a domain fences: a server list, or a backend in this process (by address: a
+/// live domain holds its backend, so the address is not reused while it lives).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Store {
+    Servers(Vec<String>),
+    InProcess(usize),
 }
 
 /// Where a read of one key was sent from: the stripe, the sequences, and when (the near
@@ -46,6 +60,22 @@ pub(crate) struct Ticket {
     pub(crate) sent_ms: u64,
 }
 
+/// The stripes one write bumps.
+#[derive(Debug)]
+enum Stripes {
+    One(u32),
+    Many(Vec<u32>),
+}
+
+impl Stripes {
+    fn as_slice(&self) -> &[u32] {
+        match self {
+            Stripes::One(s) => std::slice::from_ref(s),
+            Stripes::Many(v) => v,
+        }
+    }
+}
+
 impl Domain {
     fn new() -> Domain {
         let zeros = || (0..STRIPES).map(|_| AtomicU64::new(0)).collect();
@@ -54,28 +84,36 @@ impl Domain {
             quiet: zeros(),
             flushes: AtomicU64::new(0),
             flush_quiet: AtomicU64::new(0),
+            origin: Instant::now(),
             hasher: std::hash::RandomState::new(),
         }
     }
 
-    /// The domain of the caches over `servers` in this process (a new one for a cache that
-    /// names no server: its store is its own).
-    pub(crate) fn of(servers: &[String]) -> Arc<Domain> {
-        static DOMAINS: Mutex<Option<HashMap<Vec<String>, Weak<Domain>>>> = Mutex::new(None);
-        if servers.is_empty() {
-            return Arc::new(Domain::new());
-        }
-        let mut key = servers.to_vec();
-        key.sort();
+    /// The domain of the caches over `servers` in this process, or, for a cache that names no
+    /// server, over `backend`.
+    pub(crate) fn of(servers: &[String], backend: &Arc<dyn Backend>) -> Arc<Domain> {
+        static DOMAINS: Mutex<Option<HashMap<Store, Weak<Domain>>>> = Mutex::new(None);
+        let store = if servers.is_empty() {
+            Store::InProcess(Arc::as_ptr(backend).cast::<()>() as usize)
+        } else {
+            let mut list = servers.to_vec();
+            list.sort();
+            Store::Servers(list)
+        };
         let mut domains = DOMAINS.lock();
         let domains = domains.get_or_insert_with(HashMap::new);
         domains.retain(|_, d| d.strong_count() > 0);
-        if let Some(d) = domains.get(&key).and_then(Weak::upgrade) {
+        if let Some(d) = domains.get(&store).and_then(Weak::upgrade) {
             return d;
         }
         let d = Arc::new(Domain::new());
-        domains.insert(key, Arc::downgrade(&d));
+        domains.insert(store, Arc::downgrade(&d));
         d
+    }
+
+    /// Ms since the domain began, on its monotonic clock.
+    fn now_ms(&self) -> u64 {
+        millis(self.origin.elapsed())
     }
 
     /// The stripe of derived key `derived`.
@@ -85,21 +123,22 @@ impl Domain {
         (h.finish() as usize % STRIPES) as u32
     }
 
-    /// A ticket for a read of `derived` about to be sent at `now_ms`, or `None` while a write
-    /// to its stripe (or a `clear`) may still be landing: such a read fills nothing.
-    pub(crate) fn ticket(&self, derived: &str, now_ms: u64) -> Option<Ticket> {
+    /// A ticket for a read of `derived` about to be sent at `sent_ms` (the near clock's age),
+    /// or `None` while a write to its stripe (or a `clear`) may still be landing: such a read
+    /// fills nothing.
+    pub(crate) fn ticket(&self, derived: &str, sent_ms: u64) -> Option<Ticket> {
         let stripe = self.stripe(derived);
         let i = stripe as usize;
         let ticket = Ticket {
             stripe,
             seq: self.seq[i].load(Ordering::SeqCst),
             flush: self.flushes.load(Ordering::SeqCst),
-            sent_ms: now_ms,
+            sent_ms,
         };
         let quiet = self.quiet[i]
             .load(Ordering::SeqCst)
             .max(self.flush_quiet.load(Ordering::SeqCst));
-        (now_ms >= quiet).then_some(ticket)
+        (quiet == 0 || self.now_ms() >= quiet).then_some(ticket)
     }
 
     /// Whether nothing was written to the ticket's stripe, and nothing cleared, since it was
@@ -111,29 +150,37 @@ impl Domain {
 
     /// A write to `keys` begins: their copies stop being served, and no read sent from now
     /// fills until it ends.
-    fn begin<'k>(&self, keys: impl IntoIterator<Item = &'k str>) -> Vec<u32> {
-        let mut stripes: Vec<u32> = keys.into_iter().map(|k| self.stripe(k)).collect();
-        stripes.sort_unstable();
-        stripes.dedup();
-        for &s in &stripes {
+    fn begin<'k>(&self, keys: impl IntoIterator<Item = &'k str>) -> Stripes {
+        let mut keys = keys.into_iter();
+        let stripes = match (keys.next(), keys.next()) {
+            (Some(k), None) => Stripes::One(self.stripe(k)),
+            (first, second) => {
+                let mut v: Vec<u32> = first
+                    .into_iter()
+                    .chain(second)
+                    .chain(keys)
+                    .map(|k| self.stripe(k))
+                    .collect();
+                v.sort_unstable();
+                v.dedup();
+                Stripes::Many(v)
+            }
+        };
+        for &s in stripes.as_slice() {
             self.seq[s as usize].fetch_add(1, Ordering::SeqCst);
         }
         stripes
     }
 
-    /// The write to `stripes` ended (answered, or failed): reads sent from now see it.
-    fn end(&self, stripes: &[u32]) {
-        for &s in stripes {
-            self.seq[s as usize].fetch_add(1, Ordering::SeqCst);
-        }
-    }
-
-    #[cfg(feature = "tokio")]
-    /// The write to `stripes` was abandoned by its caller and may land until `until_ms`: no
-    /// read sent before then fills.
-    fn abandoned(&self, stripes: &[u32], until_ms: u64) {
-        for &s in stripes {
-            self.quiet[s as usize].fetch_max(until_ms, Ordering::SeqCst);
+    /// The write to `stripes` ended: reads sent from now see it. `settle`: set when its outcome
+    /// is unknown (or its caller went away), how long it may still take to land; no read sent
+    /// before then fills.
+    fn end(&self, stripes: &Stripes, settle: Option<Duration>) {
+        let until = settle.map(|d| self.now_ms().saturating_add(millis(d)).max(1));
+        for &s in stripes.as_slice() {
+            if let Some(until) = until {
+                self.quiet[s as usize].fetch_max(until, Ordering::SeqCst);
+            }
             self.seq[s as usize].fetch_add(1, Ordering::SeqCst);
         }
     }
@@ -142,18 +189,25 @@ impl Domain {
         self.flushes.fetch_add(1, Ordering::SeqCst);
     }
 
-    fn flush_end(&self) {
+    fn flush_end(&self, settle: Option<Duration>) {
+        if let Some(d) = settle {
+            let until = self.now_ms().saturating_add(millis(d)).max(1);
+            self.flush_quiet.fetch_max(until, Ordering::SeqCst);
+        }
         self.flushes.fetch_add(1, Ordering::SeqCst);
     }
 
-    #[cfg(feature = "tokio")]
-    fn flush_abandoned(&self, until_ms: u64) {
-        self.flush_quiet.fetch_max(until_ms, Ordering::SeqCst);
-        self.flushes.fetch_add(1, Ordering::SeqCst);
+    /// A write of `derived` whose outcome is unknown, for tests: begun and ended as the
+    /// wrappers do it. Always true.
+    #[cfg(test)]
+    pub(crate) fn settle_unknown_for_tests(&self, derived: &str, settle: Duration) -> bool {
+        let stripes = self.begin([derived]);
+        self.end(&stripes, Some(settle));
+        true
     }
 
-    /// Whether a copy filled under `t` may still be served: its stripe and the flush count
-    /// are as they were.
+    /// Whether a copy filled under the ticket `(stripe, seq, flush)` may still be served: its
+    /// stripe and the flush count are as they were.
     #[inline]
     pub(crate) fn current(&self, stripe: u32, seq: u64, flush: u64) -> bool {
         self.seq[stripe as usize].load(Ordering::Acquire) == seq
@@ -161,19 +215,43 @@ impl Domain {
     }
 }
 
-/// A sync backend whose writes fence the near tier.
+/// A write's settle time if its outcome is unknown (it may still land).
+fn unknown<T>(r: &Result<T>, settle: Duration) -> Option<Duration> {
+    match r {
+        Err(e) if e.is_outcome_unknown() => Some(settle),
+        _ => None,
+    }
+}
+
+/// A batch's settle time if any of its writes' outcome is unknown.
+fn any_unknown<T>(rs: &[Result<T>], settle: Duration) -> Option<Duration> {
+    rs.iter().find_map(|r| unknown(r, settle))
+}
+
+/// A sync backend whose writes fence the near tiers of its domain.
 #[derive(Debug)]
 pub(crate) struct Fenced {
     pub(crate) inner: Arc<dyn Backend>,
     pub(crate) domain: Arc<Domain>,
+    /// How long a write whose outcome is unknown may still take to land.
+    pub(crate) settle: Duration,
 }
 
 impl Fenced {
-    fn around<T>(&self, keys: &[&str], write: impl FnOnce() -> T) -> T {
+    fn around<T>(
+        &self,
+        keys: &[&str],
+        write: impl FnOnce() -> T,
+        settle: impl FnOnce(&T) -> Option<Duration>,
+    ) -> T {
         let stripes = self.domain.begin(keys.iter().copied());
         let r = write();
-        self.domain.end(&stripes);
+        self.domain.end(&stripes, settle(&r));
         r
+    }
+
+    fn one<T>(&self, key: &str, write: impl FnOnce() -> Result<T>) -> Result<T> {
+        self.around(&[key], write, |r| unknown(r, self.settle))
     }
 }
 
@@ -185,40 +263,48 @@ impl Backend for Fenced {
         self.inner.get_many(keys)
     }
     fn store(&self, w: Write<'_>) -> Result<StoreOutcome> {
-        self.around(&[w.key], || self.inner.store(w))
+        self.one(w.key, || self.inner.store(w))
     }
     fn store_then_get(&self, w: Write<'_>) -> Result<(StoreOutcome, Option<Item>)> {
-        self.around(&[w.key], || self.inner.store_then_get(w))
+        self.one(w.key, || self.inner.store_then_get(w))
     }
     fn store_many(&self, writes: &[Write<'_>]) -> Vec<Result<StoreOutcome>> {
         let keys: Vec<&str> = writes.iter().map(|w| w.key).collect();
-        self.around(&keys, || self.inner.store_many(writes))
+        self.around(
+            &keys,
+            || self.inner.store_many(writes),
+            |r| any_unknown(r, self.settle),
+        )
     }
     fn delete(&self, key: &str) -> Result<bool> {
-        self.around(&[key], || self.inner.delete(key))
+        self.one(key, || self.inner.delete(key))
     }
     fn delete_many(&self, keys: &[&str]) -> Vec<Result<bool>> {
-        self.around(keys, || self.inner.delete_many(keys))
+        self.around(
+            keys,
+            || self.inner.delete_many(keys),
+            |r| any_unknown(r, self.settle),
+        )
     }
     fn touch(&self, key: &str, exptime: u32) -> Result<bool> {
-        self.around(&[key], || self.inner.touch(key, exptime))
+        self.one(key, || self.inner.touch(key, exptime))
     }
     fn incr(&self, key: &str, delta: u64) -> Result<Option<u64>> {
-        self.around(&[key], || self.inner.incr(key, delta))
+        self.one(key, || self.inner.incr(key, delta))
     }
     fn decr(&self, key: &str, delta: u64) -> Result<Option<u64>> {
-        self.around(&[key], || self.inner.decr(key, delta))
+        self.one(key, || self.inner.decr(key, delta))
     }
     fn flush_all(&self) -> Result<()> {
         self.domain.flush_begin();
         let r = self.inner.flush_all();
-        self.domain.flush_end();
+        self.domain.flush_end(unknown(&r, self.settle));
         r
     }
     fn clear(&self, prefix: Option<&str>) -> Result<()> {
         self.domain.flush_begin();
         let r = self.inner.clear(prefix);
-        self.domain.flush_end();
+        self.domain.flush_end(unknown(&r, self.settle));
         r
     }
     fn max_value_size(&self, key: &str) -> usize {
@@ -238,35 +324,37 @@ pub(crate) use self::nonblocking::FencedAsync;
 #[cfg(feature = "tokio")]
 mod nonblocking {
     use std::sync::Arc;
+    use std::time::Duration;
 
-    use super::Domain;
+    use super::{Domain, Stripes, any_unknown, unknown};
     use crate::backend::{AsyncBackend, BoxFuture, Item, StoreOutcome, Write};
     use crate::error::Result;
-    use crate::near::clock::NearClock;
 
-    /// An async backend whose writes fence the near tier; a write whose caller goes away
-    /// fences its stripes until it may have landed (the backend's settle time).
+    /// An async backend whose writes fence the near tiers of its domain; a write whose caller
+    /// goes away, or whose outcome is unknown, fences its stripes until it may have landed.
     #[derive(Debug)]
     pub(crate) struct FencedAsync {
         pub(crate) inner: Arc<dyn AsyncBackend>,
         pub(crate) domain: Arc<Domain>,
-        pub(crate) clock: NearClock,
+        /// How long a write may still take to land (the backend's settle time, at least the
+        /// sync view's).
+        pub(crate) settle: Duration,
     }
 
     /// A write in flight: ended when it is answered, abandoned when its future is dropped.
     struct InFlight<'a> {
         fenced: &'a FencedAsync,
         /// The stripes written; `None` for a `clear`.
-        stripes: Option<Vec<u32>>,
+        stripes: Option<Stripes>,
         done: bool,
     }
 
     impl InFlight<'_> {
-        fn end(mut self) {
+        fn end(mut self, settle: Option<Duration>) {
             self.done = true;
             match &self.stripes {
-                Some(s) => self.fenced.domain.end(s),
-                None => self.fenced.domain.flush_end(),
+                Some(s) => self.fenced.domain.end(s, settle),
+                None => self.fenced.domain.flush_end(settle),
             }
         }
     }
@@ -276,15 +364,10 @@ mod nonblocking {
             if self.done {
                 return;
             }
-            let f = self.fenced;
-            let until = f
-                .clock
-                .age_ms()
-                .saturating_add(super::millis(f.inner.settle_time()))
-                .saturating_add(f.clock.slack_ms());
+            let settle = Some(self.fenced.settle);
             match &self.stripes {
-                Some(s) => f.domain.abandoned(s, until),
-                None => f.domain.flush_abandoned(until),
+                Some(s) => self.fenced.domain.end(s, settle),
+                None => self.fenced.domain.flush_end(settle),
             }
         }
     }
@@ -293,13 +376,15 @@ mod nonblocking {
         /// Runs `write` on `keys` (or, with `None`, a clear), fenced from before the write's
         /// future is made (a backend may send when it makes it) until it is answered; dropped
         /// before, the write may still land, and its stripes stay fenced until it may have.
+        /// `settle`: whether its answer leaves its outcome unknown.
         fn around<'a, T: Send + 'a>(
             &'a self,
-            keys: Option<Vec<&'a str>>,
+            keys: Option<&[&str]>,
             write: impl FnOnce() -> BoxFuture<'a, T>,
+            settle: fn(&T, Duration) -> Option<Duration>,
         ) -> BoxFuture<'a, T> {
             let stripes = match keys {
-                Some(keys) => Some(self.domain.begin(keys)),
+                Some(keys) => Some(self.domain.begin(keys.iter().copied())),
                 None => {
                     self.domain.flush_begin();
                     None
@@ -313,7 +398,7 @@ mod nonblocking {
             let write = write();
             Box::pin(async move {
                 let r = write.await;
-                flight.end();
+                flight.end(settle(&r, self.settle));
                 r
             })
         }
@@ -327,41 +412,49 @@ mod nonblocking {
             self.inner.get_many(keys)
         }
         fn store<'a>(&'a self, w: Write<'a>) -> BoxFuture<'a, Result<StoreOutcome>> {
-            self.around(Some(vec![w.key]), || self.inner.store(w))
+            self.around(Some(&[w.key]), || self.inner.store(w), unknown)
         }
         fn store_then_get<'a>(
             &'a self,
             w: Write<'a>,
         ) -> BoxFuture<'a, Result<(StoreOutcome, Option<Item>)>> {
-            self.around(Some(vec![w.key]), || self.inner.store_then_get(w))
+            self.around(Some(&[w.key]), || self.inner.store_then_get(w), unknown)
         }
         fn store_many<'a>(
             &'a self,
             writes: &'a [Write<'a>],
         ) -> BoxFuture<'a, Vec<Result<StoreOutcome>>> {
-            let keys = writes.iter().map(|w| w.key).collect();
-            self.around(Some(keys), || self.inner.store_many(writes))
+            let keys: Vec<&str> = writes.iter().map(|w| w.key).collect();
+            self.around(
+                Some(&keys),
+                || self.inner.store_many(writes),
+                |r, d| any_unknown(r, d),
+            )
         }
         fn delete<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool>> {
-            self.around(Some(vec![key]), || self.inner.delete(key))
+            self.around(Some(&[key]), || self.inner.delete(key), unknown)
         }
         fn delete_many<'a>(&'a self, keys: &'a [&'a str]) -> BoxFuture<'a, Vec<Result<bool>>> {
-            self.around(Some(keys.to_vec()), || self.inner.delete_many(keys))
+            self.around(
+                Some(keys),
+                || self.inner.delete_many(keys),
+                |r, d| any_unknown(r, d),
+            )
         }
         fn touch<'a>(&'a self, key: &'a str, exptime: u32) -> BoxFuture<'a, Result<bool>> {
-            self.around(Some(vec![key]), || self.inner.touch(key, exptime))
+            self.around(Some(&[key]), || self.inner.touch(key, exptime), unknown)
         }
         fn incr<'a>(&'a self, key: &'a str, delta: u64) -> BoxFuture<'a, Result<Option<u64>>> {
-            self.around(Some(vec![key]), || self.inner.incr(key, delta))
+            self.around(Some(&[key]), || self.inner.incr(key, delta), unknown)
         }
         fn decr<'a>(&'a self, key: &'a str, delta: u64) -> BoxFuture<'a, Result<Option<u64>>> {
-            self.around(Some(vec![key]), || self.inner.decr(key, delta))
+            self.around(Some(&[key]), || self.inner.decr(key, delta), unknown)
         }
         fn flush_all(&self) -> BoxFuture<'_, Result<()>> {
-            self.around(None, || self.inner.flush_all())
+            self.around(None, || self.inner.flush_all(), unknown)
         }
         fn clear<'a>(&'a self, prefix: Option<&'a str>) -> BoxFuture<'a, Result<()>> {
-            self.around(None, || self.inner.clear(prefix))
+            self.around(None, || self.inner.clear(prefix), unknown)
         }
         fn max_value_size(&self, key: &str) -> usize {
             self.inner.max_value_size(key)
@@ -372,7 +465,7 @@ mod nonblocking {
         fn shutdown(&self) -> BoxFuture<'_, ()> {
             self.inner.shutdown()
         }
-        fn settle_time(&self) -> std::time::Duration {
+        fn settle_time(&self) -> Duration {
             self.inner.settle_time()
         }
     }

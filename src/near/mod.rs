@@ -14,8 +14,8 @@ pub(crate) mod fence;
 
 use std::any::{Any, TypeId};
 use std::hash::{Hash, Hasher};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -70,14 +70,18 @@ impl Equivalent<NearKey> for Probe<'_> {
     }
 }
 
+/// A decoded value a copy keeps for `get_arc`: its type, and what decoding it allocated.
+type Decoded = (TypeId, Arc<dyn Any + Send + Sync>);
+
 /// One value held near: its payload (its own buffer, never a slice of a batch's reply), its
-/// envelope, where it was filled from, and the value decoded by the first `get_arc` type.
+/// envelope, where it was filled from, and the value decoded for the first `get_arc` type
+/// (charged in its weight).
 pub(crate) struct Copy {
     pub(crate) payload: Bytes,
     pub(crate) header: Header,
     ticket: Ticket,
     weight: u64,
-    decoded: OnceLock<(TypeId, Arc<dyn Any + Send + Sync>)>,
+    decoded: Option<Decoded>,
 }
 
 impl std::fmt::Debug for Copy {
@@ -93,17 +97,16 @@ impl Copy {
     /// The value decoded as a `T`, if a `T` was kept.
     #[inline]
     pub(crate) fn decoded<T: Send + Sync + 'static>(&self) -> Option<Arc<T>> {
-        let (id, v) = self.decoded.get()?;
+        let (id, v) = self.decoded.as_ref()?;
         if *id != TypeId::of::<T>() {
             return None;
         }
         v.clone().downcast::<T>().ok()
     }
 
-    /// Keeps `v`, the payload decoded as a `T`, unless another type's value was kept first
-    /// (that type is served from here; others decode on each read).
-    pub(crate) fn keep<T: Send + Sync + 'static>(&self, v: Arc<T>) {
-        let _ = self.decoded.set((TypeId::of::<T>(), v));
+    /// Whether a decoded value is kept (of whichever type).
+    pub(crate) fn keeps_decoded(&self) -> bool {
+        self.decoded.is_some()
     }
 }
 
@@ -163,7 +166,7 @@ impl Near {
         let estimated = usize::try_from(s.capacity / 1024)
             .unwrap_or(usize::MAX)
             .max(64);
-        Near {
+        let mut near = Near {
             copies: Copies::with(
                 estimated,
                 s.capacity,
@@ -174,10 +177,14 @@ impl Near {
             domain,
             clock,
             ttl_ms: millis(s.ttl),
-            max_copy: s.capacity / MAX_COPY_SHARE,
+            max_copy: 0,
             early: early_beta.map(|beta| beta * 10.0),
             outage_logged: AtomicBool::new(false),
-        }
+        };
+        // A sixteenth of the capacity, and never more than one shard of the copies admits
+        // (their shards are per core: many cores, small shards).
+        near.max_copy = (s.capacity / MAX_COPY_SHARE).min(near.copies.shard_capacity() * 9 / 10);
+        near
     }
 
     /// The copy of `key` (cache version `version`) if nothing was written to it since it was
@@ -229,22 +236,23 @@ impl Near {
         self.domain.ticket(derived, self.clock.age_ms())
     }
 
-    /// Fills the copy of `key` from a read sent under `ticket` (after `writes` writes of the
-    /// filler's own to the key, each of which bumped its stripe twice) that found `payload`
-    /// under `header`, which decodes to `charge` bytes. Refused (and counted) when something
-    /// was written to the stripe since, when the value is not fresh, or when it is too large.
+    /// Fills the copy of `key` (cache version `version`) from a read sent under `fill.ticket`
+    /// (after `fill.writes` writes of the filler's own to the key, each of which bumped its
+    /// stripe twice) that found `fill.payload` under `fill.header`, keeping `decoded` (and its
+    /// charge) if given. Refused (and counted) when something was written to the stripe
+    /// since, or when it is too large; nothing is kept for a value that is not fresh.
     pub(crate) fn fill(
         &self,
         version: u64,
         key: &str,
         fill: Fill<'_>,
+        decoded: Option<(Decoded, usize)>,
         counters: &Counters,
     ) -> Option<Arc<Copy>> {
         if !fresh(&fill.header, self.clock.wall_ms() + self.clock.slack_ms()) {
             return None;
         }
-        let weight = (fill.payload.len() + fill.charge + key.len()) as u64 + COPY_OVERHEAD;
-        if weight > self.max_copy || !self.domain.holds(&fill.ticket, fill.writes) {
+        if !self.domain.holds(&fill.ticket, fill.writes) {
             Counters::bump(&counters.near_refused);
             return None;
         }
@@ -252,12 +260,59 @@ impl Near {
             seq: fill.ticket.seq + 2 * fill.writes,
             ..fill.ticket
         };
+        let payload = Bytes::copy_from_slice(fill.payload);
+        self.insert(
+            version,
+            key,
+            payload,
+            fill.header,
+            ticket,
+            decoded,
+            counters,
+        )
+    }
+
+    /// Keeps `decoded` (the payload of `copy`, the copy of `key`, decoded; `charge`: what it
+    /// allocated) in a copy charged for it, in place of `copy`. Not kept (and counted) if the
+    /// copy would be too large.
+    pub(crate) fn keep(
+        &self,
+        version: u64,
+        key: &str,
+        copy: &Copy,
+        decoded: Decoded,
+        charge: usize,
+        counters: &Counters,
+    ) {
+        let payload = copy.payload.clone();
+        let d = Some((decoded, charge));
+        self.insert(version, key, payload, copy.header, copy.ticket, d, counters);
+    }
+
+    // The copy's parts, each needed; bundling them would only rename them.
+    #[allow(clippy::too_many_arguments)]
+    fn insert(
+        &self,
+        version: u64,
+        key: &str,
+        payload: Bytes,
+        header: Header,
+        ticket: Ticket,
+        decoded: Option<(Decoded, usize)>,
+        counters: &Counters,
+    ) -> Option<Arc<Copy>> {
+        let charge = decoded.as_ref().map_or(0, |(_, c)| *c);
+        let weight = (payload.len() + charge + key.len()) as u64 + COPY_OVERHEAD;
+        if weight > self.max_copy {
+            Counters::bump(&counters.near_refused);
+            return None;
+        }
         let copy = Arc::new(Copy {
-            payload: Bytes::copy_from_slice(fill.payload),
-            header: fill.header,
+            payload,
+            header,
             ticket,
             weight,
-            decoded: OnceLock::new(),
+            decoded: decoded.map(|(d, _)| d),
         });
         let k = NearKey {
             version,
@@ -280,8 +335,6 @@ pub(crate) struct Fill<'a> {
     pub(crate) writes: u64,
     pub(crate) header: Header,
     pub(crate) payload: &'a [u8],
-    /// What decoding the payload allocates.
-    pub(crate) charge: usize,
 }
 
 /// Whether a value under `h` is fresh at `now_ms`. A value written without herd protection is
@@ -310,7 +363,18 @@ mod tests {
             ttl: Duration::from_secs(5),
         };
         let clock = NearClock::new(Some(clock.clone()));
-        let near = Near::new(&settings, Domain::of(&[]), clock, counters.clone(), None);
+        let backend: Arc<dyn crate::backend::Backend> =
+            Arc::new(crate::backend::memory::MemoryBackend::new(
+                1 << 20,
+                Arc::new(crate::clock::SystemClock),
+            ));
+        let near = Near::new(
+            &settings,
+            Domain::of(&[], &backend),
+            clock,
+            counters.clone(),
+            None,
+        );
         (near, counters)
     }
 
@@ -320,7 +384,6 @@ mod tests {
             writes: 0,
             header,
             payload,
-            charge: 0,
         }
     }
 
@@ -331,7 +394,7 @@ mod tests {
         let now = clock.now_ms();
         // fresh for 10 s, near ttl 5 s: the near ttl ends it
         let f = fill(&n, "d", Header::value(now + 10_000, now, 1, 60_000), b"v");
-        n.fill(1, "k", f, &c).unwrap();
+        n.fill(1, "k", f, None, &c).unwrap();
         let copy = n.current(1, "k").unwrap();
         assert!(n.serves(&copy));
         assert!(n.current(2, "k").is_none(), "another version's key");
@@ -346,7 +409,7 @@ mod tests {
         // fresh for 2 s: the soft expiry ends it, and the staleness bound its outage serve
         let now = clock.now_ms();
         let f = fill(&n, "d2", Header::value(now + 2_000, now, 1, 1_000), b"v");
-        n.fill(1, "k2", f, &c).unwrap();
+        n.fill(1, "k2", f, None, &c).unwrap();
         let copy = n.current(1, "k2").unwrap();
         clock.advance(Duration::from_millis(1_999));
         assert!(n.serves(&copy));
@@ -373,15 +436,16 @@ mod tests {
                 clock.clone(),
             )),
             domain: n.domain.clone(),
+            settle: Duration::ZERO,
         };
         use crate::backend::Backend;
         fenced.delete("d").unwrap();
         assert!(
-            n.fill(1, "k", f, &c).is_none(),
+            n.fill(1, "k", f, None, &c).is_none(),
             "read sent before the delete ended"
         );
         assert_eq!(c.snapshot().near_refused, 1);
-        n.fill(1, "k", fill(&n, "d", h, b"v"), &c).unwrap();
+        n.fill(1, "k", fill(&n, "d", h, b"v"), None, &c).unwrap();
         assert!(n.current(1, "k").is_some());
         fenced.delete("d").unwrap();
         assert!(n.current(1, "k").is_none(), "a write ends the copy");
@@ -397,6 +461,7 @@ mod tests {
                 clock.clone(),
             )),
             domain: n.domain.clone(),
+            settle: Duration::ZERO,
         };
         use crate::backend::Backend;
         let now = clock.now_ms();
@@ -412,9 +477,11 @@ mod tests {
             writes: 1,
             header: h,
             payload: b"v",
-            charge: 0,
         };
-        assert!(n.fill(1, "k", own, &c).is_some(), "its own store only");
+        assert!(
+            n.fill(1, "k", own, None, &c).is_some(),
+            "its own store only"
+        );
         assert!(n.current(1, "k").is_some());
         let t = n.ticket("d").unwrap();
         store();
@@ -424,10 +491,9 @@ mod tests {
             writes: 1,
             header: h,
             payload: b"v",
-            charge: 0,
         };
         assert!(
-            n.fill(1, "k", raced, &c).is_none(),
+            n.fill(1, "k", raced, None, &c).is_none(),
             "another write landed too"
         );
     }
@@ -441,17 +507,81 @@ mod tests {
         let big = vec![7u8; (256 << 10) / 16];
         let f = fill(&n, "big", h, &big);
         assert!(
-            n.fill(1, "big", f, &c).is_none(),
+            n.fill(1, "big", f, None, &c).is_none(),
             "over a sixteenth of the capacity"
         );
         let small = vec![7u8; 1000];
         for i in 0..1000 {
             let k = format!("k{i}");
             let f = fill(&n, &k, h, &small);
-            n.fill(1, &k, f, &c);
+            n.fill(1, &k, f, None, &c);
         }
         assert!(n.copies.weight() <= 256 << 10, "{}", n.copies.weight());
         let s = c.snapshot();
         assert!(s.near_evictions > 0 && s.near_refused == 1, "{s:?}");
+    }
+
+    #[test]
+    fn a_write_that_may_still_land_keeps_its_stripe_from_filling() {
+        let clock = MockClock::new();
+        let (n, _) = near(&clock, 1 << 20);
+        let fenced = super::fence::Fenced {
+            inner: Arc::new(crate::backend::memory::MemoryBackend::new(
+                1 << 20,
+                clock.clone(),
+            )),
+            domain: n.domain.clone(),
+            settle: Duration::from_secs(3600),
+        };
+        use crate::backend::Backend;
+        fenced.delete("d").unwrap();
+        assert!(n.ticket("d").is_some(), "a write answered settles at once");
+        assert!(
+            n.domain
+                .settle_unknown_for_tests("d", Duration::from_secs(3600))
+        );
+        assert!(n.ticket("d").is_none(), "no fill while it may land");
+    }
+
+    #[test]
+    fn a_kept_decoded_value_is_charged() {
+        let clock = MockClock::new();
+        let (n, c) = near(&clock, 1 << 20);
+        let now = clock.now_ms();
+        let h = Header::value(now + 10_000, now, 1, 60_000);
+        let copy = n.fill(1, "k", fill(&n, "d", h, b"v"), None, &c).unwrap();
+        let before = n.copies.weight();
+        let decoded: super::Decoded = (std::any::TypeId::of::<u8>(), Arc::new(7u8));
+        n.keep(1, "k", &copy, decoded, 10_000, &c);
+        assert_eq!(n.copies.weight(), before + 10_000);
+        let kept = n.current(1, "k").unwrap();
+        assert_eq!(kept.decoded::<u8>().as_deref(), Some(&7));
+        assert!(
+            kept.decoded::<u16>().is_none(),
+            "another type decodes on each read"
+        );
+    }
+
+    #[test]
+    fn caches_over_one_store_share_a_domain() {
+        let a: Arc<dyn crate::backend::Backend> =
+            Arc::new(crate::backend::memory::MemoryBackend::new(
+                1 << 20,
+                Arc::new(crate::clock::SystemClock),
+            ));
+        let b: Arc<dyn crate::backend::Backend> =
+            Arc::new(crate::backend::memory::MemoryBackend::new(
+                1 << 20,
+                Arc::new(crate::clock::SystemClock),
+            ));
+        assert!(Arc::ptr_eq(&Domain::of(&[], &a), &Domain::of(&[], &a)));
+        assert!(!Arc::ptr_eq(&Domain::of(&[], &a), &Domain::of(&[], &b)));
+        let servers = |l: &[&str]| l.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let one = Domain::of(&servers(&["h:1", "h:2"]), &a);
+        assert!(Arc::ptr_eq(
+            &one,
+            &Domain::of(&servers(&["h:2", "h:1"]), &b)
+        ));
+        assert!(!Arc::ptr_eq(&one, &Domain::of(&servers(&["h:1"]), &a)));
     }
 }
