@@ -142,7 +142,11 @@ macro_rules! stats {
             }
 
             pub(crate) fn snapshot(&self) -> Stats {
-                Stats { $($name: self.$name.load(),)* }
+                let mut s = Stats { $($name: self.$name.load(),)* };
+                // A near hit is counted once, in `near_hits` (one add on the hot path), and is
+                // a hit.
+                s.hits = s.hits.wrapping_add(s.near_hits);
+                s
             }
         }
     };
@@ -226,7 +230,9 @@ stats! {
     /// for the next attempt, and the server serves nothing before it.
     replays_failed,
     /// Reads answered from the near tier ([`near_cache`](crate::CacheBuilder::near_cache)):
-    /// fresh copies in this process's memory, no I/O. Counted in [`hits`](Stats::hits) too.
+    /// fresh copies in this process's memory, no I/O. Counted in [`hits`](Stats::hits) too
+    /// (the metric `newcache_hits_total` counts the shared store's hits only: add
+    /// `newcache_near_hits_total` to it).
     near_hits => "newcache_near_hits_total",
     /// Reads of a cache with a near tier that it could not answer (no copy, or one too old,
     /// stale, or written since): they went to the shared store.

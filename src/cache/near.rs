@@ -107,7 +107,6 @@ impl Cache {
     }
 
     fn near_counted(&self) {
-        Counters::bump(&self.stats.hits);
         Counters::bump(&self.stats.near_hits);
     }
 

@@ -172,7 +172,13 @@ impl Cache {
     /// policy is `Propagate`. An item of a newer envelope format (a newer newcache wrote it) is
     /// a counted miss, never an error.
     pub fn get<T: DeserializeOwned>(&self, key: &str) -> Result<Option<T>> {
-        ready(self.get_on(&self.blocking(), key))
+        // A near hit without making the read's future.
+        match self.near_hit::<T>(key) {
+            Ok(v) => Ok(Some(v)),
+            Err(kept) => {
+                ready(self.get_shared(&self.blocking(), key, kept)).map(|f| f.map(|(v, _)| v))
+            }
+        }
     }
 
     pub(crate) async fn get_on<T: Decode, I: Io>(&self, io: &I, key: &str) -> Result<Option<T>> {
@@ -203,7 +209,10 @@ impl Cache {
         &self,
         key: &str,
     ) -> Result<Option<Arc<T>>> {
-        ready(self.get_arc_on(&self.blocking(), key))
+        match self.near_hit_arc::<T>(key) {
+            Ok(v) => Ok(Some(v)),
+            Err(kept) => ready(self.get_arc_shared(&self.blocking(), key, kept)),
+        }
     }
 
     pub(crate) async fn get_arc_on<T: DeserializeOwned + Send + Sync + 'static, I: Io>(
@@ -213,17 +222,25 @@ impl Cache {
     ) -> Result<Option<Arc<T>>> {
         match self.near_hit_arc::<T>(key) {
             Ok(v) => Ok(Some(v)),
-            Err(kept) => Ok(self
-                .get_shared::<T, I>(io, key, kept)
-                .await?
-                .map(|(v, filled)| {
-                    let v = Arc::new(v);
-                    if let Some((copy, charge)) = filled {
-                        self.near_keep(key, &copy, v.clone(), charge);
-                    }
-                    v
-                })),
+            Err(kept) => self.get_arc_shared(io, key, kept).await,
         }
+    }
+
+    /// `get_arc` from the shared store; the value it fills the near copy with is kept there.
+    async fn get_arc_shared<T: DeserializeOwned + Send + Sync + 'static, I: Io>(
+        &self,
+        io: &I,
+        key: &str,
+        kept: Option<Arc<Copy>>,
+    ) -> Result<Option<Arc<T>>> {
+        let found = self.get_shared::<T, I>(io, key, kept).await?;
+        Ok(found.map(|(v, filled)| {
+            let v = Arc::new(v);
+            if let Some((copy, charge)) = filled {
+                self.near_keep(key, &copy, v.clone(), charge);
+            }
+            v
+        }))
     }
 
     /// `get` from the shared store (the near tier had no hit; `kept` is the copy it still
