@@ -425,7 +425,9 @@ fn caches_over_one_server_list_see_each_others_writes_at_once(env: &Env) {
 struct Valve {
     addr: String,
     accepted: Arc<AtomicUsize>,
-    held: Arc<Mutex<std::ops::Range<usize>>>,
+    held: Arc<Mutex<Vec<std::ops::Range<usize>>>>,
+    /// How many sends are being held now.
+    holding: Arc<AtomicUsize>,
 }
 
 impl Valve {
@@ -433,8 +435,10 @@ impl Valve {
         let listener = TcpListener::bind("127.0.0.1:0").expect("a free loopback port");
         let addr = listener.local_addr().unwrap().to_string();
         let accepted = Arc::new(AtomicUsize::new(0));
-        let held = Arc::new(Mutex::new(0..0));
-        let (counted, holding, upstream) = (accepted.clone(), held.clone(), upstream.to_owned());
+        let held = Arc::new(Mutex::new(Vec::new()));
+        let holding = Arc::new(AtomicUsize::new(0));
+        let (counted, on_hold, upstream) = (accepted.clone(), held.clone(), upstream.to_owned());
+        let held_now = holding.clone();
         thread::spawn(move || {
             for client in listener.incoming() {
                 let Ok(client) = client else { return };
@@ -444,7 +448,7 @@ impl Valve {
                 };
                 let (mut from_client, mut to_server) =
                     (client.try_clone().unwrap(), server.try_clone().unwrap());
-                let holding = holding.clone();
+                let (on_hold, held_now) = (on_hold.clone(), held_now.clone());
                 thread::spawn(move || {
                     let mut buf = vec![0u8; 64 << 10];
                     loop {
@@ -452,8 +456,16 @@ impl Valve {
                             Ok(0) | Err(_) => break,
                             Ok(n) => n,
                         };
-                        while holding.lock().unwrap().contains(&i) {
-                            thread::sleep(MS(1));
+                        let is_held = || {
+                            let held = on_hold.lock().unwrap();
+                            held.iter().any(|r: &std::ops::Range<usize>| r.contains(&i))
+                        };
+                        if is_held() {
+                            held_now.fetch_add(1, Ordering::SeqCst);
+                            while is_held() {
+                                thread::sleep(MS(1));
+                            }
+                            held_now.fetch_sub(1, Ordering::SeqCst);
                         }
                         if to_server.write_all(&buf[..n]).is_err() {
                             break;
@@ -472,6 +484,7 @@ impl Valve {
             addr,
             accepted,
             held,
+            holding,
         }
     }
 
@@ -482,12 +495,21 @@ impl Valve {
 
     /// Holds what clients send on the connections `conns` from now on.
     fn hold(&self, conns: std::ops::Range<usize>) {
-        *self.held.lock().unwrap() = conns;
+        self.held.lock().unwrap().push(conns);
     }
 
-    /// Passes on what was held, and everything after it.
-    fn release(&self) {
-        *self.held.lock().unwrap() = 0..0;
+    /// Passes on what was held on `conns`, and everything after it.
+    fn release(&self, conns: std::ops::Range<usize>) {
+        self.held.lock().unwrap().retain(|r| *r != conns);
+    }
+
+    /// Waits until `n` sends are being held.
+    fn wait_holding(&self, n: usize) {
+        let deadline = Instant::now() + S(10);
+        while self.holding.load(Ordering::SeqCst) < n {
+            assert!(Instant::now() < deadline, "nothing was sent to hold");
+            thread::sleep(MS(1));
+        }
     }
 }
 
@@ -521,6 +543,120 @@ mod dropped_writes {
 /// connection of its own) finds the old value, and once the write has landed no read serves
 /// the old value again: the read made while the write could still land filled no copy.
 fn a_write_dropped_in_flight_keeps_reads_from_filling(env: &Env) {
+    let (valve, cache) = behind_a_valve(env);
+    let a = cache.to_async();
+    cache.set("k", "old", S(3600)).unwrap();
+    filled(&cache, "k", "old");
+    let sync_conns = valve.accepted();
+    runtime().block_on(a.get::<String>("warm")).unwrap();
+    let async_conns = valve.accepted();
+    assert!(
+        async_conns > sync_conns,
+        "the async view reads on connections of its own"
+    );
+    valve.hold(sync_conns..async_conns);
+    let dropped = runtime()
+        .block_on(async { tokio::time::timeout(Duration::ZERO, a.set("k", "new", S(3600))).await });
+    assert!(dropped.is_err(), "the write was in flight when dropped");
+    assert_eq!(
+        cache.get::<String>("k").unwrap().as_deref(),
+        Some("old"),
+        "the dropped write has not landed yet"
+    );
+    valve.release(sync_conns..async_conns);
+    let reference = env.builder().build().unwrap();
+    let deadline = Instant::now() + S(10);
+    while reference.get::<String>("k").unwrap().as_deref() != Some("new") {
+        assert!(Instant::now() < deadline, "the dropped write never landed");
+        thread::sleep(MS(5));
+    }
+    for _ in 0..3 {
+        assert_eq!(
+            cache.get::<String>("k").unwrap().as_deref(),
+            Some("new"),
+            "after the dropped write landed"
+        );
+        assert_eq!(
+            runtime().block_on(a.get::<String>("k")).unwrap().as_deref(),
+            Some("new")
+        );
+    }
+}
+
+mod read_before_a_dropped_write {
+    use super::*;
+
+    on_near_backend!(
+        memcached,
+        Memcached,
+        a_read_sent_before_a_write_dropped_in_flight_is_not_kept
+    );
+    #[cfg(feature = "redis")]
+    on_near_backend!(
+        redis,
+        Redis,
+        a_read_sent_before_a_write_dropped_in_flight_is_not_kept
+    );
+}
+
+/// A read sent (its request held by a relay) before an async `set` whose future is dropped in
+/// flight (held too): the read is answered with the old value after the drop, and its copy is
+/// not kept; once the write has landed, no read serves the old value.
+fn a_read_sent_before_a_write_dropped_in_flight_is_not_kept(env: &Env) {
+    let (valve, cache) = behind_a_valve(env);
+    let a = cache.to_async();
+    cache.set("k", "old", S(3600)).unwrap();
+    filled(&cache, "k", "old");
+    let sync_conns = 0..valve.accepted();
+    runtime().block_on(a.get::<String>("warm")).unwrap();
+    let async_conns = sync_conns.end..valve.accepted();
+    assert!(
+        !async_conns.is_empty(),
+        "the async view reads on connections of its own"
+    );
+    // The copy too old to serve: the reader's read goes to the server.
+    env.advance(S(6));
+    let before = cache.stats();
+    valve.hold(sync_conns.clone());
+    thread::scope(|s| {
+        let reader = s.spawn(|| cache.get::<String>("k").unwrap());
+        valve.wait_holding(1);
+        valve.hold(async_conns.clone());
+        let dropped = runtime().block_on(async {
+            tokio::time::timeout(Duration::ZERO, a.set("k", "new", S(3600))).await
+        });
+        assert!(dropped.is_err(), "the write was in flight when dropped");
+        valve.wait_holding(2);
+        valve.release(sync_conns.clone());
+        assert_eq!(
+            reader.join().unwrap().as_deref(),
+            Some("old"),
+            "the read was answered before the write landed"
+        );
+    });
+    assert_eq!(
+        delta(&before, &cache.stats(), |s| s.near_refused),
+        1,
+        "the read's copy is refused"
+    );
+    valve.release(async_conns);
+    let reference = env.builder().build().unwrap();
+    let deadline = Instant::now() + S(10);
+    while reference.get::<String>("k").unwrap().as_deref() != Some("new") {
+        assert!(Instant::now() < deadline, "the dropped write never landed");
+        thread::sleep(MS(5));
+    }
+    for _ in 0..3 {
+        assert_eq!(
+            cache.get::<String>("k").unwrap().as_deref(),
+            Some("new"),
+            "after the dropped write landed"
+        );
+    }
+}
+
+/// A cache with a near tier over `env`'s server reached through a [`Valve`].
+fn behind_a_valve(env: &Env) -> (Valve, Cache) {
     let upstream = match env.kind {
         Kind::Memcached => crate::fixture::shared_server().to_owned(),
         #[cfg(feature = "redis")]
@@ -541,43 +677,7 @@ fn a_write_dropped_in_flight_keeps_reads_from_filling(env: &Env) {
     }
     .build()
     .unwrap();
-    let a = cache.to_async();
-    cache.set("k", "old", S(3600)).unwrap();
-    filled(&cache, "k", "old");
-    let sync_conns = valve.accepted();
-    runtime().block_on(a.get::<String>("warm")).unwrap();
-    let async_conns = valve.accepted();
-    assert!(
-        async_conns > sync_conns,
-        "the async view reads on connections of its own"
-    );
-    valve.hold(sync_conns..async_conns);
-    let dropped = runtime()
-        .block_on(async { tokio::time::timeout(Duration::ZERO, a.set("k", "new", S(3600))).await });
-    assert!(dropped.is_err(), "the write was in flight when dropped");
-    assert_eq!(
-        cache.get::<String>("k").unwrap().as_deref(),
-        Some("old"),
-        "the dropped write has not landed yet"
-    );
-    valve.release();
-    let reference = env.builder().build().unwrap();
-    let deadline = Instant::now() + S(10);
-    while reference.get::<String>("k").unwrap().as_deref() != Some("new") {
-        assert!(Instant::now() < deadline, "the dropped write never landed");
-        thread::sleep(MS(5));
-    }
-    for _ in 0..3 {
-        assert_eq!(
-            cache.get::<String>("k").unwrap().as_deref(),
-            Some("new"),
-            "after the dropped write landed"
-        );
-        assert_eq!(
-            runtime().block_on(a.get::<String>("k")).unwrap().as_deref(),
-            Some("new")
-        );
-    }
+    (valve, cache)
 }
 
 /// Two caches over one server list: a write of one dropped in flight (held by a relay) keeps
@@ -610,7 +710,8 @@ mod dropped_by_another_cache {
         let a = writer.to_async();
         let before = valve.accepted();
         runtime().block_on(a.get::<String>("warm")).unwrap();
-        valve.hold(before..valve.accepted());
+        let held = before..valve.accepted();
+        valve.hold(held.clone());
         let dropped = runtime().block_on(async {
             tokio::time::timeout(Duration::ZERO, a.set("k", "new", S(3600))).await
         });
@@ -620,7 +721,7 @@ mod dropped_by_another_cache {
             Some("old"),
             "the dropped write has not landed yet"
         );
-        valve.release();
+        valve.release(held);
         let reference = Cache::builder()
             .memcached([crate::fixture::shared_server()])
             .flavor(flavor.clone())
