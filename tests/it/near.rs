@@ -6,11 +6,13 @@
 //! within its capacity. Time is the caches' `MockClock`: a copy ages only when a test says so.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::io::{Read, Write as _};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
+use std::task::Poll;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -555,9 +557,7 @@ fn a_write_dropped_in_flight_keeps_reads_from_filling(env: &Env) {
         "the async view reads on connections of its own"
     );
     valve.hold(sync_conns..async_conns);
-    let dropped = runtime()
-        .block_on(async { tokio::time::timeout(Duration::ZERO, a.set("k", "new", S(3600))).await });
-    assert!(dropped.is_err(), "the write was in flight when dropped");
+    drop_in_flight(&valve, &a, "k", "new", 1);
     assert_eq!(
         cache.get::<String>("k").unwrap().as_deref(),
         Some("old"),
@@ -622,11 +622,7 @@ fn a_read_sent_before_a_write_dropped_in_flight_is_not_kept(env: &Env) {
         let reader = s.spawn(|| cache.get::<String>("k").unwrap());
         valve.wait_holding(1);
         valve.hold(async_conns.clone());
-        let dropped = runtime().block_on(async {
-            tokio::time::timeout(Duration::ZERO, a.set("k", "new", S(3600))).await
-        });
-        assert!(dropped.is_err(), "the write was in flight when dropped");
-        valve.wait_holding(2);
+        drop_in_flight(&valve, &a, "k", "new", 2);
         valve.release(sync_conns.clone());
         assert_eq!(
             reader.join().unwrap().as_deref(),
@@ -653,6 +649,17 @@ fn a_read_sent_before_a_write_dropped_in_flight_is_not_kept(env: &Env) {
             "after the dropped write landed"
         );
     }
+}
+
+/// Polls `a.set(key, value)` once, waits until `valve` holds `n` sends (the write among them:
+/// sent, not answered), and drops the write's future.
+fn drop_in_flight(valve: &Valve, a: &AsyncCache, key: &str, value: &str, n: usize) {
+    runtime().block_on(async {
+        let mut set = std::pin::pin!(a.set(key, value, S(3600)));
+        let first = std::future::poll_fn(|cx| Poll::Ready(set.as_mut().poll(cx))).await;
+        assert!(first.is_pending(), "the write is in flight");
+        valve.wait_holding(n);
+    });
 }
 
 /// A cache with a near tier over `env`'s server reached through a [`Valve`].
@@ -712,10 +719,7 @@ mod dropped_by_another_cache {
         runtime().block_on(a.get::<String>("warm")).unwrap();
         let held = before..valve.accepted();
         valve.hold(held.clone());
-        let dropped = runtime().block_on(async {
-            tokio::time::timeout(Duration::ZERO, a.set("k", "new", S(3600))).await
-        });
-        assert!(dropped.is_err(), "the write was in flight when dropped");
+        drop_in_flight(&valve, &a, "k", "new", 1);
         assert_eq!(
             reader.get::<String>("k").unwrap().as_deref(),
             Some("old"),
@@ -1008,7 +1012,13 @@ fn dropped_futures_leave_no_copy_the_store_does_not_hold(env: &Env) {
         .enable_all()
         .build()
         .unwrap();
-    let cache = near(env).near_ttl(S(3600)).build_async().unwrap();
+    // Over the servers named otherwise: the stripes its dropped writes keep quiet (in its own
+    // clock's time) are not those of the tests running beside it.
+    let cache = elsewhere(env)
+        .near_cache(CAPACITY)
+        .near_ttl(S(3600))
+        .build_async()
+        .unwrap();
     let fresh = env.builder().build_async().unwrap();
     let keys: Vec<String> = (0..6).map(|i| format!("d{i}")).collect();
     rt.block_on(async {
@@ -1218,6 +1228,21 @@ fn one_key_read_as_two_types(env: &Env) {
 #[cfg(feature = "tower")]
 #[test]
 fn the_response_cache_answers_a_repeated_request_from_the_near_tier() {
+    response_cache_over_a_near_tier(false);
+}
+
+/// The requests the response cache answers from the near tier are counted in `near_hits`
+/// (the cache's or the layer's stats).
+#[cfg(feature = "tower")]
+#[test]
+#[ignore = "fails: the layer's at-once hit (layer/access.rs, served_now via Cache::near_peek) \
+            counts nothing in near_hits; the layer counts it in its own hits only"]
+fn the_response_caches_near_hits_are_counted() {
+    response_cache_over_a_near_tier(true);
+}
+
+#[cfg(feature = "tower")]
+fn response_cache_over_a_near_tier(count_near_hits: bool) {
     use bytes::Bytes;
     use http_body_util::combinators::BoxBody;
     use http_body_util::{BodyExt, Full};
@@ -1287,6 +1312,7 @@ fn the_response_cache_answers_a_repeated_request_from_the_near_tier() {
         );
         let gets = server.stat("cmd_get");
         let hits = pages.stats().hits;
+        let near_hits = cache.stats().near_hits + pages.stats().near_hits;
         for _ in 0..5 {
             assert_eq!(
                 send(&svc, Method::GET, "/p").await,
@@ -1299,6 +1325,10 @@ fn the_response_cache_answers_a_repeated_request_from_the_near_tier() {
             "repeated requests read nothing from the server"
         );
         assert_eq!(pages.stats().hits - hits, 5);
+        if count_near_hits {
+            let counted = cache.stats().near_hits + pages.stats().near_hits;
+            assert_eq!(counted - near_hits, 5, "the near hits are counted");
+        }
         assert_eq!(calls.load(Ordering::SeqCst), 1);
 
         assert!(pages.invalidate("/p").await.unwrap());
