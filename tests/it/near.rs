@@ -978,8 +978,14 @@ fn an_outage_is_bridged_within_the_staleness_bound(kind: Kind) {
             .unwrap(),
         "loaded"
     );
+    let a = cache.to_async();
+    assert_eq!(
+        runtime().block_on(a.get::<String>("k")).unwrap().as_deref(),
+        Some("v"),
+        "the async view too"
+    );
     assert_eq!(loads.load(Ordering::SeqCst), loaded, "served, not loaded");
-    assert!(delta(&before, &cache.stats(), |s| s.near_outage_served) >= 3);
+    assert!(delta(&before, &cache.stats(), |s| s.near_outage_served) >= 4);
     clock.advance(MS(24_500));
     assert_eq!(
         cache.get::<String>("k").unwrap().as_deref(),
