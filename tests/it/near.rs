@@ -94,7 +94,7 @@ fn near(env: &Env) -> CacheBuilder {
     env.builder().near_cache(CAPACITY)
 }
 
-/// `f`'s stats change: what `after` counts beyond `before`.
+/// How much the counter `f` reads grew from `before` to `after`.
 fn delta(before: &Stats, after: &Stats, f: fn(&Stats) -> u64) -> u64 {
     f(after) - f(before)
 }
