@@ -24,6 +24,7 @@ mod memcached;
 mod memory;
 #[cfg(feature = "redis")]
 mod messages;
+mod near;
 mod obs;
 mod outage;
 mod partial;
