@@ -106,7 +106,7 @@ impl Cache {
         }
     }
 
-    fn near_counted(&self) {
+    pub(crate) fn near_counted(&self) {
         Counters::bump(&self.stats.near_hits);
     }
 

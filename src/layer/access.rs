@@ -15,6 +15,17 @@ use crate::protocol::Mode;
 use crate::stats::Counters;
 use crate::ttl::{Lifetime, Ttl};
 
+/// Where a value [`Cache::served_now`] found came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Served {
+    /// A near copy.
+    Near,
+    /// The store, fresh.
+    Fresh,
+    /// The store, stale (while another caller refreshes it).
+    Stale,
+}
+
 impl Cache {
     /// Whether this cache's store is in this process (the memory backend, a custom one: a cache
     /// that names no server), so that its async view's calls complete when made, or whether it
@@ -62,7 +73,7 @@ impl Cache {
     /// Always `None` with XFetch on (`early_refresh`): its draw decides whether this read
     /// refreshes early, and a second read (the whole way) would draw again, refreshing at p²
     /// instead of p.
-    pub(crate) fn served_now<T: Decode>(&self, key: &str) -> Option<(T, bool, u64)> {
+    pub(crate) fn served_now<T: Decode>(&self, key: &str) -> Option<(T, Served, u64)> {
         if self.inner.config.early_beta.is_some() {
             return None;
         }
@@ -70,7 +81,7 @@ impl Cache {
             // A near hit is answered at once; anything else goes the whole way (on a shared
             // store, a read here would block the task).
             let v = self.near_peek::<T>(key)?;
-            return Some((v, false, self.now_ms()));
+            return Some((v, Served::Near, self.now_ms()));
         }
         let derived = self.keys.make(key).ok()?;
         let span = self.span("get_or_set_with", &derived);
@@ -83,7 +94,17 @@ impl Cache {
             .start(Ok(read), Mode::Load, self.settings(true, limit), None)
             .ok()?;
         let (v, stale) = self.servable(&first)?;
-        Some((v, stale, now.wall_ms))
+        let served = if stale { Served::Stale } else { Served::Fresh };
+        Some((v, served, now.wall_ms))
+    }
+
+    /// Counts a value [`served_now`](Cache::served_now) found, once it is served.
+    pub(crate) fn count_served_now(&self, served: Served) {
+        match served {
+            Served::Near => self.near_counted(),
+            Served::Fresh => self.count_served(false),
+            Served::Stale => self.count_served(true),
+        }
     }
 
     /// Replaces the value under `key` with `value` only if the key still holds a value of this

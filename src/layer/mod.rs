@@ -677,12 +677,12 @@ impl Ask<'_> {
         // What was read is counted only if it is served: otherwise the request's future reads
         // it again, and counts it then.
         let mut read = [None, None];
-        let (Recent(mut entry), stale, mut now) = cache.served_now::<Recent>(page_key)?;
-        read[0] = Some(stale);
+        let (Recent(mut entry), served, mut now) = cache.served_now::<Recent>(page_key)?;
+        read[0] = Some(served);
         if let Body::Vary { names, generation } = &entry.body {
             let key = rules::variant_key(page_key, *generation, names, &self.parts.headers);
-            let (Recent(variant), stale, at) = cache.served_now::<Recent>(&key)?;
-            read[1] = Some(stale);
+            let (Recent(variant), served, at) = cache.served_now::<Recent>(&key)?;
+            read[1] = Some(served);
             (entry, now) = (variant, at);
         }
         if !matches!(entry.body, Body::Page(_)) {
@@ -691,8 +691,8 @@ impl Ask<'_> {
         if self.wants_revalidation(&entry, now) {
             return None;
         }
-        for stale in read.into_iter().flatten() {
-            cache.count_served(stale);
+        for served in read.into_iter().flatten() {
+            cache.count_served_now(served);
         }
         Some(self.serve_entry(entry, now))
     }

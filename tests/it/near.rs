@@ -523,21 +523,12 @@ mod dropped_writes {
         Memcached,
         a_write_dropped_in_flight_keeps_reads_from_filling
     );
-
     #[cfg(feature = "redis")]
-    mod redis {
-        #[test]
-        #[ignore = "fails: on Redis without WAIT the async backend's settle_time is zero, so a \
-                    write dropped in flight leaves its stripe no quiet time, and a read on another \
-                    connection (the sync view's) made before it lands fills a copy of the old value"]
-        fn a_write_dropped_in_flight_keeps_reads_from_filling() {
-            let env = crate::fixture::Env::new(
-                crate::fixture::Kind::Redis,
-                "a_write_dropped_in_flight_keeps_reads_from_filling",
-            );
-            super::a_write_dropped_in_flight_keeps_reads_from_filling(&env)
-        }
-    }
+    on_near_backend!(
+        redis,
+        Redis,
+        a_write_dropped_in_flight_keeps_reads_from_filling
+    );
 }
 
 /// An async `set` whose future is dropped while its request is in flight (sent on the async
@@ -751,10 +742,6 @@ mod dropped_by_another_cache {
     }
 
     #[test]
-    #[ignore = "fails: a stripe's quiet time is kept in the abandoning cache's clock (the \
-                shared ticker's age: ms since it started) and compared with the reading cache's \
-                own (a custom clock's unix ms): caches over one server list on different clocks \
-                do not see each other's quiet times"]
     fn on_a_clock_of_its_own() {
         check(Some(Arc::new(newcache::SystemClock)));
     }
@@ -1241,8 +1228,6 @@ fn the_response_cache_answers_a_repeated_request_from_the_near_tier() {
 /// (the cache's or the layer's stats).
 #[cfg(feature = "tower")]
 #[test]
-#[ignore = "fails: the layer's at-once hit (layer/access.rs, served_now via Cache::near_peek) \
-            counts nothing in near_hits; the layer counts it in its own hits only"]
 fn the_response_caches_near_hits_are_counted() {
     response_cache_over_a_near_tier(true);
 }
