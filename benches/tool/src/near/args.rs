@@ -19,6 +19,15 @@ pub enum Figure {
     Outage,
 }
 
+/// The `hit` figure's value kinds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ValueKind {
+    /// a struct of 5 fields, 100 bytes encoded
+    Struct,
+    /// a 1,000-byte String
+    String,
+}
+
 /// Who rewrites the 1% of keys in the `rewrite` figure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Writer {
@@ -61,6 +70,9 @@ pub struct Args {
     /// `hit`: a caller mode (repeatable) [default: all]
     #[arg(long = "callers", value_name = "MODE", value_enum)]
     pub callers: Vec<Callers>,
+    /// `hit`: a value kind (repeatable) [default: both]
+    #[arg(long = "kind", value_name = "KIND", value_enum)]
+    pub kinds: Vec<ValueKind>,
     /// `hit`: run only this side (repeatable; 1 `get_arc`, 2 quick_cache's `Arc`, 3 `get`, 4
     /// quick_cache plus a decode), the others skipped: for profiling one side. The ratios
     /// involving a skipped side read NaN
@@ -141,6 +153,14 @@ impl Args {
         }
     }
 
+    /// The `hit` figure's value kinds: those named, or both.
+    pub fn kinds(&self) -> Vec<ValueKind> {
+        match self.kinds.is_empty() {
+            true => ValueKind::value_variants().to_vec(),
+            false => self.kinds.clone(),
+        }
+    }
+
     /// The `hit` figure's caller modes: those named, or all.
     pub fn callers(&self) -> Vec<Callers> {
         match self.callers.is_empty() {
@@ -180,6 +200,7 @@ mod tests {
         let args = Args::try_parse_from(["near"]).unwrap();
         assert_eq!(args.figures(), [Figure::Hit, Figure::Rewrite]);
         assert_eq!(args.callers().len(), 4);
+        assert_eq!(args.kinds(), [ValueKind::Struct, ValueKind::String]);
         assert_eq!((args.rounds, args.memcached_threads), (9, 1));
         assert!(args.check().is_ok());
         let args = Args::try_parse_from(["near", "--callers", "async-64"]).unwrap();

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use crate::floor::items::BoxError;
 use crate::floor::paths::{Run, Side, interleave, us};
 use crate::floor::stats::Row;
+use crate::near::args::ValueKind;
 use crate::near::values::{self, KEYS, Kind, Small, Text};
 
 /// The tasks of the concurrent mode.
@@ -350,6 +351,7 @@ pub fn run(
     rt: &tokio::runtime::Runtime,
     addr: &str,
     callers: &[Callers],
+    kinds: &[ValueKind],
     rounds: usize,
     ops: usize,
     slices: usize,
@@ -360,10 +362,11 @@ pub fn run(
     warm(rt, &text)?;
     let (mut rows_out, mut checks) = (Vec::new(), Vec::new());
     for &c in callers {
-        for (r, check) in [
-            rows(rt, &small, c, rounds, ops, slices)?,
-            rows(rt, &text, c, rounds, ops, slices)?,
-        ] {
+        for &kind in kinds {
+            let (r, check) = match kind {
+                ValueKind::Struct => rows(rt, &small, c, rounds, ops, slices)?,
+                ValueKind::String => rows(rt, &text, c, rounds, ops, slices)?,
+            };
             rows_out.extend(r);
             checks.push(check);
         }

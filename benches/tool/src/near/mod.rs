@@ -86,6 +86,7 @@ pub fn run(args: Args) -> Result<(), BoxError> {
                     &rt,
                     server.addr(),
                     &args.callers(),
+                    &args.kinds(),
                     args.rounds,
                     args.ops,
                     args.slices,
