@@ -10,7 +10,8 @@
 //! ```text
 //! cargo run --release -p newcache-bench -- near [--figure hit|rewrite|outage ...] [--rounds 9]
 //!     [--ops 1000000] [--callers sync-one|async-one|async-64|sync-64 ...]
-//!     [--writer process|thread] [--writes-per-s 1000] [--json FILE]
+//!     [--kind struct|string ...] [--only-side N ...]
+//!     [--writer process|thread|thread-near] [--writes-per-s 1000] [--json FILE]
 //! ```
 //!
 //! `hit` interleaves its four sides as `bench floor` does (slices of alternating order, one
