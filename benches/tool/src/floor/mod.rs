@@ -277,7 +277,7 @@ fn on_redis_cluster(
 }
 
 /// The server's `version` reply.
-fn memcached_version(addr: &str) -> Result<String, BoxError> {
+pub(crate) fn memcached_version(addr: &str) -> Result<String, BoxError> {
     use std::io::{BufRead, BufReader, Write};
     let mut s = std::net::TcpStream::connect(addr)?;
     s.write_all(b"version\r\n")?;

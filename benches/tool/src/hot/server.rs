@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 pub struct Memcached {
     child: Child,
     addr: String,
+    /// `-t` and `-m`, for a restart.
+    args: (usize, usize),
 }
 
 impl Memcached {
@@ -38,6 +40,16 @@ impl Memcached {
 
     fn try_start(threads: usize, megabytes: usize) -> io::Result<Memcached> {
         let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let mut server = Memcached {
+            child: Self::spawn(port, threads, megabytes)?,
+            addr: format!("127.0.0.1:{port}"),
+            args: (threads, megabytes),
+        };
+        server.wait_listening()?;
+        Ok(server)
+    }
+
+    fn spawn(port: u16, threads: usize, megabytes: usize) -> io::Result<Child> {
         let mut cmd = Command::new("memcached");
         cmd.args(["-l", "127.0.0.1", "-p", &port.to_string()])
             .args(["-t", &threads.to_string(), "-U", "0"])
@@ -49,21 +61,19 @@ impl Memcached {
         if std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0) {
             cmd.args(["-u", "root"]);
         }
-        let child = cmd
-            .stdin(Stdio::null())
+        cmd.stdin(Stdio::null())
             .stdout(Stdio::null())
             .spawn()
-            .map_err(|e| io::Error::new(e.kind(), format!("cannot start memcached: {e}")))?;
-        let mut server = Memcached {
-            child,
-            addr: format!("127.0.0.1:{port}"),
-        };
+            .map_err(|e| io::Error::new(e.kind(), format!("cannot start memcached: {e}")))
+    }
+
+    fn wait_listening(&mut self) -> io::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
-            if TcpStream::connect(&server.addr).is_ok() {
-                return Ok(server);
+            if TcpStream::connect(&self.addr).is_ok() {
+                return Ok(());
             }
-            if let Some(status) = server.child.try_wait()? {
+            if let Some(status) = self.child.try_wait()? {
                 return Err(io::Error::other(format!("memcached exited: {status}")));
             }
             if Instant::now() > deadline {
@@ -71,6 +81,21 @@ impl Memcached {
             }
             thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// Kills the server (an outage: its items are gone); [`restart`](Memcached::restart)
+    /// brings an empty one back on the same port.
+    pub fn kill(&mut self) -> io::Result<()> {
+        self.child.kill()?;
+        self.child.wait().map(drop)
+    }
+
+    /// Starts the server again on its port, empty, after [`kill`](Memcached::kill).
+    pub fn restart(&mut self) -> io::Result<()> {
+        let port = self.addr.rsplit(':').next().and_then(|p| p.parse().ok());
+        let port = port.ok_or_else(|| io::Error::other("no port in the address"))?;
+        self.child = Self::spawn(port, self.args.0, self.args.1)?;
+        self.wait_listening()
     }
 
     /// `127.0.0.1:PORT`.
