@@ -800,4 +800,7 @@ impl Io for AsyncDriver<'_> {
     fn sleep<'a>(&'a self, d: std::time::Duration) -> impl Future<Output = ()> + Send + 'a {
         tokio::time::sleep(d)
     }
+    fn cooperate(&self) -> impl Future<Output = ()> + Send + '_ {
+        tokio::task::coop::consume_budget()
+    }
 }

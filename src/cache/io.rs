@@ -59,6 +59,9 @@ pub(crate) trait Io: Sync {
     fn guard_claims(&self, claims: Vec<(String, u64)>) -> Self::ClaimGuard;
     /// A pause between polls of another caller's load.
     fn sleep<'a>(&'a self, d: Duration) -> impl Future<Output = ()> + Send + 'a;
+    /// A point where a task that answered without I/O (a near hit) gives its runtime a
+    /// chance to run others once it has used its budget; nothing for a sync caller.
+    fn cooperate(&self) -> impl Future<Output = ()> + Send + '_;
 }
 
 /// A sync backend: each call does its (blocking) work when the future is made, which is then
@@ -148,6 +151,9 @@ impl Io for Blocking<'_> {
     }
     fn sleep<'a>(&'a self, d: Duration) -> impl Future<Output = ()> + Send + 'a {
         std::thread::sleep(d);
+        std::future::ready(())
+    }
+    fn cooperate(&self) -> impl Future<Output = ()> + Send + '_ {
         std::future::ready(())
     }
 }

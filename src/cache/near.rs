@@ -131,13 +131,32 @@ impl Cache {
         held: &Servable,
     ) -> Option<Arc<Copy>> {
         let near = self.inner.near.as_ref()?;
+        let (header, payload) = self.near_payload(held.header, &held.item.value[held.offset..])?;
         let fill = Fill {
             ticket,
             writes: 0,
-            header: held.header,
-            payload: &held.item.value[held.offset..],
+            header,
+            payload: &payload,
         };
         near.fill(self.keys.version, key, fill, None, &self.stats)
+    }
+
+    /// What a copy holds of a payload: the payload, decompressed if it was compressed (a copy
+    /// is read many times); `None` if it does not decompress.
+    fn near_payload<'p>(
+        &self,
+        header: Header,
+        payload: &'p [u8],
+    ) -> Option<(Header, std::borrow::Cow<'p, [u8]>)> {
+        if header.raw || !header.compressed {
+            return Some((header, payload.into()));
+        }
+        let plain = self.inner.config.format.decompress(payload).ok()?;
+        let header = Header {
+            compressed: false,
+            ..header
+        };
+        Some((header, plain.into()))
     }
 
     /// Fills `key`'s copy with an envelope this process wrote itself under `ticket` (a
@@ -151,11 +170,14 @@ impl Cache {
         else {
             return;
         };
+        let Some((header, payload)) = self.near_payload(header, payload) else {
+            return;
+        };
         let fill = Fill {
             ticket,
             writes,
             header,
-            payload,
+            payload: &payload,
         };
         near.fill(self.keys.version, key, fill, None, &self.stats);
     }

@@ -183,7 +183,10 @@ impl Cache {
 
     pub(crate) async fn get_on<T: Decode, I: Io>(&self, io: &I, key: &str) -> Result<Option<T>> {
         match self.near_hit::<T>(key) {
-            Ok(v) => Ok(Some(v)),
+            Ok(v) => {
+                io.cooperate().await;
+                Ok(Some(v))
+            }
             Err(kept) => Ok(self.get_shared(io, key, kept).await?.map(|(v, _)| v)),
         }
     }
@@ -221,7 +224,10 @@ impl Cache {
         key: &str,
     ) -> Result<Option<Arc<T>>> {
         match self.near_hit_arc::<T>(key) {
-            Ok(v) => Ok(Some(v)),
+            Ok(v) => {
+                io.cooperate().await;
+                Ok(Some(v))
+            }
             Err(kept) => self.get_arc_shared(io, key, kept).await,
         }
     }
@@ -499,7 +505,9 @@ impl Cache {
                     }
                 }
             }
-            if !rest.is_empty() {
+            if rest.is_empty() {
+                io.cooperate().await;
+            } else {
                 self.get_many_shared(io, &rest, kept, &mut out).await?;
             }
             Ok(out)

@@ -317,7 +317,7 @@ impl Format {
         self.decode_plain(codec, payload)
     }
 
-    fn decompress(&self, payload: &[u8]) -> Result<Vec<u8>> {
+    pub(crate) fn decompress(&self, payload: &[u8]) -> Result<Vec<u8>> {
         let Some((len, packed)) = payload.split_first_chunk::<4>() else {
             return Err(Error::decode("truncated compressed payload"));
         };

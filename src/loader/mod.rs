@@ -303,7 +303,10 @@ impl Cache {
     {
         // A near hit: no key derivation, no I/O.
         let kept = match self.near_hit::<T>(key) {
-            Ok(v) => return Ok(v),
+            Ok(v) => {
+                d.cooperate().await;
+                return Ok(v);
+            }
             Err(kept) => kept,
         };
         // One key derivation per call.

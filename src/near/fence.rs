@@ -18,7 +18,7 @@ use crate::error::Result;
 
 /// How many stripes a domain has: a write makes the copies of about 1/`STRIPES` of the keys
 /// fetch again (those whose derived keys share its stripe), never more.
-pub(crate) const STRIPES: usize = 1 << 12;
+pub(crate) const STRIPES: usize = 1 << 14;
 
 /// What the caches over one store in this process share: the stripes their writes bump, and a
 /// flush count `clear` bumps. The caches built over the same server list (or the same custom

@@ -76,6 +76,8 @@ mod every_backend {
         large_values_are_never_held_near,
         get_many_serves_near_hits_and_fetches_the_rest_in_one_batch,
         one_key_read_as_two_types,
+        a_compressed_value_is_served_near,
+        a_task_answered_by_near_hits_lets_other_tasks_run,
     );
 }
 
@@ -1342,5 +1344,50 @@ fn response_cache_over_a_near_tier(count_near_hits: bool) {
             send(&svc, Method::GET, "/p").await,
             ("HIT".into(), "page 4".into())
         );
+    });
+}
+
+/// A value stored compressed (over the LZ4 threshold) is held near and served as it was
+/// written, through `get`, `get_arc` and `get_many`.
+fn a_compressed_value_is_served_near(env: &Env) {
+    let cache = near(env).build().unwrap();
+    let text: String = (0..2_000).map(|i| format!("{i} ")).collect();
+    cache.set("text", &text, S(60)).unwrap();
+    filled(&cache, "text", &text);
+    let before = cache.stats();
+    assert_eq!(
+        cache.get_arc::<String>("text").unwrap().as_deref(),
+        Some(&text)
+    );
+    assert_eq!(cache.get_many::<String>(&["text"]).unwrap()["text"], text);
+    assert_eq!(delta(&before, &cache.stats(), |s| s.near_hits), 2);
+}
+
+/// A task whose reads are all near hits still yields to its runtime (tokio's cooperative
+/// budget): on a one-thread runtime, a task spawned beside it runs before it finishes.
+fn a_task_answered_by_near_hits_lets_other_tasks_run(env: &Env) {
+    let cache = near(env).build_async().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        cache.set("k", &1u32, S(60)).await.unwrap();
+        assert_eq!(cache.get::<u32>("k").await.unwrap(), Some(1));
+        let ran = Arc::new(AtomicBool::new(false));
+        let r = ran.clone();
+        let other = tokio::spawn(async move { r.store(true, Ordering::SeqCst) });
+        let before = cache.stats();
+        let mut ran_during = false;
+        for _ in 0..10_000 {
+            assert_eq!(cache.get::<u32>("k").await.unwrap(), Some(1));
+            ran_during |= ran.load(Ordering::SeqCst);
+        }
+        assert_eq!(delta(&before, &cache.stats(), |s| s.near_hits), 10_000);
+        assert!(
+            ran_during,
+            "the spawned task never ran while near hits were served"
+        );
+        other.await.unwrap();
     });
 }
