@@ -20,62 +20,7 @@ struct Row {
 
 const S: fn(u64) -> Duration = Duration::from_secs;
 
-/// Generates each listed async test once per backend, each on its own runtime.
-macro_rules! on_every_backend_async {
-    ($($name:ident),* $(,)?) => {
-        on_backend_async!(memory, Memory, $($name),*);
-        on_backend_async!(memcached, Memcached, $($name),*);
-        on_backend_async!(twemproxy, Twemproxy, $($name),*);
-        #[cfg(feature = "redis")]
-        on_backend_async!(redis_cluster, RedisCluster, $($name),*);
-        on_backend_async!(near near_memcached, Memcached, $($name),*);
-        #[cfg(feature = "redis")]
-        on_backend_async!(near near_redis, Redis, $($name),*);
-        #[cfg(feature = "redis")]
-        on_backend_async!(near near_redis_cluster, RedisCluster, $($name),*);
-    };
-}
-
-macro_rules! on_backend_async {
-    (near $module:ident, $kind:ident, $($name:ident),*) => {
-        mod $module {
-            $(
-                #[test]
-                fn $name() {
-                    let env = $crate::fixture::Env::near(
-                        $crate::fixture::Kind::$kind,
-                        $crate::front::Front::Async,
-                        stringify!($name),
-                    );
-                    tokio::runtime::Builder::new_multi_thread()
-                        .worker_threads(2)
-                        .enable_all()
-                        .build()
-                        .expect("runtime")
-                        .block_on(super::$name(env))
-                }
-            )*
-        }
-    };
-    ($module:ident, $kind:ident, $($name:ident),*) => {
-        mod $module {
-            $(
-                #[test]
-                fn $name() {
-                    let env = $crate::fixture::Env::new($crate::fixture::Kind::$kind, stringify!($name));
-                    tokio::runtime::Builder::new_multi_thread()
-                        .worker_threads(2)
-                        .enable_all()
-                        .build()
-                        .expect("runtime")
-                        .block_on(super::$name(env))
-                }
-            )*
-        }
-    };
-}
-
-on_every_backend_async!(
+crate::on_every_backend_async!(
     every_operation_round_trips,
     futures_are_send_and_the_cache_is_static,
     one_load_for_64_tasks_on_a_cold_key,

@@ -1238,6 +1238,26 @@ impl Env {
         Env::with_front(kind, Front::Sync, tag)
     }
 
+    /// Runs the async test `test` on `kind` (with a near tier if `near`) on a runtime of its
+    /// own (2 workers).
+    pub fn run_async<F: std::future::Future>(
+        kind: Kind,
+        near: bool,
+        tag: &str,
+        test: impl FnOnce(Env) -> F,
+    ) -> F::Output {
+        let env = match near {
+            true => Env::near(kind, Front::Async, tag),
+            false => Env::new(kind, tag),
+        };
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime")
+            .block_on(test(env))
+    }
+
     /// An env whose caches have a near tier ([`NEAR_CAPACITY`], the default near ttl).
     pub fn near(kind: Kind, front: Front, tag: &str) -> Env {
         Env {
@@ -1522,6 +1542,44 @@ macro_rules! on_backend {
                         stringify!($name),
                     );
                     super::$name(&env)
+                }
+            )*
+        }
+    };
+}
+
+/// Generates each listed async test (`async fn name(env: Env)`) once per backend, with a near
+/// tier too on the shared servers, each on a runtime of its own ([`Env::run_async`]).
+#[macro_export]
+macro_rules! on_every_backend_async {
+    ($($name:ident),* $(,)?) => {
+        $crate::on_backend_async!(memory, Memory, false, $($name),*);
+        $crate::on_backend_async!(memcached, Memcached, false, $($name),*);
+        $crate::on_backend_async!(twemproxy, Twemproxy, false, $($name),*);
+        #[cfg(feature = "redis")]
+        $crate::on_backend_async!(redis_cluster, RedisCluster, false, $($name),*);
+        $crate::on_backend_async!(near_memcached, Memcached, true, $($name),*);
+        #[cfg(feature = "redis")]
+        $crate::on_backend_async!(near_redis, Redis, true, $($name),*);
+        #[cfg(feature = "redis")]
+        $crate::on_backend_async!(near_redis_cluster, RedisCluster, true, $($name),*);
+    };
+}
+
+/// One module of [`on_every_backend_async`].
+#[macro_export]
+macro_rules! on_backend_async {
+    ($module:ident, $kind:ident, $near:literal, $($name:ident),*) => {
+        mod $module {
+            $(
+                #[test]
+                fn $name() {
+                    $crate::fixture::Env::run_async(
+                        $crate::fixture::Kind::$kind,
+                        $near,
+                        stringify!($name),
+                        super::$name,
+                    )
                 }
             )*
         }

@@ -22,61 +22,7 @@ use tower::{Layer, Service, ServiceExt};
 
 use crate::fixture::{Env, Hooked};
 
-macro_rules! on_every_backend_async {
-    ($($name:ident),* $(,)?) => {
-        on_backend_async!(memory, Memory, $($name),*);
-        on_backend_async!(memcached, Memcached, $($name),*);
-        on_backend_async!(twemproxy, Twemproxy, $($name),*);
-        #[cfg(feature = "redis")]
-        on_backend_async!(redis_cluster, RedisCluster, $($name),*);
-        on_backend_async!(near near_memcached, Memcached, $($name),*);
-        #[cfg(feature = "redis")]
-        on_backend_async!(near near_redis, Redis, $($name),*);
-        #[cfg(feature = "redis")]
-        on_backend_async!(near near_redis_cluster, RedisCluster, $($name),*);
-    };
-}
-
-macro_rules! on_backend_async {
-    (near $module:ident, $kind:ident, $($name:ident),*) => {
-        mod $module {
-            $(
-                #[test]
-                fn $name() {
-                    let env = $crate::fixture::Env::near(
-                        $crate::fixture::Kind::$kind,
-                        $crate::front::Front::Async,
-                        stringify!($name),
-                    );
-                    tokio::runtime::Builder::new_multi_thread()
-                        .worker_threads(2)
-                        .enable_all()
-                        .build()
-                        .expect("runtime")
-                        .block_on(super::$name(env))
-                }
-            )*
-        }
-    };
-    ($module:ident, $kind:ident, $($name:ident),*) => {
-        mod $module {
-            $(
-                #[test]
-                fn $name() {
-                    let env = $crate::fixture::Env::new($crate::fixture::Kind::$kind, stringify!($name));
-                    tokio::runtime::Builder::new_multi_thread()
-                        .worker_threads(2)
-                        .enable_all()
-                        .build()
-                        .expect("runtime")
-                        .block_on(super::$name(env))
-                }
-            )*
-        }
-    };
-}
-
-on_every_backend_async!(
+crate::on_every_backend_async!(
     a_page_is_fetched_once_then_served_with_its_age,
     the_query_is_normalised_and_cache_busters_ignored,
     head_is_answered_from_the_get_entry,
@@ -1995,18 +1941,20 @@ async fn a_variant_that_stopped_varying_is_revalidated(env: Env, reload: &str, o
 // The hit answered in `call` (a backend that answers at once: memory) and the request's future
 // (memcached) must agree: on what is counted, on XFetch's odds, on the origin's readiness.
 
-on_backend_async!(
+crate::on_backend_async!(
     at_once_memory,
     Memory,
+    false,
     a_pass_marker_read_counts_one_hit,
     a_vary_record_read_counts_one_hit,
     a_revalidated_page_read_counts_one_hit,
     a_hit_answered_in_call_does_not_keep_the_origins_readiness,
     early_refresh_is_drawn_once_per_request
 );
-on_backend_async!(
+crate::on_backend_async!(
     at_once_memcached,
     Memcached,
+    false,
     a_pass_marker_read_counts_one_hit,
     a_vary_record_read_counts_one_hit,
     a_revalidated_page_read_counts_one_hit,
@@ -2240,17 +2188,19 @@ async fn early_refresh_is_drawn_once_per_request(env: Env) {
 // stampede it. Readiness, its errors, a request dropped
 // while the origin is busy, and the counts, on memory (at once) and memcached (async).
 
-on_backend_async!(
+crate::on_backend_async!(
     origin_capacity_memory,
     Memory,
+    false,
     waiters_behind_an_origin_at_capacity_make_one_origin_call,
     a_request_dropped_while_the_origin_is_not_ready_leaves_nothing_behind,
     waiters_holding_the_origins_permits_share_one_fill,
     counts_agree_on_every_backend
 );
-on_backend_async!(
+crate::on_backend_async!(
     origin_capacity_memcached,
     Memcached,
+    false,
     waiters_behind_an_origin_at_capacity_make_one_origin_call,
     a_request_dropped_while_the_origin_is_not_ready_leaves_nothing_behind,
     waiters_holding_the_origins_permits_share_one_fill,
