@@ -181,6 +181,7 @@ impl Cache {
         }
     }
 
+    #[cfg(feature = "tokio")]
     pub(crate) async fn get_on<T: Decode, I: Io>(&self, io: &I, key: &str) -> Result<Option<T>> {
         match self.near_hit::<T>(key) {
             Ok(v) => {
@@ -218,6 +219,7 @@ impl Cache {
         }
     }
 
+    #[cfg(feature = "tokio")]
     pub(crate) async fn get_arc_on<T: DeserializeOwned + Send + Sync + 'static, I: Io>(
         &self,
         io: &I,
