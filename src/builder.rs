@@ -728,8 +728,10 @@ impl CacheBuilder {
     }
 
     /// Turns on the near tier: copies of the values this cache reads, in this process's
-    /// memory, up to `capacity` bytes (each copy is charged its bytes, what decoding it
-    /// allocates, and a small overhead; a copy over 1/16 of the capacity is not kept). Off by
+    /// memory, up to `capacity` bytes (each copy is charged its bytes, decompressed, the value
+    /// [`get_arc`](crate::Cache::get_arc) keeps decoded with what decoding it allocated, and a
+    /// small overhead; a copy over 1/16 of the capacity, or over most of what one of the
+    /// tier's shards holds (it has four per core), is not kept). Off by
     /// default.
     ///
     /// A read that finds a fresh copy younger than the [`near_ttl`](CacheBuilder::near_ttl)
@@ -761,12 +763,14 @@ impl CacheBuilder {
     ///
     /// - **This process's writes**: never. Every write (any method, a load's store, the
     ///   response cache's invalidations, `clear`) stops the copies of its keys before it is
-    ///   sent, whichever cache over the same server list in this process made it; a read sent
+    ///   sent, whichever cache over the same server list (or the same
+    ///   [`backend`](CacheBuilder::backend) `Arc`) in this process made it; a read sent
     ///   before a write ended fills nothing; an `AsyncCache` write whose future was dropped
     ///   keeps its keys from being filled until it may have landed.
     /// - **Everything else, up to the near ttl** after the read that filled the copy was sent
     ///   (plus the near clock's tick, about 3 ms): another process's writes, writers outside
-    ///   newcache, a cache over the same servers named otherwise (`localhost` and `127.0.0.1`),
+    ///   newcache, a cache over the same servers named otherwise (`localhost` and `127.0.0.1`,
+    ///   or a custom backend of its own over them),
     ///   and changes of routing (a server revived under
     ///   [`DeadServerPolicy::Remap`](crate::DeadServerPolicy), a cluster failover). A near hit
     ///   does no I/O, so a server that is down is not noticed by it either: within the near
@@ -1119,6 +1123,7 @@ impl CacheBuilder {
                 .collect(),
             BackendChoice::Memory | BackendChoice::Custom(_) => Vec::new(),
         };
+        let private_store = matches!(self.backend, BackendChoice::Memory);
         let backends = match self.backend {
             BackendChoice::Custom(b) => Backends::in_process(b),
             BackendChoice::Memory => Backends::in_process(Arc::new(MemoryBackend::with_item_size(
@@ -1187,6 +1192,7 @@ impl CacheBuilder {
                 .server
                 .connect_timeout
                 .saturating_add(self.server.io_timeout.saturating_mul(2)),
+            private_store,
             custom_clock: self.custom_clock,
         })
     }

@@ -43,6 +43,9 @@ pub(crate) struct Config {
     /// How long a write whose outcome is unknown may still take to land (connect and two
     /// I/O timeouts): no near copy is filled from a read of its key sent before then.
     pub(crate) write_settle: Duration,
+    /// Whether the store is this cache's alone (the memory backend the builder made): no other
+    /// cache's near tier can hold its values, so its writes need no fence unless it has one.
+    pub(crate) private_store: bool,
     /// Whether `clock` is the builder's own (a caller's clock is read on every near hit; the
     /// system clock is ticked).
     pub(crate) custom_clock: bool,

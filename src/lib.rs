@@ -162,7 +162,8 @@
 //!   `newcache_not_storable_loads_total`, `newcache_near_hits_total`,
 //!   `newcache_near_misses_total`, `newcache_near_refused_total`,
 //!   `newcache_near_evictions_total`, `newcache_near_outage_served_total`. They count what
-//!   [`Cache::stats`] counts. A response cache (`layer::ResponseCacheLayer`) counts its pages
+//!   [`Cache::stats`] counts, but for near hits: `Stats::hits` includes them,
+//!   `newcache_hits_total` does not (add `newcache_near_hits_total`). A response cache (`layer::ResponseCacheLayer`) counts its pages
 //!   apart: its series carry `layer` (its namespace) beside `cache`, and are its own `stats()`. Install the recorder before building the cache: the handles are
 //!   registered when it is built (the per-server error counters too, for each configured server
 //!   and `unknown`).

@@ -237,8 +237,8 @@ stats! {
     /// Reads of a cache with a near tier that it could not answer (no copy, or one too old,
     /// stale, or written since): they went to the shared store.
     near_misses => "newcache_near_misses_total",
-    /// Copies not kept: too large for the near tier, or written by this process while the read
-    /// that would have filled it was in flight.
+    /// Copies not filled: too large for the near tier, or written by this process while the
+    /// read that would have filled it was in flight.
     near_refused => "newcache_near_refused_total",
     /// Copies evicted to keep the near tier within its capacity.
     near_evictions => "newcache_near_evictions_total",

@@ -116,26 +116,31 @@ impl Cache {
     pub(crate) fn from_config(mut config: Config) -> Cache {
         let stats = Arc::new(Counters::new(&config.name, &config.servers));
         // Every cache's writes are fenced, with a near tier or not: a near tier of another
-        // cache over the same store in this process must see them.
-        let domain = crate::near::fence::Domain::of(&config.servers, &config.backend);
-        #[cfg(feature = "tokio")]
-        let settle = config.write_settle.max(config.async_backend.settle_time());
-        #[cfg(not(feature = "tokio"))]
-        let settle = config.write_settle;
-        config.backend = Arc::new(crate::near::fence::Fenced {
-            inner: config.backend.clone(),
-            domain: domain.clone(),
-            settle,
-        });
-        #[cfg(feature = "tokio")]
-        {
-            config.async_backend = Arc::new(crate::near::fence::FencedAsync {
-                inner: config.async_backend.clone(),
+        // cache over the same store in this process must see them (a store private to this
+        // cache is fenced only for its own near tier).
+        let fenced = !config.private_store || config.near.is_some();
+        let domain =
+            fenced.then(|| crate::near::fence::Domain::of(&config.servers, &config.backend));
+        if let Some(domain) = &domain {
+            #[cfg(feature = "tokio")]
+            let settle = config.write_settle.max(config.async_backend.settle_time());
+            #[cfg(not(feature = "tokio"))]
+            let settle = config.write_settle;
+            config.backend = Arc::new(crate::near::fence::Fenced {
+                inner: config.backend.clone(),
                 domain: domain.clone(),
                 settle,
             });
+            #[cfg(feature = "tokio")]
+            {
+                config.async_backend = Arc::new(crate::near::fence::FencedAsync {
+                    inner: config.async_backend.clone(),
+                    domain: domain.clone(),
+                    settle,
+                });
+            }
         }
-        let near = config.near.clone().map(|settings| {
+        let near = config.near.clone().zip(domain).map(|(settings, domain)| {
             use crate::near::{Near, clock::NearClock};
             let clock = NearClock::new(config.custom_clock.then(|| config.clock.clone()));
             Near::new(&settings, domain, clock, stats.clone(), config.early_beta)

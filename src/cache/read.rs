@@ -183,11 +183,12 @@ impl Cache {
 
     #[cfg(feature = "tokio")]
     pub(crate) async fn get_on<T: Decode, I: Io>(&self, io: &I, key: &str) -> Result<Option<T>> {
+        // Before the near tier is read: a future dropped at this yield did nothing.
+        if self.inner.near.is_some() {
+            io.cooperate().await;
+        }
         match self.near_hit::<T>(key) {
-            Ok(v) => {
-                io.cooperate().await;
-                Ok(Some(v))
-            }
+            Ok(v) => Ok(Some(v)),
             Err(kept) => Ok(self.get_shared(io, key, kept).await?.map(|(v, _)| v)),
         }
     }
@@ -225,11 +226,11 @@ impl Cache {
         io: &I,
         key: &str,
     ) -> Result<Option<Arc<T>>> {
+        if self.inner.near.is_some() {
+            io.cooperate().await;
+        }
         match self.near_hit_arc::<T>(key) {
-            Ok(v) => {
-                io.cooperate().await;
-                Ok(Some(v))
-            }
+            Ok(v) => Ok(Some(v)),
             Err(kept) => self.get_arc_shared(io, key, kept).await,
         }
     }
@@ -496,7 +497,12 @@ impl Cache {
             // Near hits first; the rest in one batch.
             let mut rest = Vec::new();
             let mut kept = Vec::new();
+            io.cooperate().await;
             for k in keys {
+                // A key asked for twice is read (and counted) once, as the shared read does.
+                if out.contains_key(k.as_ref()) {
+                    continue;
+                }
                 match self.near_hit::<T>(k.as_ref()) {
                     Ok(v) => {
                         out.insert(k.as_ref().to_string(), v);
@@ -507,9 +513,7 @@ impl Cache {
                     }
                 }
             }
-            if rest.is_empty() {
-                io.cooperate().await;
-            } else {
+            if !rest.is_empty() {
                 self.get_many_shared(io, &rest, kept, &mut out).await?;
             }
             Ok(out)

@@ -301,12 +301,13 @@ impl Cache {
         D: Driver,
         L: Load<T, D>,
     {
-        // A near hit: no key derivation, no I/O.
+        // A near hit: no key derivation, no I/O (the yield first: a future dropped there did
+        // nothing).
+        if self.inner.near.is_some() {
+            d.cooperate().await;
+        }
         let kept = match self.near_hit::<T>(key) {
-            Ok(v) => {
-                d.cooperate().await;
-                return Ok(v);
-            }
+            Ok(v) => return Ok(v),
             Err(kept) => kept,
         };
         // One key derivation per call.

@@ -24,7 +24,6 @@ pub(crate) const STRIPES: usize = 1 << 14;
 /// flush count `clear` bumps. The caches built over the same server list (or the same custom
 /// or memory backend) share one domain, so a write through any of them stops the others'
 /// copies at once.
-#[derive(Debug)]
 pub(crate) struct Domain {
     /// Bumped before and after each write of a key hashing here: a copy is served only while
     /// its stripe holds the sequence it was filled under.
@@ -42,8 +41,18 @@ pub(crate) struct Domain {
     hasher: std::hash::RandomState,
 }
 
-/// Which store a domain fences: a server list, or a backend in this process (by address: a
-/// live domain holds its backend, so the address is not reused while it lives).
+impl std::fmt::Debug for Domain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Domain")
+            .field("stripes", &self.seq.len())
+            .field("flushes", &self.flushes)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Which store a domain fences: a server list, or a backend object in this process (by
+/// address: a backend at a reused address may join a domain still alive, which only fences
+/// more).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 enum Store {
     Servers(Vec<String>),
@@ -100,15 +109,25 @@ impl Domain {
             list.sort();
             Store::Servers(list)
         };
-        let mut domains = DOMAINS.lock();
-        let domains = domains.get_or_insert_with(HashMap::new);
-        domains.retain(|_, d| d.strong_count() > 0);
-        if let Some(d) = domains.get(&store).and_then(Weak::upgrade) {
+        let found = |domains: &mut Option<HashMap<Store, Weak<Domain>>>| {
+            let domains = domains.get_or_insert_with(HashMap::new);
+            domains.retain(|_, d| d.strong_count() > 0);
+            domains.get(&store).and_then(Weak::upgrade)
+        };
+        if let Some(d) = found(&mut DOMAINS.lock()) {
             return d;
         }
-        let d = Arc::new(Domain::new());
-        domains.insert(store, Arc::downgrade(&d));
-        d
+        // Made outside the lock (its stripes are zeroed), then kept unless another build made
+        // one meanwhile.
+        let made = Arc::new(Domain::new());
+        let mut domains = DOMAINS.lock();
+        if let Some(d) = found(&mut domains) {
+            return d;
+        }
+        if let Some(domains) = domains.as_mut() {
+            domains.insert(store, Arc::downgrade(&made));
+        }
+        made
     }
 
     /// Ms since the domain began, on its monotonic clock.
@@ -244,9 +263,21 @@ impl Fenced {
         write: impl FnOnce() -> T,
         settle: impl FnOnce(&T) -> Option<Duration>,
     ) -> T {
-        let stripes = self.domain.begin(keys.iter().copied());
+        /// Ends the fence if the write unwinds (a custom backend that panics): as a write
+        /// that may still land.
+        struct Unwinding<'a>(&'a Fenced, Option<Stripes>);
+        impl Drop for Unwinding<'_> {
+            fn drop(&mut self) {
+                if let Some(s) = self.1.take() {
+                    self.0.domain.end(&s, Some(self.0.settle));
+                }
+            }
+        }
+        let mut guard = Unwinding(self, Some(self.domain.begin(keys.iter().copied())));
         let r = write();
-        self.domain.end(&stripes, settle(&r));
+        if let Some(stripes) = guard.1.take() {
+            self.domain.end(&stripes, settle(&r));
+        }
         r
     }
 

@@ -221,9 +221,9 @@ impl Near {
     pub(crate) fn serves_in_outage(&self, c: &Copy) -> bool {
         let h = &c.header;
         h.kind == Kind::Value
-            && h.soft_expiry_ms != 0
-            && self.clock.wall_ms() + self.clock.slack_ms()
-                < h.soft_expiry_ms.saturating_add(u64::from(h.herd_ms))
+            && (h.soft_expiry_ms == 0
+                || self.clock.wall_ms() + self.clock.slack_ms()
+                    < h.soft_expiry_ms.saturating_add(u64::from(h.herd_ms)))
     }
 
     /// Logs, once, that the near tier serves copies past their ttl in an outage.
@@ -280,8 +280,8 @@ impl Near {
     }
 
     /// Keeps `decoded` (the payload of `copy`, the copy of `key`, decoded; `charge`: what it
-    /// allocated) in a copy charged for it, in place of `copy`. Not kept (and counted) if the
-    /// copy would be too large.
+    /// allocated) in a copy charged for it, in place of `copy`. Not kept if the copy would be
+    /// too large (each read then decodes).
     pub(crate) fn keep(
         &self,
         version: u64,
@@ -293,7 +293,14 @@ impl Near {
     ) {
         let payload = copy.payload.clone();
         let d = Some((decoded, charge));
-        self.insert(version, key, payload, copy.header, copy.ticket, d, counters);
+        if self.weight(key, &payload, charge) <= self.max_copy {
+            self.insert(version, key, payload, copy.header, copy.ticket, d, counters);
+        }
+    }
+
+    /// What a copy of `key` holding `payload` and a decoded value of `charge` bytes weighs.
+    fn weight(&self, key: &str, payload: &[u8], charge: usize) -> u64 {
+        (payload.len() + charge + key.len()) as u64 + COPY_OVERHEAD
     }
 
     // The copy's parts, each needed; bundling them would only rename them.
@@ -309,7 +316,7 @@ impl Near {
         counters: &Counters,
     ) -> Option<Arc<Copy>> {
         let charge = decoded.as_ref().map_or(0, |(_, c)| *c);
-        let weight = (payload.len() + charge + key.len()) as u64 + COPY_OVERHEAD;
+        let weight = self.weight(key, &payload, charge);
         if weight > self.max_copy {
             Counters::bump(&counters.near_refused);
             return None;
@@ -550,6 +557,18 @@ mod tests {
                 .settle_unknown_for_tests("d", Duration::from_secs(3600))
         );
         assert!(n.ticket("d").is_none(), "no fill while it may land");
+    }
+
+    #[test]
+    fn a_value_that_never_expires_is_served_in_an_outage() {
+        let clock = MockClock::new();
+        let (n, c) = near(&clock, 1 << 20);
+        let now = clock.now_ms();
+        let f = fill(&n, "d", Header::value(0, now, 1, 60_000), b"v");
+        let copy = n.fill(1, "k", f, None, &c).unwrap();
+        clock.advance(Duration::from_secs(3600));
+        assert!(!n.serves(&copy), "older than the near ttl");
+        assert!(n.serves_in_outage(&copy), "no staleness bound to pass");
     }
 
     #[test]

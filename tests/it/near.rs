@@ -78,6 +78,7 @@ mod every_backend {
         one_key_read_as_two_types,
         a_compressed_value_is_served_near,
         a_task_answered_by_near_hits_lets_other_tasks_run,
+        a_key_asked_for_twice_is_one_hit,
     );
 }
 
@@ -1390,4 +1391,18 @@ fn a_task_answered_by_near_hits_lets_other_tasks_run(env: &Env) {
         );
         other.await.unwrap();
     });
+}
+
+/// `get_many` with a key listed twice counts one hit for it, near or not (as the shared read
+/// does), and a cache's `Debug` stays small with a near tier.
+fn a_key_asked_for_twice_is_one_hit(env: &Env) {
+    let cache = near(env).build().unwrap();
+    cache.set("a", &1u8, S(60)).unwrap();
+    for _ in 0..2 {
+        let before = cache.stats();
+        assert_eq!(cache.get_many::<u8>(&["a", "a"]).unwrap()["a"], 1);
+        assert_eq!(delta(&before, &cache.stats(), |s| s.hits), 1);
+    }
+    assert!(format!("{cache:?}").len() < 4096, "{cache:?}");
+    assert!(format!("{:?}", cache.to_async()).len() < 8192);
 }
