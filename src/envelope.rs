@@ -1,7 +1,7 @@
 //! The envelope: newcache's versioned binary item format (layout in the crate docs, "Wire
 //! format"). Pure: bytes in, bytes out, no I/O and no clock.
 
-use crate::codec::Codec;
+use crate::codec::{Codec, Payload};
 use crate::error::{Error, Result};
 
 /// memcached flags on every item newcache writes with an envelope ("NC").
@@ -91,6 +91,15 @@ pub(crate) struct Header {
 }
 
 impl Header {
+    /// How the payload under this header is encoded.
+    pub(crate) fn payload(&self) -> Payload {
+        match (self.raw, self.compressed) {
+            (true, _) => Payload::Raw,
+            (false, true) => Payload::Compressed,
+            (false, false) => Payload::Coded,
+        }
+    }
+
     /// A fresh value's header (`expires_ms` 0: set it for a value that hard-expires).
     pub(crate) fn value(soft_expiry_ms: u64, written_ms: u64, load_ms: u32, herd_ms: u32) -> Self {
         Header {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use serde::de::DeserializeOwned;
 
 use super::Cache;
-use crate::codec::{Decode, Payload};
+use crate::codec::Decode;
 use crate::envelope::Header;
 use crate::near::fence::Ticket;
 use crate::near::{Copy, Fill};
@@ -33,11 +33,7 @@ impl Cache {
     /// [`near_hit`](Cache::near_hit) counting nothing (the caller counts what it serves).
     #[cfg(feature = "tower")]
     pub(crate) fn near_peek<T: Decode>(&self, key: &str) -> Option<T> {
-        let near = self.inner.near.as_ref()?;
-        let c = near.current(self.keys.version, key)?;
-        if !near.serves(&c) {
-            return None;
-        }
+        let c = self.near_serves(key).ok()?;
         self.decode_copy::<T>(&c)
     }
 
@@ -58,7 +54,7 @@ impl Cache {
         let decoded = T::decode_charged(
             &self.inner.config.format,
             h.codec,
-            payload_kind(h),
+            h.payload(),
             &c.payload,
             &c.payload,
         );
@@ -93,16 +89,22 @@ impl Cache {
     /// copy past its near ttl or its freshness, if any.
     #[inline]
     fn near_copy(&self, key: &str) -> Result<Arc<Copy>, Option<Arc<Copy>>> {
+        let found = self.near_serves(key);
+        if found.is_err() && self.inner.near.is_some() {
+            Counters::bump(&self.stats.near_misses);
+        }
+        found
+    }
+
+    /// [`near_copy`](Cache::near_copy) counting nothing.
+    #[inline]
+    fn near_serves(&self, key: &str) -> Result<Arc<Copy>, Option<Arc<Copy>>> {
         let Some(near) = &self.inner.near else {
             return Err(None);
         };
-        let copy = near.current(self.keys.version, key);
-        match copy {
+        match near.current(self.keys.version, key) {
             Some(c) if near.serves(&c) => Ok(c),
-            kept => {
-                Counters::bump(&self.stats.near_misses);
-                Err(kept)
-            }
+            kept => Err(kept),
         }
     }
 
@@ -208,18 +210,9 @@ impl Cache {
         T::decode_charged(
             &self.inner.config.format,
             h.codec,
-            payload_kind(h),
+            h.payload(),
             value,
             &value[held.offset..],
         )
-    }
-}
-
-/// How a payload under `h` is encoded.
-fn payload_kind(h: &Header) -> Payload {
-    match (h.raw, h.compressed) {
-        (true, _) => Payload::Raw,
-        (false, true) => Payload::Compressed,
-        (false, false) => Payload::Coded,
     }
 }

@@ -13,7 +13,7 @@ use serde::de::DeserializeOwned;
 use super::io::{Disarm, Io, ready};
 use super::{Cache, DecodePolicy};
 use crate::backend::{Item, StoreMode, Write};
-use crate::codec::{Decode, Payload};
+use crate::codec::Decode;
 use crate::envelope;
 use crate::error::{Error, Result};
 use crate::key::{Derived, KeyHash};
@@ -423,11 +423,7 @@ impl Cache {
         item: &Bytes,
         payload: &[u8],
     ) -> Result<T> {
-        let how = match (header.raw, header.compressed) {
-            (true, _) => Payload::Raw,
-            (false, true) => Payload::Compressed,
-            (false, false) => Payload::Coded,
-        };
+        let how = header.payload();
         T::decode_payload(&self.inner.config.format, header.codec, how, item, payload)
     }
 
