@@ -226,6 +226,7 @@ pub struct CacheBuilder {
     seed: Option<u64>,
     format: Format,
     near: Option<crate::near::NearSettings>,
+    bus: Option<Arc<dyn crate::near::bus::BusTransport>>,
     custom_clock: bool,
     #[cfg(feature = "redis-tls")]
     redis_tls: Option<crate::backend::redis::RedisTls>,
@@ -261,6 +262,7 @@ impl Default for CacheBuilder {
             seed: None,
             format: Format::default(),
             near: None,
+            bus: None,
             custom_clock: false,
             #[cfg(feature = "redis-tls")]
             redis_tls: None,
@@ -794,6 +796,15 @@ impl CacheBuilder {
         self
     }
 
+    /// Puts this cache on `bus` (work in progress, issue 51): its writes are announced there
+    /// after they land, and the near tier drops the copies of the keys other caches on the bus
+    /// announce (or every copy, when a message may have been lost).
+    #[doc(hidden)]
+    pub fn near_bus(mut self, bus: Arc<dyn crate::BusTransport>) -> Self {
+        self.bus = Some(bus);
+        self
+    }
+
     /// How long a near copy is served after the shared read that filled it was sent: the most
     /// another process's write to the key goes unseen here. Default 5 s; at most 1 hour. Only
     /// with [`near_cache`](CacheBuilder::near_cache).
@@ -1193,6 +1204,7 @@ impl CacheBuilder {
                 .connect_timeout
                 .saturating_add(self.server.io_timeout.saturating_mul(2)),
             private_store,
+            bus: self.bus,
             custom_clock: self.custom_clock,
         })
     }

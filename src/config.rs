@@ -46,6 +46,8 @@ pub(crate) struct Config {
     /// Whether the store is this cache's alone (the memory backend the builder made): no other
     /// cache's near tier can hold its values, so its writes need no fence unless it has one.
     pub(crate) private_store: bool,
+    /// The bus this cache announces its writes on and hears others' on (issue 51).
+    pub(crate) bus: Option<Arc<dyn crate::near::bus::BusTransport>>,
     /// Whether `clock` is the builder's own (a caller's clock is read on every near hit; the
     /// system clock is ticked).
     pub(crate) custom_clock: bool,

@@ -247,6 +247,7 @@ pub use clock::{Clock, SystemClock};
 pub use codec::{Codec, Compression, DEFAULT_MAX_DECODE_SIZE};
 pub use error::{Error, ErrorKind, LoadError, Result};
 pub use key::{KeyFunction, MAX_KEY_LEN, default_key, validate_key};
+pub use near::bus::{BusEvent, BusListener, BusTransport, InProcessBus};
 pub use ping::{PING_KEY, PingError, PingFailure};
 pub use stats::Stats;
 pub use ttl::{MAX_ABSOLUTE_EXPTIME, Ttl};

@@ -118,10 +118,14 @@ impl Cache {
         // Every cache's writes are fenced, with a near tier or not: a near tier of another
         // cache over the same store in this process must see them (a store private to this
         // cache is fenced only for its own near tier).
-        let fenced = !config.private_store || config.near.is_some();
+        let fenced = !config.private_store || config.near.is_some() || config.bus.is_some();
         let domain =
             fenced.then(|| crate::near::fence::Domain::of(&config.servers, &config.backend));
         if let Some(domain) = &domain {
+            let station = config
+                .bus
+                .clone()
+                .map(|bus| crate::near::bus::Station::join(bus, domain.clone(), 3_000));
             #[cfg(feature = "tokio")]
             let settle = config.write_settle.max(config.async_backend.settle_time());
             #[cfg(not(feature = "tokio"))]
@@ -130,6 +134,7 @@ impl Cache {
                 inner: config.backend.clone(),
                 domain: domain.clone(),
                 settle,
+                station: station.clone(),
             });
             #[cfg(feature = "tokio")]
             {
@@ -137,6 +142,7 @@ impl Cache {
                     inner: config.async_backend.clone(),
                     domain: domain.clone(),
                     settle,
+                    station,
                 });
             }
         }

@@ -10,6 +10,7 @@
 //! must not become a read storm); a sender that leaves says so and is forgotten.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// What a message says.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -365,5 +366,114 @@ mod tests {
         // a reconnect, and bytes that do not decode, flush
         assert_eq!(r.on_reconnect(), Heard::Flush(Loss::Reconnected));
         assert_eq!(r.on_bytes(0, b"\x09"), Heard::Flush(Loss::Malformed));
+    }
+}
+
+/// What a transport hands its listener.
+#[derive(Debug, Clone, Copy)]
+pub enum BusEvent<'a> {
+    /// A message's bytes.
+    Message(&'a [u8]),
+    /// The transport reconnected (or was cut off and came back): messages may have been lost.
+    Reconnected,
+}
+
+/// A listener of a [`BusTransport`].
+pub type BusListener = Arc<dyn Fn(BusEvent<'_>) + Send + Sync>;
+
+/// What moves the near tiers' messages between caches: an in-process bus for one process and
+/// for tests, Redis pub/sub between processes (issue 51).
+pub trait BusTransport: std::fmt::Debug + Send + Sync {
+    /// Sends `message` to every listener (this one's own included: a receiver skips its own).
+    fn publish(&self, message: &[u8]);
+    /// Adds a listener.
+    fn subscribe(&self, listener: BusListener);
+}
+
+/// A bus within one process: every published message is handed to every listener at once.
+#[derive(Default)]
+pub struct InProcessBus {
+    listeners: parking_lot::Mutex<Vec<BusListener>>,
+}
+
+impl std::fmt::Debug for InProcessBus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InProcessBus")
+            .field("listeners", &self.listeners.lock().len())
+            .finish()
+    }
+}
+
+impl InProcessBus {
+    /// A bus with no listener yet.
+    pub fn new() -> Arc<InProcessBus> {
+        Arc::new(InProcessBus::default())
+    }
+}
+
+impl BusTransport for InProcessBus {
+    fn publish(&self, message: &[u8]) {
+        let listeners = self.listeners.lock().clone();
+        for l in listeners {
+            l(BusEvent::Message(message));
+        }
+    }
+    fn subscribe(&self, listener: BusListener) {
+        self.listeners.lock().push(listener);
+    }
+}
+
+/// One cache instance on a bus: announces its writes, and applies what it hears to its
+/// domain's stripes (a dropped key's stripe bumped, a flush's count bumped).
+#[derive(Debug)]
+pub(crate) struct Station {
+    transport: Arc<dyn BusTransport>,
+    sender: parking_lot::Mutex<Sender>,
+}
+
+impl Station {
+    /// Joins `transport` as a new instance whose copies live in `domain`.
+    pub(crate) fn join(
+        transport: Arc<dyn BusTransport>,
+        domain: Arc<super::fence::Domain>,
+        silent_after_ms: u64,
+    ) -> Arc<Station> {
+        let id = (u128::from(crate::rng::entropy()) << 64) | u128::from(crate::rng::entropy());
+        let epoch = crate::rng::entropy();
+        let receiver = parking_lot::Mutex::new(Receiver::new(id, silent_after_ms));
+        let origin = std::time::Instant::now();
+        let weak = Arc::downgrade(&domain);
+        transport.subscribe(Arc::new(move |event| {
+            let Some(domain) = weak.upgrade() else {
+                return;
+            };
+            let now = origin.elapsed().as_millis() as u64;
+            let heard = match event {
+                BusEvent::Message(bytes) => receiver.lock().on_bytes(now, bytes),
+                BusEvent::Reconnected => receiver.lock().on_reconnect(),
+            };
+            match heard {
+                Heard::Nothing => {}
+                Heard::Drop(keys) => domain.dropped(keys.iter().map(String::as_str)),
+                Heard::Flush(_) => domain.flushed(),
+            }
+        }));
+        Arc::new(Station {
+            transport,
+            sender: parking_lot::Mutex::new(Sender::new(id, epoch)),
+        })
+    }
+
+    /// Announces that `keys` were written (after the write).
+    pub(crate) fn announce<'k>(&self, keys: impl IntoIterator<Item = &'k str>) {
+        let keys: Vec<String> = keys.into_iter().map(str::to_owned).collect();
+        let bytes = self.sender.lock().next(Body::Drop(keys)).encode();
+        self.transport.publish(&bytes);
+    }
+
+    /// Announces a `clear`.
+    pub(crate) fn announce_flush(&self) {
+        let bytes = self.sender.lock().next(Body::Flush).encode();
+        self.transport.publish(&bytes);
     }
 }

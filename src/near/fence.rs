@@ -204,6 +204,18 @@ impl Domain {
         }
     }
 
+    /// Another cache's write of `keys`, heard on the bus: their copies stop being served.
+    pub(crate) fn dropped<'k>(&self, keys: impl IntoIterator<Item = &'k str>) {
+        for k in keys {
+            self.seq[self.stripe(k) as usize].fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Another cache's `clear`, or a loss on the bus: every copy stops being served.
+    pub(crate) fn flushed(&self) {
+        self.flushes.fetch_add(1, Ordering::SeqCst);
+    }
+
     fn flush_begin(&self) {
         self.flushes.fetch_add(1, Ordering::SeqCst);
     }
@@ -234,6 +246,23 @@ impl Domain {
     }
 }
 
+/// Announces `keys` on the bus: at once, or, for a write that may still land, once it may
+/// have (a thread that waits out `settle`).
+fn announce_after(station: &Arc<super::bus::Station>, keys: Vec<String>, settle: Option<Duration>) {
+    match settle {
+        None => station.announce(keys.iter().map(String::as_str)),
+        Some(d) => {
+            let station = station.clone();
+            let _ = std::thread::Builder::new()
+                .name("newcache-bus-settle".into())
+                .spawn(move || {
+                    std::thread::sleep(d);
+                    station.announce(keys.iter().map(String::as_str));
+                });
+        }
+    }
+}
+
 /// A write's settle time if its outcome is unknown (it may still land).
 fn unknown<T>(r: &Result<T>, settle: Duration) -> Option<Duration> {
     match r {
@@ -254,6 +283,8 @@ pub(crate) struct Fenced {
     pub(crate) domain: Arc<Domain>,
     /// How long a write whose outcome is unknown may still take to land.
     pub(crate) settle: Duration,
+    /// The bus this cache announces its writes on, if any.
+    pub(crate) station: Option<Arc<super::bus::Station>>,
 }
 
 impl Fenced {
@@ -276,7 +307,15 @@ impl Fenced {
         let mut guard = Unwinding(self, Some(self.domain.begin(keys.iter().copied())));
         let r = write();
         if let Some(stripes) = guard.1.take() {
-            self.domain.end(&stripes, settle(&r));
+            let settle = settle(&r);
+            self.domain.end(&stripes, settle);
+            if let Some(station) = &self.station {
+                announce_after(
+                    station,
+                    keys.iter().map(|k| k.to_string()).collect(),
+                    settle,
+                );
+            }
         }
         r
     }
@@ -330,12 +369,18 @@ impl Backend for Fenced {
         self.domain.flush_begin();
         let r = self.inner.flush_all();
         self.domain.flush_end(unknown(&r, self.settle));
+        if let Some(station) = &self.station {
+            station.announce_flush();
+        }
         r
     }
     fn clear(&self, prefix: Option<&str>) -> Result<()> {
         self.domain.flush_begin();
         let r = self.inner.clear(prefix);
         self.domain.flush_end(unknown(&r, self.settle));
+        if let Some(station) = &self.station {
+            station.announce_flush();
+        }
         r
     }
     fn max_value_size(&self, key: &str) -> usize {
@@ -370,6 +415,8 @@ mod nonblocking {
         /// How long a write may still take to land (the backend's settle time, at least the
         /// sync view's).
         pub(crate) settle: Duration,
+        /// The bus this cache announces its writes on, if any.
+        pub(crate) station: Option<Arc<crate::near::bus::Station>>,
     }
 
     /// A write in flight: ended when it is answered, abandoned when its future is dropped.
@@ -377,7 +424,21 @@ mod nonblocking {
         fenced: &'a FencedAsync,
         /// The stripes written; `None` for a `clear`.
         stripes: Option<Stripes>,
+        /// The keys written, to announce on the bus (empty without one).
+        keys: Vec<String>,
         done: bool,
+    }
+
+    impl InFlight<'_> {
+        fn announce(&mut self, settle: Option<Duration>) {
+            let Some(station) = &self.fenced.station else {
+                return;
+            };
+            match &self.stripes {
+                Some(_) => super::announce_after(station, std::mem::take(&mut self.keys), settle),
+                None => station.announce_flush(),
+            }
+        }
     }
 
     impl InFlight<'_> {
@@ -387,6 +448,7 @@ mod nonblocking {
                 Some(s) => self.fenced.domain.end(s, settle),
                 None => self.fenced.domain.flush_end(settle),
             }
+            self.announce(settle);
         }
     }
 
@@ -400,6 +462,7 @@ mod nonblocking {
                 Some(s) => self.fenced.domain.end(s, settle),
                 None => self.fenced.domain.flush_end(settle),
             }
+            self.announce(settle);
         }
     }
 
@@ -421,9 +484,14 @@ mod nonblocking {
                     None
                 }
             };
+            let announced = match (&self.station, keys) {
+                (Some(_), Some(keys)) => keys.iter().map(|k| k.to_string()).collect(),
+                _ => Vec::new(),
+            };
             let flight = InFlight {
                 fenced: self,
                 stripes,
+                keys: announced,
                 done: false,
             };
             let write = write();

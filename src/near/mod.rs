@@ -9,7 +9,7 @@
 //! copy is never served after a write to its key returned, and a read sent before a write
 //! ended never fills.
 
-// The bus's core (issue 51): not wired to a transport yet.
+// The bus (issue 51): work in progress.
 #[allow(dead_code)]
 pub(crate) mod bus;
 pub(crate) mod clock;

@@ -89,6 +89,7 @@ mod servers {
         another_caches_write_is_seen_once_the_near_ttl_passed,
         caches_over_one_server_list_see_each_others_writes_at_once,
         dropped_futures_leave_no_copy_the_store_does_not_hold,
+        on_an_in_process_bus_another_caches_write_is_seen_at_once,
     );
 }
 
@@ -1405,4 +1406,39 @@ fn a_key_asked_for_twice_is_one_hit(env: &Env) {
     }
     assert!(format!("{cache:?}").len() < 4096, "{cache:?}");
     assert!(format!("{:?}", cache.to_async()).len() < 8192);
+}
+
+/// Two caches that do not share stripes (the same servers named otherwise), on one in-process
+/// bus: a write through either (sync or async, a delete, a clear) stops the other's copy once
+/// it returned, well within the near ttl.
+fn on_an_in_process_bus_another_caches_write_is_seen_at_once(env: &Env) {
+    let bus = newcache::InProcessBus::new();
+    let cache = near(env).near_bus(bus.clone()).build().unwrap();
+    let other = elsewhere(env)
+        .near_cache(CAPACITY)
+        .near_bus(bus)
+        .build()
+        .unwrap();
+    cache.set("k", "v1", S(3600)).unwrap();
+    filled(&cache, "k", "v1");
+    other.set("k", "v2", S(3600)).unwrap();
+    assert_eq!(cache.get::<String>("k").unwrap().as_deref(), Some("v2"));
+    filled(&cache, "k", "v2");
+    runtime()
+        .block_on(other.to_async().set("k", "v3", S(3600)))
+        .unwrap();
+    assert_eq!(cache.get::<String>("k").unwrap().as_deref(), Some("v3"));
+    filled(&cache, "k", "v3");
+    other.delete("k").unwrap();
+    assert_eq!(cache.get::<String>("k").unwrap(), None);
+    cache.set("j", "w", S(3600)).unwrap();
+    filled(&cache, "j", "w");
+    let before = cache.stats();
+    other.set("unrelated", "x", S(3600)).unwrap();
+    assert_eq!(cache.get::<String>("j").unwrap().as_deref(), Some("w"));
+    assert_eq!(
+        delta(&before, &cache.stats(), |s| s.near_hits),
+        1,
+        "another key's announcement leaves this copy"
+    );
 }
