@@ -456,6 +456,7 @@ mod tests {
             )),
             domain: n.domain.clone(),
             settle: Duration::ZERO,
+            station: None,
         };
         use crate::backend::Backend;
         fenced.delete("d").unwrap();
@@ -481,6 +482,7 @@ mod tests {
             )),
             domain: n.domain.clone(),
             settle: Duration::ZERO,
+            station: None,
         };
         use crate::backend::Backend;
         let now = clock.now_ms();
@@ -551,6 +553,7 @@ mod tests {
             )),
             domain: n.domain.clone(),
             settle: Duration::from_secs(3600),
+            station: None,
         };
         use crate::backend::Backend;
         fenced.delete("d").unwrap();
