@@ -122,10 +122,10 @@ impl Cache {
         let domain =
             fenced.then(|| crate::near::fence::Domain::of(&config.servers, &config.backend));
         if let Some(domain) = &domain {
-            let station = config
-                .bus
-                .clone()
-                .map(|bus| crate::near::bus::Station::join(bus, domain.clone(), 3_000));
+            let station = config.bus.clone().map(|bus| {
+                let heartbeat = std::time::Duration::from_secs(1);
+                crate::near::bus::Station::join(bus, domain.clone(), heartbeat)
+            });
             #[cfg(feature = "tokio")]
             let settle = config.write_settle.max(config.async_backend.settle_time());
             #[cfg(not(feature = "tokio"))]

@@ -432,48 +432,80 @@ pub(crate) struct Station {
 }
 
 impl Station {
-    /// Joins `transport` as a new instance whose copies live in `domain`.
+    /// Joins `transport` as a new instance whose copies live in `domain`: a listener applies
+    /// what it hears, and a thread sends a heartbeat every `heartbeat` and treats a known
+    /// sender silent for three of them as a loss. The thread ends with the station (which
+    /// says it leaves).
     pub(crate) fn join(
         transport: Arc<dyn BusTransport>,
         domain: Arc<super::fence::Domain>,
-        silent_after_ms: u64,
+        heartbeat: std::time::Duration,
     ) -> Arc<Station> {
         let id = (u128::from(crate::rng::entropy()) << 64) | u128::from(crate::rng::entropy());
         let epoch = crate::rng::entropy();
-        let receiver = parking_lot::Mutex::new(Receiver::new(id, silent_after_ms));
+        let silent_after_ms = 3 * heartbeat.as_millis() as u64;
+        let receiver = Arc::new(parking_lot::Mutex::new(Receiver::new(id, silent_after_ms)));
         let origin = std::time::Instant::now();
+        let now = move || origin.elapsed().as_millis() as u64;
+        let apply = |domain: &super::fence::Domain, heard: Heard| match heard {
+            Heard::Nothing => {}
+            Heard::Drop(keys) => domain.dropped(keys.iter().map(String::as_str)),
+            Heard::Flush(_) => domain.flushed(),
+        };
         let weak = Arc::downgrade(&domain);
+        let heard_by = receiver.clone();
         transport.subscribe(Arc::new(move |event| {
             let Some(domain) = weak.upgrade() else {
                 return;
             };
-            let now = origin.elapsed().as_millis() as u64;
             let heard = match event {
-                BusEvent::Message(bytes) => receiver.lock().on_bytes(now, bytes),
-                BusEvent::Reconnected => receiver.lock().on_reconnect(),
+                BusEvent::Message(bytes) => heard_by.lock().on_bytes(now(), bytes),
+                BusEvent::Reconnected => heard_by.lock().on_reconnect(),
             };
-            match heard {
-                Heard::Nothing => {}
-                Heard::Drop(keys) => domain.dropped(keys.iter().map(String::as_str)),
-                Heard::Flush(_) => domain.flushed(),
-            }
+            apply(&domain, heard);
         }));
-        Arc::new(Station {
+        let station = Arc::new(Station {
             transport,
             sender: parking_lot::Mutex::new(Sender::new(id, epoch)),
-        })
+        });
+        let (weak_station, weak_domain) = (Arc::downgrade(&station), Arc::downgrade(&domain));
+        let _ = std::thread::Builder::new()
+            .name("newcache-bus".into())
+            .spawn(move || {
+                loop {
+                    std::thread::sleep(heartbeat);
+                    let (Some(station), Some(domain)) =
+                        (weak_station.upgrade(), weak_domain.upgrade())
+                    else {
+                        return;
+                    };
+                    station.send(Body::Heartbeat);
+                    let heard = receiver.lock().on_tick(now());
+                    apply(&domain, heard);
+                }
+            });
+        station
+    }
+
+    fn send(&self, body: Body) {
+        let bytes = self.sender.lock().next(body).encode();
+        self.transport.publish(&bytes);
     }
 
     /// Announces that `keys` were written (after the write).
     pub(crate) fn announce<'k>(&self, keys: impl IntoIterator<Item = &'k str>) {
-        let keys: Vec<String> = keys.into_iter().map(str::to_owned).collect();
-        let bytes = self.sender.lock().next(Body::Drop(keys)).encode();
-        self.transport.publish(&bytes);
+        self.send(Body::Drop(keys.into_iter().map(str::to_owned).collect()));
     }
 
     /// Announces a `clear`.
     pub(crate) fn announce_flush(&self) {
-        let bytes = self.sender.lock().next(Body::Flush).encode();
-        self.transport.publish(&bytes);
+        self.send(Body::Flush);
+    }
+}
+
+impl Drop for Station {
+    fn drop(&mut self) {
+        // Its silence from now on is not a loss.
+        self.send(Body::Leave);
     }
 }
