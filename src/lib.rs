@@ -235,7 +235,7 @@ pub use backend::memory::MemoryBackend;
 #[cfg(feature = "redis-tls")]
 pub use backend::redis::RedisTls;
 #[cfg(feature = "redis")]
-pub use backend::redis::{RedisBackend, RedisCluster, RedisConfig, ReplicaWait};
+pub use backend::redis::{RedisBackend, RedisBus, RedisCluster, RedisConfig, ReplicaWait};
 pub use backend::{Backend, Item, StoreMode, StoreOutcome, Write};
 pub use builder::{
     CacheBuilder, DEFAULT_HERD_TIMEOUT, DEFAULT_LEASE_TTL, DEFAULT_MAX_LOAD_TIME, DEFAULT_MAX_WAIT,

@@ -1442,3 +1442,50 @@ fn on_an_in_process_bus_another_caches_write_is_seen_at_once(env: &Env) {
         "another key's announcement leaves this copy"
     );
 }
+
+/// Two caches that share no stripes, each on a Redis pub/sub bus of its own over one channel
+/// (as two processes would be): once the subscribers are up, another cache's write is seen
+/// through the bus, while the caches' clock (the mock) never reaches the near ttl.
+#[cfg(feature = "redis")]
+#[test]
+fn on_a_redis_bus_another_caches_write_is_seen_without_the_near_ttl() {
+    let env = Env::new(Kind::Memcached, "redis_bus");
+    let url = crate::fixture::shared_redis().to_string();
+    let channel = unique_flavor("bus");
+    let bus = |_: ()| newcache::RedisBus::new(&url, channel.clone()).unwrap();
+    let cache = near(&env).near_bus(bus(())).build().unwrap();
+    let other = elsewhere(&env)
+        .near_cache(CAPACITY)
+        .near_bus(bus(()))
+        .build()
+        .unwrap();
+    cache.set("k", "v0", S(3600)).unwrap();
+    filled(&cache, "k", "v0");
+    let seen = |want: &str| {
+        let deadline = Instant::now() + S(10);
+        loop {
+            if cache.get::<String>("k").unwrap().as_deref() == Some(want) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{want} never seen through the bus"
+            );
+            thread::sleep(MS(10));
+        }
+    };
+    // The subscribers connect in the background: write until one write is heard.
+    let deadline = Instant::now() + S(10);
+    for n in 1.. {
+        let v = format!("v{n}");
+        other.set("k", &v, S(3600)).unwrap();
+        thread::sleep(MS(50));
+        if cache.get::<String>("k").unwrap().as_deref() == Some(v.as_str()) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the bus never delivered");
+    }
+    filled(&cache, "k", &cache.get::<String>("k").unwrap().unwrap());
+    other.set("k", "last", S(3600)).unwrap();
+    seen("last");
+}

@@ -140,6 +140,7 @@
 #[cfg(feature = "tokio")]
 mod batch;
 mod blocking;
+mod bus;
 mod clients;
 mod cluster;
 mod config;
@@ -165,6 +166,7 @@ use std::time::Instant;
 
 use smallvec::SmallVec;
 
+pub use self::bus::RedisBus;
 pub use self::cluster::RedisCluster;
 pub use self::config::{DEFAULT_KEY_LIMIT, RedisConfig, ReplicaWait};
 use self::conn::{Pool, Window};
