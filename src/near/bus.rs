@@ -508,6 +508,9 @@ struct Shared {
     echo_ms: AtomicU64,
     /// Whether the transport ever said it subscribed (its first subscription is no reconnect).
     subscribed: AtomicBool,
+    /// Whether this cache's near tier may hold copies filled while the bus was not known
+    /// healthy (set once `build` stopped waiting for it): the bus's recovery flushes them.
+    armed: AtomicBool,
     domain: Weak<Domain>,
     heartbeat: Duration,
     origin: Instant,
@@ -544,12 +547,15 @@ impl Shared {
             BusEvent::Message(bytes) => self.receiver.lock().on_bytes(self.now_ms(), bytes),
             BusEvent::Disconnected => return self.lose(),
             BusEvent::Reconnected => {
-                if self.subscribed.swap(true, Ordering::SeqCst) {
-                    bump(&self.counters.reconnects, 1);
-                }
                 self.receiver.lock().on_reconnect();
                 self.wake.notify_one();
-                return self.lose();
+                // Its first subscription: nothing was missed, and no copy of this cache's
+                // exists to flush (nor should its siblings' be).
+                if self.subscribed.swap(true, Ordering::SeqCst) {
+                    bump(&self.counters.reconnects, 1);
+                    self.lose();
+                }
+                return;
             }
         };
         match heard {
@@ -558,7 +564,9 @@ impl Shared {
                 if !self.healthy.load(Ordering::SeqCst) {
                     // Whatever was filled while messages may have been missed goes; what is
                     // filled from now on is covered by the messages this cache hears.
-                    self.flush();
+                    if self.armed.load(Ordering::SeqCst) {
+                        self.flush();
+                    }
                     self.healthy.store(true, Ordering::SeqCst);
                 }
             }
@@ -706,6 +714,7 @@ impl Station {
             healthy: Arc::new(AtomicBool::new(false)),
             echo_ms: AtomicU64::new(0),
             subscribed: AtomicBool::new(false),
+            armed: AtomicBool::new(false),
             domain: Arc::downgrade(domain),
             heartbeat,
             origin: Instant::now(),
@@ -737,18 +746,21 @@ impl Station {
         self.shared.healthy.clone()
     }
 
-    /// Waits up to `timeout` until the bus is known healthy.
+    /// Waits up to `timeout` until the bus is known healthy, before the cache's near tier
+    /// exists; from then on, a recovery of the bus flushes it.
     pub(crate) fn wait_healthy(&self, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
-        loop {
+        let healthy = loop {
             if self.shared.healthy.load(Ordering::SeqCst) {
-                return true;
+                break true;
             }
             if Instant::now() >= deadline {
-                return false;
+                break false;
             }
             std::thread::sleep(Duration::from_millis(1));
-        }
+        };
+        self.shared.armed.store(true, Ordering::SeqCst);
+        healthy
     }
 
     /// Announces that `keys` were written: now, or, for writes that may still land
