@@ -119,7 +119,10 @@ impl RedisBus {
     /// # Errors
     /// `is_config()` for a URL redis-rs does not read.
     pub fn new(url: &str, channel: impl Into<String>) -> crate::Result<Arc<RedisBus>> {
-        Ok(RedisBus::with(Where::Server(Box::new(client(url)?)), channel.into()))
+        Ok(RedisBus::with(
+            Where::Server(Box::new(client(url)?)),
+            channel.into(),
+        ))
     }
 
     /// The bus on the sharded channel `channel` of the Redis Cluster that `seeds` (URLs of
