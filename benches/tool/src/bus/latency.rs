@@ -6,6 +6,7 @@
 //! CLOCK_MONOTONIC. Every cache has a near tier with a near ttl of one hour (no copy ages
 //! out), over one memcached; the transports alternate in rounds of `--samples` samples.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -13,7 +14,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::bus::args::{Args, ReaderArgs, Transport};
-use crate::bus::values::{Link, Rng, bus, now_ns, parse, value};
+use crate::bus::values::{Link, Rng, bus, now_ns, parse, stats_delta, value};
 use crate::floor::items::BoxError;
 use crate::floor::stats::quantile;
 
@@ -21,6 +22,8 @@ use crate::floor::stats::quantile;
 const KEY: &str = "bus-latency";
 const NEAR_TTL: Duration = Duration::from_secs(3600);
 const TTL: Duration = Duration::from_secs(3600);
+/// How long a sample may take before the reader's threads are shown.
+const STUCK: Duration = Duration::from_millis(500);
 /// How long a reader waits for a value before it gives up on a sample.
 const PATIENCE: Duration = Duration::from_secs(10);
 
@@ -35,6 +38,27 @@ pub struct Sample {
     pub last_get_us: f64,
     /// The reader's `get`s that still returned the old value.
     pub polls: u64,
+    /// The reader's bus counters that moved from its `ready` to its `seen`.
+    pub reader_bus: BTreeMap<String, u64>,
+    /// The writer's bus counters that moved from just before its write to the reader's `seen`.
+    pub writer_bus: BTreeMap<String, u64>,
+}
+
+/// A sample's figures, before it is named.
+struct Seen {
+    latency_us: f64,
+    last_get_us: f64,
+    polls: u64,
+    reader_bus: BTreeMap<String, u64>,
+    writer_bus: BTreeMap<String, u64>,
+}
+
+/// The bus counters of a delta that moved.
+fn bus_moved(delta: BTreeMap<String, u64>) -> BTreeMap<String, u64> {
+    delta
+        .into_iter()
+        .filter(|(k, v)| k.starts_with("bus_") && *v > 0)
+        .collect()
 }
 
 /// A transport's figures over every round.
@@ -73,11 +97,7 @@ struct Pair {
 impl Pair {
     /// One sample: the reader arms (holds a near copy of the current value), this side waits a
     /// random jitter, writes the next value, and hears when the reader saw it.
-    fn sample(
-        &mut self,
-        rng: &mut Rng,
-        jitter: Duration,
-    ) -> Result<Option<(f64, f64, u64)>, BoxError> {
+    fn sample(&mut self, rng: &mut Rng, jitter: Duration) -> Result<Option<Seen>, BoxError> {
         let old = self.generation;
         self.reader.send(&format!("arm {old}"))?;
         let ready = self.reader.recv(PATIENCE * 2)?;
@@ -87,12 +107,27 @@ impl Pair {
         let wait = jitter.mul_f64((rng.next() % 1_000_000) as f64 / 1e6);
         std::thread::sleep(wait);
         self.generation += 1;
+        let before = self.writer.stats();
         self.writer.set(KEY, &value(0, self.generation), TTL)?;
         let written = now_ns();
-        let seen = self.reader.recv(PATIENCE * 2)?;
-        let f: Vec<&str> = seen.split(' ').collect();
+        let seen = match self.reader.recv(STUCK) {
+            Ok(seen) => seen,
+            Err(_) => {
+                // Slow: what the reader's threads are doing now.
+                if let Some(pid) = self.reader.pid() {
+                    eprintln!(
+                        "  {}: no word after {STUCK:?}; the reader's threads:\n{}",
+                        name(self.transport),
+                        threads(pid)
+                    );
+                }
+                self.reader.recv(PATIENCE * 2)?
+            }
+        };
+        let writer_bus = bus_moved(stats_delta(&before, &self.writer.stats()));
+        let f: Vec<&str> = seen.splitn(6, ' ').collect();
         match f.as_slice() {
-            ["seen", generation, at, last, polls] => {
+            ["seen", generation, at, last, polls, reader_bus] => {
                 let g: u64 = generation.parse()?;
                 if g != self.generation {
                     return Err(
@@ -101,12 +136,51 @@ impl Pair {
                 }
                 let at: u64 = at.parse()?;
                 let latency = (at as i128 - written as i128) as f64 / 1e3;
-                Ok(Some((latency, last.parse::<f64>()? / 1e3, polls.parse()?)))
+                Ok(Some(Seen {
+                    latency_us: latency,
+                    last_get_us: last.parse::<f64>()? / 1e3,
+                    polls: polls.parse()?,
+                    reader_bus: serde_json::from_str(reader_bus)?,
+                    writer_bus,
+                }))
             }
             ["timeout", ..] => Ok(None),
             _ => Err(format!("{}: {seen}", self.reader.name).into()),
         }
     }
+}
+
+/// Each thread of process `pid`: its name, state, kernel wait channel and current system call
+/// (from /proc).
+fn threads(pid: u32) -> String {
+    let mut out = String::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return out;
+    };
+    for t in tasks.flatten() {
+        let p = t.path();
+        let read = |f: &str| std::fs::read_to_string(p.join(f)).unwrap_or_default();
+        let stat = read("stat");
+        let state = stat
+            .rsplit(") ")
+            .next()
+            .and_then(|r| r.split(' ').next())
+            .unwrap_or("?");
+        let _ = writeln!(
+            out,
+            "    {} {:<22} {state} wchan {:<24} syscall {}",
+            t.file_name().to_string_lossy(),
+            read("comm").trim(),
+            read("wchan").trim(),
+            read("syscall")
+                .split(' ')
+                .take(2)
+                .collect::<Vec<_>>()
+                .join(" ")
+                .trim(),
+        );
+    }
+    out
 }
 
 fn builder(memcached: &str, flavor: &str) -> newcache::CacheBuilder {
@@ -194,7 +268,7 @@ pub fn run(
         let t0 = Instant::now();
         loop {
             match p.sample(&mut rng, jitter)? {
-                Some((us, _, _)) if us < 1e6 => break,
+                Some(seen) if seen.latency_us < 1e6 => break,
                 _ if t0.elapsed() > Duration::from_secs(60) => {
                     return Err(format!("{}: the bus never delivered", name(p.transport)).into());
                 }
@@ -214,16 +288,27 @@ pub fn run(
             let j = (round + k) % n;
             let p = &mut pairs[j];
             let mut lat = Vec::new();
-            for _ in 0..args.samples {
+            for i in 0..args.samples {
                 match p.sample(&mut rng, jitter)? {
-                    Some((latency_us, last_get_us, polls)) => {
-                        lat.push(latency_us);
+                    Some(seen) => {
+                        lat.push(seen.latency_us);
+                        if seen.latency_us > 10_000.0 {
+                            eprintln!(
+                                "  {}: sample {i}: {:.1} ms; the reader's bus counters {:?}, the writer's {:?}",
+                                name(p.transport),
+                                seen.latency_us / 1e3,
+                                seen.reader_bus,
+                                seen.writer_bus
+                            );
+                        }
                         samples.push(Sample {
                             transport: name(p.transport),
                             round,
-                            latency_us,
-                            last_get_us,
-                            polls,
+                            latency_us: seen.latency_us,
+                            last_get_us: seen.last_get_us,
+                            polls: seen.polls,
+                            reader_bus: seen.reader_bus,
+                            writer_bus: seen.writer_bus,
                         });
                     }
                     None => timeouts[j] += 1,
@@ -311,7 +396,8 @@ pub fn table(summaries: &[Summary]) -> String {
 
 /// The reader's loop: for each `arm G`, holds a near copy of generation `G` (a `get` counted
 /// as a near hit returned it), answers `ready`, then calls `get` until it returns a later
-/// generation and answers `seen GENERATION AT_NS LAST_GET_NS POLLS` (or `timeout`).
+/// generation and answers `seen GENERATION AT_NS LAST_GET_NS POLLS BUS_COUNTERS` (the bus
+/// counters that moved meanwhile, JSON) or `timeout`.
 fn read(
     cache: &newcache::Cache,
     commands: impl Iterator<Item = String>,
@@ -338,6 +424,7 @@ fn read(
                 return Err(format!("no near copy of generation {old}").into());
             }
         }
+        let before = cache.stats();
         reply("ready".into());
         let (t0, mut polls) = (now_ns(), 0u64);
         loop {
@@ -345,7 +432,9 @@ fn read(
             let g = generation(cache)?;
             let end = now_ns();
             if g > old {
-                reply(format!("seen {g} {end} {} {polls}", end - start));
+                let moved = bus_moved(stats_delta(&before, &cache.stats()));
+                let moved = serde_json::to_string(&moved)?;
+                reply(format!("seen {g} {end} {} {polls} {moved}", end - start));
                 break;
             }
             polls += 1;

@@ -49,16 +49,9 @@ pub fn bus(spec: &str, channel: &str) -> Result<Arc<dyn newcache::BusTransport>,
         return Ok(newcache::RedisBus::new(url, channel)?);
     }
     if let Some(seeds) = spec.strip_prefix("cluster:") {
-        return cluster_bus(seeds.split(','), channel);
+        return Ok(newcache::RedisBus::cluster(seeds.split(','), channel)?);
     }
     Err(format!("no bus {spec:?}: redis:URL or cluster:URL,...").into())
-}
-
-fn cluster_bus<'a>(
-    _seeds: impl Iterator<Item = &'a str>,
-    _channel: &str,
-) -> Result<Arc<dyn newcache::BusTransport>, BoxError> {
-    Err("RedisBus::cluster is not in this build".into())
 }
 
 /// How a line reaches a child.
@@ -133,6 +126,11 @@ impl Link {
             child: None,
             name: name.to_owned(),
         })
+    }
+
+    /// The child process's id (none for a thread).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
     }
 
     pub fn send(&mut self, line: &str) -> Result<(), BoxError> {
