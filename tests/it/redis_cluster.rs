@@ -2082,3 +2082,69 @@ fn a_cluster_really_down_is_asked_for_its_map_at_most_once_per_retry_interval() 
         );
     }
 }
+
+/// A bus on a cluster's sharded pub/sub whose channel's slot moves to another master: the
+/// subscribers are unsubscribed by the server, which counts as a reconnect (no copy read
+/// before is served as a hit), they subscribe on the slot's new master, and the writers
+/// publish there: a write is seen again through the bus, with the near ttl far off.
+#[test]
+fn a_bus_whose_channel_slot_moves_follows_it() {
+    let cluster = RedisCluster::start("redis-server");
+    let seeds = cluster.seeds();
+    let ports: Vec<u16> = cluster.masters().iter().map(|(p, _)| *p).collect();
+    let channel = unique_flavor("bus-moved");
+    let server = crate::fixture::shared_server();
+    let flavor = unique_flavor("bus-moved");
+    let cache = |addr: String| {
+        Cache::builder()
+            .memcached([addr])
+            .flavor(flavor.clone())
+            .near_cache(1 << 20)
+            .near_ttl(S(3600))
+            .near_bus(newcache::RedisBus::cluster(seeds.iter(), channel.clone()).unwrap())
+            .near_bus_heartbeat(MS(100))
+            .build()
+            .unwrap()
+    };
+    // Over the same memcached named two ways: caches that share no write fence, as two
+    // processes.
+    let reader = cache(server.to_string());
+    let writer = cache(server.replace("127.0.0.1", "localhost"));
+    let seen = |want: &str| {
+        let deadline = Instant::now() + S(10);
+        loop {
+            let before = reader.stats();
+            let got = reader.get::<String>("k").unwrap();
+            if got.as_deref() == Some(want) && reader.stats().near_hits > before.near_hits {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{want} never served near: {got:?}"
+            );
+            std::thread::sleep(MS(5));
+        }
+    };
+    writer.set("k", "v1", S(3600)).unwrap();
+    seen("v1");
+    writer.set("k", "v2", S(3600)).unwrap();
+    seen("v2");
+
+    let slot = slot_of(ports[0], &channel);
+    let from = master_of(&cluster.masters(), slot);
+    let to = *ports.iter().find(|&&p| p != from).unwrap();
+    begin_migration(slot, from, to);
+    end_migration(slot, to, &ports);
+    let deadline = Instant::now() + S(10);
+    while reader.stats().bus_reconnects == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the slot's move was never noticed"
+        );
+        std::thread::sleep(MS(5));
+    }
+    writer.set("k", "v3", S(3600)).unwrap();
+    seen("v3");
+    writer.set("k", "v4", S(3600)).unwrap();
+    seen("v4");
+}
