@@ -836,7 +836,13 @@ impl CacheBuilder {
     ///   seen within the [`near_ttl`](CacheBuilder::near_ttl), as without a bus;
     /// - the shared store down: as [`near_cache`] says (copies within their staleness bound
     ///   are served through the outage, also when the bus went down with it: a loss stops
-    ///   hits, not the outage's serving).
+    ///   hits, not the outage's serving). The deletes another process replays on a server
+    ///   that comes back are not announced: a copy read there in between lags them up to the
+    ///   near ttl.
+    ///
+    /// Building a cache on a bus, and dropping it, wait on the calling thread (at most the
+    /// connect timeout plus the I/O timeout each: for the bus's first message, for the last
+    /// ones and the leave): build and drop caches at start-up and shutdown, not per request.
     ///
     /// `build` waits for the cache to hear its own first message (at most the connect timeout
     /// plus the I/O timeout); a bus that is down does not fail the build: the near tier

@@ -245,19 +245,20 @@ stats! {
     /// Copies served past the near ttl because the shared store did not answer (within their
     /// staleness bound, with [`serve_stale_on_error`](crate::CacheBuilder::serve_stale_on_error)).
     near_outage_served => "newcache_near_outage_served_total",
-    /// Messages this cache sent on its bus ([`near_bus`](crate::CacheBuilder::near_bus)):
-    /// its writes' keys (batched), flushes and heartbeats.
+    /// Messages this cache handed to its bus ([`near_bus`](crate::CacheBuilder::near_bus)):
+    /// its writes' keys (batched), flushes and heartbeats (one the transport could not send
+    /// is counted too: the receivers see it missing).
     bus_sent => "newcache_bus_sent_total",
     /// Messages this cache heard from other caches on its bus.
     bus_received => "newcache_bus_received_total",
     /// Keys whose near copies this cache dropped because another cache announced a write.
     bus_keys_dropped => "newcache_bus_keys_dropped_total",
-    /// Sequence gaps: messages of another cache this cache did not hear (each flushed its
-    /// near tier).
+    /// Announcements of another cache this cache did not hear, seen at that cache's next
+    /// message: each stops every copy read before it from being served as a hit.
     bus_gaps => "newcache_bus_gaps_total",
-    /// Times this cache dropped every near copy because of its bus: another cache's `clear`,
-    /// or a possible loss (a gap, a silent cache, a broken subscription, its own messages not
-    /// heard back).
+    /// Times this cache's bus stopped every near copy from being served as a hit: another
+    /// cache's `clear`, or a possible loss while the bus was healthy (a missed announcement, a
+    /// silent cache, a broken subscription, its own messages not heard back).
     bus_flushes => "newcache_bus_flushes_total",
     /// Times the bus's subscription broke and came back.
     bus_reconnects => "newcache_bus_reconnects_total",

@@ -133,7 +133,13 @@ impl Cache {
                 );
                 // Serve no copy before the bus is known to carry this cache's messages; wait
                 // for that a little (a transport that connects), not for a bus that is down.
-                station.wait_healthy(config.bus_wait);
+                if !station.wait_healthy(config.bus_wait) {
+                    tracing::warn!(
+                        "newcache: the bus does not carry this cache's messages yet (waited \
+                         {:?}); its near tier serves no hits until it does",
+                        config.bus_wait
+                    );
+                }
                 bus_gate = Some(station.gate());
                 Arc::new(station)
             });

@@ -3,13 +3,14 @@
 //! [`InProcessBus`]; and a cache's [`Station`], which sends and hears.
 //!
 //! Messages carry derived keys, never values; each names its sender (a cache instance), the
-//! sender's epoch, a sequence number per sender, and the sender's heartbeat interval. A
-//! receiver keeps what it knows of each sender across its own reconnects and the sender's
-//! silences, so that a loss it cannot see when it happens is seen at the sender's next
-//! message: a sequence gap, a sender first heard with a sequence past its first long after the
-//! receiver subscribed, a leave after a gap. A receiver that sees a loss cannot tell which
-//! keys it missed: its near tier stops serving every copy filled before. A new sender flushes
-//! nothing (a rolling deploy must not become a read storm); a sender that leaves says so.
+//! sender's epoch, a sequence number per sender, the sender's heartbeat interval, and the
+//! sequence number of its last announcement (a `Drop` or a `Flush`) before it. A receiver
+//! keeps what it knows of each sender across its own reconnects and the sender's silences, so
+//! that an announcement it missed is seen at the sender's next message (a heartbeat at the
+//! latest), a leave included; a lost heartbeat is no loss. A receiver that sees a loss cannot
+//! tell which keys it missed: its near tier stops serving every copy filled before. A new
+//! sender flushes nothing (a rolling deploy must not become a read storm); a sender that
+//! leaves says so.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -45,6 +46,10 @@ pub(crate) struct Message {
     /// The longest the sender stays silent (ms): it sends a heartbeat after this long without
     /// another message.
     pub(crate) heartbeat_ms: u32,
+    /// The sequence number of the sender's last announcement (a `Drop` or a `Flush`) before
+    /// this message, 0 for none: a receiver that did not hear it missed an announcement (a
+    /// lost heartbeat is no loss).
+    pub(crate) prev_announce: u64,
     pub(crate) body: Body,
 }
 
@@ -64,8 +69,9 @@ pub(crate) enum Unread {
 
 impl Message {
     /// The message's bytes: the marker and format, the kind, the sender (16 bytes), epoch,
-    /// sequence (8 bytes each), heartbeat (4 bytes), all little-endian; then for `Drop` a
-    /// count (4 bytes) and each key as a length (2 bytes) and its bytes.
+    /// sequence (8 bytes each), heartbeat (4 bytes), the last announcement's sequence (8
+    /// bytes), all little-endian; then for `Drop` a count (4 bytes) and each key as a length
+    /// (2 bytes) and its bytes.
     pub(crate) fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(64);
         out.extend_from_slice(&MAGIC);
@@ -80,6 +86,7 @@ impl Message {
         out.extend_from_slice(&self.epoch.to_le_bytes());
         out.extend_from_slice(&self.seq.to_le_bytes());
         out.extend_from_slice(&self.heartbeat_ms.to_le_bytes());
+        out.extend_from_slice(&self.prev_announce.to_le_bytes());
         if let Body::Drop(keys) = &self.body {
             out.extend_from_slice(&(keys.len() as u32).to_le_bytes());
             for k in keys {
@@ -108,6 +115,7 @@ impl Message {
         let epoch = u64::from_le_bytes(r.take()?);
         let seq = u64::from_le_bytes(r.take()?);
         let heartbeat_ms = u32::from_le_bytes(r.take()?);
+        let prev_announce = u64::from_le_bytes(r.take()?);
         let body = match kind {
             1 => {
                 let n = u32::from_le_bytes(r.take()?) as usize;
@@ -139,6 +147,7 @@ impl Message {
             epoch,
             seq,
             heartbeat_ms,
+            prev_announce,
             body,
         })
     }
@@ -173,6 +182,8 @@ pub(crate) struct Sender {
     pub(crate) epoch: u64,
     heartbeat_ms: u32,
     seq: u64,
+    /// The last announcement's sequence number (0: none yet).
+    announced: u64,
 }
 
 impl Sender {
@@ -183,19 +194,32 @@ impl Sender {
             epoch,
             heartbeat_ms,
             seq: 0,
+            announced: 0,
         }
     }
 
     /// The next message, saying `body`.
     pub(crate) fn next(&mut self, body: Body) -> Message {
         self.seq += 1;
+        let prev_announce = self.announced;
+        if matches!(body, Body::Drop(_) | Body::Flush) {
+            self.announced = self.seq;
+        }
         Message {
             sender: self.id,
             epoch: self.epoch,
             seq: self.seq,
             heartbeat_ms: self.heartbeat_ms,
+            prev_announce,
             body,
         }
+    }
+
+    /// An announcement not sent (its keys given up): the next message tells the receivers
+    /// they missed one.
+    pub(crate) fn skip_announcement(&mut self) {
+        self.seq += 1;
+        self.announced = self.seq;
     }
 }
 
@@ -229,7 +253,8 @@ pub(crate) enum Loss {
 #[derive(Debug)]
 struct Peer {
     epoch: u64,
-    seq: u64,
+    /// The sequence number of the sender's last announcement this receiver accounted for.
+    announced: u64,
     heard_ms: u64,
     heartbeat_ms: u64,
     /// Silent past its bound (counted once): its next message is checked against its
@@ -248,22 +273,19 @@ impl Peer {
 /// first message past its first sequence is a loss).
 const FORGET_SILENT_MS: u64 = 10 * 60 * 1000;
 
-/// A cache instance's receiver: per sender, the epoch and the last sequence heard, and when.
+/// A cache instance's receiver: per sender, its epoch and its last announcement accounted
+/// for, and when it was last heard.
 #[derive(Debug)]
 pub(crate) struct Receiver {
     me: u128,
     peers: HashMap<u128, Peer>,
-    /// When the transport last (re)subscribed: a sender first heard well after it should be
-    /// heard from its first message on.
-    since_ms: u64,
 }
 
 impl Receiver {
-    pub(crate) fn new(me: u128, now_ms: u64) -> Receiver {
+    pub(crate) fn new(me: u128) -> Receiver {
         Receiver {
             me,
             peers: HashMap::new(),
-            since_ms: now_ms,
         }
     }
 
@@ -282,24 +304,25 @@ impl Receiver {
             return Heard::Echo;
         }
         let heartbeat_ms = u64::from(m.heartbeat_ms);
-        let gap = match self.peers.get(&m.sender) {
-            Some(p) if p.epoch == m.epoch => m.seq != p.seq + 1,
-            // A known sender's new epoch restarts its numbering: what it wrote before was
-            // announced by its previous epoch.
-            Some(_) => false,
-            // A sender first heard: a new one starts at 1, or was (re)started while this
-            // receiver was not subscribed yet. One first heard past 1, while this receiver
-            // has been subscribed for longer than it may stay silent, lost messages.
-            None => {
-                m.seq != 1 && now_ms.saturating_sub(self.since_ms) > heartbeat_ms.saturating_mul(3)
-            }
+        // A missed announcement: one the sender made before this message that this receiver
+        // did not hear. A sender heard for the first time (new, restarted, or new to this
+        // receiver) that announced anything before: this receiver cannot tell whether it
+        // heard it, and its copies are at most as old as its subscription: a loss.
+        let heard_up_to = match self.peers.get(&m.sender) {
+            Some(p) if p.epoch == m.epoch => p.announced,
+            _ => 0,
+        };
+        let gap = m.prev_announce > heard_up_to;
+        let announced = match m.body {
+            Body::Drop(_) | Body::Flush => m.seq,
+            _ => m.prev_announce,
         };
         if m.body == Body::Leave {
             self.peers.remove(&m.sender);
         } else {
             let peer = Peer {
                 epoch: m.epoch,
-                seq: m.seq,
+                announced,
                 heard_ms: now_ms,
                 heartbeat_ms,
                 silent: false,
@@ -333,7 +356,6 @@ impl Receiver {
     /// The transport subscribed again at `now_ms`: what was missed meanwhile is the
     /// station's to cover; every known sender gets a fresh silence bound from now.
     pub(crate) fn on_reconnect(&mut self, now_ms: u64) {
-        self.since_ms = now_ms;
         for p in self.peers.values_mut() {
             p.heard_ms = now_ms;
         }
@@ -374,7 +396,7 @@ mod tests {
         let mut trailing = bytes.clone();
         trailing.push(0);
         assert!(Message::decode(&trailing).is_err());
-        let mut huge = bytes[..42].to_vec();
+        let mut huge = bytes[..49].to_vec();
         huge.extend_from_slice(&u32::MAX.to_le_bytes());
         assert_eq!(
             Message::decode(&huge),
@@ -385,14 +407,14 @@ mod tests {
 
     #[test]
     fn a_receiver_drops_and_tells_losses() {
-        let mut r = Receiver::new(1, 0);
+        let mut r = Receiver::new(1);
         let mut a = Sender::new(2, 1, HB);
         // its own messages are only an echo
         assert_eq!(
             r.on_message(0, Sender::new(1, 9, HB).next(Body::Flush)),
             Heard::Echo
         );
-        // a sender heard soon after subscribing may be anywhere in its numbering
+        // a sender first heard after heartbeats only (its hello lost, say): no loss
         a.next(Body::Heartbeat);
         assert_eq!(
             r.on_message(0, a.next(drop(&["k"]))),
@@ -400,24 +422,32 @@ mod tests {
         );
         assert_eq!(r.on_message(1, a.next(Body::Heartbeat)), Heard::Nothing);
         assert_eq!(r.on_message(2, a.next(Body::Flush)), Heard::Cleared);
-        // a lost message
+        // a lost heartbeat is no loss; a lost announcement is, at the sender's next message
+        a.next(Body::Heartbeat);
+        assert_eq!(r.on_message(3, a.next(Body::Heartbeat)), Heard::Nothing);
         a.next(drop(&["lost"]));
         assert_eq!(
-            r.on_message(3, a.next(drop(&["k"]))),
+            r.on_message(3, a.next(Body::Heartbeat)),
             Heard::Lost(Loss::Gap)
         );
         assert_eq!(
             r.on_message(4, a.next(drop(&["k"]))),
             Heard::Drop(vec!["k".into()])
         );
-        // a restart (new epoch) is no loss
+        // an announcement given up by its sender is a loss too
+        a.skip_announcement();
+        assert_eq!(
+            r.on_message(4, a.next(Body::Heartbeat)),
+            Heard::Lost(Loss::Gap)
+        );
+        // a restart (new epoch) that announced nothing yet is no loss
         let mut a2 = Sender::new(2, 2, HB);
         assert_eq!(
             r.on_message(5, a2.next(drop(&["j"]))),
             Heard::Drop(vec!["j".into()])
         );
-        // silence past three heartbeats is a loss, once; the sender back in sequence is none,
-        // back past a lost message is one
+        // silence past three heartbeats is a loss, once; the sender back with nothing missed
+        // is none, back past a lost announcement is one
         assert_eq!(r.on_tick(3_005), 0);
         assert_eq!(r.on_tick(3_006), 1);
         assert_eq!(r.on_tick(9_000), 0);
@@ -431,7 +461,7 @@ mod tests {
             r.on_message(20_001, a2.next(Body::Heartbeat)),
             Heard::Lost(Loss::Gap)
         );
-        // a leaving sender's silence is none; a leave after a lost message is a loss
+        // a leaving sender's silence is none; a leave after a lost announcement is a loss
         let mut b = Sender::new(3, 1, HB);
         r.on_message(20_002, b.next(Body::Heartbeat));
         assert_eq!(r.on_message(20_003, b.next(Body::Leave)), Heard::Nothing);
@@ -443,20 +473,21 @@ mod tests {
             Heard::Lost(Loss::Gap)
         );
         assert_eq!(r.on_tick(40_000), 1, "a2 only: b and c left");
-        // a sender first heard long after subscribing, past its first message, lost some;
-        // at its first message, none
+        // a sender first heard that announced before: this receiver cannot tell it heard
+        // that, a loss; one that announced nothing yet, none
         let mut d = Sender::new(5, 1, HB);
-        d.next(Body::Heartbeat);
+        d.next(drop(&["before"]));
         assert_eq!(
             r.on_message(40_001, d.next(Body::Heartbeat)),
             Heard::Lost(Loss::Gap)
         );
         let mut e = Sender::new(6, 1, HB);
+        e.next(Body::Heartbeat);
         assert_eq!(
             r.on_message(40_002, e.next(Body::Heartbeat)),
             Heard::Nothing
         );
-        // a reconnect keeps the numbering: a message lost after it is a gap
+        // a reconnect keeps what was heard: an announcement lost after it is a gap
         r.on_reconnect(50_000);
         e.next(drop(&["lost"]));
         assert_eq!(
@@ -561,6 +592,10 @@ impl BusTransport for InProcessBus {
 /// The most key bytes one message carries: a batch larger than this goes in several.
 const MAX_BATCH_BYTES: usize = 32 << 10;
 
+/// The most keys waiting to be announced (a bus that does not take them as fast as they are
+/// written): past it, they are given up, and the receivers told they missed an announcement.
+const MAX_PENDING_KEYS: usize = 100_000;
+
 fn bump(c: &crate::stats::Counter, n: u64) {
     crate::stats::Counters::add(c, n);
 }
@@ -633,6 +668,24 @@ struct Outbox {
     later: Vec<(Instant, Option<Vec<String>>)>,
     /// The cache is gone: send what is left, say it leaves, stop.
     leaving: bool,
+    /// Keys were given up (too many waiting): the receivers are to see a missed announcement.
+    overflowed: bool,
+}
+
+impl Outbox {
+    /// Gives up the keys waiting if there are too many of them.
+    fn bound(&mut self) {
+        let later: usize = self
+            .later
+            .iter()
+            .map(|(_, k)| k.as_ref().map_or(0, Vec::len))
+            .sum();
+        if self.keys.len() + later > MAX_PENDING_KEYS {
+            self.keys = Vec::new();
+            self.later.retain(|(_, k)| k.is_none());
+            self.overflowed = true;
+        }
+    }
 }
 
 /// The state a station's listener and thread share.
@@ -702,7 +755,11 @@ impl Shared {
             Heard::Echo => {
                 self.echo_ms.store(self.now_ms(), Ordering::SeqCst);
                 self.gate.echoed();
-                if !self.gate.healthy.load(Ordering::SeqCst) {
+                // A transport that told `Disconnected` and not yet `Reconnected` (from
+                // another thread) is not healthy, whatever came back meanwhile.
+                if !self.gate.healthy.load(Ordering::SeqCst)
+                    && !self.disconnected.load(Ordering::SeqCst)
+                {
                     // Copies filled while messages may have been missed are not served; what
                     // is filled from now on is covered by the messages this cache hears.
                     if self.armed.load(Ordering::SeqCst) {
@@ -792,6 +849,9 @@ impl Shared {
                     self.wake.wait_until(&mut o, until);
                 }
                 let leaving = o.leaving && o.later.is_empty();
+                if std::mem::take(&mut o.overflowed) {
+                    sender.skip_announcement();
+                }
                 (
                     std::mem::take(&mut o.keys),
                     std::mem::take(&mut o.flush),
@@ -871,7 +931,7 @@ impl Station {
             transport: transport.clone(),
             outbox: Mutex::default(),
             wake: Condvar::new(),
-            receiver: Mutex::new(Receiver::new(id, 0)),
+            receiver: Mutex::new(Receiver::new(id)),
             gate: Arc::new(Gate::new(heartbeat)),
             echo_ms: AtomicU64::new(0),
             disconnected: AtomicBool::new(false),
@@ -950,6 +1010,7 @@ impl Station {
             None => o.keys.extend(keys),
             Some(d) => o.later.push((Instant::now() + d, Some(keys))),
         }
+        o.bound();
         drop(o);
         self.shared.wake.notify_one();
     }

@@ -526,3 +526,171 @@ fn a_paused_redis_bus_stops_near_hits_within_three_heartbeats() {
         "a pause was noticed after {took:?}, heartbeat {hb:?}"
     );
 }
+
+/// A receiver that has not heard a sender yet (new, within three of the sender's heartbeats
+/// of subscribing), whose copy a write of that sender replaced, and whose announcement was
+/// lost: the sender's next message says it announced something this receiver did not hear.
+#[test]
+fn a_loss_from_a_sender_a_new_receiver_has_not_heard_yet_is_covered() {
+    let env = Env::new(Kind::Memcached, "bus_r2_new_receiver");
+    let hub = Arc::new(Hub::default());
+    // a runs first, with the default 1 s heartbeat: a new receiver's window is 3 s.
+    let a = elsewhere(&env).near_bus(hub.port(2)).build().unwrap();
+    hub.mute(2, true); // a's publishes fail for a moment (b has not heard a yet)
+    let b = near(&env)
+        .near_bus(hub.port(1))
+        .near_bus_heartbeat(MS(100))
+        .build()
+        .unwrap();
+    a.set("k", "v1", S(3600)).unwrap();
+    near_hit(&b, "k", "v1"); // b healthy (it hears itself), its copy filled
+    let lost = hub.lost.load(Ordering::SeqCst);
+    a.set("k", "v2", S(3600)).unwrap(); // announced after b subscribed: lost
+    hub.wait_lost(lost + 1);
+    thread::sleep(MS(50)); // a's bus thread has sent it (into the mute)
+    hub.mute(2, false);
+    let before = b.stats();
+    a.set("other", "y", S(3600)).unwrap(); // heard: a's numbering well past 1
+    let deadline = Instant::now() + S(5);
+    while delta(&before, &b.stats(), |s| s.bus_received) == 0 {
+        assert!(Instant::now() < deadline, "a never heard");
+        thread::sleep(MS(1));
+    }
+    assert!(
+        seen_within(&b, "k", "v2", S(4)),
+        "a loss of a sender not yet heard, after the receiver subscribed, is never covered \
+         (stats {:?})",
+        b.stats()
+    );
+}
+
+/// A TCP proxy whose connections open before `freeze` stop carrying bytes, both ways, and
+/// stay open (a half-open connection: a host gone, a partition, a dropped NAT entry); the
+/// ones opened after work.
+#[cfg(feature = "redis")]
+struct Blackhole {
+    port: u16,
+    frozen_below: Arc<std::sync::atomic::AtomicU64>,
+    opened: Arc<std::sync::atomic::AtomicU64>,
+}
+
+#[cfg(feature = "redis")]
+impl Blackhole {
+    fn start(target: u16) -> Blackhole {
+        use std::io::{Read, Write};
+        use std::net::{TcpListener, TcpStream};
+        use std::sync::atomic::AtomicU64;
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let frozen_below = Arc::new(AtomicU64::new(0));
+        let frozen = frozen_below.clone();
+        let opened = Arc::new(AtomicU64::new(0));
+        let counted = opened.clone();
+        thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { continue };
+                let id = counted.fetch_add(1, Ordering::SeqCst) + 1;
+                let Ok(server) = TcpStream::connect(("127.0.0.1", target)) else {
+                    continue;
+                };
+                for (mut from, mut to) in [
+                    (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                    (server, client),
+                ] {
+                    let frozen = frozen.clone();
+                    thread::spawn(move || {
+                        let mut buf = [0u8; 16 << 10];
+                        loop {
+                            let Ok(got) = from.read(&mut buf) else { return };
+                            if got == 0 {
+                                return;
+                            }
+                            if id < frozen.load(Ordering::SeqCst) {
+                                continue; // swallowed: the peer never hears of it
+                            }
+                            if to.write_all(&buf[..got]).is_err() {
+                                return;
+                            }
+                        }
+                    });
+                }
+            }
+        });
+        Blackhole {
+            port,
+            frozen_below,
+            opened,
+        }
+    }
+    /// Every connection open now is half-open from now on.
+    fn freeze(&self) {
+        self.frozen_below.store(u64::MAX, Ordering::SeqCst);
+    }
+    /// New connections work again (the frozen ones stay frozen).
+    fn heal(&self) {
+        let next = self.opened.load(Ordering::SeqCst) + 1;
+        self.frozen_below.store(next, Ordering::SeqCst);
+    }
+}
+
+/// The subscriber's connection goes half-open (no FIN, no RST: a partition, a host that
+/// vanished): near hits stop (the cache no longer hears itself), the subscriber finds its
+/// connection dead (a PING unanswered), subscribes anew once the server can be reached, and
+/// near hits come back.
+#[cfg(feature = "redis")]
+#[test]
+fn a_half_open_subscriber_connection_is_replaced() {
+    let server = crate::fixture::RedisServer::start("redis-server");
+    let port: u16 = server
+        .url()
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .trim_end_matches("/0")
+        .parse()
+        .unwrap();
+    let proxy = Blackhole::start(port);
+    let env = Env::new(Kind::Memcached, "bus_r2_half_open");
+    let hb = MS(50);
+    let b = near(&env)
+        .near_bus(
+            newcache::RedisBus::new(&format!("redis://127.0.0.1:{}/0", proxy.port), "bus").unwrap(),
+        )
+        .near_bus_heartbeat(hb)
+        .build()
+        .unwrap();
+    b.set("k", "v1", S(3600)).unwrap();
+    near_hit(&b, "k", "v1");
+    proxy.freeze();
+    let deadline = Instant::now() + S(10);
+    loop {
+        let before = b.stats();
+        b.get::<String>("k").unwrap();
+        if delta(&before, &b.stats(), |s| s.near_hits) == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the dead subscription was never noticed"
+        );
+        thread::sleep(MS(1));
+    }
+    // The network is back for every new connection (those open stay half-open).
+    proxy.heal();
+    let deadline = Instant::now() + S(8);
+    loop {
+        b.get::<String>("k").unwrap();
+        let before = b.stats();
+        b.get::<String>("k").unwrap();
+        if delta(&before, &b.stats(), |s| s.near_hits) == 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "8 s after the network came back, still no near hit: the half-open subscriber \
+             is never replaced (stats {:?})",
+            b.stats()
+        );
+        thread::sleep(MS(20));
+    }
+}

@@ -27,6 +27,10 @@ use crate::near::bus::{BusEvent, BusListener, BusTransport};
 /// How long the subscriber waits for a message before it checks that its bus still exists.
 const POLL: Duration = Duration::from_millis(200);
 
+/// How long the subscriber hears nothing before it asks the server (a `PING`), and again before
+/// it takes its connection for dead.
+const SILENT: Duration = Duration::from_secs(1);
+
 /// How long a connect, a publish or a subscribe may take: a server that does not answer in
 /// this time is treated as gone (the bus's own heartbeats tell its caches).
 const IO: Duration = Duration::from_millis(500);
@@ -158,7 +162,14 @@ impl std::fmt::Debug for RedisBus {
 }
 
 fn client(url: &str) -> crate::Result<redis::Client> {
-    redis::Client::open(url).map_err(|e| crate::Error::config(format!("the bus's Redis URL: {e}")))
+    let client = redis::Client::open(url)
+        .map_err(|e| crate::Error::config(format!("the bus's Redis URL: {e}")))?;
+    match client.get_connection_info().addr() {
+        redis::ConnectionAddr::Tcp(..) => Ok(client),
+        _ => Err(crate::Error::config(
+            "the bus's Redis URL: the bus speaks plain TCP (redis://), not TLS or a Unix socket",
+        )),
+    }
 }
 
 impl RedisBus {
@@ -239,8 +250,17 @@ impl RedisBus {
             if !tell(BusEvent::Reconnected) {
                 return;
             }
+            // A connection that went silently dead (no FIN or RST: a partition, a vanished
+            // host) is found by a PING after a second without a word, unanswered for another.
+            let mut heard = Instant::now();
+            let mut pinged = false;
             loop {
-                match conn.recv_or_idle() {
+                let got = conn.recv_or_idle();
+                if matches!(got, Ok(Some(_))) {
+                    heard = Instant::now();
+                    pinged = false;
+                }
+                match got {
                     Ok(Some(Value::Array(parts) | Value::Push { data: parts, .. })) => {
                         match (parts.first(), parts.get(2)) {
                             (Some(Value::BulkString(kind)), Some(Value::BulkString(payload)))
@@ -262,6 +282,16 @@ impl RedisBus {
                     Ok(None) => {
                         if listeners.strong_count() == 0 {
                             return;
+                        }
+                        let quiet = heard.elapsed();
+                        if quiet >= SILENT * 2 {
+                            break;
+                        }
+                        if quiet >= SILENT && !pinged {
+                            pinged = true;
+                            if conn.send(&redis::cmd("PING").get_packed_command()).is_err() {
+                                break;
+                            }
                         }
                     }
                     Err(_) => break,
