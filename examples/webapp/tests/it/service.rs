@@ -46,13 +46,22 @@ impl Service {
 
     /// A service over `servers` (the memory backend if none).
     pub async fn start_with(servers: &[String]) -> Service {
+        Service::start_configured(servers, |_| {}).await
+    }
+
+    /// A service over `servers`, its config changed by `configure` first.
+    pub async fn start_configured(
+        servers: &[String],
+        configure: impl FnOnce(&mut Config),
+    ) -> Service {
         static N: AtomicU64 = AtomicU64::new(0);
         let db = std::env::temp_dir().join(format!(
             "newcache-webapp-test-{}-{}.sqlite",
             std::process::id(),
             N.fetch_add(1, Ordering::Relaxed)
         ));
-        let config = config_for(&db, servers);
+        let mut config = config_for(&db, servers);
+        configure(&mut config);
         let app = App::open(&config).await.unwrap();
         assert!(app.startup().seeded.is_some(), "a new database is seeded");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -165,6 +174,7 @@ pub fn config_for(db: &Path, servers: &[String]) -> Config {
     // Explicitly, whatever MEMCACHED_SERVERS says in the environment.
     config.memcached_servers = servers.to_vec();
     config.near_cache_mb = 0;
+    config.bus_redis = None;
     config
 }
 
