@@ -49,7 +49,8 @@ impl Service {
         Service::start_configured(servers, |_| {}).await
     }
 
-    /// A service over `servers`, its config changed by `configure` first.
+    /// A service over `servers`, its config changed by `configure` first (a `db` it names is
+    /// removed with the service, as its own would be).
     pub async fn start_configured(
         servers: &[String],
         configure: impl FnOnce(&mut Config),
@@ -63,7 +64,10 @@ impl Service {
         let mut config = config_for(&db, servers);
         configure(&mut config);
         let app = App::open(&config).await.unwrap();
-        assert!(app.startup().seeded.is_some(), "a new database is seeded");
+        if config.db_path() == db {
+            assert!(app.startup().seeded.is_some(), "a new database is seeded");
+        }
+        let db = config.db_path();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         let (stop, stopped) = oneshot::channel::<()>();
@@ -82,6 +86,11 @@ impl Service {
 
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
+    }
+
+    /// The service's database file.
+    pub fn db(&self) -> &Path {
+        &self.db
     }
 
     /// The port the service listens on.
