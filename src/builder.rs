@@ -777,7 +777,8 @@ impl CacheBuilder {
     ///   before a write ended fills nothing; an `AsyncCache` write whose future was dropped
     ///   keeps its keys from being filled until it may have landed.
     /// - **Everything else, up to the near ttl** after the read that filled the copy was sent
-    ///   (plus the near clock's tick, about 3 ms): another process's writes, writers outside
+    ///   (plus the near clock's tick, about 3 ms), or, for other newcache processes' writes,
+    ///   until a [bus](CacheBuilder::near_bus) carries them: another process's writes, writers outside
     ///   newcache, a cache over the same servers named otherwise (`localhost` and `127.0.0.1`,
     ///   or a custom backend of its own over them),
     ///   and changes of routing (a server revived under

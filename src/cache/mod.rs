@@ -124,7 +124,12 @@ impl Cache {
         let mut bus_healthy = None;
         if let Some(domain) = &domain {
             let station = config.bus.clone().map(|bus| {
-                let station = crate::near::bus::Station::join(bus, domain, config.bus_heartbeat);
+                let station = crate::near::bus::Station::join(
+                    bus,
+                    domain,
+                    config.bus_heartbeat,
+                    stats.clone(),
+                );
                 // Serve no copy before the bus is known to carry this cache's messages; wait
                 // for that a little (a transport that connects), not for a bus that is down.
                 station.wait_healthy(config.bus_wait);

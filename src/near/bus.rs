@@ -464,20 +464,8 @@ impl BusTransport for InProcessBus {
 /// The most key bytes one message carries: a batch larger than this goes in several.
 const MAX_BATCH_BYTES: usize = 32 << 10;
 
-/// The bus's counters of one cache (added into its [`Stats`](crate::Stats)).
-#[derive(Debug, Default)]
-struct BusCounters {
-    sent: AtomicU64,
-    received: AtomicU64,
-    keys_dropped: AtomicU64,
-    gaps: AtomicU64,
-    flushes: AtomicU64,
-    reconnects: AtomicU64,
-    heartbeats_missed: AtomicU64,
-}
-
-fn bump(c: &AtomicU64, n: u64) {
-    c.fetch_add(n, Ordering::Relaxed);
+fn bump(c: &crate::stats::Counter, n: u64) {
+    crate::stats::Counters::add(c, n);
 }
 
 /// What the station's thread has to send.
@@ -508,10 +496,13 @@ struct Shared {
     echo_ms: AtomicU64,
     /// Whether the transport ever said it subscribed (its first subscription is no reconnect).
     subscribed: AtomicBool,
+    /// Whether this cache's near tier may hold copies filled while the bus was not known
+    /// healthy (set once `build` stopped waiting for it): the bus's recovery flushes them.
+    armed: AtomicBool,
     domain: Weak<Domain>,
     heartbeat: Duration,
     origin: Instant,
-    counters: BusCounters,
+    counters: Arc<crate::stats::Counters>,
 }
 
 impl Shared {
@@ -526,7 +517,7 @@ impl Shared {
 
     /// Every copy stops being served.
     fn flush(&self) {
-        bump(&self.counters.flushes, 1);
+        bump(&self.counters.bus_flushes, 1);
         if let Some(domain) = self.domain.upgrade() {
             domain.flushed();
         }
@@ -544,12 +535,15 @@ impl Shared {
             BusEvent::Message(bytes) => self.receiver.lock().on_bytes(self.now_ms(), bytes),
             BusEvent::Disconnected => return self.lose(),
             BusEvent::Reconnected => {
-                if self.subscribed.swap(true, Ordering::SeqCst) {
-                    bump(&self.counters.reconnects, 1);
-                }
                 self.receiver.lock().on_reconnect();
                 self.wake.notify_one();
-                return self.lose();
+                // Its first subscription: nothing was missed, and no copy of this cache's
+                // exists to flush (nor should its siblings' be).
+                if self.subscribed.swap(true, Ordering::SeqCst) {
+                    bump(&self.counters.bus_reconnects, 1);
+                    self.lose();
+                }
+                return;
             }
         };
         match heard {
@@ -558,24 +552,26 @@ impl Shared {
                 if !self.healthy.load(Ordering::SeqCst) {
                     // Whatever was filled while messages may have been missed goes; what is
                     // filled from now on is covered by the messages this cache hears.
-                    self.flush();
+                    if self.armed.load(Ordering::SeqCst) {
+                        self.flush();
+                    }
                     self.healthy.store(true, Ordering::SeqCst);
                 }
             }
-            Heard::Nothing => bump(&self.counters.received, 1),
+            Heard::Nothing => bump(&self.counters.bus_received, 1),
             Heard::Drop(keys) => {
-                bump(&self.counters.received, 1);
-                bump(&self.counters.keys_dropped, keys.len() as u64);
+                bump(&self.counters.bus_received, 1);
+                bump(&self.counters.bus_keys_dropped, keys.len() as u64);
                 if let Some(domain) = self.domain.upgrade() {
                     domain.dropped(keys.iter().map(String::as_str));
                 }
             }
             Heard::Flush(loss) => {
                 if loss != Loss::Malformed {
-                    bump(&self.counters.received, 1);
+                    bump(&self.counters.bus_received, 1);
                 }
                 if loss == Loss::Gap {
-                    bump(&self.counters.gaps, 1);
+                    bump(&self.counters.bus_gaps, 1);
                 }
                 self.flush();
             }
@@ -590,7 +586,7 @@ impl Shared {
         let send = |sender: &mut Sender, body: Body, last: &mut Option<Instant>| {
             let bytes = sender.next(body).encode();
             self.transport.publish(&bytes);
-            bump(&self.counters.sent, 1);
+            bump(&self.counters.bus_sent, 1);
             *last = Some(Instant::now());
         };
         loop {
@@ -663,7 +659,7 @@ impl Shared {
             }
             let now_ms = self.now_ms();
             if let Heard::Flush(_) = self.receiver.lock().on_tick(now_ms) {
-                bump(&self.counters.heartbeats_missed, 1);
+                bump(&self.counters.bus_heartbeats_missed, 1);
                 self.flush();
             }
             let silent_ms = u64::try_from(self.silent_after().as_millis()).unwrap_or(u64::MAX);
@@ -671,7 +667,7 @@ impl Shared {
             if self.healthy.load(Ordering::SeqCst) && now_ms.saturating_sub(echo) > silent_ms {
                 // Its own messages stopped coming back: a paused bus, a broken publisher or
                 // a subscription that broke without a word.
-                bump(&self.counters.heartbeats_missed, 1);
+                bump(&self.counters.bus_heartbeats_missed, 1);
                 self.lose();
             }
         }
@@ -694,6 +690,7 @@ impl Station {
         transport: Arc<dyn BusTransport>,
         domain: &Arc<Domain>,
         heartbeat: Duration,
+        counters: Arc<crate::stats::Counters>,
     ) -> Station {
         let id = (u128::from(crate::rng::entropy()) << 64) | u128::from(crate::rng::entropy());
         let epoch = crate::rng::entropy();
@@ -706,10 +703,11 @@ impl Station {
             healthy: Arc::new(AtomicBool::new(false)),
             echo_ms: AtomicU64::new(0),
             subscribed: AtomicBool::new(false),
+            armed: AtomicBool::new(false),
             domain: Arc::downgrade(domain),
             heartbeat,
             origin: Instant::now(),
-            counters: BusCounters::default(),
+            counters,
         });
         let weak = Arc::downgrade(&shared);
         transport.subscribe(Arc::new(move |event| match weak.upgrade() {
@@ -737,18 +735,21 @@ impl Station {
         self.shared.healthy.clone()
     }
 
-    /// Waits up to `timeout` until the bus is known healthy.
+    /// Waits up to `timeout` until the bus is known healthy, before the cache's near tier
+    /// exists; from then on, a recovery of the bus flushes it.
     pub(crate) fn wait_healthy(&self, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
-        loop {
+        let healthy = loop {
             if self.shared.healthy.load(Ordering::SeqCst) {
-                return true;
+                break true;
             }
             if Instant::now() >= deadline {
-                return false;
+                break false;
             }
             std::thread::sleep(Duration::from_millis(1));
-        }
+        };
+        self.shared.armed.store(true, Ordering::SeqCst);
+        healthy
     }
 
     /// Announces that `keys` were written: now, or, for writes that may still land
@@ -783,24 +784,130 @@ impl Station {
         drop(o);
         self.shared.wake.notify_one();
     }
-
-    /// Adds the bus's counters to `stats`.
-    pub(crate) fn report(&self, stats: &mut crate::Stats) {
-        let c = &self.shared.counters;
-        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        stats.bus_sent += load(&c.sent);
-        stats.bus_received += load(&c.received);
-        stats.bus_keys_dropped += load(&c.keys_dropped);
-        stats.bus_gaps += load(&c.gaps);
-        stats.bus_flushes += load(&c.flushes);
-        stats.bus_reconnects += load(&c.reconnects);
-        stats.bus_heartbeats_missed += load(&c.heartbeats_missed);
-    }
 }
 
 impl Drop for Station {
     fn drop(&mut self) {
         self.shared.outbox.lock().leaving = true;
         self.shared.wake.notify_one();
+    }
+}
+
+#[cfg(test)]
+mod station_tests {
+    use super::*;
+
+    /// A transport over an in-process bus that can lose messages and break its subscription.
+    #[derive(Debug, Default)]
+    struct Lossy {
+        bus: InProcessBus,
+        lose_next: AtomicBool,
+        paused: AtomicBool,
+    }
+
+    impl BusTransport for Lossy {
+        fn publish(&self, message: &[u8]) {
+            if !self.lose_next.swap(false, Ordering::SeqCst) && !self.paused.load(Ordering::SeqCst)
+            {
+                self.bus.publish(message);
+            }
+        }
+        fn subscribe(&self, listener: BusListener) {
+            self.bus.subscribe(listener);
+        }
+    }
+
+    impl Lossy {
+        fn tell(&self, event: BusEvent<'_>) {
+            for l in self.bus.listeners.lock().clone() {
+                l(event);
+            }
+        }
+    }
+
+    fn domain(name: &str) -> Arc<Domain> {
+        let backend: Arc<dyn crate::backend::Backend> = Arc::new(
+            crate::backend::memory::MemoryBackend::new(1 << 20, Arc::new(crate::SystemClock)),
+        );
+        Domain::of(&[format!("bus-test-{name}")], &backend)
+    }
+
+    fn counters() -> Arc<crate::stats::Counters> {
+        Arc::new(crate::stats::Counters::new("bus", &[]))
+    }
+
+    fn until(what: &str, mut done: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !done() {
+            assert!(Instant::now() < deadline, "never: {what}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Whether a copy filled under `t` would still be served.
+    fn holds(d: &Domain, t: &super::super::fence::Ticket) -> bool {
+        d.current(t.stripe, t.seq, t.flush)
+    }
+
+    #[test]
+    fn a_station_drops_announced_keys_flushes_on_losses_and_serves_only_when_it_hears_itself() {
+        let bus = Arc::new(Lossy::default());
+        let heartbeat = Duration::from_millis(50);
+        let (da, db) = (domain("a"), domain("b"));
+        let (ca, cb) = (counters(), counters());
+        let a = Station::join(bus.clone(), &da, heartbeat, ca.clone());
+        let b = Station::join(bus.clone(), &db, heartbeat, cb.clone());
+        assert!(a.wait_healthy(Duration::from_secs(10)));
+        assert!(b.wait_healthy(Duration::from_secs(10)));
+        let load = |c: &crate::stats::Counter| c.load();
+
+        // An announced key's copy goes; another key's stays.
+        let k = db.ticket("k", 0).unwrap();
+        let other = db.ticket("another", 0).unwrap();
+        let own = da.ticket("k", 0).unwrap();
+        a.announce(&["k"], None);
+        until("k dropped", || !holds(&db, &k));
+        assert!(holds(&db, &other));
+        assert_eq!(load(&cb.bus_keys_dropped), 1);
+        assert!(holds(&da, &own), "its own message is no drop");
+
+        // A lost message is a gap: b flushes when a's next message (a heartbeat) comes.
+        let t = db.ticket("another", 0).unwrap();
+        bus.lose_next.store(true, Ordering::SeqCst);
+        a.announce(&["lost"], None);
+        until("the gap flushed", || !holds(&db, &t));
+        assert_eq!(load(&cb.bus_gaps), 1);
+
+        // A broken subscription flushes and stops serving until the cache hears itself again.
+        let healthy = b.healthy();
+        let t = db.ticket("another", 0).unwrap();
+        bus.tell(BusEvent::Disconnected);
+        assert!(!healthy.load(Ordering::SeqCst));
+        assert!(!holds(&db, &t));
+        bus.tell(BusEvent::Reconnected);
+        until("healthy again", || healthy.load(Ordering::SeqCst));
+        assert!(load(&cb.bus_reconnects) >= 1);
+
+        // A sender that leaves is no loss; a new one (a restart) flushes nothing.
+        let flushes = load(&cb.bus_flushes);
+        let t = db.ticket("another", 0).unwrap();
+        drop(a);
+        let a2 = Station::join(bus.clone(), &da, heartbeat, counters());
+        assert!(a2.wait_healthy(Duration::from_secs(10)));
+        std::thread::sleep(heartbeat * 8);
+        assert!(holds(&db, &t), "a restart flushes nobody");
+        assert_eq!(load(&cb.bus_flushes), flushes);
+        assert_eq!(load(&cb.bus_heartbeats_missed), 0);
+
+        // A paused bus: nobody hears anything; each cache misses its own messages, flushes,
+        // and serves nothing until the bus carries them again.
+        let t = db.ticket("another", 0).unwrap();
+        bus.paused.store(true, Ordering::SeqCst);
+        until("unhealthy", || !healthy.load(Ordering::SeqCst));
+        assert!(!holds(&db, &t));
+        assert!(load(&cb.bus_heartbeats_missed) >= 1);
+        bus.paused.store(false, Ordering::SeqCst);
+        until("healthy after the pause", || healthy.load(Ordering::SeqCst));
+        drop(a2);
     }
 }

@@ -390,10 +390,7 @@ impl Backend for Fenced {
         self.inner.max_value_size(key)
     }
     fn report(&self, stats: &mut crate::Stats) {
-        self.inner.report(stats);
-        if let Some(station) = &self.station {
-            station.report(stats);
-        }
+        self.inner.report(stats)
     }
     fn ping(&self) -> std::result::Result<(), crate::ping::PingError> {
         self.inner.ping()

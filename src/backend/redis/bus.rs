@@ -3,6 +3,16 @@
 //! channel's slot). Per transport, a subscriber thread that says when its subscription breaks
 //! and when it is back (a slot that moves breaks it), and one publishing connection made on
 //! demand: a message it cannot send is lost, which its receivers see as a gap.
+//!
+//! Redis's own client-side caching (`CLIENT TRACKING`, invalidations pushed over RESP3 or
+//! redirected to a subscriber) was weighed as a transport and not built: it would also see
+//! writes made outside newcache, but it serves a Redis shared tier only (not memcached or
+//! twemproxy, which the bus serves too); it is per connection, so every pooled and pipelined
+//! connection of both front ends (and every cluster node's) would have to be tracked and
+//! redirected to one subscriber per server; its pushes carry no sequence, so a missed one is
+//! noticed only as a broken connection, as here; and in broadcast mode (a `{flavor}-` prefix,
+//! no per-key table on the server) every write under the prefix is pushed, the herd protocol's
+//! claims included, which pub/sub's announcements leave out.
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -119,7 +129,10 @@ impl RedisBus {
     /// # Errors
     /// `is_config()` for a URL redis-rs does not read.
     pub fn new(url: &str, channel: impl Into<String>) -> crate::Result<Arc<RedisBus>> {
-        Ok(RedisBus::with(Where::Server(Box::new(client(url)?)), channel.into()))
+        Ok(RedisBus::with(
+            Where::Server(Box::new(client(url)?)),
+            channel.into(),
+        ))
     }
 
     /// The bus on the sharded channel `channel` of the Redis Cluster that `seeds` (URLs of
