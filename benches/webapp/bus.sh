@@ -14,8 +14,9 @@
 #    `latest_orders` for a /page/1 render), over WINDOW / TTL expiries;
 # 2. coherence: both processes restarted with --ttl-secs 60 (so that the near tier, the bus and
 #    the write alone decide what is served): coherence.py renames user 42 on process 1
-#    (PUT /users/42) PROBES times and polls process 2 (GET /users/42, from its near copy before
-#    the write) until it returns the new name: the time from the PUT's return to that read's.
+#    (PUT /users/42) PROBES times, each a random pause (0-2 s) after process 2 served the user
+#    from its near copy, and polls process 2 (GET /users/42) until it returns the new name: the
+#    time from the PUT's return to that read's.
 # Then summarize_bus.py writes OUT_DIR/results.md and results.json.
 #
 # Environment: WINDOW (seconds of load, default 30), TTL (default 2), PROBES (default 20),

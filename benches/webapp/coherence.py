@@ -2,8 +2,9 @@
 """bus.sh's coherence probe: a PUT /users/ID on the writer, then the reader polled until it
 returns the new name; the time from the PUT's return to that read's return, per trial.
 
-Each trial first reads the user on the reader until a read is served from its near copy, then
-renames the user on the writer, then polls the reader on a kept-alive connection.
+Each trial first reads the user on the reader until a read is served from its near copy, waits
+a random pause (a write comes at any time), reads once more (noting whether that read was a near
+hit), then renames the user on the writer, then polls the reader on a kept-alive connection.
 Writes OUT (TSV, one row per trial) and prints a one-line summary.
 """
 
@@ -36,6 +37,7 @@ def main():
     ap.add_argument("--reader", type=int, required=True, help="port of the process polled")
     ap.add_argument("--user", type=int, default=42)
     ap.add_argument("--trials", type=int, default=20)
+    ap.add_argument("--pause", type=float, default=2.0, help="most seconds between the near hit and the PUT")
     ap.add_argument("--give-up", type=float, default=15.0, help="seconds without the new value")
     ap.add_argument("--tag", default="probe")
     ap.add_argument("out")
@@ -56,6 +58,12 @@ def main():
             time.sleep(0.005)
         else:
             raise SystemExit(f"trial {trial}: the reader keeps no near copy of {path}")
+        # A write comes at any time, not just after a read: a random pause, then one more read
+        # (is it still served from the near copy?), then the write.
+        time.sleep(random.uniform(0, args.pause))
+        hits = near_hits(reader)
+        old = request(reader, "GET", path)["name"]
+        near_before = int(near_hits(reader) > hits)
         new = f"{args.tag}-{trial}-{random.randrange(1 << 30):x}"
         started = time.monotonic()
         request(writer, "PUT", path, json.dumps({"name": new}))
@@ -71,12 +79,12 @@ def main():
             stale += 1
             if now - written > args.give_up:
                 raise SystemExit(f"trial {trial}: still {old!r} {args.give_up} s after the PUT")
-        rows.append((trial, (written - started) * 1e3, (now - written) * 1e3, stale))
+        rows.append((trial, (written - started) * 1e3, (now - written) * 1e3, stale, near_before))
 
     with open(args.out, "w") as f:
-        f.write("trial\tput_ms\tseen_after_put_ms\tstale_reads\n")
+        f.write("trial\tput_ms\tseen_after_put_ms\tstale_reads\tnear_copy_before\n")
         for r in rows:
-            f.write(f"{r[0]}\t{r[1]:.2f}\t{r[2]:.2f}\t{r[3]}\n")
+            f.write(f"{r[0]}\t{r[1]:.2f}\t{r[2]:.2f}\t{r[3]}\t{r[4]}\n")
     seen = sorted(r[2] for r in rows)
     print(
         f"{args.tag}: {len(rows)} trials, seen after the PUT in p50 {statistics.median(seen):.1f} ms,"
