@@ -167,3 +167,25 @@ impl Drop for RedisServer {
         let _ = self.child.wait();
     }
 }
+
+/// A child process, killed when dropped.
+pub struct Process(Child);
+
+impl Process {
+    pub fn spawn(command: &mut Command) -> Process {
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("the process starts");
+        Process(child)
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

@@ -46,28 +46,15 @@ impl Service {
 
     /// A service over `servers` (the memory backend if none).
     pub async fn start_with(servers: &[String]) -> Service {
-        Service::start_configured(servers, |_| {}).await
-    }
-
-    /// A service over `servers`, its config changed by `configure` first (a `db` it names is
-    /// removed with the service, as its own would be).
-    pub async fn start_configured(
-        servers: &[String],
-        configure: impl FnOnce(&mut Config),
-    ) -> Service {
         static N: AtomicU64 = AtomicU64::new(0);
         let db = std::env::temp_dir().join(format!(
             "newcache-webapp-test-{}-{}.sqlite",
             std::process::id(),
             N.fetch_add(1, Ordering::Relaxed)
         ));
-        let mut config = config_for(&db, servers);
-        configure(&mut config);
+        let config = config_for(&db, servers);
         let app = App::open(&config).await.unwrap();
-        if config.db_path() == db {
-            assert!(app.startup().seeded.is_some(), "a new database is seeded");
-        }
-        let db = config.db_path();
+        assert!(app.startup().seeded.is_some(), "a new database is seeded");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         let (stop, stopped) = oneshot::channel::<()>();
@@ -86,11 +73,6 @@ impl Service {
 
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
-    }
-
-    /// The service's database file.
-    pub fn db(&self) -> &Path {
-        &self.db
     }
 
     /// The port the service listens on.
