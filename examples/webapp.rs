@@ -15,6 +15,10 @@
 //!   (Prometheus text: the service's counters and newcache's `newcache_*`), `GET /healthz`
 //!   (`cache.ping()`: 200, or 503 naming the server that did not answer), `GET /static` (the
 //!   bench's ceiling), `GET /series` (requests and database queries per second).
+//! - `--near-cache-mb 64`: hot values served from this process's memory in front of memcached
+//!   or Redis; another process's `PUT` is seen here after the near ttl (5 s) at most. With
+//!   `--bus-redis URL` too, the processes announce their writes on a Redis pub/sub channel
+//!   (`newcache::RedisBus`) and drop each other's written keys: seen within tens of ms.
 //!
 //! Run it from the project root (the first start seeds target/webapp/webapp-1000000.sqlite in a
 //! few seconds; `--rows N` for a smaller one, `--db PATH` elsewhere):
@@ -25,6 +29,10 @@
 //! MEMCACHED_SERVERS=127.0.0.1:11211 cargo run --release -p newcache-webapp --example webapp -- --port 3000
 //! # over Redis or Valkey (a Redis Cluster is one builder call away: `redis_cluster`)
 //! REDIS_URL=redis://127.0.0.1:6379/0 cargo run --release -p newcache-webapp --example webapp -- --port 3000
+//! # two processes over memcached, each with a near tier, kept coherent by a bus on Redis
+//! export MEMCACHED_SERVERS=127.0.0.1:11211 NEAR_CACHE_MB=64 BUS_REDIS=redis://127.0.0.1:6379
+//! cargo run --release -p newcache-webapp --example webapp -- --port 3000 &
+//! cargo run --release -p newcache-webapp --example webapp -- --port 3001
 //! ```
 //!
 //! Then try it:
@@ -36,6 +44,10 @@
 //! curl -s -X PUT localhost:3000/users/42 -H 'content-type: application/json' -d '{"name":"ann"}'
 //! curl -s localhost:3000/users/42                           # "ann": the PUT deleted the key
 //! curl -si localhost:3000/page/1 | grep -i '^x-cache\|^age'  # MISS, then HIT with an Age
+//! # with the two processes on the bus: a PUT on one, the other's next read shows it
+//! curl -s localhost:3001/users/42
+//! curl -s -X PUT localhost:3000/users/42 -H 'content-type: application/json' -d '{"name":"bo"}'
+//! curl -s localhost:3001/users/42                           # "bo" (without the bus: up to 5 s later)
 //! curl -s localhost:3000/stats; curl -s localhost:3000/healthz; curl -s localhost:3000/metrics
 //! wrk -t2 -c64 -d10s --latency http://127.0.0.1:3000/report/1
 //! wrk -t2 -c64 -d10s --latency 'http://127.0.0.1:3000/report/1?cache=off'
@@ -51,7 +63,8 @@
 //! ```
 //!
 //! The whole bench (both backends, two processes over memcached, a plot):
-//! `bash benches/webapp/run.sh benches/results/webapp`.
+//! `bash benches/webapp/run.sh benches/results/webapp`; two processes with near tiers, with and
+//! without the bus: `bash benches/webapp/bus.sh benches/results/webapp-bus`.
 //!
 //! The service's code is the `newcache-webapp` crate (`examples/webapp/`), which owns this
 //! example so that axum and sqlx stay out of `cargo test -p newcache`.
@@ -63,7 +76,8 @@ use newcache_webapp::{App, Config};
 
 #[tokio::main]
 async fn main() {
-    // Flags: --port, --ttl-secs, --db, --rows; MEMCACHED_SERVERS selects memcached.
+    // Flags: --port, --ttl-secs, --db, --rows; MEMCACHED_SERVERS or REDIS_URL selects the
+    // shared cache, NEAR_CACHE_MB its near tier, BUS_REDIS its bus (`--help` lists them all).
     let config = Config::parse();
     if let Err(e) = run(config).await {
         // The error and its causes on one line, e.g. "the cache did not answer its ping at

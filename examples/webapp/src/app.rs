@@ -14,7 +14,7 @@ use axum::routing::get;
 use axum::{Json, Router};
 use metrics_exporter_prometheus::PrometheusHandle;
 use newcache::layer::{HostPolicy, ResponseCacheLayer};
-use newcache::{AsyncCache, Cache};
+use newcache::{AsyncCache, Cache, RedisBus};
 use serde::Deserialize;
 use serde_json::json;
 
@@ -66,21 +66,22 @@ pub struct Startup {
     pub seeded: Option<Duration>,
     /// How long the expensive query (`/report/1`, uncached) took: the fastest of three runs.
     pub report_query: Duration,
-    /// The cache backend: `memory`, `memcached host:port,...` or `redis URL`.
+    /// The cache backend: `memory`, `memcached host:port,...` or `redis URL`, then its near tier
+    /// and its bus, if any.
     pub backend: String,
 }
 
 impl App {
     /// Opens (seeding on first start) the database, measures the expensive query, and builds
     /// the cache: memcached when `config` names servers, else Redis when it names a URL, else
-    /// the memory backend.
+    /// the memory backend; with a near tier and on a bus when `config` asks for them.
     ///
     /// # Errors
     /// [`Error::Db`] or [`Error::Io`] if the database cannot be opened or seeded,
-    /// [`Error::Cache`] (`is_config`) for a malformed server address, [`Error::Unreachable`]
-    /// when the cache's servers do not answer its ping (nothing listens there, a wrong
-    /// password or database): without it, every request would go to the database, and the
-    /// only sign would be a warning in the log.
+    /// [`Error::Cache`] (`is_config`) for a malformed server address or bus URL,
+    /// [`Error::Unreachable`] when the cache's servers do not answer its ping (nothing listens
+    /// there, a wrong password or database): without it, every request would go to the
+    /// database, and the only sign would be a warning in the log.
     pub async fn open(config: &Config) -> Result<App, Error> {
         let servers = config.servers();
         // The recorder first: the cache registers its metrics' handles when it is built.
@@ -94,15 +95,7 @@ impl App {
                 let named = format!("memcached {}", servers.join(","));
                 (builder.memcached(&servers), named)
             }
-            (true, Some(url)) => {
-                // Named without its user and password.
-                let at = url
-                    .rsplit('@')
-                    .next()
-                    .unwrap_or(url)
-                    .trim_start_matches("redis://");
-                (builder.redis(url), format!("redis {at}"))
-            }
+            (true, Some(url)) => (builder.redis(url), format!("redis {}", address_of(url))),
             (true, None) => (builder.in_memory(), "memory".to_string()),
         };
         let (builder, backend) = match config.near_cache_mb {
@@ -111,6 +104,22 @@ impl App {
                 builder.near_cache(mb << 20),
                 format!("{backend} with a {mb} MiB near tier"),
             ),
+        };
+        // The bus: every process on the channel announces its writes there, and drops its near
+        // copies of the keys the others announce (all of them when a message may have been
+        // lost), so that a `PUT` here is seen by the other processes' next reads within tens of
+        // ms, not after the near ttl.
+        let (builder, backend) = match config.bus() {
+            None => (builder, backend),
+            Some(url) => {
+                let bus = RedisBus::new(url, config.bus_channel.as_str())?;
+                let named = format!(
+                    "{backend}, on the bus redis {} channel {}",
+                    address_of(url),
+                    config.bus_channel
+                );
+                (builder.near_bus(bus), named)
+            }
         };
         // Built and pinged before seeding, so that a bad address, URL or password fails at
         // once (`build` never connects; `ping` asks every server).
@@ -175,6 +184,14 @@ impl App {
     fn cache_key(&self, kind: &str, id: i64) -> String {
         format!("{kind}:{id}")
     }
+}
+
+/// A Redis URL as the banner names it: without its scheme, user and password.
+fn address_of(url: &str) -> &str {
+    url.rsplit('@')
+        .next()
+        .unwrap_or(url)
+        .trim_start_matches("redis://")
 }
 
 /// The service's routes over `app`.

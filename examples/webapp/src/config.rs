@@ -3,7 +3,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// The service's settings, from its command line (and `MEMCACHED_SERVERS`).
+/// The service's settings, from its command line (and `MEMCACHED_SERVERS`, `REDIS_URL`,
+/// `NEAR_CACHE_MB`, `BUS_REDIS`, `BUS_CHANNEL`).
 ///
 /// Parse it with [`clap::Parser`] (`Config::parse()`, or `Config::try_parse_from` in tests).
 #[derive(Debug, Clone, clap::Parser)]
@@ -46,6 +47,21 @@ pub struct Config {
     /// reports and pages served from memory, another process's writes seen within 5 s.
     #[arg(long = "near-cache-mb", env = "NEAR_CACHE_MB", default_value_t = 0)]
     pub near_cache_mb: u64,
+
+    /// A Redis or Valkey server (redis://host:port) whose pub/sub is this cache's bus: the
+    /// processes on it announce their writes there and drop their near copies of the keys the
+    /// others write, so that another process's write is seen within tens of ms instead of the
+    /// near ttl. Without --near-cache-mb the process only announces its writes.
+    #[arg(long = "bus-redis", env = "BUS_REDIS")]
+    pub bus_redis: Option<String>,
+
+    /// The bus's pub/sub channel: the processes that share a cache share a channel.
+    #[arg(
+        long = "bus-channel",
+        env = "BUS_CHANNEL",
+        default_value = "newcache-bus-webapp"
+    )]
+    pub bus_channel: String,
 }
 
 impl Config {
@@ -68,6 +84,14 @@ impl Config {
     /// The Redis URL, if one is set and not empty.
     pub fn redis(&self) -> Option<&str> {
         self.redis_url
+            .as_deref()
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+    }
+
+    /// The bus's Redis URL, if one is set and not empty.
+    pub fn bus(&self) -> Option<&str> {
+        self.bus_redis
             .as_deref()
             .map(str::trim)
             .filter(|u| !u.is_empty())

@@ -231,6 +231,92 @@ async fn two_services_over_one_memcached_share_the_herd_protection() {
     b.stop().await;
 }
 
+/// Two processes of the example service over one memcached and one database, each with a near
+/// tier, on one bus (Redis pub/sub): a `PUT` in one is seen by the other's reads at once, where
+/// without the bus the other would serve its near copy for up to the near ttl (5 s). Processes,
+/// not two services in this one: caches over one server list in one process share their near
+/// tiers' fences, and would see each other's writes without the bus.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_put_in_one_process_is_seen_by_the_other_at_once_over_the_bus() {
+    let memcached = Memcached::start();
+    let redis = server::RedisServer::start();
+    let db = std::env::temp_dir().join(format!(
+        "newcache-webapp-test-{}-bus.sqlite",
+        std::process::id()
+    ));
+    service::remove_db(&db);
+    let exe = example_binary();
+    let client = reqwest::Client::new();
+    let get = async |url: &str| -> Value {
+        let r = client.get(url).send().await.unwrap();
+        assert_eq!(r.status(), 200, "GET {url}");
+        r.json().await.unwrap()
+    };
+    // One after the other: the first seeds the database.
+    let mut processes = Vec::new();
+    let mut bases = Vec::new();
+    for _ in 0..2 {
+        let port = server::free_port();
+        processes.push(server::Process::spawn(
+            std::process::Command::new(&exe)
+                .args(["--port", &port.to_string(), "--rows", "2000", "--db"])
+                .arg(&db)
+                .env("MEMCACHED_SERVERS", memcached.addr())
+                .env("NEAR_CACHE_MB", "16")
+                .env("BUS_REDIS", format!("redis://127.0.0.1:{}", redis.port))
+                .env_remove("REDIS_URL"),
+        ));
+        let base = format!("http://127.0.0.1:{port}");
+        let started = Instant::now();
+        while client.get(format!("{base}/healthz")).send().await.is_err() {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "{base} did not start"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        bases.push(base);
+    }
+    let (a, b) = (&bases[0], &bases[1]);
+    let user = format!("{b}/users/3");
+    let near_hits = async || get(&format!("{b}/stats")).await["cache"]["near_hits"].as_u64();
+
+    // b serves user 3 from its near copy (the first reads after its load may go to memcached).
+    let started = Instant::now();
+    while near_hits().await < Some(1) {
+        assert_eq!(get(&user).await["name"], "user-3");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "b keeps no near copy"
+        );
+    }
+    // A write comes at any time, not just after a read: a quiet second on the bus first.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let hits = near_hits().await;
+    assert_eq!(get(&user).await["name"], "user-3");
+    assert!(near_hits().await > hits, "b still serves its near copy");
+
+    let r = client
+        .put(format!("{a}/users/3"))
+        .json(&serde_json::json!({ "name": "bo" }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let written = Instant::now();
+    // A fifth of the near ttl: the bus's bound is tens of ms.
+    while get(&user).await["name"] != "bo" {
+        assert!(
+            written.elapsed() < Duration::from_secs(1),
+            "b still serves the old name 1 s after the PUT: {}",
+            get(&format!("{b}/stats")).await["cache"]
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    drop(processes);
+    service::remove_db(&db);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_is_prometheus_text_with_the_service_counters() {
     let svc = Service::start(Backend::Memory).await;

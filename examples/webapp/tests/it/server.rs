@@ -125,25 +125,28 @@ fn is_root() -> bool {
         .unwrap_or(false)
 }
 
-/// A `redis-server` on 127.0.0.1:port wanting `password`, killed when dropped.
+/// A `redis-server` on 127.0.0.1:port, killed when dropped.
 pub struct RedisServer {
     pub port: u16,
     child: Child,
 }
 
 impl RedisServer {
+    /// One that wants no password.
+    pub fn start() -> RedisServer {
+        RedisServer::start_with_args(&[])
+    }
+
     pub fn start_with_password(password: &str) -> RedisServer {
+        RedisServer::start_with_args(&["--requirepass", password])
+    }
+
+    fn start_with_args(args: &[&str]) -> RedisServer {
         let port = free_port();
         let child = Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args([
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--requirepass",
-                password,
-            ])
+            .args(["--save", "", "--appendonly", "no"])
+            .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -162,5 +165,27 @@ impl Drop for RedisServer {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// A child process, killed when dropped.
+pub struct Process(Child);
+
+impl Process {
+    pub fn spawn(command: &mut Command) -> Process {
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("the process starts");
+        Process(child)
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }

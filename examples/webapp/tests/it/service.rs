@@ -165,6 +165,7 @@ pub fn config_for(db: &Path, servers: &[String]) -> Config {
     // Explicitly, whatever MEMCACHED_SERVERS says in the environment.
     config.memcached_servers = servers.to_vec();
     config.near_cache_mb = 0;
+    config.bus_redis = None;
     config
 }
 
