@@ -7,6 +7,7 @@ mod allocations;
 mod async_cache;
 mod async_faults;
 mod behaviour;
+mod bus;
 mod cluster;
 #[cfg(feature = "redis")]
 mod cluster_hung_masters;
