@@ -489,7 +489,7 @@ mod another_process {
             (true, true) => "near exit",
             (true, false) => "near",
             (false, true) => "exit",
-            (false, false) => "",
+            (false, false) => "plain",
         };
         let mut child = Command::new(std::env::current_exe().unwrap())
             .args(["--exact", "bus::child_writes_on_the_bus", "--ignored"])
@@ -499,9 +499,12 @@ mod another_process {
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();
-        let out = BufReader::new(child.stdout.take().unwrap());
-        let written = out.lines().map_while(Result::ok).any(|l| l.contains("written"));
+        // Read to its end before the child is waited for: a child whose stdout is closed fails
+        // to print its test summary.
+        let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
+        let written = out.by_ref().map_while(Result::ok).any(|l| l.contains("written"));
         assert!(written, "the child wrote (its stdout closed first)");
+        let drain = thread::spawn(move || out.for_each(drop));
         let reference = builder.flavor(flavor).build().unwrap();
         assert_eq!(
             reference.get::<String>("k").unwrap().as_deref(),
@@ -513,6 +516,7 @@ mod another_process {
         let took = seen(&cache, "k", Some("from the child"), "another process's write");
         eprintln!("another process's write seen after {took:?}");
         drop(child.stdin.take());
+        drain.join().unwrap();
         assert!(child.wait().unwrap().success(), "the child failed");
     }
 
