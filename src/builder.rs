@@ -49,6 +49,10 @@ pub const MIN_NEAR_CAPACITY: u64 = 64 << 10;
 /// The longest [`CacheBuilder::near_ttl`]: how stale another process's write may be seen.
 pub const MAX_NEAR_TTL: Duration = Duration::from_secs(3600);
 
+/// The default [`CacheBuilder::near_bus_heartbeat`]: 1 s (a lost message is noticed within
+/// about three).
+pub const DEFAULT_BUS_HEARTBEAT: Duration = Duration::from_secs(1);
+
 impl Cache {
     /// Starts configuring a cache; see [`CacheBuilder`] for the settings and their defaults.
     pub fn builder() -> CacheBuilder {
@@ -188,6 +192,7 @@ enum BackendChoice {
 /// | `early_refresh` β | off | finite and above zero |
 /// | `near_cache` | off | at least [`MIN_NEAR_CAPACITY`] (64 KiB) |
 /// | `near_ttl` | 5 s | above zero, at most [`MAX_NEAR_TTL`] (an hour); needs `near_cache` |
+/// | `near_bus_heartbeat` | 1 s | 10 ms to 60 s; needs `near_bus` |
 /// | `connect_timeout`, `io_timeout` | 500 ms | above zero, at most an hour |
 /// | `retry_interval` | 1 s | at most a day |
 /// | `pool_size`, `async_connections`, `failure_limit` | 16, 2, 2 | at least 1 |
@@ -227,6 +232,7 @@ pub struct CacheBuilder {
     format: Format,
     near: Option<crate::near::NearSettings>,
     bus: Option<Arc<dyn crate::near::bus::BusTransport>>,
+    bus_heartbeat: Option<Duration>,
     custom_clock: bool,
     #[cfg(feature = "redis-tls")]
     redis_tls: Option<crate::backend::redis::RedisTls>,
@@ -263,6 +269,7 @@ impl Default for CacheBuilder {
             format: Format::default(),
             near: None,
             bus: None,
+            bus_heartbeat: None,
             custom_clock: false,
             #[cfg(feature = "redis-tls")]
             redis_tls: None,
@@ -796,12 +803,66 @@ impl CacheBuilder {
         self
     }
 
-    /// Puts this cache on `bus` (work in progress, issue 51): its writes are announced there
-    /// after they land, and the near tier drops the copies of the keys other caches on the bus
-    /// announce (or every copy, when a message may have been lost).
-    #[doc(hidden)]
+    /// Puts this cache on `bus`, which keeps the near copies of every cache on it coherent
+    /// ([`RedisBus`](crate::RedisBus) between processes, [`InProcessBus`](crate::InProcessBus)
+    /// within one).
+    ///
+    /// Each write of this cache (a `set`, a `delete`, a load's store, a `clear`...) is
+    /// announced on the bus once it returned, as the keys it wrote (never values; a write
+    /// whose outcome is unknown, or whose async caller went away, once it may have landed);
+    /// the claims of the herd protocol change no value and are not announced. Every other
+    /// cache on the bus drops its copies of those keys as it hears them. Without a near
+    /// tier, the cache only announces.
+    ///
+    /// **What a copy may lag, with the bus** (beyond what [`near_cache`] says of this
+    /// process's own writes):
+    /// - another newcache process's write: until its message arrives (a publish and a
+    ///   delivery: tens of milliseconds on a healthy bus);
+    /// - after a lost message, until the loss is noticed: a gap in a cache's numbering is
+    ///   seen with its next message, at the latest its next heartbeat; a cache silent for
+    ///   three [heartbeats](CacheBuilder::near_bus_heartbeat), a broken subscription, or this
+    ///   cache's own messages not coming back for three heartbeats (a paused bus) flush every
+    ///   copy. Until the bus carries this cache's own messages again, its near tier serves no
+    ///   hits (reads go to the shared store). A cache that starts, or restarts, flushes
+    ///   nobody's copies;
+    /// - a writer that dies between its write and its message, and writers outside newcache
+    ///   (redis-cli, the memcache crate, django-newcache), announce nothing: their writes are
+    ///   seen within the [`near_ttl`](CacheBuilder::near_ttl), as without a bus;
+    /// - the shared store down: as [`near_cache`] says (copies within their staleness bound
+    ///   are served through the outage, whatever the bus).
+    ///
+    /// `build` waits for the cache to hear its own first message (at most the connect timeout
+    /// plus the I/O timeout); a bus that is down does not fail the build: the near tier
+    /// serves no hits until it is up. Counted in [`Stats`](crate::Stats)'s `bus_*` fields.
+    ///
+    /// ```
+    /// use newcache::{Cache, InProcessBus};
+    ///
+    /// let bus = InProcessBus::new();
+    /// let shared = newcache::MemoryBackend::new(64 << 20, std::sync::Arc::new(newcache::SystemClock));
+    /// let shared = std::sync::Arc::new(shared);
+    /// let a = Cache::builder().backend(shared.clone()).near_cache(1 << 20).near_bus(bus.clone()).build()?;
+    /// let b = Cache::builder().backend(shared).near_cache(1 << 20).near_bus(bus).build()?;
+    /// a.set("k", "v1", std::time::Duration::from_secs(60))?;
+    /// assert_eq!(b.get::<String>("k")?.as_deref(), Some("v1"));
+    /// a.set("k", "v2", std::time::Duration::from_secs(60))?;
+    /// # std::thread::sleep(std::time::Duration::from_millis(200));
+    /// assert_eq!(b.get::<String>("k")?.as_deref(), Some("v2"));
+    /// # Ok::<(), newcache::Error>(())
+    /// ```
+    ///
+    /// [`near_cache`]: CacheBuilder::near_cache
     pub fn near_bus(mut self, bus: Arc<dyn crate::BusTransport>) -> Self {
         self.bus = Some(bus);
+        self
+    }
+
+    /// How often this cache's bus thread sends a heartbeat when it has sent nothing else:
+    /// another cache silent for three heartbeats, or this cache's own messages not heard back
+    /// for three, flush the near tier. Default [`DEFAULT_BUS_HEARTBEAT`] (1 s); 10 ms to 60 s.
+    /// Only with [`near_bus`](CacheBuilder::near_bus).
+    pub fn near_bus_heartbeat(mut self, every: Duration) -> Self {
+        self.bus_heartbeat = Some(every);
         self
     }
 
@@ -1110,6 +1171,18 @@ impl CacheBuilder {
                 )));
             }
         }
+        if let Some(every) = self.bus_heartbeat {
+            if self.bus.is_none() {
+                return Err(Error::config(
+                    "near_bus_heartbeat needs near_bus (there is no bus to send heartbeats on)",
+                ));
+            }
+            if !(Duration::from_millis(10)..=Duration::from_secs(60)).contains(&every) {
+                return Err(Error::config(format!(
+                    "near_bus_heartbeat must be between 10 ms and 60 s, got {every:?}"
+                )));
+            }
+        }
         if let Some(beta) = self.early_beta {
             if !(beta.is_finite() && beta > 0.0) {
                 return Err(Error::config(format!(
@@ -1205,6 +1278,11 @@ impl CacheBuilder {
                 .saturating_add(self.server.io_timeout.saturating_mul(2)),
             private_store,
             bus: self.bus,
+            bus_heartbeat: self.bus_heartbeat.unwrap_or(DEFAULT_BUS_HEARTBEAT),
+            bus_wait: self
+                .server
+                .connect_timeout
+                .saturating_add(self.server.io_timeout),
             custom_clock: self.custom_clock,
         })
     }

@@ -46,8 +46,12 @@ pub(crate) struct Config {
     /// Whether the store is this cache's alone (the memory backend the builder made): no other
     /// cache's near tier can hold its values, so its writes need no fence unless it has one.
     pub(crate) private_store: bool,
-    /// The bus this cache announces its writes on and hears others' on (issue 51).
+    /// The bus this cache announces its writes on and hears others' on.
     pub(crate) bus: Option<Arc<dyn crate::near::bus::BusTransport>>,
+    /// How often its bus thread sends a heartbeat when it sent nothing else.
+    pub(crate) bus_heartbeat: Duration,
+    /// How long `build` waits for the bus to carry this cache's first message.
+    pub(crate) bus_wait: Duration,
     /// Whether `clock` is the builder's own (a caller's clock is read on every near hit; the
     /// system clock is ticked).
     pub(crate) custom_clock: bool,

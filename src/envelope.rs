@@ -212,6 +212,13 @@ pub(crate) enum Parsed<'a> {
     Newer(u8),
 }
 
+/// Whether `bytes` (stored with `flags`) are a claim of the herd protocol: a placeholder, or a
+/// value re-stored under a claim token. A claim changes no value a reader is served, so the
+/// bus does not announce it.
+pub(crate) fn is_claim(flags: u32, bytes: &[u8]) -> bool {
+    matches!(decode(flags, bytes), Ok(Parsed::Item(h, _)) if h.token != 0 || h.kind == Kind::Placeholder)
+}
+
 /// Splits an item into its header and payload.
 ///
 /// Anything that is not a newcache item (other flags, no marker, a truncated or inconsistent

@@ -238,9 +238,9 @@ pub use backend::redis::RedisTls;
 pub use backend::redis::{RedisBackend, RedisBus, RedisCluster, RedisConfig, ReplicaWait};
 pub use backend::{Backend, Item, StoreMode, StoreOutcome, Write};
 pub use builder::{
-    CacheBuilder, DEFAULT_HERD_TIMEOUT, DEFAULT_LEASE_TTL, DEFAULT_MAX_LOAD_TIME, DEFAULT_MAX_WAIT,
-    DEFAULT_NAME, DEFAULT_TTL, MAX_ITEM_SIZE, MAX_NEAR_TTL, MIN_ITEM_SIZE, MIN_LEASE_TTL,
-    MIN_NEAR_CAPACITY,
+    CacheBuilder, DEFAULT_BUS_HEARTBEAT, DEFAULT_HERD_TIMEOUT, DEFAULT_LEASE_TTL,
+    DEFAULT_MAX_LOAD_TIME, DEFAULT_MAX_WAIT, DEFAULT_NAME, DEFAULT_TTL, MAX_ITEM_SIZE,
+    MAX_NEAR_TTL, MIN_ITEM_SIZE, MIN_LEASE_TTL, MIN_NEAR_CAPACITY,
 };
 pub use cache::{Cache, DecodePolicy, FailurePolicy, Herd};
 pub use clock::{Clock, SystemClock};

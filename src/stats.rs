@@ -245,6 +245,25 @@ stats! {
     /// Copies served past the near ttl because the shared store did not answer (within their
     /// staleness bound, with [`serve_stale_on_error`](crate::CacheBuilder::serve_stale_on_error)).
     near_outage_served => "newcache_near_outage_served_total",
+    /// Messages this cache sent on its bus ([`near_bus`](crate::CacheBuilder::near_bus)):
+    /// its writes' keys (batched), flushes and heartbeats.
+    bus_sent,
+    /// Messages this cache heard from other caches on its bus.
+    bus_received,
+    /// Keys whose near copies this cache dropped because another cache announced a write.
+    bus_keys_dropped,
+    /// Sequence gaps: messages of another cache this cache did not hear (each flushed its
+    /// near tier).
+    bus_gaps,
+    /// Times this cache dropped every near copy because of its bus: another cache's `clear`,
+    /// or a possible loss (a gap, a silent cache, a broken subscription, its own messages not
+    /// heard back).
+    bus_flushes,
+    /// Times the bus's subscription broke and came back.
+    bus_reconnects,
+    /// Heartbeats missed: another cache silent for three heartbeats, or this cache's own
+    /// messages not heard back for as long.
+    bus_heartbeats_missed,
 }
 
 /// Events of one batch counted in place and added to `counter` once, when the tally is

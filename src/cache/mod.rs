@@ -121,10 +121,15 @@ impl Cache {
         let fenced = !config.private_store || config.near.is_some() || config.bus.is_some();
         let domain =
             fenced.then(|| crate::near::fence::Domain::of(&config.servers, &config.backend));
+        let mut bus_healthy = None;
         if let Some(domain) = &domain {
             let station = config.bus.clone().map(|bus| {
-                let heartbeat = std::time::Duration::from_secs(1);
-                crate::near::bus::Station::join(bus, domain.clone(), heartbeat)
+                let station = crate::near::bus::Station::join(bus, domain, config.bus_heartbeat);
+                // Serve no copy before the bus is known to carry this cache's messages; wait
+                // for that a little (a transport that connects), not for a bus that is down.
+                station.wait_healthy(config.bus_wait);
+                bus_healthy = Some(station.healthy());
+                Arc::new(station)
             });
             #[cfg(feature = "tokio")]
             let settle = config.write_settle.max(config.async_backend.settle_time());
@@ -149,7 +154,14 @@ impl Cache {
         let near = config.near.clone().zip(domain).map(|(settings, domain)| {
             use crate::near::{Near, clock::NearClock};
             let clock = NearClock::new(config.custom_clock.then(|| config.clock.clone()));
-            Near::new(&settings, domain, clock, stats.clone(), config.early_beta)
+            Near::new(
+                &settings,
+                domain,
+                clock,
+                stats.clone(),
+                config.early_beta,
+                bus_healthy,
+            )
         });
         let renewer = Renewer::new(config.backend.clone(), config.clock.clone());
         let rng = Rng::new(config.seed);

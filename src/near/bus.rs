@@ -10,7 +10,13 @@
 //! must not become a read storm); a sender that leaves says so and is forgotten.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use super::fence::Domain;
 
 /// What a message says.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -167,8 +173,10 @@ impl Sender {
 /// What the near tier does with what the receiver heard.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Heard {
-    /// Nothing to do (its own message, a heartbeat in order, a new sender, a leave).
+    /// Nothing to do (a heartbeat in order, a new sender, a leave).
     Nothing,
+    /// The receiver's own message, back: the bus carries what this cache sends.
+    Echo,
     /// Drop these keys' copies.
     Drop(Vec<String>),
     /// Drop every copy: a `clear`, or a loss (why).
@@ -229,7 +237,7 @@ impl Receiver {
     /// A message heard at `now_ms`.
     pub(crate) fn on_message(&mut self, now_ms: u64, m: Message) -> Heard {
         if m.sender == self.me {
-            return Heard::Nothing;
+            return Heard::Echo;
         }
         if m.body == Body::Leave {
             self.peers.remove(&m.sender);
@@ -322,10 +330,10 @@ mod tests {
     fn a_receiver_drops_flushes_and_tells_losses() {
         let mut r = Receiver::new(1, 3_000);
         let mut a = Sender::new(2, 1);
-        // its own messages are skipped
+        // its own messages are only an echo
         assert_eq!(
             r.on_message(0, Sender::new(1, 9).next(Body::Flush)),
-            Heard::Nothing
+            Heard::Echo
         );
         // a new sender starts anywhere in its numbering: no loss
         a.next(Body::Heartbeat);
@@ -369,28 +377,48 @@ mod tests {
     }
 }
 
-/// What a transport hands its listener.
+/// What a transport hands its listeners.
 #[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
 pub enum BusEvent<'a> {
     /// A message's bytes.
     Message(&'a [u8]),
-    /// The transport reconnected (or was cut off and came back): messages may have been lost.
+    /// The transport lost its subscription (a connection that failed, or a subscriber cut
+    /// off by the server): messages are being missed until it says [`Reconnected`].
+    ///
+    /// [`Reconnected`]: BusEvent::Reconnected
+    Disconnected,
+    /// The transport subscribed (again): messages sent meanwhile may have been missed.
     Reconnected,
 }
 
-/// A listener of a [`BusTransport`].
-pub type BusListener = Arc<dyn Fn(BusEvent<'_>) + Send + Sync>;
+/// A listener of a [`BusTransport`]: `false` once its cache is gone (the transport may
+/// forget it).
+pub type BusListener = Arc<dyn Fn(BusEvent<'_>) -> bool + Send + Sync>;
 
-/// What moves the near tiers' messages between caches: an in-process bus for one process and
-/// for tests, Redis pub/sub between processes (issue 51).
+/// What carries the near tiers' messages between caches ([`CacheBuilder::near_bus`]):
+/// [`InProcessBus`] within one process, [`RedisBus`](crate::RedisBus) between processes.
+///
+/// A transport delivers each message to every listener, its sender's own included (a cache
+/// hears its own messages back, and knows from them that the bus carries what it sends). It
+/// may lose messages: receivers notice (a gap in a sender's numbering, a silent sender, their
+/// own messages not heard back) and flush. It must say when its subscription breaks and when
+/// it is back ([`BusEvent::Disconnected`], [`BusEvent::Reconnected`]).
+///
+/// `publish` is called from the cache's bus thread, never from a caller's thread or a runtime.
+///
+/// [`CacheBuilder::near_bus`]: crate::CacheBuilder::near_bus
 pub trait BusTransport: std::fmt::Debug + Send + Sync {
-    /// Sends `message` to every listener (this one's own included: a receiver skips its own).
+    /// Sends `message` to every listener. A message it cannot send is dropped (receivers see
+    /// the loss).
     fn publish(&self, message: &[u8]);
-    /// Adds a listener.
+    /// Adds a listener: every message published from now on (once subscribed) is handed to it.
     fn subscribe(&self, listener: BusListener);
 }
 
-/// A bus within one process: every published message is handed to every listener at once.
+/// A bus within one process: every published message is handed to every listener at once, on
+/// the publishing thread. For caches of one process that share no store (a store they share
+/// is fenced without a bus), and for tests.
 #[derive(Default)]
 pub struct InProcessBus {
     listeners: parking_lot::Mutex<Vec<BusListener>>,
@@ -414,98 +442,377 @@ impl InProcessBus {
 impl BusTransport for InProcessBus {
     fn publish(&self, message: &[u8]) {
         let listeners = self.listeners.lock().clone();
-        for l in listeners {
-            l(BusEvent::Message(message));
+        let mut gone = Vec::new();
+        for l in &listeners {
+            if !l(BusEvent::Message(message)) {
+                gone.push(l.clone());
+            }
+        }
+        if !gone.is_empty() {
+            self.listeners
+                .lock()
+                .retain(|l| !gone.iter().any(|g| Arc::ptr_eq(l, g)));
         }
     }
     fn subscribe(&self, listener: BusListener) {
-        self.listeners.lock().push(listener);
+        self.listeners.lock().push(listener.clone());
+        // Subscribed at once: say so, as a transport that connects does.
+        listener(BusEvent::Reconnected);
     }
 }
 
-/// One cache instance on a bus: announces its writes, and applies what it hears to its
-/// domain's stripes (a dropped key's stripe bumped, a flush's count bumped).
+/// The most key bytes one message carries: a batch larger than this goes in several.
+const MAX_BATCH_BYTES: usize = 32 << 10;
+
+/// The bus's counters of one cache (added into its [`Stats`](crate::Stats)).
+#[derive(Debug, Default)]
+struct BusCounters {
+    sent: AtomicU64,
+    received: AtomicU64,
+    keys_dropped: AtomicU64,
+    gaps: AtomicU64,
+    flushes: AtomicU64,
+    reconnects: AtomicU64,
+    heartbeats_missed: AtomicU64,
+}
+
+fn bump(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
+}
+
+/// What the station's thread has to send.
+#[derive(Debug, Default)]
+struct Outbox {
+    /// Keys written (their writes returned).
+    keys: Vec<String>,
+    /// A `clear` returned: a flush, which covers every key.
+    flush: bool,
+    /// Writes whose outcome is unknown (or whose caller went away): announced once they may
+    /// have landed.
+    later: Vec<(Instant, Option<Vec<String>>)>,
+    /// The cache is gone: send what is left, say it leaves, stop.
+    leaving: bool,
+}
+
+/// The state a station's listener and thread share.
+#[derive(Debug)]
+struct Shared {
+    transport: Arc<dyn BusTransport>,
+    outbox: Mutex<Outbox>,
+    wake: Condvar,
+    receiver: Mutex<Receiver>,
+    /// Whether the bus is known to carry this cache's messages (its own come back, and its
+    /// subscription has not broken since): the near tier serves hits only then.
+    healthy: Arc<AtomicBool>,
+    /// When this cache last heard its own message (ms since `origin`).
+    echo_ms: AtomicU64,
+    /// Whether the transport ever said it subscribed (its first subscription is no reconnect).
+    subscribed: AtomicBool,
+    /// Whether this cache's near tier may hold copies filled while the bus was not known
+    /// healthy (set once `build` stopped waiting for it): the bus's recovery flushes them.
+    armed: AtomicBool,
+    domain: Weak<Domain>,
+    heartbeat: Duration,
+    origin: Instant,
+    counters: BusCounters,
+}
+
+impl Shared {
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// How long silence (a peer's, or this cache's own echo) may last: three heartbeats.
+    fn silent_after(&self) -> Duration {
+        self.heartbeat * 3
+    }
+
+    /// Every copy stops being served.
+    fn flush(&self) {
+        bump(&self.counters.flushes, 1);
+        if let Some(domain) = self.domain.upgrade() {
+            domain.flushed();
+        }
+    }
+
+    /// Messages may be missed from now on: flush, and serve no copy until this cache hears
+    /// itself again.
+    fn lose(&self) {
+        self.healthy.store(false, Ordering::SeqCst);
+        self.flush();
+    }
+
+    fn on_event(&self, event: BusEvent<'_>) {
+        let heard = match event {
+            BusEvent::Message(bytes) => self.receiver.lock().on_bytes(self.now_ms(), bytes),
+            BusEvent::Disconnected => return self.lose(),
+            BusEvent::Reconnected => {
+                self.receiver.lock().on_reconnect();
+                self.wake.notify_one();
+                // Its first subscription: nothing was missed, and no copy of this cache's
+                // exists to flush (nor should its siblings' be).
+                if self.subscribed.swap(true, Ordering::SeqCst) {
+                    bump(&self.counters.reconnects, 1);
+                    self.lose();
+                }
+                return;
+            }
+        };
+        match heard {
+            Heard::Echo => {
+                self.echo_ms.store(self.now_ms(), Ordering::SeqCst);
+                if !self.healthy.load(Ordering::SeqCst) {
+                    // Whatever was filled while messages may have been missed goes; what is
+                    // filled from now on is covered by the messages this cache hears.
+                    if self.armed.load(Ordering::SeqCst) {
+                        self.flush();
+                    }
+                    self.healthy.store(true, Ordering::SeqCst);
+                }
+            }
+            Heard::Nothing => bump(&self.counters.received, 1),
+            Heard::Drop(keys) => {
+                bump(&self.counters.received, 1);
+                bump(&self.counters.keys_dropped, keys.len() as u64);
+                if let Some(domain) = self.domain.upgrade() {
+                    domain.dropped(keys.iter().map(String::as_str));
+                }
+            }
+            Heard::Flush(loss) => {
+                if loss != Loss::Malformed {
+                    bump(&self.counters.received, 1);
+                }
+                if loss == Loss::Gap {
+                    bump(&self.counters.gaps, 1);
+                }
+                self.flush();
+            }
+        }
+    }
+
+    /// The station's thread: sends what the outbox holds (batched: every key pending when it
+    /// wakes goes in one message), a heartbeat after a heartbeat's silence, and watches for
+    /// silent peers and its own missing echo.
+    fn run(self: Arc<Shared>, mut sender: Sender) {
+        let mut last_sent: Option<Instant> = None;
+        let send = |sender: &mut Sender, body: Body, last: &mut Option<Instant>| {
+            let bytes = sender.next(body).encode();
+            self.transport.publish(&bytes);
+            bump(&self.counters.sent, 1);
+            *last = Some(Instant::now());
+        };
+        loop {
+            let healthy = self.healthy.load(Ordering::SeqCst);
+            // Unhealthy, it says hello often, to hear itself back soon.
+            let every = match healthy {
+                true => self.heartbeat,
+                false => (self.heartbeat / 10).max(Duration::from_millis(10)),
+            };
+            let tick = Instant::now() + (every / 4).max(Duration::from_millis(2));
+            let (keys, flush, leaving) = {
+                let mut o = self.outbox.lock();
+                loop {
+                    let now = Instant::now();
+                    let mut due = Vec::new();
+                    o.later.retain_mut(|(at, keys)| {
+                        let ready = *at <= now;
+                        if ready {
+                            due.push(keys.take());
+                        }
+                        !ready
+                    });
+                    for keys in due {
+                        match keys {
+                            Some(keys) => o.keys.extend(keys),
+                            None => o.flush = true,
+                        }
+                    }
+                    let ready = o.flush || !o.keys.is_empty() || (o.leaving && o.later.is_empty());
+                    if ready || now >= tick {
+                        break;
+                    }
+                    let until = o.later.iter().map(|(at, _)| *at).fold(tick, Instant::min);
+                    self.wake.wait_until(&mut o, until);
+                }
+                let leaving = o.leaving && o.later.is_empty();
+                (
+                    std::mem::take(&mut o.keys),
+                    std::mem::take(&mut o.flush),
+                    leaving,
+                )
+            };
+            if flush {
+                send(&mut sender, Body::Flush, &mut last_sent);
+            } else if !keys.is_empty() {
+                let mut batch = Vec::new();
+                let mut bytes = 0;
+                for k in keys {
+                    bytes += k.len() + 2;
+                    batch.push(k);
+                    if bytes >= MAX_BATCH_BYTES {
+                        send(
+                            &mut sender,
+                            Body::Drop(std::mem::take(&mut batch)),
+                            &mut last_sent,
+                        );
+                        bytes = 0;
+                    }
+                }
+                if !batch.is_empty() {
+                    send(&mut sender, Body::Drop(batch), &mut last_sent);
+                }
+            }
+            if leaving {
+                send(&mut sender, Body::Leave, &mut last_sent);
+                return;
+            }
+            if last_sent.is_none_or(|at| at.elapsed() >= every) {
+                send(&mut sender, Body::Heartbeat, &mut last_sent);
+            }
+            let now_ms = self.now_ms();
+            if let Heard::Flush(_) = self.receiver.lock().on_tick(now_ms) {
+                bump(&self.counters.heartbeats_missed, 1);
+                self.flush();
+            }
+            let silent_ms = u64::try_from(self.silent_after().as_millis()).unwrap_or(u64::MAX);
+            let echo = self.echo_ms.load(Ordering::SeqCst);
+            if self.healthy.load(Ordering::SeqCst) && now_ms.saturating_sub(echo) > silent_ms {
+                // Its own messages stopped coming back: a paused bus, a broken publisher or
+                // a subscription that broke without a word.
+                bump(&self.counters.heartbeats_missed, 1);
+                self.lose();
+            }
+        }
+    }
+}
+
+/// One cache instance on a bus: announces its writes (after they land) from a thread of its
+/// own, and applies what it hears to its domain's stripes (a dropped key's stripe bumped, a
+/// flush's count bumped). Dropped with its cache: the thread sends what is left, says the
+/// cache leaves, and ends.
 #[derive(Debug)]
 pub(crate) struct Station {
-    transport: Arc<dyn BusTransport>,
-    sender: parking_lot::Mutex<Sender>,
+    shared: Arc<Shared>,
 }
 
 impl Station {
-    /// Joins `transport` as a new instance whose copies live in `domain`: a listener applies
-    /// what it hears, and a thread sends a heartbeat every `heartbeat` and treats a known
-    /// sender silent for three of them as a loss. The thread ends with the station (which
-    /// says it leaves).
+    /// Joins `transport` as a new cache instance whose copies live in `domain`, sending a
+    /// heartbeat after each `heartbeat` of silence.
     pub(crate) fn join(
         transport: Arc<dyn BusTransport>,
-        domain: Arc<super::fence::Domain>,
-        heartbeat: std::time::Duration,
-    ) -> Arc<Station> {
+        domain: &Arc<Domain>,
+        heartbeat: Duration,
+    ) -> Station {
         let id = (u128::from(crate::rng::entropy()) << 64) | u128::from(crate::rng::entropy());
         let epoch = crate::rng::entropy();
-        let silent_after_ms = 3 * heartbeat.as_millis() as u64;
-        let receiver = Arc::new(parking_lot::Mutex::new(Receiver::new(id, silent_after_ms)));
-        let origin = std::time::Instant::now();
-        let now = move || origin.elapsed().as_millis() as u64;
-        let apply = |domain: &super::fence::Domain, heard: Heard| match heard {
-            Heard::Nothing => {}
-            Heard::Drop(keys) => domain.dropped(keys.iter().map(String::as_str)),
-            Heard::Flush(_) => domain.flushed(),
-        };
-        let weak = Arc::downgrade(&domain);
-        let heard_by = receiver.clone();
-        transport.subscribe(Arc::new(move |event| {
-            let Some(domain) = weak.upgrade() else {
-                return;
-            };
-            let heard = match event {
-                BusEvent::Message(bytes) => heard_by.lock().on_bytes(now(), bytes),
-                BusEvent::Reconnected => heard_by.lock().on_reconnect(),
-            };
-            apply(&domain, heard);
-        }));
-        let station = Arc::new(Station {
-            transport,
-            sender: parking_lot::Mutex::new(Sender::new(id, epoch)),
+        let silent_after_ms = u64::try_from((heartbeat * 3).as_millis()).unwrap_or(u64::MAX);
+        let shared = Arc::new(Shared {
+            transport: transport.clone(),
+            outbox: Mutex::default(),
+            wake: Condvar::new(),
+            receiver: Mutex::new(Receiver::new(id, silent_after_ms)),
+            healthy: Arc::new(AtomicBool::new(false)),
+            echo_ms: AtomicU64::new(0),
+            subscribed: AtomicBool::new(false),
+            armed: AtomicBool::new(false),
+            domain: Arc::downgrade(domain),
+            heartbeat,
+            origin: Instant::now(),
+            counters: BusCounters::default(),
         });
-        let (weak_station, weak_domain) = (Arc::downgrade(&station), Arc::downgrade(&domain));
-        let _ = std::thread::Builder::new()
+        let weak = Arc::downgrade(&shared);
+        transport.subscribe(Arc::new(move |event| match weak.upgrade() {
+            Some(shared) => {
+                shared.on_event(event);
+                true
+            }
+            None => false,
+        }));
+        let runner = shared.clone();
+        let spawned = std::thread::Builder::new()
             .name("newcache-bus".into())
-            .spawn(move || {
-                loop {
-                    std::thread::sleep(heartbeat);
-                    let (Some(station), Some(domain)) =
-                        (weak_station.upgrade(), weak_domain.upgrade())
-                    else {
-                        return;
-                    };
-                    station.send(Body::Heartbeat);
-                    let heard = receiver.lock().on_tick(now());
-                    apply(&domain, heard);
-                }
-            });
-        station
+            .spawn(move || runner.run(Sender::new(id, epoch)));
+        if let Err(e) = spawned {
+            tracing::warn!(
+                "newcache: the bus thread did not start ({e}); the near tier serves no hits"
+            );
+        }
+        Station { shared }
     }
 
-    fn send(&self, body: Body) {
-        let bytes = self.sender.lock().next(body).encode();
-        self.transport.publish(&bytes);
+    /// Whether the bus is known to carry this cache's messages: its near tier serves hits
+    /// only while this holds.
+    pub(crate) fn healthy(&self) -> Arc<AtomicBool> {
+        self.shared.healthy.clone()
     }
 
-    /// Announces that `keys` were written (after the write).
-    pub(crate) fn announce<'k>(&self, keys: impl IntoIterator<Item = &'k str>) {
-        self.send(Body::Drop(keys.into_iter().map(str::to_owned).collect()));
+    /// Waits up to `timeout` until the bus is known healthy, before the cache's near tier
+    /// exists; from then on, a recovery of the bus flushes it.
+    pub(crate) fn wait_healthy(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let healthy = loop {
+            if self.shared.healthy.load(Ordering::SeqCst) {
+                break true;
+            }
+            if Instant::now() >= deadline {
+                break false;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        self.shared.armed.store(true, Ordering::SeqCst);
+        healthy
     }
 
-    /// Announces a `clear`.
-    pub(crate) fn announce_flush(&self) {
-        self.send(Body::Flush);
+    /// Announces that `keys` were written: now, or, for writes that may still land
+    /// (`settle`), once they may have.
+    pub(crate) fn announce(&self, keys: &[&str], settle: Option<Duration>) {
+        if !keys.is_empty() {
+            self.announce_owned(keys.iter().map(|k| k.to_string()).collect(), settle);
+        }
+    }
+
+    /// As [`announce`](Station::announce), keys owned.
+    pub(crate) fn announce_owned(&self, keys: Vec<String>, settle: Option<Duration>) {
+        if keys.is_empty() {
+            return;
+        }
+        let mut o = self.shared.outbox.lock();
+        match settle {
+            None => o.keys.extend(keys),
+            Some(d) => o.later.push((Instant::now() + d, Some(keys))),
+        }
+        drop(o);
+        self.shared.wake.notify_one();
+    }
+
+    /// Announces a `clear` (that may still land, with `settle`).
+    pub(crate) fn announce_flush(&self, settle: Option<Duration>) {
+        let mut o = self.shared.outbox.lock();
+        match settle {
+            None => o.flush = true,
+            Some(d) => o.later.push((Instant::now() + d, None)),
+        }
+        drop(o);
+        self.shared.wake.notify_one();
+    }
+
+    /// Adds the bus's counters to `stats`.
+    pub(crate) fn report(&self, stats: &mut crate::Stats) {
+        let c = &self.shared.counters;
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        stats.bus_sent += load(&c.sent);
+        stats.bus_received += load(&c.received);
+        stats.bus_keys_dropped += load(&c.keys_dropped);
+        stats.bus_gaps += load(&c.gaps);
+        stats.bus_flushes += load(&c.flushes);
+        stats.bus_reconnects += load(&c.reconnects);
+        stats.bus_heartbeats_missed += load(&c.heartbeats_missed);
     }
 }
 
 impl Drop for Station {
     fn drop(&mut self) {
-        // Its silence from now on is not a loss.
-        self.send(Body::Leave);
+        self.shared.outbox.lock().leaving = true;
+        self.shared.wake.notify_one();
     }
 }

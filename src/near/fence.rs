@@ -246,21 +246,13 @@ impl Domain {
     }
 }
 
-/// Announces `keys` on the bus: at once, or, for a write that may still land, once it may
-/// have (a thread that waits out `settle`).
-fn announce_after(station: &Arc<super::bus::Station>, keys: Vec<String>, settle: Option<Duration>) {
-    match settle {
-        None => station.announce(keys.iter().map(String::as_str)),
-        Some(d) => {
-            let station = station.clone();
-            let _ = std::thread::Builder::new()
-                .name("newcache-bus-settle".into())
-                .spawn(move || {
-                    std::thread::sleep(d);
-                    station.announce(keys.iter().map(String::as_str));
-                });
-        }
-    }
+/// The keys of `writes` the bus announces: every write but the herd protocol's claims.
+fn announced<'w, 'k: 'w>(writes: impl IntoIterator<Item = &'w Write<'k>>) -> Vec<&'k str> {
+    writes
+        .into_iter()
+        .filter(|w| !crate::envelope::is_claim(w.flags, w.value))
+        .map(|w| w.key)
+        .collect()
 }
 
 /// A write's settle time if its outcome is unknown (it may still land).
@@ -288,9 +280,11 @@ pub(crate) struct Fenced {
 }
 
 impl Fenced {
+    /// Runs `write` of `keys`, fenced, then announces `announce` on the bus.
     fn around<T>(
         &self,
         keys: &[&str],
+        announce: &[&str],
         write: impl FnOnce() -> T,
         settle: impl FnOnce(&T) -> Option<Duration>,
     ) -> T {
@@ -310,18 +304,19 @@ impl Fenced {
             let settle = settle(&r);
             self.domain.end(&stripes, settle);
             if let Some(station) = &self.station {
-                announce_after(
-                    station,
-                    keys.iter().map(|k| k.to_string()).collect(),
-                    settle,
-                );
+                station.announce(announce, settle);
             }
         }
         r
     }
 
     fn one<T>(&self, key: &str, write: impl FnOnce() -> Result<T>) -> Result<T> {
-        self.around(&[key], write, |r| unknown(r, self.settle))
+        self.around(&[key], &[key], write, |r| unknown(r, self.settle))
+    }
+
+    fn store_one<T>(&self, w: &Write<'_>, write: impl FnOnce() -> Result<T>) -> Result<T> {
+        let announce = announced([w]);
+        self.around(&[w.key], &announce, write, |r| unknown(r, self.settle))
     }
 }
 
@@ -333,15 +328,16 @@ impl Backend for Fenced {
         self.inner.get_many(keys)
     }
     fn store(&self, w: Write<'_>) -> Result<StoreOutcome> {
-        self.one(w.key, || self.inner.store(w))
+        self.store_one(&w, || self.inner.store(w))
     }
     fn store_then_get(&self, w: Write<'_>) -> Result<(StoreOutcome, Option<Item>)> {
-        self.one(w.key, || self.inner.store_then_get(w))
+        self.store_one(&w, || self.inner.store_then_get(w))
     }
     fn store_many(&self, writes: &[Write<'_>]) -> Vec<Result<StoreOutcome>> {
         let keys: Vec<&str> = writes.iter().map(|w| w.key).collect();
         self.around(
             &keys,
+            &announced(writes),
             || self.inner.store_many(writes),
             |r| any_unknown(r, self.settle),
         )
@@ -352,12 +348,19 @@ impl Backend for Fenced {
     fn delete_many(&self, keys: &[&str]) -> Vec<Result<bool>> {
         self.around(
             keys,
+            keys,
             || self.inner.delete_many(keys),
             |r| any_unknown(r, self.settle),
         )
     }
     fn touch(&self, key: &str, exptime: u32) -> Result<bool> {
-        self.one(key, || self.inner.touch(key, exptime))
+        // A touch changes no value: nothing to announce.
+        self.around(
+            &[key],
+            &[],
+            || self.inner.touch(key, exptime),
+            |r| unknown(r, self.settle),
+        )
     }
     fn incr(&self, key: &str, delta: u64) -> Result<Option<u64>> {
         self.one(key, || self.inner.incr(key, delta))
@@ -370,7 +373,7 @@ impl Backend for Fenced {
         let r = self.inner.flush_all();
         self.domain.flush_end(unknown(&r, self.settle));
         if let Some(station) = &self.station {
-            station.announce_flush();
+            station.announce_flush(unknown(&r, self.settle));
         }
         r
     }
@@ -379,7 +382,7 @@ impl Backend for Fenced {
         let r = self.inner.clear(prefix);
         self.domain.flush_end(unknown(&r, self.settle));
         if let Some(station) = &self.station {
-            station.announce_flush();
+            station.announce_flush(unknown(&r, self.settle));
         }
         r
     }
@@ -387,7 +390,10 @@ impl Backend for Fenced {
         self.inner.max_value_size(key)
     }
     fn report(&self, stats: &mut crate::Stats) {
-        self.inner.report(stats)
+        self.inner.report(stats);
+        if let Some(station) = &self.station {
+            station.report(stats);
+        }
     }
     fn ping(&self) -> std::result::Result<(), crate::ping::PingError> {
         self.inner.ping()
@@ -402,7 +408,7 @@ mod nonblocking {
     use std::sync::Arc;
     use std::time::Duration;
 
-    use super::{Domain, Stripes, any_unknown, unknown};
+    use super::{Domain, Stripes, announced, any_unknown, unknown};
     use crate::backend::{AsyncBackend, BoxFuture, Item, StoreOutcome, Write};
     use crate::error::Result;
 
@@ -435,8 +441,8 @@ mod nonblocking {
                 return;
             };
             match &self.stripes {
-                Some(_) => super::announce_after(station, std::mem::take(&mut self.keys), settle),
-                None => station.announce_flush(),
+                Some(_) => station.announce_owned(std::mem::take(&mut self.keys), settle),
+                None => station.announce_flush(settle),
             }
         }
     }
@@ -474,6 +480,7 @@ mod nonblocking {
         fn around<'a, T: Send + 'a>(
             &'a self,
             keys: Option<&[&str]>,
+            announce: &[&str],
             write: impl FnOnce() -> BoxFuture<'a, T>,
             settle: fn(&T, Duration) -> Option<Duration>,
         ) -> BoxFuture<'a, T> {
@@ -484,9 +491,9 @@ mod nonblocking {
                     None
                 }
             };
-            let announced = match (&self.station, keys) {
-                (Some(_), Some(keys)) => keys.iter().map(|k| k.to_string()).collect(),
-                _ => Vec::new(),
+            let announced = match &self.station {
+                Some(_) => announce.iter().map(|k| k.to_string()).collect(),
+                None => Vec::new(),
             };
             let flight = InFlight {
                 fenced: self,
@@ -511,13 +518,24 @@ mod nonblocking {
             self.inner.get_many(keys)
         }
         fn store<'a>(&'a self, w: Write<'a>) -> BoxFuture<'a, Result<StoreOutcome>> {
-            self.around(Some(&[w.key]), || self.inner.store(w), unknown)
+            self.around(
+                Some(&[w.key]),
+                &announced([&w]),
+                || self.inner.store(w),
+                unknown,
+            )
         }
         fn store_then_get<'a>(
             &'a self,
             w: Write<'a>,
         ) -> BoxFuture<'a, Result<(StoreOutcome, Option<Item>)>> {
-            self.around(Some(&[w.key]), || self.inner.store_then_get(w), unknown)
+            let announce = announced([&w]);
+            self.around(
+                Some(&[w.key]),
+                &announce,
+                || self.inner.store_then_get(w),
+                unknown,
+            )
         }
         fn store_many<'a>(
             &'a self,
@@ -526,34 +544,51 @@ mod nonblocking {
             let keys: Vec<&str> = writes.iter().map(|w| w.key).collect();
             self.around(
                 Some(&keys),
+                &announced(writes),
                 || self.inner.store_many(writes),
                 |r, d| any_unknown(r, d),
             )
         }
         fn delete<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool>> {
-            self.around(Some(&[key]), || self.inner.delete(key), unknown)
+            self.around(Some(&[key]), &[key], || self.inner.delete(key), unknown)
         }
         fn delete_many<'a>(&'a self, keys: &'a [&'a str]) -> BoxFuture<'a, Vec<Result<bool>>> {
             self.around(
                 Some(keys),
+                keys,
                 || self.inner.delete_many(keys),
                 |r, d| any_unknown(r, d),
             )
         }
         fn touch<'a>(&'a self, key: &'a str, exptime: u32) -> BoxFuture<'a, Result<bool>> {
-            self.around(Some(&[key]), || self.inner.touch(key, exptime), unknown)
+            self.around(
+                Some(&[key]),
+                &[],
+                || self.inner.touch(key, exptime),
+                unknown,
+            )
         }
         fn incr<'a>(&'a self, key: &'a str, delta: u64) -> BoxFuture<'a, Result<Option<u64>>> {
-            self.around(Some(&[key]), || self.inner.incr(key, delta), unknown)
+            self.around(
+                Some(&[key]),
+                &[key],
+                || self.inner.incr(key, delta),
+                unknown,
+            )
         }
         fn decr<'a>(&'a self, key: &'a str, delta: u64) -> BoxFuture<'a, Result<Option<u64>>> {
-            self.around(Some(&[key]), || self.inner.decr(key, delta), unknown)
+            self.around(
+                Some(&[key]),
+                &[key],
+                || self.inner.decr(key, delta),
+                unknown,
+            )
         }
         fn flush_all(&self) -> BoxFuture<'_, Result<()>> {
-            self.around(None, || self.inner.flush_all(), unknown)
+            self.around(None, &[], || self.inner.flush_all(), unknown)
         }
         fn clear<'a>(&'a self, prefix: Option<&'a str>) -> BoxFuture<'a, Result<()>> {
-            self.around(None, || self.inner.clear(prefix), unknown)
+            self.around(None, &[], || self.inner.clear(prefix), unknown)
         }
         fn max_value_size(&self, key: &str) -> usize {
             self.inner.max_value_size(key)

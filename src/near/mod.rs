@@ -9,8 +9,6 @@
 //! copy is never served after a write to its key returned, and a read sent before a write
 //! ended never fills.
 
-// The bus (issue 51): work in progress.
-#[allow(dead_code)]
 pub(crate) mod bus;
 pub(crate) mod clock;
 pub(crate) mod fence;
@@ -154,6 +152,9 @@ pub(crate) struct Near {
     early: Option<f64>,
     /// Whether serving copies past the near ttl in an outage was logged yet (once).
     outage_logged: AtomicBool,
+    /// With a bus: whether it is known to carry this cache's messages (copies are served as
+    /// hits only then).
+    bus_healthy: Option<Arc<AtomicBool>>,
 }
 
 impl std::fmt::Debug for Near {
@@ -172,6 +173,7 @@ impl Near {
         clock: NearClock,
         counters: Arc<Counters>,
         early_beta: Option<f64>,
+        bus_healthy: Option<Arc<AtomicBool>>,
     ) -> Near {
         let estimated = usize::try_from(s.capacity / 1024)
             .unwrap_or(usize::MAX)
@@ -190,6 +192,7 @@ impl Near {
             max_copy: 0,
             early: early_beta.map(|beta| beta * 10.0),
             outage_logged: AtomicBool::new(false),
+            bus_healthy,
         };
         // A sixteenth of the capacity, and never more than one shard of the copies admits
         // (their shards are per core: many cores, small shards).
@@ -210,6 +213,11 @@ impl Near {
     /// within its window), and younger than the near ttl.
     #[inline]
     pub(crate) fn serves(&self, c: &Copy) -> bool {
+        if let Some(healthy) = &self.bus_healthy {
+            if !healthy.load(Ordering::Acquire) {
+                return false;
+            }
+        }
         let slack = self.clock.slack_ms();
         let young = self.clock.age_ms() + slack < c.ticket.sent_ms.saturating_add(self.ttl_ms);
         let ahead = match self.early {
@@ -392,6 +400,7 @@ mod tests {
             Domain::of(&[], &backend),
             clock,
             counters.clone(),
+            None,
             None,
         );
         (near, counters)

@@ -1,21 +1,98 @@
-//! Redis (or Valkey) pub/sub as the near tiers' bus (issue 51, work in progress): one channel,
-//! a subscriber thread per transport that reconnects and says so (its listeners flush), and a
-//! publishing connection made on demand (a message that cannot be sent is lost, which the
-//! receivers see as a gap).
+//! Redis (or Valkey) pub/sub as the near tiers' bus: one channel (`PUBLISH`/`SUBSCRIBE`), or
+//! on a Redis Cluster one sharded channel (`SPUBLISH`/`SSUBSCRIBE` on the master that owns the
+//! channel's slot). Per transport, a subscriber thread that says when its subscription breaks
+//! and when it is back (a slot that moves breaks it), and one publishing connection made on
+//! demand: a message it cannot send is lost, which its receivers see as a gap.
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use parking_lot::Mutex;
+use redis::Value;
 
+use super::slots::{parse_slots, slot_of};
 use crate::near::bus::{BusEvent, BusListener, BusTransport};
 
 /// How long the subscriber waits for a message before it checks that its bus still exists.
 const POLL: Duration = Duration::from_millis(200);
 
-/// A pub/sub channel on one Redis or Valkey server as a [`BusTransport`].
+/// How long a connect, a publish or a subscribe may take: a server that does not answer in
+/// this time is treated as gone (the bus's own heartbeats tell its caches).
+const IO: Duration = Duration::from_millis(500);
+
+/// Where the channel lives.
+#[derive(Debug, Clone)]
+enum Where {
+    /// One server: `PUBLISH` and `SUBSCRIBE`.
+    Server(Box<redis::Client>),
+    /// A cluster, reached through these seeds: `SPUBLISH` and `SSUBSCRIBE` on the master
+    /// serving the channel's slot.
+    Cluster(Vec<redis::Client>),
+}
+
+impl Where {
+    /// A connection to the server that carries `channel`.
+    fn connect(&self, channel: &str) -> Option<redis::Connection> {
+        let client = match self {
+            Where::Server(client) => (**client).clone(),
+            Where::Cluster(seeds) => Where::owner(seeds, channel)?,
+        };
+        let conn = client.get_connection_with_timeout(IO).ok()?;
+        conn.set_read_timeout(Some(IO)).ok()?;
+        conn.set_write_timeout(Some(IO)).ok()?;
+        Some(conn)
+    }
+
+    /// The master that serves `channel`'s slot, asked of the first seed that answers.
+    fn owner(seeds: &[redis::Client], channel: &str) -> Option<redis::Client> {
+        let slot = slot_of(channel.as_bytes());
+        seeds.iter().find_map(|seed| {
+            let mut conn = seed.get_connection_with_timeout(IO).ok()?;
+            conn.set_read_timeout(Some(IO)).ok()?;
+            let reply: Value = redis::cmd("CLUSTER").arg("SLOTS").query(&mut conn).ok()?;
+            let asked = seed.get_connection_info().addr().to_string();
+            let ranges = parse_slots(reply, &asked).ok()?;
+            let range = ranges
+                .into_iter()
+                .find(|r| (r.first..=r.last).contains(&slot))?;
+            let mut info = seed.get_connection_info().clone();
+            let (host, port) = range.addr.rsplit_once(':')?;
+            let host = host.trim_start_matches('[').trim_end_matches(']');
+            info = info.set_addr(redis::ConnectionAddr::Tcp(
+                host.to_owned(),
+                port.parse().ok()?,
+            ));
+            redis::Client::open(info).ok()
+        })
+    }
+
+    fn sharded(&self) -> bool {
+        matches!(self, Where::Cluster(_))
+    }
+}
+
+/// A Redis or Valkey pub/sub channel as a [`BusTransport`]: [`RedisBus::new`] on one server
+/// (beside any shared tier: memcached, Redis), [`RedisBus::cluster`] on a Redis Cluster.
+///
+/// One subscriber connection and one publishing connection per `RedisBus`, shared by every
+/// cache given it; the subscriber runs on a thread of its own (on either front end: it never
+/// takes a runtime's worker, and a bus needs no runtime). A server that restarts, a
+/// subscriber killed or cut off by its output-buffer limit, a slot that moves: the subscriber
+/// says it lost its subscription, reconnects, and says so (its caches flush their near
+/// tiers, and serve no near hits until they hear themselves again).
+///
+/// ```no_run
+/// use newcache::{Cache, RedisBus};
+///
+/// let cache = Cache::builder()
+///     .memcached(["127.0.0.1:11211"])
+///     .near_cache(64 << 20)
+///     .near_bus(RedisBus::new("redis://127.0.0.1:6379", "newcache-bus")?)
+///     .build()?;
+/// # Ok::<(), newcache::Error>(())
+/// ```
 pub struct RedisBus {
-    client: redis::Client,
+    place: Where,
     channel: String,
     publisher: Mutex<Option<redis::Connection>>,
     listeners: Arc<Mutex<Vec<BusListener>>>,
@@ -26,64 +103,121 @@ impl std::fmt::Debug for RedisBus {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisBus")
             .field("channel", &self.channel)
+            .field("sharded", &self.place.sharded())
             .finish_non_exhaustive()
     }
 }
 
+fn client(url: &str) -> crate::Result<redis::Client> {
+    redis::Client::open(url).map_err(|e| crate::Error::config(format!("the bus's Redis URL: {e}")))
+}
+
 impl RedisBus {
-    /// The bus on `channel` of the server at `url` (`redis://host:port`); nothing connects
-    /// before the first message or listener.
+    /// The bus on `channel` of the server at `url` (`redis://host:port`, with a password or a
+    /// database as redis-rs reads them). Nothing connects before the first cache joins it.
     ///
     /// # Errors
     /// `is_config()` for a URL redis-rs does not read.
     pub fn new(url: &str, channel: impl Into<String>) -> crate::Result<Arc<RedisBus>> {
-        let client = redis::Client::open(url)
-            .map_err(|e| crate::Error::config(format!("the bus's Redis URL: {e}")))?;
-        Ok(Arc::new(RedisBus {
-            client,
-            channel: channel.into(),
+        Ok(RedisBus::with(Where::Server(Box::new(client(url)?)), channel.into()))
+    }
+
+    /// The bus on the sharded channel `channel` of the Redis Cluster that `seeds` (URLs of
+    /// some of its nodes) belong to: published with `SPUBLISH` and heard with `SSUBSCRIBE` on
+    /// the master that serves the channel's slot, so the bus loads one shard, not every node.
+    /// A slot that moves ends the subscription: it counts as a reconnect.
+    ///
+    /// # Errors
+    /// `is_config()` for no seed, or a URL redis-rs does not read.
+    pub fn cluster(
+        seeds: impl IntoIterator<Item = impl AsRef<str>>,
+        channel: impl Into<String>,
+    ) -> crate::Result<Arc<RedisBus>> {
+        let seeds = seeds
+            .into_iter()
+            .map(|s| client(s.as_ref()))
+            .collect::<crate::Result<Vec<_>>>()?;
+        if seeds.is_empty() {
+            return Err(crate::Error::config("RedisBus::cluster needs a seed"));
+        }
+        Ok(RedisBus::with(Where::Cluster(seeds), channel.into()))
+    }
+
+    fn with(place: Where, channel: String) -> Arc<RedisBus> {
+        Arc::new(RedisBus {
+            place,
+            channel,
             publisher: Mutex::new(None),
             listeners: Arc::default(),
             subscribed: Mutex::new(false),
-        }))
+        })
     }
 
     /// The subscriber: connects, subscribes, tells the listeners it (re)connected, and hands
-    /// them every message until the connection fails or the bus is gone.
-    fn listen(client: redis::Client, channel: String, listeners: Weak<Mutex<Vec<BusListener>>>) {
+    /// them every message until the subscription breaks (then says so, and starts over) or
+    /// the bus is dropped.
+    fn listen(place: Where, channel: String, listeners: Weak<Mutex<Vec<BusListener>>>) {
         let tell = |event: BusEvent<'_>| -> bool {
             let Some(listeners) = listeners.upgrade() else {
                 return false;
             };
-            let listeners = listeners.lock().clone();
-            for l in listeners {
-                l(event);
+            let all = listeners.lock().clone();
+            let gone: Vec<_> = all.iter().filter(|l| !l(event)).cloned().collect();
+            if !gone.is_empty() {
+                listeners
+                    .lock()
+                    .retain(|l| !gone.iter().any(|g| Arc::ptr_eq(l, g)));
             }
             true
         };
+        let (subscribe, message, unsubscribe) = match place.sharded() {
+            true => ("SSUBSCRIBE", "smessage", "sunsubscribe"),
+            false => ("SUBSCRIBE", "message", "unsubscribe"),
+        };
         loop {
-            let Ok(mut conn) = client.get_connection_with_timeout(Duration::from_secs(1)) else {
+            let subscribed = place.connect(&channel).and_then(|mut conn| {
+                let cmd = redis::cmd(subscribe).arg(&channel).get_packed_command();
+                conn.send_packed_command(&cmd).ok()?;
+                // The confirmation: `[subscribe, channel, count]`.
+                match conn.recv_response().ok()? {
+                    Value::Array(v) if v.len() == 3 => Some(conn),
+                    Value::Push { data, .. } if data.len() == 3 => Some(conn),
+                    _ => None,
+                }
+            });
+            let Some(mut conn) = subscribed else {
                 if listeners.strong_count() == 0 {
                     return;
                 }
                 std::thread::sleep(POLL);
                 continue;
             };
-            let _ = conn.set_read_timeout(Some(POLL));
-            let mut pubsub = conn.as_pubsub();
-            if pubsub.subscribe(&channel).is_err() {
+            if conn.set_read_timeout(Some(POLL)).is_err() {
                 continue;
             }
             if !tell(BusEvent::Reconnected) {
                 return;
             }
             loop {
-                match pubsub.get_message() {
-                    Ok(msg) => {
-                        if !tell(BusEvent::Message(msg.get_payload_bytes())) {
-                            return;
+                match conn.recv_response() {
+                    Ok(Value::Array(parts) | Value::Push { data: parts, .. }) => {
+                        match (parts.first(), parts.get(2)) {
+                            (Some(Value::BulkString(kind)), Some(Value::BulkString(payload)))
+                                if kind == message.as_bytes()
+                                    && !tell(BusEvent::Message(payload)) =>
+                            {
+                                return;
+                            }
+                            // Unsubscribed by the server (a sharded channel's slot moved).
+                            (Some(Value::BulkString(kind)), _)
+                                if kind == unsubscribe.as_bytes() =>
+                            {
+                                break;
+                            }
+                            _ => {}
                         }
                     }
+                    Ok(_) => {}
                     Err(e) if e.is_timeout() => {
                         if listeners.strong_count() == 0 {
                             return;
@@ -91,6 +225,9 @@ impl RedisBus {
                     }
                     Err(_) => break,
                 }
+            }
+            if !tell(BusEvent::Disconnected) {
+                return;
             }
         }
     }
@@ -100,19 +237,21 @@ impl BusTransport for RedisBus {
     fn publish(&self, message: &[u8]) {
         let mut publisher = self.publisher.lock();
         if publisher.is_none() {
-            *publisher = self
-                .client
-                .get_connection_with_timeout(Duration::from_secs(1))
-                .ok();
+            *publisher = self.place.connect(&self.channel);
         }
         let Some(conn) = publisher.as_mut() else {
             return;
         };
-        let sent: redis::RedisResult<i64> = redis::cmd("PUBLISH")
+        let command = match self.place.sharded() {
+            true => "SPUBLISH",
+            false => "PUBLISH",
+        };
+        let sent: redis::RedisResult<i64> = redis::cmd(command)
             .arg(&self.channel)
             .arg(message)
             .query(conn);
         if sent.is_err() {
+            // A broken connection, a timeout, a slot that moved: connect anew next time.
             *publisher = None;
         }
     }
@@ -122,11 +261,11 @@ impl BusTransport for RedisBus {
         let mut subscribed = self.subscribed.lock();
         if !*subscribed {
             *subscribed = true;
-            let (client, channel) = (self.client.clone(), self.channel.clone());
+            let (place, channel) = (self.place.clone(), self.channel.clone());
             let listeners = Arc::downgrade(&self.listeners);
             let _ = std::thread::Builder::new()
                 .name("newcache-bus-redis".into())
-                .spawn(move || RedisBus::listen(client, channel, listeners));
+                .spawn(move || RedisBus::listen(place, channel, listeners));
         }
     }
 }
