@@ -1030,6 +1030,7 @@ fn a_restarted_sender_flushes_nothing(via: Via) {
     let writer = on_bus(env.apart(1), bus.transport());
     seed(&seeder(&env), &["k", "j"], "old");
     filled(&reader, "j", "old");
+    filled(&reader, "k", "old");
     writer.set("k", "v1", S(3600)).unwrap();
     seen(&reader, "k", Some("v1"), "the first writer's write");
     filled(&reader, "k", "v1");
@@ -1038,7 +1039,11 @@ fn a_restarted_sender_flushes_nothing(via: Via) {
     thread::sleep(10 * HEARTBEAT);
     for key in ["j", "k"] {
         let (_, hit) = read(&reader, key);
-        assert!(hit, "a sender that left: {key}'s copy is still served");
+        assert!(
+            hit,
+            "a sender that left: {key}'s copy is still served: {before:?} -> {:?}",
+            reader.stats()
+        );
     }
     let restarted = on_bus(env.apart(1), bus.transport());
     restarted.set("other", "x", S(3600)).unwrap();
