@@ -31,10 +31,14 @@ const CAPACITY: u64 = 1 << 20;
 const WITHIN: Duration = Duration::from_secs(5);
 
 /// The heartbeat of the loss tests: short, so that their bounds (a few heartbeats) are short.
-const HEARTBEAT: Duration = Duration::from_millis(100);
+const HEARTBEAT: Duration = Duration::from_millis(200);
 
 /// How long the loss tests give a flush that the bus promises within about three heartbeats.
-const LOSS_BOUND: Duration = Duration::from_millis(20 * 100);
+const LOSS_BOUND: Duration = Duration::from_millis(15 * 200);
+
+/// The heartbeat of the tests that check that nothing is flushed: long enough that a loaded
+/// machine does not delay a cache's own messages past three of them.
+const CALM_HEARTBEAT: Duration = Duration::from_millis(500);
 
 /// How the counter `f` grew from `before` to `after`.
 fn delta(before: &Stats, after: &Stats, f: fn(&Stats) -> u64) -> u64 {
@@ -70,8 +74,9 @@ fn seen_within(cache: &Cache, key: &str, want: Option<&str>, bound: Duration, wh
         }
         assert!(
             start.elapsed() < bound,
-            "{what}: {key} still read as {got:?}, not {want:?}, {:?} after the write",
-            start.elapsed()
+            "{what}: {key} still read as {got:?}, not {want:?}, {:?} after the write: {:?}",
+            start.elapsed(),
+            cache.stats()
         );
         thread::sleep(MS(2));
     }
@@ -101,6 +106,12 @@ fn serves_again(cache: &Cache, key: &str, bound: Duration, what: &str) -> Option
         );
         thread::sleep(MS(10));
     }
+}
+
+/// `b` with a connect timeout for a loaded machine (the default, 500 ms, is short with a dozen
+/// processes on two cores); `build` waits up to it (and the I/O timeout) for the bus too.
+fn patient(b: CacheBuilder) -> CacheBuilder {
+    b.connect_timeout(S(5))
 }
 
 /// Which transport a test's caches are on.
@@ -182,21 +193,38 @@ fn tier(kind: Kind, tag: &str) -> (Env, Box<dyn std::any::Any>) {
     }
 }
 
-/// Which of [`Env::apart`]'s ways to reach `kind`'s store the test's three caches take: on the
-/// shared cluster, not the way the tests running beside it do (`apart(0)`), so that the
-/// flushes it causes do not drop their copies.
-fn three_ways(kind: Kind) -> [usize; 3] {
-    match kind {
+/// The builders of the test's three caches, over `env`'s store reached three ways that share
+/// no fence domain ([`Env::apart`]). On the shared cluster, the first is not the way the other
+/// tests reach it: it names one node (a different one on each transport `via`, so that the
+/// cluster tests of this file do not share it either) as `localhost`, so that the flushes of
+/// this test (its `clear`) do not drop the copies of the tests running beside it, nor theirs
+/// this test's. Each with whether it can `clear`: a cache over a wrapped Redis backend cannot
+/// (its `clear` is the backend's `flush_all`, which Redis refuses).
+fn three_ways(env: &Env, via: Via) -> [(CacheBuilder, bool); 3] {
+    let wrapped = !env.kind.is_redis();
+    match env.kind {
         #[cfg(feature = "redis")]
-        Kind::RedisCluster => [1, 2, 3],
-        _ => [0, 1, 2],
+        Kind::RedisCluster => {
+            let seeds = crate::fixture::shared_redis_cluster();
+            let seed = seeds[via as usize % seeds.len()].replace("127.0.0.1", "localhost");
+            [
+                (env.builder().redis_cluster([seed]), true),
+                (env.apart(2), wrapped),
+                (env.apart(3), wrapped),
+            ]
+        }
+        _ => [
+            (env.apart(0), true),
+            (env.apart(1), true),
+            (env.apart(2), wrapped),
+        ],
     }
 }
 
 /// A cache that is on no bus and shares no fence domain with the test's caches: it writes the
 /// values the test starts from without telling anyone.
 fn seeder(env: &Env) -> Cache {
-    env.apart(3).build().unwrap()
+    patient(env.apart(3)).build().unwrap()
 }
 
 /// Sets every key to `value` through `seeder` (announced to no one).
@@ -266,23 +294,20 @@ fn writes_are_seen_by_the_other_caches(kind: Kind, via: Via) {
     let (env, _servers) = tier(kind, "seen");
     let bus = Bus::new(via);
     let one = bus.transport();
-    let ways = three_ways(kind);
+    let [(a, a_clears), (b, b_clears), (c, c_clears)] = three_ways(&env, via);
     let caches = [
-        env.apart(ways[0]).near_cache(CAPACITY).near_bus(one.clone()),
-        env.apart(ways[1]).near_cache(CAPACITY).near_bus(one),
-        env.apart(ways[2]).near_cache(CAPACITY).near_bus(bus.transport()),
+        a.near_bus(one.clone()),
+        b.near_bus(one),
+        c.near_bus(bus.transport()),
     ]
-    .map(|b| b.build().unwrap());
-    // A cache over a wrapped Redis backend has no `clear` (it is the backend's, which only
-    // knows `flush_all`, refused on Redis).
-    let clears = |w: usize| ways[w] < 2 || !kind.is_redis();
+    .map(|b| patient(b).near_cache(CAPACITY).build().unwrap());
+    let clears = |w: usize| [a_clears, b_clears, c_clears][w];
     let seeder = seeder(&env);
     seed(&seeder, &["untouched"], "u");
     for c in &caches {
         filled(c, "untouched", "u");
     }
     for (w, writer) in caches.iter().enumerate() {
-        let others: Vec<&Cache> = (0..3).filter(|&o| o != w).map(|o| &caches[o]).collect();
         let k = |name: &str| format!("{name}-{w}");
         let (set, async_set, delete) = (k("set"), k("async-set"), k("delete"));
         let (many, dm) = ([k("many-a"), k("many-b")], [k("dm-a"), k("dm-b")]);
@@ -298,9 +323,10 @@ fn writes_are_seen_by_the_other_caches(kind: Kind, via: Via) {
         }
         let before: Vec<Stats> = caches.iter().map(Cache::stats).collect();
         let check = |keys: &[&String], want: Option<&str>, what: &str| {
-            for o in &others {
+            for o in (0..3).filter(|&o| o != w) {
                 for key in keys {
-                    seen(o, key, want, &format!("{what} through cache {w}"));
+                    let what = format!("{what} through cache {w}, read by cache {o}");
+                    seen(&caches[o], key, want, &what);
                 }
             }
         };
@@ -327,7 +353,12 @@ fn writes_are_seen_by_the_other_caches(kind: Kind, via: Via) {
         for o in (0..3).filter(|&o| o != w) {
             let (v, hit) = read(&caches[o], "untouched");
             assert_eq!(v.as_deref(), Some("u"));
-            assert!(hit, "cache {o} still serves a key no one wrote (writer {w})");
+            assert!(
+                hit,
+                "cache {o} still serves a key no one wrote (writer {w}): {:?} -> {:?}",
+                before[o],
+                caches[o].stats()
+            );
         }
 
         let after: Vec<Stats> = caches.iter().map(Cache::stats).collect();
@@ -370,9 +401,11 @@ fn writes_are_seen_by_the_other_caches(kind: Kind, via: Via) {
 fn a_cache_without_a_near_tier_announces_its_writes(via: Via) {
     let env = Env::new(Kind::Memcached, "writer_only");
     let bus = Bus::new(via);
-    let writer = env.apart(1).near_bus(bus.transport()).build().unwrap();
-    let reader = env
-        .apart(2)
+    let writer = patient(env.apart(1))
+        .near_bus(bus.transport())
+        .build()
+        .unwrap();
+    let reader = patient(env.apart(2))
         .near_cache(CAPACITY)
         .near_bus(bus.transport())
         .build()
@@ -449,7 +482,7 @@ fn child_writes_on_the_bus() {
         true => b.near_cache(CAPACITY),
         false => b,
     };
-    let cache = b
+    let cache = patient(b)
         .near_bus(newcache::RedisBus::new(bus_url, channel).unwrap())
         .build()
         .unwrap();
@@ -475,8 +508,7 @@ mod another_process {
         let channel = unique_flavor("bus");
         let bus_url = crate::fixture::shared_redis();
         let clock = MockClock::new();
-        let cache = builder
-            .clone()
+        let cache = patient(builder.clone())
             .flavor(flavor.clone())
             .clock(clock.clone())
             .near_cache(CAPACITY)
@@ -568,6 +600,104 @@ mod another_process {
 }
 
 // ---------------------------------------------------------------------------------------------
+// A quiet bus.
+
+/// A transport that carried nothing for a while (its subscriber idle for a second) delivers
+/// every message published after that, in order, to a listener.
+fn a_quiet_transport_delivers_every_later_message(via: Via) {
+    let bus = Bus::new(via);
+    let transport = bus.transport();
+    let heard: Arc<Mutex<Vec<Vec<u8>>>> = Arc::default();
+    let up = Arc::new(AtomicBool::new(false));
+    let (h, u) = (heard.clone(), up.clone());
+    transport.subscribe(Arc::new(move |event| {
+        match event {
+            BusEvent::Message(m) => h.lock().unwrap().push(m.to_vec()),
+            BusEvent::Reconnected => u.store(true, Ordering::SeqCst),
+            _ => {}
+        }
+        true
+    }));
+    let deadline = Instant::now() + WITHIN;
+    while !up.load(Ordering::SeqCst) {
+        assert!(Instant::now() < deadline, "never subscribed");
+        thread::sleep(MS(5));
+    }
+    thread::sleep(S(1));
+    let sent: Vec<Vec<u8>> = (0..5u8).map(|i| vec![b'm', i]).collect();
+    for m in &sent {
+        transport.publish(m);
+        thread::sleep(MS(300));
+    }
+    let deadline = Instant::now() + WITHIN;
+    while heard.lock().unwrap().len() < sent.len() {
+        assert!(
+            Instant::now() < deadline,
+            "heard {:?} of {sent:?}",
+            heard.lock().unwrap()
+        );
+        thread::sleep(MS(5));
+    }
+    assert_eq!(*heard.lock().unwrap(), sent);
+}
+
+/// A cache on a healthy bus that nothing writes to keeps serving its copies: it hears its own
+/// heartbeats, so many heartbeats of quiet flush nothing (`bus_heartbeats_missed`,
+/// `bus_flushes` unchanged) and every read is a near hit.
+fn a_quiet_bus_keeps_the_copies(via: Via) {
+    let env = Env::new(Kind::Memory, "quiet");
+    let bus = Bus::new(via);
+    let cache = on_bus_every(env.apart(2), bus.transport(), CALM_HEARTBEAT);
+    let _peer = on_bus_every(env.apart(1), bus.transport(), CALM_HEARTBEAT);
+    seed(&seeder(&env), &["j"], "old");
+    filled(&cache, "j", "old");
+    let before = cache.stats();
+    for _ in 0..8 {
+        thread::sleep(CALM_HEARTBEAT);
+        let (v, hit) = read(&cache, "j");
+        assert_eq!(v.as_deref(), Some("old"));
+        assert!(hit, "a near hit after quiet heartbeats: {:?}", cache.stats());
+    }
+    let after = cache.stats();
+    assert_eq!(delta(&before, &after, |s| s.bus_heartbeats_missed), 0, "{after:?}");
+    assert_eq!(delta(&before, &after, |s| s.bus_flushes), 0, "{after:?}");
+}
+
+macro_rules! on_each_transport {
+    ($module:ident, $test:ident) => {
+        mod $module {
+            use super::*;
+
+            #[test]
+            fn in_process_bus() {
+                $test(Via::InProcess);
+            }
+
+            #[cfg(feature = "redis")]
+            #[test]
+            fn redis_bus() {
+                $test(Via::Redis);
+            }
+
+            #[cfg(feature = "redis")]
+            #[test]
+            fn valkey_bus() {
+                $test(Via::Valkey);
+            }
+
+            #[cfg(feature = "redis")]
+            #[test]
+            fn redis_cluster_bus() {
+                $test(Via::RedisCluster);
+            }
+        }
+    };
+}
+
+on_each_transport!(quiet_transport, a_quiet_transport_delivers_every_later_message);
+on_each_transport!(quiet_bus, a_quiet_bus_keeps_the_copies);
+
+// ---------------------------------------------------------------------------------------------
 // Without the bus: the near ttl.
 
 /// A transport that moves nothing: what it is given to publish goes nowhere, and its
@@ -586,8 +716,7 @@ impl BusTransport for Stopped {
 fn a_write_not_announced_is_seen_once_the_near_ttl_passed(kind: Kind) {
     let env = Env::new(kind, "stopped");
     let bus = InProcessBus::new();
-    let reader = env
-        .apart(2)
+    let reader = patient(env.apart(2))
         .near_cache(CAPACITY)
         .near_ttl(S(2))
         .near_bus(bus.clone())
@@ -595,8 +724,7 @@ fn a_write_not_announced_is_seen_once_the_near_ttl_passed(kind: Kind) {
         .build()
         .unwrap();
     // Another cache on the healthy bus: the reader hears a sender besides itself.
-    let _peer = env
-        .apart(1)
+    let _peer = patient(env.apart(1))
         .near_cache(CAPACITY)
         .near_bus(bus)
         .near_bus_heartbeat(HEARTBEAT)
@@ -787,9 +915,14 @@ impl BusTransport for Lossy {
 
 /// A cache of the loss tests: a near tier, on `transport`, heartbeats every [`HEARTBEAT`].
 fn on_bus(b: CacheBuilder, transport: Arc<dyn BusTransport>) -> Cache {
-    b.near_cache(CAPACITY)
+    on_bus_every(b, transport, HEARTBEAT)
+}
+
+fn on_bus_every(b: CacheBuilder, transport: Arc<dyn BusTransport>, heartbeat: Duration) -> Cache {
+    patient(b)
+        .near_cache(CAPACITY)
         .near_bus(transport)
-        .near_bus_heartbeat(HEARTBEAT)
+        .near_bus_heartbeat(heartbeat)
         .build()
         .unwrap()
 }
@@ -1026,8 +1159,8 @@ fn a_stopped_bus_server_stops_near_hits_until_it_runs_again() {
 fn a_restarted_sender_flushes_nothing(via: Via) {
     let env = Env::new(Kind::Memory, "restart");
     let bus = Bus::new(via);
-    let reader = on_bus(env.apart(2), bus.transport());
-    let writer = on_bus(env.apart(1), bus.transport());
+    let reader = on_bus_every(env.apart(2), bus.transport(), CALM_HEARTBEAT);
+    let writer = on_bus_every(env.apart(1), bus.transport(), CALM_HEARTBEAT);
     seed(&seeder(&env), &["k", "j"], "old");
     filled(&reader, "j", "old");
     filled(&reader, "k", "old");
@@ -1036,7 +1169,7 @@ fn a_restarted_sender_flushes_nothing(via: Via) {
     filled(&reader, "k", "v1");
     let before = reader.stats();
     drop(writer);
-    thread::sleep(10 * HEARTBEAT);
+    thread::sleep(5 * CALM_HEARTBEAT);
     for key in ["j", "k"] {
         let (_, hit) = read(&reader, key);
         assert!(
@@ -1045,9 +1178,9 @@ fn a_restarted_sender_flushes_nothing(via: Via) {
             reader.stats()
         );
     }
-    let restarted = on_bus(env.apart(1), bus.transport());
+    let restarted = on_bus_every(env.apart(1), bus.transport(), CALM_HEARTBEAT);
     restarted.set("other", "x", S(3600)).unwrap();
-    thread::sleep(10 * HEARTBEAT);
+    thread::sleep(5 * CALM_HEARTBEAT);
     for key in ["j", "k"] {
         let (_, hit) = read(&reader, key);
         assert!(hit, "a new sender: {key}'s copy is still served");
@@ -1097,14 +1230,12 @@ const STORM_BOUND: Duration = Duration::from_secs(1);
 fn a_storm_leaves_no_replaced_value_served(kind: Kind) {
     let (env, _servers) = tier(kind, "storm");
     let bus = Bus::new(Via::Redis);
-    let writer = env
-        .apart(1)
+    let writer = patient(env.apart(1))
         .near_cache(CAPACITY)
         .near_bus(bus.transport())
         .build()
         .unwrap();
-    let reader = env
-        .apart(0)
+    let reader = patient(env.apart(0))
         .near_cache(CAPACITY)
         .near_bus(bus.transport())
         .build_async()
@@ -1231,3 +1362,4 @@ mod storm {
         a_storm_leaves_no_replaced_value_served(Kind::Redis);
     }
 }
+
