@@ -517,6 +517,9 @@ mod another_process {
             .unwrap();
         cache.set("k", "v1", S(3600)).unwrap();
         filled(&cache, "k", "v1");
+        cache.set("j", "w", S(3600)).unwrap();
+        filled(&cache, "j", "w");
+        let before = cache.stats();
         let mode = match (child_near, child_exits) {
             (true, true) => "near exit",
             (true, false) => "near",
@@ -547,6 +550,11 @@ mod another_process {
         }
         let took = seen(&cache, "k", Some("from the child"), "another process's write");
         eprintln!("another process's write seen after {took:?}");
+        let (_, hit) = read(&cache, "j");
+        let after = cache.stats();
+        assert!(hit, "another key's copy is still served: {after:?}");
+        assert_eq!(delta(&before, &after, |s| s.bus_flushes), 0, "{after:?}");
+        assert!(delta(&before, &after, |s| s.bus_keys_dropped) >= 1, "{after:?}");
         drop(child.stdin.take());
         drain.join().unwrap();
         assert!(child.wait().unwrap().success(), "the child failed");
