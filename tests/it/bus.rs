@@ -65,7 +65,13 @@ fn filled(cache: &Cache, key: &str, want: &str) {
 /// Waits until `cache` reads `want` for `key`, within `bound` (of real time: the caches' clock
 /// does not move); how long it took.
 #[track_caller]
-fn seen_within(cache: &Cache, key: &str, want: Option<&str>, bound: Duration, what: &str) -> Duration {
+fn seen_within(
+    cache: &Cache,
+    key: &str,
+    want: Option<&str>,
+    bound: Duration,
+    what: &str,
+) -> Duration {
     let start = Instant::now();
     loop {
         let got = cache.get::<String>(key).unwrap();
@@ -311,10 +317,12 @@ fn writes_are_seen_by_the_other_caches(kind: Kind, via: Via) {
         let k = |name: &str| format!("{name}-{w}");
         let (set, async_set, delete) = (k("set"), k("async-set"), k("delete"));
         let (many, dm) = ([k("many-a"), k("many-b")], [k("dm-a"), k("dm-b")]);
-        let keys: Vec<&str> = [&set, &async_set, &delete, &many[0], &many[1], &dm[0], &dm[1]]
-            .into_iter()
-            .map(String::as_str)
-            .collect();
+        let keys: Vec<&str> = [
+            &set, &async_set, &delete, &many[0], &many[1], &dm[0], &dm[1],
+        ]
+        .into_iter()
+        .map(String::as_str)
+        .collect();
         seed(&seeder, &keys, "old");
         for c in &caches {
             for key in &keys {
@@ -413,7 +421,12 @@ fn a_cache_without_a_near_tier_announces_its_writes(via: Via) {
     seed(&seeder(&env), &["k"], "old");
     filled(&reader, "k", "old");
     writer.set("k", "new", S(3600)).unwrap();
-    seen(&reader, "k", Some("new"), "a write of a cache without a near tier");
+    seen(
+        &reader,
+        "k",
+        Some("new"),
+        "a write of a cache without a near tier",
+    );
     runtime().block_on(writer.to_async().delete("k")).unwrap();
     seen(&reader, "k", None, "its async delete");
 }
@@ -529,7 +542,10 @@ mod another_process {
         let mut child = Command::new(std::env::current_exe().unwrap())
             .args(["--exact", "bus::child_writes_on_the_bus", "--ignored"])
             .args(["--test-threads", "1", "--quiet", "--nocapture"])
-            .env(CHILD, [target.as_str(), &flavor, bus_url, &channel, mode].join("\n"))
+            .env(
+                CHILD,
+                [target.as_str(), &flavor, bus_url, &channel, mode].join("\n"),
+            )
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -537,7 +553,10 @@ mod another_process {
         // Read to its end before the child is waited for: a child whose stdout is closed fails
         // to print its test summary.
         let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
-        let written = out.by_ref().map_while(Result::ok).any(|l| l.contains("written"));
+        let written = out
+            .by_ref()
+            .map_while(Result::ok)
+            .any(|l| l.contains("written"));
         assert!(written, "the child wrote (its stdout closed first)");
         let drain = thread::spawn(move || out.for_each(drop));
         let reference = builder.flavor(flavor).build().unwrap();
@@ -548,13 +567,21 @@ mod another_process {
         if child_exits {
             assert!(child.wait().unwrap().success(), "the child failed");
         }
-        let took = seen(&cache, "k", Some("from the child"), "another process's write");
+        let took = seen(
+            &cache,
+            "k",
+            Some("from the child"),
+            "another process's write",
+        );
         eprintln!("another process's write seen after {took:?}");
         let (_, hit) = read(&cache, "j");
         let after = cache.stats();
         assert!(hit, "another key's copy is still served: {after:?}");
         assert_eq!(delta(&before, &after, |s| s.bus_flushes), 0, "{after:?}");
-        assert!(delta(&before, &after, |s| s.bus_keys_dropped) >= 1, "{after:?}");
+        assert!(
+            delta(&before, &after, |s| s.bus_keys_dropped) >= 1,
+            "{after:?}"
+        );
         drop(child.stdin.take());
         drain.join().unwrap();
         assert!(child.wait().unwrap().success(), "the child failed");
@@ -664,10 +691,18 @@ fn a_quiet_bus_keeps_the_copies(via: Via) {
         thread::sleep(CALM_HEARTBEAT);
         let (v, hit) = read(&cache, "j");
         assert_eq!(v.as_deref(), Some("old"));
-        assert!(hit, "a near hit after quiet heartbeats: {:?}", cache.stats());
+        assert!(
+            hit,
+            "a near hit after quiet heartbeats: {:?}",
+            cache.stats()
+        );
     }
     let after = cache.stats();
-    assert_eq!(delta(&before, &after, |s| s.bus_heartbeats_missed), 0, "{after:?}");
+    assert_eq!(
+        delta(&before, &after, |s| s.bus_heartbeats_missed),
+        0,
+        "{after:?}"
+    );
     assert_eq!(delta(&before, &after, |s| s.bus_flushes), 0, "{after:?}");
 }
 
@@ -702,7 +737,10 @@ macro_rules! on_each_transport {
     };
 }
 
-on_each_transport!(quiet_transport, a_quiet_transport_delivers_every_later_message);
+on_each_transport!(
+    quiet_transport,
+    a_quiet_transport_delivers_every_later_message
+);
 on_each_transport!(quiet_bus, a_quiet_bus_keeps_the_copies);
 
 // ---------------------------------------------------------------------------------------------
@@ -753,7 +791,11 @@ fn a_write_not_announced_is_seen_once_the_near_ttl_passed(kind: Kind) {
     // Ten heartbeats of real time: the bus says nothing of the write.
     thread::sleep(10 * HEARTBEAT);
     let (v, hit) = read(&reader, "k");
-    assert_eq!(v.as_deref(), Some("v1"), "the copy is served: nothing told the reader");
+    assert_eq!(
+        v.as_deref(),
+        Some("v1"),
+        "the copy is served: nothing told the reader"
+    );
     assert!(hit);
     env.advance(MS(1900));
     assert_eq!(
@@ -817,11 +859,7 @@ fn a_cache_that_never_hears_itself_serves_no_near_hits() {
         .connect_timeout(MS(300))
         .build()
         .unwrap();
-    assert!(
-        start.elapsed() < S(10),
-        "built after {:?}",
-        start.elapsed()
-    );
+    assert!(start.elapsed() < S(10), "built after {:?}", start.elapsed());
     let seeder = seeder(&env);
     seed(&seeder, &["k"], "v1");
     let before = cache.stats();
@@ -956,7 +994,13 @@ fn a_lost_message_flushes_within_the_heartbeat_bound(via: Via) {
     lossy.drop_next_naming(&writer.make_key("k"));
     writer.set("k", "new", S(3600)).unwrap();
     lossy.wait_dropped();
-    let took = seen_within(&reader, "k", Some("new"), LOSS_BOUND, "a write whose message was lost");
+    let took = seen_within(
+        &reader,
+        "k",
+        Some("new"),
+        LOSS_BOUND,
+        "a write whose message was lost",
+    );
     eprintln!("a lost message's key seen after {took:?}");
     let (v, hit) = read(&reader, "j");
     assert_eq!(v.as_deref(), Some("old"));
@@ -1006,13 +1050,19 @@ fn a_disconnected_bus_serves_no_near_hits_until_it_hears_itself() {
         assert!(!hit, "no near hit while the bus is down");
     }
     let during = cache.stats();
-    assert!(delta(&before, &during, |s| s.near_misses) >= 3, "{during:?}");
+    assert!(
+        delta(&before, &during, |s| s.near_misses) >= 3,
+        "{during:?}"
+    );
     lossy.pause(false);
     lossy.tell(BusEvent::Reconnected);
     let v = serves_again(&cache, "j", LOSS_BOUND, "after the reconnect");
     assert_eq!(v.as_deref(), Some("new"));
     let after = cache.stats();
-    assert!(delta(&before, &after, |s| s.bus_reconnects) >= 1, "{after:?}");
+    assert!(
+        delta(&before, &after, |s| s.bus_reconnects) >= 1,
+        "{after:?}"
+    );
     assert!(delta(&before, &after, |s| s.bus_flushes) >= 1, "{after:?}");
 }
 
@@ -1046,7 +1096,11 @@ fn a_killed_subscriber_flushes_and_serves_again_once_back() {
     assert!(killed >= 1, "the subscribers were cut off ({killed})");
     let deadline = Instant::now() + LOSS_BOUND;
     while reader.stats().bus_reconnects == before.bus_reconnects {
-        assert!(Instant::now() < deadline, "no reconnect: {:?}", reader.stats());
+        assert!(
+            Instant::now() < deadline,
+            "no reconnect: {:?}",
+            reader.stats()
+        );
         thread::sleep(MS(5));
     }
     let (v, hit) = read(&reader, "j");
@@ -1086,7 +1140,10 @@ fn a_paused_bus_stops_near_hits_within_a_few_heartbeats() {
         assert!(!hit, "no near hit while the bus is paused");
     }
     let during = cache.stats();
-    assert!(delta(&before, &during, |s| s.bus_heartbeats_missed) >= 1, "{during:?}");
+    assert!(
+        delta(&before, &during, |s| s.bus_heartbeats_missed) >= 1,
+        "{during:?}"
+    );
     lossy.pause(false);
     assert_eq!(
         serves_again(&cache, "j", LOSS_BOUND, "after the pause").as_deref(),
@@ -1151,7 +1208,10 @@ fn a_stopped_bus_server_stops_near_hits_until_it_runs_again() {
         std::panic::resume_unwind(e);
     }
     let during = cache.stats();
-    assert!(delta(&before, &during, |s| s.bus_heartbeats_missed) >= 1, "{during:?}");
+    assert!(
+        delta(&before, &during, |s| s.bus_heartbeats_missed) >= 1,
+        "{during:?}"
+    );
     assert_eq!(
         serves_again(&cache, "j", WITHIN, "after SIGCONT").as_deref(),
         Some("new")
@@ -1370,4 +1430,3 @@ mod storm {
         a_storm_leaves_no_replaced_value_served(Kind::Redis);
     }
 }
-
