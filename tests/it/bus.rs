@@ -244,6 +244,9 @@ fn seed(seeder: &Cache, keys: &[&str], value: &str) {
 // ---------------------------------------------------------------------------------------------
 // A write is seen by the other caches within the bus bound.
 
+/// The keys no one writes in [`writes_are_seen_by_the_other_caches`]: their copies stay.
+const UNTOUCHED: [&str; 4] = ["untouched-0", "untouched-1", "untouched-2", "untouched-3"];
+
 /// Generates [`writes_are_seen_by_the_other_caches`] on `kind` over each transport.
 macro_rules! over_each_bus {
     ($module:ident, $kind:ident) => {
@@ -309,9 +312,11 @@ fn writes_are_seen_by_the_other_caches(kind: Kind, via: Via) {
     .map(|b| patient(b).near_cache(CAPACITY).build().unwrap());
     let clears = |w: usize| [a_clears, b_clears, c_clears][w];
     let seeder = seeder(&env);
-    seed(&seeder, &["untouched"], "u");
+    seed(&seeder, &UNTOUCHED, "u");
     for c in &caches {
-        filled(c, "untouched", "u");
+        for key in UNTOUCHED {
+            filled(c, key, "u");
+        }
     }
     for (w, writer) in caches.iter().enumerate() {
         let k = |name: &str| format!("{name}-{w}");
@@ -358,12 +363,19 @@ fn writes_are_seen_by_the_other_caches(kind: Kind, via: Via) {
         assert_eq!(writer.delete_many(&dm).unwrap(), 2);
         check(&[&dm[0], &dm[1]], None, "delete_many");
 
+        // A dropped key drops the copies of the keys that share its stripe (1 in 16,384):
+        // one untouched copy of four may go, a flush takes them all.
         for o in (0..3).filter(|&o| o != w) {
-            let (v, hit) = read(&caches[o], "untouched");
-            assert_eq!(v.as_deref(), Some("u"));
+            let mut hits = 0;
+            for key in UNTOUCHED {
+                let (v, hit) = read(&caches[o], key);
+                assert_eq!(v.as_deref(), Some("u"));
+                hits += usize::from(hit);
+            }
             assert!(
-                hit,
-                "cache {o} still serves a key no one wrote (writer {w}): {:?} -> {:?}",
+                hits >= UNTOUCHED.len() - 1,
+                "cache {o} still serves the keys no one wrote (writer {w}), {hits} near hits: \
+                 {:?} -> {:?}",
                 before[o],
                 caches[o].stats()
             );
@@ -396,9 +408,11 @@ fn writes_are_seen_by_the_other_caches(kind: Kind, via: Via) {
             }
             writer.clear().unwrap();
             check(&[&"clear".to_owned()], None, "clear");
-            seed(&seeder, &["untouched"], "u");
+            seed(&seeder, &UNTOUCHED, "u");
             for c in &caches {
-                filled(c, "untouched", "u");
+                for key in UNTOUCHED {
+                    filled(c, key, "u");
+                }
             }
         }
     }
