@@ -777,7 +777,8 @@ impl CacheBuilder {
     ///   before a write ended fills nothing; an `AsyncCache` write whose future was dropped
     ///   keeps its keys from being filled until it may have landed.
     /// - **Everything else, up to the near ttl** after the read that filled the copy was sent
-    ///   (plus the near clock's tick, about 3 ms): another process's writes, writers outside
+    ///   (plus the near clock's tick, about 3 ms), or, for other newcache processes' writes,
+    ///   until a [bus](CacheBuilder::near_bus) carries them: another process's writes, writers outside
     ///   newcache, a cache over the same servers named otherwise (`localhost` and `127.0.0.1`,
     ///   or a custom backend of its own over them),
     ///   and changes of routing (a server revived under
@@ -818,36 +819,49 @@ impl CacheBuilder {
     /// process's own writes):
     /// - another newcache process's write: until its message arrives (a publish and a
     ///   delivery: tens of milliseconds on a healthy bus);
-    /// - after a lost message, until the loss is noticed: a gap in a cache's numbering is
-    ///   seen with its next message, at the latest its next heartbeat; a cache silent for
-    ///   three [heartbeats](CacheBuilder::near_bus_heartbeat), a broken subscription, or this
-    ///   cache's own messages not coming back for three heartbeats (a paused bus) flush every
-    ///   copy. Until the bus carries this cache's own messages again, its near tier serves no
-    ///   hits (reads go to the shared store). A cache that starts, or restarts, flushes
-    ///   nobody's copies;
+    /// - after a lost message, until the loss is seen: a gap in a cache's numbering is seen
+    ///   with its next message (its next heartbeat at the latest), a cache silent for three of
+    ///   its [heartbeats](CacheBuilder::near_bus_heartbeat) when they are past, a broken
+    ///   subscription when the transport says so, and this cache's own messages not coming
+    ///   back (a paused bus) after three heartbeats plus the time a publish may block (500 ms
+    ///   on a [`RedisBus`](crate::RedisBus)). From then on no copy filled before is served as
+    ///   a hit, and while the bus does not carry this cache's own messages, none at all
+    ///   (reads go to the shared store). A cache that starts flushes nobody's copies; a cache
+    ///   dropped says it leaves (the drop waits for that, at most the connect timeout plus the
+    ///   I/O timeout), but a process that exits without dropping its cache (one in a
+    ///   `static`, a crash) is a silent cache: every other cache stops serving its copies
+    ///   once;
     /// - a writer that dies between its write and its message, and writers outside newcache
     ///   (redis-cli, the memcache crate, django-newcache), announce nothing: their writes are
     ///   seen within the [`near_ttl`](CacheBuilder::near_ttl), as without a bus;
     /// - the shared store down: as [`near_cache`] says (copies within their staleness bound
-    ///   are served through the outage, whatever the bus).
+    ///   are served through the outage, also when the bus went down with it: a loss stops
+    ///   hits, not the outage's serving).
     ///
     /// `build` waits for the cache to hear its own first message (at most the connect timeout
     /// plus the I/O timeout); a bus that is down does not fail the build: the near tier
     /// serves no hits until it is up. Counted in [`Stats`](crate::Stats)'s `bus_*` fields.
     ///
+    /// A bus is one channel: every cache that publishes on it hears every other's messages
+    /// (Redis pub/sub ignores the database number), so give each application a channel of its
+    /// own; bytes on the channel that are not newcache's are ignored.
+    ///
     /// ```
+    /// use std::time::Duration;
     /// use newcache::{Cache, InProcessBus};
     ///
+    /// // Caches of one process that do not share their store's stripes (a cache over the
+    /// // same servers named otherwise), or processes over one RedisBus, stay coherent so.
     /// let bus = InProcessBus::new();
-    /// let shared = newcache::MemoryBackend::new(64 << 20, std::sync::Arc::new(newcache::SystemClock));
-    /// let shared = std::sync::Arc::new(shared);
-    /// let a = Cache::builder().backend(shared.clone()).near_cache(1 << 20).near_bus(bus.clone()).build()?;
-    /// let b = Cache::builder().backend(shared).near_cache(1 << 20).near_bus(bus).build()?;
-    /// a.set("k", "v1", std::time::Duration::from_secs(60))?;
-    /// assert_eq!(b.get::<String>("k")?.as_deref(), Some("v1"));
-    /// a.set("k", "v2", std::time::Duration::from_secs(60))?;
-    /// # std::thread::sleep(std::time::Duration::from_millis(200));
-    /// assert_eq!(b.get::<String>("k")?.as_deref(), Some("v2"));
+    /// let cache = Cache::builder()
+    ///     .in_memory()
+    ///     .near_cache(1 << 20)
+    ///     .near_bus(bus.clone())
+    ///     .near_bus_heartbeat(Duration::from_millis(500))
+    ///     .build()?;
+    /// cache.set("k", "v1", Duration::from_secs(60))?;
+    /// assert_eq!(cache.get::<String>("k")?.as_deref(), Some("v1"));
+    /// assert!(cache.stats().bus_sent >= 1); // its hello, at least
     /// # Ok::<(), newcache::Error>(())
     /// ```
     ///
@@ -857,9 +871,10 @@ impl CacheBuilder {
         self
     }
 
-    /// How often this cache's bus thread sends a heartbeat when it has sent nothing else:
-    /// another cache silent for three heartbeats, or this cache's own messages not heard back
-    /// for three, flush the near tier. Default [`DEFAULT_BUS_HEARTBEAT`] (1 s); 10 ms to 60 s.
+    /// How often this cache's bus thread sends a heartbeat when it has sent nothing else
+    /// (every message carries it: the other caches judge this one's silence by it). This
+    /// cache's own messages not heard back for three heartbeats stop its near tier's hits.
+    /// Default [`DEFAULT_BUS_HEARTBEAT`] (1 s); 10 ms to 60 s.
     /// Only with [`near_bus`](CacheBuilder::near_bus).
     pub fn near_bus_heartbeat(mut self, every: Duration) -> Self {
         self.bus_heartbeat = Some(every);

@@ -161,7 +161,11 @@
 //!   `newcache_loads_superseded_total`, `newcache_too_large_total`,
 //!   `newcache_not_storable_loads_total`, `newcache_near_hits_total`,
 //!   `newcache_near_misses_total`, `newcache_near_refused_total`,
-//!   `newcache_near_evictions_total`, `newcache_near_outage_served_total`. They count what
+//!   `newcache_near_evictions_total`, `newcache_near_outage_served_total`, and the bus's
+//!   `newcache_bus_sent_total`, `newcache_bus_received_total`,
+//!   `newcache_bus_keys_dropped_total`, `newcache_bus_gaps_total`,
+//!   `newcache_bus_flushes_total`, `newcache_bus_reconnects_total`,
+//!   `newcache_bus_heartbeats_missed_total`. They count what
 //!   [`Cache::stats`] counts, but for near hits: `Stats::hits` includes them,
 //!   `newcache_hits_total` does not (add `newcache_near_hits_total`). A response cache (`layer::ResponseCacheLayer`) counts its pages
 //!   apart: its series carry `layer` (its namespace) beside `cache`, and are its own `stats()`. Install the recorder before building the cache: the handles are

@@ -30,7 +30,7 @@ pub(crate) struct Counter {
 }
 
 impl Counter {
-    fn load(&self) -> u64 {
+    pub(crate) fn load(&self) -> u64 {
         self.n
             .iter()
             .fold(0u64, |sum, s| sum.wrapping_add(s.0.load(Ordering::Relaxed)))
@@ -247,23 +247,23 @@ stats! {
     near_outage_served => "newcache_near_outage_served_total",
     /// Messages this cache sent on its bus ([`near_bus`](crate::CacheBuilder::near_bus)):
     /// its writes' keys (batched), flushes and heartbeats.
-    bus_sent,
+    bus_sent => "newcache_bus_sent_total",
     /// Messages this cache heard from other caches on its bus.
-    bus_received,
+    bus_received => "newcache_bus_received_total",
     /// Keys whose near copies this cache dropped because another cache announced a write.
-    bus_keys_dropped,
+    bus_keys_dropped => "newcache_bus_keys_dropped_total",
     /// Sequence gaps: messages of another cache this cache did not hear (each flushed its
     /// near tier).
-    bus_gaps,
+    bus_gaps => "newcache_bus_gaps_total",
     /// Times this cache dropped every near copy because of its bus: another cache's `clear`,
     /// or a possible loss (a gap, a silent cache, a broken subscription, its own messages not
     /// heard back).
-    bus_flushes,
+    bus_flushes => "newcache_bus_flushes_total",
     /// Times the bus's subscription broke and came back.
-    bus_reconnects,
+    bus_reconnects => "newcache_bus_reconnects_total",
     /// Heartbeats missed: another cache silent for three heartbeats, or this cache's own
     /// messages not heard back for as long.
-    bus_heartbeats_missed,
+    bus_heartbeats_missed => "newcache_bus_heartbeats_missed_total",
 }
 
 /// Events of one batch counted in place and added to `counter` once, when the tally is

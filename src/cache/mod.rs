@@ -121,14 +121,20 @@ impl Cache {
         let fenced = !config.private_store || config.near.is_some() || config.bus.is_some();
         let domain =
             fenced.then(|| crate::near::fence::Domain::of(&config.servers, &config.backend));
-        let mut bus_healthy = None;
+        let mut bus_gate = None;
         if let Some(domain) = &domain {
             let station = config.bus.clone().map(|bus| {
-                let station = crate::near::bus::Station::join(bus, domain, config.bus_heartbeat);
+                let station = crate::near::bus::Station::join(
+                    bus,
+                    domain,
+                    config.bus_heartbeat,
+                    config.bus_wait,
+                    stats.clone(),
+                );
                 // Serve no copy before the bus is known to carry this cache's messages; wait
                 // for that a little (a transport that connects), not for a bus that is down.
                 station.wait_healthy(config.bus_wait);
-                bus_healthy = Some(station.healthy());
+                bus_gate = Some(station.gate());
                 Arc::new(station)
             });
             #[cfg(feature = "tokio")]
@@ -160,7 +166,7 @@ impl Cache {
                 clock,
                 stats.clone(),
                 config.early_beta,
-                bus_healthy,
+                bus_gate,
             )
         });
         let renewer = Renewer::new(config.backend.clone(), config.clock.clone());

@@ -1,13 +1,15 @@
-//! The bus's protocol without I/O (issue 51's core): what a message is on the wire, and what a
-//! receiver does with each one it hears (and with the silence between them). A transport
-//! (in-process, Redis pub/sub, sharded pub/sub) only moves these bytes and says when it
-//! reconnected; the near tier only does what the receiver's [`Heard`] says.
+//! The bus: what a message is on the wire, what a receiver does with each one it hears (and
+//! with the silence between them), without I/O; the [`BusTransport`] trait and
+//! [`InProcessBus`]; and a cache's [`Station`], which sends and hears.
 //!
 //! Messages carry derived keys, never values; each names its sender (a cache instance), the
-//! sender's epoch (a new one per start) and a sequence number per sender. A receiver that sees
-//! a sequence gap, or misses a known sender's heartbeats, cannot tell which keys it missed:
-//! it flushes. A new sender, or a known sender's new epoch, flushes nothing (a rolling deploy
-//! must not become a read storm); a sender that leaves says so and is forgotten.
+//! sender's epoch, a sequence number per sender, and the sender's heartbeat interval. A
+//! receiver keeps what it knows of each sender across its own reconnects and the sender's
+//! silences, so that a loss it cannot see when it happens is seen at the sender's next
+//! message: a sequence gap, a sender first heard with a sequence past its first long after the
+//! receiver subscribed, a leave after a gap. A receiver that sees a loss cannot tell which
+//! keys it missed: its near tier stops serving every copy filled before. A new sender flushes
+//! nothing (a rolling deploy must not become a read storm); a sender that leaves says so.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -25,7 +27,7 @@ pub(crate) enum Body {
     Drop(Vec<String>),
     /// `clear`: drop every copy.
     Flush,
-    /// Nothing was written; the sender is alive (and its last sequence number is this one).
+    /// Nothing was written; the sender is alive.
     Heartbeat,
     /// The sender stops: forget it (its silence is not a loss).
     Leave,
@@ -40,22 +42,33 @@ pub(crate) struct Message {
     pub(crate) epoch: u64,
     /// 1, 2, ... per sender and epoch; every message, heartbeats included, takes the next.
     pub(crate) seq: u64,
+    /// The longest the sender stays silent (ms): it sends a heartbeat after this long without
+    /// another message.
+    pub(crate) heartbeat_ms: u32,
     pub(crate) body: Body,
 }
 
-/// The first byte of every message: its format.
+/// The first bytes of every message: what tells newcache's messages from anything else
+/// published on the channel, then the format.
+const MAGIC: [u8; 3] = *b"ncb";
 const VERSION: u8 = 1;
 
 /// A message that is not one this build reads.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Malformed(pub(crate) &'static str);
+pub(crate) enum Unread {
+    /// Not newcache's (no marker): someone else's message on the channel.
+    Foreign,
+    /// newcache's, but not readable here (another format, truncated, inconsistent).
+    Malformed(&'static str),
+}
 
 impl Message {
-    /// The message's bytes: version, kind, sender (16 bytes), epoch, sequence (8 bytes each,
-    /// little-endian), then for `Drop` a count (4 bytes) and each key as a length (2 bytes)
-    /// and its bytes.
+    /// The message's bytes: the marker and format, the kind, the sender (16 bytes), epoch,
+    /// sequence (8 bytes each), heartbeat (4 bytes), all little-endian; then for `Drop` a
+    /// count (4 bytes) and each key as a length (2 bytes) and its bytes.
     pub(crate) fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(64);
+        out.extend_from_slice(&MAGIC);
         out.push(VERSION);
         out.push(match self.body {
             Body::Drop(_) => 1,
@@ -66,6 +79,7 @@ impl Message {
         out.extend_from_slice(&self.sender.to_le_bytes());
         out.extend_from_slice(&self.epoch.to_le_bytes());
         out.extend_from_slice(&self.seq.to_le_bytes());
+        out.extend_from_slice(&self.heartbeat_ms.to_le_bytes());
         if let Body::Drop(keys) = &self.body {
             out.extend_from_slice(&(keys.len() as u32).to_le_bytes());
             for k in keys {
@@ -78,30 +92,36 @@ impl Message {
         out
     }
 
-    /// Reads a message; anything else (another format, truncated, trailing bytes) is
-    /// [`Malformed`], which a receiver treats as a loss.
-    pub(crate) fn decode(bytes: &[u8]) -> Result<Message, Malformed> {
+    /// Reads a message: [`Unread::Foreign`] for bytes without the marker, and
+    /// [`Unread::Malformed`] for anything else this build cannot read (another format,
+    /// truncated, trailing bytes), which a receiver treats as a loss.
+    pub(crate) fn decode(bytes: &[u8]) -> Result<Message, Unread> {
         let mut r = Reader(bytes);
+        if r.take::<3>().ok() != Some(MAGIC) {
+            return Err(Unread::Foreign);
+        }
         if r.take::<1>()?[0] != VERSION {
-            return Err(Malformed("another format"));
+            return Err(Unread::Malformed("another format"));
         }
         let kind = r.take::<1>()?[0];
         let sender = u128::from_le_bytes(r.take()?);
         let epoch = u64::from_le_bytes(r.take()?);
         let seq = u64::from_le_bytes(r.take()?);
+        let heartbeat_ms = u32::from_le_bytes(r.take()?);
         let body = match kind {
             1 => {
                 let n = u32::from_le_bytes(r.take()?) as usize;
                 // Each key takes at least its 2-byte length: a count the bytes cannot hold is
                 // refused before anything is allocated for it.
                 if n > r.0.len() / 2 {
-                    return Err(Malformed("more keys than bytes"));
+                    return Err(Unread::Malformed("more keys than bytes"));
                 }
-                let mut keys = Vec::with_capacity(n);
+                let mut keys = Vec::with_capacity(n.min(1024));
                 for _ in 0..n {
                     let len = u16::from_le_bytes(r.take()?) as usize;
                     let key = r.bytes(len)?;
-                    let key = std::str::from_utf8(key).map_err(|_| Malformed("a key not UTF-8"))?;
+                    let key = std::str::from_utf8(key)
+                        .map_err(|_| Unread::Malformed("a key not UTF-8"))?;
                     keys.push(key.to_owned());
                 }
                 Body::Drop(keys)
@@ -109,15 +129,16 @@ impl Message {
             2 => Body::Flush,
             3 => Body::Heartbeat,
             4 => Body::Leave,
-            _ => return Err(Malformed("an unknown kind")),
+            _ => return Err(Unread::Malformed("an unknown kind")),
         };
         if !r.0.is_empty() {
-            return Err(Malformed("trailing bytes"));
+            return Err(Unread::Malformed("trailing bytes"));
         }
         Ok(Message {
             sender,
             epoch,
             seq,
+            heartbeat_ms,
             body,
         })
     }
@@ -126,18 +147,18 @@ impl Message {
 struct Reader<'a>(&'a [u8]);
 
 impl Reader<'_> {
-    fn take<const N: usize>(&mut self) -> Result<[u8; N], Malformed> {
+    fn take<const N: usize>(&mut self) -> Result<[u8; N], Unread> {
         let (head, rest) = self
             .0
             .split_first_chunk::<N>()
-            .ok_or(Malformed("truncated"))?;
+            .ok_or(Unread::Malformed("truncated"))?;
         self.0 = rest;
         Ok(*head)
     }
 
-    fn bytes(&mut self, n: usize) -> Result<&[u8], Malformed> {
+    fn bytes(&mut self, n: usize) -> Result<&[u8], Unread> {
         if self.0.len() < n {
-            return Err(Malformed("truncated"));
+            return Err(Unread::Malformed("truncated"));
         }
         let (head, rest) = self.0.split_at(n);
         self.0 = rest;
@@ -150,12 +171,19 @@ impl Reader<'_> {
 pub(crate) struct Sender {
     pub(crate) id: u128,
     pub(crate) epoch: u64,
+    heartbeat_ms: u32,
     seq: u64,
 }
 
 impl Sender {
-    pub(crate) fn new(id: u128, epoch: u64) -> Sender {
-        Sender { id, epoch, seq: 0 }
+    pub(crate) fn new(id: u128, epoch: u64, heartbeat: Duration) -> Sender {
+        let heartbeat_ms = u32::try_from(heartbeat.as_millis()).unwrap_or(u32::MAX);
+        Sender {
+            id,
+            epoch,
+            heartbeat_ms,
+            seq: 0,
+        }
     }
 
     /// The next message, saying `body`.
@@ -165,6 +193,7 @@ impl Sender {
             sender: self.id,
             epoch: self.epoch,
             seq: self.seq,
+            heartbeat_ms: self.heartbeat_ms,
             body,
         }
     }
@@ -177,24 +206,21 @@ pub(crate) enum Heard {
     Nothing,
     /// The receiver's own message, back: the bus carries what this cache sends.
     Echo,
+    /// Not a message of newcache's: ignored.
+    Foreign,
     /// Drop these keys' copies.
     Drop(Vec<String>),
-    /// Drop every copy: a `clear`, or a loss (why).
-    Flush(Loss),
+    /// Another cache's `clear`: drop every copy.
+    Cleared,
+    /// A message may have been lost (why): serve no copy filled before.
+    Lost(Loss),
 }
 
-/// Why a receiver flushes.
+/// Why a receiver judges that it may have missed a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Loss {
-    /// A sender's `clear`.
-    Cleared,
-    /// A sequence number skipped (a message lost).
+    /// A sender's sequence skipped (a message lost), seen at its next message.
     Gap,
-    /// A known sender went silent past the heartbeat bound.
-    Silent,
-    /// The transport reconnected (or its subscriber was cut off): anything may have been
-    /// missed meanwhile.
-    Reconnected,
     /// A message that did not decode.
     Malformed,
 }
@@ -205,24 +231,39 @@ struct Peer {
     epoch: u64,
     seq: u64,
     heard_ms: u64,
+    heartbeat_ms: u64,
+    /// Silent past its bound (counted once): its next message is checked against its
+    /// sequence still.
+    silent: bool,
 }
+
+impl Peer {
+    /// How long it may stay silent: three of its heartbeats.
+    fn bound_ms(&self) -> u64 {
+        self.heartbeat_ms.saturating_mul(3)
+    }
+}
+
+/// How long a silent sender is remembered (a sender back later is checked as a new one: a
+/// first message past its first sequence is a loss).
+const FORGET_SILENT_MS: u64 = 10 * 60 * 1000;
 
 /// A cache instance's receiver: per sender, the epoch and the last sequence heard, and when.
 #[derive(Debug)]
 pub(crate) struct Receiver {
     me: u128,
     peers: HashMap<u128, Peer>,
-    /// How long a known sender may stay silent (a few heartbeat intervals) before its silence
-    /// is a loss.
-    silent_after_ms: u64,
+    /// When the transport last (re)subscribed: a sender first heard well after it should be
+    /// heard from its first message on.
+    since_ms: u64,
 }
 
 impl Receiver {
-    pub(crate) fn new(me: u128, silent_after_ms: u64) -> Receiver {
+    pub(crate) fn new(me: u128, now_ms: u64) -> Receiver {
         Receiver {
             me,
             peers: HashMap::new(),
-            silent_after_ms,
+            since_ms: now_ms,
         }
     }
 
@@ -230,7 +271,8 @@ impl Receiver {
     pub(crate) fn on_bytes(&mut self, now_ms: u64, bytes: &[u8]) -> Heard {
         match Message::decode(bytes) {
             Ok(m) => self.on_message(now_ms, m),
-            Err(_) => Heard::Flush(Loss::Malformed),
+            Err(Unread::Foreign) => Heard::Foreign,
+            Err(Unread::Malformed(_)) => Heard::Lost(Loss::Malformed),
         }
     }
 
@@ -239,54 +281,62 @@ impl Receiver {
         if m.sender == self.me {
             return Heard::Echo;
         }
-        if m.body == Body::Leave {
-            self.peers.remove(&m.sender);
-            return Heard::Nothing;
-        }
-        let gap = match self.peers.get_mut(&m.sender) {
-            // A new epoch of a known sender restarts its numbering: no loss (what it wrote
-            // before it restarted was announced by its previous epoch).
-            Some(p) if p.epoch == m.epoch => {
-                let gap = m.seq != p.seq + 1;
-                p.seq = p.seq.max(m.seq);
-                p.heard_ms = now_ms;
-                gap
-            }
-            _ => {
-                let peer = Peer {
-                    epoch: m.epoch,
-                    seq: m.seq,
-                    heard_ms: now_ms,
-                };
-                self.peers.insert(m.sender, peer);
-                false
+        let heartbeat_ms = u64::from(m.heartbeat_ms);
+        let gap = match self.peers.get(&m.sender) {
+            Some(p) if p.epoch == m.epoch => m.seq != p.seq + 1,
+            // A known sender's new epoch restarts its numbering: what it wrote before was
+            // announced by its previous epoch.
+            Some(_) => false,
+            // A sender first heard: a new one starts at 1, or was (re)started while this
+            // receiver was not subscribed yet. One first heard past 1, while this receiver
+            // has been subscribed for longer than it may stay silent, lost messages.
+            None => {
+                m.seq != 1 && now_ms.saturating_sub(self.since_ms) > heartbeat_ms.saturating_mul(3)
             }
         };
+        if m.body == Body::Leave {
+            self.peers.remove(&m.sender);
+        } else {
+            let peer = Peer {
+                epoch: m.epoch,
+                seq: m.seq,
+                heard_ms: now_ms,
+                heartbeat_ms,
+                silent: false,
+            };
+            self.peers.insert(m.sender, peer);
+        }
         match (gap, m.body) {
-            (true, _) => Heard::Flush(Loss::Gap),
+            (true, _) => Heard::Lost(Loss::Gap),
             (false, Body::Drop(keys)) => Heard::Drop(keys),
-            (false, Body::Flush) => Heard::Flush(Loss::Cleared),
+            (false, Body::Flush) => Heard::Cleared,
             (false, Body::Heartbeat | Body::Leave) => Heard::Nothing,
         }
     }
 
-    /// Time passes: a known sender silent past the bound is a loss (it is forgotten: its next
-    /// message starts it over, as a new sender's does).
-    pub(crate) fn on_tick(&mut self, now_ms: u64) -> Heard {
-        let before = self.peers.len();
-        let bound = self.silent_after_ms;
-        self.peers
-            .retain(|_, p| now_ms.saturating_sub(p.heard_ms) <= bound);
-        match self.peers.len() < before {
-            true => Heard::Flush(Loss::Silent),
-            false => Heard::Nothing,
-        }
+    /// Time passes: how many known senders went silent past their bound since the last tick
+    /// (each a possible loss). They are remembered a while, so that their next message is
+    /// checked against their sequence.
+    pub(crate) fn on_tick(&mut self, now_ms: u64) -> u64 {
+        let mut silent = 0;
+        self.peers.retain(|_, p| {
+            let quiet = now_ms.saturating_sub(p.heard_ms);
+            if !p.silent && quiet > p.bound_ms() {
+                p.silent = true;
+                silent += 1;
+            }
+            !p.silent || quiet <= FORGET_SILENT_MS.max(p.bound_ms())
+        });
+        silent
     }
 
-    /// The transport reconnected: anything may have been missed.
-    pub(crate) fn on_reconnect(&mut self) -> Heard {
-        self.peers.clear();
-        Heard::Flush(Loss::Reconnected)
+    /// The transport subscribed again at `now_ms`: what was missed meanwhile is the
+    /// station's to cover; every known sender gets a fresh silence bound from now.
+    pub(crate) fn on_reconnect(&mut self, now_ms: u64) {
+        self.since_ms = now_ms;
+        for p in self.peers.values_mut() {
+            p.heard_ms = now_ms;
+        }
     }
 }
 
@@ -294,13 +344,15 @@ impl Receiver {
 mod tests {
     use super::*;
 
+    const HB: Duration = Duration::from_millis(1000);
+
     fn drop(keys: &[&str]) -> Body {
         Body::Drop(keys.iter().map(|k| k.to_string()).collect())
     }
 
     #[test]
     fn messages_round_trip_and_bad_bytes_are_refused() {
-        let mut s = Sender::new(7, 3);
+        let mut s = Sender::new(7, 3, HB);
         for body in [
             drop(&["a", "b-1-c"]),
             drop(&[]),
@@ -312,68 +364,113 @@ mod tests {
             assert_eq!(Message::decode(&m.encode()), Ok(m));
         }
         let bytes = s.next(drop(&["k"])).encode();
-        for cut in 0..bytes.len() {
-            assert!(Message::decode(&bytes[..cut]).is_err(), "cut at {cut}");
+        assert_eq!(Message::decode(&bytes[..2]), Err(Unread::Foreign));
+        for cut in 3..bytes.len() {
+            assert!(
+                matches!(Message::decode(&bytes[..cut]), Err(Unread::Malformed(_))),
+                "cut at {cut}"
+            );
         }
         let mut trailing = bytes.clone();
         trailing.push(0);
         assert!(Message::decode(&trailing).is_err());
-        let mut huge = bytes[..34].to_vec();
+        let mut huge = bytes[..42].to_vec();
         huge.extend_from_slice(&u32::MAX.to_le_bytes());
         assert_eq!(
             Message::decode(&huge),
-            Err(Malformed("more keys than bytes"))
+            Err(Unread::Malformed("more keys than bytes"))
         );
+        assert_eq!(Message::decode(b"hello"), Err(Unread::Foreign));
     }
 
     #[test]
-    fn a_receiver_drops_flushes_and_tells_losses() {
-        let mut r = Receiver::new(1, 3_000);
-        let mut a = Sender::new(2, 1);
+    fn a_receiver_drops_and_tells_losses() {
+        let mut r = Receiver::new(1, 0);
+        let mut a = Sender::new(2, 1, HB);
         // its own messages are only an echo
         assert_eq!(
-            r.on_message(0, Sender::new(1, 9).next(Body::Flush)),
+            r.on_message(0, Sender::new(1, 9, HB).next(Body::Flush)),
             Heard::Echo
         );
-        // a new sender starts anywhere in its numbering: no loss
+        // a sender heard soon after subscribing may be anywhere in its numbering
         a.next(Body::Heartbeat);
         assert_eq!(
             r.on_message(0, a.next(drop(&["k"]))),
             Heard::Drop(vec!["k".into()])
         );
         assert_eq!(r.on_message(1, a.next(Body::Heartbeat)), Heard::Nothing);
-        assert_eq!(
-            r.on_message(2, a.next(Body::Flush)),
-            Heard::Flush(Loss::Cleared)
-        );
+        assert_eq!(r.on_message(2, a.next(Body::Flush)), Heard::Cleared);
         // a lost message
         a.next(drop(&["lost"]));
         assert_eq!(
             r.on_message(3, a.next(drop(&["k"]))),
-            Heard::Flush(Loss::Gap)
+            Heard::Lost(Loss::Gap)
         );
         assert_eq!(
             r.on_message(4, a.next(drop(&["k"]))),
             Heard::Drop(vec!["k".into()])
         );
         // a restart (new epoch) is no loss
-        let mut a2 = Sender::new(2, 2);
+        let mut a2 = Sender::new(2, 2, HB);
         assert_eq!(
             r.on_message(5, a2.next(drop(&["j"]))),
             Heard::Drop(vec!["j".into()])
         );
-        // silence past the bound is a loss, once
-        assert_eq!(r.on_tick(3_005), Heard::Nothing);
-        assert_eq!(r.on_tick(3_006), Heard::Flush(Loss::Silent));
-        assert_eq!(r.on_tick(9_000), Heard::Nothing);
-        // a leaving sender's silence is none
-        let mut b = Sender::new(3, 1);
-        r.on_message(10_000, b.next(Body::Heartbeat));
-        assert_eq!(r.on_message(10_001, b.next(Body::Leave)), Heard::Nothing);
-        assert_eq!(r.on_tick(20_000), Heard::Nothing);
-        // a reconnect, and bytes that do not decode, flush
-        assert_eq!(r.on_reconnect(), Heard::Flush(Loss::Reconnected));
-        assert_eq!(r.on_bytes(0, b"\x09"), Heard::Flush(Loss::Malformed));
+        // silence past three heartbeats is a loss, once; the sender back in sequence is none,
+        // back past a lost message is one
+        assert_eq!(r.on_tick(3_005), 0);
+        assert_eq!(r.on_tick(3_006), 1);
+        assert_eq!(r.on_tick(9_000), 0);
+        assert_eq!(
+            r.on_message(9_001, a2.next(Body::Heartbeat)),
+            Heard::Nothing
+        );
+        assert_eq!(r.on_tick(20_000), 1);
+        a2.next(drop(&["lost"]));
+        assert_eq!(
+            r.on_message(20_001, a2.next(Body::Heartbeat)),
+            Heard::Lost(Loss::Gap)
+        );
+        // a leaving sender's silence is none; a leave after a lost message is a loss
+        let mut b = Sender::new(3, 1, HB);
+        r.on_message(20_002, b.next(Body::Heartbeat));
+        assert_eq!(r.on_message(20_003, b.next(Body::Leave)), Heard::Nothing);
+        let mut c = Sender::new(4, 1, HB);
+        r.on_message(20_004, c.next(Body::Heartbeat));
+        c.next(drop(&["lost"]));
+        assert_eq!(
+            r.on_message(20_005, c.next(Body::Leave)),
+            Heard::Lost(Loss::Gap)
+        );
+        assert_eq!(r.on_tick(40_000), 1, "a2 only: b and c left");
+        // a sender first heard long after subscribing, past its first message, lost some;
+        // at its first message, none
+        let mut d = Sender::new(5, 1, HB);
+        d.next(Body::Heartbeat);
+        assert_eq!(
+            r.on_message(40_001, d.next(Body::Heartbeat)),
+            Heard::Lost(Loss::Gap)
+        );
+        let mut e = Sender::new(6, 1, HB);
+        assert_eq!(
+            r.on_message(40_002, e.next(Body::Heartbeat)),
+            Heard::Nothing
+        );
+        // a reconnect keeps the numbering: a message lost after it is a gap
+        r.on_reconnect(50_000);
+        e.next(drop(&["lost"]));
+        assert_eq!(
+            r.on_message(50_001, e.next(Body::Heartbeat)),
+            Heard::Lost(Loss::Gap)
+        );
+        // a sender with a longer heartbeat is judged by its own
+        let mut slow = Sender::new(7, 1, Duration::from_secs(10));
+        r.on_message(50_002, slow.next(Body::Heartbeat));
+        assert_eq!(r.on_tick(51_000), 0);
+        assert_eq!(r.on_tick(54_500), 2, "d and e, not the slower sender");
+        // bytes that do not decode are a loss; someone else's bytes are not
+        assert_eq!(r.on_bytes(0, b"ncb\x09"), Heard::Lost(Loss::Malformed));
+        assert_eq!(r.on_bytes(0, b"{\"json\": 1}"), Heard::Foreign);
     }
 }
 
@@ -464,20 +561,64 @@ impl BusTransport for InProcessBus {
 /// The most key bytes one message carries: a batch larger than this goes in several.
 const MAX_BATCH_BYTES: usize = 32 << 10;
 
-/// The bus's counters of one cache (added into its [`Stats`](crate::Stats)).
-#[derive(Debug, Default)]
-struct BusCounters {
-    sent: AtomicU64,
-    received: AtomicU64,
-    keys_dropped: AtomicU64,
-    gaps: AtomicU64,
-    flushes: AtomicU64,
-    reconnects: AtomicU64,
-    heartbeats_missed: AtomicU64,
+fn bump(c: &crate::stats::Counter, n: u64) {
+    crate::stats::Counters::add(c, n);
 }
 
-fn bump(c: &AtomicU64, n: u64) {
-    c.fetch_add(n, Ordering::Relaxed);
+/// What a cache's near tier reads of its bus on each hit: whether the bus is known to carry
+/// this cache's messages (and heard one lately), and its generation (bumped at each possible
+/// loss: a copy whose read was sent under an older one is not served as a hit).
+#[derive(Debug)]
+pub(crate) struct Gate {
+    healthy: AtomicBool,
+    generation: AtomicU64,
+    /// The process's ticked clock, and when (on it) this cache last heard its own message:
+    /// a hit checks it, so that a bus that stopped carrying them is noticed by the first hit
+    /// past the bound, whatever the station's thread is doing (a publish that blocks).
+    ticker: Option<Arc<super::clock::Ticker>>,
+    echo_ms: AtomicU64,
+    /// How long without an echo a hit is still served: three heartbeats.
+    bound_ms: u64,
+}
+
+impl Gate {
+    fn new(heartbeat: Duration) -> Gate {
+        Gate {
+            healthy: AtomicBool::new(false),
+            generation: AtomicU64::new(0),
+            ticker: super::clock::Ticker::shared(),
+            echo_ms: AtomicU64::new(0),
+            bound_ms: u64::try_from((heartbeat * 3).as_millis()).unwrap_or(u64::MAX),
+        }
+    }
+
+    /// This cache's own message came back now.
+    fn echoed(&self) {
+        if let Some(t) = &self.ticker {
+            self.echo_ms.store(t.age_ms(), Ordering::SeqCst);
+        }
+    }
+
+    /// The generation a read sent now is filled under.
+    #[inline]
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::SeqCst)
+    }
+
+    /// Whether a copy filled from a read sent under `generation` is served as a hit: the bus
+    /// is healthy (checked first: a recovery bumps the generation before it says so), carried
+    /// this cache's own message within the bound, and nothing may have been lost since the
+    /// read was sent.
+    #[inline]
+    pub(crate) fn serves(&self, generation: u64) -> bool {
+        self.healthy.load(Ordering::SeqCst)
+            && self.generation.load(Ordering::SeqCst) == generation
+            && self.ticker.as_ref().is_none_or(|t| {
+                t.age_ms()
+                    .saturating_sub(self.echo_ms.load(Ordering::Relaxed))
+                    <= self.bound_ms
+            })
+    }
 }
 
 /// What the station's thread has to send.
@@ -501,20 +642,20 @@ struct Shared {
     outbox: Mutex<Outbox>,
     wake: Condvar,
     receiver: Mutex<Receiver>,
-    /// Whether the bus is known to carry this cache's messages (its own come back, and its
-    /// subscription has not broken since): the near tier serves hits only then.
-    healthy: Arc<AtomicBool>,
+    gate: Arc<Gate>,
     /// When this cache last heard its own message (ms since `origin`).
     echo_ms: AtomicU64,
-    /// Whether the transport ever said it subscribed (its first subscription is no reconnect).
+    /// Whether the transport said its subscription broke since it last subscribed.
+    disconnected: AtomicBool,
+    /// Whether the transport ever said it subscribed.
     subscribed: AtomicBool,
     /// Whether this cache's near tier may hold copies filled while the bus was not known
-    /// healthy (set once `build` stopped waiting for it): the bus's recovery flushes them.
+    /// healthy (set once `build` stopped waiting for it): the bus's recovery stops them.
     armed: AtomicBool,
     domain: Weak<Domain>,
     heartbeat: Duration,
     origin: Instant,
-    counters: BusCounters,
+    counters: Arc<crate::stats::Counters>,
 }
 
 impl Shared {
@@ -522,70 +663,78 @@ impl Shared {
         u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
-    /// How long silence (a peer's, or this cache's own echo) may last: three heartbeats.
-    fn silent_after(&self) -> Duration {
-        self.heartbeat * 3
-    }
-
-    /// Every copy stops being served.
-    fn flush(&self) {
-        bump(&self.counters.flushes, 1);
-        if let Some(domain) = self.domain.upgrade() {
-            domain.flushed();
+    /// A message may have been lost: no copy filled before is served as a hit (counted as a
+    /// flush while the bus was healthy; a bus already down serves none).
+    fn lost(&self) {
+        self.gate.generation.fetch_add(1, Ordering::SeqCst);
+        if self.gate.healthy.load(Ordering::SeqCst) {
+            bump(&self.counters.bus_flushes, 1);
         }
     }
 
-    /// Messages may be missed from now on: flush, and serve no copy until this cache hears
-    /// itself again.
-    fn lose(&self) {
-        self.healthy.store(false, Ordering::SeqCst);
-        self.flush();
+    /// Messages are being missed from now on: stop serving until this cache hears itself.
+    fn down(&self) {
+        self.lost();
+        self.gate.healthy.store(false, Ordering::SeqCst);
     }
 
     fn on_event(&self, event: BusEvent<'_>) {
         let heard = match event {
             BusEvent::Message(bytes) => self.receiver.lock().on_bytes(self.now_ms(), bytes),
-            BusEvent::Disconnected => return self.lose(),
+            BusEvent::Disconnected => {
+                self.disconnected.store(true, Ordering::SeqCst);
+                return self.down();
+            }
             BusEvent::Reconnected => {
-                self.receiver.lock().on_reconnect();
-                self.wake.notify_one();
-                // Its first subscription: nothing was missed, and no copy of this cache's
-                // exists to flush (nor should its siblings' be).
-                if self.subscribed.swap(true, Ordering::SeqCst) {
-                    bump(&self.counters.reconnects, 1);
-                    self.lose();
+                self.receiver.lock().on_reconnect(self.now_ms());
+                let first = !self.subscribed.swap(true, Ordering::SeqCst);
+                let broke = self.disconnected.swap(false, Ordering::SeqCst);
+                // Its first subscription: nothing was missed, and no copy exists yet.
+                if broke || !first {
+                    bump(&self.counters.bus_reconnects, 1);
+                    self.down();
                 }
+                self.wake.notify_one();
                 return;
             }
         };
         match heard {
             Heard::Echo => {
                 self.echo_ms.store(self.now_ms(), Ordering::SeqCst);
-                if !self.healthy.load(Ordering::SeqCst) {
-                    // Whatever was filled while messages may have been missed goes; what is
-                    // filled from now on is covered by the messages this cache hears.
+                self.gate.echoed();
+                if !self.gate.healthy.load(Ordering::SeqCst) {
+                    // Copies filled while messages may have been missed are not served; what
+                    // is filled from now on is covered by the messages this cache hears.
                     if self.armed.load(Ordering::SeqCst) {
-                        self.flush();
+                        self.gate.generation.fetch_add(1, Ordering::SeqCst);
                     }
-                    self.healthy.store(true, Ordering::SeqCst);
+                    self.gate.healthy.store(true, Ordering::SeqCst);
                 }
             }
-            Heard::Nothing => bump(&self.counters.received, 1),
+            Heard::Foreign => {}
+            Heard::Nothing => bump(&self.counters.bus_received, 1),
             Heard::Drop(keys) => {
-                bump(&self.counters.received, 1);
-                bump(&self.counters.keys_dropped, keys.len() as u64);
+                bump(&self.counters.bus_received, 1);
+                bump(&self.counters.bus_keys_dropped, keys.len() as u64);
                 if let Some(domain) = self.domain.upgrade() {
                     domain.dropped(keys.iter().map(String::as_str));
                 }
             }
-            Heard::Flush(loss) => {
-                if loss != Loss::Malformed {
-                    bump(&self.counters.received, 1);
+            Heard::Cleared => {
+                bump(&self.counters.bus_received, 1);
+                bump(&self.counters.bus_flushes, 1);
+                // Another cache's `clear`, as this process's own: no copy filled before it
+                // is served, not even through an outage.
+                if let Some(domain) = self.domain.upgrade() {
+                    domain.flushed();
                 }
+            }
+            Heard::Lost(loss) => {
                 if loss == Loss::Gap {
-                    bump(&self.counters.gaps, 1);
+                    bump(&self.counters.bus_received, 1);
+                    bump(&self.counters.bus_gaps, 1);
                 }
-                self.flush();
+                self.lost();
             }
         }
     }
@@ -598,17 +747,25 @@ impl Shared {
         let send = |sender: &mut Sender, body: Body, last: &mut Option<Instant>| {
             let bytes = sender.next(body).encode();
             self.transport.publish(&bytes);
-            bump(&self.counters.sent, 1);
+            bump(&self.counters.bus_sent, 1);
             *last = Some(Instant::now());
         };
+        let silent_after = self.heartbeat * 3;
+        let silent_ms = u64::try_from(silent_after.as_millis()).unwrap_or(u64::MAX);
         loop {
-            let healthy = self.healthy.load(Ordering::SeqCst);
+            let healthy = self.gate.healthy.load(Ordering::SeqCst);
             // Unhealthy, it says hello often, to hear itself back soon.
             let every = match healthy {
                 true => self.heartbeat,
                 false => (self.heartbeat / 10).max(Duration::from_millis(10)),
             };
-            let tick = Instant::now() + (every / 4).max(Duration::from_millis(2));
+            // Peers are checked often enough to see their silence within a quarter of their
+            // own heartbeat, or of this one's, whichever is shorter (and at least every 250
+            // ms, whatever the heartbeats).
+            let tick = Instant::now()
+                + (every / 4)
+                    .min(Duration::from_millis(250))
+                    .max(Duration::from_millis(2));
             let (keys, flush, leaving) = {
                 let mut o = self.outbox.lock();
                 loop {
@@ -670,55 +827,60 @@ impl Shared {
                 send(&mut sender, Body::Heartbeat, &mut last_sent);
             }
             let now_ms = self.now_ms();
-            if let Heard::Flush(_) = self.receiver.lock().on_tick(now_ms) {
-                bump(&self.counters.heartbeats_missed, 1);
-                self.flush();
+            let silent = self.receiver.lock().on_tick(now_ms);
+            if silent > 0 {
+                bump(&self.counters.bus_heartbeats_missed, silent);
+                self.lost();
             }
-            let silent_ms = u64::try_from(self.silent_after().as_millis()).unwrap_or(u64::MAX);
             let echo = self.echo_ms.load(Ordering::SeqCst);
-            if self.healthy.load(Ordering::SeqCst) && now_ms.saturating_sub(echo) > silent_ms {
+            if self.gate.healthy.load(Ordering::SeqCst) && now_ms.saturating_sub(echo) > silent_ms {
                 // Its own messages stopped coming back: a paused bus, a broken publisher or
                 // a subscription that broke without a word.
-                bump(&self.counters.heartbeats_missed, 1);
-                self.lose();
+                bump(&self.counters.bus_heartbeats_missed, 1);
+                self.down();
             }
         }
     }
 }
 
 /// One cache instance on a bus: announces its writes (after they land) from a thread of its
-/// own, and applies what it hears to its domain's stripes (a dropped key's stripe bumped, a
-/// flush's count bumped). Dropped with its cache: the thread sends what is left, says the
-/// cache leaves, and ends.
+/// own, and applies what it hears (a dropped key's stripe bumped, a loss's generation bumped).
+/// Dropped with its cache: its thread sends what is left and says the cache leaves, and the
+/// drop waits for that (at most `linger`).
 #[derive(Debug)]
 pub(crate) struct Station {
     shared: Arc<Shared>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    linger: Duration,
 }
 
 impl Station {
     /// Joins `transport` as a new cache instance whose copies live in `domain`, sending a
-    /// heartbeat after each `heartbeat` of silence.
+    /// heartbeat after each `heartbeat` of silence; its drop waits at most `linger` for its
+    /// last messages to go.
     pub(crate) fn join(
         transport: Arc<dyn BusTransport>,
         domain: &Arc<Domain>,
         heartbeat: Duration,
+        linger: Duration,
+        counters: Arc<crate::stats::Counters>,
     ) -> Station {
         let id = (u128::from(crate::rng::entropy()) << 64) | u128::from(crate::rng::entropy());
         let epoch = crate::rng::entropy();
-        let silent_after_ms = u64::try_from((heartbeat * 3).as_millis()).unwrap_or(u64::MAX);
         let shared = Arc::new(Shared {
             transport: transport.clone(),
             outbox: Mutex::default(),
             wake: Condvar::new(),
-            receiver: Mutex::new(Receiver::new(id, silent_after_ms)),
-            healthy: Arc::new(AtomicBool::new(false)),
+            receiver: Mutex::new(Receiver::new(id, 0)),
+            gate: Arc::new(Gate::new(heartbeat)),
             echo_ms: AtomicU64::new(0),
+            disconnected: AtomicBool::new(false),
             subscribed: AtomicBool::new(false),
             armed: AtomicBool::new(false),
             domain: Arc::downgrade(domain),
             heartbeat,
             origin: Instant::now(),
-            counters: BusCounters::default(),
+            counters,
         });
         let weak = Arc::downgrade(&shared);
         transport.subscribe(Arc::new(move |event| match weak.upgrade() {
@@ -729,29 +891,36 @@ impl Station {
             None => false,
         }));
         let runner = shared.clone();
-        let spawned = std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("newcache-bus".into())
-            .spawn(move || runner.run(Sender::new(id, epoch)));
-        if let Err(e) = spawned {
-            tracing::warn!(
-                "newcache: the bus thread did not start ({e}); the near tier serves no hits"
-            );
+            .spawn(move || runner.run(Sender::new(id, epoch, heartbeat)));
+        let thread = match thread {
+            Ok(t) => Some(t),
+            Err(e) => {
+                tracing::warn!(
+                    "newcache: the bus thread did not start ({e}); the near tier serves no hits"
+                );
+                None
+            }
+        };
+        Station {
+            shared,
+            thread,
+            linger,
         }
-        Station { shared }
     }
 
-    /// Whether the bus is known to carry this cache's messages: its near tier serves hits
-    /// only while this holds.
-    pub(crate) fn healthy(&self) -> Arc<AtomicBool> {
-        self.shared.healthy.clone()
+    /// What the near tier reads of the bus on each hit.
+    pub(crate) fn gate(&self) -> Arc<Gate> {
+        self.shared.gate.clone()
     }
 
     /// Waits up to `timeout` until the bus is known healthy, before the cache's near tier
-    /// exists; from then on, a recovery of the bus flushes it.
+    /// exists; from then on, a recovery of the bus stops what was filled before it.
     pub(crate) fn wait_healthy(&self, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         let healthy = loop {
-            if self.shared.healthy.load(Ordering::SeqCst) {
+            if self.shared.gate.healthy.load(Ordering::SeqCst) {
                 break true;
             }
             if Instant::now() >= deadline {
@@ -795,24 +964,160 @@ impl Station {
         drop(o);
         self.shared.wake.notify_one();
     }
-
-    /// Adds the bus's counters to `stats`.
-    pub(crate) fn report(&self, stats: &mut crate::Stats) {
-        let c = &self.shared.counters;
-        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        stats.bus_sent += load(&c.sent);
-        stats.bus_received += load(&c.received);
-        stats.bus_keys_dropped += load(&c.keys_dropped);
-        stats.bus_gaps += load(&c.gaps);
-        stats.bus_flushes += load(&c.flushes);
-        stats.bus_reconnects += load(&c.reconnects);
-        stats.bus_heartbeats_missed += load(&c.heartbeats_missed);
-    }
 }
 
 impl Drop for Station {
     fn drop(&mut self) {
         self.shared.outbox.lock().leaving = true;
         self.shared.wake.notify_one();
+        // Its last announcements and its leave go before the process may exit (a process
+        // that exits silently makes every other one flush); a write still settling, or a
+        // transport that does not answer, is not waited for past `linger`.
+        let Some(thread) = self.thread.take() else {
+            return;
+        };
+        let deadline = Instant::now() + self.linger;
+        while !thread.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+#[cfg(test)]
+mod station_tests {
+    use super::*;
+    use crate::near::fence::Ticket;
+
+    /// A transport over an in-process bus that can lose messages, pause, and break its
+    /// subscription.
+    #[derive(Debug, Default)]
+    struct Lossy {
+        bus: InProcessBus,
+        lose_next: AtomicBool,
+        paused: AtomicBool,
+    }
+
+    impl BusTransport for Lossy {
+        fn publish(&self, message: &[u8]) {
+            if !self.lose_next.swap(false, Ordering::SeqCst) && !self.paused.load(Ordering::SeqCst)
+            {
+                self.bus.publish(message);
+            }
+        }
+        fn subscribe(&self, listener: BusListener) {
+            self.bus.subscribe(listener);
+        }
+    }
+
+    impl Lossy {
+        fn tell(&self, event: BusEvent<'_>) {
+            for l in self.bus.listeners.lock().clone() {
+                l(event);
+            }
+        }
+    }
+
+    fn domain(name: &str) -> Arc<Domain> {
+        let backend: Arc<dyn crate::backend::Backend> = Arc::new(
+            crate::backend::memory::MemoryBackend::new(1 << 20, Arc::new(crate::SystemClock)),
+        );
+        Domain::of(&[format!("bus-test-{name}")], &backend)
+    }
+
+    fn counters() -> Arc<crate::stats::Counters> {
+        Arc::new(crate::stats::Counters::new("bus", &[]))
+    }
+
+    fn until(what: &str, mut done: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !done() {
+            assert!(Instant::now() < deadline, "never: {what}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// A read of `key` sent now through a cache on `station` over `d`.
+    fn read(d: &Domain, station: &Station, key: &str) -> Ticket {
+        let bus = station.gate().generation();
+        Ticket {
+            bus,
+            ..d.ticket(key, 0).unwrap()
+        }
+    }
+
+    /// Whether a copy filled from `t` would be served as a hit.
+    fn serves(d: &Domain, station: &Station, t: &Ticket) -> bool {
+        d.current(t.stripe, t.seq, t.flush) && station.gate().serves(t.bus)
+    }
+
+    const HB: Duration = Duration::from_millis(50);
+    const LINGER: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn a_station_drops_announced_keys_stops_serving_on_losses_and_only_while_it_hears_itself() {
+        let bus = Arc::new(Lossy::default());
+        let (da, db) = (domain("a"), domain("b"));
+        let (ca, cb) = (counters(), counters());
+        let a = Station::join(bus.clone(), &da, HB, LINGER, ca.clone());
+        let b = Station::join(bus.clone(), &db, HB, LINGER, cb.clone());
+        assert!(a.wait_healthy(Duration::from_secs(10)));
+        assert!(b.wait_healthy(Duration::from_secs(10)));
+        let load = |c: &crate::stats::Counter| c.load();
+
+        // An announced key's copy goes; another key's stays; its own announcement drops none.
+        let k = read(&db, &b, "k");
+        let other = read(&db, &b, "another");
+        let own = read(&da, &a, "k");
+        a.announce(&["k"], None);
+        until("k dropped", || !serves(&db, &b, &k));
+        assert!(serves(&db, &b, &other));
+        assert_eq!(load(&cb.bus_keys_dropped), 1);
+        assert!(serves(&da, &a, &own), "its own message is no drop");
+
+        // A lost message is a gap: b stops serving when a's next message (a heartbeat) comes,
+        // and serves what it reads afterwards.
+        let t = read(&db, &b, "another");
+        bus.lose_next.store(true, Ordering::SeqCst);
+        a.announce(&["lost"], None);
+        until("the gap seen", || !serves(&db, &b, &t));
+        assert_eq!(load(&cb.bus_gaps), 1);
+        assert!(serves(&db, &b, &read(&db, &b, "another")));
+
+        // A broken subscription stops serving until the cache hears itself again; a copy
+        // read while it was broken is not served after.
+        let t = read(&db, &b, "another");
+        bus.tell(BusEvent::Disconnected);
+        assert!(!serves(&db, &b, &t));
+        let during = read(&db, &b, "another");
+        bus.tell(BusEvent::Reconnected);
+        until("healthy again", || b.gate().healthy.load(Ordering::SeqCst));
+        assert!(!serves(&db, &b, &during));
+        assert!(serves(&db, &b, &read(&db, &b, "another")));
+        assert_eq!(load(&cb.bus_reconnects), 1);
+
+        // A sender that leaves is no loss; a new one (a restart) stops nothing.
+        let flushes = load(&cb.bus_flushes);
+        let t = read(&db, &b, "another");
+        drop(a);
+        let a2 = Station::join(bus.clone(), &da, HB, LINGER, counters());
+        assert!(a2.wait_healthy(Duration::from_secs(10)));
+        std::thread::sleep(HB * 8);
+        assert!(serves(&db, &b, &t), "a restart stops nobody's copies");
+        assert_eq!(load(&cb.bus_flushes), flushes);
+        assert_eq!(load(&cb.bus_heartbeats_missed), 0);
+
+        // A paused bus: nobody hears anything; each cache misses its own messages and serves
+        // nothing until the bus carries them again.
+        let t = read(&db, &b, "another");
+        bus.paused.store(true, Ordering::SeqCst);
+        until("unhealthy", || !b.gate().healthy.load(Ordering::SeqCst));
+        assert!(!serves(&db, &b, &t));
+        assert!(load(&cb.bus_heartbeats_missed) >= 1);
+        bus.paused.store(false, Ordering::SeqCst);
+        until("healthy after the pause", || {
+            b.gate().healthy.load(Ordering::SeqCst)
+        });
+        assert!(!serves(&db, &b, &t), "nor after it");
+        drop(a2);
     }
 }

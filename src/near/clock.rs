@@ -25,6 +25,12 @@ pub(crate) struct Ticker {
 }
 
 impl Ticker {
+    /// Ms since the ticker began, ticked.
+    #[inline]
+    pub(crate) fn age_ms(&self) -> u64 {
+        self.age_ms.load(Ordering::Relaxed)
+    }
+
     fn tick(&self) {
         let wall = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -36,7 +42,7 @@ impl Ticker {
 
     /// The process's ticker, started if no near tier holds one; its thread ends when the last
     /// holder goes. `None` if no thread could be started.
-    fn shared() -> Option<Arc<Ticker>> {
+    pub(crate) fn shared() -> Option<Arc<Ticker>> {
         static TICKER: Mutex<Weak<Ticker>> = Mutex::new(Weak::new());
         let mut held = TICKER.lock();
         if let Some(t) = held.upgrade() {

@@ -67,6 +67,9 @@ pub(crate) struct Ticket {
     pub(crate) seq: u64,
     pub(crate) flush: u64,
     pub(crate) sent_ms: u64,
+    /// The bus's generation when it was sent (0 without a bus): a possible loss since stops
+    /// its copy from being served as a hit.
+    pub(crate) bus: u64,
 }
 
 /// The stripes one write bumps.
@@ -153,6 +156,7 @@ impl Domain {
             seq: self.seq[i].load(Ordering::SeqCst),
             flush: self.flushes.load(Ordering::SeqCst),
             sent_ms,
+            bus: 0,
         };
         let quiet = self.quiet[i]
             .load(Ordering::SeqCst)
@@ -290,15 +294,23 @@ impl Fenced {
     ) -> T {
         /// Ends the fence if the write unwinds (a custom backend that panics): as a write
         /// that may still land.
-        struct Unwinding<'a>(&'a Fenced, Option<Stripes>);
+        struct Unwinding<'a>(&'a Fenced, Option<Stripes>, &'a [&'a str]);
         impl Drop for Unwinding<'_> {
             fn drop(&mut self) {
                 if let Some(s) = self.1.take() {
-                    self.0.domain.end(&s, Some(self.0.settle));
+                    let settle = Some(self.0.settle);
+                    self.0.domain.end(&s, settle);
+                    if let Some(station) = &self.0.station {
+                        station.announce(self.2, settle);
+                    }
                 }
             }
         }
-        let mut guard = Unwinding(self, Some(self.domain.begin(keys.iter().copied())));
+        let mut guard = Unwinding(
+            self,
+            Some(self.domain.begin(keys.iter().copied())),
+            announce,
+        );
         let r = write();
         if let Some(stripes) = guard.1.take() {
             let settle = settle(&r);
@@ -390,10 +402,7 @@ impl Backend for Fenced {
         self.inner.max_value_size(key)
     }
     fn report(&self, stats: &mut crate::Stats) {
-        self.inner.report(stats);
-        if let Some(station) = &self.station {
-            station.report(stats);
-        }
+        self.inner.report(stats)
     }
     fn ping(&self) -> std::result::Result<(), crate::ping::PingError> {
         self.inner.ping()

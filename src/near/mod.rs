@@ -152,9 +152,9 @@ pub(crate) struct Near {
     early: Option<f64>,
     /// Whether serving copies past the near ttl in an outage was logged yet (once).
     outage_logged: AtomicBool,
-    /// With a bus: whether it is known to carry this cache's messages (copies are served as
-    /// hits only then).
-    bus_healthy: Option<Arc<AtomicBool>>,
+    /// With a bus: whether it carries this cache's messages, and since which possible loss
+    /// (copies are served as hits only while it does, and only if filled since).
+    bus: Option<Arc<bus::Gate>>,
 }
 
 impl std::fmt::Debug for Near {
@@ -173,7 +173,7 @@ impl Near {
         clock: NearClock,
         counters: Arc<Counters>,
         early_beta: Option<f64>,
-        bus_healthy: Option<Arc<AtomicBool>>,
+        bus: Option<Arc<bus::Gate>>,
     ) -> Near {
         let estimated = usize::try_from(s.capacity / 1024)
             .unwrap_or(usize::MAX)
@@ -192,7 +192,7 @@ impl Near {
             max_copy: 0,
             early: early_beta.map(|beta| beta * 10.0),
             outage_logged: AtomicBool::new(false),
-            bus_healthy,
+            bus,
         };
         // A sixteenth of the capacity, and never more than one shard of the copies admits
         // (their shards are per core: many cores, small shards).
@@ -213,8 +213,8 @@ impl Near {
     /// within its window), and younger than the near ttl.
     #[inline]
     pub(crate) fn serves(&self, c: &Copy) -> bool {
-        if let Some(healthy) = &self.bus_healthy {
-            if !healthy.load(Ordering::Acquire) {
+        if let Some(bus) = &self.bus {
+            if !bus.serves(c.ticket.bus) {
                 return false;
             }
         }
@@ -251,7 +251,9 @@ impl Near {
     /// A ticket for a read of derived key `derived` about to be sent, or `None` while a write
     /// of this process to its stripe may still land (that read fills nothing).
     pub(crate) fn ticket(&self, derived: &str) -> Option<Ticket> {
-        self.domain.ticket(derived, self.clock.age_ms())
+        let bus = self.bus.as_ref().map_or(0, |b| b.generation());
+        let t = self.domain.ticket(derived, self.clock.age_ms())?;
+        Some(Ticket { bus, ..t })
     }
 
     /// Fills the copy of `key` (cache version `version`) from a read sent under `fill.ticket`

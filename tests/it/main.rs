@@ -8,6 +8,7 @@ mod async_cache;
 mod async_faults;
 mod behaviour;
 mod bus;
+mod bus_losses;
 mod cluster;
 #[cfg(feature = "redis")]
 mod cluster_hung_masters;

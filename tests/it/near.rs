@@ -1511,3 +1511,72 @@ mod on_a_redis_bus {
         check(|| newcache::RedisBus::cluster(seeds.iter(), channel.clone()).unwrap());
     }
 }
+
+/// A subscriber the bus's server cuts off (a message past its pub/sub output-buffer limit), and
+/// a message of newcache's this build cannot read: each stops the near tier's copies (a value
+/// written meanwhile by a cache off the bus is read, with the near ttl far off), and near hits
+/// come back once the cache hears itself again. Someone else's bytes on the channel stop
+/// nothing.
+#[cfg(feature = "redis")]
+#[test]
+fn a_subscriber_cut_off_by_the_server_or_foreign_bytes_flush_the_near_tier() {
+    let server = crate::fixture::RedisServer::start_with(
+        "redis-server",
+        &["--client-output-buffer-limit", "pubsub 64kb 0 0"],
+    );
+    let env = Env::new(Kind::Memcached, "bus_cut_off");
+    let bus = newcache::RedisBus::new(&server.url(), "bus").unwrap();
+    let cache = near(&env)
+        .near_bus(bus)
+        .near_bus_heartbeat(MS(100))
+        .build()
+        .unwrap();
+    let off_the_bus = elsewhere(&env).build().unwrap();
+    let mut raw = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let mut publish = |bytes: Vec<u8>| {
+        let _: i64 = redis::cmd("PUBLISH")
+            .arg("bus")
+            .arg(bytes)
+            .query(&mut raw)
+            .unwrap();
+    };
+    for (n, bytes) in [vec![7u8; 256 << 10], b"ncb\x09 a newer format".to_vec()]
+        .into_iter()
+        .enumerate()
+    {
+        let (old, new) = (format!("v{n}"), format!("w{n}"));
+        cache.set("k", &old, S(3600)).unwrap();
+        filled(&cache, "k", &old);
+        off_the_bus.set("k", &new, S(3600)).unwrap();
+        assert_eq!(
+            cache.get::<String>("k").unwrap(),
+            Some(old),
+            "nothing announced it"
+        );
+        let before = cache.stats();
+        publish(bytes);
+        seen_on_the_bus(&cache, "k", Some(&new));
+        let deadline = Instant::now() + S(10);
+        loop {
+            let before = cache.stats();
+            if cache.get::<String>("k").unwrap().as_deref() == Some(new.as_str())
+                && delta(&before, &cache.stats(), |s| s.near_hits) == 1
+            {
+                break;
+            }
+            assert!(Instant::now() < deadline, "near hits never came back");
+            thread::sleep(MS(5));
+        }
+        let after = cache.stats();
+        assert!(delta(&before, &after, |s| s.bus_flushes) >= 1, "{after:?}");
+        if n == 0 {
+            assert!(
+                delta(&before, &after, |s| s.bus_reconnects) >= 1,
+                "{after:?}"
+            );
+        }
+    }
+}

@@ -188,6 +188,33 @@ impl Blocking {
         }
     }
 
+    /// The next reply, or `None` if none came within the read timeout: a subscriber's wait,
+    /// which leaves the connection open (what was read of a reply so far is kept).
+    pub(super) fn recv_or_idle(&mut self) -> RedisResult<Option<Value>> {
+        loop {
+            match whole(&self.buf[self.at..self.end], &mut self.scan) {
+                Ok(Some((Found::Value(v), used))) => {
+                    self.consumed(self.at + used);
+                    return Ok(Some(v));
+                }
+                Ok(Some((Found::Bulk(r), used))) => {
+                    let v = Value::BulkString(self.buf[self.at..][r].to_vec());
+                    self.consumed(self.at + used);
+                    return Ok(Some(v));
+                }
+                Ok(None) => {
+                    if !self.fill_unless_idle()? {
+                        return Ok(None);
+                    }
+                }
+                Err(e) => {
+                    self.open = false;
+                    return Err(e);
+                }
+            }
+        }
+    }
+
     /// The next `n` replies into `out`, RESP3's pushed data left out. The bulk strings of
     /// replies that came together are slices of one copy of their bytes (one allocation for
     /// them all, not one a value; a lone one is copied alone); other values are made as
@@ -258,6 +285,17 @@ impl Blocking {
     /// Reads what the server sent next, after the unparsed bytes (moved to the front, or the
     /// buffer grown, when it is full).
     fn fill(&mut self) -> RedisResult<()> {
+        self.read_more(false).map(|_| ())
+    }
+
+    /// As [`fill`](Blocking::fill); `false` if the read timed out (nothing broken).
+    fn fill_unless_idle(&mut self) -> RedisResult<bool> {
+        self.read_more(true)
+    }
+
+    /// Reads more; a timeout is `Ok(false)` if `idle_ok`, else an error that breaks the
+    /// connection.
+    fn read_more(&mut self, idle_ok: bool) -> RedisResult<bool> {
         if self.end == self.buf.len() {
             if self.at > 0 {
                 self.buf.copy_within(self.at..self.end, 0);
@@ -280,9 +318,18 @@ impl Blocking {
             ))),
             Ok(n) => {
                 self.end += n;
-                Ok(())
+                Ok(true)
             }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(true),
+            Err(e)
+                if idle_ok
+                    && matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) =>
+            {
+                Ok(false)
+            }
             Err(e) => Err(self.broken(e)),
         }
     }

@@ -3,14 +3,25 @@
 //! channel's slot). Per transport, a subscriber thread that says when its subscription breaks
 //! and when it is back (a slot that moves breaks it), and one publishing connection made on
 //! demand: a message it cannot send is lost, which its receivers see as a gap.
+//!
+//! Redis's own client-side caching (`CLIENT TRACKING`, invalidations pushed over RESP3 or
+//! redirected to a subscriber) was weighed as a transport and not built: it would also see
+//! writes made outside newcache, but it serves a Redis shared tier only (not memcached or
+//! twemproxy, which the bus serves too); it is per connection, so every pooled and pipelined
+//! connection of both front ends (and every cluster node's) would have to be tracked and
+//! redirected to one subscriber per server; its pushes carry no sequence, so a missed one is
+//! noticed only as a broken connection, as here; and in broadcast mode (a `{flavor}-` prefix,
+//! no per-key table on the server) every write under the prefix is pushed, the herd protocol's
+//! claims included, which pub/sub's announcements leave out.
 
 use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use redis::Value;
 
-use super::slots::{parse_slots, slot_of};
+use super::blocking::Blocking;
+use super::slots::{addr_of, parse_slots, slot_of};
 use crate::near::bus::{BusEvent, BusListener, BusTransport};
 
 /// How long the subscriber waits for a message before it checks that its bus still exists.
@@ -69,6 +80,44 @@ impl Where {
     fn sharded(&self) -> bool {
         matches!(self, Where::Cluster(_))
     }
+
+    /// A subscriber's connection to the server that carries `channel`, subscribed with
+    /// `command` (`SUBSCRIBE` or `SSUBSCRIBE`), its reads bounded by [`POLL`]. Its own
+    /// connection, not redis-rs's: a wait for the next message that times out must leave the
+    /// connection as it was (redis-rs's sync reader would skip the next reply after it).
+    fn subscribe(&self, command: &str, channel: &str) -> Option<Blocking> {
+        let client = match self {
+            Where::Server(client) => (**client).clone(),
+            Where::Cluster(seeds) => Where::owner(seeds, channel)?,
+        };
+        let info = client.get_connection_info();
+        let redis::ConnectionAddr::Tcp(host, port) = info.addr() else {
+            return None;
+        };
+        let mut conn = Blocking::connect(&addr_of(host, *port), Instant::now(), IO).ok()?;
+        let settings = info.redis_settings();
+        let mut ask = |cmd: redis::Cmd| -> Option<Value> {
+            conn.send(&cmd.get_packed_command()).ok()?;
+            conn.recv().ok()
+        };
+        if let Some(password) = settings.password() {
+            let mut auth = redis::cmd("AUTH");
+            if let Some(user) = settings.username() {
+                auth.arg(user);
+            }
+            match ask(auth.arg(password).clone())? {
+                Value::Okay | Value::SimpleString(_) => {}
+                _ => return None,
+            }
+        }
+        // The confirmation: `[subscribe, channel, count]`.
+        match ask(redis::cmd(command).arg(channel).clone())? {
+            Value::Array(v) | Value::Push { data: v, .. } if v.len() == 3 => {}
+            _ => return None,
+        }
+        conn.set_read_timeout(POLL).ok()?;
+        Some(conn)
+    }
 }
 
 /// A Redis or Valkey pub/sub channel as a [`BusTransport`]: [`RedisBus::new`] on one server
@@ -113,13 +162,18 @@ fn client(url: &str) -> crate::Result<redis::Client> {
 }
 
 impl RedisBus {
-    /// The bus on `channel` of the server at `url` (`redis://host:port`, with a password or a
-    /// database as redis-rs reads them). Nothing connects before the first cache joins it.
+    /// The bus on `channel` of the server at `url` (`redis://host:port`, with a user and
+    /// password as redis-rs reads them; the bus speaks plain TCP, not `rediss://`). Nothing
+    /// connects before the first cache joins it. Publishes and subscribes wait at most 500 ms
+    /// for the server.
     ///
     /// # Errors
     /// `is_config()` for a URL redis-rs does not read.
     pub fn new(url: &str, channel: impl Into<String>) -> crate::Result<Arc<RedisBus>> {
-        Ok(RedisBus::with(Where::Server(Box::new(client(url)?)), channel.into()))
+        Ok(RedisBus::with(
+            Where::Server(Box::new(client(url)?)),
+            channel.into(),
+        ))
     }
 
     /// The bus on the sharded channel `channel` of the Redis Cluster that `seeds` (URLs of
@@ -175,32 +229,19 @@ impl RedisBus {
             false => ("SUBSCRIBE", "message", "unsubscribe"),
         };
         loop {
-            let subscribed = place.connect(&channel).and_then(|mut conn| {
-                let cmd = redis::cmd(subscribe).arg(&channel).get_packed_command();
-                conn.send_packed_command(&cmd).ok()?;
-                // The confirmation: `[subscribe, channel, count]`.
-                match conn.recv_response().ok()? {
-                    Value::Array(v) if v.len() == 3 => Some(conn),
-                    Value::Push { data, .. } if data.len() == 3 => Some(conn),
-                    _ => None,
-                }
-            });
-            let Some(mut conn) = subscribed else {
+            let Some(mut conn) = place.subscribe(subscribe, &channel) else {
                 if listeners.strong_count() == 0 {
                     return;
                 }
                 std::thread::sleep(POLL);
                 continue;
             };
-            if conn.set_read_timeout(Some(POLL)).is_err() {
-                continue;
-            }
             if !tell(BusEvent::Reconnected) {
                 return;
             }
             loop {
-                match conn.recv_response() {
-                    Ok(Value::Array(parts) | Value::Push { data: parts, .. }) => {
+                match conn.recv_or_idle() {
+                    Ok(Some(Value::Array(parts) | Value::Push { data: parts, .. })) => {
                         match (parts.first(), parts.get(2)) {
                             (Some(Value::BulkString(kind)), Some(Value::BulkString(payload)))
                                 if kind == message.as_bytes()
@@ -217,8 +258,8 @@ impl RedisBus {
                             _ => {}
                         }
                     }
-                    Ok(_) => {}
-                    Err(e) if e.is_timeout() => {
+                    Ok(Some(_)) => {}
+                    Ok(None) => {
                         if listeners.strong_count() == 0 {
                             return;
                         }
