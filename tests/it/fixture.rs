@@ -1228,6 +1228,8 @@ pub struct Env {
     addr: Option<String>,
     /// Whether its caches have a near tier.
     pub near: bool,
+    /// The bus its near caches are on (one per env: every cache of the test hears the others).
+    bus: Option<Arc<newcache::InProcessBus>>,
 }
 
 /// The near tier a behaviour test's caches have in its `near_*` variants.
@@ -1258,10 +1260,12 @@ impl Env {
             .block_on(test(env))
     }
 
-    /// An env whose caches have a near tier ([`NEAR_CAPACITY`], the default near ttl).
+    /// An env whose caches have a near tier ([`NEAR_CAPACITY`], the default near ttl), all on
+    /// one in-process bus.
     pub fn near(kind: Kind, front: Front, tag: &str) -> Env {
         Env {
             near: true,
+            bus: Some(newcache::InProcessBus::new()),
             ..Env::with_front(kind, front, tag)
         }
     }
@@ -1290,6 +1294,16 @@ impl Env {
             memory,
             addr,
             near: false,
+            bus: None,
+        }
+    }
+
+    /// This env's store at another address: a server of the test's own.
+    #[allow(dead_code)] // the bus tests only
+    pub fn at(self, addr: String) -> Env {
+        Env {
+            addr: Some(addr),
+            ..self
         }
     }
 
@@ -1298,9 +1312,10 @@ impl Env {
         let b = Cache::builder()
             .flavor(self.flavor.clone())
             .clock(self.clock.clone());
-        let b = match self.near {
-            true => b.near_cache(NEAR_CAPACITY),
-            false => b,
+        let b = match &self.bus {
+            Some(bus) => b.near_cache(NEAR_CAPACITY).near_bus(bus.clone()),
+            None if self.near => b.near_cache(NEAR_CAPACITY),
+            None => b,
         };
         match (&self.memory, &self.addr) {
             (Some(m), _) => b.backend(m.clone()),
@@ -1317,6 +1332,30 @@ impl Env {
             // engine's tests).
             (None, Some(a)) => b.memcached([a.as_str()]).io_timeout(Duration::from_secs(5)),
             _ => unreachable!("an env has one backend"),
+        }
+    }
+
+    /// A builder on this backend as the `i`th of several processes reaches it: its caches
+    /// share no fence domain with those of [`builder`](Env::builder) or of another `i` (the
+    /// servers named otherwise, or the backend behind a wrapper of its own), so that only a
+    /// bus (or the near ttl) tells them of each other's writes. `apart(0)` is `builder()`.
+    #[allow(dead_code)] // the bus tests only
+    pub fn apart(&self, i: usize) -> CacheBuilder {
+        let b = self.builder();
+        match (i, &self.addr) {
+            (0, _) => b,
+            (1, Some(addr)) => match self.kind {
+                #[cfg(feature = "redis")]
+                Kind::RedisCluster => b.redis_cluster(
+                    shared_redis_cluster()
+                        .iter()
+                        .map(|s| s.replace("127.0.0.1", "localhost")),
+                ),
+                #[cfg(feature = "redis")]
+                k if k.is_redis() => b.redis(addr.replace("127.0.0.1", "localhost")),
+                _ => b.memcached([addr.replace("127.0.0.1", "localhost")]),
+            },
+            _ => b.backend(Arc::new(Hooked::new(self.backend()))),
         }
     }
 

@@ -7,6 +7,7 @@ mod allocations;
 mod async_cache;
 mod async_faults;
 mod behaviour;
+mod bus;
 mod bus_losses;
 mod cluster;
 #[cfg(feature = "redis")]
