@@ -670,20 +670,48 @@ struct Outbox {
     leaving: bool,
     /// Keys were given up (too many waiting): the receivers are to see a missed announcement.
     overflowed: bool,
+    /// How many keys `later` holds.
+    later_keys: usize,
 }
 
 impl Outbox {
-    /// Gives up the keys waiting if there are too many of them.
-    fn bound(&mut self) {
-        let later: usize = self
-            .later
-            .iter()
-            .map(|(_, k)| k.as_ref().map_or(0, Vec::len))
-            .sum();
-        if self.keys.len() + later > MAX_PENDING_KEYS {
+    /// Keys written, to announce now (`settle` `None`) or once they may have landed.
+    fn push(&mut self, keys: Vec<String>, settle: Option<Duration>) {
+        match settle {
+            None => self.keys.extend(keys),
+            Some(d) => {
+                self.later_keys += keys.len();
+                self.later.push((Instant::now() + d, Some(keys)));
+            }
+        }
+        if self.keys.len() + self.later_keys > MAX_PENDING_KEYS {
+            // Given up: the receivers stop serving every copy instead.
             self.keys = Vec::new();
             self.later.retain(|(_, k)| k.is_none());
+            self.later_keys = 0;
             self.overflowed = true;
+        }
+    }
+
+    /// The writes waiting out their settle time that may have landed by `now`, moved to
+    /// those to announce now.
+    fn settle(&mut self, now: Instant) {
+        let mut due = Vec::new();
+        self.later.retain_mut(|(at, keys)| {
+            let ready = *at <= now;
+            if ready {
+                due.push(keys.take());
+            }
+            !ready
+        });
+        for keys in due {
+            match keys {
+                Some(keys) => {
+                    self.later_keys -= keys.len();
+                    self.keys.extend(keys);
+                }
+                None => self.flush = true,
+            }
         }
     }
 }
@@ -827,20 +855,7 @@ impl Shared {
                 let mut o = self.outbox.lock();
                 loop {
                     let now = Instant::now();
-                    let mut due = Vec::new();
-                    o.later.retain_mut(|(at, keys)| {
-                        let ready = *at <= now;
-                        if ready {
-                            due.push(keys.take());
-                        }
-                        !ready
-                    });
-                    for keys in due {
-                        match keys {
-                            Some(keys) => o.keys.extend(keys),
-                            None => o.flush = true,
-                        }
-                    }
+                    o.settle(now);
                     let ready = o.flush || !o.keys.is_empty() || (o.leaving && o.later.is_empty());
                     if ready || now >= tick {
                         break;
@@ -1005,13 +1020,7 @@ impl Station {
         if keys.is_empty() {
             return;
         }
-        let mut o = self.shared.outbox.lock();
-        match settle {
-            None => o.keys.extend(keys),
-            Some(d) => o.later.push((Instant::now() + d, Some(keys))),
-        }
-        o.bound();
-        drop(o);
+        self.shared.outbox.lock().push(keys, settle);
         self.shared.wake.notify_one();
     }
 
@@ -1113,6 +1122,26 @@ mod station_tests {
 
     const HB: Duration = Duration::from_millis(50);
     const LINGER: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn too_many_keys_waiting_are_given_up_for_a_missed_announcement() {
+        let keys = |n: usize| (0..n).map(|i| i.to_string()).collect::<Vec<_>>();
+        let mut o = Outbox::default();
+        o.push(keys(MAX_PENDING_KEYS / 2), Some(Duration::ZERO));
+        o.push(keys(MAX_PENDING_KEYS / 2), None);
+        assert!(!o.overflowed);
+        o.settle(Instant::now());
+        assert_eq!((o.keys.len(), o.later_keys), (MAX_PENDING_KEYS, 0));
+        o.push(keys(1), Some(Duration::from_secs(60)));
+        assert!(o.overflowed);
+        assert_eq!((o.keys.len(), o.later.len(), o.later_keys), (0, 0, 0));
+        // The thread skips an announcement for it: receivers see it missing.
+        let mut s = Sender::new(1, 1, HB);
+        s.skip_announcement();
+        let m = s.next(Body::Heartbeat);
+        let mut r = Receiver::new(2);
+        assert_eq!(r.on_message(0, m), Heard::Lost(Loss::Gap));
+    }
 
     #[test]
     fn a_station_drops_announced_keys_stops_serving_on_losses_and_only_while_it_hears_itself() {
