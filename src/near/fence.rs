@@ -250,8 +250,15 @@ impl Domain {
     }
 }
 
-/// The keys of `writes` the bus announces: every write but the herd protocol's claims.
-fn announced<'w, 'k: 'w>(writes: impl IntoIterator<Item = &'w Write<'k>>) -> Vec<&'k str> {
+/// The keys of `writes` the bus announces: every write but the herd protocol's claims; none
+/// without a bus (no write's envelope is read then).
+fn announced<'w, 'k: 'w>(
+    bus: bool,
+    writes: impl IntoIterator<Item = &'w Write<'k>>,
+) -> Vec<&'k str> {
+    if !bus {
+        return Vec::new();
+    }
     writes
         .into_iter()
         .filter(|w| !crate::envelope::is_claim(w.flags, w.value))
@@ -327,7 +334,7 @@ impl Fenced {
     }
 
     fn store_one<T>(&self, w: &Write<'_>, write: impl FnOnce() -> Result<T>) -> Result<T> {
-        let announce = announced([w]);
+        let announce = announced(self.station.is_some(), [w]);
         self.around(&[w.key], &announce, write, |r| unknown(r, self.settle))
     }
 }
@@ -349,7 +356,7 @@ impl Backend for Fenced {
         let keys: Vec<&str> = writes.iter().map(|w| w.key).collect();
         self.around(
             &keys,
-            &announced(writes),
+            &announced(self.station.is_some(), writes),
             || self.inner.store_many(writes),
             |r| any_unknown(r, self.settle),
         )
@@ -529,7 +536,7 @@ mod nonblocking {
         fn store<'a>(&'a self, w: Write<'a>) -> BoxFuture<'a, Result<StoreOutcome>> {
             self.around(
                 Some(&[w.key]),
-                &announced([&w]),
+                &announced(self.station.is_some(), [&w]),
                 || self.inner.store(w),
                 unknown,
             )
@@ -538,7 +545,7 @@ mod nonblocking {
             &'a self,
             w: Write<'a>,
         ) -> BoxFuture<'a, Result<(StoreOutcome, Option<Item>)>> {
-            let announce = announced([&w]);
+            let announce = announced(self.station.is_some(), [&w]);
             self.around(
                 Some(&[w.key]),
                 &announce,
@@ -553,7 +560,7 @@ mod nonblocking {
             let keys: Vec<&str> = writes.iter().map(|w| w.key).collect();
             self.around(
                 Some(&keys),
-                &announced(writes),
+                &announced(self.station.is_some(), writes),
                 || self.inner.store_many(writes),
                 |r, d| any_unknown(r, d),
             )
