@@ -823,8 +823,8 @@ impl CacheBuilder {
     ///   with its next message (its next heartbeat at the latest), a cache silent for three of
     ///   its [heartbeats](CacheBuilder::near_bus_heartbeat) when they are past, a broken
     ///   subscription when the transport says so, and this cache's own messages not coming
-    ///   back (a paused bus) after three heartbeats plus the time a publish may block (500 ms
-    ///   on a [`RedisBus`](crate::RedisBus)). From then on no copy filled before is served as
+    ///   back (a paused bus) by the first hit three heartbeats after the last one came back
+    ///   (and the near clock's tick). From then on no copy filled before is served as
     ///   a hit, and while the bus does not carry this cache's own messages, none at all
     ///   (reads go to the shared store). A cache that starts flushes nobody's copies; a cache
     ///   dropped says it leaves (the drop waits for that, at most the connect timeout plus the
