@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use newcache::{AsyncCache, Cache, FailurePolicy, Ttl};
 
-use crate::fixture::{Memcached, Relay};
+use crate::fixture::{Memcached, Relay, Twemproxy};
 
 /// An `incr` sent to a server that stopped answering: both front ends say the outcome is
 /// unknown (the counter may have moved; do not retry blindly).
@@ -107,53 +107,12 @@ async fn get_many_or_set_with_in_a_spawned_task() {
 /// share it succeed.
 #[test]
 fn a_server_error_for_one_key_fails_only_that_key() {
-    use std::process::{Command, Stdio};
     let (a, mut b) = (Memcached::start(), Memcached::start());
-    let port = crate::fixture::free_port();
-    let dir = std::env::temp_dir().join(format!("newcache-async-faults-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let conf = dir.join("nutcracker.yml");
-    std::fs::write(
-        &conf,
-        format!(
-            "p:\n  listen: 127.0.0.1:{port}\n  hash: fnv1a_64\n  distribution: ketama\n  \
-             auto_eject_hosts: false\n  timeout: 2000\n  servers:\n   - {}:1\n   - {}:1\n",
-            a.addr(),
-            b.addr()
-        ),
-    )
-    .unwrap();
-    struct Kill(std::process::Child);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let stats_port = crate::fixture::free_port();
-    let _proxy = Kill(
-        Command::new("nutcracker")
-            .args(["-c", conf.to_str().unwrap(), "-a", "127.0.0.1", "-s"])
-            .arg(stats_port.to_string())
-            .arg("-o")
-            .arg(dir.join("log"))
-            .arg("-p")
-            .arg(dir.join("pid"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("nutcracker"),
+    let proxy = Twemproxy::start(
+        &[a.addr(), b.addr()],
+        &["auto_eject_hosts: false", "timeout: 2000"],
     );
-    let t = std::time::Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            t.elapsed() < Duration::from_secs(5),
-            "nutcracker did not come up"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let addr = format!("127.0.0.1:{port}");
+    let addr = proxy.addr();
     let direct_b = Cache::builder()
         .memcached([b.addr().as_str()])
         .build()

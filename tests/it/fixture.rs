@@ -1160,9 +1160,10 @@ pub fn shared_twemproxy() -> &'static str {
             let script = format!(
                 "{m1} & a=$!; {m2} & b=$!; \
                  nutcracker -c {conf} -s {stats} -a 127.0.0.1 -o {log} -p {pid} & c=$!; \
-                 cat >/dev/null; kill $a $b $c; wait",
+                 cat >/dev/null; kill $a $b $c; wait; rm -rf {dir}",
                 m1 = memcached_cmd(p1),
                 m2 = memcached_cmd(p2),
+                dir = dir.display(),
                 conf = conf.display(),
                 log = dir.join("nutcracker.log").display(),
                 pid = dir.join("nutcracker.pid").display(),
@@ -1173,6 +1174,66 @@ pub fn shared_twemproxy() -> &'static str {
             )
         })
         .0
+}
+
+/// twemproxy (Debian's nutcracker) on a free loopback port in front of `servers` (ketama over
+/// fnv1a_64), `pool` lines added to its pool (`auto_eject_hosts: false`, `timeout: 400`).
+/// Stopped, and its directory removed, on drop.
+pub struct Twemproxy {
+    child: Child,
+    port: u16,
+    dir: std::path::PathBuf,
+}
+
+impl Twemproxy {
+    pub fn start(servers: &[String], pool: &[&str]) -> Twemproxy {
+        let (port, stats) = (free_port(), free_port());
+        let dir =
+            std::env::temp_dir().join(format!("newcache-twemproxy-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let conf = dir.join("nutcracker.yml");
+        let mut yml =
+            format!("p:\n  listen: 127.0.0.1:{port}\n  hash: fnv1a_64\n  distribution: ketama\n");
+        for line in pool {
+            yml += &format!("  {line}\n");
+        }
+        yml += "  servers:\n";
+        for s in servers {
+            yml += &format!("   - {s}:1\n");
+        }
+        std::fs::write(&conf, yml).expect("nutcracker conf");
+        let child = Command::new("nutcracker")
+            .args(["-c", conf.to_str().unwrap(), "-a", "127.0.0.1", "-s"])
+            .arg(stats.to_string())
+            .arg("-o")
+            .arg(dir.join("log"))
+            .arg("-p")
+            .arg(dir.join("pid"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("nutcracker is installed (see .ci/run)");
+        let proxy = Twemproxy { child, port, dir };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "nutcracker did not start");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        proxy
+    }
+
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for Twemproxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
 
 /// A flavor no other test uses.

@@ -12,7 +12,7 @@ use newcache::{
     AsyncCache, Cache, CacheBuilder, DeadServerPolicy, Error, FailurePolicy, Stats, Ttl,
 };
 
-use crate::fixture::{Memcached, unique_flavor};
+use crate::fixture::{Memcached, Twemproxy, unique_flavor};
 
 const MS: fn(u64) -> Duration = Duration::from_millis;
 const RETRY: Duration = Duration::from_millis(300);
@@ -932,51 +932,11 @@ fn a_replay_behind_twemproxy_with_a_backend_down_fails_no_call_async() {
 fn replay_behind_twemproxy(asynch: bool) {
     let mut m1 = Memcached::start();
     let m2 = Memcached::start();
-    let port = crate::fixture::free_port();
-    let dir = std::env::temp_dir().join(format!("newcache-outage-twem-{port}"));
-    std::fs::create_dir_all(&dir).unwrap();
-    let conf = dir.join("nutcracker.yml");
-    std::fs::write(
-        &conf,
-        format!(
-            "r:\n  listen: 127.0.0.1:{port}\n  hash: fnv1a_64\n  distribution: ketama\n  \
-             auto_eject_hosts: false\n  timeout: 400\n  \
-             servers:\n   - {}:1\n   - {}:1\n",
-            m1.addr(),
-            m2.addr()
-        ),
-    )
-    .unwrap();
-    struct Kill(std::process::Child);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let stats_port = crate::fixture::free_port();
-    let _proxy = Kill(
-        Command::new("nutcracker")
-            .args(["-c", conf.to_str().unwrap(), "-a", "127.0.0.1", "-s"])
-            .arg(stats_port.to_string())
-            .arg("-o")
-            .arg(dir.join("log"))
-            .arg("-p")
-            .arg(dir.join("pid"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
+    let proxy = Twemproxy::start(
+        &[m1.addr(), m2.addr()],
+        &["auto_eject_hosts: false", "timeout: 400"],
     );
-    let t = Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            t.elapsed() < Duration::from_secs(5),
-            "nutcracker did not start"
-        );
-        thread::sleep(MS(10));
-    }
-    let switch = Switch::new(format!("127.0.0.1:{port}"));
+    let switch = Switch::new(proxy.addr());
     let b = builder(std::slice::from_ref(&switch.addr), "outage-twem")
         .failure_limit(1_000_000)
         .pipelined_sync(false);
