@@ -79,6 +79,11 @@ pub struct Args {
     /// poll)
     #[arg(long, default_value_t = 5.0)]
     pub jitter_ms: f64,
+    /// `latency`: the reader calls `get` without yielding its core between calls (by default
+    /// it yields: a reader that holds a core delays the bus's subscriber thread on a small
+    /// machine)
+    #[arg(long)]
+    pub reader_spin: bool,
     /// `gets`: a shared tier (repeatable) [default: both]
     #[arg(long = "tier", value_name = "TIER", value_enum)]
     pub tiers: Vec<Tier>,
@@ -183,6 +188,13 @@ pub struct ReaderArgs {
     pub bus: String,
     #[arg(long)]
     pub channel: String,
+    /// the floor's reader: a bare `SUBSCRIBE` to `--channel` and a bare memcached `get` of the
+    /// key of that name
+    #[arg(long)]
+    pub bare: bool,
+    /// `get` without yielding between calls (`bench bus --reader-spin`)
+    #[arg(long)]
+    pub spin: bool,
 }
 
 /// `bench bus --figure gets`'s peer process: builds every tier's three caches, then runs the

@@ -4,7 +4,9 @@
 //! its own cache on the same bus. A sample is the time from the write's return here to the
 //! return of the reader's first `get` that gives the new value, both read from
 //! CLOCK_MONOTONIC. Every cache has a near tier with a near ttl of one hour (no copy ages
-//! out), over one memcached; the transports alternate in rounds of `--samples` samples.
+//! out), over one memcached. Beside each transport, its floor (`floor.rs`): the same store,
+//! publish and read on bare sockets. The transports and floors alternate in rounds of
+//! `--samples` samples.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -14,6 +16,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::bus::args::{Args, ReaderArgs, Transport};
+use crate::bus::floor;
 use crate::bus::values::{Link, Rng, bus, now_ns, parse, stats_delta, value};
 use crate::floor::items::BoxError;
 use crate::floor::stats::quantile;
@@ -76,20 +79,53 @@ pub struct Summary {
     pub round_p50_us: (f64, f64),
 }
 
-pub fn name(t: Transport) -> &'static str {
-    match t {
-        Transport::Redis => "RedisBus, redis-server",
-        Transport::Valkey => "RedisBus, valkey-server",
-        Transport::Cluster => "RedisBus::cluster, Redis Cluster",
-        Transport::InProcess => "InProcessBus (reader a thread of the writer's process)",
+/// What a pair measures: a transport through newcache, or (`floor`) on bare sockets.
+pub fn name(t: Transport, floor: bool) -> &'static str {
+    match (t, floor) {
+        (Transport::Redis, false) => "RedisBus, redis-server",
+        (Transport::Redis, true) => "floor: set, PUBLISH, get on bare sockets, redis-server",
+        (Transport::Valkey, false) => "RedisBus, valkey-server",
+        (Transport::Valkey, true) => "floor: set, PUBLISH, get on bare sockets, valkey-server",
+        (Transport::Cluster, false) => "RedisBus::cluster, Redis Cluster",
+        (Transport::Cluster, true) => {
+            "floor: set, SPUBLISH at the owner, get on bare sockets, Redis Cluster"
+        }
+        (Transport::InProcess, false) => "InProcessBus (reader a thread of the writer's process)",
+        (Transport::InProcess, true) => "floor: set, a channel to a thread, get on a bare socket",
     }
 }
 
-/// A transport under test: the writer's cache here and the reader.
+/// The writer of a pair.
+enum Writer {
+    Cache(newcache::Cache),
+    Floor(floor::Writer),
+}
+
+impl Writer {
+    fn stats(&self) -> Option<newcache::Stats> {
+        match self {
+            Writer::Cache(c) => Some(c.stats()),
+            Writer::Floor(_) => None,
+        }
+    }
+
+    /// Writes generation `generation` of the key: CLOCK_MONOTONIC when the write returned.
+    fn write(&mut self, generation: u64) -> Result<u64, BoxError> {
+        match self {
+            Writer::Cache(c) => {
+                c.set(KEY, &value(0, generation), TTL)?;
+                Ok(now_ns())
+            }
+            Writer::Floor(f) => f.write(generation),
+        }
+    }
+}
+
+/// A transport (or its floor) under test: the writer here and the reader.
 struct Pair {
-    transport: Transport,
+    name: &'static str,
     server: String,
-    writer: newcache::Cache,
+    writer: Writer,
     reader: Link,
     generation: u64,
 }
@@ -108,8 +144,7 @@ impl Pair {
         std::thread::sleep(wait);
         self.generation += 1;
         let before = self.writer.stats();
-        self.writer.set(KEY, &value(0, self.generation), TTL)?;
-        let written = now_ns();
+        let written = self.writer.write(self.generation)?;
         let seen = match self.reader.recv(STUCK) {
             Ok(seen) => seen,
             Err(_) => {
@@ -117,14 +152,17 @@ impl Pair {
                 if let Some(pid) = self.reader.pid() {
                     eprintln!(
                         "  {}: no word after {STUCK:?}; the reader's threads:\n{}",
-                        name(self.transport),
+                        self.name,
                         threads(pid)
                     );
                 }
                 self.reader.recv(PATIENCE * 2)?
             }
         };
-        let writer_bus = bus_moved(stats_delta(&before, &self.writer.stats()));
+        let writer_bus = match (before, self.writer.stats()) {
+            (Some(before), Some(after)) => bus_moved(stats_delta(&before, &after)),
+            _ => BTreeMap::new(),
+        };
         let f: Vec<&str> = seen.splitn(6, ' ').collect();
         match f.as_slice() {
             ["seen", generation, at, last, polls, reader_bus] => {
@@ -223,8 +261,9 @@ pub fn run(
                 // share a write fence, which would stop the reader's copy without the bus.
                 let elsewhere = memcached.replace("127.0.0.1", "localhost");
                 let reader_cache = builder(&elsewhere, &flavor).near_bus(bus).build()?;
+                let spin = args.reader_spin;
                 let reader = Link::thread("reader-in-process", move |rx, mut tx| {
-                    if let Err(e) = read(&reader_cache, rx.into_iter(), &mut tx) {
+                    if let Err(e) = read(&reader_cache, spin, rx.into_iter(), &mut tx) {
                         tx(format!("error {e}"));
                     }
                 })?;
@@ -234,7 +273,7 @@ pub fn run(
                 let writer = builder(memcached, &flavor)
                     .near_bus(bus(&spec, &channel)?)
                     .build()?;
-                let argv: Vec<String> = [
+                let mut argv: Vec<String> = [
                     "bus-reader",
                     "--memcached",
                     memcached,
@@ -248,16 +287,31 @@ pub fn run(
                 .iter()
                 .map(|s| s.to_string())
                 .collect();
+                if args.reader_spin {
+                    argv.push("--spin".into());
+                }
                 let reader = Link::spawn(&format!("reader-{t:?}"), &argv)?;
                 (writer, reader)
             }
         };
         writer.set(KEY, &value(0, 0), TTL)?;
+        let (floor_writer, floor_reader) = floor::pair(
+            memcached,
+            (t != Transport::InProcess).then_some(spec.as_str()),
+            &format!("{flavor}-floor"),
+        )?;
         pairs.push(Pair {
-            transport: t,
-            server,
-            writer,
+            name: name(t, false),
+            server: server.clone(),
+            writer: Writer::Cache(writer),
             reader,
+            generation: 0,
+        });
+        pairs.push(Pair {
+            name: name(t, true),
+            server,
+            writer: Writer::Floor(floor_writer),
+            reader: floor_reader,
             generation: 0,
         });
     }
@@ -270,12 +324,12 @@ pub fn run(
             match p.sample(&mut rng, jitter)? {
                 Some(seen) if seen.latency_us < 1e6 => break,
                 _ if t0.elapsed() > Duration::from_secs(60) => {
-                    return Err(format!("{}: the bus never delivered", name(p.transport)).into());
+                    return Err(format!("{}: the bus never delivered", p.name).into());
                 }
                 _ => {}
             }
         }
-        eprintln!("{}: delivering after {:?}", name(p.transport), t0.elapsed());
+        eprintln!("{}: delivering after {:?}", p.name, t0.elapsed());
         for _ in 0..args.warmup_samples {
             p.sample(&mut rng, jitter)?;
         }
@@ -295,14 +349,14 @@ pub fn run(
                         if seen.latency_us > 10_000.0 {
                             eprintln!(
                                 "  {}: sample {i}: {:.1} ms; the reader's bus counters {:?}, the writer's {:?}",
-                                name(p.transport),
+                                p.name,
                                 seen.latency_us / 1e3,
                                 seen.reader_bus,
                                 seen.writer_bus
                             );
                         }
                         samples.push(Sample {
-                            transport: name(p.transport),
+                            transport: p.name,
                             round,
                             latency_us: seen.latency_us,
                             last_get_us: seen.last_get_us,
@@ -318,7 +372,7 @@ pub fn run(
                 "latency round {}/{} {:<40} p50 {:>8.1} us  p99 {:>8.1} us  max {:>8.1} us",
                 round + 1,
                 args.rounds,
-                name(p.transport),
+                p.name,
                 quantile(&lat, 0.5),
                 quantile(&lat, 0.99),
                 lat.iter().copied().fold(f64::MIN, f64::max),
@@ -329,10 +383,7 @@ pub fn run(
         .iter()
         .zip(&timeouts)
         .map(|(p, &timeouts)| {
-            let mine: Vec<&Sample> = samples
-                .iter()
-                .filter(|s| s.transport == name(p.transport))
-                .collect();
+            let mine: Vec<&Sample> = samples.iter().filter(|s| s.transport == p.name).collect();
             let lat: Vec<f64> = mine.iter().map(|s| s.latency_us).collect();
             let last: Vec<f64> = mine.iter().map(|s| s.last_get_us).collect();
             let per_round: Vec<f64> = (0..args.rounds)
@@ -346,7 +397,7 @@ pub fn run(
                 })
                 .collect();
             Summary {
-                transport: name(p.transport),
+                transport: p.name,
                 server: p.server.clone(),
                 samples: lat.len(),
                 timeouts,
@@ -397,9 +448,12 @@ pub fn table(summaries: &[Summary]) -> String {
 /// The reader's loop: for each `arm G`, holds a near copy of generation `G` (a `get` counted
 /// as a near hit returned it), answers `ready`, then calls `get` until it returns a later
 /// generation and answers `seen GENERATION AT_NS LAST_GET_NS POLLS BUS_COUNTERS` (the bus
-/// counters that moved meanwhile, JSON) or `timeout`.
+/// counters that moved meanwhile, JSON) or `timeout`. Between two `get`s it yields its core,
+/// unless `spin`: a thread that never yields holds its core until the scheduler takes it, and
+/// on a machine of two cores the bus's subscriber thread can wait that long for one.
 fn read(
     cache: &newcache::Cache,
+    spin: bool,
     commands: impl Iterator<Item = String>,
     reply: &mut dyn FnMut(String),
 ) -> Result<(), BoxError> {
@@ -438,6 +492,9 @@ fn read(
                 break;
             }
             polls += 1;
+            if !spin {
+                std::thread::yield_now();
+            }
             if end - t0 > PATIENCE.as_nanos() as u64 {
                 reply(format!("timeout {polls}"));
                 break;
@@ -447,11 +504,9 @@ fn read(
     Ok(())
 }
 
-/// `bench bus-reader`: [`read`] over stdin and stdout, through a cache of its own on the bus.
+/// `bench bus-reader`: [`read`] over stdin and stdout, through a cache of its own on the bus
+/// (with `--bare`, the floor's reader).
 pub fn reader_main(args: ReaderArgs) -> Result<(), BoxError> {
-    let cache = builder(&args.memcached, &args.flavor)
-        .near_bus(bus(&args.bus, &args.channel)?)
-        .build()?;
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         for line in std::io::stdin().lines() {
@@ -467,7 +522,15 @@ pub fn reader_main(args: ReaderArgs) -> Result<(), BoxError> {
         let _ = writeln!(out, "{line}");
         let _ = out.flush();
     };
-    if let Err(e) = read(&cache, rx.into_iter(), &mut reply) {
+    let done = match args.bare {
+        true => floor::reader_main(&args.memcached, &args.bus, &args.channel, rx, &mut reply),
+        false => builder(&args.memcached, &args.flavor)
+            .near_bus(bus(&args.bus, &args.channel)?)
+            .build()
+            .map_err(BoxError::from)
+            .and_then(|cache| read(&cache, args.spin, rx.into_iter(), &mut reply)),
+    };
+    if let Err(e) = done {
         reply(format!("error {e}"));
     }
     Ok(())

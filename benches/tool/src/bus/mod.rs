@@ -3,7 +3,7 @@
 //!
 //! | figure | what | beside |
 //! |---|---|---|
-//! | `latency` | from a write's return to another process's `get` returning the new value, p50 and p99 | per transport: RedisBus on Redis 7 and Valkey 9, RedisBus::cluster; InProcessBus (a thread) |
+//! | `latency` | from a write's return to another process's `get` returning the new value, p50 and p99 | per transport (RedisBus on Redis 7 and Valkey 9, RedisBus::cluster; InProcessBus, a thread), each beside its floor: the same store, publish and read on bare sockets |
 //! | `gets` | `AsyncCache::get` of 1,000 hot keys from 64 tasks in two processes, each rewriting 1%: gets/s, hit ratio, stale reads | the near tier alone; no near tier; over memcached and over Redis |
 //!
 //! ```text
@@ -16,6 +16,7 @@
 //! each round, `gets` every tier and variant in each round, the order rotating.
 
 pub(crate) mod args;
+pub(crate) mod floor;
 pub(crate) mod gets;
 pub(crate) mod latency;
 pub(crate) mod log;
