@@ -30,7 +30,7 @@ pub(crate) struct Counter {
 }
 
 impl Counter {
-    pub(crate) fn load(&self) -> u64 {
+    fn load(&self) -> u64 {
         self.n
             .iter()
             .fold(0u64, |sum, s| sum.wrapping_add(s.0.load(Ordering::Relaxed)))

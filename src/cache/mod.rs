@@ -130,6 +130,7 @@ impl Cache {
                     config.bus_heartbeat,
                     config.bus_wait,
                     stats.clone(),
+                    config.near.is_some(),
                 );
                 // Serve no copy before the bus is known to carry this cache's messages; wait
                 // for that a little (a transport that connects), not for a bus that is down.

@@ -19,7 +19,8 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use super::fence::Domain;
+use super::fence::{Domain, millis};
+use crate::stats::Counters;
 
 /// What a message says.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -596,10 +597,6 @@ const MAX_BATCH_BYTES: usize = 32 << 10;
 /// written): past it, they are given up, and the receivers told they missed an announcement.
 const MAX_PENDING_KEYS: usize = 100_000;
 
-fn bump(c: &crate::stats::Counter, n: u64) {
-    crate::stats::Counters::add(c, n);
-}
-
 /// What a cache's near tier reads of its bus on each hit: whether the bus is known to carry
 /// this cache's messages (and heard one lately), and its generation (bumped at each possible
 /// loss: a copy whose read was sent under an older one is not served as a hit).
@@ -607,31 +604,52 @@ fn bump(c: &crate::stats::Counter, n: u64) {
 pub(crate) struct Gate {
     healthy: AtomicBool,
     generation: AtomicU64,
-    /// The process's ticked clock, and when (on it) this cache last heard its own message:
-    /// a hit checks it, so that a bus that stopped carrying them is noticed by the first hit
-    /// past the bound, whatever the station's thread is doing (a publish that blocks).
-    ticker: Option<Arc<super::clock::Ticker>>,
+    /// When this cache last heard its own message (ms on [`Gate::now_ms`]): a hit checks it,
+    /// so that a bus that stopped carrying them is noticed by the first hit past the bound,
+    /// whatever the station's thread is doing (a publish that blocks).
     echo_ms: AtomicU64,
     /// How long without an echo a hit is still served: three heartbeats.
     bound_ms: u64,
+    /// The process's ticked clock, read on each hit (with a near tier); without one, or
+    /// without a ticker thread, the monotonic clock from `origin`.
+    ticker: Option<Arc<super::clock::Ticker>>,
+    origin: Instant,
 }
 
 impl Gate {
-    fn new(heartbeat: Duration) -> Gate {
+    /// A gate for `heartbeat`, on the ticked clock if `ticked` (a near tier reads it on each
+    /// hit; a cache that only announces starts no ticker).
+    fn new(heartbeat: Duration, ticked: bool) -> Gate {
         Gate {
             healthy: AtomicBool::new(false),
             generation: AtomicU64::new(0),
-            ticker: super::clock::Ticker::shared(),
             echo_ms: AtomicU64::new(0),
-            bound_ms: u64::try_from((heartbeat * 3).as_millis()).unwrap_or(u64::MAX),
+            bound_ms: millis(heartbeat * 3),
+            ticker: ticked.then(super::clock::Ticker::shared).flatten(),
+            origin: Instant::now(),
+        }
+    }
+
+    /// Ms on the gate's monotonic clock: every time the bus's station and its gate keep.
+    #[inline]
+    fn now_ms(&self) -> u64 {
+        match &self.ticker {
+            Some(t) => t.age_ms(),
+            None => millis(self.origin.elapsed()),
         }
     }
 
     /// This cache's own message came back now.
     fn echoed(&self) {
-        if let Some(t) = &self.ticker {
-            self.echo_ms.store(t.age_ms(), Ordering::SeqCst);
-        }
+        self.echo_ms.store(self.now_ms(), Ordering::SeqCst);
+    }
+
+    /// Whether this cache last heard its own message longer ago than the bound.
+    #[inline]
+    fn echo_overdue(&self) -> bool {
+        self.now_ms()
+            .saturating_sub(self.echo_ms.load(Ordering::Relaxed))
+            > self.bound_ms
     }
 
     /// The generation a read sent now is filled under.
@@ -648,11 +666,7 @@ impl Gate {
     pub(crate) fn serves(&self, generation: u64) -> bool {
         self.healthy.load(Ordering::SeqCst)
             && self.generation.load(Ordering::SeqCst) == generation
-            && self.ticker.as_ref().is_none_or(|t| {
-                t.age_ms()
-                    .saturating_sub(self.echo_ms.load(Ordering::Relaxed))
-                    <= self.bound_ms
-            })
+            && !self.echo_overdue()
     }
 }
 
@@ -724,24 +738,18 @@ struct Shared {
     wake: Condvar,
     receiver: Mutex<Receiver>,
     gate: Arc<Gate>,
-    /// When this cache last heard its own message (ms since `origin`).
-    echo_ms: AtomicU64,
     /// Whether the transport said its subscription broke since it last subscribed.
     disconnected: AtomicBool,
     /// Whether the transport ever said it subscribed.
     subscribed: AtomicBool,
-    /// Whether this cache's near tier may hold copies filled while the bus was not known
-    /// healthy (set once `build` stopped waiting for it): the bus's recovery stops them.
-    armed: AtomicBool,
     domain: Weak<Domain>,
     heartbeat: Duration,
-    origin: Instant,
-    counters: Arc<crate::stats::Counters>,
+    counters: Arc<Counters>,
 }
 
 impl Shared {
     fn now_ms(&self) -> u64 {
-        u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX)
+        self.gate.now_ms()
     }
 
     /// A message may have been lost: no copy filled before is served as a hit (counted as a
@@ -749,7 +757,7 @@ impl Shared {
     fn lost(&self) {
         self.gate.generation.fetch_add(1, Ordering::SeqCst);
         if self.gate.healthy.load(Ordering::SeqCst) {
-            bump(&self.counters.bus_flushes, 1);
+            Counters::add(&self.counters.bus_flushes, 1);
         }
     }
 
@@ -772,7 +780,7 @@ impl Shared {
                 let broke = self.disconnected.swap(false, Ordering::SeqCst);
                 // Its first subscription: nothing was missed, and no copy exists yet.
                 if broke || !first {
-                    bump(&self.counters.bus_reconnects, 1);
+                    Counters::add(&self.counters.bus_reconnects, 1);
                     self.down();
                 }
                 self.wake.notify_one();
@@ -781,7 +789,6 @@ impl Shared {
         };
         match heard {
             Heard::Echo => {
-                self.echo_ms.store(self.now_ms(), Ordering::SeqCst);
                 self.gate.echoed();
                 // A transport that told `Disconnected` and not yet `Reconnected` (from
                 // another thread) is not healthy, whatever came back meanwhile.
@@ -790,24 +797,22 @@ impl Shared {
                 {
                     // Copies filled while messages may have been missed are not served; what
                     // is filled from now on is covered by the messages this cache hears.
-                    if self.armed.load(Ordering::SeqCst) {
-                        self.gate.generation.fetch_add(1, Ordering::SeqCst);
-                    }
+                    self.gate.generation.fetch_add(1, Ordering::SeqCst);
                     self.gate.healthy.store(true, Ordering::SeqCst);
                 }
             }
             Heard::Foreign => {}
-            Heard::Nothing => bump(&self.counters.bus_received, 1),
+            Heard::Nothing => Counters::add(&self.counters.bus_received, 1),
             Heard::Drop(keys) => {
-                bump(&self.counters.bus_received, 1);
-                bump(&self.counters.bus_keys_dropped, keys.len() as u64);
+                Counters::add(&self.counters.bus_received, 1);
+                Counters::add(&self.counters.bus_keys_dropped, keys.len() as u64);
                 if let Some(domain) = self.domain.upgrade() {
                     domain.dropped(keys.iter().map(String::as_str));
                 }
             }
             Heard::Cleared => {
-                bump(&self.counters.bus_received, 1);
-                bump(&self.counters.bus_flushes, 1);
+                Counters::add(&self.counters.bus_received, 1);
+                Counters::add(&self.counters.bus_flushes, 1);
                 // Another cache's `clear`, as this process's own: no copy filled before it
                 // is served, not even through an outage.
                 if let Some(domain) = self.domain.upgrade() {
@@ -816,8 +821,8 @@ impl Shared {
             }
             Heard::Lost(loss) => {
                 if loss == Loss::Gap {
-                    bump(&self.counters.bus_received, 1);
-                    bump(&self.counters.bus_gaps, 1);
+                    Counters::add(&self.counters.bus_received, 1);
+                    Counters::add(&self.counters.bus_gaps, 1);
                 }
                 self.lost();
             }
@@ -832,11 +837,9 @@ impl Shared {
         let send = |sender: &mut Sender, body: Body, last: &mut Option<Instant>| {
             let bytes = sender.next(body).encode();
             self.transport.publish(&bytes);
-            bump(&self.counters.bus_sent, 1);
+            Counters::add(&self.counters.bus_sent, 1);
             *last = Some(Instant::now());
         };
-        let silent_after = self.heartbeat * 3;
-        let silent_ms = u64::try_from(silent_after.as_millis()).unwrap_or(u64::MAX);
         loop {
             let healthy = self.gate.healthy.load(Ordering::SeqCst);
             // Unhealthy, it says hello often, to hear itself back soon.
@@ -875,7 +878,11 @@ impl Shared {
             };
             if flush {
                 send(&mut sender, Body::Flush, &mut last_sent);
-            } else if !keys.is_empty() {
+            } else if keys.iter().map(|k| k.len() + 2).sum::<usize>() < MAX_BATCH_BYTES {
+                if !keys.is_empty() {
+                    send(&mut sender, Body::Drop(keys), &mut last_sent);
+                }
+            } else {
                 let mut batch = Vec::new();
                 let mut bytes = 0;
                 for k in keys {
@@ -901,17 +908,15 @@ impl Shared {
             if last_sent.is_none_or(|at| at.elapsed() >= every) {
                 send(&mut sender, Body::Heartbeat, &mut last_sent);
             }
-            let now_ms = self.now_ms();
-            let silent = self.receiver.lock().on_tick(now_ms);
+            let silent = self.receiver.lock().on_tick(self.now_ms());
             if silent > 0 {
-                bump(&self.counters.bus_heartbeats_missed, silent);
+                Counters::add(&self.counters.bus_heartbeats_missed, silent);
                 self.lost();
             }
-            let echo = self.echo_ms.load(Ordering::SeqCst);
-            if self.gate.healthy.load(Ordering::SeqCst) && now_ms.saturating_sub(echo) > silent_ms {
+            if self.gate.healthy.load(Ordering::SeqCst) && self.gate.echo_overdue() {
                 // Its own messages stopped coming back: a paused bus, a broken publisher or
                 // a subscription that broke without a word.
-                bump(&self.counters.bus_heartbeats_missed, 1);
+                Counters::add(&self.counters.bus_heartbeats_missed, 1);
                 self.down();
             }
         }
@@ -932,13 +937,14 @@ pub(crate) struct Station {
 impl Station {
     /// Joins `transport` as a new cache instance whose copies live in `domain`, sending a
     /// heartbeat after each `heartbeat` of silence; its drop waits at most `linger` for its
-    /// last messages to go.
+    /// last messages to go. `near`: the cache has a near tier (its hits read the gate).
     pub(crate) fn join(
         transport: Arc<dyn BusTransport>,
         domain: &Arc<Domain>,
         heartbeat: Duration,
         linger: Duration,
-        counters: Arc<crate::stats::Counters>,
+        counters: Arc<Counters>,
+        near: bool,
     ) -> Station {
         let id = (u128::from(crate::rng::entropy()) << 64) | u128::from(crate::rng::entropy());
         let epoch = crate::rng::entropy();
@@ -947,14 +953,11 @@ impl Station {
             outbox: Mutex::default(),
             wake: Condvar::new(),
             receiver: Mutex::new(Receiver::new(id)),
-            gate: Arc::new(Gate::new(heartbeat)),
-            echo_ms: AtomicU64::new(0),
+            gate: Arc::new(Gate::new(heartbeat, near)),
             disconnected: AtomicBool::new(false),
             subscribed: AtomicBool::new(false),
-            armed: AtomicBool::new(false),
             domain: Arc::downgrade(domain),
             heartbeat,
-            origin: Instant::now(),
             counters,
         });
         let weak = Arc::downgrade(&shared);
@@ -990,21 +993,19 @@ impl Station {
         self.shared.gate.clone()
     }
 
-    /// Waits up to `timeout` until the bus is known healthy, before the cache's near tier
-    /// exists; from then on, a recovery of the bus stops what was filled before it.
+    /// Waits up to `timeout` until the bus is known healthy (before the cache's near tier
+    /// exists: each recovery of the bus stops what was filled before it).
     pub(crate) fn wait_healthy(&self, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
-        let healthy = loop {
+        loop {
             if self.shared.gate.healthy.load(Ordering::SeqCst) {
-                break true;
+                return true;
             }
             if Instant::now() >= deadline {
-                break false;
+                return false;
             }
             std::thread::sleep(Duration::from_millis(1));
-        };
-        self.shared.armed.store(true, Ordering::SeqCst);
-        healthy
+        }
     }
 
     /// Announces that `keys` were written: now, or, for writes that may still land
@@ -1148,11 +1149,10 @@ mod station_tests {
         let bus = Arc::new(Lossy::default());
         let (da, db) = (domain("a"), domain("b"));
         let (ca, cb) = (counters(), counters());
-        let a = Station::join(bus.clone(), &da, HB, LINGER, ca.clone());
-        let b = Station::join(bus.clone(), &db, HB, LINGER, cb.clone());
+        let a = Station::join(bus.clone(), &da, HB, LINGER, ca.clone(), true);
+        let b = Station::join(bus.clone(), &db, HB, LINGER, cb.clone(), true);
         assert!(a.wait_healthy(Duration::from_secs(10)));
         assert!(b.wait_healthy(Duration::from_secs(10)));
-        let load = |c: &crate::stats::Counter| c.load();
 
         // An announced key's copy goes; another key's stays; its own announcement drops none.
         let k = read(&db, &b, "k");
@@ -1161,7 +1161,7 @@ mod station_tests {
         a.announce(&["k"], None);
         until("k dropped", || !serves(&db, &b, &k));
         assert!(serves(&db, &b, &other));
-        assert_eq!(load(&cb.bus_keys_dropped), 1);
+        assert_eq!(cb.snapshot().bus_keys_dropped, 1);
         assert!(serves(&da, &a, &own), "its own message is no drop");
 
         // A lost message is a gap: b stops serving when a's next message (a heartbeat) comes,
@@ -1170,7 +1170,7 @@ mod station_tests {
         bus.lose_next.store(true, Ordering::SeqCst);
         a.announce(&["lost"], None);
         until("the gap seen", || !serves(&db, &b, &t));
-        assert_eq!(load(&cb.bus_gaps), 1);
+        assert_eq!(cb.snapshot().bus_gaps, 1);
         assert!(serves(&db, &b, &read(&db, &b, "another")));
 
         // A broken subscription stops serving until the cache hears itself again; a copy
@@ -1183,18 +1183,18 @@ mod station_tests {
         until("healthy again", || b.gate().healthy.load(Ordering::SeqCst));
         assert!(!serves(&db, &b, &during));
         assert!(serves(&db, &b, &read(&db, &b, "another")));
-        assert_eq!(load(&cb.bus_reconnects), 1);
+        assert_eq!(cb.snapshot().bus_reconnects, 1);
 
         // A sender that leaves is no loss; a new one (a restart) stops nothing.
-        let flushes = load(&cb.bus_flushes);
+        let flushes = cb.snapshot().bus_flushes;
         let t = read(&db, &b, "another");
         drop(a);
-        let a2 = Station::join(bus.clone(), &da, HB, LINGER, counters());
+        let a2 = Station::join(bus.clone(), &da, HB, LINGER, counters(), true);
         assert!(a2.wait_healthy(Duration::from_secs(10)));
         std::thread::sleep(HB * 8);
         assert!(serves(&db, &b, &t), "a restart stops nobody's copies");
-        assert_eq!(load(&cb.bus_flushes), flushes);
-        assert_eq!(load(&cb.bus_heartbeats_missed), 0);
+        assert_eq!(cb.snapshot().bus_flushes, flushes);
+        assert_eq!(cb.snapshot().bus_heartbeats_missed, 0);
 
         // A paused bus: nobody hears anything; each cache misses its own messages and serves
         // nothing until the bus carries them again.
@@ -1202,7 +1202,7 @@ mod station_tests {
         bus.paused.store(true, Ordering::SeqCst);
         until("unhealthy", || !b.gate().healthy.load(Ordering::SeqCst));
         assert!(!serves(&db, &b, &t));
-        assert!(load(&cb.bus_heartbeats_missed) >= 1);
+        assert!(cb.snapshot().bus_heartbeats_missed >= 1);
         bus.paused.store(false, Ordering::SeqCst);
         until("healthy after the pause", || {
             b.gate().healthy.load(Ordering::SeqCst)
