@@ -545,18 +545,45 @@ pub trait BusTransport: std::fmt::Debug + Send + Sync {
     fn subscribe(&self, listener: BusListener);
 }
 
+/// A transport's listeners: an event is handed to each, and one that returns `false` (its
+/// cache is gone) is dropped. The fan-out of every transport.
+#[derive(Default)]
+pub(crate) struct Listeners(Mutex<Vec<BusListener>>);
+
+impl Listeners {
+    pub(crate) fn add(&self, listener: BusListener) {
+        self.0.lock().push(listener);
+    }
+
+    fn len(&self) -> usize {
+        self.0.lock().len()
+    }
+
+    /// Hands `event` to every listener, the list unlocked meanwhile (a listener may publish,
+    /// or a cache join).
+    pub(crate) fn tell(&self, event: BusEvent<'_>) {
+        let all = self.0.lock().clone();
+        let gone: Vec<_> = all.iter().filter(|l| !l(event)).cloned().collect();
+        if !gone.is_empty() {
+            self.0
+                .lock()
+                .retain(|l| !gone.iter().any(|g| Arc::ptr_eq(l, g)));
+        }
+    }
+}
+
 /// A bus within one process: every published message is handed to every listener at once, on
 /// the publishing thread. For caches of one process that share no store (a store they share
 /// is fenced without a bus), and for tests.
 #[derive(Default)]
 pub struct InProcessBus {
-    listeners: parking_lot::Mutex<Vec<BusListener>>,
+    listeners: Listeners,
 }
 
 impl std::fmt::Debug for InProcessBus {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("InProcessBus")
-            .field("listeners", &self.listeners.lock().len())
+            .field("listeners", &self.listeners.len())
             .finish()
     }
 }
@@ -570,21 +597,10 @@ impl InProcessBus {
 
 impl BusTransport for InProcessBus {
     fn publish(&self, message: &[u8]) {
-        let listeners = self.listeners.lock().clone();
-        let mut gone = Vec::new();
-        for l in &listeners {
-            if !l(BusEvent::Message(message)) {
-                gone.push(l.clone());
-            }
-        }
-        if !gone.is_empty() {
-            self.listeners
-                .lock()
-                .retain(|l| !gone.iter().any(|g| Arc::ptr_eq(l, g)));
-        }
+        self.listeners.tell(BusEvent::Message(message));
     }
     fn subscribe(&self, listener: BusListener) {
-        self.listeners.lock().push(listener.clone());
+        self.listeners.add(listener.clone());
         // Subscribed at once: say so, as a transport that connects does.
         listener(BusEvent::Reconnected);
     }
@@ -1082,9 +1098,7 @@ mod station_tests {
 
     impl Lossy {
         fn tell(&self, event: BusEvent<'_>) {
-            for l in self.bus.listeners.lock().clone() {
-                l(event);
-            }
+            self.bus.listeners.tell(event);
         }
     }
 

@@ -1080,6 +1080,57 @@ fn a_disconnected_bus_serves_no_near_hits_until_it_hears_itself() {
     assert!(delta(&before, &after, |s| s.bus_flushes) >= 1, "{after:?}");
 }
 
+/// A bus whose URL names an ACL user subscribes and publishes as that user (the set-up every
+/// sync connection sends), on a server that refuses a connection that does not authenticate.
+#[cfg(feature = "redis")]
+#[test]
+fn a_bus_url_with_an_acl_user_subscribes_and_publishes_as_it() {
+    let server = crate::fixture::RedisServer::start("redis-server");
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_connection().unwrap();
+    let () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("bus-user")
+        .arg("on")
+        .arg(">secret")
+        .arg(&["~*", "&*", "+@all"])
+        .query(&mut conn)
+        .unwrap();
+    let () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("default")
+        .arg("off")
+        .query(&mut conn)
+        .unwrap();
+    let url = format!("redis://bus-user:secret@127.0.0.1:{}/0", server.port);
+    let bus = newcache::RedisBus::new(&url, unique_flavor("acl-bus")).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<Option<Vec<u8>>>();
+    let tx = Mutex::new(tx);
+    let listener: BusListener = Arc::new(move |e: BusEvent<'_>| {
+        let heard = match e {
+            BusEvent::Message(m) => Some(m.to_vec()),
+            _ => None,
+        };
+        let _ = tx.lock().unwrap().send(heard);
+        true
+    });
+    bus.subscribe(listener);
+    assert_eq!(
+        rx.recv_timeout(Duration::from_secs(10)),
+        Ok(None),
+        "the subscriber authenticated and subscribed"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        assert!(Instant::now() < deadline, "the publisher never got through");
+        bus.publish(b"hello");
+        if let Ok(Some(m)) = rx.recv_timeout(Duration::from_millis(200)) {
+            assert_eq!(m, b"hello");
+            break;
+        }
+    }
+}
+
 /// The server cuts the subscribers off (`CLIENT KILL TYPE pubsub` on a Redis of the test's
 /// own, the bus's): the reader counts a reconnect, its copies filled before are flushed (read
 /// from the shared tier once), it serves hits again once it hears itself, and hears the

@@ -168,29 +168,20 @@ impl Blocking {
 
     /// The next reply, read as it comes.
     pub(super) fn recv(&mut self) -> RedisResult<Value> {
-        loop {
-            match whole(&self.buf[self.at..self.end], &mut self.scan) {
-                Ok(Some((Found::Value(v), used))) => {
-                    self.consumed(self.at + used);
-                    return Ok(v);
-                }
-                Ok(Some((Found::Bulk(r), used))) => {
-                    let v = Value::BulkString(self.buf[self.at..][r].to_vec());
-                    self.consumed(self.at + used);
-                    return Ok(v);
-                }
-                Ok(None) => self.fill()?,
-                Err(e) => {
-                    self.open = false;
-                    return Err(e);
-                }
-            }
+        match self.recv_inner(false)? {
+            Some(v) => Ok(v),
+            None => unreachable!("a read that may not idle never comes back empty"),
         }
     }
 
     /// The next reply, or `None` if none came within the read timeout: a subscriber's wait,
     /// which leaves the connection open (what was read of a reply so far is kept).
     pub(super) fn recv_or_idle(&mut self) -> RedisResult<Option<Value>> {
+        self.recv_inner(true)
+    }
+
+    /// The next reply; `None` only if `idle_ok` and the read timed out ([`read_more`](Blocking::read_more)).
+    fn recv_inner(&mut self, idle_ok: bool) -> RedisResult<Option<Value>> {
         loop {
             match whole(&self.buf[self.at..self.end], &mut self.scan) {
                 Ok(Some((Found::Value(v), used))) => {
@@ -203,7 +194,7 @@ impl Blocking {
                     return Ok(Some(v));
                 }
                 Ok(None) => {
-                    if !self.fill_unless_idle()? {
+                    if !self.read_more(idle_ok)? {
                         return Ok(None);
                     }
                 }
@@ -263,7 +254,7 @@ impl Blocking {
             }
             self.consumed(at);
             if want > 0 {
-                self.fill()?;
+                self.read_more(false)?;
             }
         }
         Ok(())
@@ -283,18 +274,8 @@ impl Blocking {
     }
 
     /// Reads what the server sent next, after the unparsed bytes (moved to the front, or the
-    /// buffer grown, when it is full).
-    fn fill(&mut self) -> RedisResult<()> {
-        self.read_more(false).map(|_| ())
-    }
-
-    /// As [`fill`](Blocking::fill); `false` if the read timed out (nothing broken).
-    fn fill_unless_idle(&mut self) -> RedisResult<bool> {
-        self.read_more(true)
-    }
-
-    /// Reads more; a timeout is `Ok(false)` if `idle_ok`, else an error that breaks the
-    /// connection.
+    /// buffer grown, when it is full). A timeout is `Ok(false)` if `idle_ok` (nothing broken),
+    /// else an error that breaks the connection.
     fn read_more(&mut self, idle_ok: bool) -> RedisResult<bool> {
         if self.end == self.buf.len() {
             if self.at > 0 {

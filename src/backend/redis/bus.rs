@@ -14,6 +14,7 @@
 //! no per-key table on the server) every write under the prefix is pushed, the herd protocol's
 //! claims included, which pub/sub's announcements leave out.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -21,8 +22,10 @@ use parking_lot::Mutex;
 use redis::Value;
 
 use super::blocking::Blocking;
+use super::request::{self, Replies, pack_all};
+use super::setup::SetUp;
 use super::slots::{addr_of, parse_slots, slot_of};
-use crate::near::bus::{BusEvent, BusListener, BusTransport};
+use crate::near::bus::{BusEvent, BusListener, BusTransport, Listeners};
 
 /// How long the subscriber waits for a message before it checks that its bus still exists.
 const POLL: Duration = Duration::from_millis(200);
@@ -35,49 +38,89 @@ const SILENT: Duration = Duration::from_secs(1);
 /// this time is treated as gone (the bus's own heartbeats tell its caches).
 const IO: Duration = Duration::from_millis(500);
 
+/// A server: its address, and its URL's settings (credentials, database, protocol).
+#[derive(Clone)]
+struct Node {
+    /// `host:port` ([`addr_of`]).
+    addr: String,
+    settings: redis::RedisConnectionInfo,
+}
+
+impl Node {
+    /// The node of the URL `url`.
+    fn of(url: &str) -> crate::Result<Node> {
+        let client = redis::Client::open(url)
+            .map_err(|e| crate::Error::config(format!("the bus's Redis URL: {e}")))?;
+        let info = client.get_connection_info();
+        match info.addr() {
+            redis::ConnectionAddr::Tcp(host, port) => Ok(Node {
+                addr: addr_of(host, *port),
+                settings: info.redis_settings().clone(),
+            }),
+            _ => Err(crate::Error::config(
+                "the bus's Redis URL: the bus speaks plain TCP (redis://), not TLS or a Unix socket",
+            )),
+        }
+    }
+
+    /// A connection to it, set up as the pool's are ([`SetUp::open`]), each step and then
+    /// each read and write bounded by [`IO`]. Newcache's own connection, not redis-rs's: a
+    /// subscriber's wait for the next message that times out must leave the connection as
+    /// it was (redis-rs's sync reader would skip the next reply after it).
+    fn open(&self) -> Option<Blocking> {
+        let conn = SetUp::whole(&self.settings)
+            .open(&self.addr, Instant::now(), IO, Ok, None)
+            .ok()?;
+        conn.set_timeouts(IO).ok()?;
+        Some(conn)
+    }
+
+    /// The same server's credentials at `addr` (a cluster's master, found through a seed).
+    fn at(&self, addr: String) -> Node {
+        Node {
+            addr,
+            settings: self.settings.clone(),
+        }
+    }
+}
+
 /// Where the channel lives.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 enum Where {
     /// One server: `PUBLISH` and `SUBSCRIBE`.
-    Server(Box<redis::Client>),
+    Server(Node),
     /// A cluster, reached through these seeds: `SPUBLISH` and `SSUBSCRIBE` on the master
     /// serving the channel's slot.
-    Cluster(Vec<redis::Client>),
+    Cluster(Vec<Node>),
 }
 
 impl Where {
     /// A connection to the server that carries `channel`.
-    fn connect(&self, channel: &str) -> Option<redis::Connection> {
-        let client = match self {
-            Where::Server(client) => (**client).clone(),
-            Where::Cluster(seeds) => Where::owner(seeds, channel)?,
-        };
-        let conn = client.get_connection_with_timeout(IO).ok()?;
-        conn.set_read_timeout(Some(IO)).ok()?;
-        conn.set_write_timeout(Some(IO)).ok()?;
-        Some(conn)
+    fn connect(&self, channel: &str) -> Option<Blocking> {
+        match self {
+            Where::Server(node) => node.open(),
+            Where::Cluster(seeds) => Where::owner(seeds, channel)?.open(),
+        }
     }
 
     /// The master that serves `channel`'s slot, asked of the first seed that answers.
-    fn owner(seeds: &[redis::Client], channel: &str) -> Option<redis::Client> {
+    fn owner(seeds: &[Node], channel: &str) -> Option<Node> {
         let slot = slot_of(channel.as_bytes());
         seeds.iter().find_map(|seed| {
-            let mut conn = seed.get_connection_with_timeout(IO).ok()?;
-            conn.set_read_timeout(Some(IO)).ok()?;
-            let reply: Value = redis::cmd("CLUSTER").arg("SLOTS").query(&mut conn).ok()?;
-            let asked = seed.get_connection_info().addr().to_string();
-            let ranges = parse_slots(reply, &asked).ok()?;
-            let range = ranges
+            let mut conn = seed.open()?;
+            let ask = request::Builder::cluster_slots();
+            let cmds: Vec<_> = ask.commands.iter().map(|c| &c.cmd).collect();
+            let mut packed = Vec::new();
+            pack_all(&cmds, &mut packed);
+            conn.send(&packed).ok()?;
+            let mut replies = Replies::new();
+            conn.recv_many(cmds.len(), &mut replies).ok()?;
+            let reply = ask.answer(replies).ok()?;
+            let range = parse_slots(reply, &seed.addr)
+                .ok()?
                 .into_iter()
                 .find(|r| (r.first..=r.last).contains(&slot))?;
-            let mut info = seed.get_connection_info().clone();
-            let (host, port) = range.addr.rsplit_once(':')?;
-            let host = host.trim_start_matches('[').trim_end_matches(']');
-            info = info.set_addr(redis::ConnectionAddr::Tcp(
-                host.to_owned(),
-                port.parse().ok()?,
-            ));
-            redis::Client::open(info).ok()
+            Some(seed.at(range.addr))
         })
     }
 
@@ -86,36 +129,13 @@ impl Where {
     }
 
     /// A subscriber's connection to the server that carries `channel`, subscribed with
-    /// `command` (`SUBSCRIBE` or `SSUBSCRIBE`), its reads bounded by [`POLL`]. Its own
-    /// connection, not redis-rs's: a wait for the next message that times out must leave the
-    /// connection as it was (redis-rs's sync reader would skip the next reply after it).
+    /// `command` (`SUBSCRIBE` or `SSUBSCRIBE`), its reads bounded by [`POLL`].
     fn subscribe(&self, command: &str, channel: &str) -> Option<Blocking> {
-        let client = match self {
-            Where::Server(client) => (**client).clone(),
-            Where::Cluster(seeds) => Where::owner(seeds, channel)?,
-        };
-        let info = client.get_connection_info();
-        let redis::ConnectionAddr::Tcp(host, port) = info.addr() else {
-            return None;
-        };
-        let mut conn = Blocking::connect(&addr_of(host, *port), Instant::now(), IO).ok()?;
-        let settings = info.redis_settings();
-        let mut ask = |cmd: redis::Cmd| -> Option<Value> {
-            conn.send(&cmd.get_packed_command()).ok()?;
-            conn.recv().ok()
-        };
-        if let Some(password) = settings.password() {
-            let mut auth = redis::cmd("AUTH");
-            if let Some(user) = settings.username() {
-                auth.arg(user);
-            }
-            match ask(auth.arg(password).clone())? {
-                Value::Okay | Value::SimpleString(_) => {}
-                _ => return None,
-            }
-        }
+        let mut conn = self.connect(channel)?;
+        conn.send(&redis::cmd(command).arg(channel).get_packed_command())
+            .ok()?;
         // The confirmation: `[subscribe, channel, count]`.
-        match ask(redis::cmd(command).arg(channel).clone())? {
+        match conn.recv().ok()? {
             Value::Array(v) | Value::Push { data: v, .. } if v.len() == 3 => {}
             _ => return None,
         }
@@ -147,9 +167,9 @@ impl Where {
 pub struct RedisBus {
     place: Where,
     channel: String,
-    publisher: Mutex<Option<redis::Connection>>,
-    listeners: Arc<Mutex<Vec<BusListener>>>,
-    subscribed: Mutex<bool>,
+    publisher: Mutex<Option<Blocking>>,
+    listeners: Arc<Listeners>,
+    subscribed: AtomicBool,
 }
 
 impl std::fmt::Debug for RedisBus {
@@ -158,17 +178,6 @@ impl std::fmt::Debug for RedisBus {
             .field("channel", &self.channel)
             .field("sharded", &self.place.sharded())
             .finish_non_exhaustive()
-    }
-}
-
-fn client(url: &str) -> crate::Result<redis::Client> {
-    let client = redis::Client::open(url)
-        .map_err(|e| crate::Error::config(format!("the bus's Redis URL: {e}")))?;
-    match client.get_connection_info().addr() {
-        redis::ConnectionAddr::Tcp(..) => Ok(client),
-        _ => Err(crate::Error::config(
-            "the bus's Redis URL: the bus speaks plain TCP (redis://), not TLS or a Unix socket",
-        )),
     }
 }
 
@@ -182,7 +191,7 @@ impl RedisBus {
     /// `is_config()` for a URL redis-rs does not read.
     pub fn new(url: &str, channel: impl Into<String>) -> crate::Result<Arc<RedisBus>> {
         Ok(RedisBus::with(
-            Where::Server(Box::new(client(url)?)),
+            Where::Server(Node::of(url)?),
             channel.into(),
         ))
     }
@@ -200,7 +209,7 @@ impl RedisBus {
     ) -> crate::Result<Arc<RedisBus>> {
         let seeds = seeds
             .into_iter()
-            .map(|s| client(s.as_ref()))
+            .map(|s| Node::of(s.as_ref()))
             .collect::<crate::Result<Vec<_>>>()?;
         if seeds.is_empty() {
             return Err(crate::Error::config("RedisBus::cluster needs a seed"));
@@ -214,25 +223,19 @@ impl RedisBus {
             channel,
             publisher: Mutex::new(None),
             listeners: Arc::default(),
-            subscribed: Mutex::new(false),
+            subscribed: AtomicBool::new(false),
         })
     }
 
     /// The subscriber: connects, subscribes, tells the listeners it (re)connected, and hands
     /// them every message until the subscription breaks (then says so, and starts over) or
     /// the bus is dropped.
-    fn listen(place: Where, channel: String, listeners: Weak<Mutex<Vec<BusListener>>>) {
+    fn listen(place: Where, channel: String, listeners: Weak<Listeners>) {
         let tell = |event: BusEvent<'_>| -> bool {
             let Some(listeners) = listeners.upgrade() else {
                 return false;
             };
-            let all = listeners.lock().clone();
-            let gone: Vec<_> = all.iter().filter(|l| !l(event)).cloned().collect();
-            if !gone.is_empty() {
-                listeners
-                    .lock()
-                    .retain(|l| !gone.iter().any(|g| Arc::ptr_eq(l, g)));
-            }
+            listeners.tell(event);
             true
         };
         let (subscribe, message, unsubscribe) = match place.sharded() {
@@ -317,21 +320,22 @@ impl BusTransport for RedisBus {
             true => "SPUBLISH",
             false => "PUBLISH",
         };
-        let sent: redis::RedisResult<i64> = redis::cmd(command)
+        let packed = redis::cmd(command)
             .arg(&self.channel)
             .arg(message)
-            .query(conn);
-        if sent.is_err() {
-            // A broken connection, a timeout, a slot that moved: connect anew next time.
+            .get_packed_command();
+        // The reply: how many subscribers heard it.
+        let sent = conn.send(&packed).and_then(|()| conn.recv());
+        if !matches!(sent, Ok(Value::Int(_))) {
+            // A broken connection, a timeout, a refusal, a slot that moved: connect anew
+            // next time.
             *publisher = None;
         }
     }
 
     fn subscribe(&self, listener: BusListener) {
-        self.listeners.lock().push(listener);
-        let mut subscribed = self.subscribed.lock();
-        if !*subscribed {
-            *subscribed = true;
+        self.listeners.add(listener);
+        if !self.subscribed.swap(true, Ordering::AcqRel) {
             let (place, channel) = (self.place.clone(), self.channel.clone());
             let listeners = Arc::downgrade(&self.listeners);
             let _ = std::thread::Builder::new()

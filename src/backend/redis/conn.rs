@@ -16,7 +16,7 @@ use super::blocking::Blocking;
 use super::request::{Pack, Replies, pack_all};
 
 use super::clients::{self, ClientId, Clients};
-use super::setup::{Auth, SetUp};
+use super::setup::SetUp;
 use super::{Failure, RedisConfig};
 use crate::backend::memcached::IDLE_TIMEOUT;
 use crate::error::{Error, ErrorKind};
@@ -166,12 +166,6 @@ impl Pool {
 
     fn connect_within(&self, connect_timeout: Duration) -> Result<Box<Open>, Failure> {
         let started = Instant::now();
-        // What is left of connect_timeout (a millisecond at least: a zero timeout is refused).
-        let left = || {
-            connect_timeout
-                .saturating_sub(started.elapsed())
-                .max(Duration::from_millis(1))
-        };
         let io = |e: std::io::Error| super::connect_failure(e.into());
         // The TLS settings first (the system's roots read): the handshake then has what the
         // TCP connect left of connect_timeout.
@@ -180,65 +174,23 @@ impl Pool {
             Some(tls) => Some((tls, tls.config().map_err(Failure::Local)?)),
             None => None,
         };
-        let conn = Blocking::connect(&self.addr, started, connect_timeout).map_err(io)?;
-        #[cfg(feature = "redis-tls")]
-        let conn = match tls {
-            Some((tls, settings)) => conn
-                .tls(|sock| tls.run_blocking(settings, sock))
-                .map_err(io)?,
-            None => conn,
+        let over = |conn: Blocking| {
+            #[cfg(feature = "redis-tls")]
+            if let Some((tls, settings)) = tls {
+                return conn.tls(|sock| tls.run_blocking(settings, sock));
+            }
+            Ok(conn)
         };
-        let set_timeouts = |conn: &Blocking, t: Duration| conn.set_timeouts(t).map_err(io);
-        set_timeouts(&conn, left())?;
-        let mut conn = conn;
-        // `HELLO` or `AUTH`, `SELECT` and `CLIENT INFO` pipelined, each reply read within what
-        // is left.
-        let hello = self.set_up.hello();
-        let select = self.set_up.select();
-        let mut again = false;
-        loop {
-            let auth = self.set_up.auth(again);
-            let mut packed = Vec::new();
-            for cmd in hello.into_iter().chain(auth).chain(&select) {
-                cmd.write_packed_command(&mut packed);
-            }
-            clients::info().write_packed_command(&mut packed);
-            conn.send(&packed).map_err(super::connect_failure)?;
-            set_timeouts(&conn, left())?;
-            if hello.is_some() {
-                self.set_up.helloed(conn.recv())?;
-                set_timeouts(&conn, left())?;
-            }
-            if auth.is_some() {
-                let authed = self.set_up.authenticated(conn.recv(), again)?;
-                set_timeouts(&conn, left())?;
-                if authed == Auth::Again {
-                    // `SELECT` and `CLIENT INFO` were refused unauthenticated: their replies
-                    // are skipped, and the set-up goes again with `AUTH`'s old form.
-                    for _ in 0..usize::from(select.is_some()) + 1 {
-                        set_timeouts(&conn, left())?;
-                        if let Err(e) = conn.recv() {
-                            if e.code().is_none() {
-                                return Err(super::connect_failure(e));
-                            }
-                        }
-                    }
-                    set_timeouts(&conn, left())?;
-                    again = true;
-                    continue;
-                }
-            }
-            break;
-        }
-        if select.is_some() {
-            self.set_up.selected(conn.recv())?;
-            set_timeouts(&conn, left())?;
-        }
+        // `CLIENT INFO` pipelined with the set-up, its reply read within what is left.
+        let info = clients::info();
+        let mut conn = self
+            .set_up
+            .open(&self.addr, started, connect_timeout, over, Some(&info))?;
         let client = self
             .clients
             .learned(conn.recv())
             .map_err(super::connect_failure)?;
-        set_timeouts(&conn, self.io_timeout)?;
+        conn.set_timeouts(self.io_timeout).map_err(io)?;
         Ok(Box::new(Open {
             conn,
             client,

@@ -635,7 +635,7 @@ impl RedisBackend {
     /// The slot map, as this node sees it, asked within what is left until `by`, when given (a cluster batch's refresh: its connect
     /// and its reply within the batch's connect deadline, [`LATE`](conn::LATE) at least).
     pub(super) fn slots_by(&self, by: Option<Instant>) -> Result<Vec<slots::Range>> {
-        let sent = self.begin_by(Ok(self.shared.requests.cluster_slots()), by)?;
+        let sent = self.begin_by(Ok(request::Builder::cluster_slots()), by)?;
         let mut window = by.map(|by| Window::until(by, self.shared.options.io_timeout));
         let reply = self.finish(sent, window.as_mut())?;
         slots::parse_slots(reply, &self.shared.addr).map_err(|e| self.shared.annotate(e))

@@ -208,7 +208,9 @@ impl Inner {
 
     /// The slot map, as this node sees it.
     pub(super) async fn slots(self: &Arc<Self>) -> Result<Vec<super::slots::Range>> {
-        let reply = self.run(Ok(self.shared.requests.cluster_slots())).await?;
+        let reply = self
+            .run(Ok(super::request::Builder::cluster_slots()))
+            .await?;
         super::slots::parse_slots(reply, &self.shared.addr).map_err(|e| self.shared.annotate(e))
     }
 

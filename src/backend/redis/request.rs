@@ -736,7 +736,7 @@ impl Builder {
     }
 
     /// `CLUSTER SLOTS`: which master serves which slots.
-    pub(super) fn cluster_slots(&self) -> Request<Value> {
+    pub(super) fn cluster_slots() -> Request<Value> {
         let mut cmd = redis::cmd("CLUSTER");
         cmd.arg("SLOTS");
         Request::one(cmd, None, false, only)

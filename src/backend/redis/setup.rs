@@ -1,6 +1,7 @@
 //! A new connection's set-up, sent by newcache rather than by redis-rs: `AUTH` (with RESP2),
-//! `SELECT` and `CLIENT INFO` ([`clients::info`](super::clients::info)); on the sync pool,
-//! whose connections are newcache's own (`blocking.rs`), RESP3's `HELLO` too ([`SetUp::whole`]).
+//! `SELECT` and `CLIENT INFO` ([`clients::info`](super::clients::info)); on the sync pool and
+//! the bus, whose connections are newcache's own (`blocking.rs`), RESP3's `HELLO` too
+//! ([`SetUp::whole`]), all sent by [`SetUp::open`].
 //!
 //! On the async view redis-rs is left RESP3's `HELLO`, which carries the credentials (a server
 //! refusing it keeps its reply), and `CLIENT SETINFO` ([`SetUp::split`]). Its `AUTH` does not
@@ -11,8 +12,11 @@
 //! connect timeout, however long the one before took; here, each is read within what is left of
 //! it.
 
+use std::time::{Duration, Instant};
+
 use redis::{RedisConnectionInfo, Value};
 
+use super::blocking::Blocking;
 use super::reply::{self, Failure, at_maxclients, connect_failure, denial, select_failure};
 use crate::error::{Error, ErrorKind};
 
@@ -234,6 +238,77 @@ impl SetUp {
             Ok(_) => Ok(()),
             Err(e) => Err(select_failure(e, self.db.unwrap_or_default())),
         }
+    }
+
+    /// A new connection of newcache's own to `addr` (`host:port`), `over` it (the TLS of a
+    /// `rediss://` server, or nothing), its set-up done: `HELLO` or `AUTH`, then `SELECT`,
+    /// pipelined, each reply read within what is left of `connect_timeout` from `started`
+    /// (before any work the caller counts against it). `then`, if given,
+    /// is pipelined after the set-up in the same round trip; its reply is left to the caller,
+    /// to be read within what is left (the socket's timeouts are set to it).
+    ///
+    /// The one set-up of every sync connection: the pool's (`then` its `CLIENT INFO`) and the
+    /// bus's subscriber and publisher.
+    pub(super) fn open(
+        &self,
+        addr: &str,
+        started: Instant,
+        connect_timeout: Duration,
+        over: impl FnOnce(Blocking) -> std::io::Result<Blocking>,
+        then: Option<&redis::Cmd>,
+    ) -> Result<Blocking, Failure> {
+        // What is left of connect_timeout (a millisecond at least: a zero timeout is refused).
+        let left = || {
+            connect_timeout
+                .saturating_sub(started.elapsed())
+                .max(Duration::from_millis(1))
+        };
+        let io = |e: std::io::Error| connect_failure(e.into());
+        let conn = Blocking::connect(addr, started, connect_timeout).map_err(io)?;
+        let mut conn = over(conn).map_err(io)?;
+        let set_timeouts = |conn: &Blocking, t: Duration| conn.set_timeouts(t).map_err(io);
+        set_timeouts(&conn, left())?;
+        let hello = self.hello();
+        let select = self.select();
+        let mut again = false;
+        loop {
+            let auth = self.auth(again);
+            let mut packed = Vec::new();
+            for cmd in hello.into_iter().chain(auth).chain(&select).chain(then) {
+                cmd.write_packed_command(&mut packed);
+            }
+            conn.send(&packed).map_err(connect_failure)?;
+            set_timeouts(&conn, left())?;
+            if hello.is_some() {
+                self.helloed(conn.recv())?;
+                set_timeouts(&conn, left())?;
+            }
+            if auth.is_some() {
+                let authed = self.authenticated(conn.recv(), again)?;
+                set_timeouts(&conn, left())?;
+                if authed == Auth::Again {
+                    // `SELECT` and `then` were refused unauthenticated: their replies are
+                    // skipped, and the set-up goes again with `AUTH`'s old form.
+                    for _ in 0..usize::from(select.is_some()) + usize::from(then.is_some()) {
+                        set_timeouts(&conn, left())?;
+                        if let Err(e) = conn.recv() {
+                            if e.code().is_none() {
+                                return Err(connect_failure(e));
+                            }
+                        }
+                    }
+                    set_timeouts(&conn, left())?;
+                    again = true;
+                    continue;
+                }
+            }
+            break;
+        }
+        if select.is_some() {
+            self.selected(conn.recv())?;
+            set_timeouts(&conn, left())?;
+        }
+        Ok(conn)
     }
 }
 
