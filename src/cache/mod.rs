@@ -148,21 +148,24 @@ impl Cache {
             let settle = config.write_settle.max(config.async_backend.settle_time());
             #[cfg(not(feature = "tokio"))]
             let settle = config.write_settle;
-            config.backend = Arc::new(crate::near::fence::Fenced {
-                inner: config.backend.clone(),
+            // One fence for both wrappers: the sync and async writes of this cache bump the
+            // same stripes and announce on the same bus.
+            let fence = Arc::new(crate::near::fence::Fence {
                 domain: domain.clone(),
                 settle,
-                station: station.clone(),
+                station,
             });
             #[cfg(feature = "tokio")]
             {
                 config.async_backend = Arc::new(crate::near::fence::FencedAsync {
                     inner: config.async_backend.clone(),
-                    domain: domain.clone(),
-                    settle,
-                    station,
+                    fence: fence.clone(),
                 });
             }
+            config.backend = Arc::new(crate::near::fence::Fenced {
+                inner: config.backend.clone(),
+                fence,
+            });
         }
         let near = config.near.clone().zip(domain).map(|(settings, domain)| {
             use crate::near::{Near, clock::NearClock};

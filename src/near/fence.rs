@@ -220,8 +220,10 @@ impl Domain {
         self.flushes.fetch_add(1, Ordering::SeqCst);
     }
 
+    /// A `clear` of this process begins: as one heard from another cache, every copy stops
+    /// being served.
     fn flush_begin(&self) {
-        self.flushes.fetch_add(1, Ordering::SeqCst);
+        self.flushed();
     }
 
     fn flush_end(&self, settle: Option<Duration>) {
@@ -250,44 +252,88 @@ impl Domain {
     }
 }
 
-/// The keys of `writes` the bus announces: every write but the herd protocol's claims; none
-/// without a bus (no write's envelope is read then).
-fn announced<'w, 'k: 'w>(
-    bus: bool,
-    writes: impl IntoIterator<Item = &'w Write<'k>>,
-) -> Vec<&'k str> {
-    if !bus {
-        return Vec::new();
-    }
-    writes
-        .into_iter()
-        .filter(|w| !crate::envelope::is_claim(w.flags, w.value))
-        .map(|w| w.key)
-        .collect()
+/// A cache's side of its domain, shared by its sync and async wrappers: the stripes its writes
+/// bump, how long a write whose outcome is unknown may still take to land, and the bus it
+/// announces its writes on. Ending a write here also announces it, so no wrapper can fence a
+/// write and forget to announce it.
+#[derive(Debug)]
+pub(crate) struct Fence {
+    pub(crate) domain: Arc<Domain>,
+    /// How long a write whose outcome is unknown may still take to land (the backends' settle
+    /// time, at least the cache's).
+    pub(crate) settle: Duration,
+    /// The bus this cache announces its writes on, if any.
+    pub(crate) station: Option<Arc<super::bus::Station>>,
 }
 
-/// A write's settle time if its outcome is unknown (it may still land).
-fn unknown<T>(r: &Result<T>, settle: Duration) -> Option<Duration> {
-    match r {
-        Err(e) if e.is_outcome_unknown() => Some(settle),
-        _ => None,
+impl Fence {
+    /// Whether the bus announces `w`: every write but the herd protocol's claims, and none
+    /// without a bus (no write's envelope is read then).
+    fn announces(&self, w: &Write<'_>) -> bool {
+        self.station.is_some() && !crate::envelope::is_claim(w.flags, w.value)
     }
-}
 
-/// A batch's settle time if any of its writes' outcome is unknown.
-fn any_unknown<T>(rs: &[Result<T>], settle: Duration) -> Option<Duration> {
-    rs.iter().find_map(|r| unknown(r, settle))
+    /// The keys of `writes` the bus announces (none, and nothing allocated, without a bus).
+    fn announced<'w, 'k: 'w>(
+        &self,
+        writes: impl IntoIterator<Item = &'w Write<'k>>,
+    ) -> Vec<&'k str> {
+        if self.station.is_none() {
+            return Vec::new();
+        }
+        writes
+            .into_iter()
+            .filter(|w| self.announces(w))
+            .map(|w| w.key)
+            .collect()
+    }
+
+    /// A write to `keys` begins (see `Domain::begin`).
+    fn begin(&self, keys: &[&str]) -> Stripes {
+        self.domain.begin(keys.iter().copied())
+    }
+
+    /// The write to `stripes` ended (see `Domain::end`); `announce`, its keys the bus
+    /// carries, are announced now or, with `settle`, once the write may have landed.
+    fn end(&self, stripes: &Stripes, announce: &[&str], settle: Option<Duration>) {
+        self.domain.end(stripes, settle);
+        if let Some(station) = &self.station {
+            station.announce(announce, settle);
+        }
+    }
+
+    /// A `clear` (or `flush_all`) begins: every copy stops being served.
+    fn flush_begin(&self) {
+        self.domain.flush_begin();
+    }
+
+    /// The `clear` ended, and is announced now or, with `settle`, once it may have landed.
+    fn flush_end(&self, settle: Option<Duration>) {
+        self.domain.flush_end(settle);
+        if let Some(station) = &self.station {
+            station.announce_flush(settle);
+        }
+    }
+
+    /// A write's settle time if its outcome is unknown (it may still land).
+    fn unknown<T>(&self, r: &Result<T>) -> Option<Duration> {
+        match r {
+            Err(e) if e.is_outcome_unknown() => Some(self.settle),
+            _ => None,
+        }
+    }
+
+    /// A batch's settle time if any of its writes' outcome is unknown.
+    fn any_unknown<T>(&self, rs: &[Result<T>]) -> Option<Duration> {
+        rs.iter().find_map(|r| self.unknown(r))
+    }
 }
 
 /// A sync backend whose writes fence the near tiers of its domain.
 #[derive(Debug)]
 pub(crate) struct Fenced {
     pub(crate) inner: Arc<dyn Backend>,
-    pub(crate) domain: Arc<Domain>,
-    /// How long a write whose outcome is unknown may still take to land.
-    pub(crate) settle: Duration,
-    /// The bus this cache announces its writes on, if any.
-    pub(crate) station: Option<Arc<super::bus::Station>>,
+    pub(crate) fence: Arc<Fence>,
 }
 
 impl Fenced {
@@ -301,41 +347,42 @@ impl Fenced {
     ) -> T {
         /// Ends the fence if the write unwinds (a custom backend that panics): as a write
         /// that may still land.
-        struct Unwinding<'a>(&'a Fenced, Option<Stripes>, &'a [&'a str]);
+        struct Unwinding<'a>(&'a Fence, Option<Stripes>, &'a [&'a str]);
         impl Drop for Unwinding<'_> {
             fn drop(&mut self) {
                 if let Some(s) = self.1.take() {
-                    let settle = Some(self.0.settle);
-                    self.0.domain.end(&s, settle);
-                    if let Some(station) = &self.0.station {
-                        station.announce(self.2, settle);
-                    }
+                    self.0.end(&s, self.2, Some(self.0.settle));
                 }
             }
         }
-        let mut guard = Unwinding(
-            self,
-            Some(self.domain.begin(keys.iter().copied())),
-            announce,
-        );
+        let fence = &*self.fence;
+        let mut guard = Unwinding(fence, Some(fence.begin(keys)), announce);
         let r = write();
         if let Some(stripes) = guard.1.take() {
-            let settle = settle(&r);
-            self.domain.end(&stripes, settle);
-            if let Some(station) = &self.station {
-                station.announce(announce, settle);
-            }
+            fence.end(&stripes, announce, settle(&r));
         }
         r
     }
 
     fn one<T>(&self, key: &str, write: impl FnOnce() -> Result<T>) -> Result<T> {
-        self.around(&[key], &[key], write, |r| unknown(r, self.settle))
+        self.around(&[key], &[key], write, |r| self.fence.unknown(r))
     }
 
     fn store_one<T>(&self, w: &Write<'_>, write: impl FnOnce() -> Result<T>) -> Result<T> {
-        let announce = announced(self.station.is_some(), [w]);
-        self.around(&[w.key], &announce, write, |r| unknown(r, self.settle))
+        let announce: &[&str] = if self.fence.announces(w) {
+            &[w.key]
+        } else {
+            &[]
+        };
+        self.around(&[w.key], announce, write, |r| self.fence.unknown(r))
+    }
+
+    /// Runs `write`, a `clear` or `flush_all`, fenced, then announces it on the bus.
+    fn flush(&self, write: impl FnOnce() -> Result<()>) -> Result<()> {
+        self.fence.flush_begin();
+        let r = write();
+        self.fence.flush_end(self.fence.unknown(&r));
+        r
     }
 }
 
@@ -356,9 +403,9 @@ impl Backend for Fenced {
         let keys: Vec<&str> = writes.iter().map(|w| w.key).collect();
         self.around(
             &keys,
-            &announced(self.station.is_some(), writes),
+            &self.fence.announced(writes),
             || self.inner.store_many(writes),
-            |r| any_unknown(r, self.settle),
+            |r| self.fence.any_unknown(r),
         )
     }
     fn delete(&self, key: &str) -> Result<bool> {
@@ -369,7 +416,7 @@ impl Backend for Fenced {
             keys,
             keys,
             || self.inner.delete_many(keys),
-            |r| any_unknown(r, self.settle),
+            |r| self.fence.any_unknown(r),
         )
     }
     fn touch(&self, key: &str, exptime: u32) -> Result<bool> {
@@ -378,7 +425,7 @@ impl Backend for Fenced {
             &[key],
             &[],
             || self.inner.touch(key, exptime),
-            |r| unknown(r, self.settle),
+            |r| self.fence.unknown(r),
         )
     }
     fn incr(&self, key: &str, delta: u64) -> Result<Option<u64>> {
@@ -388,22 +435,10 @@ impl Backend for Fenced {
         self.one(key, || self.inner.decr(key, delta))
     }
     fn flush_all(&self) -> Result<()> {
-        self.domain.flush_begin();
-        let r = self.inner.flush_all();
-        self.domain.flush_end(unknown(&r, self.settle));
-        if let Some(station) = &self.station {
-            station.announce_flush(unknown(&r, self.settle));
-        }
-        r
+        self.flush(|| self.inner.flush_all())
     }
     fn clear(&self, prefix: Option<&str>) -> Result<()> {
-        self.domain.flush_begin();
-        let r = self.inner.clear(prefix);
-        self.domain.flush_end(unknown(&r, self.settle));
-        if let Some(station) = &self.station {
-            station.announce_flush(unknown(&r, self.settle));
-        }
-        r
+        self.flush(|| self.inner.clear(prefix))
     }
     fn max_value_size(&self, key: &str) -> usize {
         self.inner.max_value_size(key)
@@ -424,7 +459,7 @@ mod nonblocking {
     use std::sync::Arc;
     use std::time::Duration;
 
-    use super::{Domain, Stripes, announced, any_unknown, unknown};
+    use super::{Fence, Stripes};
     use crate::backend::{AsyncBackend, BoxFuture, Item, StoreOutcome, Write};
     use crate::error::Result;
 
@@ -433,58 +468,36 @@ mod nonblocking {
     #[derive(Debug)]
     pub(crate) struct FencedAsync {
         pub(crate) inner: Arc<dyn AsyncBackend>,
-        pub(crate) domain: Arc<Domain>,
-        /// How long a write may still take to land (the backend's settle time, at least the
-        /// sync view's).
-        pub(crate) settle: Duration,
-        /// The bus this cache announces its writes on, if any.
-        pub(crate) station: Option<Arc<crate::near::bus::Station>>,
+        pub(crate) fence: Arc<Fence>,
     }
 
     /// A write in flight: ended when it is answered, abandoned when its future is dropped.
     struct InFlight<'a> {
-        fenced: &'a FencedAsync,
+        fence: &'a Fence,
         /// The stripes written; `None` for a `clear`.
         stripes: Option<Stripes>,
         /// The keys written, to announce on the bus (empty without one).
-        keys: Vec<String>,
+        keys: Vec<&'a str>,
         done: bool,
     }
 
     impl InFlight<'_> {
-        fn announce(&mut self, settle: Option<Duration>) {
-            let Some(station) = &self.fenced.station else {
+        /// Ends the write (once): answered, with `settle` if its outcome is unknown, or
+        /// abandoned, as a write that may still land.
+        fn end(&mut self, settle: Option<Duration>) {
+            if std::mem::replace(&mut self.done, true) {
                 return;
-            };
-            match &self.stripes {
-                Some(_) => station.announce_owned(std::mem::take(&mut self.keys), settle),
-                None => station.announce_flush(settle),
             }
-        }
-    }
-
-    impl InFlight<'_> {
-        fn end(mut self, settle: Option<Duration>) {
-            self.done = true;
             match &self.stripes {
-                Some(s) => self.fenced.domain.end(s, settle),
-                None => self.fenced.domain.flush_end(settle),
+                Some(s) => self.fence.end(s, &self.keys, settle),
+                None => self.fence.flush_end(settle),
             }
-            self.announce(settle);
         }
     }
 
     impl Drop for InFlight<'_> {
         fn drop(&mut self) {
-            if self.done {
-                return;
-            }
-            let settle = Some(self.fenced.settle);
-            match &self.stripes {
-                Some(s) => self.fenced.domain.end(s, settle),
-                None => self.fenced.domain.flush_end(settle),
-            }
-            self.announce(settle);
+            self.end(Some(self.fence.settle));
         }
     }
 
@@ -492,37 +505,44 @@ mod nonblocking {
         /// Runs `write` on `keys` (or, with `None`, a clear), fenced from before the write's
         /// future is made (a backend may send when it makes it) until it is answered; dropped
         /// before, the write may still land, and its stripes stay fenced until it may have.
-        /// `settle`: whether its answer leaves its outcome unknown.
+        /// `announce`: the keys the bus announces (see `Fence::announced` and
+        /// `FencedAsync::announcing`). `settle`: whether its answer leaves its outcome
+        /// unknown.
         fn around<'a, T: Send + 'a>(
             &'a self,
             keys: Option<&[&str]>,
-            announce: &[&str],
+            announce: Vec<&'a str>,
             write: impl FnOnce() -> BoxFuture<'a, T>,
-            settle: fn(&T, Duration) -> Option<Duration>,
+            settle: fn(&Fence, &T) -> Option<Duration>,
         ) -> BoxFuture<'a, T> {
+            let fence = &*self.fence;
             let stripes = match keys {
-                Some(keys) => Some(self.domain.begin(keys.iter().copied())),
+                Some(keys) => Some(fence.begin(keys)),
                 None => {
-                    self.domain.flush_begin();
+                    fence.flush_begin();
                     None
                 }
             };
-            let announced = match &self.station {
-                Some(_) => announce.iter().map(|k| k.to_string()).collect(),
-                None => Vec::new(),
-            };
-            let flight = InFlight {
-                fenced: self,
+            let mut flight = InFlight {
+                fence,
                 stripes,
-                keys: announced,
+                keys: announce,
                 done: false,
             };
             let write = write();
             Box::pin(async move {
                 let r = write.await;
-                flight.end(settle(&r, self.settle));
+                flight.end(settle(fence, &r));
                 r
             })
+        }
+
+        /// `keys`, to announce: none, and nothing allocated, without a bus.
+        fn announcing<'k>(&self, keys: &[&'k str]) -> Vec<&'k str> {
+            match &self.fence.station {
+                Some(_) => keys.to_vec(),
+                None => Vec::new(),
+            }
         }
     }
 
@@ -536,21 +556,20 @@ mod nonblocking {
         fn store<'a>(&'a self, w: Write<'a>) -> BoxFuture<'a, Result<StoreOutcome>> {
             self.around(
                 Some(&[w.key]),
-                &announced(self.station.is_some(), [&w]),
+                self.fence.announced([&w]),
                 || self.inner.store(w),
-                unknown,
+                Fence::unknown,
             )
         }
         fn store_then_get<'a>(
             &'a self,
             w: Write<'a>,
         ) -> BoxFuture<'a, Result<(StoreOutcome, Option<Item>)>> {
-            let announce = announced(self.station.is_some(), [&w]);
             self.around(
                 Some(&[w.key]),
-                &announce,
+                self.fence.announced([&w]),
                 || self.inner.store_then_get(w),
-                unknown,
+                Fence::unknown,
             )
         }
         fn store_many<'a>(
@@ -560,51 +579,61 @@ mod nonblocking {
             let keys: Vec<&str> = writes.iter().map(|w| w.key).collect();
             self.around(
                 Some(&keys),
-                &announced(self.station.is_some(), writes),
+                self.fence.announced(writes),
                 || self.inner.store_many(writes),
-                |r, d| any_unknown(r, d),
+                |f, r| f.any_unknown(r),
             )
         }
         fn delete<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<bool>> {
-            self.around(Some(&[key]), &[key], || self.inner.delete(key), unknown)
+            self.around(
+                Some(&[key]),
+                self.announcing(&[key]),
+                || self.inner.delete(key),
+                Fence::unknown,
+            )
         }
         fn delete_many<'a>(&'a self, keys: &'a [&'a str]) -> BoxFuture<'a, Vec<Result<bool>>> {
             self.around(
                 Some(keys),
-                keys,
+                self.announcing(keys),
                 || self.inner.delete_many(keys),
-                |r, d| any_unknown(r, d),
+                |f, r| f.any_unknown(r),
             )
         }
         fn touch<'a>(&'a self, key: &'a str, exptime: u32) -> BoxFuture<'a, Result<bool>> {
             self.around(
                 Some(&[key]),
-                &[],
+                Vec::new(),
                 || self.inner.touch(key, exptime),
-                unknown,
+                Fence::unknown,
             )
         }
         fn incr<'a>(&'a self, key: &'a str, delta: u64) -> BoxFuture<'a, Result<Option<u64>>> {
             self.around(
                 Some(&[key]),
-                &[key],
+                self.announcing(&[key]),
                 || self.inner.incr(key, delta),
-                unknown,
+                Fence::unknown,
             )
         }
         fn decr<'a>(&'a self, key: &'a str, delta: u64) -> BoxFuture<'a, Result<Option<u64>>> {
             self.around(
                 Some(&[key]),
-                &[key],
+                self.announcing(&[key]),
                 || self.inner.decr(key, delta),
-                unknown,
+                Fence::unknown,
             )
         }
         fn flush_all(&self) -> BoxFuture<'_, Result<()>> {
-            self.around(None, &[], || self.inner.flush_all(), unknown)
+            self.around(None, Vec::new(), || self.inner.flush_all(), Fence::unknown)
         }
         fn clear<'a>(&'a self, prefix: Option<&'a str>) -> BoxFuture<'a, Result<()>> {
-            self.around(None, &[], || self.inner.clear(prefix), unknown)
+            self.around(
+                None,
+                Vec::new(),
+                || self.inner.clear(prefix),
+                Fence::unknown,
+            )
         }
         fn max_value_size(&self, key: &str) -> usize {
             self.inner.max_value_size(key)

@@ -465,9 +465,11 @@ mod tests {
                 1 << 20,
                 clock.clone(),
             )),
-            domain: n.domain.clone(),
-            settle: Duration::ZERO,
-            station: None,
+            fence: Arc::new(super::fence::Fence {
+                domain: n.domain.clone(),
+                settle: Duration::ZERO,
+                station: None,
+            }),
         };
         use crate::backend::Backend;
         fenced.delete("d").unwrap();
@@ -491,9 +493,11 @@ mod tests {
                 1 << 20,
                 clock.clone(),
             )),
-            domain: n.domain.clone(),
-            settle: Duration::ZERO,
-            station: None,
+            fence: Arc::new(super::fence::Fence {
+                domain: n.domain.clone(),
+                settle: Duration::ZERO,
+                station: None,
+            }),
         };
         use crate::backend::Backend;
         let now = clock.now_ms();
@@ -562,9 +566,11 @@ mod tests {
                 1 << 20,
                 clock.clone(),
             )),
-            domain: n.domain.clone(),
-            settle: Duration::from_secs(3600),
-            station: None,
+            fence: Arc::new(super::fence::Fence {
+                domain: n.domain.clone(),
+                settle: Duration::from_secs(3600),
+                station: None,
+            }),
         };
         use crate::backend::Backend;
         fenced.delete("d").unwrap();
