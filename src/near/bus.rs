@@ -626,33 +626,32 @@ pub(crate) struct Gate {
     echo_ms: AtomicU64,
     /// How long without an echo a hit is still served: three heartbeats.
     bound_ms: u64,
-    /// The process's ticked clock, read on each hit (with a near tier); without one, or
-    /// without a ticker thread, the monotonic clock from `origin`.
+    /// The process's ticked clock, which a hit reads (with a near tier): its readings are ms
+    /// since `origin`, as the station's are, only coarser.
     ticker: Option<Arc<super::clock::Ticker>>,
     origin: Instant,
 }
 
 impl Gate {
-    /// A gate for `heartbeat`, on the ticked clock if `ticked` (a near tier reads it on each
-    /// hit; a cache that only announces starts no ticker).
+    /// A gate for `heartbeat`, its hits on the ticked clock if `ticked` (a near tier reads it
+    /// on each hit; a cache that only announces starts no ticker).
     fn new(heartbeat: Duration, ticked: bool) -> Gate {
+        let ticker = ticked.then(super::clock::Ticker::shared).flatten();
         Gate {
             healthy: AtomicBool::new(false),
             generation: AtomicU64::new(0),
             echo_ms: AtomicU64::new(0),
             bound_ms: millis(heartbeat * 3),
-            ticker: ticked.then(super::clock::Ticker::shared).flatten(),
-            origin: Instant::now(),
+            origin: ticker.as_ref().map_or_else(Instant::now, |t| t.origin()),
+            ticker,
         }
     }
 
-    /// Ms on the gate's monotonic clock: every time the bus's station and its gate keep.
-    #[inline]
+    /// Ms since `origin`, read from the system's monotonic clock: the station's every time
+    /// (its peers' silences and its own echo are judged on it, whether or not the ticker
+    /// thread keeps time).
     fn now_ms(&self) -> u64 {
-        match &self.ticker {
-            Some(t) => t.age_ms(),
-            None => millis(self.origin.elapsed()),
-        }
+        millis(self.origin.elapsed())
     }
 
     /// This cache's own message came back now.
@@ -660,12 +659,10 @@ impl Gate {
         self.echo_ms.store(self.now_ms(), Ordering::SeqCst);
     }
 
-    /// Whether this cache last heard its own message longer ago than the bound.
+    /// Whether this cache last heard its own message longer ago than the bound, at `now_ms`.
     #[inline]
-    fn echo_overdue(&self) -> bool {
-        self.now_ms()
-            .saturating_sub(self.echo_ms.load(Ordering::Relaxed))
-            > self.bound_ms
+    fn echo_overdue(&self, now_ms: u64) -> bool {
+        now_ms.saturating_sub(self.echo_ms.load(Ordering::Relaxed)) > self.bound_ms
     }
 
     /// The generation a read sent now is filled under.
@@ -682,7 +679,9 @@ impl Gate {
     pub(crate) fn serves(&self, generation: u64) -> bool {
         self.healthy.load(Ordering::SeqCst)
             && self.generation.load(Ordering::SeqCst) == generation
-            && !self.echo_overdue()
+            // The ticked reading lags the echo's stamp, if anything: a copy is served past
+            // the bound by at most that lag, as every age the near tier judges.
+            && !self.echo_overdue(self.ticker.as_ref().map_or_else(|| self.now_ms(), |t| t.age_ms()))
     }
 }
 
@@ -929,7 +928,7 @@ impl Shared {
                 Counters::add(&self.counters.bus_heartbeats_missed, silent);
                 self.lost();
             }
-            if self.gate.healthy.load(Ordering::SeqCst) && self.gate.echo_overdue() {
+            if self.gate.healthy.load(Ordering::SeqCst) && self.gate.echo_overdue(self.now_ms()) {
                 // Its own messages stopped coming back: a paused bus, a broken publisher or
                 // a subscription that broke without a word.
                 Counters::add(&self.counters.bus_heartbeats_missed, 1);

@@ -31,6 +31,11 @@ impl Ticker {
         self.age_ms.load(Ordering::Relaxed)
     }
 
+    /// When the ticker began: [`Ticker::age_ms`] counts from it.
+    pub(crate) fn origin(&self) -> Instant {
+        self.origin
+    }
+
     fn tick(&self) {
         let wall = SystemTime::now()
             .duration_since(UNIX_EPOCH)
